@@ -1,0 +1,34 @@
+// RMSNorm over the last dimension (Zhang & Sennrich 2019), as in LLaMA:
+//   y[r,:] = x[r,:] * rstd[r] * w,   rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
+// Backward (g = dy * w):
+//   dx[r,:] += rstd * g - x * rstd^3 * mean_j(g[r,j] * x[r,j])
+//   dw      += sum_r dy[r,:] * x[r,:] * rstd[r]
+//
+// Layout: x, y, dy, dx are [rows, dim] contiguous; w, dw are [dim]; rstd is [rows].
+// dx and dw are ACCUMULATED into (x is a residual stream whose gradient already holds the
+// skip path). On the GPU x/dx may be f32 (residual stream) or bf16, y/dy f32 or bf16, and
+// w, dw, rstd are f32 (master weight, fp32 gradient). On the CPU every tensor has one dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+template <class T>
+void rmsnorm_fwd_cpu(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps);
+template <class T>
+void rmsnorm_bwd_cpu(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t rows, int64_t dim);
+
+void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
+void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                      const Tensor& dx, const Tensor& dw);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
+void rmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
+                 const Tensor& dx, const Tensor& dw);
+
+}  // namespace linac

@@ -1,0 +1,95 @@
+#include "cli/args.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace linac::cli {
+
+Args::Args(int argc, char** argv, std::string usage, std::vector<std::string> switches)
+    : cmd_(argv[0]), usage_(std::move(usage)) {
+  auto is_switch = [&](const std::string& n) {
+    for (const auto& s : switches)
+      if (s == n) return true;
+    return false;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      help_ = true;
+    } else if (a.rfind("--", 0) == 0 && a.size() > 2) {
+      Opt o;
+      const auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        o.name = a.substr(2, eq - 2);
+        o.value = a.substr(eq + 1);
+      } else {
+        o.name = a.substr(2);
+        if (!is_switch(o.name) && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) o.value = argv[++i];
+      }
+      opts_.push_back(o);
+    } else {
+      positionals_.push_back(a);
+    }
+  }
+}
+
+std::optional<std::string> Args::get(const std::string& name) {
+  std::optional<std::string> v;
+  for (auto& o : opts_) {
+    if (o.name != name) continue;
+    o.used = true;
+    if (!o.value) throw UserError("option --" + name + " needs a value");
+    v = o.value;
+  }
+  return v;
+}
+
+std::vector<std::string> Args::get_all(const std::string& name) {
+  std::vector<std::string> out;
+  for (auto& o : opts_) {
+    if (o.name != name) continue;
+    o.used = true;
+    if (!o.value) throw UserError("option --" + name + " needs a value");
+    out.push_back(*o.value);
+  }
+  return out;
+}
+
+std::string Args::get_or(const std::string& name, const std::string& def) { return get(name).value_or(def); }
+
+int64_t Args::get_int(const std::string& name, int64_t def) {
+  auto v = get(name);
+  if (!v) return def;
+  char* end = nullptr;
+  const long long x = std::strtoll(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end) throw UserError("option --" + name + " expects an integer, got '" + *v + "'");
+  return x;
+}
+
+double Args::get_double(const std::string& name, double def) {
+  auto v = get(name);
+  if (!v) return def;
+  char* end = nullptr;
+  const double x = std::strtod(v->c_str(), &end);
+  if (end == v->c_str() || *end) throw UserError("option --" + name + " expects a number, got '" + *v + "'");
+  return x;
+}
+
+bool Args::flag(const std::string& name) {
+  bool seen = false;
+  for (auto& o : opts_) {
+    if (o.name != name) continue;
+    o.used = true;
+    seen = true;
+    if (o.value) throw UserError("option --" + name + " takes no value");
+  }
+  return seen;
+}
+
+void Args::finish() const {
+  for (const auto& o : opts_)
+    if (!o.used) throw UserError("unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
+}
+
+}  // namespace linac::cli

@@ -1,0 +1,45 @@
+// Small option parser shared by the subcommands: `--name value`, `--name=value`, repeated
+// options, boolean flags and positionals. Unknown options are a UserError naming the option.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace linac::cli {
+
+class Args {
+ public:
+  // argv[0] is the command name; `usage` is printed for --help; `switches` are the boolean
+  // options (they never take the next word as their value).
+  Args(int argc, char** argv, std::string usage, std::vector<std::string> switches = {});
+
+  // True when --help/-h was given; the caller prints usage() and returns 0.
+  bool help() const { return help_; }
+  const std::string& usage() const { return usage_; }
+
+  std::optional<std::string> get(const std::string& name);          // last occurrence
+  std::vector<std::string> get_all(const std::string& name);        // every occurrence
+  std::string get_or(const std::string& name, const std::string& def);
+  int64_t get_int(const std::string& name, int64_t def);
+  double get_double(const std::string& name, double def);
+  bool flag(const std::string& name);                               // a switch was given
+  std::vector<std::string> positionals() const { return positionals_; }
+
+  // Throws UserError for any option that no get/flag call asked for.
+  void finish() const;
+
+ private:
+  struct Opt {
+    std::string name;
+    std::optional<std::string> value;
+    bool used = false;
+  };
+  std::string cmd_, usage_;
+  std::vector<Opt> opts_;
+  std::vector<std::string> positionals_;
+  bool help_ = false;
+};
+
+}  // namespace linac::cli

@@ -1,0 +1,14 @@
+#include "cli/commands.h"
+
+namespace linac::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"prepare", "tokenise text into an HDF5 token dataset (trains a SentencePiece model)", cmd_prepare},
+      {"info", "parameters, layer table and memory plan of a config or checkpoint", cmd_info},
+      {"bench", "time training steps (tokens/s, MFU, memory) or single ops", cmd_bench},
+  };
+  return table;
+}
+
+}  // namespace linac::cli

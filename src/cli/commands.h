@@ -1,0 +1,20 @@
+// The subcommand table of the CLI. Each command lives in cmd_<name>.cpp.
+#pragma once
+
+#include <vector>
+
+namespace linac::cli {
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);  // argv[0] is the command name
+};
+
+const std::vector<Command>& commands();
+
+int cmd_prepare(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+
+}  // namespace linac::cli

@@ -1,0 +1,43 @@
+// linac command line: one subcommand per verb (see README "CLI").
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+void usage(FILE* f) {
+  std::fprintf(f,
+               "linac: train and compare efficient-attention language models\n\n"
+               "usage: linac <command> [options]   (linac <command> --help for details)\n\n"
+               "commands:\n");
+  for (const auto& c : linac::cli::commands()) std::fprintf(f, "  %-9s %s\n", c.name, c.summary);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  for (const auto& c : linac::cli::commands()) {
+    if (name != c.name) continue;
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const linac::UserError& e) {
+      std::fprintf(stderr, "linac %s: error: %s\n", c.name, e.what());
+      return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "linac %s: internal error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "linac: unknown command '%s'\n", name.c_str());
+  usage(stderr);
+  return 2;
+}

@@ -1,0 +1,126 @@
+#include "core/buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "core/gpu.h"
+
+namespace linac {
+
+Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;
+  if (device == Device::CPU) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    ptr_ = std::aligned_alloc(64, rounded);
+    if (!ptr_) LINAC_FAIL("host allocation of " + std::to_string(bytes) + " bytes failed");
+  } else {
+    ptr_ = gpu_malloc(bytes);
+  }
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() {
+  if (!ptr_) return;
+  if (device_ == Device::CPU)
+    std::free(ptr_);
+  else
+    gpu_free(ptr_);
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), device_(o.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    device_ = o.device_;
+  }
+  return *this;
+}
+
+Tensor Buffer::tensor(DType dt, const std::vector<int64_t>& dims, size_t byte_offset) const {
+  Tensor t(static_cast<char*>(ptr_) + byte_offset, dt, device_, dims);
+  LINAC_CHECK(byte_offset + t.nbytes() <= bytes_, "tensor " + t.shape_str() + " exceeds its buffer");
+  return t;
+}
+
+void copy_tensor(const Tensor& dst, const Tensor& src) {
+  LINAC_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_tensor: dtype/size mismatch");
+  LINAC_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy_tensor: non-contiguous");
+  if (dst.device == Device::CPU && src.device == Device::CPU)
+    std::memcpy(dst.ptr, src.ptr, src.nbytes());
+  else
+    gpu_memcpy(dst.ptr, dst.device, src.ptr, src.device, src.nbytes());
+}
+
+namespace {
+double read_elem(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::F32: return t.data<float>()[i];
+    case DType::F64: return t.data<double>()[i];
+    case DType::BF16: return bf16_to_float(t.data<bf16>()[i]);
+    case DType::I32: return t.data<int32_t>()[i];
+    case DType::U16: return t.data<uint16_t>()[i];
+    case DType::U32: return t.data<uint32_t>()[i];
+  }
+  return 0;
+}
+void write_elem(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::F32: t.data<float>()[i] = static_cast<float>(v); break;
+    case DType::F64: t.data<double>()[i] = v; break;
+    case DType::BF16: t.data<bf16>()[i] = float_to_bf16(static_cast<float>(v)); break;
+    case DType::I32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
+    case DType::U16: t.data<uint16_t>()[i] = static_cast<uint16_t>(v); break;
+    case DType::U32: t.data<uint32_t>()[i] = static_cast<uint32_t>(v); break;
+  }
+}
+}  // namespace
+
+void convert_host(const Tensor& dst, const Tensor& src) {
+  LINAC_CHECK(dst.device == Device::CPU && src.device == Device::CPU, "convert_host: host tensors only");
+  LINAC_CHECK(dst.numel() == src.numel(), "convert_host: size mismatch");
+  if (dst.dtype == src.dtype) {
+    std::memcpy(dst.ptr, src.ptr, src.nbytes());
+    return;
+  }
+  const int64_t n = src.numel();
+  for (int64_t i = 0; i < n; ++i) write_elem(dst, i, read_elem(src, i));
+}
+
+OwnedTensor to(const Tensor& src, Device dev, DType dt) {
+  OwnedTensor out(dt, dev, src.dims());
+  if (src.dtype == dt) {
+    copy_tensor(out.t, src);
+    return out;
+  }
+  OwnedTensor host_src(src.dtype, Device::CPU, src.dims());
+  copy_tensor(host_src.t, src);
+  OwnedTensor host_dst(dt, Device::CPU, src.dims());
+  convert_host(host_dst.t, host_src.t);
+  copy_tensor(out.t, host_dst.t);
+  return out;
+}
+
+std::vector<double> to_doubles(const Tensor& src) {
+  OwnedTensor host(src.dtype, Device::CPU, src.dims());
+  copy_tensor(host.t, src);
+  std::vector<double> out(static_cast<size_t>(src.numel()));
+  for (int64_t i = 0; i < src.numel(); ++i) out[static_cast<size_t>(i)] = read_elem(host.t, i);
+  return out;
+}
+
+void zero_tensor(const Tensor& t) {
+  if (t.device == Device::CPU)
+    std::memset(t.ptr, 0, t.nbytes());
+  else
+    gpu_memset_zero(t.ptr, t.nbytes());
+}
+
+}  // namespace linac

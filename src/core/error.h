@@ -1,0 +1,33 @@
+// Two kinds of failure:
+//  - Error: a bug or a library/runtime failure (CUDA, cuBLAS, NCCL, MPI, HDF5). Carries the
+//    failing call and file:line.
+//  - UserError: bad input from the user (config field, missing file, wrong shape). The CLI
+//    prints its message as one line and exits with status 2.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace linac {
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail_at(const char* file, int line, const std::string& msg);
+
+}  // namespace linac
+
+#define LINAC_FAIL(msg) ::linac::fail_at(__FILE__, __LINE__, (msg))
+
+// Internal invariant; a violation is a bug in linac (or a caller passing inconsistent shapes).
+#define LINAC_CHECK(cond, msg)                                                    \
+  do {                                                                            \
+    if (!(cond)) ::linac::fail_at(__FILE__, __LINE__, std::string("check `" #cond "` failed: ") + (msg)); \
+  } while (0)

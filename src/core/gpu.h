@@ -1,0 +1,72 @@
+// Host-side GPU services that compile with or without CUDA. Without CUDA (or without a
+// device) gpu_available() is false and every other call throws.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace linac {
+
+bool built_with_cuda();
+bool gpu_available();
+int gpu_count();
+void gpu_set_device(int index);
+
+void* gpu_malloc(size_t bytes);
+void gpu_free(void* p);
+void gpu_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+void gpu_memset_zero(void* p, size_t bytes);
+void gpu_synchronize();
+
+struct GpuInfo {
+  std::string name;
+  int sm_count = 0;
+  size_t total_bytes = 0;
+  double bf16_dense_tflops = 0;  // datasheet dense bf16 peak used for MFU
+};
+GpuInfo gpu_info();
+size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
+
+// One execution context for kernels: device, stream, cuBLASLt handle and its workspace.
+// The CPU context has only device == CPU.
+struct Ctx {
+  Device device = Device::CPU;
+  void* stream = nullptr;     // cudaStream_t
+  void* blaslt = nullptr;     // cublasLtHandle_t
+  void* workspace = nullptr;  // cuBLASLt workspace
+  size_t workspace_bytes = 0;
+  bool is_gpu() const { return device == Device::CUDA; }
+};
+
+// Owns the CUDA objects behind a GPU Ctx.
+class GpuContext {
+ public:
+  GpuContext();
+  ~GpuContext();
+  GpuContext(const GpuContext&) = delete;
+  GpuContext& operator=(const GpuContext&) = delete;
+  const Ctx& ctx() const { return ctx_; }
+  void synchronize() const;
+
+ private:
+  Ctx ctx_;
+};
+
+// Timing with device events on a context's stream (host clock for a CPU context).
+class Timer {
+ public:
+  explicit Timer(const Ctx& ctx);
+  ~Timer();
+  void start();
+  double stop_ms();  // waits for the work between start() and now
+
+ private:
+  const Ctx& ctx_;
+  void* ev_start_ = nullptr;
+  void* ev_stop_ = nullptr;
+  double host_start_ = 0;
+};
+
+}  // namespace linac

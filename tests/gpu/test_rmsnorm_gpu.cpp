@@ -1,0 +1,55 @@
+// RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations.
+#include "rmsnorm/rmsnorm.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+void run_parity(DType x_dt, DType y_dt, double tol) {
+  const int64_t rows = 300, dim = 777;
+  OwnedTensor x = test::random_tensor({rows, dim}, DType::F64, 11, -2, 2);
+  OwnedTensor w = test::random_tensor({dim}, DType::F64, 12, 0.5, 1.5);
+  OwnedTensor dy = test::random_tensor({rows, dim}, DType::F64, 13);
+  OwnedTensor dx0 = test::random_tensor({rows, dim}, DType::F64, 14);
+  // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
+  OwnedTensor xg = to(x, Device::CUDA, x_dt), wg = to(w, Device::CUDA, DType::F32);
+  OwnedTensor dyg = to(dy, Device::CUDA, y_dt), dxg = to(dx0, Device::CUDA, x_dt);
+  OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
+  OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
+
+  GpuContext gctx;
+  OwnedTensor yg(y_dt, Device::CUDA, {rows, dim}), rsg(DType::F32, Device::CUDA, {rows});
+  OwnedTensor dwg(DType::F32, Device::CUDA, {dim});
+  test::poison(yg);
+  zero_tensor(dwg);
+  rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f);
+  rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg, dwg);
+  gctx.synchronize();
+
+  OwnedTensor y(DType::F64, Device::CPU, {rows, dim}), rs(DType::F64, Device::CPU, {rows});
+  OwnedTensor dw(DType::F64, Device::CPU, {dim});
+  zero_tensor(dw);
+  rmsnorm_fwd(Ctx{}, xr, w, y, rs, 1e-5f);
+  rmsnorm_bwd(Ctx{}, xr, w, rs, dyr, dxr, dw);
+  EXPECT_LT(test::rel_error(yg, y), tol);
+  EXPECT_LT(test::rel_error(dxg, dxr), tol);
+  EXPECT_LT(test::rel_error(dwg, dw), tol);
+}
+
+TEST(RmsnormGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, DType::F32, 1e-5);
+}
+
+TEST(RmsnormGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, DType::BF16, 1e-2);
+}
+
+TEST(RmsnormGpu, ParityF32ResidualBf16Output) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, DType::BF16, 1e-2);
+}
+
+}  // namespace
+}  // namespace linac

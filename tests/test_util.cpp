@@ -1,0 +1,91 @@
+#include "test_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/rng.h"
+
+namespace linac::test {
+
+std::vector<double> random_values(size_t n, uint64_t seed, double lo, double hi) {
+  std::vector<double> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = lo + (hi - lo) * philox_uniform(seed, 0x7e57, i);
+  return v;
+}
+
+void fill_random(const Tensor& t, uint64_t seed, double lo, double hi) {
+  LINAC_CHECK(t.device == Device::CPU, "fill_random: CPU tensors only");
+  auto v = random_values(static_cast<size_t>(t.numel()), seed, lo, hi);
+  OwnedTensor src(DType::F64, Device::CPU, t.dims());
+  std::copy(v.begin(), v.end(), src.t.data<double>());
+  convert_host(t, src.t);
+}
+
+OwnedTensor random_tensor(const std::vector<int64_t>& dims, DType dt, uint64_t seed, double lo, double hi) {
+  OwnedTensor t(dt, Device::CPU, dims);
+  fill_random(t.t, seed, lo, hi);
+  return t;
+}
+
+void poison(const Tensor& t) {
+  OwnedTensor host(DType::F64, Device::CPU, t.dims());
+  std::fill_n(host.t.data<double>(), t.numel(), std::numeric_limits<double>::quiet_NaN());
+  OwnedTensor conv(t.dtype, Device::CPU, t.dims());
+  convert_host(conv.t, host.t);
+  copy_tensor(t, conv.t);
+}
+
+double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = a[i] - b[i];
+    num += d * d;
+    den += b[i] * b[i];
+  }
+  if (std::isnan(num)) return std::numeric_limits<double>::infinity();
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double rel_error(const Tensor& a, const Tensor& b) { return rel_error(to_doubles(a), to_doubles(b)); }
+
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(a[i] - b[i]);
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+bool all_finite(const std::vector<double>& a) {
+  return std::all_of(a.begin(), a.end(), [](double x) { return std::isfinite(x); });
+}
+
+double numeric_grad(const std::function<double()>& loss, double* x, size_t i, double h) {
+  const double x0 = x[i];
+  x[i] = x0 + h;
+  const double lp = loss();
+  x[i] = x0 - h;
+  const double lm = loss();
+  x[i] = x0;
+  return (lp - lm) / (2 * h);
+}
+
+double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n, size_t n_probe,
+                  uint64_t seed, double h) {
+  double worst = 0;
+  const bool all = n <= n_probe;
+  const size_t count = all ? n : n_probe;
+  for (size_t p = 0; p < count; ++p) {
+    const size_t i = all ? p : static_cast<size_t>(philox_uniform(seed, 0x9c, p) * static_cast<double>(n)) % n;
+    const double num = numeric_grad(loss, x, i, h);
+    const double err = std::fabs(num - analytic[i]) / std::max(1e-6, std::fabs(num) + std::fabs(analytic[i]));
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+}  // namespace linac::test

@@ -1,0 +1,43 @@
+// Helpers shared by the test suites: random tensors (never zeros), error norms, finite
+// differences, and the GPU skip.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/gpu.h"
+
+namespace linac::test {
+
+// Uniform in [lo, hi) from a Philox stream; deterministic per seed.
+std::vector<double> random_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// A CPU tensor of dtype dt filled with random_values.
+OwnedTensor random_tensor(const std::vector<int64_t>& dims, DType dt, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// Fills an existing CPU tensor (f32/f64/bf16) with random values.
+void fill_random(const Tensor& t, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// Fills any tensor (CPU or GPU) with NaN, so unwritten outputs are caught.
+void poison(const Tensor& t);
+
+// ||a - b|| / ||b||.
+double rel_error(const std::vector<double>& a, const std::vector<double>& b);
+double rel_error(const Tensor& a, const Tensor& b);
+double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b);
+bool all_finite(const std::vector<double>& a);
+
+// Central difference d loss / d x[i] with step h; restores x[i].
+double numeric_grad(const std::function<double()>& loss, double* x, size_t i, double h = 1e-6);
+
+// Checks an analytic gradient against central differences at `n_probe` random indices (all
+// indices when the tensor is small). Returns the worst relative error.
+double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n,
+                  size_t n_probe = 64, uint64_t seed = 7, double h = 1e-6);
+
+}  // namespace linac::test
+
+#define LINAC_SKIP_WITHOUT_GPU() \
+  do {                           \
+    if (!::linac::gpu_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
