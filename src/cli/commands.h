@@ -14,6 +14,8 @@ struct Command {
 const std::vector<Command>& commands();
 
 int cmd_prepare(int argc, char** argv);
+int cmd_train(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 

@@ -124,3 +124,23 @@ void zero_tensor(const Tensor& t) {
 }
 
 }  // namespace linac
+
+namespace linac {
+
+void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
+  LINAC_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy_tensor: dtype/size mismatch");
+  LINAC_CHECK(dst.is_contiguous() && src.is_contiguous(), "copy_tensor: non-contiguous");
+  if (!ctx.is_gpu())
+    copy_tensor(dst, src);
+  else
+    gpu_memcpy_async(ctx, dst.ptr, src.ptr, src.nbytes());
+}
+
+void zero_tensor(const Ctx& ctx, const Tensor& t) {
+  if (!ctx.is_gpu())
+    zero_tensor(t);
+  else
+    gpu_memset_zero_async(ctx, t.ptr, t.nbytes());
+}
+
+}  // namespace linac

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "core/gpu.h"
 #include "core/tensor.h"
 
 namespace linac {
@@ -52,5 +53,8 @@ OwnedTensor to(const Tensor& src, Device dev, DType dt);
 std::vector<double> to_doubles(const Tensor& src);
 // Sets every element to zero (memset / cudaMemset).
 void zero_tensor(const Tensor& t);
+// Stream-ordered versions for use between kernels on ctx (plain memcpy/memset on the CPU).
+void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src);
+void zero_tensor(const Ctx& ctx, const Tensor& t);
 
 }  // namespace linac

@@ -56,10 +56,29 @@ void gpu_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size
   if (dst_dev == Device::CUDA && src_dev == Device::CPU) kind = cudaMemcpyHostToDevice;
   if (dst_dev == Device::CPU && src_dev == Device::CUDA) kind = cudaMemcpyDeviceToHost;
   if (dst_dev == Device::CUDA && src_dev == Device::CUDA) kind = cudaMemcpyDeviceToDevice;
+  // Kernels run on non-blocking streams, which the legacy stream does not wait for.
+  LINAC_CUDA_CHECK(cudaDeviceSynchronize());
   LINAC_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+  LINAC_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void gpu_memset_zero(void* p, size_t bytes) { LINAC_CUDA_CHECK(cudaMemset(p, 0, bytes)); }
+void gpu_memset_zero(void* p, size_t bytes) {
+  LINAC_CUDA_CHECK(cudaDeviceSynchronize());
+  LINAC_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  LINAC_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void gpu_memcpy_async(const Ctx& ctx, void* dst, const void* src, size_t bytes) {
+  LINAC_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(ctx.stream)));
+}
+
+void gpu_memset_zero_async(const Ctx& ctx, void* p, size_t bytes) {
+  LINAC_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(ctx.stream)));
+}
+
+void ctx_synchronize(const Ctx& ctx) {
+  if (ctx.is_gpu()) LINAC_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)));
+}
 
 void gpu_synchronize() { LINAC_CUDA_CHECK(cudaDeviceSynchronize()); }
 
@@ -162,6 +181,9 @@ void gpu_free(void*) {}
 void gpu_memcpy(void*, Device, const void*, Device, size_t) { no_cuda(); }
 void gpu_memset_zero(void*, size_t) { no_cuda(); }
 void gpu_synchronize() {}
+void gpu_memcpy_async(const Ctx&, void*, const void*, size_t) { no_cuda(); }
+void gpu_memset_zero_async(const Ctx&, void*, size_t) { no_cuda(); }
+void ctx_synchronize(const Ctx&) {}
 GpuInfo gpu_info() { no_cuda(); }
 size_t gpu_bytes_in_use() { return 0; }
 GpuContext::GpuContext() { no_cuda(); }

@@ -16,6 +16,7 @@ void gpu_set_device(int index);
 
 void* gpu_malloc(size_t bytes);
 void gpu_free(void* p);
+// Synchronous, device-wide: waits for all streams first, returns when the copy/fill is done.
 void gpu_memcpy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 void gpu_memset_zero(void* p, size_t bytes);
 void gpu_synchronize();
@@ -39,6 +40,11 @@ struct Ctx {
   size_t workspace_bytes = 0;
   bool is_gpu() const { return device == Device::CUDA; }
 };
+
+// Stream-ordered on ctx's stream (what kernels between launches use).
+void gpu_memcpy_async(const Ctx& ctx, void* dst, const void* src, size_t bytes);
+void gpu_memset_zero_async(const Ctx& ctx, void* p, size_t bytes);
+void ctx_synchronize(const Ctx& ctx);  // waits for ctx's stream (no-op on the CPU)
 
 // Owns the CUDA objects behind a GPU Ctx.
 class GpuContext {

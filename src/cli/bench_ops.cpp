@@ -1,0 +1,109 @@
+#include "cli/bench_ops.h"
+
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "attention/attention.h"
+#include "core/buffer.h"
+#include "core/rng.h"
+
+namespace linac::cli {
+
+namespace {
+
+struct OpTiming {
+  int64_t T, B;
+  double fwd_ms, bwd_ms, flops;
+};
+
+// Random values in [-1, 1) as dtype dt on the device.
+OwnedTensor random_device(const std::vector<int64_t>& dims, DType dt, uint64_t seed) {
+  OwnedTensor h(DType::F32, Device::CPU, dims);
+  for (int64_t i = 0; i < h->numel(); ++i)
+    h->data<float>()[i] = static_cast<float>(2.0 * philox_uniform(seed, 0x0b, static_cast<uint64_t>(i)) - 1.0);
+  return to(h, Device::CUDA, dt);
+}
+
+// Median of `iters` timed runs of f after 3 warm-ups.
+double time_ms(const Ctx& ctx, int64_t iters, const std::function<void()>& f) {
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<double> t;
+  Timer timer(ctx);
+  for (int64_t i = 0; i < iters; ++i) {
+    timer.start();
+    f();
+    t.push_back(timer.stop_ms());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt, int64_t window,
+                         int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, D}, dt, 1), k = random_device({B, T, H, D}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, D}, dt, 3), dout = random_device({B, T, H, D}, dt, 4);
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, D}), lse(DType::F32, Device::CUDA, {B, H, T});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, H, D}), dv(dt, Device::CUDA, {B, T, H, D});
+  AttentionOpts opts;
+  opts.window = window;
+  OpTiming r{T, B, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { attention_fwd(ctx, q, k, v, o, lse, opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] { attention_bwd(ctx, q, k, v, o, lse, dout, dq, dk, dv, opts); });
+  const double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
+  r.flops = 4.0 * static_cast<double>(B * T * H * D) * keys * 3.5;  // fwd 2 GEMMs; bwd 5 (with the recompute)
+  return r;
+}
+
+std::vector<int64_t> parse_lens(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end || v <= 0) throw UserError("--seq-lens: expected positive integers, got '" + s + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int bench_op(Args& args, const std::string& name) {
+  const auto lens = parse_lens(args.get_or("seq-lens", "2048,8192,32768"));
+  const int64_t tokens = args.get_int("tokens", 32768);
+  const int64_t H = args.get_int("heads", 16), D = args.get_int("head-dim", 64);
+  const int64_t window = args.get_int("window", 0), iters = args.get_int("iters", 20);
+  const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
+  const bool as_json = args.flag("json");
+  args.finish();
+  if (name != "attention") throw UserError("unknown op '" + name + "' (available: attention)");
+  if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
+  GpuContext g;
+  std::vector<OpTiming> rows;
+  for (int64_t T : lens) rows.push_back(bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
+  const std::string gpu = gpu_info().name;
+  if (as_json) {
+    nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms},
+                           {"total_ms", r.fwd_ms + r.bwd_ms}, {"tflops", r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9)}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, H=%lld, D=%lld%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
+              static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
+              window ? (", window " + std::to_string(window)).c_str() : "");
+  std::printf("%8s %5s %10s %10s %10s %9s\n", "T", "B", "fwd ms", "bwd ms", "total ms", "TFLOP/s");
+  for (const auto& r : rows)
+    std::printf("%8lld %5lld %10.3f %10.3f %10.3f %9.1f\n", static_cast<long long>(r.T), static_cast<long long>(r.B),
+                r.fwd_ms, r.bwd_ms, r.fwd_ms + r.bwd_ms, r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9));
+  return 0;
+}
+
+}  // namespace linac::cli

@@ -1,0 +1,159 @@
+// linac bench: times full training steps (forward, backward, optimizer) on random tokens, or
+// single ops (--op), with device events after warm-up. Every performance figure in README
+// comes from here.
+#include <cstdio>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/bench_ops.h"
+#include "cli/commands.h"
+#include "cli/format.h"
+#include "config/config.h"
+#include "core/rng.h"
+#include "model/model.h"
+#include "train/train_step.h"
+
+namespace linac::cli {
+
+namespace {
+
+const char* kUsage =
+    "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
+    "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
+    "       linac bench --op NAME [--seq-lens ...] [--tokens N] [--heads H] [--head-dim D] [--dtype bf16|fp32]\n"
+    "                   [--iters N] [--json]\n\n"
+    "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
+    "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
+    "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
+    "(model FLOPs over the GPU's dense bf16 peak) and GPU memory in use. On a CPU-only machine it\n"
+    "times the CPU path and prints no MFU.\n"
+    "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T).\n";
+
+std::vector<int64_t> parse_list(const std::string& s, const char* what) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end || v <= 0) throw UserError(std::string(what) + ": expected positive integers, got '" + s + "'");
+    out.push_back(v);
+  }
+  return out;
+}
+
+struct BenchRow {
+  int64_t T, B, micro, tokens_per_step;
+  double step_ms, tokens_per_s, mfu, mem_bytes, loss;
+};
+
+int bench_model(Args& args, const std::string& path) {
+  const auto sets = args.get_all("set");
+  const Config cfg = load_config(path, sets);
+  std::vector<int64_t> seq_lens = {cfg.data.seq_len};
+  if (auto s = args.get("seq-lens")) seq_lens = parse_list(*s, "--seq-lens");
+  const int64_t micro_default = cfg.train.micro_batch * cfg.data.seq_len;
+  const int64_t micro_tokens = args.get_int("micro-tokens", micro_default);
+  const int64_t step_tokens = args.get_int("tokens-per-step", micro_tokens);
+  const int64_t steps = args.get_int("steps", 5), warmup = args.get_int("warmup", 2);
+  const bool as_json = args.flag("json");
+  args.finish();
+  if (step_tokens % micro_tokens) throw UserError("--tokens-per-step must be a multiple of --micro-tokens");
+  if (steps < 1 || warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+
+  const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  std::unique_ptr<GpuContext> gctx;
+  Ctx ctx;
+  if (gpu) {
+    gctx = std::make_unique<GpuContext>();
+    ctx = gctx->ctx();
+  }
+  const size_t mem0 = gpu ? gpu_bytes_in_use() : 0;
+  const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
+  const std::string device_desc = gpu ? gpu_info().name : std::string("CPU");
+
+  Model model(cfg.model, ctx, cfg.train.precision, true);
+  model.init_params(cfg.train.seed);
+  TrainConfig tc = cfg.train;
+  tc.steps = warmup + steps;
+  TrainStep stepper(model, tc);
+
+  std::vector<BenchRow> rows;
+  for (const int64_t T : seq_lens) {
+    if (micro_tokens % T) throw UserError("--micro-tokens (" + std::to_string(micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
+    const int64_t B = micro_tokens / T, n_micro = step_tokens / micro_tokens;
+    model.reserve(B, T);
+    // Random tokens (never zeros), a different batch per micro-step, uploaded once.
+    std::vector<OwnedTensor> tok, tgt;
+    std::vector<MicroBatch> micro;
+    for (int64_t i = 0; i < n_micro; ++i) {
+      OwnedTensor h(DType::I32, Device::CPU, {B, T + 1});
+      Rng rng{cfg.train.seed, 0xbe4c, static_cast<uint64_t>(i)};
+      for (int64_t j = 0; j < B * (T + 1); ++j)
+        h->data<int32_t>()[j] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.model.vocab_size)));
+      OwnedTensor a(DType::I32, Device::CPU, {B, T}), b(DType::I32, Device::CPU, {B, T});
+      for (int64_t r = 0; r < B; ++r)
+        for (int64_t t = 0; t < T; ++t) {
+          a->data<int32_t>()[r * T + t] = h->data<int32_t>()[r * (T + 1) + t];
+          b->data<int32_t>()[r * T + t] = h->data<int32_t>()[r * (T + 1) + t + 1];
+        }
+      tok.push_back(to(a, ctx.device, DType::I32));
+      tgt.push_back(to(b, ctx.device, DType::I32));
+      micro.push_back({tok.back().t, tgt.back().t});
+    }
+    StepStats st;
+    for (int64_t i = 0; i < warmup; ++i) st = stepper.run(i, micro, step_tokens);
+    Timer timer(ctx);
+    timer.start();
+    for (int64_t i = 0; i < steps; ++i) st = stepper.run(warmup + i, micro, step_tokens);
+    const double ms = timer.stop_ms() / static_cast<double>(steps);
+    BenchRow r;
+    r.T = T;
+    r.B = B;
+    r.micro = n_micro;
+    r.tokens_per_step = step_tokens;
+    r.step_ms = ms;
+    r.tokens_per_s = static_cast<double>(step_tokens) / (ms / 1e3);
+    r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12) : 0.0;
+    r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
+    r.loss = st.loss;
+    rows.push_back(r);
+  }
+
+  if (as_json) {
+    json j = {{"config", path}, {"device", device_desc}, {"precision", cfg.train.precision},
+              {"params", model.n_params()}, {"rows", json::array()}};
+    for (const auto& r : rows)
+      j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
+                           {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
+                           {"memory_bytes", r.mem_bytes}, {"loss", r.loss}});
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s on %s (%s), %s parameters, %lld timed steps after %lld warm-up\n", path.c_str(), device_desc.c_str(),
+              cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
+              static_cast<long long>(steps), static_cast<long long>(warmup));
+  std::printf("%8s %6s %6s %10s %10s %12s %7s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
+              "GPU memory");
+  for (const auto& r : rows)
+    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s\n", static_cast<long long>(r.T),
+                static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
+                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-");
+  return 0;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  Args args(argc, argv, kUsage, {"json"});
+  if (args.help()) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  if (auto op = args.get("op")) return bench_op(args, *op);
+  const auto pos = args.positionals();
+  if (pos.size() != 1) throw UserError("expected CONFIG.json or --op NAME (see --help)");
+  return bench_model(args, pos[0]);
+}
+
+}  // namespace linac::cli

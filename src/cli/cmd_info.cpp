@@ -1,0 +1,94 @@
+// linac info CONFIG: parameter counts, the layer table and the memory plan.
+#include <cstdio>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/format.h"
+#include "config/config.h"
+#include "model/model.h"
+#include "model/registry.h"
+
+namespace linac::cli {
+
+namespace {
+const char* kUsage =
+    "usage: linac info CONFIG.json [--set key.path=value]... [--json]\n\n"
+    "Prints the parameter count (total / non-embedding), the layer table and the memory plan\n"
+    "(parameters, gradients, optimizer state, activations) for the configured micro-batch of\n"
+    "train.micro_batch x data.seq_len tokens, on the device the config would train on.\n";
+}  // namespace
+
+int cmd_info(int argc, char** argv) {
+  Args args(argc, argv, kUsage, {"json"});
+  if (args.help()) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const auto sets = args.get_all("set");
+  const bool as_json = args.flag("json");
+  args.finish();
+  const auto pos = args.positionals();
+  if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
+
+  const Config cfg = load_config(pos[0], sets);
+  const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  Ctx ctx;
+  ctx.device = gpu ? Device::CUDA : Device::CPU;
+  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false);
+  const ParamStore& ps = model.params();
+  const Precision prec = Precision::resolve(ctx.device, cfg.train.precision);
+
+  const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len;
+  const double n = static_cast<double>(ps.total_numel());
+  const double master = n * static_cast<double>(dtype_size(prec.master));
+  const double copy = prec.act != prec.master ? n * static_cast<double>(dtype_size(prec.act)) : 0.0;
+  const double grads = master, optim = 2 * master;
+  const double acts = static_cast<double>(model.activation_bytes(B, T));
+  const double flops = model.flops_per_token(T);
+
+  if (as_json) {
+    json j = {{"config", pos[0]},
+              {"arch", cfg.model.arch},
+              {"params", ps.total_numel()},
+              {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},
+              {"device", device_name(ctx.device)},
+              {"micro_batch_tokens", B * T},
+              {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"activations", acts}}},
+              {"train_flops_per_token", flops}};
+    json layers = json::array();
+    for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
+    j["layers"] = layers;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  const auto& m = cfg.model;
+  std::printf("config      %s\n", pos[0].c_str());
+  std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, pos[0]).summary.c_str());
+  std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld), ffn %lld, vocab %lld, %s embeddings\n",
+              static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
+              static_cast<long long>(m.head_dim()), static_cast<long long>(m.ffn_dim()),
+              static_cast<long long>(m.vocab_size), m.tie_embeddings ? "tied" : "untied");
+  std::printf("parameters  %s total, %s non-embedding\n\n", human_count(n).c_str(),
+              human_count(n - static_cast<double>(model.n_embedding_params())).c_str());
+  std::printf("  %-22s %-12s %12s\n", "layer", "kind", "params");
+  for (const auto& r : model.layer_table())
+    std::printf("  %-22s %-12s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
+
+  std::printf("\nmemory plan on %s (%s compute), micro-batch %lld x %lld = %lld tokens\n", device_name(ctx.device),
+              dtype_name(prec.act), static_cast<long long>(B), static_cast<long long>(T),
+              static_cast<long long>(B * T));
+  std::printf("  %-34s %12s\n", (std::string("parameters (") + dtype_name(prec.master) + " master" +
+                                     (copy > 0 ? std::string(" + ") + dtype_name(prec.act) + " copy)" : ")"))
+                                        .c_str(),
+              human_bytes(master + copy).c_str());
+  std::printf("  %-34s %12s\n", "gradients", human_bytes(grads).c_str());
+  std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(optim).c_str());
+  std::printf("  %-34s %12s\n", "activations saved for backward", human_bytes(acts).c_str());
+  std::printf("  %-34s %12s\n", "total (plus temporaries)", human_bytes(master + copy + grads + optim + acts).c_str());
+  std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),
+              human_count(flops).c_str());
+  return 0;
+}
+
+}  // namespace linac::cli

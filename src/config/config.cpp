@@ -1,0 +1,168 @@
+#include "config/config.h"
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "config/json_reader.h"
+#include "core/error.h"
+#include "model/registry.h"
+
+namespace linac {
+
+namespace {
+constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}  // namespace
+
+int64_t ModelConfig::ffn_dim() const {
+  if (ffn_hidden > 0) return ffn_hidden;
+  const int64_t h = 8 * d_model / 3;
+  return (h + 255) / 256 * 256;
+}
+
+json Config::to_json() const {
+  json j;
+  j["model"] = {{"arch", model.arch},
+                {"n_layers", model.n_layers},
+                {"d_model", model.d_model},
+                {"n_heads", model.n_heads},
+                {"vocab_size", model.vocab_size},
+                {"ffn_hidden", model.ffn_dim()},
+                {"tie_embeddings", model.tie_embeddings},
+                {"norm_eps", model.norm_eps},
+                {"init_std", model.init_std},
+                {"mixer", model.mixer}};
+  j["data"] = {{"type", data.type}, {"path", data.path}, {"seq_len", data.seq_len}};
+  j["train"] = {{"steps", train.steps},
+                {"global_batch_tokens", train.global_batch_tokens},
+                {"micro_batch", train.micro_batch},
+                {"lr", train.lr},
+                {"min_lr", train.min_lr},
+                {"warmup_steps", train.warmup_steps},
+                {"schedule", train.schedule},
+                {"weight_decay", train.weight_decay},
+                {"decay_norms_and_embeddings", train.decay_norms_and_embeddings},
+                {"beta1", train.beta1},
+                {"beta2", train.beta2},
+                {"adam_eps", train.adam_eps},
+                {"grad_clip", train.grad_clip},
+                {"seed", train.seed},
+                {"precision", train.precision},
+                {"device", train.device},
+                {"eval_every", train.eval_every},
+                {"eval_tokens", train.eval_tokens},
+                {"log_every", train.log_every},
+                {"checkpoint_every", train.checkpoint_every},
+                {"keep_last", train.keep_last},
+                {"out_dir", train.out_dir},
+                {"max_bad_steps", train.max_bad_steps},
+                {"threads", train.threads}};
+  return j;
+}
+
+Config Config::from_json(const json& j, const std::string& source) {
+  Config c;
+  c.source = source;
+  JsonReader root(j, "", source);
+
+  JsonReader m = root.child("model");
+  c.model.arch = m.get_string("arch", c.model.arch);
+  const ArchInfo& arch = find_architecture(c.model.arch, source);
+  c.model.n_layers = m.get_int("n_layers", c.model.n_layers, 1, 1024);
+  c.model.d_model = m.get_int("d_model", c.model.d_model, 8, 65536);
+  c.model.n_heads = m.get_int("n_heads", c.model.n_heads, 1, 1024);
+  c.model.vocab_size = m.get_int("vocab_size", c.model.vocab_size, 2, int64_t(1) << 31);
+  c.model.ffn_hidden = m.get_int("ffn_hidden", 0, 0, int64_t(1) << 20);
+  c.model.tie_embeddings = m.get_bool("tie_embeddings", c.model.tie_embeddings);
+  c.model.norm_eps = m.get_double("norm_eps", c.model.norm_eps, 0, 1);
+  c.model.init_std = m.get_double("init_std", c.model.init_std, 1e-6, 10);
+  c.model.mixer = m.get_object("mixer");
+  m.finish();
+  arch.validate(c.model.mixer, source);
+  if (c.model.d_model % c.model.n_heads != 0)
+    m.fail("n_heads", "must divide d_model (" + std::to_string(c.model.d_model) + "), got " +
+                          std::to_string(c.model.n_heads));
+
+  JsonReader d = root.child("data");
+  c.data.type = d.get_choice("type", c.data.type, {"hdf5"});
+  c.data.path = d.get_string("path", "");
+  c.data.seq_len = d.get_int("seq_len", c.data.seq_len, 1, int64_t(1) << 24);
+  d.finish();
+
+  JsonReader t = root.child("train");
+  auto& tr = c.train;
+  tr.steps = t.get_int("steps", tr.steps, 0, kMaxI);
+  tr.global_batch_tokens = t.get_int("global_batch_tokens", tr.global_batch_tokens, 1, kMaxI);
+  tr.micro_batch = t.get_int("micro_batch", tr.micro_batch, 1, 1 << 20);
+  tr.lr = t.get_double("lr", tr.lr, 0, 10);
+  tr.min_lr = t.get_double("min_lr", tr.min_lr, 0, 10);
+  tr.warmup_steps = t.get_int("warmup_steps", tr.warmup_steps, 0, kMaxI);
+  tr.schedule = t.get_choice("schedule", tr.schedule, {"cosine", "linear", "constant"});
+  tr.weight_decay = t.get_double("weight_decay", tr.weight_decay, 0, 10);
+  tr.decay_norms_and_embeddings = t.get_bool("decay_norms_and_embeddings", tr.decay_norms_and_embeddings);
+  tr.beta1 = t.get_double("beta1", tr.beta1, 0, 0.999999);
+  tr.beta2 = t.get_double("beta2", tr.beta2, 0, 0.999999999);
+  tr.adam_eps = t.get_double("adam_eps", tr.adam_eps, 0, 1);
+  tr.grad_clip = t.get_double("grad_clip", tr.grad_clip, 0, kInf);
+  tr.seed = static_cast<uint64_t>(t.get_int("seed", static_cast<int64_t>(tr.seed), 0, kMaxI));
+  tr.precision = t.get_choice("precision", tr.precision, {"bf16", "fp32", "fp64"});
+  tr.device = t.get_choice("device", tr.device, {"auto", "cpu", "cuda"});
+  tr.eval_every = t.get_int("eval_every", tr.eval_every, 0, kMaxI);
+  tr.eval_tokens = t.get_int("eval_tokens", tr.eval_tokens, 0, kMaxI);
+  tr.log_every = t.get_int("log_every", tr.log_every, 1, kMaxI);
+  tr.checkpoint_every = t.get_int("checkpoint_every", tr.checkpoint_every, 0, kMaxI);
+  tr.keep_last = t.get_int("keep_last", tr.keep_last, 1, 1 << 20);
+  tr.out_dir = t.get_string("out_dir", tr.out_dir);
+  tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
+  tr.threads = t.get_int("threads", tr.threads, 0, 4096);
+  t.finish();
+  if (tr.min_lr > tr.lr) t.fail("min_lr", "must not exceed train.lr");
+  const int64_t micro_tokens = tr.micro_batch * c.data.seq_len;
+  if (tr.global_batch_tokens % micro_tokens != 0)
+    t.fail("global_batch_tokens", "must be a multiple of micro_batch * data.seq_len = " +
+                                      std::to_string(micro_tokens) + ", got " + std::to_string(tr.global_batch_tokens));
+  root.finish();
+  return c;
+}
+
+void apply_override(json& doc, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError("--set expects key.path=value, got '" + assignment + "'");
+  const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::exception&) {
+    value = text;  // a bare word is a string: --set train.out_dir=runs/x
+  }
+  json* node = &doc;
+  std::stringstream ss(path);
+  std::string part;
+  std::vector<std::string> parts;
+  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].empty()) throw UserError("--set: empty component in '" + path + "'");
+    if (!node->is_object()) throw UserError("--set: '" + path + "' goes through a non-object value");
+    if (i + 1 == parts.size())
+      (*node)[parts[i]] = value;
+    else
+      node = &(*node)[parts[i]];
+  }
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) throw UserError("cannot open config file '" + path + "'");
+  json doc;
+  try {
+    doc = json::parse(f, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw UserError(path + ": invalid JSON: " + e.what());
+  }
+  for (const auto& o : overrides) apply_override(doc, o);
+  return Config::from_json(doc, path);
+}
+
+}  // namespace linac

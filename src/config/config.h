@@ -1,0 +1,78 @@
+// The run configuration: model, data and train sections of a JSON file (README "Config"
+// documents every key with its default). Parsing validates everything before any work starts:
+// wrong types, out-of-range values and unknown keys (with a did-you-mean) are UserErrors
+// naming the file and the JSON path.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace linac {
+
+using json = nlohmann::json;
+
+struct ModelConfig {
+  std::string arch = "transformer";
+  int64_t n_layers = 12;
+  int64_t d_model = 768;
+  int64_t n_heads = 12;
+  int64_t vocab_size = 32000;
+  int64_t ffn_hidden = 0;  // 0: 256 * ceil(8d/3 / 256), the LLaMA/GLA rounding
+  bool tie_embeddings = false;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  json mixer = json::object();  // architecture-specific options, validated by the mixer
+
+  int64_t ffn_dim() const;
+  int64_t head_dim() const { return d_model / n_heads; }
+};
+
+struct DataConfig {
+  std::string type = "hdf5";  // "hdf5" (a token file written by `linac prepare`)
+  std::string path;           // hdf5: token dataset written by `linac prepare`
+  int64_t seq_len = 2048;
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t global_batch_tokens = 524288;
+  int64_t micro_batch = 16;  // sequences per micro-batch per rank
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 100;
+  std::string schedule = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.01;
+  bool decay_norms_and_embeddings = false;
+  double beta1 = 0.9, beta2 = 0.95, adam_eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables clipping
+  uint64_t seed = 1234;
+  std::string precision = "bf16";  // GPU compute: bf16 (mixed) | fp32. CPU: fp32 | fp64
+  std::string device = "auto";     // auto | cpu | cuda
+  int64_t eval_every = 500;
+  int64_t eval_tokens = 1048576;
+  int64_t log_every = 10;
+  int64_t checkpoint_every = 1000;
+  int64_t keep_last = 3;
+  std::string out_dir = "runs/run";
+  int64_t max_bad_steps = 5;
+  int64_t threads = 0;  // CPU threads per rank; 0 = all cores / ranks per node
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  std::string source;  // file the config came from (for messages)
+
+  json to_json() const;
+  static Config from_json(const json& j, const std::string& source);
+};
+
+// Reads a config file and applies `--set a.b=value` overrides (value parsed as JSON when it
+// parses, else taken as a string) before validation.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies one "a.b.c=value" override to a JSON document; UserError on a malformed override.
+void apply_override(json& doc, const std::string& assignment);
+
+}  // namespace linac

@@ -1,0 +1,57 @@
+#include "model/channel/swiglu_mlp.h"
+
+#include <cmath>
+
+#include "matmul/matmul.h"
+#include "swiglu/swiglu.h"
+
+namespace linac {
+
+SwiGluMlp::SwiGluMlp(ModelEnv& env, const ModelConfig& cfg, int layer)
+    : env_(env), d_(cfg.d_model), F_(cfg.ffn_dim()) {
+  const std::string p = "layers." + std::to_string(layer) + ".mlp.";
+  const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
+  w13_ = env.params->add({p + "w13", {2 * F_, d_}, Init::Normal, cfg.init_std, true});
+  w2_ = env.params->add({p + "w2", {d_, F_}, Init::Normal, out_std, true});
+}
+
+void SwiGluMlp::reserve(int64_t B, int64_t T) {
+  capacity_ = B * T;
+  h_buf_ = Buffer(static_cast<size_t>(capacity_ * 2 * F_) * dtype_size(env_.act), env_.device());
+  a_buf_ = Buffer(static_cast<size_t>(capacity_ * F_) * dtype_size(env_.act), env_.device());
+}
+
+size_t SwiGluMlp::activation_bytes(int64_t B, int64_t T) const {
+  return static_cast<size_t>(B * T * 3 * F_) * dtype_size(env_.act);
+}
+
+double SwiGluMlp::flops_per_token(int64_t) const { return 6.0 * 3.0 * static_cast<double>(d_ * F_); }
+
+void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
+  const int64_t N = x.size(0) * x.size(1);
+  LINAC_CHECK(N <= capacity_, "SwiGluMlp: batch larger than reserved");
+  const Ctx& ctx = env_.ctx;
+  Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
+  Tensor a = a_buf_.tensor(env_.act, {N, F_});
+  matmul(ctx, x.view({N, d_}), false, env_.params->weight(w13_), true, h);
+  swiglu_fwd(ctx, h, a);
+  matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}), 1.f, 1.f);
+}
+
+void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t N = x.size(0) * x.size(1);
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
+  Tensor a = a_buf_.tensor(env_.act, {N, F_});
+  Tensor dy2 = dy.view({N, d_});
+  Tensor da = env_.scratch->get("mlp.da", env_.act, {N, F_});
+  matmul(ctx, dy2, false, ps.weight(w2_), false, da);
+  matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
+  Tensor dh = env_.scratch->get("mlp.dh", env_.act, {N, 2 * F_});
+  swiglu_bwd(ctx, h, da, dh);
+  matmul(ctx, dh, false, ps.weight(w13_), false, dx.view({N, d_}));
+  matmul(ctx, dh, true, x.view({N, d_}), false, ps.grad(w13_), 1.f, 1.f);
+}
+
+}  // namespace linac

@@ -1,0 +1,39 @@
+// ModelEnv: what every module of a model shares — the execution context, the parameters,
+// the dtypes in use and a pool of scratch buffers for temporaries that do not outlive one
+// sub-layer's forward or backward.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "core/buffer.h"
+#include "core/gpu.h"
+#include "model/param_store.h"
+
+namespace linac {
+
+// Scratch tensors by key. A key's buffer grows to the largest request; it is allocated during
+// the first step (shapes are fixed afterwards), so no allocation happens in steady state.
+// A tensor from get() is valid until the next get() of the same key.
+class ScratchPool {
+ public:
+  explicit ScratchPool(Device d) : device_(d) {}
+  Tensor get(const std::string& key, DType dt, const std::vector<int64_t>& dims);
+  size_t bytes() const;
+
+ private:
+  Device device_;
+  std::map<std::string, Buffer> bufs_;
+};
+
+struct ModelEnv {
+  Ctx ctx;
+  ParamStore* params = nullptr;
+  DType act = DType::F32;    // activations (bf16 on the GPU in mixed precision)
+  DType resid = DType::F32;  // residual stream and its gradient (f32 on the GPU)
+  DType stat = DType::F32;   // saved statistics (rstd, lse): f32 on the GPU, act on the CPU
+  ScratchPool* scratch = nullptr;
+  Device device() const { return ctx.device; }
+};
+
+}  // namespace linac

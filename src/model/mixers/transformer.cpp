@@ -1,0 +1,99 @@
+#include "model/mixers/transformer.h"
+
+#include <cmath>
+
+#include "attention/attention.h"
+#include "config/json_reader.h"
+#include "matmul/matmul.h"
+#include "rope/rope.h"
+
+namespace linac {
+
+AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& file) {
+  AttentionMixerOptions opt;
+  JsonReader r(o, "model.mixer", file);
+  opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
+  opt.window = r.get_int("window", opt.window, 0, int64_t(1) << 30);
+  r.finish();
+  return opt;
+}
+
+AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer)
+    : env_(env), opt_(AttentionMixerOptions::parse(cfg.mixer, "config")), d_(cfg.d_model), H_(cfg.n_heads),
+      Dh_(cfg.head_dim()) {
+  const std::string p = "layers." + std::to_string(layer) + ".attn.";
+  // Residual-branch output projections start smaller (GPT-2): std / sqrt(2 * n_layers).
+  const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
+  wqkv_ = env.params->add({p + "wqkv", {3 * d_, d_}, Init::Normal, cfg.init_std, true});
+  wo_ = env.params->add({p + "wo", {d_, d_}, Init::Normal, out_std, true});
+}
+
+void AttentionMixer::reserve(int64_t B, int64_t T) {
+  B_ = B;
+  T_ = T;
+  const Device dev = env_.device();
+  qkv_buf_ = Buffer(static_cast<size_t>(B * T * 3 * d_) * dtype_size(env_.act), dev);
+  o_buf_ = Buffer(static_cast<size_t>(B * T * d_) * dtype_size(env_.act), dev);
+  lse_buf_ = Buffer(static_cast<size_t>(B * H_ * T) * dtype_size(env_.stat), dev);
+}
+
+size_t AttentionMixer::activation_bytes(int64_t B, int64_t T) const {
+  return static_cast<size_t>(B * T) * (4 * static_cast<size_t>(d_) * dtype_size(env_.act) +
+                                       static_cast<size_t>(H_) * dtype_size(env_.stat));
+}
+
+double AttentionMixer::flops_per_token(int64_t T) const {
+  const double d = static_cast<double>(d_);
+  // Projections: 2 FLOPs per weight per token forward, x3 with the backward.
+  const double proj = 6.0 * 4.0 * d * d;
+  // Scores and weighted sum over the keys a query sees (T/2 on average when causal), forward
+  // 4*d per key, x3 with the backward.
+  double keys = (static_cast<double>(T) + 1.0) / 2.0;
+  if (opt_.window > 0 && opt_.window < T) keys = static_cast<double>(opt_.window);
+  return proj + 12.0 * d * keys;
+}
+
+void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  LINAC_CHECK(B * T <= B_ * T_, "AttentionMixer: batch larger than reserved");
+  const Ctx& ctx = env_.ctx;
+  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
+  Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dh_});
+  Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
+  matmul(ctx, x.view({N, d_}), false, env_.params->weight(wqkv_), true, qkv.view({N, 3 * d_}));
+  Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  rope_fwd(ctx, q, opt_.rope_base, 0);
+  rope_fwd(ctx, k, opt_.rope_base, 0);
+  AttentionOpts ao;
+  ao.window = opt_.window;
+  attention_fwd(ctx, q, k, v, o, lse, ao);
+  matmul(ctx, o.view({N, d_}), false, env_.params->weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+}
+
+void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
+  Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dh_});
+  Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
+  Tensor dy2 = dy.view({N, d_});
+
+  Tensor d_o = env_.scratch->get("attn.do", env_.act, {B, T, H_, Dh_});
+  matmul(ctx, dy2, false, ps.weight(wo_), false, d_o.view({N, d_}));
+  matmul(ctx, dy2, true, o.view({N, d_}), false, ps.grad(wo_), 1.f, 1.f);
+
+  Tensor dqkv = env_.scratch->get("attn.dqkv", env_.act, {B, T, 3, H_, Dh_});
+  Tensor dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
+  AttentionOpts ao;
+  ao.window = opt_.window;
+  attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
+  rope_bwd(ctx, dq, opt_.rope_base, 0);
+  rope_bwd(ctx, dk, opt_.rope_base, 0);
+
+  Tensor dqkv2 = dqkv.view({N, 3 * d_});
+  matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));
+  matmul(ctx, dqkv2, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
+}
+
+}  // namespace linac

@@ -1,0 +1,39 @@
+// Transformer++ token mixer (LLaMA-style multi-head attention, no biases):
+//   [q|k|v] = x Wqkv^T        Wqkv: [3d, d], rows = q heads, then k heads, then v heads
+//   q, k    = RoPE(q), RoPE(k) (rotate-half pairing, base `rope_base`)
+//   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
+//   out    += o Wo^T           Wo: [d, d]
+// Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
+#pragma once
+
+#include "config/config.h"
+#include "model/mixer.h"
+
+namespace linac {
+
+struct AttentionMixerOptions {
+  double rope_base = 10000.0;
+  int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys
+  static AttentionMixerOptions parse(const json& o, const std::string& file);
+};
+
+class AttentionMixer final : public Mixer {
+ public:
+  AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer);
+  std::string kind() const override { return "attention"; }
+  void reserve(int64_t B, int64_t T) override;
+  void forward(const Tensor& x, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  size_t activation_bytes(int64_t B, int64_t T) const override;
+  double flops_per_token(int64_t T) const override;
+
+ private:
+  ModelEnv& env_;
+  AttentionMixerOptions opt_;
+  int64_t d_, H_, Dh_;
+  int wqkv_, wo_;
+  Buffer qkv_buf_, o_buf_, lse_buf_;
+  int64_t B_ = 0, T_ = 0;
+};
+
+}  // namespace linac

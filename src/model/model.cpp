@@ -1,0 +1,208 @@
+#include "model/model.h"
+
+#include <algorithm>
+
+#include "cross_entropy/cross_entropy.h"
+#include "elementwise/elementwise.h"
+#include "embedding/embedding.h"
+#include "matmul/matmul.h"
+#include "model/channel/swiglu_mlp.h"
+#include "model/registry.h"
+#include "reduce/reduce.h"
+#include "rmsnorm/rmsnorm.h"
+
+namespace linac {
+
+namespace {
+// Logits of one head chunk: 64M elements (256 MiB in f32) bounds the head's memory.
+constexpr int64_t kHeadChunkElems = int64_t(64) << 20;
+}  // namespace
+
+Precision Precision::resolve(Device device, const std::string& precision) {
+  if (device == Device::CUDA) {
+    if (precision == "bf16") return {DType::F32, DType::BF16, DType::F32, DType::F32};
+    if (precision == "fp32") return {DType::F32, DType::F32, DType::F32, DType::F32};
+    throw UserError("train.precision '" + precision + "' is not available on the GPU (use bf16 or fp32)");
+  }
+  // The CPU computes in the master dtype: bf16 configs run in fp32 there.
+  if (precision == "fp64") return {DType::F64, DType::F64, DType::F64, DType::F64};
+  return {DType::F32, DType::F32, DType::F32, DType::F32};
+}
+
+Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
+             bool allocate)
+    : cfg_(cfg), scratch_(ctx.device) {
+  const Precision p = Precision::resolve(ctx.device, precision);
+  env_.ctx = ctx;
+  env_.params = &params_;
+  env_.act = p.act;
+  env_.resid = p.resid;
+  env_.stat = p.stat;
+  env_.scratch = &scratch_;
+
+  const ArchInfo& arch = find_architecture(cfg.arch, "config");
+  const int64_t d = cfg.d_model;
+  embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, false});
+  blocks_.resize(static_cast<size_t>(cfg.n_layers));
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    Block& b = blocks_[static_cast<size_t>(l)];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    b.norm1 = params_.add({p + "norm1.weight", {d}, Init::Ones, 0, false});
+    b.mixer = arch.make_mixer(env_, cfg, l);
+    b.norm2 = params_.add({p + "norm2.weight", {d}, Init::Ones, 0, false});
+    b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l);
+  }
+  norm_f_ = params_.add({"norm_f.weight", {d}, Init::Ones, 0, false});
+  if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
+  if (allocate) params_.allocate(ctx.device, p.master, p.act, with_optimizer);
+}
+
+Model::~Model() = default;
+
+void Model::init_params(uint64_t seed) { params_.init(seed, env_.ctx); }
+
+int64_t Model::n_embedding_params() const {
+  int64_t n = params_.numel(embed_);
+  if (head_ >= 0) n += params_.numel(head_);
+  return n;
+}
+
+void Model::reserve(int64_t B, int64_t T) {
+  B_ = B;
+  T_ = T;
+  const int64_t N = B * T, d = cfg_.d_model;
+  const Device dev = env_.device();
+  const size_t act_row = static_cast<size_t>(d) * dtype_size(env_.act);
+  resid_.clear();
+  for (int64_t i = 0; i <= 2 * cfg_.n_layers; ++i)
+    resid_.emplace_back(static_cast<size_t>(N * d) * dtype_size(env_.resid), dev);
+  for (auto& b : blocks_) {
+    b.xn1 = Buffer(static_cast<size_t>(N) * act_row, dev);
+    b.xn2 = Buffer(static_cast<size_t>(N) * act_row, dev);
+    b.rstd1 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+    b.rstd2 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+    b.mixer->reserve(B, T);
+    b.mlp->reserve(B, T);
+  }
+  xf_ = Buffer(static_cast<size_t>(N) * act_row, dev);
+  rstd_f_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+  losses_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+}
+
+size_t Model::activation_bytes(int64_t B, int64_t T) const {
+  const size_t N = static_cast<size_t>(B * T), d = static_cast<size_t>(cfg_.d_model);
+  size_t bytes = (2 * static_cast<size_t>(cfg_.n_layers) + 1) * N * d * dtype_size(env_.resid);
+  for (const auto& b : blocks_)
+    bytes += 2 * N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mixer->activation_bytes(B, T) +
+             b.mlp->activation_bytes(B, T);
+  bytes += N * (d * dtype_size(env_.act) + 2 * dtype_size(env_.stat));
+  return bytes;
+}
+
+double Model::flops_per_token(int64_t T) const {
+  double f = 0;
+  for (const auto& b : blocks_) f += b.mixer->flops_per_token(T) + b.mlp->flops_per_token(T);
+  return f + 6.0 * static_cast<double>(cfg_.vocab_size * cfg_.d_model);  // LM head
+}
+
+std::vector<Model::LayerRow> Model::layer_table() const {
+  std::vector<LayerRow> rows;
+  auto count_prefix = [&](const std::string& prefix) {
+    int64_t n = 0;
+    for (int i = 0; i < params_.count(); ++i)
+      if (params_.spec(i).name.rfind(prefix, 0) == 0) n += params_.numel(i);
+    return n;
+  };
+  rows.push_back({"embed", "embedding", params_.numel(embed_)});
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    rows.push_back({p + "mixer", blocks_[l].mixer->kind(), count_prefix(p) - count_prefix(p + "mlp.")});
+    rows.push_back({p + "mlp", blocks_[l].mlp->kind(), count_prefix(p + "mlp.")});
+  }
+  rows.push_back({"norm_f", "rmsnorm", params_.numel(norm_f_)});
+  if (head_ >= 0) rows.push_back({"head", "linear", params_.numel(head_)});
+  return rows;
+}
+
+Tensor Model::resid(int i, int64_t B, int64_t T) const {
+  return resid_[static_cast<size_t>(i)].tensor(env_.resid, {B, T, cfg_.d_model});
+}
+
+void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf,
+                     const Tensor& losses) {
+  const Ctx& ctx = env_.ctx;
+  const int64_t N = xf.size(0), V = cfg_.vocab_size;
+  const int w = head_ >= 0 ? head_ : embed_;
+  const Tensor W = params_.weight(w);
+  // Logits in f32 on the GPU (bf16 x bf16 -> f32 GEMM) so the loss sees full-precision logits.
+  const DType logit_dt = env_.act == DType::BF16 ? DType::F32 : env_.act;
+  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, kHeadChunkElems / V));
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    Tensor logits = scratch_.get("head.logits", logit_dt, {rows, V}).slice0(0, n);
+    Tensor dlogits = logit_dt == env_.act ? logits : scratch_.get("head.dlogits", env_.act, {rows, V}).slice0(0, n);
+    Tensor x = xf.slice0(r0, r0 + n);
+    matmul(ctx, x, false, W, true, logits);
+    cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale);
+    if (grad_scale == 0.f) continue;
+    matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n));
+    matmul(ctx, dlogits, true, x, false, params_.grad(w), 1.f, 1.f);
+  }
+}
+
+double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
+  LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
+  LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
+  const Ctx& ctx = env_.ctx;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  const bool backward = grad_scale != 0.f;
+  const int L = static_cast<int>(cfg_.n_layers);
+  auto act = [&](const Buffer& b) { return b.tensor(env_.act, {B, T, d}); };
+  auto stat = [&](const Buffer& b) { return b.tensor(env_.stat, {N}); };
+
+  embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
+  for (int l = 0; l < L; ++l) {
+    Block& b = blocks_[static_cast<size_t>(l)];
+    Tensor r0 = resid(2 * l, B, T), r1 = resid(2 * l + 1, B, T), r2 = resid(2 * l + 2, B, T);
+    copy_tensor(ctx, r1, r0);
+    rmsnorm_fwd(ctx, r0.view({N, d}), params_.master(b.norm1), act(b.xn1).view({N, d}), stat(b.rstd1), eps);
+    b.mixer->forward(act(b.xn1), r1);
+    copy_tensor(ctx, r2, r1);
+    rmsnorm_fwd(ctx, r1.view({N, d}), params_.master(b.norm2), act(b.xn2).view({N, d}), stat(b.rstd2), eps);
+    b.mlp->forward(act(b.xn2), r2);
+  }
+  Tensor rl = resid(2 * L, B, T).view({N, d});
+  Tensor xf = xf_.tensor(env_.act, {N, d});
+  rmsnorm_fwd(ctx, rl, params_.master(norm_f_), xf, stat(rstd_f_), eps);
+
+  Tensor losses = stat(losses_);
+  Tensor dxf = backward ? scratch_.get("model.dxn", env_.act, {N, d}) : Tensor();
+  run_head(xf, targets.view({N}), grad_scale, dxf, losses);
+  Tensor loss_sum = scratch_.get("model.loss_sum", env_.stat, {1});
+  sum(ctx, losses, loss_sum);
+  const double loss = to_doubles(loss_sum)[0];
+  if (!backward) return loss;
+
+  // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
+  Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
+  zero_tensor(ctx, dr);
+  rmsnorm_bwd(ctx, rl, params_.master(norm_f_), stat(rstd_f_), dxf, dr, params_.grad(norm_f_));
+  Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
+  Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
+  for (int l = L - 1; l >= 0; --l) {
+    Block& b = blocks_[static_cast<size_t>(l)];
+    if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+    b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
+    rmsnorm_bwd(ctx, resid(2 * l + 1, B, T).view({N, d}), params_.master(b.norm2), stat(b.rstd2), dxn, dr,
+                params_.grad(b.norm2));
+    if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+    b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
+    rmsnorm_bwd(ctx, resid(2 * l, B, T).view({N, d}), params_.master(b.norm1), stat(b.rstd1), dxn, dr,
+                params_.grad(b.norm1));
+  }
+  embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
+  return loss;
+}
+
+}  // namespace linac

@@ -1,0 +1,87 @@
+// The language model: tokens -> Embedding -> [Block x n_layers] -> RMSNorm -> LM head ->
+// fused softmax cross-entropy, with an explicit backward pass (no autodiff).
+//
+// Block l (pre-norm residual), residual stream R[0..2L] ([B*T, d], residual dtype):
+//   R[2l+1] = R[2l]   + Mixer_l(RMSNorm(R[2l]))
+//   R[2l+2] = R[2l+1] + SwiGLU_l(RMSNorm(R[2l+1]))
+// The LM head runs in row chunks (logits of at most kHeadChunkElems elements at a time), so
+// the full [B*T, vocab] logits never exist; the cross-entropy kernel turns each chunk of
+// logits into its gradient in one pass.
+//
+// Parameter names (checkpoint layout, README "Checkpoints"):
+//   embed.weight [V, d]; layers.<l>.norm1.weight [d]; layers.<l>.attn.* (mixer);
+//   layers.<l>.norm2.weight [d]; layers.<l>.mlp.w13 [2F, d], layers.<l>.mlp.w2 [d, F];
+//   norm_f.weight [d]; head.weight [V, d] (absent with tie_embeddings).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "model/env.h"
+#include "model/mixer.h"
+
+namespace linac {
+
+// Dtypes for a device and a `train.precision`.
+struct Precision {
+  DType master, act, resid, stat;
+  static Precision resolve(Device device, const std::string& precision);
+};
+
+class Model {
+ public:
+  // Registers and allocates the parameters (zeroed; call init_params or load them). With
+  // allocate = false only the shapes exist (for `linac info`).
+  Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
+        bool allocate = true);
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
+  const ModelEnv& env() const { return env_; }
+
+  void init_params(uint64_t seed);
+  // Allocates activations for micro-batches of up to B sequences of up to T tokens.
+  void reserve(int64_t B, int64_t T);
+
+  // tokens, targets: [B, T] int32 on the model's device; targets < 0 are ignored.
+  // Returns sum over valid targets of -log p(target). When grad_scale != 0 also runs the
+  // backward pass: gradients of grad_scale * (that sum) accumulate into params().grad.
+  double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale);
+  double forward_loss(const Tensor& tokens, const Tensor& targets) { return forward_backward(tokens, targets, 0.f); }
+
+  int64_t n_params() const { return params_.total_numel(); }
+  int64_t n_embedding_params() const;  // embed (+ head when untied)
+  size_t activation_bytes(int64_t B, int64_t T) const;
+  double flops_per_token(int64_t T) const;  // training (fwd+bwd) model FLOPs
+
+  struct LayerRow {
+    std::string name, kind;
+    int64_t params;
+  };
+  std::vector<LayerRow> layer_table() const;
+
+ private:
+  struct Block {
+    int norm1 = -1, norm2 = -1;
+    std::unique_ptr<Mixer> mixer, mlp;
+    Buffer xn1, xn2, rstd1, rstd2;
+  };
+  void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses);
+  Tensor resid(int i, int64_t B, int64_t T) const;
+
+  ModelConfig cfg_;
+  ParamStore params_;
+  ScratchPool scratch_;
+  ModelEnv env_;
+  int embed_ = -1, norm_f_ = -1, head_ = -1;
+  std::vector<Block> blocks_;
+  std::vector<Buffer> resid_;  // R[0..2L]
+  Buffer xf_, rstd_f_, losses_;
+  int64_t B_ = 0, T_ = 0;
+};
+
+}  // namespace linac

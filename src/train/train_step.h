@@ -1,0 +1,43 @@
+// One optimizer step: forward + backward over the micro-batches (gradients accumulate),
+// global grad-norm clipping, AdamW. A non-finite loss or gradient norm skips the update
+// entirely (gradients are discarded, parameters and moments untouched).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "model/model.h"
+#include "train/optimizer.h"
+
+namespace linac {
+
+struct MicroBatch {
+  Tensor tokens, targets;  // [B, T] int32 on the model's device
+};
+
+struct StepStats {
+  double loss = 0;       // mean loss over the step's valid targets
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  bool skipped = false;
+};
+
+class TrainStep {
+ public:
+  TrainStep(Model& model, const TrainConfig& tc);
+  // `step` is the 0-based step index (for the LR schedule); `target_count` the number of valid
+  // targets over all micro-batches, so gradients are those of the mean loss.
+  StepStats run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count);
+  // Updates applied so far (AdamW bias correction); restored from checkpoints.
+  int64_t updates() const { return updates_; }
+  void set_updates(int64_t n) { updates_ = n; }
+
+ private:
+  Model& model_;
+  const TrainConfig& tc_;
+  AdamW adamw_;
+  int64_t updates_ = 0;
+};
+
+}  // namespace linac
