@@ -43,6 +43,7 @@ std::string read_string(hid_t loc, const std::string& name) {
   h5::Id ds(LINAC_H5_CHECK(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)), H5Dclose);
   h5::Id type(LINAC_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
   LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
+  LINAC_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   char* p = nullptr;
   LINAC_H5_CHECK(H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p));
   std::string s = p ? p : "";

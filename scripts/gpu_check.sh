@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
+# $OUT (or ./gpu_check_out), a summary table is printed last.
+#   scripts/gpu_check.sh [tests|bench|all]     (default: all)
+set -uo pipefail
+what="${1:-all}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${OUT:-$root/gpu_check_out}"
+mkdir -p "$out"
+cd "$root"
+export NCCL_NVLS_ENABLE=0
+if [ -z "${NCCL_ROOT:-}" ]; then
+  NCCL_ROOT=$(python3 -c 'import nvidia.nccl as n; print(n.__path__[0])' 2>/dev/null || true)
+fi
+[ -n "$NCCL_ROOT" ] && export LD_LIBRARY_PATH="$NCCL_ROOT/lib:${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv | tee "$out/gpu.txt"
+
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  ${NCCL_ROOT:+-DNCCL_ROOT=$NCCL_ROOT} >"$out/build.log" 2>&1 &&
+  ninja -C build-gpu -j16 >>"$out/build.log" 2>&1
+build_rc=$?
+echo "build rc=$build_rc in $(( $(date +%s) - t0 )) s"
+if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; fi
+
+summary=()
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  t0=$(date +%s)
+  ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
+  rc=$?
+  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
+  grep -E '^\[  FAILED|Failure|error:|Expected|Which is|actual' "$out/gpu_tests.log" | head -60
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+    2>&1 | tee "$out/bench_attention.txt"
+  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 \
+    --tokens-per-step 32768 --steps 10 2>&1 | tee "$out/bench_125m.txt"
+fi
+printf '%s\n' "${summary[@]}"

@@ -1,0 +1,213 @@
+// Training-level tests: exact resume, crash safety of checkpoints, config and resume errors,
+// eval against an independent computation, loss falls.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "data/hdf5_util.h"
+#include "data/token_dataset.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+std::vector<float> read_all_f32(const std::string& path, const std::string& group) {
+  h5::File f = h5::File::open(path, false);
+  std::vector<float> out;
+  const Config cfg = Config::from_json(read_checkpoint_meta(path).config, path);
+  Model m(cfg.model, Ctx{}, "fp32", false, false);
+  for (int i = 0; i < m.params().count(); ++i) {
+    h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + m.params().spec(i).name);
+    std::vector<float> v(ds.size());
+    ds.read_all(v.data(), h5::Type::F32);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(Training, ResumeIsBitIdentical) {
+  const std::string a = test::fresh_dir("resume_a"), b = test::fresh_dir("resume_b");
+  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(a), "a"), ""), 0);
+  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(b), "b"), ""), 0);
+  // Roll run b back to its mid-run checkpoint, then resume it to the end.
+  fs::remove(checkpoint_path(b, 6));
+  publish_checkpoint(b, checkpoint_path(b, 3), 5);
+  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(b), "b"), "auto"), 0);
+  for (const char* g : {"params", "optim/m", "optim/v"}) {
+    const auto pa = read_all_f32(checkpoint_path(a, 6), g), pb = read_all_f32(checkpoint_path(b, 6), g);
+    ASSERT_EQ(pa.size(), pb.size());
+    EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float))) << g << " differ after resume";
+  }
+  // And the resumed run really continued from step 3 (its checkpoint was trained further).
+  EXPECT_NE(read_all_f32(checkpoint_path(a, 3), "params"), read_all_f32(checkpoint_path(a, 6), "params"));
+  const auto meta = read_checkpoint_meta(checkpoint_path(b, 6));
+  EXPECT_EQ(meta.state.step, 6);
+  EXPECT_EQ(meta.state.tokens_seen, 6 * 256);
+}
+
+TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
+  const std::string dir = test::fresh_dir("kill_ckpt");
+  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(dir), "k"), ""), 0);
+  const std::string prev = latest_checkpoint(dir);
+  const auto prev_params = read_all_f32(prev, "params");
+  const CheckpointData meta = read_checkpoint_meta(prev);
+  const Config cfg = Config::from_json(meta.config, prev);
+  Model model(cfg.model, Ctx{}, "fp32", true);
+  load_checkpoint_params(prev, model.params(), true);
+  // Kill writers of a new checkpoint at different moments; whatever the moment, the final
+  // name holds nothing or a complete file, and `latest` still loads.
+  for (int delay_us : {0, 200, 1000, 3000, 10000, 200000}) {
+    const std::string target = checkpoint_path(dir, 99);
+    fs::remove(target);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      save_checkpoint(target, model.params(), meta);
+      publish_checkpoint(dir, target, 100);
+      _exit(0);
+    }
+    usleep(static_cast<useconds_t>(delay_us));
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (fs::exists(target)) {
+      EXPECT_EQ(read_all_f32(target, "params"), prev_params) << "a partial checkpoint under its final name";
+    }
+    const std::string latest = latest_checkpoint(dir);
+    EXPECT_EQ(read_all_f32(latest, "params"), prev_params);
+  }
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "ckpt"))
+    if (e.path().string().find(".tmp-") != std::string::npos) fs::remove(e.path());
+}
+
+TEST(Training, RefusesToOverwriteARunWithoutResume) {
+  const std::string dir = test::fresh_dir("refuse");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "r"), ""), 0);
+  const std::string before = latest_checkpoint(dir);
+  EXPECT_THROW(
+      {
+        try {
+          run_training(Config::from_json(j, "r"), "");
+        } catch (const UserError& e) {
+          EXPECT_NE(std::string(e.what()).find("--resume auto"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      UserError);
+  EXPECT_EQ(latest_checkpoint(dir), before);
+}
+
+TEST(Training, ResumeRefusesADifferentModel) {
+  const std::string dir = test::fresh_dir("shape");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  j["model"]["d_model"] = 48;
+  j["train"]["steps"] = 6;
+  try {
+    run_training(Config::from_json(j, "s"), "auto");
+    FAIL() << "resuming with another model shape must fail";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model config differs"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Training, LossFallsOnText) {
+  const std::string dir = test::fresh_dir("falls");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 40;
+  j["train"]["warmup_steps"] = 4;
+  j["train"]["eval_every"] = 0;
+  j["train"]["checkpoint_every"] = 0;
+  ASSERT_EQ(run_training(Config::from_json(j, "f"), ""), 0);
+  std::ifstream m(fs::path(dir) / "metrics.jsonl");
+  std::string line;
+  std::vector<double> losses;
+  while (std::getline(m, line)) losses.push_back(json::parse(line)["loss"].get<double>());
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_NEAR(losses.front(), std::log(300.0), 0.5);
+  EXPECT_LT(losses.back(), losses.front() - 2.0) << "40 steps should cut the loss by more than 2 nats";
+}
+
+// `linac eval` against a direct computation: the checkpoint's model scores each
+// non-overlapping window of the val split, one window at a time, in double precision.
+TEST(Training, EvalMatchesIndependentComputation) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("eval");
+  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(dir), "e"), ""), 0);
+  const std::string ckpt = latest_checkpoint(dir);
+  std::string out;
+  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 20 --json", out), 0) << out;
+  const json r = json::parse(out.substr(out.find('{')));
+
+  const Config cfg = Config::from_json(read_checkpoint_meta(ckpt).config, ckpt);
+  Model model(cfg.model, Ctx{}, "fp64", false);
+  load_checkpoint_params(ckpt, model.params(), false);
+  TokenDataset ds(test::tiny_dataset());
+  const int64_t n = static_cast<int64_t>(ds.size(Split::Val)), T = 20;
+  std::vector<int32_t> all(static_cast<size_t>(n));
+  ds.read(Split::Val, 0, static_cast<uint64_t>(n), all.data());
+  double loss = 0;
+  int64_t count = 0;
+  for (int64_t s = 0; s + 1 < n; s += T) {
+    const int64_t len = std::min(T, n - 1 - s);
+    model.reserve(1, len);
+    OwnedTensor tok(DType::I32, Device::CPU, {1, len}), tgt(DType::I32, Device::CPU, {1, len});
+    for (int64_t t = 0; t < len; ++t) {
+      tok->data<int32_t>()[t] = all[static_cast<size_t>(s + t)];
+      tgt->data<int32_t>()[t] = all[static_cast<size_t>(s + t + 1)];
+    }
+    loss += model.forward_loss(tok, tgt);
+    count += len;
+  }
+  EXPECT_EQ(r["tokens"].get<int64_t>(), count);
+  EXPECT_NEAR(r["loss"].get<double>(), loss / static_cast<double>(count), 1e-4);
+  EXPECT_NEAR(r["perplexity"].get<double>(), std::exp(loss / static_cast<double>(count)), 1e-3);
+}
+
+struct ConfigErrorCase {
+  const char* set;
+  const char* message;
+};
+
+TEST(Training, ConfigErrorsExitWithOneLine) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("cfgerr");
+  const std::string cfg_path = dir + "/cfg.json";
+  std::ofstream(cfg_path) << test::tiny_train_config(dir + "/run").dump(2);
+  const ConfigErrorCase cases[] = {
+      {"train.lerning_rate=1", "unknown key 'train.lerning_rate'"},
+      {"train.lr=\"fast\"", "train.lr: expected a number"},
+      {"train.lr=-1", "train.lr: must be in"},
+      {"model.n_layer=3", "did you mean 'model.n_layers'"},
+      {"model.arch=transfomer", "did you mean 'transformer'"},
+      {"model.n_heads=3", "model.n_heads: must divide d_model"},
+      {"data.path=/nonexistent/x.h5", "/nonexistent/x.h5"},
+      {"model.vocab_size=512", "512"},
+      {"train.global_batch_tokens=100", "train.global_batch_tokens: must be a multiple"},
+      {"train.schedule=cosin", "did you mean 'cosine'"},
+  };
+  for (const auto& c : cases) {
+    std::string out;
+    const int rc = test::run_linac("train " + cfg_path + " --set '" + c.set + "'", out);
+    EXPECT_EQ(rc, 2) << c.set << ": " << out;
+    EXPECT_NE(out.find(c.message), std::string::npos) << c.set << " printed: " << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << c.set << " printed more than one line: " << out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/run")) << "a rejected config must not create the run directory";
+}
+
+}  // namespace
+}  // namespace linac

@@ -1,0 +1,21 @@
+// A tiny prepared dataset and config for training-level tests: synthetic sentences from a
+// small grammar (learnable structure, never constant), a 300-piece tokenizer, a 2-layer model.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+
+namespace linac::test {
+
+// Prepares (once per process) a token file under a temp dir and returns its path.
+const std::string& tiny_dataset();
+// A fresh temp directory for one test.
+std::string fresh_dir(const std::string& name);
+// A small transformer config on tiny_dataset() writing to out_dir.
+json tiny_train_config(const std::string& out_dir);
+// Runs the linac binary (LINAC_BIN) with args; returns the exit status; stderr+stdout in `output`.
+int run_linac(const std::string& args, std::string& output);
+bool have_linac_binary();
+
+}  // namespace linac::test
