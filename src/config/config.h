@@ -56,7 +56,7 @@ struct TrainConfig {
   int64_t keep_last = 3;
   std::string out_dir = "runs/run";
   int64_t max_bad_steps = 5;
-  int64_t threads = 0;  // CPU threads per rank; 0 = all cores / ranks per node
+  int64_t threads = 0;  // OpenMP threads of the CPU path; 0 = OMP_NUM_THREADS or all cores
 };
 
 struct Config {

@@ -1,6 +1,7 @@
 #include "core/gpu.h"
 
 #include <chrono>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -120,8 +121,19 @@ GpuContext::GpuContext() {
   cublasLtHandle_t h = nullptr;
   LINAC_CUBLAS_CHECK(cublasLtCreate(&h));
   ctx_.blaslt = h;
-  ctx_.workspace_bytes = size_t(64) << 20;
+  ctx_.workspace_bytes = default_workspace_bytes();
   ctx_.workspace = gpu_malloc(ctx_.workspace_bytes);
+}
+
+size_t GpuContext::default_workspace_bytes() {
+  const char* env = std::getenv("LINAC_WORKSPACE_MB");
+  if (env && *env) {
+    char* end = nullptr;
+    const long long mb = std::strtoll(env, &end, 10);
+    if (*end || mb <= 0) throw UserError(std::string("LINAC_WORKSPACE_MB must be a positive integer, got '") + env + "'");
+    return static_cast<size_t>(mb) << 20;
+  }
+  return size_t(512) << 20;
 }
 
 GpuContext::~GpuContext() {
@@ -187,6 +199,7 @@ void ctx_synchronize(const Ctx&) {}
 GpuInfo gpu_info() { no_cuda(); }
 size_t gpu_bytes_in_use() { return 0; }
 GpuContext::GpuContext() { no_cuda(); }
+size_t GpuContext::default_workspace_bytes() { return 0; }
 GpuContext::~GpuContext() = default;
 void GpuContext::synchronize() const {}
 Timer::Timer(const Ctx& ctx) : ctx_(ctx) {}

@@ -46,10 +46,13 @@ void gpu_memcpy_async(const Ctx& ctx, void* dst, const void* src, size_t bytes);
 void gpu_memset_zero_async(const Ctx& ctx, void* p, size_t bytes);
 void ctx_synchronize(const Ctx& ctx);  // waits for ctx's stream (no-op on the CPU)
 
-// Owns the CUDA objects behind a GPU Ctx.
+// Owns the CUDA objects behind a GPU Ctx. The workspace is scratch for cuBLASLt and for
+// kernels that reduce deterministically through partial sums (attention's backward needs
+// about 4 bytes per token per model dimension); LINAC_WORKSPACE_MB overrides its size.
 class GpuContext {
  public:
   GpuContext();
+  static size_t default_workspace_bytes();  // 512 MiB unless LINAC_WORKSPACE_MB says otherwise
   ~GpuContext();
   GpuContext(const GpuContext&) = delete;
   GpuContext& operator=(const GpuContext&) = delete;

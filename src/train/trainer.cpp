@@ -11,6 +11,8 @@
 #include <fstream>
 #include <memory>
 
+#include <omp.h>
+
 #include "data/loader.h"
 #include "data/token_dataset.h"
 #include "model/model.h"
@@ -94,6 +96,7 @@ int run_training(const Config& cfg, const std::string& resume) {
   }
   auto log = make_logger((fs::path(tc.out_dir) / "train.log").string());
 
+  if (tc.threads > 0) omp_set_num_threads(static_cast<int>(tc.threads));
   const bool gpu = tc.device == "cuda" || (tc.device == "auto" && gpu_available());
   if (tc.device == "cuda" && !gpu_available()) throw UserError(cfg.source + ": train.device: 'cuda' but no CUDA device is available");
   std::unique_ptr<GpuContext> gctx;

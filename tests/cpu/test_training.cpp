@@ -21,39 +21,9 @@ namespace fs = std::filesystem;
 namespace linac {
 namespace {
 
-std::vector<float> read_all_f32(const std::string& path, const std::string& group) {
-  h5::File f = h5::File::open(path, false);
-  std::vector<float> out;
-  const Config cfg = Config::from_json(read_checkpoint_meta(path).config, path);
-  Model m(cfg.model, Ctx{}, "fp32", false, false);
-  for (int i = 0; i < m.params().count(); ++i) {
-    h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + m.params().spec(i).name);
-    std::vector<float> v(ds.size());
-    ds.read_all(v.data(), h5::Type::F32);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
+using test::read_all_f32;
 
-TEST(Training, ResumeIsBitIdentical) {
-  const std::string a = test::fresh_dir("resume_a"), b = test::fresh_dir("resume_b");
-  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(a), "a"), ""), 0);
-  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(b), "b"), ""), 0);
-  // Roll run b back to its mid-run checkpoint, then resume it to the end.
-  fs::remove(checkpoint_path(b, 6));
-  publish_checkpoint(b, checkpoint_path(b, 3), 5);
-  ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(b), "b"), "auto"), 0);
-  for (const char* g : {"params", "optim/m", "optim/v"}) {
-    const auto pa = read_all_f32(checkpoint_path(a, 6), g), pb = read_all_f32(checkpoint_path(b, 6), g);
-    ASSERT_EQ(pa.size(), pb.size());
-    EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float))) << g << " differ after resume";
-  }
-  // And the resumed run really continued from step 3 (its checkpoint was trained further).
-  EXPECT_NE(read_all_f32(checkpoint_path(a, 3), "params"), read_all_f32(checkpoint_path(a, 6), "params"));
-  const auto meta = read_checkpoint_meta(checkpoint_path(b, 6));
-  EXPECT_EQ(meta.state.step, 6);
-  EXPECT_EQ(meta.state.tokens_seen, 6 * 256);
-}
+TEST(Training, ResumeIsBitIdentical) { test::check_resume_is_bit_identical(test::tiny_train_config("")); }
 
 TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
   const std::string dir = test::fresh_dir("kill_ckpt");

@@ -31,6 +31,13 @@ AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer)
 void AttentionMixer::reserve(int64_t B, int64_t T) {
   B_ = B;
   T_ = T;
+  if (env_.ctx.is_gpu()) {
+    const size_t need = attention_bwd_workspace_bytes(B, T, H_, Dh_);
+    if (need > env_.ctx.workspace_bytes)
+      throw UserError("attention backward needs " + std::to_string((need >> 20) + 1) +
+                      " MiB of GPU workspace for micro-batches of " + std::to_string(B) + "x" + std::to_string(T) +
+                      "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch");
+  }
   const Device dev = env_.device();
   qkv_buf_ = Buffer(static_cast<size_t>(B * T * 3 * d_) * dtype_size(env_.act), dev);
   o_buf_ = Buffer(static_cast<size_t>(B * T * d_) * dtype_size(env_.act), dev);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 
@@ -17,5 +18,10 @@ json tiny_train_config(const std::string& out_dir);
 // Runs the linac binary (LINAC_BIN) with args; returns the exit status; stderr+stdout in `output`.
 int run_linac(const std::string& args, std::string& output);
 bool have_linac_binary();
+// Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v"), in parameter order.
+std::vector<float> read_all_f32(const std::string& path, const std::string& group);
+// Trains `cfg` (6 steps, checkpoints every 3) twice; rolls the second run back to step 3 and
+// resumes it; expects parameters and AdamW moments at step 6 to be identical bit for bit.
+void check_resume_is_bit_identical(json cfg);
 
 }  // namespace linac::test

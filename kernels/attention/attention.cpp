@@ -1,0 +1,89 @@
+// Attention entry points: argument checks and device/dtype dispatch.
+#include <cmath>
+
+#include "attention/attention.h"
+#include "core/dispatch.h"
+
+namespace linac {
+
+namespace {
+
+// A [B,T,H,D] argument: same shape as q, head and dim strides fixed, batch/token strides free.
+void check_bthd(const Tensor& x, const Tensor& q, const char* name) {
+  LINAC_CHECK(x.ndim == 4, std::string("attention: ") + name + " must be [B,T,H,D], got " + x.shape_str());
+  LINAC_CHECK_SHAPE(x, q);
+  LINAC_CHECK(x.strides[3] == 1 && (x.shape[2] == 1 || x.strides[2] == x.shape[3]),
+              std::string("attention: ") + name + " must have contiguous [H,D] rows");
+  LINAC_CHECK(x.device == q.device, std::string("attention: ") + name + " is on another device");
+}
+
+AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                            const AttentionOpts& opts) {
+  check_bthd(q, q, "q");
+  check_bthd(k, q, "k");
+  check_bthd(v, q, "v");
+  check_bthd(o, q, "o");
+  AttentionLayout L;
+  L.B = q.size(0), L.T = q.size(1), L.H = q.size(2), L.D = q.size(3);
+  LINAC_CHECK(lse.ndim == 3 && lse.is_contiguous() && lse.size(0) == L.B && lse.size(1) == L.H && lse.size(2) == L.T,
+              "attention: lse must be [B,H,T] contiguous, got " + lse.shape_str());
+  LINAC_CHECK(opts.window >= 0 && (opts.window == 0 || opts.causal), "attention: a window needs causal attention");
+  LINAC_CHECK(L.D > 0, "attention: empty head dim");
+  // The kernels subtract the running maximum of the raw scores, which is the maximum of the scaled
+  // ones only for a positive scale.
+  LINAC_CHECK(opts.scale >= 0, "attention: the softmax scale must be positive");
+  L.scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(L.D));
+  L.causal = opts.causal;
+  L.window = opts.window;
+  auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
+  L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
+  return L;
+}
+
+void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    LINAC_CHECK(t->dtype == (*ts.begin())->dtype, "attention: CPU dtypes must agree");
+}
+
+}  // namespace
+
+void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, const AttentionOpts& opts) {
+  const AttentionLayout L = make_layout(q, k, v, o, lse, opts);
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    attention_fwd_cuda(ctx, L, q, k, v, o, lse);
+    return;
+  }
+  check_cpu_dtypes({&q, &k, &v, &o, &lse});
+  LINAC_CPU_DISPATCH(q.dtype, F,
+                     attention_fwd_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), o.data<F>(), lse.data<F>()));
+}
+
+void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                   const AttentionOpts& opts) {
+  AttentionLayout L = make_layout(q, k, v, o, lse, opts);
+  check_bthd(dout, q, "dout");
+  check_bthd(dq, q, "dq");
+  check_bthd(dk, q, "dk");
+  check_bthd(dv, q, "dv");
+  auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
+  L.dout = strides(dout), L.dq = strides(dq), L.dk = strides(dk), L.dv = strides(dv);
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    attention_bwd_cuda(ctx, L, q, k, v, o, lse, dout, dq, dk, dv);
+    return;
+  }
+  check_cpu_dtypes({&q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv});
+  LINAC_CPU_DISPATCH(q.dtype, F,
+                     attention_bwd_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), o.data<F>(), lse.data<F>(),
+                                          dout.data<F>(), dq.data<F>(), dk.data<F>(), dv.data<F>()));
+}
+
+size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
+  const size_t delta = static_cast<size_t>(B * H * T) * sizeof(float);
+  return (delta + 255) / 256 * 256;
+}
+
+}  // namespace linac

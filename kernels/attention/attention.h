@@ -1,0 +1,72 @@
+// Softmax attention, causal or full, optionally restricted to a sliding window; FlashAttention-2
+// style on the GPU (Dao 2023): tiled, online softmax, only the log-sum-exp is saved.
+//
+// For each batch b, head h and query t (scale defaults to 1/sqrt(D)):
+//   allowed(t,s): causal: s <= t (and s > t - window when window > 0); full: every s < T
+//   S[t,s] = scale * <q[b,t,h,:], k[b,s,h,:]>          for allowed s, -inf otherwise
+//   lse[t] = log sum_s exp(S[t,s]),   P[t,s] = exp(S[t,s] - lse[t])
+//   o[t]   = sum_s P[t,s] v[s]
+// Backward (dO = dout):
+//   dP = dO V^T,  delta[t] = <dO[t], o[t]> (= sum_s P[t,s] dP[t,s]),  dS = P * (dP - delta)
+//   dq = scale * dS K,   dk = scale * dS^T Q,   dv = P^T dO
+//
+// Layout: q, k, v, o, dout, dq, dk, dv are [B, T, H, D] with the last two dims contiguous (head
+// stride D, unit dim stride); batch and token strides are free, since q/k/v (and dq/dk/dv) are
+// views into a fused [B, T, 3, H, D] projection (token stride 3*H*D). lse is [B, H, T]
+// contiguous. dq, dk, dv are overwritten.
+// Dtypes: CPU: all f32 or all f64. GPU: activations all bf16 or all f32, lse f32; head dim 64 or
+// 128. The GPU backward needs attention_bwd_workspace_bytes() of ctx.workspace (delta).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+struct AttentionOpts {
+  float scale = 0;     // softmax scale (> 0); 0 means 1/sqrt(D)
+  bool causal = true;
+  int64_t window = 0;  // 0: unlimited; > 0: query t sees keys s with t - window < s <= t (needs causal)
+};
+
+// Shapes, resolved options and the (batch, token) element strides of every [B,T,H,D] argument.
+struct AttentionLayout {
+  struct Strides {
+    int64_t b = 0, t = 0;
+  };
+  int64_t B = 0, T = 0, H = 0, D = 0;
+  double scale = 0;  // never 0 here
+  bool causal = true;
+  int64_t window = 0;
+  Strides q, k, v, o, dout, dq, dk, dv;
+
+  // Keys [lo, hi] a query t may attend to (hi < lo never happens for t < T).
+  int64_t key_lo(int64_t t) const { return causal && window > 0 ? (t - window + 1 > 0 ? t - window + 1 : 0) : 0; }
+  int64_t key_hi(int64_t t) const { return causal ? t : T - 1; }
+};
+
+template <class F>
+void attention_fwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F* v, F* o, F* lse);
+template <class F>
+void attention_bwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F* v, const F* o, const F* lse,
+                       const F* dout, F* dq, F* dk, F* dv);
+
+void attention_fwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& o, const Tensor& lse);
+void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv);
+
+// Entry points: check shapes and strides, dispatch on ctx.device and dtypes.
+void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, const AttentionOpts& opts);
+void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                   const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                   const AttentionOpts& opts);
+// Scratch bytes attention_bwd needs from ctx.workspace on the GPU: delta, [B, H, T] f32.
+size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
+
+}  // namespace linac

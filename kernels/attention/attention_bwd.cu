@@ -1,0 +1,373 @@
+// CUDA attention backward (math in attention.h), FlashAttention-2 style but deterministic: no
+// atomics. P is recomputed from q, k and the saved lse, and the work is split in two passes:
+//   dq pass:   one CTA per (batch*head, block of BR queries); streams K/V tiles:
+//              S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dQ += dS K
+//   dkdv pass: one CTA per (batch*head, block of BC keys); streams Q/dO tiles:
+//              S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
+// Every gradient row is owned by one warp and summed in a fixed order, so results are bitwise
+// reproducible; the price is recomputing S and dP once more than FA2 does (7 matmuls instead of 5).
+// (A fused 5-matmul kernel adding dQ partials in a fixed key-block order under integer turn
+// counters was measured slower: NOTES.md.)
+// delta[b,h,t] = <dO[t], o[t]> (f32, in ctx.workspace) is computed first. Warps own 16 rows; tiles
+// stream through shared memory with cp.async double buffering, P and dS go from the f32
+// accumulators straight into bf16 A fragments of the next mma.
+// Layout: q/k/v/o/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
+#include "attention/attention_common.cuh"
+
+namespace linac {
+namespace attn {
+namespace {
+
+constexpr int kDeltaWarps = 8;
+
+// One warp per (b, t, h) row.
+template <class T>
+__global__ void delta_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta,
+                             const Args a, int64_t rows, int D) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kDeltaWarps + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t h = r % a.H, t = (r / a.H) % a.T, b = r / (int64_t{a.H} * a.T);
+  const T* orow = o + b * a.o.b + t * a.o.t + h * D;
+  const T* grow = dout + b * a.dout.b + t * a.dout.t + h * D;
+  float acc = 0.f;
+  for (int d = lane; d < D; d += 32) acc += cuda::to_float(orow[d]) * cuda::to_float(grow[d]);
+  acc = cuda::warp_sum(acc);
+  if (lane == 0) delta[(b * a.H + h) * a.T + t] = acc;
+}
+
+// ---- dq pass ---------------------------------------------------------------------------------
+
+template <int D>
+struct DqCfg {
+  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int BR = 16 * kWarps;  // queries per CTA
+  static constexpr int BC = 32;           // keys per tile: small S/dP tiles fit D = 64 in 128 registers,
+  static constexpr int kMinBlocks = D == 64 ? 2 : 1;  // so two CTAs share an SM
+  static constexpr size_t kSmem = static_cast<size_t>(2 * BR + 4 * BC) * D * sizeof(bf16_t);
+};
+
+template <int D>
+__global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
+    dq_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                   const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                   bf16_t* __restrict__ dq, const Args a) {
+  using C = DqCfg<D>;
+  constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
+  constexpr uint32_t kTile = BC * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = smem_addr(smem), sDO = sQ + BR * D * 2, sK0 = sDO + BR * D * 2, sV0 = sK0 + 2 * kTile;
+
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* kb_ptr = k + b * a.k.b + h * D;
+  const bf16_t* vb_ptr = v + b * a.v.b + h * D;
+  const int2 kr = key_blocks(a, q0, BR, BC);
+
+  load_tile<BR, D, NT>(sQ, q + b * a.q.b + h * D + q0 * a.q.t, a.q.t, a.T - q0);
+  load_tile<BR, D, NT>(sDO, dout + b * a.dout.b + h * D + q0 * a.dout.t, a.dout.t, a.T - q0);
+  load_tile<BC, D, NT>(sK0, kb_ptr + int64_t{kr.x} * BC * a.k.t, a.k.t, a.T - kr.x * BC);
+  load_tile<BC, D, NT>(sV0, vb_ptr + int64_t{kr.x} * BC * a.v.t, a.v.t, a.T - kr.x * BC);
+  cp_async_commit();
+
+  const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  float lse2[2], dl[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + 8 * r;
+    // Padding rows get P = 0 everywhere.
+    lse2[r] = t < a.T ? lse[int64_t{bh} * a.T + t] * kLog2e : INFINITY;
+    dl[r] = t < a.T ? delta[int64_t{bh} * a.T + t] : 0.f;
+  }
+  cp_async_wait_all();
+  __syncthreads();
+
+  uint32_t qf[D / 16][4], dof[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    lds_a<D>(sQ, warp * 16, kk, qf[kk]);
+    lds_a<D>(sDO, warp * 16, kk, dof[kk]);
+  }
+  float acc[D / 8][4] = {};
+
+  for (int kb = kr.x; kb <= kr.y; ++kb) {
+    const int k0 = kb * BC, buf = (kb - kr.x) & 1;
+    if (kb > kr.x) {
+      cp_async_wait_all();
+      __syncthreads();  // tile kb landed; every warp is done with the other buffer
+    }
+    if (kb < kr.y) {
+      const int n0 = k0 + BC;
+      load_tile<BC, D, NT>(sK0 + (buf ^ 1) * kTile, kb_ptr + int64_t{n0} * a.k.t, a.k.t, a.T - n0);
+      load_tile<BC, D, NT>(sV0 + (buf ^ 1) * kTile, vb_ptr + int64_t{n0} * a.v.t, a.v.t, a.T - n0);
+      cp_async_commit();
+    }
+    const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
+
+    float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) {
+        uint32_t bk[4], bv[4];
+        lds_b_nk<D>(sK, np * 16, kk, bk);
+        mma_bf16(s[2 * np], qf[kk], bk[0], bk[1]);
+        mma_bf16(s[2 * np + 1], qf[kk], bk[2], bk[3]);
+        lds_b_nk<D>(sV, np * 16, kk, bv);
+        mma_bf16(dp[2 * np], dof[kk], bv[0], bv[1]);
+        mma_bf16(dp[2 * np + 1], dof[kk], bv[2], bv[3]);
+      }
+
+    const bool masked = k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC);
+#pragma unroll
+    for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1, sk = k0 + 8 * nt + 2 * tq + (e & 1);
+        float p = fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse2[r]));
+        if (masked && (sk >= a.T || !allowed(a, row0 + 8 * r, sk))) p = 0.f;
+        s[nt][e] = p * (dp[nt][e] - dl[r]);  // dS (without the scale)
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t da[4];
+      c_to_a(s[2 * kk], s[2 * kk + 1], da);
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t bk[4];
+        lds_b_kn<D>(sK, kk, dd * 16, bk);
+        mma_bf16(acc[2 * dd], da, bk[0], bk[1]);
+        mma_bf16(acc[2 * dd + 1], da, bk[2], bk[3]);
+      }
+    }
+  }
+
+  bf16_t* dqb = dq + b * a.dq.b + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + 8 * r;
+    if (t >= a.T) continue;
+    bf16_t* row = dqb + int64_t{t} * a.dq.t + 2 * tq;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(row + dt * 8) = pack_bf16(acc[dt][2 * r] * a.scale, acc[dt][2 * r + 1] * a.scale);
+  }
+}
+
+// ---- dkdv pass -------------------------------------------------------------------------------
+
+template <int D>
+struct DkvCfg {
+  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int BC = 16 * kWarps;        // keys per CTA
+  static constexpr int BR = D == 64 ? 64 : 32;  // queries per tile
+  static constexpr bool kKeepKV = D == 64;      // K/V A fragments in registers (D = 128 rereads them)
+  static constexpr int kMinBlocks = 1;
+  static constexpr size_t kSmem = static_cast<size_t>(2 * BC + 4 * BR) * D * sizeof(bf16_t) + 4 * BR * sizeof(float);
+};
+
+template <int D>
+__global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
+    dkdv_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                     const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
+                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const Args a) {
+  using C = DkvCfg<D>;
+  constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
+  constexpr uint32_t kTile = BR * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sK = smem_addr(smem), sV = sK + BC * D * 2, sQ0 = sV + BC * D * 2, sDO0 = sQ0 + 2 * kTile;
+  // Per query of the two buffered tiles: lse * log2(e) and delta.
+  float* s_lse = reinterpret_cast<float*>(smem + 2 * BC * D * 2 + 4 * kTile);
+  float* s_dl = s_lse + 2 * BR;
+
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int k0 = static_cast<int>(blockIdx.y) * BC;  // causal: low key blocks see the most queries; they go first
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* qb_ptr = q + b * a.q.b + h * D;
+  const bf16_t* gb_ptr = dout + b * a.dout.b + h * D;
+  const int2 qr = query_blocks(a, k0, BC, BR);
+
+  auto load_queries = [&](int qb, int buf) {
+    const int t0 = qb * BR;
+    load_tile<BR, D, NT>(sQ0 + buf * kTile, qb_ptr + int64_t{t0} * a.q.t, a.q.t, a.T - t0);
+    load_tile<BR, D, NT>(sDO0 + buf * kTile, gb_ptr + int64_t{t0} * a.dout.t, a.dout.t, a.T - t0);
+    cp_async_commit();
+    if (threadIdx.x < BR) {
+      const int t = t0 + threadIdx.x;
+      // Padding queries get P = 0 everywhere.
+      s_lse[buf * BR + threadIdx.x] = t < a.T ? lse[int64_t{bh} * a.T + t] * kLog2e : INFINITY;
+      s_dl[buf * BR + threadIdx.x] = t < a.T ? delta[int64_t{bh} * a.T + t] : 0.f;
+    }
+  };
+
+  load_tile<BC, D, NT>(sK, k + b * a.k.b + h * D + k0 * a.k.t, a.k.t, a.T - k0);
+  load_tile<BC, D, NT>(sV, v + b * a.v.b + h * D + k0 * a.v.t, a.v.t, a.T - k0);
+  load_queries(qr.x, 0);
+  cp_async_wait_all();
+  __syncthreads();
+
+  uint32_t kf[C::kKeepKV ? D / 16 : 1][4], vf[C::kKeepKV ? D / 16 : 1][4];
+  if constexpr (C::kKeepKV) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      lds_a<D>(sK, warp * 16, kk, kf[kk]);
+      lds_a<D>(sV, warp * 16, kk, vf[kk]);
+    }
+  }
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  const int srow0 = k0 + warp * 16 + g;  // this thread's keys: srow0 and srow0 + 8
+
+  for (int qb = qr.x; qb <= qr.y; ++qb) {
+    const int q0 = qb * BR, buf = (qb - qr.x) & 1;
+    if (qb > qr.x) {
+      cp_async_wait_all();
+      __syncthreads();  // tile qb landed; every warp is done with the other buffer
+    }
+    if (qb < qr.y) load_queries(qb + 1, buf ^ 1);
+    const uint32_t sQ = sQ0 + buf * kTile, sDO = sDO0 + buf * kTile;
+    const float* lse_t = s_lse + buf * BR;
+    const float* dl_t = s_dl + buf * BR;
+
+    float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ka[4], va[4];
+      if constexpr (C::kKeepKV) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ka[i] = kf[kk][i], va[i] = vf[kk][i];
+      } else {
+        lds_a<D>(sK, warp * 16, kk, ka);
+        lds_a<D>(sV, warp * 16, kk, va);
+      }
+#pragma unroll
+      for (int np = 0; np < BR / 16; ++np) {
+        uint32_t bq[4], bg[4];
+        lds_b_nk<D>(sQ, np * 16, kk, bq);
+        mma_bf16(st[2 * np], ka, bq[0], bq[1]);
+        mma_bf16(st[2 * np + 1], ka, bq[2], bq[3]);
+        lds_b_nk<D>(sDO, np * 16, kk, bg);
+        mma_bf16(dpt[2 * np], va, bg[0], bg[1]);
+        mma_bf16(dpt[2 * np + 1], va, bg[2], bg[3]);
+      }
+    }
+
+    const bool masked = tile_needs_mask(a, q0, BR, k0, BC);
+#pragma unroll
+    for (int nt = 0; nt < BR / 8; ++nt) {
+      const int c = 8 * nt + 2 * tq;
+      const float2 l2 = *reinterpret_cast<const float2*>(lse_t + c);
+      const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float p = fast_exp2(fmaf(st[nt][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
+        if (masked && !allowed(a, q0 + c + (e & 1), srow0 + 8 * (e >> 1))) p = 0.f;
+        st[nt][e] = p;
+        dpt[nt][e] = p * (dpt[nt][e] - ((e & 1) ? d2.y : d2.x));  // dS^T (without the scale)
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t pa[4], da[4];
+      c_to_a(st[2 * kk], st[2 * kk + 1], pa);
+      c_to_a(dpt[2 * kk], dpt[2 * kk + 1], da);
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t bg[4], bq[4];
+        lds_b_kn<D>(sDO, kk, dd * 16, bg);
+        mma_bf16(dv_acc[2 * dd], pa, bg[0], bg[1]);
+        mma_bf16(dv_acc[2 * dd + 1], pa, bg[2], bg[3]);
+        lds_b_kn<D>(sQ, kk, dd * 16, bq);
+        mma_bf16(dk_acc[2 * dd], da, bq[0], bq[1]);
+        mma_bf16(dk_acc[2 * dd + 1], da, bq[2], bq[3]);
+      }
+    }
+  }
+
+  bf16_t* dkb = dk + b * a.dk.b + h * D;
+  bf16_t* dvb = dv + b * a.dv.b + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int s = srow0 + 8 * r;
+    if (s >= a.T) continue;
+    bf16_t* krow = dkb + int64_t{s} * a.dk.t + 2 * tq;
+    bf16_t* vrow = dvb + int64_t{s} * a.dv.t + 2 * tq;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      *reinterpret_cast<uint32_t*>(krow + dt * 8) =
+          pack_bf16(dk_acc[dt][2 * r] * a.scale, dk_acc[dt][2 * r + 1] * a.scale);
+      *reinterpret_cast<uint32_t*>(vrow + dt * 8) = pack_bf16(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+    }
+  }
+}
+
+template <int D>
+void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const float* lse, const float* delta, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                     const Tensor& dv) {
+  auto st = cuda::stream_of(ctx);
+  {
+    using C = DqCfg<D>;
+    auto kernel = dq_bf16_kernel<D>;
+    LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
+    kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
+                                                dout.data<bf16_t>(), lse, delta, dq.data<bf16_t>(), a);
+    LINAC_CUDA_LAUNCH_CHECK();
+  }
+  {
+    using C = DkvCfg<D>;
+    auto kernel = dkdv_bf16_kernel<D>;
+    LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+    const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BC)));
+    kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
+                                                dout.data<bf16_t>(), lse, delta, dk.data<bf16_t>(),
+                                                dv.data<bf16_t>(), a);
+    LINAC_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+}  // namespace attn
+
+void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
+  LINAC_CHECK(L.D == 64 || L.D == 128, "attention (GPU): head dim must be 64 or 128, got " + std::to_string(L.D));
+  LINAC_CHECK(lse.dtype == DType::F32, "attention (GPU): lse must be f32");
+  for (const Tensor* t : {&k, &v, &o, &dout, &dq, &dk, &dv})
+    LINAC_CHECK(t->dtype == q.dtype, "attention (GPU): dtypes must agree");
+  if (L.B * L.T * L.H == 0) return;
+  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(L.B, L.T, L.H, L.D),
+              "attention (GPU): workspace too small");
+  const attn::Args a = attn::make_args(L);
+  const int B = static_cast<int>(L.B), D = static_cast<int>(L.D);
+  float* delta = static_cast<float*>(ctx.workspace);
+  const int64_t rows = L.B * L.T * L.H;
+  const unsigned blocks = static_cast<unsigned>((rows + attn::kDeltaWarps - 1) / attn::kDeltaWarps);
+  LINAC_GPU_DISPATCH(q.dtype, T, {
+    attn::delta_kernel<T><<<blocks, 32 * attn::kDeltaWarps, 0, cuda::stream_of(ctx)>>>(
+        o.data<T>(), dout.data<T>(), delta, a, rows, D);
+  });
+  LINAC_CUDA_LAUNCH_CHECK();
+  if (q.dtype == DType::F32) {
+    attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,
+                  dout.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>());
+    return;
+  }
+  attn::check_bf16_rows(q, L.q, "q");
+  attn::check_bf16_rows(k, L.k, "k");
+  attn::check_bf16_rows(v, L.v, "v");
+  attn::check_bf16_rows(dout, L.dout, "dout");
+  attn::check_bf16_rows(dq, L.dq, "dq");
+  attn::check_bf16_rows(dk, L.dk, "dk");
+  attn::check_bf16_rows(dv, L.dv, "dv");
+  if (D == 64)
+    attn::launch_bwd_bf16<64>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+  else
+    attn::launch_bwd_bf16<128>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+}
+
+}  // namespace linac

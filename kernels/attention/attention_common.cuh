@@ -1,0 +1,175 @@
+// Shared by the attention kernels: the kernel argument block, the tile ranges that causal and
+// sliding-window masks leave, and the sm_80+ tensor-core primitives (cp.async, ldmatrix,
+// mma.sync m16n8k16 bf16 -> f32) over tiles of [rows, D] bf16 kept in shared memory with an XOR
+// swizzle of their 16-byte chunks (chunk c of row r lives at c ^ (r & 7)), so that the eight
+// row addresses of every ldmatrix phase hit eight different bank groups.
+#pragma once
+
+#include <cstdint>
+
+#include "attention/attention.h"
+#include "common/cuda_common.cuh"
+
+namespace linac::attn {
+
+using bf16_t = __nv_bfloat16;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Args {
+  int T, H, window;
+  bool causal;
+  float scale;       // softmax scale
+  float scale_log2;  // scale * log2(e): scores go through exp2
+  AttentionLayout::Strides q, k, v, o, dout, dq, dk, dv;
+};
+
+inline Args make_args(const AttentionLayout& L) {
+  LINAC_CHECK(L.T < (int64_t{1} << 30) && L.window < (int64_t{1} << 30), "attention (GPU): T too large");
+  Args a{};
+  a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.window = static_cast<int>(L.window);
+  a.causal = L.causal;
+  a.scale = static_cast<float>(L.scale);
+  a.scale_log2 = static_cast<float>(L.scale * 1.4426950408889634);
+  a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;
+  return a;
+}
+
+// The bf16 kernels move rows with 16-byte cp.async and write bf16 pairs: rows must be 16-byte aligned.
+inline void check_bf16_rows(const Tensor& x, const AttentionLayout::Strides& s, const char* name) {
+  LINAC_CHECK(reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 && s.b % 8 == 0 && s.t % 8 == 0,
+              std::string("attention (GPU, bf16): ") + name + " rows must be 16-byte aligned");
+}
+
+__host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Key blocks [lo, hi] of width bc that queries [q0, q0 + br) reach.
+__device__ __forceinline__ int2 key_blocks(const Args& a, int q0, int br, int bc) {
+  const int lo = a.causal && a.window > 0 ? max(0, q0 - a.window + 1) / bc : 0;
+  const int hi = a.causal ? min(q0 + br - 1, a.T - 1) / bc : (a.T - 1) / bc;
+  return make_int2(lo, hi);
+}
+
+// Query blocks [lo, hi] of width br that keys [k0, k0 + bc) are seen by.
+__device__ __forceinline__ int2 query_blocks(const Args& a, int k0, int bc, int br) {
+  const int lo = a.causal ? k0 / br : 0;
+  const int hi = a.causal && a.window > 0 ? min(a.T - 1, k0 + bc - 2 + a.window) / br : (a.T - 1) / br;
+  return make_int2(lo, hi);
+}
+
+// Whether some (query, key) pair of the tile is masked (the key tail s >= T is checked separately).
+__device__ __forceinline__ bool tile_needs_mask(const Args& a, int q0, int br, int k0, int bc) {
+  return a.causal && (k0 + bc - 1 > q0 || (a.window > 0 && k0 <= q0 + br - 1 - a.window));
+}
+
+__device__ __forceinline__ bool allowed(const Args& a, int t, int s) {
+  return !a.causal || (s <= t && (a.window == 0 || s > t - a.window));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- tensor-core primitives ---------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; zero-fills when !valid (src must still be a mapped address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c += a * b for a 16x16 (row) bf16 A, a 16x8 (col) bf16 B and a 16x8 f32 C. Fragment layout
+// (g = lane / 4, q = lane % 4): a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8, 2q+8..);
+// b0 (k 2q..2q+1, n g), b1 (k 2q+8.., n g); c0,c1 (g, 2q..2q+1), c2,c3 (g+8, 2q..2q+1).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The accumulators of two adjacent 16x8 C tiles are, rounded to bf16, the A fragment of the
+// 16x16 block they span: P and dS feed the next matmul straight from registers.
+__device__ __forceinline__ void c_to_a(const float (&c0)[4], const float (&c1)[4], uint32_t (&a)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+
+// ---- swizzled [rows, D] bf16 tiles --------------------------------------------------------
+
+template <int D>
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
+}
+
+// All NT threads copy rows [0, ROWS) of a tile whose row r starts at src + r * stride; rows at
+// or past `valid` are zero-filled, so they contribute nothing to any product.
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_tile(uint32_t dst, const bf16_t* src, int64_t stride, int valid) {
+  constexpr int kChunks = D / 8;
+  static_assert((ROWS * kChunks) % NT == 0, "tile not divisible among threads");
+#pragma unroll
+  for (int i = 0; i < ROWS * kChunks / NT; ++i) {
+    const int idx = i * NT + static_cast<int>(threadIdx.x), r = idx / kChunks, c = idx % kChunks;
+    const bool ok = r < valid;
+    cp_async16(dst + swz<D>(r, c), src + (ok ? r * stride + c * 8 : 0), ok);
+  }
+}
+
+// A fragment: rows r0..r0+15 (r0 % 16 == 0), k columns 16kk..16kk+15 of a row-major tile.
+template <int D>
+__device__ __forceinline__ void lds_a(uint32_t tile, int r0, int kk, uint32_t (&a)[4]) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(tile + swz<D>(r0 + (lane & 15), 2 * kk + (lane >> 4)), a);
+}
+
+// B fragments of two n8 tiles from an [n][k] tile (n rows n0..n0+15, k columns 16kk..):
+// {b[0], b[1]} for n0..n0+7 and {b[2], b[3]} for n0+8..n0+15.
+template <int D>
+__device__ __forceinline__ void lds_b_nk(uint32_t tile, int n0, int kk, uint32_t (&b)[4]) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(tile + swz<D>(n0 + (lane & 7) + ((lane >> 4) << 3), 2 * kk + ((lane >> 3) & 1)), b);
+}
+
+// B fragments of two n8 tiles from a [k][n] tile (k rows 16kk..16kk+15, n columns n0..n0+15),
+// transposed on the fly by ldmatrix: same register order as lds_b_nk.
+template <int D>
+__device__ __forceinline__ void lds_b_kn(uint32_t tile, int kk, int n0, uint32_t (&b)[4]) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4_trans(tile + swz<D>(16 * kk + (lane & 15), (n0 >> 3) + (lane >> 4)), b);
+}
+
+// ---- f32 SIMT path (attention_f32.cu) -------------------------------------------------------
+
+void fwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v, float* o,
+             float* lse);
+void bwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v,
+             const float* lse, const float* delta, const float* dout, float* dq, float* dk, float* dv);
+
+}  // namespace linac::attn

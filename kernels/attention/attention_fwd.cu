@@ -1,0 +1,188 @@
+// CUDA attention forward (math in attention.h), FlashAttention-2 style.
+//
+// bf16: one CTA per (batch*head, block of BR = 128 queries), 8 warps of 16 query rows each. Q
+// stays in registers as mma A fragments; K/V tiles of BC keys stream through shared memory with
+// cp.async double buffering. Per tile: S = Q K^T (mma), online softmax in f32 on the
+// accumulators (running max m, running sum l; exp2 with the scale folded in), then O += P V with
+// P reused from the S accumulators as bf16 A fragments. Only lse = m * scale + log l is saved.
+// Key blocks that the causal/window mask empties are never visited; the mask itself is applied
+// only on tiles that straddle its edge or the key tail.
+// Layout: q/k/v/o [B,T,H,D] with free batch/token strides, lse [B,H,T] f32.
+#include "attention/attention_common.cuh"
+
+namespace linac {
+namespace attn {
+namespace {
+
+template <int D>
+struct FwdCfg {
+  static constexpr int kWarps = 8, kThreads = 32 * kWarps;
+  static constexpr int BR = 16 * kWarps;  // queries per CTA
+  static constexpr int BC = 64;           // keys per tile
+  static constexpr int kMinBlocks = D == 64 ? 2 : 1;
+  static constexpr size_t kSmem = static_cast<size_t>(BR + 4 * BC) * D * sizeof(bf16_t);
+};
+
+template <int D>
+__global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
+    fwd_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                    bf16_t* __restrict__ o, float* __restrict__ lse, const Args a) {
+  using C = FwdCfg<D>;
+  constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
+  constexpr uint32_t kTile = BC * D * 2;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = smem_addr(smem), sK0 = sQ + BR * D * 2, sV0 = sK0 + 2 * kTile;
+
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const bf16_t* kb_ptr = k + b * a.k.b + h * D;
+  const bf16_t* vb_ptr = v + b * a.v.b + h * D;
+  const int2 kr = key_blocks(a, q0, BR, BC);
+
+  load_tile<BR, D, NT>(sQ, q + b * a.q.b + h * D + q0 * a.q.t, a.q.t, a.T - q0);
+  load_tile<BC, D, NT>(sK0, kb_ptr + int64_t{kr.x} * BC * a.k.t, a.k.t, a.T - kr.x * BC);
+  load_tile<BC, D, NT>(sV0, vb_ptr + int64_t{kr.x} * BC * a.v.t, a.v.t, a.T - kr.x * BC);
+  cp_async_commit();
+  cp_async_wait_all();
+  __syncthreads();
+
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) lds_a<D>(sQ, warp * 16, kk, qf[kk]);
+
+  float acc[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+
+  for (int kb = kr.x; kb <= kr.y; ++kb) {
+    const int k0 = kb * BC, buf = (kb - kr.x) & 1;
+    if (kb > kr.x) {
+      cp_async_wait_all();
+      __syncthreads();  // tile kb landed; every warp is done with the other buffer
+    }
+    if (kb < kr.y) {
+      const int n0 = k0 + BC;
+      load_tile<BC, D, NT>(sK0 + (buf ^ 1) * kTile, kb_ptr + int64_t{n0} * a.k.t, a.k.t, a.T - n0);
+      load_tile<BC, D, NT>(sV0 + (buf ^ 1) * kTile, vb_ptr + int64_t{n0} * a.v.t, a.v.t, a.T - n0);
+      cp_async_commit();
+    }
+    const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
+
+    float s[BC / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) {
+        uint32_t bf[4];
+        lds_b_nk<D>(sK, np * 16, kk, bf);
+        mma_bf16(s[2 * np], qf[kk], bf[0], bf[1]);
+        mma_bf16(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+      }
+
+    if (k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC)) {
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int t = row0 + 8 * (e >> 1), sk = k0 + 8 * nt + 2 * tq + (e & 1);
+          if (sk >= a.T || !allowed(a, t, sk)) s[nt][e] = -INFINITY;
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = m[r];
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row whose keys so far are all masked keeps m = -inf; exp2 against 0 then gives P = 0.
+      const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
+      const float alpha = fast_exp2(m[r] * a.scale_log2 - base);
+      m[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < BC / 8; ++nt) {
+        s[nt][2 * r] = fast_exp2(fmaf(s[nt][2 * r], a.scale_log2, -base));
+        s[nt][2 * r + 1] = fast_exp2(fmaf(s[nt][2 * r + 1], a.scale_log2, -base));
+        sum += s[nt][2 * r] + s[nt][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        acc[dt][2 * r] *= alpha;
+        acc[dt][2 * r + 1] *= alpha;
+      }
+    }
+
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      uint32_t pa[4];
+      c_to_a(s[2 * kk], s[2 * kk + 1], pa);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bf[4];
+        lds_b_kn<D>(sV, kk, dp * 16, bf);
+        mma_bf16(acc[2 * dp], pa, bf[0], bf[1]);
+        mma_bf16(acc[2 * dp + 1], pa, bf[2], bf[3]);
+      }
+    }
+  }
+
+  bf16_t* ob = o + b * a.o.b + h * D;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int t = row0 + 8 * r;
+    if (t >= a.T) continue;
+    const float inv = 1.f / sum;
+    bf16_t* orow = ob + int64_t{t} * a.o.t + 2 * tq;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+    if (tq == 0) lse[int64_t{bh} * a.T + t] = m[r] * a.scale + logf(sum);
+  }
+}
+
+template <int D>
+void launch_fwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& o, const Tensor& lse) {
+  using C = FwdCfg<D>;
+  auto kernel = fwd_bf16_kernel<D>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
+  kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
+                                                                o.data<bf16_t>(), lse.data<float>(), a);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace attn
+
+void attention_fwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& o, const Tensor& lse) {
+  LINAC_CHECK(L.D == 64 || L.D == 128, "attention (GPU): head dim must be 64 or 128, got " + std::to_string(L.D));
+  LINAC_CHECK(lse.dtype == DType::F32, "attention (GPU): lse must be f32");
+  LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype && o.dtype == q.dtype, "attention (GPU): dtypes must agree");
+  if (L.B * L.T * L.H == 0) return;
+  const attn::Args a = attn::make_args(L);
+  const int B = static_cast<int>(L.B), D = static_cast<int>(L.D);
+  if (q.dtype == DType::F32) {
+    attn::fwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), o.data<float>(), lse.data<float>());
+    return;
+  }
+  LINAC_CHECK(q.dtype == DType::BF16, "attention (GPU): activations must be bf16 or f32");
+  attn::check_bf16_rows(q, L.q, "q");
+  attn::check_bf16_rows(k, L.k, "k");
+  attn::check_bf16_rows(v, L.v, "v");
+  attn::check_bf16_rows(o, L.o, "o");
+  if (D == 64)
+    attn::launch_fwd_bf16<64>(ctx, a, B, q, k, v, o, lse);
+  else
+    attn::launch_fwd_bf16<128>(ctx, a, B, q, k, v, o, lse);
+}
+
+}  // namespace linac

@@ -1,0 +1,99 @@
+// CUDA fused softmax cross-entropy (math in cross_entropy.h). One block per row. Pass 1: each
+// thread keeps a running max m and sum s = sum exp(x - m) over its elements (rescaling s only
+// when the max grows, so one exp per element); the block merges them with a max and a sum.
+// Pass 2 re-reads the row and writes the gradient. Each thread writes only elements it has
+// itself read, and the target logit is read before the block reductions' barriers, so the
+// gradient may overwrite the logits. logits/dlogits are deliberately not __restrict__.
+#include <algorithm>
+#include <cfloat>
+
+#include "common/cuda_common.cuh"
+#include "cross_entropy/cross_entropy.h"
+
+namespace linac {
+namespace {
+
+constexpr int kMaxThreads = 512;
+
+// m starts at -FLT_MAX rather than -inf so that a -inf logit adds exp(-inf) = 0, not NaN.
+__device__ __forceinline__ void online_add(float x, float& m, float& s) {
+  if (x > m) {
+    s = s * expf(m - x) + 1.f;
+    m = x;
+  } else {
+    s += expf(x - m);
+  }
+}
+
+template <bool kVec, class TL, class TD>
+__global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict__ targets, TD* dlogits,
+                                     float* __restrict__ losses, int64_t v, float grad_scale) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const int64_t t = targets[r];
+  const TL* x = logits + r * v;
+  TD* dx = dlogits + r * v;
+  if (t < 0) {
+    if constexpr (kVec) {
+      for (int64_t j = 4 * threadIdx.x; j < v; j += 4 * blockDim.x) cuda::store4(dx + j, make_float4(0, 0, 0, 0));
+    } else {
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dx[j] = cuda::from_float<TD>(0.f);
+    }
+    if (threadIdx.x == 0) losses[r] = 0.f;
+    return;
+  }
+
+  float m = -FLT_MAX, s = 0.f;
+  if constexpr (kVec) {
+    for (int64_t j = 4 * threadIdx.x; j < v; j += 4 * blockDim.x) {
+      const float4 xv = cuda::load4(x + j);
+      online_add(xv.x, m, s);
+      online_add(xv.y, m, s);
+      online_add(xv.z, m, s);
+      online_add(xv.w, m, s);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) online_add(cuda::to_float(x[j]), m, s);
+  }
+  const float xt = threadIdx.x == 0 && t < v ? cuda::to_float(x[t]) : NAN;
+  const float mx = cuda::block_max(m, scratch);
+  const float sum = cuda::block_sum(s * expf(m - mx), scratch);
+  if (threadIdx.x == 0) losses[r] = mx + logf(sum) - xt;
+
+  const float inv = 1.f / sum;
+  auto grad = [&](float xj, int64_t j) { return (expf(xj - mx) * inv - (j == t ? 1.f : 0.f)) * grad_scale; };
+  if constexpr (kVec) {
+    for (int64_t j = 4 * threadIdx.x; j < v; j += 4 * blockDim.x) {
+      const float4 xv = cuda::load4(x + j);
+      cuda::store4(dx + j, make_float4(grad(xv.x, j), grad(xv.y, j + 1), grad(xv.z, j + 2), grad(xv.w, j + 3)));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dx[j] = cuda::from_float<TD>(grad(cuda::to_float(x[j]), j));
+  }
+}
+
+}  // namespace
+
+void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
+                                const Tensor& losses, float grad_scale) {
+  LINAC_CHECK(losses.dtype == DType::F32, "cross_entropy (GPU): losses must be f32");
+  const int64_t n = logits.size(0), v = logits.size(1);
+  if (n == 0) return;
+  LINAC_CHECK(v > 0, "cross_entropy: empty vocabulary");
+  const bool vec = v % 4 == 0 && cuda::vec4_aligned(logits) && cuda::vec4_aligned(dlogits);
+  // About eight elements (or vector groups) per thread in each pass.
+  const int64_t items = vec ? v / 4 : v;
+  const int threads = static_cast<int>(std::clamp<int64_t>((items / 8 + 31) / 32 * 32, 32, kMaxThreads));
+  auto st = cuda::stream_of(ctx);
+  LINAC_GPU_DISPATCH(logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
+    if (vec)
+      cross_entropy_kernel<true, TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
+          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), v, grad_scale);
+    else
+      cross_entropy_kernel<false, TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
+          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), v, grad_scale);
+  }));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace linac

@@ -1,0 +1,36 @@
+// Fused softmax cross-entropy of the LM head, loss and gradient in one call (the logits are
+// never softmaxed into a separate buffer):
+//   lse_i          = log sum_j exp(logits[i,j])
+//   losses[i]      = lse_i - logits[i, t_i]
+//   dlogits[i,j]   = (exp(logits[i,j] - lse_i) - [j == t_i]) * grad_scale
+// Rows whose target t_i < 0 are ignored: losses[i] = 0 and dlogits[i,:] = 0. grad_scale is the
+// loss weight of a row (typically 1 / number of counted tokens).
+//
+// Layout: logits, dlogits [N, V] contiguous; targets [N] i32; losses [N]. dlogits may be the
+// very memory of logits (in place, same dtype): every row is read in full before any of it is
+// written. GPU: logits and dlogits f32 or bf16, losses f32; one block per row, one pass for the
+// running max and sum (online softmax), a second for the writes. CPU: one dtype (f32 or f64).
+// A target >= V is a caller bug: the CPU throws linac::Error; the GPU, which cannot see the
+// targets from the host, reads nothing out of bounds and writes a NaN loss for that row
+// (its gradient row is then softmax * grad_scale), which a non-finite-loss check catches.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+template <class T>
+void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogits, T* losses, int64_t n, int64_t v,
+                               double grad_scale);
+
+void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
+                                const Tensor& losses, float grad_scale);
+
+// Entry point: checks shapes, dispatches on ctx.device and dtypes.
+void cross_entropy_fwd_bwd(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
+                           const Tensor& losses, float grad_scale);
+
+}  // namespace linac

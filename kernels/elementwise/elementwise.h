@@ -1,0 +1,36 @@
+// Flat elementwise updates over whole tensors (gradient accumulation, mixed-precision copies,
+// loss scaling):
+//   add_inplace:   dst[i] += alpha * src[i]
+//   cast:          dst[i]  = src[i]            (rounded to nearest-even when narrowing to bf16)
+//   scale_inplace: x[i]   *= s
+//
+// Layout: every tensor contiguous; dst and src have the same number of elements (any shape).
+// On the GPU dst and src are f32 or bf16 independently (cast: f32 <-> bf16, or a copy when the
+// dtypes agree); arithmetic is in f32. On the CPU add_inplace and scale_inplace take one dtype
+// (f32 or f64); cast converts between f32 and f64 in either direction.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+template <class T>
+void add_inplace_cpu(T* dst, const T* src, double alpha, int64_t n);
+template <class TD, class TS>
+void cast_cpu(TD* dst, const TS* src, int64_t n);
+template <class T>
+void scale_inplace_cpu(T* x, double s, int64_t n);
+
+void add_inplace_cuda(const Ctx& ctx, const Tensor& dst, const Tensor& src, float alpha);
+void cast_cuda(const Ctx& ctx, const Tensor& dst, const Tensor& src);
+void scale_inplace_cuda(const Ctx& ctx, const Tensor& x, float s);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void add_inplace(const Ctx& ctx, const Tensor& dst, const Tensor& src, float alpha);
+void cast(const Ctx& ctx, const Tensor& dst, const Tensor& src);
+void scale_inplace(const Ctx& ctx, const Tensor& x, float s);
+
+}  // namespace linac

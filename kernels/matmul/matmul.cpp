@@ -1,0 +1,85 @@
+// Matmul entry points: operand checks, the row-major problem description, device/dtype dispatch.
+#include <algorithm>
+#include <string>
+
+#include "core/dispatch.h"
+#include "matmul/matmul.h"
+
+namespace linac {
+
+namespace {
+
+// The stored matrix of a 2-D operand, or of each batch entry of a 3-D one.
+struct Stored {
+  int64_t rows, cols, ld, batch, batch_stride;
+};
+
+Stored stored_of(const Tensor& t, bool batched, const char* name) {
+  const int nd = batched ? 3 : 2, r = nd - 2, c = nd - 1;
+  LINAC_CHECK(t.ndim == nd, std::string("matmul: ") + name + " must be " + (batched ? "3-D" : "2-D") + ", got " +
+                                t.shape_str());
+  Stored s{t.shape[r], t.shape[c], 0, batched ? t.shape[0] : 1, batched ? t.strides[0] : 0};
+  // A single row or column has no meaningful stride of its own (select/narrow may leave any).
+  LINAC_CHECK(s.cols <= 1 || t.strides[c] == 1, std::string("matmul: ") + name + "'s rows must be contiguous");
+  s.ld = s.rows > 1 ? t.strides[r] : std::max<int64_t>(s.cols, 1);
+  LINAC_CHECK(s.ld >= s.cols, std::string("matmul: ") + name + "'s row stride is smaller than its row");
+  LINAC_CHECK(s.batch_stride >= 0, std::string("matmul: ") + name + " has a negative batch stride");
+  return s;
+}
+
+GemmProblem problem_of(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                       float alpha, float beta, bool batched) {
+  LINAC_CHECK(a.device == ctx.device && b.device == ctx.device && c.device == ctx.device,
+              "matmul: operands must live on the context's device");
+  const Stored sa = stored_of(a, batched, "A"), sb = stored_of(b, batched, "B"), sc = stored_of(c, batched, "C");
+  GemmProblem p;
+  p.m = trans_a ? sa.cols : sa.rows;
+  p.k = trans_a ? sa.rows : sa.cols;
+  p.n = trans_b ? sb.rows : sb.cols;
+  const int64_t kb = trans_b ? sb.cols : sb.rows;
+  const std::string what = std::string("matmul: A") + a.shape_str() + (trans_a ? "^T" : "") + " @ B" + b.shape_str() +
+                           (trans_b ? "^T" : "") + " -> C" + c.shape_str();
+  LINAC_CHECK(kb == p.k && sc.rows == p.m && sc.cols == p.n, what + ": shapes disagree");
+  LINAC_CHECK(sa.batch == sc.batch && sb.batch == sc.batch, what + ": batch sizes disagree");
+  LINAC_CHECK(p.k >= 1, what + ": K must be at least 1");
+  LINAC_CHECK(sc.batch <= 1 || sc.batch_stride >= (sc.rows - 1) * sc.ld + sc.cols, what + ": C's batches overlap");
+  p.batch = sc.batch;
+  p.trans_a = trans_a;
+  p.trans_b = trans_b;
+  p.lda = sa.ld;
+  p.ldb = sb.ld;
+  p.ldc = sc.ld;
+  p.batch_stride_a = sa.batch_stride;
+  p.batch_stride_b = sb.batch_stride;
+  p.batch_stride_c = sc.batch_stride;
+  p.alpha = alpha;
+  p.beta = beta;
+  return p;
+}
+
+void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+#if LINAC_WITH_CUDA
+    matmul_cuda(ctx, p, a, b, c);
+#endif
+    return;
+  }
+  LINAC_CHECK(a.dtype == c.dtype && b.dtype == c.dtype, "matmul: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(c.dtype, T, matmul_cpu<T>(p, a.data<T>(), b.data<T>(), c.data<T>()));
+}
+
+}  // namespace
+
+void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+            float beta) {
+  run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, false), a, b, c);
+}
+
+void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                    float alpha, float beta) {
+  run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, true), a, b, c);
+}
+
+}  // namespace linac

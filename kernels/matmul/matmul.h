@@ -1,0 +1,59 @@
+// Matrix multiplication (GEMM) on row-major 2-D operands, optionally batched:
+//   C[M,N] = alpha * op(A) @ op(B) + beta * C,      op(X) = X or X^T
+//   A is stored [M,K] (trans_a = false) or [K,M] (trans_a = true)
+//   B is stored [K,N] (trans_b = false) or [N,K] (trans_b = true)
+// beta = 0 never reads C (it may hold NaN); beta = 1 accumulates into C.
+//
+// Linear layers keep W as [out, in] (PyTorch convention):
+//   Y  = X W^T    matmul(ctx, X,  false, W, true,  Y)
+//   dX = dY W     matmul(ctx, dY, false, W, false, dX)
+//   dW += dY^T X  matmul(ctx, dY, true,  X, false, dW, 1, 1)
+//
+// Layouts: each operand is a 2-D tensor whose rows may be strided (strides[1] == 1,
+// strides[0] >= cols), e.g. a narrow() of a wider buffer. matmul_batched takes 3-D tensors
+// [batch, rows, cols]; strides[0] is each operand's batch stride (0 broadcasts A or B over the
+// batch; C's batches must not overlap). K >= 1; C must not overlap A or B.
+//
+// Dtypes. GPU (cuBLASLt, fp32 accumulation): A and B both bf16 with C bf16 or f32 (bf16 x bf16
+// -> f32 is the weight-gradient / logits path), or A, B, C all f32, computed in true fp32
+// (CUBLAS_COMPUTE_32F, never TF32). CPU: A, B, C all f32 or all f64.
+//
+// Determinism: the CPU sums every C element's K terms in one fixed order whatever the thread
+// count; the GPU uses one cached cuBLASLt algorithm per problem and allows only split-K schemes
+// that reduce in fp32 in a fixed order (matmul_cublaslt.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+// One strided-batched problem after the entry point has checked its operands (k >= 1). Leading
+// dimensions are row strides of the stored (row-major) matrices, in elements.
+struct GemmProblem {
+  int64_t m = 0, n = 0, k = 0, batch = 1;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
+  float alpha = 1.f, beta = 0.f;
+};
+
+template <class T>
+void matmul_cpu(const GemmProblem& p, const T* a, const T* b, T* c);
+
+void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
+
+// Entry points: check shapes, strides and dtypes, dispatch on ctx.device.
+void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+            float alpha = 1.f, float beta = 0.f);
+void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                    float alpha = 1.f, float beta = 0.f);
+
+// Floating-point operations of one call, 2*M*N*K*batch, for benchmarks and MFU.
+inline double matmul_flops(int64_t m, int64_t n, int64_t k, int64_t batch = 1) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
+}
+
+}  // namespace linac

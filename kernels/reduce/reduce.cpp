@@ -1,0 +1,37 @@
+// Reduction entry points: argument checks and device/dtype dispatch.
+#include "reduce/reduce.h"
+
+#include "core/dispatch.h"
+
+namespace linac {
+
+namespace {
+void check_args(const Tensor& x, const Tensor& out) {
+  LINAC_CHECK(x.is_contiguous(), "reduce: x must be contiguous, got " + x.shape_str());
+  LINAC_CHECK(out.numel() == 1, "reduce: out must have one element, got " + out.shape_str());
+}
+}  // namespace
+
+void sum_squares(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  check_args(x, out);
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    sum_squares_cuda(ctx, x, out);
+    return;
+  }
+  LINAC_CHECK(x.dtype == out.dtype, "sum_squares: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T, sum_squares_cpu<T>(x.data<T>(), out.data<T>(), x.numel()));
+}
+
+void sum(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  check_args(x, out);
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    sum_cuda(ctx, x, out);
+    return;
+  }
+  LINAC_CHECK(x.dtype == out.dtype, "sum: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T, sum_cpu<T>(x.data<T>(), out.data<T>(), x.numel()));
+}
+
+}  // namespace linac

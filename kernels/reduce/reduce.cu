@@ -1,0 +1,72 @@
+// CUDA full reductions (math in reduce.h). Two deterministic stages: a grid of at most
+// kMaxBlocks blocks, each summing a fixed grid-stride share of x in double into a partial in
+// ctx.workspace; then one block adding the partials in a fixed order.
+#include <algorithm>
+
+#include "common/cuda_common.cuh"
+#include "reduce/reduce.h"
+
+namespace linac {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 1024;
+constexpr int kFinalThreads = 1024;
+
+template <bool kSquare>
+__device__ __forceinline__ double term(float v) {
+  const double d = v;
+  return kSquare ? d * d : d;
+}
+
+// Vector groups of four while x is aligned (n4 = 0 otherwise), then the scalar tail.
+template <bool kSquare, class T>
+__global__ void reduce_partial_kernel(const T* __restrict__ x, double* __restrict__ partial, int64_t n, int64_t n4) {
+  __shared__ double scratch[32];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  double acc = 0;
+  for (int64_t i = t; i < n4; i += stride) {
+    const float4 v = cuda::load4(x + 4 * i);
+    acc += term<kSquare>(v.x);
+    acc += term<kSquare>(v.y);
+    acc += term<kSquare>(v.z);
+    acc += term<kSquare>(v.w);
+  }
+  for (int64_t i = 4 * n4 + t; i < n; i += stride) acc += term<kSquare>(cuda::to_float(x[i]));
+  acc = cuda::block_sum(acc, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void reduce_final_kernel(const double* __restrict__ partial, float* __restrict__ out, int nblocks) {
+  __shared__ double scratch[32];
+  double acc = 0;
+  for (int b = threadIdx.x; b < nblocks; b += blockDim.x) acc += partial[b];
+  acc = cuda::block_sum(acc, scratch);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
+}
+
+template <bool kSquare>
+void reduce_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  LINAC_CHECK(out.dtype == DType::F32, "reduce (GPU): out must be f32");
+  const int64_t n = x.numel();
+  const int64_t n4 = cuda::vec4_aligned(x) ? n / 4 : 0;
+  const unsigned blocks = std::clamp(cuda::grid_1d(n4 > 0 ? n4 : n, kThreads), 1u, kMaxBlocks);
+  LINAC_CHECK(blocks * sizeof(double) <= ctx.workspace_bytes, "reduce (GPU): workspace too small");
+  double* partial = static_cast<double*>(ctx.workspace);
+  auto st = cuda::stream_of(ctx);
+  LINAC_GPU_DISPATCH(x.dtype, T, {
+    reduce_partial_kernel<kSquare, T><<<blocks, kThreads, 0, st>>>(x.data<T>(), partial, n, n4);
+  });
+  LINAC_CUDA_LAUNCH_CHECK();
+  reduce_final_kernel<<<1, kFinalThreads, 0, st>>>(partial, out.data<float>(), static_cast<int>(blocks));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) { reduce_cuda<true>(ctx, x, out); }
+
+void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) { reduce_cuda<false>(ctx, x, out); }
+
+}  // namespace linac

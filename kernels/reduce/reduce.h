@@ -1,0 +1,32 @@
+// Full reductions of a flat tensor to one number (global gradient norm, summed loss):
+//   sum_squares: out[0] = sum_i x[i]^2
+//   sum:         out[0] = sum_i x[i]
+//
+// Layout: x contiguous, any shape (n = numel, up to ~2^31 and beyond: 64-bit indexing); out has
+// one element and is overwritten. GPU: x f32 or bf16, out f32; accumulation is in double
+// throughout (per thread, per block, and the final fixed-order sum over block partials, which
+// live in ctx.workspace). CPU: x and out share one dtype (f32 or f64); accumulation in double.
+// Both devices split x into a fixed number of contiguous pieces whose partial sums are added in
+// order, so a result depends only on the data, never on the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+template <class T>
+void sum_squares_cpu(const T* x, T* out, int64_t n);
+template <class T>
+void sum_cpu(const T* x, T* out, int64_t n);
+
+void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
+void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void sum_squares(const Ctx& ctx, const Tensor& x, const Tensor& out);
+void sum(const Ctx& ctx, const Tensor& x, const Tensor& out);
+
+}  // namespace linac

@@ -1,0 +1,42 @@
+// Rotary position embedding (Su et al. 2021) with the GPT-NeoX / Hugging Face LLaMA
+// "rotate half" pairing: within each head, element i pairs with element i + D/2 (i < D/2).
+// Token t of a sequence sits at position p = pos0 + t; with
+//   inv_freq_i = base^(-2i/D),   angle = p * inv_freq_i,
+// the forward rotates each pair by +angle,
+//   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin,
+// and the backward rotates the gradient by -angle (the rotation's transpose). Both work in
+// place.
+//
+// Precision: inv_freq_i is pow(base, -2i/D) evaluated in double and rounded to the compute type
+// (on the GPU to f32, on the host, so host and device agree bit for bit); the angle is
+// T(p) * inv_freq_i rounded once in the compute type, as in the Hugging Face implementation;
+// the GPU then uses sincosf (accurate over the full range, unlike __sincosf). In f32 the angle
+// therefore carries a relative error of about 2^-24 (e.g. ~2e-4 rad at p = 4096), the same as
+// reference implementations that compute it in f32.
+//
+// Layout: x (and dx) [B, T, H, D] with the last two dimensions contiguous (strides D and 1) and
+// arbitrary batch and token strides, so x can be the q or k slice of a fused [B, T, 3, H, D]
+// qkv buffer. D is even, D <= kRopeMaxDim. GPU: f32 or bf16, math in f32. CPU: f32 or f64.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+constexpr int64_t kRopeMaxDim = 512;
+
+// Rotates by +angle (inverse = false) or -angle (inverse = true).
+template <class T>
+void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t,
+                    double base, int64_t pos0, bool inverse);
+
+void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0);
+void rope_bwd(const Ctx& ctx, const Tensor& dx, double base, int64_t pos0);
+
+}  // namespace linac

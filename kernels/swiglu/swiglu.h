@@ -1,0 +1,33 @@
+// SwiGLU activation of the channel mixer (Shazeer 2020, as in LLaMA), applied to the fused
+// up-projection h = x W_in whose first half is the gate g and second half the value u:
+//   a = silu(g) * u,   silu(x) = x * sigmoid(x)
+// Backward:
+//   dg = da * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+//   du = da * silu(g)
+// sigmoid is evaluated from exp(-|x|), which never overflows.
+//
+// Layout: h, dh [N, 2F] contiguous (columns [0, F) = g, [F, 2F) = u); a, da [N, F] contiguous.
+// dh is written (overwrite). GPU: h and a are f32 or bf16 independently; da and dh share one
+// dtype (f32 or bf16), independent of h; math in f32. CPU: one dtype (f32 or f64).
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+template <class T>
+void swiglu_fwd_cpu(const T* h, T* a, int64_t n, int64_t f);
+template <class T>
+void swiglu_bwd_cpu(const T* h, const T* da, T* dh, int64_t n, int64_t f);
+
+void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a);
+void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a);
+void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh);
+
+}  // namespace linac

@@ -1,0 +1,48 @@
+// Full reductions, CPU reference, against a long-double direct sum.
+#include <cmath>
+
+#include "reduce/reduce.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+TEST(ReduceCpu, MatchesDirectSums) {
+  for (int64_t n : {1, 7, 1000, 1000003}) {
+    for (DType dt : {DType::F32, DType::F64}) {
+      OwnedTensor x = test::random_tensor({n}, dt, static_cast<uint64_t>(n), -1, 1.5);
+      const std::vector<double> xv = to_doubles(x);
+      long double s = 0, ss = 0;
+      for (double e : xv) {
+        s += e;
+        ss += static_cast<long double>(e) * e;
+      }
+      OwnedTensor out(dt, Device::CPU, {1});
+      sum(Ctx{}, x, out);
+      // The f32 results are double sums rounded once to f32.
+      const double tol = dt == DType::F32 ? 1e-7 : 1e-13;
+      EXPECT_NEAR(to_doubles(out)[0], static_cast<double>(s), tol * std::fabs(static_cast<double>(s)))
+          << "n " << n;
+      sum_squares(Ctx{}, x, out);
+      EXPECT_NEAR(to_doubles(out)[0], static_cast<double>(ss), tol * static_cast<double>(ss)) << "n " << n;
+    }
+  }
+}
+
+TEST(ReduceCpu, EmptyIsZero) {
+  OwnedTensor x(DType::F64, Device::CPU, {0}), out(DType::F64, Device::CPU, {1});
+  test::poison(out);
+  sum_squares(Ctx{}, x, out);
+  EXPECT_EQ(out->data<double>()[0], 0.0);
+}
+
+TEST(ReduceCpu, TakesAnyShape) {
+  OwnedTensor x = test::random_tensor({3, 5, 7}, DType::F64, 1), out(DType::F64, Device::CPU, {1});
+  sum(Ctx{}, x, out);
+  double s = 0;
+  for (double e : to_doubles(x)) s += e;
+  EXPECT_NEAR(out->data<double>()[0], s, 1e-13);
+}
+
+}  // namespace
+}  // namespace linac

@@ -1,0 +1,115 @@
+// Fused cross-entropy CUDA vs the CPU reference (double): f32/bf16, in place, ignored rows,
+// scalar (V = 129) and vector (V = 32000) paths.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/rng.h"
+#include "cross_entropy/cross_entropy.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+// Every seventh row ignored; the first and last vocabulary entries appear as targets.
+OwnedTensor make_targets(int64_t n, int64_t v, int64_t& counted) {
+  OwnedTensor t(DType::I32, Device::CPU, {n});
+  Rng rng{5, 3, 0};
+  counted = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t id = static_cast<int32_t>(rng.below(v));
+    if (i == 1) id = 0;
+    if (i == 2) id = static_cast<int32_t>(v - 1);
+    if (i % 7 == 3) id = -1;
+    counted += id >= 0;
+    t->data<int32_t>()[i] = id;
+  }
+  return t;
+}
+
+void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, double grad_tol) {
+  GpuContext gctx;
+  int64_t counted = 0;
+  OwnedTensor targets = make_targets(n, v, counted);
+  const float scale = 1.f / static_cast<float>(counted);
+  OwnedTensor logits = test::random_tensor({n, v}, DType::F64, 1, -8, 8);
+  OwnedTensor lg = to(logits, Device::CUDA, l_dt), tg = to(targets, Device::CUDA, DType::I32);
+  OwnedTensor lr = to(lg, Device::CPU, DType::F64);
+  OwnedTensor dl_own(d_dt, Device::CUDA, {in_place ? 0 : n, v});
+  const Tensor dlg = in_place ? lg.t : dl_own.t;
+  OwnedTensor lossg(DType::F32, Device::CUDA, {n});
+  if (!in_place) test::poison(dlg);
+  test::poison(lossg);
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, dlg, lossg, scale);
+  gctx.synchronize();
+  OwnedTensor dlr(DType::F64, Device::CPU, {n, v}), lossr(DType::F64, Device::CPU, {n});
+  cross_entropy_fwd_bwd(Ctx{}, lr, targets, dlr, lossr, scale);
+  EXPECT_LT(test::rel_error(dlg, dlr), grad_tol) << "V " << v;
+  // Losses are f32 sums over the same rounded logits whatever the dtypes.
+  EXPECT_LT(test::rel_error(lossg, lossr), 1e-5) << "V " << v;
+  const std::vector<double> dl = to_doubles(dlg), loss = to_doubles(lossg);
+  for (int64_t i = 3; i < n; i += 7) {
+    EXPECT_EQ(loss[static_cast<size_t>(i)], 0.0);
+    for (int64_t j = 0; j < v; ++j) ASSERT_EQ(dl[static_cast<size_t>(i * v + j)], 0.0) << "ignored row " << i;
+  }
+}
+
+TEST(CrossEntropyGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, DType::F32, false, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, false, 37, 129, 1e-5);
+}
+
+TEST(CrossEntropyGpu, ParityF32InPlace) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, DType::F32, true, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, true, 37, 129, 1e-5);
+}
+
+TEST(CrossEntropyGpu, ParityBf16InPlace) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, DType::BF16, true, 100, 32000, 1e-2);
+  run_parity(DType::BF16, DType::BF16, true, 37, 129, 1e-2);
+}
+
+TEST(CrossEntropyGpu, ParityBf16LogitsF32Gradient) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, DType::F32, false, 100, 32000, 1e-5);
+  run_parity(DType::BF16, DType::F32, false, 37, 129, 1e-5);
+}
+
+TEST(CrossEntropyGpu, InPlaceEqualsOutOfPlace) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t n = 50, v = 32000;
+  int64_t counted = 0;
+  OwnedTensor tg = to(make_targets(n, v, counted), Device::CUDA, DType::I32);
+  OwnedTensor lg = to(test::random_tensor({n, v}, DType::F64, 2, -8, 8), Device::CUDA, DType::BF16);
+  OwnedTensor dl(DType::BF16, Device::CUDA, {n, v});
+  OwnedTensor l1(DType::F32, Device::CUDA, {n}), l2(DType::F32, Device::CUDA, {n});
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, dl, l1, 0.01f);
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, lg, l2, 0.01f);
+  gctx.synchronize();
+  EXPECT_EQ(to_doubles(lg), to_doubles(dl));
+  EXPECT_EQ(to_doubles(l2), to_doubles(l1));
+}
+
+TEST(CrossEntropyGpu, TargetOutsideVocabularyGivesNanLoss) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t n = 4, v = 1000;
+  OwnedTensor targets(DType::I32, Device::CPU, {n});
+  const int32_t ids[] = {5, static_cast<int32_t>(v), 2147483647, 999};
+  std::copy(ids, ids + n, targets->data<int32_t>());
+  OwnedTensor tg = to(targets, Device::CUDA, DType::I32);
+  OwnedTensor lg = to(test::random_tensor({n, v}, DType::F64, 3), Device::CUDA, DType::F32);
+  OwnedTensor dl(DType::F32, Device::CUDA, {n, v}), loss(DType::F32, Device::CUDA, {n});
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, dl, loss, 1.f);
+  gctx.synchronize();
+  const std::vector<double> l = to_doubles(loss);
+  EXPECT_TRUE(std::isfinite(l[0]) && std::isfinite(l[3]));
+  EXPECT_TRUE(std::isnan(l[1]) && std::isnan(l[2]));
+}
+
+}  // namespace
+}  // namespace linac

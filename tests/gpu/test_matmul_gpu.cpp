@@ -1,0 +1,210 @@
+// Matmul cuBLASLt vs the CPU reference (double) on the same rounded inputs: every transpose
+// combination, bf16 -> bf16, bf16 -> f32 accumulation, f32 -> f32, strided rows, batches, odd
+// sizes; nothing outside C's view written; the same call twice is bit-identical.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "matmul/matmul.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+// A stored [rows, cols] matrix (or [batch, rows, cols]) viewed inside a buffer `pad` columns
+// wider, from column 1 when padded (so the view's pointer is only element-aligned). `gpu` holds
+// it in the GPU dtype, `ref` the same rounded values in f64 on the host.
+struct Operand {
+  OwnedTensor gpu, ref;
+  Tensor gpu_view, ref_view;
+};
+
+// Fills the view with random values and the padding with `pad_value`.
+Operand make_operand(int64_t batch, int64_t rows, int64_t cols, int64_t pad, DType dt, uint64_t seed,
+                     double pad_value = std::numeric_limits<double>::quiet_NaN()) {
+  std::vector<int64_t> dims = {rows, cols + pad};
+  if (batch > 0) dims.insert(dims.begin(), batch);
+  const int d = batch > 0 ? 2 : 1;
+  const int64_t off = pad > 0 ? 1 : 0;
+  OwnedTensor host = test::random_tensor(dims, DType::F64, seed);
+  double* h = host->data<double>();
+  for (int64_t i = 0; i < host->numel(); ++i) {
+    const int64_t col = i % (cols + pad);
+    if (col < off || col >= off + cols) h[i] = pad_value;
+  }
+  Operand o;
+  o.gpu = to(host, Device::CUDA, dt);
+  o.ref = to(o.gpu, Device::CPU, DType::F64);
+  o.gpu_view = o.gpu->narrow(d, off, cols);
+  o.ref_view = o.ref->narrow(d, off, cols);
+  return o;
+}
+
+struct Case {
+  int64_t m, n, k;
+  int64_t batch = 0;  // 0: 2-D matmul
+  int64_t pad = 0;
+  float alpha = 1.f, beta = 0.f;
+};
+
+// Output rounding dominates bf16 C; bf16 x bf16 products are exact in fp32, so bf16 -> f32
+// differs from the reference only by fp32 accumulation (tensor cores may truncate a little, hence
+// more slack than for pure f32), which still exposes any bf16 rounding of the output (~4e-3).
+// f32 -> f32 at 1e-5 also exposes TF32 (~1e-3).
+double tolerance(DType ab, DType c) {
+  if (c == DType::BF16) return 1e-2;
+  return ab == DType::BF16 ? 1e-4 : 1e-5;
+}
+
+void check_case(const Case& cs, DType ab, DType cdt) {
+  GpuContext gctx;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << cs.m << " N=" << cs.n << " K=" << cs.k << " batch=" << cs.batch
+                                        << " pad=" << cs.pad << " alpha=" << cs.alpha << " beta=" << cs.beta
+                                        << " ta=" << ta << " tb=" << tb << " A/B " << dtype_name(ab) << " C "
+                                        << dtype_name(cdt));
+      Operand a = make_operand(cs.batch, ta ? cs.k : cs.m, ta ? cs.m : cs.k, cs.pad, ab, 1);
+      Operand b = make_operand(cs.batch, tb ? cs.n : cs.k, tb ? cs.k : cs.n, cs.pad, ab, 2);
+      // beta = 0: C starts all NaN and must not be read.
+      Operand c = make_operand(cs.batch, cs.m, cs.n, cs.pad, cdt, 3);
+      if (cs.beta == 0.f) test::poison(c.gpu);
+      if (cs.batch > 0) {
+        matmul_batched(gctx.ctx(), a.gpu_view, ta, b.gpu_view, tb, c.gpu_view, cs.alpha, cs.beta);
+        matmul_batched(Ctx{}, a.ref_view, ta, b.ref_view, tb, c.ref_view, cs.alpha, cs.beta);
+      } else {
+        matmul(gctx.ctx(), a.gpu_view, ta, b.gpu_view, tb, c.gpu_view, cs.alpha, cs.beta);
+        matmul(Ctx{}, a.ref_view, ta, b.ref_view, tb, c.ref_view, cs.alpha, cs.beta);
+      }
+      gctx.synchronize();
+      // Compare the whole buffers: the view must match, the padding must still be NaN.
+      const std::vector<double> got = to_doubles(c.gpu), want = to_doubles(c.ref);
+      std::vector<double> got_view, want_view;
+      const int64_t width = cs.n + cs.pad, off = cs.pad > 0 ? 1 : 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const int64_t col = static_cast<int64_t>(i) % width;
+        if (col >= off && col < off + cs.n) {
+          got_view.push_back(got[i]);
+          want_view.push_back(want[i]);
+        } else {
+          ASSERT_TRUE(std::isnan(got[i])) << "wrote outside C at " << i;
+        }
+      }
+      ASSERT_TRUE(test::all_finite(got_view));
+      EXPECT_LT(test::rel_error(got_view, want_view), tolerance(ab, cdt));
+    }
+}
+
+const Case kOddSizes[] = {{7, 129, 37}, {1, 1, 1}, {13, 16, 1}, {1, 300, 9}, {97, 131, 513}, {256, 512, 384}};
+
+TEST(MatmulGpu, Bf16ToBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const Case& cs : kOddSizes) check_case(cs, DType::BF16, DType::BF16);
+}
+
+TEST(MatmulGpu, Bf16ToF32Accumulate) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const Case& cs : kOddSizes) check_case({cs.m, cs.n, cs.k, 0, 0, 1.f, 1.f}, DType::BF16, DType::F32);
+  check_case({7, 129, 37, 0, 0, 1.f, 0.f}, DType::BF16, DType::F32);
+}
+
+TEST(MatmulGpu, F32ToF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const Case& cs : kOddSizes) check_case(cs, DType::F32, DType::F32);
+}
+
+TEST(MatmulGpu, AlphaBeta) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (DType ab : {DType::BF16, DType::F32}) {
+    check_case({23, 40, 300, 0, 0, 0.5f, 0.f}, ab, DType::F32);
+    check_case({23, 40, 300, 0, 0, 2.f, -0.75f}, ab, DType::F32);
+  }
+  check_case({23, 40, 300, 0, 0, -1.5f, 1.f}, DType::BF16, DType::BF16);
+}
+
+TEST(MatmulGpu, StridedRowViews) {
+  LINAC_SKIP_WITHOUT_GPU();
+  check_case({7, 129, 37, 0, 3}, DType::BF16, DType::BF16);
+  check_case({50, 33, 260, 0, 5, 1.f, 1.f}, DType::BF16, DType::F32);
+  check_case({64, 128, 64, 0, 8}, DType::F32, DType::F32);
+}
+
+TEST(MatmulGpu, Batched) {
+  LINAC_SKIP_WITHOUT_GPU();
+  check_case({7, 129, 37, 3}, DType::BF16, DType::BF16);
+  check_case({19, 20, 21, 4, 2, 0.5f, 1.f}, DType::BF16, DType::F32);
+  check_case({64, 64, 128, 5, 0}, DType::F32, DType::F32);
+}
+
+TEST(MatmulGpu, BatchedBroadcastsZeroBatchStride) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t batch = 3, m = 11, n = 17, k = 29;
+  OwnedTensor a = to(test::random_tensor({batch, m, k}, DType::F64, 4), Device::CUDA, DType::BF16);
+  OwnedTensor w = to(test::random_tensor({n, k}, DType::F64, 5), Device::CUDA, DType::BF16);
+  Tensor wb = w.t;  // [batch, n, k] view of one matrix
+  wb.ndim = 3;
+  wb.shape = {batch, n, k};
+  wb.strides = {0, k, 1};
+  OwnedTensor c(DType::F32, Device::CUDA, {batch, m, n}), cb(DType::F32, Device::CUDA, {m, n});
+  test::poison(c);
+  matmul_batched(gctx.ctx(), a, false, wb, true, c);
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    matmul(gctx.ctx(), a->select(0, bi), false, w, true, cb);
+    gctx.synchronize();
+    OwnedTensor a_ref = to(a->select(0, bi), Device::CPU, DType::F64), w_ref = to(w, Device::CPU, DType::F64);
+    OwnedTensor c_ref(DType::F64, Device::CPU, {m, n});
+    matmul(Ctx{}, a_ref, false, w_ref, true, c_ref);
+    EXPECT_LT(test::rel_error(c->select(0, bi), c_ref), 1e-4) << "batch " << bi;
+    EXPECT_LT(test::rel_error(cb, c_ref), 1e-4) << "batch " << bi;
+  }
+}
+
+// Shapes where cuBLASLt is likely to split K (small M x N, deep K) and a large one; the
+// weight-gradient path accumulates into f32 from the same start both times.
+TEST(MatmulGpu, SameCallTwiceIsBitIdentical) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  struct Shape {
+    int64_t m, n, k;
+    bool ta, tb;
+    DType ab, c;
+    float beta;
+  };
+  for (const Shape& s : {Shape{64, 64, 16384, true, false, DType::BF16, DType::F32, 1.f},
+                         Shape{64, 64, 16384, false, true, DType::BF16, DType::BF16, 0.f},
+                         Shape{4096, 1024, 1024, false, true, DType::BF16, DType::BF16, 0.f},
+                         Shape{1024, 768, 4096, true, false, DType::BF16, DType::F32, 1.f},
+                         Shape{96, 80, 8192, false, false, DType::F32, DType::F32, 0.f}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << s.m << " N=" << s.n << " K=" << s.k);
+    OwnedTensor a = to(test::random_tensor(s.ta ? std::vector<int64_t>{s.k, s.m} : std::vector<int64_t>{s.m, s.k},
+                                           DType::F64, 21),
+                       Device::CUDA, s.ab);
+    OwnedTensor b = to(test::random_tensor(s.tb ? std::vector<int64_t>{s.n, s.k} : std::vector<int64_t>{s.k, s.n},
+                                           DType::F64, 22),
+                       Device::CUDA, s.ab);
+    OwnedTensor c0 = test::random_tensor({s.m, s.n}, s.c, 23);
+    std::vector<OwnedTensor> outs;
+    for (int rep = 0; rep < 2; ++rep) {
+      outs.push_back(to(c0, Device::CUDA, s.c));
+      matmul(gctx.ctx(), a, s.ta, b, s.tb, outs.back(), 1.f, s.beta);
+    }
+    gctx.synchronize();
+    OwnedTensor h0 = to(outs[0], Device::CPU, s.c), h1 = to(outs[1], Device::CPU, s.c);
+    EXPECT_EQ(std::memcmp(h0->ptr, h1->ptr, h0->nbytes()), 0);
+  }
+}
+
+TEST(MatmulGpu, RejectsUnsupportedDtypes) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  OwnedTensor a32(DType::F32, Device::CUDA, {4, 5}), b32(DType::F32, Device::CUDA, {5, 3});
+  OwnedTensor b16(DType::BF16, Device::CUDA, {5, 3}), c16(DType::BF16, Device::CUDA, {4, 3});
+  OwnedTensor c_host(DType::F32, Device::CPU, {4, 3});
+  EXPECT_THROW(matmul(gctx.ctx(), a32, false, b16, false, c16), Error);     // mixed A/B
+  EXPECT_THROW(matmul(gctx.ctx(), a32, false, b32, false, c16), Error);     // f32 -> bf16
+  EXPECT_THROW(matmul(gctx.ctx(), a32, false, b32, false, c_host), Error);  // C on the host
+}
+
+}  // namespace
+}  // namespace linac

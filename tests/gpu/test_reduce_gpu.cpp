@@ -1,0 +1,72 @@
+// Full reductions on the GPU vs the CPU reference (double) on the same rounded inputs;
+// determinism; aligned and misaligned views; tiny sizes.
+#include <vector>
+
+#include "reduce/reduce.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+// x is n elements at `offset` of a larger buffer (offset 1 takes the scalar path).
+void run_parity(DType dt, int64_t n, int64_t offset) {
+  GpuContext gctx;
+  OwnedTensor buf(dt, Device::CUDA, {n + offset});
+  const Tensor x = buf.t.narrow(0, offset, n);
+  OwnedTensor host = test::random_tensor({n}, dt, static_cast<uint64_t>(n) + 1, -1, 1.5);
+  copy_tensor(x, host);
+  OwnedTensor xr = to(host, Device::CPU, DType::F64);
+  OwnedTensor s(DType::F32, Device::CUDA, {1}), ss(DType::F32, Device::CUDA, {1});
+  OwnedTensor sr(DType::F64, Device::CPU, {1}), ssr(DType::F64, Device::CPU, {1});
+  test::poison(s);
+  test::poison(ss);
+  sum(gctx.ctx(), x, s);
+  sum_squares(gctx.ctx(), x, ss);
+  gctx.synchronize();
+  sum(Ctx{}, xr, sr);
+  sum_squares(Ctx{}, xr, ssr);
+  // Double accumulation on both sides: what remains is the final rounding to f32.
+  EXPECT_LT(test::rel_error(s, sr), 1e-6) << "n " << n << " offset " << offset;
+  EXPECT_LT(test::rel_error(ss, ssr), 1e-6) << "n " << n << " offset " << offset;
+}
+
+TEST(ReduceGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (int64_t offset : {0, 1}) {
+    run_parity(DType::F32, 10000003, offset);
+    run_parity(DType::F32, 1, offset);
+    run_parity(DType::F32, 1000, offset);
+  }
+}
+
+TEST(ReduceGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (int64_t offset : {0, 1}) {
+    run_parity(DType::BF16, 10000003, offset);
+    run_parity(DType::BF16, 3, offset);
+  }
+}
+
+TEST(ReduceGpu, EmptyIsZero) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  OwnedTensor x(DType::F32, Device::CUDA, {0}), out(DType::F32, Device::CUDA, {1});
+  test::poison(out);
+  sum_squares(gctx.ctx(), x, out);
+  gctx.synchronize();
+  EXPECT_EQ(to_doubles(out)[0], 0.0);
+}
+
+TEST(ReduceGpu, Deterministic) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  OwnedTensor x = to(test::random_tensor({10000003}, DType::F32, 4), Device::CUDA, DType::F32);
+  OwnedTensor a(DType::F32, Device::CUDA, {1}), b(DType::F32, Device::CUDA, {1});
+  sum(gctx.ctx(), x, a);
+  sum(gctx.ctx(), x, b);
+  gctx.synchronize();
+  EXPECT_EQ(to_doubles(a), to_doubles(b));
+}
+
+}  // namespace
+}  // namespace linac
