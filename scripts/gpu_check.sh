@@ -26,7 +26,7 @@ if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40;
 summary=()
 if [ "$what" = all ] || [ "$what" = tests ]; then
   t0=$(date +%s)
-  ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
   rc=$?
   summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
   grep -E '^\[  FAILED|Failure|error:|Expected|Which is|actual' "$out/gpu_tests.log" | head -60

@@ -10,6 +10,7 @@
 #include "cli/format.h"
 #include "config/config.h"
 #include "core/rng.h"
+#include "dist/comm.h"
 #include "model/model.h"
 #include "train/train_step.h"
 
@@ -27,6 +28,9 @@ const char* kUsage =
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
     "(model FLOPs over the GPU's dense bf16 peak) and GPU memory in use. On a CPU-only machine it\n"
     "times the CPU path and prints no MFU.\n"
+    "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
+    "reports the job's total tokens/s; gradients are all-reduced as in training\n"
+    "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
     "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T).\n";
 
 std::vector<int64_t> parse_list(const std::string& s, const char* what) {
@@ -62,6 +66,8 @@ int bench_model(Args& args, const std::string& path) {
   if (steps < 1 || warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
 
   const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  auto comm = Comm::create(gpu ? Device::CUDA : Device::CPU);
+  const int world = comm->world();
   std::unique_ptr<GpuContext> gctx;
   Ctx ctx;
   if (gpu) {
@@ -76,7 +82,7 @@ int bench_model(Args& args, const std::string& path) {
   model.init_params(cfg.train.seed);
   TrainConfig tc = cfg.train;
   tc.steps = warmup + steps;
-  TrainStep stepper(model, tc);
+  TrainStep stepper(model, tc, comm.get());
 
   std::vector<BenchRow> rows;
   for (const int64_t T : seq_lens) {
@@ -88,7 +94,7 @@ int bench_model(Args& args, const std::string& path) {
     std::vector<MicroBatch> micro;
     for (int64_t i = 0; i < n_micro; ++i) {
       OwnedTensor h(DType::I32, Device::CPU, {B, T + 1});
-      Rng rng{cfg.train.seed, 0xbe4c, static_cast<uint64_t>(i)};
+      Rng rng{cfg.train.seed, 0xbe4c + static_cast<uint64_t>(comm->rank()), static_cast<uint64_t>(i)};
       for (int64_t j = 0; j < B * (T + 1); ++j)
         h->data<int32_t>()[j] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.model.vocab_size)));
       OwnedTensor a(DType::I32, Device::CPU, {B, T}), b(DType::I32, Device::CPU, {B, T});
@@ -102,27 +108,31 @@ int bench_model(Args& args, const std::string& path) {
       micro.push_back({tok.back().t, tgt.back().t});
     }
     StepStats st;
-    for (int64_t i = 0; i < warmup; ++i) st = stepper.run(i, micro, step_tokens);
+    const int64_t global_tokens = step_tokens * world;
+    for (int64_t i = 0; i < warmup; ++i) st = stepper.run(i, micro, global_tokens);
+    comm->barrier();
     Timer timer(ctx);
     timer.start();
-    for (int64_t i = 0; i < steps; ++i) st = stepper.run(warmup + i, micro, step_tokens);
+    for (int64_t i = 0; i < steps; ++i) st = stepper.run(warmup + i, micro, global_tokens);
     const double ms = timer.stop_ms() / static_cast<double>(steps);
     BenchRow r;
     r.T = T;
     r.B = B;
     r.micro = n_micro;
-    r.tokens_per_step = step_tokens;
+    r.tokens_per_step = global_tokens;
     r.step_ms = ms;
-    r.tokens_per_s = static_cast<double>(step_tokens) / (ms / 1e3);
-    r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12) : 0.0;
+    r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
+    r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
     r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
     r.loss = st.loss;
     rows.push_back(r);
   }
 
+  if (!comm->is_root()) return 0;
   if (as_json) {
     json j = {{"config", path}, {"device", device_desc}, {"precision", cfg.train.precision},
-              {"params", model.n_params()}, {"rows", json::array()}};
+              {"ranks", world}, {"overlap_comm", cfg.train.overlap_comm}, {"params", model.n_params()},
+              {"rows", json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
                            {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
@@ -130,9 +140,10 @@ int bench_model(Args& args, const std::string& path) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s on %s (%s), %s parameters, %lld timed steps after %lld warm-up\n", path.c_str(), device_desc.c_str(),
-              cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
-              static_cast<long long>(steps), static_cast<long long>(warmup));
+  std::printf("%s on %d x %s (%s), %s parameters, %lld timed steps after %lld warm-up%s\n", path.c_str(), world,
+              device_desc.c_str(), cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
+              static_cast<long long>(steps), static_cast<long long>(warmup),
+              world > 1 ? (std::string(", ") + comm->backend() + (cfg.train.overlap_comm ? ", overlapped" : ", not overlapped")).c_str() : "");
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
               "GPU memory");
   for (const auto& r : rows)

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/comm.h"
 
 namespace {
 
@@ -27,13 +28,19 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   for (const auto& c : linac::cli::commands()) {
     if (name != c.name) continue;
+    // In an mpirun job every message names its rank, and a failing rank ends the whole job.
+    const std::string who = linac::launched_by_mpi() ? " (rank " + std::to_string(linac::launcher_rank()) + ")" : "";
     try {
       return c.run(argc - 1, argv + 1);
     } catch (const linac::UserError& e) {
-      std::fprintf(stderr, "linac %s: error: %s\n", c.name, e.what());
+      std::fprintf(stderr, "linac %s%s: error: %s\n", c.name, who.c_str(), e.what());
+      std::fflush(stderr);
+      linac::abort_job_if_distributed(2);
       return 2;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "linac %s: internal error: %s\n", c.name, e.what());
+      std::fprintf(stderr, "linac %s%s: internal error: %s\n", c.name, who.c_str(), e.what());
+      std::fflush(stderr);
+      linac::abort_job_if_distributed(1);
       return 1;
     }
   }

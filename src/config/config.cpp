@@ -57,6 +57,8 @@ json Config::to_json() const {
                 {"keep_last", train.keep_last},
                 {"out_dir", train.out_dir},
                 {"max_bad_steps", train.max_bad_steps},
+                {"overlap_comm", train.overlap_comm},
+                {"bucket_mb", train.bucket_mb},
                 {"threads", train.threads}};
   return j;
 }
@@ -115,6 +117,8 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.keep_last = t.get_int("keep_last", tr.keep_last, 1, 1 << 20);
   tr.out_dir = t.get_string("out_dir", tr.out_dir);
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
+  tr.overlap_comm = t.get_bool("overlap_comm", tr.overlap_comm);
+  tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);
   t.finish();
   if (tr.min_lr > tr.lr) t.fail("min_lr", "must not exceed train.lr");

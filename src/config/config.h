@@ -56,6 +56,8 @@ struct TrainConfig {
   int64_t keep_last = 3;
   std::string out_dir = "runs/run";
   int64_t max_bad_steps = 5;
+  bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
+  double bucket_mb = 25;     // gradient bucket size for the all-reduce
   int64_t threads = 0;  // OpenMP threads of the CPU path; 0 = OMP_NUM_THREADS or all cores
 };
 

@@ -47,10 +47,12 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   for (int l = 0; l < cfg.n_layers; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     const std::string p = "layers." + std::to_string(l) + ".";
+    const int first = params_.count();
     b.norm1 = params_.add({p + "norm1.weight", {d}, Init::Ones, 0, false});
     b.mixer = arch.make_mixer(env_, cfg, l);
     b.norm2 = params_.add({p + "norm2.weight", {d}, Init::Ones, 0, false});
     b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l);
+    for (int id = first; id < params_.count(); ++id) b.param_ids.push_back(id);
   }
   norm_f_ = params_.add({"norm_f.weight", {d}, Init::Ones, 0, false});
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
@@ -181,13 +183,16 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   run_head(xf, targets.view({N}), grad_scale, dxf, losses);
   Tensor loss_sum = scratch_.get("model.loss_sum", env_.stat, {1});
   sum(ctx, losses, loss_sum);
-  const double loss = to_doubles(loss_sum)[0];
-  if (!backward) return loss;
+  if (!backward) return to_doubles(loss_sum)[0];
 
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
   Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
   zero_tensor(ctx, dr);
   rmsnorm_bwd(ctx, rl, params_.master(norm_f_), stat(rstd_f_), dxf, dr, params_.grad(norm_f_));
+  if (head_ >= 0)
+    grads_ready({norm_f_, head_});
+  else
+    grads_ready({norm_f_});
   Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
@@ -200,9 +205,11 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
     rmsnorm_bwd(ctx, resid(2 * l, B, T).view({N, d}), params_.master(b.norm1), stat(b.rstd1), dxn, dr,
                 params_.grad(b.norm1));
+    grads_ready(b.param_ids);
   }
   embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
-  return loss;
+  grads_ready({embed_});
+  return to_doubles(loss_sum)[0];
 }
 
 }  // namespace linac

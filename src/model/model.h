@@ -14,6 +14,7 @@
 //   norm_f.weight [d]; head.weight [V, d] (absent with tie_embeddings).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,11 @@ class Model {
   double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale);
   double forward_loss(const Tensor& tokens, const Tensor& targets) { return forward_backward(tokens, targets, 0.f); }
 
+  // Called during the backward pass with the ids of parameters whose gradients are final for
+  // this call (a block's after its backward, the head's, the embedding's last). Data-parallel
+  // training starts reducing those gradients while the backward goes on.
+  void set_grad_ready_hook(std::function<void(const std::vector<int>&)> hook) { grad_ready_ = std::move(hook); }
+
   int64_t n_params() const { return params_.total_numel(); }
   int64_t n_embedding_params() const;  // embed (+ head when untied)
   size_t activation_bytes(int64_t B, int64_t T) const;
@@ -69,7 +75,11 @@ class Model {
     int norm1 = -1, norm2 = -1;
     std::unique_ptr<Mixer> mixer, mlp;
     Buffer xn1, xn2, rstd1, rstd2;
+    std::vector<int> param_ids;  // every parameter registered by this block
   };
+  void grads_ready(const std::vector<int>& ids) const {
+    if (grad_ready_) grad_ready_(ids);
+  }
   void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses);
   Tensor resid(int i, int64_t B, int64_t T) const;
 
@@ -81,6 +91,7 @@ class Model {
   std::vector<Block> blocks_;
   std::vector<Buffer> resid_;  // R[0..2L]
   Buffer xf_, rstd_f_, losses_;
+  std::function<void(const std::vector<int>&)> grad_ready_;
   int64_t B_ = 0, T_ = 0;
 };
 

@@ -46,6 +46,7 @@ class ParamStore {
   const ParamSpec& spec(int id) const { return specs_[static_cast<size_t>(id)]; }
   int find(const std::string& name) const;  // -1 when absent
   int64_t numel(int id) const;
+  int64_t offset(int id) const { return offset_[static_cast<size_t>(id)]; }  // in the flat buffers
   int64_t total_numel() const;  // without padding
   int64_t flat_numel() const { return flat_n_; }
   int64_t decay_numel() const { return decay_n_; }  // [0, decay_numel) of the flat buffers decays

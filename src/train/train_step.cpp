@@ -6,7 +6,18 @@
 
 namespace linac {
 
-TrainStep::TrainStep(Model& model, const TrainConfig& tc) : model_(model), tc_(tc), adamw_(model.params(), tc) {}
+TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
+    : model_(model), tc_(tc), adamw_(model.params(), tc), comm_(comm) {
+  if (comm_ && comm_->world() > 1) {
+    reducer_ = std::make_unique<GradReducer>(model.params(), *comm_, model.env().ctx,
+                                             static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm);
+    model_.set_grad_ready_hook([this](const std::vector<int>& ids) { reducer_->on_ready(ids); });
+  }
+}
+
+TrainStep::~TrainStep() {
+  if (reducer_) model_.set_grad_ready_hook(nullptr);
+}
 
 StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count) {
   const Ctx& ctx = model_.env().ctx;
@@ -16,7 +27,14 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   ps.zero_grad(ctx);
   const float scale = 1.f / static_cast<float>(std::max<int64_t>(1, target_count));
   double loss_sum = 0;
-  for (const auto& mb : micro) loss_sum += model_.forward_backward(mb.tokens, mb.targets, scale);
+  for (size_t i = 0; i < micro.size(); ++i) {
+    if (reducer_ && i + 1 == micro.size()) reducer_->arm();
+    loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale);
+  }
+  if (reducer_) {
+    reducer_->finish();
+    loss_sum = comm_->sum(loss_sum);
+  }
   st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, target_count));
   st.grad_norm = grad_norm(ctx, ps);
   if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm)) {

@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "config/config.h"
+#include "dist/comm.h"
+#include "dist/grad_reducer.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 
@@ -25,9 +28,12 @@ struct StepStats {
 
 class TrainStep {
  public:
-  TrainStep(Model& model, const TrainConfig& tc);
+  // `comm` may be null (a single process). With several ranks, gradients are summed over
+  // ranks (GradReducer) before clipping, and the reported loss is the global mean.
+  TrainStep(Model& model, const TrainConfig& tc, Comm* comm = nullptr);
+  ~TrainStep();
   // `step` is the 0-based step index (for the LR schedule); `target_count` the number of valid
-  // targets over all micro-batches, so gradients are those of the mean loss.
+  // targets over all micro-batches of all ranks, so gradients are those of the mean loss.
   StepStats run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count);
   // Updates applied so far (AdamW bias correction); restored from checkpoints.
   int64_t updates() const { return updates_; }
@@ -37,6 +43,8 @@ class TrainStep {
   Model& model_;
   const TrainConfig& tc_;
   AdamW adamw_;
+  Comm* comm_;
+  std::unique_ptr<GradReducer> reducer_;
   int64_t updates_ = 0;
 };
 

@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "data/loader.h"
+#include "dist/comm.h"
 #include "data/token_dataset.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
@@ -60,11 +61,32 @@ void upload_rows(const std::vector<int32_t>& rows, int64_t B, int64_t T, OwnedTe
   copy_tensor(mb.targets, tgt_h);
 }
 
+// FNV-1a over the fp32 master weights: ranks of one job must hold identical parameters.
+int64_t params_hash(const ParamStore& ps) {
+  OwnedTensor host(ps.master_dtype(), Device::CPU, {ps.flat_numel()});
+  copy_tensor(host.t, ps.flat_master());
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(host->ptr);
+  for (size_t i = 0; i < host->nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);
+}
+
 }  // namespace
 
 int run_training(const Config& cfg, const std::string& resume) {
   const TrainConfig& tc = cfg.train;
   if (cfg.data.path.empty()) throw UserError(cfg.source + ": data.path: is required (a token file from `linac prepare`)");
+  if (tc.device == "cuda" && !gpu_available()) throw UserError(cfg.source + ": train.device: 'cuda' but no CUDA device is available");
+  const bool gpu = tc.device == "cuda" || (tc.device == "auto" && gpu_available());
+  auto comm = Comm::create(gpu ? Device::CUDA : Device::CPU);
+  const int rank = comm->rank(), world = comm->world();
+  const bool root = comm->is_root();
+
+  const int64_t B = tc.micro_batch, T = cfg.data.seq_len;
+  if (tc.global_batch_tokens % (B * T * world) != 0)
+    throw UserError(cfg.source + ": train.global_batch_tokens (" + std::to_string(tc.global_batch_tokens) +
+                    ") must be a multiple of micro_batch * seq_len * ranks = " + std::to_string(B * T * world));
+  const int64_t n_micro = tc.global_batch_tokens / (B * T * world);
   TokenDataset ds(cfg.data.path);
   check_dataset_vocab(ds, cfg.model.vocab_size);
 
@@ -84,21 +106,24 @@ int run_training(const Config& cfg, const std::string& resume) {
     if (meta.config.value("model", json::object()) != cfg.to_json()["model"])
       throw UserError(ckpt + ": the checkpoint's model config differs from " + cfg.source +
                       "'s (compare with its /config); refusing to resume");
-    if (meta.state.world_size != 1)
-      throw UserError(ckpt + ": written by " + std::to_string(meta.state.world_size) +
-                      " ranks; resume it with the same number of ranks");
+    if (meta.state.world_size != world)
+      throw UserError(ckpt + ": written by " + std::to_string(meta.state.world_size) + " rank(s), this job has " +
+                      std::to_string(world) + "; resume with the same number of ranks");
   }
 
-  fs::create_directories(tc.out_dir);
-  {
-    std::ofstream f(fs::path(tc.out_dir) / "config.json");
-    f << cfg.to_json().dump(2) << "\n";
+  std::shared_ptr<spdlog::logger> log;
+  if (root) {
+    fs::create_directories(tc.out_dir);
+    std::ofstream(fs::path(tc.out_dir) / "config.json") << cfg.to_json().dump(2) << "\n";
+    log = make_logger((fs::path(tc.out_dir) / "train.log").string());
+  } else {
+    // Other ranks report only warnings and errors, tagged with their rank.
+    log = std::make_shared<spdlog::logger>("linac", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    log->set_pattern("[%Y-%m-%d %H:%M:%S] rank " + std::to_string(rank) + ": %v");
+    log->set_level(spdlog::level::warn);
   }
-  auto log = make_logger((fs::path(tc.out_dir) / "train.log").string());
 
   if (tc.threads > 0) omp_set_num_threads(static_cast<int>(tc.threads));
-  const bool gpu = tc.device == "cuda" || (tc.device == "auto" && gpu_available());
-  if (tc.device == "cuda" && !gpu_available()) throw UserError(cfg.source + ": train.device: 'cuda' but no CUDA device is available");
   std::unique_ptr<GpuContext> gctx;
   Ctx ctx;
   if (gpu) {
@@ -107,32 +132,30 @@ int run_training(const Config& cfg, const std::string& resume) {
   }
   const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
 
-  const int64_t B = tc.micro_batch, T = cfg.data.seq_len;
-  const int64_t n_micro = tc.global_batch_tokens / (B * T);
   Model model(cfg.model, ctx, tc.precision, true);
   model.reserve(B, T);
-  TrainStep stepper(model, tc);
-  TrainLoader loader(ds, Split::Train, B, T, 0, 1, tc.seed);
+  TrainStep stepper(model, tc, comm.get());
+  TrainLoader loader(ds, Split::Train, B, T, rank, world, tc.seed);
 
   int64_t step = 0, tokens_seen = 0;
   if (ckpt.empty()) {
     model.init_params(tc.seed);
-    log->info("fresh run: {} parameters on {} ({} compute), {} micro-batch(es) of {}x{} per step", model.n_params(),
-              gpu ? gpu_info().name : "CPU", dtype_name(model.env().act), n_micro, B, T);
+    log->info("fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}, {} micro-batch(es) of {}x{} per rank per step",
+              model.n_params(), gpu ? gpu_info().name : "CPU", world > 1 ? " per rank" : "", dtype_name(model.env().act),
+              world, comm->backend(), n_micro, B, T);
   } else {
     load_checkpoint_params(ckpt, model.params(), true);
     model.params().refresh_compute(ctx);
     step = meta.state.step;
     tokens_seen = meta.state.tokens_seen;
     stepper.set_updates(meta.state.updates);
-    if (!meta.state.loader.empty()) loader.set_state(LoaderState::from_vector(meta.state.loader[0]));
+    if (!meta.state.loader.empty()) loader.set_state(LoaderState::from_vector(meta.state.loader[static_cast<size_t>(rank)]));
     log->info("resumed from {} at step {}", ckpt, step);
   }
 
-  const int64_t val_tokens = static_cast<int64_t>(ds.size(Split::Val));
   std::unique_ptr<EvalLoader> eval_loader;
-  if (tc.eval_every > 0 && val_tokens > 1)
-    eval_loader = std::make_unique<EvalLoader>(ds, Split::Val, B, T, 0, 1, static_cast<uint64_t>(tc.eval_tokens));
+  if (tc.eval_every > 0 && ds.size(Split::Val) > 1)
+    eval_loader = std::make_unique<EvalLoader>(ds, Split::Val, B, T, rank, world, static_cast<uint64_t>(tc.eval_tokens));
 
   auto save = [&](int64_t at_step) {
     CheckpointData d;
@@ -140,18 +163,29 @@ int run_training(const Config& cfg, const std::string& resume) {
     d.state.step = at_step;
     d.state.updates = stepper.updates();
     d.state.tokens_seen = tokens_seen;
-    d.state.world_size = 1;
+    d.state.world_size = world;
     d.state.seed = tc.seed;
-    d.state.loader = {loader.state().to_vector()};
+    d.state.loader = comm->allgather(loader.state().to_vector());
     d.tokenizer = ds.tokenizer_bytes();
     ctx_synchronize(ctx);
-    const std::string path = checkpoint_path(tc.out_dir, at_step);
-    save_checkpoint(path, model.params(), d);
-    publish_checkpoint(tc.out_dir, path, tc.keep_last);
-    log->info("checkpoint {}", path);
+    if (world > 1) {
+      const auto hashes = comm->allgather({params_hash(model.params())});
+      for (int r = 1; r < world; ++r)
+        if (hashes[static_cast<size_t>(r)] != hashes[0])
+          throw Error("rank " + std::to_string(r) + "'s parameters differ from rank 0's at step " + std::to_string(at_step) +
+                      " (data-parallel ranks diverged)");
+    }
+    if (root) {
+      const std::string path = checkpoint_path(tc.out_dir, at_step);
+      save_checkpoint(path, model.params(), d);
+      publish_checkpoint(tc.out_dir, path, tc.keep_last);
+      log->info("checkpoint {}{}", path, world > 1 ? " (all ranks hold identical parameters)" : "");
+    }
+    comm->barrier();
   };
 
-  std::ofstream metrics(fs::path(tc.out_dir) / "metrics.jsonl", std::ios::app);
+  std::ofstream metrics;
+  if (root) metrics.open(fs::path(tc.out_dir) / "metrics.jsonl", std::ios::app);
   std::vector<OwnedTensor> tok_d, tgt_d;
   std::vector<MicroBatch> micro;
   for (int64_t i = 0; i < n_micro; ++i) {
@@ -187,8 +221,9 @@ int run_training(const Config& cfg, const std::string& resume) {
       ++bad_in_row;
       log->warn("step {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} in a row)", step, st.loss,
                 st.grad_norm, bad_in_row);
-      metrics << json{{"step", step}, {"skipped", true}, {"loss", std::isfinite(st.loss) ? json(st.loss) : json(nullptr)}}.dump()
-              << "\n";
+      if (root)
+        metrics << json{{"step", step}, {"skipped", true}, {"loss", std::isfinite(st.loss) ? json(st.loss) : json(nullptr)}}.dump()
+                << "\n";
       if (bad_in_row >= tc.max_bad_steps) {
         log->error("aborting: {} consecutive non-finite steps (train.max_bad_steps); the last checkpoint is intact",
                    bad_in_row);
@@ -205,7 +240,7 @@ int run_training(const Config& cfg, const std::string& resume) {
     if (step % tc.log_every == 0 || step == tc.steps) {
       const double secs = std::chrono::duration<double>(clock::now() - t_log).count();
       const double tps = static_cast<double>(tokens_since_log) / std::max(secs, 1e-9);
-      const double mfu = peak_tflops > 0 ? model.flops_per_token(T) * tps / (peak_tflops * 1e12) : 0.0;
+      const double mfu = peak_tflops > 0 ? model.flops_per_token(T) * tps / (peak_tflops * 1e12 * world) : 0.0;
       const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
       const double remaining = elapsed / static_cast<double>(step - first_step) * static_cast<double>(tc.steps - step);
       const double mean_loss = loss_n ? loss_acc / static_cast<double>(loss_n) : st.loss;
@@ -220,16 +255,20 @@ int run_training(const Config& cfg, const std::string& resume) {
       loss_n = 0;
     }
     if (eval_loader && (step % tc.eval_every == 0 || step == tc.steps)) {
-      const EvalResult ev = evaluate(model, *eval_loader);
+      const EvalResult local = evaluate(model, *eval_loader);
+      const double loss_sum = comm->sum(local.loss_sum);
+      const double count = comm->sum(static_cast<double>(local.targets));
+      const double val = count > 0 ? loss_sum / count : 0.0;
       if (rec.is_null()) rec = {{"step", step}};
-      rec["val_loss"] = ev.mean_loss();
-      rec["val_ppl"] = std::exp(ev.mean_loss());
-      log->info("step {} | val loss {:.4f} | val ppl {:.2f} ({} tokens)", step, ev.mean_loss(), std::exp(ev.mean_loss()),
-                ev.targets);
+      rec["val_loss"] = val;
+      rec["val_ppl"] = std::exp(val);
+      log->info("step {} | val loss {:.4f} | val ppl {:.2f} ({} tokens)", step, val, std::exp(val),
+                static_cast<int64_t>(count));
     }
-    if (!rec.is_null()) metrics << rec.dump() << "\n" << std::flush;
+    if (root && !rec.is_null()) metrics << rec.dump() << "\n" << std::flush;
 
-    const int sig = g_stop_signal.load();
+    // Every rank stops at the same step when any of them was signalled.
+    const int64_t sig = comm->max(g_stop_signal.load());
     if (sig) {
       log->info("signal {} received: checkpointing at step {} and stopping", sig, step);
       save(step);

@@ -1,0 +1,161 @@
+#include "dist/comm.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+
+#include "core/buffer.h"
+#include "core/error.h"
+
+#if LINAC_WITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "core/cuda_check.h"
+#define LINAC_NCCL_CHECK(call)                                                                  \
+  do {                                                                                          \
+    ncclResult_t r_ = (call);                                                                   \
+    if (r_ != ncclSuccess) ::linac::fail_at(__FILE__, __LINE__, std::string(#call) + ": " + ncclGetErrorString(r_)); \
+  } while (0)
+#endif
+
+#define LINAC_MPI_CHECK(call)                                                         \
+  do {                                                                                \
+    int rc_ = (call);                                                                 \
+    if (rc_ != MPI_SUCCESS) {                                                         \
+      char msg_[MPI_MAX_ERROR_STRING];                                                \
+      int len_ = 0;                                                                   \
+      MPI_Error_string(rc_, msg_, &len_);                                             \
+      ::linac::fail_at(__FILE__, __LINE__, std::string(#call) + ": " + std::string(msg_, len_)); \
+    }                                                                                 \
+  } while (0)
+
+namespace linac {
+
+namespace {
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : def;
+}
+}  // namespace
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_SIZE");
+}
+
+int launcher_rank() { return env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", env_int("PMI_RANK", 0))); }
+
+void abort_job_if_distributed(int code) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin) return;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+std::unique_ptr<Comm> Comm::create(Device device) {
+  std::unique_ptr<Comm> c(new Comm());
+  if (!launched_by_mpi()) return c;
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) {
+    int provided = 0;
+    LINAC_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  }
+  c->mpi_ = true;
+  LINAC_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_));
+  LINAC_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_));
+  c->local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", c->rank_));
+  if (device == Device::CUDA) {
+    const int n = gpu_count();
+    if (n == 0) throw UserError("rank " + std::to_string(c->rank_) + ": no CUDA device");
+    gpu_set_device(c->local_rank_ % n);
+  }
+#if LINAC_WITH_NCCL
+  if (device == Device::CUDA && c->world_ > 1) {
+    ncclUniqueId id;
+    if (c->rank_ == 0) LINAC_NCCL_CHECK(ncclGetUniqueId(&id));
+    LINAC_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD));
+    ncclComm_t nc = nullptr;
+    LINAC_NCCL_CHECK(ncclCommInitRank(&nc, c->world_, id, c->rank_));
+    c->nccl_ = nc;
+  }
+#endif
+  return c;
+}
+
+Comm::~Comm() {
+  // Unwinding from an error: leave MPI up so the CLI can print the error and MPI_Abort the
+  // whole job (finalizing here would leave the other ranks waiting in a collective).
+  if (std::uncaught_exceptions() > 0) return;
+#if LINAC_WITH_NCCL
+  if (nccl_) ncclCommDestroy(static_cast<ncclComm_t>(nccl_));
+#endif
+  if (mpi_) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+  }
+}
+
+const char* Comm::backend() const {
+  if (world_ == 1) return "single";
+  return nccl_ ? "nccl" : "mpi";
+}
+
+void Comm::allreduce_sum(const Tensor& t, void* stream) {
+  if (world_ == 1 || t.numel() == 0) return;
+  LINAC_CHECK(t.is_contiguous() && (t.dtype == DType::F32 || t.dtype == DType::F64), "allreduce_sum: f32/f64 contiguous");
+#if LINAC_WITH_NCCL
+  if (nccl_ && t.device == Device::CUDA) {
+    LINAC_NCCL_CHECK(ncclAllReduce(t.ptr, t.ptr, static_cast<size_t>(t.numel()),
+                                   t.dtype == DType::F32 ? ncclFloat32 : ncclFloat64, ncclSum,
+                                   static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
+    return;
+  }
+#endif
+  const MPI_Datatype type = t.dtype == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
+  if (t.device == Device::CPU) {
+    LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.ptr, static_cast<int>(t.numel()), type, MPI_SUM, MPI_COMM_WORLD));
+    return;
+  }
+  OwnedTensor host(t.dtype, Device::CPU, t.dims());
+  copy_tensor(host.t, t);  // device-wide synchronous: waits for `stream` too
+  LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host->ptr, static_cast<int>(t.numel()), type, MPI_SUM, MPI_COMM_WORLD));
+  copy_tensor(t, host.t);
+}
+
+double Comm::sum(double v) const {
+  if (world_ == 1) return v;
+  double out = 0;
+  LINAC_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  return out;
+}
+
+int64_t Comm::max(int64_t v) const {
+  if (world_ == 1) return v;
+  int64_t out = 0;
+  LINAC_MPI_CHECK(MPI_Allreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  return out;
+}
+
+std::vector<std::vector<int64_t>> Comm::allgather(const std::vector<int64_t>& v) const {
+  if (world_ == 1) return {v};
+  std::vector<int64_t> flat(v.size() * static_cast<size_t>(world_));
+  LINAC_MPI_CHECK(MPI_Allgather(v.data(), static_cast<int>(v.size()), MPI_INT64_T, flat.data(),
+                                static_cast<int>(v.size()), MPI_INT64_T, MPI_COMM_WORLD));
+  std::vector<std::vector<int64_t>> out;
+  for (int r = 0; r < world_; ++r)
+    out.emplace_back(flat.begin() + static_cast<int64_t>(r * v.size()), flat.begin() + static_cast<int64_t>((r + 1) * v.size()));
+  return out;
+}
+
+void Comm::barrier() const {
+  if (world_ > 1) LINAC_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+}
+
+}  // namespace linac

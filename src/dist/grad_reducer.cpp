@@ -1,0 +1,105 @@
+#include "dist/grad_reducer.h"
+
+#include <algorithm>
+#include <numeric>
+
+#if LINAC_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#endif
+
+namespace linac {
+
+GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap)
+    : params_(params), comm_(comm), ctx_(ctx), overlap_(overlap && comm.world() > 1) {
+  std::vector<int> order(static_cast<size_t>(params.count()));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
+  const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / dtype_size(params.master_dtype())));
+  bucket_of_.assign(order.size(), 0);
+  for (int id : order) {
+    if (lo_.empty() || params.offset(id) - lo_.back() >= bucket_elems) {
+      if (!lo_.empty()) hi_.back() = params.offset(id);
+      lo_.push_back(params.offset(id));
+      hi_.push_back(0);
+      count_.push_back(0);
+    }
+    bucket_of_[static_cast<size_t>(id)] = lo_.size() - 1;
+    ++count_.back();
+  }
+  if (!hi_.empty()) hi_.back() = params.flat_numel();
+  pending_ = count_;
+  launched_.assign(lo_.size(), false);
+#if LINAC_WITH_CUDA
+  if (overlap_ && ctx.is_gpu()) {
+    cudaStream_t s;
+    LINAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    comm_stream_ = s;
+    cudaEvent_t a, b;
+    LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+    LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+    ev_ready_ = a;
+    ev_done_ = b;
+  }
+#endif
+}
+
+GradReducer::~GradReducer() {
+#if LINAC_WITH_CUDA
+  if (comm_stream_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(ev_ready_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(ev_done_));
+  }
+#endif
+}
+
+void GradReducer::arm() {
+  armed_ = overlap_;
+  pending_ = count_;
+  std::fill(launched_.begin(), launched_.end(), false);
+}
+
+void GradReducer::on_ready(const std::vector<int>& ids) {
+  if (!armed_) return;
+  for (int id : ids) {
+    const size_t b = bucket_of_[static_cast<size_t>(id)];
+    if (--pending_[b] == 0) launch(b);
+  }
+}
+
+void GradReducer::launch(size_t b) {
+  launched_[b] = true;
+  const Tensor t = params_.flat_grad().slice0(lo_[b], hi_[b]);
+#if LINAC_WITH_CUDA
+  if (comm_stream_) {
+    // The bucket's gradients are written by kernels already enqueued on the compute stream.
+    LINAC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_ready_), static_cast<cudaStream_t>(ctx_.stream)));
+    LINAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), static_cast<cudaEvent_t>(ev_ready_), 0));
+    comm_.allreduce_sum(t, comm_stream_);
+    return;
+  }
+#endif
+  comm_.allreduce_sum(t, ctx_.stream);
+}
+
+void GradReducer::finish() {
+  if (comm_.world() == 1) return;
+  if (!armed_) {
+    comm_.allreduce_sum(params_.flat_grad(), ctx_.stream);
+    return;
+  }
+  armed_ = false;
+  for (size_t b = 0; b < lo_.size(); ++b)
+    LINAC_CHECK(launched_[b], "GradReducer: bucket " + std::to_string(b) + " never completed");
+#if LINAC_WITH_CUDA
+  if (comm_stream_) {
+    LINAC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_done_), static_cast<cudaStream_t>(comm_stream_)));
+    LINAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), static_cast<cudaEvent_t>(ev_done_), 0));
+  }
+#endif
+}
+
+}  // namespace linac

@@ -1,0 +1,50 @@
+// GradReducer: sums gradients over data-parallel ranks, bucket by bucket, while the backward
+// pass of the last micro-batch is still running.
+//
+// The flat gradient buffer is cut into buckets of about `bucket_bytes`, each a run of whole
+// parameters in buffer order. The model reports parameters whose gradients are final
+// (Model::set_grad_ready_hook); once every parameter of a bucket is final, the bucket's
+// all-reduce is enqueued on a separate communication stream after an event on the compute
+// stream, so it overlaps the rest of the backward. Every rank runs the same backward, so
+// buckets complete in the same order everywhere (NCCL needs identical collective order).
+// finish() makes the compute stream wait for all of them. With overlap off, finish() reduces
+// the whole buffer in one call. On the CPU (MPI) the reductions are blocking calls.
+#pragma once
+
+#include <vector>
+
+#include "dist/comm.h"
+#include "model/param_store.h"
+
+namespace linac {
+
+class GradReducer {
+ public:
+  GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // The next backward pass is the step's last: start reducing buckets as they complete.
+  void arm();
+  void on_ready(const std::vector<int>& param_ids);
+  // Every gradient is summed over ranks once the compute stream reaches this point.
+  void finish();
+  size_t buckets() const { return lo_.size(); }
+
+ private:
+  void launch(size_t b);
+  const ParamStore& params_;
+  Comm& comm_;
+  Ctx ctx_;
+  bool overlap_, armed_ = false;
+  std::vector<int64_t> lo_, hi_;           // bucket b covers flat elements [lo_[b], hi_[b])
+  std::vector<int> count_, pending_;       // parameters per bucket, not yet final
+  std::vector<size_t> bucket_of_;          // parameter id -> bucket
+  std::vector<bool> launched_;
+  void* comm_stream_ = nullptr;            // cudaStream_t
+  void* ev_ready_ = nullptr;               // cudaEvent_t
+  void* ev_done_ = nullptr;
+};
+
+}  // namespace linac

@@ -1,0 +1,137 @@
+// Data parallelism on the CPU through `mpirun -np 2`: equivalence with one process, rank
+// agreement, failure handling and world-size checks. Runs the linac binary (LINAC_BIN).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
+
+// OpenMPI refuses root without these (CI runs as root); one OpenMP thread per rank.
+const char* kMpiEnv =
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive ";
+
+int run_shell(const std::string& cmd, std::string& out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  out.clear();
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+std::string write_config(const std::string& dir, const json& j) {
+  const std::string path = dir + "/cfg.json";
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+class Dist : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+    bin_ = std::getenv("LINAC_BIN");
+  }
+  std::string mpirun(int np, const std::string& args) {
+    return std::string(kMpiEnv) + "timeout 300 mpirun -np " + std::to_string(np) + " --oversubscribe " + bin_ + " " + args;
+  }
+  std::string bin_;
+};
+
+// Two ranks with micro-batch B equal one process with micro-batch 2B: the loader hands rank r
+// rows [rB, (r+1)B) of the same global batch. In fp64 the results agree to rounding (the sum
+// of gradients is grouped differently), so fp32 checkpoints are identical or 1 ulp apart.
+TEST_F(Dist, TwoRanksEqualOneProcessWithTheSameGlobalBatch) {
+  const std::string dir = test::fresh_dir("dp_equiv");
+  json j = test::tiny_train_config(dir + "/two");
+  j["train"]["precision"] = "fp64";
+  j["train"]["micro_batch"] = 2;  // 2 ranks x 2 sequences x 2 micro-batches x 32 tokens = 256
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  EXPECT_NE(out.find("2 rank(s) via mpi"), std::string::npos) << out;
+  EXPECT_NE(out.find("all ranks hold identical parameters"), std::string::npos) << out;
+
+  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
+      << out;
+  const auto a = test::read_all_f32(checkpoint_path(dir + "/two", 6), "params");
+  const auto b = test::read_all_f32(checkpoint_path(dir + "/one", 6), "params");
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+  EXPECT_LT(worst, 1e-6) << "2 ranks vs 1 process";
+  const auto meta = read_checkpoint_meta(checkpoint_path(dir + "/two", 6));
+  EXPECT_EQ(meta.state.world_size, 2);
+  ASSERT_EQ(meta.state.loader.size(), 2u);
+}
+
+TEST_F(Dist, ResumeWithTwoRanksIsBitIdentical) {
+  const std::string dir = test::fresh_dir("dp_resume");
+  json j = test::tiny_train_config(dir + "/a");
+  j["train"]["micro_batch"] = 2;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.out_dir=" + dir + "/b"), out), 0) << out;
+  fs::remove(checkpoint_path(dir + "/b", 6));
+  publish_checkpoint(dir + "/b", checkpoint_path(dir + "/b", 3), 5);
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.out_dir=" + dir + "/b --resume auto"), out), 0) << out;
+  EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/a", 6), "params"),
+            test::read_all_f32(checkpoint_path(dir + "/b", 6), "params"));
+  EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/a", 6), "optim/v"),
+            test::read_all_f32(checkpoint_path(dir + "/b", 6), "optim/v"));
+  // A different world size is refused with a clear message.
+  EXPECT_EQ(test::run_linac("train " + cfg + " --set train.out_dir=" + dir + "/b --set train.steps=9 --resume auto", out), 2);
+  EXPECT_NE(out.find("written by 2 rank(s), this job has 1"), std::string::npos) << out;
+}
+
+TEST_F(Dist, FailingRankEndsTheJobNamingIt) {
+  const std::string dir = test::fresh_dir("dp_fail");
+  json j = test::tiny_train_config(dir + "/run");
+  j["train"]["micro_batch"] = 2;
+  const std::string cfg = write_config(dir, j);
+  // Rank 1 is given a dataset that does not exist; rank 0 would wait for it forever.
+  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ + " train " +
+                          cfg + " $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo --set data.path=/nonexistent/rank1.h5 )'";
+  std::string out;
+  const int rc = run_shell(cmd, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  EXPECT_NE(out.find("(rank 1): error:"), std::string::npos) << out;
+  EXPECT_NE(out.find("/nonexistent/rank1.h5"), std::string::npos) << out;
+}
+
+TEST_F(Dist, KilledRankEndsTheJob) {
+  const std::string dir = test::fresh_dir("dp_kill");
+  json j = test::tiny_train_config(dir + "/run");
+  j["train"]["micro_batch"] = 2;
+  j["train"]["steps"] = 100000;  // far longer than the test waits
+  j["train"]["checkpoint_every"] = 0;
+  j["train"]["eval_every"] = 0;
+  const std::string cfg = write_config(dir, j);
+  // Rank 1 is SIGKILLed after 3 s (the shell execs into linac, so $$ is linac's pid).
+  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" +
+                          "[ $OMPI_COMM_WORLD_RANK = 1 ] && (sleep 3; kill -9 $$) & exec " + bin_ + " train " + cfg + "'";
+  std::string out;
+  const int rc = run_shell(cmd, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace linac
