@@ -1,5 +1,7 @@
 // CPU reference for attention (math in attention.h). One (batch, head) pair per OpenMP task; within
 // it plain loops over queries and their allowed keys, so no result depends on the thread count.
+// Small problems (gradient checks call the forward thousands of times) stay on one thread: a
+// parallel region costs more than they do.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,6 +12,8 @@
 namespace linac {
 
 namespace {
+constexpr int64_t kParallelWork = int64_t{1} << 22;  // multiply-adds below which one thread is faster
+
 template <class F>
 F dot(const F* a, const F* b, int64_t n) {
   F acc = 0;
@@ -22,7 +26,7 @@ template <class F>
 void attention_fwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F* v, F* o, F* lse) {
   const int64_t B = L.B, T = L.T, H = L.H, D = L.D;
   const F scale = static_cast<F>(L.scale);
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (B * H * T * T * D > kParallelWork)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     std::vector<F> s_row(static_cast<size_t>(T));
@@ -54,7 +58,7 @@ void attention_bwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F
                        const F* dout, F* dq, F* dk, F* dv) {
   const int64_t B = L.B, T = L.T, H = L.H, D = L.D;
   const F scale = static_cast<F>(L.scale);
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (B * H * T * T * D > kParallelWork)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     for (int64_t s = 0; s < T; ++s) {

@@ -7,15 +7,18 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "data/hdf5_util.h"
+#include "train/checkpoint.h"
 
 namespace linac::cli {
 
 namespace {
 const char* kUsage =
-    "usage: linac info CONFIG.json [--set key.path=value]... [--json]\n\n"
+    "usage: linac info CONFIG.json|CHECKPOINT.h5 [--set key.path=value]... [--json]\n\n"
     "Prints the parameter count (total / non-embedding), the layer table and the memory plan\n"
     "(parameters, gradients, optimizer state, activations) for the configured micro-batch of\n"
-    "train.micro_batch x data.seq_len tokens, on the device the config would train on.\n";
+    "train.micro_batch x data.seq_len tokens, on the device the config would train on. Given a\n"
+    "checkpoint, uses the config stored in it and also prints its training state.\n";
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
@@ -30,7 +33,17 @@ int cmd_info(int argc, char** argv) {
   const auto pos = args.positionals();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
 
-  const Config cfg = load_config(pos[0], sets);
+  const bool is_ckpt = h5::is_hdf5(pos[0]);
+  CheckpointData meta;
+  Config cfg;
+  if (is_ckpt) {
+    meta = read_checkpoint_meta(pos[0]);
+    json doc = meta.config;
+    for (const auto& o : sets) apply_override(doc, o);
+    cfg = Config::from_json(doc, pos[0] + ":/config");
+  } else {
+    cfg = load_config(pos[0], sets);
+  }
   const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
   Ctx ctx;
   ctx.device = gpu ? Device::CUDA : Device::CPU;
@@ -58,12 +71,20 @@ int cmd_info(int argc, char** argv) {
     json layers = json::array();
     for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
     j["layers"] = layers;
+    if (is_ckpt)
+      j["checkpoint"] = {{"step", meta.state.step}, {"updates", meta.state.updates},
+                         {"tokens_seen", meta.state.tokens_seen}, {"world_size", meta.state.world_size}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
 
   const auto& m = cfg.model;
-  std::printf("config      %s\n", pos[0].c_str());
+  std::printf("%-11s %s\n", is_ckpt ? "checkpoint" : "config", pos[0].c_str());
+  if (is_ckpt)
+    std::printf("state       step %lld (%lld updates), %s tokens seen, %lld rank(s)\n",
+                static_cast<long long>(meta.state.step), static_cast<long long>(meta.state.updates),
+                human_count(static_cast<double>(meta.state.tokens_seen)).c_str(),
+                static_cast<long long>(meta.state.world_size));
   std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, pos[0]).summary.c_str());
   std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld), ffn %lld, vocab %lld, %s embeddings\n",
               static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),

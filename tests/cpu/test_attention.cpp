@@ -54,7 +54,9 @@ TEST(AttentionCpu, ForwardMatchesDirectSoftmax) {
     test::poison(lse);
     p.forward(o, lse);
     const double* x = p.qkv->data<double>();
-    auto at = [&](int64_t b, int64_t t, int i, int64_t h, int64_t d) { return x[(((b * T + t) * 3 + i) * H + h) * D + d]; };
+    auto at = [&](int64_t b, int64_t t, int i, int64_t h, int64_t d) {
+      return x[(((b * T + t) * 3 + i) * H + h) * D + d];
+    };
     const double scale = 1 / std::sqrt(static_cast<double>(D));
     std::vector<double> s(static_cast<size_t>(T));
     for (int64_t b = 0; b < B; ++b)
@@ -92,8 +94,10 @@ TEST(AttentionCpu, GradCheckDouble) {
                   p.part(dqkv, 1), p.part(dqkv, 2), p.opts);
     ASSERT_TRUE(test::all_finite(to_doubles(dqkv))) << name(c);
     auto loss = [&] { return p.loss(); };
+    // Step 1e-5: q and k of token 0 have exactly zero gradient, where rounding noise of a smaller
+    // step would exceed check_grad's 1e-6 relative floor.
     const double err = test::check_grad(loss, p.qkv->data<double>(), dqkv->data<double>(),
-                                        static_cast<size_t>(dqkv->numel()), 192, 7, 1e-5);
+                                        static_cast<size_t>(dqkv->numel()), 128, 7, 1e-5);
     EXPECT_LT(err, 1e-6) << name(c);
   }
 }
