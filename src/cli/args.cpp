@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -90,6 +91,22 @@ bool Args::flag(const std::string& name) {
 void Args::finish() const {
   for (const auto& o : opts_)
     if (!o.used) throw UserError("unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
+}
+
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    char* stop = nullptr;
+    const long long v = std::strtoll(item.c_str(), &stop, 10);
+    if (item.empty() || *stop || v <= 0)
+      throw UserError(option + ": expected positive integers separated by commas, got '" + text + "'");
+    out.push_back(v);
+    start = end + 1;
+  }
+  return out;
 }
 
 }  // namespace linac::cli

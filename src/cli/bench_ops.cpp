@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <functional>
-#include <sstream>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -59,23 +58,10 @@ OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   return r;
 }
 
-std::vector<int64_t> parse_lens(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end || v <= 0) throw UserError("--seq-lens: expected positive integers, got '" + s + "'");
-    out.push_back(v);
-  }
-  return out;
-}
-
 }  // namespace
 
 int bench_op(Args& args, const std::string& name) {
-  const auto lens = parse_lens(args.get_or("seq-lens", "2048,8192,32768"));
+  const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
   const int64_t H = args.get_int("heads", 16), D = args.get_int("head-dim", 64);
   const int64_t window = args.get_int("window", 0), iters = args.get_int("iters", 20);

@@ -2,7 +2,6 @@
 // single ops (--op), with device events after warm-up. Every performance figure in README
 // comes from here.
 #include <cstdio>
-#include <sstream>
 
 #include "cli/args.h"
 #include "cli/bench_ops.h"
@@ -33,19 +32,6 @@ const char* kUsage =
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
     "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T).\n";
 
-std::vector<int64_t> parse_list(const std::string& s, const char* what) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end || v <= 0) throw UserError(std::string(what) + ": expected positive integers, got '" + s + "'");
-    out.push_back(v);
-  }
-  return out;
-}
-
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
   double step_ms, tokens_per_s, mfu, mem_bytes, loss;
@@ -55,7 +41,7 @@ int bench_model(Args& args, const std::string& path) {
   const auto sets = args.get_all("set");
   const Config cfg = load_config(path, sets);
   std::vector<int64_t> seq_lens = {cfg.data.seq_len};
-  if (auto s = args.get("seq-lens")) seq_lens = parse_list(*s, "--seq-lens");
+  if (auto s = args.get("seq-lens")) seq_lens = parse_int_list(*s, "--seq-lens");
   const int64_t micro_default = cfg.train.micro_batch * cfg.data.seq_len;
   const int64_t micro_tokens = args.get_int("micro-tokens", micro_default);
   const int64_t step_tokens = args.get_int("tokens-per-step", micro_tokens);
