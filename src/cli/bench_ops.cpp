@@ -1,5 +1,6 @@
 #include "cli/bench_ops.h"
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "attention/attention.h"
 #include "core/buffer.h"
 #include "core/rng.h"
+#include "gla/gla.h"
 
 namespace linac::cli {
 
@@ -58,32 +60,65 @@ OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   return r;
 }
 
+// GLA at the paper's speed-test shape (H = 4, Dk = 128, Dv = 256 at d = 1024): gates f32 in
+// [-0.2, 0) (logsigmoid(z)/16 for typical z), chunk 64. FLOPs per token and head counted as the
+// chunkwise algorithm needs them: forward 4 Dk Dv (state update + inter-chunk output) + C (Dk + Dv)
+// (causal halves of Q K^T and P V), backward twice that.
+OpTiming bench_gla(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, DType dt,
+                   int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, Dk}, dt, 1), k = random_device({B, T, H, Dk}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dout = random_device({B, T, H, Dv}, dt, 4);
+  OwnedTensor gh(DType::F32, Device::CPU, {B, T, H, Dk});
+  for (int64_t i = 0; i < gh->numel(); ++i)
+    gh->data<float>()[i] = static_cast<float>(-0.2 * philox_uniform(5, 0x0c, static_cast<uint64_t>(i)));
+  OwnedTensor g = to(gh, Device::CUDA, DType::F32);
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), dg(DType::F32, Device::CUDA, {B, T, H, Dk});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dk(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
+  GlaOpts opts;
+  opts.scale = 1.0 / std::sqrt(static_cast<double>(Dk));
+  OpTiming r{T, B, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { gla_fwd(ctx, q, k, v, g, o, Tensor(), Tensor(), opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] {
+    gla_bwd(ctx, q, k, v, g, dout, Tensor(), Tensor(), dq, dk, dv, dg, Tensor(), opts);
+  });
+  const double per_token_head = 4.0 * static_cast<double>(Dk * Dv) + static_cast<double>(opts.chunk * (Dk + Dv));
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 }  // namespace
 
 int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
-  const int64_t H = args.get_int("heads", 16), D = args.get_int("head-dim", 64);
-  const int64_t window = args.get_int("window", 0), iters = args.get_int("iters", 20);
+  const bool gla = name == "gla";
+  const int64_t H = args.get_int("heads", gla ? 4 : 16), D = gla ? 0 : args.get_int("head-dim", 64);
+  const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
+  const int64_t window = gla ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention") throw UserError("unknown op '" + name + "' (available: attention)");
+  if (name != "attention" && !gla) throw UserError("unknown op '" + name + "' (available: attention, gla)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
-  for (int64_t T : lens) rows.push_back(bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
+  for (int64_t T : lens)
+    rows.push_back(gla ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
+                       : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
+    if (gla) j["dk"] = Dk, j["dv"] = Dv;
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms},
                            {"total_ms", r.fwd_ms + r.bwd_ms}, {"tflops", r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9)}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, H=%lld, D=%lld%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
-              static_cast<long long>(tokens), static_cast<long long>(H), static_cast<long long>(D),
+  const std::string dims = gla ? "Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) : "D=" + std::to_string(D);
+  std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, H=%lld, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
+              static_cast<long long>(tokens), static_cast<long long>(H), dims.c_str(),
               window ? (", window " + std::to_string(window)).c_str() : "");
   std::printf("%8s %5s %10s %10s %10s %9s\n", "T", "B", "fwd ms", "bwd ms", "total ms", "TFLOP/s");
   for (const auto& r : rows)

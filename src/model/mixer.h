@@ -8,15 +8,27 @@
 // backward(x, dy, dx): dy = dL/d(out) [B, T, d] (activation dtype); writes dx = dL/dx
 //                    (overwrite) and accumulates parameter gradients.
 // reserve(B, T):     allocates what forward saves for backward, once, for the largest shape.
+// init_state(B), step(state, x_t, out_t): decoding one token at a time with constant memory,
+//                    for mixers with a recurrent form: x_t [B, d] (activation dtype), out_t [B, d]
+//                    (residual dtype, accumulated into like forward's out). Mixers without one
+//                    (softmax attention) keep the defaults, which throw a UserError naming them;
+//                    position-wise mixers (SwiGLU) decode through forward on [B, 1, d].
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "model/env.h"
 
 namespace linac {
+
+// A mixer's decoding state (e.g. GLA's per-head Dk x Dv matrices); owned by the caller.
+struct MixerState {
+  virtual ~MixerState() = default;
+};
 
 class Mixer {
  public:
@@ -29,6 +41,14 @@ class Mixer {
   virtual size_t activation_bytes(int64_t B, int64_t T) const = 0;
   // Training FLOPs per token (forward + backward) at sequence length T, for MFU.
   virtual double flops_per_token(int64_t T) const = 0;
+  virtual std::unique_ptr<MixerState> init_state(int64_t B) {
+    (void)B;
+    throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
+  }
+  virtual void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+    (void)state, (void)x_t, (void)out_t;
+    throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
+  }
 };
 
 }  // namespace linac

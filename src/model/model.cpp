@@ -212,4 +212,39 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   return to_doubles(loss_sum)[0];
 }
 
+Model::DecodeState Model::init_decode(int64_t B) {
+  LINAC_CHECK(B >= 1, "Model::init_decode: B must be positive");
+  // The position-wise MLP decodes through its forward on [B, 1, d], within the reserved capacity.
+  if (B_ * T_ < B) reserve(B, 1);
+  DecodeState st;
+  st.B = B;
+  for (auto& b : blocks_) st.layers.push_back(b.mixer->init_state(B));
+  const size_t rows = static_cast<size_t>(B), d = static_cast<size_t>(cfg_.d_model);
+  st.x = Buffer(rows * d * dtype_size(env_.resid), env_.device());
+  st.xn = Buffer(rows * d * dtype_size(env_.act), env_.device());
+  st.rstd = Buffer(rows * dtype_size(env_.stat), env_.device());
+  return st;
+}
+
+void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& logits_out) {
+  const int64_t B = st.B, d = cfg_.d_model;
+  LINAC_CHECK(tokens_t.dtype == DType::I32 && tokens_t.numel() == B, "Model::decode_step: tokens must be [B] int32");
+  LINAC_CHECK(logits_out.ndim == 2 && logits_out.size(0) == B && logits_out.size(1) == cfg_.vocab_size,
+              "Model::decode_step: logits must be [B, vocab], got " + logits_out.shape_str());
+  const Ctx& ctx = env_.ctx;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  Tensor x = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
+  Tensor rstd = st.rstd.tensor(env_.stat, {B});
+  embedding_fwd(ctx, tokens_t.view({B}), params_.master(embed_), x);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    rmsnorm_fwd(ctx, x, params_.master(b.norm1), xn, rstd, eps);
+    b.mixer->step(*st.layers[l], xn, x);
+    rmsnorm_fwd(ctx, x, params_.master(b.norm2), xn, rstd, eps);
+    b.mlp->forward(xn.view({B, 1, d}), x.view({B, 1, d}));
+  }
+  rmsnorm_fwd(ctx, x, params_.master(norm_f_), xn, rstd, eps);
+  matmul(ctx, xn, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits_out);
+}
+
 }  // namespace linac

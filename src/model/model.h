@@ -59,6 +59,19 @@ class Model {
   // training starts reducing those gradients while the backward goes on.
   void set_grad_ready_hook(std::function<void(const std::vector<int>&)> hook) { grad_ready_ = std::move(hook); }
 
+  // Decoding one token at a time with constant memory, for architectures whose mixer has a
+  // recurrent form (the others throw a UserError naming their mixer). The state holds every
+  // layer's mixer state and the [B, d] activations of one step.
+  struct DecodeState {
+    int64_t B = 0;
+    std::vector<std::unique_ptr<MixerState>> layers;
+    Buffer x, xn, rstd;  // residual [B, d], normed [B, d], rstd [B]
+  };
+  DecodeState init_decode(int64_t B);
+  // tokens_t: [B] int32 on the model's device; logits_out: [B, vocab] (f32 on the GPU, the compute
+  // dtype on the CPU), overwritten. Advances every layer's state by one token.
+  void decode_step(DecodeState& state, const Tensor& tokens_t, const Tensor& logits_out);
+
   int64_t n_params() const { return params_.total_numel(); }
   int64_t n_embedding_params() const;  // embed (+ head when untied)
   size_t activation_bytes(int64_t B, int64_t T) const;

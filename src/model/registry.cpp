@@ -1,6 +1,7 @@
 #include "model/registry.h"
 
 #include "config/json_reader.h"
+#include "model/mixers/gla.h"
 #include "model/mixers/transformer.h"
 
 namespace linac {
@@ -11,6 +12,11 @@ const std::vector<ArchInfo>& architectures() {
        [](const json& o, const std::string& file) { AttentionMixerOptions::parse(o, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer) -> std::unique_ptr<Mixer> {
          return std::make_unique<AttentionMixer>(env, cfg, layer);
+       }},
+      {"gla", "GLA: gated linear attention, chunkwise (Yang et al. 2023), with a SwiGLU MLP",
+       [](const json& o, const std::string& file) { GlaMixerOptions::parse(o, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer) -> std::unique_ptr<Mixer> {
+         return std::make_unique<GlaMixer>(env, cfg, layer);
        }},
   };
   return table;

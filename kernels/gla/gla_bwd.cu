@@ -1,0 +1,270 @@
+// CUDA chunkwise GLA backward (math in gla.h), deterministic: no atomics, every sum in a fixed
+// order. Per group of sequences:
+//   prep, state (forward: S_0..S_N recomputed), intra (P recomputed), state (reverse: dS_n+1 per
+//   chunk and dS_0), out (dv = kd dS_n+1 + P^T do), then
+//   dqk     grid (N, B*H, Dk/64), 8 warps, two CTAs per SM: streams do, v, S_n, dS_n+1 and S_n+1
+//           in 32-wide Dv slices (double-buffered cp.async) into three accumulators: do S_n^T, v dS_n+1^T and
+//           dP = do v^T (tiles above the diagonal skipped), and the row sums of dS_n+1 * S_n+1.
+//           Epilogue in shared memory, f32: dq' = (do S_n^T) exp(B), dk = (v dS^T) exp(bn - B);
+//           the intra-chunk terms from dP, off-diagonal sub-chunk blocks on tensor cores (dq
+//           referenced to the first row of the query sub-chunk, dk to the last row of the key
+//           sub-chunk: every factor <= 1), diagonal blocks pairwise in f32; then dq = scale dq',
+//           dk, and dg in the chunk-local form of spec §4.3: the chunk's reverse cumsum of
+//           q*dq - k*dk (from the f32 values) plus rowsum(dS_n+1 * S_n+1). No gate-gradient sum
+//           runs along the sequence, so its rounding error does not grow with T.
+#include <algorithm>
+
+#include "gla/gla_common.cuh"
+
+namespace linac {
+namespace gla_cuda {
+namespace {
+
+template <class T>
+struct DqkCfg {
+  static constexpr int kWV = 32;  // width of the streamed Dv slices
+  static constexpr int LD = ld_of<T>(kW), LDV = ld_of<T>(kWV), LDB = ld_of<float>(kW), LDF = ld_of<float>(kW);
+  static constexpr int kT = tile_bytes<T>(kC, kW), kTV = tile_bytes<T>(kC, kWV), kB = tile_bytes<float>(kC, kW);
+  static constexpr int kF = tile_bytes<float>(kC, kW), kOps = tile_bytes<T>(96, kW);
+  static constexpr int kStage = 5 * kTV;  // do, v, S_n, dS_n+1, S_n+1
+  // Epilogue: dq, dk (f32), dP (T), then dP (f32) for the diagonal phase, whose space the
+  // off-diagonal operands (Ks for dq, Qs for dk) take over afterwards.
+  static constexpr int kEpi = 2 * kF + kT + (kF > 2 * kOps ? kF : 2 * kOps);
+  static constexpr int kRegion = 2 * kStage > kEpi ? 2 * kStage : kEpi;
+  static constexpr int kSmem = 2 * kT + kB + 256 + kRegion;  // q, k, cumsums, row sums + the region
+};
+
+// Row offsets of the operand blocks: keys < 16 I for query sub-chunk I = 1..3 (dq), and queries
+// >= 16 (J + 1) for key sub-chunk J = 0..2 (dk).
+__host__ __device__ constexpr int ks_row(int I) { return 16 * I * (I - 1) / 2; }
+__host__ __device__ constexpr int qs_row(int J) { return J == 0 ? 0 : J == 1 ? 48 : 80; }
+
+template <class T>
+__global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
+    dqk_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+               const float* __restrict__ bc, const T* __restrict__ S, const T* __restrict__ dS, T* __restrict__ dq,
+               T* __restrict__ dk, float* __restrict__ dg, Args a) {
+  using C = DqkCfg<T>;
+  constexpr int WV = C::kWV;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* Q = reinterpret_cast<T*>(smem);
+  T* K = reinterpret_cast<T*>(smem + C::kT);
+  float* Bc = reinterpret_cast<float*>(smem + 2 * C::kT);
+  float* carry = reinterpret_cast<float*>(smem + 2 * C::kT + C::kB);  // [64] rowsum(dS_n+1 * S_n+1)
+  unsigned char* region = smem + 2 * C::kT + C::kB + 256;
+  const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int i0 = blockIdx.z * kW, vk = min(kW, a.Dk - i0);
+  const int64_t t0 = static_cast<int64_t>(n) * kC;
+  const int rows = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int wm = warp >> 1, m0 = 16 * wm, n0 = 32 * (warp & 1);
+  const int ntp = max(0, min(4, (m0 + 16 - n0) / 8));  // dP n-tiles at or below the diagonal
+  const Frag f;
+  // S holds S_0..S_N (N + 1 per sequence and head), dS holds dS_1..dS_N.
+  const int64_t s0 = ((static_cast<int64_t>(bh) * (a.N + 1) + n) * a.Dk + i0) * a.Dv, s1 = s0 + int64_t{a.Dk} * a.Dv;
+  const int64_t ds0 = ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv;
+  auto stage = [&](int s, int which) { return reinterpret_cast<T*>(region + s * C::kStage + which * C::kTV); };
+  auto issue = [&](int jt, int s) {
+    const int j0 = jt * WV, vv = min(WV, a.Dv - j0);
+    load_tile<T, kC, WV, 256>(stage(s, 0), C::LDV, dout + b * a.dout.b + t0 * a.dout.t + h * a.Dv + j0, a.dout.t, rows, vv);
+    load_tile<T, kC, WV, 256>(stage(s, 1), C::LDV, v + b * a.v.b + t0 * a.v.t + h * a.Dv + j0, a.v.t, rows, vv);
+    load_tile<T, kC, WV, 256>(stage(s, 2), C::LDV, S + s0 + j0, a.Dv, vk, vv);
+    load_tile<T, kC, WV, 256>(stage(s, 3), C::LDV, dS + ds0 + j0, a.Dv, vk, vv);
+    load_tile<T, kC, WV, 256>(stage(s, 4), C::LDV, S + s1 + j0, a.Dv, vk, vv);
+  };
+  load_tile<T, kC, kW, 256>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
+  load_tile<T, kC, kW, 256>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
+  load_tile<float, kC, kW, 256>(Bc, C::LDB, bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0, a.Dk, kC, vk);
+  issue(0, 0);
+  cp_async_commit();
+
+  float aq[4][4] = {}, ak[4][4] = {}, ap[4][4] = {}, rs = 0.f;  // rs: row tid/4, slice columns (tid%4)*8 + 0..7
+  const int jslices = cdiv(a.Dv, WV);
+  for (int jt = 0; jt < jslices; ++jt) {
+    const int s = jt & 1;
+    if (jt + 1 < jslices) {
+      issue(jt + 1, s ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T *DO = stage(s, 0), *V = stage(s, 1), *Sn = stage(s, 2), *dSn = stage(s, 3);
+    warp_mma<T, false, false, 4>(aq, DO, C::LDV, m0, 0, Sn, C::LDV, 0, n0, WV / 16);      // do S^T
+    warp_mma<T, false, false, 4>(ak, V, C::LDV, m0, 0, dSn, C::LDV, 0, n0, WV / 16);      // v dS^T
+    warp_mma<T, false, false, 4>(ap, DO, C::LDV, m0, 0, V, C::LDV, 0, n0, WV / 16, ntp);  // do v^T
+    const T *dr = dSn + (tid >> 2) * C::LDV + (tid & 3) * 8, *sr = stage(s, 4) + (tid >> 2) * C::LDV + (tid & 3) * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) rs = fmaf(cuda::to_float(dr[j]), cuda::to_float(sr[j]), rs);
+    __syncthreads();
+  }
+  rs += __shfl_xor_sync(0xffffffffu, rs, 1);
+  rs += __shfl_xor_sync(0xffffffffu, rs, 2);
+  if ((tid & 3) == 0) carry[tid >> 2] = rs;
+
+  // Epilogue buffers (the stage region is free now).
+  float* sDQ = reinterpret_cast<float*>(region);
+  float* sDK = reinterpret_cast<float*>(region + C::kF);
+  T* dPb = reinterpret_cast<T*>(region + 2 * C::kF);
+  float* sDP = reinterpret_cast<float*>(region + 2 * C::kF + C::kT);
+  T* Ks = reinterpret_cast<T*>(region + 2 * C::kF + C::kT);
+  T* Qs = reinterpret_cast<T*>(region + 2 * C::kF + C::kT + C::kOps);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = f.row(m0, e), c = f.col(n0, nt, e);
+      sDQ[r * C::LDF + c] = aq[nt][e] * gexp<T>(Bc[r * C::LDB + c]);
+      sDK[r * C::LDF + c] = ak[nt][e] * gexp<T>(Bc[(kC - 1) * C::LDB + c] - Bc[r * C::LDB + c]);
+      sDP[r * C::LDF + c] = nt < ntp && c <= r ? ap[nt][e] : 0.f;
+    }
+  __syncthreads();
+  for (int idx = tid; idx < kC * kW; idx += 256) {
+    const int r = idx / kW, c = idx % kW;
+    dPb[r * C::LD + c] = cuda::from_float<T>(sDP[r * C::LDF + c]);
+  }
+  {  // diagonal sub-chunk blocks, exact pairwise exponents in f32: thread = (block I, column i)
+    const int I = tid >> 6, i = tid & 63, base = 16 * I;
+    float qv[16], kv[16], bv[16], dqa[16], dka[16];
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      qv[l] = a.scale * cuda::to_float(Q[(base + l) * C::LD + i]);
+      kv[l] = cuda::to_float(K[(base + l) * C::LD + i]);
+      bv[l] = Bc[(base + l) * C::LDB + i];
+      dqa[l] = dka[l] = 0.f;
+    }
+#pragma unroll
+    for (int rl = 0; rl < 16; ++rl)
+#pragma unroll
+      for (int sl = 0; sl <= rl; ++sl) {
+        const float e = gexp<T>(bv[rl] - bv[sl]) * sDP[(base + rl) * C::LDF + base + sl];
+        dqa[rl] = fmaf(e, kv[sl], dqa[rl]);
+        dka[sl] = fmaf(e, qv[rl], dka[sl]);
+      }
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      sDQ[(base + l) * C::LDF + i] += dqa[l];
+      sDK[(base + l) * C::LDF + i] += dka[l];
+    }
+  }
+  __syncthreads();  // f32 dP is dead: its space becomes the operands
+  for (int idx = tid; idx < 96 * kW; idx += 256) {
+    const int row = idx / kW, i = idx % kW;
+    // dq operand: k[s] * exp(B[16 I] - B[s]) for s < 16 I.
+    const int I = row < 16 ? 1 : row < 48 ? 2 : 3, s = row - ks_row(I);
+    Ks[row * C::LD + i] =
+        cuda::from_float<T>(cuda::to_float(K[s * C::LD + i]) * gexp<T>(Bc[16 * I * C::LDB + i] - Bc[s * C::LDB + i]));
+    // dk operand: scale q[r] * exp(B[r] - B[16 J + 15]) for r >= 16 (J + 1).
+    const int J = row < 48 ? 0 : row < 80 ? 1 : 2, r = row - qs_row(J) + 16 * (J + 1);
+    Qs[row * C::LD + i] = cuda::from_float<T>(a.scale * cuda::to_float(Q[r * C::LD + i]) *
+                                              gexp<T>(Bc[r * C::LDB + i] - Bc[(16 * J + 15) * C::LDB + i]));
+  }
+  __syncthreads();
+  if (warp < 3) {  // dq'[I] += exp(B_I - B[16 I]) * (dP[I, <I] Ks_I), I = warp + 1
+    const int I = warp + 1;
+    float t[8][4] = {};
+    warp_mma<T, false, true, 8>(t, dPb, C::LD, 16 * I, 0, Ks + ks_row(I) * C::LD, C::LD, 0, 0, I);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = f.row(16 * I, e), i = f.col(0, nt, e);
+        sDQ[r * C::LDF + i] += t[nt][e] * gexp<T>(Bc[r * C::LDB + i] - Bc[16 * I * C::LDB + i]);
+      }
+  } else if (warp < 6) {  // dk[J] += exp(B[16 J + 15] - B_J) * (dP[>J, J]^T Qs_J), J = warp - 3
+    const int J = warp - 3;
+    float t[8][4] = {};
+    warp_mma<T, true, true, 8>(t, dPb, C::LD, 16 * J, 16 * (J + 1), Qs + qs_row(J) * C::LD, C::LD, 0, 0, 3 - J);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int s = f.row(16 * J, e), i = f.col(0, nt, e);
+        sDK[s * C::LDF + i] += t[nt][e] * gexp<T>(Bc[(16 * J + 15) * C::LDB + i] - Bc[s * C::LDB + i]);
+      }
+  }
+  __syncthreads();
+  T* dqb = dq + b * a.dq.b + t0 * a.dq.t + h * a.Dk + i0;
+  T* dkb = dk + b * a.dk.b + t0 * a.dk.t + h * a.Dk + i0;
+  for (int idx = tid; idx < kC * kW / 2; idx += 256) {
+    const int r = idx / (kW / 2), c = 2 * (idx % (kW / 2));
+    if (r >= rows || c >= vk) continue;
+    store2(dqb + r * a.dq.t + c, a.scale * sDQ[r * C::LDF + c], a.scale * sDQ[r * C::LDF + c + 1]);
+    store2(dkb + r * a.dk.t + c, sDK[r * C::LDF + c], sDK[r * C::LDF + c + 1]);
+  }
+  // dg: rowsum(dS_n+1 * S_n+1) plus the chunk-local reverse cumsum of q*dq - k*dk (f32 dq, dk),
+  // four 16-row quarters per column.
+  {
+    const int i = tid & 63, p = tid >> 6;
+    float* part = reinterpret_cast<float*>(Ks);  // [4][64], free now
+    auto term = [&](int r) {
+      return a.scale * cuda::to_float(Q[r * C::LD + i]) * sDQ[r * C::LDF + i] -
+             cuda::to_float(K[r * C::LD + i]) * sDK[r * C::LDF + i];
+    };
+    float sum = 0.f;
+    for (int r = 16 * p + 15; r >= 16 * p; --r) sum += term(r);
+    part[p * kW + i] = sum;
+    __syncthreads();
+    float acc = carry[i];
+    for (int pp = 3; pp > p; --pp) acc += part[pp * kW + i];
+    float* dgb = dg + b * a.dg.b + t0 * a.dg.t + h * a.Dk + i0 + i;
+    for (int r = 16 * p + 15; r >= 16 * p; --r) {
+      acc += term(r);
+      if (r < rows && i < vk) dgb[r * a.dg.t] = acc;
+    }
+  }
+}
+
+template <class T>
+void bwd_group(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, const T* v, const float* g,
+               const float* s0, const T* dout, const float* dsf, T* dq, T* dk, T* dv, float* dg, float* ds0) {
+  const Workspace<T> w = carve<T>(ctx, a, B);
+  launch_prep<T>(ctx, a, B, q, k, g, w.bc, w.qd, w.kd, w.bn);
+  launch_state<T>(ctx, a, B, false, w.kd, v, a.v, w.bn, s0, w.S, nullptr);
+  launch_intra<T>(ctx, a, B, q, k, w.bc, w.P);
+  launch_state<T>(ctx, a, B, true, w.qd, dout, a.dout, w.bn, dsf, w.dS, ds0);
+  launch_out<T>(ctx, a, B, true, w.kd, w.dS, a.N, w.P, dout, a.dout, dv, a.dv);
+  auto kernel = dqk_kernel<T>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DqkCfg<T>::kSmem));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.Dk, kW)));
+  kernel<<<grid, 256, DqkCfg<T>::kSmem, cuda::stream_of(ctx)>>>(q, k, v, dout, w.bc, w.S, w.dS, dq, dk, dg, a);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace gla_cuda
+
+void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& g, const Tensor& s0, const Tensor& dout, const Tensor& ds_final, const Tensor& dq,
+                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0) {
+  using namespace gla_cuda;
+  for (const Tensor* t : {&k, &v, &dout, &dq, &dk, &dv})
+    LINAC_CHECK(t->dtype == q.dtype, "gla (GPU): activation dtypes must agree");
+  LINAC_CHECK(g.dtype == DType::F32 && dg.dtype == DType::F32, "gla (GPU): g and dg must be f32");
+  for (const Tensor* s : {&s0, &ds_final, &ds0})
+    LINAC_CHECK(!s->defined() || s->dtype == DType::F32, "gla (GPU): states must be f32");
+  if (L.B * L.T * L.H == 0) return;
+  const Args a = make_args(L);
+  check_rows16(q, L.q, "q");
+  check_rows16(k, L.k, "k");
+  check_rows16(v, L.v, "v");
+  check_rows16(dout, L.dout, "dout");
+  check_rows16(g, L.g, "g");
+  check_rows16(dq, L.dq, "dq");
+  check_rows16(dk, L.dk, "dk");
+  check_rows16(dv, L.dv, "dv");
+  const int per = group_size(ctx, L, q.dtype);
+  const int64_t SS = L.H * L.Dk * L.Dv;
+  auto state = [&](const Tensor& s, int64_t b0) { return s.defined() ? s.data<float>() + b0 * SS : nullptr; };
+  for (int64_t b0 = 0; b0 < L.B; b0 += per) {
+    const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
+    LINAC_GPU_DISPATCH(q.dtype, T, {
+      bwd_group<T>(ctx, a, B, q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
+                   g.data<float>() + b0 * L.g.b, state(s0, b0), dout.data<T>() + b0 * L.dout.b, state(ds_final, b0),
+                   dq.data<T>() + b0 * L.dq.b, dk.data<T>() + b0 * L.dk.b, dv.data<T>() + b0 * L.dv.b,
+                   dg.data<float>() + b0 * L.dg.b, state(ds0, b0));
+    });
+  }
+}
+
+}  // namespace linac

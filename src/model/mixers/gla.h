@@ -1,0 +1,60 @@
+// GLA token mixer (Yang et al. 2023, arXiv:2312.06635 v3; spec ../shared/specs/gla.md §2), with
+// d_k = expand_k * d, d_v = expand_v * d, H = model.n_heads, Dk = d_k / H, Dv = d_v / H:
+//   [q|k]  = x Wqk^T                    Wqk: [2 d_k, d]  (rows: q heads, then k heads)
+//   [v|r]  = x Wvr^T                    Wvr: [2 d_v, d]  (rows: v heads, then the output gate)
+//   z      = (x Wa1^T) Wa2^T            Wa1: [R, d], Wa2: [d_k, R]   (low-rank gate, R = gate_rank)
+//   g      = max(logsigmoid(z + ba) / gate_temperature, gate_clamp)   f32, ba: [d_k]
+//   o      = GLA(q, k, v, g) per head, scale on q.k (kernels/gla)
+//   out   += (LN_head(o) * swish(r + br)) Wo^T   Wo: [d, d_v], br: [d_v]; LN without affine
+// Init (v3 code): Wvr, Wo ~ N(0, init_std); Wqk, Wa1, Wa2 ~ N(0, std) with the variance of
+// xavier_uniform(gain 2^-2.5), std = 2^-2.5 sqrt(2 / (fan_in + fan_out)); biases 0.
+// Saved for backward: [q|k|v|r|x Wa1^T] [B*T, 2d_k + 2d_v + R] (act), z [B*T, d_k] (f32 on the
+// GPU), o [B*T, d_v] (act), the per-head LN statistics (f32). g and the gated output are
+// recomputed in the backward.
+// Decoding: a state of H x Dk x Dv (f32 on the GPU) per sequence; step() runs the recurrent form.
+#pragma once
+
+#include "config/config.h"
+#include "model/mixer.h"
+
+namespace linac {
+
+struct GlaMixerOptions {
+  double expand_k = 0.5;
+  double expand_v = 1.0;
+  int64_t gate_rank = 16;
+  double gate_temperature = 16.0;
+  double gate_clamp = -3.0;  // lower bound of the log gate; 0 (or null) disables it
+  int64_t chunk = 64;        // chunk length of the chunkwise form (the GPU needs 64)
+  double scale = 0.0;        // q.k scale; 0 (or null) means (d / H)^-1/2, the v3 code's constant
+  double norm_eps = 1e-5;    // per-head LayerNorm
+  static GlaMixerOptions parse(const json& o, const std::string& file);
+};
+
+class GlaMixer final : public Mixer {
+ public:
+  GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer);
+  std::string kind() const override { return "gla"; }
+  void reserve(int64_t B, int64_t T) override;
+  void forward(const Tensor& x, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  size_t activation_bytes(int64_t B, int64_t T) const override;
+  double flops_per_token(int64_t T) const override;
+  std::unique_ptr<MixerState> init_state(int64_t B) override;
+  void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+
+ private:
+  // Projections of x [N, d] into proj [N, P] and the gate pre-activation z [N, d_k].
+  void project(const Tensor& x, const Tensor& proj, const Tensor& z);
+  Tensor cols(const Tensor& proj, int64_t c0, int64_t n) const { return proj.narrow(1, c0, n); }
+
+  ModelEnv& env_;
+  GlaMixerOptions opt_;
+  int64_t d_, H_, dk_, dv_, R_, P_;
+  double scale_;
+  int wqk_, wvr_, wa1_, wa2_, ba_, br_, wo_;
+  Buffer proj_buf_, z_buf_, o_buf_, mean_buf_, rstd_buf_, ones_buf_;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace linac

@@ -1,0 +1,222 @@
+// GLA CUDA vs the CPU chunkwise reference (double) on the same rounded inputs, f32 and bf16,
+// forward and backward (dq, dk, dv, dg, initial-state gradient, final state), with q/k/v and
+// dq/dk/dv as strided views of fused buffers; both state-scan tilings, partial Dk/Dv slices,
+// ragged chunks, strong gates on a long sequence, batch groups under a small workspace, bitwise
+// determinism, and the decode step.
+#include <cmath>
+#include <cstring>
+
+#include "gla/gla.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+struct Case {
+  int64_t B, T, H, Dk, Dv;
+  bool states;   // with s0 and a final-state gradient
+  double lo_g;   // gates uniform in [lo_g, 0]
+};
+
+std::string name(const Case& c) {
+  return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " Dk=" +
+         std::to_string(c.Dk) + " Dv=" + std::to_string(c.Dv) + (c.states ? " states" : "") +
+         " g>=" + std::to_string(c.lo_g);
+}
+
+// Cases: tiny dims, partial slices (Dk 80, Dv 48), ragged chunks, 64x64 state tiles (B*H*tiles >=
+// 2 * SMs for the last one), long sequences.
+const Case kCases[] = {{2, 1, 2, 16, 32, true, -3},      {2, 77, 3, 80, 48, true, -0.5},
+                       {1, 200, 2, 64, 64, false, -3},   {2, 130, 2, 128, 256, true, -0.2},
+                       {1, 1000, 1, 32, 96, true, -1},   {9, 130, 4, 128, 256, false, -0.1}};
+
+// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
+Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
+  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
+  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
+           {B, T, H, D});
+  t.strides = {T * W, W, D, 1};
+  return t;
+}
+
+// The q|k|v (or dq|dk|dv) part of a fused buffer, in order.
+std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
+  const std::vector<double> all = to_doubles(buf);
+  const int64_t W = buf.size(2);
+  std::vector<double> out;
+  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
+    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
+  return out;
+}
+
+struct Inputs {
+  Case c;
+  int64_t W;
+  OwnedTensor qkv, g, dout, s0, dsf;  // host, f64
+  explicit Inputs(const Case& cs, uint64_t seed = 1)
+      : c(cs), W((cs.H * (2 * cs.Dk + cs.Dv) + 7) / 8 * 8 + 8),
+        qkv(test::random_tensor({cs.B, cs.T, W}, DType::F64, seed)),
+        g(test::random_tensor({cs.B, cs.T, cs.H, cs.Dk}, DType::F64, seed + 1, cs.lo_g, 0)),
+        dout(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 2)),
+        s0(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 3)),
+        dsf(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 4)) {}
+  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, c.Dk); }
+  Tensor k(const Tensor& b) const { return bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+};
+
+struct Result {
+  OwnedTensor o, sf, dqkv, dg, ds0;
+};
+
+GlaOpts opts() {
+  GlaOpts o;
+  o.scale = 0.3;
+  return o;
+}
+
+// Runs forward + backward on `dev` with activations of dtype `act` (states/gates f32 on the GPU).
+Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& g, const Tensor& dout, const Tensor& s0,
+           const Tensor& dsf, DType act, DType state_dt) {
+  const Case& c = in.c;
+  const Device dev = ctx.device;
+  Result r{OwnedTensor(act, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(state_dt, dev, {c.B, c.H, c.Dk, c.Dv}),
+           OwnedTensor(act, dev, {c.B, c.T, in.W}), OwnedTensor(state_dt, dev, {c.B, c.T, c.H, c.Dk}),
+           OwnedTensor(state_dt, dev, {c.B, c.H, c.Dk, c.Dv})};
+  for (const Tensor* t : {&r.o.t, &r.sf.t, &r.dqkv.t, &r.dg.t, &r.ds0.t}) test::poison(*t);
+  const Tensor s0v = c.states ? s0 : Tensor(), dsfv = c.states ? dsf : Tensor();
+  gla_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, r.o, s0v, r.sf, opts());
+  gla_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, dout, s0v, dsfv, in.q(r.dqkv), in.k(r.dqkv), in.v(r.dqkv), r.dg,
+          r.ds0, opts());
+  ctx_synchronize(ctx);
+  return r;
+}
+
+struct Tols {
+  double o, dqkv, dg;
+};
+
+void run_parity(DType act, const Tols& tol) {
+  GpuContext gctx;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    Inputs in(c);
+    OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+    OwnedTensor g_g = to(in.g, Device::CUDA, DType::F32), s0_g = to(in.s0, Device::CUDA, DType::F32);
+    OwnedTensor dsf_g = to(in.dsf, Device::CUDA, DType::F32);
+    Result gr = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    // The reference sees the GPU's rounded inputs.
+    OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+    OwnedTensor g_r = to(g_g, Device::CPU, DType::F64);
+    Result cr = run(Ctx{}, in, qkv_r, g_r, dout_r, in.s0, in.dsf, DType::F64, DType::F64);
+
+    EXPECT_LT(test::rel_error(gr.o, cr.o), tol.o) << "o";
+    EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol.o) << "final state";
+    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
+    EXPECT_LT(test::rel_error(part(gr.dqkv, 0, HK), part(cr.dqkv, 0, HK)), tol.dqkv) << "dq";
+    EXPECT_LT(test::rel_error(part(gr.dqkv, HK, HK), part(cr.dqkv, HK, HK)), tol.dqkv) << "dk";
+    EXPECT_LT(test::rel_error(part(gr.dqkv, 2 * HK, HV), part(cr.dqkv, 2 * HK, HV)), tol.dqkv) << "dv";
+    EXPECT_LT(test::rel_error(gr.dg, cr.dg), tol.dg) << "dg";
+    EXPECT_LT(test::rel_error(gr.ds0, cr.ds0), tol.dqkv) << "ds0";
+  }
+}
+
+TEST(GlaGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, {1e-5, 1e-5, 1e-5});
+}
+
+TEST(GlaGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, {5e-3, 1e-2, 2e-2});
+}
+
+// Unclamped strong gates (logsigmoid(z)/16 for z in [-60, 5], down to -3.75 per step) on a long
+// sequence: finite everywhere and still at bf16 parity.
+TEST(GlaGpu, StrongGatesLongSequence) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c{1, 4096, 2, 64, 64, true, 0};
+  Inputs in(c, 7);
+  const auto z = test::random_values(static_cast<size_t>(in.g->numel()), 8, -60, 5);
+  for (size_t i = 0; i < z.size(); ++i)
+    in.g->data<double>()[i] = (std::min(z[i], 0.0) - std::log1p(std::exp(-std::fabs(z[i])))) / 16;
+  OwnedTensor qkv_g = to(in.qkv, Device::CUDA, DType::BF16), dout_g = to(in.dout, Device::CUDA, DType::BF16);
+  OwnedTensor g_g = to(in.g, Device::CUDA, DType::F32), s0_g = to(in.s0, Device::CUDA, DType::F32);
+  OwnedTensor dsf_g = to(in.dsf, Device::CUDA, DType::F32);
+  Result gr = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, DType::BF16, DType::F32);
+  for (const Tensor* t : {&gr.o.t, &gr.dg.t, &gr.ds0.t}) ASSERT_TRUE(test::all_finite(to_doubles(*t)));
+  ASSERT_TRUE(test::all_finite(part(gr.dqkv, 0, c.H * (2 * c.Dk + c.Dv))));
+  OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+  OwnedTensor g_r = to(g_g, Device::CPU, DType::F64);
+  Result cr = run(Ctx{}, in, qkv_r, g_r, dout_r, in.s0, in.dsf, DType::F64, DType::F64);
+  EXPECT_LT(test::rel_error(gr.o, cr.o), 5e-3);
+  const int64_t n = c.H * (2 * c.Dk + c.Dv);  // the q|k|v columns (the pad stays poisoned)
+  EXPECT_LT(test::rel_error(part(gr.dqkv, 0, n), part(cr.dqkv, 0, n)), 1e-2);
+  EXPECT_LT(test::rel_error(gr.dg, cr.dg), 2e-2);
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
+  copy_tensor(hx, x);
+  copy_tensor(hy, y);
+  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
+}
+
+// Bitwise reruns, and a workspace that holds only two sequences (so the batch runs in groups)
+// gives the same bits as one group.
+TEST(GlaGpu, DeterministicAndGrouped) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Case c{5, 300, 2, 64, 128, true, -1};
+    Inputs in(c, 11);
+    OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+    OwnedTensor g_g = to(in.g, Device::CUDA, DType::F32), s0_g = to(in.s0, Device::CUDA, DType::F32);
+    OwnedTensor dsf_g = to(in.dsf, Device::CUDA, DType::F32);
+    Result r1 = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    Result r2 = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    Ctx small = gctx.ctx();
+    small.workspace_bytes = 2 * gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
+    Result r3 = run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    for (const Result* r : {&r2, &r3}) {
+      EXPECT_TRUE(same_bits(r1.o, r->o));
+      EXPECT_TRUE(same_bits(r1.sf, r->sf));
+      EXPECT_TRUE(same_bits(r1.dqkv, r->dqkv));
+      EXPECT_TRUE(same_bits(r1.dg, r->dg));
+      EXPECT_TRUE(same_bits(r1.ds0, r->ds0));
+    }
+    small.workspace_bytes = gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
+    EXPECT_THROW(run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32), UserError);
+  }
+}
+
+// The decode step on the GPU reproduces the CPU step (state f32), token after token.
+TEST(GlaGpu, DecodeStep) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t B = 3, H = 2, Dk = 32, Dv = 160, T = 9;
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    OwnedTensor state_g = to(test::random_tensor({B, H, Dk, Dv}, DType::F64, 3), Device::CUDA, DType::F32);
+    OwnedTensor state_c = to(state_g, Device::CPU, DType::F64);
+    for (int64_t t = 0; t < T; ++t) {
+      OwnedTensor q = to(test::random_tensor({B, H, Dk}, DType::F64, 10 + t), Device::CUDA, act);
+      OwnedTensor k = to(test::random_tensor({B, H, Dk}, DType::F64, 20 + t), Device::CUDA, act);
+      OwnedTensor v = to(test::random_tensor({B, H, Dv}, DType::F64, 30 + t), Device::CUDA, act);
+      OwnedTensor g = to(test::random_tensor({B, H, Dk}, DType::F64, 40 + t, -2, 0), Device::CUDA, DType::F32);
+      OwnedTensor o(act, Device::CUDA, {B, H, Dv}), oc(DType::F64, Device::CPU, {B, H, Dv});
+      test::poison(o);
+      gla_step(gctx.ctx(), q, k, v, g, state_g, o, 0.5);
+      gla_step(Ctx{}, to(q, Device::CPU, DType::F64), to(k, Device::CPU, DType::F64), to(v, Device::CPU, DType::F64),
+               to(g, Device::CPU, DType::F64), state_c, oc, 0.5);
+      gpu_synchronize();
+      EXPECT_LT(test::rel_error(o, oc), act == DType::F32 ? 1e-6 : 1e-2);
+    }
+    EXPECT_LT(test::rel_error(state_g, state_c), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace linac
