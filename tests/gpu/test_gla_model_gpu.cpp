@@ -5,6 +5,7 @@
 
 #include "core/rng.h"
 #include "model/model.h"
+#include "model_parity.h"
 #include "test_util.h"
 
 namespace linac {
@@ -28,58 +29,14 @@ OwnedTensor random_tokens(int64_t B, int64_t T, uint64_t seed) {
   return t;
 }
 
-// Gives the CPU model the GPU model's (possibly bf16-rounded) compute weights.
-void copy_weights(Model& gpu, Model& cpu) {
-  for (int i = 0; i < cpu.params().count(); ++i) {
-    const bool small = gpu.params().spec(i).init != Init::Normal;  // norms and biases: read as f32 masters
-    OwnedTensor d = to(small ? gpu.params().master(i) : gpu.params().weight(i), Device::CPU, DType::F64);
-    copy_tensor(cpu.params().master(i), d);
-  }
-}
-
-void run_model_parity(const std::string& precision, double loss_tol, double grad_tol) {
-  const ModelConfig cfg = gla_config();
-  const int64_t B = 2, T = 77;  // two chunks, the second ragged
-  OwnedTensor tokens = random_tokens(B, T, 1), targets = random_tokens(B, T, 2);
-  Model cpu(cfg, Ctx{}, "fp64", false);
-  cpu.init_params(11);
-  cpu.reserve(B, T);
-  GpuContext g;
-  Model gpu(cfg, g.ctx(), precision, false);
-  gpu.init_params(11);
-  // Biases start at zero; give them values so their paths are exercised.
-  for (int i = 0; i < gpu.params().count(); ++i)
-    if (gpu.params().spec(i).init == Init::Zeros) {
-      OwnedTensor r = to(test::random_tensor(gpu.params().master(i).dims(), DType::F64, 50 + static_cast<uint64_t>(i),
-                                             -0.5, 0.5),
-                         Device::CUDA, DType::F32);
-      copy_tensor(gpu.params().master(i), r);
-    }
-  gpu.params().refresh_compute(g.ctx());
-  gpu.reserve(B, T);
-  copy_weights(gpu, cpu);
-
-  const float scale = 1.f / static_cast<float>(B * T);
-  cpu.params().zero_grad(Ctx{});
-  const double lc = cpu.forward_backward(tokens, targets, scale);
-  OwnedTensor tok_d = to(tokens, Device::CUDA, DType::I32), tgt_d = to(targets, Device::CUDA, DType::I32);
-  gpu.params().zero_grad(g.ctx());
-  const double lg = gpu.forward_backward(tok_d, tgt_d, scale);
-  g.synchronize();
-  EXPECT_NEAR(lg / (B * T), lc / (B * T), loss_tol * lc / (B * T)) << precision;
-  for (int i = 0; i < cpu.params().count(); ++i)
-    EXPECT_LT(test::rel_error(gpu.params().grad(i), cpu.params().grad(i)), grad_tol)
-        << precision << " " << cpu.params().spec(i).name;
-}
-
 TEST(GlaModelGpu, MatchesCpuFp32) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_model_parity("fp32", 1e-5, 1e-4);
+  test::check_model_gpu_parity(gla_config(), "fp32", 2, 77, 1e-5, 1e-4);  // T=77: two chunks, the second ragged
 }
 
 TEST(GlaModelGpu, MatchesCpuBf16) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_model_parity("bf16", 1e-2, 5e-2);
+  test::check_model_gpu_parity(gla_config(), "bf16", 2, 77, 1e-2, 5e-2);
 }
 
 TEST(GlaModelGpu, DecodeStepsMatchFullSequence) {

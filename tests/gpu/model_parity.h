@@ -1,0 +1,17 @@
+// Whole model on the GPU vs the CPU reference (double) for identical weights and batch: loss
+// and every parameter gradient. Shared by the per-architecture GPU model tests.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+
+namespace linac::test {
+
+// Parameters initialised to zero (biases) get random values first so their paths carry
+// gradient. The CPU model starts from the GPU's compute weights (bf16-rounded where the GPU
+// reads bf16; f32 masters for norms, biases and the embedding gather).
+void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
+                            double loss_tol, double grad_tol);
+
+}  // namespace linac::test
