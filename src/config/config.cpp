@@ -6,6 +6,7 @@
 
 #include "config/json_reader.h"
 #include "core/error.h"
+#include "model/layer_plan.h"
 #include "model/registry.h"
 
 namespace linac {
@@ -33,6 +34,9 @@ json Config::to_json() const {
                 {"norm_eps", model.norm_eps},
                 {"init_std", model.init_std},
                 {"mixer", model.mixer}};
+  if (!model.layers.empty()) j["model"]["layers"] = model.layers;
+  if (!model.layer_pattern.empty()) j["model"]["layer_pattern"] = model.layer_pattern;
+  if (!model.mixers.empty()) j["model"]["mixers"] = model.mixers;
   j["data"] = {{"type", data.type}, {"path", data.path}, {"seq_len", data.seq_len}};
   j["train"] = {{"steps", train.steps},
                 {"global_batch_tokens", train.global_batch_tokens},
@@ -70,7 +74,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
   JsonReader m = root.child("model");
   c.model.arch = m.get_string("arch", c.model.arch);
-  const ArchInfo& arch = find_architecture(c.model.arch, source);
+  find_architecture(c.model.arch, source);
   c.model.n_layers = m.get_int("n_layers", c.model.n_layers, 1, 1024);
   c.model.d_model = m.get_int("d_model", c.model.d_model, 8, 65536);
   c.model.n_heads = m.get_int("n_heads", c.model.n_heads, 1, 1024);
@@ -80,11 +84,18 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.norm_eps = m.get_double("norm_eps", c.model.norm_eps, 0, 1);
   c.model.init_std = m.get_double("init_std", c.model.init_std, 1e-6, 10);
   c.model.mixer = m.get_object("mixer");
+  for (const char* key : {"layers", "layer_pattern"}) {
+    if (!m.has(key)) continue;
+    auto& names = std::string(key) == "layers" ? c.model.layers : c.model.layer_pattern;
+    names = m.get_string_list(key, {});
+    if (names.empty()) m.fail(key, "must name at least one mixer");
+  }
+  c.model.mixers = m.get_object("mixers");
   m.finish();
-  arch.validate(c.model.mixer, source);
   if (c.model.d_model % c.model.n_heads != 0)
     m.fail("n_heads", "must divide d_model (" + std::to_string(c.model.d_model) + "), got " +
                           std::to_string(c.model.n_heads));
+  validate_layers(c.model, source);
 
   JsonReader d = root.child("data");
   c.data.type = d.get_choice("type", c.data.type, {"hdf5"});

@@ -22,7 +22,11 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double norm_eps = 1e-5;
   double init_std = 0.02;
-  json mixer = json::object();  // architecture-specific options, validated by the mixer
+  json mixer = json::object();   // options of the architecture's primary mixer kind
+  // Per-layer stacks (model/layer_plan.h): one name per layer, or a pattern repeated over the
+  // layers (at most one of the two is non-empty), and named options blocks.
+  std::vector<std::string> layers, layer_pattern;
+  json mixers = json::object();
 
   int64_t ffn_dim() const;
   int64_t head_dim() const { return d_model / n_heads; }

@@ -7,7 +7,7 @@
 #include "embedding/embedding.h"
 #include "matmul/matmul.h"
 #include "model/channel/swiglu_mlp.h"
-#include "model/registry.h"
+#include "model/layer_plan.h"
 #include "reduce/reduce.h"
 #include "rmsnorm/rmsnorm.h"
 
@@ -40,7 +40,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   env_.stat = p.stat;
   env_.scratch = &scratch_;
 
-  const ArchInfo& arch = find_architecture(cfg.arch, "config");
+  const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
   const int64_t d = cfg.d_model;
   embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, false});
   blocks_.resize(static_cast<size_t>(cfg.n_layers));
@@ -49,7 +49,8 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
     const std::string p = "layers." + std::to_string(l) + ".";
     const int first = params_.count();
     b.norm1 = params_.add({p + "norm1.weight", {d}, Init::Ones, 0, false});
-    b.mixer = arch.make_mixer(env_, cfg, l);
+    const LayerSpec& spec = plan[static_cast<size_t>(l)];
+    b.mixer = find_mixer_kind(spec.kind, spec.path, "config").make(env_, cfg, l, spec);
     b.norm2 = params_.add({p + "norm2.weight", {d}, Init::Ones, 0, false});
     b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l);
     for (int id = first; id < params_.count(); ++id) b.param_ids.push_back(id);

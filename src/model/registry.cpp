@@ -6,18 +6,56 @@
 
 namespace linac {
 
+namespace {
+
+std::string names_of(const std::vector<std::string>& names) {
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
+}  // namespace
+
+const std::vector<MixerKind>& mixer_kinds() {
+  static const std::vector<MixerKind> table = {
+      {"attention", "causal softmax attention with RoPE (optionally windowed)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         AttentionMixerOptions::parse(s.options, s.path, file, false);
+       },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<AttentionMixer>(env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", false));
+       }},
+      {"sliding_window", "causal softmax attention with RoPE in a sliding window (default 64 keys)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         AttentionMixerOptions::parse(s.options, s.path, file, true);
+       },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<AttentionMixer>(env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", true));
+       }},
+      {"gla", "gated linear attention, chunkwise (Yang et al. 2023)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { GlaMixerOptions::parse(s.options, s.path, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<GlaMixer>(env, cfg, layer, GlaMixerOptions::parse(s.options, s.path, "config"), s.path);
+       }},
+  };
+  return table;
+}
+
+const MixerKind& find_mixer_kind(const std::string& name, const std::string& path, const std::string& file) {
+  std::vector<std::string> names;
+  for (const auto& k : mixer_kinds()) {
+    if (k.name == name) return k;
+    names.push_back(k.name);
+  }
+  const std::string near = closest(name, names);
+  throw UserError(file + ": " + path + ": '" + name + "' is not a mixer kind (" + names_of(names) + ")" +
+                  (near.empty() ? "" : "; did you mean '" + near + "'?"));
+}
+
 const std::vector<ArchInfo>& architectures() {
   static const std::vector<ArchInfo> table = {
-      {"transformer", "Transformer++: causal softmax attention with RoPE (LLaMA-style)",
-       [](const json& o, const std::string& file) { AttentionMixerOptions::parse(o, file); },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer) -> std::unique_ptr<Mixer> {
-         return std::make_unique<AttentionMixer>(env, cfg, layer);
-       }},
-      {"gla", "GLA: gated linear attention, chunkwise (Yang et al. 2023), with a SwiGLU MLP",
-       [](const json& o, const std::string& file) { GlaMixerOptions::parse(o, file); },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer) -> std::unique_ptr<Mixer> {
-         return std::make_unique<GlaMixer>(env, cfg, layer);
-       }},
+      {"transformer", "Transformer++: causal softmax attention with RoPE (LLaMA-style)", "attention", {"attention"}},
+      {"gla", "GLA: gated linear attention, chunkwise (Yang et al. 2023), with a SwiGLU MLP", "gla", {"gla"}},
   };
   return table;
 }
@@ -28,10 +66,8 @@ const ArchInfo& find_architecture(const std::string& name, const std::string& fi
     if (a.name == name) return a;
     names.push_back(a.name);
   }
-  std::string list;
-  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
   const std::string near = closest(name, names);
-  throw UserError(file + ": model.arch: '" + name + "' is not one of " + list +
+  throw UserError(file + ": model.arch: '" + name + "' is not one of " + names_of(names) +
                   (near.empty() ? "" : " (did you mean '" + near + "'?)"));
 }
 

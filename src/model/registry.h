@@ -1,6 +1,13 @@
-// The architecture registry: `model.arch` -> how to validate its `model.mixer` options and
-// how to build one layer's token mixer. Adding an architecture = a kernels/ family, a mixer in
-// src/model/mixers/, one entry in registry.cpp, a config and tests.
+// The registries: mixer kinds (what a layer's token mixer can be) and architectures (what
+// `model.arch` names: a default layer pattern over those kinds).
+//
+// A mixer kind validates its options block and builds one layer's mixer from it. An
+// architecture names its primary kind (the one `model.mixer` configures) and the layer pattern
+// used when the config gives neither `model.layers` nor `model.layer_pattern`
+// (model/layer_plan.h resolves a config into one LayerSpec per layer).
+//
+// Adding a token mixer = a kernels/ family, a mixer in src/model/mixers/, one MixerKind entry in
+// registry.cpp, tests. Adding an architecture = one ArchInfo entry, a config and tests.
 #pragma once
 
 #include <functional>
@@ -13,13 +20,32 @@
 
 namespace linac {
 
+// One layer's token mixer as the config chose it.
+struct LayerSpec {
+  std::string name;  // the name the layer list used (a kind, or a key of model.mixers)
+  std::string kind;  // the MixerKind
+  json options;      // the kind's options block (without "type")
+  std::string path;  // JSON path of the options block, for messages ("model.mixers.swa")
+};
+
+struct MixerKind {
+  std::string name;
+  std::string summary;
+  // Throws UserError for bad options, naming `<spec.path>.<key>` in `file`.
+  std::function<void(const LayerSpec& spec, const ModelConfig& cfg, const std::string& file)> validate;
+  std::function<std::unique_ptr<Mixer>(ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& spec)> make;
+};
+
 struct ArchInfo {
   std::string name;
   std::string summary;
-  // Throws UserError for bad options (naming `model.mixer.<key>` in `file`).
-  std::function<void(const json& options, const std::string& file)> validate;
-  std::function<std::unique_ptr<Mixer>(ModelEnv& env, const ModelConfig& cfg, int layer)> make_mixer;
+  std::string primary;               // the mixer kind `model.mixer` configures
+  std::vector<std::string> pattern;  // default layer kinds, repeated over n_layers
 };
+
+const std::vector<MixerKind>& mixer_kinds();
+// UserError naming `file` and `path` (with a did-you-mean) when unknown.
+const MixerKind& find_mixer_kind(const std::string& name, const std::string& path, const std::string& file);
 
 const std::vector<ArchInfo>& architectures();
 // UserError naming `file` and model.arch (with a did-you-mean) when unknown.

@@ -121,7 +121,7 @@ TEST(GlaModelCpu, AttentionHasNoDecodeStep) {
 }
 
 TEST(GlaModelCpu, OptionsAreValidated) {
-  auto parse = [](const json& o) { return GlaMixerOptions::parse(o, "x.json"); };
+  auto parse = [](const json& o) { return GlaMixerOptions::parse(o, "model.mixer", "x.json"); };
   EXPECT_EQ(parse(json::object()).gate_clamp, -3.0);
   EXPECT_EQ(parse({{"gate_clamp", nullptr}}).gate_clamp, 0.0);
   EXPECT_EQ(parse({{"gate_clamp", 0}}).gate_clamp, 0.0);

@@ -43,9 +43,9 @@ struct GlaState final : MixerState {
 
 }  // namespace
 
-GlaMixerOptions GlaMixerOptions::parse(const json& o, const std::string& file) {
+GlaMixerOptions GlaMixerOptions::parse(const json& o, const std::string& path, const std::string& file) {
   GlaMixerOptions opt;
-  JsonReader r(o, "model.mixer", file);
+  JsonReader r(o, path, file);
   opt.expand_k = r.get_double("expand_k", opt.expand_k, 1e-3, 16);
   opt.expand_v = r.get_double("expand_v", opt.expand_v, 1e-3, 16);
   opt.gate_rank = r.get_int("gate_rank", opt.gate_rank, 1, 4096);
@@ -59,24 +59,25 @@ GlaMixerOptions GlaMixerOptions::parse(const json& o, const std::string& file) {
   opt.norm_eps = r.get_double("norm_eps", opt.norm_eps, 0, 1);
   r.finish();
   if (opt.chunk % 16 != 0 && opt.chunk > 16)
-    throw UserError(file + ": model.mixer.chunk: must be at most 16 or a multiple of 16, got " +
+    throw UserError(file + ": " + path + ".chunk: must be at most 16 or a multiple of 16, got " +
                     std::to_string(opt.chunk));
   return opt;
 }
 
-GlaMixer::GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer)
-    : env_(env), opt_(GlaMixerOptions::parse(cfg.mixer, "config")), d_(cfg.d_model), H_(cfg.n_heads) {
+GlaMixer::GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMixerOptions& opt,
+                   const std::string& path)
+    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads) {
   const double d = static_cast<double>(d_);
   dk_ = std::llround(opt_.expand_k * d);
   dv_ = std::llround(opt_.expand_v * d);
   R_ = opt_.gate_rank;
   P_ = 2 * dk_ + 2 * dv_ + R_;
   if (dk_ % H_ != 0 || dv_ % H_ != 0 || dk_ < H_ || dv_ < H_)
-    throw UserError("config: model.mixer: expand_k * d_model (" + std::to_string(dk_) + ") and expand_v * d_model (" +
+    throw UserError("config: " + path + ": expand_k * d_model (" + std::to_string(dk_) + ") and expand_v * d_model (" +
                     std::to_string(dv_) + ") must be positive multiples of model.n_heads (" + std::to_string(H_) + ")");
   if (env.ctx.is_gpu() && ((dk_ / H_) % 16 != 0 || (dv_ / H_) % 16 != 0 || opt_.chunk != 64 || R_ % 8 != 0))
     throw UserError("config: the GPU GLA kernels need per-head key/value dims that are multiples of 16 (got " +
-                    std::to_string(dk_ / H_) + ", " + std::to_string(dv_ / H_) + "), model.mixer.chunk 64 (got " +
+                    std::to_string(dk_ / H_) + ", " + std::to_string(dv_ / H_) + "), " + path + ".chunk 64 (got " +
                     std::to_string(opt_.chunk) + ") and a gate_rank that is a multiple of 8 (got " +
                     std::to_string(R_) + ")");
   scale_ = opt_.scale > 0 ? opt_.scale : 1.0 / std::sqrt(d / static_cast<double>(H_));

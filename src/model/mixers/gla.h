@@ -28,12 +28,13 @@ struct GlaMixerOptions {
   int64_t chunk = 64;        // chunk length of the chunkwise form (the GPU needs 64)
   double scale = 0.0;        // q.k scale; 0 (or null) means (d / H)^-1/2, the v3 code's constant
   double norm_eps = 1e-5;    // per-head LayerNorm
-  static GlaMixerOptions parse(const json& o, const std::string& file);
+  static GlaMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 
 class GlaMixer final : public Mixer {
  public:
-  GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer);
+  // `path`: the options block's JSON path, for messages about shapes the options imply.
+  GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "gla"; }
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;

@@ -9,17 +9,18 @@
 
 namespace linac {
 
-AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& file) {
+AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
+                                                   bool sliding) {
   AttentionMixerOptions opt;
-  JsonReader r(o, "model.mixer", file);
+  JsonReader r(o, path, file);
   opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
-  opt.window = r.get_int("window", opt.window, 0, int64_t(1) << 30);
+  opt.window = r.get_int("window", sliding ? 64 : 0, sliding ? 1 : 0, int64_t(1) << 30);
   r.finish();
   return opt;
 }
 
-AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer)
-    : env_(env), opt_(AttentionMixerOptions::parse(cfg.mixer, "config")), d_(cfg.d_model), H_(cfg.n_heads),
+AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
+    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads),
       Dh_(cfg.head_dim()) {
   const std::string p = "layers." + std::to_string(layer) + ".attn.";
   // Residual-branch output projections start smaller (GPT-2): std / sqrt(2 * n_layers).

@@ -13,14 +13,16 @@ namespace linac {
 
 struct AttentionMixerOptions {
   double rope_base = 10000.0;
-  int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys
-  static AttentionMixerOptions parse(const json& o, const std::string& file);
+  int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys (self included)
+  // `path` is the options block's JSON path; `sliding` (the sliding_window kind) makes the window
+  // default to 64 and requires it to be positive.
+  static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding);
 };
 
 class AttentionMixer final : public Mixer {
  public:
-  AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer);
-  std::string kind() const override { return "attention"; }
+  AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt);
+  std::string kind() const override { return opt_.window > 0 ? "sliding_window" : "attention"; }
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
