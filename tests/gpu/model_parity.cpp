@@ -1,5 +1,8 @@
 #include "model_parity.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/rng.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -52,6 +55,44 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
   for (int i = 0; i < cpu.params().count(); ++i)
     EXPECT_LT(rel_error(gp.grad(i), cpu.params().grad(i)), grad_tol)
         << cfg.arch << " " << precision << " " << cpu.params().spec(i).name;
+}
+
+void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
+                            double tol) {
+  GpuContext g;
+  const int64_t V = cfg.vocab_size;
+  Model model(cfg, g.ctx(), "fp32", false);
+  model.init_params(3);
+  model.reserve(B, T);
+  OwnedTensor tokens = random_tokens(B, T, V, 5), targets = random_tokens(B, T, V, 6);
+  OwnedTensor tok_d = to(tokens, Device::CUDA, DType::I32);
+  // Full-sequence NLL of the probed positions (one scored target at a time).
+  std::vector<double> ref;
+  OwnedTensor one(DType::I32, Device::CPU, {B, T});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t : probes) {
+      std::fill_n(one->data<int32_t>(), B * T, -1);
+      one->data<int32_t>()[b * T + t] = targets->data<int32_t>()[b * T + t];
+      ref.push_back(model.forward_loss(tok_d, to(one, Device::CUDA, DType::I32)));
+    }
+  Model::DecodeState st = model.init_decode(B);
+  OwnedTensor tok(DType::I32, Device::CPU, {B}), logits(DType::F32, Device::CUDA, {B, V});
+  std::vector<double> nll(static_cast<size_t>(B * T));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) tok->data<int32_t>()[b] = tokens->data<int32_t>()[b * T + t];
+    model.decode_step(st, to(tok, Device::CUDA, DType::I32), logits);
+    const std::vector<double> l = to_doubles(logits);
+    for (int64_t b = 0; b < B; ++b) {
+      double mx = l[b * V], z = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, l[b * V + v]);
+      for (int64_t v = 0; v < V; ++v) z += std::exp(l[b * V + v] - mx);
+      nll[static_cast<size_t>(b * T + t)] = mx + std::log(z) - l[b * V + targets->data<int32_t>()[b * T + t]];
+    }
+  }
+  std::vector<double> got;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t : probes) got.push_back(nll[static_cast<size_t>(b * T + t)]);
+  EXPECT_LT(max_abs_diff(got, ref), tol);
 }
 
 }  // namespace linac::test

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 
@@ -13,5 +14,11 @@ namespace linac::test {
 // reads bf16; f32 masters for norms, biases and the embedding gather).
 void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
                             double loss_tol, double grad_tol);
+
+// GPU decoding token by token (fp32) against the GPU's full-sequence forward: the negative
+// log-likelihood of the targets at `probes` (positions < T) for B sequences of T tokens; the
+// largest absolute difference must stay under tol.
+void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
+                            double tol);
 
 }  // namespace linac::test

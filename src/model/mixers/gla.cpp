@@ -7,6 +7,7 @@
 #include "gla/gla.h"
 #include "loggate/loggate.h"
 #include "matmul/matmul.h"
+#include "model/mixers/proj_views.h"
 #include "norm_gate/norm_gate.h"
 
 namespace linac {
@@ -18,24 +19,6 @@ double xavier_std(double gain, int64_t fan_in, int64_t fan_out) {
   return gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out));
 }
 constexpr double kQkGain = 0.17677669529663687;  // 2^-2.5, the v3 code's gain for Wq, Wk, Wa
-
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B*T, P] buffer (token stride P).
-Tensor bthd(const Tensor& proj, int64_t B, int64_t T, int64_t c0, int64_t H, int64_t D) {
-  const int64_t P = proj.size(1);
-  Tensor t(static_cast<char*>(proj.ptr) + c0 * static_cast<int64_t>(dtype_size(proj.dtype)), proj.dtype, proj.device,
-           {B, T, H, D});
-  t.strides = {T * P, P, D, 1};
-  return t;
-}
-
-// [B, H, D] view of columns [c0, c0 + H*D) of a [B, P] buffer.
-Tensor bhd(const Tensor& proj, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = proj.size(0), P = proj.size(1);
-  Tensor t(static_cast<char*>(proj.ptr) + c0 * static_cast<int64_t>(dtype_size(proj.dtype)), proj.dtype, proj.device,
-           {B, H, D});
-  t.strides = {P, D, 1};
-  return t;
-}
 
 struct GlaState final : MixerState {
   OwnedTensor S;  // [B, H, Dk, Dv]
