@@ -1,0 +1,131 @@
+#include "model_checks.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/model.h"
+#include "test_util.h"
+#include "train/train_step.h"
+
+namespace linac::test {
+
+OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  OwnedTensor t(DType::I32, Device::CPU, {B, T});
+  Rng rng{seed, 1, 0};
+  for (int64_t i = 0; i < B * T; ++i) t->data<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+  return t;
+}
+
+void perturb_special_init(ParamStore& ps) {
+  for (int i = 0; i < ps.count(); ++i)
+    if (ps.spec(i).init == Init::Ones)
+      fill_random(ps.master(i), 100 + static_cast<uint64_t>(i), 0.5, 1.5);
+    else if (ps.spec(i).init == Init::Zeros)
+      fill_random(ps.master(i), 200 + static_cast<uint64_t>(i), -0.5, 0.5);
+}
+
+void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t n_probe) {
+  Model model(cfg, Ctx{}, "fp64", false);
+  model.init_params(5);
+  ParamStore& ps = model.params();
+  perturb_special_init(ps);
+  model.reserve(B, T);
+  OwnedTensor tokens = random_tokens(B, T, cfg.vocab_size, 1), targets = random_tokens(B, T, cfg.vocab_size, 2);
+  targets->data<int32_t>()[std::min<int64_t>(3, B * T - 1)] = -1;  // an ignored position
+  ps.zero_grad(Ctx{});
+  model.forward_backward(tokens, targets, 1.f);
+  auto loss = [&] { return model.forward_loss(tokens, targets); };
+  for (int i = 0; i < ps.count(); ++i) {
+    std::vector<double> g = to_doubles(ps.grad(i));
+    EXPECT_GT(max_abs_diff(g, std::vector<double>(g.size(), 0.0)), 0.0) << ps.spec(i).name << " has no gradient";
+    const double err = check_grad(loss, ps.master(i).data<double>(), g.data(), g.size(), n_probe, 3, 1e-5);
+    EXPECT_LT(err, 1e-5) << ps.spec(i).name;
+  }
+}
+
+namespace {
+
+// Per-position negative log-likelihoods of the full-sequence forward (one scored target at a time).
+std::vector<double> full_sequence_nll(Model& m, const Tensor& tokens, const Tensor& targets) {
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  std::vector<double> out;
+  OwnedTensor one(DType::I32, Device::CPU, {B, T});
+  for (int64_t i = 0; i < B * T; ++i) {
+    std::fill_n(one->data<int32_t>(), B * T, -1);
+    one->data<int32_t>()[i] = targets.data<int32_t>()[i];
+    out.push_back(m.forward_loss(tokens, one));
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol) {
+  const int64_t V = cfg.vocab_size;
+  Model model(cfg, Ctx{}, "fp64", false);
+  model.init_params(8);
+  perturb_special_init(model.params());
+  model.reserve(B, T);
+  OwnedTensor tokens = random_tokens(B, T, V, 3), targets = random_tokens(B, T, V, 4);
+  const std::vector<double> ref = full_sequence_nll(model, tokens, targets);
+
+  Model::DecodeState st = model.init_decode(B);
+  OwnedTensor tok(DType::I32, Device::CPU, {B}), logits(DType::F64, Device::CPU, {B, V});
+  std::vector<double> got(ref.size());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) tok->data<int32_t>()[b] = tokens->data<int32_t>()[b * T + t];
+    poison(logits);
+    model.decode_step(st, tok, logits);
+    for (int64_t b = 0; b < B; ++b) {
+      const double* l = logits->data<double>() + b * V;
+      double mx = l[0], z = 0;
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+      for (int64_t v = 0; v < V; ++v) z += std::exp(l[v] - mx);
+      got[static_cast<size_t>(b * T + t)] = mx + std::log(z) - l[targets->data<int32_t>()[b * T + t]];
+    }
+  }
+  EXPECT_TRUE(all_finite(got));
+  EXPECT_LT(max_abs_diff(got, ref), tol);
+}
+
+int64_t copy_task(Rng& rng, int32_t* tokens, int32_t* targets, int64_t B, int64_t T, int64_t V) {
+  const int64_t h = T / 2;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t* tk = tokens + b * T;
+    int32_t* tg = targets + b * T;
+    for (int64_t t = 0; t < h; ++t) tk[t] = tk[t + h] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+    for (int64_t t = 0; t < T; ++t) tg[t] = (t >= h - 1 && t + 1 < T) ? tk[t + 1] : -1;
+  }
+  return B * h;
+}
+
+int64_t previous_token_task(Rng& rng, int32_t* tokens, int32_t* targets, int64_t B, int64_t T, int64_t V) {
+  for (int64_t i = 0; i < B * T; ++i) tokens[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) targets[b * T + t] = t >= 1 ? tokens[b * T + t - 1] : -1;
+  return B * (T - 1);
+}
+
+void check_tiny_model_learns(const ModelConfig& cfg, const TrainConfig& tc, int64_t B, int64_t T,
+                             uint64_t data_stream, const TaskBatch& task, double max_final_loss) {
+  Model model(cfg, Ctx{}, "fp32", true);
+  model.init_params(1);
+  model.reserve(B, T);
+  TrainStep stepper(model, tc);
+  OwnedTensor tokens(DType::I32, Device::CPU, {B, T}), targets(DType::I32, Device::CPU, {B, T});
+  Rng rng{42, data_stream, 0};
+  double first = 0, last = 0;
+  for (int64_t step = 0; step < tc.steps; ++step) {
+    const int64_t scored = task(rng, tokens->data<int32_t>(), targets->data<int32_t>(), B, T);
+    const StepStats st = stepper.run(step, {{tokens, targets}}, scored);
+    ASSERT_FALSE(st.skipped) << "step " << step;
+    if (step == 0) first = st.loss;
+    last = st.loss;
+  }
+  EXPECT_NEAR(first, std::log(static_cast<double>(cfg.vocab_size)), 0.5);
+  EXPECT_LT(last, max_final_loss) << "loss after " << tc.steps << " steps";
+}
+
+}  // namespace linac::test

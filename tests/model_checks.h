@@ -1,0 +1,46 @@
+// Whole-model checks on the CPU shared by the per-architecture model tests: the gradient check
+// in double against central differences, decoding token by token against the full-sequence
+// forward, and a tiny model learning a task that needs token mixing. A new architecture's test
+// calls these with its own tiny ModelConfig.
+#pragma once
+
+#include <functional>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "core/rng.h"
+#include "model/param_store.h"
+
+namespace linac::test {
+
+// [B, T] int32 tokens uniform in [0, V) on the CPU.
+OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed);
+
+// Norm weights (init 1) and biases (init 0) start at special values; gives them random values
+// around those so their gradients are generic.
+void perturb_special_init(ParamStore& ps);
+
+// Builds cfg in fp64, initialises it (perturb_special_init included), and checks that every
+// parameter gets a nonzero gradient which matches central differences at n_probe entries
+// (relative error < 1e-5). B x T random tokens; one target is ignored.
+void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t n_probe);
+
+// Builds cfg in fp64 and checks that decode_step, token by token, gives the same per-position
+// negative log-likelihoods as the full-sequence forward (max abs difference < tol).
+void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol = 1e-10);
+
+// Fills one step's tokens and targets ([B, T] each; targets < 0 are ignored) and returns the
+// number of scored targets.
+using TaskBatch = std::function<int64_t(Rng& rng, int32_t* tokens, int32_t* targets, int64_t B, int64_t T)>;
+// Sequences [a_1..a_h, a_1..a_h] with T = 2h: only second-half targets are scored (an induction
+// head learns it).
+int64_t copy_task(Rng& rng, int32_t* tokens, int32_t* targets, int64_t B, int64_t T, int64_t V);
+// The target at position t is the token at t-1.
+int64_t previous_token_task(Rng& rng, int32_t* tokens, int32_t* targets, int64_t B, int64_t T, int64_t V);
+
+// Trains cfg (fp32, AdamW per tc) for tc.steps steps on B x T batches from `task` with
+// Rng{42, data_stream, 0}; expects the first loss near log(vocab) and the last below max_final_loss.
+void check_tiny_model_learns(const ModelConfig& cfg, const TrainConfig& tc, int64_t B, int64_t T,
+                             uint64_t data_stream, const TaskBatch& task, double max_final_loss);
+
+}  // namespace linac::test
