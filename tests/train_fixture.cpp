@@ -87,10 +87,16 @@ int run_linac(const std::string& args, std::string& output) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+std::string latest_checkpoint_path(const std::string& out_dir) {
+  const auto reader = newest_intact_checkpoint(out_dir, [](const std::string& w) { ADD_FAILURE() << w; });
+  return reader ? reader->path() : "";
+}
+
 std::vector<float> read_all_f32(const std::string& path, const std::string& group) {
+  const CheckpointReader reader(path);  // verifies the file before the raw reads below
   h5::File f = h5::File::open(path, false);
   std::vector<float> out;
-  const Config cfg = Config::from_json(read_checkpoint_meta(path).config, path);
+  const Config cfg = Config::from_json(reader.data().config, path);
   Model m(cfg.model, Ctx{}, "fp32", false, false);
   for (int i = 0; i < m.params().count(); ++i) {
     h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + m.params().spec(i).name);
@@ -121,7 +127,7 @@ void check_resume_is_bit_identical(json cfg) {
   }
   // The resumed run really continued from step 3: training moved the parameters on.
   EXPECT_NE(read_all_f32(checkpoint_path(a, 3), "params"), read_all_f32(checkpoint_path(a, 6), "params"));
-  const auto meta = read_checkpoint_meta(checkpoint_path(b, 6));
+  const CheckpointData meta = CheckpointReader(checkpoint_path(b, 6)).data();
   EXPECT_EQ(meta.state.step, 6);
   EXPECT_EQ(meta.state.tokens_seen, 6 * cfg["train"]["global_batch_tokens"].get<int64_t>());
 }

@@ -18,6 +18,8 @@ json tiny_train_config(const std::string& out_dir);
 // Runs the linac binary (LINAC_BIN) with args; returns the exit status; stderr+stdout in `output`.
 int run_linac(const std::string& args, std::string& output);
 bool have_linac_binary();
+// The checkpoint `--resume auto` would take in out_dir ("" when there is none).
+std::string latest_checkpoint_path(const std::string& out_dir);
 // Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v"), in parameter order.
 std::vector<float> read_all_f32(const std::string& path, const std::string& group);
 // Trains `cfg` (6 steps, checkpoints every 3) twice; rolls the second run back to step 3 and

@@ -65,7 +65,8 @@ int cmd_eval(int argc, char** argv) {
   if (!ckpt) throw UserError("--checkpoint PATH is required (see --help)");
   if (seq_len < 0 || max_tokens < 0 || batch < 0) throw UserError("--seq-len, --max-tokens and --batch must be positive");
 
-  const CheckpointData meta = read_checkpoint_meta(*ckpt);
+  const CheckpointReader reader(*ckpt);
+  const CheckpointData& meta = reader.data();
   Config cfg = Config::from_json(meta.config, *ckpt + ":/config");
   const std::string data_path = data ? *data : cfg.data.path;
   if (data_path.empty()) throw UserError("no dataset: pass --data FILE.h5");
@@ -83,7 +84,7 @@ int cmd_eval(int argc, char** argv) {
     ctx = gctx->ctx();
   }
   Model model(cfg.model, ctx, cfg.train.precision, false);
-  load_checkpoint_params(*ckpt, model.params(), false);
+  reader.load_params(model.params(), false);
   model.params().refresh_compute(ctx);
   model.reserve(B, T);
   EvalLoader loader(ds, split, B, T, 0, 1, static_cast<uint64_t>(max_tokens));

@@ -1,5 +1,6 @@
 // linac info CONFIG: parameter counts, the layer table and the memory plan.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -33,11 +34,11 @@ int cmd_info(int argc, char** argv) {
   const auto pos = args.positionals();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
 
-  const bool is_ckpt = h5::is_hdf5(pos[0]);
+  const bool is_ckpt = h5::is_hdf5(pos[0]) || std::filesystem::path(pos[0]).extension() == ".h5";
   CheckpointData meta;
   Config cfg;
   if (is_ckpt) {
-    meta = read_checkpoint_meta(pos[0]);
+    meta = CheckpointReader(pos[0]).data();
     json doc = meta.config;
     for (const auto& o : sets) apply_override(doc, o);
     cfg = Config::from_json(doc, pos[0] + ":/config");

@@ -3,24 +3,65 @@
 #include <cstring>
 #include <fstream>
 
-#include "core/error.h"
-
 namespace linac::h5 {
 namespace {
 
-// Off once per process: errors are reported through exceptions instead.
-void quiet_errors() {
-  static const bool done = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    return true;
-  }();
-  (void)done;
-}
+// Before any other HDF5 call (H5dont_atexit must come first): errors are reported through
+// exceptions, and no exit-time cleanup retries a close that already failed.
+const bool g_configured = [] {
+  H5dont_atexit();
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  return true;
+}();
+
+struct ErrorStack {
+  std::vector<std::string> entries;  // "func(): description", outermost first
+  std::string os_message;            // the OS error of a failed read/write, when there is one
+};
 
 herr_t collect(unsigned, const H5E_error2_t* e, void* data) {
-  auto* out = static_cast<std::vector<std::string>*>(data);
-  out->push_back(std::string(e->func_name ? e->func_name : "?") + "(): " + (e->desc ? e->desc : ""));
+  auto* out = static_cast<ErrorStack*>(data);
+  const std::string desc = e->desc ? e->desc : "";
+  out->entries.push_back(std::string(e->func_name ? e->func_name : "?") + "(): " + desc);
+  // The POSIX drivers describe a failed system call as "..., error message = 'No space left on device', ...".
+  const std::string key = "error message = '";
+  const size_t at = desc.find(key);
+  if (at != std::string::npos && out->os_message.empty()) {
+    const size_t end = desc.find('\'', at + key.size());
+    out->os_message = desc.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
+  }
   return 0;
+}
+
+ErrorStack take_error_stack() {
+  ErrorStack st;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &st);
+  H5Eclear2(H5E_DEFAULT);
+  return st;
+}
+
+std::string one_line(const ErrorStack& st) {
+  if (st.entries.empty()) return "";
+  if (st.entries.size() == 1) return st.entries.front();
+  return st.entries.front() + " <- " + st.entries.back();
+}
+
+[[noreturn]] void fail_h5(const std::string& what, const char* file, int line) {
+  const ErrorStack st = take_error_stack();
+  const std::string msg = one_line(st);
+  std::string reason = st.os_message;
+  if (reason.empty() && !st.entries.empty()) reason = st.entries.back().substr(st.entries.back().find("(): ") + 4);
+  if (reason.empty()) reason = what;
+  const char* base = std::strrchr(file, '/');
+  throw Failure(what + (msg.empty() ? "" : ": " + msg) + " [" + (base ? base + 1 : file) + ":" + std::to_string(line) + "]",
+                reason);
+}
+
+// The oldest format whose metadata carries checksums (HDF5 1.8).
+Id checksummed_format() {
+  Id fapl(static_cast<hid_t>(LINAC_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS))), H5Pclose);
+  LINAC_H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST));
+  return fapl;
 }
 
 Type type_of(hid_t dtype, const std::string& what) {
@@ -37,8 +78,9 @@ Type type_of(hid_t dtype, const std::string& what) {
     if (size == 4) return Type::F32;
     if (size == 8) return Type::F64;
   }
-  LINAC_FAIL(what + ": unsupported HDF5 element type (class " + std::to_string(cls) + ", " + std::to_string(size) +
-             " bytes)");
+  const std::string msg = what + ": unsupported HDF5 element type (class " + std::to_string(cls) + ", " +
+                          std::to_string(size) + " bytes)";
+  throw Failure(msg, msg);
 }
 
 Id scalar_space() { return Id(static_cast<hid_t>(LINAC_H5_CHECK(H5Screate(H5S_SCALAR))), H5Sclose); }
@@ -92,19 +134,11 @@ const char* type_name(Type t) {
   LINAC_FAIL("bad h5::Type");
 }
 
-std::string error_message() {
-  std::vector<std::string> entries;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect, &entries);
-  H5Eclear2(H5E_DEFAULT);
-  if (entries.empty()) return "";
-  if (entries.size() == 1) return entries.front();
-  return entries.front() + " <- " + entries.back();
-}
+std::string error_message() { return one_line(take_error_stack()); }
 
 int64_t check(int64_t ret, const char* call, const char* file, int line) {
   if (ret >= 0) return ret;
-  const std::string msg = error_message();
-  fail_at(file, line, std::string(call) + " failed" + (msg.empty() ? "" : ": " + msg));
+  fail_h5(std::string(call) + " failed", file, line);
 }
 
 Id::~Id() {
@@ -296,16 +330,17 @@ void Dataset::read(uint64_t offset, uint64_t count, void* out, Type mem) const {
 }
 
 File File::create(const std::string& path, bool overwrite) {
-  quiet_errors();
-  const hid_t id = H5Fcreate(path.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, H5P_DEFAULT);
-  if (id < 0) LINAC_FAIL("cannot create HDF5 file " + path + ": " + error_message());
+  (void)g_configured;
+  const Id fapl = checksummed_format();
+  const hid_t id = H5Fcreate(path.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, fapl.get());
+  if (id < 0) fail_h5("cannot create HDF5 file " + path, __FILE__, __LINE__);
   return File(Id(id, H5Fclose), path);
 }
 
 File File::open(const std::string& path, bool writable) {
-  quiet_errors();
+  (void)g_configured;
   const hid_t id = H5Fopen(path.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (id < 0) LINAC_FAIL("cannot open HDF5 file " + path + ": " + error_message());
+  if (id < 0) fail_h5("cannot open HDF5 file " + path, __FILE__, __LINE__);
   return File(Id(id, H5Fclose), path);
 }
 

@@ -1,10 +1,17 @@
 // A small checked RAII layer over the HDF5 C API, shared by token datasets and checkpoints.
 //
-// Every HDF5 call is checked: a failure throws linac::Error naming the call, file:line and
-// HDF5's own message (the outermost and innermost entries of its error stack). HDF5's
-// automatic error-stack printing is switched off once per process, so the library never
-// prints behind the caller's back. Identifiers are owned by `Id`, which closes them with the
-// matching H5*close. HDF5 (serial build) is not thread-safe: use it from one thread at a time.
+// Every HDF5 call is checked: a failure throws h5::Failure (a linac::Error) naming the call,
+// file:line and HDF5's own message (the outermost and innermost entries of its error stack);
+// code that knows which file it was reading or writing turns it into a UserError naming that
+// file and Failure::reason(). When the process starts, HDF5's automatic error-stack printing is
+// switched off (the library never prints behind the caller's back) and so is its exit-time
+// cleanup: HDF5 1.10 keeps a file whose H5Fclose failed (e.g. disk full) in its table and
+// crashes closing it a second time at exit. Identifiers are owned by `Id`, which closes them
+// with the matching H5*close, at most once. HDF5 (serial build) is not thread-safe: use it from
+// one thread at a time.
+//
+// Files are created with the HDF5 1.8 format as the oldest allowed, whose superblock and object
+// headers carry checksums: corrupted metadata is reported instead of being interpreted.
 //
 // Element types map to the native types of the machine (little-endian on every platform
 // linac supports); strings are written as fixed-length, NUL-terminated UTF-8 and read back
@@ -17,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace linac::h5 {
 
 enum class Type { U8, U16, U32, I32, I64, F32, F64 };
@@ -28,7 +37,18 @@ const char* type_name(Type t);  // "uint8", "uint16", "uint32", "int32", "int64"
 // HDF5's current error stack as one line ("" when empty); clears the stack.
 std::string error_message();
 
-// Throws linac::Error for a negative HDF5 return value; passes others through.
+// A failed HDF5 call. reason() is the part for a user: the operating system's message for an
+// I/O failure ("No space left on device"), HDF5's innermost message otherwise.
+class Failure : public Error {
+ public:
+  Failure(const std::string& what, std::string reason) : Error(what), reason_(std::move(reason)) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+// Throws Failure for a negative HDF5 return value; passes others through.
 int64_t check(int64_t ret, const char* call, const char* file, int line);
 
 }  // namespace linac::h5

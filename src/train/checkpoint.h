@@ -5,11 +5,20 @@
 //   /state                  attributes: step, updates, tokens_seen, world_size, seed,
 //                           format_version; dataset /state/loader [world_size, k] int64
 //   /tokenizer              uint8 SentencePiece model bytes (when the run had one)
+// Integrity: every dataset carries an int64 attribute `hash` (content_hash of its stored bytes;
+// of the UTF-8 text for /config), and the root carries `content_hash`, the hash of a manifest
+// listing the /state attributes and every dataset's path, shape and hash. CheckpointReader, the
+// only way to read a checkpoint, verifies all of it before handing anything out, so a damaged,
+// truncated or incomplete file is a UserError naming the file and the reason.
 // save() writes `<path>.tmp-<pid>`, fsyncs it and renames it over `path`, then fsyncs the
-// directory: a crash at any point leaves either the old file or the complete new one.
+// directory: a crash at any point leaves either the old file or the complete new one. A failed
+// write (disk full, ...) removes the temp file and is a UserError naming the file and the cause.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +26,10 @@
 #include "model/param_store.h"
 
 namespace linac {
+
+namespace h5 {
+class File;
+}
 
 struct TrainState {
   int64_t step = 0;         // optimizer steps taken (the next step's index)
@@ -35,16 +48,46 @@ struct CheckpointData {
 
 void save_checkpoint(const std::string& path, const ParamStore& params, const CheckpointData& data);
 
-// Reads config, state and tokenizer (no parameters).
-CheckpointData read_checkpoint_meta(const std::string& path);
-// Loads parameters (and the optimizer moments when `with_optimizer` and present) into `params`,
-// refusing with a UserError when a name or shape differs from the model's.
-void load_checkpoint_params(const std::string& path, ParamStore& params, bool with_optimizer);
+// An open checkpoint whose every dataset and /state attribute matched its checksums when it
+// was opened; load_params verifies each tensor again as it reads it.
+class CheckpointReader {
+ public:
+  // Throws a UserError naming `path` when it is missing, not HDF5, truncated, incomplete or
+  // fails verification.
+  explicit CheckpointReader(const std::string& path);
+  ~CheckpointReader();
+  CheckpointReader(CheckpointReader&&) noexcept;
+  CheckpointReader& operator=(CheckpointReader&&) noexcept;
+
+  const std::string& path() const { return path_; }
+  const CheckpointData& data() const { return data_; }
+  bool has_optimizer() const;
+
+  // Loads parameters (and the optimizer moments when `with_optimizer` and the store has them)
+  // into `params`, refusing with a UserError when a name or shape differs from the model's.
+  void load_params(ParamStore& params, bool with_optimizer) const;
+
+ private:
+  struct Entry {
+    std::vector<uint64_t> dims;
+    uint64_t hash = 0;
+  };
+  std::string path_;
+  std::unique_ptr<h5::File> file_;
+  CheckpointData data_;
+  std::map<std::string, Entry> datasets_;  // verified manifest: path -> shape and hash
+};
 
 // Files of a run directory: <out_dir>/ckpt/step_000123.h5 and <out_dir>/ckpt/latest.
 std::string checkpoint_path(const std::string& out_dir, int64_t step);
-// The newest complete checkpoint named by ckpt/latest ("" when none).
-std::string latest_checkpoint(const std::string& out_dir);
+// True when <out_dir>/ckpt holds a `latest` file or any step_*.h5 checkpoint.
+bool has_checkpoints(const std::string& out_dir);
+// The newest checkpoint of out_dir that verifies: the file ckpt/latest names when it verifies,
+// else the step_*.h5 files newest first. Each one skipped is passed to `warn` with the reason.
+// Returns null when out_dir holds no checkpoint at all; throws a UserError listing what was
+// tried when it holds some but none verifies.
+std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& out_dir,
+                                                           const std::function<void(const std::string&)>& warn);
 // Points ckpt/latest at `path` (atomically) and deletes all but the newest `keep_last`.
 void publish_checkpoint(const std::string& out_dir, const std::string& path, int64_t keep_last);
 

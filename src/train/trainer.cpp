@@ -91,23 +91,23 @@ int run_training(const Config& cfg, const std::string& resume) {
   check_dataset_vocab(ds, cfg.model.vocab_size);
 
   // Resolve what to resume from before touching the run directory.
-  std::string ckpt;
+  std::unique_ptr<CheckpointReader> ckpt;
+  std::vector<std::string> skipped;
   if (resume == "auto") {
-    ckpt = latest_checkpoint(tc.out_dir);
+    ckpt = newest_intact_checkpoint(tc.out_dir, [&](const std::string& w) { skipped.push_back(w); });
   } else if (!resume.empty()) {
-    ckpt = resume;
-  } else if (!latest_checkpoint(tc.out_dir).empty()) {
+    ckpt = std::make_unique<CheckpointReader>(resume);
+  } else if (has_checkpoints(tc.out_dir)) {
     throw UserError("train.out_dir '" + tc.out_dir +
                     "' already holds checkpoints: pass --resume auto to continue that run, or choose another out_dir");
   }
-  CheckpointData meta;
-  if (!ckpt.empty()) {
-    meta = read_checkpoint_meta(ckpt);
+  if (ckpt) {
+    const CheckpointData& meta = ckpt->data();
     if (meta.config.value("model", json::object()) != cfg.to_json()["model"])
-      throw UserError(ckpt + ": the checkpoint's model config differs from " + cfg.source +
+      throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg.source +
                       "'s (compare with its /config); refusing to resume");
     if (meta.state.world_size != world)
-      throw UserError(ckpt + ": written by " + std::to_string(meta.state.world_size) + " rank(s), this job has " +
+      throw UserError(ckpt->path() + ": written by " + std::to_string(meta.state.world_size) + " rank(s), this job has " +
                       std::to_string(world) + "; resume with the same number of ranks");
   }
 
@@ -122,6 +122,7 @@ int run_training(const Config& cfg, const std::string& resume) {
     log->set_pattern("[%Y-%m-%d %H:%M:%S] rank " + std::to_string(rank) + ": %v");
     log->set_level(spdlog::level::warn);
   }
+  for (const std::string& w : skipped) log->warn("{}", w);
 
   if (tc.threads > 0) omp_set_num_threads(static_cast<int>(tc.threads));
   std::unique_ptr<GpuContext> gctx;
@@ -138,19 +139,21 @@ int run_training(const Config& cfg, const std::string& resume) {
   TrainLoader loader(ds, Split::Train, B, T, rank, world, tc.seed);
 
   int64_t step = 0, tokens_seen = 0;
-  if (ckpt.empty()) {
+  if (!ckpt) {
     model.init_params(tc.seed);
     log->info("fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}, {} micro-batch(es) of {}x{} per rank per step",
               model.n_params(), gpu ? gpu_info().name : "CPU", world > 1 ? " per rank" : "", dtype_name(model.env().act),
               world, comm->backend(), n_micro, B, T);
   } else {
-    load_checkpoint_params(ckpt, model.params(), true);
+    ckpt->load_params(model.params(), true);
     model.params().refresh_compute(ctx);
-    step = meta.state.step;
-    tokens_seen = meta.state.tokens_seen;
-    stepper.set_updates(meta.state.updates);
-    if (!meta.state.loader.empty()) loader.set_state(LoaderState::from_vector(meta.state.loader[static_cast<size_t>(rank)]));
-    log->info("resumed from {} at step {}", ckpt, step);
+    const TrainState& st = ckpt->data().state;
+    step = st.step;
+    tokens_seen = st.tokens_seen;
+    stepper.set_updates(st.updates);
+    if (!st.loader.empty()) loader.set_state(LoaderState::from_vector(st.loader[static_cast<size_t>(rank)]));
+    log->info("resumed from {} at step {}", ckpt->path(), step);
+    ckpt.reset();
   }
 
   std::unique_ptr<EvalLoader> eval_loader;

@@ -28,12 +28,13 @@ TEST(Training, ResumeIsBitIdentical) { test::check_resume_is_bit_identical(test:
 TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
   const std::string dir = test::fresh_dir("kill_ckpt");
   ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(dir), "k"), ""), 0);
-  const std::string prev = latest_checkpoint(dir);
+  const std::string prev = test::latest_checkpoint_path(dir);
   const auto prev_params = read_all_f32(prev, "params");
-  const CheckpointData meta = read_checkpoint_meta(prev);
+  const CheckpointReader reader(prev);
+  const CheckpointData& meta = reader.data();
   const Config cfg = Config::from_json(meta.config, prev);
   Model model(cfg.model, Ctx{}, "fp32", true);
-  load_checkpoint_params(prev, model.params(), true);
+  reader.load_params(model.params(), true);
   // Kill writers of a new checkpoint at different moments; whatever the moment, the final
   // name holds nothing or a complete file, and `latest` still loads.
   for (int delay_us : {0, 200, 1000, 3000, 10000, 200000}) {
@@ -53,7 +54,7 @@ TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
     if (fs::exists(target)) {
       EXPECT_EQ(read_all_f32(target, "params"), prev_params) << "a partial checkpoint under its final name";
     }
-    const std::string latest = latest_checkpoint(dir);
+    const std::string latest = test::latest_checkpoint_path(dir);
     EXPECT_EQ(read_all_f32(latest, "params"), prev_params);
   }
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "ckpt"))
@@ -65,7 +66,7 @@ TEST(Training, RefusesToOverwriteARunWithoutResume) {
   json j = test::tiny_train_config(dir);
   j["train"]["steps"] = 3;
   ASSERT_EQ(run_training(Config::from_json(j, "r"), ""), 0);
-  const std::string before = latest_checkpoint(dir);
+  const std::string before = test::latest_checkpoint_path(dir);
   EXPECT_THROW(
       {
         try {
@@ -76,7 +77,7 @@ TEST(Training, RefusesToOverwriteARunWithoutResume) {
         }
       },
       UserError);
-  EXPECT_EQ(latest_checkpoint(dir), before);
+  EXPECT_EQ(test::latest_checkpoint_path(dir), before);
 }
 
 TEST(Training, ResumeRefusesADifferentModel) {
@@ -117,14 +118,15 @@ TEST(Training, EvalMatchesIndependentComputation) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("eval");
   ASSERT_EQ(run_training(Config::from_json(test::tiny_train_config(dir), "e"), ""), 0);
-  const std::string ckpt = latest_checkpoint(dir);
+  const std::string ckpt = test::latest_checkpoint_path(dir);
   std::string out;
   ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 20 --json", out), 0) << out;
   const json r = json::parse(out.substr(out.find('{')));
 
-  const Config cfg = Config::from_json(read_checkpoint_meta(ckpt).config, ckpt);
+  const CheckpointReader reader(ckpt);
+  const Config cfg = Config::from_json(reader.data().config, ckpt);
   Model model(cfg.model, Ctx{}, "fp64", false);
-  load_checkpoint_params(ckpt, model.params(), false);
+  reader.load_params(model.params(), false);
   TokenDataset ds(test::tiny_dataset());
   const int64_t n = static_cast<int64_t>(ds.size(Split::Val)), T = 20;
   std::vector<int32_t> all(static_cast<size_t>(n));

@@ -74,7 +74,7 @@ TEST_F(Dist, TwoRanksEqualOneProcessWithTheSameGlobalBatch) {
   for (size_t i = 0; i < a.size(); ++i)
     worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
   EXPECT_LT(worst, 1e-6) << "2 ranks vs 1 process";
-  const auto meta = read_checkpoint_meta(checkpoint_path(dir + "/two", 6));
+  const CheckpointData meta = CheckpointReader(checkpoint_path(dir + "/two", 6)).data();
   EXPECT_EQ(meta.state.world_size, 2);
   ASSERT_EQ(meta.state.loader.size(), 2u);
 }
