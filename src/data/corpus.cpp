@@ -13,6 +13,7 @@ namespace linac {
 namespace fs = std::filesystem;
 namespace {
 
+// Inside directories only these extensions are picked up (a directory holds other files too).
 bool kind_of(const fs::path& p, InputKind& kind) {
   const std::string ext = p.extension().string();
   if (ext == ".txt") kind = InputKind::Text;
@@ -22,9 +23,38 @@ bool kind_of(const fs::path& p, InputKind& kind) {
   return true;
 }
 
-void check_readable(const std::string& path) {
+// A file named on the command line: .md and .jsonl by extension, anything else is plain text.
+InputKind kind_of_named(const fs::path& p) {
+  const std::string ext = p.extension().string();
+  if (ext == ".md") return InputKind::Markdown;
+  if (ext == ".jsonl") return InputKind::Jsonl;
+  return InputKind::Text;
+}
+
+size_t utf8_seq(const std::string& s, size_t i, size_t& bad);
+
+// Throws unless `path` can be read and its first 64 KiB look like text: no NUL byte, and at most
+// a quarter of the bytes in invalid UTF-8 sequences (so text in an 8-bit encoding still passes;
+// its stray bytes are replaced and counted like any invalid UTF-8).
+void check_text_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("cannot read input " + path + ": " + std::strerror(errno));
+  std::string head(64 * 1024, '\0');
+  f.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(f.gcount()));
+  if (head.find('\0') != std::string::npos)
+    throw UserError("input " + path + ": not a text file (it holds NUL bytes)");
+  // A sequence cut at the end of the sample is not held against the file.
+  const size_t end = head.size() < 64 * 1024 ? head.size() : head.size() - 3;
+  size_t invalid = 0, bad = 0;
+  for (size_t i = 0; i < end;) {
+    const size_t n = utf8_seq(head, i, bad);
+    if (n == 0) invalid += bad;
+    i += n ? n : bad;
+  }
+  if (invalid * 4 > end)
+    throw UserError("input " + path + ": not a text file (" + std::to_string(invalid) + " of its first " +
+                    std::to_string(end) + " bytes are not UTF-8)");
 }
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
@@ -136,7 +166,7 @@ std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths) {
         InputFile f;
         if (!it->is_regular_file(ec) || !kind_of(e, f.kind)) continue;
         f.path = e.string();
-        check_readable(f.path);
+        check_text_file(f.path);
         f.bytes = fs::file_size(e, ec);
         found.push_back(std::move(f));
       }
@@ -144,9 +174,9 @@ std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths) {
       out.insert(out.end(), found.begin(), found.end());
     } else {
       InputFile f;
-      if (!kind_of(p, f.kind)) throw UserError("input " + p + ": unsupported file type (expected .txt, .md or .jsonl)");
+      f.kind = kind_of_named(p);
       f.path = p;
-      check_readable(p);
+      check_text_file(p);
       f.bytes = fs::file_size(p, ec);
       out.push_back(std::move(f));
     }

@@ -106,6 +106,8 @@ class Dataset {
   std::vector<uint64_t> dims() const;
   uint64_t size() const;  // number of elements
   hid_t id() const { return id_.get(); }
+  // Closing flushes the dataset's cached chunks: a writer closes explicitly to see a failed write.
+  void close() { id_.close(); }
 
   void write(const void* data, Type mem);                 // the whole dataset
   void append(const void* data, uint64_t n, Type mem);    // 1-D appendable datasets only

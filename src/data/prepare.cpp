@@ -67,7 +67,7 @@ class TempOutput {
     const bool synced = fd >= 0 && ::fsync(fd) == 0;
     const int err = errno;
     if (fd >= 0) ::close(fd);
-    if (!synced) LINAC_FAIL("fsync " + path_ + ": " + std::strerror(err));
+    if (!synced) throw UserError("cannot write " + final_path + ": fsync of " + path_ + ": " + std::strerror(err));
     std::error_code ec;
     if (!force && fs::exists(final_path, ec))
       throw UserError("output " + final_path + " appeared while preparing; not replacing it (use --force)");
@@ -252,55 +252,60 @@ PrepareStats prepare(const PrepareOptions& opts) {
   TempOutput tmp(opts.out + ".tmp-" + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove(tmp.path(), ec);
-  TokenDatasetWriter writer(tmp.path(), meta);
+  // HDF5 reports a failed write (disk full, ...) at the call that flushes it, possibly finish().
+  try {
+    TokenDatasetWriter writer(tmp.path(), meta);
 
-  const auto t1 = Clock::now();
-  auto last_log = t1;
-  DocumentReader reader(files, opts.corpus);
-  std::vector<std::string> docs;
-  std::vector<std::vector<int>> ids;
-  std::vector<int> pending;
-  bool has_pending = false;
-  Split pending_split = Split::Train;
-  uint64_t doc_index = 0;
-  while (true) {
-    size_t n = 0, bytes = 0;
-    while (bytes < kBatchBytes && n < kBatchDocs) {
-      if (docs.size() <= n) docs.emplace_back();
-      if (!reader.next(docs[n])) break;
-      bytes += docs[n++].size();
+    const auto t1 = Clock::now();
+    auto last_log = t1;
+    DocumentReader reader(files, opts.corpus);
+    std::vector<std::string> docs;
+    std::vector<std::vector<int>> ids;
+    std::vector<int> pending;
+    bool has_pending = false;
+    Split pending_split = Split::Train;
+    uint64_t doc_index = 0;
+    while (true) {
+      size_t n = 0, bytes = 0;
+      while (bytes < kBatchBytes && n < kBatchDocs) {
+        if (docs.size() <= n) docs.emplace_back();
+        if (!reader.next(docs[n])) break;
+        bytes += docs[n++].size();
+      }
+      if (n == 0) break;
+      if (ids.size() < n) ids.resize(n);
+      encode_batch(*tok, docs, n, ids, threads);
+      for (size_t i = 0; i < n; ++i, ++doc_index) {
+        if (has_pending) writer.add_document(pending_split, pending.data(), pending.size());
+        pending.swap(ids[i]);
+        pending_split = is_val_document(doc_index, opts.val_fraction) ? Split::Val : Split::Train;
+        has_pending = true;
+      }
+      if (opts.progress && seconds_since(last_log) >= kProgressSeconds) {
+        last_log = Clock::now();
+        const double done = reader.bytes_read() / 1e6, total = reader.total_bytes() / 1e6, secs = seconds_since(t1);
+        const double rate = done / std::max(secs, 1e-9);
+        spdlog::info("encoded {:.1f} / {:.1f} MB ({:.0f}%), {:.2f} MB/s, ETA {:.0f} s", done, total,
+                     100.0 * done / std::max(total, 1e-9), rate, (total - done) / std::max(rate, 1e-9));
+      }
     }
-    if (n == 0) break;
-    if (ids.size() < n) ids.resize(n);
-    encode_batch(*tok, docs, n, ids, threads);
-    for (size_t i = 0; i < n; ++i, ++doc_index) {
-      if (has_pending) writer.add_document(pending_split, pending.data(), pending.size());
-      pending.swap(ids[i]);
-      pending_split = is_val_document(doc_index, opts.val_fraction) ? Split::Val : Split::Train;
-      has_pending = true;
-    }
-    if (opts.progress && seconds_since(last_log) >= kProgressSeconds) {
-      last_log = Clock::now();
-      const double done = reader.bytes_read() / 1e6, total = reader.total_bytes() / 1e6, secs = seconds_since(t1);
-      const double rate = done / std::max(secs, 1e-9);
-      spdlog::info("encoded {:.1f} / {:.1f} MB ({:.0f}%), {:.2f} MB/s, ETA {:.0f} s", done, total,
-                   100.0 * done / std::max(total, 1e-9), rate, (total - done) / std::max(rate, 1e-9));
-    }
+    if (!has_pending) throw UserError("no text found in the inputs");
+    if (doc_index >= 2 && opts.val_fraction > 0 && writer.documents(Split::Val) == 0) pending_split = Split::Val;
+    if (doc_index == 1 || writer.documents(Split::Train) == 0) pending_split = Split::Train;
+    writer.add_document(pending_split, pending.data(), pending.size());
+
+    st.documents_train = writer.documents(Split::Train);
+    st.documents_val = writer.documents(Split::Val);
+    st.tokens_train = writer.tokens(Split::Train);
+    st.tokens_val = writer.tokens(Split::Val);
+    st.bytes = reader.bytes_read();
+    st.invalid_utf8 = reader.invalid_utf8();
+    writer.finish();
+    st.encode_seconds = seconds_since(t1);
+    tmp.commit(opts.out, opts.force);
+  } catch (const h5::Failure& e) {
+    throw UserError("cannot write " + opts.out + " (temporary " + tmp.path() + ", removed): " + e.reason());
   }
-  if (!has_pending) throw UserError("no text found in the inputs");
-  if (doc_index >= 2 && opts.val_fraction > 0 && writer.documents(Split::Val) == 0) pending_split = Split::Val;
-  if (doc_index == 1 || writer.documents(Split::Train) == 0) pending_split = Split::Train;
-  writer.add_document(pending_split, pending.data(), pending.size());
-
-  st.documents_train = writer.documents(Split::Train);
-  st.documents_val = writer.documents(Split::Val);
-  st.tokens_train = writer.tokens(Split::Train);
-  st.tokens_val = writer.tokens(Split::Val);
-  st.bytes = reader.bytes_read();
-  st.invalid_utf8 = reader.invalid_utf8();
-  writer.finish();
-  st.encode_seconds = seconds_since(t1);
-  tmp.commit(opts.out, opts.force);
   st.total_seconds = seconds_since(t0);
   return st;
 }

@@ -75,6 +75,8 @@ void TokenDatasetWriter::finish() {
   h5::set_attr(root, "n_documents_train", static_cast<int64_t>(docs_[0]));
   h5::set_attr(root, "n_documents_val", static_cast<int64_t>(docs_[1]));
   h5::set_attr(root, "val_fraction", meta_.val_fraction);
+  tok.close();
+  for (h5::Dataset& d : data_) d.close();
   data_.clear();
   file_.close();
 }

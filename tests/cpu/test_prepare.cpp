@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "data/corpus.h"
 #include "data/prepare.h"
 #include "data/test_fixtures.h"
@@ -142,8 +143,20 @@ TEST(Corpus, TxtFileModeAndJsonlKey) {
 TEST(Corpus, BadInputsAreUserErrors) {
   TempDir dir;
   EXPECT_NE(user_error([&] { discover_inputs({dir / "absent"}); }).find("input not found: "), std::string::npos);
+  // Named files are judged by content: any text is plain text, binary content is refused whatever the name.
   test::write_file(dir / "data.csv", "a,b");
-  EXPECT_NE(user_error([&] { discover_inputs({dir / "data.csv"}); }).find("unsupported file type"), std::string::npos);
+  ASSERT_EQ(discover_inputs({dir / "data.csv"}).size(), 1u);
+  EXPECT_EQ(read_all_documents({dir / "data.csv"}), std::vector<std::string>{"a,b"});
+  test::write_file(dir / "notes", "plain words\n");
+  EXPECT_EQ(read_all_documents({dir / "notes"}), std::vector<std::string>{"plain words"});
+  test::write_file(dir / "image.txt", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16));
+  EXPECT_NE(user_error([&] { discover_inputs({dir / "image.txt"}); }).find("image.txt: not a text file (it holds NUL"),
+            std::string::npos);
+  std::string noise;
+  Rng rng{5, 1, 0};
+  for (int i = 0; i < 3000; ++i) noise += static_cast<char>(0x80 + rng.below(0x80));
+  test::write_file(dir / "noise.md", noise);
+  EXPECT_NE(user_error([&] { discover_inputs({dir / "noise.md"}); }).find("are not UTF-8"), std::string::npos);
   std::filesystem::create_directories(dir / "emptydir");
   EXPECT_NE(user_error([&] { discover_inputs({dir / "emptydir"}); }).find("no text found"), std::string::npos);
   test::write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{not json\n");
