@@ -1,4 +1,5 @@
 // linac eval --checkpoint PATH [--data FILE.h5] [--split val|train] [--seq-len T] [--max-tokens N] [--json]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -74,7 +75,10 @@ int cmd_eval(int argc, char** argv) {
   check_dataset_vocab(ds, cfg.model.vocab_size);
   const Tokenizer tok = meta.tokenizer.empty() ? ds.tokenizer() : Tokenizer::from_bytes(meta.tokenizer, *ckpt);
 
-  const int64_t T = seq_len ? seq_len : cfg.data.seq_len;
+  // A window never holds more positions than there are targets to score.
+  const uint64_t split_targets = ds.size(split) > 0 ? ds.size(split) - 1 : 0;
+  const uint64_t targets = max_tokens > 0 ? std::min<uint64_t>(split_targets, static_cast<uint64_t>(max_tokens)) : split_targets;
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(seq_len ? seq_len : cfg.data.seq_len, static_cast<int64_t>(targets)));
   const int64_t B = batch ? batch : cfg.train.micro_batch;
   const bool gpu = cfg.train.device != "cpu" && gpu_available();
   std::unique_ptr<GpuContext> gctx;

@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -159,7 +160,13 @@ void apply_override(json& doc, const std::string& assignment) {
   while (std::getline(ss, part, '.')) parts.push_back(part);
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].empty()) throw UserError("--set: empty component in '" + path + "'");
-    if (!node->is_object()) throw UserError("--set: '" + path + "' goes through a non-object value");
+    // Missing intermediate objects are created; unknown keys are still refused by validation.
+    if (node->is_null()) *node = json::object();
+    if (!node->is_object()) {
+      std::string prefix;
+      for (size_t k = 0; k < i; ++k) prefix += (k ? "." : "") + parts[k];
+      throw UserError("--set " + path + ": '" + prefix + "' is " + node->type_name() + ", not an object");
+    }
     if (i + 1 == parts.size())
       (*node)[parts[i]] = value;
     else
@@ -168,12 +175,14 @@ void apply_override(json& doc, const std::string& assignment) {
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw UserError("config '" + path + "' is a directory, not a JSON file");
   std::ifstream f(path);
   if (!f) throw UserError("cannot open config file '" + path + "'");
   json doc;
   try {
     doc = json::parse(f, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw UserError(path + ": invalid JSON: " + e.what());
   }
   for (const auto& o : overrides) apply_override(doc, o);

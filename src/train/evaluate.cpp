@@ -1,5 +1,7 @@
 #include "train/evaluate.h"
 
+#include <algorithm>
+
 namespace linac {
 
 EvalResult evaluate(Model& model, EvalLoader& loader) {
@@ -12,16 +14,21 @@ EvalResult evaluate(Model& model, EvalLoader& loader) {
   EvalResult r;
   loader.reset();
   while (loader.next(rows.data(), counts.data())) {
+    // The model runs only on the longest window of the batch: padding past it scores nothing.
+    const int64_t Tb = std::max<int64_t>(1, *std::max_element(counts.begin(), counts.end()));
     for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < T; ++t) {
-        tok->data<int32_t>()[b * T + t] = rows[static_cast<size_t>(b * (T + 1) + t)];
-        tgt->data<int32_t>()[b * T + t] = t < counts[static_cast<size_t>(b)] ? rows[static_cast<size_t>(b * (T + 1) + t + 1)] : -1;
+      for (int64_t t = 0; t < Tb; ++t) {
+        tok->data<int32_t>()[b * Tb + t] = rows[static_cast<size_t>(b * (T + 1) + t)];
+        tgt->data<int32_t>()[b * Tb + t] = t < counts[static_cast<size_t>(b)] ? rows[static_cast<size_t>(b * (T + 1) + t + 1)] : -1;
       }
       r.targets += counts[static_cast<size_t>(b)];
     }
-    copy_tensor(tok_d, tok);
-    copy_tensor(tgt_d, tgt);
-    r.loss_sum += model.forward_loss(tok_d, tgt_d);
+    const std::vector<int64_t> dims = {B, Tb};
+    const Tensor tok_b(tok->ptr, DType::I32, Device::CPU, dims), tgt_b(tgt->ptr, DType::I32, Device::CPU, dims);
+    const Tensor tok_db(tok_d->ptr, DType::I32, dev, dims), tgt_db(tgt_d->ptr, DType::I32, dev, dims);
+    copy_tensor(tok_db, tok_b);
+    copy_tensor(tgt_db, tgt_b);
+    r.loss_sum += model.forward_loss(tok_db, tgt_db);
   }
   return r;
 }

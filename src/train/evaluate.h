@@ -16,6 +16,7 @@ struct EvalResult {
 };
 
 // Runs the loader to its end on `model` (which must have reserved loader.batch() x seq_len()).
+// Each batch runs on its longest window only, so a short split is never padded to seq_len.
 EvalResult evaluate(Model& model, EvalLoader& loader);
 
 }  // namespace linac
