@@ -75,8 +75,8 @@ bool have_linac_binary() {
   return bin && fs::exists(bin);
 }
 
-int run_linac(const std::string& args, std::string& output) {
-  const std::string cmd = std::string(std::getenv("LINAC_BIN")) + " " + args + " 2>&1";
+int run_linac(const std::string& args, std::string& output, const std::string& shell_prefix) {
+  const std::string cmd = shell_prefix + " exec " + std::string(std::getenv("LINAC_BIN")) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return -1;
   std::array<char, 4096> buf;
@@ -90,6 +90,25 @@ int run_linac(const std::string& args, std::string& output) {
 std::string latest_checkpoint_path(const std::string& out_dir) {
   const auto reader = newest_intact_checkpoint(out_dir, [](const std::string& w) { ADD_FAILURE() << w; });
   return reader ? reader->path() : "";
+}
+
+std::vector<std::string> checkpoint_contents(const std::string& path) {
+  const CheckpointReader reader(path);
+  const CheckpointData& d = reader.data();
+  const Config cfg = Config::from_json(d.config, path);
+  Model m(cfg.model, Ctx{}, "fp32", true);
+  reader.load_params(m.params(), true);
+  const TrainState& st = d.state;
+  std::string state = std::to_string(st.step) + " " + std::to_string(st.updates) + " " + std::to_string(st.tokens_seen) +
+                      " " + std::to_string(st.world_size) + " " + std::to_string(st.seed);
+  for (const auto& r : st.loader)
+    for (int64_t v : r) state += " " + std::to_string(v);
+  std::vector<std::string> out = {d.config.dump(), state, d.tokenizer};
+  const ParamStore& ps = m.params();
+  for (int i = 0; i < ps.count(); ++i)
+    for (const Tensor& t : {ps.master(i), ps.m(i), ps.v(i)})
+      out.emplace_back(static_cast<const char*>(t.ptr), t.nbytes());
+  return out;
 }
 
 std::vector<float> read_all_f32(const std::string& path, const std::string& group) {

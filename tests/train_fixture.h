@@ -15,11 +15,16 @@ const std::string& tiny_dataset();
 std::string fresh_dir(const std::string& name);
 // A small transformer config on tiny_dataset() writing to out_dir.
 json tiny_train_config(const std::string& out_dir);
-// Runs the linac binary (LINAC_BIN) with args; returns the exit status; stderr+stdout in `output`.
-int run_linac(const std::string& args, std::string& output);
+// Runs the linac binary (LINAC_BIN) with args; returns the exit status (128 + signal when it was
+// killed); stderr+stdout in `output`. `shell_prefix` runs first in the same /bin/sh, e.g.
+// "ulimit -f 100; trap '' XFSZ;" to make large writes fail.
+int run_linac(const std::string& args, std::string& output, const std::string& shell_prefix = "");
 bool have_linac_binary();
 // The checkpoint `--resume auto` would take in out_dir ("" when there is none).
 std::string latest_checkpoint_path(const std::string& out_dir);
+// The whole content of a checkpoint as CheckpointReader hands it out (config, state, tokenizer,
+// parameters and moments), for bit-exact comparisons.
+std::vector<std::string> checkpoint_contents(const std::string& path);
 // Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v"), in parameter order.
 std::vector<float> read_all_f32(const std::string& path, const std::string& group);
 // Trains `cfg` (6 steps, checkpoints every 3) twice; rolls the second run back to step 3 and

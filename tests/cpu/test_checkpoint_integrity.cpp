@@ -1,0 +1,269 @@
+// Checkpoint integrity: damaged and truncated files are refused as user errors naming the file
+// (never a crash, never silently different weights), `--resume auto` falls back to the newest
+// intact checkpoint, and failed writes (injected, and a real full disk where the machine lets
+// the test mount a tmpfs) leave the previous checkpoints and `latest` untouched.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "core/rng.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+json run_config(const std::string& dir, int64_t steps) {
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = steps;
+  j["train"]["checkpoint_every"] = 2;
+  j["train"]["eval_every"] = 0;
+  return j;
+}
+
+// A run with checkpoints at steps 2, 4 and 6, trained once per process; tests work on copies.
+const std::string& trained_run() {
+  static const std::string dir = [] {
+    const std::string d = test::fresh_dir("integrity_run");
+    EXPECT_EQ(run_training(Config::from_json(run_config(d, 6), "integrity"), ""), 0);
+    return d;
+  }();
+  return dir;
+}
+
+std::string copy_of_run(const std::string& name) {
+  const std::string dir = test::fresh_dir(name);
+  fs::copy(trained_run(), dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+// 4 KiB of random bytes written in the middle of the file (what a bad disk block looks like).
+void scribble(const std::string& path, uint64_t seed) {
+  std::string bytes = read_bytes(path);
+  Rng rng{seed, 3, 0};
+  const size_t at = bytes.size() / 2;
+  for (size_t i = 0; i < 4096 && at + i < bytes.size(); ++i) bytes[at + i] = static_cast<char>(rng.below(256));
+  write_bytes(path, bytes);
+}
+
+// Either the load fails with a UserError naming the file, or it hands out exactly the original.
+// Returns true when it failed.
+bool refused_or_identical(const std::string& path, const std::vector<std::string>& original, const std::string& what) {
+  try {
+    const std::vector<std::string> got = test::checkpoint_contents(path);
+    EXPECT_TRUE(got == original) << what << ": loaded without error but the contents differ";
+    return false;
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()).find(path), 0u) << what << ": message does not start with the file: " << e.what();
+    return true;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << what << ": not a user error: " << e.what();
+    return true;
+  }
+}
+
+TEST(CheckpointIntegrity, FlippedBytesAreRefusedOrHarmless) {
+  const std::string src = checkpoint_path(trained_run(), 6);
+  const std::vector<std::string> original = test::checkpoint_contents(src);
+  const std::string bytes = read_bytes(src);
+  const std::string path = test::fresh_dir("flips") + "/ckpt.h5";
+  Rng rng{2026, 1, 0};
+  int refused = 0;
+  for (int i = 0; i < 50; ++i) {
+    std::string damaged = bytes;
+    const size_t at = rng.below(bytes.size());
+    damaged[at] = static_cast<char>(damaged[at] ^ static_cast<char>(1 + rng.below(255)));
+    write_bytes(path, damaged);
+    refused += refused_or_identical(path, original, "byte " + std::to_string(at) + " flipped");
+  }
+  // Nearly every byte of the file is covered by a checksum (HDF5's own for its metadata).
+  EXPECT_GE(refused, 40);
+}
+
+TEST(CheckpointIntegrity, TruncatedFilesAreRefused) {
+  const std::string src = checkpoint_path(trained_run(), 6);
+  const std::string bytes = read_bytes(src);
+  const std::string path = test::fresh_dir("truncations") + "/ckpt.h5";
+  Rng rng{2027, 1, 0};
+  for (int i = 0; i < 20; ++i) {
+    const size_t len = rng.below(bytes.size());
+    write_bytes(path, bytes.substr(0, len));
+    try {
+      CheckpointReader r(path);
+      ADD_FAILURE() << "a file cut to " << len << " of " << bytes.size() << " bytes was accepted";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()).find(path), 0u) << e.what();
+    }
+  }
+}
+
+TEST(CheckpointIntegrity, CommandsReportABadCheckpointInOneLine) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("bad_cli");
+  const std::string damaged = dir + "/damaged.h5", cut = dir + "/cut.h5", text = dir + "/text.h5";
+  fs::copy_file(checkpoint_path(trained_run(), 6), damaged);
+  scribble(damaged, 1);
+  const std::string whole = read_bytes(checkpoint_path(trained_run(), 6));
+  write_bytes(cut, whole.substr(0, whole.size() / 2));
+  write_bytes(text, "not a checkpoint\n");
+  for (const std::string& file : {damaged, cut, text, dir}) {
+    for (const std::string& cmd : {"info " + file, "eval --checkpoint " + file}) {
+      std::string out;
+      EXPECT_EQ(test::run_linac(cmd, out), 2) << cmd << ": " << out;
+      EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << cmd << ": " << out;
+      EXPECT_NE(out.find(": error: "), std::string::npos) << cmd << ": " << out;
+      EXPECT_NE(out.find(file), std::string::npos) << cmd << ": " << out;
+    }
+  }
+}
+
+TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
+  const std::string dir = copy_of_run("fallback");
+  scribble(checkpoint_path(dir, 6), 2);
+  const std::string four = read_bytes(checkpoint_path(dir, 4));
+  write_bytes(checkpoint_path(dir, 4), four.substr(0, four.size() / 2));
+  ASSERT_EQ(run_training(Config::from_json(run_config(dir, 8), "fallback"), "auto"), 0);
+  const std::string log = read_bytes(dir + "/train.log");
+  EXPECT_NE(log.find("skipping checkpoint " + checkpoint_path(dir, 6)), std::string::npos) << log;
+  EXPECT_NE(log.find("skipping checkpoint " + checkpoint_path(dir, 4)), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from " + checkpoint_path(dir, 2) + " at step 2"), std::string::npos) << log;
+  EXPECT_EQ(CheckpointReader(checkpoint_path(dir, 8)).data().state.step, 8);
+}
+
+TEST(CheckpointIntegrity, LatestNamingAMissingFileFallsBack) {
+  const std::string dir = copy_of_run("latest_missing");
+  write_bytes(dir + "/ckpt/latest", "step_000099.h5\n");
+  ASSERT_EQ(run_training(Config::from_json(run_config(dir, 8), "missing"), "auto"), 0);
+  const std::string log = read_bytes(dir + "/train.log");
+  EXPECT_NE(log.find("names 'step_000099.h5', which does not exist"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from " + checkpoint_path(dir, 6) + " at step 6"), std::string::npos) << log;
+}
+
+TEST(CheckpointIntegrity, NoIntactCheckpointRefusesToStartOver) {
+  const std::string dir = copy_of_run("none_intact");
+  for (int step : {2, 4, 6}) scribble(checkpoint_path(dir, step), static_cast<uint64_t>(step));
+  std::vector<std::string> before;
+  for (int step : {2, 4, 6}) before.push_back(read_bytes(checkpoint_path(dir, step)));
+  try {
+    run_training(Config::from_json(run_config(dir, 8), "none"), "auto");
+    FAIL() << "resumed or started over a run whose checkpoints are all damaged";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("no intact checkpoint"), std::string::npos) << e.what();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(read_bytes(checkpoint_path(dir, 2 * i + 2)), before[static_cast<size_t>(i)]);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 8)));
+}
+
+// After a failed checkpoint write: one line naming the file and the cause, exit 2, no temp file,
+// `latest` and the older checkpoint untouched.
+void expect_clean_write_failure(const std::string& dir, int rc, const std::string& out, int64_t failed_step,
+                                int64_t kept_step, const std::string& cause) {
+  EXPECT_EQ(rc, 2) << out;
+  const size_t last_line = out.rfind('\n', out.size() - 2);
+  const std::string line = out.substr(last_line == std::string::npos ? 0 : last_line + 1);
+  EXPECT_NE(line.find("error: cannot write checkpoint " + checkpoint_path(dir, failed_step) + ": " + cause),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  for (const auto& e : fs::directory_iterator(dir + "/ckpt"))
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, failed_step)));
+  EXPECT_EQ(test::latest_checkpoint_path(dir), checkpoint_path(dir, kept_step));
+}
+
+// RLIMIT_FSIZE makes every write past the limit fail (EFBIG) inside HDF5, on any machine.
+TEST(CheckpointIntegrity, InjectedWriteFailureIsCleanAndKeepsTheOldCheckpoints) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = copy_of_run("write_fail");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << run_config(dir, 8).dump(2);
+  const auto before = test::checkpoint_contents(checkpoint_path(dir, 6));
+  std::string out;
+  // 100 blocks (51 or 102 KB, by the shell's unit) is far below one checkpoint, far above the logs.
+  const int rc = test::run_linac("train " + cfg + " --resume auto", out, "ulimit -f 100; trap '' XFSZ;");
+  expect_clean_write_failure(dir, rc, out, 8, 6, "File too large");
+  EXPECT_TRUE(test::checkpoint_contents(checkpoint_path(dir, 6)) == before);
+
+  const std::string data_out = dir + "/tokens.h5";
+  const int prc = test::run_linac("prepare --input " + fs::path(test::tiny_dataset()).parent_path().string() +
+                                      " --out " + data_out + " --vocab-size 300 --quiet",
+                                  out, "ulimit -f 100; trap '' XFSZ;");
+  EXPECT_EQ(prc, 2) << out;
+  EXPECT_NE(out.find("cannot write " + data_out), std::string::npos) << out;
+  EXPECT_NE(out.find("File too large"), std::string::npos) << out;
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().rfind("tokens.h5", 0), std::string::npos) << "left behind: " << e.path();
+}
+
+// A tmpfs of 800 KiB holds one checkpoint of the tiny model (~510 KB) but not two.
+class SmallTmpfs {
+ public:
+  SmallTmpfs() : dir_(test::fresh_dir("tmpfs")) {
+    const std::string cmd = "mount -t tmpfs -o size=800k linac_test " + dir_ + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[256] = {};
+    while (p && fgets(buf, sizeof buf, p)) why_ += buf;
+    mounted_ = p && pclose(p) == 0;
+    if (!mounted_ && why_.empty()) why_ = "mount failed";
+  }
+  ~SmallTmpfs() {
+    if (mounted_) std::system(("umount -l " + dir_).c_str());
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& why() const { return why_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_, why_;
+  bool mounted_ = false;
+};
+
+TEST(CheckpointIntegrity, FullDiskIsCleanAndKeepsTheOldCheckpoints) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const SmallTmpfs fs_small;
+  if (!fs_small.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root and a permitting container): " << fs_small.why();
+  const std::string dir = fs_small.dir() + "/run";
+  json j = run_config(dir, 6);
+  j["train"]["checkpoint_every"] = 1;
+  const std::string cfg = fs_small.dir() + "/cfg.json";
+  std::ofstream(cfg) << j.dump(2);
+  std::string out;
+  const int rc = test::run_linac("train " + cfg, out);
+  expect_clean_write_failure(dir, rc, out, 2, 1, "No space left on device");
+
+  fs::remove_all(dir);
+  const std::string data_out = fs_small.dir() + "/big/tokens.h5";
+  fs::create_directories(fs_small.dir() + "/big");
+  // Fill the disk to ~100 KB free: less than the tokens need.
+  {
+    std::ofstream filler(fs_small.dir() + "/filler", std::ios::binary);
+    filler << std::string(700 * 1024, 'x');
+  }
+  const int prc = test::run_linac("prepare --input " + fs::path(test::tiny_dataset()).parent_path().string() +
+                                      " --out " + data_out + " --vocab-size 300 --quiet",
+                                  out);
+  EXPECT_EQ(prc, 2) << out;
+  EXPECT_NE(out.find("cannot write " + data_out), std::string::npos) << out;
+  EXPECT_NE(out.find("No space left on device"), std::string::npos) << out;
+  EXPECT_TRUE(fs::is_empty(fs_small.dir() + "/big")) << "prepare left files behind";
+}
+
+}  // namespace
+}  // namespace linac
