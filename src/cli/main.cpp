@@ -1,4 +1,5 @@
 // linac command line: one subcommand per verb (see README "CLI").
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -33,7 +34,10 @@ int main(int argc, char** argv) {
     try {
       return c.run(argc - 1, argv + 1);
     } catch (const linac::UserError& e) {
-      std::fprintf(stderr, "linac %s%s: error: %s\n", c.name, who.c_str(), e.what());
+      // One line, whatever the message quotes (a key or value from a config may hold a newline).
+      std::string msg = e.what();
+      std::replace(msg.begin(), msg.end(), '\n', ' ');
+      std::fprintf(stderr, "linac %s%s: error: %s\n", c.name, who.c_str(), msg.c_str());
       std::fflush(stderr);
       linac::abort_job_if_distributed(2);
       return 2;

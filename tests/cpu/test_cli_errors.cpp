@@ -1,0 +1,124 @@
+// What a new user hits on the command line: every shipped config, truncated and randomly edited,
+// is either still valid or refused in one line with exit 2 (never an internal error or a crash);
+// a directory as CONFIG; `--set` creating missing objects; eval windows no longer than the
+// tokens they score.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "core/rng.h"
+#include "test_util.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+void expect_one_line_user_error(int rc, const std::string& out, const std::string& what) {
+  EXPECT_EQ(rc, 2) << what << ": " << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << what << ": " << out;
+  EXPECT_NE(out.find(": error: "), std::string::npos) << what << ": " << out;
+}
+
+// One random edit: replace, delete or insert a few bytes, or duplicate a span.
+std::string edit(const std::string& text, Rng& rng) {
+  static const std::string kBytes = "{}[]\",:0123456789.-+eE ntfalsrux\\\n\x01\xff";
+  std::string s = text;
+  const size_t at = rng.below(s.size());
+  const size_t len = 1 + rng.below(8);
+  switch (rng.below(4)) {
+    case 0: s[at] = kBytes[rng.below(kBytes.size())]; break;
+    case 1: s.erase(at, len); break;
+    case 2: s.insert(at, 1, kBytes[rng.below(kBytes.size())]); break;
+    default: s.insert(at, s.substr(rng.below(s.size()), len)); break;
+  }
+  return s;
+}
+
+TEST(CliErrors, DamagedShippedConfigsAreRefusedInOneLine) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("config_fuzz");
+  std::vector<fs::path> configs;
+  for (const auto& e : fs::directory_iterator(fs::path(LINAC_TEST_SOURCE_DIR) / "configs"))
+    if (e.path().extension() == ".json") configs.push_back(e.path());
+  std::sort(configs.begin(), configs.end());
+  ASSERT_FALSE(configs.empty());
+  Rng rng{314, 1, 0};
+  int refused = 0, runs = 0;
+  for (const fs::path& cfg : configs) {
+    std::ifstream in(cfg, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::string out;
+    ASSERT_EQ(test::run_linac("info " + cfg.string(), out), 0) << cfg << " as shipped: " << out;
+    std::vector<std::string> variants;
+    const size_t body = text.rfind('}');  // cuts before the last brace are never valid JSON
+    for (int i = 0; i < 4; ++i) variants.push_back(text.substr(0, rng.below(body)));
+    for (int i = 0; i < 8; ++i) variants.push_back(edit(i % 2 ? edit(text, rng) : text, rng));
+    for (size_t i = 0; i < variants.size(); ++i) {
+      const std::string path = dir + "/" + cfg.stem().string() + "_" + std::to_string(i) + ".json";
+      std::ofstream(path, std::ios::binary) << variants[i];
+      const int rc = test::run_linac("info " + path, out);
+      ++runs;
+      if (i < 4 || rc != 0) {
+        expect_one_line_user_error(rc, out, path);
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GT(refused, runs / 2);
+}
+
+TEST(CliErrors, DirectoryAsConfigIsAUserError) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("config_dir");
+  for (const std::string cmd : {"info ", "train ", "bench "}) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac(cmd + dir, out), out, cmd);
+    EXPECT_NE(out.find("is a directory"), std::string::npos) << out;
+  }
+}
+
+TEST(CliErrors, SetCreatesMissingObjectsAndStillRejectsUnknownKeys) {
+  json doc = test::tiny_train_config("x");
+  doc["model"].erase("mixer");
+  apply_override(doc, "model.mixer.window=16");
+  EXPECT_EQ(doc["model"]["mixer"], (json{{"window", 16}}));
+  apply_override(doc, "train.new.deeper.key=true");
+  EXPECT_EQ(doc["train"]["new"]["deeper"]["key"], true);
+  try {
+    Config::from_json(doc, "x.json");
+    FAIL() << "an unknown key created by --set passed validation";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.new"), std::string::npos) << e.what();
+  }
+  try {
+    apply_override(doc, "model.n_layers.x=1");
+    FAIL() << "--set through a number";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.n_layers' is number, not an object"), std::string::npos) << e.what();
+  }
+}
+
+// A window longer than the tokens to score is cut to them: --seq-len 100000 with 50 tokens runs at T=50.
+TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("eval_window");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "w"), ""), 0);
+  const std::string ckpt = test::latest_checkpoint_path(dir);
+  std::string out;
+  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 100000 --max-tokens 50 --split train --json", out), 0)
+      << out;
+  const json r = json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(r["seq_len"], 50);
+  EXPECT_EQ(r["tokens"], 50);
+  // The same 50 targets scored in windows of 50 or of 100000 give the same loss.
+  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 50 --max-tokens 50 --split train --json", out), 0);
+  EXPECT_DOUBLE_EQ(json::parse(out.substr(out.find('{')))["loss"].get<double>(), r["loss"].get<double>());
+}
+
+}  // namespace
+}  // namespace linac
