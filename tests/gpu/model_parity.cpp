@@ -3,20 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/rng.h"
 #include "model/model.h"
+#include "model_checks.h"
 #include "test_util.h"
 
 namespace linac::test {
-
-namespace {
-OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  OwnedTensor t(DType::I32, Device::CPU, {B, T});
-  Rng rng{seed, 3, 0};
-  for (int64_t i = 0; i < B * T; ++i) t->data<int32_t>()[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
-  return t;
-}
-}  // namespace
 
 void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
                             double loss_tol, double grad_tol) {
