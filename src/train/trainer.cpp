@@ -5,8 +5,10 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -113,9 +115,18 @@ int run_training(const Config& cfg, const std::string& resume) {
 
   std::shared_ptr<spdlog::logger> log;
   if (root) {
-    fs::create_directories(tc.out_dir);
-    std::ofstream(fs::path(tc.out_dir) / "config.json") << cfg.to_json().dump(2) << "\n";
-    log = make_logger((fs::path(tc.out_dir) / "train.log").string());
+    std::error_code ec;
+    fs::create_directories(tc.out_dir, ec);
+    if (ec) throw UserError("train.out_dir: cannot create '" + tc.out_dir + "': " + ec.message());
+    const fs::path cfg_out = fs::path(tc.out_dir) / "config.json";
+    std::ofstream cfg_file(cfg_out);
+    cfg_file << cfg.to_json().dump(2) << "\n" << std::flush;
+    if (!cfg_file) throw UserError("cannot write " + cfg_out.string() + ": " + std::strerror(errno));
+    try {
+      log = make_logger((fs::path(tc.out_dir) / "train.log").string());
+    } catch (const spdlog::spdlog_ex& e) {
+      throw UserError(std::string("cannot open the training log: ") + e.what());
+    }
   } else {
     // Other ranks report only warnings and errors, tagged with their rank.
     log = std::make_shared<spdlog::logger>("linac", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());

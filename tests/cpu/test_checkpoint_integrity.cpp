@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/content_hash.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
 
@@ -77,6 +78,28 @@ bool refused_or_identical(const std::string& path, const std::vector<std::string
     ADD_FAILURE() << what << ": not a user error: " << e.what();
     return true;
   }
+}
+
+// The checkpoint hash changes with every single bit of its input, at every length (the lanes,
+// the 8-byte tail and the byte tail), and with the length itself.
+TEST(CheckpointIntegrity, ContentHashSeesEveryBit) {
+  std::vector<uint64_t> by_length;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{31}, size_t{32}, size_t{33}, size_t{100}}) {
+    const std::vector<double> v = test::random_values(n, n + 1, 0.0, 256.0);
+    std::string bytes(n, '\0');
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<char>(static_cast<int>(v[i]));
+    const uint64_t h = content_hash(bytes);
+    EXPECT_EQ(content_hash(bytes.data(), n), h);
+    for (size_t i = 0; i < n; ++i)
+      for (int b = 0; b < 8; ++b) {
+        std::string flipped = bytes;
+        flipped[i] = static_cast<char>(flipped[i] ^ (1 << b));
+        EXPECT_NE(content_hash(flipped), h) << "n " << n << " byte " << i << " bit " << b;
+      }
+    EXPECT_EQ(std::find(by_length.begin(), by_length.end(), h), by_length.end()) << "n " << n;
+    by_length.push_back(h);
+  }
+  EXPECT_NE(content_hash(std::string(16, '\0')), content_hash(std::string(17, '\0')));
 }
 
 TEST(CheckpointIntegrity, FlippedBytesAreRefusedOrHarmless) {
