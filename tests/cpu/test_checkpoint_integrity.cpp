@@ -147,7 +147,8 @@ TEST(CheckpointIntegrity, CommandsReportABadCheckpointInOneLine) {
   write_bytes(cut, whole.substr(0, whole.size() / 2));
   write_bytes(text, "not a checkpoint\n");
   for (const std::string& file : {damaged, cut, text, dir}) {
-    for (const std::string& cmd : {"info " + file, "eval --checkpoint " + file}) {
+    for (const std::string& cmd : {"info " + file, "eval --checkpoint " + file,
+                                   "train " + trained_run() + "/config.json --resume " + file}) {
       std::string out;
       EXPECT_EQ(test::run_linac(cmd, out), 2) << cmd << ": " << out;
       EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << cmd << ": " << out;
