@@ -134,7 +134,7 @@ TEST(ShortConvGpu, BackwardIsDeterministic) {
   OwnedTensor proj = to(in.proj, Device::CUDA, DType::BF16), dz = to(in.dz, Device::CUDA, DType::BF16);
   Result r1 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
   Result r2 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
-  EXPECT_EQ(to_doubles(r1.dproj), to_doubles(r2.dproj));
+  EXPECT_EQ(part(r1.dproj, 0, 2 * c.C), part(r2.dproj, 0, 2 * c.C));  // the pad columns stay NaN
   EXPECT_EQ(to_doubles(r1.dh), to_doubles(r2.dh));
   EXPECT_EQ(to_doubles(r1.dba), to_doubles(r2.dba));
   EXPECT_EQ(to_doubles(r1.dbg), to_doubles(r2.dbg));
