@@ -61,15 +61,16 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* kb_ptr = k + b * a.k.b + h * D;
-  const bf16_t* vb_ptr = v + b * a.v.b + h * D;
   const int2 kr = key_blocks(a, q0, BR, BC);
+  const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
+  const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
+  auto load_kv = [&](int kb, int buf) {
+    load_kv_block<BC, D, NT>(a, sK0 + buf * kTile, sV0 + buf * kTile, k_head, v_head, kb);
+  };
 
-  load_tile<BR, D, NT>(sQ, q + b * a.q.b + h * D + q0 * a.q.t, a.q.t, a.T - q0);
-  load_tile<BR, D, NT>(sDO, dout + b * a.dout.b + h * D + q0 * a.dout.t, a.dout.t, a.T - q0);
-  load_tile<BC, D, NT>(sK0, kb_ptr + int64_t{kr.x} * BC * a.k.t, a.k.t, a.T - kr.x * BC);
-  load_tile<BC, D, NT>(sV0, vb_ptr + int64_t{kr.x} * BC * a.v.t, a.v.t, a.T - kr.x * BC);
-  cp_async_commit();
+  load_rows<BR, D, NT>(sQ, head_rows<D>(q, a.q, b, h), a.q.t, q0, a.T);
+  load_rows<BR, D, NT>(sDO, head_rows<D>(dout, a.dout, b, h), a.dout.t, q0, a.T);
+  load_kv(kr.x, 0);
 
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
   float lse2[2], dl[2];
@@ -84,25 +85,12 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   __syncthreads();
 
   uint32_t qf[D / 16][4], dof[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    lds_a<D>(sQ, warp * 16, kk, qf[kk]);
-    lds_a<D>(sDO, warp * 16, kk, dof[kk]);
-  }
+  lds_a_rows<D>(sQ, warp * 16, qf);
+  lds_a_rows<D>(sDO, warp * 16, dof);
   float acc[D / 8][4] = {};
 
   for (int kb = kr.x; kb <= kr.y; ++kb) {
-    const int k0 = kb * BC, buf = (kb - kr.x) & 1;
-    if (kb > kr.x) {
-      cp_async_wait_all();
-      __syncthreads();  // tile kb landed; every warp is done with the other buffer
-    }
-    if (kb < kr.y) {
-      const int n0 = k0 + BC;
-      load_tile<BC, D, NT>(sK0 + (buf ^ 1) * kTile, kb_ptr + int64_t{n0} * a.k.t, a.k.t, a.T - n0);
-      load_tile<BC, D, NT>(sV0 + (buf ^ 1) * kTile, vb_ptr + int64_t{n0} * a.v.t, a.v.t, a.T - n0);
-      cp_async_commit();
-    }
+    const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
     float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
@@ -185,14 +173,14 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int k0 = static_cast<int>(blockIdx.y) * BC;  // causal: low key blocks see the most queries; they go first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* qb_ptr = q + b * a.q.b + h * D;
-  const bf16_t* gb_ptr = dout + b * a.dout.b + h * D;
   const int2 qr = query_blocks(a, k0, BC, BR);
+  const bf16_t* q_head = head_rows<D>(q, a.q, b, h);
+  const bf16_t* dout_head = head_rows<D>(dout, a.dout, b, h);
 
   auto load_queries = [&](int qb, int buf) {
     const int t0 = qb * BR;
-    load_tile<BR, D, NT>(sQ0 + buf * kTile, qb_ptr + int64_t{t0} * a.q.t, a.q.t, a.T - t0);
-    load_tile<BR, D, NT>(sDO0 + buf * kTile, gb_ptr + int64_t{t0} * a.dout.t, a.dout.t, a.T - t0);
+    load_rows<BR, D, NT>(sQ0 + buf * kTile, q_head, a.q.t, t0, a.T);
+    load_rows<BR, D, NT>(sDO0 + buf * kTile, dout_head, a.dout.t, t0, a.T);
     cp_async_commit();
     if (threadIdx.x < BR) {
       const int t = t0 + threadIdx.x;
@@ -202,30 +190,22 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     }
   };
 
-  load_tile<BC, D, NT>(sK, k + b * a.k.b + h * D + k0 * a.k.t, a.k.t, a.T - k0);
-  load_tile<BC, D, NT>(sV, v + b * a.v.b + h * D + k0 * a.v.t, a.v.t, a.T - k0);
+  load_rows<BC, D, NT>(sK, head_rows<D>(k, a.k, b, h), a.k.t, k0, a.T);
+  load_rows<BC, D, NT>(sV, head_rows<D>(v, a.v, b, h), a.v.t, k0, a.T);
   load_queries(qr.x, 0);
   cp_async_wait_all();
   __syncthreads();
 
   uint32_t kf[C::kKeepKV ? D / 16 : 1][4], vf[C::kKeepKV ? D / 16 : 1][4];
   if constexpr (C::kKeepKV) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      lds_a<D>(sK, warp * 16, kk, kf[kk]);
-      lds_a<D>(sV, warp * 16, kk, vf[kk]);
-    }
+    lds_a_rows<D>(sK, warp * 16, kf);
+    lds_a_rows<D>(sV, warp * 16, vf);
   }
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   const int srow0 = k0 + warp * 16 + g;  // this thread's keys: srow0 and srow0 + 8
 
   for (int qb = qr.x; qb <= qr.y; ++qb) {
-    const int q0 = qb * BR, buf = (qb - qr.x) & 1;
-    if (qb > qr.x) {
-      cp_async_wait_all();
-      __syncthreads();  // tile qb landed; every warp is done with the other buffer
-    }
-    if (qb < qr.y) load_queries(qb + 1, buf ^ 1);
+    const int q0 = qb * BR, buf = double_buffer_step(qb, qr.x, qr.y, load_queries);
     const uint32_t sQ = sQ0 + buf * kTile, sDO = sDO0 + buf * kTile;
     const float* lse_t = s_lse + buf * BR;
     const float* dl_t = s_dl + buf * BR;

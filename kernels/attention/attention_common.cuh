@@ -142,11 +142,56 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const bf16_t* src, int64
   }
 }
 
+// Row 0 of head h of sequence b of a [B,T,H,D] tensor with (batch, token) strides s.
+template <int D>
+__device__ __forceinline__ const bf16_t* head_rows(const bf16_t* x, const AttentionLayout::Strides& s, int b, int h) {
+  return x + b * s.b + h * D;
+}
+
+// Rows [t0, t0 + ROWS) of a head (rows `stride` apart from `head`): load_tile's copies, not
+// committed; rows at or past T zero-filled.
+template <int ROWS, int D, int NT>
+__device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* head, int64_t stride, int t0, int T) {
+  load_tile<ROWS, D, NT>(dst, head + t0 * stride, stride, T - t0);
+}
+
+// Key block kb (keys [kb * BC, kb * BC + BC)) of a head's K and V into the tiles sK and sV,
+// committed as one cp.async group together with any copies issued before.
+template <int BC, int D, int NT>
+__device__ __forceinline__ void load_kv_block(const Args& a, uint32_t sK, uint32_t sV, const bf16_t* k_head,
+                                              const bf16_t* v_head, int kb) {
+  load_rows<BC, D, NT>(sK, k_head, a.k.t, kb * BC, a.T);
+  load_rows<BC, D, NT>(sV, v_head, a.v.t, kb * BC, a.T);
+  cp_async_commit();
+}
+
+// Top of iteration `it` of a loop over blocks [first, last] whose tiles alternate between two
+// shared-memory buffers (block `first` already issued into buffer 0): waits until block `it` has
+// landed and every warp is done with the other buffer, then starts block it + 1 there with
+// load_next(it + 1, buffer). Returns the buffer of block `it`.
+template <class LoadNext>
+__device__ __forceinline__ int double_buffer_step(int it, int first, int last, LoadNext&& load_next) {
+  const int buf = (it - first) & 1;
+  if (it > first) {
+    cp_async_wait_all();
+    __syncthreads();
+  }
+  if (it < last) load_next(it + 1, buf ^ 1);
+  return buf;
+}
+
 // A fragment: rows r0..r0+15 (r0 % 16 == 0), k columns 16kk..16kk+15 of a row-major tile.
 template <int D>
 __device__ __forceinline__ void lds_a(uint32_t tile, int r0, int kk, uint32_t (&a)[4]) {
   const int lane = threadIdx.x & 31;
   ldsm_x4(tile + swz<D>(r0 + (lane & 15), 2 * kk + (lane >> 4)), a);
+}
+
+// The A fragments of rows r0..r0+15 over all D columns: a warp's operand kept in registers.
+template <int D>
+__device__ __forceinline__ void lds_a_rows(uint32_t tile, int r0, uint32_t (&f)[D / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) lds_a<D>(tile, r0, kk, f[kk]);
 }
 
 // B fragments of two n8 tiles from an [n][k] tile (n rows n0..n0+15, k columns 16kk..):

@@ -36,37 +36,27 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const bf16_t* kb_ptr = k + b * a.k.b + h * D;
-  const bf16_t* vb_ptr = v + b * a.v.b + h * D;
   const int2 kr = key_blocks(a, q0, BR, BC);
+  const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
+  const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
+  auto load_kv = [&](int kb, int buf) {
+    load_kv_block<BC, D, NT>(a, sK0 + buf * kTile, sV0 + buf * kTile, k_head, v_head, kb);
+  };
 
-  load_tile<BR, D, NT>(sQ, q + b * a.q.b + h * D + q0 * a.q.t, a.q.t, a.T - q0);
-  load_tile<BC, D, NT>(sK0, kb_ptr + int64_t{kr.x} * BC * a.k.t, a.k.t, a.T - kr.x * BC);
-  load_tile<BC, D, NT>(sV0, vb_ptr + int64_t{kr.x} * BC * a.v.t, a.v.t, a.T - kr.x * BC);
-  cp_async_commit();
+  load_rows<BR, D, NT>(sQ, head_rows<D>(q, a.q, b, h), a.q.t, q0, a.T);
+  load_kv(kr.x, 0);
   cp_async_wait_all();
   __syncthreads();
 
   uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) lds_a<D>(sQ, warp * 16, kk, qf[kk]);
+  lds_a_rows<D>(sQ, warp * 16, qf);
 
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
   for (int kb = kr.x; kb <= kr.y; ++kb) {
-    const int k0 = kb * BC, buf = (kb - kr.x) & 1;
-    if (kb > kr.x) {
-      cp_async_wait_all();
-      __syncthreads();  // tile kb landed; every warp is done with the other buffer
-    }
-    if (kb < kr.y) {
-      const int n0 = k0 + BC;
-      load_tile<BC, D, NT>(sK0 + (buf ^ 1) * kTile, kb_ptr + int64_t{n0} * a.k.t, a.k.t, a.T - n0);
-      load_tile<BC, D, NT>(sV0 + (buf ^ 1) * kTile, vb_ptr + int64_t{n0} * a.v.t, a.v.t, a.T - n0);
-      cp_async_commit();
-    }
+    const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
     float s[BC / 8][4] = {};

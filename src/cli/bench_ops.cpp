@@ -8,9 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "attention/attention.h"
+#include "attention/attention_decode.h"
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "gla/gla.h"
+#include "short_conv/short_conv.h"
 
 namespace linac::cli {
 
@@ -19,6 +21,7 @@ namespace {
 struct OpTiming {
   int64_t T, B;
   double fwd_ms, bwd_ms, flops;
+  double bytes;  // > 0 for memory-bound ops: activation bytes moved, reported as GB/s instead of TFLOP/s
 };
 
 // Random values in [-1, 1) as dtype dt on the device.
@@ -52,7 +55,7 @@ OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, H, D}), dv(dt, Device::CUDA, {B, T, H, D});
   AttentionOpts opts;
   opts.window = window;
-  OpTiming r{T, B, 0, 0, 0};
+  OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { attention_fwd(ctx, q, k, v, o, lse, opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] { attention_bwd(ctx, q, k, v, o, lse, dout, dq, dk, dv, opts); });
   const double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
@@ -77,7 +80,7 @@ OpTiming bench_gla(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dk(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
   GlaOpts opts;
   opts.scale = 1.0 / std::sqrt(static_cast<double>(Dk));
-  OpTiming r{T, B, 0, 0, 0};
+  OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { gla_fwd(ctx, q, k, v, g, o, Tensor(), Tensor(), opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] {
     gla_bwd(ctx, q, k, v, g, dout, Tensor(), Tensor(), dq, dk, dv, dg, Tensor(), opts);
@@ -87,43 +90,93 @@ OpTiming bench_gla(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t
   return r;
 }
 
+// The short gated convolution at Based's shape (C = 2 d_model channels, width 3), with a and g
+// column ranges of one fused [B, T, 2C] buffer as the BaseConv mixer passes them. Memory bound: the
+// forward reads a, g and writes z, the backward reads a, g, dz and writes da, dg.
+OpTiming bench_short_conv(const Ctx& ctx, int64_t T, int64_t tokens, int64_t C, int64_t W, DType dt, int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor ag = random_device({B, T, 2 * C}, dt, 1), dag(dt, Device::CUDA, {B, T, 2 * C});
+  OwnedTensor dz = random_device({B, T, C}, dt, 2), z(dt, Device::CUDA, {B, T, C});
+  OwnedTensor h = random_device({C, W}, DType::F32, 3), ba = random_device({C}, DType::F32, 4);
+  OwnedTensor bg = random_device({C}, DType::F32, 5), dh(DType::F32, Device::CUDA, {C, W});
+  OwnedTensor dba(DType::F32, Device::CUDA, {C}), dbg(DType::F32, Device::CUDA, {C});
+  auto half = [&](const Tensor& buf, int64_t i) { return buf.narrow(2, i * C, C); };
+  const ShortConvOpts opts;
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { short_conv_fwd(ctx, half(ag, 0), half(ag, 1), h, ba, bg, z, opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] {
+    short_conv_bwd(ctx, half(ag, 0), half(ag, 1), h, ba, bg, dz, half(dag, 0), half(dag, 1), dh, dba, dbg, opts);
+  });
+  r.bytes = 8.0 * static_cast<double>(B * T * C) * static_cast<double>(dtype_size(dt));
+  return r;
+}
+
+// Decoding one token per sequence over a full KV cache of S = T slots, B = tokens / T sequences
+// (the same cache bytes at every T). No backward; memory bound: reported as GB/s of cache read.
+OpTiming bench_attention_decode(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt,
+                                int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, H, D}, dt, 1), o(dt, Device::CUDA, {B, H, D});
+  OwnedTensor kc = random_device({B, T, H, D}, dt, 2), vc = random_device({B, T, H, D}, dt, 3);
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { attention_decode(ctx, q, kc, vc, T, o); });
+  r.bytes = 2.0 * static_cast<double>(B * T * H * D) * static_cast<double>(dtype_size(dt));
+  return r;
+}
+
 }  // namespace
 
 int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
-  const bool gla = name == "gla";
-  const int64_t H = args.get_int("heads", gla ? 4 : 16), D = gla ? 0 : args.get_int("head-dim", 64);
+  const bool gla = name == "gla", conv = name == "short_conv", decode = name == "attention_decode";
+  const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : 16), D = gla || conv ? 0 : args.get_int("head-dim", 64);
   const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
-  const int64_t window = gla ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
+  const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
+  const int64_t window = gla || conv || decode ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla) throw UserError("unknown op '" + name + "' (available: attention, gla)");
+  if (name != "attention" && !gla && !conv && !decode)
+    throw UserError("unknown op '" + name + "' (available: attention, attention_decode, gla, short_conv)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
   for (int64_t T : lens)
-    rows.push_back(gla ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
-                       : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
+    rows.push_back(gla      ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
+                   : conv   ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
+                   : decode ? bench_attention_decode(g.ctx(), T, tokens, H, D, dt, iters)
+                            : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla) j["dk"] = Dk, j["dv"] = Dv;
-    for (const auto& r : rows)
-      j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms},
-                           {"total_ms", r.fwd_ms + r.bwd_ms}, {"tflops", r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9)}});
+    if (conv) j["channels"] = C, j["width"] = W;
+    for (const auto& r : rows) {
+      const double ms = r.fwd_ms + r.bwd_ms;
+      nlohmann::json row = {
+          {"seq_len", r.T}, {"batch", r.B}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}, {"total_ms", ms}};
+      if (r.bytes > 0)
+        row["gbps"] = r.bytes / (ms * 1e6);
+      else
+        row["tflops"] = r.flops / (ms * 1e9);
+      j["rows"].push_back(row);
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  const std::string dims = gla ? "Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) : "D=" + std::to_string(D);
-  std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, H=%lld, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
-              static_cast<long long>(tokens), static_cast<long long>(H), dims.c_str(),
+  const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
+                           : conv ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
+                                  : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
+  std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
+              static_cast<long long>(tokens), dims.c_str(),
               window ? (", window " + std::to_string(window)).c_str() : "");
-  std::printf("%8s %5s %10s %10s %10s %9s\n", "T", "B", "fwd ms", "bwd ms", "total ms", "TFLOP/s");
-  for (const auto& r : rows)
+  std::printf("%8s %5s %10s %10s %10s %9s\n", "T", "B", "fwd ms", "bwd ms", "total ms", conv || decode ? "GB/s" : "TFLOP/s");
+  for (const auto& r : rows) {
+    const double ms = r.fwd_ms + r.bwd_ms;
     std::printf("%8lld %5lld %10.3f %10.3f %10.3f %9.1f\n", static_cast<long long>(r.T), static_cast<long long>(r.B),
-                r.fwd_ms, r.bwd_ms, r.fwd_ms + r.bwd_ms, r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9));
+                r.fwd_ms, r.bwd_ms, ms, r.bytes > 0 ? r.bytes / (ms * 1e6) : r.flops / (ms * 1e9));
+  }
   return 0;
 }
 

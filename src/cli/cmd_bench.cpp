@@ -20,8 +20,9 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
-    "       linac bench --op attention|gla [--seq-lens ...] [--tokens N] [--heads H] [--head-dim D]\n"
-    "                   [--dk Dk --dv Dv] [--window W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
+    "       linac bench --op attention|attention_decode|gla|short_conv [--seq-lens ...] [--tokens N] [--heads H]\n"
+    "                   [--head-dim D] [--dk Dk --dv Dv] [--window W] [--channels C --width W] [--dtype bf16|fp32]\n"
+    "                   [--iters N] [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
@@ -30,7 +31,9 @@ const char* kUsage =
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
-    "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T).\n";
+    "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T);\n"
+    "short_conv (memory bound) reports GB/s of activations moved instead of TFLOP/s; attention_decode\n"
+    "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read.\n";
 
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;

@@ -1,0 +1,99 @@
+// Attention decode entry points: argument checks, the layout, device/dtype dispatch; the cache write.
+#include "attention/attention_decode.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/dispatch.h"
+
+namespace linac {
+
+namespace {
+
+// A [B,H,D] argument shaped like q: contiguous [H,D] rows, free batch stride.
+void check_bhd(const Tensor& x, const Tensor& q, const char* op, const char* name) {
+  LINAC_CHECK(x.ndim == 3, std::string(op) + ": " + name + " must be [B,H,D], got " + x.shape_str());
+  LINAC_CHECK_SHAPE(x, q);
+  LINAC_CHECK(x.strides[2] == 1 && (x.shape[1] == 1 || x.strides[1] == x.shape[2]),
+              std::string(op) + ": " + name + " must have contiguous [H,D] rows");
+  LINAC_CHECK(x.device == q.device, std::string(op) + ": " + name + " is on another device");
+}
+
+// A [B,S,H,D] cache matching the [B,H,D] rows of x; returns S.
+int64_t check_cache(const Tensor& cache, const Tensor& x, const char* op, const char* name) {
+  LINAC_CHECK(cache.ndim == 4 && cache.is_contiguous() && cache.size(0) == x.size(0) && cache.size(2) == x.size(1) &&
+                  cache.size(3) == x.size(2),
+              std::string(op) + ": " + name + " must be [B,S,H,D] contiguous with [B,H,D] = " + x.shape_str() +
+                  ", got " + cache.shape_str());
+  LINAC_CHECK(cache.device == x.device, std::string(op) + ": " + name + " is on another device");
+  LINAC_CHECK(cache.dtype == x.dtype, std::string(op) + ": " + name + " has another dtype");
+  return cache.size(1);
+}
+
+}  // namespace
+
+void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t n_valid,
+                      const Tensor& o, float scale) {
+  check_bhd(q, q, "attention_decode", "q");
+  check_bhd(o, q, "attention_decode", "o");
+  LINAC_CHECK(o.dtype == q.dtype, "attention_decode: o has another dtype");
+  AttentionDecodeLayout L;
+  L.B = q.size(0), L.H = q.size(1), L.D = q.size(2);
+  L.S = check_cache(k_cache, q, "attention_decode", "k_cache");
+  LINAC_CHECK(check_cache(v_cache, q, "attention_decode", "v_cache") == L.S,
+              "attention_decode: k_cache and v_cache hold different numbers of slots");
+  LINAC_CHECK(n_valid >= 1 && n_valid <= L.S,
+              "attention_decode: n_valid must be in [1, " + std::to_string(L.S) + "], got " + std::to_string(n_valid));
+  LINAC_CHECK(L.D > 0, "attention_decode: empty head dim");
+  // The GPU kernel subtracts the running maximum of the raw scores (see attention.cpp).
+  LINAC_CHECK(scale >= 0, "attention_decode: the softmax scale must be positive");
+  L.n_valid = n_valid;
+  L.scale = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(L.D));
+  L.q_b = q.strides[0], L.o_b = o.strides[0];
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+#if LINAC_WITH_CUDA
+    attention_decode_cuda(ctx, L, q, k_cache, v_cache, o);
+#endif
+    return;
+  }
+  LINAC_CPU_DISPATCH(q.dtype, F,
+                     attention_decode_cpu<F>(L, q.data<F>(), k_cache.data<F>(), v_cache.data<F>(), o.data<F>()));
+}
+
+void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
+                           const Tensor& v_cache, int64_t slot) {
+  check_bhd(k_t, k_t, "attention_cache_write", "k_t");
+  check_bhd(v_t, k_t, "attention_cache_write", "v_t");
+  const int64_t S = check_cache(k_cache, k_t, "attention_cache_write", "k_cache");
+  LINAC_CHECK(check_cache(v_cache, v_t, "attention_cache_write", "v_cache") == S,
+              "attention_cache_write: k_cache and v_cache hold different numbers of slots");
+  LINAC_CHECK(slot >= 0 && slot < S,
+              "attention_cache_write: slot " + std::to_string(slot) + " outside [0, " + std::to_string(S) + ")");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+#if LINAC_WITH_CUDA
+    attention_cache_write_cuda(ctx, k_t, k_cache, slot);
+    attention_cache_write_cuda(ctx, v_t, v_cache, slot);
+#endif
+    return;
+  }
+  const int64_t B = k_t.size(0), row = k_t.size(1) * k_t.size(2);
+  const size_t e = dtype_size(k_t.dtype);
+  for (const auto& [x, cache] : {std::pair{&k_t, &k_cache}, std::pair{&v_t, &v_cache}})
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(static_cast<char*>(cache->ptr) + static_cast<size_t>((b * S + slot) * row) * e,
+                  static_cast<const char*>(x->ptr) + static_cast<size_t>(b * x->strides[0]) * e,
+                  static_cast<size_t>(row) * e);
+}
+
+size_t attention_decode_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t n_valid) {
+  const int64_t splits = (n_valid + kAttentionDecodeSplit - 1) / kAttentionDecodeSplit;
+  if (splits <= 1) return 0;
+  // Per (batch, head, split): the unnormalised output row, its running max and its sum (f32).
+  const size_t bytes = static_cast<size_t>(B * H * splits * (D + 2)) * sizeof(float);
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace linac
