@@ -11,6 +11,7 @@
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "gla/gla.h"
+#include "taylor_attn/taylor_attn.h"
 
 namespace linac::cli {
 
@@ -87,36 +88,63 @@ OpTiming bench_gla(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t
   return r;
 }
 
+// Taylor linear attention (the Based layer) at the paper's shape (F = 16, Dv = head dim), chunk 64.
+// FLOPs per token and head as the chunked algorithm needs them: forward 4 R (Dv + 1) (state update
+// and inter-chunk readout over R = F^2 + F + 1 features) + C (F + Dv + 1) (causal halves of Q K^T
+// and kappa(U) V~), backward twice that.
+OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t F, int64_t Dv, DType dt,
+                      int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, F}, dt, 1), k = random_device({B, T, H, F}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dout = random_device({B, T, H, Dv}, dt, 4);
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), den(DType::F32, Device::CUDA, {B, H, T});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, F}), dk(dt, Device::CUDA, {B, T, H, F}), dv(dt, Device::CUDA, {B, T, H, Dv});
+  const TaylorAttnOpts opts;
+  OpTiming r{T, B, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { taylor_attn_fwd(ctx, q, k, v, o, den, Tensor(), opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] { taylor_attn_bwd(ctx, q, k, v, o, den, dout, dq, dk, dv, opts); });
+  const double R = static_cast<double>(taylor_attn_state_rows(F));
+  const double per_token_head = 4.0 * R * static_cast<double>(Dv + 1) + static_cast<double>(opts.chunk * (F + Dv + 1));
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 }  // namespace
 
 int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
-  const bool gla = name == "gla";
+  const bool gla = name == "gla", taylor = name == "taylor";
   const int64_t H = args.get_int("heads", gla ? 4 : 16), D = gla ? 0 : args.get_int("head-dim", 64);
+  const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
-  const int64_t window = gla ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
+  const int64_t window = gla || taylor ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla) throw UserError("unknown op '" + name + "' (available: attention, gla)");
+  if (name != "attention" && !gla && !taylor)
+    throw UserError("unknown op '" + name + "' (available: attention, gla, taylor)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
   for (int64_t T : lens)
-    rows.push_back(gla ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
-                       : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
+    rows.push_back(gla      ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
+                   : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
+                            : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla) j["dk"] = Dk, j["dv"] = Dv;
+    if (taylor) j["feature_dim"] = F;
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms},
                            {"total_ms", r.fwd_ms + r.bwd_ms}, {"tflops", r.flops / ((r.fwd_ms + r.bwd_ms) * 1e9)}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  const std::string dims = gla ? "Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) : "D=" + std::to_string(D);
+  const std::string dims = gla      ? "Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
+                           : taylor ? "F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
+                                    : "D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, H=%lld, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), static_cast<long long>(H), dims.c_str(),
               window ? (", window " + std::to_string(window)).c_str() : "");
