@@ -5,7 +5,7 @@
 //          (Y Z^T) * (1 + U) (grad) goes through shared memory in the activation dtype into
 //          the next matmul with Z or Xo, visiting only the 16-row blocks the mask leaves.
 //   inter  the exclusive state streams through in 32-row feature slices (double-buffered
-//          cp.async). out: phi(X) for the slice is formed in shared memory, acc += phi(X) S_slice.
+//          cp.async; the segment's carry from the scan added on arrival). out: phi(X) for the slice is formed in shared memory, acc += phi(X) S_slice.
 //          grad: G = Y S_slice^T (dL/dphi(x) for the slice's features) is contracted with x at once
 //          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
 //          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
@@ -50,7 +50,8 @@ struct ChunkSmem {
 template <class T, int kMode>
 __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
                                                     const T* __restrict__ y, const T* __restrict__ z,
-                                                    const T* __restrict__ states, T* __restrict__ out,
+                                                    const T* __restrict__ states, const float* __restrict__ carry,
+                                                    T* __restrict__ out,
                                                     TaylorAttnLayout::Strides os, float* __restrict__ den,
                                                     T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
   using linac::cuda::from_float;
@@ -71,6 +72,11 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
   const int rows = min(kC, a.T - n * kC), ntv = DvP / 8, ksv = DvP / 16;
   const int64_t r0 = (static_cast<int64_t>(pl) * a.N + n) * kC, t0 = static_cast<int64_t>(n) * kC;
   const T* Sn = states + (static_cast<int64_t>(pl) * a.N + n) * kRows * DvP;
+  // The first segment (forward) / last (reverse) starts from zero: no carry to add.
+  const int seg = n / kSegChunks;
+  const float* Cn = (kMode == kGradK ? seg < a.nseg - 1 : seg > 0)
+                        ? carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP
+                        : nullptr;
   const Frag f;
 
   load_rows<T, 128>(X, L.ldx, x + r0 * kF, kF, kC, kF);
@@ -148,8 +154,16 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
         const int tok = idx / kSlice, c = idx % kSlice;
         Phi[tok * L.ldphi + c] = from_float<T>(feature(X + tok * L.ldx, (kSlice / 16) * sl + c / 16, c % 16));
       }
+    T* Ss = Sb + (sl & 1) * kSlice * L.ldv;
+    if (Cn) {  // segment-local state + the segment's carry
+      __syncthreads();
+      const float* cs = Cn + static_cast<int64_t>(sl) * kSlice * DvP;
+      for (int idx = tid; idx < kSlice * DvP; idx += 128) {
+        const int r = idx / DvP, c = idx % DvP;
+        Ss[r * L.ldv + c] = from_float<T>(to_float(Ss[r * L.ldv + c]) + cs[idx]);
+      }
+    }
     __syncthreads();
-    const T* Ss = Sb + (sl & 1) * kSlice * L.ldv;
     if (kHasOut) warp_mma<T, false, true, kNT>(acc, Phi, L.ldphi, m0, 0, Ss, L.ldv, 0, 0, kSlice / 16, ntv);
     if (kHasGrad) {
       float G[kSlice / 8][4] = {};
@@ -230,21 +244,21 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
 
 template <class T>
 void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
-                  const T* states, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
+                  const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs) {
   const int bytes = ChunkSmem::of<T>(a.DvP).bytes;
   auto kernel = mode == kOut ? chunk_kernel<T, kOut> : mode == kGradQ ? chunk_kernel<T, kGradQ> : chunk_kernel<T, kGradK>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(P));
-  kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, out, os, den, dx, dxs);
+  kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, carry, out, os, den, dx, dxs);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
 template void launch_chunk<float>(const Ctx&, const Args&, int, Mode, const float*, const float*, const float*,
-                                  const float*, const float*, float*, TaylorAttnLayout::Strides, float*, float*,
+                                  const float*, const float*, const float*, float*, TaylorAttnLayout::Strides, float*, float*,
                                   TaylorAttnLayout::Strides);
 template void launch_chunk<bf16_t>(const Ctx&, const Args&, int, Mode, const bf16_t*, const bf16_t*, const bf16_t*,
-                                   const bf16_t*, const bf16_t*, bf16_t*, TaylorAttnLayout::Strides, float*, bf16_t*,
+                                   const bf16_t*, const bf16_t*, const float*, bf16_t*, TaylorAttnLayout::Strides, float*, bf16_t*,
                                    TaylorAttnLayout::Strides);
 
 }  // namespace taylor_cuda

@@ -35,8 +35,11 @@ constexpr int kBlocks = kRows / 16;    // 18 feature blocks of 16
 constexpr int kMaxDvP = 144;           // Dv <= 128
 constexpr float kRsqrt2 = 0.70710678118654752f;
 
+constexpr int kSegChunks = 16;  // chunks per scan segment
+
 struct Args {
   int T, H, Dv, DvP, N;  // N = chunks per sequence
+  int nseg;              // scan segments of kSegChunks chunks
   int p0;                // first (batch, head) pair of the group
   float eps;
   TaylorAttnLayout::Strides q, k, v, o, dout, dq, dk, dv;
@@ -49,7 +52,9 @@ struct Workspace {
   T* xk = nullptr;  // k^ [P, Tp, kF]
   T* vt = nullptr;  // v~ [P, Tp, DvP]
   T* gt = nullptr;  // g~ [P, Tp, DvP] (backward)
-  T* S = nullptr;   // exclusive states [P, N, kRows, DvP]: S_n (forward scan) or R_n (reverse scan)
+  T* S = nullptr;   // segment-local exclusive states [P, N, kRows, DvP]: S_n (forward) or R_n (reverse)
+  float* carry = nullptr;  // [P, nseg, kRows, DvP]: segment totals, then the sum over the segments before
+                           // (forward) or after (reverse) each one, which completes S_n / R_n
 };
 
 // Feature jj of block fb of the prescaled row x (f32 arithmetic on the stored values).
@@ -84,11 +89,13 @@ void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const cha
 template <class T>
 void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, const T* v, const T* o,
                  const T* dout, const float* den, const Workspace<T>& w, bool grad);
-// scan: states[n] = sum over the chunks before n (forward) or after n (reverse) of
-// phi(X)^T Y; x = k^ / q^, y = v~ / g~. s_final (forward only, may be null) gets the full sum in the
-// exported layout [P, 273, Dv + 1] f32.
+// scan: the sequence is cut into segments of kSegChunks chunks that run in parallel. states[n] =
+// sum of phi(X)^T Y over the chunks of n's segment before n (forward) or after n (reverse); x = k^ or
+// q^, y = v~ or g~; then the carry of every segment (the state its first chunk starts from) goes
+// to w.carry, and the whole sum to s_final (forward only, may be null: the exported layout
+// [pairs, 273, Dv + 1] f32). The exclusive state of chunk n is states[n] + carry[segment of n].
 template <class T>
-void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, T* states,
+void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final);
 
 // The per-chunk kernel's modes (taylor_attn_chunk.cu), with states = the exclusive states:
@@ -101,7 +108,7 @@ void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x,
 enum Mode : int { kOut = 0, kGradQ = 1, kGradK = 2 };
 template <class T>
 void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
-                  const T* states, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
+                  const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs);
 
 }  // namespace linac::taylor_cuda

@@ -5,12 +5,15 @@
 //   prep   grid (N, P): q^ = q F^(-1/4), k^ (exact in bf16 at F = 16: the factor is 1/2), v~ = [v, 1, 0..]
 //          and, for the backward, g~ = [dout/den, -(dout . o)/den, 0..] (a warp per row, fixed-order
 //          dot product), chunk-major with zero rows past T, so every later tile load is dense.
-//   scan   grid (9, P), two warps per CTA, each owning one 16-row feature block: sequential over
-//          the chunks, the f32 state block lives in mma accumulators; per chunk it is stored (the
-//          exclusive state, rounded to the activation dtype: it only feeds tensor-core matmuls),
-//          then the warp forms its block of phi(X)^T for the chunk in shared memory and adds
-//          phi(X)^T Y on tensor cores. A 3-stage cp.async pipeline keeps chunks in flight. The
-//          reverse direction scans R_n = sum over later chunks of phi(q^)^T g~ for the backward.
+//   scan   grid (9, P, segments of 16 chunks), two warps per CTA, each owning one 16-row feature
+//          block: sequential over the chunks of its segment, the f32 state block lives in mma
+//          accumulators; per chunk it is stored (the segment-local exclusive state, rounded to the
+//          activation dtype: it only feeds tensor-core matmuls), then the warp forms its block of
+//          phi(X)^T for the chunk in shared memory and adds phi(X)^T Y on tensor cores. A 3-stage
+//          cp.async pipeline keeps chunks in flight. Segments make the sequential part 16 chunks
+//          long whatever T is; a carry kernel turns the segment totals (f32) into each segment's
+//          starting state, which the chunk kernel adds. The reverse direction scans
+//          R_n = sum over later chunks of phi(q^)^T g~ for the backward.
 //   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 #include <algorithm>
@@ -83,20 +86,21 @@ struct ScanSmem {
 
 template <class T, bool kRev>
 __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
-                                                  T* __restrict__ states, float* __restrict__ s_final) {
+                                                  T* __restrict__ states, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
   const ScanSmem L = ScanSmem::of<T>(a.DvP);
-  const int pl = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, N = a.N, DvP = a.DvP;
+  const int pl = blockIdx.y, seg = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, DvP = a.DvP;
   const int fb = kScanWarps * blockIdx.x + warp, ntv = DvP / 8;
+  const int c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);  // this segment's chunks
   const Frag f;
   auto stage_x = [&](int s) { return reinterpret_cast<T*>(smem + s * L.stage); };
   auto stage_y = [&](int s) { return reinterpret_cast<T*>(smem + s * L.stage + kC * L.ldx * sizeof(T)); };
   T* phi = reinterpret_cast<T*>(smem + kScanStages * L.stage) + warp * kC * L.ldphi;
-  auto chunk = [&](int step) { return kRev ? N - 1 - step : step; };
+  auto chunk = [&](int step) { return c0 + (kRev ? N - 1 - step : step); };
   auto issue = [&](int step) {
     if (step < N) {
       const int s = step % kScanStages;
-      const int64_t r0 = (static_cast<int64_t>(pl) * N + chunk(step)) * kC;
+      const int64_t r0 = (static_cast<int64_t>(pl) * a.N + chunk(step)) * kC;
       load_rows<T, 64>(stage_x(s), L.ldx, x + r0 * kF, kF, kC, kF);
       load_rows<T, 64>(stage_y(s), L.ldy, y + r0 * DvP, DvP, kC, DvP);
     }
@@ -110,7 +114,7 @@ __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ 
     cp_async_wait<kScanStages - 2>();
     __syncthreads();  // this step's tiles landed; every warp is done with the stage issue() refills
     issue(step + kScanStages - 1);
-    T* out = states + ((static_cast<int64_t>(pl) * N + chunk(step)) * kRows + 16 * fb) * DvP;
+    T* out = states + ((static_cast<int64_t>(pl) * a.N + chunk(step)) * kRows + 16 * fb) * DvP;
 #pragma unroll
     for (int nt = 0; nt < kMaxDvP / 8; ++nt) {
       if (nt >= ntv) break;
@@ -128,17 +132,30 @@ __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ 
     warp_mma<T, true, true, kMaxDvP / 8>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
     __syncwarp();
   }
-  if (s_final) {
-    const int R = kF * kF + kF + 1, W = a.Dv + 1;
-    float* sf = s_final + static_cast<int64_t>(a.p0 + pl) * R * W;
+  float* tot = carry + ((static_cast<int64_t>(pl) * a.nseg + seg) * kRows + 16 * fb) * DvP;
 #pragma unroll
-    for (int nt = 0; nt < kMaxDvP / 8; ++nt)
+  for (int nt = 0; nt < kMaxDvP / 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 16 * fb + f.row(0, e), c = f.col(0, nt, e);
-        if (nt < ntv && r < R && c < W) sf[r * W + c] = acc[nt][e];
-      }
+    for (int e = 0; e < 4; ++e)
+      if (nt < ntv) tot[f.row(0, e) * DvP + f.col(0, nt, e)] = acc[nt][e];
+}
+
+// Segment totals -> carries in place (exclusive prefix over the segments, in order), a thread per
+// state element; the full sum (forward) is the final state.
+template <bool kRev>
+__global__ void __launch_bounds__(256) carry_kernel(Args a, float* __restrict__ carry, float* __restrict__ s_final) {
+  const int pl = blockIdx.y, e = blockIdx.x * 256 + threadIdx.x, n = kRows * a.DvP;
+  if (e >= n) return;
+  float* c = carry + static_cast<int64_t>(pl) * a.nseg * n + e;
+  float run = 0.f;
+  for (int i = 0; i < a.nseg; ++i) {
+    const int g = kRev ? a.nseg - 1 - i : i;
+    const float t = c[static_cast<int64_t>(g) * n];
+    c[static_cast<int64_t>(g) * n] = run;
+    run += t;
   }
+  const int r = e / a.DvP, col = e % a.DvP, R = kF * kF + kF + 1, W = a.Dv + 1;
+  if (s_final && r < R && col < W) s_final[static_cast<int64_t>(a.p0 + pl) * R * W + r * W + col] = run;
 }
 
 template <class K>
@@ -157,20 +174,26 @@ void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, c
 }
 
 template <class T>
-void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, T* states,
+void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final) {
   const int bytes = ScanSmem::of<T>(a.DvP).bytes;
   auto kernel = reverse ? scan_kernel<T, true> : scan_kernel<T, false>;
   set_smem(kernel, bytes);
-  const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P));
-  kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, states, s_final);
+  const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
+  kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
+  LINAC_CUDA_LAUNCH_CHECK();
+  const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP, 256)), static_cast<unsigned>(P));
+  if (reverse)
+    carry_kernel<true><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+  else
+    carry_kernel<false><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
 #define LINAC_TAYLOR_LAUNCHERS(T)                                                                                    \
   template void launch_prep<T>(const Ctx&, const Args&, int, const T*, const T*, const T*, const T*, const T*,     \
                                const float*, const Workspace<T>&, bool);                                           \
-  template void launch_scan<T>(const Ctx&, const Args&, int, bool, const T*, const T*, T*, float*);
+  template void launch_scan<T>(const Ctx&, const Args&, int, bool, const T*, const T*, const Workspace<T>&, float*);
 LINAC_TAYLOR_LAUNCHERS(float)
 LINAC_TAYLOR_LAUNCHERS(bf16_t)
 #undef LINAC_TAYLOR_LAUNCHERS
@@ -183,6 +206,7 @@ Args make_args(const TaylorAttnLayout& L) {
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.Dv = static_cast<int>(L.Dv), a.DvP = a.Dv + 16;
   a.N = cdiv(a.T, kC);
+  a.nseg = cdiv(a.N, kSegChunks);
   a.eps = static_cast<float>(L.eps);
   a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;
   return a;
@@ -222,6 +246,7 @@ Workspace<T> carve(const Ctx& ctx, const Args& a, int P) {
   w.vt = take(rows * a.DvP * e);
   w.gt = take(rows * a.DvP * e);
   w.S = take(static_cast<size_t>(P) * a.N * kRows * a.DvP * e);
+  w.carry = reinterpret_cast<float*>(take(static_cast<size_t>(P) * a.nseg * kRows * a.DvP * 4));
   LINAC_CHECK(static_cast<size_t>(p - static_cast<char*>(ctx.workspace)) <= ctx.workspace_bytes,
               "taylor_attn (GPU): workspace carve overflow");
   return w;
@@ -251,8 +276,8 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
     LINAC_GPU_DISPATCH(q.dtype, T, {
       const Workspace<T> w = carve<T>(ctx, a, P);
       launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, false);
-      launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w.S, s_final.defined() ? s_final.data<float>() : nullptr);
-      launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, o.data<T>(), a.o, den.data<float>(), nullptr,
+      launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, s_final.defined() ? s_final.data<float>() : nullptr);
+      launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(), nullptr,
                       {});
     });
   }
