@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "gla/gla.h"
 #include "short_conv/short_conv.h"
+#include "taylor_attn/taylor_attn.h"
 
 namespace linac::cli {
 
@@ -111,6 +112,27 @@ OpTiming bench_short_conv(const Ctx& ctx, int64_t T, int64_t tokens, int64_t C, 
   return r;
 }
 
+// Taylor linear attention (the Based layer) at the paper's shape (F = 16, Dv = head dim), chunk 64.
+// FLOPs per token and head as the chunked algorithm needs them: forward 4 R (Dv + 1) (state update
+// and inter-chunk readout over R = F^2 + F + 1 features) + C (F + Dv + 1) (causal halves of Q K^T
+// and kappa(U) V~), backward twice that.
+OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t F, int64_t Dv, DType dt,
+                      int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, F}, dt, 1), k = random_device({B, T, H, F}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dout = random_device({B, T, H, Dv}, dt, 4);
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), den(DType::F32, Device::CUDA, {B, H, T});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, F}), dk(dt, Device::CUDA, {B, T, H, F}), dv(dt, Device::CUDA, {B, T, H, Dv});
+  const TaylorAttnOpts opts;
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { taylor_attn_fwd(ctx, q, k, v, o, den, Tensor(), opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] { taylor_attn_bwd(ctx, q, k, v, o, den, dout, dq, dk, dv, opts); });
+  const double R = static_cast<double>(taylor_attn_state_rows(F));
+  const double per_token_head = 4.0 * R * static_cast<double>(Dv + 1) + static_cast<double>(opts.chunk * (F + Dv + 1));
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 // Decoding one token per sequence over a full KV cache of S = T slots, B = tokens / T sequences
 // (the same cache bytes at every T). No backward; memory bound: reported as GB/s of cache read.
 OpTiming bench_attention_decode(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt,
@@ -130,15 +152,18 @@ int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
   const bool gla = name == "gla", conv = name == "short_conv", decode = name == "attention_decode";
+  const bool taylor = name == "taylor";
   const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : 16), D = gla || conv ? 0 : args.get_int("head-dim", 64);
+  const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
-  const int64_t window = gla || conv || decode ? 0 : args.get_int("window", 0), iters = args.get_int("iters", 20);
+  const int64_t window = gla || conv || decode || taylor ? 0 : args.get_int("window", 0);
+  const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla && !conv && !decode)
-    throw UserError("unknown op '" + name + "' (available: attention, attention_decode, gla, short_conv)");
+  if (name != "attention" && !gla && !conv && !decode && !taylor)
+    throw UserError("unknown op '" + name + "' (available: attention, attention_decode, gla, short_conv, taylor)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
@@ -146,12 +171,14 @@ int bench_op(Args& args, const std::string& name) {
     rows.push_back(gla      ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
                    : conv   ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
                    : decode ? bench_attention_decode(g.ctx(), T, tokens, H, D, dt, iters)
+                   : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
                             : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla) j["dk"] = Dk, j["dv"] = Dv;
     if (conv) j["channels"] = C, j["width"] = W;
+    if (taylor) j["feature_dim"] = F;
     for (const auto& r : rows) {
       const double ms = r.fwd_ms + r.bwd_ms;
       nlohmann::json row = {
@@ -166,7 +193,8 @@ int bench_op(Args& args, const std::string& name) {
     return 0;
   }
   const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
-                           : conv ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
+                           : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
+                           : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
                                   : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),

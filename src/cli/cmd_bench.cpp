@@ -20,9 +20,9 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
-    "       linac bench --op attention|attention_decode|gla|short_conv [--seq-lens ...] [--tokens N] [--heads H]\n"
-    "                   [--head-dim D] [--dk Dk --dv Dv] [--window W] [--channels C --width W] [--dtype bf16|fp32]\n"
-    "                   [--iters N] [--json]\n\n"
+    "       linac bench --op attention|attention_decode|gla|short_conv|taylor [--seq-lens ...] [--tokens N]\n"
+    "                   [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
+    "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"

@@ -1,0 +1,135 @@
+// Taylor linear attention, the core of the "Based" layer (Arora et al. 2024, arXiv:2402.18668;
+// math in ../shared/specs/based.md §3, §6, §9).
+//
+// Per batch b and head h, with raw projections q_t, k_t in R^F (F = d', 16 by default) and v_t in
+// R^Dv: q^ = q F^(-1/4), k^ = k F^(-1/4), u_ts = q^_t . k^_s, kappa(u) = 1 + u + u^2/2 (>= 1/2), and
+//   num_t = sum_{s<=t} kappa(u_ts) v_s,   den_t = sum_{s<=t} kappa(u_ts) + eps,   o_t = num_t / den_t.
+// kappa(q^ . k^) = phi(q^) . phi(k^) with the feature map (R = taylor_attn_state_rows(F) = F^2 + F + 1
+// rows, in this order): phi(x)[i F + j] = x_i x_j / sqrt(2) (i, j < F), phi(x)[F^2 + i] = x_i,
+// phi(x)[F^2 + F] = 1. With v~ = [v, 1] (width Dv + 1) the numerator and the denominator are one
+// product, o~_t = sum_{s<=t} kappa(u_ts) v~_s, so no path can forget the denominator (spec §9.1).
+//
+// Three forms compute this (all in the CPU reference; the GPU runs the chunked one):
+//   quadratic  the masked T x T matrix kappa(U), times v~ (spec §6.1)
+//   recurrent  S_t = S_t-1 + phi(k^_t) v~_t^T, o~_t = S_t^T phi(q^_t)   (inclusive; also the decode step)
+//   chunked    chunks of C tokens; S_n = the state of all tokens before chunk n (exclusive):
+//                o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~,   S_n+1 = S_n + phi(K^)^T V~
+// Backward (spec §9; g~_t = [dout_t / den_t, -(dout_t . o_t) / den_t], the gradient of o~_t):
+//   P = tril(G~ V~^T), dU = P * (1 + U),  and through the feature map, for G = dL/dphi(x):
+//   dx^_i = G[F^2 + i] + (1/sqrt 2) sum_j (G[i F + j] + G[j F + i]) x^_j,   dx = F^(-1/4) dx^.
+//   The chunked backward runs two sweeps: forward in time with S_n for dq (dL/dphi(q^_t) = S_n g~_t,
+//   plus the intra-chunk dU K^), backward in time with R_n = sum over the chunks after n of
+//   phi(q^_t) g~_t^T for dk and dv (dL/dphi(k^_s) = R_n v~_s, dv~_s = R_n^T phi(k^_s), plus the
+//   intra-chunk dU^T Q^ and tril(kappa(U))^T G~). The recurrent backward differentiates the
+//   recurrence (the same two sweeps token by token), the quadratic one is spec §9.2; so the
+//   three backward passes check each other.
+//
+// Layout: q, k, dq, dk [B, T, H, F]; v, o, dout, dv [B, T, H, Dv]. The last two dims are contiguous
+// (head stride D, unit dim stride); batch and token strides are free (views of a fused projection).
+// den [B, H, T] contiguous: written by the forward (den_t including eps), read by the backward.
+// States s_final (optional: an undefined Tensor when not wanted) and the decode state:
+// [B, H, R, Dv + 1] contiguous, S = sum_s phi(k^_s) v~_s^T in the feature order above (column Dv
+// is the normaliser's state), so the decode step reads o~ = S^T phi(q^). dq, dk, dv are overwritten.
+// Dtypes: CPU: every tensor f32, or every tensor f64. GPU: q, k, v, o, dout, dq, dk, dv all bf16 or
+// all f32; den and the states f32 (sums and the denominator are never rounded to bf16, spec §13.1).
+// GPU limits: F = 16, chunk 64, Dv a multiple of 16 up to 128, any T and B*H, rows of the
+// activation tensors 16-byte aligned; scratch from ctx.workspace (the entry points run the
+// (batch, head) pairs in groups that fit). Feature tiles (phi padded to 288 rows) only ever live
+// in shared memory.
+//
+// Decode step (recurrent form for one token): q, k [B, H, F], v, o [B, H, Dv] (last two dims
+// contiguous, free batch stride), state [B, H, R, Dv + 1] contiguous, zero-initialised by the
+// caller and updated in place: the token is added, then read out (inclusive).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+struct TaylorAttnOpts {
+  int64_t chunk = 64;  // C: tokens per chunk (chunked form)
+  double eps = 1e-12;  // added to the denominator
+};
+
+enum class TaylorAttnForm { Chunk, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunk
+
+struct TaylorAttnLayout {
+  struct Strides {
+    int64_t b = 0, t = 0;
+  };
+  int64_t B = 0, T = 0, H = 0, F = 0, Dv = 0;
+  int64_t chunk = 64;
+  double eps = 1e-12;
+  Strides q, k, v, o, dout, dq, dk, dv;
+};
+
+// Rows of phi (and of a head's state): F^2 + F + 1.
+int64_t taylor_attn_state_rows(int64_t F);
+
+// phi(x F^(-1/4)) of one raw vector x in R^F (R = taylor_attn_state_rows(F) values).
+template <class Fl>
+void taylor_feature_map_cpu(int64_t F, const Fl* x, Fl* phi);
+// Its backward: dx += d/dx of G . phi(x F^(-1/4)) (gradient w.r.t. the raw x).
+template <class Fl>
+void taylor_feature_map_grad_cpu(int64_t F, const Fl* x, const Fl* G, Fl* dx);
+// g~_t = [dout_t / den_t, -(dout_t . o_t) / den_t] of one token (Dv + 1 values).
+template <class Fl>
+void taylor_attn_out_grad_cpu(int64_t Dv, const Fl* o, Fl den, const Fl* dout, Fl* g);
+
+// CPU references, Fl = float or double. s_final may be null.
+template <class Fl>
+void taylor_attn_fwd_quadratic_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, Fl* o, Fl* den,
+                                   Fl* s_final);
+template <class Fl>
+void taylor_attn_fwd_recurrent_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, Fl* o, Fl* den,
+                                   Fl* s_final);
+template <class Fl>
+void taylor_attn_fwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, Fl* o, Fl* den,
+                               Fl* s_final);
+template <class Fl>
+void taylor_attn_bwd_quadratic_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, const Fl* o,
+                                   const Fl* den, const Fl* dout, Fl* dq, Fl* dk, Fl* dv);
+template <class Fl>
+void taylor_attn_bwd_recurrent_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, const Fl* o,
+                                   const Fl* den, const Fl* dout, Fl* dq, Fl* dk, Fl* dv);
+template <class Fl>
+void taylor_attn_bwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl* k, const Fl* v, const Fl* o,
+                               const Fl* den, const Fl* dout, Fl* dq, Fl* dk, Fl* dv);
+
+// Decode step. Strides: batch strides of q, k, v, o (head stride D, unit dim stride).
+struct TaylorStepLayout {
+  int64_t B = 0, H = 0, F = 0, Dv = 0;
+  double eps = 1e-12;
+  int64_t q = 0, k = 0, v = 0, o = 0;
+};
+template <class Fl>
+void taylor_attn_step_cpu(const TaylorStepLayout& L, const Fl* q, const Fl* k, const Fl* v, Fl* state, Fl* o);
+
+void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& den, const Tensor& s_final);
+void taylor_attn_bwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& den, const Tensor& dout, const Tensor& dq,
+                          const Tensor& dk, const Tensor& dv);
+void taylor_attn_step_cuda(const Ctx& ctx, const TaylorStepLayout& L, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor& state, const Tensor& o);
+
+// Entry points: check shapes and strides, dispatch on ctx.device, dtypes and (CPU) the form.
+void taylor_attn_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& den, const Tensor& s_final, const TaylorAttnOpts& opts,
+                     TaylorAttnForm form = TaylorAttnForm::Chunk);
+void taylor_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                     const Tensor& den, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                     const TaylorAttnOpts& opts, TaylorAttnForm form = TaylorAttnForm::Chunk);
+void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& state,
+                      const Tensor& o, double eps = 1e-12);
+
+// GPU scratch (ctx.workspace) that B x H (batch, head) pairs of T tokens need to run in one group
+// (the backward; the forward needs less); `act` is the dtype of q/k/v. With less workspace the
+// entry points run the pairs in groups that fit (at least one pair must).
+size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16);
+
+}  // namespace linac

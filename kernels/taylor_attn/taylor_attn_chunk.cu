@@ -1,0 +1,265 @@
+// The per-chunk CUDA kernel of the chunked Taylor attention (modes and operands in
+// taylor_attn_common.cuh; math in taylor_attn.h). Grid (N, P), four warps, warp w owns the
+// chunk's rows 16w..16w+15 (queries for kOut/kGradQ, keys for kGradK):
+//   intra  U = X Xo^T on tensor cores (one k-step: F = 16); the masked matrix kappa(U) (out) or
+//          (Y Z^T) * (1 + U) (grad) goes through shared memory in the activation dtype into
+//          the next matmul with Z or Xo, visiting only the 16-row blocks the mask leaves.
+//   inter  the exclusive state streams through in 32-row feature slices (double-buffered
+//          cp.async; the segment's carry from the scan added on arrival). out: phi(X) for the slice is formed in shared memory, acc += phi(X) S_slice.
+//          grad: G = Y S_slice^T (dL/dphi(x) for the slice's features) is contracted with x at once
+//          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
+//          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
+//          lanes of a row in a fixed order, so the result is deterministic.
+#include "taylor_attn/taylor_attn_common.cuh"
+
+namespace linac {
+namespace taylor_cuda {
+namespace {
+
+constexpr int kSlice = 32;  // feature rows per streamed state slice
+constexpr int kSlices = kRows / kSlice;
+constexpr int kNT = kMaxDvP / 8;  // value n-tiles of the widest output
+
+struct ChunkSmem {
+  int ldx, ldv, ldphi, ldm, ldf;
+  int x, xo, y, z, s, phi, m, dx, bytes;  // byte offsets
+  template <class T>
+  __host__ __device__ static ChunkSmem of(int DvP) {
+    ChunkSmem c{};
+    const int e = static_cast<int>(sizeof(T));
+    c.ldx = ld_of<T>(kF), c.ldv = ld_of<T>(DvP), c.ldphi = ld_of<T>(kSlice), c.ldm = ld_of<T>(kC), c.ldf = kF + 4;
+    int off = 0;
+    auto take = [&](int bytes) {
+      const int r = off;
+      off += (bytes + 15) / 16 * 16;
+      return r;
+    };
+    c.x = take(kC * c.ldx * e);
+    c.xo = take(kC * c.ldx * e);
+    c.y = take(kC * c.ldv * e);
+    c.z = take(kC * c.ldv * e);
+    c.s = take(2 * kSlice * c.ldv * e);
+    c.phi = take(kC * c.ldphi * e);
+    c.m = take(kC * c.ldm * e);
+    c.dx = take(kC * c.ldf * 4);
+    c.bytes = off;
+    return c;
+  }
+};
+
+template <class T, int kMode>
+__global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
+                                                    const T* __restrict__ y, const T* __restrict__ z,
+                                                    const T* __restrict__ states, const float* __restrict__ carry,
+                                                    T* __restrict__ out,
+                                                    TaylorAttnLayout::Strides os, float* __restrict__ den,
+                                                    T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
+  using linac::cuda::from_float;
+  using linac::cuda::to_float;
+  constexpr bool kUpper = kMode == kGradK, kHasOut = kMode != kGradQ, kHasGrad = kMode != kOut;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const ChunkSmem L = ChunkSmem::of<T>(a.DvP);
+  T* X = reinterpret_cast<T*>(smem + L.x);
+  T* Xo = reinterpret_cast<T*>(smem + L.xo);
+  T* Y = reinterpret_cast<T*>(smem + L.y);
+  T* Z = reinterpret_cast<T*>(smem + L.z);
+  T* Sb = reinterpret_cast<T*>(smem + L.s);
+  T* Phi = reinterpret_cast<T*>(smem + L.phi);
+  T* M = reinterpret_cast<T*>(smem + L.m);
+  float* DX = reinterpret_cast<float*>(smem + L.dx);
+  const int n = blockIdx.x, pl = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, m0 = 16 * warp, DvP = a.DvP;
+  const int rows = min(kC, a.T - n * kC), ntv = DvP / 8, ksv = DvP / 16;
+  const int64_t r0 = (static_cast<int64_t>(pl) * a.N + n) * kC, t0 = static_cast<int64_t>(n) * kC;
+  const T* Sn = states + (static_cast<int64_t>(pl) * a.N + n) * kRows * DvP;
+  // The first segment (forward) / last (reverse) starts from zero: no carry to add.
+  const int seg = n / kSegChunks;
+  const float* Cn = (kMode == kGradK ? seg < a.nseg - 1 : seg > 0)
+                        ? carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP
+                        : nullptr;
+  const Frag f;
+
+  load_rows<T, 128>(X, L.ldx, x + r0 * kF, kF, kC, kF);
+  load_rows<T, 128>(Xo, L.ldx, xo + r0 * kF, kF, kC, kF);
+  if (kHasGrad) load_rows<T, 128>(Y, L.ldv, y + r0 * DvP, DvP, kC, DvP);
+  load_rows<T, 128>(Z, L.ldv, z + r0 * DvP, DvP, kC, DvP);
+  cp_async_commit();
+  auto issue_slice = [&](int sl) {
+    load_rows<T, 128>(Sb + (sl & 1) * kSlice * L.ldv, L.ldv, Sn + static_cast<int64_t>(sl) * kSlice * DvP, DvP,
+                      kSlice, DvP);
+    cp_async_commit();
+  };
+  issue_slice(0);
+  cp_async_wait<1>();
+  __syncthreads();
+
+  // ---- intra-chunk ----
+  auto keep = [&](int r, int c) { return kUpper ? c >= r : c <= r; };
+  // The masked matrix of this warp's rows into M (only this warp reads them back).
+  auto write_m = [&](const float (&v)[8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+        store2(M + r * L.ldm + c, keep(r, c) ? v[nt][2 * hf] : 0.f, keep(r, c + 1) ? v[nt][2 * hf + 1] : 0.f);
+      }
+    __syncwarp();
+  };
+  // Key blocks the mask leaves for this warp's rows: k-steps [k0, k0 + ks) of 16 rows.
+  const int k0 = kUpper ? m0 : 0, ks = kUpper ? 4 - warp : warp + 1;
+  float U[8][4] = {};
+  warp_mma<T, false, false, 8>(U, X, L.ldx, m0, 0, Xo, L.ldx, 0, 0, 1);
+  float dxi[2][4] = {};
+  if (kHasGrad) {
+    float Pm[8][4] = {};
+    warp_mma<T, false, false, 8>(Pm, Y, L.ldv, m0, 0, Z, L.ldv, 0, 0, ksv);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) Pm[nt][e] *= 1.f + U[nt][e];
+    write_m(Pm);
+    warp_mma<T, false, true, 2>(dxi, M, L.ldm, m0, k0, Xo, L.ldx, k0, 0, ks);
+    __syncwarp();
+  }
+  float acc[kNT][4] = {};
+  if (kHasOut) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) U[nt][e] = 1.f + U[nt][e] + 0.5f * U[nt][e] * U[nt][e];
+    write_m(U);
+    warp_mma<T, false, true, kNT>(acc, M, L.ldm, m0, k0, Z, L.ldv, k0, 0, ks, ntv);
+  }
+
+  // ---- inter-chunk: the exclusive state, slice by slice ----
+  float dxa[2][kF] = {}, dxb[2][2][2] = {}, dx1[2][2][2] = {};
+  float xj[2][2][2];  // x[row][8 h + 2 q + e] of this lane's rows g, g + 8
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+    for (int h8 = 0; h8 < 2; ++h8)
+#pragma unroll
+      for (int ee = 0; ee < 2; ++ee) xj[ri][h8][ee] = to_float(X[(m0 + f.g + 8 * ri) * L.ldx + 8 * h8 + 2 * f.q + ee]);
+#pragma unroll
+  for (int sl = 0; sl < kSlices; ++sl) {
+    if (sl + 1 < kSlices) {
+      issue_slice(sl + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    if (kHasOut)
+      for (int idx = tid; idx < kC * kSlice; idx += 128) {
+        const int tok = idx / kSlice, c = idx % kSlice;
+        Phi[tok * L.ldphi + c] = from_float<T>(feature(X + tok * L.ldx, (kSlice / 16) * sl + c / 16, c % 16));
+      }
+    T* Ss = Sb + (sl & 1) * kSlice * L.ldv;
+    if (Cn) {  // segment-local state + the segment's carry
+      __syncthreads();
+      const float* cs = Cn + static_cast<int64_t>(sl) * kSlice * DvP;
+      for (int idx = tid; idx < kSlice * DvP; idx += 128) {
+        const int r = idx / DvP, c = idx % DvP;
+        Ss[r * L.ldv + c] = from_float<T>(to_float(Ss[r * L.ldv + c]) + cs[idx]);
+      }
+    }
+    __syncthreads();
+    if (kHasOut) warp_mma<T, false, true, kNT>(acc, Phi, L.ldphi, m0, 0, Ss, L.ldv, 0, 0, kSlice / 16, ntv);
+    if (kHasGrad) {
+      float G[kSlice / 8][4] = {};
+      warp_mma<T, false, false, kSlice / 8>(G, Y, L.ldv, m0, 0, Ss, L.ldv, 0, 0, ksv);
+#pragma unroll
+      for (int nt = 0; nt < kSlice / 8; ++nt) {
+        const int fb = (kSlice / 16) * sl + nt / 2, h8 = nt & 1;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ri = e >> 1, ee = e & 1;
+          if (fb < kF) {
+            dxa[ri][fb] = fmaf(G[nt][e], xj[ri][h8][ee], dxa[ri][fb]);
+            dxb[ri][h8][ee] = fmaf(G[nt][e], to_float(X[(m0 + f.g + 8 * ri) * L.ldx + fb]), dxb[ri][h8][ee]);
+          } else if (fb == kF) {
+            dx1[ri][h8][ee] += G[nt][e];
+          }
+        }
+      }
+    }
+    __syncthreads();  // the slice buffer and Phi are refilled next
+  }
+
+  // ---- epilogue ----
+  if (kHasGrad) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+      for (int i = 0; i < kF; ++i) {
+        float v = dxa[ri][i];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if (f.q == 0) DX[(m0 + f.g + 8 * ri) * L.ldf + i] = kRsqrt2 * v;
+      }
+    __syncwarp();
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+      for (int h8 = 0; h8 < 2; ++h8)
+#pragma unroll
+        for (int ee = 0; ee < 2; ++ee)
+          DX[(m0 + f.g + 8 * ri) * L.ldf + 8 * h8 + 2 * f.q + ee] +=
+              kRsqrt2 * dxb[ri][h8][ee] + dx1[ri][h8][ee] + dxi[h8][2 * ri + ee];
+    __syncwarp();
+    T* dxb_ = dx + b * dxs.b + t0 * dxs.t + h * kF;
+    for (int idx = lane; idx < 16 * kF / 2; idx += 32) {
+      const int r = m0 + idx / (kF / 2), c = 2 * (idx % (kF / 2));
+      if (r < rows) store2(dxb_ + r * dxs.t + c, 0.5f * DX[r * L.ldf + c], 0.5f * DX[r * L.ldf + c + 1]);
+    }
+  }
+  if (kHasOut) {
+    float d[2] = {1.f, 1.f};
+    if (kMode == kOut) {
+      const int ntd = a.Dv / 8;  // the normaliser column Dv is element 0 (row g) / 2 (row g + 8) of lane q = 0
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        if (nt == ntd) d[0] = acc[nt][0], d[1] = acc[nt][2];
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) d[ri] = __shfl_sync(0xffffffffu, d[ri], lane & ~3) + a.eps;
+      if (f.q == 0)
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          const int r = m0 + f.g + 8 * ri;
+          if (r < rows) den[static_cast<int64_t>(pair) * a.T + t0 + r] = d[ri];
+        }
+    }
+    T* ob = out + b * os.b + t0 * os.t + h * a.Dv;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+        if (c < a.Dv && r < rows) store2(ob + r * os.t + c, acc[nt][2 * hf] / d[hf], acc[nt][2 * hf + 1] / d[hf]);
+      }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
+                  const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
+                  TaylorAttnLayout::Strides dxs) {
+  const int bytes = ChunkSmem::of<T>(a.DvP).bytes;
+  auto kernel = mode == kOut ? chunk_kernel<T, kOut> : mode == kGradQ ? chunk_kernel<T, kGradQ> : chunk_kernel<T, kGradK>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(P));
+  kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, carry, out, os, den, dx, dxs);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+template void launch_chunk<float>(const Ctx&, const Args&, int, Mode, const float*, const float*, const float*,
+                                  const float*, const float*, const float*, float*, TaylorAttnLayout::Strides, float*, float*,
+                                  TaylorAttnLayout::Strides);
+template void launch_chunk<bf16_t>(const Ctx&, const Args&, int, Mode, const bf16_t*, const bf16_t*, const bf16_t*,
+                                   const bf16_t*, const bf16_t*, const float*, bf16_t*, TaylorAttnLayout::Strides, float*, bf16_t*,
+                                   TaylorAttnLayout::Strides);
+
+}  // namespace taylor_cuda
+}  // namespace linac

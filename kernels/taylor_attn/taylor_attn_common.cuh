@@ -1,0 +1,114 @@
+// Shared by the Taylor attention CUDA kernels (math in taylor_attn.h): constants, the kernel
+// argument block, the workspace carve, the padded feature map, and the launchers the forward and
+// the backward both run. Matmuls reuse the GLA warp-level tensor-core helpers (gla_common.cuh:
+// cp.async tile loads, warp_mma over shared-memory tiles, bf16 mma.sync or exact f32 SIMT).
+//
+// GPU feature order: the 273 rows of phi padded to kRows = 288 = 18 blocks of 16 (zero rows
+// 273..287), so every block is one mma k-step: block b < 16 holds x_b x_j / sqrt 2, block 16 x_j,
+// block 17 [1, 0, ...]. Rows 0..272 are exactly the exported state layout (taylor_attn.h).
+// Values are padded to DvP = Dv + 16 columns: v~ = [v, 1, 0...] and g~ = [dout/den, c, 0...], so
+// the normaliser rides along as column Dv of every matmul. Rows past T are zero in every
+// chunk-major buffer (also the "1" column), so a ragged last chunk adds nothing to a state.
+#pragma once
+
+#include <cstdint>
+
+#include "gla/gla_common.cuh"
+#include "taylor_attn/taylor_attn.h"
+
+namespace linac::taylor_cuda {
+
+using gla_cuda::bf16_t;
+using gla_cuda::cdiv;
+using gla_cuda::cp_async16;
+using gla_cuda::cp_async_commit;
+using gla_cuda::cp_async_wait;
+using gla_cuda::Frag;
+using gla_cuda::ld_of;
+using gla_cuda::store2;
+using gla_cuda::warp_mma;
+
+constexpr int kF = 16;                 // feature dim the kernels are built for
+constexpr int kC = 64;                 // chunk length
+constexpr int kRows = kF * kF + 2 * kF;  // padded feature rows (288)
+constexpr int kBlocks = kRows / 16;    // 18 feature blocks of 16
+constexpr int kMaxDvP = 144;           // Dv <= 128
+constexpr float kRsqrt2 = 0.70710678118654752f;
+
+constexpr int kSegChunks = 16;  // chunks per scan segment
+
+struct Args {
+  int T, H, Dv, DvP, N;  // N = chunks per sequence
+  int nseg;              // scan segments of kSegChunks chunks
+  int p0;                // first (batch, head) pair of the group
+  float eps;
+  TaylorAttnLayout::Strides q, k, v, o, dout, dq, dk, dv;
+};
+
+// Workspace of one group of P pairs (chunk-major, Tp = N * kC rows per pair).
+template <class T>
+struct Workspace {
+  T* xq = nullptr;  // q^ [P, Tp, kF]
+  T* xk = nullptr;  // k^ [P, Tp, kF]
+  T* vt = nullptr;  // v~ [P, Tp, DvP]
+  T* gt = nullptr;  // g~ [P, Tp, DvP] (backward)
+  T* S = nullptr;   // segment-local exclusive states [P, N, kRows, DvP]: S_n (forward) or R_n (reverse)
+  float* carry = nullptr;  // [P, nseg, kRows, DvP]: segment totals, then the sum over the segments before
+                           // (forward) or after (reverse) each one, which completes S_n / R_n
+};
+
+// Feature jj of block fb of the prescaled row x (f32 arithmetic on the stored values).
+template <class T>
+__device__ __forceinline__ float feature(const T* x, int fb, int jj) {
+  using linac::cuda::to_float;
+  if (fb < kF) return to_float(x[fb]) * to_float(x[jj]) * kRsqrt2;
+  if (fb == kF) return to_float(x[jj]);
+  return fb == kF + 1 && jj == 0 ? 1.f : 0.f;
+}
+
+// All NT threads copy `rows` x `cols` (multiple of 16 bytes) from src (row stride `stride`) into
+// dst (row length ld).
+template <class T, int NT>
+__device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t stride, int rows, int cols) {
+  constexpr int V = 16 / static_cast<int>(sizeof(T));
+  const int cpr = cols / V;
+  for (int idx = static_cast<int>(threadIdx.x); idx < rows * cpr; idx += NT) {
+    const int r = idx / cpr, c = (idx % cpr) * V;
+    cp_async16(dst + r * ld + c, src + r * stride + c, true);
+  }
+}
+
+// Pairs per group that fit in ctx.workspace (UserError when not even one does), and the carve.
+int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act);
+template <class T>
+Workspace<T> carve(const Ctx& ctx, const Args& a, int P);
+Args make_args(const TaylorAttnLayout& L);
+void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const char* name);
+
+// prep: q^, k^, v~ and (grad) g~ of P pairs into the workspace. o, dout, den only with grad.
+template <class T>
+void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, const T* v, const T* o,
+                 const T* dout, const float* den, const Workspace<T>& w, bool grad);
+// scan: the sequence is cut into segments of kSegChunks chunks that run in parallel. states[n] =
+// sum of phi(X)^T Y over the chunks of n's segment before n (forward) or after n (reverse); x = k^ or
+// q^, y = v~ or g~; then the carry of every segment (the state its first chunk starts from) goes
+// to w.carry, and the whole sum to s_final (forward only, may be null: the exported layout
+// [pairs, 273, Dv + 1] f32). The exclusive state of chunk n is states[n] + carry[segment of n].
+template <class T>
+void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
+                 float* s_final);
+
+// The per-chunk kernel's modes (taylor_attn_chunk.cu), with states = the exclusive states:
+//   kOut    out = o (= o~ / den, den = o~[Dv] + eps written to den [pairs, T]),
+//           o~ = phi(X) S + tril(kappa(X Xo^T)) Z;                 X = q^, Xo = k^, Z = v~
+//   kGradQ  dx = dq from Y S^T through the feature map + (tril(Y Z^T) * (1 + X Xo^T)) Xo;
+//                                                                   X = q^, Xo = k^, Y = g~, Z = v~
+//   kGradK  dx = dk as kGradQ with the transposed (upper) mask, and out = dv = phi(X) R +
+//           triu(kappa(X Xo^T)) Z;                                  X = k^, Xo = q^, Y = v~, Z = g~
+enum Mode : int { kOut = 0, kGradQ = 1, kGradK = 2 };
+template <class T>
+void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
+                  const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
+                  TaylorAttnLayout::Strides dxs);
+
+}  // namespace linac::taylor_cuda

@@ -1,0 +1,286 @@
+// CUDA chunked Taylor attention forward (math in taylor_attn.h; feature order and padding in
+// taylor_attn_common.cuh) and the kernels the backward reuses.
+//
+// Per group of (batch, head) pairs (as many as ctx.workspace holds), three launches:
+//   prep   grid (N, P): q^ = q F^(-1/4), k^ (exact in bf16 at F = 16: the factor is 1/2), v~ = [v, 1, 0..]
+//          and, for the backward, g~ = [dout/den, -(dout . o)/den, 0..] (a warp per row, fixed-order
+//          dot product), chunk-major with zero rows past T, so every later tile load is dense.
+//   scan   grid (9, P, segments of 16 chunks), two warps per CTA, each owning one 16-row feature
+//          block: sequential over the chunks of its segment, the f32 state block lives in mma
+//          accumulators; per chunk it is stored (the segment-local exclusive state, rounded to the
+//          activation dtype: it only feeds tensor-core matmuls), then the warp forms its block of
+//          phi(X)^T for the chunk in shared memory and adds phi(X)^T Y on tensor cores. A 3-stage
+//          cp.async pipeline keeps chunks in flight. Segments make the sequential part 16 chunks
+//          long whatever T is; a carry kernel turns the segment totals (f32) into each segment's
+//          starting state, which the chunk kernel adds. The reverse direction scans
+//          R_n = sum over later chunks of phi(q^)^T g~ for the backward.
+//   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
+//          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
+#include <algorithm>
+
+#include "taylor_attn/taylor_attn_common.cuh"
+
+namespace linac {
+namespace taylor_cuda {
+namespace {
+
+// ---- prep ----------------------------------------------------------------------------------
+
+template <class T>
+__global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__ q, const T* __restrict__ k,
+                                                   const T* __restrict__ v, const T* __restrict__ o,
+                                                   const T* __restrict__ dout, const float* __restrict__ den,
+                                                   Workspace<T> w, bool grad) {
+  using linac::cuda::from_float;
+  using linac::cuda::to_float;
+  const int n = blockIdx.x, pl = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
+  const int rows = min(kC, a.T - n * kC), tid = threadIdx.x, DvP = a.DvP;
+  const int64_t t0 = static_cast<int64_t>(n) * kC, r0 = (static_cast<int64_t>(pl) * a.N + n) * kC;
+  const float scale = 0.5f;  // F^(-1/4) at F = 16
+  for (int idx = tid; idx < kC * kF; idx += 128) {
+    const int r = idx / kF, i = idx % kF;
+    const bool ok = r < rows;
+    w.xq[r0 * kF + idx] = from_float<T>(ok ? scale * to_float(q[b * a.q.b + (t0 + r) * a.q.t + h * kF + i]) : 0.f);
+    w.xk[r0 * kF + idx] = from_float<T>(ok ? scale * to_float(k[b * a.k.b + (t0 + r) * a.k.t + h * kF + i]) : 0.f);
+  }
+  for (int idx = tid; idx < kC * DvP; idx += 128) {
+    const int r = idx / DvP, j = idx % DvP;
+    float val = 0.f;
+    if (r < rows) val = j < a.Dv ? to_float(v[b * a.v.b + (t0 + r) * a.v.t + h * a.Dv + j]) : j == a.Dv ? 1.f : 0.f;
+    w.vt[r0 * DvP + idx] = from_float<T>(val);
+  }
+  if (!grad) return;
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int r = warp; r < kC; r += 4) {
+    T* g = w.gt + (r0 + r) * DvP;
+    if (r >= rows) {
+      for (int j = lane; j < DvP; j += 32) g[j] = from_float<T>(0.f);
+      continue;
+    }
+    const T* orow = o + b * a.o.b + (t0 + r) * a.o.t + h * a.Dv;
+    const T* drow = dout + b * a.dout.b + (t0 + r) * a.dout.t + h * a.Dv;
+    float dot = 0.f;
+    for (int j = lane; j < a.Dv; j += 32) dot = fmaf(to_float(drow[j]), to_float(orow[j]), dot);
+    dot = linac::cuda::warp_sum(dot);
+    const float inv = 1.f / den[static_cast<int64_t>(pair) * a.T + t0 + r];
+    for (int j = lane; j < DvP; j += 32)
+      g[j] = from_float<T>(j < a.Dv ? to_float(drow[j]) * inv : j == a.Dv ? -dot * inv : 0.f);
+  }
+}
+
+// ---- state scan ----------------------------------------------------------------------------
+
+constexpr int kScanStages = 3, kScanWarps = 2;
+
+struct ScanSmem {
+  int ldx, ldy, ldphi, stage, bytes;
+  template <class T>
+  __host__ __device__ static ScanSmem of(int DvP) {
+    ScanSmem s{};
+    s.ldx = ld_of<T>(kF), s.ldy = ld_of<T>(DvP), s.ldphi = ld_of<T>(16);
+    s.stage = kC * (s.ldx + s.ldy) * static_cast<int>(sizeof(T));
+    s.bytes = kScanStages * s.stage + kScanWarps * kC * s.ldphi * static_cast<int>(sizeof(T));
+    return s;
+  }
+};
+
+template <class T, bool kRev>
+__global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
+                                                  T* __restrict__ states, float* __restrict__ carry) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const ScanSmem L = ScanSmem::of<T>(a.DvP);
+  const int pl = blockIdx.y, seg = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, DvP = a.DvP;
+  const int fb = kScanWarps * blockIdx.x + warp, ntv = DvP / 8;
+  const int c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);  // this segment's chunks
+  const Frag f;
+  auto stage_x = [&](int s) { return reinterpret_cast<T*>(smem + s * L.stage); };
+  auto stage_y = [&](int s) { return reinterpret_cast<T*>(smem + s * L.stage + kC * L.ldx * sizeof(T)); };
+  T* phi = reinterpret_cast<T*>(smem + kScanStages * L.stage) + warp * kC * L.ldphi;
+  auto chunk = [&](int step) { return c0 + (kRev ? N - 1 - step : step); };
+  auto issue = [&](int step) {
+    if (step < N) {
+      const int s = step % kScanStages;
+      const int64_t r0 = (static_cast<int64_t>(pl) * a.N + chunk(step)) * kC;
+      load_rows<T, 64>(stage_x(s), L.ldx, x + r0 * kF, kF, kC, kF);
+      load_rows<T, 64>(stage_y(s), L.ldy, y + r0 * DvP, DvP, kC, DvP);
+    }
+    cp_async_commit();
+  };
+
+  float acc[kMaxDvP / 8][4] = {};
+  for (int s = 0; s < kScanStages - 1; ++s) issue(s);
+  for (int step = 0; step < N; ++step) {
+    const int s = step % kScanStages;
+    cp_async_wait<kScanStages - 2>();
+    __syncthreads();  // this step's tiles landed; every warp is done with the stage issue() refills
+    issue(step + kScanStages - 1);
+    T* out = states + ((static_cast<int64_t>(pl) * a.N + chunk(step)) * kRows + 16 * fb) * DvP;
+#pragma unroll
+    for (int nt = 0; nt < kMaxDvP / 8; ++nt) {
+      if (nt >= ntv) break;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        store2(out + f.row(0, 2 * hf) * DvP + f.col(0, nt, 0), acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+    }
+    const T* xs = stage_x(s);
+    for (int idx = lane; idx < kC * 16; idx += 32) {
+      const int tok = idx >> 4, jj = idx & 15;
+      phi[tok * L.ldphi + jj] = linac::cuda::from_float<T>(feature(xs + tok * L.ldx, fb, jj));
+    }
+    __syncwarp();
+    // state block (16 features x DvP) += phi^T (stored [token][feature]) . Y
+    warp_mma<T, true, true, kMaxDvP / 8>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
+    __syncwarp();
+  }
+  float* tot = carry + ((static_cast<int64_t>(pl) * a.nseg + seg) * kRows + 16 * fb) * DvP;
+#pragma unroll
+  for (int nt = 0; nt < kMaxDvP / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (nt < ntv) tot[f.row(0, e) * DvP + f.col(0, nt, e)] = acc[nt][e];
+}
+
+// Segment totals -> carries in place (exclusive prefix over the segments, in order), a thread per
+// state element; the full sum (forward) is the final state.
+template <bool kRev>
+__global__ void __launch_bounds__(256) carry_kernel(Args a, float* __restrict__ carry, float* __restrict__ s_final) {
+  const int pl = blockIdx.y, e = blockIdx.x * 256 + threadIdx.x, n = kRows * a.DvP;
+  if (e >= n) return;
+  float* c = carry + static_cast<int64_t>(pl) * a.nseg * n + e;
+  float run = 0.f;
+  for (int i = 0; i < a.nseg; ++i) {
+    const int g = kRev ? a.nseg - 1 - i : i;
+    const float t = c[static_cast<int64_t>(g) * n];
+    c[static_cast<int64_t>(g) * n] = run;
+    run += t;
+  }
+  const int r = e / a.DvP, col = e % a.DvP, R = kF * kF + kF + 1, W = a.Dv + 1;
+  if (s_final && r < R && col < W) s_final[static_cast<int64_t>(a.p0 + pl) * R * W + r * W + col] = run;
+}
+
+template <class K>
+void set_smem(K kernel, int bytes) {
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+}  // namespace
+
+template <class T>
+void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, const T* v, const T* o,
+                 const T* dout, const float* den, const Workspace<T>& w, bool grad) {
+  prep_kernel<T><<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(P)), 128, 0, cuda::stream_of(ctx)>>>(
+      a, q, k, v, o, dout, den, w, grad);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
+                 float* s_final) {
+  const int bytes = ScanSmem::of<T>(a.DvP).bytes;
+  auto kernel = reverse ? scan_kernel<T, true> : scan_kernel<T, false>;
+  set_smem(kernel, bytes);
+  const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
+  kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
+  LINAC_CUDA_LAUNCH_CHECK();
+  const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP, 256)), static_cast<unsigned>(P));
+  if (reverse)
+    carry_kernel<true><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+  else
+    carry_kernel<false><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+#define LINAC_TAYLOR_LAUNCHERS(T)                                                                                    \
+  template void launch_prep<T>(const Ctx&, const Args&, int, const T*, const T*, const T*, const T*, const T*,     \
+                               const float*, const Workspace<T>&, bool);                                           \
+  template void launch_scan<T>(const Ctx&, const Args&, int, bool, const T*, const T*, const Workspace<T>&, float*);
+LINAC_TAYLOR_LAUNCHERS(float)
+LINAC_TAYLOR_LAUNCHERS(bf16_t)
+#undef LINAC_TAYLOR_LAUNCHERS
+
+Args make_args(const TaylorAttnLayout& L) {
+  LINAC_CHECK(L.F == kF, "taylor_attn (GPU): needs F = 16, got " + std::to_string(L.F));
+  LINAC_CHECK(L.chunk == kC, "taylor_attn (GPU): needs chunk 64");
+  LINAC_CHECK(L.Dv % 16 == 0 && L.Dv <= 128, "taylor_attn (GPU): Dv must be a multiple of 16 up to 128");
+  LINAC_CHECK(L.T < (int64_t{1} << 30) && L.B * L.H < (int64_t{1} << 30), "taylor_attn (GPU): T or B*H too large");
+  Args a{};
+  a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.Dv = static_cast<int>(L.Dv), a.DvP = a.Dv + 16;
+  a.N = cdiv(a.T, kC);
+  a.nseg = cdiv(a.N, kSegChunks);
+  a.eps = static_cast<float>(L.eps);
+  a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;
+  return a;
+}
+
+void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const char* name) {
+  const int64_t v = 16 / static_cast<int64_t>(dtype_size(x.dtype));
+  LINAC_CHECK(reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 && s.b % v == 0 && s.t % v == 0,
+              std::string("taylor_attn (GPU): ") + name + " rows must be 16-byte aligned");
+}
+
+int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act) {
+  const size_t per = taylor_attn_workspace_bytes(1, L.T, 1, L.F, L.Dv, act);
+  if (per > ctx.workspace_bytes)
+    throw UserError("taylor_attn: one (batch, head) pair of " + std::to_string(L.T) + " tokens needs " +
+                    std::to_string((per >> 20) + 1) + " MiB of GPU workspace, more than the " +
+                    std::to_string(ctx.workspace_bytes >> 20) + " MiB there are; set LINAC_WORKSPACE_MB");
+  const int64_t BH = L.B * L.H;
+  int64_t P = std::min<int64_t>(BH, static_cast<int64_t>(ctx.workspace_bytes / per));
+  while (P > 1 && taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act) > ctx.workspace_bytes) --P;
+  const int64_t groups = (BH + P - 1) / P;  // balanced, so no group is a small remainder
+  return static_cast<int>((BH + groups - 1) / groups);
+}
+
+template <class T>
+Workspace<T> carve(const Ctx& ctx, const Args& a, int P) {
+  char* p = static_cast<char*>(ctx.workspace);
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += (bytes + 255) / 256 * 256;
+    return reinterpret_cast<T*>(r);
+  };
+  const size_t rows = static_cast<size_t>(P) * a.N * kC, e = sizeof(T);
+  Workspace<T> w;
+  w.xq = take(rows * kF * e);
+  w.xk = take(rows * kF * e);
+  w.vt = take(rows * a.DvP * e);
+  w.gt = take(rows * a.DvP * e);
+  w.S = take(static_cast<size_t>(P) * a.N * kRows * a.DvP * e);
+  w.carry = reinterpret_cast<float*>(take(static_cast<size_t>(P) * a.nseg * kRows * a.DvP * 4));
+  LINAC_CHECK(static_cast<size_t>(p - static_cast<char*>(ctx.workspace)) <= ctx.workspace_bytes,
+              "taylor_attn (GPU): workspace carve overflow");
+  return w;
+}
+template Workspace<float> carve<float>(const Ctx&, const Args&, int);
+template Workspace<bf16_t> carve<bf16_t>(const Ctx&, const Args&, int);
+
+}  // namespace taylor_cuda
+
+void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& den, const Tensor& s_final) {
+  using namespace taylor_cuda;
+  LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype && o.dtype == q.dtype,
+              "taylor_attn (GPU): activation dtypes must agree");
+  LINAC_CHECK(den.dtype == DType::F32 && (!s_final.defined() || s_final.dtype == DType::F32),
+              "taylor_attn (GPU): den and s_final must be f32");
+  if (L.B * L.T * L.H == 0) return;
+  Args a = make_args(L);
+  check_rows16(q, L.q, "q");
+  check_rows16(k, L.k, "k");
+  check_rows16(v, L.v, "v");
+  check_rows16(o, L.o, "o");
+  const int per = group_size(ctx, L, q.dtype);
+  for (int64_t p0 = 0; p0 < L.B * L.H; p0 += per) {
+    const int P = static_cast<int>(std::min<int64_t>(per, L.B * L.H - p0));
+    a.p0 = static_cast<int>(p0);
+    LINAC_GPU_DISPATCH(q.dtype, T, {
+      const Workspace<T> w = carve<T>(ctx, a, P);
+      launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, false);
+      launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, s_final.defined() ? s_final.data<float>() : nullptr);
+      launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(), nullptr,
+                      {});
+    });
+  }
+}
+
+}  // namespace linac
