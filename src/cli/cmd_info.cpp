@@ -93,9 +93,9 @@ int cmd_info(int argc, char** argv) {
               static_cast<long long>(m.vocab_size), m.tie_embeddings ? "tied" : "untied");
   std::printf("parameters  %s total, %s non-embedding\n\n", human_count(n).c_str(),
               human_count(n - static_cast<double>(model.n_embedding_params())).c_str());
-  std::printf("  %-22s %-12s %12s\n", "layer", "kind", "params");
+  std::printf("  %-22s %-15s %12s\n", "layer", "kind", "params");
   for (const auto& r : model.layer_table())
-    std::printf("  %-22s %-12s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
+    std::printf("  %-22s %-15s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
 
   std::printf("\nmemory plan on %s (%s compute), micro-batch %lld x %lld = %lld tokens\n", device_name(ctx.device),
               dtype_name(prec.act), static_cast<long long>(B), static_cast<long long>(T),

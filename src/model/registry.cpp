@@ -1,7 +1,9 @@
 #include "model/registry.h"
 
 #include "config/json_reader.h"
+#include "model/mixers/base_conv.h"
 #include "model/mixers/gla.h"
+#include "model/mixers/taylor.h"
 #include "model/mixers/transformer.h"
 
 namespace linac {
@@ -37,6 +39,17 @@ const std::vector<MixerKind>& mixer_kinds() {
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<GlaMixer>(env, cfg, layer, GlaMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
+      {"taylor", "Based's linear attention with the 2nd-order Taylor feature map (Arora et al. 2024)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { TaylorMixerOptions::parse(s.options, s.path, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"));
+       }},
+      {"base_conv", "Based's gated short convolution (BaseConv)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { BaseConvMixerOptions::parse(s.options, s.path, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<BaseConvMixer>(env, cfg, layer, BaseConvMixerOptions::parse(s.options, s.path, "config"),
+                                                s.path);
+       }},
   };
   return table;
 }
@@ -56,6 +69,8 @@ const std::vector<ArchInfo>& architectures() {
   static const std::vector<ArchInfo> table = {
       {"transformer", "Transformer++: causal softmax attention with RoPE (LLaMA-style)", "attention", {"attention"}},
       {"gla", "GLA: gated linear attention, chunkwise (Yang et al. 2023), with a SwiGLU MLP", "gla", {"gla"}},
+      {"based", "Based: Taylor linear attention, sliding-window attention and BaseConv layers (Arora et al. 2024)",
+       "taylor", {"base_conv", "taylor", "sliding_window", "base_conv", "base_conv"}},
   };
   return table;
 }

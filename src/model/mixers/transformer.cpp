@@ -1,13 +1,23 @@
 #include "model/mixers/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "attention/attention.h"
+#include "attention/attention_decode.h"
 #include "config/json_reader.h"
 #include "matmul/matmul.h"
+#include "model/mixers/proj_views.h"
 #include "rope/rope.h"
 
 namespace linac {
+
+namespace {
+struct WindowCache final : MixerState {
+  OwnedTensor k, v;  // [B, window, H, Dh]: the last `window` post-RoPE keys and values (ring buffer)
+  int64_t pos = 0;   // tokens seen
+};
+}  // namespace
 
 AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
                                                    bool sliding) {
@@ -22,6 +32,9 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
 AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
     : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads),
       Dh_(cfg.head_dim()) {
+  if (env.ctx.is_gpu() && Dh_ != 64 && Dh_ != 128)
+    throw UserError("config: the GPU attention kernels need a head dim (d_model / n_heads) of 64 or 128, got " +
+                    std::to_string(Dh_) + " (layer " + std::to_string(layer) + ", " + kind() + ")");
   const std::string p = "layers." + std::to_string(layer) + ".attn.";
   // Residual-branch output projections start smaller (GPT-2): std / sqrt(2 * n_layers).
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
@@ -102,6 +115,33 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor dqkv2 = dqkv.view({N, 3 * d_});
   matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));
   matmul(ctx, dqkv2, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
+}
+
+std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {
+  if (opt_.window == 0) return Mixer::init_state(B);  // full attention: its cache grows (linac generate)
+  auto st = std::make_unique<WindowCache>();
+  st->k = OwnedTensor(env_.act, env_.device(), {B, opt_.window, H_, Dh_});
+  st->v = OwnedTensor(env_.act, env_.device(), {B, opt_.window, H_, Dh_});
+  return st;
+}
+
+void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+  auto& st = dynamic_cast<WindowCache&>(state);
+  const int64_t B = x_t.size(0);
+  LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::step: state was made for another batch size");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, 3 * d_});
+  Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, d_});
+  matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
+  // One-token [B, 1, H, Dh] views for RoPE at the absolute position.
+  Tensor q = bthd(qkv, B, 1, 0, H_, Dh_), k = bthd(qkv, B, 1, d_, H_, Dh_);
+  rope_fwd(ctx, q, opt_.rope_base, st.pos);
+  rope_fwd(ctx, k, opt_.rope_base, st.pos);
+  attention_cache_write(ctx, bhd(qkv, d_, H_, Dh_), bhd(qkv, 2 * d_, H_, Dh_), st.k, st.v, st.pos % opt_.window);
+  ++st.pos;
+  attention_decode(ctx, bhd(qkv, 0, H_, Dh_), st.k, st.v, std::min(st.pos, opt_.window), o.view({B, H_, Dh_}));
+  matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
 }
 
 }  // namespace linac

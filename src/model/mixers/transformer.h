@@ -4,6 +4,8 @@
 //   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
 //   out    += o Wo^T           Wo: [d, d]
 // Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
+// Decoding (sliding window only; full attention's growing KV cache is `linac generate`'s): a
+// ring buffer of `window` post-RoPE keys and values per sequence; RoPE at absolute positions.
 #pragma once
 
 #include "config/config.h"
@@ -28,6 +30,8 @@ class AttentionMixer final : public Mixer {
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   double flops_per_token(int64_t T) const override;
+  std::unique_ptr<MixerState> init_state(int64_t B) override;
+  void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
 
  private:
   ModelEnv& env_;
