@@ -21,9 +21,6 @@ namespace {
 constexpr int kMaxW = static_cast<int>(kShortConvMaxWidth);
 constexpr int kTile = static_cast<int>(kShortConvTileTokens);
 constexpr int kThreads = 128;
-// Tokens whose loads a thread issues together before using them: the loads of one token depend on
-// nothing before them, and a thread walking its tile one load at a time would wait on each.
-constexpr int kBatch = 8;
 
 struct Args {
   int T, C, W, tiles;  // tiles per sequence
@@ -97,22 +94,10 @@ __global__ void __launch_bounds__(kThreads)
   float hr[kMaxW], win[kMaxW];
   load_filter(h, ch, p.W, hr);
   load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
-  for (int tb = t0; tb < t1; tb += kBatch) {
-    float av[kBatch], gv[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool in = tb + u < t1;
-      av[u] = in ? cuda::to_float(a_seq[(tb + u) * p.a.t]) : 0.f;
-      gv[u] = in ? cuda::to_float(g_seq[(tb + u) * p.g.t]) : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int t = tb + u;
-      if (t >= t1) break;
-      push(win, av[u] + bias_a);
-      const float c = conv_window(hr, win, p.W);
-      z_seq[t * p.z.t] = cuda::from_float<T>(activation(c, p.silu) * (gv[u] + bias_g));
-    }
+  for (int t = t0; t < t1; ++t) {
+    push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
+    const float c = conv_window(hr, win, p.W);
+    z_seq[t * p.z.t] = cuda::from_float<T>(activation(c, p.silu) * (cuda::to_float(g_seq[t * p.g.t]) + bias_g));
   }
 }
 
@@ -139,44 +124,31 @@ __global__ void __launch_bounds__(kThreads)
   load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
   float dba_sum = 0.f, dbg_sum = 0.f;
   // Tokens past the tile (and past T, where dc = 0) complete the da of the tile's last W-1 tokens.
-  const int t_end = t1 + p.W - 1, t_load = min(t_end, p.T);
-  for (int tb = t0; tb < t_end; tb += kBatch) {
-    float av[kBatch], gv[kBatch], dzv[kBatch];
+  for (int t = t0; t < t1 + p.W - 1; ++t) {
+    float dc = 0.f;
+    if (t < p.T) {
+      push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
+      const float c = conv_window(hr, win, p.W);
+      const float dzv = cuda::to_float(dz_seq[t * p.dz.t]);
+      dc = dzv * (cuda::to_float(g_seq[t * p.g.t]) + bias_g) * activation_grad(c, p.silu);
+      if (t < t1) {
+        const float dgv = activation(c, p.silu) * dzv;
+        dg_seq[t * p.dg.t] = cuda::from_float<T>(dgv);
+        dbg_sum += dgv;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const bool in = tb + u < t_load;
-      av[u] = in ? cuda::to_float(a_seq[(tb + u) * p.a.t]) : 0.f;
-      gv[u] = in ? cuda::to_float(g_seq[(tb + u) * p.g.t]) : 0.f;
-      dzv[u] = in ? cuda::to_float(dz_seq[(tb + u) * p.dz.t]) : 0.f;
+        for (int i = 0; i < kMaxW; ++i) dh_r[i] = fmaf(dc, win[i], dh_r[i]);
+      }
     }
+    push(dcw, dc);  // dcw[i] = dc[t-i]
+    const int s = t - p.W + 1;
+    if (s >= t0) {
+      // da[s] = sum_j h[j] dc[s+W-1-j] = sum_j h[j] dcw[j], ascending j.
+      float acc = 0.f;
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int t = tb + u;
-      if (t >= t_end) break;
-      float dc = 0.f;
-      if (t < p.T) {
-        push(win, av[u] + bias_a);
-        const float c = conv_window(hr, win, p.W);
-        dc = dzv[u] * (gv[u] + bias_g) * activation_grad(c, p.silu);
-        if (t < t1) {
-          const float dgv = activation(c, p.silu) * dzv[u];
-          dg_seq[t * p.dg.t] = cuda::from_float<T>(dgv);
-          dbg_sum += dgv;
-#pragma unroll
-          for (int i = 0; i < kMaxW; ++i) dh_r[i] = fmaf(dc, win[i], dh_r[i]);
-        }
-      }
-      push(dcw, dc);  // dcw[i] = dc[t-i]
-      const int s = t - p.W + 1;
-      if (s >= t0) {
-        // da[s] = sum_j h[j] dc[s+W-1-j] = sum_j h[j] dcw[j], ascending j.
-        float acc = 0.f;
-#pragma unroll
-        for (int j = 0; j < kMaxW; ++j)
-          if (j < p.W) acc = fmaf(hf[j], dcw[j], acc);
-        da_seq[s * p.da.t] = cuda::from_float<T>(acc);
-        dba_sum += acc;
-      }
+      for (int j = 0; j < kMaxW; ++j)
+        if (j < p.W) acc = fmaf(hf[j], dcw[j], acc);
+      da_seq[s * p.da.t] = cuda::from_float<T>(acc);
+      dba_sum += acc;
     }
   }
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (p.W + 2);
