@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|all]     (default: all)
+#   scripts/gpu_check.sh [tests|bench|based|all]     (default: all; based: only the Based benchmarks)
 set -uo pipefail
 what="${1:-all}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,5 +36,21 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     2>&1 | tee "$out/bench_attention.txt"
   ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 \
     --tokens-per-step 32768 --steps 10 2>&1 | tee "$out/bench_125m.txt"
+fi
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
+  # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model
+  # next to Transformer++ of the same size.
+  ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+    2>&1 | tee "$out/bench_taylor.txt"
+  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
+    2>&1 | tee "$out/bench_gla.txt"
+  for w in 16 64; do
+    ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+      --window $w 2>&1 | tee "$out/bench_window_$w.txt"
+  done
+  for c in based_360m transformer_360m; do
+    ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 10 2>&1 | tee "$out/bench_$c.txt"
+  done
 fi
 printf '%s\n' "${summary[@]}"
