@@ -10,6 +10,8 @@
 //          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
 //          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
 //          lanes of a row in a fixed order, so the result is deterministic.
+#include <type_traits>
+
 #include "taylor_attn/taylor_attn_common.cuh"
 
 namespace linac {
@@ -19,7 +21,6 @@ namespace {
 constexpr int kSlice = 32;  // feature rows per streamed state slice
 constexpr int kSStages = 4;  // slices in flight
 constexpr int kSlices = kRows / kSlice;
-constexpr int kNT = kMaxDvP / 8;  // value n-tiles of the widest output
 
 struct ChunkSmem {
   int ldx, ldv, ldphi, ldm, ldf;
@@ -48,7 +49,7 @@ struct ChunkSmem {
   }
 };
 
-template <class T, int kMode>
+template <class T, int kMode, int kNT>
 __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
                                                     const T* __restrict__ y, const T* __restrict__ z,
                                                     const T* __restrict__ states, const float* __restrict__ carry,
@@ -246,7 +247,12 @@ void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, c
                   const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs) {
   const int bytes = ChunkSmem::of<T>(a.DvP, mode).bytes;
-  auto kernel = mode == kOut ? chunk_kernel<T, kOut> : mode == kGradQ ? chunk_kernel<T, kGradQ> : chunk_kernel<T, kGradK>;
+  auto pick = [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    return mode == kOut ? chunk_kernel<T, kOut, NT> : mode == kGradQ ? chunk_kernel<T, kGradQ, NT> : chunk_kernel<T, kGradK, NT>;
+  };
+  auto kernel = a.DvP / 8 <= kNTSmall ? pick(std::integral_constant<int, kNTSmall>{})
+                                      : pick(std::integral_constant<int, kNTLarge>{});
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(P));
   kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, carry, out, os, den, dx, dxs);

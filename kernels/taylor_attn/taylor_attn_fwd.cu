@@ -100,7 +100,7 @@ struct ScanSmem {
   }
 };
 
-template <class T, bool kRev>
+template <class T, bool kRev, int NT>
 __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
                                                   T* __restrict__ states, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* 
     cp_async_commit();
   };
 
-  float acc[kMaxDvP / 8][4] = {};
+  float acc[NT][4] = {};
   for (int s = 0; s < kScanStages - 1; ++s) issue(s);
   for (int step = 0; step < N; ++step) {
     const int s = step % kScanStages;
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* 
     issue(step + kScanStages - 1);
     T* out = states + ((static_cast<int64_t>(pl) * a.N + chunk(step)) * kRows + 16 * fb) * DvP;
 #pragma unroll
-    for (int nt = 0; nt < kMaxDvP / 8; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
       if (nt >= ntv) break;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
@@ -145,12 +145,12 @@ __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* 
     }
     __syncwarp();
     // state block (16 features x DvP) += phi^T (stored [token][feature]) . Y
-    warp_mma<T, true, true, kMaxDvP / 8>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
+    warp_mma<T, true, true, NT>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
     __syncwarp();
   }
   float* tot = carry + ((static_cast<int64_t>(pl) * a.nseg + seg) * kRows + 16 * fb) * DvP;
 #pragma unroll
-  for (int nt = 0; nt < kMaxDvP / 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       if (nt < ntv) tot[f.row(0, e) * DvP + f.col(0, nt, e)] = acc[nt][e];
@@ -196,7 +196,9 @@ template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final) {
   const int bytes = ScanSmem::of<T>(a.DvP).bytes;
-  auto kernel = reverse ? scan_kernel<T, true> : scan_kernel<T, false>;
+  const bool small = a.DvP / 8 <= kNTSmall;
+  auto kernel = reverse ? (small ? scan_kernel<T, true, kNTSmall> : scan_kernel<T, true, kNTLarge>)
+                        : (small ? scan_kernel<T, false, kNTSmall> : scan_kernel<T, false, kNTLarge>);
   set_smem(kernel, bytes);
   const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
   kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
