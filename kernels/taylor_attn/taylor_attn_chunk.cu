@@ -5,7 +5,8 @@
 //          (Y Z^T) * (1 + U) (grad) goes through shared memory in the activation dtype into
 //          the next matmul with Z or Xo, visiting only the 16-row blocks the mask leaves.
 //   inter  the exclusive state streams through in 32-row feature slices (a 4-deep cp.async
-//          ring; the segment's carry from the scan added on arrival). out: phi(X) for the slice is formed in shared memory, acc += phi(X) S_slice.
+//          ring; the segment's carry from the scan added on arrival). out: phi(X) for the slice
+//          is formed in shared memory, acc += phi(X) S_slice (f32 accumulators sized by kNT).
 //          grad: G = Y S_slice^T (dL/dphi(x) for the slice's features) is contracted with x at once
 //          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
 //          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
@@ -18,7 +19,7 @@ namespace linac {
 namespace taylor_cuda {
 namespace {
 
-constexpr int kSlice = 32;  // feature rows per streamed state slice
+constexpr int kSlice = 32;   // feature rows per streamed state slice
 constexpr int kSStages = 4;  // slices in flight
 constexpr int kSlices = kRows / kSlice;
 
@@ -53,8 +54,8 @@ template <class T, int kMode, int kNT>
 __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
                                                     const T* __restrict__ y, const T* __restrict__ z,
                                                     const T* __restrict__ states, const float* __restrict__ carry,
-                                                    T* __restrict__ out,
-                                                    TaylorAttnLayout::Strides os, float* __restrict__ den,
+                                                    T* __restrict__ out, TaylorAttnLayout::Strides os,
+                                                    float* __restrict__ den,
                                                     T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
   using linac::cuda::from_float;
   using linac::cuda::to_float;
