@@ -4,27 +4,30 @@
 //   intra  U = X Xo^T on tensor cores (one k-step: F = 16); the masked matrix kappa(U) (out) or
 //          (Y Z^T) * (1 + U) (grad) goes through shared memory in the activation dtype into
 //          the next matmul with Z or Xo, visiting only the 16-row blocks the mask leaves.
-//   inter  the exclusive state streams through in 32-row feature slices (double-buffered
-//          cp.async; the segment's carry from the scan added on arrival). out: phi(X) for the slice is formed in shared memory, acc += phi(X) S_slice.
+//   inter  the exclusive state streams through in 32-row feature slices (a 4-deep cp.async
+//          ring; the segment's carry from the scan added on arrival). out: phi(X) for the slice
+//          is formed in shared memory, acc += phi(X) S_slice (f32 accumulators sized by kNT).
 //          grad: G = Y S_slice^T (dL/dphi(x) for the slice's features) is contracted with x at once
 //          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
 //          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
 //          lanes of a row in a fixed order, so the result is deterministic.
+#include <type_traits>
+
 #include "taylor_attn/taylor_attn_common.cuh"
 
 namespace linac {
 namespace taylor_cuda {
 namespace {
 
-constexpr int kSlice = 32;  // feature rows per streamed state slice
+constexpr int kSlice = 32;   // feature rows per streamed state slice
+constexpr int kSStages = 4;  // slices in flight
 constexpr int kSlices = kRows / kSlice;
-constexpr int kNT = kMaxDvP / 8;  // value n-tiles of the widest output
 
 struct ChunkSmem {
   int ldx, ldv, ldphi, ldm, ldf;
   int x, xo, y, z, s, phi, m, dx, bytes;  // byte offsets
   template <class T>
-  __host__ __device__ static ChunkSmem of(int DvP) {
+  __host__ __device__ static ChunkSmem of(int DvP, int mode) {
     ChunkSmem c{};
     const int e = static_cast<int>(sizeof(T));
     c.ldx = ld_of<T>(kF), c.ldv = ld_of<T>(DvP), c.ldphi = ld_of<T>(kSlice), c.ldm = ld_of<T>(kC), c.ldf = kF + 4;
@@ -36,29 +39,29 @@ struct ChunkSmem {
     };
     c.x = take(kC * c.ldx * e);
     c.xo = take(kC * c.ldx * e);
-    c.y = take(kC * c.ldv * e);
+    c.y = take(mode == kOut ? 0 : kC * c.ldv * e);
     c.z = take(kC * c.ldv * e);
-    c.s = take(2 * kSlice * c.ldv * e);
-    c.phi = take(kC * c.ldphi * e);
+    c.s = take(kSStages * kSlice * c.ldv * e);
+    c.phi = take(mode == kGradQ ? 0 : kC * c.ldphi * e);
     c.m = take(kC * c.ldm * e);
-    c.dx = take(kC * c.ldf * 4);
+    c.dx = take(mode == kOut ? 0 : kC * c.ldf * 4);
     c.bytes = off;
     return c;
   }
 };
 
-template <class T, int kMode>
+template <class T, int kMode, int kNT>
 __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
                                                     const T* __restrict__ y, const T* __restrict__ z,
                                                     const T* __restrict__ states, const float* __restrict__ carry,
-                                                    T* __restrict__ out,
-                                                    TaylorAttnLayout::Strides os, float* __restrict__ den,
+                                                    T* __restrict__ out, TaylorAttnLayout::Strides os,
+                                                    float* __restrict__ den,
                                                     T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
   using linac::cuda::from_float;
   using linac::cuda::to_float;
   constexpr bool kUpper = kMode == kGradK, kHasOut = kMode != kGradQ, kHasGrad = kMode != kOut;
   extern __shared__ __align__(16) unsigned char smem[];
-  const ChunkSmem L = ChunkSmem::of<T>(a.DvP);
+  const ChunkSmem L = ChunkSmem::of<T>(a.DvP, kMode);
   T* X = reinterpret_cast<T*>(smem + L.x);
   T* Xo = reinterpret_cast<T*>(smem + L.xo);
   T* Y = reinterpret_cast<T*>(smem + L.y);
@@ -84,13 +87,16 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
   if (kHasGrad) load_rows<T, 128>(Y, L.ldv, y + r0 * DvP, DvP, kC, DvP);
   load_rows<T, 128>(Z, L.ldv, z + r0 * DvP, DvP, kC, DvP);
   cp_async_commit();
+  // Slice sl goes to ring buffer sl % kSStages; a group per slice (empty past the end), so the
+  // group count stays uniform.
   auto issue_slice = [&](int sl) {
-    load_rows<T, 128>(Sb + (sl & 1) * kSlice * L.ldv, L.ldv, Sn + static_cast<int64_t>(sl) * kSlice * DvP, DvP,
-                      kSlice, DvP);
+    if (sl < kSlices)
+      load_rows<T, 128>(Sb + (sl % kSStages) * kSlice * L.ldv, L.ldv, Sn + static_cast<int64_t>(sl) * kSlice * DvP,
+                        DvP, kSlice, DvP);
     cp_async_commit();
   };
-  issue_slice(0);
-  cp_async_wait<1>();
+  for (int sl = 0; sl < kSStages - 1; ++sl) issue_slice(sl);
+  cp_async_wait<kSStages - 1>();  // the chunk's tiles
   __syncthreads();
 
   // ---- intra-chunk ----
@@ -143,20 +149,16 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
       for (int ee = 0; ee < 2; ++ee) xj[ri][h8][ee] = to_float(X[(m0 + f.g + 8 * ri) * L.ldx + 8 * h8 + 2 * f.q + ee]);
 #pragma unroll
   for (int sl = 0; sl < kSlices; ++sl) {
-    if (sl + 1 < kSlices) {
-      issue_slice(sl + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_wait<kSStages - 2>();
+    __syncthreads();  // slice sl landed; every warp is done with the buffer and Phi refilled next
+    issue_slice(sl + kSStages - 1);
     if (kHasOut)
       for (int idx = tid; idx < kC * kSlice; idx += 128) {
         const int tok = idx / kSlice, c = idx % kSlice;
         Phi[tok * L.ldphi + c] = from_float<T>(feature(X + tok * L.ldx, (kSlice / 16) * sl + c / 16, c % 16));
       }
-    T* Ss = Sb + (sl & 1) * kSlice * L.ldv;
+    T* Ss = Sb + (sl % kSStages) * kSlice * L.ldv;
     if (Cn) {  // segment-local state + the segment's carry
-      __syncthreads();
       const float* cs = Cn + static_cast<int64_t>(sl) * kSlice * DvP;
       for (int idx = tid; idx < kSlice * DvP; idx += 128) {
         const int r = idx / DvP, c = idx % DvP;
@@ -183,7 +185,6 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
         }
       }
     }
-    __syncthreads();  // the slice buffer and Phi are refilled next
   }
 
   // ---- epilogue ----
@@ -246,8 +247,13 @@ template <class T>
 void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
                   const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs) {
-  const int bytes = ChunkSmem::of<T>(a.DvP).bytes;
-  auto kernel = mode == kOut ? chunk_kernel<T, kOut> : mode == kGradQ ? chunk_kernel<T, kGradQ> : chunk_kernel<T, kGradK>;
+  const int bytes = ChunkSmem::of<T>(a.DvP, mode).bytes;
+  auto pick = [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    return mode == kOut ? chunk_kernel<T, kOut, NT> : mode == kGradQ ? chunk_kernel<T, kGradQ, NT> : chunk_kernel<T, kGradK, NT>;
+  };
+  auto kernel = a.DvP / 8 <= kNTSmall ? pick(std::integral_constant<int, kNTSmall>{})
+                                      : pick(std::integral_constant<int, kNTLarge>{});
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(P));
   kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, carry, out, os, den, dx, dxs);

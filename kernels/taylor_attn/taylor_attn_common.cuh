@@ -33,6 +33,9 @@ constexpr int kC = 64;                 // chunk length
 constexpr int kRows = kF * kF + 2 * kF;  // padded feature rows (288)
 constexpr int kBlocks = kRows / 16;    // 18 feature blocks of 16
 constexpr int kMaxDvP = 144;           // Dv <= 128
+// Value n-tiles (of 8 columns) the accumulators are sized for: Dv <= 64 runs a 10-tile build, so
+// the common head size does not pay registers for the widest one.
+constexpr int kNTSmall = 10, kNTLarge = kMaxDvP / 8;
 constexpr float kRsqrt2 = 0.70710678118654752f;
 
 constexpr int kSegChunks = 16;  // chunks per scan segment

@@ -5,7 +5,7 @@
 //   prep   grid (N, P): q^ = q F^(-1/4), k^ (exact in bf16 at F = 16: the factor is 1/2), v~ = [v, 1, 0..]
 //          and, for the backward, g~ = [dout/den, -(dout . o)/den, 0..] (a warp per row, fixed-order
 //          dot product), chunk-major with zero rows past T, so every later tile load is dense.
-//   scan   grid (9, P, segments of 16 chunks), two warps per CTA, each owning one 16-row feature
+//   scan   grid (3, P, segments of 16 chunks), six warps per CTA, each owning one 16-row feature
 //          block: sequential over the chunks of its segment, the f32 state block lives in mma
 //          accumulators; per chunk it is stored (the segment-local exclusive state, rounded to the
 //          activation dtype: it only feeds tensor-core matmuls), then the warp forms its block of
@@ -26,51 +26,67 @@ namespace {
 
 // ---- prep ----------------------------------------------------------------------------------
 
+// Four elements per access (load4/store4: 8-byte bf16 or 16-byte f32 vectors; every row offset is
+// a multiple of four elements).
 template <class T>
 __global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__ q, const T* __restrict__ k,
                                                    const T* __restrict__ v, const T* __restrict__ o,
                                                    const T* __restrict__ dout, const float* __restrict__ den,
                                                    Workspace<T> w, bool grad) {
-  using linac::cuda::from_float;
-  using linac::cuda::to_float;
+  using linac::cuda::load4;
+  using linac::cuda::store4;
   const int n = blockIdx.x, pl = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
-  const int rows = min(kC, a.T - n * kC), tid = threadIdx.x, DvP = a.DvP;
+  const int rows = min(kC, a.T - n * kC), tid = threadIdx.x, DvP = a.DvP, Dv = a.Dv;
   const int64_t t0 = static_cast<int64_t>(n) * kC, r0 = (static_cast<int64_t>(pl) * a.N + n) * kC;
   const float scale = 0.5f;  // F^(-1/4) at F = 16
-  for (int idx = tid; idx < kC * kF; idx += 128) {
-    const int r = idx / kF, i = idx % kF;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f), one = make_float4(1.f, 0.f, 0.f, 0.f);
+  auto scaled = [&](float4 x) { return make_float4(scale * x.x, scale * x.y, scale * x.z, scale * x.w); };
+  for (int idx = tid; idx < kC * kF / 4; idx += 128) {
+    const int r = idx / (kF / 4), i = 4 * (idx % (kF / 4));
     const bool ok = r < rows;
-    w.xq[r0 * kF + idx] = from_float<T>(ok ? scale * to_float(q[b * a.q.b + (t0 + r) * a.q.t + h * kF + i]) : 0.f);
-    w.xk[r0 * kF + idx] = from_float<T>(ok ? scale * to_float(k[b * a.k.b + (t0 + r) * a.k.t + h * kF + i]) : 0.f);
+    store4(w.xq + r0 * kF + 4 * idx, ok ? scaled(load4(q + b * a.q.b + (t0 + r) * a.q.t + h * kF + i)) : zero);
+    store4(w.xk + r0 * kF + 4 * idx, ok ? scaled(load4(k + b * a.k.b + (t0 + r) * a.k.t + h * kF + i)) : zero);
   }
-  for (int idx = tid; idx < kC * DvP; idx += 128) {
-    const int r = idx / DvP, j = idx % DvP;
-    float val = 0.f;
-    if (r < rows) val = j < a.Dv ? to_float(v[b * a.v.b + (t0 + r) * a.v.t + h * a.Dv + j]) : j == a.Dv ? 1.f : 0.f;
-    w.vt[r0 * DvP + idx] = from_float<T>(val);
+  for (int idx = tid; idx < kC * DvP / 4; idx += 128) {
+    const int r = idx / (DvP / 4), j = 4 * (idx % (DvP / 4));
+    float4 val = zero;
+    if (r < rows) val = j < Dv ? load4(v + b * a.v.b + (t0 + r) * a.v.t + h * Dv + j) : j == Dv ? one : zero;
+    store4(w.vt + r0 * DvP + 4 * idx, val);
   }
   if (!grad) return;
+  // g~: a warp per row (fixed-order dot product dout . o).
   const int warp = tid >> 5, lane = tid & 31;
   for (int r = warp; r < kC; r += 4) {
     T* g = w.gt + (r0 + r) * DvP;
     if (r >= rows) {
-      for (int j = lane; j < DvP; j += 32) g[j] = from_float<T>(0.f);
+      for (int j = 4 * lane; j < DvP; j += 128) store4(g + j, zero);
       continue;
     }
-    const T* orow = o + b * a.o.b + (t0 + r) * a.o.t + h * a.Dv;
-    const T* drow = dout + b * a.dout.b + (t0 + r) * a.dout.t + h * a.Dv;
+    const T* orow = o + b * a.o.b + (t0 + r) * a.o.t + h * Dv;
+    const T* drow = dout + b * a.dout.b + (t0 + r) * a.dout.t + h * Dv;
     float dot = 0.f;
-    for (int j = lane; j < a.Dv; j += 32) dot = fmaf(to_float(drow[j]), to_float(orow[j]), dot);
+    for (int j = 4 * lane; j < Dv; j += 128) {
+      const float4 d = load4(drow + j), x = load4(orow + j);
+      dot += d.x * x.x + d.y * x.y + d.z * x.z + d.w * x.w;
+    }
     dot = linac::cuda::warp_sum(dot);
     const float inv = 1.f / den[static_cast<int64_t>(pair) * a.T + t0 + r];
-    for (int j = lane; j < DvP; j += 32)
-      g[j] = from_float<T>(j < a.Dv ? to_float(drow[j]) * inv : j == a.Dv ? -dot * inv : 0.f);
+    for (int j = 4 * lane; j < DvP; j += 128) {
+      float4 val = zero;
+      if (j < Dv) {
+        const float4 d = load4(drow + j);
+        val = make_float4(d.x * inv, d.y * inv, d.z * inv, d.w * inv);
+      } else if (j == Dv) {
+        val.x = -dot * inv;
+      }
+      store4(g + j, val);
+    }
   }
 }
 
 // ---- state scan ----------------------------------------------------------------------------
 
-constexpr int kScanStages = 3, kScanWarps = 2;
+constexpr int kScanStages = 3, kScanWarps = 6;  // 6 warps share each chunk's tiles
 
 struct ScanSmem {
   int ldx, ldy, ldphi, stage, bytes;
@@ -84,8 +100,8 @@ struct ScanSmem {
   }
 };
 
-template <class T, bool kRev>
-__global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
+template <class T, bool kRev, int NT>
+__global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
                                                   T* __restrict__ states, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
   const ScanSmem L = ScanSmem::of<T>(a.DvP);
@@ -101,13 +117,13 @@ __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ 
     if (step < N) {
       const int s = step % kScanStages;
       const int64_t r0 = (static_cast<int64_t>(pl) * a.N + chunk(step)) * kC;
-      load_rows<T, 64>(stage_x(s), L.ldx, x + r0 * kF, kF, kC, kF);
-      load_rows<T, 64>(stage_y(s), L.ldy, y + r0 * DvP, DvP, kC, DvP);
+      load_rows<T, 32 * kScanWarps>(stage_x(s), L.ldx, x + r0 * kF, kF, kC, kF);
+      load_rows<T, 32 * kScanWarps>(stage_y(s), L.ldy, y + r0 * DvP, DvP, kC, DvP);
     }
     cp_async_commit();
   };
 
-  float acc[kMaxDvP / 8][4] = {};
+  float acc[NT][4] = {};
   for (int s = 0; s < kScanStages - 1; ++s) issue(s);
   for (int step = 0; step < N; ++step) {
     const int s = step % kScanStages;
@@ -116,7 +132,7 @@ __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ 
     issue(step + kScanStages - 1);
     T* out = states + ((static_cast<int64_t>(pl) * a.N + chunk(step)) * kRows + 16 * fb) * DvP;
 #pragma unroll
-    for (int nt = 0; nt < kMaxDvP / 8; ++nt) {
+    for (int nt = 0; nt < NT; ++nt) {
       if (nt >= ntv) break;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf)
@@ -129,33 +145,36 @@ __global__ void __launch_bounds__(64) scan_kernel(Args a, const T* __restrict__ 
     }
     __syncwarp();
     // state block (16 features x DvP) += phi^T (stored [token][feature]) . Y
-    warp_mma<T, true, true, kMaxDvP / 8>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
+    warp_mma<T, true, true, NT>(acc, phi, L.ldphi, 0, 0, stage_y(s), L.ldy, 0, 0, kC / 16, ntv);
     __syncwarp();
   }
   float* tot = carry + ((static_cast<int64_t>(pl) * a.nseg + seg) * kRows + 16 * fb) * DvP;
 #pragma unroll
-  for (int nt = 0; nt < kMaxDvP / 8; ++nt)
+  for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       if (nt < ntv) tot[f.row(0, e) * DvP + f.col(0, nt, e)] = acc[nt][e];
 }
 
 // Segment totals -> carries in place (exclusive prefix over the segments, in order), a thread per
-// state element; the full sum (forward) is the final state.
+// four state elements; the full sum (forward) is the final state.
 template <bool kRev>
-__global__ void __launch_bounds__(256) carry_kernel(Args a, float* __restrict__ carry, float* __restrict__ s_final) {
-  const int pl = blockIdx.y, e = blockIdx.x * 256 + threadIdx.x, n = kRows * a.DvP;
-  if (e >= n) return;
-  float* c = carry + static_cast<int64_t>(pl) * a.nseg * n + e;
-  float run = 0.f;
+__global__ void __launch_bounds__(128) carry_kernel(Args a, float* __restrict__ carry, float* __restrict__ s_final) {
+  const int pl = blockIdx.y, e4 = blockIdx.x * 128 + threadIdx.x, n4 = kRows * a.DvP / 4;
+  if (e4 >= n4) return;
+  float4* c = reinterpret_cast<float4*>(carry) + static_cast<int64_t>(pl) * a.nseg * n4 + e4;
+  float4 run = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int i = 0; i < a.nseg; ++i) {
-    const int g = kRev ? a.nseg - 1 - i : i;
-    const float t = c[static_cast<int64_t>(g) * n];
-    c[static_cast<int64_t>(g) * n] = run;
-    run += t;
+    const int64_t g = kRev ? a.nseg - 1 - i : i;
+    const float4 t = c[g * n4];
+    c[g * n4] = run;
+    run.x += t.x, run.y += t.y, run.z += t.z, run.w += t.w;
   }
-  const int r = e / a.DvP, col = e % a.DvP, R = kF * kF + kF + 1, W = a.Dv + 1;
-  if (s_final && r < R && col < W) s_final[static_cast<int64_t>(a.p0 + pl) * R * W + r * W + col] = run;
+  if (!s_final) return;
+  const int R = kF * kF + kF + 1, W = a.Dv + 1, r = 4 * e4 / a.DvP, col = 4 * e4 % a.DvP;
+  const float v[4] = {run.x, run.y, run.z, run.w};
+  for (int u = 0; u < 4; ++u)
+    if (r < R && col + u < W) s_final[static_cast<int64_t>(a.p0 + pl) * R * W + r * W + col + u] = v[u];
 }
 
 template <class K>
@@ -177,16 +196,18 @@ template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final) {
   const int bytes = ScanSmem::of<T>(a.DvP).bytes;
-  auto kernel = reverse ? scan_kernel<T, true> : scan_kernel<T, false>;
+  const bool small = a.DvP / 8 <= kNTSmall;
+  auto kernel = reverse ? (small ? scan_kernel<T, true, kNTSmall> : scan_kernel<T, true, kNTLarge>)
+                        : (small ? scan_kernel<T, false, kNTSmall> : scan_kernel<T, false, kNTLarge>);
   set_smem(kernel, bytes);
   const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
   kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
   LINAC_CUDA_LAUNCH_CHECK();
-  const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP, 256)), static_cast<unsigned>(P));
+  const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP / 4, 128)), static_cast<unsigned>(P));
   if (reverse)
-    carry_kernel<true><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+    carry_kernel<true><<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
   else
-    carry_kernel<false><<<cgrid, 256, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+    carry_kernel<false><<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
