@@ -34,6 +34,9 @@ json Config::to_json() const {
                 {"tie_embeddings", model.tie_embeddings},
                 {"norm_eps", model.norm_eps},
                 {"init_std", model.init_std},
+                {"norm", model_norm(model)},
+                {"channel_mixer", model_channel_mixer(model)},
+                {"embed_scale", model_embed_scale(model)},
                 {"mixer", model.mixer}};
   if (!model.layers.empty()) j["model"]["layers"] = model.layers;
   if (!model.layer_pattern.empty()) j["model"]["layer_pattern"] = model.layer_pattern;
@@ -84,6 +87,9 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.tie_embeddings = m.get_bool("tie_embeddings", c.model.tie_embeddings);
   c.model.norm_eps = m.get_double("norm_eps", c.model.norm_eps, 0, 1);
   c.model.init_std = m.get_double("init_std", c.model.init_std, 1e-6, 10);
+  if (m.has("norm")) c.model.norm = m.get_choice("norm", "", {"rmsnorm", "srmsnorm"});
+  if (m.has("channel_mixer")) c.model.channel_mixer = m.get_choice("channel_mixer", "", {"swiglu", "sglu"});
+  c.model.embed_scale = m.get_double("embed_scale", 0, 0, 1e6);
   c.model.mixer = m.get_object("mixer");
   for (const char* key : {"layers", "layer_pattern"}) {
     if (!m.has(key)) continue;

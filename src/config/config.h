@@ -22,6 +22,10 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double norm_eps = 1e-5;
   double init_std = 0.02;
+  // The shared parts of a block, "" / 0 = the architecture's (model/registry.h resolves them):
+  std::string norm;           // rmsnorm | srmsnorm (no gain: TransNormerLLM)
+  std::string channel_mixer;  // swiglu | sglu (a GLU without activation: TransNormerLLM)
+  double embed_scale = 0;     // embeddings are multiplied by this (TNL: sqrt(d_model))
   json mixer = json::object();   // options of the architecture's primary mixer kind
   // Per-layer stacks (model/layer_plan.h): one name per layer, or a pattern repeated over the
   // layers (at most one of the two is non-empty), and named options blocks.

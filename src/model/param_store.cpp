@@ -15,6 +15,10 @@ int64_t round_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 int ParamStore::add(const ParamSpec& spec) {
   LINAC_CHECK(master_.bytes() == 0, "ParamStore::add after allocate");
   LINAC_CHECK(find(spec.name) < 0, "duplicate parameter name " + spec.name);
+  int64_t n = 1;
+  for (int64_t d : spec.shape) n *= d;
+  LINAC_CHECK(spec.init != Init::Values || static_cast<int64_t>(spec.values.size()) == n,
+              "parameter " + spec.name + ": Init::Values needs one value per element");
   specs_.push_back(spec);
   return static_cast<int>(specs_.size()) - 1;
 }
@@ -98,6 +102,7 @@ void ParamStore::init(uint64_t seed, const Ctx& ctx) {
         case Init::Normal: h[off + j] = s.std * philox_normal(seed, stream, static_cast<uint64_t>(j)); break;
         case Init::Ones: h[off + j] = 1.0; break;
         case Init::Zeros: h[off + j] = 0.0; break;
+        case Init::Values: h[off + j] = s.values[static_cast<size_t>(j)]; break;
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "model/registry.h"
 
+#include <cmath>
+
 #include "config/json_reader.h"
 #include "model/mixers/base_conv.h"
 #include "model/mixers/gla.h"
@@ -84,6 +86,19 @@ const ArchInfo& find_architecture(const std::string& name, const std::string& fi
   const std::string near = closest(name, names);
   throw UserError(file + ": model.arch: '" + name + "' is not one of " + names_of(names) +
                   (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+}
+
+std::string model_norm(const ModelConfig& cfg) {
+  return cfg.norm.empty() ? find_architecture(cfg.arch, "config").norm : cfg.norm;
+}
+
+std::string model_channel_mixer(const ModelConfig& cfg) {
+  return cfg.channel_mixer.empty() ? find_architecture(cfg.arch, "config").channel_mixer : cfg.channel_mixer;
+}
+
+double model_embed_scale(const ModelConfig& cfg) {
+  if (cfg.embed_scale > 0) return cfg.embed_scale;
+  return find_architecture(cfg.arch, "config").sqrt_d_embed_scale ? std::sqrt(static_cast<double>(cfg.d_model)) : 1.0;
 }
 
 }  // namespace linac

@@ -41,6 +41,10 @@ struct ArchInfo {
   std::string summary;
   std::string primary;               // the mixer kind `model.mixer` configures
   std::vector<std::string> pattern;  // default layer kinds, repeated over n_layers
+  // Defaults of the shared block parts (ModelConfig::norm, channel_mixer, embed_scale).
+  std::string norm = "rmsnorm";
+  std::string channel_mixer = "swiglu";
+  bool sqrt_d_embed_scale = false;   // embed_scale sqrt(d_model) instead of 1
 };
 
 const std::vector<MixerKind>& mixer_kinds();
@@ -50,5 +54,10 @@ const MixerKind& find_mixer_kind(const std::string& name, const std::string& pat
 const std::vector<ArchInfo>& architectures();
 // UserError naming `file` and model.arch (with a did-you-mean) when unknown.
 const ArchInfo& find_architecture(const std::string& name, const std::string& file);
+
+// The block parts a config resolves to (its own value, else its architecture's default).
+std::string model_norm(const ModelConfig& cfg);
+std::string model_channel_mixer(const ModelConfig& cfg);
+double model_embed_scale(const ModelConfig& cfg);
 
 }  // namespace linac
