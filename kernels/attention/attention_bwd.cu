@@ -47,7 +47,7 @@ struct DqCfg {
   static constexpr size_t kSmem = static_cast<size_t>(2 * BR + 4 * BC) * D * sizeof(bf16_t);
 };
 
-template <int D>
+template <int D, bool kBand>
 __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
     dq_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -93,11 +93,18 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
     const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
+    unsigned vis = ~0u;  // bit np: key group np is visible to this warp's rows
+    if constexpr (kBand) {
+      vis = 0;
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
+    }
     float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np) {
+        if (!(vis >> np & 1u)) continue;
         uint32_t bk[4], bv[4];
         lds_b_nk<D>(sK, np * 16, kk, bk);
         mma_bf16(s[2 * np], qf[kk], bk[0], bk[1]);
@@ -120,6 +127,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
 
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
+      if (!(vis >> kk & 1u)) continue;
       uint32_t da[4];
       c_to_a(s[2 * kk], s[2 * kk + 1], da);
 #pragma unroll
@@ -156,7 +164,7 @@ struct DkvCfg {
   static constexpr size_t kSmem = static_cast<size_t>(2 * BC + 4 * BR) * D * sizeof(bf16_t) + 4 * BR * sizeof(float);
 };
 
-template <int D>
+template <int D, bool kBand>
 __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     dkdv_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -210,6 +218,12 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     const float* lse_t = s_lse + buf * BR;
     const float* dl_t = s_dl + buf * BR;
 
+    unsigned vis = ~0u;  // bit np: query group np sees some of this warp's keys
+    if constexpr (kBand) {
+      vis = 0;
+#pragma unroll
+      for (int np = 0; np < BR / 16; ++np) vis |= unsigned{group_visible(a, q0 + np * 16, k0 + warp * 16)} << np;
+    }
     float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -223,6 +237,7 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
       }
 #pragma unroll
       for (int np = 0; np < BR / 16; ++np) {
+        if (!(vis >> np & 1u)) continue;
         uint32_t bq[4], bg[4];
         lds_b_nk<D>(sQ, np * 16, kk, bq);
         mma_bf16(st[2 * np], ka, bq[0], bq[1]);
@@ -250,6 +265,7 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
 
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk) {
+      if (!(vis >> kk & 1u)) continue;
       uint32_t pa[4], da[4];
       c_to_a(st[2 * kk], st[2 * kk + 1], pa);
       c_to_a(dpt[2 * kk], dpt[2 * kk + 1], da);
@@ -290,7 +306,8 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
   auto st = cuda::stream_of(ctx);
   {
     using C = DqCfg<D>;
-    auto kernel = dq_bf16_kernel<D>;
+    // As in the forward: only windowed attention carries the per-warp group skipping.
+    auto kernel = a.window > 0 ? dq_bf16_kernel<D, true> : dq_bf16_kernel<D, false>;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
     kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
@@ -299,7 +316,7 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
   }
   {
     using C = DkvCfg<D>;
-    auto kernel = dkdv_bf16_kernel<D>;
+    auto kernel = a.window > 0 ? dkdv_bf16_kernel<D, true> : dkdv_bf16_kernel<D, false>;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BC)));
     kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),

@@ -62,6 +62,16 @@ __device__ __forceinline__ bool tile_needs_mask(const Args& a, int q0, int br, i
   return a.causal && (k0 + bc - 1 > q0 || (a.window > 0 && k0 <= q0 + br - 1 - a.window));
 }
 
+// Whether some query of [t0, t0 + 16) may see some key of [s0, s0 + 16): a warp's 16 rows against
+// one 16-wide mma group. Warps skip the matmuls of groups outside the causal/window band (their
+// scores are masked to P = 0 anyway), so a small window costs about (window + 16) keys per query
+// row instead of whole tiles, and the diagonal tiles of causal attention cost half.
+__device__ __forceinline__ bool group_visible(const Args& a, int t0, int s0) {
+  if (!a.causal) return true;
+  if (s0 > t0 + 15) return false;
+  return a.window <= 0 || t0 - (s0 + 15) < a.window;
+}
+
 __device__ __forceinline__ bool allowed(const Args& a, int t, int s) {
   return !a.causal || (s <= t && (a.window == 0 || s > t - a.window));
 }

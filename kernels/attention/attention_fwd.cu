@@ -23,7 +23,7 @@ struct FwdCfg {
   static constexpr size_t kSmem = static_cast<size_t>(BR + 4 * BC) * D * sizeof(bf16_t);
 };
 
-template <int D>
+template <int D, bool kBand>
 __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
     fwd_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ o, float* __restrict__ lse, const Args a) {
@@ -59,11 +59,18 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
     const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
+    unsigned vis = ~0u;  // bit np: key group np is visible to this warp's rows
+    if constexpr (kBand) {
+      vis = 0;
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
+    }
     float s[BC / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np) {
+        if (!(vis >> np & 1u)) continue;
         uint32_t bf[4];
         lds_b_nk<D>(sK, np * 16, kk, bf);
         mma_bf16(s[2 * np], qf[kk], bf[0], bf[1]);
@@ -108,6 +115,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
 
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
+      if (!(vis >> kk & 1u)) continue;
       uint32_t pa[4];
       c_to_a(s[2 * kk], s[2 * kk + 1], pa);
 #pragma unroll
@@ -141,7 +149,9 @@ template <int D>
 void launch_fwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& o, const Tensor& lse) {
   using C = FwdCfg<D>;
-  auto kernel = fwd_bf16_kernel<D>;
+  // Windowed attention skips the key groups outside each warp's band (group_visible); the other
+  // masks keep the kernel without that bookkeeping, which would cost D = 64 a register spill.
+  auto kernel = a.window > 0 ? fwd_bf16_kernel<D, true> : fwd_bf16_kernel<D, false>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),

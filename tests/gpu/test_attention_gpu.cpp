@@ -21,9 +21,12 @@ std::string name(const GpuCase& c) {
          " window=" + std::to_string(c.window);
 }
 
-const GpuCase kCases[] = {{1, 64, true, 0},     {17, 128, true, 0},  {64, 64, true, 0},
-                          {200, 64, true, 37},  {200, 128, false, 0}, {1000, 64, true, 0},
-                          {1000, 128, true, 300}, {1000, 64, true, 100}};
+// Windows of 1, 16 and 64 (Based's) exercise the per-warp skipping of key/query groups outside the
+// band, with T not a multiple of any tile.
+const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, true, 0},
+                          {200, 64, true, 37},   {200, 128, false, 0}, {1000, 64, true, 0},
+                          {1000, 128, true, 300}, {1000, 64, true, 100}, {333, 64, true, 16},
+                          {333, 128, true, 64},  {150, 64, true, 1},   {700, 64, true, 64}};
 
 AttentionOpts opts_of(const GpuCase& c) {
   AttentionOpts o;
