@@ -50,13 +50,17 @@ struct ChunkSmem {
   }
 };
 
+// CTAs per SM each build must reach (register caps). bf16, Dv <= 64: 4 is the shared-memory
+// limit; the dk/dv mode holds both accumulator sets, and 3 keeps it at <= 168 registers.
 template <class T, int kMode, int kNT>
-__global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo,
-                                                    const T* __restrict__ y, const T* __restrict__ z,
-                                                    const T* __restrict__ states, const float* __restrict__ carry,
-                                                    T* __restrict__ out, TaylorAttnLayout::Strides os,
-                                                    float* __restrict__ den,
-                                                    T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
+constexpr int kMinCtas = sizeof(T) == 4 ? 2 : (kNT == kNTSmall ? 4 : 3) - (kMode == kGradK ? 1 : 0);
+
+template <class T, int kMode, int kNT>
+__global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
+    chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo, const T* __restrict__ y,
+                 const T* __restrict__ z, const T* __restrict__ states, const float* __restrict__ carry,
+                 T* __restrict__ out, TaylorAttnLayout::Strides os, float* __restrict__ den,
+                 T* __restrict__ dx, TaylorAttnLayout::Strides dxs) {
   using linac::cuda::from_float;
   using linac::cuda::to_float;
   constexpr bool kUpper = kMode == kGradK, kHasOut = kMode != kGradQ, kHasGrad = kMode != kOut;
@@ -147,8 +151,19 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
     for (int h8 = 0; h8 < 2; ++h8)
 #pragma unroll
       for (int ee = 0; ee < 2; ++ee) xj[ri][h8][ee] = to_float(X[(m0 + f.g + 8 * ri) * L.ldx + 8 * h8 + 2 * f.q + ee]);
+  // The slice's carry (float4s, all in flight at once) is fetched before the wait for the slice,
+  // so its latency overlaps the barrier and the Phi build.
+  constexpr int kCarry4 = kSlice * 8 * kNT / 4 / 128;
+  const int n4 = kSlice * DvP / 4;
+  float4 cv[kCarry4];
 #pragma unroll
   for (int sl = 0; sl < kSlices; ++sl) {
+    if (Cn) {
+      const float4* cs = reinterpret_cast<const float4*>(Cn + static_cast<int64_t>(sl) * kSlice * DvP);
+#pragma unroll
+      for (int i = 0; i < kCarry4; ++i)
+        if (tid + 128 * i < n4) cv[i] = cs[tid + 128 * i];
+    }
     cp_async_wait<kSStages - 2>();
     __syncthreads();  // slice sl landed; every warp is done with the buffer and Phi refilled next
     issue_slice(sl + kSStages - 1);
@@ -159,10 +174,13 @@ __global__ void __launch_bounds__(128) chunk_kernel(Args a, const T* __restrict_
       }
     T* Ss = Sb + (sl % kSStages) * kSlice * L.ldv;
     if (Cn) {  // segment-local state + the segment's carry
-      const float* cs = Cn + static_cast<int64_t>(sl) * kSlice * DvP;
-      for (int idx = tid; idx < kSlice * DvP; idx += 128) {
-        const int r = idx / DvP, c = idx % DvP;
-        Ss[r * L.ldv + c] = from_float<T>(to_float(Ss[r * L.ldv + c]) + cs[idx]);
+#pragma unroll
+      for (int i = 0; i < kCarry4; ++i) {
+        const int e = 4 * (tid + 128 * i);
+        if (e >= 4 * n4) continue;
+        T* sp = Ss + (e / DvP) * L.ldv + e % DvP;
+        const float4 s4 = linac::cuda::load4(sp);
+        linac::cuda::store4(sp, make_float4(s4.x + cv[i].x, s4.y + cv[i].y, s4.z + cv[i].z, s4.w + cv[i].w));
       }
     }
     __syncthreads();
