@@ -143,7 +143,7 @@ size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, i
   const int64_t N = (T + C - 1) / C, P = B * H, rows = F * F + 2 * F, W = Dv + 16;
   const size_t e = dtype_size(act);
   auto align = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
-  const int64_t nseg = (N + 15) / 16;
+  const int64_t nseg = (N + 31) / 32;  // kSegChunks
   // q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; f32 segment carries
   // [P, nseg, F*F+2F, Dv+16] (the carve in taylor_attn_fwd.cu).
   return 2 * align(P * N * C * F * static_cast<int64_t>(e)) + 2 * align(P * N * C * W * static_cast<int64_t>(e)) +

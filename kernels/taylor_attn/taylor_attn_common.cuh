@@ -38,7 +38,10 @@ constexpr int kMaxDvP = 144;           // Dv <= 128
 constexpr int kNTSmall = 10, kNTLarge = kMaxDvP / 8;
 constexpr float kRsqrt2 = 0.70710678118654752f;
 
-constexpr int kSegChunks = 16;  // chunks per scan segment
+// Chunks per scan segment. 32 makes the scan grid of the common shapes (2^15 tokens per call over
+// 16 heads, two groups in the default workspace) about one wave of the 132 SMs at three CTAs each,
+// and leaves T <= 2048 a single segment: no carries (NOTES.md has the measurements).
+constexpr int kSegChunks = 32;
 
 struct Args {
   int T, H, Dv, DvP, N;  // N = chunks per sequence

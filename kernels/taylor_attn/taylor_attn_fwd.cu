@@ -5,12 +5,12 @@
 //   prep   grid (N, P): q^ = q F^(-1/4), k^ (exact in bf16 at F = 16: the factor is 1/2), v~ = [v, 1, 0..]
 //          and, for the backward, g~ = [dout/den, -(dout . o)/den, 0..] (a warp per row, fixed-order
 //          dot product), chunk-major with zero rows past T, so every later tile load is dense.
-//   scan   grid (3, P, segments of 16 chunks), six warps per CTA, each owning one 16-row feature
+//   scan   grid (3, P, segments of 32 chunks), six warps per CTA, each owning one 16-row feature
 //          block: sequential over the chunks of its segment, the f32 state block lives in mma
 //          accumulators; per chunk it is stored (the segment-local exclusive state, rounded to the
 //          activation dtype: it only feeds tensor-core matmuls), then the warp forms its block of
 //          phi(X)^T for the chunk in shared memory and adds phi(X)^T Y on tensor cores. A 3-stage
-//          cp.async pipeline keeps chunks in flight. Segments make the sequential part 16 chunks
+//          cp.async pipeline keeps chunks in flight. Segments make the sequential part 32 chunks
 //          long whatever T is; a carry kernel turns the segment totals (f32) into each segment's
 //          starting state, which the chunk kernel adds. The reverse direction scans
 //          R_n = sum over later chunks of phi(q^)^T g~ for the backward.
