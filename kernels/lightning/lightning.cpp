@@ -160,10 +160,11 @@ void lightning_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tens
 size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
   constexpr int64_t C = 64;
   const int64_t N = (T + C - 1) / C;
-  // The backward keeps the forward states S_n and the reverse states R_n, N of each, in the
-  // activation dtype (they only feed tensor-core matmuls): the carve in lightning_fwd.cu.
+  // The forward states S_n and the reverse states R_n, N of each, in the activation dtype (they
+  // only feed tensor-core matmuls), and the per-block scan terms in f32: the carve in lightning_fwd.cu.
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  return 2 * align(static_cast<size_t>(H * N * Dk * Dv) * dtype_size(act));
+  const size_t n = static_cast<size_t>(H * N * Dk * Dv);
+  return 2 * align(n * dtype_size(act)) + align(n * 4);
 }
 
 }  // namespace linac

@@ -114,8 +114,9 @@ void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
 void lightning_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                     const Tensor& state, const Tensor& o);
 
-// GPU scratch (ctx.workspace) one sequence of T tokens needs (the per-block states of the forward
-// or backward scan); `act` is the dtype of q/k/v. The entry points split the batch into groups.
+// GPU scratch (ctx.workspace) one sequence of T tokens needs: the per-block states of both scans
+// (act) and the per-block scan terms (f32), 8 H ceil(T/64) Dk Dv bytes in bf16 (12 in f32); `act` is
+// the dtype of q/k/v. The entry points split the batch into groups that fit.
 size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act);
 
 }  // namespace linac

@@ -18,14 +18,14 @@ struct Args {
   const float* decay;    // [H] rates s_h >= 0
 };
 
-// Sequential scan over the blocks of each sequence (S = f32 state, a 64x64 tile per CTA):
+// Scan over the blocks of each sequence (f32 state; lightning_scan.cu):
 //   forward (rev = false): x = k, y = v;  states[n] = S before block n;  S = g S + (c * x)^T y
 //   reverse (rev = true):  x = q, y = do; states[n] = R after block n;   R = g R + (a * x)^T y
 // init ([B*H, Dk, Dv] f32, may be null) starts the scan; final_out (f32, may be null) receives
-// the last state. states: [B*H, N, Dk, Dv] in T.
+// the last state. U: [B*H, N, Dk, Dv] f32 scratch (the per-block terms); states: the same shape in T.
 template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, LightningLayout::Strides xs, const T* y,
-                 LightningLayout::Strides ys, const float* init, T* states, float* final_out);
+                 LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out);
 
 // Per block n, independently: out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St_n), with X, Y
 // of width Dx and Z, out of width Dz; M(i,j) = exp(-s|i-j|) for j <= i (upper = false, r = a) or

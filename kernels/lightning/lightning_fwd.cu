@@ -47,13 +47,22 @@ int group_size(const Ctx& ctx, const LightningLayout& L, DType act) {
   return static_cast<int>(std::min<int64_t>(L.B, static_cast<int64_t>(ctx.workspace_bytes / per)));
 }
 
-// The forward states S_n and the reverse states R_n of a group of B sequences.
+// The workspace of a group of B sequences: the forward states S_n and the reverse states R_n (in
+// T) and the per-block scan terms U (f32, shared by both scans).
 template <class T>
-void carve(const Ctx& ctx, const Args& a, int B, T** S, T** R) {
-  const size_t n = static_cast<size_t>(B) * a.H * a.N * a.Dk * a.Dv * sizeof(T), aligned = (n + 255) / 256 * 256;
-  LINAC_CHECK(2 * aligned <= ctx.workspace_bytes, "lightning (GPU): workspace carve overflow");
-  *S = static_cast<T*>(ctx.workspace);
-  *R = reinterpret_cast<T*>(static_cast<char*>(ctx.workspace) + aligned);
+struct Workspace {
+  T* S = nullptr;
+  T* R = nullptr;
+  float* U = nullptr;
+};
+template <class T>
+Workspace<T> carve(const Ctx& ctx, const Args& a, int B) {
+  const size_t n = static_cast<size_t>(B) * a.H * a.N * a.Dk * a.Dv;
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t st = align(n * sizeof(T));
+  LINAC_CHECK(2 * st + align(n * 4) <= ctx.workspace_bytes, "lightning (GPU): workspace carve overflow");
+  char* p = static_cast<char*>(ctx.workspace);
+  return {reinterpret_cast<T*>(p), reinterpret_cast<T*>(p + st), reinterpret_cast<float*>(p + 2 * st)};
 }
 
 template <class P>
@@ -81,13 +90,12 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
     const float* s0p = s0.defined() ? s0.data<float>() + b0 * SS : nullptr;
     float* sfp = s_final.defined() ? s_final.data<float>() + b0 * SS : nullptr;
     LINAC_GPU_DISPATCH(q.dtype, T, {
-      T *S = nullptr, *R = nullptr;
-      carve<T>(ctx, a, B, &S, &R);
+      const Workspace<T> w = carve<T>(ctx, a, B);
       const T* qp = at_batch(q.data<T>(), b0, L.q.b);
       const T* kp = at_batch(k.data<T>(), b0, L.k.b);
       const T* vp = at_batch(v.data<T>(), b0, L.v.b);
-      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, S, sfp);
-      launch_pass<T>(ctx, a, B, false, false, a.Dk, a.Dv, qp, L.q, kp, L.k, vp, L.v, S, at_batch(o.data<T>(), b0, L.o.b),
+      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, w.S, sfp);
+      launch_pass<T>(ctx, a, B, false, false, a.Dk, a.Dv, qp, L.q, kp, L.k, vp, L.v, w.S, at_batch(o.data<T>(), b0, L.o.b),
                      L.o);
     });
   }
@@ -125,19 +133,18 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
     const float* dsfp = ds_final.defined() ? ds_final.data<float>() + b0 * SS : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() + b0 * SS : nullptr;
     LINAC_GPU_DISPATCH(q.dtype, T, {
-      T *S = nullptr, *R = nullptr;
-      carve<T>(ctx, a, B, &S, &R);
+      const Workspace<T> w = carve<T>(ctx, a, B);
       const T* qp = at_batch(q.data<T>(), b0, L.q.b);
       const T* kp = at_batch(k.data<T>(), b0, L.k.b);
       const T* vp = at_batch(v.data<T>(), b0, L.v.b);
       const T* dop = at_batch(dout.data<T>(), b0, L.dout.b);
-      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, S, nullptr);
-      launch_scan<T>(ctx, a, B, true, qp, L.q, dop, L.dout, dsfp, R, ds0p);
-      launch_pass<T>(ctx, a, B, false, true, a.Dv, a.Dk, dop, L.dout, vp, L.v, kp, L.k, S,
+      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, w.S, nullptr);
+      launch_scan<T>(ctx, a, B, true, qp, L.q, dop, L.dout, dsfp, w.U, w.R, ds0p);
+      launch_pass<T>(ctx, a, B, false, true, a.Dv, a.Dk, dop, L.dout, vp, L.v, kp, L.k, w.S,
                      at_batch(dq.data<T>(), b0, L.dq.b), L.dq);
-      launch_pass<T>(ctx, a, B, true, false, a.Dk, a.Dv, kp, L.k, qp, L.q, dop, L.dout, R,
+      launch_pass<T>(ctx, a, B, true, false, a.Dk, a.Dv, kp, L.k, qp, L.q, dop, L.dout, w.R,
                      at_batch(dv.data<T>(), b0, L.dv.b), L.dv);
-      launch_pass<T>(ctx, a, B, true, true, a.Dv, a.Dk, vp, L.v, dop, L.dout, qp, L.q, R,
+      launch_pass<T>(ctx, a, B, true, true, a.Dv, a.Dk, vp, L.v, dop, L.dout, qp, L.q, w.R,
                      at_batch(dk.data<T>(), b0, L.dk.b), L.dk);
     });
   }
