@@ -34,7 +34,7 @@
 // Dtypes: CPU: every tensor f32, or every tensor f64 (decay too). GPU: q, k, v, o, dout, dq, dk,
 // dv all bf16 or all f32; decay and the states f32 (accumulation in f32 throughout).
 // GPU: block C = 64 whatever opts.block says; Dk and Dv multiples of 16 (up to 1024: the kernels
-// walk the head dims in 64-wide slices), 16-byte aligned rows, any T and B*H, and
+// walk the head dims in 64-wide slices; tested up to 256), 16-byte aligned rows, any T and B*H, and
 // lightning_workspace_bytes_per_seq() of ctx.workspace for at least one sequence (the batch runs
 // in groups that fit). Deterministic: no atomics, fixed-order sums.
 //
