@@ -12,6 +12,7 @@
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "gla/gla.h"
+#include "lightning/lightning.h"
 #include "short_conv/short_conv.h"
 #include "taylor_attn/taylor_attn.h"
 
@@ -91,6 +92,31 @@ OpTiming bench_gla(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t
   return r;
 }
 
+// Lightning attention (TNL's token mixer core) with the TNL decay schedule s_h = 2^(-8(h+1)/H) and
+// Dk = Dv = head dim. FLOPs per token and head as the block algorithm needs them: forward
+// 4 D^2 (state update + inter-block output) + C D (causal halves of Q K^T and P V, C = 64),
+// backward twice that.
+OpTiming bench_lightning(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt, int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, D}, dt, 1), k = random_device({B, T, H, D}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, D}, dt, 3), dout = random_device({B, T, H, D}, dt, 4);
+  OwnedTensor sh(DType::F32, Device::CPU, {H});
+  for (int64_t h = 0; h < H; ++h)
+    sh->data<float>()[h] = static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(H)));
+  OwnedTensor decay = to(sh, Device::CUDA, DType::F32);
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, D});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, H, D}), dv(dt, Device::CUDA, {B, T, H, D});
+  const LightningOpts opts;
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { lightning_fwd(ctx, q, k, v, decay, o, Tensor(), Tensor(), opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] {
+    lightning_bwd(ctx, q, k, v, decay, dout, Tensor(), Tensor(), dq, dk, dv, Tensor(), opts);
+  });
+  const double per_token_head = 4.0 * static_cast<double>(D * D) + static_cast<double>(opts.block * 2 * D);
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 // The short gated convolution at Based's shape (C = 2 d_model channels, width 3), with a and g
 // column ranges of one fused [B, T, 2C] buffer as the BaseConv mixer passes them. Memory bound: the
 // forward reads a, g and writes z, the backward reads a, g, dz and writes da, dg.
@@ -152,18 +178,19 @@ int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
   const bool gla = name == "gla", conv = name == "short_conv", decode = name == "attention_decode";
-  const bool taylor = name == "taylor";
+  const bool taylor = name == "taylor", lightning = name == "lightning";
   const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : 16), D = gla || conv ? 0 : args.get_int("head-dim", 64);
   const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
-  const int64_t window = gla || conv || decode || taylor ? 0 : args.get_int("window", 0);
+  const int64_t window = gla || conv || decode || taylor || lightning ? 0 : args.get_int("window", 0);
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla && !conv && !decode && !taylor)
-    throw UserError("unknown op '" + name + "' (available: attention, attention_decode, gla, short_conv, taylor)");
+  if (name != "attention" && !gla && !conv && !decode && !taylor && !lightning)
+    throw UserError("unknown op '" + name +
+                    "' (available: attention, attention_decode, gla, lightning, short_conv, taylor)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
@@ -172,6 +199,7 @@ int bench_op(Args& args, const std::string& name) {
                    : conv   ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
                    : decode ? bench_attention_decode(g.ctx(), T, tokens, H, D, dt, iters)
                    : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
+                   : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                             : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {

@@ -20,7 +20,7 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
-    "       linac bench --op attention|attention_decode|gla|short_conv|taylor [--seq-lens ...] [--tokens N]\n"
+    "       linac bench --op attention|attention_decode|gla|lightning|short_conv|taylor [--seq-lens ...] [--tokens N]\n"
     "                   [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
     "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"

@@ -1,0 +1,38 @@
+// Shared by the Lightning Attention CUDA kernels (math in lightning.h): the kernel argument
+// block and the two launchers the forward and backward are built from. Tile loads and the warp
+// matmul are GLA's (gla/gla_common.cuh): a scalar decay needs none of its gate machinery.
+#pragma once
+
+#include "gla/gla_common.cuh"
+#include "lightning/lightning.h"
+
+namespace linac::lightning_cuda {
+
+using gla_cuda::bf16_t;
+using gla_cuda::cdiv;
+constexpr int kC = 64;  // tokens per block
+constexpr int kW = 64;  // width of the head-dim slices a CTA works on
+
+struct Args {
+  int T, H, Dk, Dv, N;   // N = blocks per sequence
+  const float* decay;    // [H] rates s_h >= 0
+};
+
+// Scan over the blocks of each sequence (f32 state; lightning_scan.cu):
+//   forward (rev = false): x = k, y = v;  states[n] = S before block n;  S = g S + (c * x)^T y
+//   reverse (rev = true):  x = q, y = do; states[n] = R after block n;   R = g R + (a * x)^T y
+// init ([B*H, Dk, Dv] f32, may be null) starts the scan; final_out (f32, may be null) receives
+// the last state. U: [B*H, N, Dk, Dv] f32 scratch (the per-block terms); states: the same shape in T.
+template <class T>
+void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, LightningLayout::Strides xs, const T* y,
+                 LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out);
+
+// Per block n, independently: out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St_n), with X, Y
+// of width Dx and Z, out of width Dz; M(i,j) = exp(-s|i-j|) for j <= i (upper = false, r = a) or
+// j >= i (upper = true, r = c), else 0. St_n = states[n] read [Dx][Dz] or, when state_t, [Dz][Dx].
+template <class T>
+void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
+                 LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,
+                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os);
+
+}  // namespace linac::lightning_cuda

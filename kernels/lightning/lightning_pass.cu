@@ -1,0 +1,132 @@
+// CUDA Lightning Attention block pass (math in lightning.h, contract in lightning_common.cuh):
+//   out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St_n)        for the rows i of block n
+// The forward runs it once (o), the backward three times (dq, dk, dv), see lightning_fwd.cu.
+// Layout: X, Y [B, T, H, Dx], Z, out [B, T, H, Dz] (free batch/token strides); states
+// [B*H, N, Dk, Dv] in T, read as [Dx][Dz] or (state_t) [Dz][Dx].
+// Grid (N, B*H, Dz/64), 128 threads: warp w owns the 16 rows 16w.. of the block and a 64-wide
+// slice of out. Per 64-wide slice of Dx the CTA loads X, Y and the state slice and accumulates the
+// scores X Y^T and X St on tensor cores (f32 accumulators); then the scores are masked with the
+// decay in registers, rounded to T into shared memory and multiplied by Z, visiting only the
+// 16-token groups on the causal side of the diagonal.
+#include "lightning/lightning_common.cuh"
+
+namespace linac {
+namespace lightning_cuda {
+namespace {
+
+using gla_cuda::ld_of;
+using gla_cuda::tile_bytes;
+
+template <class T>
+struct PassCfg {
+  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 5 * kTile;  // X, Y, St, P, Z
+};
+
+template <class T, bool kUpper, bool kStateT>
+__global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __restrict__ x, LightningLayout::Strides xs,
+                                                   const T* __restrict__ y, LightningLayout::Strides ys,
+                                                   const T* __restrict__ z, LightningLayout::Strides zs,
+                                                   const T* __restrict__ states, T* __restrict__ out,
+                                                   LightningLayout::Strides os, Args a) {
+  using C = PassCfg<T>;
+  constexpr int LD = C::LD;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* X = reinterpret_cast<T*>(smem);
+  T* Y = reinterpret_cast<T*>(smem + C::kTile);
+  T* St = reinterpret_cast<T*>(smem + 2 * C::kTile);
+  T* P = reinterpret_cast<T*>(smem + 3 * C::kTile);
+  T* Z = reinterpret_cast<T*>(smem + 4 * C::kTile);
+  const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int z0 = blockIdx.z * kW, vz = min(kW, Dz - z0);
+  const int64_t t0 = static_cast<int64_t>(n) * kC;
+  const int m = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, m0 = 16 * warp;
+  const float s = a.decay[h];
+  const T* state = states + (static_cast<int64_t>(bh) * a.N + n) * a.Dk * a.Dv;
+  const gla_cuda::Frag f;
+
+  float sc[8][4], acc[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[nt][e] = acc[nt][e] = 0.f;
+  // Lower mask: this warp's rows see keys 0 .. 16w+15 only.
+  const int score_tiles = kUpper ? 8 : 2 * (warp + 1);
+  gla_cuda::load_tile<T, kC, kW, 128>(Z, LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
+  for (int d0 = 0; d0 < Dx; d0 += kW) {
+    const int vd = min(kW, Dx - d0);
+    gla_cuda::load_tile<T, kC, kW, 128>(X, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
+    gla_cuda::load_tile<T, kC, kW, 128>(Y, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
+    if constexpr (kStateT)
+      gla_cuda::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
+    else
+      gla_cuda::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
+    gla_cuda::cp_async_commit();
+    gla_cuda::cp_async_wait<0>();
+    __syncthreads();
+    const int ks = cdiv(vd, 16);
+    gla_cuda::warp_mma<T, false, false, 8>(sc, X, LD, m0, 0, Y, LD, 0, 0, ks, score_tiles);
+    gla_cuda::warp_mma<T, false, !kStateT, 8>(acc, X, LD, m0, 0, St, LD, 0, 0, ks);
+    __syncthreads();  // the next slice overwrites X, Y, St
+  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = f.row(m0, e), j = f.col(0, nt, e);
+      const float r = kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f)
+                             : __expf(-s * static_cast<float>(i + 1));
+      acc[nt][e] *= r;
+      const int dist = kUpper ? j - i : i - j;
+      sc[nt][e] = dist >= 0 ? sc[nt][e] * __expf(-s * static_cast<float>(dist)) : 0.f;
+    }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      gla_cuda::store2(P + f.row(m0, 2 * hf) * LD + f.col(0, nt, 0), sc[nt][2 * hf], sc[nt][2 * hf + 1]);
+  __syncwarp();  // each warp reads back only its own 16 rows of P
+  // Causal side of the diagonal: keys 0 .. 16w+15 (lower) or 16w .. 63 (upper).
+  const int k0 = kUpper ? m0 : 0, ksteps = kUpper ? 4 - warp : warp + 1;
+  gla_cuda::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
+  T* ob = out + b * os.b + t0 * os.t + h * Dz + z0;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+      if (i < m && c < vz) gla_cuda::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+    }
+}
+
+template <class T, bool kUpper, bool kStateT>
+void launch(const Ctx& ctx, const Args& a, int B, int Dx, int Dz, const T* x, LightningLayout::Strides xs, const T* y,
+            LightningLayout::Strides ys, const T* z, LightningLayout::Strides zs, const T* states, T* out,
+            LightningLayout::Strides os) {
+  auto kernel = pass_kernel<T, kUpper, kStateT>;
+  constexpr int smem = PassCfg<T>::kSmem;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(Dz, kW)));
+  kernel<<<grid, 128, smem, cuda::stream_of(ctx)>>>(Dx, Dz, x, xs, y, ys, z, zs, states, out, os, a);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <class T>
+void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
+                 LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,
+                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os) {
+  auto fn = upper ? (state_t ? launch<T, true, true> : launch<T, true, false>)
+                  : (state_t ? launch<T, false, true> : launch<T, false, false>);
+  fn(ctx, a, B, Dx, Dz, x, xs, y, ys, z, zs, states, out, os);
+}
+
+template void launch_pass<float>(const Ctx&, const Args&, int, bool, bool, int, int, const float*,
+                                 LightningLayout::Strides, const float*, LightningLayout::Strides, const float*,
+                                 LightningLayout::Strides, const float*, float*, LightningLayout::Strides);
+template void launch_pass<bf16_t>(const Ctx&, const Args&, int, bool, bool, int, int, const bf16_t*,
+                                  LightningLayout::Strides, const bf16_t*, LightningLayout::Strides, const bf16_t*,
+                                  LightningLayout::Strides, const bf16_t*, bf16_t*, LightningLayout::Strides);
+
+}  // namespace lightning_cuda
+}  // namespace linac

@@ -1,0 +1,131 @@
+// CUDA Lightning Attention state scan (math in lightning.h, contract in lightning_common.cuh):
+//   S_n+1 = exp(-s m) S_n + U_n,   U_n = sum_r f[r] x_r^T y_r,
+//   f[r] = exp(-s (m-1-r)) forward, exp(-s (r+1)) reverse
+// over the blocks of one sequence (m = tokens in the block; the ragged last block uses its own m).
+// Layout: x [B, T, H, Dk], y [B, T, H, Dv] (free batch/token strides); U [B*H, N, Dk, Dv] f32;
+// states [B*H, N, Dk, Dv] in T.
+// Two launches, so the serial part is a cheap elementwise walk and the matmuls run in parallel
+// over all blocks (a scan holding the state in one CTA per 64x64 tile leaves most SMs idle when
+// B*H is small, e.g. one sequence of 32768 tokens):
+//   local    grid (N, B*H, Dk/64 * Dv/64), 128 threads: U_n of one 64x64 tile on tensor cores, the
+//            decay factors applied to the x tile in shared memory (every exponent <= 0).
+//   combine  grid (Dk*Dv/1024, B*H), 256 threads: a thread owns 4 adjacent state elements and
+//            walks the blocks in order (fixed-order f32 sums), loading 8 blocks' U ahead.
+#include "lightning/lightning_common.cuh"
+
+namespace linac {
+namespace lightning_cuda {
+namespace {
+
+using gla_cuda::ld_of;
+using gla_cuda::tile_bytes;
+
+template <class T>
+struct LocalCfg {
+  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 2 * kTile;
+};
+
+template <class T, bool kRev>
+__global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, LightningLayout::Strides xs,
+                                                    const T* __restrict__ y, LightningLayout::Strides ys,
+                                                    float* __restrict__ U, Args a) {
+  using C = LocalCfg<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* X = reinterpret_cast<T*>(smem);
+  T* Y = reinterpret_cast<T*>(smem + C::kTile);
+  const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int tiles_v = cdiv(a.Dv, kW), i0 = (blockIdx.z / tiles_v) * kW, j0 = (blockIdx.z % tiles_v) * kW;
+  const int vk = min(kW, a.Dk - i0), vv = min(kW, a.Dv - j0), m = min(kC, a.T - n * kC);
+  const int64_t t0 = static_cast<int64_t>(n) * kC;
+  const int warp = threadIdx.x >> 5, m0 = 16 * warp;
+  const float s = a.decay[h];
+  gla_cuda::load_tile<T, kC, kW, 128>(X, C::LD, x + b * xs.b + t0 * xs.t + h * a.Dk + i0, xs.t, m, vk);
+  gla_cuda::load_tile<T, kC, kW, 128>(Y, C::LD, y + b * ys.b + t0 * ys.t + h * a.Dv + j0, ys.t, m, vv);
+  gla_cuda::cp_async_commit();
+  gla_cuda::cp_async_wait<0>();
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < m * kW; idx += 128) {
+    const int r = idx / kW, c = idx % kW;
+    const float fr = __expf(-s * static_cast<float>(kRev ? r + 1 : m - 1 - r));
+    X[r * C::LD + c] = cuda::from_float<T>(fr * cuda::to_float(X[r * C::LD + c]));
+  }
+  __syncthreads();
+  float acc[8][4] = {};
+  gla_cuda::warp_mma<T, true, true, 8>(acc, X, C::LD, m0, 0, Y, C::LD, 0, 0, cdiv(m, 16));
+  float* out = U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0;
+  const gla_cuda::Frag f;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+      if (r < vk && c < vv) gla_cuda::store2(out + static_cast<int64_t>(r) * a.Dv + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+    }
+}
+
+constexpr int kCombineThreads = 256, kAhead = 8;
+
+template <class T, bool kRev>
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* __restrict__ U,
+                                                                  const float* __restrict__ init,
+                                                                  T* __restrict__ states,
+                                                                  float* __restrict__ final_out, Args a) {
+  const int64_t SS = static_cast<int64_t>(a.Dk) * a.Dv;
+  const int64_t e = 4 * (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x);
+  if (e >= SS) return;
+  const int bh = blockIdx.y, h = bh % a.H, N = a.N;
+  const float s = a.decay[h];
+  const float g_full = __expf(-s * static_cast<float>(kC)), g_last = __expf(-s * static_cast<float>(a.T - (N - 1) * kC));
+  const int64_t base = static_cast<int64_t>(bh) * N * SS + e;
+  float4 cur = init ? cuda::load4(init + bh * SS + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int step0 = 0; step0 < N; step0 += kAhead) {
+    float4 u[kAhead];
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int step = step0 + i, n = kRev ? N - 1 - step : step;
+      if (step < N) u[i] = cuda::load4(U + base + n * SS);
+    }
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int step = step0 + i, n = kRev ? N - 1 - step : step;
+      if (step < N) {
+        cuda::store4(states + base + n * SS, cur);
+        const float g = n == N - 1 ? g_last : g_full;
+        cur = make_float4(fmaf(g, cur.x, u[i].x), fmaf(g, cur.y, u[i].y), fmaf(g, cur.z, u[i].z), fmaf(g, cur.w, u[i].w));
+      }
+    }
+  }
+  if (final_out) cuda::store4(final_out + bh * SS + e, cur);
+}
+
+template <class T, bool kRev>
+void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Strides xs, const T* y,
+          LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out) {
+  auto local = local_kernel<T, kRev>;
+  constexpr int smem = LocalCfg<T>::kSmem;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(local, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H),
+                  static_cast<unsigned>(cdiv(a.Dk, kW) * cdiv(a.Dv, kW)));
+  local<<<grid, 128, smem, cuda::stream_of(ctx)>>>(x, xs, y, ys, U, a);
+  LINAC_CUDA_LAUNCH_CHECK();
+  const int64_t quads = static_cast<int64_t>(a.Dk) * a.Dv / 4;
+  const dim3 cgrid(static_cast<unsigned>((quads + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(B * a.H));
+  combine_kernel<T, kRev><<<cgrid, kCombineThreads, 0, cuda::stream_of(ctx)>>>(U, init, states, final_out, a);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+template <class T>
+void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, LightningLayout::Strides xs, const T* y,
+                 LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out) {
+  (rev ? scan<T, true> : scan<T, false>)(ctx, a, B, x, xs, y, ys, init, U, states, final_out);
+}
+
+template void launch_scan<float>(const Ctx&, const Args&, int, bool, const float*, LightningLayout::Strides,
+                                 const float*, LightningLayout::Strides, const float*, float*, float*, float*);
+template void launch_scan<bf16_t>(const Ctx&, const Args&, int, bool, const bf16_t*, LightningLayout::Strides,
+                                  const bf16_t*, LightningLayout::Strides, const float*, float*, bf16_t*, float*);
+
+}  // namespace lightning_cuda
+}  // namespace linac

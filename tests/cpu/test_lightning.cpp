@@ -1,0 +1,266 @@
+// Lightning Attention CPU reference: recurrent == quadratic == block, forward and backward
+// (double), block sizes 16/64, T not a multiple of them, decays from none to strong, Dk != Dv,
+// H > 1; gradient check of the block backward (initial state included); s = 0 is plain causal
+// linear attention; decode steps == forward; state carry; strong decay over a long T in float.
+// q/k/v are strided views of one fused buffer, as the model passes them.
+#include <cmath>
+
+#include "lightning/lightning.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
+Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
+  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
+  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
+           {B, T, H, D});
+  t.strides = {T * W, W, D, 1};
+  return t;
+}
+
+// Every element of a strided [B,T,H,D] view, in order.
+std::vector<double> gather(const Tensor& x) {
+  std::vector<double> out;
+  const int64_t span = (x.size(0) - 1) * x.strides[0] + (x.size(1) - 1) * x.strides[1] + x.size(2) * x.size(3);
+  const std::vector<double> all = to_doubles(Tensor(x.ptr, x.dtype, x.device, {span}));
+  for (int64_t b = 0; b < x.size(0); ++b)
+    for (int64_t t = 0; t < x.size(1); ++t)
+      for (int64_t e = 0; e < x.size(2) * x.size(3); ++e) out.push_back(all[b * x.strides[0] + t * x.strides[1] + e]);
+  return out;
+}
+
+// Decay rates per head: a spread from none to strong, or one value for every head.
+OwnedTensor decays(int64_t H, double smax, DType dt, double fixed = -1) {
+  OwnedTensor host(DType::F64, Device::CPU, {H});
+  for (int64_t h = 0; h < H; ++h)
+    host->data<double>()[h] = fixed >= 0 ? fixed : H == 1 ? smax : smax * static_cast<double>(h) / (H - 1);
+  OwnedTensor out(dt, Device::CPU, {H});
+  convert_host(out, host);
+  return out;
+}
+
+struct Problem {
+  int64_t B, T, H, Dk, Dv, W;
+  DType dt;
+  OwnedTensor in, grad;  // [B,T,W]: q | k | v (+ a pad column so no view is contiguous)
+  OwnedTensor s0, dsf, u, decay;
+
+  Problem(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, double smax, DType d = DType::F64,
+          uint64_t seed = 1)
+      : B(b), T(t), H(h), Dk(dk), Dv(dv), W(h * (2 * dk + dv) + 1), dt(d),
+        in(test::random_tensor({b, t, W}, d, seed)), grad(d, Device::CPU, {b, t, W}),
+        s0(test::random_tensor({b, h, dk, dv}, d, seed + 1)), dsf(test::random_tensor({b, h, dk, dv}, d, seed + 2)),
+        u(test::random_tensor({b, t, h, dv}, d, seed + 3)), decay(decays(h, smax, d)) {}
+  Tensor q(const Tensor& x) const { return bthd(x, 0, H, Dk); }
+  Tensor k(const Tensor& x) const { return bthd(x, H * Dk, H, Dk); }
+  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * Dk, H, Dv); }
+
+  struct Out {
+    OwnedTensor o, sf;
+  };
+  Out forward(const LightningOpts& opts, LightningForm form, bool with_s0 = true) const {
+    Out r{OwnedTensor(dt, Device::CPU, {B, T, H, Dv}), OwnedTensor(dt, Device::CPU, {B, H, Dk, Dv})};
+    test::poison(r.o);
+    test::poison(r.sf);
+    lightning_fwd(Ctx{}, q(in), k(in), v(in), decay, r.o, with_s0 ? s0.t : Tensor(), r.sf, opts, form);
+    return r;
+  }
+  // Gradients of loss = sum(o * u) + sum(S_T * dsf) land in `grad` (same layout as `in`).
+  OwnedTensor backward(const LightningOpts& opts, LightningForm form, bool with_s0 = true) {
+    OwnedTensor ds0(dt, Device::CPU, {B, H, Dk, Dv});
+    test::poison(grad);
+    test::poison(ds0);
+    lightning_bwd(Ctx{}, q(in), k(in), v(in), decay, u, with_s0 ? s0.t : Tensor(), dsf, q(grad), k(grad), v(grad),
+                  ds0, opts, form);
+    return ds0;
+  }
+  std::vector<double> grads() const {
+    std::vector<double> all;
+    for (const Tensor& x : {q(grad), k(grad), v(grad)}) {
+      const auto part = gather(x);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    return all;
+  }
+  double loss(const LightningOpts& opts, LightningForm form) const {
+    Out r = forward(opts, form);
+    double l = 0;
+    const auto o = to_doubles(r.o), uu = to_doubles(u), sf = to_doubles(r.sf), d = to_doubles(dsf);
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * uu[i];
+    for (size_t i = 0; i < sf.size(); ++i) l += sf[i] * d[i];
+    return l;
+  }
+};
+
+LightningOpts block_of(int64_t c) {
+  LightningOpts o;
+  o.block = c;
+  return o;
+}
+
+struct FormCase {
+  int64_t T, block;
+  double smax;  // decay rates spread over [0, smax] across the heads
+};
+
+const FormCase kForms[] = {{1, 16, 0.5},   {15, 16, 3.0}, {64, 16, 0.0},  {65, 16, 1.0},
+                           {100, 64, 3.0}, {64, 64, 0.2}, {65, 64, 0.02}, {100, 16, 0.7}};
+
+std::string name(const FormCase& c) {
+  return "T=" + std::to_string(c.T) + " C=" + std::to_string(c.block) + " smax=" + std::to_string(c.smax);
+}
+
+TEST(LightningCpu, ForwardFormsAgree) {
+  for (const FormCase& c : kForms)
+    for (bool with_s0 : {false, true}) {
+      SCOPED_TRACE(name(c) + (with_s0 ? " with s0" : ""));
+      Problem p(2, c.T, 3, 8, 12, c.smax);
+      const LightningOpts o = block_of(c.block);
+      auto rec = p.forward(o, LightningForm::Recurrent, with_s0), quad = p.forward(o, LightningForm::Quadratic, with_s0);
+      auto blk = p.forward(o, LightningForm::Block, with_s0);
+      ASSERT_TRUE(test::all_finite(to_doubles(blk.o)));
+      EXPECT_LT(test::rel_error(quad.o, rec.o), 1e-12);
+      EXPECT_LT(test::rel_error(blk.o, rec.o), 1e-12);
+      EXPECT_LT(test::rel_error(quad.sf, rec.sf), 1e-12);
+      EXPECT_LT(test::rel_error(blk.sf, rec.sf), 1e-12);
+    }
+}
+
+TEST(LightningCpu, BackwardFormsAgree) {
+  for (const FormCase& c : kForms)
+    for (bool with_s0 : {false, true}) {
+      SCOPED_TRACE(name(c) + (with_s0 ? " with s0" : ""));
+      Problem p(2, c.T, 3, 8, 12, c.smax);
+      const LightningOpts o = block_of(c.block);
+      std::vector<std::vector<double>> grads, ds0s;
+      for (LightningForm f : {LightningForm::Recurrent, LightningForm::Quadratic, LightningForm::Block}) {
+        OwnedTensor ds0 = p.backward(o, f, with_s0);
+        grads.push_back(p.grads());
+        ds0s.push_back(to_doubles(ds0));
+      }
+      ASSERT_TRUE(test::all_finite(grads[2]));
+      ASSERT_TRUE(test::all_finite(ds0s[2]));
+      EXPECT_LT(test::rel_error(grads[1], grads[0]), 1e-11) << "quadratic vs recurrent";
+      EXPECT_LT(test::rel_error(grads[2], grads[0]), 1e-11) << "block vs recurrent";
+      EXPECT_LT(test::rel_error(ds0s[1], ds0s[0]), 1e-11);
+      EXPECT_LT(test::rel_error(ds0s[2], ds0s[0]), 1e-11);
+    }
+}
+
+TEST(LightningCpu, BlockGradCheckDouble) {
+  for (const FormCase& c : {FormCase{37, 16, 1.5}, FormCase{70, 64, 0.3}, FormCase{21, 16, 0.0}}) {
+    SCOPED_TRACE(name(c));
+    Problem p(1, c.T, 2, 6, 5, c.smax, DType::F64, 9);
+    const LightningOpts o = block_of(c.block);
+    OwnedTensor ds0 = p.backward(o, LightningForm::Block);
+    // The pad column of `grad` was poisoned; only the q|k|v columns carry gradients.
+    const int64_t n = p.in->numel();
+    std::vector<double> analytic = to_doubles(p.grad);
+    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;
+    auto loss = [&] { return p.loss(o, LightningForm::Block); };
+    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 160, 3, 1e-5), 1e-6);
+    const auto ds0v = to_doubles(ds0);
+    EXPECT_LT(test::check_grad(loss, p.s0->data<double>(), ds0v.data(), ds0v.size(), 30, 4, 1e-5), 1e-6);
+  }
+}
+
+// s = 0: o_t = sum_{u<=t} (q_t . k_u) v_u, written out directly; the spec's hand check too.
+TEST(LightningCpu, NoDecayIsCausalLinearAttention) {
+  Problem p(1, 45, 2, 8, 12, 0.0);
+  auto r = p.forward(block_of(16), LightningForm::Block, false);
+  const auto q = gather(p.q(p.in)), k = gather(p.k(p.in)), v = gather(p.v(p.in));
+  std::vector<double> ref;
+  for (int64_t t = 0; t < p.T; ++t)
+    for (int64_t h = 0; h < p.H; ++h)
+      for (int64_t j = 0; j < p.Dv; ++j) {
+        double acc = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int64_t i = 0; i < p.Dk; ++i) d += q[(t * p.H + h) * p.Dk + i] * k[(u * p.H + h) * p.Dk + i];
+          acc += d * v[(u * p.H + h) * p.Dv + j];
+        }
+        ref.push_back(acc);
+      }
+  EXPECT_LT(test::rel_error(to_doubles(r.o), ref), 1e-13);
+
+  // n = 2, d = e = 1, lambda = 0.5, q = k = [1, 1], v = [1, 2] -> o = [1, 2.5] (spec §2.3).
+  OwnedTensor x(DType::F64, Device::CPU, {1, 2, 1, 1}), vv(DType::F64, Device::CPU, {1, 2, 1, 1}),
+      o(DType::F64, Device::CPU, {1, 2, 1, 1});
+  x->data<double>()[0] = x->data<double>()[1] = 1;
+  vv->data<double>()[0] = 1, vv->data<double>()[1] = 2;
+  OwnedTensor s = decays(1, 0, DType::F64, std::log(2.0));
+  for (LightningForm f : {LightningForm::Block, LightningForm::Recurrent, LightningForm::Quadratic}) {
+    lightning_fwd(Ctx{}, x, x, vv, s, o, Tensor(), Tensor(), block_of(1), f);
+    EXPECT_NEAR(o->data<double>()[0], 1.0, 1e-15);
+    EXPECT_NEAR(o->data<double>()[1], 2.5, 1e-15);
+  }
+}
+
+// Decode steps from s0 reproduce the forward's outputs and final state.
+TEST(LightningCpu, DecodeStepsMatchForward) {
+  Problem p(2, 19, 3, 8, 12, 2.0);
+  auto ref = p.forward(block_of(16), LightningForm::Block);
+  OwnedTensor state(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
+  convert_host(state, p.s0);
+  const auto refo = to_doubles(ref.o);
+  std::vector<double> got(refo.size());
+  OwnedTensor o(DType::F64, Device::CPU, {p.B, p.H, p.Dv});
+  for (int64_t t = 0; t < p.T; ++t) {
+    auto at = [&](const Tensor& x) {  // [B,H,D] view of token t
+      Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * 8, x.dtype, x.device, {x.size(0), x.size(2), x.size(3)});
+      r.strides = {x.strides[0], x.strides[2], 1};
+      return r;
+    };
+    test::poison(o);
+    lightning_step(Ctx{}, at(p.q(p.in)), at(p.k(p.in)), at(p.v(p.in)), p.decay, state, o);
+    const auto od = to_doubles(o);
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t e = 0; e < p.H * p.Dv; ++e) got[(b * p.T + t) * p.H * p.Dv + e] = od[b * p.H * p.Dv + e];
+  }
+  EXPECT_LT(test::rel_error(got, refo), 1e-13);
+  EXPECT_LT(test::rel_error(state, ref.sf), 1e-13);
+}
+
+// Two calls carrying the state (T1 = 37 ends mid-block) equal one call over T1 + T2.
+TEST(LightningCpu, StateCarryAcrossCalls) {
+  const int64_t T1 = 37, T2 = 30;
+  Problem p(2, T1 + T2, 2, 8, 12, 1.0);
+  auto whole = p.forward(block_of(16), LightningForm::Block);
+  auto part = [&](const Tensor& x, int64_t t0, int64_t n) {
+    Tensor r = x;
+    r.ptr = static_cast<char*>(x.ptr) + t0 * x.strides[1] * 8;
+    r.shape[1] = n;
+    return r;
+  };
+  OwnedTensor o(DType::F64, Device::CPU, {p.B, p.T, p.H, p.Dv}), mid(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv}),
+      fin(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
+  test::poison(o);
+  lightning_fwd(Ctx{}, part(p.q(p.in), 0, T1), part(p.k(p.in), 0, T1), part(p.v(p.in), 0, T1), p.decay,
+                part(o, 0, T1), p.s0, mid, block_of(16));
+  lightning_fwd(Ctx{}, part(p.q(p.in), T1, T2), part(p.k(p.in), T1, T2), part(p.v(p.in), T1, T2), p.decay,
+                part(o, T1, T2), mid, fin, block_of(16));
+  EXPECT_LT(test::rel_error(o, whole.o), 1e-13);
+  EXPECT_LT(test::rel_error(fin, whole.sf), 1e-13);
+}
+
+// Strong decay (s = 3: lambda^64 ~ 1e-84) and none over 3000 tokens in float: finite everywhere,
+// and the float block form agrees with the double recurrence.
+TEST(LightningCpu, LongStrongDecayStaysFinite) {
+  for (double s : {3.0, 0.0}) {
+    SCOPED_TRACE(s);
+    Problem pf(1, 3000, 2, 16, 16, s, DType::F32, 5), pd(1, 3000, 2, 16, 16, s, DType::F64, 5);
+    auto of = pf.forward(block_of(64), LightningForm::Block);
+    OwnedTensor ds0 = pf.backward(block_of(64), LightningForm::Block);
+    const auto o = to_doubles(of.o);
+    ASSERT_TRUE(test::all_finite(o));
+    ASSERT_TRUE(test::all_finite(pf.grads()));
+    ASSERT_TRUE(test::all_finite(to_doubles(ds0)));
+    auto od = pd.forward(block_of(64), LightningForm::Recurrent);
+    EXPECT_LT(test::rel_error(o, to_doubles(od.o)), 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace linac
