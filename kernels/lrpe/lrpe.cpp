@@ -58,7 +58,7 @@ void lrpe_bwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor
 }
 
 size_t lrpe_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
-  const size_t partial = static_cast<size_t>(lrpe_bwd_slabs(B * T) * H * D) * sizeof(float);
+  const size_t partial = static_cast<size_t>(lrpe_slabs(B * T) * H * D) * sizeof(float);
   return (partial + 255) / 256 * 256;
 }
 

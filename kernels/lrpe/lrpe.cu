@@ -81,10 +81,10 @@ void lrpe_fwd_cuda(const Ctx& ctx, const LrpeLayout& L, const Tensor& x, const T
   const int64_t rows = L.B * L.T, hd = L.H * L.D;
   if (rows == 0 || hd == 0) return;
   const int threads = threads_for(hd);
-  const dim3 grid(cuda::grid_1d(hd, threads), static_cast<unsigned>(lrpe_bwd_slabs(rows)));
+  const dim3 grid(cuda::grid_1d(hd, threads), static_cast<unsigned>(lrpe_slabs(rows)));
   LINAC_GPU_DISPATCH(x.dtype, T, {
     lrpe_fwd_kernel<T><<<grid, threads, 0, cuda::stream_of(ctx)>>>(L, x.data<T>(), theta.data<float>(), y.data<T>(),
-                                                                   rows, lrpe_bwd_rows_per_slab(rows));
+                                                                   rows, lrpe_rows_per_slab(rows));
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -97,14 +97,14 @@ void lrpe_bwd_cuda(const Ctx& ctx, const LrpeLayout& L, const Tensor& x, const T
   const int64_t rows = L.B * L.T, hd = L.H * L.D;
   if (rows == 0 || hd == 0) return;
   LINAC_CHECK(ctx.workspace_bytes >= lrpe_bwd_workspace_bytes(L.B, L.T, L.H, L.D), "lrpe (GPU): workspace too small");
-  const int64_t slabs = lrpe_bwd_slabs(rows);
+  const int64_t slabs = lrpe_slabs(rows);
   float* partial = static_cast<float*>(ctx.workspace);
   const int threads = threads_for(hd);
   const dim3 grid(cuda::grid_1d(hd, threads), static_cast<unsigned>(slabs));
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, T, {
     lrpe_bwd_kernel<T><<<grid, threads, 0, st>>>(L, x.data<T>(), theta.data<float>(), dy.data<T>(), dx.data<T>(),
-                                                 partial, rows, lrpe_bwd_rows_per_slab(rows));
+                                                 partial, rows, lrpe_rows_per_slab(rows));
   });
   LINAC_CUDA_LAUNCH_CHECK();
   sum_slabs_kernel<<<cuda::grid_1d(hd, threads), threads, 0, st>>>(partial, dtheta.data<float>(), slabs, hd);

@@ -6,8 +6,9 @@
 // so that q'_t . k'_u = sum_j q_t[j] k_u[j] cos(theta_j (t - u)). Backward:
 //   dx[b,t,h,j]  = dy[b,t,h,j] cos(a) + dy[b,t,h,D + j] sin(a)
 //   dtheta[h,j] += sum_{b,t} p x[b,t,h,j] (-sin(a) dy[b,t,h,j] + cos(a) dy[b,t,h,D + j])
-// The dtheta sum runs in a fixed order: partial sums over slabs of consecutive (b, t) rows (at
-// most kLrpeBwdSlabs of them, in ctx.workspace on the GPU), then a sum over slabs in order.
+// The (b, t) rows are split into at most kLrpeMaxSlabs slabs of consecutive rows; the dtheta sum
+// runs in a fixed order: a partial sum per slab (in ctx.workspace on the GPU), then a sum over
+// the slabs in order.
 //
 // Precision: the angle is T(p) * theta rounded once in the compute type (f32 on the GPU, as
 // kernels/rope does; positions are exact in f32 below 2^24) and the GPU uses sincosf (accurate
@@ -32,7 +33,7 @@
 
 namespace linac {
 
-constexpr int64_t kLrpeBwdSlabs = 256;
+constexpr int64_t kLrpeMaxSlabs = 256;
 
 struct LrpeLayout {
   struct Strides {
@@ -42,10 +43,10 @@ struct LrpeLayout {
   Strides x, y, dy, dx;
 };
 
-// Slabs of (b, t) rows for the dtheta reduction, and rows per slab (the last may be shorter).
-inline int64_t lrpe_bwd_slabs(int64_t rows) { return std::min(rows, kLrpeBwdSlabs); }
-inline int64_t lrpe_bwd_rows_per_slab(int64_t rows) {
-  const int64_t slabs = lrpe_bwd_slabs(rows);
+// Slabs of (b, t) rows, and rows per slab (the last may be shorter).
+inline int64_t lrpe_slabs(int64_t rows) { return std::min(rows, kLrpeMaxSlabs); }
+inline int64_t lrpe_rows_per_slab(int64_t rows) {
+  const int64_t slabs = lrpe_slabs(rows);
   return slabs > 0 ? (rows + slabs - 1) / slabs : 0;
 }
 

@@ -39,7 +39,7 @@ void lrpe_bwd_cpu(const LrpeLayout& L, const T* x, const T* theta, const T* dy, 
       dxt[c] = dyt[hi * 2 * L.D + j] * std::cos(a) + dyt[hi * 2 * L.D + L.D + j] * std::sin(a);
     }
   }
-  const int64_t slabs = lrpe_bwd_slabs(rows), per_slab = lrpe_bwd_rows_per_slab(rows);
+  const int64_t slabs = lrpe_slabs(rows), per_slab = lrpe_rows_per_slab(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < hd; ++c) {
     const int64_t hi = c / L.D, j = c - hi * L.D;

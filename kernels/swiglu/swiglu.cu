@@ -1,5 +1,6 @@
-// CUDA gated linear unit (math in swiglu.h), compiled once per gate activation. One block per row; when F is a multiple of four and every
-// pointer is aligned, each thread handles four consecutive columns with vector accesses.
+// CUDA gated linear unit (math in swiglu.h), compiled once per gate activation. One block per
+// row; when F is a multiple of four and every pointer is aligned, each thread handles four
+// consecutive columns with vector accesses.
 #include <algorithm>
 
 #include "activation/sigmoid.cuh"
