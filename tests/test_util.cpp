@@ -36,6 +36,23 @@ void poison(const Tensor& t) {
   copy_tensor(t, conv.t);
 }
 
+std::vector<double> view_values(const Tensor& t) {
+  const int64_t n = t.numel();
+  if (n == 0) return {};
+  int64_t extent = 1;  // elements from the first to the last one the view touches
+  for (int d = 0; d < t.ndim; ++d) extent += (t.shape[d] - 1) * t.strides[d];
+  const std::vector<double> span = to_doubles(Tensor(t.ptr, t.dtype, t.device, {extent}));
+  std::vector<double> out(static_cast<size_t>(n));
+  std::vector<int64_t> idx(static_cast<size_t>(t.ndim), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t off = 0;
+    for (int d = 0; d < t.ndim; ++d) off += idx[static_cast<size_t>(d)] * t.strides[d];
+    out[static_cast<size_t>(i)] = span[static_cast<size_t>(off)];
+    for (int d = t.ndim - 1; d >= 0 && ++idx[static_cast<size_t>(d)] == t.shape[d]; --d) idx[static_cast<size_t>(d)] = 0;
+  }
+  return out;
+}
+
 double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double num = 0, den = 0;

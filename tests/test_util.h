@@ -21,6 +21,10 @@ void fill_random(const Tensor& t, uint64_t seed, double lo = -1.0, double hi = 1
 // Fills any tensor (CPU or GPU) with NaN, so unwritten outputs are caught.
 void poison(const Tensor& t);
 
+// The elements of a strided view (any device, non-negative strides, e.g. a column range or a
+// slice of a fused buffer) in row-major order of its shape.
+std::vector<double> view_values(const Tensor& t);
+
 // ||a - b|| / ||b||.
 double rel_error(const std::vector<double>& a, const std::vector<double>& b);
 double rel_error(const Tensor& a, const Tensor& b);

@@ -14,29 +14,29 @@ void check_args(const Tensor& h, const Tensor& a) {
 }
 }  // namespace
 
-void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a) {
+void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act) {
   check_args(h, a);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    swiglu_fwd_cuda(ctx, h, a);
+    swiglu_fwd_cuda(ctx, h, a, act);
     return;
   }
   LINAC_CHECK(h.dtype == a.dtype, "swiglu: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(h.dtype, T, swiglu_fwd_cpu<T>(h.data<T>(), a.data<T>(), a.size(0), a.size(1)));
+  LINAC_CPU_DISPATCH(h.dtype, T, swiglu_fwd_cpu<T>(h.data<T>(), a.data<T>(), a.size(0), a.size(1), act));
 }
 
-void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh) {
+void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act) {
   check_args(h, da);
   LINAC_CHECK_SHAPE(h, dh);
   LINAC_CHECK(dh.is_contiguous(), "swiglu: dh must be contiguous");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    swiglu_bwd_cuda(ctx, h, da, dh);
+    swiglu_bwd_cuda(ctx, h, da, dh, act);
     return;
   }
   LINAC_CHECK(h.dtype == da.dtype && h.dtype == dh.dtype, "swiglu: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(h.dtype, T,
-                     swiglu_bwd_cpu<T>(h.data<T>(), da.data<T>(), dh.data<T>(), da.size(0), da.size(1)));
+                     swiglu_bwd_cpu<T>(h.data<T>(), da.data<T>(), dh.data<T>(), da.size(0), da.size(1), act));
 }
 
 }  // namespace linac

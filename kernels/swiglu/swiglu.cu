@@ -1,7 +1,9 @@
-// CUDA SwiGLU (math in swiglu.h). One block per row; when F is a multiple of four and every
-// pointer is aligned, each thread handles four consecutive columns with vector accesses.
+// CUDA gated linear unit (math in swiglu.h), compiled once per gate activation. One block per
+// row; when F is a multiple of four and every pointer is aligned, each thread handles four
+// consecutive columns with vector accesses.
 #include <algorithm>
 
+#include "activation/sigmoid.cuh"
 #include "common/cuda_common.cuh"
 #include "swiglu/swiglu.h"
 
@@ -10,21 +12,24 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 
-__device__ __forceinline__ float sigmoid(float x) {
-  const float e = expf(-fabsf(x));
-  const float r = 1.f / (1.f + e);
-  return x >= 0.f ? r : e * r;
+template <GluAct kAct>
+__device__ __forceinline__ float swiglu(float g, float u) {
+  if constexpr (kAct == GluAct::Silu) return g * cuda::sigmoid(g) * u;
+  return g * u;
 }
 
-__device__ __forceinline__ float swiglu(float g, float u) { return g * sigmoid(g) * u; }
-
+template <GluAct kAct>
 __device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg, float& du) {
-  const float s = sigmoid(g);
-  dg = d * u * s * (1.f + g * (1.f - s));
-  du = d * g * s;
+  if constexpr (kAct == GluAct::Silu) {
+    dg = d * u * cuda::silu_grad(g);
+    du = d * g * cuda::sigmoid(g);
+  } else {
+    dg = d * u;
+    du = d * g;
+  }
 }
 
-template <bool kVec, class TH, class TA>
+template <GluAct kAct, bool kVec, class TH, class TA>
 __global__ void swiglu_fwd_kernel(const TH* __restrict__ h, TA* __restrict__ a, int64_t f) {
   const int64_t r = blockIdx.x;
   const TH* g = h + r * 2 * f;
@@ -33,15 +38,16 @@ __global__ void swiglu_fwd_kernel(const TH* __restrict__ h, TA* __restrict__ a, 
   if constexpr (kVec) {
     for (int64_t j = 4 * threadIdx.x; j < f; j += 4 * blockDim.x) {
       const float4 gv = cuda::load4(g + j), uv = cuda::load4(u + j);
-      cuda::store4(ar + j, make_float4(swiglu(gv.x, uv.x), swiglu(gv.y, uv.y), swiglu(gv.z, uv.z), swiglu(gv.w, uv.w)));
+      cuda::store4(ar + j, make_float4(swiglu<kAct>(gv.x, uv.x), swiglu<kAct>(gv.y, uv.y), swiglu<kAct>(gv.z, uv.z),
+                                       swiglu<kAct>(gv.w, uv.w)));
     }
   } else {
     for (int64_t j = threadIdx.x; j < f; j += blockDim.x)
-      ar[j] = cuda::from_float<TA>(swiglu(cuda::to_float(g[j]), cuda::to_float(u[j])));
+      ar[j] = cuda::from_float<TA>(swiglu<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j])));
   }
 }
 
-template <bool kVec, class TH, class TG>
+template <GluAct kAct, bool kVec, class TH, class TG>
 __global__ void swiglu_bwd_kernel(const TH* __restrict__ h, const TG* __restrict__ da, TG* __restrict__ dh,
                                   int64_t f) {
   const int64_t r = blockIdx.x;
@@ -54,17 +60,17 @@ __global__ void swiglu_bwd_kernel(const TH* __restrict__ h, const TG* __restrict
     for (int64_t j = 4 * threadIdx.x; j < f; j += 4 * blockDim.x) {
       const float4 gv = cuda::load4(g + j), uv = cuda::load4(u + j), dv = cuda::load4(dar + j);
       float4 dgv, duv;
-      swiglu_grad(gv.x, uv.x, dv.x, dgv.x, duv.x);
-      swiglu_grad(gv.y, uv.y, dv.y, dgv.y, duv.y);
-      swiglu_grad(gv.z, uv.z, dv.z, dgv.z, duv.z);
-      swiglu_grad(gv.w, uv.w, dv.w, dgv.w, duv.w);
+      swiglu_grad<kAct>(gv.x, uv.x, dv.x, dgv.x, duv.x);
+      swiglu_grad<kAct>(gv.y, uv.y, dv.y, dgv.y, duv.y);
+      swiglu_grad<kAct>(gv.z, uv.z, dv.z, dgv.z, duv.z);
+      swiglu_grad<kAct>(gv.w, uv.w, dv.w, dgv.w, duv.w);
       cuda::store4(dg + j, dgv);
       cuda::store4(du + j, duv);
     }
   } else {
     for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
       float dgj, duj;
-      swiglu_grad(cuda::to_float(g[j]), cuda::to_float(u[j]), cuda::to_float(dar[j]), dgj, duj);
+      swiglu_grad<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j]), cuda::to_float(dar[j]), dgj, duj);
       dg[j] = cuda::from_float<TG>(dgj);
       du[j] = cuda::from_float<TG>(duj);
     }
@@ -76,39 +82,56 @@ int threads_for(int64_t items) {
   return static_cast<int>(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxThreads));
 }
 
-}  // namespace
-
-void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a) {
+template <GluAct kAct>
+void launch_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a) {
   const int64_t n = a.size(0), f = a.size(1);
-  if (n == 0 || f == 0) return;
   const bool vec = f % 4 == 0 && cuda::vec4_aligned(h) && cuda::vec4_aligned(a);
   const int threads = threads_for(vec ? f / 4 : f);
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(h.dtype, TH, LINAC_GPU_DISPATCH(a.dtype, TA, {
     if (vec)
-      swiglu_fwd_kernel<true, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(), f);
+      swiglu_fwd_kernel<kAct, true, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(), f);
     else
-      swiglu_fwd_kernel<false, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(), f);
+      swiglu_fwd_kernel<kAct, false, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(),
+                                                                                          f);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh) {
-  LINAC_CHECK(da.dtype == dh.dtype, "swiglu (GPU): da and dh must share a dtype");
+template <GluAct kAct>
+void launch_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh) {
   const int64_t n = da.size(0), f = da.size(1);
-  if (n == 0 || f == 0) return;
   const bool vec = f % 4 == 0 && cuda::vec4_aligned(h) && cuda::vec4_aligned(da) && cuda::vec4_aligned(dh);
   const int threads = threads_for(vec ? f / 4 : f);
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(h.dtype, TH, LINAC_GPU_DISPATCH(da.dtype, TG, {
     if (vec)
-      swiglu_bwd_kernel<true, TH, TG><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), da.data<TG>(),
-                                                                                    dh.data<TG>(), f);
+      swiglu_bwd_kernel<kAct, true, TH, TG><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), da.data<TG>(),
+                                                                                          dh.data<TG>(), f);
     else
-      swiglu_bwd_kernel<false, TH, TG><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), da.data<TG>(),
-                                                                                     dh.data<TG>(), f);
+      swiglu_bwd_kernel<kAct, false, TH, TG><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), da.data<TG>(),
+                                                                                           dh.data<TG>(), f);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act) {
+  if (a.size(0) == 0 || a.size(1) == 0) return;
+  if (act == GluAct::Silu)
+    launch_fwd<GluAct::Silu>(ctx, h, a);
+  else
+    launch_fwd<GluAct::Identity>(ctx, h, a);
+}
+
+void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act) {
+  LINAC_CHECK(da.dtype == dh.dtype, "swiglu (GPU): da and dh must share a dtype");
+  if (da.size(0) == 0 || da.size(1) == 0) return;
+  if (act == GluAct::Silu)
+    launch_bwd<GluAct::Silu>(ctx, h, da, dh);
+  else
+    launch_bwd<GluAct::Identity>(ctx, h, da, dh);
 }
 
 }  // namespace linac

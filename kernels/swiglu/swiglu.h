@@ -1,10 +1,13 @@
-// SwiGLU activation of the channel mixer (Shazeer 2020, as in LLaMA), applied to the fused
-// up-projection h = x W_in whose first half is the gate g and second half the value u:
-//   a = silu(g) * u,   silu(x) = x * sigmoid(x)
+// Gated linear unit of the channel mixer, applied to the fused up-projection h = x W_in whose
+// first half is the gate g and second half the value u:
+//   a = act(g) * u
+// with act = SiLU (SwiGLU, Shazeer 2020, as in LLaMA; the default) or the identity (SGLU,
+// "simple GLU" of TransNormerLLM, spec transnormer.md §6.7: a = g * u).
 // Backward:
-//   dg = da * u * sigmoid(g) * (1 + g * (1 - sigmoid(g)))
-//   du = da * silu(g)
-// sigmoid is evaluated from exp(-|x|), which never overflows.
+//   SiLU:      dg = da * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = da * silu(g)
+//   Identity:  dg = da * u,                                             du = da * g
+// silu(x) = x * sigmoid(x); sigmoid is evaluated from exp(-|x|), which never overflows
+// (activation/sigmoid.h).
 //
 // Layout: h, dh [N, 2F] contiguous (columns [0, F) = g, [F, 2F) = u); a, da [N, F] contiguous.
 // dh is written (overwrite). GPU: h and a are f32 or bf16 independently; da and dh share one
@@ -18,16 +21,18 @@
 
 namespace linac {
 
-template <class T>
-void swiglu_fwd_cpu(const T* h, T* a, int64_t n, int64_t f);
-template <class T>
-void swiglu_bwd_cpu(const T* h, const T* da, T* dh, int64_t n, int64_t f);
+enum class GluAct { Silu, Identity };  // act applied to the gate
 
-void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a);
-void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh);
+template <class T>
+void swiglu_fwd_cpu(const T* h, T* a, int64_t n, int64_t f, GluAct act);
+template <class T>
+void swiglu_bwd_cpu(const T* h, const T* da, T* dh, int64_t n, int64_t f, GluAct act);
+
+void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act);
+void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a);
-void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh);
+void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act = GluAct::Silu);
+void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act = GluAct::Silu);
 
 }  // namespace linac

@@ -1,5 +1,5 @@
-// SwiGLU CPU reference: forward against the formula, backward against finite differences,
-// and large gate values.
+// Gated linear unit CPU reference: forward against the formula (SiLU and identity gates),
+// backward against finite differences for both, and large gate values.
 #include <cmath>
 
 #include "swiglu/swiglu.h"
@@ -21,26 +21,45 @@ TEST(SwigluCpu, ForwardMatchesFormula) {
     }
 }
 
-TEST(SwigluCpu, GradCheckDouble) {
+TEST(SwigluCpu, IdentityGateIsPlainProduct) {
+  const int64_t n = 5, f = 13;
+  OwnedTensor h = test::random_tensor({n, 2 * f}, DType::F64, 1, -4, 4);
+  OwnedTensor a(DType::F64, Device::CPU, {n, f});
+  swiglu_fwd(Ctx{}, h, a, GluAct::Identity);
+  const double* hp = h->data<double>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j)
+      EXPECT_EQ(a->data<double>()[r * f + j], hp[r * 2 * f + j] * hp[r * 2 * f + f + j]);
+}
+
+// With the identity gate the loss is linear in every element of h, so a large step makes the
+// central differences exact and free of cancellation.
+void grad_check(GluAct act) {
+  const double step = act == GluAct::Identity ? 1e-2 : 1e-6;
   for (int64_t f : {1, 37, 64}) {
     const int64_t n = 7;
     OwnedTensor h = test::random_tensor({n, 2 * f}, DType::F64, 2, -4, 4);
     OwnedTensor u = test::random_tensor({n, f}, DType::F64, 3);
     auto loss = [&] {
       OwnedTensor a(DType::F64, Device::CPU, {n, f});
-      swiglu_fwd(Ctx{}, h, a);
+      swiglu_fwd(Ctx{}, h, a, act);
       double l = 0;
       for (int64_t i = 0; i < n * f; ++i) l += a->data<double>()[i] * u->data<double>()[i];
       return l;
     };
     OwnedTensor dh(DType::F64, Device::CPU, {n, 2 * f});
     test::poison(dh);
-    swiglu_bwd(Ctx{}, h, u, dh);
-    EXPECT_LT(test::check_grad(loss, h->data<double>(), dh->data<double>(), static_cast<size_t>(n * 2 * f), 128),
+    swiglu_bwd(Ctx{}, h, u, dh, act);
+    EXPECT_LT(test::check_grad(loss, h->data<double>(), dh->data<double>(), static_cast<size_t>(n * 2 * f), 128, 7,
+                              step),
               1e-6)
         << "F " << f;
   }
 }
+
+TEST(SwigluCpu, GradCheckDouble) { grad_check(GluAct::Silu); }
+
+TEST(SwigluCpu, GradCheckDoubleIdentity) { grad_check(GluAct::Identity); }
 
 TEST(SwigluCpu, LargeGatesStayFinite) {
   const int64_t n = 3, f = 4;

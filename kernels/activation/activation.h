@@ -1,0 +1,38 @@
+// Elementwise SiLU (Swish, beta = 1), the feature map of TransNormerLLM's q and k (spec
+// transnormer.md §6.2: Q = SiLU(Qr), K = SiLU(Kr)):
+//   y  = silu(x) = x * sigmoid(x)
+//   dx = dy * sigmoid(x) * (1 + x * (1 - sigmoid(x)))
+// sigmoid is evaluated from exp(-|x|) (sigmoid.h), which never overflows.
+//
+// Layout: x, y, dy, dx [N, C] with unit column stride and any row stride (each may be a column
+// range of a fused [N, P] projection); y and dx are written (overwrite), other columns of their
+// buffers are left alone. GPU: every tensor bf16, or every tensor f32; math in f32. CPU: one
+// dtype (f32 or f64).
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+// Row strides (in elements) of the [N, C] operands.
+struct SiluLayout {
+  int64_t N = 0, C = 0;
+  int64_t x = 0, y = 0, dy = 0, dx = 0;
+};
+
+template <class T>
+void silu_fwd_cpu(const SiluLayout& L, const T* x, T* y);
+template <class T>
+void silu_bwd_cpu(const SiluLayout& L, const T* x, const T* dy, T* dx);
+
+void silu_fwd_cuda(const Ctx& ctx, const SiluLayout& L, const Tensor& x, const Tensor& y);
+void silu_bwd_cuda(const Ctx& ctx, const SiluLayout& L, const Tensor& x, const Tensor& dy, const Tensor& dx);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void silu_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y);
+void silu_bwd(const Ctx& ctx, const Tensor& x, const Tensor& dy, const Tensor& dx);
+
+}  // namespace linac

@@ -1,0 +1,58 @@
+// SimpleRMSNorm entry points: argument checks and device/dtype dispatch.
+#include "srmsnorm/srmsnorm.h"
+
+#include "core/dispatch.h"
+
+namespace linac {
+
+namespace {
+// The row stride of an [N, C] operand shaped like `like`, with unit column stride.
+int64_t row_stride(const Tensor& t, const Tensor& like, const char* name) {
+  LINAC_CHECK(t.ndim == 2 && t.size(0) == like.size(0) && t.size(1) == like.size(1),
+              std::string("srmsnorm: ") + name + " must be " + like.shape_str() + ", got " + t.shape_str());
+  LINAC_CHECK(t.strides[1] == 1 || t.size(1) <= 1, std::string("srmsnorm: ") + name + " needs a unit column stride");
+  LINAC_CHECK(t.device == like.device, std::string("srmsnorm: ") + name + " is on another device");
+  return t.size(0) > 1 ? t.strides[0] : t.size(1);
+}
+
+SrmsnormLayout layout(const Tensor& x, const Tensor& rstd) {
+  LINAC_CHECK(x.ndim == 2 && x.size(1) > 0 && x.size(1) <= kSrmsnormMaxDim,
+              "srmsnorm: x must be [N, C] with 0 < C <= " + std::to_string(kSrmsnormMaxDim) + ", got " +
+                  x.shape_str());
+  LINAC_CHECK(rstd.ndim == 1 && rstd.size(0) == x.size(0) && rstd.is_contiguous() && rstd.device == x.device,
+              "srmsnorm: rstd must be [N] contiguous, got " + rstd.shape_str());
+  SrmsnormLayout L;
+  L.N = x.size(0), L.C = x.size(1);
+  L.x = row_stride(x, x, "x");
+  return L;
+}
+}  // namespace
+
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.y = row_stride(y, x, "y");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, eps);
+    return;
+  }
+  LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype, "srmsnorm: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T, srmsnorm_fwd_cpu<T>(L, x.data<T>(), y.data<T>(), rstd.data<T>(), eps));
+}
+
+void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                  bool accumulate) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.dy = row_stride(dy, x, "dy");
+  L.dx = row_stride(dx, x, "dx");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    srmsnorm_bwd_cuda(ctx, L, x, rstd, dy, dx, accumulate);
+    return;
+  }
+  LINAC_CHECK(x.dtype == rstd.dtype && x.dtype == dy.dtype && x.dtype == dx.dtype, "srmsnorm: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T,
+                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), rstd.data<T>(), dy.data<T>(), dx.data<T>(), accumulate));
+}
+
+}  // namespace linac

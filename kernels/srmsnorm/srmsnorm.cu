@@ -1,0 +1,77 @@
+// CUDA SimpleRMSNorm (math in srmsnorm.h). One block per row: a fixed-order block reduction
+// (sum of squares forward, sum of y * dy backward), then a second pass over the row, which
+// comes from L1/L2 (rows are at most kSrmsnormMaxDim wide).
+#include <algorithm>
+
+#include "common/cuda_common.cuh"
+#include "srmsnorm/srmsnorm.h"
+
+namespace linac {
+namespace {
+
+constexpr int kMaxThreads = 256;
+
+template <class TX, class TY>
+__global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y, float* __restrict__ rstd,
+                                    int64_t c, int64_t ldx, int64_t ldy, float eps) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const TX* xr = x + r * ldx;
+  TY* yr = y + r * ldy;
+  float ss = 0.f;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float v = cuda::to_float(xr[j]);
+    ss += v * v;
+  }
+  const float rs = rsqrtf(cuda::block_sum(ss, scratch) / static_cast<float>(c) + eps);
+  if (threadIdx.x == 0) rstd[r] = rs;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
+}
+
+template <class TX, class TDY, class TDX>
+__global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const float* __restrict__ rstd,
+                                    const TDY* __restrict__ dy, TDX* __restrict__ dx, int64_t c, int64_t ldx,
+                                    int64_t lddy, int64_t lddx, bool accumulate) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const TX* xr = x + r * ldx;
+  const TDY* dyr = dy + r * lddy;
+  TDX* dxr = dx + r * lddx;
+  const float rs = rstd[r];
+  float dot = 0.f;  // sum_j y_j dy_j
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) dot += cuda::to_float(xr[j]) * rs * cuda::to_float(dyr[j]);
+  const float m = cuda::block_sum(dot, scratch) / static_cast<float>(c);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const float g = rs * (cuda::to_float(dyr[j]) - cuda::to_float(xr[j]) * rs * m);
+    dxr[j] = cuda::from_float<TDX>(accumulate ? cuda::to_float(dxr[j]) + g : g);
+  }
+}
+
+// Threads per row: enough for one pass over the row, up to kMaxThreads.
+int threads_for(int64_t c) { return static_cast<int>(std::clamp<int64_t>((c + 31) / 32 * 32, 32, kMaxThreads)); }
+
+}  // namespace
+
+void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
+                       float eps) {
+  LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
+  if (L.N == 0) return;
+  LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
+    srmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, cuda::stream_of(ctx)>>>(
+        x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.C, L.x, L.y, eps);
+  }));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, bool accumulate) {
+  LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
+  if (L.N == 0) return;
+  LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
+    srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, cuda::stream_of(ctx)>>>(
+        x.data<TX>(), rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), L.C, L.x, L.dy, L.dx, accumulate);
+  })));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace linac

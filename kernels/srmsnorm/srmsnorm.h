@@ -1,0 +1,46 @@
+// SimpleRMSNorm (TransNormerLLM, spec transnormer.md §6.6): RMSNorm over the last dimension
+// without gain or bias:
+//   y[r,:] = x[r,:] * rstd[r],   rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
+// Backward (y recomputed from x and rstd):
+//   dx[r,:] (+)= rstd[r] * (dy[r,:] - y[r,:] * mean_j(y[r,j] * dy[r,j]))
+//
+// Layout: x, y, dy, dx [N, C] with unit column stride and any row stride (e.g. column ranges of
+// a wider buffer); rstd [N] contiguous, written by the forward and read by the backward. dx is
+// overwritten, or added to when `accumulate` (x is a residual stream whose gradient already
+// holds the skip path). C <= kSrmsnormMaxDim.
+// Dtypes: GPU: x and y each f32 or bf16, dy and dx each f32 or bf16, independently (the block
+// norm reads the f32 residual stream and writes bf16; the norm inside the mixer reads and writes
+// bf16); rstd f32; math in f32. CPU: every tensor one dtype (f32 or f64).
+#pragma once
+
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+constexpr int64_t kSrmsnormMaxDim = 16384;
+
+// Row strides (in elements) of the [N, C] operands.
+struct SrmsnormLayout {
+  int64_t N = 0, C = 0;
+  int64_t x = 0, y = 0, dy = 0, dx = 0;
+};
+
+template <class T>
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, T* y, T* rstd, double eps);
+template <class T>
+void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const T* dy, T* dx, bool accumulate);
+
+void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
+                       float eps);
+void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, bool accumulate);
+
+// Entry points: check shapes, dispatch on ctx.device and dtypes.
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps);
+void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                  bool accumulate);
+
+}  // namespace linac

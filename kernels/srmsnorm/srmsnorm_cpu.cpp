@@ -1,0 +1,45 @@
+// CPU reference for SimpleRMSNorm (see srmsnorm.h); rows in parallel.
+#include <cmath>
+
+#include "srmsnorm/srmsnorm.h"
+
+namespace linac {
+
+template <class T>
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, T* y, T* rstd, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < L.N; ++r) {
+    const T* xr = x + r * L.x;
+    T ss = 0;
+    for (int64_t j = 0; j < L.C; ++j) ss += xr[j] * xr[j];
+    const T rs = T(1) / std::sqrt(ss / T(L.C) + T(eps));
+    rstd[r] = rs;
+    for (int64_t j = 0; j < L.C; ++j) y[r * L.y + j] = xr[j] * rs;
+  }
+}
+
+template <class T>
+void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const T* dy, T* dx, bool accumulate) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < L.N; ++r) {
+    const T* xr = x + r * L.x;
+    const T* dyr = dy + r * L.dy;
+    T* dxr = dx + r * L.dx;
+    const T rs = rstd[r];
+    T dot = 0;  // sum_j y_j dy_j
+    for (int64_t j = 0; j < L.C; ++j) dot += xr[j] * rs * dyr[j];
+    const T m = dot / T(L.C);
+    for (int64_t j = 0; j < L.C; ++j) {
+      const T g = rs * (dyr[j] - xr[j] * rs * m);
+      dxr[j] = accumulate ? dxr[j] + g : g;
+    }
+  }
+}
+
+template void srmsnorm_fwd_cpu<float>(const SrmsnormLayout&, const float*, float*, float*, double);
+template void srmsnorm_fwd_cpu<double>(const SrmsnormLayout&, const double*, double*, double*, double);
+template void srmsnorm_bwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, const float*, float*, bool);
+template void srmsnorm_bwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, const double*, double*,
+                                       bool);
+
+}  // namespace linac

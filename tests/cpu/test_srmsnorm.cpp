@@ -1,0 +1,82 @@
+// SimpleRMSNorm CPU reference: forward against the formula, backward against central
+// differences (overwriting and accumulating), on rows that are column ranges of wider buffers.
+#include <cmath>
+
+#include "srmsnorm/srmsnorm.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+constexpr int64_t kPad = 5;  // extra columns around the [N, C] views
+constexpr float kEps = 1e-6f;
+
+// x, y, dx are columns [2, 2 + C) of [N, C + kPad] buffers; loss = sum(y * u) for a fixed random u.
+struct SrmsnormProblem {
+  int64_t n, c;
+  OwnedTensor xb, u;
+  SrmsnormProblem(int64_t n_, int64_t c_)
+      : n(n_), c(c_), xb(test::random_tensor({n_, c_ + kPad}, DType::F64, 1, -2.0, 2.0)),
+        u(test::random_tensor({n_, c_}, DType::F64, 3)) {}
+  Tensor x() const { return xb.t.narrow(1, 2, c); }
+  double loss() const {
+    OwnedTensor yb(DType::F64, Device::CPU, {n, c + kPad}), rstd(DType::F64, Device::CPU, {n});
+    srmsnorm_fwd(Ctx{}, x(), yb.t.narrow(1, 2, c), rstd, kEps);
+    double l = 0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < c; ++j) l += yb->data<double>()[r * (c + kPad) + 2 + j] * u->data<double>()[r * c + j];
+    return l;
+  }
+};
+
+TEST(SrmsnormCpu, ForwardMatchesFormula) {
+  SrmsnormProblem p(3, 37);
+  OwnedTensor y(DType::F64, Device::CPU, {3, 37}), rstd(DType::F64, Device::CPU, {3});
+  srmsnorm_fwd(Ctx{}, p.x(), y, rstd, kEps);
+  const double* xb = p.xb->data<double>();
+  for (int64_t r = 0; r < 3; ++r) {
+    const double* x = xb + r * (37 + kPad) + 2;
+    double ss = 0;
+    for (int64_t j = 0; j < 37; ++j) ss += x[j] * x[j];
+    const double rs = 1 / std::sqrt(ss / 37 + static_cast<double>(kEps));
+    EXPECT_NEAR(rstd->data<double>()[r], rs, 1e-12);
+    for (int64_t j = 0; j < 37; ++j) EXPECT_NEAR(y->data<double>()[r * 37 + j], x[j] * rs, 1e-12);
+  }
+}
+
+TEST(SrmsnormCpu, GradCheckDouble) {
+  for (int64_t c : {2, 37, 130}) {
+    for (bool accumulate : {false, true}) {
+      const int64_t n = 5;
+      SrmsnormProblem p(n, c);
+      OwnedTensor y(DType::F64, Device::CPU, {n, c}), rstd(DType::F64, Device::CPU, {n});
+      srmsnorm_fwd(Ctx{}, p.x(), y, rstd, kEps);
+      // Without accumulate, dx starts as NaN and must be overwritten; with it, dx starts random.
+      OwnedTensor dxb = test::random_tensor({n, c + kPad}, DType::F64, 9);
+      if (!accumulate) test::poison(dxb);
+      const std::vector<double> dx0 = to_doubles(dxb);
+      srmsnorm_bwd(Ctx{}, p.x(), rstd, p.u, dxb.t.narrow(1, 2, c), accumulate);
+      // Analytic gradient over the whole buffer: zero in the columns outside the view, which must
+      // also be left as they were.
+      std::vector<double> g = to_doubles(dxb);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < c + kPad; ++j) {
+          const size_t i = static_cast<size_t>(r * (c + kPad) + j);
+          if (j < 2 || j >= 2 + c) {
+            if (accumulate) EXPECT_EQ(g[i], dx0[i]) << "column " << j << " outside the view changed";
+            else EXPECT_TRUE(std::isnan(g[i])) << "column " << j << " outside the view changed";
+            g[i] = 0;
+          } else if (accumulate) {
+            g[i] -= dx0[i];
+          }
+        }
+      ASSERT_TRUE(test::all_finite(g));
+      auto loss = [&] { return p.loss(); };
+      EXPECT_LT(test::check_grad(loss, p.xb->data<double>(), g.data(), g.size(), 256), 1e-6)
+          << "C " << c << " accumulate " << accumulate;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace linac
