@@ -16,8 +16,8 @@ namespace linac::test {
 // [B, T] int32 tokens uniform in [0, V) on the CPU.
 OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed);
 
-// Norm weights (init 1) and biases (init 0) start at special values; gives them random values
-// around those so their gradients are generic.
+// Norm weights (init 1), biases (init 0) and given tables (Init::Values) start at special values;
+// gives them random values around those so their gradients are generic.
 void perturb_special_init(ParamStore& ps);
 
 // Builds cfg in fp64, initialises it (perturb_special_init included), and checks that every

@@ -10,6 +10,7 @@
 #include "model/layer_plan.h"
 #include "reduce/reduce.h"
 #include "rmsnorm/rmsnorm.h"
+#include "srmsnorm/srmsnorm.h"
 
 namespace linac {
 
@@ -42,20 +43,26 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
 
   const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
   const int64_t d = cfg.d_model;
+  simple_norm_ = model_norm(cfg) == "srmsnorm";
+  embed_scale_ = static_cast<float>(model_embed_scale(cfg));
+  const GluAct glu = model_channel_mixer(cfg) == "sglu" ? GluAct::Identity : GluAct::Silu;
+  auto add_norm = [&](const std::string& name) {
+    return simple_norm_ ? -1 : params_.add({name, {d}, Init::Ones, 0, false});
+  };
   embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, false});
   blocks_.resize(static_cast<size_t>(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     const std::string p = "layers." + std::to_string(l) + ".";
     const int first = params_.count();
-    b.norm1 = params_.add({p + "norm1.weight", {d}, Init::Ones, 0, false});
+    b.norm1 = add_norm(p + "norm1.weight");
     const LayerSpec& spec = plan[static_cast<size_t>(l)];
     b.mixer = find_mixer_kind(spec.kind, spec.path, "config").make(env_, cfg, l, spec);
-    b.norm2 = params_.add({p + "norm2.weight", {d}, Init::Ones, 0, false});
-    b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l);
+    b.norm2 = add_norm(p + "norm2.weight");
+    b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l, glu);
     for (int id = first; id < params_.count(); ++id) b.param_ids.push_back(id);
   }
-  norm_f_ = params_.add({"norm_f.weight", {d}, Init::Ones, 0, false});
+  norm_f_ = add_norm("norm_f.weight");
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
   if (allocate) params_.allocate(ctx.device, p.master, p.act, with_optimizer);
 }
@@ -122,9 +129,24 @@ std::vector<Model::LayerRow> Model::layer_table() const {
     rows.push_back({p + "mixer", blocks_[l].mixer->kind(), count_prefix(p) - count_prefix(p + "mlp.")});
     rows.push_back({p + "mlp", blocks_[l].mlp->kind(), count_prefix(p + "mlp.")});
   }
-  rows.push_back({"norm_f", "rmsnorm", params_.numel(norm_f_)});
+  rows.push_back({"norm_f", simple_norm_ ? "srmsnorm" : "rmsnorm", norm_f_ >= 0 ? params_.numel(norm_f_) : 0});
   if (head_ >= 0) rows.push_back({"head", "linear", params_.numel(head_)});
   return rows;
+}
+
+void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const {
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  if (id < 0)
+    srmsnorm_fwd(env_.ctx, x, y, rstd, eps);
+  else
+    rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps);
+}
+
+void Model::norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx) const {
+  if (id < 0)
+    srmsnorm_bwd(env_.ctx, x, rstd, dy, dx, /*accumulate=*/true);
+  else
+    rmsnorm_bwd(env_.ctx, x, params_.master(id), rstd, dy, dx, params_.grad(id));
 }
 
 Tensor Model::resid(int i, int64_t B, int64_t T) const {
@@ -158,26 +180,26 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
   const Ctx& ctx = env_.ctx;
-  const float eps = static_cast<float>(cfg_.norm_eps);
   const bool backward = grad_scale != 0.f;
   const int L = static_cast<int>(cfg_.n_layers);
   auto act = [&](const Buffer& b) { return b.tensor(env_.act, {B, T, d}); };
   auto stat = [&](const Buffer& b) { return b.tensor(env_.stat, {N}); };
 
   embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
+  if (embed_scale_ != 1.f) scale_inplace(ctx, resid(0, B, T), embed_scale_);
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     Tensor r0 = resid(2 * l, B, T), r1 = resid(2 * l + 1, B, T), r2 = resid(2 * l + 2, B, T);
     copy_tensor(ctx, r1, r0);
-    rmsnorm_fwd(ctx, r0.view({N, d}), params_.master(b.norm1), act(b.xn1).view({N, d}), stat(b.rstd1), eps);
+    norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
     b.mixer->forward(act(b.xn1), r1);
     copy_tensor(ctx, r2, r1);
-    rmsnorm_fwd(ctx, r1.view({N, d}), params_.master(b.norm2), act(b.xn2).view({N, d}), stat(b.rstd2), eps);
+    norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
     b.mlp->forward(act(b.xn2), r2);
   }
   Tensor rl = resid(2 * L, B, T).view({N, d});
   Tensor xf = xf_.tensor(env_.act, {N, d});
-  rmsnorm_fwd(ctx, rl, params_.master(norm_f_), xf, stat(rstd_f_), eps);
+  norm_fwd(norm_f_, rl, xf, stat(rstd_f_));
 
   Tensor losses = stat(losses_);
   Tensor dxf = backward ? scratch_.get("model.dxn", env_.act, {N, d}) : Tensor();
@@ -189,25 +211,24 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
   Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
   zero_tensor(ctx, dr);
-  rmsnorm_bwd(ctx, rl, params_.master(norm_f_), stat(rstd_f_), dxf, dr, params_.grad(norm_f_));
-  if (head_ >= 0)
-    grads_ready({norm_f_, head_});
-  else
-    grads_ready({norm_f_});
+  norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
+  std::vector<int> ready;
+  for (int id : {norm_f_, head_})
+    if (id >= 0) ready.push_back(id);
+  if (!ready.empty()) grads_ready(ready);
   Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
     b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
-    rmsnorm_bwd(ctx, resid(2 * l + 1, B, T).view({N, d}), params_.master(b.norm2), stat(b.rstd2), dxn, dr,
-                params_.grad(b.norm2));
+    norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr);
     if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
     b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
-    rmsnorm_bwd(ctx, resid(2 * l, B, T).view({N, d}), params_.master(b.norm1), stat(b.rstd1), dxn, dr,
-                params_.grad(b.norm1));
+    norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr);
     grads_ready(b.param_ids);
   }
+  if (embed_scale_ != 1.f) scale_inplace(ctx, dr, embed_scale_);
   embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   grads_ready({embed_});
   return to_doubles(loss_sum)[0];
@@ -233,18 +254,18 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
   LINAC_CHECK(logits_out.ndim == 2 && logits_out.size(0) == B && logits_out.size(1) == cfg_.vocab_size,
               "Model::decode_step: logits must be [B, vocab], got " + logits_out.shape_str());
   const Ctx& ctx = env_.ctx;
-  const float eps = static_cast<float>(cfg_.norm_eps);
   Tensor x = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
   Tensor rstd = st.rstd.tensor(env_.stat, {B});
   embedding_fwd(ctx, tokens_t.view({B}), params_.master(embed_), x);
+  if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
-    rmsnorm_fwd(ctx, x, params_.master(b.norm1), xn, rstd, eps);
+    norm_fwd(b.norm1, x, xn, rstd);
     b.mixer->step(*st.layers[l], xn, x);
-    rmsnorm_fwd(ctx, x, params_.master(b.norm2), xn, rstd, eps);
+    norm_fwd(b.norm2, x, xn, rstd);
     b.mlp->forward(xn.view({B, 1, d}), x.view({B, 1, d}));
   }
-  rmsnorm_fwd(ctx, x, params_.master(norm_f_), xn, rstd, eps);
+  norm_fwd(norm_f_, x, xn, rstd);
   matmul(ctx, xn, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits_out);
 }
 

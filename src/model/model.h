@@ -8,10 +8,15 @@
 // the full [B*T, vocab] logits never exist; the cross-entropy kernel turns each chunk of
 // logits into its gradient in one pass.
 //
+// The block norm is RMSNorm with a weight, or SimpleRMSNorm (no parameters) for model.norm
+// "srmsnorm"; the channel mixer SwiGLU or SGLU; the embedding output is multiplied by
+// model.embed_scale (model/registry.h resolves the architecture's defaults).
+//
 // Parameter names (checkpoint layout, README "Checkpoints"):
 //   embed.weight [V, d]; layers.<l>.norm1.weight [d]; layers.<l>.attn.* (mixer);
 //   layers.<l>.norm2.weight [d]; layers.<l>.mlp.w13 [2F, d], layers.<l>.mlp.w2 [d, F];
-//   norm_f.weight [d]; head.weight [V, d] (absent with tie_embeddings).
+//   norm_f.weight [d]; head.weight [V, d] (absent with tie_embeddings). SimpleRMSNorm models have
+//   no norm weights.
 #pragma once
 
 #include <functional>
@@ -94,13 +99,19 @@ class Model {
     if (grad_ready_) grad_ready_(ids);
   }
   void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses);
+  // The block norm: RMSNorm with weight `id`, or SimpleRMSNorm when id < 0. x is the residual
+  // stream, y the normed activations; the backward ADDS the input gradient into dx.
+  void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const;
+  void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx) const;
   Tensor resid(int i, int64_t B, int64_t T) const;
 
   ModelConfig cfg_;
   ParamStore params_;
   ScratchPool scratch_;
   ModelEnv env_;
-  int embed_ = -1, norm_f_ = -1, head_ = -1;
+  int embed_ = -1, norm_f_ = -1, head_ = -1;  // norm ids are -1 for SimpleRMSNorm
+  bool simple_norm_ = false;
+  float embed_scale_ = 1.f;
   std::vector<Block> blocks_;
   std::vector<Buffer> resid_;  // R[0..2L]
   Buffer xf_, rstd_f_, losses_;

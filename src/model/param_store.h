@@ -30,7 +30,7 @@ struct ParamSpec {
   Init init = Init::Normal;
   double std = 0.02;
   bool decay = true;  // weight decay applies (matrices); norms/embeddings opt out by default
-  std::vector<double> values;  // Init::Values: the initial values (numel of them), e.g. a frequency table
+  std::vector<double> values = {};  // Init::Values: the initial values (numel of them), e.g. a frequency table
 };
 
 class ParamStore {

@@ -6,6 +6,7 @@
 #include "model/mixers/base_conv.h"
 #include "model/mixers/gla.h"
 #include "model/mixers/taylor.h"
+#include "model/mixers/tnl.h"
 #include "model/mixers/transformer.h"
 
 namespace linac {
@@ -46,6 +47,11 @@ const std::vector<MixerKind>& mixer_kinds() {
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"));
        }},
+      {"lightning", "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output gate",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { TnlMixerOptions::parse(s.options, s.path, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<TnlMixer>(env, cfg, layer, TnlMixerOptions::parse(s.options, s.path, "config"), s.path);
+       }},
       {"base_conv", "Based's gated short convolution (BaseConv)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { BaseConvMixerOptions::parse(s.options, s.path, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
@@ -73,6 +79,8 @@ const std::vector<ArchInfo>& architectures() {
       {"gla", "GLA: gated linear attention, chunkwise (Yang et al. 2023), with a SwiGLU MLP", "gla", {"gla"}},
       {"based", "Based: Taylor linear attention, sliding-window attention and BaseConv layers (Arora et al. 2024)",
        "taylor", {"base_conv", "taylor", "sliding_window", "base_conv", "base_conv"}},
+      {"transnormer", "TransNormerLLM: Lightning Attention token mixer, SRMSNorm, SGLU (Qin et al. 2024)", "lightning",
+       {"lightning"}, "srmsnorm", "sglu", true},
   };
   return table;
 }

@@ -7,10 +7,11 @@
 
 namespace linac {
 
-SwiGluMlp::SwiGluMlp(ModelEnv& env, const ModelConfig& cfg, int layer)
-    : env_(env), d_(cfg.d_model), F_(cfg.ffn_dim()) {
+SwiGluMlp::SwiGluMlp(ModelEnv& env, const ModelConfig& cfg, int layer, GluAct act)
+    : env_(env), act_(act), d_(cfg.d_model), F_(cfg.ffn_dim()) {
   const std::string p = "layers." + std::to_string(layer) + ".mlp.";
-  const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
+  const double out_std =
+      act == GluAct::Silu ? cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers)) : cfg.init_std;
   w13_ = env.params->add({p + "w13", {2 * F_, d_}, Init::Normal, cfg.init_std, true});
   w2_ = env.params->add({p + "w2", {d_, F_}, Init::Normal, out_std, true});
 }
@@ -34,7 +35,7 @@ void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
   Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
   matmul(ctx, x.view({N, d_}), false, env_.params->weight(w13_), true, h);
-  swiglu_fwd(ctx, h, a);
+  swiglu_fwd(ctx, h, a, act_);
   matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}), 1.f, 1.f);
 }
 
@@ -49,7 +50,7 @@ void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   matmul(ctx, dy2, false, ps.weight(w2_), false, da);
   matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
   Tensor dh = env_.scratch->get("mlp.dh", env_.act, {N, 2 * F_});
-  swiglu_bwd(ctx, h, da, dh);
+  swiglu_bwd(ctx, h, da, dh, act_);
   matmul(ctx, dh, false, ps.weight(w13_), false, dx.view({N, d_}));
   matmul(ctx, dh, true, x.view({N, d_}), false, ps.grad(w13_), 1.f, 1.f);
 }

@@ -1,0 +1,251 @@
+#include "model/mixers/tnl.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "activation/activation.h"
+#include "config/json_reader.h"
+#include "lightning/lightning.h"
+#include "lrpe/lrpe.h"
+#include "matmul/matmul.h"
+#include "model/mixers/proj_views.h"
+#include "srmsnorm/srmsnorm.h"
+#include "swiglu/swiglu.h"
+
+namespace linac {
+
+namespace {
+
+struct TnlState final : MixerState {
+  OwnedTensor S;     // [B, H, Dk, dh]
+  int64_t pos = 0;   // tokens seen (LRPE's absolute position)
+};
+
+// ALiBi slopes 2^(-8(h+1)/n) for n a power of two; otherwise those of the largest power of two
+// below n followed by every second slope of twice that (spec §6.5).
+std::vector<double> alibi_slopes(int64_t n) {
+  auto pow2 = [](int64_t m) {
+    std::vector<double> s;
+    for (int64_t h = 0; h < m; ++h) s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(m)));
+    return s;
+  };
+  int64_t p = 1;
+  while (2 * p <= n) p *= 2;
+  std::vector<double> s = pow2(p);
+  const std::vector<double> twice = pow2(2 * p);
+  for (int64_t i = 0; static_cast<int64_t>(s.size()) < n; i += 2) s.push_back(twice[static_cast<size_t>(i)]);
+  return s;
+}
+
+}  // namespace
+
+std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers) {
+  const double l = static_cast<double>(layer), L = static_cast<double>(n_layers);
+  std::vector<double> s;
+  if (schedule == "paper") {
+    for (int64_t h = 0; h < heads; ++h) s.push_back(8.0 * static_cast<double>(h + 1) / static_cast<double>(heads) * (1.0 - l / L));
+    return s;
+  }
+  const double temperature = 1.0 - (n_layers > 1 ? l / (L - 1.0) : 0.0) + 1e-5;
+  for (double slope : alibi_slopes(heads)) s.push_back(slope * temperature);
+  return s;
+}
+
+TnlMixerOptions TnlMixerOptions::parse(const json& o, const std::string& path, const std::string& file) {
+  TnlMixerOptions opt;
+  JsonReader r(o, path, file);
+  opt.heads = r.get_int("heads", opt.heads, 0, 1024);
+  opt.lrpe = r.get_choice("lrpe", opt.lrpe, {"first", "all", "none"});
+  opt.decay = r.get_choice("decay", opt.decay, {"code", "paper"});
+  opt.norm_eps = r.get_double("norm_eps", opt.norm_eps, 0, 1);
+  opt.block = r.get_int("block", opt.block, 1, 4096);
+  r.finish();
+  return opt;
+}
+
+TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMixerOptions& opt,
+                   const std::string& path)
+    : env_(env), opt_(opt), d_(cfg.d_model), E_(cfg.d_model) {
+  H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
+  if (E_ % H_ != 0)
+    throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+                    std::to_string(E_) + ")");
+  dh_ = E_ / H_;
+  lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && layer == 0);
+  Dk_ = lrpe_ ? 2 * dh_ : dh_;
+  if (env.ctx.is_gpu() && (dh_ % 16 != 0 || Dk_ > 256))
+    throw UserError("config: the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +
+                    std::string(lrpe_ ? "128 with LRPE" : "256") + " (got " + std::to_string(dh_) + ")");
+  const std::string p = "layers." + std::to_string(layer) + ".tnl.";
+  ParamStore& ps = *env.params;
+  wqkvu_ = ps.add({p + "wqkvu", {4 * E_, d_}, Init::Normal, cfg.init_std, true});
+  wo_ = ps.add({p + "wo", {d_, E_}, Init::Normal, cfg.init_std, true});
+  if (lrpe_) {
+    ParamSpec theta{p + "theta", {H_, dh_}, Init::Values, 0, false, {}};
+    for (int64_t m = 0; m < E_; ++m)
+      theta.values.push_back(std::pow(10000.0, -2.0 * static_cast<double>(m) / static_cast<double>(E_)));
+    theta_ = ps.add(theta);
+  }
+  const std::vector<double> rates = tnl_decay_rates(opt_.decay, H_, layer, cfg.n_layers);
+  OwnedTensor host(DType::F64, Device::CPU, {H_});
+  std::copy(rates.begin(), rates.end(), host->data<double>());
+  decay_ = to(host, env.device(), env.stat);
+}
+
+void TnlMixer::reserve(int64_t B, int64_t T) {
+  if (env_.ctx.is_gpu()) {
+    // The lightning kernels need room for at least one sequence (they run the batch in groups
+    // that fit); the LRPE backward needs its whole micro-batch at once.
+    auto require = [&](size_t need, const std::string& what, const std::string& unit) {
+      if (need > env_.ctx.workspace_bytes)
+        throw UserError(what + " needs " + std::to_string((need >> 20) + 1) + " MiB of GPU workspace for " + unit +
+                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / train.seq_len");
+    };
+    require(lightning_workspace_bytes_per_seq(T, H_, Dk_, dh_, env_.act), "lightning attention",
+            "sequences of " + std::to_string(T) + " tokens");
+    if (lrpe_)
+      require(lrpe_bwd_workspace_bytes(B, T, H_, dh_), "the LRPE backward",
+              "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
+  }
+  capacity_ = B * T;
+  const Device dev = env_.device();
+  const size_t N = static_cast<size_t>(capacity_), E = static_cast<size_t>(E_), act = dtype_size(env_.act);
+  proj_buf_ = Buffer(N * 3 * E * act, dev);
+  gu_buf_ = Buffer(N * 2 * E * act, dev);
+  o_buf_ = Buffer(N * E * act, dev);
+  rstd_buf_ = Buffer(N * dtype_size(env_.stat), dev);
+}
+
+size_t TnlMixer::activation_bytes(int64_t B, int64_t T) const {
+  const size_t N = static_cast<size_t>(B * T);
+  return N * (6 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
+}
+
+double TnlMixer::flops_per_token(int64_t T) const {
+  const double d = static_cast<double>(d_), E = static_cast<double>(E_);
+  const double Dk = static_cast<double>(Dk_), Dv = static_cast<double>(dh_);
+  // Projections (2 FLOPs per weight per token forward, x3 with the backward); the block form per
+  // head and token, forward: the state update and the inter-block read-out (2 Dk Dv each) and the
+  // causal halves of Q K^T and its product with V (C (Dk + Dv)); x3 with the backward.
+  const double C = static_cast<double>(std::min<int64_t>(opt_.block, T));
+  return 6.0 * (4.0 * E * d + E * d) + 3.0 * static_cast<double>(H_) * (4.0 * Dk * Dv + C * (Dk + Dv));
+}
+
+void TnlMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa,
+                            const Tensor& qk) {
+  const Ctx& ctx = env_.ctx;
+  silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
+  if (!lrpe_) return;
+  const Tensor theta = env_.params->master(theta_);
+  lrpe_fwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(qk, B, T, 0, H_, Dk_), pos0);
+  lrpe_fwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0);
+}
+
+void TnlMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
+  srmsnorm_fwd(env_.ctx, o, gu.narrow(1, 0, E_), rstd, static_cast<float>(opt_.norm_eps));
+  swiglu_fwd(env_.ctx, gu, g, GluAct::Identity);
+}
+
+void TnlMixer::forward(const Tensor& x, const Tensor& out) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  LINAC_CHECK(N <= capacity_, "TnlMixer: batch larger than reserved");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvu_), x2 = x.view({N, d_});
+  Tensor proj = proj_buf_.tensor(env_.act, {N, 3 * E_});
+  Tensor gu = gu_buf_.tensor(env_.act, {N, 2 * E_});
+  Tensor o = o_buf_.tensor(env_.act, {N, E_});
+  Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
+  matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
+  matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
+  Tensor qa = env_.scratch->get("tnl.qa", env_.act, {N, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("tnl.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
+  queries_keys(proj, B, T, 0, qa, qk);
+  lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
+                decay_, o.view({B, T, H_, dh_}), Tensor(), Tensor(), {opt_.block});
+  Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
+  norm_gate(o, gu, rstd, g);
+  matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+}
+
+void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvu_), dW = ps.grad(wqkvu_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
+  Tensor proj = proj_buf_.tensor(env_.act, {N, 3 * E_});
+  Tensor gu = gu_buf_.tensor(env_.act, {N, 2 * E_});
+  Tensor o = o_buf_.tensor(env_.act, {N, E_});
+  Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
+
+  // Output projection and gate: g = SRMSNorm(o) * u again, then its gradients.
+  Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
+  norm_gate(o, gu, rstd, g);
+  matmul(ctx, dy2, true, g, false, ps.grad(wo_), 1.f, 1.f);
+  Tensor dg = env_.scratch->get("tnl.dg", env_.act, {N, E_});
+  matmul(ctx, dy2, false, ps.weight(wo_), false, dg);
+  Tensor dgu = env_.scratch->get("tnl.dgu", env_.act, {N, 2 * E_});
+  swiglu_bwd(ctx, gu, dg, dgu, GluAct::Identity);
+  Tensor d_o = env_.scratch->get("tnl.do", env_.act, {N, E_});
+  srmsnorm_bwd(ctx, o, rstd, dgu.narrow(1, 0, E_), d_o, /*accumulate=*/false);
+
+  // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
+  Tensor qa = env_.scratch->get("tnl.qa", env_.act, {N, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("tnl.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
+  queries_keys(proj, B, T, 0, qa, qk);
+  Tensor dproj = env_.scratch->get("tnl.dproj", env_.act, {N, 3 * E_});
+  Tensor dqk = env_.scratch->get("tnl.dqk", env_.act, {N, 2 * H_ * Dk_});
+  lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
+                decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
+                bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(), {opt_.block});
+  Tensor dqa = dqk;
+  if (lrpe_) {
+    dqa = env_.scratch->get("tnl.dqa", env_.act, {N, 2 * E_});
+    const Tensor theta = ps.master(theta_), dtheta = ps.grad(theta_);
+    lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_),
+             dtheta, 0);
+    lrpe_bwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(dqk, B, T, H_ * Dk_, H_, Dk_),
+             bthd(dqa, B, T, E_, H_, dh_), dtheta, 0);
+  }
+  silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
+
+  // Input projections: [Qr|Kr|V] from rows [0, 3E) of Wqkvu, U from rows [3E, 4E).
+  const Tensor du = dgu.narrow(1, E_, E_);
+  matmul(ctx, dproj, false, W.slice0(0, 3 * E_), false, dx.view({N, d_}));
+  matmul(ctx, du, false, W.slice0(3 * E_, 4 * E_), false, dx.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, dproj, true, x2, false, dW.slice0(0, 3 * E_), 1.f, 1.f);
+  matmul(ctx, du, true, x2, false, dW.slice0(3 * E_, 4 * E_), 1.f, 1.f);
+}
+
+std::unique_ptr<MixerState> TnlMixer::init_state(int64_t B) {
+  auto st = std::make_unique<TnlState>();
+  st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, Dk_, dh_});
+  zero_tensor(st->S);
+  return st;
+}
+
+void TnlMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+  auto& st = dynamic_cast<TnlState&>(state);
+  const int64_t B = x_t.size(0);
+  LINAC_CHECK(st.S->size(0) == B, "TnlMixer::step: state was made for another batch size");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvu_), x2 = x_t.view({B, d_});
+  Tensor proj = env_.scratch->get("tnl.step.proj", env_.act, {B, 3 * E_});
+  Tensor gu = env_.scratch->get("tnl.step.gu", env_.act, {B, 2 * E_});
+  Tensor qa = env_.scratch->get("tnl.step.qa", env_.act, {B, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("tnl.step.qk", env_.act, {B, 2 * H_ * Dk_}) : qa;
+  Tensor o = env_.scratch->get("tnl.step.o", env_.act, {B, E_});
+  Tensor rstd = env_.scratch->get("tnl.step.rstd", env_.stat, {B});
+  Tensor g = env_.scratch->get("tnl.step.g", env_.act, {B, E_});
+  matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
+  matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
+  queries_keys(proj, B, 1, st.pos, qa, qk);
+  lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
+                 o.view({B, H_, dh_}));
+  ++st.pos;
+  norm_gate(o, gu, rstd, g);
+  matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+}  // namespace linac

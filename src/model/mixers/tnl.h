@@ -1,0 +1,67 @@
+// TransNormerLLM's token mixer (Qin et al. 2024, "TransNormerLLM", with Lightning Attention; spec
+// ../shared/specs/transnormer.md §6.2-§6.5, §6.8), H = heads, E = d_model = H dh:
+//   [Qr|Kr|V|U] = x Wqkvu^T          Wqkvu: [4E, d], rows: q, k, v, u (one fused projection, no bias)
+//   Q, K        = SiLU(Qr), SiLU(Kr)
+//   Q, K        = LRPE(Q), LRPE(K)    dh -> 2 dh, in the layers `lrpe` selects (the first by default):
+//                                     [X cos(theta t), X sin(theta t)], theta [H, dh] learned
+//   O           = LightningAttention(Q, K, V; lambda_{l,h}) per head: o_t = sum_{s<=t} lambda^(t-s) (q_t.k_s) v_s
+//   out        += (SRMSNorm(O) * U) Wo^T                  Wo: [d, E]; SRMSNorm over all E channels
+// Decay (not learned): s_{l,h} = slope_h (1 - l/(L-1) + 1e-5), slope_h = 2^(-8(h+1)/H) (ALiBi slopes
+// for H not a power of two), lambda = exp(-s): the released code's schedule (`decay: "code"`); the
+// paper's eq. 10, s = 8(h+1)/H (1 - l/L), with `decay: "paper"` (spec §6.5).
+// Init (released code): Wqkvu, Wo ~ N(0, init_std); theta[h, j] = 10000^(-2 (h dh + j) / E).
+// Saved for backward: [Qr|Kr|V] [B*T, 3E] and U (act), O [B*T, E] (act), the SRMSNorm rstd [B*T]
+// (f32 on the GPU); SiLU, LRPE, the norm and the gate are recomputed in the backward.
+// Decoding: per sequence H x Dk x dh f32 state (Dk = 2 dh with LRPE) and the position, whatever
+// the length.
+#pragma once
+
+#include <vector>
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "model/mixer.h"
+
+namespace linac {
+
+struct TnlMixerOptions {
+  int64_t heads = 0;            // 0: model.n_heads
+  std::string lrpe = "first";   // first | all | none: which layers use LRPE-d
+  std::string decay = "code";   // code | paper: the decay schedule (see above)
+  double norm_eps = 1e-6;       // SRMSNorm over the heads' output
+  int64_t block = 64;           // block length of the CPU's block form
+  static TnlMixerOptions parse(const json& o, const std::string& path, const std::string& file);
+};
+
+// s_{l,h} for every head of layer l of an n_layers model (the rates, lambda = exp(-s)).
+std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers);
+
+class TnlMixer final : public Mixer {
+ public:
+  TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMixerOptions& opt, const std::string& path);
+  std::string kind() const override { return "lightning"; }
+  void reserve(int64_t B, int64_t T) override;
+  void forward(const Tensor& x, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  size_t activation_bytes(int64_t B, int64_t T) const override;
+  double flops_per_token(int64_t T) const override;
+  std::unique_ptr<MixerState> init_state(int64_t B) override;
+  void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+
+ private:
+  // Q, K after SiLU (and LRPE at positions pos0..) from the [N, >= 2E] projection into qk [N, 2 Dk H].
+  void queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa, const Tensor& qk);
+  // n = SRMSNorm(o) into the first half of gu, then g = n * u.
+  void norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g);
+
+  ModelEnv& env_;
+  TnlMixerOptions opt_;
+  int64_t d_, H_, dh_, E_, Dk_;
+  bool lrpe_;
+  int wqkvu_, wo_, theta_ = -1;
+  OwnedTensor decay_;  // [H] rates s_h (stat dtype, on the model's device)
+  Buffer proj_buf_, gu_buf_, o_buf_, rstd_buf_;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace linac
