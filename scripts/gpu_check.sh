@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|all]     (default: all; based: only the Based benchmarks)
+#   scripts/gpu_check.sh [tests|bench|based|tnl|all]   (default: all; based / tnl: only that architecture's benchmarks)
 set -uo pipefail
 what="${1:-all}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,5 +52,17 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
     ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
       --steps 10 2>&1 | tee "$out/bench_$c.txt"
   done
+fi
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
+  # TransNormerLLM (issue 11): the lightning op at the issue's shape, the spec's b=4 h=32 d=128
+  # sweep (one sequence length per call: 4 sequences of n tokens), the 385M model.
+  ./build-gpu/linac bench --op lightning --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+    2>&1 | tee "$out/bench_lightning.txt"
+  for n in 2048 4096 8192 16384 32768; do
+    LINAC_WORKSPACE_MB=9000 ./build-gpu/linac bench --op lightning --seq-lens $n --tokens $((4 * n)) --heads 32 \
+      --head-dim 128 2>&1 | tee -a "$out/bench_lightning_b4h32d128.txt"
+  done
+  ./build-gpu/linac bench configs/tnl_385m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 10 2>&1 | tee "$out/bench_tnl_385m.txt"
 fi
 printf '%s\n' "${summary[@]}"
