@@ -29,40 +29,41 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
   rc=$?
   summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
-  grep -E '^\[  FAILED|Failure|error:|Expected|Which is|actual' "$out/gpu_tests.log" | head -60
+  # Failures with their context (the SCOPED_TRACE lines name the failing case).
+  grep -E -A1 '^\[  FAILED|Failure|error:|Expected|Which is|actual|Google Test trace' "$out/gpu_tests.log" | head -80
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
-    2>&1 | tee "$out/bench_attention.txt"
+    2>&1 | tee -a "$out/bench.txt"
   ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 \
-    --tokens-per-step 32768 --steps 10 2>&1 | tee "$out/bench_125m.txt"
+    --tokens-per-step 32768 --steps 10 2>&1 | tee -a "$out/bench.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model
   # next to Transformer++ of the same size.
   ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
-    2>&1 | tee "$out/bench_taylor.txt"
+    2>&1 | tee -a "$out/bench.txt"
   ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
-    2>&1 | tee "$out/bench_gla.txt"
+    2>&1 | tee -a "$out/bench.txt"
   for w in 16 64; do
     ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
-      --window $w 2>&1 | tee "$out/bench_window_$w.txt"
+      --window $w 2>&1 | tee -a "$out/bench.txt"
   done
   for c in based_360m transformer_360m; do
     ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-      --steps 10 2>&1 | tee "$out/bench_$c.txt"
+      --steps 10 2>&1 | tee -a "$out/bench.txt"
   done
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
   # TransNormerLLM (issue 11): the lightning op at the issue's shape, the spec's b=4 h=32 d=128
   # sweep (one sequence length per call: 4 sequences of n tokens), the 385M model.
   ./build-gpu/linac bench --op lightning --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
-    2>&1 | tee "$out/bench_lightning.txt"
+    2>&1 | tee -a "$out/bench.txt"
   for n in 2048 4096 8192 16384 32768; do
     LINAC_WORKSPACE_MB=9000 ./build-gpu/linac bench --op lightning --seq-lens $n --tokens $((4 * n)) --heads 32 \
-      --head-dim 128 2>&1 | tee -a "$out/bench_lightning_b4h32d128.txt"
+      --head-dim 128 2>&1 | tee -a "$out/bench.txt"
   done
   ./build-gpu/linac bench configs/tnl_385m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-    --steps 10 2>&1 | tee "$out/bench_tnl_385m.txt"
+    --steps 10 2>&1 | tee -a "$out/bench.txt"
 fi
 printf '%s\n' "${summary[@]}"

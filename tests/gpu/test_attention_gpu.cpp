@@ -86,9 +86,12 @@ void run_parity(DType dt, double tol) {
 
     EXPECT_LT(test::rel_error(g.o, o), tol) << "o";
     EXPECT_LT(test::rel_error(g.lse, lse), tol) << "lse";
+    // dq and dk come from P (dP - rowsum(P dP)): with a window of one key the difference cancels
+    // exactly and with a few keys nearly, so their relative error grows as the window shrinks.
+    const double tol_dqk = c.window > 0 && c.window <= 16 ? 4 * tol : tol;
     const char* names[] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; ++i)
-      EXPECT_LT(test::rel_error(component(g.dqkv, i), component(dqkv, i)), tol) << names[i];
+      EXPECT_LT(test::rel_error(component(g.dqkv, i), component(dqkv, i)), i < 2 ? tol_dqk : tol) << names[i];
   }
 }
 
