@@ -32,6 +32,27 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
+// Routes SIGINT/SIGTERM to on_stop_signal while alive; the previous handlers come back however
+// the run ends (a UserError from a failed checkpoint write included).
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    prev_int_ = std::signal(SIGINT, on_stop_signal);
+    prev_term_ = std::signal(SIGTERM, on_stop_signal);
+  }
+  ~StopSignals() {
+    std::signal(SIGINT, prev_int_);
+    std::signal(SIGTERM, prev_term_);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  void (*prev_int_)(int) = SIG_DFL;
+  void (*prev_term_)(int) = SIG_DFL;
+};
+
 std::string eta(double seconds) {
   const long s = static_cast<long>(seconds);
   char buf[32];
@@ -199,7 +220,20 @@ int run_training(const Config& cfg, const std::string& resume) {
   };
 
   std::ofstream metrics;
-  if (root) metrics.open(fs::path(tc.out_dir) / "metrics.jsonl", std::ios::app);
+  const fs::path metrics_path = fs::path(tc.out_dir) / "metrics.jsonl";
+  if (root) {
+    metrics.open(metrics_path, std::ios::app);
+    if (!metrics) throw UserError("cannot open " + metrics_path.string() + " for appending");
+  }
+  // Metrics are a convenience: a failed write (a full disk) is reported once and training goes
+  // on; checkpoints have their own checks.
+  bool metrics_warned = false;
+  auto check_metrics = [&] {
+    if (root && !metrics && !metrics_warned) {
+      log->warn("writing {} failed (disk full?); training continues without metrics", metrics_path.string());
+      metrics_warned = true;
+    }
+  };
   std::vector<OwnedTensor> tok_d, tgt_d;
   std::vector<MicroBatch> micro;
   for (int64_t i = 0; i < n_micro; ++i) {
@@ -210,9 +244,7 @@ int run_training(const Config& cfg, const std::string& resume) {
   OwnedTensor tok_h(DType::I32, Device::CPU, {B, T}), tgt_h(DType::I32, Device::CPU, {B, T});
   std::vector<int32_t> rows(loader.batch_elems());
 
-  g_stop_signal.store(0);
-  auto prev_int = std::signal(SIGINT, on_stop_signal);
-  auto prev_term = std::signal(SIGTERM, on_stop_signal);
+  const StopSignals stop_signals;
 
   using clock = std::chrono::steady_clock;
   auto t_log = clock::now();
@@ -238,6 +270,7 @@ int run_training(const Config& cfg, const std::string& resume) {
       if (root)
         metrics << json{{"step", step}, {"skipped", true}, {"loss", std::isfinite(st.loss) ? json(st.loss) : json(nullptr)}}.dump()
                 << "\n";
+      check_metrics();
       if (bad_in_row >= tc.max_bad_steps) {
         log->error("aborting: {} consecutive non-finite steps (train.max_bad_steps); the last checkpoint is intact",
                    bad_in_row);
@@ -280,6 +313,7 @@ int run_training(const Config& cfg, const std::string& resume) {
                 static_cast<int64_t>(count));
     }
     if (root && !rec.is_null()) metrics << rec.dump() << "\n" << std::flush;
+    check_metrics();
 
     // Every rank stops at the same step when any of them was signalled.
     const int64_t sig = comm->max(g_stop_signal.load());
@@ -290,8 +324,6 @@ int run_training(const Config& cfg, const std::string& resume) {
     }
     if (step == tc.steps || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
   }
-  std::signal(SIGINT, prev_int);
-  std::signal(SIGTERM, prev_term);
   if (status == 0 && step >= tc.steps) log->info("done: {} steps, outputs in {}", step, tc.out_dir);
   spdlog::drop("linac");
   return status;
