@@ -104,12 +104,15 @@ int cmd_eval(int argc, char** argv) {
     json j = {{"checkpoint", *ckpt}, {"data", data_path}, {"split", split_name(split)}, {"seq_len", T},
               {"tokens", r.targets}, {"bytes", bytes}, {"loss", loss}, {"perplexity", ppl},
               {"bits_per_byte", bpb}, {"seconds", secs}};
+    if (r.aux_sum != 0) j["aux_loss"] = r.mean_aux();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s on %s [%s], T=%lld\n", ckpt->c_str(), data_path.c_str(), split_name(split),
                 static_cast<long long>(T));
     std::printf("tokens %lld | loss %.4f | perplexity %.3f | bits/byte %.4f | %.1f s\n",
                 static_cast<long long>(r.targets), loss, ppl, bpb, secs);
+    // Auxiliary terms (e.g. Transformer-VQ's commitment loss) are not part of the perplexity.
+    if (r.aux_sum != 0) std::printf("aux loss %.6f per target (not in the loss above)\n", r.mean_aux());
   }
   return 0;
 }

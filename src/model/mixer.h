@@ -13,9 +13,19 @@
 //                    (residual dtype, accumulated into like forward's out). Mixers without one
 //                    (softmax attention) keep the defaults, which throw a UserError naming them;
 //                    position-wise mixers (SwiGLU) decode through forward on [B, 1, d].
+// aux_loss_sum():    the sum over the last forward's tokens of the mixer's auxiliary loss terms,
+//                    already weighted (e.g. Transformer-VQ's beta * commitment loss); the backward
+//                    adds their gradient scaled by the same grad_scale as the language-model loss,
+//                    so a step minimises (LM loss sum + aux loss sum) / targets.
+// update_buffers(sum_ranks): once per applied optimizer step, after all of its backward passes:
+//                    updates the mixer's non-gradient state (buffers registered with
+//                    ParamStore::add_buffer, e.g. EMA codebooks) from statistics gathered during
+//                    the step; sum_ranks(t) sums a contiguous f32/f64 tensor over the
+//                    data-parallel ranks in place, so every rank applies the same update.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -41,6 +51,8 @@ class Mixer {
   virtual size_t activation_bytes(int64_t B, int64_t T) const = 0;
   // Training FLOPs per token (forward + backward) at sequence length T, for MFU.
   virtual double flops_per_token(int64_t T) const = 0;
+  virtual double aux_loss_sum() const { return 0; }
+  virtual void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) { (void)sum_ranks; }
   virtual std::unique_ptr<MixerState> init_state(int64_t B) {
     (void)B;
     throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");

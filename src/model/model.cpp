@@ -149,6 +149,16 @@ void Model::norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& 
     rmsnorm_bwd(env_.ctx, x, params_.master(id), rstd, dy, dx, params_.grad(id));
 }
 
+double Model::aux_loss_sum() const {
+  double sum = 0;
+  for (const auto& b : blocks_) sum += b.mixer->aux_loss_sum();
+  return sum;
+}
+
+void Model::update_buffers(const std::function<void(const Tensor&)>& sum_ranks) {
+  for (auto& b : blocks_) b.mixer->update_buffers(sum_ranks);
+}
+
 Tensor Model::resid(int i, int64_t B, int64_t T) const {
   return resid_[static_cast<size_t>(i)].tensor(env_.resid, {B, T, cfg_.d_model});
 }

@@ -58,6 +58,11 @@ class Model {
   // backward pass: gradients of grad_scale * (that sum) accumulate into params().grad.
   double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale);
   double forward_loss(const Tensor& tokens, const Tensor& targets) { return forward_backward(tokens, targets, 0.f); }
+  // The mixers' auxiliary loss terms of the last forward, summed over its tokens (0 for
+  // architectures without any); forward_backward's gradients include them (see mixer.h).
+  double aux_loss_sum() const;
+  // Once per applied optimizer step: every mixer updates its non-gradient buffers (mixer.h).
+  void update_buffers(const std::function<void(const Tensor&)>& sum_ranks);
 
   // Called during the backward pass with the ids of parameters whose gradients are final for
   // this call (a block's after its backward, the head's, the embedding's last). Data-parallel

@@ -23,6 +23,19 @@ int ParamStore::add(const ParamSpec& spec) {
   return static_cast<int>(specs_.size()) - 1;
 }
 
+int ParamStore::add_buffer(const ParamSpec& spec) {
+  LINAC_CHECK(master_.bytes() == 0, "ParamStore::add_buffer after allocate");
+  for (const auto& b : buffer_specs_) LINAC_CHECK(b.name != spec.name, "duplicate buffer name " + spec.name);
+  LINAC_CHECK(spec.init != Init::Values, "buffer " + spec.name + ": Init::Values is for parameters");
+  buffer_specs_.push_back(spec);
+  return buffer_count() - 1;
+}
+
+Tensor ParamStore::buffer(int id) const {
+  return buffers_.tensor(master_dt_, buffer_spec(id).shape,
+                         static_cast<size_t>(buffer_offset_[static_cast<size_t>(id)]) * dtype_size(master_dt_));
+}
+
 int ParamStore::find(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return static_cast<int>(i);
@@ -62,6 +75,13 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
     m_ = Buffer(bytes, device);
     v_ = Buffer(bytes, device);
   }
+  buffer_offset_.clear();
+  int64_t buffer_n = 0;
+  for (const auto& b : buffer_specs_) {
+    buffer_offset_.push_back(buffer_n);
+    buffer_n += round_up(std::accumulate(b.shape.begin(), b.shape.end(), int64_t(1), std::multiplies<>()));
+  }
+  if (buffer_n > 0) buffers_ = Buffer(static_cast<size_t>(buffer_n) * dtype_size(master_dt_), device);
   if (compute_dt_ != master_dt_) compute_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(compute_dt_), device);
   zero_tensor(flat_master());
   zero_tensor(flat_grad());
@@ -89,26 +109,38 @@ void ParamStore::zero_optimizer_state() {
   zero_tensor(flat_v());
 }
 
+namespace {
+
+// Draws spec's initial values (its own Philox stream, named after it) into h[0, numel).
+void draw_init(const ParamSpec& s, uint64_t seed, double* h) {
+  const int64_t n = std::accumulate(s.shape.begin(), s.shape.end(), int64_t(1), std::multiplies<>());
+  const uint64_t stream = stream_id(s.name.c_str());
+  for (int64_t j = 0; j < n; ++j) {
+    switch (s.init) {
+      case Init::Normal: h[j] = s.std * philox_normal(seed, stream, static_cast<uint64_t>(j)); break;
+      case Init::Ones: h[j] = 1.0; break;
+      case Init::Zeros: h[j] = 0.0; break;
+      case Init::Values: h[j] = s.values[static_cast<size_t>(j)]; break;
+    }
+  }
+}
+
+}  // namespace
+
 void ParamStore::init(uint64_t seed, const Ctx& ctx) {
   OwnedTensor host(DType::F64, Device::CPU, {flat_n_});
   double* h = host->data<double>();
   std::fill_n(h, flat_n_, 0.0);
-  for (int i = 0; i < count(); ++i) {
-    const auto& s = spec(i);
-    const int64_t n = numel(i), off = offset_[static_cast<size_t>(i)];
-    const uint64_t stream = stream_id(s.name.c_str());
-    for (int64_t j = 0; j < n; ++j) {
-      switch (s.init) {
-        case Init::Normal: h[off + j] = s.std * philox_normal(seed, stream, static_cast<uint64_t>(j)); break;
-        case Init::Ones: h[off + j] = 1.0; break;
-        case Init::Zeros: h[off + j] = 0.0; break;
-        case Init::Values: h[off + j] = s.values[static_cast<size_t>(j)]; break;
-      }
-    }
-  }
+  for (int i = 0; i < count(); ++i) draw_init(spec(i), seed, h + offset_[static_cast<size_t>(i)]);
   OwnedTensor conv(master_dt_, Device::CPU, {flat_n_});
   convert_host(conv.t, host.t);
   copy_tensor(flat_master(), conv.t);
+  for (int i = 0; i < buffer_count(); ++i) {
+    const Tensor b = buffer(i);
+    OwnedTensor bh(DType::F64, Device::CPU, b.dims());
+    draw_init(buffer_spec(i), seed, bh->data<double>());
+    copy_tensor(b, to(bh, Device::CPU, master_dt_));
+  }
   refresh_compute(ctx);
 }
 

@@ -68,6 +68,16 @@ class ParamStore {
   Tensor flat_v() const { return flat(v_, master_dt_); }
   Tensor flat_compute() const;  // undefined unless a separate compute copy exists
 
+  // Non-gradient model state (e.g. Transformer-VQ's codebook statistics): initialised like a
+  // parameter (by its spec's init), saved and restored by checkpoints, never touched by the
+  // optimizer and not counted as parameters. Master dtype, one allocation of its own. Only
+  // before allocate().
+  int add_buffer(const ParamSpec& spec);
+  int buffer_count() const { return static_cast<int>(buffer_specs_.size()); }
+  const ParamSpec& buffer_spec(int id) const { return buffer_specs_[static_cast<size_t>(id)]; }
+  Tensor buffer(int id) const;
+  size_t bytes_buffers() const { return buffers_.bytes(); }
+
   void zero_grad(const Ctx& ctx);
   void zero_optimizer_state();
   // master -> compute copy (after init, load or an optimizer step done without the fused copy).
@@ -87,6 +97,9 @@ class ParamStore {
   Device device_ = Device::CPU;
   DType master_dt_ = DType::F32, compute_dt_ = DType::F32;
   Buffer master_, grad_, m_, v_, compute_;
+  std::vector<ParamSpec> buffer_specs_;
+  std::vector<int64_t> buffer_offset_;
+  Buffer buffers_;
 };
 
 }  // namespace linac

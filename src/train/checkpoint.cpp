@@ -117,6 +117,8 @@ void write_contents(const h5::File& f, const ParamStore& params, const Checkpoin
   HashedWriter w{f.id(), {}, {}};
   w.write_text("config", data.config.dump(2));
   for (int i = 0; i < params.count(); ++i) w.write_tensor("params/" + params.spec(i).name, params.master(i));
+  for (int i = 0; i < params.buffer_count(); ++i)
+    w.write_tensor("buffers/" + params.buffer_spec(i).name, params.buffer(i));
   if (params.has_optimizer()) {
     for (int i = 0; i < params.count(); ++i) {
       w.write_tensor("optim/m/" + params.spec(i).name, params.m(i));
@@ -297,6 +299,7 @@ void CheckpointReader::load_params(ParamStore& params, bool with_optimizer) cons
     copy_tensor(t, to(host, t.device, t.dtype));
   };
   for (int i = 0; i < params.count(); ++i) load("params/" + params.spec(i).name, params.master(i));
+  for (int i = 0; i < params.buffer_count(); ++i) load("buffers/" + params.buffer_spec(i).name, params.buffer(i));
   if (with_optimizer && params.has_optimizer()) {
     if (!has_optimizer()) throw UserError(path_ + ": checkpoint holds no optimizer state to resume from");
     for (int i = 0; i < params.count(); ++i) {

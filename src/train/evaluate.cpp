@@ -29,6 +29,7 @@ EvalResult evaluate(Model& model, EvalLoader& loader) {
     copy_tensor(tok_db, tok_b);
     copy_tensor(tgt_db, tgt_b);
     r.loss_sum += model.forward_loss(tok_db, tgt_db);
+    r.aux_sum += model.aux_loss_sum();
   }
   return r;
 }

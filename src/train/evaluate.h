@@ -12,6 +12,8 @@ namespace linac {
 struct EvalResult {
   double loss_sum = 0;   // nats, over all scored targets
   int64_t targets = 0;
+  double aux_sum = 0;    // the mixers' auxiliary losses (e.g. VQ commitment), summed like loss_sum
+  double mean_aux() const { return targets ? aux_sum / static_cast<double>(targets) : 0.0; }
   double mean_loss() const { return targets ? loss_sum / static_cast<double>(targets) : 0.0; }
 };
 

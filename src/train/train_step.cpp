@@ -26,24 +26,30 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   st.lr = lr_at(step, tc_.steps, tc_.warmup_steps, tc_.lr, tc_.min_lr, tc_.schedule);
   ps.zero_grad(ctx);
   const float scale = 1.f / static_cast<float>(std::max<int64_t>(1, target_count));
-  double loss_sum = 0;
+  double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (reducer_ && i + 1 == micro.size()) reducer_->arm();
     loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale);
+    aux_sum += model_.aux_loss_sum();
   }
   if (reducer_) {
     reducer_->finish();
     loss_sum = comm_->sum(loss_sum);
+    aux_sum = comm_->sum(aux_sum);
   }
   st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, target_count));
+  st.aux_loss = aux_sum / static_cast<double>(std::max<int64_t>(1, target_count));
   st.grad_norm = grad_norm(ctx, ps);
-  if (!std::isfinite(st.loss) || !std::isfinite(st.grad_norm)) {
+  if (!std::isfinite(st.loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm)) {
     st.skipped = true;
     return st;
   }
   double clip = 1.0;
   if (tc_.grad_clip > 0 && st.grad_norm > tc_.grad_clip) clip = tc_.grad_clip / (st.grad_norm + 1e-6);
   adamw_.update(ctx, st.lr, clip, ++updates_);
+  model_.update_buffers([this, &ctx](const Tensor& t) {
+    if (comm_ && comm_->world() > 1) comm_->allreduce_sum(t, ctx.stream);
+  });
   return st;
 }
 

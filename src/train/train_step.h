@@ -1,6 +1,7 @@
 // One optimizer step: forward + backward over the micro-batches (gradients accumulate),
-// global grad-norm clipping, AdamW. A non-finite loss or gradient norm skips the update
-// entirely (gradients are discarded, parameters and moments untouched).
+// global grad-norm clipping, AdamW, then the mixers' buffer updates (EMA codebooks). A non-finite
+// loss or gradient norm skips the update entirely (gradients are discarded, parameters, moments
+// and buffers untouched).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,8 @@ struct MicroBatch {
 };
 
 struct StepStats {
-  double loss = 0;       // mean loss over the step's valid targets
+  double loss = 0;       // mean loss over the step's valid targets (the language model's)
+  double aux_loss = 0;   // the mixers' auxiliary losses per valid target (0 for most architectures)
   double grad_norm = 0;  // before clipping
   double lr = 0;
   bool skipped = false;

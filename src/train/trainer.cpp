@@ -293,9 +293,10 @@ int run_training(const Config& cfg, const std::string& resume) {
       const double mean_loss = loss_n ? loss_acc / static_cast<double>(loss_n) : st.loss;
       rec = {{"step", step}, {"loss", mean_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"tokens_per_s", tps},
              {"tokens_seen", tokens_seen}, {"mfu", mfu}, {"mem", gpu ? static_cast<int64_t>(gpu_bytes_in_use()) : 0}};
-      log->info("step {}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | ETA {}", step, tc.steps,
-                mean_loss, st.lr, st.grad_norm, tps, peak_tflops > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "",
-                eta(remaining));
+      if (st.aux_loss != 0) rec["aux_loss"] = st.aux_loss;
+      log->info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | ETA {}", step, tc.steps,
+                mean_loss, st.aux_loss != 0 ? fmt::format(" (aux {:.5f})", st.aux_loss) : "", st.lr, st.grad_norm, tps,
+                peak_tflops > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", eta(remaining));
       t_log = clock::now();
       tokens_since_log = 0;
       loss_acc = 0;
@@ -309,8 +310,10 @@ int run_training(const Config& cfg, const std::string& resume) {
       if (rec.is_null()) rec = {{"step", step}};
       rec["val_loss"] = val;
       rec["val_ppl"] = std::exp(val);
-      log->info("step {} | val loss {:.4f} | val ppl {:.2f} ({} tokens)", step, val, std::exp(val),
-                static_cast<int64_t>(count));
+      const double val_aux = count > 0 ? comm->sum(local.aux_sum) / count : 0.0;
+      if (val_aux != 0) rec["val_aux_loss"] = val_aux;
+      log->info("step {} | val loss {:.4f} | val ppl {:.2f}{} ({} tokens)", step, val, std::exp(val),
+                val_aux != 0 ? fmt::format(" | val aux {:.5f}", val_aux) : "", static_cast<int64_t>(count));
     }
     if (root && !rec.is_null()) metrics << rec.dump() << "\n" << std::flush;
     check_metrics();
