@@ -37,6 +37,10 @@ json Config::to_json() const {
                 {"norm", model_norm(model)},
                 {"channel_mixer", model_channel_mixer(model)},
                 {"embed_scale", model_embed_scale(model)},
+                {"embed_init_std", model.embed_init_std > 0 ? model.embed_init_std : model.init_std},
+                {"final_norm", model.final_norm},
+                {"head_bias", model.head_bias},
+                {"logit_scale", model.logit_scale},
                 {"mixer", model.mixer}};
   if (!model.layers.empty()) j["model"]["layers"] = model.layers;
   if (!model.layer_pattern.empty()) j["model"]["layer_pattern"] = model.layer_pattern;
@@ -88,8 +92,12 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.norm_eps = m.get_double("norm_eps", c.model.norm_eps, 0, 1);
   c.model.init_std = m.get_double("init_std", c.model.init_std, 1e-6, 10);
   if (m.has("norm")) c.model.norm = m.get_choice("norm", "", {"rmsnorm", "srmsnorm"});
-  if (m.has("channel_mixer")) c.model.channel_mixer = m.get_choice("channel_mixer", "", {"swiglu", "sglu"});
+  if (m.has("channel_mixer")) c.model.channel_mixer = m.get_choice("channel_mixer", "", {"swiglu", "sglu", "none"});
   c.model.embed_scale = m.get_double("embed_scale", 0, 0, 1e6);
+  c.model.embed_init_std = m.get_double("embed_init_std", 0, 0, 100);
+  c.model.final_norm = m.get_bool("final_norm", c.model.final_norm);
+  c.model.head_bias = m.get_bool("head_bias", c.model.head_bias);
+  c.model.logit_scale = m.get_double("logit_scale", c.model.logit_scale, 1e-6, 1e6);
   c.model.mixer = m.get_object("mixer");
   for (const char* key : {"layers", "layer_pattern"}) {
     if (!m.has(key)) continue;

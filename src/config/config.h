@@ -24,8 +24,14 @@ struct ModelConfig {
   double init_std = 0.02;
   // The shared parts of a block, "" / 0 = the architecture's (model/registry.h resolves them):
   std::string norm;           // rmsnorm | srmsnorm (no gain: TransNormerLLM)
-  std::string channel_mixer;  // swiglu | sglu (a GLU without activation: TransNormerLLM)
+  std::string channel_mixer;  // swiglu | sglu (a GLU without activation: TransNormerLLM) | none (Transformer-VQ)
   double embed_scale = 0;     // embeddings are multiplied by this (TNL: sqrt(d_model))
+  double embed_init_std = 0;  // std of the embedding's normal init; 0: init_std
+  // The LM head: logits = logit_scale * (FinalNorm(x) W^T + b); no final norm when !final_norm,
+  // b only with head_bias (Transformer-VQ's head variants).
+  bool final_norm = true;
+  bool head_bias = false;
+  double logit_scale = 1;
   json mixer = json::object();   // options of the architecture's primary mixer kind
   // Per-layer stacks (model/layer_plan.h): one name per layer, or a pattern repeated over the
   // layers (at most one of the two is non-empty), and named options blocks.

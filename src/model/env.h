@@ -33,6 +33,9 @@ struct ModelEnv {
   DType resid = DType::F32;  // residual stream and its gradient (f32 on the GPU)
   DType stat = DType::F32;   // saved statistics (rstd, lse): f32 on the GPU, act on the CPU
   ScratchPool* scratch = nullptr;
+  // grad_scale of the forward_backward in progress: mixers with auxiliary losses scale those
+  // losses' gradients by it, as the language-model loss's are (mixer.h).
+  float grad_scale = 0;
   Device device() const { return ctx.device; }
 };
 

@@ -45,11 +45,14 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   const int64_t d = cfg.d_model;
   simple_norm_ = model_norm(cfg) == "srmsnorm";
   embed_scale_ = static_cast<float>(model_embed_scale(cfg));
-  const GluAct glu = model_channel_mixer(cfg) == "sglu" ? GluAct::Identity : GluAct::Silu;
+  const std::string channel_mixer = model_channel_mixer(cfg);
+  const GluAct glu = channel_mixer == "sglu" ? GluAct::Identity : GluAct::Silu;
+  has_mlp_ = channel_mixer != "none";
   auto add_norm = [&](const std::string& name) {
     return simple_norm_ ? -1 : params_.add({name, {d}, Init::Ones, 0, false});
   };
-  embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, false});
+  embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal,
+                        cfg.embed_init_std > 0 ? cfg.embed_init_std : cfg.init_std, false});
   blocks_.resize(static_cast<size_t>(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
@@ -58,12 +61,15 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
     b.norm1 = add_norm(p + "norm1.weight");
     const LayerSpec& spec = plan[static_cast<size_t>(l)];
     b.mixer = find_mixer_kind(spec.kind, spec.path, "config").make(env_, cfg, l, spec);
-    b.norm2 = add_norm(p + "norm2.weight");
-    b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l, glu);
+    if (has_mlp_) {
+      b.norm2 = add_norm(p + "norm2.weight");
+      b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l, glu);
+    }
     for (int id = first; id < params_.count(); ++id) b.param_ids.push_back(id);
   }
-  norm_f_ = add_norm("norm_f.weight");
+  if (cfg.final_norm) norm_f_ = add_norm("norm_f.weight");
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
+  if (cfg.head_bias) head_bias_ = params_.add({"head.bias", {cfg.vocab_size}, Init::Zeros, 0, false});
   if (allocate) params_.allocate(ctx.device, p.master, p.act, with_optimizer);
 }
 
@@ -74,6 +80,7 @@ void Model::init_params(uint64_t seed) { params_.init(seed, env_.ctx); }
 int64_t Model::n_embedding_params() const {
   int64_t n = params_.numel(embed_);
   if (head_ >= 0) n += params_.numel(head_);
+  if (head_bias_ >= 0) n += params_.numel(head_bias_);
   return n;
 }
 
@@ -84,15 +91,25 @@ void Model::reserve(int64_t B, int64_t T) {
   const Device dev = env_.device();
   const size_t act_row = static_cast<size_t>(d) * dtype_size(env_.act);
   resid_.clear();
-  for (int64_t i = 0; i <= 2 * cfg_.n_layers; ++i)
+  for (int64_t i = 0; i <= (has_mlp_ ? 2 : 1) * cfg_.n_layers; ++i)
     resid_.emplace_back(static_cast<size_t>(N * d) * dtype_size(env_.resid), dev);
   for (auto& b : blocks_) {
     b.xn1 = Buffer(static_cast<size_t>(N) * act_row, dev);
-    b.xn2 = Buffer(static_cast<size_t>(N) * act_row, dev);
     b.rstd1 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
-    b.rstd2 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
     b.mixer->reserve(B, T);
+    if (!b.mlp) continue;
+    b.xn2 = Buffer(static_cast<size_t>(N) * act_row, dev);
+    b.rstd2 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
     b.mlp->reserve(B, T);
+  }
+  if (head_bias_ >= 0) {
+    const DType logit_dt = env_.act == DType::BF16 ? DType::F32 : env_.act;
+    OwnedTensor host(DType::F64, Device::CPU, {N});
+    std::fill_n(host->data<double>(), N, 1.0);
+    ones_logit_ = Buffer(static_cast<size_t>(N) * dtype_size(logit_dt), dev);
+    copy_tensor(ones_logit_.tensor(logit_dt, {N}), to(host, Device::CPU, logit_dt));
+    ones_act_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.act), dev);
+    copy_tensor(ones_act_.tensor(env_.act, {N}), to(host, Device::CPU, env_.act));
   }
   xf_ = Buffer(static_cast<size_t>(N) * act_row, dev);
   rstd_f_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
@@ -101,17 +118,18 @@ void Model::reserve(int64_t B, int64_t T) {
 
 size_t Model::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), d = static_cast<size_t>(cfg_.d_model);
-  size_t bytes = (2 * static_cast<size_t>(cfg_.n_layers) + 1) * N * d * dtype_size(env_.resid);
-  for (const auto& b : blocks_)
-    bytes += 2 * N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mixer->activation_bytes(B, T) +
-             b.mlp->activation_bytes(B, T);
+  size_t bytes = ((has_mlp_ ? 2 : 1) * static_cast<size_t>(cfg_.n_layers) + 1) * N * d * dtype_size(env_.resid);
+  for (const auto& b : blocks_) {
+    bytes += N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mixer->activation_bytes(B, T);
+    if (b.mlp) bytes += N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mlp->activation_bytes(B, T);
+  }
   bytes += N * (d * dtype_size(env_.act) + 2 * dtype_size(env_.stat));
   return bytes;
 }
 
 double Model::flops_per_token(int64_t T) const {
   double f = 0;
-  for (const auto& b : blocks_) f += b.mixer->flops_per_token(T) + b.mlp->flops_per_token(T);
+  for (const auto& b : blocks_) f += b.mixer->flops_per_token(T) + (b.mlp ? b.mlp->flops_per_token(T) : 0.0);
   return f + 6.0 * static_cast<double>(cfg_.vocab_size * cfg_.d_model);  // LM head
 }
 
@@ -127,10 +145,13 @@ std::vector<Model::LayerRow> Model::layer_table() const {
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     rows.push_back({p + "mixer", blocks_[l].mixer->kind(), count_prefix(p) - count_prefix(p + "mlp.")});
-    rows.push_back({p + "mlp", blocks_[l].mlp->kind(), count_prefix(p + "mlp.")});
+    if (blocks_[l].mlp) rows.push_back({p + "mlp", blocks_[l].mlp->kind(), count_prefix(p + "mlp.")});
   }
-  rows.push_back({"norm_f", simple_norm_ ? "srmsnorm" : "rmsnorm", norm_f_ >= 0 ? params_.numel(norm_f_) : 0});
-  if (head_ >= 0) rows.push_back({"head", "linear", params_.numel(head_)});
+  if (cfg_.final_norm)
+    rows.push_back({"norm_f", simple_norm_ ? "srmsnorm" : "rmsnorm", norm_f_ >= 0 ? params_.numel(norm_f_) : 0});
+  if (head_ >= 0 || head_bias_ >= 0)
+    rows.push_back({"head", head_bias_ >= 0 ? "linear + bias" : "linear",
+                    (head_ >= 0 ? params_.numel(head_) : 0) + (head_bias_ >= 0 ? params_.numel(head_bias_) : 0)});
   return rows;
 }
 
@@ -160,7 +181,24 @@ void Model::update_buffers(const std::function<void(const Tensor&)>& sum_ranks) 
 }
 
 Tensor Model::resid(int i, int64_t B, int64_t T) const {
-  return resid_[static_cast<size_t>(i)].tensor(env_.resid, {B, T, cfg_.d_model});
+  // Without channel mixers R[2l+2] (after the MLP) is R[2l+1] (after the mixer).
+  const int slot = has_mlp_ ? i : (i + 1) / 2;
+  return resid_[static_cast<size_t>(slot)].tensor(env_.resid, {B, T, cfg_.d_model});
+}
+
+void Model::final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd) const {
+  if (cfg_.final_norm)
+    norm_fwd(norm_f_, x, y, rstd);
+  else
+    cast(env_.ctx, y, x);
+}
+
+void Model::head_logits(const Tensor& x, const Tensor& logits) {
+  const float s = static_cast<float>(cfg_.logit_scale);
+  matmul(env_.ctx, x, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits, s);
+  if (head_bias_ >= 0)
+    matmul(env_.ctx, ones_logit_.tensor(logits.dtype, {logits.size(0), 1}), false,
+           params_.master(head_bias_).view({1, cfg_.vocab_size}), false, logits, s, 1.f);
 }
 
 void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf,
@@ -177,11 +215,15 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
     Tensor logits = scratch_.get("head.logits", logit_dt, {rows, V}).slice0(0, n);
     Tensor dlogits = logit_dt == env_.act ? logits : scratch_.get("head.dlogits", env_.act, {rows, V}).slice0(0, n);
     Tensor x = xf.slice0(r0, r0 + n);
-    matmul(ctx, x, false, W, true, logits);
+    head_logits(x, logits);
     cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale);
     if (grad_scale == 0.f) continue;
-    matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n));
-    matmul(ctx, dlogits, true, x, false, params_.grad(w), 1.f, 1.f);
+    const float s = static_cast<float>(cfg_.logit_scale);
+    matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n), s);
+    matmul(ctx, dlogits, true, x, false, params_.grad(w), s, 1.f);
+    if (head_bias_ >= 0)
+      matmul(ctx, ones_act_.tensor(env_.act, {1, n}), false, dlogits, false,
+             params_.grad(head_bias_).view({1, V}), s, 1.f);
   }
 }
 
@@ -191,6 +233,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
   const Ctx& ctx = env_.ctx;
   const bool backward = grad_scale != 0.f;
+  env_.grad_scale = grad_scale;
   const int L = static_cast<int>(cfg_.n_layers);
   auto act = [&](const Buffer& b) { return b.tensor(env_.act, {B, T, d}); };
   auto stat = [&](const Buffer& b) { return b.tensor(env_.stat, {N}); };
@@ -203,13 +246,14 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     copy_tensor(ctx, r1, r0);
     norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
     b.mixer->forward(act(b.xn1), r1);
+    if (!b.mlp) continue;
     copy_tensor(ctx, r2, r1);
     norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
     b.mlp->forward(act(b.xn2), r2);
   }
   Tensor rl = resid(2 * L, B, T).view({N, d});
   Tensor xf = xf_.tensor(env_.act, {N, d});
-  norm_fwd(norm_f_, rl, xf, stat(rstd_f_));
+  final_norm_fwd(rl, xf, stat(rstd_f_));
 
   Tensor losses = stat(losses_);
   Tensor dxf = backward ? scratch_.get("model.dxn", env_.act, {N, d}) : Tensor();
@@ -220,19 +264,25 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
 
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
   Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
-  zero_tensor(ctx, dr);
-  norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
+  if (cfg_.final_norm) {
+    zero_tensor(ctx, dr);
+    norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
+  } else {
+    cast(ctx, dr, dxf);
+  }
   std::vector<int> ready;
-  for (int id : {norm_f_, head_})
+  for (int id : {norm_f_, head_, head_bias_})
     if (id >= 0) ready.push_back(id);
   if (!ready.empty()) grads_ready(ready);
   Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
-    if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
-    b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
-    norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr);
+    if (b.mlp) {
+      if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+      b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
+      norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr);
+    }
     if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
     b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
     norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr);
@@ -272,11 +322,12 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
     Block& b = blocks_[l];
     norm_fwd(b.norm1, x, xn, rstd);
     b.mixer->step(*st.layers[l], xn, x);
+    if (!b.mlp) continue;
     norm_fwd(b.norm2, x, xn, rstd);
     b.mlp->forward(xn.view({B, 1, d}), x.view({B, 1, d}));
   }
-  norm_fwd(norm_f_, x, xn, rstd);
-  matmul(ctx, xn, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits_out);
+  final_norm_fwd(x, xn, rstd);
+  head_logits(xn, logits_out);
 }
 
 }  // namespace linac

@@ -104,6 +104,11 @@ class Model {
     if (grad_ready_) grad_ready_(ids);
   }
   void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses);
+  // logits [n, V] = logit_scale * (x W^T + bias), the head's forward for n rows of x.
+  void head_logits(const Tensor& x, const Tensor& logits);
+  // The final norm, or a plain cast to the activation dtype without one.
+  void final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd) const;
+
   // The block norm: RMSNorm with weight `id`, or SimpleRMSNorm when id < 0. x is the residual
   // stream, y the normed activations; the backward ADDS the input gradient into dx.
   void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const;
@@ -114,12 +119,14 @@ class Model {
   ParamStore params_;
   ScratchPool scratch_;
   ModelEnv env_;
-  int embed_ = -1, norm_f_ = -1, head_ = -1;  // norm ids are -1 for SimpleRMSNorm
+  int embed_ = -1, norm_f_ = -1, head_ = -1, head_bias_ = -1;  // norm ids are -1 for SimpleRMSNorm
+  bool has_mlp_ = true;  // false: blocks are x += Mixer(Norm(x)) only (channel_mixer "none")
   bool simple_norm_ = false;
   float embed_scale_ = 1.f;
   std::vector<Block> blocks_;
-  std::vector<Buffer> resid_;  // R[0..2L]
+  std::vector<Buffer> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
   Buffer xf_, rstd_f_, losses_;
+  Buffer ones_logit_, ones_act_;  // [B*T] ones in the logits' and the activations' dtypes (head bias GEMMs)
   std::function<void(const std::vector<int>&)> grad_ready_;
   int64_t B_ = 0, T_ = 0;
 };
