@@ -1,0 +1,271 @@
+// VQ-attention entry points: argument checks, layouts (shapes, batch/token strides), device,
+// dtype and (CPU) form dispatch.
+#include <string>
+
+#include "core/buffer.h"
+#include "core/dispatch.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac {
+
+namespace {
+
+// A [B,T,H,D] argument shaped like `like` in B, T, H: head and dim strides fixed, batch/token free.
+void check_bthd(const Tensor& x, const Tensor& like, int64_t D, const char* name) {
+  LINAC_CHECK(x.ndim == 4, std::string("vq_attn: ") + name + " must be [B,T,H,D], got " + x.shape_str());
+  LINAC_CHECK(x.size(0) == like.size(0) && x.size(1) == like.size(1) && x.size(2) == like.size(2) && x.size(3) == D,
+              std::string("vq_attn: ") + name + " has shape " + x.shape_str() + ", expected [B,T,H," +
+                  std::to_string(D) + "] like " + like.shape_str());
+  LINAC_CHECK(x.strides[3] == 1 && (x.shape[2] == 1 || x.strides[2] == D),
+              std::string("vq_attn: ") + name + " must have contiguous [H,D] rows");
+  LINAC_CHECK(x.device == like.device, std::string("vq_attn: ") + name + " is on another device");
+}
+
+// A contiguous tensor of the given shape on like's device.
+void check_dense(const Tensor& x, const Tensor& like, std::initializer_list<int64_t> dims, const char* name) {
+  bool ok = x.ndim == static_cast<int>(dims.size()) && x.is_contiguous();
+  int i = 0;
+  for (int64_t d : dims) ok = ok && x.size(i++) == d;
+  LINAC_CHECK(ok, std::string("vq_attn: ") + name + " has the wrong shape or is not contiguous: " + x.shape_str());
+  LINAC_CHECK(x.device == like.device, std::string("vq_attn: ") + name + " is on another device");
+}
+
+void check_btoken(const Tensor& x, const Tensor& like, DType dt, const char* name) {
+  check_dense(x, like, {like.size(0), like.size(1), like.size(2)}, name);
+  LINAC_CHECK(x.dtype == dt, std::string("vq_attn: ") + name + " has dtype " + dtype_name(x.dtype));
+}
+
+VqAttnLayout::Strides strides(const Tensor& x) { return {x.strides[0], x.strides[1]}; }
+
+void check_same_dtype(const char* what, std::initializer_list<const Tensor*> ts) {
+  const DType dt = (*ts.begin())->dtype;
+  for (const Tensor* t : ts)
+    LINAC_CHECK(!t->defined() || t->dtype == dt, std::string("vq_attn: ") + what + " dtypes must agree");
+}
+
+void check_float_act(const Tensor& x, const char* name) {
+  LINAC_CHECK(x.dtype == DType::F32 || x.dtype == DType::BF16,
+              std::string("vq_attn: ") + name + " must be bf16 or f32 on the GPU");
+}
+
+VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v, const Tensor& codebook,
+                         const Tensor& u, const Tensor& vr, const Tensor& rho, const VqAttnOpts& opts) {
+  LINAC_CHECK(q.ndim == 4 && v.ndim == 4, "vq_attn: q and v must be [B,T,H,D]");
+  LINAC_CHECK(codebook.ndim == 3, "vq_attn: codebook must be [H,S,Dk], got " + codebook.shape_str());
+  VqAttnLayout L;
+  L.B = q.size(0), L.T = q.size(1), L.H = q.size(2), L.Dk = q.size(3), L.Dv = v.size(3);
+  L.S = codebook.size(1), L.Lb = opts.block;
+  LINAC_CHECK(L.Dk > 0 && L.Dv > 0 && L.S > 0, "vq_attn: empty head dims or codebook");
+  LINAC_CHECK(L.Lb >= 1, "vq_attn: the block length must be positive");
+  check_bthd(q, q, L.Dk, "q");
+  check_bthd(khat, q, L.Dk, "khat");
+  check_bthd(v, q, L.Dv, "v");
+  check_btoken(z, q, DType::I32, "z");
+  check_dense(codebook, q, {L.H, L.S, L.Dk}, "codebook");
+  check_dense(u, q, {L.H, L.Dk}, "u");
+  check_dense(vr, q, {L.H, L.Dk}, "vr");
+  check_dense(rho, q, {L.H, L.Lb + 1, L.Dk}, "rho ([H, block+1, Dk])");
+  L.q = strides(q), L.khat = strides(khat), L.v = strides(v);
+  return L;
+}
+
+VqQuantLayout make_quant_layout(const Tensor& k, int64_t S) {
+  LINAC_CHECK(k.ndim == 4, "vq_attn: k must be [B,T,H,Dk], got " + k.shape_str());
+  VqQuantLayout L;
+  L.B = k.size(0), L.T = k.size(1), L.H = k.size(2), L.Dk = k.size(3), L.S = S;
+  check_bthd(k, k, L.Dk, "k");
+  L.k = strides(k);
+  return L;
+}
+
+template <class F>
+F* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data<F>() : nullptr;
+}
+
+}  // namespace
+
+void vq_quantize(const Ctx& ctx, const Tensor& k, const Tensor& codebook, const Tensor& z, const Tensor& khat,
+                 const Tensor& err) {
+  LINAC_CHECK(codebook.ndim == 3, "vq_quantize: codebook must be [H,S,Dk], got " + codebook.shape_str());
+  VqQuantLayout L = make_quant_layout(k, codebook.size(1));
+  check_dense(codebook, k, {L.H, L.S, L.Dk}, "codebook");
+  check_bthd(khat, k, L.Dk, "khat");
+  check_btoken(z, k, DType::I32, "z");
+  L.khat = strides(khat);
+  LINAC_CHECK(khat.dtype == k.dtype, "vq_quantize: khat must have k's dtype");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    check_float_act(k, "k");
+    LINAC_CHECK(codebook.dtype == DType::F32, "vq_quantize: the codebook must be f32 on the GPU");
+    if (err.defined()) check_btoken(err, k, DType::F32, "err");
+#if LINAC_WITH_CUDA
+    vq_quantize_cuda(ctx, L, k, codebook, z, khat, err);
+#endif
+    return;
+  }
+  if (err.defined()) check_btoken(err, k, k.dtype, "err");
+  check_same_dtype("CPU", {&k, &codebook, &khat, &err});
+  LINAC_CPU_DISPATCH(k.dtype, F,
+                     vq_quantize_cpu<F>(L, k.data<F>(), codebook.data<F>(), z.data<int32_t>(), khat.data<F>(),
+                                        ptr_or_null<F>(err)));
+}
+
+void vq_code_stats(const Ctx& ctx, const Tensor& k, const Tensor& z, const Tensor& sums, const Tensor& counts) {
+  LINAC_CHECK(sums.ndim == 3, "vq_code_stats: sums must be [H,S,Dk], got " + sums.shape_str());
+  const VqQuantLayout L = make_quant_layout(k, sums.size(1));
+  check_btoken(z, k, DType::I32, "z");
+  check_dense(sums, k, {L.H, L.S, L.Dk}, "sums");
+  check_dense(counts, k, {L.H, L.S}, "counts");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    check_float_act(k, "k");
+    LINAC_CHECK(sums.dtype == DType::F32 && counts.dtype == DType::F32, "vq_code_stats: sums, counts must be f32");
+#if LINAC_WITH_CUDA
+    vq_code_stats_cuda(ctx, L, k, z, sums, counts);
+#endif
+    return;
+  }
+  check_same_dtype("CPU", {&k, &sums, &counts});
+  LINAC_CPU_DISPATCH(k.dtype, F,
+                     vq_code_stats_cpu<F>(L, k.data<F>(), z.data<int32_t>(), sums.data<F>(), counts.data<F>()));
+}
+
+void vq_ema_update(const Ctx& ctx, const Tensor& sums, const Tensor& counts, const Tensor& c_sum, const Tensor& c_count,
+                   double gamma) {
+  LINAC_CHECK(sums.ndim == 3, "vq_ema_update: sums must be [H,S,Dk], got " + sums.shape_str());
+  const int64_t H = sums.size(0), S = sums.size(1), Dk = sums.size(2);
+  check_dense(sums, sums, {H, S, Dk}, "sums");
+  check_dense(c_sum, sums, {H, S, Dk}, "c_sum");
+  check_dense(counts, sums, {H, S}, "counts");
+  check_dense(c_count, sums, {H, S}, "c_count");
+  check_same_dtype("codebook statistics", {&sums, &counts, &c_sum, &c_count});
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(sums.dtype == DType::F32, "vq_ema_update: statistics must be f32 on the GPU");
+#if LINAC_WITH_CUDA
+    vq_ema_update_cuda(ctx, sums, counts, c_sum, c_count, gamma);
+#endif
+    return;
+  }
+  LINAC_CPU_DISPATCH(sums.dtype, F,
+                     vq_ema_update_cpu<F>(H, S, Dk, sums.data<F>(), counts.data<F>(), c_sum.data<F>(),
+                                          c_count.data<F>(), gamma));
+}
+
+void vq_codebook_from_stats(const Ctx& ctx, const Tensor& c_sum, const Tensor& c_count, const Tensor& codebook) {
+  LINAC_CHECK(c_sum.ndim == 3, "vq_codebook_from_stats: c_sum must be [H,S,Dk], got " + c_sum.shape_str());
+  const int64_t H = c_sum.size(0), S = c_sum.size(1), Dk = c_sum.size(2);
+  check_dense(c_sum, c_sum, {H, S, Dk}, "c_sum");
+  check_dense(c_count, c_sum, {H, S}, "c_count");
+  check_dense(codebook, c_sum, {H, S, Dk}, "codebook");
+  check_same_dtype("codebook statistics", {&c_sum, &c_count, &codebook});
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(c_sum.dtype == DType::F32, "vq_codebook_from_stats: statistics must be f32 on the GPU");
+#if LINAC_WITH_CUDA
+    vq_codebook_from_stats_cuda(ctx, c_sum, c_count, codebook);
+#endif
+    return;
+  }
+  LINAC_CPU_DISPATCH(c_sum.dtype, F,
+                     vq_codebook_from_stats_cpu<F>(H, S, Dk, c_sum.data<F>(), c_count.data<F>(), codebook.data<F>()));
+}
+
+void vq_attn_fwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                 const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho, const Tensor& o,
+                 const Tensor& lse, const VqAttnOpts& opts, VqAttnForm form) {
+  VqAttnLayout L = make_layout(q, khat, z, v, codebook, u, vr, rho, opts);
+  check_bthd(o, q, L.Dv, "o");
+  check_dense(lse, q, {L.B, L.T, L.H}, "lse");
+  L.o = strides(o);
+  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_fwd: the attention runs on the CPU only in this revision");
+  check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse});
+  LINAC_CPU_DISPATCH(q.dtype, F, {
+    auto fn = form == VqAttnForm::Block ? vq_attn_fwd_block_cpu<F> : vq_attn_fwd_quadratic_cpu<F>;
+    fn(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(), codebook.data<F>(), u.data<F>(),
+       vr.data<F>(), rho.data<F>(), o.data<F>(), lse.data<F>());
+  });
+}
+
+void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                 const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho, const Tensor& o,
+                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat, const Tensor& dv,
+                 const Tensor& du, const Tensor& dvr, const Tensor& drho, const VqAttnOpts& opts,
+                 VqAttnForm form) {
+  VqAttnLayout L = make_layout(q, khat, z, v, codebook, u, vr, rho, opts);
+  check_bthd(o, q, L.Dv, "o");
+  check_bthd(dout, q, L.Dv, "dout");
+  check_bthd(dq, q, L.Dk, "dq");
+  check_bthd(dkhat, q, L.Dk, "dkhat");
+  check_bthd(dv, q, L.Dv, "dv");
+  check_dense(lse, q, {L.B, L.T, L.H}, "lse");
+  check_dense(du, q, {L.H, L.Dk}, "du");
+  check_dense(dvr, q, {L.H, L.Dk}, "dvr");
+  check_dense(drho, q, {L.H, L.Lb + 1, L.Dk}, "drho");
+  L.o = strides(o), L.dout = strides(dout), L.dq = strides(dq), L.dkhat = strides(dkhat), L.dv = strides(dv);
+  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_bwd: the attention runs on the CPU only in this revision");
+  check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse, &dout, &dq, &dkhat, &dv, &du, &dvr, &drho});
+  LINAC_CPU_DISPATCH(q.dtype, F, {
+    auto fn = form == VqAttnForm::Block ? vq_attn_bwd_block_cpu<F> : vq_attn_bwd_quadratic_cpu<F>;
+    fn(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(), codebook.data<F>(), u.data<F>(),
+       vr.data<F>(), rho.data<F>(), o.data<F>(), lse.data<F>(), dout.data<F>(), dq.data<F>(), dkhat.data<F>(),
+       dv.data<F>(), du.data<F>(), dvr.data<F>(), drho.data<F>());
+  });
+}
+
+void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                  const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                  const VqAttnState& state, int64_t pos, const Tensor& o) {
+  auto check_bhd = [&](const Tensor& x, int64_t D, const char* name) {
+    LINAC_CHECK(x.ndim == 3 && x.size(0) == q.size(0) && x.size(1) == q.size(1) && x.size(2) == D,
+                std::string("vq_attn_step: ") + name + " must be [B,H,D], got " + x.shape_str());
+    LINAC_CHECK(x.strides[2] == 1 && (x.shape[1] == 1 || x.strides[1] == D),
+                std::string("vq_attn_step: ") + name + " must have contiguous [H,D] rows");
+    LINAC_CHECK(x.device == q.device, std::string("vq_attn_step: ") + name + " is on another device");
+  };
+  LINAC_CHECK(q.ndim == 3 && v.ndim == 3 && codebook.ndim == 3 && rho.ndim == 3,
+              "vq_attn_step: q, v must be [B,H,D], codebook [H,S,Dk], rho [H,Lb+1,Dk]");
+  VqStepLayout L;
+  L.B = q.size(0), L.H = q.size(1), L.Dk = q.size(2), L.Dv = v.size(2), L.S = codebook.size(1);
+  L.Lb = rho.size(1) - 1;
+  LINAC_CHECK(L.Lb >= 1, "vq_attn_step: rho must cover distances 0..Lb with Lb >= 1");
+  LINAC_CHECK(pos >= 0, "vq_attn_step: negative position");
+  check_bhd(q, L.Dk, "q");
+  check_bhd(khat, L.Dk, "khat");
+  check_bhd(v, L.Dv, "v");
+  check_bhd(o, L.Dv, "o");
+  check_dense(z, q, {L.B, L.H}, "z");
+  LINAC_CHECK(z.dtype == DType::I32, "vq_attn_step: z must be int32");
+  check_dense(codebook, q, {L.H, L.S, L.Dk}, "codebook");
+  check_dense(u, q, {L.H, L.Dk}, "u");
+  check_dense(vr, q, {L.H, L.Dk}, "vr");
+  check_dense(rho, q, {L.H, L.Lb + 1, L.Dk}, "rho");
+  check_dense(state.khat, q, {L.B, L.H, L.Lb, L.Dk}, "state.khat");
+  check_dense(state.v, q, {L.B, L.H, L.Lb, L.Dv}, "state.v");
+  check_dense(state.z, q, {L.B, L.H, L.Lb}, "state.z");
+  check_dense(state.counts, q, {L.B, L.H, L.S}, "state.counts");
+  check_dense(state.means, q, {L.B, L.H, L.S, L.Dv}, "state.means");
+  LINAC_CHECK(state.z.dtype == DType::I32, "vq_attn_step: state.z must be int32");
+  L.q = q.strides[0], L.khat = khat.strides[0], L.v = v.strides[0], L.o = o.strides[0];
+  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_step: the decode step runs on the CPU only in this revision");
+  check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &state.khat, &state.v, &state.counts,
+                           &state.means});
+  LINAC_CPU_DISPATCH(q.dtype, F,
+                     vq_attn_step_cpu<F>(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(),
+                                         codebook.data<F>(), u.data<F>(), vr.data<F>(), rho.data<F>(),
+                                         state.khat.data<F>(), state.v.data<F>(), state.z.data<int32_t>(),
+                                         state.counts.data<F>(), state.means.data<F>(), pos, o.data<F>()));
+}
+
+void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state) {
+  for (const Tensor* t : {&state.khat, &state.v, &state.z, &state.counts, &state.means}) {
+    LINAC_CHECK(t->defined() && t->is_contiguous(), "vq_attn_state_reset: every state tensor must be contiguous");
+    if (ctx.is_gpu())
+      gpu_memset_zero_async(ctx, t->ptr, t->nbytes());
+    else
+      zero_tensor(*t);
+  }
+}
+
+}  // namespace linac

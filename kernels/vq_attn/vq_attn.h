@@ -1,0 +1,171 @@
+// VQ-attention (Transformer-VQ, Lingle 2023, arXiv:2309.16354; math in ../shared/specs/transformer_vq.md).
+//
+// Per batch b and head h (each head has its own codebook C in R^{S x Dk}), block length Lb,
+// block index n(t) = floor(t / Lb), 0-based positions:
+//   quantizer   z_t = argmin_s ||k_t - C_s||^2 (fp32: ||k||^2 - 2 k.C_s + ||C_s||^2 clamped >= 0,
+//               ties -> lowest s), khat_t = C_{z_t}; the straight-through estimator is the caller's:
+//               the gradient w.r.t. khat is the gradient w.r.t. k.
+//   scores      for j <= t:  s_tj = (q_t + u).key_j + [t - j <= Lb] (q_t + vr).rho_{t-j}
+//               key_j = khat_j for n(j) >= n(t) - 1 (the uncompressed window), C_{z_j} otherwise
+//               (the compressed region: a constant, so far queries send no gradient to k_j, §4.2)
+//   output      o_t = sum_j softmax_j(s_t.) v_j       (before the GAU gate: the mixer gates)
+// u, vr [H, Dk] are the content and position biases, rho [H, Lb+1, Dk] the position embeddings
+// for distances 0..Lb, all already scaled by the mixer; there is no 1/sqrt(d) inside the op.
+//
+// Two forms compute this (both in the CPU reference; the GPU will run the block form):
+//   quadratic  the definition above over all j <= t (spec §3.1; the test oracle)
+//   block      spec §3.2 / §2.6: query t of block n softmaxes jointly over the present block
+//              (j <= t), the previous block n-1 (position term only for t - j <= Lb) and the
+//              S cache entries: score (q_t + u).C_s + log N_s^(n) (-inf where N_s^(n) = 0), value
+//              Ubar_s^(n), where N^(n), Ubar^(n) are the counts and the per-code MEANS of v over
+//              blocks 0..n-2 (the stable cache: a serial scan over blocks that merges each
+//              block's per-code means, Ubar <- (N Ubar + cnt mean) / max(N + cnt, 1)).
+//              The cache is empty at the start of every sequence (t = 0): there are no truncated
+//              backprop windows and no state carried between calls.
+// lse_t = log sum_j exp(s_tj) (f32 on the GPU) is saved for the backward, which also takes o.
+// Backward (spec §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
+//   gs_tj = w_tj (dout_t . v_j - Delta_t)   (window keys),  gs_ts = w_ts (dout_t . Ubar_s - Delta_t)
+//   dq_t    = sum_j gs_tj khat_j + sum_s gs_ts C_s + sum_{t-j<=Lb} gs_tj rho_{t-j}
+//   dkhat_j = sum_{t: n(t) in {n(j), n(j)+1}} gs_tj (q_t + u)       (window queries only)
+//   dv_j    = sum_{t window} w_tj dout_t + sum_{n >= n(j)+2} gUbar^(n)_{z_j} / N^(n)_{z_j},
+//             gUbar^(n)_s = sum_{t in block n} w_ts dout_t         (reverse sweep, 2-block delay)
+//   du   = sum_t (sum_j gs_tj khat_j + sum_s gs_ts C_s),   dvr = sum_t sum_{t-j<=Lb} gs_tj rho_{t-j}
+//   drho_d = sum_{t-j=d} gs_tj (q_t + vr)        (sums over tokens in a fixed order)
+// The block backward recomputes the per-block cache means (nothing of size R x S x Dv is saved).
+//
+// Layout: q, khat, dq, dkhat [B, T, H, Dk]; v, o, dout, dv [B, T, H, Dv]: last two dims
+// contiguous (head stride D, unit dim stride), batch and token strides free (views of a fused
+// projection). z [B, T, H] int32 and lse [B, T, H] contiguous. codebook [H, S, Dk], u, vr, du, dvr
+// [H, Dk], rho, drho [H, Lb+1, Dk] contiguous. dq, dkhat, dv, du, dvr, drho are overwritten (du,
+// dvr, drho are gradients of the mixer's scaled tensors; the mixer accumulates its parameters).
+// Dtypes: CPU: every float tensor f32, or every float tensor f64 (z int32). GPU: q, khat, v, o,
+// dout, dq, dkhat, dv all bf16 or all f32; codebook, u, vr, rho, du, dvr, drho, lse f32.
+//
+// Codebook statistics (spec §2.2; EMA k-means, no gradient):
+//   vq_code_stats          sums[h,s,:] = sum over all B*T tokens with z = s of k (UNquantized),
+//                          counts[h,s] = their number; fixed-order reduction (deterministic)
+//   vq_ema_update          c_sum <- g c_sum + (1-g) sums, c_count <- g c_count + (1-g) counts
+//   vq_codebook_from_stats codebook = c_sum / max(c_count, 0.01)
+// k [B, T, H, Dk] (free batch/token strides; bf16/f32 on the GPU), sums, c_sum, codebook [H, S, Dk],
+// counts, c_count [H, S], all f32 on the GPU (CPU: all f32 or all f64).
+// vq_quantize: k, khat [B, T, H, Dk] (khat in k's dtype, the codeword rounded), z [B, T, H] int32,
+// err [B, T, H] (optional; ||k - C_z||^2 in f32 on the GPU, the commitment term).
+//
+// Decode step (spec §3.4): one token per sequence against a fixed-size state (VqAttnState):
+// a ring of the last Lb tokens' khat [B,H,Lb,Dk], v [B,H,Lb,Dv], z [B,H,Lb] (slot = pos % Lb),
+// the cache counts [B,H,S] and means [B,H,S,Dv]. Token pos (the same for the whole batch)
+// attends to the ring entries pos-Lb..pos-1 (those >= 0) and itself, all with the position term,
+// plus the cache; then the token at pos-Lb (now at distance Lb+1 from the next one) moves into
+// the cache (N[z] += 1, Ubar[z] += (v - Ubar[z]) / N[z]) and the new token takes its slot.
+// Equals the block forward token for token; memory does not grow with T. vq_attn_state_reset
+// zeroes the state (a new sequence starts at pos 0). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
+// stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the GPU (CPU: the dtype of q).
+//
+// GPU support (this revision): vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats.
+// The attention forward, backward and decode step run on the CPU only; the GPU entry points
+// reject the call with an error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+struct VqAttnOpts {
+  int64_t block = 512;  // Lb: block length of the block form and the decode window
+};
+
+enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
+
+struct VqAttnLayout {
+  struct Strides {
+    int64_t b = 0, t = 0;
+  };
+  int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
+  Strides q, khat, v, o, dout, dq, dkhat, dv;
+};
+
+// CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];
+// rho [H,Lb+1,Dk].
+template <class F>
+void vq_attn_fwd_quadratic_cpu(const VqAttnLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
+                               const F* codebook, const F* u, const F* vr, const F* rho, F* o, F* lse);
+template <class F>
+void vq_attn_bwd_quadratic_cpu(const VqAttnLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
+                               const F* codebook, const F* u, const F* vr, const F* rho, const F* o, const F* lse,
+                               const F* dout, F* dq, F* dkhat, F* dv, F* du, F* dvr, F* drho);
+template <class F>
+void vq_attn_fwd_block_cpu(const VqAttnLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
+                           const F* codebook, const F* u, const F* vr, const F* rho, F* o, F* lse);
+template <class F>
+void vq_attn_bwd_block_cpu(const VqAttnLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
+                           const F* codebook, const F* u, const F* vr, const F* rho, const F* o, const F* lse,
+                           const F* dout, F* dq, F* dkhat, F* dv, F* du, F* dvr, F* drho);
+
+// Quantizer and codebook statistics. k/khat strides: batch and token strides of [B,T,H,Dk].
+struct VqQuantLayout {
+  int64_t B = 0, T = 0, H = 0, Dk = 0, S = 0;
+  VqAttnLayout::Strides k, khat;
+};
+template <class F>
+void vq_quantize_cpu(const VqQuantLayout& L, const F* k, const F* codebook, int32_t* z, F* khat, F* err);
+template <class F>
+void vq_code_stats_cpu(const VqQuantLayout& L, const F* k, const int32_t* z, F* sums, F* counts);
+template <class F>
+void vq_ema_update_cpu(int64_t H, int64_t S, int64_t Dk, const F* sums, const F* counts, F* c_sum, F* c_count,
+                       double gamma);
+template <class F>
+void vq_codebook_from_stats_cpu(int64_t H, int64_t S, int64_t Dk, const F* c_sum, const F* c_count, F* codebook);
+
+// Decode state; see the header comment. Every tensor contiguous.
+struct VqAttnState {
+  Tensor khat;    // [B, H, Lb, Dk]
+  Tensor v;       // [B, H, Lb, Dv]
+  Tensor z;       // [B, H, Lb] int32
+  Tensor counts;  // [B, H, S]
+  Tensor means;   // [B, H, S, Dv]
+};
+struct VqStepLayout {
+  int64_t B = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
+  int64_t q = 0, khat = 0, v = 0, o = 0;  // batch strides
+};
+template <class F>
+void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
+                      const F* codebook, const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v,
+                      int32_t* ring_z, F* counts, F* means, int64_t pos, F* o);
+
+void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
+                      const Tensor& z, const Tensor& khat, const Tensor& err);
+void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,
+                        const Tensor& counts);
+void vq_ema_update_cuda(const Ctx& ctx, const Tensor& sums, const Tensor& counts, const Tensor& c_sum,
+                        const Tensor& c_count, double gamma);
+void vq_codebook_from_stats_cuda(const Ctx& ctx, const Tensor& c_sum, const Tensor& c_count, const Tensor& codebook);
+
+// Entry points: check shapes and strides, dispatch on ctx.device, dtypes and (CPU) the form.
+// err may be undefined.
+void vq_quantize(const Ctx& ctx, const Tensor& k, const Tensor& codebook, const Tensor& z, const Tensor& khat,
+                 const Tensor& err);
+void vq_code_stats(const Ctx& ctx, const Tensor& k, const Tensor& z, const Tensor& sums, const Tensor& counts);
+void vq_ema_update(const Ctx& ctx, const Tensor& sums, const Tensor& counts, const Tensor& c_sum, const Tensor& c_count,
+                   double gamma);
+void vq_codebook_from_stats(const Ctx& ctx, const Tensor& c_sum, const Tensor& c_count, const Tensor& codebook);
+
+void vq_attn_fwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                 const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho, const Tensor& o,
+                 const Tensor& lse, const VqAttnOpts& opts, VqAttnForm form = VqAttnForm::Block);
+void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                 const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho, const Tensor& o,
+                 const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat, const Tensor& dv,
+                 const Tensor& du, const Tensor& dvr, const Tensor& drho, const VqAttnOpts& opts,
+                 VqAttnForm form = VqAttnForm::Block);
+
+void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
+                  const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                  const VqAttnState& state, int64_t pos, const Tensor& o);
+void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
+
+}  // namespace linac

@@ -1,0 +1,312 @@
+// VQ-attention CPU reference: block form == quadratic form (spec §3.1, stop-gradient on cache
+// keys), forward and backward, in double over several blocks with T not a multiple of Lb, a
+// small codebook (codes repeat), H > 1 and Dk != Dv; gradient check of the block backward against
+// central differences (khat as an input with the codes fixed: quantization is piecewise
+// constant); the quantizer (ties, brute force), code statistics, the EMA/codebook update and the
+// decode step against the forward across the window boundary and into the cache. q, khat, v are
+// strided views of one fused buffer, as the mixer passes them.
+#include <cmath>
+#include <string>
+
+#include "test_util.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac {
+namespace {
+
+// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
+Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
+  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
+  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
+           {B, T, H, D});
+  t.strides = {T * W, W, D, 1};
+  return t;
+}
+
+// Token t of a [B,T,H,D] view as a [B,H,D] view.
+Tensor token(const Tensor& x, int64_t t) {
+  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
+           x.device, {x.size(0), x.size(2), x.size(3)});
+  r.strides = {x.strides[0], x.size(3), 1};
+  return r;
+}
+
+struct Shape {
+  int64_t B, T, H, Dk, Dv, S, Lb;
+};
+
+std::string name(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " H=" + std::to_string(s.H) +
+         " Dk=" + std::to_string(s.Dk) + " Dv=" + std::to_string(s.Dv) + " S=" + std::to_string(s.S) +
+         " Lb=" + std::to_string(s.Lb);
+}
+
+// Random q, v, codebook, biases and codes; khat holds the codewords of z.
+struct Problem {
+  Shape s;
+  int64_t W;
+  OwnedTensor in, grad;  // [B,T,W]: q | khat | v (+ a pad column so no view is contiguous)
+  OwnedTensor z, codebook, u, vr, rho, dout;
+  VqAttnOpts opts;
+
+  explicit Problem(const Shape& sh, uint64_t seed = 1)
+      : s(sh), W(sh.H * (2 * sh.Dk + sh.Dv) + 1), in(test::random_tensor({sh.B, sh.T, W}, DType::F64, seed)),
+        grad(DType::F64, Device::CPU, {sh.B, sh.T, W}), z(DType::I32, Device::CPU, {sh.B, sh.T, sh.H}),
+        codebook(test::random_tensor({sh.H, sh.S, sh.Dk}, DType::F64, seed + 1)),
+        u(test::random_tensor({sh.H, sh.Dk}, DType::F64, seed + 2, -0.5, 0.5)),
+        vr(test::random_tensor({sh.H, sh.Dk}, DType::F64, seed + 3, -0.5, 0.5)),
+        rho(test::random_tensor({sh.H, sh.Lb + 1, sh.Dk}, DType::F64, seed + 4)),
+        dout(test::random_tensor({sh.B, sh.T, sh.H, sh.Dv}, DType::F64, seed + 5)) {
+    opts.block = sh.Lb;
+    const auto r = test::random_values(static_cast<size_t>(sh.B * sh.T * sh.H), seed + 6, 0, static_cast<double>(sh.S));
+    const Tensor kh = khat(in);
+    for (int64_t b = 0; b < sh.B; ++b)
+      for (int64_t t = 0; t < sh.T; ++t)
+        for (int64_t h = 0; h < sh.H; ++h) {
+          const int64_t i = (b * sh.T + t) * sh.H + h;
+          const int32_t code = std::min(static_cast<int32_t>(r[i]), static_cast<int32_t>(sh.S - 1));
+          z->data<int32_t>()[i] = code;
+          for (int64_t d = 0; d < sh.Dk; ++d)
+            kh.data<double>()[b * kh.strides[0] + t * kh.strides[1] + h * sh.Dk + d] =
+                codebook->data<double>()[(h * sh.S + code) * sh.Dk + d];
+        }
+  }
+  Tensor q(const Tensor& x) const { return bthd(x, 0, s.H, s.Dk); }
+  Tensor khat(const Tensor& x) const { return bthd(x, s.H * s.Dk, s.H, s.Dk); }
+  Tensor v(const Tensor& x) const { return bthd(x, 2 * s.H * s.Dk, s.H, s.Dv); }
+
+  struct Out {
+    OwnedTensor o, lse;
+  };
+  Out forward(VqAttnForm form) const {
+    Out r{OwnedTensor(DType::F64, Device::CPU, {s.B, s.T, s.H, s.Dv}), OwnedTensor(DType::F64, Device::CPU, {s.B, s.T, s.H})};
+    test::poison(r.o);
+    test::poison(r.lse);
+    vq_attn_fwd(Ctx{}, q(in), khat(in), z, v(in), codebook, u, vr, rho, r.o, r.lse, opts, form);
+    return r;
+  }
+  struct Grads {
+    std::vector<double> dq, dkhat, dv, du, dvr, drho;
+  };
+  // Gradients of loss = sum(o * dout); dq/dkhat/dv also land in `grad` (same layout as `in`).
+  Grads backward(VqAttnForm form) {
+    const Out f = forward(form);
+    OwnedTensor du(DType::F64, Device::CPU, {s.H, s.Dk}), dvr(DType::F64, Device::CPU, {s.H, s.Dk});
+    OwnedTensor drho(DType::F64, Device::CPU, {s.H, s.Lb + 1, s.Dk});
+    test::poison(grad);
+    test::poison(du), test::poison(dvr), test::poison(drho);
+    vq_attn_bwd(Ctx{}, q(in), khat(in), z, v(in), codebook, u, vr, rho, f.o, f.lse, dout, q(grad), khat(grad),
+                v(grad), du, dvr, drho, opts, form);
+    // The pad column is no gradient: zero it so `grad` lines up with `in` for the gradient check.
+    for (int64_t bt = 0; bt < s.B * s.T; ++bt) grad->data<double>()[bt * W + W - 1] = 0;
+    return {test::view_values(q(grad)), test::view_values(khat(grad)), test::view_values(v(grad)),
+            to_doubles(du), to_doubles(dvr), to_doubles(drho)};
+  }
+  double loss(VqAttnForm form) const {
+    const auto o = to_doubles(forward(form).o), d = to_doubles(dout);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * d[i];
+    return l;
+  }
+};
+
+// Several blocks (so the cache fills), T not a multiple of Lb, T < Lb, Lb = 1, Dk != Dv.
+const Shape kShapes[] = {{2, 37, 2, 8, 12, 7, 5}, {1, 50, 3, 6, 10, 7, 8}, {2, 9, 1, 4, 5, 3, 1},
+                         {1, 6, 2, 5, 3, 7, 8},   {1, 33, 1, 8, 8, 2, 4}};
+
+TEST(VqAttnCpu, BlockFormEqualsQuadratic) {
+  for (const Shape& sh : kShapes) {
+    SCOPED_TRACE(name(sh));
+    Problem p(sh);
+    const auto blk = p.forward(VqAttnForm::Block), quad = p.forward(VqAttnForm::Quadratic);
+    EXPECT_TRUE(test::all_finite(to_doubles(blk.o)));
+    EXPECT_LT(test::rel_error(blk.o, quad.o), 1e-12);
+    EXPECT_LT(test::rel_error(blk.lse, quad.lse), 1e-12);
+  }
+}
+
+TEST(VqAttnCpu, BlockBackwardEqualsQuadratic) {
+  for (const Shape& sh : kShapes) {
+    SCOPED_TRACE(name(sh));
+    Problem p(sh);
+    const auto blk = p.backward(VqAttnForm::Block), quad = p.backward(VqAttnForm::Quadratic);
+    EXPECT_TRUE(test::all_finite(blk.dq) && test::all_finite(blk.dkhat) && test::all_finite(blk.dv));
+    EXPECT_LT(test::rel_error(blk.dq, quad.dq), 1e-12);
+    EXPECT_LT(test::rel_error(blk.dkhat, quad.dkhat), 1e-12);
+    EXPECT_LT(test::rel_error(blk.dv, quad.dv), 1e-12);
+    EXPECT_LT(test::rel_error(blk.du, quad.du), 1e-12);
+    EXPECT_LT(test::rel_error(blk.dvr, quad.dvr), 1e-12);
+    EXPECT_LT(test::rel_error(blk.drho, quad.drho), 1e-12);
+  }
+}
+
+// Keys compressed into the cache send no gradient to khat (spec §4.2): with STE on every key the
+// gradient would differ, so a cache-region query must leave dkhat of an old key untouched.
+TEST(VqAttnCpu, CacheKeysGetNoGradient) {
+  Problem p({1, 12, 1, 4, 3, 3, 3});
+  // Only the last query's output matters: it sits in block 3, so keys 0..5 are in its cache.
+  auto d = p.dout->data<double>();
+  for (int64_t i = 0; i < 11 * 3; ++i) d[i] = 0;
+  const auto g = p.backward(VqAttnForm::Block);
+  for (int64_t j = 0; j < 6 * 4; ++j) EXPECT_EQ(g.dkhat[j], 0.0) << j;
+  double window = 0;
+  for (int64_t j = 6 * 4; j < 12 * 4; ++j) window += std::fabs(g.dkhat[j]);
+  EXPECT_GT(window, 0.0);
+  // The cache still routes value gradients to old tokens (spec §4.3).
+  double old_dv = 0;
+  for (int64_t j = 0; j < 6 * 3; ++j) old_dv += std::fabs(g.dv[j]);
+  EXPECT_GT(old_dv, 0.0);
+}
+
+TEST(VqAttnCpu, BlockGradCheckDouble) {
+  for (const Shape& sh : {Shape{2, 23, 2, 6, 5, 4, 4}, Shape{1, 30, 1, 4, 7, 3, 6}}) {
+    SCOPED_TRACE(name(sh));
+    Problem p(sh);
+    const auto g = p.backward(VqAttnForm::Block);
+    const auto analytic = to_doubles(p.grad);  // dq | dkhat | dv in the fused layout, 0 in the pad
+    auto loss = [&] { return p.loss(VqAttnForm::Block); };
+    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), analytic.size(), 200, 3, 1e-5), 1e-6);
+    EXPECT_LT(test::check_grad(loss, p.u->data<double>(), g.du.data(), g.du.size(), 30, 4, 1e-5), 1e-6);
+    EXPECT_LT(test::check_grad(loss, p.vr->data<double>(), g.dvr.data(), g.dvr.size(), 30, 5, 1e-5), 1e-6);
+    EXPECT_LT(test::check_grad(loss, p.rho->data<double>(), g.drho.data(), g.drho.size(), 60, 6, 1e-5), 1e-6);
+  }
+}
+
+TEST(VqAttnCpu, FloatMatchesDouble) {
+  const Shape sh{2, 41, 2, 8, 12, 7, 6};
+  Problem p(sh);
+  const auto ref = p.forward(VqAttnForm::Block);
+  auto f = [](const Tensor& t) { return to(t, Device::CPU, DType::F32); };
+  OwnedTensor in = f(p.in), cb = f(p.codebook), u = f(p.u), vr = f(p.vr), rho = f(p.rho);
+  OwnedTensor o(DType::F32, Device::CPU, {sh.B, sh.T, sh.H, sh.Dv}), lse(DType::F32, Device::CPU, {sh.B, sh.T, sh.H});
+  test::poison(o);
+  vq_attn_fwd(Ctx{}, p.q(in), p.khat(in), p.z, p.v(in), cb, u, vr, rho, o, lse, p.opts);
+  EXPECT_LT(test::rel_error(o, ref.o), 1e-5);
+  EXPECT_LT(test::rel_error(lse, ref.lse), 1e-5);
+}
+
+TEST(VqAttnCpu, DecodeStepsMatchForward) {
+  for (const Shape& sh : {Shape{2, 19, 2, 6, 5, 4, 4}, Shape{1, 12, 3, 4, 6, 7, 1}}) {
+    SCOPED_TRACE(name(sh));
+    Problem p(sh);
+    const auto ref = p.forward(VqAttnForm::Block);
+    OwnedTensor rk(DType::F64, Device::CPU, {sh.B, sh.H, sh.Lb, sh.Dk}), rv(DType::F64, Device::CPU, {sh.B, sh.H, sh.Lb, sh.Dv});
+    OwnedTensor rz(DType::I32, Device::CPU, {sh.B, sh.H, sh.Lb}), n(DType::F64, Device::CPU, {sh.B, sh.H, sh.S});
+    OwnedTensor m(DType::F64, Device::CPU, {sh.B, sh.H, sh.S, sh.Dv});
+    const VqAttnState st{rk, rv, rz, n, m};
+    test::poison(rk), test::poison(rv), test::poison(n), test::poison(m);
+    vq_attn_state_reset(Ctx{}, st);
+    OwnedTensor o(DType::F64, Device::CPU, {sh.B, sh.T, sh.H, sh.Dv});
+    test::poison(o);
+    for (int64_t t = 0; t < sh.T; ++t) {
+      // z of one token, as the contiguous [B,H] the step takes.
+      OwnedTensor zc(DType::I32, Device::CPU, {sh.B, sh.H});
+      for (int64_t b = 0; b < sh.B; ++b)
+        for (int64_t h = 0; h < sh.H; ++h) zc->data<int32_t>()[b * sh.H + h] = p.z->data<int32_t>()[(b * sh.T + t) * sh.H + h];
+      vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u,
+                   p.vr, p.rho, st, t, token(o.t, t));
+    }
+    EXPECT_LT(test::rel_error(o, ref.o), 1e-12);
+    // The cache holds every token older than Lb, counted once per head.
+    const auto counts = to_doubles(n);
+    double total = 0;
+    for (double c : counts) total += c;
+    EXPECT_EQ(total, static_cast<double>(sh.B * sh.H * std::max<int64_t>(0, sh.T - sh.Lb)));
+  }
+}
+
+// Squared distance computed directly, for the brute-force checks.
+double sq_dist(const double* a, const double* b, int64_t n) {
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
+  return d;
+}
+
+TEST(VqQuantCpu, MatchesBruteForce) {
+  const int64_t B = 2, T = 13, H = 3, Dk = 5, S = 9;
+  OwnedTensor buf = test::random_tensor({B, T, 2 * H * Dk + 1}, DType::F64, 11);
+  const Tensor k = bthd(buf, 0, H, Dk), khat = bthd(buf, H * Dk, H, Dk);
+  OwnedTensor cb = test::random_tensor({H, S, Dk}, DType::F64, 12);
+  OwnedTensor z(DType::I32, Device::CPU, {B, T, H}), err(DType::F64, Device::CPU, {B, T, H});
+  test::poison(err);  // khat is a strided view: it holds random values, never a codeword
+  vq_quantize(Ctx{}, k, cb, z, khat, err);
+  const auto kv = test::view_values(k), khv = test::view_values(khat), e = to_doubles(err);
+  const double* c = cb->data<double>();
+  for (int64_t i = 0; i < B * T * H; ++i) {
+    const int64_t h = i % H;
+    int64_t best = 0;
+    for (int64_t s = 1; s < S; ++s)
+      if (sq_dist(&kv[i * Dk], c + (h * S + s) * Dk, Dk) < sq_dist(&kv[i * Dk], c + (h * S + best) * Dk, Dk)) best = s;
+    ASSERT_EQ(z->data<int32_t>()[i], best) << i;
+    for (int64_t d = 0; d < Dk; ++d) EXPECT_EQ(khv[i * Dk + d], c[(h * S + best) * Dk + d]);
+    EXPECT_NEAR(e[i], sq_dist(&kv[i * Dk], c + (h * S + best) * Dk, Dk), 1e-14);
+  }
+}
+
+TEST(VqQuantCpu, TiesGoToTheLowestCode) {
+  // Codes 1 and 3 are +-e0, code 4 repeats code 1; k = 0.5 e1 is equally far from 1, 3 and 4.
+  const int64_t Dk = 3, S = 5;
+  OwnedTensor cb = test::random_tensor({1, S, Dk}, DType::F64, 21, 5, 9);
+  double* c = cb->data<double>();
+  for (int64_t d = 0; d < Dk; ++d) c[1 * Dk + d] = c[3 * Dk + d] = c[4 * Dk + d] = 0;
+  c[1 * Dk] = 1, c[3 * Dk] = -1, c[4 * Dk] = 1;
+  OwnedTensor k(DType::F64, Device::CPU, {1, 1, 1, Dk}), khat(DType::F64, Device::CPU, {1, 1, 1, Dk});
+  OwnedTensor z(DType::I32, Device::CPU, {1, 1, 1});
+  k->data<double>()[0] = 0, k->data<double>()[1] = 0.5, k->data<double>()[2] = 0;
+  vq_quantize(Ctx{}, k, cb, z, khat, Tensor());
+  EXPECT_EQ(z->data<int32_t>()[0], 1);
+  // Moving k a little towards -e0 picks code 3.
+  k->data<double>()[0] = -1e-3;
+  vq_quantize(Ctx{}, k, cb, z, khat, Tensor());
+  EXPECT_EQ(z->data<int32_t>()[0], 3);
+}
+
+TEST(VqQuantCpu, CodeStatsMatchDirectLoop) {
+  const int64_t B = 3, T = 17, H = 2, Dk = 4, S = 6;
+  OwnedTensor buf = test::random_tensor({B, T, H * Dk + 3}, DType::F64, 31);
+  const Tensor k = bthd(buf, 1, H, Dk);
+  OwnedTensor z(DType::I32, Device::CPU, {B, T, H});
+  const auto r = test::random_values(static_cast<size_t>(B * T * H), 32, 0, S);
+  for (int64_t i = 0; i < B * T * H; ++i) z->data<int32_t>()[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), S - 1);
+  OwnedTensor sums(DType::F64, Device::CPU, {H, S, Dk}), counts(DType::F64, Device::CPU, {H, S});
+  test::poison(sums), test::poison(counts);
+  vq_code_stats(Ctx{}, k, z, sums, counts);
+  std::vector<double> want_s(static_cast<size_t>(H * S * Dk)), want_c(static_cast<size_t>(H * S));
+  const auto kv = test::view_values(k);
+  for (int64_t i = 0; i < B * T * H; ++i) {
+    const int64_t h = i % H, s = z->data<int32_t>()[i];
+    want_c[h * S + s] += 1;
+    for (int64_t d = 0; d < Dk; ++d) want_s[(h * S + s) * Dk + d] += kv[i * Dk + d];
+  }
+  EXPECT_LT(test::max_abs_diff(to_doubles(sums), want_s), 1e-13);
+  EXPECT_EQ(to_doubles(counts), want_c);
+}
+
+TEST(VqQuantCpu, EmaUpdateAndCodebook) {
+  const int64_t H = 2, S = 5, Dk = 3;
+  OwnedTensor sums = test::random_tensor({H, S, Dk}, DType::F64, 41), counts = test::random_tensor({H, S}, DType::F64, 42, 0, 4);
+  OwnedTensor c_sum = test::random_tensor({H, S, Dk}, DType::F64, 43), c_count = test::random_tensor({H, S}, DType::F64, 44, 0.5, 2);
+  const auto s0 = to_doubles(c_sum), n0 = to_doubles(c_count), ds = to_doubles(sums), dn = to_doubles(counts);
+  vq_ema_update(Ctx{}, sums, counts, c_sum, c_count, 0.9);
+  const auto s1 = to_doubles(c_sum), n1 = to_doubles(c_count);
+  for (size_t i = 0; i < s1.size(); ++i) EXPECT_NEAR(s1[i], 0.9 * s0[i] + 0.1 * ds[i], 1e-15);
+  for (size_t i = 0; i < n1.size(); ++i) EXPECT_NEAR(n1[i], 0.9 * n0[i] + 0.1 * dn[i], 1e-15);
+  c_count->data<double>()[3] = 0.001;  // a nearly dead code: divided by the floor 0.01
+  OwnedTensor cb(DType::F64, Device::CPU, {H, S, Dk});
+  test::poison(cb);
+  vq_codebook_from_stats(Ctx{}, c_sum, c_count, cb);
+  const auto c = to_doubles(cb), n = to_doubles(c_count);
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_NEAR(c[i], s1[i] / std::max(n[i / Dk], 0.01), 1e-14);
+}
+
+TEST(VqAttnCpu, RejectsBadShapes) {
+  Problem p({1, 8, 1, 4, 3, 3, 4});
+  OwnedTensor o(DType::F64, Device::CPU, {1, 8, 1, 3}), lse(DType::F64, Device::CPU, {1, 8, 1});
+  VqAttnOpts bad = p.opts;
+  bad.block = 3;  // rho covers distances 0..4
+  EXPECT_ANY_THROW(vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, bad));
+  EXPECT_ANY_THROW(vq_attn_fwd(Ctx{}, p.q(p.in), p.v(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, p.opts));
+}
+
+}  // namespace
+}  // namespace linac
