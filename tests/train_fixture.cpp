@@ -117,8 +117,10 @@ std::vector<float> read_all_f32(const std::string& path, const std::string& grou
   std::vector<float> out;
   const Config cfg = Config::from_json(reader.data().config, path);
   Model m(cfg.model, Ctx{}, "fp32", false, false);
-  for (int i = 0; i < m.params().count(); ++i) {
-    h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + m.params().spec(i).name);
+  const bool buffers = group == "buffers";
+  const ParamStore& ps = m.params();
+  for (int i = 0; i < (buffers ? ps.buffer_count() : ps.count()); ++i) {
+    h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + (buffers ? ps.buffer_spec(i) : ps.spec(i)).name);
     std::vector<float> v(ds.size());
     ds.read_all(v.data(), h5::Type::F32);
     out.insert(out.end(), v.begin(), v.end());
@@ -126,7 +128,7 @@ std::vector<float> read_all_f32(const std::string& path, const std::string& grou
   return out;
 }
 
-void check_resume_is_bit_identical(json cfg) {
+void check_resume_is_bit_identical(json cfg, const std::vector<std::string>& extra_groups) {
   const std::string a = fresh_dir("resume_a"), b = fresh_dir("resume_b");
   auto config = [&](const std::string& dir) {
     json j = cfg;
@@ -139,7 +141,9 @@ void check_resume_is_bit_identical(json cfg) {
   fs::remove(checkpoint_path(b, 6));
   publish_checkpoint(b, checkpoint_path(b, 3), 5);
   ASSERT_EQ(run_training(config(b), "auto"), 0);
-  for (const char* g : {"params", "optim/m", "optim/v"}) {
+  std::vector<std::string> groups = {"params", "optim/m", "optim/v"};
+  groups.insert(groups.end(), extra_groups.begin(), extra_groups.end());
+  for (const std::string& g : groups) {
     const auto pa = read_all_f32(checkpoint_path(a, 6), g), pb = read_all_f32(checkpoint_path(b, 6), g);
     ASSERT_EQ(pa.size(), pb.size());
     EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float))) << g << " differ after resume";

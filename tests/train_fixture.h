@@ -25,10 +25,12 @@ std::string latest_checkpoint_path(const std::string& out_dir);
 // The whole content of a checkpoint as CheckpointReader hands it out (config, state, tokenizer,
 // parameters and moments), for bit-exact comparisons.
 std::vector<std::string> checkpoint_contents(const std::string& path);
-// Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v"), in parameter order.
+// Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v" in parameter order, or
+// "buffers" in buffer order), concatenated.
 std::vector<float> read_all_f32(const std::string& path, const std::string& group);
 // Trains `cfg` (6 steps, checkpoints every 3) twice; rolls the second run back to step 3 and
 // resumes it; expects parameters and AdamW moments at step 6 to be identical bit for bit.
-void check_resume_is_bit_identical(json cfg);
+// `extra_groups` are compared too (e.g. "buffers").
+void check_resume_is_bit_identical(json cfg, const std::vector<std::string>& extra_groups = {});
 
 }  // namespace linac::test

@@ -58,6 +58,7 @@ int cmd_info(int argc, char** argv) {
   const double copy = prec.act != prec.master ? n * static_cast<double>(dtype_size(prec.act)) : 0.0;
   const double grads = master, optim = 2 * master;
   const double acts = static_cast<double>(model.activation_bytes(B, T));
+  const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
   const double flops = model.flops_per_token(T);
 
   if (as_json) {
@@ -67,7 +68,7 @@ int cmd_info(int argc, char** argv) {
               {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},
               {"device", device_name(ctx.device)},
               {"micro_batch_tokens", B * T},
-              {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"activations", acts}}},
+              {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"buffers", buffers}, {"activations", acts}}},
               {"train_flops_per_token", flops}};
     json layers = json::array();
     for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
@@ -87,10 +88,13 @@ int cmd_info(int argc, char** argv) {
                 human_count(static_cast<double>(meta.state.tokens_seen)).c_str(),
                 static_cast<long long>(meta.state.world_size));
   std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, pos[0]).summary.c_str());
-  std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld), ffn %lld, vocab %lld, %s embeddings\n",
+  const std::string channel = model_channel_mixer(m) == "none"
+                                  ? std::string("no channel mixer")
+                                  : model_channel_mixer(m) + " " + std::to_string(m.ffn_dim());
+  std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld), %s, vocab %lld, %s embeddings\n",
               static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
-              static_cast<long long>(m.head_dim()), static_cast<long long>(m.ffn_dim()),
-              static_cast<long long>(m.vocab_size), m.tie_embeddings ? "tied" : "untied");
+              static_cast<long long>(m.head_dim()), channel.c_str(), static_cast<long long>(m.vocab_size),
+              m.tie_embeddings ? "tied" : "untied");
   std::printf("parameters  %s total, %s non-embedding\n\n", human_count(n).c_str(),
               human_count(n - static_cast<double>(model.n_embedding_params())).c_str());
   std::printf("  %-22s %-15s %12s\n", "layer", "kind", "params");
@@ -106,8 +110,10 @@ int cmd_info(int argc, char** argv) {
               human_bytes(master + copy).c_str());
   std::printf("  %-34s %12s\n", "gradients", human_bytes(grads).c_str());
   std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(optim).c_str());
+  if (buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(buffers).c_str());
   std::printf("  %-34s %12s\n", "activations saved for backward", human_bytes(acts).c_str());
-  std::printf("  %-34s %12s\n", "total (plus temporaries)", human_bytes(master + copy + grads + optim + acts).c_str());
+  std::printf("  %-34s %12s\n", "total (plus temporaries)",
+              human_bytes(master + copy + grads + optim + buffers + acts).c_str());
   std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),
               human_count(flops).c_str());
   return 0;

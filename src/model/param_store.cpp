@@ -36,6 +36,13 @@ Tensor ParamStore::buffer(int id) const {
                          static_cast<size_t>(buffer_offset_[static_cast<size_t>(id)]) * dtype_size(master_dt_));
 }
 
+int64_t ParamStore::buffer_numel() const {
+  int64_t n = 0;
+  for (const auto& b : buffer_specs_)
+    n += std::accumulate(b.shape.begin(), b.shape.end(), int64_t(1), std::multiplies<>());
+  return n;
+}
+
 int ParamStore::find(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return static_cast<int>(i);

@@ -76,7 +76,7 @@ class ParamStore {
   int buffer_count() const { return static_cast<int>(buffer_specs_.size()); }
   const ParamSpec& buffer_spec(int id) const { return buffer_specs_[static_cast<size_t>(id)]; }
   Tensor buffer(int id) const;
-  size_t bytes_buffers() const { return buffers_.bytes(); }
+  int64_t buffer_numel() const;  // over every buffer's spec (allocated or not)
 
   void zero_grad(const Ctx& ctx);
   void zero_optimizer_state();

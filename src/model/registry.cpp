@@ -8,6 +8,7 @@
 #include "model/mixers/taylor.h"
 #include "model/mixers/tnl.h"
 #include "model/mixers/transformer.h"
+#include "model/mixers/vq_gau.h"
 
 namespace linac {
 
@@ -52,6 +53,11 @@ const std::vector<MixerKind>& mixer_kinds() {
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<TnlMixer>(env, cfg, layer, TnlMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
+      {"vq_gau", "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { VqGauMixerOptions::parse(s.options, s.path, file); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<VqGauMixer>(env, cfg, layer, VqGauMixerOptions::parse(s.options, s.path, "config"), s.path);
+       }},
       {"base_conv", "Based's gated short convolution (BaseConv)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { BaseConvMixerOptions::parse(s.options, s.path, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
@@ -81,6 +87,8 @@ const std::vector<ArchInfo>& architectures() {
        "taylor", {"base_conv", "taylor", "sliding_window", "base_conv", "base_conv"}},
       {"transnormer", "TransNormerLLM: Lightning Attention token mixer, SRMSNorm, SGLU (Qin et al. 2024)", "lightning",
        {"lightning"}, "srmsnorm", "sglu", true},
+      {"transformer_vq", "Transformer-VQ: gated attention units with VQ-attention, no separate MLP (Lingle 2023)", "vq_gau",
+       {"vq_gau"}, "rmsnorm", "none"},
   };
   return table;
 }

@@ -79,6 +79,33 @@ TEST_F(Dist, TwoRanksEqualOneProcessWithTheSameGlobalBatch) {
   ASSERT_EQ(meta.state.loader.size(), 2u);
 }
 
+// Transformer-VQ's codebooks: the statistics are summed over ranks before the EMA update, so two
+// ranks end with the codebook one process computes from the same global batch.
+TEST_F(Dist, TwoRanksUpdateTheCodebookLikeOneProcess) {
+  const std::string dir = test::fresh_dir("dp_vq");
+  json j = test::tiny_train_config(dir + "/two");
+  j["model"] = {{"arch", "transformer_vq"}, {"n_layers", 2},   {"d_model", 32},     {"n_heads", 1},
+                {"vocab_size", 300},        {"head_bias", true}, {"final_norm", false},
+                {"mixer", {{"dk", 8}, {"dv", 32}, {"codebook", 16}, {"block", 8}, {"beta", 0.01}}}};
+  j["train"]["precision"] = "fp64";
+  j["train"]["micro_batch"] = 2;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
+      << out;
+  for (const char* g : {"buffers", "params"}) {
+    const auto a = test::read_all_f32(checkpoint_path(dir + "/two", 6), g);
+    const auto b = test::read_all_f32(checkpoint_path(dir + "/one", 6), g);
+    ASSERT_EQ(a.size(), b.size()) << g;
+    ASSERT_FALSE(a.empty()) << g;
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / std::max(1e-3, std::fabs(static_cast<double>(b[i]))));
+    EXPECT_LT(worst, 1e-6) << g << ": 2 ranks vs 1 process";
+  }
+}
+
 TEST_F(Dist, ResumeWithTwoRanksIsBitIdentical) {
   const std::string dir = test::fresh_dir("dp_resume");
   json j = test::tiny_train_config(dir + "/a");

@@ -1,0 +1,281 @@
+#include "model/mixers/vq_gau.h"
+
+#include <cmath>
+
+#include "activation/activation.h"
+#include "config/json_reader.h"
+#include "elementwise/elementwise.h"
+#include "matmul/matmul.h"
+#include "model/mixers/proj_views.h"
+#include "reduce/reduce.h"
+#include "srmsnorm/srmsnorm.h"
+#include "swiglu/swiglu.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac {
+
+namespace {
+
+constexpr float kNormEps = 1e-6f;
+
+struct VqGauState final : MixerState {
+  OwnedTensor khat, v, z, counts, means;  // see VqAttnState
+  int64_t pos = 0;
+  VqAttnState view() const { return {khat, v, z, counts, means}; }
+};
+
+}  // namespace
+
+VqGauMixerOptions VqGauMixerOptions::parse(const json& o, const std::string& path, const std::string& file) {
+  VqGauMixerOptions opt;
+  JsonReader r(o, path, file);
+  opt.heads = r.get_int("heads", opt.heads, 1, 256);
+  opt.dk = r.get_int("dk", opt.dk, 1, 4096);
+  opt.dv = r.get_int("dv", opt.dv, 0, 1 << 20);
+  opt.codebook = r.get_int("codebook", opt.codebook, 1, 1 << 16);
+  opt.block = r.get_int("block", opt.block, 1, 1 << 16);
+  opt.beta = r.get_double("beta", opt.beta, 0, 1e3);
+  opt.gamma = r.get_double("gamma", opt.gamma, 0, 1);
+  r.finish();
+  return opt;
+}
+
+VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const VqGauMixerOptions& opt,
+                       const std::string& path)
+    : env_(env), opt_(opt), d_(cfg.d_model), H_(opt.heads), Dk_(opt.dk), S_(opt.codebook), Lb_(opt.block) {
+  Dv_ = opt_.dv > 0 ? opt_.dv : 2 * d_;
+  if (Dv_ % H_ != 0)
+    throw UserError("config: " + path + ".dv: " + std::to_string(Dv_) + " must split evenly over " +
+                    std::to_string(H_) + " heads");
+  if (d_ % 2 != 0) throw UserError("config: model.d_model must be even for the VQ position sinusoids");
+  Dvh_ = Dv_ / H_;
+  Pqkv_ = 2 * H_ * Dk_ + Dv_;
+  qk_scale_ = static_cast<float>(std::pow(static_cast<double>(Dk_), -0.25));
+  const std::string p = "layers." + std::to_string(layer) + ".gau.";
+  const double in_std = 1.0 / std::sqrt(static_cast<double>(d_)), out_std = 1.0 / std::sqrt(static_cast<double>(Dv_));
+  ParamStore& ps = *env.params;
+  wqkvg_ = ps.add({p + "wqkvg", {Pqkv_ + Dv_, d_}, Init::Normal, in_std, true});
+  wr_ = ps.add({p + "wr", {H_ * Dk_, d_}, Init::Normal, in_std, true});
+  u_ = ps.add({p + "u", {H_, Dk_}, Init::Zeros, 0, false});
+  vr_ = ps.add({p + "vr", {H_, Dk_}, Init::Zeros, 0, false});
+  wo_ = ps.add({p + "wo", {d_, Dv_}, Init::Normal, out_std, true});
+  c_sum_ = ps.add_buffer({p + "c_sum", {H_, S_, Dk_}, Init::Normal, 1.0 / std::sqrt(static_cast<double>(S_ * H_)), false});
+  c_count_ = ps.add_buffer({p + "c_count", {H_, S_}, Init::Ones, 0, false});
+
+  OwnedTensor e(DType::F64, Device::CPU, {Lb_ + 1, d_});
+  const int64_t half = d_ / 2;
+  for (int64_t dist = 0; dist <= Lb_; ++dist)
+    for (int64_t i = 0; i < half; ++i) {
+      const double w = std::pow(1e5, -2.0 * static_cast<double>(i) / static_cast<double>(d_));
+      e->data<double>()[dist * d_ + i] = std::sin(static_cast<double>(dist) * w);
+      e->data<double>()[dist * d_ + half + i] = std::cos(static_cast<double>(dist) * w);
+    }
+  sinusoids_ = to(e, env.device(), env.stat);
+  acc_sums_ = OwnedTensor(env.stat, env.device(), {H_, S_, Dk_});
+  acc_counts_ = OwnedTensor(env.stat, env.device(), {H_, S_});
+  zero_tensor(acc_sums_);
+  zero_tensor(acc_counts_);
+}
+
+void VqGauMixer::reserve(int64_t B, int64_t T) {
+  capacity_ = B * T;
+  const Device dev = env_.device();
+  const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
+  const size_t HDk = static_cast<size_t>(H_ * Dk_);
+  proj_buf_ = Buffer(N * static_cast<size_t>(Pqkv_) * act, dev);
+  go_buf_ = Buffer(N * 2 * static_cast<size_t>(Dv_) * act, dev);
+  q_buf_ = Buffer(N * HDk * act, dev);
+  k_buf_ = Buffer(N * HDk * act, dev);
+  khat_buf_ = Buffer(N * HDk * act, dev);
+  z_buf_ = Buffer(N * static_cast<size_t>(H_) * sizeof(int32_t), dev);
+  rstd_buf_ = Buffer(N * 2 * static_cast<size_t>(H_) * stat, dev);
+  lse_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+  err_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+}
+
+size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
+  const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
+  return N * ((static_cast<size_t>(Pqkv_ + 2 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
+              static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat)));
+}
+
+double VqGauMixer::flops_per_token(int64_t T) const {
+  const double d = static_cast<double>(d_), Dk = static_cast<double>(Dk_), Dvh = static_cast<double>(Dvh_);
+  // Projections (2 FLOPs per weight per token forward, x3 with the backward); per head the scores
+  // and weighted sums over the keys a query sees (the present block's causal half, the previous
+  // block, the S cache entries, forward 2 (Dk + Dv) each, x3), the quantizer's distances.
+  const double keys = std::min<double>(static_cast<double>(T), 1.5 * static_cast<double>(Lb_)) + static_cast<double>(S_);
+  return 6.0 * (static_cast<double>(Pqkv_ + Dv_) * d + static_cast<double>(Dv_) * d) +
+         static_cast<double>(H_) * (6.0 * keys * (Dk + Dvh) + 2.0 * static_cast<double>(S_) * Dk);
+}
+
+Tensor VqGauMixer::codebook() {
+  const ParamStore& ps = *env_.params;
+  Tensor c = env_.scratch->get("gau.codebook", env_.stat, {H_, S_, Dk_});
+  vq_codebook_from_stats(env_.ctx, ps.buffer(c_sum_), ps.buffer(c_count_), c);
+  return c;
+}
+
+Tensor VqGauMixer::rho() {
+  const Tensor wr = env_.params->master(wr_);
+  Tensor r = env_.scratch->get("gau.rho", env_.stat, {H_, Lb_ + 1, Dk_});
+  for (int64_t h = 0; h < H_; ++h)
+    matmul(env_.ctx, sinusoids_, false, wr.slice0(h * Dk_, (h + 1) * Dk_), true, r.select(0, h));
+  return r;
+}
+
+void VqGauMixer::queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd) {
+  const int64_t N = proj.size(0);
+  for (int64_t i = 0; i < 2 * H_; ++i)
+    srmsnorm_fwd(env_.ctx, proj.narrow(1, i * Dk_, Dk_), (i < H_ ? q : k).narrow(1, (i % H_) * Dk_, Dk_),
+                 rstd.narrow(0, i * N, N), kNormEps);
+  scale_inplace(env_.ctx, q, qk_scale_);
+  scale_inplace(env_.ctx, k, qk_scale_);
+}
+
+void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;
+  LINAC_CHECK(N <= capacity_, "VqGauMixer: batch larger than reserved");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvg_), x2 = x.view({N, d_});
+  Tensor proj = proj_buf_.tensor(env_.act, {N, Pqkv_});
+  Tensor go = go_buf_.tensor(env_.act, {N, 2 * Dv_});
+  Tensor q = q_buf_.tensor(env_.act, {N, HDk}), k = k_buf_.tensor(env_.act, {N, HDk});
+  Tensor khat = khat_buf_.tensor(env_.act, {B, T, H_, Dk_});
+  Tensor z = z_buf_.tensor(DType::I32, {B, T, H_});
+  Tensor rstd = rstd_buf_.tensor(env_.stat, {2 * H_ * N});
+  Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_});
+  Tensor err = err_buf_.tensor(env_.stat, {B, T, H_});
+  matmul(ctx, x2, false, W.slice0(0, Pqkv_), true, proj);
+  matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
+  queries_keys(proj, q, k, rstd);
+  const Tensor C = codebook();
+  vq_quantize(ctx, k.view({B, T, H_, Dk_}), C, z, khat, err);
+  Tensor v = env_.scratch->get("gau.v", env_.act, {N, Dv_});
+  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
+  vq_attn_fwd(ctx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
+              rho(), bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_});
+  Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
+  swiglu_fwd(ctx, go, gated, GluAct::Silu);
+  matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  Tensor err_sum = env_.scratch->get("gau.err_sum", env_.stat, {1});
+  sum(ctx, err, err_sum);
+  aux_ = opt_.beta * to_doubles(err_sum)[0];
+}
+
+void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvg_), dW = ps.grad(wqkvg_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
+  const Tensor proj = proj_buf_.tensor(env_.act, {N, Pqkv_});
+  const Tensor go = go_buf_.tensor(env_.act, {N, 2 * Dv_});
+  const Tensor q = q_buf_.tensor(env_.act, {N, HDk}), k = k_buf_.tensor(env_.act, {N, HDk});
+  const Tensor khat = khat_buf_.tensor(env_.act, {B, T, H_, Dk_});
+  const Tensor z = z_buf_.tensor(DType::I32, {B, T, H_});
+  const Tensor rstd = rstd_buf_.tensor(env_.stat, {2 * H_ * N});
+  const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_});
+
+  // Output projection and gate.
+  Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
+  swiglu_fwd(ctx, go, gated, GluAct::Silu);
+  matmul(ctx, dy2, true, gated, false, ps.grad(wo_), 1.f, 1.f);
+  Tensor dgated = env_.scratch->get("gau.dgated", env_.act, {N, Dv_});
+  matmul(ctx, dy2, false, ps.weight(wo_), false, dgated);
+  Tensor dgo = env_.scratch->get("gau.dgo", env_.act, {N, 2 * Dv_});
+  swiglu_bwd(ctx, go, dgated, dgo, GluAct::Silu);
+
+  // VQ-attention backward; straight-through keys plus the commitment term 2 beta (k - khat).
+  Tensor v = env_.scratch->get("gau.v", env_.act, {N, Dv_});
+  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
+  const Tensor C = codebook();
+  Tensor dq = env_.scratch->get("gau.dq", env_.act, {N, HDk}), dk = env_.scratch->get("gau.dk", env_.act, {N, HDk});
+  Tensor dv = env_.scratch->get("gau.dv", env_.act, {N, Dv_});
+  Tensor du = env_.scratch->get("gau.du", env_.stat, {H_, Dk_}), dvr = env_.scratch->get("gau.dvr", env_.stat, {H_, Dk_});
+  Tensor drho = env_.scratch->get("gau.drho", env_.stat, {H_, Lb_ + 1, Dk_});
+  vq_attn_bwd(ctx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
+              rho(), bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
+              dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_});
+  add_inplace(ctx, ps.grad(u_), du, 1.f);
+  add_inplace(ctx, ps.grad(vr_), dvr, 1.f);
+  for (int64_t h = 0; h < H_; ++h)
+    matmul(ctx, drho.select(0, h), true, sinusoids_, false, ps.grad(wr_).slice0(h * Dk_, (h + 1) * Dk_), 1.f, 1.f);
+  if (opt_.beta > 0) {
+    const float c = static_cast<float>(2.0 * opt_.beta) * env_.grad_scale;
+    add_inplace(ctx, dk, k, c);
+    add_inplace(ctx, dk, khat.view({N, HDk}), -c);
+  }
+
+  // This step's codebook statistics (the backward runs only in training steps).
+  Tensor sums = env_.scratch->get("gau.sums", env_.stat, {H_, S_, Dk_});
+  Tensor counts = env_.scratch->get("gau.counts", env_.stat, {H_, S_});
+  vq_code_stats(ctx, k.view({B, T, H_, Dk_}), z, sums, counts);
+  add_inplace(ctx, acc_sums_, sums, 1.f);
+  add_inplace(ctx, acc_counts_, counts, 1.f);
+
+  // Normalisations and activations back into d[Qr|Kr|V'] and dG'.
+  scale_inplace(ctx, dq, qk_scale_);
+  scale_inplace(ctx, dk, qk_scale_);
+  Tensor dproj = env_.scratch->get("gau.dproj", env_.act, {N, Pqkv_});
+  for (int64_t i = 0; i < 2 * H_; ++i)
+    srmsnorm_bwd(ctx, proj.narrow(1, i * Dk_, Dk_), rstd.narrow(0, i * N, N),
+                 (i < H_ ? dq : dk).narrow(1, (i % H_) * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), /*accumulate=*/false);
+  silu_bwd(ctx, proj.narrow(1, 2 * HDk, Dv_), dv, dproj.narrow(1, 2 * HDk, Dv_));
+  const Tensor dg = dgo.narrow(1, 0, Dv_);
+  matmul(ctx, dproj, false, W.slice0(0, Pqkv_), false, dx.view({N, d_}));
+  matmul(ctx, dg, false, W.slice0(Pqkv_, Pqkv_ + Dv_), false, dx.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, dproj, true, x2, false, dW.slice0(0, Pqkv_), 1.f, 1.f);
+  matmul(ctx, dg, true, x2, false, dW.slice0(Pqkv_, Pqkv_ + Dv_), 1.f, 1.f);
+}
+
+void VqGauMixer::update_buffers(const std::function<void(const Tensor&)>& sum_ranks) {
+  const ParamStore& ps = *env_.params;
+  sum_ranks(acc_sums_);
+  sum_ranks(acc_counts_);
+  vq_ema_update(env_.ctx, acc_sums_, acc_counts_, ps.buffer(c_sum_), ps.buffer(c_count_), opt_.gamma);
+  zero_tensor(env_.ctx, acc_sums_);
+  zero_tensor(env_.ctx, acc_counts_);
+}
+
+std::unique_ptr<MixerState> VqGauMixer::init_state(int64_t B) {
+  auto st = std::make_unique<VqGauState>();
+  const Device dev = env_.device();
+  st->khat = OwnedTensor(env_.stat, dev, {B, H_, Lb_, Dk_});
+  st->v = OwnedTensor(env_.stat, dev, {B, H_, Lb_, Dvh_});
+  st->z = OwnedTensor(DType::I32, dev, {B, H_, Lb_});
+  st->counts = OwnedTensor(env_.stat, dev, {B, H_, S_});
+  st->means = OwnedTensor(env_.stat, dev, {B, H_, S_, Dvh_});
+  vq_attn_state_reset(env_.ctx, st->view());
+  return st;
+}
+
+void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+  auto& st = dynamic_cast<VqGauState&>(state);
+  const int64_t B = x_t.size(0), HDk = H_ * Dk_;
+  LINAC_CHECK(st.counts->size(0) == B, "VqGauMixer::step: state was made for another batch size");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  const Tensor W = ps.weight(wqkvg_), x2 = x_t.view({B, d_});
+  Tensor proj = env_.scratch->get("gau.step.proj", env_.act, {B, Pqkv_});
+  Tensor go = env_.scratch->get("gau.step.go", env_.act, {B, 2 * Dv_});
+  Tensor q = env_.scratch->get("gau.step.q", env_.act, {B, HDk}), k = env_.scratch->get("gau.step.k", env_.act, {B, HDk});
+  Tensor rstd = env_.scratch->get("gau.step.rstd", env_.stat, {2 * H_ * B});
+  Tensor khat = env_.scratch->get("gau.step.khat", env_.act, {B, 1, H_, Dk_});
+  Tensor z = env_.scratch->get("gau.step.z", DType::I32, {B, 1, H_});
+  Tensor v = env_.scratch->get("gau.step.v", env_.act, {B, Dv_});
+  Tensor gated = env_.scratch->get("gau.step.gated", env_.act, {B, Dv_});
+  matmul(ctx, x2, false, W.slice0(0, Pqkv_), true, proj);
+  matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
+  queries_keys(proj, q, k, rstd);
+  const Tensor C = codebook();
+  vq_quantize(ctx, k.view({B, 1, H_, Dk_}), C, z, khat, Tensor());
+  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
+  vq_attn_step(ctx, q.view({B, H_, Dk_}), khat.view({B, H_, Dk_}), z.view({B, H_}), v.view({B, H_, Dvh_}), C,
+               ps.master(u_), ps.master(vr_), rho(), st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
+  ++st.pos;
+  swiglu_fwd(ctx, go, gated, GluAct::Silu);
+  matmul(ctx, gated, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+}  // namespace linac

@@ -1,0 +1,80 @@
+// Transformer-VQ's gated attention unit with VQ-attention (Lingle 2023; spec
+// ../shared/specs/transformer_vq.md §2.3-§2.6, §4.5, §5.1), H heads (the paper's single-head
+// SHGA: H = 1) of key width Dk and value width Dvh = dv / H, codebooks of S codes, blocks of Lb:
+//
+//   [Qr|Kr|V'|G'] = x Wqkvg^T        Wqkvg: [2 H Dk + 2 dv, d], rows q, k (head-major), v, g
+//   q, k = tau^(-1/2) RMSNorm0(Qr), tau^(-1/2) RMSNorm0(Kr)     per head, no gain, tau = Dk
+//   v, g = SiLU(V'), SiLU(G')
+//   khat = the nearest codeword of k (straight-through: dk = dkhat)
+//   o    = VQAttention(q, khat, v; u, vr, rho) per head (kernels/vq_attn: the present and previous
+//          block uncompressed with Transformer-XL position terms, older blocks through the
+//          compressive cache of per-code value means)
+//   out += (o * g) Wo^T               Wo: [d, dv]
+// rho_d = e_d Wr_h^T (d = 0..Lb) with the fixed sinusoids e_d[i] = sin(d w_i), e_d[d/2+i] =
+// cos(d w_i), w_i = 1e5^(-2i/d); Wr: [H Dk, d]; u, vr [H, Dk] (zero init). The spec's tau^(-1/2)
+// factors of u, vr and rho are absorbed into these parameters.
+// Codebook (not a gradient): buffers c_sum [H, S, Dk] (init N(0, 1/(S H))) and c_count [H, S]
+// (init 1); codebook = c_sum / max(c_count, 0.01). Every backward adds the per-code sums and
+// counts of its unquantized keys; update_buffers sums them over ranks and applies the EMA
+// c <- gamma c + (1 - gamma) stats once per optimizer step.
+// Commitment loss: beta sum_t ||k_t - C_{z_t}||^2 (aux_loss_sum), gradient 2 beta (k - khat).
+// Init (PaLM-style, spec §5.1): Wqkvg, Wr ~ N(0, 1/d), Wo ~ N(0, 1/dv).
+// Not implemented: the sinusoid dropout, residual dropout and LayerDrop of the paper's
+// regularised runs, and truncated-backprop windows (the cache starts empty in every sequence).
+// Saved for backward: [Qr|Kr|V'] raw projections (act), [G'|o] (act), q and k normalised and
+// scaled, khat (act), z (int32), the norms' rstd and lse (f32 on the GPU).
+// Decoding: per sequence a ring of Lb quantized keys and values plus S per-code counts and value
+// means per head: constant memory whatever the length.
+#pragma once
+
+#include "config/config.h"
+#include "core/buffer.h"
+#include "model/mixer.h"
+
+namespace linac {
+
+struct VqGauMixerOptions {
+  int64_t heads = 1;        // H (the paper: 1)
+  int64_t dk = 128;         // key width per head
+  int64_t dv = 0;           // value width over all heads; 0: 2 d_model (the paper)
+  int64_t codebook = 512;   // S
+  int64_t block = 512;      // Lb
+  double beta = 1e-4;       // commitment loss weight
+  double gamma = 0.99;      // codebook EMA rate
+  static VqGauMixerOptions parse(const json& o, const std::string& path, const std::string& file);
+};
+
+class VqGauMixer final : public Mixer {
+ public:
+  VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const VqGauMixerOptions& opt, const std::string& path);
+  std::string kind() const override { return "vq_gau"; }
+  void reserve(int64_t B, int64_t T) override;
+  void forward(const Tensor& x, const Tensor& out) override;
+  void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
+  size_t activation_bytes(int64_t B, int64_t T) const override;
+  double flops_per_token(int64_t T) const override;
+  double aux_loss_sum() const override { return aux_; }
+  void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) override;
+  std::unique_ptr<MixerState> init_state(int64_t B) override;
+  void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+
+ private:
+  // codebook = c_sum / max(c_count, 0.01), into scratch; rho [H, Lb+1, Dk] from Wr, into scratch.
+  Tensor codebook();
+  Tensor rho();
+  // Normalised, scaled q and k [N, H Dk] of the raw projections proj [N, >= 2 H Dk].
+  void queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd);
+
+  ModelEnv& env_;
+  VqGauMixerOptions opt_;
+  int64_t d_, H_, Dk_, Dv_, Dvh_, S_, Lb_, Pqkv_;
+  float qk_scale_;
+  int wqkvg_, wr_, u_, vr_, wo_, c_sum_, c_count_;
+  OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
+  OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
+  Buffer proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
+  int64_t capacity_ = 0;
+  double aux_ = 0;
+};
+
+}  // namespace linac
