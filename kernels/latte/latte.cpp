@@ -179,11 +179,10 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType) {
   constexpr int64_t C = 64;
   const int64_t N = (T + C - 1) / C;
-  // The carve in latte_fwd.cu: states and per-chunk terms [H, N, L, Dv], the per-chunk lse
-  // carries [H, N, L] and the backward's gP [H, T, L + 1], all f32.
-  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  return 2 * align(static_cast<size_t>(H * N * L * Dv) * 4) + align(static_cast<size_t>(H * N * L) * 4) +
-         align(static_cast<size_t>(H * T * (L + 1)) * 4);
+  // The carve in latte_common.cuh: chunk terms and states [H, N, L, Dv + 1], the per-chunk lse
+  // carries [H, N, L] and the backward's gP [H, T, L + 1], all f32; plus the 256-byte alignment of
+  // each of the four, so that a group of B sequences fits in B times this.
+  return 4 * static_cast<size_t>(2 * H * N * L * (Dv + 1) + H * N * L + H * T * (L + 1)) + 4 * 256;
 }
 
 }  // namespace linac
