@@ -12,6 +12,7 @@
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "gla/gla.h"
+#include "latte/latte.h"
 #include "lightning/lightning.h"
 #include "short_conv/short_conv.h"
 #include "taylor_attn/taylor_attn.h"
@@ -117,6 +118,28 @@ OpTiming bench_lightning(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   return r;
 }
 
+// Latte (the latent-state core of the Latte / Latte-Macchiato mixer) with L latents per head and
+// Dv = head dim; Macchiato adds the local column of a and the local state. FLOPs per token and head
+// as the chunked algorithm needs them: forward 4 L Dv (chunk terms and the inter-chunk readout) +
+// C (L + Dv) (causal halves of A = pi exp(b - lse) and A V, C = 64), backward twice that.
+OpTiming bench_latte(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t L, int64_t Dv, bool macchiato,
+                     DType dt, int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T), La = macchiato ? L + 1 : L;
+  OwnedTensor a = random_device({B, T, H, La}, dt, 1), b = random_device({B, T, H, L}, dt, 2);
+  OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dy = random_device({B, T, H, Dv}, dt, 4);
+  OwnedTensor local = macchiato ? random_device({B, T, H, Dv}, dt, 5) : OwnedTensor();
+  OwnedTensor dlocal = macchiato ? OwnedTensor(dt, Device::CUDA, {B, T, H, Dv}) : OwnedTensor();
+  OwnedTensor y(dt, Device::CUDA, {B, T, H, Dv}), lse(DType::F32, Device::CUDA, {B, T, H, L});
+  OwnedTensor da(dt, Device::CUDA, {B, T, H, La}), db(dt, Device::CUDA, {B, T, H, L}), dv(dt, Device::CUDA, {B, T, H, Dv});
+  const LatteOpts opts;
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { latte_fwd(ctx, a, b, v, local, y, lse, Tensor(), opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] { latte_bwd(ctx, a, b, v, local, lse, dy, da, db, dv, dlocal, opts); });
+  const double per_token_head = 4.0 * static_cast<double>(L * Dv) + 64.0 * static_cast<double>(L + Dv);
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 // The short gated convolution at Based's shape (C = 2 d_model channels, width 3), with a and g
 // column ranges of one fused [B, T, 2C] buffer as the BaseConv mixer passes them. Memory bound: the
 // forward reads a, g and writes z, the backward reads a, g, dz and writes da, dg.
@@ -178,19 +201,21 @@ int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
   const bool gla = name == "gla", conv = name == "short_conv", decode = name == "attention_decode";
-  const bool taylor = name == "taylor", lightning = name == "lightning";
+  const bool taylor = name == "taylor", lightning = name == "lightning", latte = name == "latte";
   const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : 16), D = gla || conv ? 0 : args.get_int("head-dim", 64);
   const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
+  const int64_t latents = latte ? args.get_int("latents", 16) : 0;
+  const bool macchiato = latte && args.flag("macchiato");
   const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
-  const int64_t window = gla || conv || decode || taylor || lightning ? 0 : args.get_int("window", 0);
+  const int64_t window = gla || conv || decode || taylor || lightning || latte ? 0 : args.get_int("window", 0);
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla && !conv && !decode && !taylor && !lightning)
+  if (name != "attention" && !gla && !conv && !decode && !taylor && !lightning && !latte)
     throw UserError("unknown op '" + name +
-                    "' (available: attention, attention_decode, gla, lightning, short_conv, taylor)");
+                    "' (available: attention, attention_decode, gla, latte, lightning, short_conv, taylor)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
@@ -200,6 +225,7 @@ int bench_op(Args& args, const std::string& name) {
                    : decode ? bench_attention_decode(g.ctx(), T, tokens, H, D, dt, iters)
                    : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
+                   : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
                             : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
@@ -207,6 +233,7 @@ int bench_op(Args& args, const std::string& name) {
     if (gla) j["dk"] = Dk, j["dv"] = Dv;
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F;
+    if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
     for (const auto& r : rows) {
       const double ms = r.fwd_ms + r.bwd_ms;
       nlohmann::json row = {
@@ -223,6 +250,8 @@ int bench_op(Args& args, const std::string& name) {
   const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
                            : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
                            : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
+                           : latte  ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
+                                         (macchiato ? ", Macchiato" : "")
                                   : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),

@@ -1,0 +1,137 @@
+// Latte: latent attention (Dolga et al. 2024; math in ../shared/specs/latte.md §2-§5, §9), and
+// its Macchiato mixing with a local state.
+//
+// Per batch b and head h, with L latents, latent-query logits a_t, latent-key logits b_t in R^L and
+// values v_t in R^Dv:
+//   lse_{t,l} = log sum_{s<=t} exp(b_{s,l})                      (logcumsumexp over time, lse_-1 = -inf)
+//   mu_{t,l}  = sum_{s<=t} exp(b_{s,l} - lse_{t,l}) v_s          (latent summaries: convex combinations)
+//   plain     (a has La = L columns):     pi_t = softmax(a_t),  y_t = sum_l pi_{t,l} mu_{t,l}
+//   Macchiato (a has La = L + 1 columns): pi_t = softmax over the L + 1 columns, column 0 weighs the
+//             given local state: y_t = pi_{t,0} local_t + sum_{l>=1} pi_{t,l} mu_{t,l-1}
+// Below, pi_{t,l} names the weight of latent l (column l, or l + 1 with a local state).
+//
+// Three forms compute this (all in the CPU reference; the GPU runs the chunked one):
+//   quadratic  y_t = sum_{s<=t} (sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l})) v_s, every lse from its own
+//              max-shifted sum (the test oracle)
+//   recurrent  running weighted mean (spec §4.2, also the decode step): per token
+//                lse' = logaddexp(lse, b_t), omega = exp(b_t - lse'), mu += omega (v_t - mu)
+//   chunked    chunks of C tokens f..e with the carried state mu_prev (mu at f-1) and lse as above
+//              (spec §4.3): with ref = lse_f (the chunk's FIRST position, so every factor but Kt is
+//              <= 1 and Kt <= exp(lse_e - lse_f)):
+//                Qt = pi * exp(ref - lse_t),  Kt = exp(b_s - ref),  dec = exp(lse_{f-1} - lse_t)
+//                Y  = tril(Qt Kt^T) V + (pi * dec) mu_prev
+//                mu_e = exp(lse_{f-1} - lse_e) mu_prev + exp(B - lse_e)^T V
+//              A chunk whose lse grows by more than 60 inside it (Kt could overflow f32) forms the
+//              products exp(b_s - lse_t) directly instead (spec §9.2).
+// Backward (spec §5; gy = dy):
+//   gP_{t,l} = gy_t . mu_{t,l} (Macchiato: gP_{t,0} = gy_t . local_t),  da_t = pi_t * (gP_t - pi_t . gP_t)
+//   dlocal_t = pi_{t,0} gy_t
+//   dv_s     = sum_l sum_{t>=s} pi_{t,l} exp(b_{s,l} - lse_{t,l}) gy_t
+//   db_{s,l} = sum_{t>=s} pi_{t,l} exp(b_{s,l} - lse_{t,l}) (gy_t . v_s - gP_{t,l})      (sum_s db_{s,l} = 0)
+// dv holds the latent path only (the local path's own dv belongs to whoever computed `local`).
+// The recurrent backward runs the reverse recurrences of spec §5.1, the chunked one the chunk
+// states R_l = sum_{t>e} exp(lse_e - lse_t) pi_{t,l} gy_t, r_l = sum_{t>e} ... gP_{t,l} of §5.2,
+// the quadratic one differentiates its own form: the three check each other.
+//
+// Layout: a, da [B, T, H, La]; b, db [B, T, H, L]; v, dv, y, dy, local, dlocal [B, T, H, Dv]
+// (local, dlocal undefined Tensor() iff La == L). The last two dims are contiguous; batch and
+// token strides are free (views of fused projections). lse [B, T, H, L] contiguous: written by the
+// forward, read by the backward. mu_final [B, H, L, Dv] contiguous, optional: mu after the last
+// token (with lse's last row, the decode state after a prefill). da, db, dv, dlocal are overwritten.
+// Dtypes: CPU: every tensor f32 or every tensor f64. GPU: a, b, v, local, y, dy, da, db, dv, dlocal
+// all bf16 or all f32; lse, mu_final and the decode state f32; every exp, logsumexp and state sum
+// in f32.
+// GPU: chunks of 64 tokens whatever opts.chunk says; L in 1..64, Dv a multiple of 4 up to 128
+// (the paper's 96 included), any T and B*H, and latte_workspace_bytes_per_seq() of ctx.workspace
+// for at least one sequence (the batch runs in groups that fit). Inside a chunk the GPU forms
+// exp(b_s - lse_t) directly (never the factorised Kt), so no logit range can overflow it.
+// Deterministic: no atomics, fixed-order sums.
+//
+// Decode step (recurrent form for one token): a_t [B, H, La], b_t [B, H, L], v_t, local_t, y_t
+// [B, H, Dv] (last two dims contiguous, free batch stride; local_t undefined iff La == L);
+// lse_state [B, H, L] and mu_state [B, H, L, Dv] contiguous, updated in place (f32 on the GPU).
+// latte_state_reset() makes a fresh state: lse = -inf, mu = 0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+
+namespace linac {
+
+struct LatteOpts {
+  int64_t chunk = 64;  // C: tokens per chunk of the chunked form (CPU; the GPU always uses 64)
+};
+
+enum class LatteForm { Chunked, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunked
+
+struct LatteLayout {
+  struct Strides {
+    int64_t b = 0, t = 0;
+  };
+  int64_t B = 0, T = 0, H = 0, L = 0, Dv = 0;
+  bool local = false;  // Macchiato: a has L + 1 columns, column 0 weighs `local`
+  int64_t chunk = 64;
+  int64_t La() const { return local ? L + 1 : L; }
+  Strides a, b, v, local_s, y, dy, da, db, dv, dlocal;
+};
+
+// CPU references, F = float or double. local/dlocal null iff !L.local; mu_final may be null.
+template <class F>
+void latte_fwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, F* y, F* lse,
+                             F* mu_final);
+template <class F>
+void latte_fwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, F* y, F* lse,
+                             F* mu_final);
+template <class F>
+void latte_fwd_chunked_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, F* y, F* lse,
+                           F* mu_final);
+template <class F>
+void latte_bwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, const F* lse,
+                             const F* dy, F* da, F* db, F* dv, F* dlocal);
+template <class F>
+void latte_bwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, const F* lse,
+                             const F* dy, F* da, F* db, F* dv, F* dlocal);
+template <class F>
+void latte_bwd_chunked_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, const F* lse,
+                           const F* dy, F* da, F* db, F* dv, F* dlocal);
+
+// Decode step. Strides: batch strides of a_t, b_t, v_t, local_t, y_t (head stride = width).
+struct LatteStepLayout {
+  int64_t B = 0, H = 0, L = 0, Dv = 0;
+  bool local = false;
+  int64_t a = 0, b = 0, v = 0, local_s = 0, y = 0;
+};
+template <class F>
+void latte_step_cpu(const LatteStepLayout& L, const F* a, const F* b, const F* v, const F* local, F* lse_state,
+                    F* mu_state, F* y);
+
+void latte_fwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const Tensor& b, const Tensor& v,
+                    const Tensor& local, const Tensor& y, const Tensor& lse, const Tensor& mu_final);
+void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const Tensor& b, const Tensor& v,
+                    const Tensor& local, const Tensor& lse, const Tensor& dy, const Tensor& da, const Tensor& db,
+                    const Tensor& dv, const Tensor& dlocal);
+void latte_step_cuda(const Ctx& ctx, const LatteStepLayout& L, const Tensor& a, const Tensor& b, const Tensor& v,
+                     const Tensor& local, const Tensor& lse_state, const Tensor& mu_state, const Tensor& y);
+void latte_state_reset_cuda(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu_state);
+
+// Entry points: check shapes and strides, dispatch on ctx.device, dtypes and (CPU) the form.
+void latte_fwd(const Ctx& ctx, const Tensor& a, const Tensor& b, const Tensor& v, const Tensor& local,
+               const Tensor& y, const Tensor& lse, const Tensor& mu_final, const LatteOpts& opts,
+               LatteForm form = LatteForm::Chunked);
+void latte_bwd(const Ctx& ctx, const Tensor& a, const Tensor& b, const Tensor& v, const Tensor& local,
+               const Tensor& lse, const Tensor& dy, const Tensor& da, const Tensor& db, const Tensor& dv,
+               const Tensor& dlocal, const LatteOpts& opts, LatteForm form = LatteForm::Chunked);
+void latte_step(const Ctx& ctx, const Tensor& a_t, const Tensor& b_t, const Tensor& v_t, const Tensor& local_t,
+                const Tensor& lse_state, const Tensor& mu_state, const Tensor& y_t);
+void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu_state);
+
+// GPU scratch (ctx.workspace) one sequence of T tokens needs: two f32 [H, ceil(T/64), L, Dv + 1]
+// arrays of per-chunk states and terms, per-chunk lse carries [H, ceil(T/64), L] and the backward's
+// gP [H, T, L + 1].
+// The entry points split the batch into groups that fit.
+size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType act);
+
+}  // namespace linac
