@@ -5,6 +5,7 @@
 #include "config/json_reader.h"
 #include "model/mixers/base_conv.h"
 #include "model/mixers/gla.h"
+#include "model/mixers/latte.h"
 #include "model/mixers/taylor.h"
 #include "model/mixers/tnl.h"
 #include "model/mixers/transformer.h"
@@ -58,6 +59,18 @@ const std::vector<MixerKind>& mixer_kinds() {
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<VqGauMixer>(env, cfg, layer, VqGauMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
+      {"latte", "Latte: latent attention, per-token softmax over latents of causally normalised value summaries, VAPOR positions (Dolga et al. 2024)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LatteMixerOptions::parse(s.options, s.path, file, false); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", false),
+                                             false, s.path);
+       }},
+      {"latte_macchiato", "Latte-Macchiato: Latte over a convolved stream mixed with sliding-window attention as a local state",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LatteMixerOptions::parse(s.options, s.path, file, true); },
+       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+         return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", true),
+                                             true, s.path);
+       }},
       {"base_conv", "Based's gated short convolution (BaseConv)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { BaseConvMixerOptions::parse(s.options, s.path, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
@@ -89,6 +102,9 @@ const std::vector<ArchInfo>& architectures() {
        {"lightning"}, "srmsnorm", "sglu", true},
       {"transformer_vq", "Transformer-VQ: gated attention units with VQ-attention, no separate MLP (Lingle 2023)", "vq_gau",
        {"vq_gau"}, "rmsnorm", "none"},
+      {"latte", "Latte++: latent attention with VAPOR, RMSNorm, SwiGLU (Dolga et al. 2024)", "latte", {"latte"}},
+      {"latte_macchiato", "Latte-Macchiato (Latte-Conv-SWA++): latent attention plus a sliding-window local state (Dolga et al. 2024)",
+       "latte_macchiato", {"latte_macchiato"}},
   };
   return table;
 }

@@ -1,0 +1,285 @@
+#include "model/mixers/latte.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "attention/attention.h"
+#include "attention/attention_decode.h"
+#include "config/json_reader.h"
+#include "elementwise/elementwise.h"
+#include "latte/latte.h"
+#include "matmul/matmul.h"
+#include "model/mixers/proj_views.h"
+#include "rope/rope.h"
+#include "short_conv/short_conv.h"
+
+namespace linac {
+
+namespace {
+
+struct LatteState final : MixerState {
+  OwnedTensor lse, mu;  // [B, H, Lh], [B, H, Lh, Dh]: the latent summaries' log-normalisers and means
+  OwnedTensor conv;     // [B, K-1, d]: the last K-1 conv inputs
+  OwnedTensor k, v;     // [B, window, H, Dh]: the local attention's ring buffer (post-RoPE keys)
+  int64_t pos = 0;      // tokens seen
+};
+
+}  // namespace
+
+LatteMixerOptions LatteMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
+                                           bool macchiato) {
+  LatteMixerOptions opt;
+  JsonReader r(o, path, file);
+  opt.heads = r.get_int("heads", opt.heads, 0, 1024);
+  opt.latents = r.get_int("latents", opt.latents, 1, 1 << 16);
+  opt.conv = r.get_int("conv", macchiato ? 3 : 0, 0, kShortConvMaxWidth);
+  opt.vapor = r.get_bool("vapor", !macchiato);
+  opt.window = r.get_int("window", macchiato ? 129 : 0, macchiato ? 1 : 0, int64_t(1) << 30);
+  opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
+  opt.chunk = r.get_int("chunk", opt.chunk, 1, 4096);
+  r.finish();
+  if (opt.vapor && opt.window > 0)
+    throw UserError(file + ": " + path + ": vapor and a local window exclude each other (the local attention needs "
+                    "the unrotated values); set \"vapor\": false or \"window\": 0");
+  return opt;
+}
+
+LatteMixer::LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LatteMixerOptions& opt, bool macchiato,
+                       const std::string& path)
+    : env_(env), opt_(opt), macchiato_(macchiato), d_(cfg.d_model) {
+  H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
+  if (d_ % H_ != 0)
+    throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+                    std::to_string(d_) + ")");
+  if (opt_.latents % H_ != 0)
+    throw UserError("config: " + path + ".latents: " + std::to_string(opt_.latents) + " latents must split evenly over " +
+                    std::to_string(H_) + " heads");
+  Dh_ = d_ / H_;
+  Lh_ = opt_.latents / H_;
+  La_ = Lh_ + (opt_.window > 0 ? 1 : 0);
+  if ((opt_.vapor || opt_.window > 0) && Dh_ % 2 != 0)
+    throw UserError("config: " + path + ": the head dim " + std::to_string(Dh_) +
+                    " must be even for RoPE (VAPOR or the local window)");
+  Px_ = opt_.window > 0 ? 3 * d_ : d_;
+  Pa_ = H_ * La_ + opt_.latents;
+  const std::string p = "layers." + std::to_string(layer) + ".latte.";
+  ParamStore& ps = *env.params;
+  wx_ = ps.add({p + "wx", {Px_, d_}, Init::Normal, cfg.init_std, true});
+  wab_ = ps.add({p + "wab", {Pa_, d_}, Init::Normal, cfg.init_std, true});
+  if (opt_.conv > 0)
+    conv_ = ps.add({p + "conv", {d_, opt_.conv}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(opt_.conv)),
+                    true});
+  wo_ = ps.add({p + "wo", {d_, d_}, Init::Normal, cfg.init_std, true});
+  if (opt_.conv > 0) {
+    OwnedTensor host(DType::F64, Device::CPU, {d_});
+    std::fill_n(host->data<double>(), d_, 1.0);
+    ones_ = to(host, env.device(), env.act);
+  }
+}
+
+void LatteMixer::reserve(int64_t B, int64_t T) {
+  if (env_.ctx.is_gpu()) {
+    auto require = [&](size_t need, const std::string& what, const std::string& unit) {
+      if (need > env_.ctx.workspace_bytes)
+        throw UserError(what + " needs " + std::to_string((need >> 20) + 1) + " MiB of GPU workspace for " + unit +
+                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / train.seq_len");
+    };
+    require(latte_workspace_bytes_per_seq(T, H_, Lh_, Dh_, env_.act), "the Latte core",
+            "sequences of " + std::to_string(T) + " tokens");
+    if (opt_.window > 0)
+      require(attention_bwd_workspace_bytes(B, T, H_, Dh_), "the local attention's backward",
+              "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
+    if (opt_.conv > 0)
+      require(short_conv_bwd_workspace_bytes(B, T, d_, opt_.conv), "the logits' convolution backward",
+              "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
+  }
+  B_ = B, T_ = T;
+  const Device dev = env_.device();
+  const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
+  xv_buf_ = Buffer(N * static_cast<size_t>(Px_) * act, dev);
+  ab_buf_ = Buffer(N * static_cast<size_t>(Pa_) * act, dev);
+  y_buf_ = Buffer(N * static_cast<size_t>(d_) * act, dev);
+  lse_buf_ = Buffer(N * static_cast<size_t>(opt_.latents) * stat, dev);
+  if (opt_.window > 0) {
+    oloc_buf_ = Buffer(N * static_cast<size_t>(d_) * act, dev);
+    lse_loc_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+  }
+}
+
+size_t LatteMixer::activation_bytes(int64_t B, int64_t T) const {
+  const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
+  const size_t local = opt_.window > 0 ? N * (static_cast<size_t>(d_) * act + static_cast<size_t>(H_) * stat) : 0;
+  return N * (static_cast<size_t>(Px_ + Pa_ + d_) * act + static_cast<size_t>(opt_.latents) * stat) + local;
+}
+
+double LatteMixer::flops_per_token(int64_t T) const {
+  const double d = static_cast<double>(d_), Lh = static_cast<double>(Lh_), Dh = static_cast<double>(Dh_);
+  const double C = static_cast<double>(std::min<int64_t>(opt_.chunk, T));
+  // Projections (2 FLOPs per weight per token forward, x3 with the backward); the chunked Latte
+  // core per head and token, forward: the causal halves of the C x C scores and their product
+  // with V (C (Lh + Dh)), the inter-chunk read-out and state update (4 Lh Dh); x3 with the
+  // backward; the local attention like a windowed attention layer; the convolution.
+  double f = 6.0 * static_cast<double>(Px_ + Pa_ + d_) * d + 3.0 * static_cast<double>(H_) * (C * (Lh + Dh) + 4.0 * Lh * Dh);
+  if (opt_.window > 0) f += 12.0 * d * static_cast<double>(std::min<int64_t>(opt_.window, T));
+  if (opt_.conv > 0) f += 6.0 * d * static_cast<double>(opt_.conv);
+  return f;
+}
+
+Tensor LatteMixer::unit_gate(int64_t B, int64_t T) const {
+  // Every (batch, token) row reads the same d ones: zero batch and token strides.
+  if (T == 0) {
+    Tensor g(ones_->ptr, env_.act, env_.device(), {B, d_});
+    g.strides[0] = 0;
+    return g;
+  }
+  Tensor g(ones_->ptr, env_.act, env_.device(), {B, T, d_});
+  g.strides[0] = g.strides[1] = 0;
+  return g;
+}
+
+Tensor LatteMixer::logit_stream(const Tensor& x) {
+  if (opt_.conv == 0) return x;
+  const int64_t B = x.size(0), T = x.size(1);
+  Tensor z = env_.scratch->get("latte.z", env_.act, {B, T, d_});
+  short_conv_fwd(env_.ctx, x, unit_gate(B, T), env_.params->master(conv_), Tensor(), Tensor(), z, {false});
+  return z;
+}
+
+void LatteMixer::forward(const Tensor& x, const Tensor& out) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  LINAC_CHECK(N <= B_ * T_, "LatteMixer: batch larger than reserved");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  Tensor xv = xv_buf_.tensor(env_.act, {N, Px_});
+  Tensor ab = ab_buf_.tensor(env_.act, {N, Pa_});
+  Tensor y = y_buf_.tensor(env_.act, {B, T, H_, Dh_});
+  Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
+  matmul(ctx, x.view({N, d_}), false, ps.weight(wx_), true, xv);
+  matmul(ctx, logit_stream(x).view({N, d_}), false, ps.weight(wab_), true, ab);
+  const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
+  Tensor local;
+  if (opt_.window > 0) {
+    const Tensor q = bthd(xv, B, T, d_, H_, Dh_), k = bthd(xv, B, T, 2 * d_, H_, Dh_);
+    rope_fwd(ctx, q, opt_.rope_base, 0);
+    rope_fwd(ctx, k, opt_.rope_base, 0);
+    local = oloc_buf_.tensor(env_.act, {B, T, H_, Dh_});
+    AttentionOpts ao;
+    ao.window = opt_.window;
+    attention_fwd(ctx, q, k, v, local, lse_loc_buf_.tensor(env_.stat, {B, H_, T}), ao);
+  }
+  if (opt_.vapor) rope_bwd(ctx, v, opt_.rope_base, 0);  // v_s -> R^(-s) v_s, kept for the backward
+  latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, Tensor(),
+            {opt_.chunk});
+  if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0);  // y_t -> R^t y_t
+  matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+}
+
+void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  const Tensor xv = xv_buf_.tensor(env_.act, {N, Px_});
+  const Tensor ab = ab_buf_.tensor(env_.act, {N, Pa_});
+  const Tensor y = y_buf_.tensor(env_.act, {N, d_});
+  const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
+  const Tensor dy2 = dy.view({N, d_}), x2 = x.view({N, d_}), W = ps.weight(wx_), dW = ps.grad(wx_);
+  const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
+  const Tensor local = opt_.window > 0 ? oloc_buf_.tensor(env_.act, {B, T, H_, Dh_}) : Tensor();
+
+  matmul(ctx, dy2, true, y, false, ps.grad(wo_), 1.f, 1.f);
+  Tensor dY = env_.scratch->get("latte.dy", env_.act, {B, T, H_, Dh_});
+  matmul(ctx, dy2, false, ps.weight(wo_), false, dY.view({N, d_}));
+  if (opt_.vapor) rope_bwd(ctx, dY, opt_.rope_base, 0);
+
+  Tensor dab = env_.scratch->get("latte.dab", env_.act, {N, Pa_});
+  Tensor dV = env_.scratch->get("latte.dv", env_.act, {B, T, H_, Dh_});
+  Tensor dlocal = opt_.window > 0 ? env_.scratch->get("latte.dlocal", env_.act, {B, T, H_, Dh_}) : Tensor();
+  latte_bwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, lse, dY,
+            bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, {opt_.chunk});
+  if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0);  // the rotation's transpose
+
+  // The logits' path: dz = dAB Wab; through the convolution when there is one.
+  const Tensor z = logit_stream(x);
+  matmul(ctx, dab, true, z.view({N, d_}), false, ps.grad(wab_), 1.f, 1.f);
+  if (opt_.conv > 0) {
+    Tensor dz = env_.scratch->get("latte.dz", env_.act, {B, T, d_});
+    Tensor dgate = env_.scratch->get("latte.dgate", env_.act, {B, T, d_});
+    matmul(ctx, dab, false, ps.weight(wab_), false, dz.view({N, d_}));
+    short_conv_bwd(ctx, x, unit_gate(B, T), ps.master(conv_), Tensor(), Tensor(), dz, dx, dgate, ps.grad(conv_),
+                   Tensor(), Tensor(), {false});
+  } else {
+    matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
+  }
+
+  // The local path: attention backward into dQl, dKl and a second share of dV.
+  if (opt_.window > 0) {
+    Tensor dqk = env_.scratch->get("latte.dqk", env_.act, {N, 2 * d_});
+    Tensor dv_loc = env_.scratch->get("latte.dv_loc", env_.act, {B, T, H_, Dh_});
+    const Tensor dq = bthd(dqk, B, T, 0, H_, Dh_), dk = bthd(dqk, B, T, d_, H_, Dh_);
+    AttentionOpts ao;
+    ao.window = opt_.window;
+    attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
+                  lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dv_loc, ao);
+    rope_bwd(ctx, dq, opt_.rope_base, 0);
+    rope_bwd(ctx, dk, opt_.rope_base, 0);
+    add_inplace(ctx, dV, dv_loc, 1.f);
+    matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
+    matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
+  }
+  matmul(ctx, dV.view({N, d_}), false, W.slice0(0, d_), false, dx.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, dV.view({N, d_}), true, x2, false, dW.slice0(0, d_), 1.f, 1.f);
+}
+
+std::unique_ptr<MixerState> LatteMixer::init_state(int64_t B) {
+  auto st = std::make_unique<LatteState>();
+  const Device dev = env_.device();
+  st->lse = OwnedTensor(env_.stat, dev, {B, H_, Lh_});
+  st->mu = OwnedTensor(env_.stat, dev, {B, H_, Lh_, Dh_});
+  latte_state_reset(env_.ctx, st->lse, st->mu);
+  if (opt_.conv > 0) {
+    st->conv = OwnedTensor(env_.stat, dev, {B, opt_.conv - 1, d_});
+    zero_tensor(st->conv);
+  }
+  if (opt_.window > 0) {
+    st->k = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
+    st->v = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
+  }
+  return st;
+}
+
+void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+  auto& st = dynamic_cast<LatteState&>(state);
+  const int64_t B = x_t.size(0);
+  LINAC_CHECK(st.lse->size(0) == B, "LatteMixer::step: state was made for another batch size");
+  const Ctx& ctx = env_.ctx;
+  const ParamStore& ps = *env_.params;
+  const Tensor x2 = x_t.view({B, d_});
+  Tensor xv = env_.scratch->get("latte.step.xv", env_.act, {B, Px_});
+  Tensor ab = env_.scratch->get("latte.step.ab", env_.act, {B, Pa_});
+  Tensor y = env_.scratch->get("latte.step.y", env_.act, {B, d_});
+  matmul(ctx, x2, false, ps.weight(wx_), true, xv);
+  Tensor z = x2;
+  if (opt_.conv > 0) {
+    z = env_.scratch->get("latte.step.z", env_.act, {B, d_});
+    short_conv_step(ctx, x2, unit_gate(B, 0), ps.master(conv_), Tensor(), Tensor(), st.conv, z, {false});
+  }
+  matmul(ctx, z, false, ps.weight(wab_), true, ab);
+  // One-token [B, 1, H, Dh] views for RoPE at the absolute position.
+  const Tensor v1 = bthd(xv, B, 1, 0, H_, Dh_);
+  Tensor local;
+  if (opt_.window > 0) {
+    rope_fwd(ctx, bthd(xv, B, 1, d_, H_, Dh_), opt_.rope_base, st.pos);
+    rope_fwd(ctx, bthd(xv, B, 1, 2 * d_, H_, Dh_), opt_.rope_base, st.pos);
+    attention_cache_write(ctx, bhd(xv, 2 * d_, H_, Dh_), bhd(xv, 0, H_, Dh_), st.k, st.v, st.pos % opt_.window);
+    local = env_.scratch->get("latte.step.local", env_.act, {B, H_, Dh_});
+    attention_decode(ctx, bhd(xv, d_, H_, Dh_), st.k, st.v, std::min(st.pos + 1, opt_.window), local);
+  }
+  if (opt_.vapor) rope_bwd(ctx, v1, opt_.rope_base, st.pos);
+  latte_step(ctx, bhd(ab, 0, H_, La_), bhd(ab, H_ * La_, H_, Lh_), bhd(xv, 0, H_, Dh_), local, st.lse, st.mu,
+             y.view({B, H_, Dh_}));
+  if (opt_.vapor) rope_fwd(ctx, y.view({B, 1, H_, Dh_}), opt_.rope_base, st.pos);
+  ++st.pos;
+  matmul(ctx, y, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+}  // namespace linac
