@@ -271,7 +271,17 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
   check_dense(state.means, q, {L.B, L.H, L.S, L.Dv}, "state.means");
   LINAC_CHECK(state.z.dtype == DType::I32, "vq_attn_step: state.z must be int32");
   L.q = q.strides[0], L.khat = khat.strides[0], L.v = v.strides[0], L.o = o.strides[0];
-  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_step: the decode step runs on the CPU only in this revision");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    check_float_act(q, "q");
+    check_same_dtype("activation", {&q, &khat, &v, &o});
+    check_same_dtype("f32", {&codebook, &u, &vr, &rho, &state.khat, &state.v, &state.counts, &state.means});
+    LINAC_CHECK(codebook.dtype == DType::F32, "vq_attn_step: codebook, u, vr, rho and the state must be f32");
+#if LINAC_WITH_CUDA
+    vq_attn_step_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, state, pos, o);
+#endif
+    return;
+  }
   check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &state.khat, &state.v, &state.counts,
                            &state.means});
   LINAC_CPU_DISPATCH(q.dtype, F,

@@ -64,8 +64,8 @@
 // GPU support (this revision): vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats,
 // and the block forward and backward as f32 CUDA-core kernels (not yet tensor cores): Dk <= 256,
 // any Dv and T, shared memory per CTA of 4 (2 Lb + S + 2 Dk + Dv) and 4 (4 Lb + Dk + Dv) floats at
-// most 200 KiB, vq_attn_workspace_bytes_per_seq of ctx.workspace for at least one sequence. The
-// decode step runs on the CPU only; its GPU entry point rejects the call with an error.
+// most 200 KiB, vq_attn_workspace_bytes_per_seq of ctx.workspace for at least one sequence; the
+// decode step (one CTA per sequence and head, Lb + 1 + S + 2 Dk floats of shared memory).
 #pragma once
 
 #include <cstddef>
@@ -146,6 +146,9 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                       const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
                       const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho);
+void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
+                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                       const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
                       const Tensor& z, const Tensor& khat, const Tensor& err);
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,

@@ -1,7 +1,7 @@
 // VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16,
 // forward (o, lse) and backward (from the GPU's o and lse) (dq, dkhat, dv, du, dvr, drho), with q/khat/v and dq/dkhat/dv as
 // strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and multi-head Dk = Dv = 64;
-// bitwise determinism and batch groups under a small workspace; the quantizer (ties, nearest
+// bitwise determinism and batch groups under a small workspace; decode steps; the quantizer (ties, nearest
 // code), code statistics (bitwise reruns), the EMA update and the codebook.
 #include <cmath>
 #include <cstring>
@@ -189,6 +189,53 @@ TEST(VqAttnGpu, DeterministicAndGrouped) {
     EXPECT_LT(test::rel_error(r3.du, r1.du), 1e-6);
     small.workspace_bytes = vq_attn_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, c.S, c.Lb) / 4;
     EXPECT_ANY_THROW(g.run(small, in, act));
+  }
+}
+
+// Token t of a [B,T,H,D] view as a [B,H,D] view.
+Tensor token(const Tensor& x, int64_t t) {
+  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
+           x.device, {x.size(0), x.size(2), x.size(3)});
+  r.strides = {x.strides[0], x.size(3), 1};
+  return r;
+}
+
+// Decode steps on the GPU, token after token through the window boundary and into the cache,
+// reproduce the CPU block forward (double) on the same rounded inputs.
+TEST(VqAttnGpu, DecodeStepsMatchForward) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (const Case& c : {Case{2, 45, 2, 64, 96, 7, 8}, Case{1, 150, 1, 128, 1536, 512, 32}}) {
+      SCOPED_TRACE(std::string(dtype_name(act)) + " " + name(c));
+      Inputs in(c, 21);
+      const Gpu g(in, act);
+      OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), u_r = to(g.u, Device::CPU, DType::F64);
+      OwnedTensor vr_r = to(g.vr, Device::CPU, DType::F64), rho_r = to(g.rho, Device::CPU, DType::F64);
+      OwnedTensor o_ref(DType::F64, Device::CPU, {c.B, c.T, c.H, c.Dv}), lse_ref(DType::F64, Device::CPU, {c.B, c.T, c.H});
+      vq_attn_fwd(Ctx{}, in.q(qkv_r), in.khat(qkv_r), in.z, in.v(qkv_r), in.codebook, u_r, vr_r, rho_r, o_ref, lse_ref,
+                  in.opts());
+      const Device dev = Device::CUDA;
+      OwnedTensor rk(DType::F32, dev, {c.B, c.H, c.Lb, c.Dk}), rv(DType::F32, dev, {c.B, c.H, c.Lb, c.Dv});
+      OwnedTensor rz(DType::I32, dev, {c.B, c.H, c.Lb}), n(DType::F32, dev, {c.B, c.H, c.S});
+      OwnedTensor m(DType::F32, dev, {c.B, c.H, c.S, c.Dv});
+      const VqAttnState st{rk, rv, rz, n, m};
+      for (const Tensor* t : {&rk.t, &rv.t, &n.t, &m.t}) test::poison(*t);
+      vq_attn_state_reset(gctx.ctx(), st);
+      OwnedTensor o(act, dev, {c.B, c.T, c.H, c.Dv});
+      test::poison(o);
+      for (int64_t t = 0; t < c.T; ++t) {
+        OwnedTensor zc_h(DType::I32, Device::CPU, {c.B, c.H});
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.H; ++h)
+            zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * c.T + t) * c.H + h];
+        OwnedTensor zc = copy_to(zc_h, dev);
+        vq_attn_step(gctx.ctx(), token(in.q(g.qkv), t), token(in.khat(g.qkv), t), zc, token(in.v(g.qkv), t), g.cb,
+                     g.u, g.vr, g.rho, st, t, token(o.t, t));
+        ctx_synchronize(gctx.ctx());
+      }
+      EXPECT_LT(test::rel_error(o, o_ref), act == DType::F32 ? 1e-5 : 1e-2);
+    }
   }
 }
 
