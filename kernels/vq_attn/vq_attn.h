@@ -12,7 +12,7 @@
 // u, vr [H, Dk] are the content and position biases, rho [H, Lb+1, Dk] the position embeddings
 // for distances 0..Lb, all already scaled by the mixer; there is no 1/sqrt(d) inside the op.
 //
-// Two forms compute this (both in the CPU reference; the GPU will run the block form):
+// Two forms compute this (both in the CPU reference; the GPU runs the block form):
 //   quadratic  the definition above over all j <= t (spec §3.1; the test oracle)
 //   block      spec §3.2 / §2.6: query t of block n softmaxes jointly over the present block
 //              (j <= t), the previous block n-1 (position term only for t - j <= Lb) and the

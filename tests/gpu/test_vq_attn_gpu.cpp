@@ -1,8 +1,8 @@
-// VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16,
-// forward (o, lse) and backward (from the GPU's o and lse) (dq, dkhat, dv, du, dvr, drho), with q/khat/v and dq/dkhat/dv as
-// strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and multi-head Dk = Dv = 64;
-// bitwise determinism and batch groups under a small workspace; decode steps; the quantizer (ties, nearest
-// code), code statistics (bitwise reruns), the EMA update and the codebook.
+// VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16:
+// forward (o, lse) and backward from the GPU's o and lse (dq, dkhat, dv, du, dvr, drho), with
+// q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
+// multi-head Dk = Dv = 64; bitwise determinism and batch groups under a small workspace; decode
+// steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
 #include <cmath>
 #include <cstring>
 
