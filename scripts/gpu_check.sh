@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|tnl|all]   (default: all; based / tnl: only that architecture's benchmarks)
+#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|all]   (default: all; an architecture: only its benchmarks)
 set -uo pipefail
 what="${1:-all}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,5 +65,39 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
   done
   ./build-gpu/linac bench configs/tnl_385m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
     --steps 10 2>&1 | tee -a "$out/bench.txt"
+fi
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = latte ]; then
+  # Latte (issue 12): the op at the paper's head (8 x 96, 16 latents) and at 4 heads of 128
+  # latents, next to GLA and attention at the same T; Latte-Macchiato 153M against a
+  # Transformer++ of its width, depth and vocabulary at T = 2048 and 8192.
+  for shape in "--heads 8 --head-dim 96 --latents 16" "--heads 4 --head-dim 192 --latents 128" \
+               "--heads 8 --head-dim 96 --latents 16 --macchiato"; do
+    ./build-gpu/linac bench --op latte --seq-lens 2048,8192,32768 --tokens 32768 $shape 2>&1 | tee -a "$out/bench.txt"
+  done
+  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 8 --dk 48 --dv 96 \
+    2>&1 | tee -a "$out/bench.txt"
+  for T in 2048 8192; do
+    for c in "configs/latte_macchiato_153m.json" \
+             "configs/transformer_125m.json --set model.vocab_size=50264 --set model.tie_embeddings=true --set model.ffn_hidden=3072"; do
+      ./build-gpu/linac bench $c --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 --steps 10 \
+        2>&1 | tee -a "$out/bench.txt"
+    done
+  done
+fi
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = vq ]; then
+  # Transformer-VQ (issue 13): the op at the SHGA head (Dk 128, Dv 1536, S 512, Lb 512) and 12 x 64
+  # next to attention; the 190M model against a Transformer++ with its vocabulary at T = 2048,
+  # 8192 and 32768.
+  ./build-gpu/linac bench --op vq_attn --seq-lens 2048,8192,32768 --tokens 32768 2>&1 | tee -a "$out/bench.txt"
+  ./build-gpu/linac bench --op vq_attn --seq-lens 2048,8192,32768 --tokens 32768 --heads 12 --dk 64 --dv 64 \
+    2>&1 | tee -a "$out/bench.txt"
+  ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 12 --head-dim 64 \
+    2>&1 | tee -a "$out/bench.txt"
+  for T in 2048 8192 32768; do
+    for c in "configs/transformer_vq_190m.json" "configs/transformer_125m.json --set model.vocab_size=256"; do
+      ./build-gpu/linac bench $c --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 --steps 5 \
+        2>&1 | tee -a "$out/bench.txt"
+    done
+  done
 fi
 printf '%s\n' "${summary[@]}"

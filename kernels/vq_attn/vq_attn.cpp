@@ -179,7 +179,19 @@ void vq_attn_fwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
   check_bthd(o, q, L.Dv, "o");
   check_dense(lse, q, {L.B, L.T, L.H}, "lse");
   L.o = strides(o);
-  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_fwd: the attention runs on the CPU only in this revision");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(form == VqAttnForm::Block, "vq_attn_fwd: the GPU runs the block form only");
+    check_float_act(q, "q");
+    check_same_dtype("activation", {&q, &khat, &v, &o});
+    check_same_dtype("f32", {&codebook, &u, &vr, &rho, &lse});
+    LINAC_CHECK(codebook.dtype == DType::F32 && lse.dtype == DType::F32,
+                "vq_attn_fwd: codebook, u, vr, rho, lse must be f32 on the GPU");
+#if LINAC_WITH_CUDA
+    vq_attn_fwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse);
+#endif
+    return;
+  }
   check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse});
   LINAC_CPU_DISPATCH(q.dtype, F, {
     auto fn = form == VqAttnForm::Block ? vq_attn_fwd_block_cpu<F> : vq_attn_fwd_quadratic_cpu<F>;
@@ -204,7 +216,18 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
   check_dense(dvr, q, {L.H, L.Dk}, "dvr");
   check_dense(drho, q, {L.H, L.Lb + 1, L.Dk}, "drho");
   L.o = strides(o), L.dout = strides(dout), L.dq = strides(dq), L.dkhat = strides(dkhat), L.dv = strides(dv);
-  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_bwd: the attention runs on the CPU only in this revision");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(form == VqAttnForm::Block, "vq_attn_bwd: the GPU runs the block form only");
+    check_float_act(q, "q");
+    check_same_dtype("activation", {&q, &khat, &v, &o, &dout, &dq, &dkhat, &dv});
+    check_same_dtype("f32", {&codebook, &u, &vr, &rho, &lse, &du, &dvr, &drho});
+    LINAC_CHECK(codebook.dtype == DType::F32, "vq_attn_bwd: codebook, u, vr, rho, lse, du, dvr, drho must be f32");
+#if LINAC_WITH_CUDA
+    vq_attn_bwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho);
+#endif
+    return;
+  }
   check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse, &dout, &dq, &dkhat, &dv, &du, &dvr, &drho});
   LINAC_CPU_DISPATCH(q.dtype, F, {
     auto fn = form == VqAttnForm::Block ? vq_attn_bwd_block_cpu<F> : vq_attn_bwd_quadratic_cpu<F>;
@@ -248,7 +271,17 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
   check_dense(state.means, q, {L.B, L.H, L.S, L.Dv}, "state.means");
   LINAC_CHECK(state.z.dtype == DType::I32, "vq_attn_step: state.z must be int32");
   L.q = q.strides[0], L.khat = khat.strides[0], L.v = v.strides[0], L.o = o.strides[0];
-  LINAC_CHECK(!ctx.is_gpu(), "vq_attn_step: the decode step runs on the CPU only in this revision");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    check_float_act(q, "q");
+    check_same_dtype("activation", {&q, &khat, &v, &o});
+    check_same_dtype("f32", {&codebook, &u, &vr, &rho, &state.khat, &state.v, &state.counts, &state.means});
+    LINAC_CHECK(codebook.dtype == DType::F32, "vq_attn_step: codebook, u, vr, rho and the state must be f32");
+#if LINAC_WITH_CUDA
+    vq_attn_step_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, state, pos, o);
+#endif
+    return;
+  }
   check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &state.khat, &state.v, &state.counts,
                            &state.means});
   LINAC_CPU_DISPATCH(q.dtype, F,

@@ -12,7 +12,7 @@
 // u, vr [H, Dk] are the content and position biases, rho [H, Lb+1, Dk] the position embeddings
 // for distances 0..Lb, all already scaled by the mixer; there is no 1/sqrt(d) inside the op.
 //
-// Two forms compute this (both in the CPU reference; the GPU will run the block form):
+// Two forms compute this (both in the CPU reference; the GPU runs the block form):
 //   quadratic  the definition above over all j <= t (spec §3.1; the test oracle)
 //   block      spec §3.2 / §2.6: query t of block n softmaxes jointly over the present block
 //              (j <= t), the previous block n-1 (position term only for t - j <= Lb) and the
@@ -61,9 +61,11 @@
 // zeroes the state (a new sequence starts at pos 0). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
 // stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the GPU (CPU: the dtype of q).
 //
-// GPU support (this revision): vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats.
-// The attention forward, backward and decode step run on the CPU only; the GPU entry points
-// reject the call with an error.
+// GPU support (this revision): vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats,
+// and the block forward and backward as f32 CUDA-core kernels (not yet tensor cores): Dk <= 256,
+// any Dv and T, shared memory per CTA of 4 (2 Lb + S + 2 Dk + Dv) and 4 (4 Lb + Dk + Dv) floats at
+// most 200 KiB, vq_attn_workspace_bytes_per_seq of ctx.workspace for at least one sequence; the
+// decode step (one CTA per sequence and head, Lb + 1 + S + 2 Dk floats of shared memory).
 #pragma once
 
 #include <cstddef>
@@ -137,6 +139,16 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
                       const F* codebook, const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v,
                       int32_t* ring_z, F* counts, F* means, int64_t pos, F* o);
 
+void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
+                      const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                      const Tensor& o, const Tensor& lse);
+void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
+                      const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                      const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
+                      const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho);
+void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
+                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
+                       const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
                       const Tensor& z, const Tensor& khat, const Tensor& err);
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,
@@ -167,5 +179,11 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
                   const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                   const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
+
+// GPU scratch (ctx.workspace) one sequence needs in the backward, f32: the per-block cache counts
+// and means (H R S (Dv+1), R = ceil(T/Lb); all the forward needs), dout.o (H T), the two parts of
+// dq (2 H T Dk) and the score gradients by distance (H T (Lb+1)). The entry points split the batch
+// into groups that fit.
+size_t vq_attn_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb);
 
 }  // namespace linac

@@ -14,6 +14,7 @@
 
 #include "common/cuda_common.cuh"
 #include "vq_attn/vq_attn.h"
+#include "vq_attn/vq_common.cuh"
 
 namespace linac {
 namespace {
@@ -75,29 +76,16 @@ template <class T>
 __global__ void __launch_bounds__(kThreads) vq_code_stats_kernel(VqQuantLayout L, const T* __restrict__ k,
                                                                  const int32_t* __restrict__ z,
                                                                  float* __restrict__ sums, float* __restrict__ counts) {
-  __shared__ int32_t tile_tokens[kThreads];
-  __shared__ int tile_len;
+  __shared__ int tile_tokens[kThreads];
   __shared__ int warp_hits[kThreads / 32];
   const int64_t h = blockIdx.x / L.S, s = blockIdx.x % L.S;
   float acc[kMaxDk / kThreads] = {};
   float count = 0;
   const int64_t n_tok = L.B * L.T;
   for (int64_t base = 0; base < n_tok; base += kThreads) {
-    // Compact this tile's tokens with code s, keeping their order.
     const int64_t bt = base + threadIdx.x;
-    const bool hit = bt < n_tok && z[bt * L.H + h] == s;
-    const unsigned mask = __ballot_sync(0xffffffffu, hit);
-    if (threadIdx.x % 32 == 0) warp_hits[threadIdx.x / 32] = __popc(mask);
-    __syncthreads();
-    int offset = 0;
-    for (int w = 0; w < static_cast<int>(threadIdx.x / 32); ++w) offset += warp_hits[w];
-    if (hit) tile_tokens[offset + __popc(mask & ((1u << (threadIdx.x % 32)) - 1))] = static_cast<int32_t>(threadIdx.x);
-    if (threadIdx.x == 0) {
-      int n = 0;
-      for (int w = 0; w < kThreads / 32; ++w) n += warp_hits[w];
-      tile_len = n;
-    }
-    __syncthreads();
+    const int tile_len =
+        vq_cuda::compact_hits<kThreads>(bt < n_tok && z[bt * L.H + h] == s, tile_tokens, warp_hits);
     for (int r = 0; r < tile_len; ++r) {
       const int64_t tok = base + tile_tokens[r], b = tok / L.T, t = tok % L.T;
       const T* kt = k + b * L.k.b + t * L.k.t + h * L.Dk;

@@ -16,6 +16,7 @@
 #include "lightning/lightning.h"
 #include "short_conv/short_conv.h"
 #include "taylor_attn/taylor_attn.h"
+#include "vq_attn/vq_attn.h"
 
 namespace linac::cli {
 
@@ -182,6 +183,36 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
   return r;
 }
 
+// VQ-attention (Transformer-VQ) at the paper's SHGA shape by default (H = 1, Dk 128, Dv 1536,
+// S = 512 codes, block Lb = 512), random codes, q/k/v as separate tensors. FLOPs per token and head
+// as the block algorithm needs them: forward 2 (1.5 Lb + S) (Dk + Dv) (scores and weighted values
+// over the window, on average half the present block and all of the previous one, and the S cache
+// entries), backward twice that. The scratch grows with T (ctx.workspace, LINAC_WORKSPACE_MB).
+OpTiming bench_vq_attn(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
+                       int64_t Lb, DType dt, int64_t iters) {
+  const int64_t B = std::max<int64_t>(1, tokens / T);
+  OwnedTensor q = random_device({B, T, H, Dk}, dt, 1), v = random_device({B, T, H, Dv}, dt, 3);
+  OwnedTensor dout = random_device({B, T, H, Dv}, dt, 4), codebook = random_device({H, S, Dk}, DType::F32, 5);
+  OwnedTensor u = random_device({H, Dk}, DType::F32, 6), vr = random_device({H, Dk}, DType::F32, 7);
+  OwnedTensor rho = random_device({H, Lb + 1, Dk}, DType::F32, 8), k = random_device({B, T, H, Dk}, dt, 2);
+  OwnedTensor z(DType::I32, Device::CUDA, {B, T, H}), khat(dt, Device::CUDA, {B, T, H, Dk});
+  vq_quantize(ctx, k, codebook, z, khat, Tensor());
+  OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), lse(DType::F32, Device::CUDA, {B, T, H});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dkhat(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
+  OwnedTensor du(DType::F32, Device::CUDA, {H, Dk}), dvr(DType::F32, Device::CUDA, {H, Dk});
+  OwnedTensor drho(DType::F32, Device::CUDA, {H, Lb + 1, Dk});
+  VqAttnOpts opts;
+  opts.block = Lb;
+  OpTiming r{T, B, 0, 0, 0, 0};
+  r.fwd_ms = time_ms(ctx, iters, [&] { vq_attn_fwd(ctx, q, khat, z, v, codebook, u, vr, rho, o, lse, opts); });
+  r.bwd_ms = time_ms(ctx, iters, [&] {
+    vq_attn_bwd(ctx, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho, opts);
+  });
+  const double per_token_head = 2.0 * (1.5 * static_cast<double>(Lb) + static_cast<double>(S)) * static_cast<double>(Dk + Dv);
+  r.flops = 3.0 * per_token_head * static_cast<double>(B * T * H);
+  return r;
+}
+
 // Decoding one token per sequence over a full KV cache of S = T slots, B = tokens / T sequences
 // (the same cache bytes at every T). No backward; memory bound: reported as GB/s of cache read.
 OpTiming bench_attention_decode(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt,
@@ -201,21 +232,23 @@ int bench_op(Args& args, const std::string& name) {
   const auto lens = parse_int_list(args.get_or("seq-lens", "2048,8192,32768"), "--seq-lens");
   const int64_t tokens = args.get_int("tokens", 32768);
   const bool gla = name == "gla", conv = name == "short_conv", decode = name == "attention_decode";
-  const bool taylor = name == "taylor", lightning = name == "lightning", latte = name == "latte";
-  const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : 16), D = gla || conv ? 0 : args.get_int("head-dim", 64);
+  const bool taylor = name == "taylor", lightning = name == "lightning", latte = name == "latte", vq = name == "vq_attn";
+  const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : vq ? 1 : 16);
+  const int64_t D = gla || conv || vq ? 0 : args.get_int("head-dim", 64);
   const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t latents = latte ? args.get_int("latents", 16) : 0;
   const bool macchiato = latte && args.flag("macchiato");
-  const int64_t Dk = gla ? args.get_int("dk", 128) : 0, Dv = gla ? args.get_int("dv", 256) : 0;
+  const int64_t Dk = gla || vq ? args.get_int("dk", 128) : 0, Dv = gla || vq ? args.get_int("dv", gla ? 256 : 1536) : 0;
+  const int64_t codes = vq ? args.get_int("codes", 512) : 0, block = vq ? args.get_int("block", 512) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
-  const int64_t window = gla || conv || decode || taylor || lightning || latte ? 0 : args.get_int("window", 0);
+  const int64_t window = gla || conv || decode || taylor || lightning || latte || vq ? 0 : args.get_int("window", 0);
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
   args.finish();
-  if (name != "attention" && !gla && !conv && !decode && !taylor && !lightning && !latte)
+  if (name != "attention" && !gla && !conv && !decode && !taylor && !lightning && !latte && !vq)
     throw UserError("unknown op '" + name +
-                    "' (available: attention, attention_decode, gla, latte, lightning, short_conv, taylor)");
+                    "' (available: attention, attention_decode, gla, latte, lightning, short_conv, taylor, vq_attn)");
   if (!gpu_available()) throw UserError("bench --op needs a CUDA device");
   GpuContext g;
   std::vector<OpTiming> rows;
@@ -226,11 +259,13 @@ int bench_op(Args& args, const std::string& name) {
                    : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                    : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
+                   : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
                             : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
-    if (gla) j["dk"] = Dk, j["dv"] = Dv;
+    if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
+    if (vq) j["codes"] = codes, j["block"] = block;
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
@@ -248,6 +283,8 @@ int bench_op(Args& args, const std::string& name) {
     return 0;
   }
   const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
+                           : vq ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) +
+                                      ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
                            : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
                            : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
                            : latte  ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +

@@ -20,9 +20,12 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
-    "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor [--seq-lens ...]\n"
-    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
-    "                   [--latents L (latte, per head; default 16) --macchiato]\n"
+    "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]
+"
+    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]
+"
+    "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]
+"
     "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
@@ -34,7 +37,8 @@ const char* kUsage =
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
     "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T);\n"
     "short_conv (memory bound) reports GB/s of activations moved instead of TFLOP/s; attention_decode\n"
-    "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read.\n";
+    "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read;\n"
+    "vq_attn defaults to Transformer-VQ's head (H 1, Dk 128, Dv 1536, S 512 codes, block 512).\n";
 
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;

@@ -78,6 +78,14 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
 }
 
 void VqGauMixer::reserve(int64_t B, int64_t T) {
+  if (env_.ctx.is_gpu()) {
+    // The kernels need room for at least one sequence (the batch runs in groups that fit).
+    const size_t need = vq_attn_workspace_bytes_per_seq(T, H_, Dk_, Dvh_, S_, Lb_);
+    if (need > env_.ctx.workspace_bytes)
+      throw UserError("VQ-attention needs " + std::to_string((need >> 20) + 1) +
+                      " MiB of GPU workspace for sequences of " + std::to_string(T) +
+                      " tokens; set LINAC_WORKSPACE_MB or use a smaller train.seq_len");
+  }
   capacity_ = B * T;
   const Device dev = env_.device();
   const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);

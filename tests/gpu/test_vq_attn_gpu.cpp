@@ -1,0 +1,334 @@
+// VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16:
+// forward (o, lse) and backward from the GPU's o and lse (dq, dkhat, dv, du, dvr, drho), with
+// q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
+// multi-head Dk = Dv = 64; bitwise determinism and batch groups under a small workspace; decode
+// steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
+#include <cmath>
+#include <cstring>
+
+#include "test_util.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac {
+namespace {
+
+struct Case {
+  int64_t B, T, H, Dk, Dv, S, Lb;
+};
+
+std::string name(const Case& c) {
+  return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " Dk=" +
+         std::to_string(c.Dk) + " Dv=" + std::to_string(c.Dv) + " S=" + std::to_string(c.S) + " Lb=" +
+         std::to_string(c.Lb);
+}
+
+// Ragged T everywhere; several blocks so the cache fills; S = 7 repeats codes; the paper's head
+// (Dk 128, Dv 1536, S 512) on a short sequence; multi-head Dk = Dv = 64.
+const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},  {1, 300, 1, 128, 1536, 512, 64}, {2, 130, 2, 32, 96, 7, 32},
+                       {1, 700, 2, 64, 128, 100, 128}, {3, 45, 2, 16, 48, 5, 8}};
+
+// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
+Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
+  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
+  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
+           {B, T, H, D});
+  t.strides = {T * W, W, D, 1};
+  return t;
+}
+
+// The columns [c0, c0 + n) of every row of a [B, T, W] buffer, in order.
+std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
+  const std::vector<double> all = to_doubles(buf);
+  const int64_t W = buf.size(2);
+  std::vector<double> out;
+  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
+    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
+  return out;
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
+  copy_tensor(hx, x);
+  copy_tensor(hy, y);
+  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
+}
+
+OwnedTensor copy_to(const Tensor& t, Device dev) {
+  OwnedTensor r(t.dtype, dev, t.dims());
+  copy_tensor(r, t);
+  return r;
+}
+
+// Host inputs in double: khat holds the codewords of z (rounded to the activation dtype later).
+struct Inputs {
+  Case c;
+  int64_t W;
+  OwnedTensor qkv, z, codebook, u, vr, rho, dout;
+  explicit Inputs(const Case& cs, uint64_t seed = 1)
+      : c(cs), W((cs.H * (2 * cs.Dk + cs.Dv) + 7) / 8 * 8 + 8),
+        qkv(test::random_tensor({cs.B, cs.T, W}, DType::F64, seed, -0.5, 0.5)),
+        z(DType::I32, Device::CPU, {cs.B, cs.T, cs.H}),
+        codebook(test::random_tensor({cs.H, cs.S, cs.Dk}, DType::F64, seed + 1, -0.5, 0.5)),
+        u(test::random_tensor({cs.H, cs.Dk}, DType::F64, seed + 2, -0.2, 0.2)),
+        vr(test::random_tensor({cs.H, cs.Dk}, DType::F64, seed + 3, -0.2, 0.2)),
+        rho(test::random_tensor({cs.H, cs.Lb + 1, cs.Dk}, DType::F64, seed + 4, -0.5, 0.5)),
+        dout(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 5)) {
+    // The codebook is f32 on the GPU: round it first, so both sides use the same codewords.
+    OwnedTensor cb32 = to(codebook, Device::CPU, DType::F32);
+    convert_host(codebook, cb32);
+    const auto r = test::random_values(static_cast<size_t>(cs.B * cs.T * cs.H), seed + 6, 0, static_cast<double>(cs.S));
+    double* buf = qkv->data<double>();
+    for (int64_t bt = 0; bt < cs.B * cs.T; ++bt)
+      for (int64_t h = 0; h < cs.H; ++h) {
+        const int32_t code = std::min(static_cast<int32_t>(r[bt * cs.H + h]), static_cast<int32_t>(cs.S - 1));
+        z->data<int32_t>()[bt * cs.H + h] = code;
+        for (int64_t d = 0; d < cs.Dk; ++d)
+          buf[bt * W + cs.H * cs.Dk + h * cs.Dk + d] = codebook->data<double>()[(h * cs.S + code) * cs.Dk + d];
+      }
+  }
+  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, c.Dk); }
+  Tensor khat(const Tensor& b) const { return bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  VqAttnOpts opts() const {
+    VqAttnOpts o;
+    o.block = c.Lb;
+    return o;
+  }
+};
+
+struct Result {
+  OwnedTensor o, lse, grad, du, dvr, drho;  // grad: dq | dkhat | dv in the fused layout
+};
+
+// Forward, then backward from (o_in, lse_in) when given (the reference's backward takes the GPU's
+// rounded o and its lse, as the GPU's does), else from its own forward; on ctx's device. act:
+// q/khat/v/o/dout dtype, par: codebook/biases/lse/parameter gradients.
+Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& z, const Tensor& cb, const Tensor& u,
+           const Tensor& vr, const Tensor& rho, const Tensor& dout, DType act, DType par, const Tensor& o_in = Tensor(),
+           const Tensor& lse_in = Tensor()) {
+  const Case& c = in.c;
+  const Device dev = ctx.device;
+  Result r{OwnedTensor(act, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(par, dev, {c.B, c.T, c.H}),
+           OwnedTensor(act, dev, {c.B, c.T, in.W}),      OwnedTensor(par, dev, {c.H, c.Dk}),
+           OwnedTensor(par, dev, {c.H, c.Dk}),            OwnedTensor(par, dev, {c.H, c.Lb + 1, c.Dk})};
+  for (const Tensor* t : {&r.o.t, &r.lse.t, &r.grad.t, &r.du.t, &r.dvr.t, &r.drho.t}) test::poison(*t);
+  vq_attn_fwd(ctx, in.q(qkv), in.khat(qkv), z, in.v(qkv), cb, u, vr, rho, r.o, r.lse, in.opts());
+  const Tensor& o = o_in.defined() ? o_in : r.o.t;
+  const Tensor& lse = lse_in.defined() ? lse_in : r.lse.t;
+  vq_attn_bwd(ctx, in.q(qkv), in.khat(qkv), z, in.v(qkv), cb, u, vr, rho, o, lse, dout, in.q(r.grad),
+              in.khat(r.grad), in.v(r.grad), r.du, r.dvr, r.drho, in.opts());
+  ctx_synchronize(ctx);
+  return r;
+}
+
+struct Gpu {
+  OwnedTensor qkv, z, cb, u, vr, rho, dout;
+  Gpu(const Inputs& in, DType act)
+      : qkv(to(in.qkv, Device::CUDA, act)), z(copy_to(in.z, Device::CUDA)), cb(to(in.codebook, Device::CUDA, DType::F32)),
+        u(to(in.u, Device::CUDA, DType::F32)), vr(to(in.vr, Device::CUDA, DType::F32)),
+        rho(to(in.rho, Device::CUDA, DType::F32)), dout(to(in.dout, Device::CUDA, act)) {}
+  Result run(const Ctx& ctx, const Inputs& in, DType act) const {
+    return linac::run(ctx, in, qkv, z, cb, u, vr, rho, dout, act, DType::F32);
+  }
+};
+
+void run_parity(DType act, double tol_o, double tol_grad) {
+  GpuContext gctx;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    Inputs in(c);
+    const Gpu g(in, act);
+    Result gr = g.run(gctx.ctx(), in, act);
+    // The reference sees the GPU's rounded inputs.
+    OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), dout_r = to(g.dout, Device::CPU, DType::F64);
+    OwnedTensor u_r = to(g.u, Device::CPU, DType::F64), vr_r = to(g.vr, Device::CPU, DType::F64);
+    OwnedTensor rho_r = to(g.rho, Device::CPU, DType::F64);
+    OwnedTensor o_r = to(gr.o, Device::CPU, DType::F64), lse_r = to(gr.lse, Device::CPU, DType::F64);
+    Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, o_r, lse_r);
+    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
+    EXPECT_LT(test::rel_error(gr.lse, cr.lse), tol_o) << "lse";
+    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
+    EXPECT_LT(test::rel_error(part(gr.grad, 0, HK), part(cr.grad, 0, HK)), tol_grad) << "dq";
+    EXPECT_LT(test::rel_error(part(gr.grad, HK, HK), part(cr.grad, HK, HK)), tol_grad) << "dkhat";
+    EXPECT_LT(test::rel_error(part(gr.grad, 2 * HK, HV), part(cr.grad, 2 * HK, HV)), tol_grad) << "dv";
+    EXPECT_LT(test::rel_error(gr.du, cr.du), tol_grad) << "du";
+    EXPECT_LT(test::rel_error(gr.dvr, cr.dvr), tol_grad) << "dvr";
+    EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
+  }
+}
+
+TEST(VqAttnGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, 1e-5, 2e-5);
+}
+
+TEST(VqAttnGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, 1e-2, 2e-2);
+}
+
+// Bitwise reruns; a workspace of one sequence (the batch runs in groups, parameter gradients
+// summed group by group) agrees closely; a workspace too small is refused.
+TEST(VqAttnGpu, DeterministicAndGrouped) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Case c{3, 200, 2, 64, 64, 50, 32};
+    Inputs in(c, 11);
+    const Gpu g(in, act);
+    Result r1 = g.run(gctx.ctx(), in, act), r2 = g.run(gctx.ctx(), in, act);
+    for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
+      EXPECT_TRUE(same_bits(r1.*m, r2.*m));
+    Ctx small = gctx.ctx();
+    small.workspace_bytes = vq_attn_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, c.S, c.Lb) + 1000;
+    Result r3 = g.run(small, in, act);
+    EXPECT_TRUE(same_bits(r1.o, r3.o));
+    EXPECT_TRUE(same_bits(r1.grad, r3.grad));
+    EXPECT_LT(test::rel_error(r3.drho, r1.drho), 1e-6);
+    EXPECT_LT(test::rel_error(r3.du, r1.du), 1e-6);
+    small.workspace_bytes = vq_attn_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, c.S, c.Lb) / 4;
+    EXPECT_ANY_THROW(g.run(small, in, act));
+  }
+}
+
+// Token t of a [B,T,H,D] view as a [B,H,D] view.
+Tensor token(const Tensor& x, int64_t t) {
+  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
+           x.device, {x.size(0), x.size(2), x.size(3)});
+  r.strides = {x.strides[0], x.size(3), 1};
+  return r;
+}
+
+// Decode steps on the GPU, token after token through the window boundary and into the cache,
+// reproduce the CPU block forward (double) on the same rounded inputs.
+TEST(VqAttnGpu, DecodeStepsMatchForward) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::F32, DType::BF16}) {
+    for (const Case& c : {Case{2, 45, 2, 64, 96, 7, 8}, Case{1, 150, 1, 128, 1536, 512, 32}}) {
+      SCOPED_TRACE(std::string(dtype_name(act)) + " " + name(c));
+      Inputs in(c, 21);
+      const Gpu g(in, act);
+      OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), u_r = to(g.u, Device::CPU, DType::F64);
+      OwnedTensor vr_r = to(g.vr, Device::CPU, DType::F64), rho_r = to(g.rho, Device::CPU, DType::F64);
+      OwnedTensor o_ref(DType::F64, Device::CPU, {c.B, c.T, c.H, c.Dv}), lse_ref(DType::F64, Device::CPU, {c.B, c.T, c.H});
+      vq_attn_fwd(Ctx{}, in.q(qkv_r), in.khat(qkv_r), in.z, in.v(qkv_r), in.codebook, u_r, vr_r, rho_r, o_ref, lse_ref,
+                  in.opts());
+      const Device dev = Device::CUDA;
+      OwnedTensor rk(DType::F32, dev, {c.B, c.H, c.Lb, c.Dk}), rv(DType::F32, dev, {c.B, c.H, c.Lb, c.Dv});
+      OwnedTensor rz(DType::I32, dev, {c.B, c.H, c.Lb}), n(DType::F32, dev, {c.B, c.H, c.S});
+      OwnedTensor m(DType::F32, dev, {c.B, c.H, c.S, c.Dv});
+      const VqAttnState st{rk, rv, rz, n, m};
+      for (const Tensor* t : {&rk.t, &rv.t, &n.t, &m.t}) test::poison(*t);
+      vq_attn_state_reset(gctx.ctx(), st);
+      OwnedTensor o(act, dev, {c.B, c.T, c.H, c.Dv});
+      test::poison(o);
+      for (int64_t t = 0; t < c.T; ++t) {
+        OwnedTensor zc_h(DType::I32, Device::CPU, {c.B, c.H});
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.H; ++h)
+            zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * c.T + t) * c.H + h];
+        OwnedTensor zc = copy_to(zc_h, dev);
+        vq_attn_step(gctx.ctx(), token(in.q(g.qkv), t), token(in.khat(g.qkv), t), zc, token(in.v(g.qkv), t), g.cb,
+                     g.u, g.vr, g.rho, st, t, token(o.t, t));
+        ctx_synchronize(gctx.ctx());
+      }
+      EXPECT_LT(test::rel_error(o, o_ref), act == DType::F32 ? 1e-5 : 1e-2);
+    }
+  }
+}
+
+double sq_dist(const double* a, const double* b, int64_t n) {
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
+  return d;
+}
+
+// The GPU picks a nearest code (within f32 rounding of the distances), the lowest of exact ties,
+// writes that codeword and its squared distance.
+TEST(VqQuantGpu, NearestCodeTiesAndError) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t B = 2, T = 301, H = 2, Dk = 128, S = 512, W = 2 * H * Dk + 8;
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    OwnedTensor cb_h = test::random_tensor({H, S, Dk}, DType::F64, 51, -0.5, 0.5);
+    double* c = cb_h->data<double>();
+    for (int64_t d = 0; d < Dk; ++d) c[(0 * S + 300) * Dk + d] = c[(0 * S + 17) * Dk + d];  // code 300 repeats 17
+    OwnedTensor buf_h = test::random_tensor({B, T, W}, DType::F64, 52, -0.5, 0.5);
+    for (int64_t bt = 0; bt < B * T; bt += 7)  // some keys sit exactly on code 17 of head 0
+      for (int64_t d = 0; d < Dk; ++d) buf_h->data<double>()[bt * W + d] = c[17 * Dk + d];
+    OwnedTensor buf = to(buf_h, Device::CUDA, act), cb = to(cb_h, Device::CUDA, DType::F32);
+    OwnedTensor z(DType::I32, Device::CUDA, {B, T, H}), err(DType::F32, Device::CUDA, {B, T, H});
+    test::poison(err);
+    vq_quantize(gctx.ctx(), bthd(buf, 0, H, Dk), cb, z, bthd(buf, H * Dk, H, Dk), err);
+    ctx_synchronize(gctx.ctx());
+    const OwnedTensor z_h = copy_to(z, Device::CPU);
+    const auto all = to_doubles(buf), cbv = to_doubles(cb), e = to_doubles(err);
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t h = 0; h < H; ++h) {
+        const double* k = &all[bt * W + h * Dk];
+        const double* kh = &all[bt * W + H * Dk + h * Dk];
+        const int32_t zi = z_h->data<int32_t>()[bt * H + h];
+        ASSERT_TRUE(zi >= 0 && zi < S);
+        double best = 1e300;
+        for (int64_t s = 0; s < S; ++s) best = std::min(best, sq_dist(k, &cbv[(h * S + s) * Dk], Dk));
+        const double got = sq_dist(k, &cbv[(h * S + zi) * Dk], Dk);
+        EXPECT_LE(got, best + 1e-4) << bt << " " << h;
+        if (h == 0 && bt % 7 == 0) EXPECT_EQ(zi, 17) << bt;
+        EXPECT_NEAR(e[bt * H + h], got, 1e-5 * (1 + got));
+        OwnedTensor one(DType::F64, Device::CPU, {Dk}), r(act, Device::CPU, {Dk});
+        std::copy(&cbv[(h * S + zi) * Dk], &cbv[(h * S + zi) * Dk] + Dk, one->data<double>());
+        convert_host(r, one);
+        const auto rounded = to_doubles(r);
+        for (int64_t d = 0; d < Dk; ++d) ASSERT_EQ(kh[d], rounded[d]);
+      }
+  }
+}
+
+TEST(VqQuantGpu, CodeStatsEmaCodebook) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t B = 3, T = 1000, H = 2, Dk = 64, S = 37, W = H * Dk + 8;
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    OwnedTensor buf_h = test::random_tensor({B, T, W}, DType::F64, 61);
+    OwnedTensor z_h(DType::I32, Device::CPU, {B, T, H});
+    const auto r = test::random_values(static_cast<size_t>(B * T * H), 62, 0, S);
+    for (int64_t i = 0; i < B * T * H; ++i) z_h->data<int32_t>()[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), S - 1);
+    OwnedTensor buf = to(buf_h, Device::CUDA, act), z = copy_to(z_h, Device::CUDA);
+    OwnedTensor sums(DType::F32, Device::CUDA, {H, S, Dk}), counts(DType::F32, Device::CUDA, {H, S});
+    OwnedTensor sums2(DType::F32, Device::CUDA, {H, S, Dk}), counts2(DType::F32, Device::CUDA, {H, S});
+    for (const Tensor* t : {&sums.t, &counts.t, &sums2.t, &counts2.t}) test::poison(*t);
+    vq_code_stats(gctx.ctx(), bthd(buf, 3, H, Dk), z, sums, counts);
+    vq_code_stats(gctx.ctx(), bthd(buf, 3, H, Dk), z, sums2, counts2);
+    ctx_synchronize(gctx.ctx());
+    EXPECT_TRUE(same_bits(sums, sums2));
+    EXPECT_TRUE(same_bits(counts, counts2));
+    OwnedTensor buf_r = to(buf, Device::CPU, DType::F64);
+    OwnedTensor sums_r(DType::F64, Device::CPU, {H, S, Dk}), counts_r(DType::F64, Device::CPU, {H, S});
+    vq_code_stats(Ctx{}, bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);
+    EXPECT_LT(test::rel_error(sums, sums_r), 1e-6);
+    EXPECT_EQ(to_doubles(counts), to_doubles(counts_r));
+    // EMA and codebook on the GPU vs the CPU in double.
+    OwnedTensor cs_h = test::random_tensor({H, S, Dk}, DType::F64, 63), cc_h = test::random_tensor({H, S}, DType::F64, 64, 0, 3);
+    cc_h->data<double>()[5] = 0.001;
+    OwnedTensor cs = to(cs_h, Device::CUDA, DType::F32), cc = to(cc_h, Device::CUDA, DType::F32);
+    OwnedTensor cs_r = to(cs, Device::CPU, DType::F64), cc_r = to(cc, Device::CPU, DType::F64);
+    OwnedTensor sums_rr = to(sums, Device::CPU, DType::F64);
+    vq_ema_update(gctx.ctx(), sums, counts, cs, cc, 0.99);
+    vq_ema_update(Ctx{}, sums_rr, counts_r, cs_r, cc_r, 0.99);
+    OwnedTensor cb(DType::F32, Device::CUDA, {H, S, Dk}), cb_r(DType::F64, Device::CPU, {H, S, Dk});
+    test::poison(cb);
+    vq_codebook_from_stats(gctx.ctx(), cs, cc, cb);
+    vq_codebook_from_stats(Ctx{}, cs_r, cc_r, cb_r);
+    ctx_synchronize(gctx.ctx());
+    EXPECT_LT(test::rel_error(cs, cs_r), 1e-6);
+    EXPECT_LT(test::rel_error(cc, cc_r), 1e-6);
+    EXPECT_LT(test::rel_error(cb, cb_r), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace linac
