@@ -20,12 +20,9 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
-    "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]
-"
-    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]
-"
-    "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]
-"
+    "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]\n"
+    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
+    "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
     "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
