@@ -14,8 +14,9 @@
 // stride D, unit dim stride); batch and token strides are free, since q/k/v (and dq/dk/dv) are
 // views into a fused [B, T, 3, H, D] projection (token stride 3*H*D). lse is [B, H, T]
 // contiguous. dq, dk, dv are overwritten.
-// Dtypes: CPU: all f32 or all f64. GPU: activations all bf16 or all f32, lse f32; head dim 64 or
-// 128. The GPU backward needs attention_bwd_workspace_bytes() of ctx.workspace (delta).
+// Dtypes: CPU: all f32 or all f64, any head dim. GPU: activations all bf16 or all f32, lse f32;
+// head dim 64, 80, 96, 112 or 128 (attention_gpu_head_dim_ok). The GPU backward needs
+// attention_bwd_workspace_bytes() of ctx.workspace (delta).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +48,9 @@ struct AttentionLayout {
   int64_t key_lo(int64_t t) const { return causal && window > 0 ? (t - window + 1 > 0 ? t - window + 1 : 0) : 0; }
   int64_t key_hi(int64_t t) const { return causal ? t : T - 1; }
 };
+
+// Whether the GPU kernels take head dim D: a multiple of 16 from 64 to 128.
+inline bool attention_gpu_head_dim_ok(int64_t D) { return D % 16 == 0 && D >= 64 && D <= 128; }
 
 template <class F>
 void attention_fwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F* v, F* o, F* lse);

@@ -44,7 +44,7 @@ struct DqCfg {
   static constexpr int BR = 16 * kWarps;  // queries per CTA
   static constexpr int BC = 32;           // keys per tile: small S/dP tiles fit D = 64 in 128 registers,
   static constexpr int kMinBlocks = D == 64 ? 2 : 1;  // so two CTAs share an SM
-  static constexpr size_t kSmem = static_cast<size_t>(2 * BR + 4 * BC) * D * sizeof(bf16_t);
+  static constexpr size_t kSmem = static_cast<size_t>(2 * BR + 4 * BC) * kRowBytes<D>;
 };
 
 template <int D, bool kBand>
@@ -54,9 +54,10 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
                    bf16_t* __restrict__ dq, const Args a) {
   using C = DqCfg<D>;
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
-  constexpr uint32_t kTile = BC * D * 2;
+  constexpr uint32_t kTile = BC * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sQ = smem_addr(smem), sDO = sQ + BR * D * 2, sK0 = sDO + BR * D * 2, sV0 = sK0 + 2 * kTile;
+  const uint32_t sQ = smem_addr(smem), sDO = sQ + BR * kRowBytes<D>, sK0 = sDO + BR * kRowBytes<D>,
+                 sV0 = sK0 + 2 * kTile;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
@@ -159,9 +160,9 @@ struct DkvCfg {
   static constexpr int kWarps = 8, kThreads = 32 * kWarps;
   static constexpr int BC = 16 * kWarps;        // keys per CTA
   static constexpr int BR = D == 64 ? 64 : 32;  // queries per tile
-  static constexpr bool kKeepKV = D == 64;      // K/V A fragments in registers (D = 128 rereads them)
+  static constexpr bool kKeepKV = D == 64;      // K/V A fragments in registers (larger D rereads them)
   static constexpr int kMinBlocks = 1;
-  static constexpr size_t kSmem = static_cast<size_t>(2 * BC + 4 * BR) * D * sizeof(bf16_t) + 4 * BR * sizeof(float);
+  static constexpr size_t kSmem = static_cast<size_t>(2 * BC + 4 * BR) * kRowBytes<D> + 4 * BR * sizeof(float);
 };
 
 template <int D, bool kBand>
@@ -171,11 +172,12 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
                      bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, const Args a) {
   using C = DkvCfg<D>;
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
-  constexpr uint32_t kTile = BR * D * 2;
+  constexpr uint32_t kTile = BR * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sK = smem_addr(smem), sV = sK + BC * D * 2, sQ0 = sV + BC * D * 2, sDO0 = sQ0 + 2 * kTile;
+  const uint32_t sK = smem_addr(smem), sV = sK + BC * kRowBytes<D>, sQ0 = sV + BC * kRowBytes<D>,
+                 sDO0 = sQ0 + 2 * kTile;
   // Per query of the two buffered tiles: lse * log2(e) and delta.
-  float* s_lse = reinterpret_cast<float*>(smem + 2 * BC * D * 2 + 4 * kTile);
+  float* s_lse = reinterpret_cast<float*>(smem + 2 * BC * kRowBytes<D> + 4 * kTile);
   float* s_dl = s_lse + 2 * BR;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
@@ -332,7 +334,8 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
 void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv) {
-  LINAC_CHECK(L.D == 64 || L.D == 128, "attention (GPU): head dim must be 64 or 128, got " + std::to_string(L.D));
+  LINAC_CHECK(attention_gpu_head_dim_ok(L.D),
+              "attention (GPU): head dim must be a multiple of 16 from 64 to 128, got " + std::to_string(L.D));
   LINAC_CHECK(lse.dtype == DType::F32, "attention (GPU): lse must be f32");
   for (const Tensor* t : {&k, &v, &o, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "attention (GPU): dtypes must agree");
@@ -361,10 +364,9 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(dq, L.dq, "dq");
   attn::check_bf16_rows(dk, L.dk, "dk");
   attn::check_bf16_rows(dv, L.dv, "dv");
-  if (D == 64)
-    attn::launch_bwd_bf16<64>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
-  else
-    attn::launch_bwd_bf16<128>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+  attn::with_head_dim(D, [&](auto d) {
+    attn::launch_bwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+  });
 }
 
 }  // namespace linac

@@ -1,11 +1,14 @@
 // Shared by the attention kernels: the kernel argument block, the tile ranges that causal and
 // sliding-window masks leave, and the sm_80+ tensor-core primitives (cp.async, ldmatrix,
-// mma.sync m16n8k16 bf16 -> f32) over tiles of [rows, D] bf16 kept in shared memory with an XOR
-// swizzle of their 16-byte chunks (chunk c of row r lives at c ^ (r & 7)), so that the eight
-// row addresses of every ldmatrix phase hit eight different bank groups.
+// mma.sync m16n8k16 bf16 -> f32) over tiles of [rows, D] bf16 kept in shared memory so that the
+// eight row addresses of every ldmatrix phase hit eight different bank groups: where a row holds a
+// multiple of eight 16-byte chunks (D = 64, 128) by an XOR swizzle (chunk c of row r lives at
+// c ^ (r & 7)), otherwise (D = 80, 96, 112) by padding each row with one chunk, which makes the
+// row pitch an odd number of chunks.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/attention.h"
 #include "common/cuda_common.cuh"
@@ -131,22 +134,46 @@ __device__ __forceinline__ void c_to_a(const float (&c0)[4], const float (&c1)[4
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-// ---- swizzled [rows, D] bf16 tiles --------------------------------------------------------
+// ---- [rows, D] bf16 tiles in shared memory --------------------------------------------------
+
+// Calls fn(std::integral_constant<int, D>{}) for a head dim D that attention_gpu_head_dim_ok() accepts.
+template <class Fn>
+void with_head_dim(int D, Fn&& fn) {
+  switch (D) {
+    case 64: return fn(std::integral_constant<int, 64>{});
+    case 80: return fn(std::integral_constant<int, 80>{});
+    case 96: return fn(std::integral_constant<int, 96>{});
+    case 112: return fn(std::integral_constant<int, 112>{});
+    case 128: return fn(std::integral_constant<int, 128>{});
+    default: LINAC_CHECK(false, "attention (GPU): no kernel for head dim " + std::to_string(D));
+  }
+}
+
+// Whether rows of D bf16 are XOR-swizzled (a multiple of eight chunks) rather than padded.
+template <int D>
+constexpr bool kSwizzled = (D / 8) % 8 == 0;
+
+// Bytes from one tile row to the next.
+template <int D>
+constexpr int kRowBytes = kSwizzled<D> ? D * 2 : D * 2 + 16;
 
 template <int D>
 __device__ __forceinline__ uint32_t swz(int row, int chunk) {
-  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
+  if constexpr (kSwizzled<D>)
+    return static_cast<uint32_t>(row * kRowBytes<D> + ((chunk ^ (row & 7)) << 4));
+  else
+    return static_cast<uint32_t>(row * kRowBytes<D> + (chunk << 4));
 }
 
 // All NT threads copy rows [0, ROWS) of a tile whose row r starts at src + r * stride; rows at
 // or past `valid` are zero-filled, so they contribute nothing to any product.
 template <int ROWS, int D, int NT>
 __device__ __forceinline__ void load_tile(uint32_t dst, const bf16_t* src, int64_t stride, int valid) {
-  constexpr int kChunks = D / 8;
-  static_assert((ROWS * kChunks) % NT == 0, "tile not divisible among threads");
+  constexpr int kChunks = D / 8, kTotal = ROWS * kChunks, kRounds = (kTotal + NT - 1) / NT;
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / NT; ++i) {
+  for (int i = 0; i < kRounds; ++i) {
     const int idx = i * NT + static_cast<int>(threadIdx.x), r = idx / kChunks, c = idx % kChunks;
+    if (kTotal % NT != 0 && idx >= kTotal) break;
     const bool ok = r < valid;
     cp_async16(dst + swz<D>(r, c), src + (ok ? r * stride + c * 8 : 0), ok);
   }

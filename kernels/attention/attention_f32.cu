@@ -2,8 +2,8 @@
 // A CTA of 8 warps owns 8 consecutive rows, one per warp (queries for the forward and dq, keys
 // for dk/dv). The other side streams through shared memory in tiles of 32 rows, one per lane:
 // lane j computes the score of its row against tile row j, then the warp's accumulators
-// (lane owns dims lane, lane + 32, ...) take the tile's weighted rows in a fixed order, so every
-// result is deterministic. Same masks and block skipping as the bf16 kernels; no atomics.
+// (lane owns dims lane, lane + 32, ... below D) take the tile's weighted rows in a fixed order, so
+// every result is deterministic. Same masks and block skipping as the bf16 kernels; no atomics.
 // Layout: [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
 #include "attention/attention_common.cuh"
 
@@ -29,6 +29,15 @@ __device__ __forceinline__ void load_rows(float (*dst)[P], const float* src, int
   }
 }
 
+// Accumulators per lane: dims lane + 32 i for i < kLaneDims<D> and lane + 32 i < D.
+template <int D>
+constexpr int kLaneDims = (D + 31) / 32;
+
+template <int D>
+__device__ __forceinline__ bool lane_owns(int lane, int i) {
+  return D % 32 == 0 || lane + 32 * i < D;
+}
+
 template <int D>
 __device__ __forceinline__ float dot_row(const float* a, const float* b) {
   float acc = 0.f;
@@ -49,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) fwd_f32_kernel(const float* __restri
   if (active)
     for (int d = lane; d < D; d += 32) sQ[warp][d] = q[b * a.q.b + int64_t{t} * a.q.t + h * D + d] * a.scale_log2;
 
-  float m = -INFINITY, l = 0.f, acc[D / 32] = {};
+  float m = -INFINITY, l = 0.f, acc[kLaneDims<D>] = {};
   for (int s0 = span.x; s0 <= span.y; s0 += kTile) {
     __syncthreads();
     load_rows<D, D + 1>(sK, k + b * a.k.b + h * D, a.k.t, s0, span.y);
@@ -64,17 +73,19 @@ __global__ void __launch_bounds__(kThreads) fwd_f32_kernel(const float* __restri
     l = l * alpha + cuda::warp_sum(p);
     m = mx;
 #pragma unroll
-    for (int i = 0; i < D / 32; ++i) acc[i] *= alpha;
+    for (int i = 0; i < kLaneDims<D>; ++i) acc[i] *= alpha;
     for (int j = 0; j < kTile; ++j) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
 #pragma unroll
-      for (int i = 0; i < D / 32; ++i) acc[i] = fmaf(pj, sV[j][lane + 32 * i], acc[i]);
+      for (int i = 0; i < kLaneDims<D>; ++i)
+        if (lane_owns<D>(lane, i)) acc[i] = fmaf(pj, sV[j][lane + 32 * i], acc[i]);
     }
   }
   if (!active) return;
   float* orow = o + b * a.o.b + int64_t{t} * a.o.t + h * D;
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) orow[lane + 32 * i] = acc[i] / l;
+  for (int i = 0; i < kLaneDims<D>; ++i)
+    if (lane_owns<D>(lane, i)) orow[lane + 32 * i] = acc[i] / l;
   if (lane == 0) lse[int64_t{bh} * a.T + t] = (m + log2f(l)) * kLn2;
 }
 
@@ -98,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     dl = delta[int64_t{bh} * a.T + t];
   }
 
-  float acc[D / 32] = {};
+  float acc[kLaneDims<D>] = {};
   for (int s0 = span.x; s0 <= span.y; s0 += kTile) {
     __syncthreads();
     load_rows<D, D + 1>(sK, k + b * a.k.b + h * D, a.k.t, s0, span.y);
@@ -114,13 +125,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kTile; ++j) {
       const float dsj = __shfl_sync(0xffffffffu, ds, j);
 #pragma unroll
-      for (int i = 0; i < D / 32; ++i) acc[i] = fmaf(dsj, sK[j][lane + 32 * i], acc[i]);
+      for (int i = 0; i < kLaneDims<D>; ++i)
+        if (lane_owns<D>(lane, i)) acc[i] = fmaf(dsj, sK[j][lane + 32 * i], acc[i]);
     }
   }
   if (!active) return;
   float* row = dq + b * a.dq.b + int64_t{t} * a.dq.t + h * D;
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) row[lane + 32 * i] = acc[i] * a.scale;
+  for (int i = 0; i < kLaneDims<D>; ++i)
+    if (lane_owns<D>(lane, i)) row[lane + 32 * i] = acc[i] * a.scale;
 }
 
 template <int D>
@@ -141,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
       sV[warp][d] = v[b * a.v.b + int64_t{s} * a.v.t + h * D + d];
     }
 
-  float dk_acc[D / 32] = {}, dv_acc[D / 32] = {};
+  float dk_acc[kLaneDims<D>] = {}, dv_acc[kLaneDims<D>] = {};
   for (int t0 = lo; t0 <= hi; t0 += kTile) {
     __syncthreads();
     load_rows<D, D + 1>(sQ, q + b * a.q.b + h * D, a.q.t, t0, hi);
@@ -162,7 +175,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kTile; ++j) {
       const float pj = __shfl_sync(0xffffffffu, p, j), dsj = __shfl_sync(0xffffffffu, ds, j);
 #pragma unroll
-      for (int i = 0; i < D / 32; ++i) {
+      for (int i = 0; i < kLaneDims<D>; ++i) {
+        if (!lane_owns<D>(lane, i)) continue;
         dv_acc[i] = fmaf(pj, sG[j][lane + 32 * i], dv_acc[i]);
         dk_acc[i] = fmaf(dsj, sQ[j][lane + 32 * i], dk_acc[i]);
       }
@@ -172,7 +186,8 @@ __global__ void __launch_bounds__(kThreads)
   float* krow = dk + b * a.dk.b + int64_t{s} * a.dk.t + h * D;
   float* vrow = dv + b * a.dv.b + int64_t{s} * a.dv.t + h * D;
 #pragma unroll
-  for (int i = 0; i < D / 32; ++i) {
+  for (int i = 0; i < kLaneDims<D>; ++i) {
+    if (!lane_owns<D>(lane, i)) continue;
     krow[lane + 32 * i] = dk_acc[i] * a.scale;
     vrow[lane + 32 * i] = dv_acc[i];
   }
@@ -200,18 +215,12 @@ void launch_bwd(const Ctx& ctx, const Args& a, int B, const float* q, const floa
 
 void fwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v, float* o,
              float* lse) {
-  if (D == 64)
-    launch_fwd<64>(ctx, a, B, q, k, v, o, lse);
-  else
-    launch_fwd<128>(ctx, a, B, q, k, v, o, lse);
+  with_head_dim(D, [&](auto d) { launch_fwd<decltype(d)::value>(ctx, a, B, q, k, v, o, lse); });
 }
 
 void bwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v,
              const float* lse, const float* delta, const float* dout, float* dq, float* dk, float* dv) {
-  if (D == 64)
-    launch_bwd<64>(ctx, a, B, q, k, v, lse, delta, dout, dq, dk, dv);
-  else
-    launch_bwd<128>(ctx, a, B, q, k, v, lse, delta, dout, dq, dk, dv);
+  with_head_dim(D, [&](auto d) { launch_bwd<decltype(d)::value>(ctx, a, B, q, k, v, lse, delta, dout, dq, dk, dv); });
 }
 
 }  // namespace linac::attn

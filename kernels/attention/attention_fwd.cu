@@ -20,7 +20,7 @@ struct FwdCfg {
   static constexpr int BR = 16 * kWarps;  // queries per CTA
   static constexpr int BC = 64;           // keys per tile
   static constexpr int kMinBlocks = D == 64 ? 2 : 1;
-  static constexpr size_t kSmem = static_cast<size_t>(BR + 4 * BC) * D * sizeof(bf16_t);
+  static constexpr size_t kSmem = static_cast<size_t>(BR + 4 * BC) * kRowBytes<D>;
 };
 
 template <int D, bool kBand>
@@ -29,9 +29,9 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
                     bf16_t* __restrict__ o, float* __restrict__ lse, const Args a) {
   using C = FwdCfg<D>;
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
-  constexpr uint32_t kTile = BC * D * 2;
+  constexpr uint32_t kTile = BC * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sQ = smem_addr(smem), sK0 = sQ + BR * D * 2, sV0 = sK0 + 2 * kTile;
+  const uint32_t sQ = smem_addr(smem), sK0 = sQ + BR * kRowBytes<D>, sV0 = sK0 + 2 * kTile;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
@@ -164,7 +164,8 @@ void launch_fwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
 
 void attention_fwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& o, const Tensor& lse) {
-  LINAC_CHECK(L.D == 64 || L.D == 128, "attention (GPU): head dim must be 64 or 128, got " + std::to_string(L.D));
+  LINAC_CHECK(attention_gpu_head_dim_ok(L.D),
+              "attention (GPU): head dim must be a multiple of 16 from 64 to 128, got " + std::to_string(L.D));
   LINAC_CHECK(lse.dtype == DType::F32, "attention (GPU): lse must be f32");
   LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype && o.dtype == q.dtype, "attention (GPU): dtypes must agree");
   if (L.B * L.T * L.H == 0) return;
@@ -179,10 +180,7 @@ void attention_fwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(k, L.k, "k");
   attn::check_bf16_rows(v, L.v, "v");
   attn::check_bf16_rows(o, L.o, "o");
-  if (D == 64)
-    attn::launch_fwd_bf16<64>(ctx, a, B, q, k, v, o, lse);
-  else
-    attn::launch_fwd_bf16<128>(ctx, a, B, q, k, v, o, lse);
+  attn::with_head_dim(D, [&](auto d) { attn::launch_fwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, o, lse); });
 }
 
 }  // namespace linac

@@ -1,7 +1,7 @@
 // Attention decode, CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16:
 // cache sizes 1, 16, 64, 1000 with n_valid < S (the slots past n_valid hold NaN), head dims 64 and
-// 128 plus D = 32, 96 and 256 (groups of lanes that do not fill a warp, or a whole warp per key),
-// one and several slot blocks; q as a strided view; bitwise reruns; the GPU cache write.
+// 128 plus D = 32, 96, 112 and 256 (groups of lanes that do not fill a warp, or a whole warp per
+// key), one and several slot blocks; q as a strided view; bitwise reruns; the GPU cache write.
 #include <limits>
 
 #include "attention/attention_decode.h"
@@ -21,7 +21,8 @@ std::string name(const Case& c) {
 
 const Case kCases[] = {{3, 2, 64, 1, 1},       {2, 4, 64, 16, 11},     {2, 3, 128, 16, 16}, {3, 2, 128, 64, 50},
                        {2, 3, 64, 1000, 999},  {1, 2, 128, 1000, 700}, {2, 2, 32, 64, 63},  {1, 3, 96, 200, 130},
-                       {2, 2, 256, 1000, 257}, {1, 1, 128, 64, 1}};
+                       {2, 2, 256, 1000, 257}, {1, 1, 128, 64, 1},     {3, 2, 96, 16, 16},  {2, 3, 112, 1000, 777},
+                       {1, 2, 112, 64, 64}};
 
 // The first n_valid slots random, the others NaN (a kernel that reads them fails).
 OwnedTensor make_cache(const Case& c, uint64_t seed) {
@@ -74,22 +75,25 @@ TEST(AttentionDecodeGpu, ParityBf16) {
 TEST(AttentionDecodeGpu, CacheWrite) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  const int64_t B = 3, S = 7, H = 2, D = 64, slot = 5;
-  OwnedTensor kc = test::random_tensor({B, S, H, D}, DType::F32, 1),
-              vc = test::random_tensor({B, S, H, D}, DType::F32, 2);
-  OwnedTensor kv = test::random_tensor({B, 2, H, D}, DType::F32, 3);  // k_t | v_t, batch stride 2*H*D
-  OwnedTensor kc_g = to(kc, Device::CUDA, DType::BF16), vc_g = to(vc, Device::CUDA, DType::BF16);
-  OwnedTensor kv_g = to(kv, Device::CUDA, DType::BF16);
-  attention_cache_write(gctx.ctx(), kv_g->select(1, 0), kv_g->select(1, 1), kc_g, vc_g, slot);
-  ctx_synchronize(gctx.ctx());
-  // The same write on the CPU, on the same rounded values.
-  OwnedTensor kc_r = to(kc_g, Device::CPU, DType::F32), vc_r = to(vc_g, Device::CPU, DType::F32);
-  OwnedTensor kv_r = to(kv_g, Device::CPU, DType::F32);
-  OwnedTensor kc_e = to(to(kc, Device::CPU, DType::BF16), Device::CPU, DType::F32);
-  OwnedTensor vc_e = to(to(vc, Device::CPU, DType::BF16), Device::CPU, DType::F32);
-  attention_cache_write(Ctx{}, kv_r->select(1, 0), kv_r->select(1, 1), kc_e, vc_e, slot);
-  EXPECT_EQ(to_doubles(kc_r), to_doubles(kc_e));
-  EXPECT_EQ(to_doubles(vc_r), to_doubles(vc_e));
+  for (const int64_t D : {64, 96, 112}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const int64_t B = 3, S = 7, H = 2, slot = 5;
+    OwnedTensor kc = test::random_tensor({B, S, H, D}, DType::F32, 1),
+                vc = test::random_tensor({B, S, H, D}, DType::F32, 2);
+    OwnedTensor kv = test::random_tensor({B, 2, H, D}, DType::F32, 3);  // k_t | v_t, batch stride 2*H*D
+    OwnedTensor kc_g = to(kc, Device::CUDA, DType::BF16), vc_g = to(vc, Device::CUDA, DType::BF16);
+    OwnedTensor kv_g = to(kv, Device::CUDA, DType::BF16);
+    attention_cache_write(gctx.ctx(), kv_g->select(1, 0), kv_g->select(1, 1), kc_g, vc_g, slot);
+    ctx_synchronize(gctx.ctx());
+    // The same write on the CPU, on the same rounded values.
+    OwnedTensor kc_r = to(kc_g, Device::CPU, DType::F32), vc_r = to(vc_g, Device::CPU, DType::F32);
+    OwnedTensor kv_r = to(kv_g, Device::CPU, DType::F32);
+    OwnedTensor kc_e = to(to(kc, Device::CPU, DType::BF16), Device::CPU, DType::F32);
+    OwnedTensor vc_e = to(to(vc, Device::CPU, DType::BF16), Device::CPU, DType::F32);
+    attention_cache_write(Ctx{}, kv_r->select(1, 0), kv_r->select(1, 1), kc_e, vc_e, slot);
+    EXPECT_EQ(to_doubles(kc_r), to_doubles(kc_e));
+    EXPECT_EQ(to_doubles(vc_r), to_doubles(vc_e));
+  }
 }
 
 }  // namespace

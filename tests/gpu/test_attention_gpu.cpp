@@ -1,5 +1,6 @@
-// Attention CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16, with
-// q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise determinism.
+// Attention CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16, head dims
+// 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise
+// determinism and the head dims the GPU refuses.
 #include <cstring>
 
 #include "attention/attention.h"
@@ -22,11 +23,19 @@ std::string name(const GpuCase& c) {
 }
 
 // Windows of 1, 16 and 64 (Based's) exercise the per-warp skipping of key/query groups outside the
-// band, with T not a multiple of any tile.
+// band, with T not a multiple of any tile. Head dims 80, 96 (Latte-Macchiato's window) and 112
+// (based_1.3b's) use padded rather than swizzled tile rows and tiles that do not split evenly
+// among the threads.
 const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, true, 0},
                           {200, 64, true, 37},   {200, 128, false, 0}, {1000, 64, true, 0},
                           {1000, 128, true, 300}, {1000, 64, true, 100}, {333, 64, true, 16},
-                          {333, 128, true, 64},  {150, 64, true, 1},   {700, 64, true, 64}};
+                          {333, 128, true, 64},  {150, 64, true, 1},   {700, 64, true, 64},
+                          {1, 96, true, 0},      {300, 96, false, 0},  {1000, 96, true, 0},
+                          {150, 96, true, 1},    {333, 96, true, 16},  {700, 96, true, 64},
+                          {1000, 96, true, 129}, {17, 112, true, 0},   {200, 112, false, 0},
+                          {1000, 112, true, 0},  {150, 112, true, 1},  {333, 112, true, 16},
+                          {700, 112, true, 64},  {1000, 112, true, 129}, {500, 80, true, 0},
+                          {130, 80, false, 0},   {257, 80, true, 129}};
 
 AttentionOpts opts_of(const GpuCase& c) {
   AttentionOpts o;
@@ -110,7 +119,8 @@ TEST(AttentionGpu, Deterministic) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   for (DType dt : {DType::BF16, DType::F32})
-    for (const GpuCase& c : {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}}) {
+    for (const GpuCase& c : {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
+                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt));
       OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
       OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);
@@ -126,6 +136,24 @@ TEST(AttentionGpu, Deterministic) {
       EXPECT_TRUE(same_bits(r1.lse, r2.lse));
       EXPECT_TRUE(same_bits(r1.dqkv, r2.dqkv));
     }
+}
+
+// Head dims without a kernel fail with an error, forward and backward, instead of computing garbage.
+TEST(AttentionGpu, RejectsOtherHeadDims) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (int64_t D : {48, 72, 136}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const GpuCase c{40, D, true, 0};
+    OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, D}, DType::F64, 51), Device::CUDA, DType::BF16);
+    OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, D}, DType::F64, 52), Device::CUDA, DType::BF16);
+    OwnedTensor o(DType::BF16, Device::CUDA, {kB, c.T, kH, D}), lse(DType::F32, Device::CUDA, {kB, kH, c.T});
+    OwnedTensor dqkv(DType::BF16, Device::CUDA, {kB, c.T, 3, kH, D});
+    EXPECT_THROW(attention_fwd(gctx.ctx(), part(qkv, 0), part(qkv, 1), part(qkv, 2), o, lse, opts_of(c)), Error);
+    EXPECT_THROW(attention_bwd(gctx.ctx(), part(qkv, 0), part(qkv, 1), part(qkv, 2), o, lse, dout, part(dqkv, 0),
+                               part(dqkv, 1), part(dqkv, 2), opts_of(c)),
+                 Error);
+  }
 }
 
 }  // namespace

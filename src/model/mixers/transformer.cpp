@@ -32,9 +32,11 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
 AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
     : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads),
       Dh_(cfg.head_dim()) {
-  if (env.ctx.is_gpu() && Dh_ != 64 && Dh_ != 128)
-    throw UserError("config: the GPU attention kernels need a head dim (d_model / n_heads) of 64 or 128, got " +
-                    std::to_string(Dh_) + " (layer " + std::to_string(layer) + ", " + kind() + ")");
+  if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
+    throw UserError(
+        "config: the GPU attention kernels need a head dim (d_model / n_heads) that is a multiple of 16 from 64 to "
+        "128, got " +
+        std::to_string(Dh_) + " (layer " + std::to_string(layer) + ", " + kind() + ")");
   const std::string p = "layers." + std::to_string(layer) + ".attn.";
   // Residual-branch output projections start smaller (GPT-2): std / sqrt(2 * n_layers).
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
