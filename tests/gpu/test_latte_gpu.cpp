@@ -122,7 +122,8 @@ TEST(LatteGpu, LargeLogits) {
       OwnedTensor in_g = to(I.in, Device::CUDA, act), dy_g = to(I.dy, Device::CUDA, act);
       Result g = run(gctx.ctx(), I, in_g, dy_g, DType::F32);
       ASSERT_TRUE(test::all_finite(to_doubles(g.y)));
-      ASSERT_TRUE(test::all_finite(to_doubles(g.grad)));
+      for (const Tensor& x : {I.a(g.grad.t), I.b(g.grad.t), I.v(g.grad.t), I.local(g.grad.t)})
+        if (x.defined()) ASSERT_TRUE(test::all_finite(test::view_values(x)));  // the pad columns stay NaN
       OwnedTensor in_c = to(in_g, Device::CPU, DType::F64), dy_c = to(dy_g, Device::CPU, DType::F64);
       Result r = run(Ctx{}, I, in_c, dy_c, DType::F64);
       expect_parity(I, g, r, act == DType::F32 ? 5e-4 : 1e-2);
