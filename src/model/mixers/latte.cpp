@@ -60,6 +60,12 @@ LatteMixer::LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const L
   if ((opt_.vapor || opt_.window > 0) && Dh_ % 2 != 0)
     throw UserError("config: " + path + ": the head dim " + std::to_string(Dh_) +
                     " must be even for RoPE (VAPOR or the local window)");
+  if (env.ctx.is_gpu() && (Lh_ > 64 || Dh_ > 128 || Dh_ % 4 != 0))
+    throw UserError("config: " + path + ": the GPU Latte kernels take up to 64 latents per head and a head dim that is a "
+                    "multiple of 4 up to 128 (got " + std::to_string(Lh_) + " latents, head dim " + std::to_string(Dh_) + ")");
+  if (env.ctx.is_gpu() && opt_.window > 0 && !attention_gpu_head_dim_ok(Dh_))
+    throw UserError("config: " + path + ".window: the GPU attention kernels take head dims that are multiples of 16 "
+                    "from 64 to 128 (got " + std::to_string(Dh_) + ")");
   Px_ = opt_.window > 0 ? 3 * d_ : d_;
   Pa_ = H_ * La_ + opt_.latents;
   const std::string p = "layers." + std::to_string(layer) + ".latte.";
