@@ -67,14 +67,18 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
     --steps 10 2>&1 | tee -a "$out/bench.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = latte ]; then
-  # Latte (issue 12): the op at the paper's head (8 x 96, 16 latents) and at 4 heads of 128
-  # latents, next to GLA and attention at the same T; Latte-Macchiato 153M against a
-  # Transformer++ of its width, depth and vocabulary at T = 2048 and 8192.
-  for shape in "--heads 8 --head-dim 96 --latents 16" "--heads 4 --head-dim 192 --latents 128" \
+  # Latte (issue 12): the op at the paper's head (8 x 96, 16 latents) and at 4 heads with 128
+  # latents in all, next to GLA with the same state size (Dk = latents per head) and attention at
+  # the same T; Latte-Macchiato 153M against a Transformer++ of its width, depth and vocabulary
+  # at T = 2048 and 8192.
+  for shape in "--heads 8 --head-dim 96 --latents 16" "--heads 4 --head-dim 128 --latents 32" \
                "--heads 8 --head-dim 96 --latents 16 --macchiato"; do
     ./build-gpu/linac bench --op latte --seq-lens 2048,8192,32768 --tokens 32768 $shape 2>&1 | tee -a "$out/bench.txt"
   done
-  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 8 --dk 48 --dv 96 \
+  for shape in "--heads 8 --dk 16 --dv 96" "--heads 4 --dk 32 --dv 128"; do
+    ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 $shape 2>&1 | tee -a "$out/bench.txt"
+  done
+  ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 8 --head-dim 96 \
     2>&1 | tee -a "$out/bench.txt"
   for T in 2048 8192; do
     for c in "configs/latte_macchiato_153m.json" \
@@ -95,7 +99,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = vq ]; then
     2>&1 | tee -a "$out/bench.txt"
   for T in 2048 8192 32768; do
     for c in "configs/transformer_vq_190m.json" "configs/transformer_125m.json --set model.vocab_size=256"; do
-      ./build-gpu/linac bench $c --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 --steps 5 \
+      ./build-gpu/linac bench $c --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 --steps 2 --warmup 1 \
         2>&1 | tee -a "$out/bench.txt"
     done
   done
