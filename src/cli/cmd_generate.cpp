@@ -170,6 +170,7 @@ int cmd_generate(int argc, char** argv) {
   } else {
     for (size_t b = 0; b < out.size(); ++b) std::printf("[%zu] %s\n", b, tok.decode(out[b]).c_str());
   }
+  std::fflush(stdout);  // the text before the timings, when both go to one place
   std::fprintf(stderr, "prompt %lld tokens in %.3f s | %lld new tokens in %.3f s (%.1f tokens/s)\n",
                static_cast<long long>(T), prefill_s, static_cast<long long>(generated), decode_s,
                decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0);
