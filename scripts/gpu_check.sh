@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|all]   (default: all; an architecture: only its benchmarks)
+#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|all]   (default: all; an architecture:
+#   only its benchmarks; generate: decode tests, the hf export check, decode benchmarks)
+# GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
 set -uo pipefail
 what="${1:-all}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv |
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   ${NCCL_ROOT:+-DNCCL_ROOT=$NCCL_ROOT} >"$out/build.log" 2>&1 &&
-  ninja -C build-gpu -j16 >>"$out/build.log" 2>&1
+  ninja -C build-gpu -j16 ${GPU_CHECK_TARGETS:-} >>"$out/build.log" 2>&1
 build_rc=$?
 echo "build rc=$build_rc in $(( $(date +%s) - t0 )) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; fi
@@ -103,5 +105,56 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = vq ]; then
         2>&1 | tee -a "$out/bench.txt"
     done
   done
+fi
+if [ "$what" = all ] || [ "$what" = generate ]; then
+  # Generation (issue 14): GPU decode tests; a tiny transformer trained here (synthetic text),
+  # exported to Hugging Face and checked against linac (tied and untied); decode benchmarks of
+  # Transformer++ 125M and GLA 340M next to HF generate (eager) at the same shapes; GLA decode
+  # speed at positions ~100 and ~4000.
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 \
+    --gtest_filter='GenerateGpu*:AttentionDecode*:*ModelGpu*Decode*' >"$out/generate_tests.log" 2>&1
+  rc=$?
+  summary+=("generate gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/generate_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/generate_tests.log" | head -40
+  gen="$(mktemp -d /tmp/linac_gen.XXXXXX)"  # data, runs and exports: not results, kept out of $out
+  mkdir -p "$gen/text"
+  python3 - "$gen/text/corpus.txt" <<'PY'
+import random, sys
+random.seed(7)
+nouns = "city river king army church school market road village house ship forest mountain council trade war".split()
+verbs = "built crossed ruled defended founded opened followed reached governed entered sold remembered".split()
+adjs = "old new great small northern ancient quiet busy royal famous".split()
+with open(sys.argv[1], "w") as f:
+    for d in range(3000):
+        for s in range(6):
+            f.write(f"The {random.choice(adjs)} {random.choice(nouns)} {random.choice(verbs)} the "
+                    f"{random.choice(adjs)} {random.choice(nouns)} in {1000 + random.randrange(900)}. ")
+        f.write("\n\n")
+PY
+  ./build-gpu/linac prepare --input "$gen/text" --out "$gen/tiny.h5" --vocab-size 512 >"$gen/prepare.log" 2>&1
+  for tie in false true; do
+    ./build-gpu/linac train configs/quickstart.json --set data.path="$gen/tiny.h5" --set model.vocab_size=512 \
+      --set model.tie_embeddings=$tie --set train.steps=100 --set train.checkpoint_every=100 \
+      --set train.out_dir="$gen/run_$tie" >"$gen/train_$tie.log" 2>&1
+    ckpt="$gen/run_$tie/ckpt/$(cat "$gen/run_$tie/ckpt/latest")"
+    ./build-gpu/linac export --checkpoint "$ckpt" --out "$gen/hf_$tie" --format hf
+    python3 scripts/check_hf_export.py --linac ./build-gpu/linac --checkpoint "$ckpt" --export "$gen/hf_$tie" \
+      2>"$gen/check_hf_$tie.err" | tee -a "$out/generate.txt"
+    rc=${PIPESTATUS[0]}
+    summary+=("hf export check (tied=$tie) rc=$rc")
+    [ $rc -ne 0 ] && tail -5 "$gen/train_$tie.log" "$gen/check_hf_$tie.err" | tee -a "$out/generate.txt"
+    ./build-gpu/linac generate --checkpoint "$ckpt" --prompt "The old city" --max-new-tokens 40 --temperature 0.8 \
+      --top-k 40 --seed 1 2>&1 | tee -a "$out/generate.txt"
+  done
+  for c in transformer_125m gla_340m; do
+    ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 \
+      2>&1 | tee -a "$out/generate.txt"
+  done
+  ./build-gpu/linac bench --generate configs/gla_340m.json --batch 16 --prompt-len 100,4000 --gen-len 64 \
+    2>&1 | tee -a "$out/generate.txt"
+  timeout 240 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16,128 \
+    --prompt-len 512 --gen-len 1024 2>"$gen/bench_hf.err" | tee -a "$out/generate.txt"
+  tail -3 "$gen/bench_hf.err" >>"$out/generate.txt"
 fi
 printf '%s\n' "${summary[@]}"

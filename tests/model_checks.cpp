@@ -64,7 +64,25 @@ std::vector<double> full_sequence_nll(Model& m, const Tensor& tokens, const Tens
 
 }  // namespace
 
-void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol) {
+namespace {
+
+// -log softmax(logits)[target] for each sequence's [V] row of logits [B, V] (f64), stored at
+// position t of got [B, T].
+void store_nll(const Tensor& logits, const Tensor& targets, int64_t t, std::vector<double>& got) {
+  const int64_t B = logits.size(0), V = logits.size(1), T = targets.size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    const double* l = logits.data<double>() + b * V;
+    double mx = l[0], z = 0;
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+    for (int64_t v = 0; v < V; ++v) z += std::exp(l[v] - mx);
+    got[static_cast<size_t>(b * T + t)] = mx + std::log(z) - l[targets.data<int32_t>()[b * T + t]];
+  }
+}
+
+}  // namespace
+
+void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol, int64_t prompt) {
+  LINAC_CHECK(prompt >= 0 && prompt < T, "check_decode_matches_forward: prompt must be in [0, T)");
   const int64_t V = cfg.vocab_size;
   Model model(cfg, Ctx{}, "fp64", false);
   model.init_params(8);
@@ -75,18 +93,24 @@ void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, 
 
   Model::DecodeState st = model.init_decode(B);
   OwnedTensor tok(DType::I32, Device::CPU, {B}), logits(DType::F64, Device::CPU, {B, V});
-  std::vector<double> got(ref.size());
-  for (int64_t t = 0; t < T; ++t) {
+  // Positions before the prompt's last token have no logits from prefill: they keep the reference.
+  std::vector<double> got = ref;
+  std::fill(got.begin(), got.end(), std::nan(""));
+  if (prompt > 0) {
+    OwnedTensor head(DType::I32, Device::CPU, {B, prompt});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < prompt; ++t) head->data<int32_t>()[b * prompt + t] = tokens->data<int32_t>()[b * T + t];
+    poison(logits);
+    model.prefill(st, head, logits);
+    store_nll(logits, targets, prompt - 1, got);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < prompt - 1; ++t) got[static_cast<size_t>(b * T + t)] = ref[static_cast<size_t>(b * T + t)];
+  }
+  for (int64_t t = prompt; t < T; ++t) {
     for (int64_t b = 0; b < B; ++b) tok->data<int32_t>()[b] = tokens->data<int32_t>()[b * T + t];
     poison(logits);
     model.decode_step(st, tok, logits);
-    for (int64_t b = 0; b < B; ++b) {
-      const double* l = logits->data<double>() + b * V;
-      double mx = l[0], z = 0;
-      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
-      for (int64_t v = 0; v < V; ++v) z += std::exp(l[v] - mx);
-      got[static_cast<size_t>(b * T + t)] = mx + std::log(z) - l[targets->data<int32_t>()[b * T + t]];
-    }
+    store_nll(logits, targets, t, got);
   }
   EXPECT_TRUE(all_finite(got));
   EXPECT_LT(max_abs_diff(got, ref), tol);

@@ -26,8 +26,11 @@ void perturb_special_init(ParamStore& ps);
 void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t n_probe);
 
 // Builds cfg in fp64 and checks that decode_step, token by token, gives the same per-position
-// negative log-likelihoods as the full-sequence forward (max abs difference < tol).
-void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol = 1e-10);
+// negative log-likelihoods as the full-sequence forward (max abs difference < tol). With
+// prompt > 0 the first `prompt` tokens go through Model::prefill (its logits score position
+// prompt - 1) and decoding goes on from there.
+void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol = 1e-10,
+                                  int64_t prompt = 0);
 
 // Fills one step's tokens and targets ([B, T] each; targets < 0 are ignored) and returns the
 // number of scored targets.

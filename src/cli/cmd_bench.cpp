@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/args.h"
+#include "cli/bench_generate.h"
 #include "cli/bench_ops.h"
 #include "cli/commands.h"
 #include "cli/format.h"
@@ -23,7 +24,9 @@ const char* kUsage =
     "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]\n"
     "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
     "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
-    "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n\n"
+    "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n"
+    "       linac bench --generate CONFIG.json|CKPT.h5 [--batch 1,16,128] [--prompt-len 512,2048] [--gen-len 1024]\n"
+    "                   [--device auto|cpu|gpu] [--set key.path=value]... [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
@@ -35,7 +38,11 @@ const char* kUsage =
     "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T);\n"
     "short_conv (memory bound) reports GB/s of activations moved instead of TFLOP/s; attention_decode\n"
     "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read;\n"
-    "vq_attn defaults to Transformer-VQ's head (H 1, Dk 128, Dv 1536, S 512 codes, block 512).\n";
+    "vq_attn defaults to Transformer-VQ's head (H 1, Dk 128, Dv 1536, S 512 codes, block 512).\n"
+    "Generate mode: for each prompt length and batch, prefills random prompts in one pass and decodes\n"
+    "--gen-len tokens one step at a time (a config's seeded initial weights, or a checkpoint's); reports\n"
+    "prefill and decode tokens/s, decode tokens/s over the first and the last tenth of the steps\n"
+    "(flat for recurrent states, falling with the KV cache for attention) and GPU memory in use.\n";
 
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
@@ -153,6 +160,7 @@ int cmd_bench(int argc, char** argv) {
     return 0;
   }
   if (auto op = args.get("op")) return bench_op(args, *op);
+  if (auto model = args.get("generate")) return bench_generate(args, *model);
   const auto pos = args.positionals();
   if (pos.size() != 1) throw UserError("expected CONFIG.json or --op NAME (see --help)");
   return bench_model(args, pos[0]);

@@ -8,7 +8,9 @@ const std::vector<Command>& commands() {
       {"train", "train a model from a JSON config (checkpointed, exactly resumable)", cmd_train},
       {"eval", "loss, perplexity and bits per byte of a checkpoint on a dataset split", cmd_eval},
       {"info", "parameters, layer table and memory plan of a config or checkpoint", cmd_info},
-      {"bench", "time training steps (tokens/s, MFU, memory) or single ops", cmd_bench},
+      {"generate", "sample text from a checkpoint (prefill, then KV-cache / recurrent decoding)", cmd_generate},
+      {"export", "write a checkpoint's weights as safetensors or a Hugging Face Llama folder", cmd_export},
+      {"bench", "time training steps, generation (prefill/decode tokens/s) or single ops", cmd_bench},
   };
   return table;
 }

@@ -18,5 +18,7 @@ int cmd_train(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_export(int argc, char** argv);
 
 }  // namespace linac::cli

@@ -13,6 +13,11 @@
 //                    (residual dtype, accumulated into like forward's out). Mixers without one
 //                    (softmax attention) keep the defaults, which throw a UserError naming them;
 //                    position-wise mixers (SwiGLU) decode through forward on [B, 1, d].
+// prefill(state, x, out): out += f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
+//                    T calls of step would, starting from a fresh init_state (Model::prefill
+//                    guarantees it). The default runs step token by token, correct for any mixer
+//                    with a recurrent form; mixers whose training forward can hand over its final
+//                    state override it with one chunked pass. Needs reserve(B, T) when overridden.
 // aux_loss_sum():    the sum over the last forward's tokens of the mixer's auxiliary loss terms,
 //                    already weighted (e.g. Transformer-VQ's beta * commitment loss); the backward
 //                    adds their gradient scaled by the same grad_scale as the language-model loss,
@@ -61,6 +66,7 @@ class Mixer {
     (void)state, (void)x_t, (void)out_t;
     throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
   }
+  virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out);
 };
 
 }  // namespace linac

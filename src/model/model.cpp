@@ -326,8 +326,39 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
     norm_fwd(b.norm2, x, xn, rstd);
     b.mlp->forward(xn.view({B, 1, d}), x.view({B, 1, d}));
   }
+  ++st.pos;
   final_norm_fwd(x, xn, rstd);
   head_logits(xn, logits_out);
+}
+
+void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_last) {
+  LINAC_CHECK(tokens.dtype == DType::I32 && tokens.ndim == 2 && tokens.size(0) == st.B && tokens.size(1) >= 1,
+              "Model::prefill: tokens must be [B, T] int32 with T >= 1, got " + tokens.shape_str());
+  LINAC_CHECK(logits_last.ndim == 2 && logits_last.size(0) == st.B && logits_last.size(1) == cfg_.vocab_size,
+              "Model::prefill: logits must be [B, vocab], got " + logits_last.shape_str());
+  LINAC_CHECK(st.pos == 0, "Model::prefill: the decode state must be fresh (init_decode)");
+  const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
+  if (B > B_ || T > T_ || N > B_ * T_) reserve(std::max(B, B_), std::max(T, T_));
+  const Ctx& ctx = env_.ctx;
+  // One residual stream, updated in place: each sub-layer reads its own normed copy.
+  Tensor x = resid(0, B, T);
+  embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), x.view({N, d}));
+  if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    Tensor xn1 = b.xn1.tensor(env_.act, {B, T, d});
+    norm_fwd(b.norm1, x.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
+    b.mixer->prefill(ctx, *st.layers[l], xn1, x);
+    if (!b.mlp) continue;
+    Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d});
+    norm_fwd(b.norm2, x.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
+    b.mlp->forward(xn2, x);
+  }
+  st.pos = T;
+  Tensor x_last = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
+  for (int64_t i = 0; i < B; ++i) copy_tensor(ctx, x_last.select(0, i), x.select(0, i).select(0, T - 1));
+  final_norm_fwd(x_last, xn, st.rstd.tensor(env_.stat, {B}));
+  head_logits(xn, logits_last);
 }
 
 }  // namespace linac

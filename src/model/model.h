@@ -74,6 +74,7 @@ class Model {
   // layer's mixer state and the [B, d] activations of one step.
   struct DecodeState {
     int64_t B = 0;
+    int64_t pos = 0;  // tokens consumed
     std::vector<std::unique_ptr<MixerState>> layers;
     Buffer x, xn, rstd;  // residual [B, d], normed [B, d], rstd [B]
   };
@@ -81,6 +82,10 @@ class Model {
   // tokens_t: [B] int32 on the model's device; logits_out: [B, vocab] (f32 on the GPU, the compute
   // dtype on the CPU), overwritten. Advances every layer's state by one token.
   void decode_step(DecodeState& state, const Tensor& tokens_t, const Tensor& logits_out);
+  // Consumes a prompt tokens [B, T] (int32, model's device) in one pass of the training forward
+  // (each mixer's prefill), from a fresh state; writes the logits after its last token into
+  // logits_last [B, vocab] (dtype as decode_step's). Reserves activations for [B, T] if needed.
+  void prefill(DecodeState& state, const Tensor& tokens, const Tensor& logits_last);
 
   int64_t n_params() const { return params_.total_numel(); }
   int64_t n_embedding_params() const;  // embed (+ head when untied)

@@ -35,20 +35,6 @@ TEST(GlaModelCpu, DecodeStepsMatchFullSequence) {
   }
 }
 
-TEST(GlaModelCpu, AttentionHasNoDecodeStep) {
-  ModelConfig c = tiny_gla();
-  c.arch = "transformer";
-  c.mixer = json::object();
-  Model model(c, Ctx{}, "fp64", false);
-  model.init_params(1);
-  try {
-    model.init_decode(1);
-    FAIL() << "expected a UserError";
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("'attention'"), std::string::npos) << e.what();
-  }
-}
-
 TEST(GlaModelCpu, OptionsAreValidated) {
   auto parse = [](const json& o) { return GlaMixerOptions::parse(o, "model.mixer", "x.json"); };
   EXPECT_EQ(parse(json::object()).gate_clamp, -3.0);

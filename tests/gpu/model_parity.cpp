@@ -49,7 +49,8 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
 }
 
 void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
-                            double tol) {
+                            double tol, int64_t prompt) {
+  for (int64_t t : probes) LINAC_CHECK(t >= prompt - 1 && t < T, "check_model_gpu_decode: probe outside the decoded span");
   GpuContext g;
   const int64_t V = cfg.vocab_size;
   Model model(cfg, g.ctx(), "fp32", false);
@@ -69,9 +70,7 @@ void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const 
   Model::DecodeState st = model.init_decode(B);
   OwnedTensor tok(DType::I32, Device::CPU, {B}), logits(DType::F32, Device::CUDA, {B, V});
   std::vector<double> nll(static_cast<size_t>(B * T));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t b = 0; b < B; ++b) tok->data<int32_t>()[b] = tokens->data<int32_t>()[b * T + t];
-    model.decode_step(st, to(tok, Device::CUDA, DType::I32), logits);
+  auto score = [&](int64_t t) {
     const std::vector<double> l = to_doubles(logits);
     for (int64_t b = 0; b < B; ++b) {
       double mx = l[b * V], z = 0;
@@ -79,6 +78,20 @@ void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const 
       for (int64_t v = 0; v < V; ++v) z += std::exp(l[b * V + v] - mx);
       nll[static_cast<size_t>(b * T + t)] = mx + std::log(z) - l[b * V + targets->data<int32_t>()[b * T + t]];
     }
+  };
+  if (prompt > 0) {
+    OwnedTensor head(DType::I32, Device::CPU, {B, prompt});
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < prompt; ++t) head->data<int32_t>()[b * prompt + t] = tokens->data<int32_t>()[b * T + t];
+    poison(logits);
+    model.prefill(st, to(head, Device::CUDA, DType::I32), logits);
+    score(prompt - 1);
+  }
+  for (int64_t t = prompt; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) tok->data<int32_t>()[b] = tokens->data<int32_t>()[b * T + t];
+    poison(logits);
+    model.decode_step(st, to(tok, Device::CUDA, DType::I32), logits);
+    score(t);
   }
   std::vector<double> got;
   for (int64_t b = 0; b < B; ++b)

@@ -17,8 +17,9 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
 
 // GPU decoding token by token (fp32) against the GPU's full-sequence forward: the negative
 // log-likelihood of the targets at `probes` (positions < T) for B sequences of T tokens; the
-// largest absolute difference must stay under tol.
+// largest absolute difference must stay under tol. With prompt > 0 the first `prompt` tokens go
+// through Model::prefill (its logits score position prompt - 1; probes must be >= prompt - 1).
 void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
-                            double tol);
+                            double tol, int64_t prompt = 0);
 
 }  // namespace linac::test

@@ -119,7 +119,9 @@ void GlaMixer::project(const Tensor& x, const Tensor& proj, const Tensor& z) {
   matmul(ctx, cols(proj, 2 * dk_ + 2 * dv_, R_), false, ps.weight(wa2_), true, z);
 }
 
-void GlaMixer::forward(const Tensor& x, const Tensor& out) {
+void GlaMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+
+void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= capacity_, "GlaMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -137,7 +139,7 @@ void GlaMixer::forward(const Tensor& x, const Tensor& out) {
   go.chunk = opt_.chunk;
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
   gla_fwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv),
-          g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), Tensor(), go);
+          g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go);
   Tensor zo = env_.scratch->get("gla.zo", env_.act, {N, dv_});
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
   matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
@@ -221,6 +223,13 @@ void GlaMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
            o.view({B, H_, Dv}), scale_);
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
   matmul(ctx, zo, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+void GlaMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  (void)ctx;
+  auto& st = dynamic_cast<GlaState&>(state);
+  LINAC_CHECK(st.S->size(0) == x.size(0), "GlaMixer::prefill: state was made for another batch size");
+  forward_to_state(x, out, st.S);
 }
 
 }  // namespace linac

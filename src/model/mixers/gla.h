@@ -11,7 +11,8 @@
 // Saved for backward: [q|k|v|r|x Wa1^T] [B*T, 2d_k + 2d_v + R] (act), z [B*T, d_k] (f32 on the
 // GPU), o [B*T, d_v] (act), the per-head LN statistics (f32). g and the gated output are
 // recomputed in the backward.
-// Decoding: a state of H x Dk x Dv (f32 on the GPU) per sequence; step() runs the recurrent form.
+// Decoding: a state of H x Dk x Dv (f32 on the GPU) per sequence; step() runs the recurrent form,
+// prefill() the chunked forward, which hands over its final state.
 #pragma once
 
 #include "config/config.h"
@@ -43,8 +44,11 @@ class GlaMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
+  // forward, also writing the final recurrent state into s_final when it is defined.
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
   // Projections of x [N, d] into proj [N, P] and the gate pre-activation z [N, d_k].
   void project(const Tensor& x, const Tensor& proj, const Tensor& z);
   Tensor cols(const Tensor& proj, int64_t c0, int64_t n) const { return proj.narrow(1, c0, n); }

@@ -146,7 +146,9 @@ void TnlMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, 
   swiglu_fwd(env_.ctx, gu, g, GluAct::Identity);
 }
 
-void TnlMixer::forward(const Tensor& x, const Tensor& out) {
+void TnlMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+
+void TnlMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= capacity_, "TnlMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -162,7 +164,7 @@ void TnlMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor qk = lrpe_ ? env_.scratch->get("tnl.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, 0, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
-                decay_, o.view({B, T, H_, dh_}), Tensor(), Tensor(), {opt_.block});
+                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block});
   Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
@@ -246,6 +248,15 @@ void TnlMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   ++st.pos;
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+void TnlMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  (void)ctx;
+  auto& st = dynamic_cast<TnlState&>(state);
+  LINAC_CHECK(st.S->size(0) == x.size(0), "TnlMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(st.pos == 0, "TnlMixer::prefill: the state must be fresh");
+  forward_to_state(x, out, st.S);
+  st.pos = x.size(1);
 }
 
 }  // namespace linac

@@ -47,8 +47,12 @@ class TnlMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  // The block forward hands over its final state; LRPE positions of the prompt start at 0.
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
+  // forward, also writing the final recurrent state into s_final when it is defined.
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
   // Q, K after SiLU (and LRPE at positions pos0..) from the [N, >= 2E] projection into qk [N, 2 Dk H].
   void queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa, const Tensor& qk);
   // n = SRMSNorm(o) into the first half of gu, then g = n * u.

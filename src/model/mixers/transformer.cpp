@@ -13,9 +13,14 @@
 namespace linac {
 
 namespace {
-struct WindowCache final : MixerState {
-  OwnedTensor k, v;  // [B, window, H, Dh]: the last `window` post-RoPE keys and values (ring buffer)
-  int64_t pos = 0;   // tokens seen
+// Slots a full-attention cache starts with; it doubles whenever a token finds it full.
+constexpr int64_t kInitialCacheSlots = 256;
+
+struct KvCache final : MixerState {
+  // [B, S, H, Dh] post-RoPE keys and values: every token so far (full attention), or the last
+  // `window` of them (sliding window, ring buffer).
+  OwnedTensor k, v;
+  int64_t pos = 0;  // tokens seen
 };
 }  // namespace
 
@@ -120,15 +125,29 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
 }
 
 std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {
-  if (opt_.window == 0) return Mixer::init_state(B);  // full attention: its cache grows (linac generate)
-  auto st = std::make_unique<WindowCache>();
-  st->k = OwnedTensor(env_.act, env_.device(), {B, opt_.window, H_, Dh_});
-  st->v = OwnedTensor(env_.act, env_.device(), {B, opt_.window, H_, Dh_});
+  auto st = std::make_unique<KvCache>();
+  const int64_t slots = opt_.window > 0 ? opt_.window : kInitialCacheSlots;
+  st->k = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
+  st->v = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
   return st;
 }
 
+// Full attention: grows the cache to hold at least n tokens, keeping the first st.pos.
+static void reserve_slots(const Ctx& ctx, KvCache& st, int64_t n) {
+  const int64_t B = st.k->size(0), S = st.k->size(1);
+  if (n <= S) return;
+  const int64_t grown = std::max(n, 2 * S);
+  for (OwnedTensor* cache : {&st.k, &st.v}) {
+    OwnedTensor bigger((*cache)->dtype, (*cache)->device, {B, grown, (*cache)->size(2), (*cache)->size(3)});
+    if (st.pos > 0)
+      for (int64_t b = 0; b < B; ++b)
+        copy_tensor(ctx, bigger->select(0, b).narrow(0, 0, st.pos), (*cache)->select(0, b).narrow(0, 0, st.pos));
+    *cache = std::move(bigger);
+  }
+}
+
 void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
-  auto& st = dynamic_cast<WindowCache&>(state);
+  auto& st = dynamic_cast<KvCache&>(state);
   const int64_t B = x_t.size(0);
   LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::step: state was made for another batch size");
   const Ctx& ctx = env_.ctx;
@@ -140,10 +159,31 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor q = bthd(qkv, B, 1, 0, H_, Dh_), k = bthd(qkv, B, 1, d_, H_, Dh_);
   rope_fwd(ctx, q, opt_.rope_base, st.pos);
   rope_fwd(ctx, k, opt_.rope_base, st.pos);
-  attention_cache_write(ctx, bhd(qkv, d_, H_, Dh_), bhd(qkv, 2 * d_, H_, Dh_), st.k, st.v, st.pos % opt_.window);
+  if (opt_.window == 0) reserve_slots(ctx, st, st.pos + 1);
+  const int64_t slot = opt_.window > 0 ? st.pos % opt_.window : st.pos;
+  attention_cache_write(ctx, bhd(qkv, d_, H_, Dh_), bhd(qkv, 2 * d_, H_, Dh_), st.k, st.v, slot);
   ++st.pos;
-  attention_decode(ctx, bhd(qkv, 0, H_, Dh_), st.k, st.v, std::min(st.pos, opt_.window), o.view({B, H_, Dh_}));
+  const int64_t n_valid = opt_.window > 0 ? std::min(st.pos, opt_.window) : st.pos;
+  attention_decode(ctx, bhd(qkv, 0, H_, Dh_), st.k, st.v, n_valid, o.view({B, H_, Dh_}));
   matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+}
+
+void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  auto& st = dynamic_cast<KvCache&>(state);
+  const int64_t B = x.size(0), T = x.size(1);
+  LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(st.pos == 0, "AttentionMixer::prefill: the state must be fresh");
+  forward(x, out);
+  // forward left the post-RoPE keys and values of the prompt in qkv_buf_.
+  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
+  Tensor k = qkv.select(2, 1), v = qkv.select(2, 2);
+  if (opt_.window == 0) reserve_slots(ctx, st, T);
+  const int64_t first = opt_.window > 0 ? std::max<int64_t>(0, T - opt_.window) : 0;
+  for (int64_t t = first; t < T; ++t) {
+    const int64_t slot = opt_.window > 0 ? t % opt_.window : t;
+    attention_cache_write(ctx, k.select(1, t), v.select(1, t), st.k, st.v, slot);
+  }
+  st.pos = T;
 }
 
 }  // namespace linac

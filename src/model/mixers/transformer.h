@@ -4,8 +4,10 @@
 //   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
 //   out    += o Wo^T           Wo: [d, d]
 // Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
-// Decoding (sliding window only; full attention's growing KV cache is `linac generate`'s): a
-// ring buffer of `window` post-RoPE keys and values per sequence; RoPE at absolute positions.
+// Decoding: a KV cache of post-RoPE keys and values per sequence, RoPE at absolute positions.
+// Full attention keeps every token (the cache doubles when full); a sliding window keeps a ring
+// buffer of `window` slots, token pos in slot pos % window. prefill runs forward and writes the
+// prompt's keys and values (the last `window` of them for a window) into the cache.
 #pragma once
 
 #include "config/config.h"
@@ -32,6 +34,7 @@ class AttentionMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
   ModelEnv& env_;

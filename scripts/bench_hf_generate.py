@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Hugging Face `generate` throughput on a `linac export --format hf` folder, for the README's
+decode table next to `linac bench --generate`: random prompts of --prompt-len tokens, exactly
+--gen-len new tokens (greedy, EOS ignored), eager attention unless --attn says otherwise; per batch
+size prints prefill ms (a forward over the prompts), decode tokens/s (new tokens over the time
+generate takes beyond that prefill) and peak GPU memory, one JSON line each.
+
+usage: scripts/bench_hf_generate.py (--model DIR | --linac-config CONFIG.json) [--batch 1,16,128]
+                                    [--prompt-len 512] [--gen-len 1024] [--dtype bfloat16] [--attn eager|sdpa]
+--linac-config builds the same LlamaForCausalLM from a Transformer++ config with random weights
+(speed does not depend on the values), for sizes that have no trained checkpoint to export.
+"""
+import argparse
+import json
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+
+def llama_config_of(path):
+    """The LlamaConfig `linac export --format hf` writes for a Transformer++ config (src/export/hf_llama.cpp)."""
+    m = json.load(open(path))["model"]
+    d, H = m["d_model"], m["n_heads"]
+    F = m.get("ffn_hidden", 0) or 256 * -(-(8 * d // 3) // 256)
+    rope = m.get("mixer", {}).get("rope_base", 10000.0)
+    return LlamaConfig(hidden_size=d, intermediate_size=F, num_hidden_layers=m["n_layers"], num_attention_heads=H,
+                       num_key_value_heads=H, head_dim=d // H, vocab_size=m["vocab_size"],
+                       rms_norm_eps=m.get("norm_eps", 1e-5), rope_theta=rope, hidden_act="silu",
+                       tie_word_embeddings=m.get("tie_embeddings", False), max_position_embeddings=4096)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--linac-config")
+    ap.add_argument("--batch", default="1,16,128")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=1024)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--attn", default="eager")
+    a = ap.parse_args()
+    if (a.model is None) == (a.linac_config is None):
+        ap.error("give exactly one of --model and --linac-config")
+    dtype = getattr(torch, a.dtype)
+    if a.model:
+        model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype, attn_implementation=a.attn)
+    else:
+        model = AutoModelForCausalLM.from_config(llama_config_of(a.linac_config), torch_dtype=dtype,
+                                                 attn_implementation=a.attn)
+    model = model.cuda().eval()
+    V = model.config.vocab_size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for B in [int(b) for b in a.batch.split(",")]:
+        ids = torch.randint(0, V, (B, a.prompt_len), generator=g).cuda()
+        mask = torch.ones_like(ids)
+        kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=a.gen_len, min_new_tokens=a.gen_len,
+                  pad_token_id=0, eos_token_id=None)
+        with torch.no_grad():
+            model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            model(ids, attention_mask=mask)
+            torch.cuda.synchronize()
+            prefill = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            out = model.generate(ids, **kw)
+            torch.cuda.synchronize()
+            total = time.perf_counter() - t0
+        new = out.shape[1] - a.prompt_len
+        print(json.dumps({"model": a.model or a.linac_config, "attn": a.attn, "dtype": a.dtype, "batch": B, "prompt_len": a.prompt_len,
+                          "gen_len": new, "prefill_ms": prefill * 1e3, "generate_s": total,
+                          "decode_tokens_per_s": B * new / max(total - prefill, 1e-9),
+                          "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

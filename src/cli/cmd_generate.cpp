@@ -1,0 +1,180 @@
+// linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
+//                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B] [--stop-at-eos]
+//                [--device auto|cpu|gpu] [--json]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/buffer.h"
+#include "generate/inference_model.h"
+#include "generate/sampler.h"
+
+namespace linac::cli {
+
+namespace {
+
+const char* kUsage =
+    "usage: linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]\n"
+    "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B]\n"
+    "                      [--stop-at-eos] [--device auto|cpu|gpu] [--json]\n\n"
+    "Tokenises the prompt with the checkpoint's SentencePiece model (after an end-of-document\n"
+    "token, the boundary every training document follows), runs it through the model in one\n"
+    "pass (prefill), then samples up to N new tokens (default 128) one at a time and streams the\n"
+    "text of sequence 0 to stdout. --temperature 0 is greedy (default 1); --top-k keeps the K\n"
+    "likeliest tokens (0: all); --top-p the smallest set reaching probability P (default 1).\n"
+    "A fixed --seed (default 0) gives the same tokens on every run; the B sequences of --batch\n"
+    "share the prompt and draw independently. --stop-at-eos ends a sequence at end-of-document.\n"
+    "--json prints one object instead: the prompt's token ids, each sequence's ids and text,\n"
+    "the log-probability of every generated token, the logits after the prompt (sequence 0)\n"
+    "and timings.\n";
+
+std::string read_prompt_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UserError("--prompt-file: cannot read '" + path + "'");
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// log softmax(l)[id], in double.
+double log_prob(const std::vector<float>& l, size_t row, int64_t V, int32_t id) {
+  const float* r = l.data() + row * static_cast<size_t>(V);
+  const double mx = *std::max_element(r, r + V);
+  double z = 0;
+  for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(r[v]) - mx);
+  return static_cast<double>(r[id]) - mx - std::log(z);
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  Args args(argc, argv, kUsage, {"json", "stop-at-eos"});
+  if (args.help()) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const auto ckpt = args.get("checkpoint");
+  const auto prompt_arg = args.get("prompt");
+  const auto prompt_file = args.get("prompt-file");
+  const int64_t max_new = args.get_int("max-new-tokens", 128), B = args.get_int("batch", 1);
+  SamplingOptions so;
+  so.temperature = args.get_double("temperature", 1.0);
+  so.top_k = args.get_int("top-k", 0);
+  so.top_p = args.get_double("top-p", 1.0);
+  const int64_t seed = args.get_int("seed", 0);
+  const std::string device = args.get_or("device", "auto");
+  const bool stop_at_eos = args.flag("stop-at-eos"), as_json = args.flag("json");
+  args.finish();
+  if (!ckpt) throw UserError("--checkpoint CKPT is required (see --help)");
+  if (prompt_arg.has_value() == prompt_file.has_value()) throw UserError("give exactly one of --prompt and --prompt-file");
+  if (max_new < 0) throw UserError("--max-new-tokens must be >= 0");
+  if (B < 1) throw UserError("--batch must be >= 1");
+  if (seed < 0) throw UserError("--seed must be >= 0");
+  so.seed = static_cast<uint64_t>(seed);
+  so.validate();
+  const std::string prompt = prompt_arg ? *prompt_arg : read_prompt_file(*prompt_file);
+
+  InferenceModel im = load_inference_checkpoint(*ckpt, device);
+  if (!im.tokenizer) throw UserError(*ckpt + ": the checkpoint has no embedded tokenizer to encode the prompt with");
+  const Tokenizer& tok = *im.tokenizer;
+  Model& model = *im.model;
+  const int64_t V = im.cfg.model.vocab_size;
+  const int32_t eos = tok.eos_id();
+  std::vector<int32_t> prompt_ids = tok.encode(prompt);
+  if (eos >= 0) prompt_ids.insert(prompt_ids.begin(), eos);
+  if (prompt_ids.empty()) throw UserError("the prompt is empty and the tokenizer has no end-of-document token to start from");
+  for (int32_t id : prompt_ids)
+    if (id < 0 || id >= V)
+      throw UserError(*ckpt + ": the tokenizer's id " + std::to_string(id) + " is outside the model's vocab of " +
+                      std::to_string(V));
+  const int64_t T = static_cast<int64_t>(prompt_ids.size());
+
+  const Device dev = im.ctx.is_gpu() ? Device::CUDA : Device::CPU;
+  OwnedTensor host_tokens(DType::I32, Device::CPU, {B, T});
+  for (int64_t b = 0; b < B; ++b) std::copy(prompt_ids.begin(), prompt_ids.end(), host_tokens->data<int32_t>() + b * T);
+  OwnedTensor tokens = to(host_tokens, dev, DType::I32);
+  OwnedTensor logits(im.logits_dtype(), dev, {B, V});
+  OwnedTensor step_tokens(DType::I32, dev, {B}), host_step(DType::I32, Device::CPU, {B});
+  std::vector<float> host_logits(static_cast<size_t>(B * V));
+  auto fetch_logits = [&] {
+    const std::vector<double> l = to_doubles(logits);
+    std::transform(l.begin(), l.end(), host_logits.begin(), [](double x) { return static_cast<float>(x); });
+  };
+
+  Sampler sampler(so);
+  Model::DecodeState st = model.init_decode(B);
+  const auto t0 = std::chrono::steady_clock::now();
+  model.prefill(st, tokens, logits);
+  fetch_logits();
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<float> prompt_logits(host_logits.begin(), host_logits.begin() + V);
+
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+  std::vector<std::vector<double>> logprobs(static_cast<size_t>(B));
+  std::vector<bool> done(static_cast<size_t>(B), false);
+  std::string shown;  // text of sequence 0 already streamed
+  const bool stream = !as_json;
+  for (int64_t i = 0; i < max_new; ++i) {
+    if (i > 0) {
+      copy_tensor(step_tokens, host_step);
+      model.decode_step(st, step_tokens, logits);
+      fetch_logits();
+    }
+    bool all_done = true;
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t ub = static_cast<size_t>(b);
+      int32_t next = eos >= 0 ? eos : 0;
+      if (!done[ub]) {
+        next = sampler.sample(host_logits.data() + b * V, V, static_cast<uint64_t>(b), static_cast<uint64_t>(i));
+        out[ub].push_back(next);
+        logprobs[ub].push_back(log_prob(host_logits, ub, V, next));
+        if (stop_at_eos && next == eos) done[ub] = true;
+      }
+      host_step->data<int32_t>()[b] = next;
+      all_done = all_done && done[ub];
+    }
+    if (stream && B == 1) {
+      // SentencePiece joins pieces context-dependently: print what the whole text added.
+      const std::string text = tok.decode(out[0]);
+      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+        std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
+        std::fflush(stdout);
+        shown = text;
+      }
+    }
+    if (all_done) break;
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  int64_t generated = 0;
+  for (const auto& o : out) generated += static_cast<int64_t>(o.size());
+
+  if (as_json) {
+    json seqs = json::array();
+    for (size_t b = 0; b < out.size(); ++b)
+      seqs.push_back({{"tokens", out[b]}, {"text", tok.decode(out[b])}, {"logprobs", logprobs[b]}});
+    const json j = {{"checkpoint", *ckpt}, {"device", im.ctx.is_gpu() ? "gpu" : "cpu"},
+                    {"prompt_tokens", prompt_ids}, {"prompt_last_logits", prompt_logits},
+                    {"sequences", seqs}, {"prefill_seconds", prefill_s}, {"decode_seconds", decode_s}};
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  if (B == 1) {
+    std::printf("%s\n", tok.decode(out[0]).substr(shown.size()).c_str());
+  } else {
+    for (size_t b = 0; b < out.size(); ++b) std::printf("[%zu] %s\n", b, tok.decode(out[b]).c_str());
+  }
+  std::fflush(stdout);  // the text before the timings, when both go to one place
+  std::fprintf(stderr, "prompt %lld tokens in %.3f s | %lld new tokens in %.3f s (%.1f tokens/s)\n",
+               static_cast<long long>(T), prefill_s, static_cast<long long>(generated), decode_s,
+               decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0);
+  return 0;
+}
+
+}  // namespace linac::cli
