@@ -16,6 +16,7 @@ struct GenRow {
   double prefill_ms, decode_ms, first_ms, last_ms;  // first/last: the first and the last decode steps
   int64_t segment, last_steps;  // how many steps first_ms and last_ms time
   double mem_bytes;
+  double state_bytes;  // the decode state alone (KV caches or recurrent states) at the last step
 };
 
 // Random token ids (never all one id) on the model's device.
@@ -64,7 +65,8 @@ int bench_generate(Args& args, const std::string& path) {
         model.prefill(warm, prompt, logits);
         for (int64_t i = 0; i < std::min<int64_t>(gen, 4); ++i) model.decode_step(warm, steps->slice0(i, i + 1).view({B}), logits);
       }
-      GenRow r{B, P, gen, 0, 0, 0, 0, segment, 0, 0};
+      GenRow r{B, P, gen, 0, 0, 0, 0, segment, 0, 0, 0};
+      const size_t mem_before_state = gpu ? gpu_bytes_in_use() : 0;
       Model::DecodeState st = model.init_decode(B);
       Timer timer(im.ctx);
       timer.start();
@@ -81,7 +83,9 @@ int bench_generate(Args& args, const std::string& path) {
       r.last_ms = run_steps(last_from, gen);
       r.decode_ms += r.last_ms;
       r.last_steps = gen - last_from;
-      r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
+      const size_t mem_end = gpu ? gpu_bytes_in_use() : 0;
+      r.mem_bytes = static_cast<double>(mem_end - mem0);
+      r.state_bytes = static_cast<double>(mem_end - mem_before_state);
       rows.push_back(r);
     }
 
@@ -95,21 +99,24 @@ int bench_generate(Args& args, const std::string& path) {
                            {"decode_ms", r.decode_ms}, {"decode_tokens_per_s", tps(r.batch * r.gen, r.decode_ms)},
                            {"decode_first_tokens_per_s", tps(r.batch * r.segment, r.first_ms)},
                            {"decode_last_tokens_per_s", tps(r.batch * r.last_steps, r.last_ms)},
-                           {"segment_steps", r.segment}, {"memory_bytes", r.mem_bytes}});
+                           {"segment_steps", r.segment}, {"memory_bytes", r.mem_bytes},
+                           {"decode_state_bytes", r.state_bytes}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
   std::printf("%s on %s (%s), %s parameters: prefill in one pass, then %lld decode steps\n", path.c_str(),
               device_desc.c_str(), im.cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
               static_cast<long long>(gen));
-  std::printf("%6s %7s %14s %14s %14s %14s %12s\n", "B", "prompt", "prefill tok/s", "decode tok/s", "first steps", "last steps",
-              "GPU memory");
+  std::printf("%6s %7s %14s %14s %14s %14s %12s %14s\n", "B", "prompt", "prefill tok/s", "decode tok/s", "first steps",
+              "last steps", "GPU memory", "of it: state");
   for (const auto& r : rows) {
-    std::printf("%6lld %7lld %14.0f %14.0f %14.0f %14.0f %12s\n", static_cast<long long>(r.batch),
+    std::printf("%6lld %7lld %14.0f %14.0f %14.0f %14.0f %12s %14s\n", static_cast<long long>(r.batch),
                 static_cast<long long>(r.prompt), tps(r.batch * r.prompt, r.prefill_ms), tps(r.batch * r.gen, r.decode_ms),
-                tps(r.batch * r.segment, r.first_ms), tps(r.batch * r.last_steps, r.last_ms), gpu ? human_bytes(r.mem_bytes).c_str() : "-");
+                tps(r.batch * r.segment, r.first_ms), tps(r.batch * r.last_steps, r.last_ms),
+                gpu ? human_bytes(r.mem_bytes).c_str() : "-", gpu ? human_bytes(r.state_bytes).c_str() : "-");
   }
-  std::printf("(first/last steps: decode tokens/s over the first and the last %lld steps)\n",
+  std::printf("(first/last steps: decode tokens/s over the first and the last %lld steps; GPU memory: weights,\n"
+              " activations reserved for the prompt and the decode state; of it: state: KV caches or recurrent states)\n",
               static_cast<long long>(segment));
   return 0;
 }

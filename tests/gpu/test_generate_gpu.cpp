@@ -68,6 +68,7 @@ TEST(GenerateGpu, GreedyTextIsTheCpuText) {
   const std::string dir = test::fresh_dir("gen_gpu_ckpt");
   json j = test::tiny_train_config(dir);
   j["train"]["steps"] = 3;
+  j["model"]["d_model"] = 128;  // head dim 64: the GPU attention kernels take 64..128
   ASSERT_EQ(run_training(Config::from_json(j, "tiny"), ""), 0);
   const std::string args = "generate --checkpoint " + test::latest_checkpoint_path(dir) +
                            " --prompt 'the cat' --temperature 0 --max-new-tokens 16 --json --device ";
