@@ -42,7 +42,8 @@ const char* kUsage =
     "Generate mode: for each prompt length and batch, prefills random prompts in one pass and decodes\n"
     "--gen-len tokens one step at a time (a config's seeded initial weights, or a checkpoint's); reports\n"
     "prefill and decode tokens/s, decode tokens/s over the first and the last tenth of the steps\n"
-    "(flat for recurrent states, falling with the KV cache for attention) and GPU memory in use.\n";
+    "(flat for recurrent states, falling with the KV cache for attention), GPU memory in use and, of it,\n"
+    "the decode state (KV caches or recurrent states).\n";
 
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
