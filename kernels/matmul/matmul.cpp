@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/dispatch.h"
+#include "core/profiler.h"
 #include "matmul/matmul.h"
 
 namespace linac {
@@ -59,6 +60,7 @@ GemmProblem problem_of(const Ctx& ctx, const Tensor& a, bool trans_a, const Tens
 
 void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+  ProfileScope prof(ctx, "GEMM", Profiler::Level::Op);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
 #if LINAC_WITH_CUDA

@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "cli/bench_generate.h"
 #include "cli/bench_ops.h"
+#include "cli/bench_profile.h"
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "config/config.h"
@@ -20,7 +21,7 @@ namespace {
 
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
-    "                   [--steps N] [--warmup N] [--set key.path=value]... [--json]\n"
+    "                   [--steps N] [--warmup N] [--profile] [--set key.path=value]... [--json]\n"
     "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]\n"
     "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
     "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
@@ -31,7 +32,10 @@ const char* kUsage =
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
     "(model FLOPs over the GPU's dense bf16 peak) and GPU memory in use. On a CPU-only machine it\n"
-    "times the CPU path and prints no MFU.\n"
+    "times the CPU path and prints no MFU. --profile then runs --steps more steps with every phase\n"
+    "(embedding, norms, each token mixer's forward and backward, channel mixers, LM head and loss,\n"
+    "gradient all-reduce, optimizer) and op family (GEMM, attention, cross-entropy) timed by device\n"
+    "events, and prints where a step's time goes.\n"
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
@@ -48,6 +52,7 @@ const char* kUsage =
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
   double step_ms, tokens_per_s, mfu, mem_bytes, loss;
+  StepProfile profile;  // with --profile
 };
 
 int bench_model(Args& args, const std::string& path) {
@@ -59,7 +64,7 @@ int bench_model(Args& args, const std::string& path) {
   const int64_t micro_tokens = args.get_int("micro-tokens", micro_default);
   const int64_t step_tokens = args.get_int("tokens-per-step", micro_tokens);
   const int64_t steps = args.get_int("steps", 5), warmup = args.get_int("warmup", 2);
-  const bool as_json = args.flag("json");
+  const bool as_json = args.flag("json"), profile = args.flag("profile");
   args.finish();
   if (step_tokens % micro_tokens) throw UserError("--tokens-per-step must be a multiple of --micro-tokens");
   if (steps < 1 || warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
@@ -124,6 +129,8 @@ int bench_model(Args& args, const std::string& path) {
     r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
     r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
     r.loss = st.loss;
+    if (profile)
+      r.profile = profile_steps(model, ctx, steps, [&] { st = stepper.run(warmup + steps, micro, global_tokens); });
     rows.push_back(r);
   }
 
@@ -136,6 +143,8 @@ int bench_model(Args& args, const std::string& path) {
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
                            {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
                            {"memory_bytes", r.mem_bytes}, {"loss", r.loss}});
+    if (profile)
+      for (size_t i = 0; i < rows.size(); ++i) j["rows"][i]["profile"] = step_profile_json(rows[i].profile);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -149,13 +158,18 @@ int bench_model(Args& args, const std::string& path) {
     std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s\n", static_cast<long long>(r.T),
                 static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
                 r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-");
+  if (profile)
+    for (const auto& r : rows) {
+      std::printf("\nT = %lld, ", static_cast<long long>(r.T));
+      print_step_profile(r.profile, r.step_ms);
+    }
   return 0;
 }
 
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Args args(argc, argv, kUsage, {"json"});
+  Args args(argc, argv, kUsage, {"json", "profile", "macchiato"});
   if (args.help()) {
     std::printf("%s", kUsage);
     return 0;

@@ -32,12 +32,15 @@ size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
 
 // One execution context for kernels: device, stream, cuBLASLt handle and its workspace.
 // The CPU context has only device == CPU.
+class Profiler;
+
 struct Ctx {
   Device device = Device::CPU;
   void* stream = nullptr;     // cudaStream_t
   void* blaslt = nullptr;     // cublasLtHandle_t
   void* workspace = nullptr;  // cuBLASLt workspace
   size_t workspace_bytes = 0;
+  Profiler* profiler = nullptr;  // core/profiler.h; null: nothing is timed
   bool is_gpu() const { return device == Device::CUDA; }
 };
 

@@ -5,6 +5,7 @@
 #include "cross_entropy/cross_entropy.h"
 #include "elementwise/elementwise.h"
 #include "embedding/embedding.h"
+#include "core/profiler.h"
 #include "matmul/matmul.h"
 #include "model/channel/swiglu_mlp.h"
 #include "model/layer_plan.h"
@@ -61,6 +62,8 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
     b.norm1 = add_norm(p + "norm1.weight");
     const LayerSpec& spec = plan[static_cast<size_t>(l)];
     b.mixer = find_mixer_kind(spec.kind, spec.path, "config").make(env_, cfg, l, spec);
+    b.mixer_fwd = "token mixer forward (" + spec.kind + ")";
+    b.mixer_bwd = "token mixer backward (" + spec.kind + ")";
     if (has_mlp_) {
       b.norm2 = add_norm(p + "norm2.weight");
       b.mlp = std::make_unique<SwiGluMlp>(env_, cfg, l, glu);
@@ -216,7 +219,10 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
     Tensor dlogits = logit_dt == env_.act ? logits : scratch_.get("head.dlogits", env_.act, {rows, V}).slice0(0, n);
     Tensor x = xf.slice0(r0, r0 + n);
     head_logits(x, logits);
-    cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale);
+    {
+      ProfileScope prof(ctx, "cross-entropy", Profiler::Level::Op);
+      cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale);
+    }
     if (grad_scale == 0.f) continue;
     const float s = static_cast<float>(cfg_.logit_scale);
     matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n), s);
@@ -238,37 +244,59 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   auto act = [&](const Buffer& b) { return b.tensor(env_.act, {B, T, d}); };
   auto stat = [&](const Buffer& b) { return b.tensor(env_.stat, {N}); };
 
-  embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
-  if (embed_scale_ != 1.f) scale_inplace(ctx, resid(0, B, T), embed_scale_);
+  {
+    ProfileScope prof(ctx, "embedding");
+    embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
+    if (embed_scale_ != 1.f) scale_inplace(ctx, resid(0, B, T), embed_scale_);
+  }
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     Tensor r0 = resid(2 * l, B, T), r1 = resid(2 * l + 1, B, T), r2 = resid(2 * l + 2, B, T);
-    copy_tensor(ctx, r1, r0);
-    norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
-    b.mixer->forward(act(b.xn1), r1);
+    {
+      ProfileScope prof(ctx, "norms and residual copies");
+      copy_tensor(ctx, r1, r0);
+      norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
+    }
+    {
+      ProfileScope prof(ctx, b.mixer_fwd.c_str());
+      b.mixer->forward(act(b.xn1), r1);
+    }
     if (!b.mlp) continue;
-    copy_tensor(ctx, r2, r1);
-    norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
+    {
+      ProfileScope prof(ctx, "norms and residual copies");
+      copy_tensor(ctx, r2, r1);
+      norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
+    }
+    ProfileScope prof(ctx, "channel mixer forward");
     b.mlp->forward(act(b.xn2), r2);
   }
   Tensor rl = resid(2 * L, B, T).view({N, d});
   Tensor xf = xf_.tensor(env_.act, {N, d});
-  final_norm_fwd(rl, xf, stat(rstd_f_));
+  {
+    ProfileScope prof(ctx, "norms and residual copies");
+    final_norm_fwd(rl, xf, stat(rstd_f_));
+  }
 
   Tensor losses = stat(losses_);
   Tensor dxf = backward ? scratch_.get("model.dxn", env_.act, {N, d}) : Tensor();
-  run_head(xf, targets.view({N}), grad_scale, dxf, losses);
   Tensor loss_sum = scratch_.get("model.loss_sum", env_.stat, {1});
-  sum(ctx, losses, loss_sum);
+  {
+    ProfileScope prof(ctx, "LM head and loss, forward and backward");
+    run_head(xf, targets.view({N}), grad_scale, dxf, losses);
+    sum(ctx, losses, loss_sum);
+  }
   if (!backward) return to_doubles(loss_sum)[0];
 
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
   Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
-  if (cfg_.final_norm) {
-    zero_tensor(ctx, dr);
-    norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
-  } else {
-    cast(ctx, dr, dxf);
+  {
+    ProfileScope prof(ctx, "norms and residual copies");
+    if (cfg_.final_norm) {
+      zero_tensor(ctx, dr);
+      norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
+    } else {
+      cast(ctx, dr, dxf);
+    }
   }
   std::vector<int> ready;
   for (int id : {norm_f_, head_, head_bias_})
@@ -279,17 +307,36 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
     if (b.mlp) {
-      if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
-      b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
+      {
+        ProfileScope prof(ctx, "norms and residual copies");
+        if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+      }
+      {
+        ProfileScope prof(ctx, "channel mixer backward");
+        b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
+      }
+      ProfileScope prof(ctx, "norms and residual copies");
       norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr);
     }
-    if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
-    b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
-    norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr);
+    {
+      ProfileScope prof(ctx, "norms and residual copies");
+      if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+    }
+    {
+      ProfileScope prof(ctx, b.mixer_bwd.c_str());
+      b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
+    }
+    {
+      ProfileScope prof(ctx, "norms and residual copies");
+      norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr);
+    }
     grads_ready(b.param_ids);
   }
-  if (embed_scale_ != 1.f) scale_inplace(ctx, dr, embed_scale_);
-  embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
+  {
+    ProfileScope prof(ctx, "embedding");
+    if (embed_scale_ != 1.f) scale_inplace(ctx, dr, embed_scale_);
+    embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
+  }
   grads_ready({embed_});
   return to_doubles(loss_sum)[0];
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/profiler.h"
 #include "model/env.h"
 #include "model/mixer.h"
 
@@ -48,6 +49,8 @@ class Model {
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelEnv& env() const { return env_; }
+  // Times the model's phases and ops into `p` from now on (core/profiler.h); null stops it.
+  void set_profiler(Profiler* p) { env_.ctx.profiler = p; }
 
   void init_params(uint64_t seed);
   // Allocates activations for micro-batches of up to B sequences of up to T tokens.
@@ -104,6 +107,7 @@ class Model {
     std::unique_ptr<Mixer> mixer, mlp;
     Buffer xn1, xn2, rstd1, rstd2;
     std::vector<int> param_ids;  // every parameter registered by this block
+    std::string mixer_fwd, mixer_bwd;  // profile region names: "token mixer forward (<kind>)"
   };
   void grads_ready(const std::vector<int>& ids) const {
     if (grad_ready_) grad_ready_(ids);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/profiler.h"
 #include "train/lr_schedule.h"
 
 namespace linac {
@@ -24,7 +25,10 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   ParamStore& ps = model_.params();
   StepStats st;
   st.lr = lr_at(step, tc_.steps, tc_.warmup_steps, tc_.lr, tc_.min_lr, tc_.schedule);
-  ps.zero_grad(ctx);
+  {
+    ProfileScope prof(ctx, "optimizer: zero gradients");
+    ps.zero_grad(ctx);
+  }
   const float scale = 1.f / static_cast<float>(std::max<int64_t>(1, target_count));
   double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
@@ -33,19 +37,26 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
     aux_sum += model_.aux_loss_sum();
   }
   if (reducer_) {
-    reducer_->finish();
+    {
+      ProfileScope prof(ctx, "gradient all-reduce (what the backward did not hide)");
+      reducer_->finish();
+    }
     loss_sum = comm_->sum(loss_sum);
     aux_sum = comm_->sum(aux_sum);
   }
   st.loss = loss_sum / static_cast<double>(std::max<int64_t>(1, target_count));
   st.aux_loss = aux_sum / static_cast<double>(std::max<int64_t>(1, target_count));
-  st.grad_norm = grad_norm(ctx, ps);
+  {
+    ProfileScope prof(ctx, "optimizer: gradient norm");
+    st.grad_norm = grad_norm(ctx, ps);
+  }
   if (!std::isfinite(st.loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm)) {
     st.skipped = true;
     return st;
   }
   double clip = 1.0;
   if (tc_.grad_clip > 0 && st.grad_norm > tc_.grad_clip) clip = tc_.grad_clip / (st.grad_norm + 1e-6);
+  ProfileScope prof(ctx, "optimizer: AdamW and buffers");
   adamw_.update(ctx, st.lr, clip, ++updates_);
   model_.update_buffers([this, &ctx](const Tensor& t) {
     if (comm_ && comm_->world() > 1) comm_->allreduce_sum(t, ctx.stream);

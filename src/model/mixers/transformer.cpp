@@ -6,6 +6,7 @@
 #include "attention/attention.h"
 #include "attention/attention_decode.h"
 #include "config/json_reader.h"
+#include "core/profiler.h"
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "rope/rope.h"
@@ -94,7 +95,10 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
   rope_fwd(ctx, k, opt_.rope_base, 0);
   AttentionOpts ao;
   ao.window = opt_.window;
-  attention_fwd(ctx, q, k, v, o, lse, ao);
+  {
+    ProfileScope prof(ctx, "attention", Profiler::Level::Op);
+    attention_fwd(ctx, q, k, v, o, lse, ao);
+  }
   matmul(ctx, o.view({N, d_}), false, env_.params->weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
 }
 
@@ -115,7 +119,10 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
   AttentionOpts ao;
   ao.window = opt_.window;
-  attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
+  {
+    ProfileScope prof(ctx, "attention", Profiler::Level::Op);
+    attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
+  }
   rope_bwd(ctx, dq, opt_.rope_base, 0);
   rope_bwd(ctx, dk, opt_.rope_base, 0);
 

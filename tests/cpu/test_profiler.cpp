@@ -1,0 +1,101 @@
+// The step profiler: nested regions summed by name and level, nothing recorded without an
+// attached profiler, and a model step's phases covering its token mixers, channel mixers, head
+// and optimizer with GEMMs and attention among the ops, within the step's wall time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "core/profiler.h"
+#include "model/model.h"
+#include "model_checks.h"
+#include "train/train_step.h"
+
+namespace linac {
+namespace {
+
+const Profiler::Total* find(const std::vector<Profiler::Total>& ts, const std::string& name, Profiler::Level level) {
+  for (const auto& t : ts)
+    if (t.name == name && t.level == level) return &t;
+  return nullptr;
+}
+
+TEST(Profiler, NestedRegionsAreSummedByNameAndLevel) {
+  Profiler prof;
+  Ctx ctx;
+  ctx.profiler = &prof;
+  for (int i = 0; i < 3; ++i) {
+    ProfileScope outer(ctx, "outer");
+    {
+      ProfileScope inner(ctx, "inner", Profiler::Level::Op);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ProfileScope same_name_other_level(ctx, "outer", Profiler::Level::Op);
+  }
+  const auto ts = prof.totals();
+  ASSERT_EQ(ts.size(), 3u);
+  EXPECT_EQ(ts[0].name, "outer");  // first seen first
+  const auto* outer = find(ts, "outer", Profiler::Level::Phase);
+  const auto* inner = find(ts, "inner", Profiler::Level::Op);
+  ASSERT_TRUE(outer && inner && find(ts, "outer", Profiler::Level::Op));
+  EXPECT_EQ(outer->count, 3);
+  EXPECT_EQ(inner->count, 3);
+  EXPECT_GE(inner->ms, 6.0 * 0.9);
+  EXPECT_GE(outer->ms, inner->ms);
+  prof.clear();
+  EXPECT_TRUE(prof.totals().empty());
+}
+
+TEST(Profiler, DetachedScopesRecordNothing) {
+  Profiler prof;
+  Ctx ctx;  // no profiler attached
+  { ProfileScope s(ctx, "x"); }
+  EXPECT_TRUE(prof.totals().empty());
+}
+
+TEST(Profiler, ATrainingStepsPhasesAndOps) {
+  ModelConfig cfg;
+  cfg.n_layers = 2;
+  cfg.d_model = 32;
+  cfg.n_heads = 2;
+  cfg.vocab_size = 50;
+  cfg.ffn_hidden = 64;
+  Model model(cfg, Ctx{}, "fp32", true);
+  model.init_params(3);
+  const int64_t B = 2, T = 37;
+  model.reserve(B, T);
+  OwnedTensor tok = test::random_tokens(B, T, cfg.vocab_size, 1), tgt = test::random_tokens(B, T, cfg.vocab_size, 2);
+  TrainConfig tc;
+  TrainStep stepper(model, tc, nullptr);
+  std::vector<MicroBatch> micro = {{tok.t, tgt.t}};
+  Profiler prof;
+  model.set_profiler(&prof);
+  const auto t0 = std::chrono::steady_clock::now();
+  stepper.run(0, micro, B * T);
+  const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  model.set_profiler(nullptr);
+  stepper.run(1, micro, B * T);  // detached: adds nothing
+  const auto ts = prof.totals();
+  for (const char* phase : {"embedding", "norms and residual copies", "token mixer forward (attention)",
+                            "token mixer backward (attention)", "channel mixer forward", "channel mixer backward",
+                            "LM head and loss, forward and backward", "optimizer: AdamW and buffers"})
+    EXPECT_TRUE(find(ts, phase, Profiler::Level::Phase)) << phase;
+  const auto* fwd = find(ts, "token mixer forward (attention)", Profiler::Level::Phase);
+  ASSERT_TRUE(fwd);
+  EXPECT_EQ(fwd->count, 2);  // one per layer, one step
+  const auto* gemm = find(ts, "GEMM", Profiler::Level::Op);
+  const auto* attn = find(ts, "attention", Profiler::Level::Op);
+  ASSERT_TRUE(gemm && attn);
+  EXPECT_EQ(attn->count, 4);  // forward and backward of 2 layers
+  EXPECT_GT(gemm->count, 10);
+  double phases = 0;
+  for (const auto& t : ts) {
+    EXPECT_GE(t.ms, 0.0) << t.name;
+    if (t.level == Profiler::Level::Phase) phases += t.ms;
+  }
+  EXPECT_LE(phases, wall_ms);
+}
+
+}  // namespace
+}  // namespace linac

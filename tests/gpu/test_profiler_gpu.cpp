@@ -1,0 +1,56 @@
+// The step profiler on the GPU (CUDA events): a bf16 training step of a small Transformer++ is
+// broken into its phases and ops, every region's time is non-negative, and the phases fit in
+// the step's event-timed duration.
+#include <gtest/gtest.h>
+
+#include "core/profiler.h"
+#include "model/model.h"
+#include "model_checks.h"
+#include "test_util.h"
+#include "train/train_step.h"
+
+namespace linac {
+namespace {
+
+TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Ctx& ctx = gctx.ctx();
+  ModelConfig cfg;
+  cfg.n_layers = 2;
+  cfg.d_model = 128;
+  cfg.n_heads = 2;
+  cfg.vocab_size = 1000;
+  cfg.ffn_hidden = 256;
+  Model model(cfg, ctx, "bf16", true);
+  model.init_params(3);
+  const int64_t B = 3, T = 200;
+  model.reserve(B, T);
+  OwnedTensor tok = to(test::random_tokens(B, T, cfg.vocab_size, 1), Device::CUDA, DType::I32);
+  OwnedTensor tgt = to(test::random_tokens(B, T, cfg.vocab_size, 2), Device::CUDA, DType::I32);
+  TrainConfig tc;
+  TrainStep stepper(model, tc, nullptr);
+  std::vector<MicroBatch> micro = {{tok.t, tgt.t}};
+  stepper.run(0, micro, B * T);  // warm-up
+  Profiler prof;
+  model.set_profiler(&prof);
+  Timer timer(ctx);
+  timer.start();
+  stepper.run(1, micro, B * T);
+  const double step_ms = timer.stop_ms();
+  model.set_profiler(nullptr);
+  const auto ts = prof.totals();
+  double phases = 0;
+  int64_t attention = 0;
+  for (const auto& t : ts) {
+    EXPECT_GE(t.ms, 0.0) << t.name;
+    if (t.level == Profiler::Level::Phase) phases += t.ms;
+    if (t.name == "attention") attention = t.count;
+  }
+  EXPECT_EQ(attention, 4);
+  EXPECT_GT(phases, 0.0);
+  EXPECT_LE(phases, step_ms * 1.001);
+}
+
+}  // namespace
+}  // namespace linac
