@@ -11,6 +11,18 @@
 
 namespace linac::test {
 
+ModelConfig tiny_model(int64_t n_layers, int64_t d_model, int64_t n_heads, int64_t vocab, int64_t ffn_hidden,
+                       const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.n_layers = n_layers;
+  c.d_model = d_model;
+  c.n_heads = n_heads;
+  c.vocab_size = vocab;
+  c.ffn_hidden = ffn_hidden;
+  return c;
+}
+
 OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   OwnedTensor t(DType::I32, Device::CPU, {B, T});
   Rng rng{seed, 1, 0};

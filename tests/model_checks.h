@@ -13,6 +13,10 @@
 
 namespace linac::test {
 
+// A small Transformer++ (or `arch` with its defaults): the shape most framework tests use.
+ModelConfig tiny_model(int64_t n_layers, int64_t d_model, int64_t n_heads, int64_t vocab, int64_t ffn_hidden,
+                       const std::string& arch = "transformer");
+
 // [B, T] int32 tokens uniform in [0, V) on the CPU.
 OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed);
 

@@ -55,12 +55,7 @@ TEST(Profiler, DetachedScopesRecordNothing) {
 }
 
 TEST(Profiler, ATrainingStepsPhasesAndOps) {
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.d_model = 32;
-  cfg.n_heads = 2;
-  cfg.vocab_size = 50;
-  cfg.ffn_hidden = 64;
+  const ModelConfig cfg = test::tiny_model(2, 32, 2, 50, 64);
   Model model(cfg, Ctx{}, "fp32", true);
   model.init_params(3);
   const int64_t B = 2, T = 37;

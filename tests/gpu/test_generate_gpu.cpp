@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "model/registry.h"
+#include "model_checks.h"
 #include "model_parity.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -14,13 +15,9 @@ namespace linac {
 namespace {
 
 ModelConfig gpu_tiny_of(const ArchInfo& arch) {
-  ModelConfig c;
-  c.arch = arch.name;
-  c.n_layers = std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size()));
-  c.d_model = 128;
-  c.n_heads = 2;  // head dim 64
-  c.vocab_size = 1000;
-  c.ffn_hidden = 256;
+  // head dim 64
+  ModelConfig c = test::tiny_model(std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size())), 128, 2, 1000, 256,
+                                   arch.name);
   c.tie_embeddings = true;
   return c;
 }
@@ -37,12 +34,7 @@ TEST(GenerateGpu, EveryArchitectureDecodesAsItsForward) {
 
 TEST(GenerateGpu, FullAttentionCacheGrowsPastItsFirstSlots) {
   LINAC_SKIP_WITHOUT_GPU();
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.d_model = 128;
-  cfg.n_heads = 2;
-  cfg.vocab_size = 1000;
-  cfg.ffn_hidden = 256;
+  ModelConfig cfg = test::tiny_model(2, 128, 2, 1000, 256);
   test::check_model_gpu_decode(cfg, 3, 300, {0, 100, 255, 256, 257, 299}, 1e-4);
   test::check_model_gpu_decode(cfg, 3, 300, {199, 255, 256, 299}, 1e-4, 200);
   test::check_model_gpu_decode(cfg, 3, 300, {269, 270, 299}, 1e-4, 270);  // prefill beyond the first slots
@@ -50,12 +42,7 @@ TEST(GenerateGpu, FullAttentionCacheGrowsPastItsFirstSlots) {
 
 TEST(GenerateGpu, SlidingWindowRingBufferAfterALongPrefill) {
   LINAC_SKIP_WITHOUT_GPU();
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.d_model = 128;
-  cfg.n_heads = 2;
-  cfg.vocab_size = 1000;
-  cfg.ffn_hidden = 256;
+  ModelConfig cfg = test::tiny_model(2, 128, 2, 1000, 256);
   cfg.layers = {"sliding_window", "attention"};
   cfg.mixers = {{"sliding_window", {{"window", 16}}}};
   test::check_model_gpu_decode(cfg, 2, 90, {0, 15, 16, 17, 50, 89}, 1e-4);

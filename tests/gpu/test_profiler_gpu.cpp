@@ -16,12 +16,7 @@ TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   const Ctx& ctx = gctx.ctx();
-  ModelConfig cfg;
-  cfg.n_layers = 2;
-  cfg.d_model = 128;
-  cfg.n_heads = 2;
-  cfg.vocab_size = 1000;
-  cfg.ffn_hidden = 256;
+  const ModelConfig cfg = test::tiny_model(2, 128, 2, 1000, 256);
   Model model(cfg, ctx, "bf16", true);
   model.init_params(3);
   const int64_t B = 3, T = 200;
