@@ -179,6 +179,12 @@ if [ "$what" = zero4 ]; then
   # Issue 16 on 4 GPUs: scaling of the 125M/340M models with the reduction overlapped or not and
   # ZeRO-1 off or on; the 1.3B models' peak memory per GPU with and without ZeRO-1 (block
   # recompute, T = 2048), and what `linac info --ranks 4` planned for them.
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='ZeroGpu.*:DistGpu.*' \
+    >"$out/zero4_tests.log" 2>&1
+  rc=$?
+  summary+=("2-GPU ZeRO/DP tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/zero4_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/zero4_tests.log" | head -40
   OVERLAP="true false" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 2 4" 2>&1 | tee -a "$out/zero4.txt"
   # NCCL's kernels take an SM per channel from the backward while they overlap it; fewer of them
   # (the ranks inherit NCCL_MAX_CTAS from mpirun's environment) trade bandwidth for compute.

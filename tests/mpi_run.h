@@ -1,4 +1,5 @@
-// Running the linac binary under `mpirun -np N` on the CPU, for the data-parallel tests.
+// Running the linac binary under `mpirun -np N` (CPU ranks, or one GPU per rank), for the data-
+// parallel tests.
 #pragma once
 
 #include <gtest/gtest.h>
