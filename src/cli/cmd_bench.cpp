@@ -136,7 +136,7 @@ int bench_model(Args& args, const std::string& path) {
   if (as_json) {
     json j = {{"config", path}, {"device", device_desc}, {"precision", cfg.train.precision},
               {"ranks", world}, {"overlap_comm", cfg.train.overlap_comm}, {"recompute", cfg.train.recompute},
-              {"zero", cfg.train.zero}, {"params", model.n_params()},
+              {"zero", model.params().sharded() ? 1 : 0}, {"params", model.n_params()},
               {"rows", json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
@@ -147,7 +147,7 @@ int bench_model(Args& args, const std::string& path) {
   }
   std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
-              cfg.train.zero ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
+              model.params().sharded() ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
               static_cast<long long>(steps), static_cast<long long>(warmup),
               world > 1 ? (std::string(", ") + comm->backend() + (cfg.train.overlap_comm ? ", overlapped" : ", not overlapped")).c_str() : "");
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
