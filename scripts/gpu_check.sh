@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|all]   (default: all; an architecture:
-#   only its benchmarks; generate: decode tests, the hf export check, decode benchmarks)
+#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|all]   (default:
+#   all; an architecture: only its benchmarks; generate: decode tests, the hf export check, decode
+#   benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1 and
+#   overlap, issue 16)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
 set -uo pipefail
 what="${1:-all}"
@@ -156,5 +158,51 @@ PY
   timeout 240 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16,128 \
     --prompt-len 512 --gen-len 1024 2>"$gen/bench_hf.err" | tee -a "$out/generate.txt"
   tail -3 "$gen/bench_hf.err" >>"$out/generate.txt"
+fi
+if [ "$what" = zero1 ]; then
+  # Issue 16 on one GPU: recompute gives the same gradients bit for bit (bf16 and fp32); the 1.3B
+  # models at T = 2048 with each recompute mode: tokens/s, MFU, peak memory; `linac info`'s plan.
+  t0=$(date +%s)
+  ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='RecomputeGpu.*' >"$out/zero1_tests.log" 2>&1
+  rc=$?
+  summary+=("recompute gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/zero1_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/zero1_tests.log" | head -40
+  for c in transformer_1.3b gla_1.3b; do
+    for r in ${RECOMPUTE:-none block}; do  # RECOMPUTE="mixer" for the third mode (a 1.3B init takes a while)
+      ./build-gpu/linac info configs/$c.json --set train.recompute=$r | grep -E 'activations|total' | sed "s|^|$c $r: |" \
+        | tee -a "$out/zero1.txt"
+      ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --steps 5 --warmup 2 --set train.recompute=$r \
+        2>&1 | tee -a "$out/zero1.txt"
+    done
+  done
+fi
+if [ "$what" = zero4 ]; then
+  # Issue 16 on 4 GPUs (two commands, each within 10 minutes): zero4 runs the 2-GPU ZeRO-1 tests
+  # and the scaling of the 125M/340M models with the reduction overlapped or not and ZeRO-1 off or
+  # on; zero4mem the overlap with fewer NCCL CTAs and the 1.3B models' peak memory per GPU with and
+  # without ZeRO-1 (block recompute, T = 2048) next to what `linac info --ranks 4` planned.
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='ZeroGpu.*:DistGpu.*' \
+    >"$out/zero4_tests.log" 2>&1
+  rc=$?
+  summary+=("2-GPU ZeRO/DP tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/zero4_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/zero4_tests.log" | head -40
+  OVERLAP="true false" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 2 4" 2>&1 | tee -a "$out/zero4.txt"
+fi
+if [ "$what" = zero4mem ]; then
+  # NCCL's kernels take an SM per channel from the backward while they overlap it; fewer of them
+  # (the ranks inherit NCCL_MAX_CTAS from mpirun's environment) trade bandwidth for compute.
+  echo "NCCL_MAX_CTAS=8:" | tee -a "$out/zero4.txt"
+  NCCL_MAX_CTAS=8 OVERLAP="true" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 4" 2>&1 | tee -a "$out/zero4.txt"
+  for c in transformer_1.3b gla_1.3b; do
+    for z in 0 1; do
+      ./build-gpu/linac info configs/$c.json --ranks 4 --set train.zero=$z --set train.recompute=block \
+        | grep -E 'memory plan|parameters \(|gradients|optimizer|activations|total' | sed "s|^|$c zero=$z: |" \
+        | tee -a "$out/zero4.txt"
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --bind-to none -x NCCL_NVLS_ENABLE \
+        -x LD_LIBRARY_PATH ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --steps 5 --warmup 2 \
+        --set train.zero=$z --set train.recompute=block 2>&1 | tee -a "$out/zero4.txt"
+    done
+  done
 fi
 printf '%s\n' "${summary[@]}"

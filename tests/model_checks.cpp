@@ -23,6 +23,13 @@ ModelConfig tiny_model(int64_t n_layers, int64_t d_model, int64_t n_heads, int64
   return c;
 }
 
+ModelConfig tiny_config_of(const ArchInfo& arch) {
+  ModelConfig c = tiny_model(std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size())), 16, 2, 11, 24, arch.name);
+  c.init_std = 0.3;
+  c.norm_eps = 1e-6;
+  return c;
+}
+
 OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   OwnedTensor t(DType::I32, Device::CPU, {B, T});
   Rng rng{seed, 1, 0};
@@ -56,6 +63,52 @@ void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t 
     EXPECT_GT(max_abs_diff(g, std::vector<double>(g.size(), 0.0)), 0.0) << ps.spec(i).name << " has no gradient";
     const double err = check_grad(loss, ps.master(i).data<double>(), g.data(), g.size(), n_probe, 3, 1e-5);
     EXPECT_LT(err, 1e-5) << ps.spec(i).name;
+  }
+}
+
+void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
+                               int64_t T) {
+  struct Run {
+    std::vector<double> losses;
+    std::vector<unsigned char> grads;
+    size_t saved_bytes = 0;
+  };
+  std::vector<OwnedTensor> batches;
+  for (uint64_t i = 0; i < 4; ++i) batches.push_back(to(random_tokens(B, T, cfg.vocab_size, 30 + i), ctx.device, DType::I32));
+  auto run = [&](Recompute r) {
+    Model m(cfg, ctx, precision, false);
+    m.init_params(5);
+    m.set_recompute(r);
+    m.reserve(B, T);
+    ParamStore& ps = m.params();
+    ps.zero_grad(ctx);
+    Run out;
+    for (size_t i = 0; i < batches.size(); i += 2) {
+      out.losses.push_back(m.forward_backward(batches[i], batches[i + 1], 1.f / static_cast<float>(B * T)));
+      out.losses.push_back(m.aux_loss_sum());
+    }
+    OwnedTensor g(ps.master_dtype(), Device::CPU, {ps.flat_numel()});
+    copy_tensor(g.t, ps.flat_grad());
+    const auto* p = static_cast<const unsigned char*>(g->ptr);
+    out.grads.assign(p, p + g->nbytes());
+    out.saved_bytes = m.activation_bytes(B, T);
+    return out;
+  };
+  const Run none = run(Recompute::None);
+  size_t nonzero = 0;
+  for (unsigned char c : none.grads) nonzero += c != 0;
+  ASSERT_GT(nonzero, none.grads.size() / 4) << "most gradient bytes should be nonzero";
+  size_t prev_bytes = none.saved_bytes;
+  for (Recompute r : {Recompute::Mixer, Recompute::Block}) {
+    SCOPED_TRACE(std::string("recompute ") + recompute_name(r));
+    const Run x = run(r);
+    EXPECT_EQ(x.losses, none.losses);
+    ASSERT_EQ(x.grads.size(), none.grads.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < x.grads.size(); ++i) differ += x.grads[i] != none.grads[i];
+    EXPECT_EQ(differ, 0u) << "gradient bytes differ from recompute none";
+    EXPECT_LT(x.saved_bytes, prev_bytes);
+    prev_bytes = x.saved_bytes;
   }
 }
 

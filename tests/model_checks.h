@@ -5,17 +5,23 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include "config/config.h"
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "model/param_store.h"
+#include "model/registry.h"
 
 namespace linac::test {
 
 // A small Transformer++ (or `arch` with its defaults): the shape most framework tests use.
 ModelConfig tiny_model(int64_t n_layers, int64_t d_model, int64_t n_heads, int64_t vocab, int64_t ffn_hidden,
                        const std::string& arch = "transformer");
+
+// A tiny config (d 16, 2 heads) of a registered architecture with its default layer pattern and
+// mixer options, for checks that cover every architecture (one added later is covered at once).
+ModelConfig tiny_config_of(const ArchInfo& arch);
 
 // [B, T] int32 tokens uniform in [0, V) on the CPU.
 OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed);
@@ -35,6 +41,13 @@ void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t 
 // prompt - 1) and decoding goes on from there.
 void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol = 1e-10,
                                   int64_t prompt = 0);
+
+// Activation recompute (train.recompute) changes memory, never results: builds cfg on ctx in
+// `precision` three times (recompute none, mixer, block) from the same weights, accumulates two
+// micro-batches of B x T random tokens, and expects the same losses and auxiliary losses and the
+// same gradient bytes; also that the saved activations shrink (none > mixer > block).
+void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
+                               int64_t T);
 
 // Fills one step's tokens and targets ([B, T] each; targets < 0 are ignored) and returns the
 // number of scored targets.

@@ -31,11 +31,13 @@ const char* kUsage =
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
-    "(model FLOPs over the GPU's dense bf16 peak) and GPU memory in use. On a CPU-only machine it\n"
-    "times the CPU path and prints no MFU. --profile then runs --steps more steps with every phase\n"
-    "(embedding, norms, each token mixer's forward and backward, channel mixers, LM head and loss,\n"
-    "gradient all-reduce, optimizer) and op family (GEMM, attention, cross-entropy) timed by device\n"
-    "events, and prints where a step's time goes.\n"
+    "(model FLOPs over the GPU's dense bf16 peak), GPU memory in use (device-wide) and peak memory (the\n"
+    "most linac's own buffers held at once on this rank: parameters, gradients, optimizer state, saved\n"
+    "activations, scratch; train.recompute and train.zero change it). On a CPU-only machine it times the\n"
+    "CPU path, prints no MFU and reports peak host memory. --profile then runs --steps more steps\n"
+    "with every phase (embedding, norms, each token mixer's forward and backward, channel mixers, LM\n"
+    "head and loss, gradient all-reduce, optimizer) and op family (GEMM, attention, cross-entropy)\n"
+    "timed by device events, and prints where a step's time goes.\n"
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
@@ -51,7 +53,7 @@ const char* kUsage =
 
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
-  double step_ms, tokens_per_s, mfu, mem_bytes, loss;
+  double step_ms, tokens_per_s, mfu, mem_bytes, peak_bytes, loss;
   StepProfile profile;  // with --profile
 };
 
@@ -82,16 +84,19 @@ int bench_model(Args& args, const std::string& path) {
   const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
   const std::string device_desc = gpu ? gpu_info().name : std::string("CPU");
 
-  Model model(cfg.model, ctx, cfg.train.precision, true);
+  Model model(cfg.model, ctx, cfg.train.precision, true, true, cfg.train.zero && world > 1 ? world : 1, comm->rank());
+  model.set_recompute(parse_recompute(cfg.train.recompute));
   model.init_params(cfg.train.seed);
   TrainConfig tc = cfg.train;
   tc.steps = warmup + steps;
   TrainStep stepper(model, tc, comm.get());
+  stepper.sync_weights();
 
   std::vector<BenchRow> rows;
   for (const int64_t T : seq_lens) {
     if (micro_tokens % T) throw UserError("--micro-tokens (" + std::to_string(micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
     const int64_t B = micro_tokens / T, n_micro = step_tokens / micro_tokens;
+    reset_buffer_peak(ctx.device);
     model.reserve(B, T);
     // Random tokens (never zeros), a different batch per micro-step, uploaded once.
     std::vector<OwnedTensor> tok, tgt;
@@ -128,6 +133,7 @@ int bench_model(Args& args, const std::string& path) {
     r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
     r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
     r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
+    r.peak_bytes = static_cast<double>(buffer_bytes_peak(ctx.device));
     r.loss = st.loss;
     if (profile)
       r.profile = profile_steps(model, ctx, steps, [&] { st = stepper.run(warmup + steps, micro, global_tokens); });
@@ -137,27 +143,30 @@ int bench_model(Args& args, const std::string& path) {
   if (!comm->is_root()) return 0;
   if (as_json) {
     json j = {{"config", path}, {"device", device_desc}, {"precision", cfg.train.precision},
-              {"ranks", world}, {"overlap_comm", cfg.train.overlap_comm}, {"params", model.n_params()},
+              {"ranks", world}, {"overlap_comm", cfg.train.overlap_comm}, {"recompute", cfg.train.recompute},
+              {"zero", model.params().sharded() ? 1 : 0}, {"params", model.n_params()},
               {"rows", json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
                            {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
-                           {"memory_bytes", r.mem_bytes}, {"loss", r.loss}});
+                           {"memory_bytes", r.mem_bytes}, {"peak_bytes", r.peak_bytes}, {"loss", r.loss}});
     if (profile)
       for (size_t i = 0; i < rows.size(); ++i) j["rows"][i]["profile"] = step_profile_json(rows[i].profile);
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s on %d x %s (%s), %s parameters, %lld timed steps after %lld warm-up%s\n", path.c_str(), world,
-              device_desc.c_str(), cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
+  std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
+              path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
+              model.params().sharded() ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
               static_cast<long long>(steps), static_cast<long long>(warmup),
               world > 1 ? (std::string(", ") + comm->backend() + (cfg.train.overlap_comm ? ", overlapped" : ", not overlapped")).c_str() : "");
-  std::printf("%8s %6s %6s %10s %10s %12s %7s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
-              "GPU memory");
+  std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
+              "GPU memory", "peak");
   for (const auto& r : rows)
-    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s\n", static_cast<long long>(r.T),
+    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s %12s\n", static_cast<long long>(r.T),
                 static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
-                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-");
+                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-",
+                human_bytes(r.peak_bytes).c_str());
   if (profile)
     for (const auto& r : rows) {
       std::printf("\nT = %lld, ", static_cast<long long>(r.T));

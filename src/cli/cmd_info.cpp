@@ -8,6 +8,7 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "model/registry.h"
+#include "model/saved_arena.h"
 #include "data/hdf5_util.h"
 #include "train/checkpoint.h"
 
@@ -15,10 +16,12 @@ namespace linac::cli {
 
 namespace {
 const char* kUsage =
-    "usage: linac info CONFIG.json|CHECKPOINT.h5 [--set key.path=value]... [--json]\n\n"
-    "Prints the parameter count (total / non-embedding), the layer table and the memory plan\n"
-    "(parameters, gradients, optimizer state, activations) for the configured micro-batch of\n"
-    "train.micro_batch x data.seq_len tokens, on the device the config would train on. Given a\n"
+    "usage: linac info CONFIG.json|CHECKPOINT.h5 [--set key.path=value]... [--ranks N] [--json]\n\n"
+    "Prints the parameter count (total / non-embedding), the layer table and the memory plan per\n"
+    "GPU (parameters, gradients, optimizer state, activations saved for the backward under\n"
+    "train.recompute) for the configured micro-batch of train.micro_batch x data.seq_len tokens, on\n"
+    "the device the config would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
+    "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1). Given a\n"
     "checkpoint, uses the config stored in it and also prints its training state.\n";
 }  // namespace
 
@@ -30,6 +33,8 @@ int cmd_info(int argc, char** argv) {
   }
   const auto sets = args.get_all("set");
   const bool as_json = args.flag("json");
+  const int64_t ranks = args.get_int("ranks", 1);
+  if (ranks < 1 || ranks > 65536) throw UserError("--ranks: expected a number of ranks from 1 to 65536, got " + std::to_string(ranks));
   args.finish();
   const auto pos = args.positionals();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
@@ -48,15 +53,23 @@ int cmd_info(int argc, char** argv) {
   const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
   Ctx ctx;
   ctx.device = gpu ? Device::CUDA : Device::CPU;
-  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false);
+  const bool zero = cfg.train.zero && ranks > 1;
+  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false, zero ? static_cast<int>(ranks) : 1);
+  model.set_recompute(parse_recompute(cfg.train.recompute));
   const ParamStore& ps = model.params();
   const Precision prec = Precision::resolve(ctx.device, cfg.train.precision);
 
   const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len;
   const double n = static_cast<double>(ps.total_numel());
-  const double master = n * static_cast<double>(dtype_size(prec.master));
-  const double copy = prec.act != prec.master ? n * static_cast<double>(dtype_size(prec.act)) : 0.0;
-  const double grads = master, optim = 2 * master;
+  // Per rank, from the store's layout (64-element alignment included): whole buffers, or under
+  // ZeRO-1 the replicated group plus one shard of the master (when a compute copy exists) and the
+  // moments; gradients and the compute weights stay whole.
+  const double flat = static_cast<double>(ps.flat_numel());
+  const double held = zero ? static_cast<double>(ps.replicated_numel() + ps.shard_numel()) : flat;
+  const double msize = static_cast<double>(dtype_size(prec.master));
+  const double master = (prec.act != prec.master ? held : flat) * msize;
+  const double copy = prec.act != prec.master ? flat * static_cast<double>(dtype_size(prec.act)) : 0.0;
+  const double grads = flat * msize, optim = 2 * held * msize;
   const double acts = static_cast<double>(model.activation_bytes(B, T));
   const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
   const double flops = model.flops_per_token(T);
@@ -68,7 +81,11 @@ int cmd_info(int argc, char** argv) {
               {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},
               {"device", device_name(ctx.device)},
               {"micro_batch_tokens", B * T},
+              {"ranks", ranks},
+              {"zero", zero ? 1 : 0},
+              {"recompute", cfg.train.recompute},
               {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"buffers", buffers}, {"activations", acts}}},
+              {"activation_bytes_per_token", acts / static_cast<double>(B * T)},
               {"train_flops_per_token", flops}};
     json layers = json::array();
     for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
@@ -101,9 +118,11 @@ int cmd_info(int argc, char** argv) {
   for (const auto& r : model.layer_table())
     std::printf("  %-22s %-15s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
 
-  std::printf("\nmemory plan on %s (%s compute), micro-batch %lld x %lld = %lld tokens\n", device_name(ctx.device),
-              dtype_name(prec.act), static_cast<long long>(B), static_cast<long long>(T),
-              static_cast<long long>(B * T));
+  std::printf("\nmemory plan per %s (%s compute), micro-batch %lld x %lld = %lld tokens, recompute %s%s\n",
+              ctx.device == Device::CUDA ? "GPU" : "process", dtype_name(prec.act), static_cast<long long>(B),
+              static_cast<long long>(T), static_cast<long long>(B * T), cfg.train.recompute.c_str(),
+              zero ? (", ZeRO-1 over " + std::to_string(ranks) + " ranks").c_str()
+                   : (ranks > 1 ? (", " + std::to_string(ranks) + " ranks, no ZeRO").c_str() : ""));
   std::printf("  %-34s %12s\n", (std::string("parameters (") + dtype_name(prec.master) + " master" +
                                      (copy > 0 ? std::string(" + ") + dtype_name(prec.act) + " copy)" : ")"))
                                         .c_str(),
@@ -111,7 +130,8 @@ int cmd_info(int argc, char** argv) {
   std::printf("  %-34s %12s\n", "gradients", human_bytes(grads).c_str());
   std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(optim).c_str());
   if (buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(buffers).c_str());
-  std::printf("  %-34s %12s\n", "activations saved for backward", human_bytes(acts).c_str());
+  std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(acts).c_str(),
+              human_bytes(acts / static_cast<double>(B * T)).c_str());
   std::printf("  %-34s %12s\n", "total (plus temporaries)",
               human_bytes(master + copy + grads + optim + buffers + acts).c_str());
   std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),

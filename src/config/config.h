@@ -72,6 +72,10 @@ struct TrainConfig {
   int64_t max_bad_steps = 5;
   bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
   double bucket_mb = 25;     // gradient bucket size for the all-reduce
+  // Saved activations the backward recomputes instead of keeping: none | mixer | block.
+  std::string recompute = "none";
+  // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks.
+  int64_t zero = 0;
   int64_t threads = 0;  // OpenMP threads of the CPU path; 0 = OMP_NUM_THREADS or all cores
 };
 

@@ -1,5 +1,6 @@
 #include "core/buffer.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -7,6 +8,27 @@
 #include "core/gpu.h"
 
 namespace linac {
+
+namespace {
+struct Usage {
+  std::atomic<size_t> live{0}, peak{0};
+};
+Usage& usage(Device d) {
+  static Usage u[2];
+  return u[d == Device::CPU ? 0 : 1];
+}
+void count_alloc(Device d, size_t bytes) {
+  Usage& u = usage(d);
+  const size_t now = u.live.fetch_add(bytes) + bytes;
+  size_t peak = u.peak.load();
+  while (now > peak && !u.peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
+size_t buffer_bytes_live(Device device) { return usage(device).live.load(); }
+size_t buffer_bytes_peak(Device device) { return usage(device).peak.load(); }
+void reset_buffer_peak(Device device) { usage(device).peak.store(usage(device).live.load()); }
 
 Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
@@ -17,12 +39,14 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   } else {
     ptr_ = gpu_malloc(bytes);
   }
+  count_alloc(device, bytes);
 }
 
 Buffer::~Buffer() { release(); }
 
 void Buffer::release() {
   if (!ptr_) return;
+  usage(device_).live.fetch_sub(bytes_);
   if (device_ == Device::CPU)
     std::free(ptr_);
   else

@@ -32,6 +32,13 @@ class Buffer {
   Device device_ = Device::CPU;
 };
 
+// Bytes held by Buffers on a device now, and the most held at once since the last reset (what
+// `linac bench` reports as peak memory; allocations outside Buffer, such as the GPU workspace or
+// cuBLAS and NCCL internals, are not counted).
+size_t buffer_bytes_live(Device device);
+size_t buffer_bytes_peak(Device device);
+void reset_buffer_peak(Device device);
+
 struct OwnedTensor {
   Buffer mem;
   Tensor t;

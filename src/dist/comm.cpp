@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -107,26 +108,130 @@ const char* Comm::backend() const {
   return nccl_ ? "nccl" : "mpi";
 }
 
+namespace {
+
+#if LINAC_WITH_NCCL
+ncclDataType_t nccl_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    default: LINAC_FAIL(std::string("no NCCL type for ") + dtype_name(dt));
+  }
+}
+#endif
+
+MPI_Datatype mpi_float_type(DType dt) {
+  LINAC_CHECK(dt == DType::F32 || dt == DType::F64, "MPI reductions take f32/f64 tensors");
+  return dt == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
+}
+
+int mpi_count(int64_t n) {
+  LINAC_CHECK(n <= INT32_MAX, "MPI collective of " + std::to_string(n) + " elements: more than an int counts");
+  return static_cast<int>(n);
+}
+
+// Runs an MPI collective on a host copy of a GPU tensor (or on the tensor itself on the CPU).
+template <class F>
+void through_host(const Tensor& t, F&& f) {
+  if (t.device == Device::CPU) {
+    f(t);
+    return;
+  }
+  OwnedTensor host(t.dtype, Device::CPU, t.dims());
+  copy_tensor(host.t, t);  // device-wide synchronous: waits for the stream too
+  f(host.t);
+  copy_tensor(t, host.t);
+}
+
+}  // namespace
+
 void Comm::allreduce_sum(const Tensor& t, void* stream) {
   if (world_ == 1 || t.numel() == 0) return;
-  LINAC_CHECK(t.is_contiguous() && (t.dtype == DType::F32 || t.dtype == DType::F64), "allreduce_sum: f32/f64 contiguous");
+  LINAC_CHECK(t.is_contiguous(), "allreduce_sum: contiguous tensors only");
 #if LINAC_WITH_NCCL
   if (nccl_ && t.device == Device::CUDA) {
-    LINAC_NCCL_CHECK(ncclAllReduce(t.ptr, t.ptr, static_cast<size_t>(t.numel()),
-                                   t.dtype == DType::F32 ? ncclFloat32 : ncclFloat64, ncclSum,
+    LINAC_NCCL_CHECK(ncclAllReduce(t.ptr, t.ptr, static_cast<size_t>(t.numel()), nccl_type(t.dtype), ncclSum,
                                    static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
     return;
   }
 #endif
-  const MPI_Datatype type = t.dtype == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
-  if (t.device == Device::CPU) {
-    LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, t.ptr, static_cast<int>(t.numel()), type, MPI_SUM, MPI_COMM_WORLD));
+  (void)stream;
+  through_host(t, [&](const Tensor& h) {
+    LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h.ptr, mpi_count(h.numel()), mpi_float_type(h.dtype), MPI_SUM,
+                                  MPI_COMM_WORLD));
+  });
+}
+
+void Comm::reduce_sum(const Tensor& t, int root, void* stream) {
+  if (world_ == 1 || t.numel() == 0) return;
+  LINAC_CHECK(t.is_contiguous(), "reduce_sum: contiguous tensors only");
+#if LINAC_WITH_NCCL
+  if (nccl_ && t.device == Device::CUDA) {
+    LINAC_NCCL_CHECK(ncclReduce(t.ptr, t.ptr, static_cast<size_t>(t.numel()), nccl_type(t.dtype), ncclSum, root,
+                                static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
     return;
   }
-  OwnedTensor host(t.dtype, Device::CPU, t.dims());
-  copy_tensor(host.t, t);  // device-wide synchronous: waits for `stream` too
-  LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, host->ptr, static_cast<int>(t.numel()), type, MPI_SUM, MPI_COMM_WORLD));
-  copy_tensor(t, host.t);
+#endif
+  (void)stream;
+  through_host(t, [&](const Tensor& h) {
+    const MPI_Datatype type = mpi_float_type(h.dtype);
+    if (rank_ == root)
+      LINAC_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.ptr, mpi_count(h.numel()), type, MPI_SUM, root, MPI_COMM_WORLD));
+    else
+      LINAC_MPI_CHECK(MPI_Reduce(h.ptr, nullptr, mpi_count(h.numel()), type, MPI_SUM, root, MPI_COMM_WORLD));
+  });
+}
+
+void Comm::reduce_scatter_sum(const Tensor& t, void* stream) {
+  if (world_ == 1 || t.numel() == 0) return;
+  LINAC_CHECK(t.is_contiguous() && t.numel() % world_ == 0, "reduce_scatter_sum: contiguous, world equal chunks");
+  const int64_t chunk = t.numel() / world_;
+#if LINAC_WITH_NCCL
+  if (nccl_ && t.device == Device::CUDA) {
+    // In place: NCCL's recvbuff = sendbuff + rank * recvcount.
+    void* mine = static_cast<char*>(t.ptr) + static_cast<size_t>(rank_ * chunk) * dtype_size(t.dtype);
+    LINAC_NCCL_CHECK(ncclReduceScatter(t.ptr, mine, static_cast<size_t>(chunk), nccl_type(t.dtype), ncclSum,
+                                       static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
+    return;
+  }
+#endif
+  (void)stream;
+  through_host(t, [&](const Tensor& h) {
+    OwnedTensor out(h.dtype, Device::CPU, {chunk});
+    LINAC_MPI_CHECK(MPI_Reduce_scatter_block(h.ptr, out->ptr, mpi_count(chunk), mpi_float_type(h.dtype), MPI_SUM,
+                                             MPI_COMM_WORLD));
+    copy_tensor(h.slice0(rank_ * chunk, (rank_ + 1) * chunk), out.t);
+  });
+}
+
+void Comm::allgather(const Tensor& t, void* stream) {
+  if (world_ == 1 || t.numel() == 0) return;
+  LINAC_CHECK(t.is_contiguous() && t.numel() % world_ == 0, "allgather: contiguous, world equal chunks");
+  const int64_t chunk = t.numel() / world_;
+#if LINAC_WITH_NCCL
+  if (nccl_ && t.device == Device::CUDA) {
+    const void* mine = static_cast<const char*>(t.ptr) + static_cast<size_t>(rank_ * chunk) * dtype_size(t.dtype);
+    LINAC_NCCL_CHECK(ncclAllGather(mine, t.ptr, static_cast<size_t>(chunk), nccl_type(t.dtype),
+                                   static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
+    return;
+  }
+#endif
+  (void)stream;
+  through_host(t, [&](const Tensor& h) {
+    const int bytes = mpi_count(chunk * static_cast<int64_t>(dtype_size(h.dtype)));
+    LINAC_MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h.ptr, bytes, MPI_BYTE, MPI_COMM_WORLD));
+  });
+}
+
+void Comm::gather_to_root(const std::vector<float>& piece, std::vector<float>& out) const {
+  if (world_ == 1) {
+    out = piece;
+    return;
+  }
+  if (rank_ == 0) out.resize(piece.size() * static_cast<size_t>(world_));
+  const int n = mpi_count(static_cast<int64_t>(piece.size()));
+  LINAC_MPI_CHECK(MPI_Gather(piece.data(), n, MPI_FLOAT, rank_ == 0 ? out.data() : nullptr, n, MPI_FLOAT, 0, MPI_COMM_WORLD));
 }
 
 double Comm::sum(double v) const {

@@ -37,6 +37,17 @@ class Comm {
   // (a cudaStream_t) for NCCL; the MPI fallback synchronises `stream` first and copies through
   // the host.
   void allreduce_sum(const Tensor& t, void* stream);
+  // ZeRO-1's collectives, in place on contiguous tensors, enqueued like allreduce_sum:
+  // reduce_sum: the sum over ranks lands in `root`'s t (f32/f64; the others' t is left undefined).
+  void reduce_sum(const Tensor& t, int root, void* stream);
+  // reduce_scatter_sum: t splits into world equal chunks; rank r's chunk r receives the sum over
+  // ranks of chunk r (f32/f64; the other chunks are left undefined).
+  void reduce_scatter_sum(const Tensor& t, void* stream);
+  // allgather: every rank's chunk r (of world equal chunks) is copied from rank r (f32/f64/bf16).
+  void allgather(const Tensor& t, void* stream);
+  // Host f32 pieces of equal length, concatenated in rank order into `out` on rank 0 (out is
+  // ignored elsewhere).
+  void gather_to_root(const std::vector<float>& piece, std::vector<float>& out) const;
   double sum(double v) const;
   int64_t max(int64_t v) const;
   // Every rank's vector (all of the same length), in rank order.

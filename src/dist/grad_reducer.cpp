@@ -18,8 +18,11 @@ GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, s
   std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / dtype_size(params.master_dtype())));
   bucket_of_.assign(order.size(), 0);
+  // Under ZeRO-1 no bucket straddles the replicated group's end: it is all-reduced, the rest reduced
+  // to its owners.
+  const int64_t repl = params.sharded() ? params.replicated_numel() : -1;
   for (int id : order) {
-    if (lo_.empty() || params.offset(id) - lo_.back() >= bucket_elems) {
+    if (lo_.empty() || params.offset(id) - lo_.back() >= bucket_elems || params.offset(id) == repl) {
       if (!lo_.empty()) hi_.back() = params.offset(id);
       lo_.push_back(params.offset(id));
       hi_.push_back(0);
@@ -33,8 +36,15 @@ GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, s
   launched_.assign(lo_.size(), false);
 #if LINAC_WITH_CUDA
   if (overlap_ && ctx.is_gpu()) {
+    // The communication stream gets the highest priority: NCCL's kernels need all their blocks
+    // resident at once to make progress, and at default priority they queue behind the backward's
+    // blocks (and hold the SMs they did get while waiting for the rest). At high priority the block
+    // scheduler places them as soon as SMs free up, so a bucket's reduction finishes while the
+    // backward goes on instead of stretching over it.
+    int least = 0, greatest = 0;
+    LINAC_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s;
-    LINAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    LINAC_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
     comm_stream_ = s;
     cudaEvent_t a, b;
     LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
@@ -70,25 +80,44 @@ void GradReducer::on_ready(const std::vector<int>& ids) {
   }
 }
 
+void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
+  const Tensor g = params_.flat_grad();
+  if (!params_.sharded() || hi <= params_.replicated_numel()) {
+    comm_.allreduce_sum(g.slice0(lo, hi), stream);
+    return;
+  }
+  // ZeRO-1: each shard's part goes to its owner only.
+  const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
+  for (int64_t r = (lo - base) / s; r * s + base < hi; ++r) {
+    const int64_t a = std::max(lo, base + r * s), b = std::min(hi, base + (r + 1) * s);
+    comm_.reduce_sum(g.slice0(a, b), static_cast<int>(r), stream);
+  }
+}
+
 void GradReducer::launch(size_t b) {
   launched_[b] = true;
-  const Tensor t = params_.flat_grad().slice0(lo_[b], hi_[b]);
 #if LINAC_WITH_CUDA
   if (comm_stream_) {
     // The bucket's gradients are written by kernels already enqueued on the compute stream.
     LINAC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_ready_), static_cast<cudaStream_t>(ctx_.stream)));
     LINAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), static_cast<cudaEvent_t>(ev_ready_), 0));
-    comm_.allreduce_sum(t, comm_stream_);
+    reduce(lo_[b], hi_[b], comm_stream_);
     return;
   }
 #endif
-  comm_.allreduce_sum(t, ctx_.stream);
+  reduce(lo_[b], hi_[b], ctx_.stream);
 }
 
 void GradReducer::finish() {
   if (comm_.world() == 1) return;
   if (!armed_) {
-    comm_.allreduce_sum(params_.flat_grad(), ctx_.stream);
+    if (!params_.sharded()) {
+      comm_.allreduce_sum(params_.flat_grad(), ctx_.stream);
+      return;
+    }
+    const int64_t repl = params_.replicated_numel();
+    comm_.allreduce_sum(params_.flat_grad().slice0(0, repl), ctx_.stream);
+    comm_.reduce_scatter_sum(params_.flat_grad().slice0(repl, params_.flat_numel()), ctx_.stream);
     return;
   }
   armed_ = false;

@@ -9,6 +9,9 @@
 // buckets complete in the same order everywhere (NCCL needs identical collective order).
 // finish() makes the compute stream wait for all of them. With overlap off, finish() reduces
 // the whole buffer in one call. On the CPU (MPI) the reductions are blocking calls.
+// Under ZeRO-1 (a sharded ParamStore) the replicated group is all-reduced as before and every
+// other bucket is reduced to the rank(s) owning its elements (a reduce per owner, or one
+// reduce-scatter when not overlapped): each rank ends with the summed gradients of what it owns.
 #pragma once
 
 #include <vector>
@@ -34,6 +37,8 @@ class GradReducer {
 
  private:
   void launch(size_t b);
+  // Sums gradients [lo, hi) over the ranks on `stream`: all of them, or under ZeRO-1 to owners.
+  void reduce(int64_t lo, int64_t hi, void* stream);
   const ParamStore& params_;
   Comm& comm_;
   Ctx ctx_;

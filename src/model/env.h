@@ -1,6 +1,6 @@
 // ModelEnv: what every module of a model shares — the execution context, the parameters,
-// the dtypes in use and a pool of scratch buffers for temporaries that do not outlive one
-// sub-layer's forward or backward.
+// the dtypes in use, the arena of saved activations and a pool of scratch buffers for
+// temporaries that do not outlive one sub-layer's forward or backward.
 #pragma once
 
 #include <map>
@@ -9,6 +9,7 @@
 #include "core/buffer.h"
 #include "core/gpu.h"
 #include "model/param_store.h"
+#include "model/saved_arena.h"
 
 namespace linac {
 
@@ -33,6 +34,8 @@ struct ModelEnv {
   DType resid = DType::F32;  // residual stream and its gradient (f32 on the GPU)
   DType stat = DType::F32;   // saved statistics (rstd, lse): f32 on the GPU, act on the CPU
   ScratchPool* scratch = nullptr;
+  // Where modules take their saved activations in reserve() (model/saved_arena.h).
+  SavedArena* saved = nullptr;
   // grad_scale of the forward_backward in progress: mixers with auxiliary losses scale those
   // losses' gradients by it, as the language-model loss's are (mixer.h).
   float grad_scale = 0;

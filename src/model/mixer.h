@@ -7,7 +7,10 @@
 //                    (residual dtype): the output projection accumulates straight into it.
 // backward(x, dy, dx): dy = dL/d(out) [B, T, d] (activation dtype); writes dx = dL/dx
 //                    (overwrite) and accumulates parameter gradients.
-// reserve(B, T):     allocates what forward saves for backward, once, for the largest shape.
+// reserve(B, T):     takes what forward saves for backward from env.saved (SavedArena), once,
+//                    for the largest shape. Activation recompute re-runs forward on the same x
+//                    right before backward (into a scratch `out`), so forward must depend only on
+//                    x and the parameters and must not accumulate state across calls.
 // init_state(B), step(state, x_t, out_t): decoding one token at a time with constant memory,
 //                    for mixers with a recurrent form: x_t [B, d] (activation dtype), out_t [B, d]
 //                    (residual dtype, accumulated into like forward's out). Mixers without one

@@ -32,8 +32,8 @@ Precision Precision::resolve(Device device, const std::string& precision) {
 }
 
 Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
-             bool allocate)
-    : cfg_(cfg), scratch_(ctx.device) {
+             bool allocate, int zero_world, int zero_rank)
+    : cfg_(cfg), scratch_(ctx.device), saved_(ctx.device) {
   const Precision p = Precision::resolve(ctx.device, precision);
   env_.ctx = ctx;
   env_.params = &params_;
@@ -41,6 +41,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   env_.resid = p.resid;
   env_.stat = p.stat;
   env_.scratch = &scratch_;
+  env_.saved = &saved_;
 
   const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
   const int64_t d = cfg.d_model;
@@ -50,10 +51,10 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   const GluAct glu = channel_mixer == "sglu" ? GluAct::Identity : GluAct::Silu;
   has_mlp_ = channel_mixer != "none";
   auto add_norm = [&](const std::string& name) {
-    return simple_norm_ ? -1 : params_.add({name, {d}, Init::Ones, 0, false});
+    return simple_norm_ ? -1 : params_.add({name, {d}, Init::Ones, 0, false, {}, true});
   };
   embed_ = params_.add({"embed.weight", {cfg.vocab_size, d}, Init::Normal,
-                        cfg.embed_init_std > 0 ? cfg.embed_init_std : cfg.init_std, false});
+                        cfg.embed_init_std > 0 ? cfg.embed_init_std : cfg.init_std, false, {}, true});
   blocks_.resize(static_cast<size_t>(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
@@ -72,8 +73,12 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   }
   if (cfg.final_norm) norm_f_ = add_norm("norm_f.weight");
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
-  if (cfg.head_bias) head_bias_ = params_.add({"head.bias", {cfg.vocab_size}, Init::Zeros, 0, false});
-  if (allocate) params_.allocate(ctx.device, p.master, p.act, with_optimizer);
+  if (cfg.head_bias) head_bias_ = params_.add({"head.bias", {cfg.vocab_size}, Init::Zeros, 0, false, {}, true});
+  if (zero_world > 1) params_.shard(zero_rank, zero_world);
+  if (allocate)
+    params_.allocate(ctx.device, p.master, p.act, with_optimizer);
+  else
+    params_.plan();
 }
 
 Model::~Model() = default;
@@ -87,23 +92,42 @@ int64_t Model::n_embedding_params() const {
   return n;
 }
 
+void Model::set_recompute(Recompute r) {
+  recompute_ = r;
+  if (B_ > 0) reserve(B_, T_);
+}
+
 void Model::reserve(int64_t B, int64_t T) {
   B_ = B;
   T_ = T;
   const int64_t N = B * T, d = cfg_.d_model;
   const Device dev = env_.device();
-  const size_t act_row = static_cast<size_t>(d) * dtype_size(env_.act);
-  resid_.clear();
-  for (int64_t i = 0; i <= (has_mlp_ ? 2 : 1) * cfg_.n_layers; ++i)
-    resid_.emplace_back(static_cast<size_t>(N * d) * dtype_size(env_.resid), dev);
-  for (auto& b : blocks_) {
-    b.xn1 = Buffer(static_cast<size_t>(N) * act_row, dev);
-    b.rstd1 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+  const size_t rows = static_cast<size_t>(N);
+  const size_t resid_bytes = rows * static_cast<size_t>(d) * dtype_size(env_.resid);
+  const size_t act_bytes = rows * static_cast<size_t>(d) * dtype_size(env_.act), stat_bytes = rows * dtype_size(env_.stat);
+  // Block inputs R[2l] stay private; everything a block saves goes into a shared group when the
+  // backward recomputes it (the mixer's part only, or the whole block).
+  const int per_layer = has_mlp_ ? 2 : 1;
+  saved_.clear();
+  saved_.begin_group(false);
+  resid_.assign(static_cast<size_t>(per_layer * cfg_.n_layers + 1), SavedBuf());
+  resid_[0] = saved_.take(resid_bytes);
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    saved_.begin_group(recompute_ == Recompute::Block);
+    b.xn1 = saved_.take(act_bytes);
+    b.rstd1 = saved_.take(stat_bytes);
+    if (recompute_ == Recompute::Mixer) saved_.begin_group(true);
     b.mixer->reserve(B, T);
-    if (!b.mlp) continue;
-    b.xn2 = Buffer(static_cast<size_t>(N) * act_row, dev);
-    b.rstd2 = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
-    b.mlp->reserve(B, T);
+    if (recompute_ == Recompute::Mixer) saved_.begin_group(false);
+    if (b.mlp) {
+      resid_[per_layer * l + 1] = saved_.take(resid_bytes);
+      b.xn2 = saved_.take(act_bytes);
+      b.rstd2 = saved_.take(stat_bytes);
+      b.mlp->reserve(B, T);
+    }
+    saved_.begin_group(false);
+    resid_[per_layer * (l + 1)] = saved_.take(resid_bytes);
   }
   if (head_bias_ >= 0) {
     const DType logit_dt = env_.act == DType::BF16 ? DType::F32 : env_.act;
@@ -114,20 +138,28 @@ void Model::reserve(int64_t B, int64_t T) {
     ones_act_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.act), dev);
     copy_tensor(ones_act_.tensor(env_.act, {N}), to(host, Device::CPU, env_.act));
   }
-  xf_ = Buffer(static_cast<size_t>(N) * act_row, dev);
-  rstd_f_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
-  losses_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.stat), dev);
+  xf_ = saved_.take(act_bytes);
+  rstd_f_ = saved_.take(stat_bytes);
+  losses_ = saved_.take(stat_bytes);
+  saved_.allocate();
 }
 
 size_t Model::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), d = static_cast<size_t>(cfg_.d_model);
-  size_t bytes = ((has_mlp_ ? 2 : 1) * static_cast<size_t>(cfg_.n_layers) + 1) * N * d * dtype_size(env_.resid);
+  const size_t resid_row = N * d * dtype_size(env_.resid), norm = N * (d * dtype_size(env_.act) + dtype_size(env_.stat));
+  // Block inputs and the final norm's output, rstd and losses are always kept.
+  size_t keep = (static_cast<size_t>(cfg_.n_layers) + 1) * resid_row + N * (d * dtype_size(env_.act) + 2 * dtype_size(env_.stat));
+  size_t shared = 0;
   for (const auto& b : blocks_) {
-    bytes += N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mixer->activation_bytes(B, T);
-    if (b.mlp) bytes += N * (d * dtype_size(env_.act) + dtype_size(env_.stat)) + b.mlp->activation_bytes(B, T);
+    const size_t mixer = b.mixer->activation_bytes(B, T);
+    const size_t block = norm + mixer + (b.mlp ? resid_row + norm + b.mlp->activation_bytes(B, T) : 0);
+    switch (recompute_) {
+      case Recompute::None: keep += block; break;
+      case Recompute::Mixer: keep += block - mixer, shared = std::max(shared, mixer); break;
+      case Recompute::Block: shared = std::max(shared, block); break;
+    }
   }
-  bytes += N * (d * dtype_size(env_.act) + 2 * dtype_size(env_.stat));
-  return bytes;
+  return keep + shared;
 }
 
 double Model::flops_per_token(int64_t T) const {
@@ -181,6 +213,25 @@ double Model::aux_loss_sum() const {
 
 void Model::update_buffers(const std::function<void(const Tensor&)>& sum_ranks) {
   for (auto& b : blocks_) b.mixer->update_buffers(sum_ranks);
+}
+
+void Model::recompute_block(int l, int64_t B, int64_t T) {
+  Block& b = blocks_[static_cast<size_t>(l)];
+  const int64_t N = B * T, d = cfg_.d_model;
+  const Tensor r0 = resid(2 * l, B, T), xn1 = b.xn1.tensor(env_.act, {B, T, d});
+  norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
+  // R[2l+2] is the next block's input: the last sub-layer writes its output into scratch.
+  Tensor sink = scratch_.get("model.recompute_out", env_.resid, {B, T, d});
+  zero_tensor(env_.ctx, sink);
+  if (!b.mlp) {
+    b.mixer->forward(xn1, sink);
+    return;
+  }
+  const Tensor r1 = resid(2 * l + 1, B, T), xn2 = b.xn2.tensor(env_.act, {B, T, d});
+  copy_tensor(env_.ctx, r1, r0);
+  b.mixer->forward(xn1, r1);
+  norm_fwd(b.norm2, r1.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
+  b.mlp->forward(xn2, sink);
 }
 
 Tensor Model::resid(int i, int64_t B, int64_t T) const {
@@ -241,8 +292,8 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   const bool backward = grad_scale != 0.f;
   env_.grad_scale = grad_scale;
   const int L = static_cast<int>(cfg_.n_layers);
-  auto act = [&](const Buffer& b) { return b.tensor(env_.act, {B, T, d}); };
-  auto stat = [&](const Buffer& b) { return b.tensor(env_.stat, {N}); };
+  auto act = [&](const SavedBuf& b) { return b.tensor(env_.act, {B, T, d}); };
+  auto stat = [&](const SavedBuf& b) { return b.tensor(env_.stat, {N}); };
 
   {
     ProfileScope prof(ctx, "embedding");
@@ -306,6 +357,10 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
+    if (recompute_ == Recompute::Block) {
+      ProfileScope prof(ctx, "recompute (the block's forward)");
+      recompute_block(l, B, T);
+    }
     if (b.mlp) {
       {
         ProfileScope prof(ctx, "norms and residual copies");
@@ -324,6 +379,11 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     }
     {
       ProfileScope prof(ctx, b.mixer_bwd.c_str());
+      if (recompute_ == Recompute::Mixer) {
+        Tensor sink = scratch_.get("model.recompute_out", env_.resid, {B, T, d});
+        zero_tensor(ctx, sink);
+        b.mixer->forward(act(b.xn1), sink);
+      }
       b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
     }
     {

@@ -40,9 +40,11 @@ struct Precision {
 class Model {
  public:
   // Registers and allocates the parameters (zeroed; call init_params or load them). With
-  // allocate = false only the shapes exist (for `linac info`).
+  // allocate = false only the shapes and the layout exist (for `linac info`). zero_world > 1
+  // shards the master weights and moments over that many ranks, this process being zero_rank
+  // (ZeRO-1, ParamStore::shard).
   Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
-        bool allocate = true);
+        bool allocate = true, int zero_world = 1, int zero_rank = 0);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -53,6 +55,10 @@ class Model {
   void set_profiler(Profiler* p) { env_.ctx.profiler = p; }
 
   void init_params(uint64_t seed);
+  // What the backward recomputes instead of keeping (train.recompute; model/saved_arena.h). Set it
+  // before reserve() (a later call reserves again). Gradients do not depend on it, bit for bit.
+  void set_recompute(Recompute r);
+  Recompute recompute() const { return recompute_; }
   // Allocates activations for micro-batches of up to B sequences of up to T tokens.
   void reserve(int64_t B, int64_t T);
 
@@ -92,6 +98,7 @@ class Model {
 
   int64_t n_params() const { return params_.total_numel(); }
   int64_t n_embedding_params() const;  // embed (+ head when untied)
+  // Saved activations of a [B, T] micro-batch under the configured recompute.
   size_t activation_bytes(int64_t B, int64_t T) const;
   double flops_per_token(int64_t T) const;  // training (fwd+bwd) model FLOPs
 
@@ -105,7 +112,7 @@ class Model {
   struct Block {
     int norm1 = -1, norm2 = -1;
     std::unique_ptr<Mixer> mixer, mlp;
-    Buffer xn1, xn2, rstd1, rstd2;
+    SavedBuf xn1, xn2, rstd1, rstd2;
     std::vector<int> param_ids;  // every parameter registered by this block
     std::string mixer_fwd, mixer_bwd;  // profile region names: "token mixer forward (<kind>)"
   };
@@ -123,18 +130,23 @@ class Model {
   void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const;
   void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx) const;
   Tensor resid(int i, int64_t B, int64_t T) const;
+  // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
+  // without touching the next block's input.
+  void recompute_block(int l, int64_t B, int64_t T);
 
   ModelConfig cfg_;
   ParamStore params_;
   ScratchPool scratch_;
+  SavedArena saved_;
   ModelEnv env_;
+  Recompute recompute_ = Recompute::None;
   int embed_ = -1, norm_f_ = -1, head_ = -1, head_bias_ = -1;  // norm ids are -1 for SimpleRMSNorm
   bool has_mlp_ = true;  // false: blocks are x += Mixer(Norm(x)) only (channel_mixer "none")
   bool simple_norm_ = false;
   float embed_scale_ = 1.f;
   std::vector<Block> blocks_;
-  std::vector<Buffer> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
-  Buffer xf_, rstd_f_, losses_;
+  std::vector<SavedBuf> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
+  SavedBuf xf_, rstd_f_, losses_;
   Buffer ones_logit_, ones_act_;  // [B*T] ones in the logits' and the activations' dtypes (head bias GEMMs)
   std::function<void(const std::vector<int>&)> grad_ready_;
   int64_t B_ = 0, T_ = 0;

@@ -1,5 +1,6 @@
 #include "model/param_store.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/rng.h"
@@ -60,27 +61,44 @@ int64_t ParamStore::total_numel() const {
   return n;
 }
 
+void ParamStore::shard(int rank, int world) {
+  LINAC_CHECK(master_.bytes() == 0, "ParamStore::shard after allocate");
+  LINAC_CHECK(world >= 1 && rank >= 0 && rank < world, "ParamStore::shard: rank " + std::to_string(rank) + " of " +
+                                                          std::to_string(world));
+  rank_ = rank;
+  world_ = world;
+}
+
+void ParamStore::plan() {
+  offset_.assign(specs_.size(), 0);
+  decay_ranges_.clear();
+  int64_t off = 0;
+  for (int group = 0; group < 4; ++group) {  // reads_master first; decayed first within each
+    const bool reads = group < 2, decay = group % 2 == 0;
+    const int64_t start = off;
+    for (int i = 0; i < count(); ++i) {
+      const ParamSpec& s = specs_[static_cast<size_t>(i)];
+      if (s.reads_master != reads || s.decay != decay) continue;
+      offset_[static_cast<size_t>(i)] = off;
+      off += round_up(numel(i));
+    }
+    if (decay && off > start) decay_ranges_.emplace_back(start, off);
+    if (group == 1) repl_n_ = off;
+  }
+  shard_n_ = sharded() ? round_up((off - repl_n_ + world_ - 1) / world_) : 0;
+  flat_n_ = sharded() ? repl_n_ + world_ * shard_n_ : off;
+}
+
 void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype, bool with_optimizer) {
   device_ = device;
   master_dt_ = master_dtype;
   compute_dt_ = compute_dtype;
-  offset_.assign(specs_.size(), 0);
-  int64_t off = 0;
-  for (int pass = 0; pass < 2; ++pass) {  // decayed parameters first
-    for (int i = 0; i < count(); ++i) {
-      if (specs_[static_cast<size_t>(i)].decay != (pass == 0)) continue;
-      offset_[static_cast<size_t>(i)] = off;
-      off += round_up(numel(i));
-    }
-    if (pass == 0) decay_n_ = off;
-  }
-  flat_n_ = off;
-  const size_t bytes = static_cast<size_t>(flat_n_) * dtype_size(master_dt_);
-  master_ = Buffer(bytes, device);
-  grad_ = Buffer(bytes, device);
+  plan();
+  master_ = Buffer(static_cast<size_t>(master_numel()) * dtype_size(master_dt_), device);
+  grad_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(master_dt_), device);
   if (with_optimizer) {
-    m_ = Buffer(bytes, device);
-    v_ = Buffer(bytes, device);
+    m_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
+    v_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
   }
   buffer_offset_.clear();
   int64_t buffer_n = 0;
@@ -90,10 +108,86 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
   }
   if (buffer_n > 0) buffers_ = Buffer(static_cast<size_t>(buffer_n) * dtype_size(master_dt_), device);
   if (compute_dt_ != master_dt_) compute_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(compute_dt_), device);
-  zero_tensor(flat_master());
+  zero_tensor(master_.tensor(master_dt_, {master_numel()}));
   zero_tensor(flat_grad());
   if (with_optimizer) zero_optimizer_state();
   if (compute_.bytes()) zero_tensor(flat_compute());
+}
+
+std::vector<OwnedRange> ParamStore::owned() const {
+  auto sl = [&](const Buffer& b, DType dt, int64_t lo, int64_t n) {
+    return b.bytes() ? b.tensor(dt, {n}, static_cast<size_t>(lo) * dtype_size(dt)) : Tensor();
+  };
+  if (!sharded()) return {{0, flat_n_, sl(master_, master_dt_, 0, flat_n_), sl(m_, master_dt_, 0, flat_n_),
+                           sl(v_, master_dt_, 0, flat_n_), sl(compute_, compute_dt_, 0, flat_n_)}};
+  std::vector<OwnedRange> out;
+  if (repl_n_ > 0)
+    out.push_back({0, repl_n_, sl(master_, master_dt_, 0, repl_n_), sl(m_, master_dt_, 0, repl_n_),
+                   sl(v_, master_dt_, 0, repl_n_), sl(compute_, compute_dt_, 0, repl_n_)});
+  if (shard_n_ > 0) {
+    const int64_t lo = shard_lo();
+    out.push_back({lo, lo + shard_n_, sl(master_, master_dt_, master_whole() ? lo : repl_n_, shard_n_),
+                   sl(m_, master_dt_, repl_n_, shard_n_), sl(v_, master_dt_, repl_n_, shard_n_),
+                   sl(compute_, compute_dt_, lo, shard_n_)});
+  }
+  return out;
+}
+
+Tensor ParamStore::sharded_weights() const {
+  const Tensor w = compute_.bytes() ? flat_compute() : flat_master();
+  return w.slice0(repl_n_, flat_n_);
+}
+
+std::vector<Tensor> ParamStore::replica() const {
+  if (master_whole()) return {flat_master()};
+  return {flat_compute(), master_.tensor(master_dt_, {repl_n_})};
+}
+
+ParamStore ParamStore::clone_layout() const {
+  ParamStore c;
+  c.specs_ = specs_;
+  c.buffer_specs_ = buffer_specs_;
+  return c;
+}
+
+Tensor ParamStore::master(int id) const {
+  LINAC_CHECK(!sharded() || spec(id).reads_master,
+              "parameter " + spec(id).name + " is split over the ranks (ZeRO-1); compute reads it through weight()");
+  return view(master_, master_dt_, id);
+}
+
+Tensor ParamStore::m(int id) const {
+  LINAC_CHECK(!sharded() || spec(id).reads_master, "parameter " + spec(id).name + "'s moments are split over the ranks");
+  return view(m_, master_dt_, id);
+}
+
+Tensor ParamStore::v(int id) const {
+  LINAC_CHECK(!sharded() || spec(id).reads_master, "parameter " + spec(id).name + "'s moments are split over the ranks");
+  return view(v_, master_dt_, id);
+}
+
+Tensor ParamStore::flat_master() const {
+  LINAC_CHECK(master_whole(), "ParamStore: the master weights are split over the ranks (ZeRO-1)");
+  return flat(master_, master_dt_);
+}
+
+void ParamStore::load(ParamPart part, int id, const Tensor& src) {
+  const int64_t o = offset(id), n = numel(id);
+  LINAC_CHECK(src.numel() == n, "ParamStore::load: " + spec(id).name + " has " + std::to_string(n) + " elements, got " +
+                                    std::to_string(src.numel()));
+  OwnedTensor host = to(src, Device::CPU, master_dt_);
+  const Tensor values = host->view({n});
+  if (part == ParamPart::Master && master_whole()) {
+    copy_tensor(view(master_, master_dt_, id).view({n}), values);
+    return;
+  }
+  for (const OwnedRange& r : owned()) {
+    const int64_t lo = std::max(o, r.lo), hi = std::min(o + n, r.hi);
+    if (lo >= hi) continue;
+    const Tensor& dst = part == ParamPart::Master ? r.master : part == ParamPart::M ? r.m : r.v;
+    LINAC_CHECK(dst.defined(), "ParamStore::load: no optimizer state allocated");
+    copy_tensor(dst.slice0(lo - r.lo, hi - r.lo), values.slice0(lo - o, hi - o));
+  }
 }
 
 Tensor ParamStore::view(const Buffer& b, DType dt, int id) const {
@@ -105,15 +199,17 @@ Tensor ParamStore::flat(const Buffer& b, DType dt) const {
   return b.tensor(dt, {flat_n_});
 }
 
-Tensor ParamStore::weight(int id) const { return compute_.bytes() ? view(compute_, compute_dt_, id) : master(id); }
+Tensor ParamStore::weight(int id) const {
+  return compute_.bytes() ? view(compute_, compute_dt_, id) : view(master_, master_dt_, id);  // the master is whole then
+}
 
 Tensor ParamStore::flat_compute() const { return compute_.bytes() ? flat(compute_, compute_dt_) : Tensor(); }
 
 void ParamStore::zero_grad(const Ctx& ctx) { zero_tensor(ctx, flat_grad()); }
 
 void ParamStore::zero_optimizer_state() {
-  zero_tensor(flat_m());
-  zero_tensor(flat_v());
+  zero_tensor(m_.tensor(master_dt_, {moment_numel()}));
+  zero_tensor(v_.tensor(master_dt_, {moment_numel()}));
 }
 
 namespace {
@@ -141,7 +237,10 @@ void ParamStore::init(uint64_t seed, const Ctx& ctx) {
   for (int i = 0; i < count(); ++i) draw_init(spec(i), seed, h + offset_[static_cast<size_t>(i)]);
   OwnedTensor conv(master_dt_, Device::CPU, {flat_n_});
   convert_host(conv.t, host.t);
-  copy_tensor(flat_master(), conv.t);
+  if (master_whole())
+    copy_tensor(flat_master(), conv.t);
+  else
+    for (const OwnedRange& r : owned()) copy_tensor(r.master, conv->slice0(r.lo, r.hi));
   for (int i = 0; i < buffer_count(); ++i) {
     const Tensor b = buffer(i);
     OwnedTensor bh(DType::F64, Device::CPU, b.dims());
@@ -152,7 +251,8 @@ void ParamStore::init(uint64_t seed, const Ctx& ctx) {
 }
 
 void ParamStore::refresh_compute(const Ctx& ctx) {
-  if (compute_.bytes()) cast(ctx, flat_compute(), flat_master());
+  if (!compute_.bytes()) return;
+  for (const OwnedRange& r : owned()) cast(ctx, r.compute, r.master);
 }
 
 size_t ParamStore::bytes_params() const { return master_.bytes() + compute_.bytes(); }

@@ -6,15 +6,27 @@
 //   compute bf16 copy of master            only on the GPU in bf16 precision; otherwise the
 //                                          compute view IS the master
 //
-// Parameters with weight decay come first, then those without, so the optimizer runs one
-// launch per group. Each parameter starts at a multiple of 64 elements (aligned vector loads,
-// cuBLASLt alignment); the padding stays zero. Initial values are drawn on the host from a
-// Philox stream named after the parameter, so they are identical on every device and do not
-// depend on creation order.
+// Flat layout, in four groups: parameters compute reads in the master dtype (ParamSpec::
+// reads_master: norm gains, biases, the embedding gather, small filters) first, then the others
+// (the matrices); within each, those with weight decay first, so the optimizer runs one launch per
+// decay range. Each parameter starts at a multiple of 64 elements (aligned vector loads, cuBLASLt
+// alignment); the padding stays zero. Initial values are drawn on the host from a Philox stream
+// named after the parameter, so they are identical on every device and do not depend on creation
+// order.
+//
+// ZeRO-1 (shard(rank, world) before allocate): the reads_master group, [0, replicated_numel()),
+// stays whole on every rank. The rest is padded to `world` equal shards of shard_numel() elements;
+// rank r owns [replicated_numel() + r * shard_numel(), + shard_numel()) of the master weights and
+// AdamW moments (m, v hold the replicated group and this rank's shard). Gradients stay whole (the
+// trainer reduces each element to its owner). The master keeps only the replicated group and the
+// shard when a separate compute copy exists (bf16 on the GPU); where the master is the compute
+// weight (CPU, fp32 GPU) it stays whole. After the owners update their shards the trainer
+// all-gathers sharded_weights().
 #pragma once
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/buffer.h"
@@ -31,17 +43,37 @@ struct ParamSpec {
   double std = 0.02;
   bool decay = true;  // weight decay applies (matrices); norms/embeddings opt out by default
   std::vector<double> values = {};  // Init::Values: the initial values (numel of them), e.g. a frequency table
+  // Compute reads this parameter through master() (in the master dtype), not weight(): ZeRO-1
+  // keeps it whole on every rank.
+  bool reads_master = false;
 };
+
+// What an optimizer step updates on this rank: the flat range [lo, hi) and its master, moment
+// and compute views (compute undefined without a separate copy).
+struct OwnedRange {
+  int64_t lo = 0, hi = 0;
+  Tensor master, m, v, compute;
+};
+
+enum class ParamPart { Master, M, V };
 
 class ParamStore {
  public:
   // Registers a parameter; returns its id. Only before allocate().
   int add(const ParamSpec& spec);
-  // Allocates the flat buffers. `master_dtype` is f32 (or f64 on CPU); `compute_dtype` bf16 adds a
+  // ZeRO-1 over `world` ranks (world > 1), as rank `rank`. Only before allocate() / plan().
+  void shard(int rank, int world);
+  // Computes the layout (offsets, ranges) without allocating, for size reports.
+  void plan();
+  // Allocates the flat buffers (after computing the layout). `master_dtype` is f32 (or f64 on CPU); `compute_dtype` bf16 adds a
   // bf16 copy; `with_optimizer` allocates the AdamW moments.
   void allocate(Device device, DType master_dtype, DType compute_dtype, bool with_optimizer);
-  // Draws initial values (seeded) and uploads them; refreshes the compute copy.
+  // Draws initial values (seeded) and uploads the part this rank holds; refreshes the compute
+  // copy of what it owns (under ZeRO-1 the trainer then all-gathers sharded_weights()).
   void init(uint64_t seed, const Ctx& ctx);
+  // Writes the values of parameter `id` (src: all of them, any device and float dtype) into the
+  // part of `part` this rank holds. The compute copy is left to refresh_compute().
+  void load(ParamPart part, int id, const Tensor& src);
 
   int count() const { return static_cast<int>(specs_.size()); }
   const ParamSpec& spec(int id) const { return specs_[static_cast<size_t>(id)]; }
@@ -50,22 +82,44 @@ class ParamStore {
   int64_t offset(int id) const { return offset_[static_cast<size_t>(id)]; }  // in the flat buffers
   int64_t total_numel() const;  // without padding
   int64_t flat_numel() const { return flat_n_; }
-  int64_t decay_numel() const { return decay_n_; }  // [0, decay_numel) of the flat buffers decays
+  // Flat ranges [lo, hi) whose parameters decay (the others do not).
+  const std::vector<std::pair<int64_t, int64_t>>& decay_ranges() const { return decay_ranges_; }
+  bool sharded() const { return world_ > 1; }
+  int shard_rank() const { return rank_; }
+  int shard_world() const { return world_; }
+  int64_t replicated_numel() const { return repl_n_; }  // [0, replicated_numel): whole on every rank
+  int64_t shard_numel() const { return shard_n_; }      // sharded elements per rank (0 unless sharded)
+  // Whether the master is the whole flat buffer (always unless sharded with a compute copy).
+  bool master_whole() const { return !sharded() || compute_dt_ == master_dt_; }
+  // Master elements this rank keeps: the flat size, or the replicated group plus one shard.
+  int64_t master_numel() const { return master_whole() ? flat_n_ : repl_n_ + shard_n_; }
+  int64_t moment_numel() const { return sharded() ? repl_n_ + shard_n_ : flat_n_; }
+  // The ranges an optimizer step on this rank updates: everything, or under ZeRO-1 the
+  // replicated group and this rank's shard.
+  std::vector<OwnedRange> owned() const;
+  // The compute weights (bf16 copy, or the master) of [replicated_numel(), flat_numel()): what
+  // ZeRO-1 all-gathers after the owners' updates.
+  Tensor sharded_weights() const;
+  // What every data-parallel rank must hold identically: the whole master, or under ZeRO-1 with a
+  // compute copy, that copy and the replicated masters.
+  std::vector<Tensor> replica() const;
+  // A store with the same parameters and buffers, not sharded and not allocated.
+  ParamStore clone_layout() const;
   Device device() const { return device_; }
   DType master_dtype() const { return master_dt_; }
   DType compute_dtype() const { return compute_dt_; }
   bool has_optimizer() const { return m_.bytes() > 0; }
 
-  Tensor master(int id) const { return view(master_, master_dt_, id); }
+  // master, m and v of one parameter: under ZeRO-1 only for reads_master parameters (the others
+  // are split over the ranks; compute reads them through weight()).
+  Tensor master(int id) const;
   Tensor grad(int id) const { return view(grad_, master_dt_, id); }
   Tensor weight(int id) const;  // compute dtype (bf16 copy or the master)
-  Tensor m(int id) const { return view(m_, master_dt_, id); }
-  Tensor v(int id) const { return view(v_, master_dt_, id); }
+  Tensor m(int id) const;
+  Tensor v(int id) const;
 
-  Tensor flat_master() const { return flat(master_, master_dt_); }
+  Tensor flat_master() const;  // the whole master (master_whole() only)
   Tensor flat_grad() const { return flat(grad_, master_dt_); }
-  Tensor flat_m() const { return flat(m_, master_dt_); }
-  Tensor flat_v() const { return flat(v_, master_dt_); }
   Tensor flat_compute() const;  // undefined unless a separate compute copy exists
 
   // Non-gradient model state (e.g. Transformer-VQ's codebook statistics): initialised like a
@@ -80,7 +134,8 @@ class ParamStore {
 
   void zero_grad(const Ctx& ctx);
   void zero_optimizer_state();
-  // master -> compute copy (after init, load or an optimizer step done without the fused copy).
+  // master -> compute copy of the owned ranges (after init, load or an optimizer step done
+  // without the fused copy).
   void refresh_compute(const Ctx& ctx);
 
   size_t bytes_params() const;     // master + compute copy
@@ -90,10 +145,14 @@ class ParamStore {
  private:
   Tensor view(const Buffer& b, DType dt, int id) const;
   Tensor flat(const Buffer& b, DType dt) const;
+  // Flat offset of this rank's shard.
+  int64_t shard_lo() const { return repl_n_ + rank_ * shard_n_; }
 
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offset_;
-  int64_t flat_n_ = 0, decay_n_ = 0;
+  int64_t flat_n_ = 0, repl_n_ = 0, shard_n_ = 0;
+  int rank_ = 0, world_ = 1;
+  std::vector<std::pair<int64_t, int64_t>> decay_ranges_;
   Device device_ = Device::CPU;
   DType master_dt_ = DType::F32, compute_dt_ = DType::F32;
   Buffer master_, grad_, m_, v_, compute_;

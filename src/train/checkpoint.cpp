@@ -279,14 +279,15 @@ bool CheckpointReader::has_optimizer() const {
 }
 
 void CheckpointReader::load_params(ParamStore& params, bool with_optimizer) const {
-  const auto load = [&](const std::string& name, const Tensor& t) {
+  // Reads dataset `name` (of shape `dims`) as f32 on the host, verified against its hash.
+  const auto read = [&](const std::string& name, const std::vector<int64_t>& dims) {
     const auto it = datasets_.find(name);
     if (it == datasets_.end()) throw UserError(path_ + ": checkpoint has no '" + name + "'");
-    const std::vector<uint64_t> want(t.shape.begin(), t.shape.begin() + t.ndim);
+    const std::vector<uint64_t> want(dims.begin(), dims.end());
     if (it->second.dims != want)
       throw UserError(path_ + ": '" + name + "' has shape " + shape_str(it->second.dims) + " but the model expects " +
                       shape_str(want) + " (the checkpoint was made for a different model config)");
-    OwnedTensor host(DType::F32, Device::CPU, t.dims());
+    OwnedTensor host(DType::F32, Device::CPU, dims);
     try {
       const h5::Dataset ds = h5::Dataset::open(file_->id(), name);
       if (ds.type() != h5::Type::F32) throw UserError(path_ + ": '" + name + "' is not float32");
@@ -296,15 +297,20 @@ void CheckpointReader::load_params(ParamStore& params, bool with_optimizer) cons
     }
     if (content_hash(host->ptr, host->nbytes()) != it->second.hash)
       throw UserError(path_ + ": checksum mismatch in /" + name + " (the file changed or is corrupted)");
-    copy_tensor(t, to(host, t.device, t.dtype));
+    return host;
   };
-  for (int i = 0; i < params.count(); ++i) load("params/" + params.spec(i).name, params.master(i));
-  for (int i = 0; i < params.buffer_count(); ++i) load("buffers/" + params.buffer_spec(i).name, params.buffer(i));
+  // Each rank keeps the part it holds (all of it, or under ZeRO-1 its shard).
+  for (int i = 0; i < params.count(); ++i)
+    params.load(ParamPart::Master, i, read("params/" + params.spec(i).name, params.spec(i).shape));
+  for (int i = 0; i < params.buffer_count(); ++i) {
+    const Tensor b = params.buffer(i);
+    copy_tensor(b, to(read("buffers/" + params.buffer_spec(i).name, b.dims()), b.device, b.dtype));
+  }
   if (with_optimizer && params.has_optimizer()) {
     if (!has_optimizer()) throw UserError(path_ + ": checkpoint holds no optimizer state to resume from");
     for (int i = 0; i < params.count(); ++i) {
-      load("optim/m/" + params.spec(i).name, params.m(i));
-      load("optim/v/" + params.spec(i).name, params.v(i));
+      params.load(ParamPart::M, i, read("optim/m/" + params.spec(i).name, params.spec(i).shape));
+      params.load(ParamPart::V, i, read("optim/v/" + params.spec(i).name, params.spec(i).shape));
     }
   }
 }

@@ -64,7 +64,9 @@ class CheckpointReader {
   bool has_optimizer() const;
 
   // Loads parameters (and the optimizer moments when `with_optimizer` and the store has them)
-  // into `params`, refusing with a UserError when a name or shape differs from the model's.
+  // into `params`, refusing with a UserError when a name or shape differs from the model's. A
+  // ZeRO-1-sharded store keeps the part it holds (files do not depend on the world size); the
+  // compute copy is the caller's (ParamStore::refresh_compute, TrainStep::sync_weights).
   void load_params(ParamStore& params, bool with_optimizer) const;
 
  private:

@@ -9,6 +9,8 @@ namespace linac {
 
 TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
     : model_(model), tc_(tc), adamw_(model.params(), tc), comm_(comm) {
+  LINAC_CHECK(!model.params().sharded() || (comm_ && comm_->world() == model.params().shard_world()),
+              "TrainStep: a ZeRO-1 model needs the communicator of its ranks");
   if (comm_ && comm_->world() > 1) {
     reducer_ = std::make_unique<GradReducer>(model.params(), *comm_, model.env().ctx,
                                              static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm);
@@ -18,6 +20,12 @@ TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
 
 TrainStep::~TrainStep() {
   if (reducer_) model_.set_grad_ready_hook(nullptr);
+}
+
+void TrainStep::sync_weights() {
+  ParamStore& ps = model_.params();
+  ps.refresh_compute(model_.env().ctx);
+  if (ps.sharded()) comm_->allgather(ps.sharded_weights(), model_.env().ctx.stream);
 }
 
 StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count) {
@@ -48,7 +56,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   st.aux_loss = aux_sum / static_cast<double>(std::max<int64_t>(1, target_count));
   {
     ProfileScope prof(ctx, "optimizer: gradient norm");
-    st.grad_norm = grad_norm(ctx, ps);
+    st.grad_norm = grad_norm(ctx, ps, comm_);
   }
   if (!std::isfinite(st.loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm)) {
     st.skipped = true;
@@ -58,6 +66,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   if (tc_.grad_clip > 0 && st.grad_norm > tc_.grad_clip) clip = tc_.grad_clip / (st.grad_norm + 1e-6);
   ProfileScope prof(ctx, "optimizer: AdamW and buffers");
   adamw_.update(ctx, st.lr, clip, ++updates_);
+  if (ps.sharded()) comm_->allgather(ps.sharded_weights(), ctx.stream);
   model_.update_buffers([this, &ctx](const Tensor& t) {
     if (comm_ && comm_->world() > 1) comm_->allreduce_sum(t, ctx.stream);
   });

@@ -22,6 +22,7 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/train_step.h"
+#include "train/zero_gather.h"
 
 namespace fs = std::filesystem;
 
@@ -84,14 +85,30 @@ void upload_rows(const std::vector<int32_t>& rows, int64_t B, int64_t T, OwnedTe
   copy_tensor(mb.targets, tgt_h);
 }
 
-// FNV-1a over the fp32 master weights: ranks of one job must hold identical parameters.
+// FNV-1a over what every rank holds identically (ParamStore::replica: the master weights, or
+// under ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree.
 int64_t params_hash(const ParamStore& ps) {
-  OwnedTensor host(ps.master_dtype(), Device::CPU, {ps.flat_numel()});
-  copy_tensor(host.t, ps.flat_master());
   uint64_t h = 1469598103934665603ull;
-  const auto* p = static_cast<const unsigned char*>(host->ptr);
-  for (size_t i = 0; i < host->nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  for (const Tensor& t : ps.replica()) {
+    OwnedTensor host(t.dtype, Device::CPU, t.dims());
+    copy_tensor(host.t, t);
+    const auto* p = static_cast<const unsigned char*>(host->ptr);
+    for (size_t i = 0; i < host->nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
   return static_cast<int64_t>(h >> 1);
+}
+
+// The data order of a resumed run: the loader state {seed, epoch, cursor} counts global samples,
+// the same on every rank, so a run continues exactly at any world size (each step still reads
+// the next global_batch_tokens / seq_len samples; rank r takes its rows of them). Only rows that
+// disagree (a file not written by this loader) make exactness impossible.
+LoaderState resume_loader_state(const CheckpointReader& ckpt) {
+  const auto& rows = ckpt.data().state.loader;
+  for (size_t r = 1; r < rows.size(); ++r)
+    if (rows[r] != rows[0])
+      throw UserError(ckpt.path() + ": the data loader states of ranks 0 and " + std::to_string(r) +
+                      " differ, so the data order cannot be continued exactly; refusing to resume");
+  return LoaderState::from_vector(rows.at(0));
 }
 
 }  // namespace
@@ -129,9 +146,7 @@ int run_training(const Config& cfg, const std::string& resume) {
     if (meta.config.value("model", json::object()) != cfg.to_json()["model"])
       throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg.source +
                       "'s (compare with its /config); refusing to resume");
-    if (meta.state.world_size != world)
-      throw UserError(ckpt->path() + ": written by " + std::to_string(meta.state.world_size) + " rank(s), this job has " +
-                      std::to_string(world) + "; resume with the same number of ranks");
+    if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
   }
 
   std::shared_ptr<spdlog::logger> log;
@@ -165,7 +180,9 @@ int run_training(const Config& cfg, const std::string& resume) {
   }
   const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
 
-  Model model(cfg.model, ctx, tc.precision, true);
+  const int zero_world = tc.zero && world > 1 ? world : 1;
+  Model model(cfg.model, ctx, tc.precision, true, true, zero_world, rank);
+  model.set_recompute(parse_recompute(tc.recompute));
   model.reserve(B, T);
   TrainStep stepper(model, tc, comm.get());
   TrainLoader loader(ds, Split::Train, B, T, rank, world, tc.seed);
@@ -173,18 +190,23 @@ int run_training(const Config& cfg, const std::string& resume) {
   int64_t step = 0, tokens_seen = 0;
   if (!ckpt) {
     model.init_params(tc.seed);
-    log->info("fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}, {} micro-batch(es) of {}x{} per rank per step",
+    stepper.sync_weights();
+    log->info("fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}{}, {} micro-batch(es) of {}x{} per rank per step{}",
               model.n_params(), gpu ? gpu_info().name : "CPU", world > 1 ? " per rank" : "", dtype_name(model.env().act),
-              world, comm->backend(), n_micro, B, T);
+              world, comm->backend(), zero_world > 1 ? " with ZeRO-1" : "", n_micro, B, T,
+              tc.recompute != "none" ? ", recompute " + tc.recompute : std::string());
   } else {
     ckpt->load_params(model.params(), true);
-    model.params().refresh_compute(ctx);
+    stepper.sync_weights();
     const TrainState& st = ckpt->data().state;
     step = st.step;
     tokens_seen = st.tokens_seen;
     stepper.set_updates(st.updates);
-    if (!st.loader.empty()) loader.set_state(LoaderState::from_vector(st.loader[static_cast<size_t>(rank)]));
-    log->info("resumed from {} at step {}", ckpt->path(), step);
+    loader.set_state(resume_loader_state(*ckpt));
+    log->info("resumed from {} at step {}{}", ckpt->path(), step,
+              st.world_size != world ? fmt::format(" (written by {} rank(s), continued on {}: same data order)",
+                                                   st.world_size, world)
+                                     : std::string());
     ckpt.reset();
   }
 
@@ -210,9 +232,11 @@ int run_training(const Config& cfg, const std::string& resume) {
           throw Error("rank " + std::to_string(r) + "'s parameters differ from rank 0's at step " + std::to_string(at_step) +
                       " (data-parallel ranks diverged)");
     }
+    // Under ZeRO-1 rank 0 gathers the shards first: the file holds whole tensors either way.
+    const ParamStore gathered = model.params().sharded() ? gather_sharded_state(model.params(), *comm) : ParamStore();
     if (root) {
       const std::string path = checkpoint_path(tc.out_dir, at_step);
-      save_checkpoint(path, model.params(), d);
+      save_checkpoint(path, model.params().sharded() ? gathered : model.params(), d);
       publish_checkpoint(tc.out_dir, path, tc.keep_last);
       log->info("checkpoint {}{}", path, world > 1 ? " (all ranks hold identical parameters)" : "");
     }

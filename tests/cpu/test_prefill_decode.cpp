@@ -10,25 +10,11 @@
 namespace linac {
 namespace {
 
-// A tiny config of arch with its default layer pattern and mixer options.
-ModelConfig tiny_of(const ArchInfo& arch) {
-  ModelConfig c;
-  c.arch = arch.name;
-  c.n_layers = std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size()));
-  c.d_model = 16;
-  c.n_heads = 2;
-  c.vocab_size = 11;
-  c.ffn_hidden = 24;
-  c.init_std = 0.3;
-  c.norm_eps = 1e-6;
-  return c;
-}
-
 TEST(PrefillDecodeCpu, EveryArchitectureDecodesAsItsForward) {
   ASSERT_FALSE(architectures().empty());
   for (const ArchInfo& arch : architectures()) {
     SCOPED_TRACE(arch.name);
-    const ModelConfig cfg = tiny_of(arch);
+    const ModelConfig cfg = test::tiny_config_of(arch);
     test::check_decode_matches_forward(cfg, 2, 21);
     test::check_decode_matches_forward(cfg, 2, 21, 1e-10, 13);  // prefill 13 tokens, decode 8
     test::check_decode_matches_forward(cfg, 1, 9, 1e-10, 8);    // prefill all but the last

@@ -18,8 +18,8 @@ SwiGluMlp::SwiGluMlp(ModelEnv& env, const ModelConfig& cfg, int layer, GluAct ac
 
 void SwiGluMlp::reserve(int64_t B, int64_t T) {
   capacity_ = B * T;
-  h_buf_ = Buffer(static_cast<size_t>(capacity_ * 2 * F_) * dtype_size(env_.act), env_.device());
-  a_buf_ = Buffer(static_cast<size_t>(capacity_ * F_) * dtype_size(env_.act), env_.device());
+  h_buf_ = env_.saved->take(static_cast<size_t>(capacity_ * 2 * F_) * dtype_size(env_.act));
+  a_buf_ = env_.saved->take(static_cast<size_t>(capacity_ * F_) * dtype_size(env_.act));
 }
 
 size_t SwiGluMlp::activation_bytes(int64_t B, int64_t T) const {

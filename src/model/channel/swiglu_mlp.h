@@ -29,7 +29,7 @@ class SwiGluMlp final : public Mixer {
   GluAct act_;
   int64_t d_, F_;
   int w13_, w2_;
-  Buffer h_buf_, a_buf_;
+  SavedBuf h_buf_, a_buf_;
   int64_t capacity_ = 0;
 };
 

@@ -43,10 +43,10 @@ BaseConvMixer::BaseConvMixer(ModelEnv& env, const ModelConfig& cfg, int layer, c
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
   ParamStore& ps = *env.params;
   w_in_ = ps.add({p + "w_in", {2 * E_, d_}, Init::Normal, cfg.init_std, true});
-  b_in_ = ps.add({p + "b_in", {2 * E_}, Init::Zeros, 0, false});
-  filter_ = ps.add({p + "filter", {E_, W_}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(W_)), true});
+  b_in_ = ps.add({p + "b_in", {2 * E_}, Init::Zeros, 0, false, {}, true});
+  filter_ = ps.add({p + "filter", {E_, W_}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(W_)), true, {}, true});
   w_out_ = ps.add({p + "w_out", {d_, E_}, Init::Normal, out_std, true});
-  b_out_ = ps.add({p + "b_out", {d_}, Init::Zeros, 0, false});
+  b_out_ = ps.add({p + "b_out", {d_}, Init::Zeros, 0, false, {}, true});
 }
 
 void BaseConvMixer::fill_ones(int64_t N) {
@@ -70,7 +70,7 @@ void BaseConvMixer::reserve(int64_t B, int64_t T) {
                       "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch");
   }
   capacity_ = B * T;
-  proj_buf_ = Buffer(static_cast<size_t>(capacity_ * 2 * E_) * dtype_size(env_.act), env_.device());
+  proj_buf_ = env_.saved->take(static_cast<size_t>(capacity_ * 2 * E_) * dtype_size(env_.act));
   fill_ones(capacity_);
 }
 

@@ -46,7 +46,8 @@ class BaseConvMixer final : public Mixer {
   BaseConvMixerOptions opt_;
   int64_t d_, E_, W_;
   int w_in_, b_in_, filter_, w_out_, b_out_;
-  Buffer proj_buf_, ones_act_, ones_res_;
+  SavedBuf proj_buf_;
+  Buffer ones_act_, ones_res_;
   int64_t capacity_ = 0, ones_n_ = 0;
 };
 

@@ -70,8 +70,8 @@ GlaMixer::GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMi
   wvr_ = ps.add({p + "wvr", {2 * dv_, d_}, Init::Normal, cfg.init_std, true});
   wa1_ = ps.add({p + "wa1", {R_, d_}, Init::Normal, xavier_std(kQkGain, d_, R_), true});
   wa2_ = ps.add({p + "wa2", {dk_, R_}, Init::Normal, xavier_std(kQkGain, R_, dk_), true});
-  ba_ = ps.add({p + "ba", {dk_}, Init::Zeros, 0, false});
-  br_ = ps.add({p + "br", {dv_}, Init::Zeros, 0, false});
+  ba_ = ps.add({p + "ba", {dk_}, Init::Zeros, 0, false, {}, true});
+  br_ = ps.add({p + "br", {dv_}, Init::Zeros, 0, false, {}, true});
   wo_ = ps.add({p + "wo", {d_, dv_}, Init::Normal, cfg.init_std, true});
 }
 
@@ -79,11 +79,11 @@ void GlaMixer::reserve(int64_t B, int64_t T) {
   capacity_ = B * T;
   const Device dev = env_.device();
   const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
-  proj_buf_ = Buffer(N * static_cast<size_t>(P_) * act, dev);
-  z_buf_ = Buffer(N * static_cast<size_t>(dk_) * stat, dev);
-  o_buf_ = Buffer(N * static_cast<size_t>(dv_) * act, dev);
-  mean_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
-  rstd_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+  proj_buf_ = env_.saved->take(N * static_cast<size_t>(P_) * act);
+  z_buf_ = env_.saved->take(N * static_cast<size_t>(dk_) * stat);
+  o_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
+  mean_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
+  rstd_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   // A row of ones: bias gradients are column sums, computed as ones^T dX (a deterministic GEMM).
   OwnedTensor ones(DType::F64, Device::CPU, {capacity_});
   std::fill_n(ones->data<double>(), capacity_, 1.0);

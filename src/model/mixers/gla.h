@@ -58,7 +58,8 @@ class GlaMixer final : public Mixer {
   int64_t d_, H_, dk_, dv_, R_, P_;
   double scale_;
   int wqk_, wvr_, wa1_, wa2_, ba_, br_, wo_;
-  Buffer proj_buf_, z_buf_, o_buf_, mean_buf_, rstd_buf_, ones_buf_;
+  SavedBuf proj_buf_, z_buf_, o_buf_, mean_buf_, rstd_buf_;
+  Buffer ones_buf_;
   int64_t capacity_ = 0;
 };
 

@@ -74,7 +74,7 @@ LatteMixer::LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const L
   wab_ = ps.add({p + "wab", {Pa_, d_}, Init::Normal, cfg.init_std, true});
   if (opt_.conv > 0)
     conv_ = ps.add({p + "conv", {d_, opt_.conv}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(opt_.conv)),
-                    true});
+                    true, {}, true});
   wo_ = ps.add({p + "wo", {d_, d_}, Init::Normal, cfg.init_std, true});
   if (opt_.conv > 0) {
     OwnedTensor host(DType::F64, Device::CPU, {d_});
@@ -100,15 +100,14 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
               "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
   }
   B_ = B, T_ = T;
-  const Device dev = env_.device();
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
-  xv_buf_ = Buffer(N * static_cast<size_t>(Px_) * act, dev);
-  ab_buf_ = Buffer(N * static_cast<size_t>(Pa_) * act, dev);
-  y_buf_ = Buffer(N * static_cast<size_t>(d_) * act, dev);
-  lse_buf_ = Buffer(N * static_cast<size_t>(opt_.latents) * stat, dev);
+  xv_buf_ = env_.saved->take(N * static_cast<size_t>(Px_) * act);
+  ab_buf_ = env_.saved->take(N * static_cast<size_t>(Pa_) * act);
+  y_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
+  lse_buf_ = env_.saved->take(N * static_cast<size_t>(opt_.latents) * stat);
   if (opt_.window > 0) {
-    oloc_buf_ = Buffer(N * static_cast<size_t>(d_) * act, dev);
-    lse_loc_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+    oloc_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
+    lse_loc_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   }
 }
 

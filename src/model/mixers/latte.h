@@ -69,7 +69,7 @@ class LatteMixer final : public Mixer {
   bool macchiato_;
   int64_t d_, H_, Dh_, Lh_, La_, Px_, Pa_;
   int wx_, wab_, wo_, conv_ = -1;
-  Buffer xv_buf_, ab_buf_, y_buf_, lse_buf_, oloc_buf_, lse_loc_buf_;
+  SavedBuf xv_buf_, ab_buf_, y_buf_, lse_buf_, oloc_buf_, lse_loc_buf_;
   OwnedTensor ones_;  // [d] ones in the activation dtype (the conv gate)
   int64_t B_ = 0, T_ = 0;
 };

@@ -49,11 +49,10 @@ TaylorMixer::TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const
 void TaylorMixer::reserve(int64_t B, int64_t T) {
   B_ = B;
   T_ = T;
-  const Device dev = env_.device();
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act);
-  proj_buf_ = Buffer(N * static_cast<size_t>(P_) * act, dev);
-  o_buf_ = Buffer(N * static_cast<size_t>(H_ * Dv_) * act, dev);
-  den_buf_ = Buffer(N * static_cast<size_t>(H_) * dtype_size(env_.stat), dev);
+  proj_buf_ = env_.saved->take(N * static_cast<size_t>(P_) * act);
+  o_buf_ = env_.saved->take(N * static_cast<size_t>(H_ * Dv_) * act);
+  den_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * dtype_size(env_.stat));
 }
 
 size_t TaylorMixer::activation_bytes(int64_t B, int64_t T) const {

@@ -44,7 +44,7 @@ class TaylorMixer final : public Mixer {
   TaylorMixerOptions opt_;
   int64_t d_, H_, F_, Dv_, P_;
   int wqkv_, wo_;
-  Buffer proj_buf_, o_buf_, den_buf_;
+  SavedBuf proj_buf_, o_buf_, den_buf_;
   int64_t B_ = 0, T_ = 0;
 };
 

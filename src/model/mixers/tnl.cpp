@@ -81,7 +81,7 @@ TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMi
   wqkvu_ = ps.add({p + "wqkvu", {4 * E_, d_}, Init::Normal, cfg.init_std, true});
   wo_ = ps.add({p + "wo", {d_, E_}, Init::Normal, cfg.init_std, true});
   if (lrpe_) {
-    ParamSpec theta{p + "theta", {H_, dh_}, Init::Values, 0, false, {}};
+    ParamSpec theta{p + "theta", {H_, dh_}, Init::Values, 0, false, {}, true};
     for (int64_t m = 0; m < E_; ++m)
       theta.values.push_back(std::pow(10000.0, -2.0 * static_cast<double>(m) / static_cast<double>(E_)));
     theta_ = ps.add(theta);
@@ -108,12 +108,11 @@ void TnlMixer::reserve(int64_t B, int64_t T) {
               "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
   }
   capacity_ = B * T;
-  const Device dev = env_.device();
   const size_t N = static_cast<size_t>(capacity_), E = static_cast<size_t>(E_), act = dtype_size(env_.act);
-  proj_buf_ = Buffer(N * 3 * E * act, dev);
-  gu_buf_ = Buffer(N * 2 * E * act, dev);
-  o_buf_ = Buffer(N * E * act, dev);
-  rstd_buf_ = Buffer(N * dtype_size(env_.stat), dev);
+  proj_buf_ = env_.saved->take(N * 3 * E * act);
+  gu_buf_ = env_.saved->take(N * 2 * E * act);
+  o_buf_ = env_.saved->take(N * E * act);
+  rstd_buf_ = env_.saved->take(N * dtype_size(env_.stat));
 }
 
 size_t TnlMixer::activation_bytes(int64_t B, int64_t T) const {

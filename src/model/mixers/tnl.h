@@ -64,7 +64,7 @@ class TnlMixer final : public Mixer {
   bool lrpe_;
   int wqkvu_, wo_, theta_ = -1;
   OwnedTensor decay_;  // [H] rates s_h (stat dtype, on the model's device)
-  Buffer proj_buf_, gu_buf_, o_buf_, rstd_buf_;
+  SavedBuf proj_buf_, gu_buf_, o_buf_, rstd_buf_;
   int64_t capacity_ = 0;
 };
 

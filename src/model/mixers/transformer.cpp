@@ -60,10 +60,9 @@ void AttentionMixer::reserve(int64_t B, int64_t T) {
                       " MiB of GPU workspace for micro-batches of " + std::to_string(B) + "x" + std::to_string(T) +
                       "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch");
   }
-  const Device dev = env_.device();
-  qkv_buf_ = Buffer(static_cast<size_t>(B * T * 3 * d_) * dtype_size(env_.act), dev);
-  o_buf_ = Buffer(static_cast<size_t>(B * T * d_) * dtype_size(env_.act), dev);
-  lse_buf_ = Buffer(static_cast<size_t>(B * H_ * T) * dtype_size(env_.stat), dev);
+  qkv_buf_ = env_.saved->take(static_cast<size_t>(B * T * 3 * d_) * dtype_size(env_.act));
+  o_buf_ = env_.saved->take(static_cast<size_t>(B * T * d_) * dtype_size(env_.act));
+  lse_buf_ = env_.saved->take(static_cast<size_t>(B * H_ * T) * dtype_size(env_.stat));
 }
 
 size_t AttentionMixer::activation_bytes(int64_t B, int64_t T) const {

@@ -41,7 +41,7 @@ class AttentionMixer final : public Mixer {
   AttentionMixerOptions opt_;
   int64_t d_, H_, Dh_;
   int wqkv_, wo_;
-  Buffer qkv_buf_, o_buf_, lse_buf_;
+  SavedBuf qkv_buf_, o_buf_, lse_buf_;
   int64_t B_ = 0, T_ = 0;
 };
 

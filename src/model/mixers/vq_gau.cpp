@@ -55,9 +55,9 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   const double in_std = 1.0 / std::sqrt(static_cast<double>(d_)), out_std = 1.0 / std::sqrt(static_cast<double>(Dv_));
   ParamStore& ps = *env.params;
   wqkvg_ = ps.add({p + "wqkvg", {Pqkv_ + Dv_, d_}, Init::Normal, in_std, true});
-  wr_ = ps.add({p + "wr", {H_ * Dk_, d_}, Init::Normal, in_std, true});
-  u_ = ps.add({p + "u", {H_, Dk_}, Init::Zeros, 0, false});
-  vr_ = ps.add({p + "vr", {H_, Dk_}, Init::Zeros, 0, false});
+  wr_ = ps.add({p + "wr", {H_ * Dk_, d_}, Init::Normal, in_std, true, {}, true});
+  u_ = ps.add({p + "u", {H_, Dk_}, Init::Zeros, 0, false, {}, true});
+  vr_ = ps.add({p + "vr", {H_, Dk_}, Init::Zeros, 0, false, {}, true});
   wo_ = ps.add({p + "wo", {d_, Dv_}, Init::Normal, out_std, true});
   c_sum_ = ps.add_buffer({p + "c_sum", {H_, S_, Dk_}, Init::Normal, 1.0 / std::sqrt(static_cast<double>(S_ * H_)), false});
   c_count_ = ps.add_buffer({p + "c_count", {H_, S_}, Init::Ones, 0, false});
@@ -87,18 +87,17 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
                       " tokens; set LINAC_WORKSPACE_MB or use a smaller train.seq_len");
   }
   capacity_ = B * T;
-  const Device dev = env_.device();
   const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   const size_t HDk = static_cast<size_t>(H_ * Dk_);
-  proj_buf_ = Buffer(N * static_cast<size_t>(Pqkv_) * act, dev);
-  go_buf_ = Buffer(N * 2 * static_cast<size_t>(Dv_) * act, dev);
-  q_buf_ = Buffer(N * HDk * act, dev);
-  k_buf_ = Buffer(N * HDk * act, dev);
-  khat_buf_ = Buffer(N * HDk * act, dev);
-  z_buf_ = Buffer(N * static_cast<size_t>(H_) * sizeof(int32_t), dev);
-  rstd_buf_ = Buffer(N * 2 * static_cast<size_t>(H_) * stat, dev);
-  lse_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
-  err_buf_ = Buffer(N * static_cast<size_t>(H_) * stat, dev);
+  proj_buf_ = env_.saved->take(N * static_cast<size_t>(Pqkv_) * act);
+  go_buf_ = env_.saved->take(N * 2 * static_cast<size_t>(Dv_) * act);
+  q_buf_ = env_.saved->take(N * HDk * act);
+  k_buf_ = env_.saved->take(N * HDk * act);
+  khat_buf_ = env_.saved->take(N * HDk * act);
+  z_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * sizeof(int32_t));
+  rstd_buf_ = env_.saved->take(N * 2 * static_cast<size_t>(H_) * stat);
+  lse_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
+  err_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
 }
 
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {

@@ -72,7 +72,7 @@ class VqGauMixer final : public Mixer {
   int wqkvg_, wr_, u_, vr_, wo_, c_sum_, c_count_;
   OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
-  Buffer proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
+  SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
   int64_t capacity_ = 0;
   double aux_ = 0;
 };

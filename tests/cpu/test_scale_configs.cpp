@@ -1,0 +1,61 @@
+// The 1.3B configs (Transformer++ and GLA at the GLA paper's 1.3B shape) and what `linac info`
+// plans for them: activation bytes under each recompute mode and ZeRO-1's per-rank shares.
+#include <string>
+
+#include "config/config.h"
+#include "model/model.h"
+#include "test_util.h"
+#include "train_fixture.h"
+
+namespace linac {
+namespace {
+
+const std::string kConfigs = std::string(LINAC_TEST_SOURCE_DIR) + "/configs/";
+
+TEST(ScaleConfigs, OnePointThreeBillionParameterCounts) {
+  struct Expect {
+    const char* file;
+    int64_t params, non_embedding;
+  };
+  // Transformer++: 24 x (4 d^2 attention + 3 d F SwiGLU with F = 5632 + 2 norms) + norm_f, and
+  // untied 32000 x 2048 embedding and head.
+  const Expect cases[] = {{"transformer_1.3b.json", 1364297728, 1233225728}, {"gla_1.3b.json", 1365551104, 1234479104}};
+  for (const Expect& e : cases) {
+    const Config c = load_config(kConfigs + e.file);
+    EXPECT_EQ(c.model.n_layers, 24) << e.file;
+    EXPECT_EQ(c.model.d_model, 2048) << e.file;
+    EXPECT_EQ(c.data.seq_len, 2048) << e.file;
+    Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+    EXPECT_EQ(m.n_params(), e.params) << e.file;
+    EXPECT_EQ(m.n_params() - m.n_embedding_params(), e.non_embedding) << e.file;
+  }
+}
+
+json info(const std::string& args) {
+  std::string out;
+  EXPECT_EQ(test::run_linac("info " + kConfigs + "transformer_1.3b.json --json --set train.device=cpu " + args, out), 0) << out;
+  return json::parse(out.substr(out.find('{')));
+}
+
+TEST(ScaleConfigs, InfoPlansRecomputeAndZeroShares) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const json none = info(""), mixer = info("--set train.recompute=mixer"), block = info("--set train.recompute=block");
+  const double a0 = none["bytes"]["activations"], a1 = mixer["bytes"]["activations"], a2 = block["bytes"]["activations"];
+  EXPECT_LT(a1, a0);
+  EXPECT_LT(a2, a1);
+  EXPECT_LT(a2, a0 / 8);  // 25 f32 block inputs plus one block, against 24 blocks' worth
+  EXPECT_DOUBLE_EQ(block["activation_bytes_per_token"].get<double>(), a2 / (8 * 2048));
+
+  const json plain = info("--ranks 4"), zero = info("--ranks 4 --set train.zero=1");
+  EXPECT_EQ(plain["bytes"]["optimizer"], none["bytes"]["optimizer"]);  // no ZeRO: every rank holds it all
+  // The replicated part (norms, the 65.5M-parameter embedding) plus a quarter of the rest.
+  const double opt = plain["bytes"]["optimizer"], opt4 = zero["bytes"]["optimizer"];
+  EXPECT_GT(opt4, 0.25 * opt);
+  EXPECT_LT(opt4, 0.30 * opt);
+  EXPECT_EQ(zero["bytes"]["grads"], plain["bytes"]["grads"]);  // ZeRO-1 keeps whole gradients
+  // On the CPU the master is the compute weight: whole on every rank.
+  EXPECT_EQ(zero["bytes"]["params"], plain["bytes"]["params"]);
+}
+
+}  // namespace
+}  // namespace linac

@@ -1,0 +1,166 @@
+// ZeRO-1 and resume across world sizes on 2 CPU ranks (`mpirun -np 2`): ZeRO-1 trains exactly
+// like plain data parallelism (bit for bit without clipping; losses and gradient norms within
+// 1e-12 with it, the norm then being summed from shards) and like one process; its checkpoints
+// hold whole tensors, so a run continues on another number of ranks, with ZeRO on or off, with
+// the same data order (2 -> 1 -> 2 ranks equals 2 ranks throughout).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "model/model.h"
+#include "mpi_run.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+using test::run_shell;
+using test::write_config;
+using Zero = test::MpiTest;
+
+json fp64_config(const std::string& out_dir, double grad_clip) {
+  json j = test::tiny_train_config(out_dir);
+  j["train"]["precision"] = "fp64";
+  j["train"]["micro_batch"] = 2;  // 2 ranks x 2 sequences x 2 micro-batches x 32 tokens = 256
+  j["train"]["grad_clip"] = grad_clip;
+  j["train"]["bucket_mb"] = 0.02;  // several buckets, some of them split between the two shards
+  return j;
+}
+
+// Logged losses within loss_tol and gradient norms within norm_tol (relative), step by step.
+void expect_logs_close(const std::string& a_dir, const std::string& b_dir, double loss_tol, double norm_tol,
+                       const std::string& what) {
+  const auto a = test::logged_steps(a_dir), b = test::logged_steps(b_dir);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_FALSE(a.empty()) << what;
+  for (const auto& [step, ref] : b) {
+    ASSERT_TRUE(a.count(step)) << what << ": step " << step;
+    EXPECT_NEAR(a.at(step).first, ref.first, loss_tol * std::fabs(ref.first)) << what << ": loss at step " << step;
+    EXPECT_NEAR(a.at(step).second, ref.second, norm_tol * std::fabs(ref.second)) << what << ": grad norm at step " << step;
+  }
+}
+
+TEST_F(Zero, EqualsPlainDataParallelBitForBitWithoutClipping) {
+  const std::string dir = test::fresh_dir("zero_plain");
+  const std::string cfg = write_config(dir, fp64_config(dir + "/plain", 0.0));
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.zero=1 --set train.out_dir=" + dir + "/zero"), out), 0)
+      << out;
+  EXPECT_NE(out.find("with ZeRO-1"), std::string::npos) << out;
+  for (const char* g : {"params", "optim/m", "optim/v"})
+    EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/zero", 6), g), test::read_all_f32(checkpoint_path(dir + "/plain", 6), g))
+        << g;
+  // Identical weights give identical losses; the norm is summed from shards, so it agrees to rounding.
+  expect_logs_close(dir + "/zero", dir + "/plain", 0.0, 1e-12, "ZeRO-1 vs plain");
+  // Overlapped (buckets reduced during the backward) and not: the same sums.
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.zero=1 --set train.overlap_comm=false --set train.out_dir=" +
+                                    dir + "/zero_flat"),
+                      out),
+            0)
+      << out;
+  EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/zero_flat", 6), "params"),
+            test::read_all_f32(checkpoint_path(dir + "/plain", 6), "params"));
+}
+
+TEST_F(Zero, ClippedNormFromShardsMatchesPlainAndOneProcess) {
+  const std::string dir = test::fresh_dir("zero_clip");
+  const std::string cfg = write_config(dir, fp64_config(dir + "/plain", 0.05));  // every step clips
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.zero=1 --set train.out_dir=" + dir + "/zero"), out), 0)
+      << out;
+  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
+      << out;
+  for (const auto& [step, v] : test::logged_steps(dir + "/plain")) EXPECT_GT(v.second, 0.05) << "step " << step << " clips";
+  expect_logs_close(dir + "/zero", dir + "/plain", 1e-12, 1e-12, "ZeRO-1 vs plain");
+  expect_logs_close(dir + "/zero", dir + "/one", 1e-12, 1e-12, "ZeRO-1 vs one process");
+  for (const char* g : {"params", "optim/m", "optim/v"}) {
+    const auto z = test::read_all_f32(checkpoint_path(dir + "/zero", 6), g);
+    EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/plain", 6), g)), 1e-6) << g;
+    EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/one", 6), g)), 1e-6) << g;
+  }
+}
+
+// Keeps only the checkpoints up to `step` and points `latest` at it, as if the run had stopped there.
+void roll_back(const std::string& out_dir, int64_t step, int64_t last) {
+  for (int64_t s = step + 3; s <= last; s += 3) fs::remove(checkpoint_path(out_dir, s));
+  publish_checkpoint(out_dir, checkpoint_path(out_dir, step), 5);
+}
+
+// 9 steps on 2 ranks straight vs 3 on 2 ranks (ZeRO as given), 3 on one process, 3 on 2 ranks
+// (ZeRO flipped): the same batches in the same steps, so losses agree to rounding and the final
+// loader state and tokens seen are identical. fp32, whose checkpoints hold the run's exact state;
+// the world size regroups the gradient sums, so results agree to f32 rounding (a batch out of
+// place would move the losses by ~1e-2).
+void check_two_one_two(const std::string& bin_cmd_2, int zero, const std::string& name) {
+  const std::string dir = test::fresh_dir(name);
+  json j = fp64_config(dir + "/straight", 1.0);
+  j["train"]["precision"] = "fp32";
+  j["train"]["steps"] = 9;
+  const std::string cfg = write_config(dir, j);
+  const std::string moved = dir + "/moved";
+  std::string out;
+  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg, out), 0) << out;
+  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.zero=" + std::to_string(zero) + " --set train.out_dir=" + moved,
+                      out),
+            0)
+      << out;
+  roll_back(moved, 3, 9);
+  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + moved + " --resume auto", out),
+            0)
+      << out;
+  EXPECT_NE(out.find("written by 2 rank(s), continued on 1: same data order"), std::string::npos) << out;
+  roll_back(moved, 6, 9);
+  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.zero=" + std::to_string(1 - zero) +
+                          " --set train.out_dir=" + moved + " --resume auto",
+                      out),
+            0)
+      << out;
+  EXPECT_NE(out.find("written by 1 rank(s), continued on 2"), std::string::npos) << out;
+  expect_logs_close(moved, dir + "/straight", 1e-5, 1e-5, "2 -> 1 -> 2 ranks vs 2 ranks");
+  const CheckpointData a = CheckpointReader(checkpoint_path(moved, 9)).data();
+  const CheckpointData b = CheckpointReader(checkpoint_path(dir + "/straight", 9)).data();
+  EXPECT_EQ(a.state.loader, b.state.loader);
+  EXPECT_EQ(a.state.tokens_seen, b.state.tokens_seen);
+  EXPECT_EQ(a.state.updates, b.state.updates);
+  for (const char* g : {"params", "optim/m", "optim/v"})
+    EXPECT_LT(test::worst_rel_diff(test::read_all_f32(checkpoint_path(moved, 9), g),
+                                   test::read_all_f32(checkpoint_path(dir + "/straight", 9), g)),
+              1e-4)
+        << g;
+}
+
+TEST_F(Zero, ResumeTwoOneTwoRanksWithZero) { check_two_one_two(mpirun(2, ""), 1, "zero_212"); }
+TEST_F(Zero, ResumeTwoOneTwoRanksWithoutZero) { check_two_one_two(mpirun(2, ""), 0, "plain_212"); }
+
+// Loader states that differ between ranks (not written by this loader) cannot continue exactly.
+TEST_F(Zero, ResumeRefusesLoaderStatesThatDisagree) {
+  const std::string dir = test::fresh_dir("zero_bad_loader");
+  const json j = fp64_config(dir + "/run", 1.0);
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  const std::string path = checkpoint_path(dir + "/run", 6);
+  CheckpointReader r(path);
+  CheckpointData d = r.data();
+  d.state.loader[1][3] += 2;
+  const Config c = Config::from_json(d.config, path);
+  Model model(c.model, Ctx{}, "fp64", true);
+  r.load_params(model.params(), true);
+  const std::string forged = dir + "/forged.h5";
+  save_checkpoint(forged, model.params(), d);
+  EXPECT_EQ(test::run_linac("train " + cfg + " --set train.steps=9 --set train.micro_batch=4 --set train.out_dir=" + dir +
+                                "/next --resume " + forged,
+                            out),
+            2);
+  EXPECT_NE(out.find("data loader states of ranks 0 and 1 differ"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace linac
