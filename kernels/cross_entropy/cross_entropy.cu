@@ -4,6 +4,9 @@
 // Pass 2 re-reads the row and writes the gradient. Each thread writes only elements it has
 // itself read, and the target logit is read before the block reductions' barriers, so the
 // gradient may overwrite the logits. logits/dlogits are deliberately not __restrict__.
+// hits (optional): the target is the first index holding the row max when its logit equals the
+// max and no element before it reaches the max; pass 2 flags such earlier elements and one more
+// block reduction merges the flags.
 #include <algorithm>
 #include <cfloat>
 
@@ -27,7 +30,8 @@ __device__ __forceinline__ void online_add(float x, float& m, float& s) {
 
 template <bool kVec, class TL, class TD>
 __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict__ targets, TD* dlogits,
-                                     float* __restrict__ losses, int64_t v, float grad_scale) {
+                                     float* __restrict__ losses, float* __restrict__ hits, int64_t v,
+                                     float grad_scale) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const int64_t t = targets[r];
@@ -39,7 +43,10 @@ __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict
     } else {
       for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dx[j] = cuda::from_float<TD>(0.f);
     }
-    if (threadIdx.x == 0) losses[r] = 0.f;
+    if (threadIdx.x == 0) {
+      losses[r] = 0.f;
+      if (hits) hits[r] = 0.f;
+    }
     return;
   }
 
@@ -61,7 +68,11 @@ __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict
   if (threadIdx.x == 0) losses[r] = mx + logf(sum) - xt;
 
   const float inv = 1.f / sum;
-  auto grad = [&](float xj, int64_t j) { return (expf(xj - mx) * inv - (j == t ? 1.f : 0.f)) * grad_scale; };
+  float earlier_max = 0.f;  // 1 when an element before the target reaches the row max
+  auto grad = [&](float xj, int64_t j) {
+    if (j < t && xj >= mx) earlier_max = 1.f;
+    return (expf(xj - mx) * inv - (j == t ? 1.f : 0.f)) * grad_scale;
+  };
   if constexpr (kVec) {
     for (int64_t j = 4 * threadIdx.x; j < v; j += 4 * blockDim.x) {
       const float4 xv = cuda::load4(x + j);
@@ -70,13 +81,18 @@ __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict
   } else {
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dx[j] = cuda::from_float<TD>(grad(cuda::to_float(x[j]), j));
   }
+  if (hits) {
+    const float any_earlier = cuda::block_max(earlier_max, scratch);
+    if (threadIdx.x == 0) hits[r] = xt >= mx && any_earlier == 0.f ? 1.f : 0.f;
+  }
 }
 
 }  // namespace
 
 void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
-                                const Tensor& losses, float grad_scale) {
+                                const Tensor& losses, const Tensor& hits, float grad_scale) {
   LINAC_CHECK(losses.dtype == DType::F32, "cross_entropy (GPU): losses must be f32");
+  float* hits_ptr = hits.ptr ? hits.data<float>() : nullptr;
   const int64_t n = logits.size(0), v = logits.size(1);
   if (n == 0) return;
   LINAC_CHECK(v > 0, "cross_entropy: empty vocabulary");
@@ -88,10 +104,12 @@ void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tens
   LINAC_GPU_DISPATCH(logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
     if (vec)
       cross_entropy_kernel<true, TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
-          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), v, grad_scale);
+          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), hits_ptr, v,
+          grad_scale);
     else
       cross_entropy_kernel<false, TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
-          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), v, grad_scale);
+          logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), hits_ptr, v,
+          grad_scale);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -5,6 +5,9 @@
 //   dlogits[i,j]   = (exp(logits[i,j] - lse_i) - [j == t_i]) * grad_scale
 // Rows whose target t_i < 0 are ignored: losses[i] = 0 and dlogits[i,:] = 0. grad_scale is the
 // loss weight of a row (typically 1 / number of counted tokens).
+// Optional hits [N] (losses' dtype; pass an empty Tensor to skip): hits[i] = 1 when t_i is the
+// row's argmax — the first index holding the row maximum, as torch.argmax picks it, so a row of
+// equal logits is a hit only for target 0 — else 0; 0 for ignored rows. Accuracy metrics (MQAR).
 //
 // Layout: logits, dlogits [N, V] contiguous; targets [N] i32; losses [N]. dlogits may be the
 // very memory of logits (in place, same dtype): every row is read in full before any of it is
@@ -22,15 +25,16 @@
 
 namespace linac {
 
+// hits may be null.
 template <class T>
-void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogits, T* losses, int64_t n, int64_t v,
-                               double grad_scale);
+void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogits, T* losses, T* hits, int64_t n,
+                               int64_t v, double grad_scale);
 
 void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
-                                const Tensor& losses, float grad_scale);
+                                const Tensor& losses, const Tensor& hits, float grad_scale);
 
 // Entry point: checks shapes, dispatches on ctx.device and dtypes.
 void cross_entropy_fwd_bwd(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
-                           const Tensor& losses, float grad_scale);
+                           const Tensor& losses, float grad_scale, const Tensor& hits = Tensor());
 
 }  // namespace linac

@@ -1,5 +1,5 @@
 // Fused cross-entropy CPU reference: loss formula, gradient check, ignored rows, in place,
-// bad targets, large logits.
+// bad targets, large logits, hits (argmax == target).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -82,6 +82,35 @@ TEST(CrossEntropyCpu, InPlaceEqualsOutOfPlace) {
     EXPECT_EQ(to_doubles(logits), to_doubles(dl));
     EXPECT_EQ(to_doubles(l2), to_doubles(l1));
   }
+}
+
+// Accuracy by hand: a hit is the target being the first index of its row's maximum.
+TEST(CrossEntropyCpu, HitsAreFirstArgmax) {
+  const int64_t v = 4;
+  const std::vector<double> rows = {
+      0.1, 2.0, -1.0, 0.5,   // argmax 1: target 1 hits
+      0.1, 2.0, -1.0, 0.5,   // target 3 misses
+      3.0, 1.0, 3.0, 0.0,    // tie between 0 and 2: target 2 misses (argmax takes the first)
+      3.0, 1.0, 3.0, 0.0,    // target 0 hits
+      1.0, 1.0, 1.0, 1.0,    // equal logits: only target 0 would hit; target 2 misses
+      -5.0, -4.0, -3.0, -2.0,  // ignored row, even though its target would be the argmax
+      -5.0, -4.0, -3.0, 7.0,   // target 3 hits
+  };
+  const std::vector<int32_t> ids = {1, 3, 2, 0, 2, -1, 3};
+  const std::vector<double> expected = {1, 0, 0, 1, 0, 0, 1};
+  const int64_t n = static_cast<int64_t>(ids.size());
+  OwnedTensor logits(DType::F64, Device::CPU, {n, v});
+  std::copy(rows.begin(), rows.end(), logits->data<double>());
+  OwnedTensor targets = make_targets(ids);
+  OwnedTensor dl(DType::F64, Device::CPU, {n, v}), losses(DType::F64, Device::CPU, {n}), hits(DType::F64, Device::CPU, {n});
+  test::poison(hits);
+  cross_entropy_fwd_bwd(Ctx{}, logits, targets, dl, losses, 1.f, hits);
+  EXPECT_EQ(to_doubles(hits), expected);
+  // The losses and gradients do not depend on whether hits are asked for.
+  OwnedTensor dl2(DType::F64, Device::CPU, {n, v}), losses2(DType::F64, Device::CPU, {n});
+  cross_entropy_fwd_bwd(Ctx{}, logits, targets, dl2, losses2, 1.f);
+  EXPECT_EQ(to_doubles(losses), to_doubles(losses2));
+  EXPECT_EQ(to_doubles(dl), to_doubles(dl2));
 }
 
 TEST(CrossEntropyCpu, TargetOutsideVocabularyThrows) {

@@ -54,6 +54,46 @@ void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, dou
   }
 }
 
+// hits on the GPU equal the CPU's for the same rounded logits, ties included: rows of equal
+// logits and rows whose maximum repeats before and after the target.
+void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
+  GpuContext gctx;
+  int64_t counted = 0;
+  OwnedTensor targets = make_targets(n, v, counted);
+  OwnedTensor logits = test::random_tensor({n, v}, DType::F64, 4, -4, 4);
+  double* x = logits->data<double>();
+  const int32_t* t = targets->data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    double* row = x + i * v;
+    if (t[i] < 0) continue;
+    if (i % 5 == 0) row[t[i]] = 20;  // a clear hit
+    if (i % 5 == 1) std::fill(row, row + v, 1.0);  // all equal: a hit only for target 0
+    if (i % 5 == 2) row[t[i]] = 20, row[0] = 20;  // the max also at index 0
+    if (i % 5 == 4) row[t[i]] = 20, row[v - 1] = 20;  // the max also at the last index
+  }
+  OwnedTensor lg = to(logits, Device::CUDA, l_dt), tg = to(targets, Device::CUDA, DType::I32);
+  OwnedTensor lr = to(lg, Device::CPU, DType::F64);
+  OwnedTensor dlg(DType::F32, Device::CUDA, {n, v}), lossg(DType::F32, Device::CUDA, {n}), hitg(DType::F32, Device::CUDA, {n});
+  test::poison(hitg);
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, dlg, lossg, 1.f, hitg);
+  gctx.synchronize();
+  OwnedTensor dlr(DType::F64, Device::CPU, {n, v}), lossr(DType::F64, Device::CPU, {n}), hitr(DType::F64, Device::CPU, {n});
+  cross_entropy_fwd_bwd(Ctx{}, lr, targets, dlr, lossr, 1.f, hitr);
+  const std::vector<double> hg = to_doubles(hitg), hr = to_doubles(hitr);
+  EXPECT_EQ(hg, hr) << "V " << v;
+  double total = 0;
+  for (double h : hr) total += h;
+  EXPECT_GT(total, 0) << "no row was a hit: the check could not fail";
+  EXPECT_LT(total, static_cast<double>(counted)) << "every row was a hit: the check could not fail";
+}
+
+TEST(CrossEntropyGpu, HitsMatchCpu) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_hits_parity(DType::F32, 100, 32000);
+  run_hits_parity(DType::F32, 37, 129);
+  run_hits_parity(DType::BF16, 64, 8192);
+}
+
 TEST(CrossEntropyGpu, ParityF32) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity(DType::F32, DType::F32, false, 100, 32000, 1e-5);
