@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "config/config.h"
 #include "data/loader.h"
+#include "data/mqar.h"
 #include "data/token_dataset.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
@@ -25,7 +26,11 @@ const char* kUsage =
     "byte = total loss / ln 2 / UTF-8 bytes of the scored text (documents decoded with the\n"
     "checkpoint's tokenizer, each end-of-document counted as one byte). --data defaults to the\n"
     "checkpoint config's data.path; --seq-len to its data.seq_len; --max-tokens limits the\n"
-    "number of scored tokens (default: all).\n";
+    "number of scored tokens (default: all).\n\n"
+    "A checkpoint trained on MQAR (data.type \"mqar\") is scored on its config's test slices\n"
+    "(data.mqar.test, generated from data.mqar.test_seed): loss and accuracy (the value is the\n"
+    "argmax of the logits) over the queries, pooled and per slice (L = sequence length,\n"
+    "P = key-value pairs); only --batch and --json apply.\n";
 
 // UTF-8 bytes of the text behind split tokens [1, 1 + count): the scored targets.
 uint64_t scored_bytes(const TokenDataset& ds, Split split, uint64_t count, const Tokenizer& tok) {
@@ -48,6 +53,58 @@ uint64_t scored_bytes(const TokenDataset& ds, Split split, uint64_t count, const
   return bytes + tok.decode(doc).size();
 }
 
+// Model from a checkpoint on the GPU when there is one (and the config does not ask for the CPU).
+struct LoadedModel {
+  std::unique_ptr<GpuContext> gctx;
+  std::unique_ptr<Model> model;
+};
+LoadedModel load_model(const CheckpointReader& reader, const Config& cfg) {
+  LoadedModel m;
+  Ctx ctx;
+  if (cfg.train.device != "cpu" && gpu_available()) {
+    m.gctx = std::make_unique<GpuContext>();
+    ctx = m.gctx->ctx();
+  }
+  m.model = std::make_unique<Model>(cfg.model, ctx, cfg.train.precision, false);
+  reader.load_params(m.model->params(), false);
+  m.model->params().refresh_compute(ctx);
+  return m;
+}
+
+int eval_mqar(const std::string& ckpt, const Config& cfg, const CheckpointReader& reader, int64_t batch, bool as_json) {
+  const MqarSet test = MqarSet::test(cfg);
+  const int64_t B = batch ? batch : cfg.train.micro_batch;
+  LoadedModel m = load_model(reader, cfg);
+  m.model->reserve(B, test.max_seq_len());
+  const auto t0 = std::chrono::steady_clock::now();
+  const MqarResult r = evaluate_mqar(*m.model, test, B, 0, 1);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const MqarScore all = r.pooled();
+  if (as_json) {
+    json slices = json::array();
+    for (size_t i = 0; i < r.slices.size(); ++i)
+      slices.push_back({{"seq_len", r.slices[i].seq_len}, {"pairs", r.slices[i].pairs},
+                        {"count", r.scores[i].sequences}, {"targets", r.scores[i].targets},
+                        {"accuracy", r.scores[i].accuracy()}, {"loss", r.scores[i].mean_loss()}});
+    json j = {{"checkpoint", ckpt}, {"data", "mqar"}, {"test_seed", cfg.data.mqar.test_seed},
+              {"mqar", {{"accuracy", all.accuracy()}, {"loss", all.mean_loss()}, {"targets", all.targets},
+                        {"sequences", all.sequences}, {"slices", slices}}},
+              {"seconds", secs}};
+    if (all.aux_sum != 0) j["aux_loss"] = all.aux_sum / static_cast<double>(all.targets);
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s on MQAR (test seed %llu)\n", ckpt.c_str(), static_cast<unsigned long long>(cfg.data.mqar.test_seed));
+  std::printf("  %6s %6s %10s %10s %9s %9s\n", "L", "P", "sequences", "queries", "accuracy", "loss");
+  for (size_t i = 0; i < r.slices.size(); ++i)
+    std::printf("  %6lld %6lld %10lld %10lld %9.4f %9.4f\n", static_cast<long long>(r.slices[i].seq_len),
+                static_cast<long long>(r.slices[i].pairs), static_cast<long long>(r.scores[i].sequences),
+                static_cast<long long>(r.scores[i].targets), r.scores[i].accuracy(), r.scores[i].mean_loss());
+  std::printf("  %-13s %10lld %10lld %9.4f %9.4f | %.1f s\n", "pooled", static_cast<long long>(all.sequences),
+              static_cast<long long>(all.targets), all.accuracy(), all.mean_loss(), secs);
+  return 0;
+}
+
 }  // namespace
 
 int cmd_eval(int argc, char** argv) {
@@ -58,7 +115,8 @@ int cmd_eval(int argc, char** argv) {
   }
   const auto ckpt = args.get("checkpoint");
   const auto data = args.get("data");
-  const Split split = parse_split(args.get_or("split", "val"));
+  const auto split_opt = args.get("split");
+  const Split split = parse_split(split_opt.value_or("val"));
   const int64_t seq_len = args.get_int("seq-len", 0), max_tokens = args.get_int("max-tokens", 0);
   const int64_t batch = args.get_int("batch", 0);
   const bool as_json = args.flag("json");
@@ -69,6 +127,13 @@ int cmd_eval(int argc, char** argv) {
   const CheckpointReader reader(*ckpt);
   const CheckpointData& meta = reader.data();
   Config cfg = Config::from_json(meta.config, *ckpt + ":/config");
+  if (cfg.data.type == "mqar") {
+    const char* opt = data ? "--data" : split_opt ? "--split" : seq_len ? "--seq-len" : max_tokens ? "--max-tokens" : nullptr;
+    if (opt)
+      throw UserError(std::string(opt) + " does not apply: " + *ckpt +
+                      " was trained on MQAR, which is scored on its config's test slices (data.mqar.test)");
+    return eval_mqar(*ckpt, cfg, reader, batch, as_json);
+  }
   const std::string data_path = data ? *data : cfg.data.path;
   if (data_path.empty()) throw UserError("no dataset: pass --data FILE.h5");
   TokenDataset ds(data_path);
@@ -80,21 +145,12 @@ int cmd_eval(int argc, char** argv) {
   const uint64_t targets = max_tokens > 0 ? std::min<uint64_t>(split_targets, static_cast<uint64_t>(max_tokens)) : split_targets;
   const int64_t T = std::max<int64_t>(1, std::min<int64_t>(seq_len ? seq_len : cfg.data.seq_len, static_cast<int64_t>(targets)));
   const int64_t B = batch ? batch : cfg.train.micro_batch;
-  const bool gpu = cfg.train.device != "cpu" && gpu_available();
-  std::unique_ptr<GpuContext> gctx;
-  Ctx ctx;
-  if (gpu) {
-    gctx = std::make_unique<GpuContext>();
-    ctx = gctx->ctx();
-  }
-  Model model(cfg.model, ctx, cfg.train.precision, false);
-  reader.load_params(model.params(), false);
-  model.params().refresh_compute(ctx);
-  model.reserve(B, T);
+  LoadedModel m = load_model(reader, cfg);
+  m.model->reserve(B, T);
   EvalLoader loader(ds, split, B, T, 0, 1, static_cast<uint64_t>(max_tokens));
 
   const auto t0 = std::chrono::steady_clock::now();
-  const EvalResult r = evaluate(model, loader);
+  const EvalResult r = evaluate(*m.model, loader);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.targets == 0) throw UserError(data_path + ": the " + split_name(split) + " split has no tokens to score");
   const uint64_t bytes = scored_bytes(ds, split, static_cast<uint64_t>(r.targets), tok);

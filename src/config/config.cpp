@@ -7,6 +7,7 @@
 
 #include "config/json_reader.h"
 #include "core/error.h"
+#include "data/mqar.h"
 #include "model/layer_plan.h"
 #include "model/registry.h"
 
@@ -15,6 +16,42 @@ namespace linac {
 namespace {
 constexpr int64_t kMaxI = std::numeric_limits<int64_t>::max();
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// data.mqar: slices checked against the vocabulary, training slices against data.seq_len.
+void read_mqar(JsonReader m, MqarConfig& c, int64_t vocab, int64_t seq_len) {
+  for (const char* key : {"train", "test"}) {
+    auto list = m.object_list(key);
+    if (!list) continue;
+    if (list->empty()) m.fail(key, "must list at least one {seq_len, pairs, count} slice");
+    auto& slices = std::string(key) == "train" ? c.train : c.test;
+    slices.clear();
+    for (JsonReader& r : *list) {
+      MqarSlice s;
+      s.seq_len = r.require_int("seq_len", 4, int64_t(1) << 24);
+      s.pairs = r.require_int("pairs", 1, int64_t(1) << 22);
+      s.count = r.require_int("count", 1, int64_t(1) << 40);
+      r.finish();
+      slices.push_back(s);
+    }
+  }
+  c.train_seed = static_cast<uint64_t>(m.get_int("train_seed", static_cast<int64_t>(c.train_seed), 0, kMaxI));
+  c.test_seed = static_cast<uint64_t>(m.get_int("test_seed", static_cast<int64_t>(c.test_seed), 0, kMaxI));
+  c.power_a = m.get_double("power_a", c.power_a, 1e-6, 1);
+  c.random_non_queries = m.get_bool("random_non_queries", c.random_non_queries);
+  m.finish();
+  if (c.train_seed == c.test_seed) m.fail("test_seed", "must differ from train_seed (the test set must be new sequences)");
+  for (const char* key : {"train", "test"}) {
+    const auto& slices = std::string(key) == "train" ? c.train : c.test;
+    for (size_t i = 0; i < slices.size(); ++i) {
+      const std::string at = m.path_of(key) + "[" + std::to_string(i) + "]";
+      check_mqar_slice(slices[i], vocab, m.file() + ": " + at);
+      if (std::string(key) == "train" && slices[i].seq_len > seq_len)
+        throw UserError(m.file() + ": " + at + ": seq_len " + std::to_string(slices[i].seq_len) +
+                        " is longer than data.seq_len (" + std::to_string(seq_len) +
+                        "), the padded training length");
+    }
+  }
+}
 }  // namespace
 
 int64_t ModelConfig::ffn_dim() const {
@@ -46,6 +83,17 @@ json Config::to_json() const {
   if (!model.layer_pattern.empty()) j["model"]["layer_pattern"] = model.layer_pattern;
   if (!model.mixers.empty()) j["model"]["mixers"] = model.mixers;
   j["data"] = {{"type", data.type}, {"path", data.path}, {"seq_len", data.seq_len}};
+  if (data.type == "mqar") {
+    auto slices = [](const std::vector<MqarSlice>& v) {
+      json a = json::array();
+      for (const auto& s : v) a.push_back({{"seq_len", s.seq_len}, {"pairs", s.pairs}, {"count", s.count}});
+      return a;
+    };
+    const MqarConfig& m = data.mqar;
+    j["data"]["mqar"] = {{"train", slices(m.train)},         {"test", slices(m.test)},
+                         {"train_seed", m.train_seed},       {"test_seed", m.test_seed},
+                         {"power_a", m.power_a},             {"random_non_queries", m.random_non_queries}};
+  }
   j["train"] = {{"steps", train.steps},
                 {"global_batch_tokens", train.global_batch_tokens},
                 {"micro_batch", train.micro_batch},
@@ -115,9 +163,13 @@ Config Config::from_json(const json& j, const std::string& source) {
   validate_layers(c.model, source);
 
   JsonReader d = root.child("data");
-  c.data.type = d.get_choice("type", c.data.type, {"hdf5"});
+  c.data.type = d.get_choice("type", c.data.type, {"hdf5", "mqar"});
   c.data.path = d.get_string("path", "");
   c.data.seq_len = d.get_int("seq_len", c.data.seq_len, 1, int64_t(1) << 24);
+  if (c.data.type == "mqar") {
+    if (!c.data.path.empty()) d.fail("path", "does not apply to data.type 'mqar' (its sequences are generated)");
+    read_mqar(d.child("mqar"), c.data.mqar, c.model.vocab_size, c.data.seq_len);
+  }
   d.finish();
 
   JsonReader t = root.child("train");

@@ -128,6 +128,19 @@ JsonReader JsonReader::child(const std::string& key) {
   return JsonReader(*v, path_of(key), file_);
 }
 
+std::optional<std::vector<JsonReader>> JsonReader::object_list(const std::string& key) {
+  const json* v = take(key);
+  if (!v) return std::nullopt;
+  if (!v->is_array()) fail(key, "expected an array of objects, got " + kind_of(*v));
+  std::vector<JsonReader> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string at = key + "[" + std::to_string(i) + "]";
+    if (!(*v)[i].is_object()) fail(at, "expected an object, got " + kind_of((*v)[i]));
+    out.emplace_back((*v)[i], path_of(at), file_);
+  }
+  return out;
+}
+
 void JsonReader::finish() const {
   std::vector<std::string> known(read_.begin(), read_.end());
   for (const auto& [k, v] : obj_.items()) {

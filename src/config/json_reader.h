@@ -3,6 +3,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ class JsonReader {
   JsonReader(const json& obj, std::string path, std::string file);
 
   bool has(const std::string& key) const;
+  const std::string& file() const { return file_; }
   std::string path_of(const std::string& key) const;
 
   std::string get_string(const std::string& key, const std::string& def);
@@ -30,6 +32,8 @@ class JsonReader {
   // The raw value of an object member ({} when absent), marked as read.
   json get_object(const std::string& key);
   JsonReader child(const std::string& key);  // the member must be an object (an absent one reads as {})
+  // The elements of an array of objects, each a reader with path "key[i]"; nullopt when absent.
+  std::optional<std::vector<JsonReader>> object_list(const std::string& key);
 
   // Throws UserError for the first key that was never read.
   void finish() const;

@@ -62,9 +62,9 @@ uint64_t TrainLoader::windows_in_epoch(uint64_t epoch) const {
   return (n_ - 1 - shift(epoch)) / static_cast<uint64_t>(T_);
 }
 
-// A bijection of [0, m): a balanced Feistel network on the smallest even-bit power of two
-// >= m, iterated until the value lands in range (cycle walking keeps it a bijection).
-uint64_t TrainLoader::permute(uint64_t epoch, uint64_t index, uint64_t m) const {
+// A balanced Feistel network on the smallest even-bit power of two >= m, iterated until the
+// value lands in range (cycle walking keeps it a bijection).
+uint64_t feistel_permute(uint64_t seed, uint64_t stream, uint64_t index, uint64_t m) {
   if (m <= 1) return 0;
   int bits = 0;
   while ((uint64_t{1} << bits) < m) ++bits;
@@ -74,7 +74,7 @@ uint64_t TrainLoader::permute(uint64_t epoch, uint64_t index, uint64_t m) const 
   do {
     uint64_t left = x >> half, right = x & mask;
     for (uint64_t round = 0; round < 4; ++round) {
-      const Philox4 r = philox_block(state_.seed, kPermStream + epoch, (round << 40) | right);
+      const Philox4 r = philox_block(seed, stream, (round << 40) | right);
       const uint64_t f = ((static_cast<uint64_t>(r.v[0]) << 32) | r.v[1]) & mask;
       const uint64_t next = left ^ f;
       left = right;
@@ -88,7 +88,7 @@ uint64_t TrainLoader::permute(uint64_t epoch, uint64_t index, uint64_t m) const 
 uint64_t TrainLoader::window_start(uint64_t epoch, uint64_t index) const {
   const uint64_t m = windows_in_epoch(epoch);
   LINAC_CHECK(index < m, "sample " + std::to_string(index) + " of an epoch of " + std::to_string(m));
-  return shift(epoch) + permute(epoch, index, m) * static_cast<uint64_t>(T_);
+  return shift(epoch) + feistel_permute(state_.seed, kPermStream + epoch, index, m) * static_cast<uint64_t>(T_);
 }
 
 void TrainLoader::next(int32_t* out) {
@@ -112,6 +112,18 @@ void TrainLoader::next(int32_t* out) {
     state_.cursor -= em;
     ++state_.epoch;
   }
+}
+
+int64_t TrainLoader::next(int32_t* tokens, int32_t* targets) {
+  const int64_t L = T_ + 1;
+  std::vector<int32_t> rows(batch_elems());
+  next(rows.data());
+  for (int64_t b = 0; b < B_; ++b)
+    for (int64_t t = 0; t < T_; ++t) {
+      tokens[b * T_ + t] = rows[static_cast<size_t>(b * L + t)];
+      targets[b * T_ + t] = rows[static_cast<size_t>(b * L + t + 1)];
+    }
+  return static_cast<int64_t>(world_) * B_ * T_;
 }
 
 std::vector<int32_t> TrainLoader::next() {

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <vector>
 
 #include "data/token_dataset.h"
@@ -45,7 +46,24 @@ struct LoaderState {
   bool operator==(const LoaderState&) const = default;
 };
 
-class TrainLoader {
+// What training draws micro-batches from (TrainLoader's token windows, MqarLoader's examples).
+class TrainBatches {
+ public:
+  virtual ~TrainBatches() = default;
+  // This rank's next micro-batch: tokens and targets [B, T] row-major (targets < 0 are not
+  // scored). Returns the number of scored targets of the global micro-batch (every rank's rows),
+  // the same on every rank, so each rank can scale its gradients by the global count.
+  virtual int64_t next(int32_t* tokens, int32_t* targets) = 0;
+  virtual LoaderState state() const = 0;
+  // Continues from a saved state (its seed replaces the constructor's).
+  virtual void set_state(const LoaderState& s) = 0;
+};
+
+// A keyed bijection of [0, m): element `index` of the permutation for (seed, stream). O(1)
+// memory, any element computable on its own.
+uint64_t feistel_permute(uint64_t seed, uint64_t stream, uint64_t index, uint64_t m);
+
+class TrainLoader final : public TrainBatches {
  public:
   // Keeps a reference to `ds`, which must outlive the loader. UserError when the split is
   // shorter than T+1 tokens or the shape arguments are invalid.
@@ -58,10 +76,12 @@ class TrainLoader {
   // This rank's next batch, row-major (B, T+1), into `out` (batch_elems() values).
   void next(int32_t* out);
   std::vector<int32_t> next();
+  // The same batch split into inputs (a row's first T tokens) and targets (its last T); every
+  // target is scored: returns world * B * T.
+  int64_t next(int32_t* tokens, int32_t* targets) override;
 
-  LoaderState state() const { return state_; }
-  // Continues from a saved state (its seed replaces the constructor's).
-  void set_state(const LoaderState& s) { state_ = s; }
+  LoaderState state() const override { return state_; }
+  void set_state(const LoaderState& s) override { state_ = s; }
 
   // The pure functions behind next(): slots of an epoch and the token offset of sample i.
   uint64_t windows_in_epoch(uint64_t epoch) const;
@@ -69,7 +89,6 @@ class TrainLoader {
 
  private:
   uint64_t shift(uint64_t epoch) const;
-  uint64_t permute(uint64_t epoch, uint64_t index, uint64_t m) const;
   const TokenDataset& ds_;
   Split split_;
   int64_t B_, T_;

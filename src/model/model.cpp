@@ -144,6 +144,12 @@ void Model::reserve(int64_t B, int64_t T) {
   saved_.allocate();
 }
 
+int64_t Model::state_elems(int64_t T) const {
+  int64_t n = 0;
+  for (const auto& b : blocks_) n += b.mixer->state_elems(T);
+  return n;
+}
+
 size_t Model::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), d = static_cast<size_t>(cfg_.d_model);
   const size_t resid_row = N * d * dtype_size(env_.resid), norm = N * (d * dtype_size(env_.act) + dtype_size(env_.stat));
@@ -256,7 +262,7 @@ void Model::head_logits(const Tensor& x, const Tensor& logits) {
 }
 
 void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf,
-                     const Tensor& losses) {
+                     const Tensor& losses, const Tensor& hits) {
   const Ctx& ctx = env_.ctx;
   const int64_t N = xf.size(0), V = cfg_.vocab_size;
   const int w = head_ >= 0 ? head_ : embed_;
@@ -272,7 +278,8 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
     head_logits(x, logits);
     {
       ProfileScope prof(ctx, "cross-entropy", Profiler::Level::Op);
-      cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale);
+      cross_entropy_fwd_bwd(ctx, logits, targets.slice0(r0, r0 + n), dlogits, losses.slice0(r0, r0 + n), grad_scale,
+                            hits.ptr ? hits.slice0(r0, r0 + n) : Tensor());
     }
     if (grad_scale == 0.f) continue;
     const float s = static_cast<float>(cfg_.logit_scale);
@@ -284,7 +291,7 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
   }
 }
 
-double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale) {
+double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits) {
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
@@ -333,8 +340,14 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   Tensor loss_sum = scratch_.get("model.loss_sum", env_.stat, {1});
   {
     ProfileScope prof(ctx, "LM head and loss, forward and backward");
-    run_head(xf, targets.view({N}), grad_scale, dxf, losses);
+    const Tensor hit_rows = hits ? scratch_.get("model.hits", env_.stat, {N}) : Tensor();
+    run_head(xf, targets.view({N}), grad_scale, dxf, losses, hit_rows);
     sum(ctx, losses, loss_sum);
+    if (hits) {
+      Tensor hit_sum = scratch_.get("model.hit_sum", env_.stat, {1});
+      sum(ctx, hit_rows, hit_sum);
+      *hits = to_doubles(hit_sum)[0];
+    }
   }
   if (!backward) return to_doubles(loss_sum)[0];
 

@@ -65,8 +65,11 @@ class Model {
   // tokens, targets: [B, T] int32 on the model's device; targets < 0 are ignored.
   // Returns sum over valid targets of -log p(target). When grad_scale != 0 also runs the
   // backward pass: gradients of grad_scale * (that sum) accumulate into params().grad.
-  double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale);
-  double forward_loss(const Tensor& tokens, const Tensor& targets) { return forward_backward(tokens, targets, 0.f); }
+  // hits, when given, receives the number of valid targets that are their row's argmax (accuracy).
+  double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits = nullptr);
+  double forward_loss(const Tensor& tokens, const Tensor& targets, double* hits = nullptr) {
+    return forward_backward(tokens, targets, 0.f, hits);
+  }
   // The mixers' auxiliary loss terms of the last forward, summed over its tokens (0 for
   // architectures without any); forward_backward's gradients include them (see mixer.h).
   double aux_loss_sum() const;
@@ -100,6 +103,8 @@ class Model {
   int64_t n_embedding_params() const;  // embed (+ head when untied)
   // Saved activations of a [B, T] micro-batch under the configured recompute.
   size_t activation_bytes(int64_t B, int64_t T) const;
+  // Elements of one sequence's decoding state after T tokens, over all layers (Mixer::state_elems).
+  int64_t state_elems(int64_t T) const;
   double flops_per_token(int64_t T) const;  // training (fwd+bwd) model FLOPs
 
   struct LayerRow {
@@ -119,7 +124,8 @@ class Model {
   void grads_ready(const std::vector<int>& ids) const {
     if (grad_ready_) grad_ready_(ids);
   }
-  void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses);
+  void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses,
+                const Tensor& hits);
   // logits [n, V] = logit_scale * (x W^T + bias), the head's forward for n rows of x.
   void head_logits(const Tensor& x, const Tensor& logits);
   // The final norm, or a plain cast to the activation dtype without one.

@@ -34,4 +34,63 @@ EvalResult evaluate(Model& model, EvalLoader& loader) {
   return r;
 }
 
+MqarScore& MqarScore::operator+=(const MqarScore& o) {
+  loss_sum += o.loss_sum;
+  hits += o.hits;
+  aux_sum += o.aux_sum;
+  targets += o.targets;
+  sequences += o.sequences;
+  return *this;
+}
+
+MqarScore MqarResult::pooled() const {
+  MqarScore p;
+  for (const auto& s : scores) p += s;
+  return p;
+}
+
+void MqarResult::reduce(const std::function<double(double)>& sum) {
+  for (auto& s : scores) {
+    s.loss_sum = sum(s.loss_sum);
+    s.hits = sum(s.hits);
+    s.aux_sum = sum(s.aux_sum);
+    s.targets = static_cast<int64_t>(sum(static_cast<double>(s.targets)));
+    s.sequences = static_cast<int64_t>(sum(static_cast<double>(s.sequences)));
+  }
+}
+
+MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world) {
+  const Device dev = model.env().device();
+  const int64_t Lmax = set.max_seq_len();
+  OwnedTensor tok(DType::I32, Device::CPU, {B, Lmax}), tgt(DType::I32, Device::CPU, {B, Lmax});
+  OwnedTensor tok_d(DType::I32, dev, {B, Lmax}), tgt_d(DType::I32, dev, {B, Lmax});
+  MqarResult r;
+  r.slices = set.slices();
+  for (size_t s = 0; s < set.slices().size(); ++s) {
+    const MqarSlice& sl = set.slices()[s];
+    MqarScore score;
+    const uint64_t begin = set.slice_begin(s), end = set.slice_begin(s + 1);
+    uint64_t j = begin + static_cast<uint64_t>(rank);
+    while (j < end) {
+      int64_t rows = 0;
+      for (; rows < B && j < end; ++rows, j += static_cast<uint64_t>(world)) {
+        set.example(j, tok->data<int32_t>() + rows * sl.seq_len, tgt->data<int32_t>() + rows * sl.seq_len);
+        score.targets += sl.pairs;
+      }
+      score.sequences += rows;
+      const std::vector<int64_t> dims = {rows, sl.seq_len};
+      const Tensor tok_b(tok->ptr, DType::I32, Device::CPU, dims), tgt_b(tgt->ptr, DType::I32, Device::CPU, dims);
+      const Tensor tok_db(tok_d->ptr, DType::I32, dev, dims), tgt_db(tgt_d->ptr, DType::I32, dev, dims);
+      copy_tensor(tok_db, tok_b);
+      copy_tensor(tgt_db, tgt_b);
+      double hits = 0;
+      score.loss_sum += model.forward_loss(tok_db, tgt_db, &hits);
+      score.hits += hits;
+      score.aux_sum += model.aux_loss_sum();
+    }
+    r.scores.push_back(score);
+  }
+  return r;
+}
+
 }  // namespace linac

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "data/loader.h"
+#include "data/mqar.h"
 #include "model/model.h"
 
 namespace linac {
@@ -20,5 +23,26 @@ struct EvalResult {
 // Runs the loader to its end on `model` (which must have reserved loader.batch() x seq_len()).
 // Each batch runs on its longest window only, so a short split is never padded to seq_len.
 EvalResult evaluate(Model& model, EvalLoader& loader);
+
+// MQAR: loss and accuracy (the target is the argmax of the logits) over the labelled positions,
+// per slice of an MqarSet and pooled.
+struct MqarScore {
+  double loss_sum = 0, hits = 0, aux_sum = 0;
+  int64_t targets = 0, sequences = 0;
+  double accuracy() const { return targets ? hits / static_cast<double>(targets) : 0.0; }
+  double mean_loss() const { return targets ? loss_sum / static_cast<double>(targets) : 0.0; }
+  MqarScore& operator+=(const MqarScore& o);
+};
+struct MqarResult {
+  std::vector<MqarSlice> slices;
+  std::vector<MqarScore> scores;  // one per slice
+  MqarScore pooled() const;
+  // Sums every score over the data-parallel ranks with `sum` (a rank-sum of one double).
+  void reduce(const std::function<double(double)>& sum);
+};
+
+// Every example of `set` once: rank r takes examples r, r + world, ... of each slice, in batches
+// of up to B sequences of that slice's length (model must have reserved B x set.max_seq_len()).
+MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world);
 
 }  // namespace linac

@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "data/loader.h"
+#include "data/mqar.h"
 #include "dist/comm.h"
 #include "data/token_dataset.h"
 #include "model/model.h"
@@ -73,18 +74,6 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& log_path) {
   return log;
 }
 
-// Host batch rows (B, T+1) -> device tokens/targets (B, T).
-void upload_rows(const std::vector<int32_t>& rows, int64_t B, int64_t T, OwnedTensor& tok_h, OwnedTensor& tgt_h,
-                 const MicroBatch& mb) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      tok_h->data<int32_t>()[b * T + t] = rows[static_cast<size_t>(b * (T + 1) + t)];
-      tgt_h->data<int32_t>()[b * T + t] = rows[static_cast<size_t>(b * (T + 1) + t + 1)];
-    }
-  copy_tensor(mb.tokens, tok_h);
-  copy_tensor(mb.targets, tgt_h);
-}
-
 // FNV-1a over what every rank holds identically (ParamStore::replica: the master weights, or
 // under ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree.
 int64_t params_hash(const ParamStore& ps) {
@@ -115,7 +104,9 @@ LoaderState resume_loader_state(const CheckpointReader& ckpt) {
 
 int run_training(const Config& cfg, const std::string& resume) {
   const TrainConfig& tc = cfg.train;
-  if (cfg.data.path.empty()) throw UserError(cfg.source + ": data.path: is required (a token file from `linac prepare`)");
+  const bool mqar = cfg.data.type == "mqar";
+  if (!mqar && cfg.data.path.empty())
+    throw UserError(cfg.source + ": data.path: is required (a token file from `linac prepare`)");
   if (tc.device == "cuda" && !gpu_available()) throw UserError(cfg.source + ": train.device: 'cuda' but no CUDA device is available");
   const bool gpu = tc.device == "cuda" || (tc.device == "auto" && gpu_available());
   auto comm = Comm::create(gpu ? Device::CUDA : Device::CPU);
@@ -127,8 +118,16 @@ int run_training(const Config& cfg, const std::string& resume) {
     throw UserError(cfg.source + ": train.global_batch_tokens (" + std::to_string(tc.global_batch_tokens) +
                     ") must be a multiple of micro_batch * seq_len * ranks = " + std::to_string(B * T * world));
   const int64_t n_micro = tc.global_batch_tokens / (B * T * world);
-  TokenDataset ds(cfg.data.path);
-  check_dataset_vocab(ds, cfg.model.vocab_size);
+  // The data: token windows of a `linac prepare` file, or MQAR's generated train and test sets.
+  std::unique_ptr<TokenDataset> ds;
+  std::unique_ptr<MqarSet> mqar_train, mqar_test;
+  if (mqar) {
+    mqar_train = std::make_unique<MqarSet>(MqarSet::train(cfg));
+    mqar_test = std::make_unique<MqarSet>(MqarSet::test(cfg));
+  } else {
+    ds = std::make_unique<TokenDataset>(cfg.data.path);
+    check_dataset_vocab(*ds, cfg.model.vocab_size);
+  }
 
   // Resolve what to resume from before touching the run directory.
   std::unique_ptr<CheckpointReader> ckpt;
@@ -183,9 +182,14 @@ int run_training(const Config& cfg, const std::string& resume) {
   const int zero_world = tc.zero && world > 1 ? world : 1;
   Model model(cfg.model, ctx, tc.precision, true, true, zero_world, rank);
   model.set_recompute(parse_recompute(tc.recompute));
-  model.reserve(B, T);
+  // MQAR's test slices may be longer than the padded training length.
+  model.reserve(B, mqar ? std::max(T, mqar_test->max_seq_len()) : T);
   TrainStep stepper(model, tc, comm.get());
-  TrainLoader loader(ds, Split::Train, B, T, rank, world, tc.seed);
+  std::unique_ptr<TrainBatches> loader;
+  if (mqar)
+    loader = std::make_unique<MqarLoader>(*mqar_train, B, T, rank, world, tc.seed);
+  else
+    loader = std::make_unique<TrainLoader>(*ds, Split::Train, B, T, rank, world, tc.seed);
 
   int64_t step = 0, tokens_seen = 0;
   if (!ckpt) {
@@ -202,7 +206,7 @@ int run_training(const Config& cfg, const std::string& resume) {
     step = st.step;
     tokens_seen = st.tokens_seen;
     stepper.set_updates(st.updates);
-    loader.set_state(resume_loader_state(*ckpt));
+    loader->set_state(resume_loader_state(*ckpt));
     log->info("resumed from {} at step {}{}", ckpt->path(), step,
               st.world_size != world ? fmt::format(" (written by {} rank(s), continued on {}: same data order)",
                                                    st.world_size, world)
@@ -211,8 +215,9 @@ int run_training(const Config& cfg, const std::string& resume) {
   }
 
   std::unique_ptr<EvalLoader> eval_loader;
-  if (tc.eval_every > 0 && ds.size(Split::Val) > 1)
-    eval_loader = std::make_unique<EvalLoader>(ds, Split::Val, B, T, rank, world, static_cast<uint64_t>(tc.eval_tokens));
+  if (ds && tc.eval_every > 0 && ds->size(Split::Val) > 1)
+    eval_loader = std::make_unique<EvalLoader>(*ds, Split::Val, B, T, rank, world, static_cast<uint64_t>(tc.eval_tokens));
+  const bool eval_mqar = mqar && tc.eval_every > 0;
 
   auto save = [&](int64_t at_step) {
     CheckpointData d;
@@ -222,8 +227,8 @@ int run_training(const Config& cfg, const std::string& resume) {
     d.state.tokens_seen = tokens_seen;
     d.state.world_size = world;
     d.state.seed = tc.seed;
-    d.state.loader = comm->allgather(loader.state().to_vector());
-    d.tokenizer = ds.tokenizer_bytes();
+    d.state.loader = comm->allgather(loader->state().to_vector());
+    if (ds) d.tokenizer = ds->tokenizer_bytes();
     ctx_synchronize(ctx);
     if (world > 1) {
       const auto hashes = comm->allgather({params_hash(model.params())});
@@ -266,7 +271,6 @@ int run_training(const Config& cfg, const std::string& resume) {
     micro.push_back({tok_d.back().t, tgt_d.back().t});
   }
   OwnedTensor tok_h(DType::I32, Device::CPU, {B, T}), tgt_h(DType::I32, Device::CPU, {B, T});
-  std::vector<int32_t> rows(loader.batch_elems());
 
   const StopSignals stop_signals;
 
@@ -279,11 +283,13 @@ int run_training(const Config& cfg, const std::string& resume) {
   int64_t loss_n = 0;
   int status = 0;
   while (step < tc.steps) {
+    int64_t scored = 0;  // over every rank's micro-batches: the step's gradient is that of the mean
     for (int64_t i = 0; i < n_micro; ++i) {
-      loader.next(rows.data());
-      upload_rows(rows, B, T, tok_h, tgt_h, micro[static_cast<size_t>(i)]);
+      scored += loader->next(tok_h->data<int32_t>(), tgt_h->data<int32_t>());
+      copy_tensor(micro[static_cast<size_t>(i)].tokens, tok_h);
+      copy_tensor(micro[static_cast<size_t>(i)].targets, tgt_h);
     }
-    const StepStats st = stepper.run(step, micro, tc.global_batch_tokens);
+    const StepStats st = stepper.run(step, micro, scored);
     ++step;
     tokens_seen += tc.global_batch_tokens;
     tokens_since_log += tc.global_batch_tokens;
@@ -316,7 +322,8 @@ int run_training(const Config& cfg, const std::string& resume) {
       const double remaining = elapsed / static_cast<double>(step - first_step) * static_cast<double>(tc.steps - step);
       const double mean_loss = loss_n ? loss_acc / static_cast<double>(loss_n) : st.loss;
       rec = {{"step", step}, {"loss", mean_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"tokens_per_s", tps},
-             {"tokens_seen", tokens_seen}, {"mfu", mfu}, {"mem", gpu ? static_cast<int64_t>(gpu_bytes_in_use()) : 0}};
+             {"tokens_seen", tokens_seen}, {"mfu", mfu}, {"mem", gpu ? static_cast<int64_t>(gpu_bytes_in_use()) : 0},
+             {"time_s", elapsed}};
       if (st.aux_loss != 0) rec["aux_loss"] = st.aux_loss;
       log->info("step {}/{} | loss {:.4f}{} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s{} | ETA {}", step, tc.steps,
                 mean_loss, st.aux_loss != 0 ? fmt::format(" (aux {:.5f})", st.aux_loss) : "", st.lr, st.grad_norm, tps,
@@ -326,12 +333,30 @@ int run_training(const Config& cfg, const std::string& resume) {
       loss_acc = 0;
       loss_n = 0;
     }
+    if (eval_mqar && (step % tc.eval_every == 0 || step == tc.steps)) {
+      MqarResult res = evaluate_mqar(model, *mqar_test, B, rank, world);
+      res.reduce([&](double x) { return comm->sum(x); });
+      const MqarScore all = res.pooled();
+      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}};
+      rec["val_loss"] = all.mean_loss();
+      rec["val_accuracy"] = all.accuracy();
+      json slices = json::array();
+      std::string per_slice;
+      for (size_t i = 0; i < res.slices.size(); ++i) {
+        const MqarSlice& sl = res.slices[i];
+        slices.push_back({{"seq_len", sl.seq_len}, {"pairs", sl.pairs}, {"accuracy", res.scores[i].accuracy()}});
+        per_slice += fmt::format(" {}x{}:{:.3f}", sl.seq_len, sl.pairs, res.scores[i].accuracy());
+      }
+      rec["val_slices"] = slices;
+      log->info("step {} | val loss {:.4f} | val accuracy {:.4f} ({} queries) | by L x P:{}", step, all.mean_loss(),
+                all.accuracy(), all.targets, per_slice);
+    }
     if (eval_loader && (step % tc.eval_every == 0 || step == tc.steps)) {
       const EvalResult local = evaluate(model, *eval_loader);
       const double loss_sum = comm->sum(local.loss_sum);
       const double count = comm->sum(static_cast<double>(local.targets));
       const double val = count > 0 ? loss_sum / count : 0.0;
-      if (rec.is_null()) rec = {{"step", step}};
+      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}};
       rec["val_loss"] = val;
       rec["val_ppl"] = std::exp(val);
       const double val_aux = count > 0 ? comm->sum(local.aux_sum) / count : 0.0;
