@@ -10,6 +10,7 @@
 #include "model/registry.h"
 #include "model/saved_arena.h"
 #include "data/hdf5_util.h"
+#include "data/mqar.h"
 #include "train/checkpoint.h"
 
 namespace linac::cli {
@@ -73,6 +74,10 @@ int cmd_info(int argc, char** argv) {
   const double acts = static_cast<double>(model.activation_bytes(B, T));
   const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
   const double flops = model.flops_per_token(T);
+  // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
+  // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
+  const int64_t state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg).max_seq_len() : T;
+  const int64_t state = model.state_elems(state_T);
 
   if (as_json) {
     json j = {{"config", pos[0]},
@@ -86,7 +91,8 @@ int cmd_info(int argc, char** argv) {
               {"recompute", cfg.train.recompute},
               {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"buffers", buffers}, {"activations", acts}}},
               {"activation_bytes_per_token", acts / static_cast<double>(B * T)},
-              {"train_flops_per_token", flops}};
+              {"train_flops_per_token", flops},
+              {"decode_state", {{"elements", state}, {"bytes", 4 * state}, {"at_seq_len", state_T}}}};
     json layers = json::array();
     for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
     j["layers"] = layers;
@@ -136,6 +142,9 @@ int cmd_info(int argc, char** argv) {
               human_bytes(master + copy + grads + optim + buffers + acts).c_str());
   std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),
               human_count(flops).c_str());
+  std::printf("decode state per sequence at T=%lld: %s elements (%s at 4 bytes each, the Based paper's state size)\n",
+              static_cast<long long>(state_T), human_count(static_cast<double>(state)).c_str(),
+              human_bytes(4.0 * static_cast<double>(state)).c_str());
   return 0;
 }
 

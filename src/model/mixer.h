@@ -59,6 +59,14 @@ class Mixer {
   virtual size_t activation_bytes(int64_t B, int64_t T) const = 0;
   // Training FLOPs per token (forward + backward) at sequence length T, for MFU.
   virtual double flops_per_token(int64_t T) const = 0;
+  // Elements of one sequence's decoding state after T tokens (KV cache, recurrent sums, window
+  // ring, convolution inputs), counted as the Based paper counts state size (its §3.5 and App.
+  // E.2: attention 2dT, a window 2d min(T, w), linear attention its state matrices); scratch
+  // excluded. Position-wise mixers keep none.
+  virtual int64_t state_elems(int64_t T) const {
+    (void)T;
+    return 0;
+  }
   virtual double aux_loss_sum() const { return 0; }
   virtual void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) { (void)sum_ranks; }
   virtual std::unique_ptr<MixerState> init_state(int64_t B) {

@@ -74,6 +74,12 @@ void BaseConvMixer::reserve(int64_t B, int64_t T) {
   fill_ones(capacity_);
 }
 
+// The last W - 1 convolution inputs of each of the E channels.
+int64_t BaseConvMixer::state_elems(int64_t T) const {
+  (void)T;
+  return std::max<int64_t>(W_ - 1, 0) * E_;
+}
+
 size_t BaseConvMixer::activation_bytes(int64_t B, int64_t T) const {
   return static_cast<size_t>(B * T * 2 * E_) * dtype_size(env_.act);
 }

@@ -92,6 +92,12 @@ void GlaMixer::reserve(int64_t B, int64_t T) {
   copy_tensor(ones_buf_.tensor(env_.act, {capacity_}), conv);
 }
 
+// One Dk x Dv matrix per head.
+int64_t GlaMixer::state_elems(int64_t T) const {
+  (void)T;
+  return H_ * (dk_ / H_) * (dv_ / H_);
+}
+
 size_t GlaMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   return N * (static_cast<size_t>(P_ + dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat);

@@ -111,6 +111,15 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
   }
 }
 
+// Per head and latent the running log-normaliser and value summary; Macchiato adds its
+// convolution inputs and the local window's keys and values.
+int64_t LatteMixer::state_elems(int64_t T) const {
+  int64_t n = H_ * Lh_ * (Dh_ + 1);
+  if (opt_.conv > 0) n += (opt_.conv - 1) * d_;
+  if (opt_.window > 0) n += 2 * std::min(T, opt_.window) * H_ * Dh_;
+  return n;
+}
+
 size_t LatteMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   const size_t local = opt_.window > 0 ? N * (static_cast<size_t>(d_) * act + static_cast<size_t>(H_) * stat) : 0;

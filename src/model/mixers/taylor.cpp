@@ -55,6 +55,13 @@ void TaylorMixer::reserve(int64_t B, int64_t T) {
   den_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * dtype_size(env_.stat));
 }
 
+// The paper's count (spec §3.5): per head, a (Dv + 1) x D_sym state with D_sym = 1 + F +
+// F(F+1)/2 distinct features (the kernels store the full F^2 second-order block).
+int64_t TaylorMixer::state_elems(int64_t T) const {
+  (void)T;
+  return H_ * (Dv_ + 1) * (1 + F_ + F_ * (F_ + 1) / 2);
+}
+
 size_t TaylorMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
   return N * (static_cast<size_t>(P_ + H_ * Dv_) * dtype_size(env_.act) + static_cast<size_t>(H_) * dtype_size(env_.stat));

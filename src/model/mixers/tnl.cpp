@@ -115,6 +115,12 @@ void TnlMixer::reserve(int64_t B, int64_t T) {
   rstd_buf_ = env_.saved->take(N * dtype_size(env_.stat));
 }
 
+// One Dk x Dh matrix per head.
+int64_t TnlMixer::state_elems(int64_t T) const {
+  (void)T;
+  return H_ * Dk_ * dh_;
+}
+
 size_t TnlMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
   return N * (6 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));

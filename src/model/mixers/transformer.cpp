@@ -65,6 +65,11 @@ void AttentionMixer::reserve(int64_t B, int64_t T) {
   lse_buf_ = env_.saved->take(static_cast<size_t>(B * H_ * T) * dtype_size(env_.stat));
 }
 
+// Keys and values of every past token (2 d T), or of the last `window` ones.
+int64_t AttentionMixer::state_elems(int64_t T) const {
+  return 2 * H_ * Dh_ * (opt_.window > 0 ? std::min(T, opt_.window) : T);
+}
+
 size_t AttentionMixer::activation_bytes(int64_t B, int64_t T) const {
   return static_cast<size_t>(B * T) * (4 * static_cast<size_t>(d_) * dtype_size(env_.act) +
                                        static_cast<size_t>(H_) * dtype_size(env_.stat));

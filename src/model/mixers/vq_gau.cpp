@@ -100,6 +100,13 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
   err_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
 }
 
+// Per head: the current block's quantized keys and values, and the compressive cache (per code
+// a count and a value mean). Independent of T.
+int64_t VqGauMixer::state_elems(int64_t T) const {
+  (void)T;
+  return H_ * (Lb_ * (Dk_ + Dvh_) + S_ * (Dvh_ + 1));
+}
+
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
   return N * ((static_cast<size_t>(Pqkv_ + 2 * Dv_) + 3 * HDk) * dtype_size(env_.act) +

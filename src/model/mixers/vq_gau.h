@@ -52,6 +52,7 @@ class VqGauMixer final : public Mixer {
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
+  int64_t state_elems(int64_t T) const override;
   double flops_per_token(int64_t T) const override;
   double aux_loss_sum() const override { return aux_; }
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) override;
