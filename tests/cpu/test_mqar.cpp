@@ -1,6 +1,7 @@
 // MQAR: the generator's properties (spec §11.2), the set and loader (determinism, epochs, ranks,
-// resume, padding, target counts), the config's checks, evaluation's accuracy, exact resume of a
-// training run, and a tiny attention model that learns the task.
+// resume, padding, target counts), the config's checks, the shipped configs' state sizes,
+// evaluation's accuracy, exact resume of a training run, and a tiny attention model that learns
+// the task.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -296,6 +297,32 @@ TEST(MqarEval, AccuracyMatchesPerExampleArgmax) {
   for (size_t s = 0; s < 2; ++s) {
     EXPECT_EQ(a.scores[s].sequences + b.scores[s].sequences, r.scores[s].sequences);
     EXPECT_EQ(a.scores[s].hits + b.scores[s].hits, r.scores[s].hits);
+  }
+}
+
+// The state sizes `linac info` prints for the shipped MQAR configs, against the Based paper's
+// formulas (spec §3.5): attention 2 d T, a window 2 d min(T, w), Taylor (d + 1) D_sym with
+// D_sym = 153 at d' = 16, GLA Dk x Dv, TNL d x d, Latte L (Dh + 1), each plus the short
+// convolution's 2 past inputs of its 2d channels. Every config must parse and build.
+TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
+  const std::string dir = std::string(LINAC_TEST_SOURCE_DIR) + "/configs/mqar/";
+  for (int64_t d : {64, 128}) {
+    const int64_t conv = 2 * 2 * d;
+    const std::map<std::string, int64_t> expected = {
+        {"attention", 2 * d * 1024 + conv},   {"sliding_window", 2 * d * 64 + conv},
+        {"based", (d + 1) * 153 + conv},      {"gla", (d / 2) * d + conv},
+        {"transnormer", d * d + conv},        {"latte", 64 * (d + 1) + conv},
+        {"transformer_vq", 64 * (d / 2 + 2 * d) + 128 * (2 * d + 1) + conv}};
+    for (const auto& [name, elems] : expected) {
+      const std::string path = dir + name + "_d" + std::to_string(d) + ".json";
+      SCOPED_TRACE(path);
+      const Config cfg = load_config(path);
+      EXPECT_EQ(cfg.data.type, "mqar");
+      EXPECT_EQ(cfg.model.n_layers, 2);
+      EXPECT_EQ(cfg.model.vocab_size, 8192);
+      Model model(cfg.model, Ctx{}, cfg.train.precision, false, /*allocate=*/false);
+      EXPECT_EQ(model.state_elems(MqarSet::test(cfg).max_seq_len()), elems);
+    }
   }
 }
 
