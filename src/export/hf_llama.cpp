@@ -22,6 +22,8 @@ void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) 
     const bool windowed = l.options.contains("window") && l.options.at("window").get<int64_t>() != 0;
     if (l.kind != "attention" || windowed)
       throw UserError(why + "; layer kind '" + l.name + "' has no Llama equivalent (use --format safetensors)");
+    if (l.options.contains("rope") && !l.options.at("rope").get<bool>())
+      throw UserError(why + "; layer '" + l.name + "' has no RoPE (Llama always rotates)");
     if (rope_base_of(l) != rope_base_of(layers.front()))
       throw UserError(why + "; its layers use different rope_base values");
   }

@@ -15,6 +15,7 @@
 #include "test_util.h"
 #include "train/evaluate.h"
 #include "train/trainer.h"
+#include "model_checks.h"
 #include "train_fixture.h"
 
 namespace linac {
@@ -324,6 +325,27 @@ TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
       EXPECT_EQ(model.state_elems(MqarSet::test(cfg).max_seq_len()), elems);
     }
   }
+}
+
+// The MQAR attention models have no positional encoding (attention option rope: false):
+// gradients, decoding and prefill are those of the same mixer without the rotations, and the
+// rotations really are gone (the loss differs from the RoPE model's with the same weights).
+TEST(MqarConfig, AttentionWithoutRope) {
+  ModelConfig c = test::tiny_model(2, 16, 2, 11, 24);
+  c.init_std = 0.3;
+  c.mixer = {{"rope", false}};
+  test::check_model_gradients(c, 2, 9, 16);
+  test::check_decode_matches_forward(c, 2, 9);
+  ModelConfig with_rope = c;
+  with_rope.mixer = json::object();
+  auto loss = [](const ModelConfig& m) {
+    Model model(m, Ctx{}, "fp64", false);
+    model.init_params(5);
+    model.reserve(2, 9);
+    const OwnedTensor tok = test::random_tokens(2, 9, 11, 1), tgt = test::random_tokens(2, 9, 11, 2);
+    return model.forward_loss(tok, tgt);
+  };
+  EXPECT_NE(loss(c), loss(with_rope));
 }
 
 TEST(MqarTraining, ResumeIsBitIdentical) {

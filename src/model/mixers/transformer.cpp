@@ -30,6 +30,7 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
   AttentionMixerOptions opt;
   JsonReader r(o, path, file);
   opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
+  opt.rope = r.get_bool("rope", opt.rope);
   opt.window = r.get_int("window", sliding ? 64 : 0, sliding ? 1 : 0, int64_t(1) << 30);
   r.finish();
   return opt;
@@ -95,8 +96,10 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
   matmul(ctx, x.view({N, d_}), false, env_.params->weight(wqkv_), true, qkv.view({N, 3 * d_}));
   Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
-  rope_fwd(ctx, q, opt_.rope_base, 0);
-  rope_fwd(ctx, k, opt_.rope_base, 0);
+  if (opt_.rope) {
+    rope_fwd(ctx, q, opt_.rope_base, 0);
+    rope_fwd(ctx, k, opt_.rope_base, 0);
+  }
   AttentionOpts ao;
   ao.window = opt_.window;
   {
@@ -127,8 +130,10 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
   }
-  rope_bwd(ctx, dq, opt_.rope_base, 0);
-  rope_bwd(ctx, dk, opt_.rope_base, 0);
+  if (opt_.rope) {
+    rope_bwd(ctx, dq, opt_.rope_base, 0);
+    rope_bwd(ctx, dk, opt_.rope_base, 0);
+  }
 
   Tensor dqkv2 = dqkv.view({N, 3 * d_});
   matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));
@@ -168,8 +173,10 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
   // One-token [B, 1, H, Dh] views for RoPE at the absolute position.
   Tensor q = bthd(qkv, B, 1, 0, H_, Dh_), k = bthd(qkv, B, 1, d_, H_, Dh_);
-  rope_fwd(ctx, q, opt_.rope_base, st.pos);
-  rope_fwd(ctx, k, opt_.rope_base, st.pos);
+  if (opt_.rope) {
+    rope_fwd(ctx, q, opt_.rope_base, st.pos);
+    rope_fwd(ctx, k, opt_.rope_base, st.pos);
+  }
   if (opt_.window == 0) reserve_slots(ctx, st, st.pos + 1);
   const int64_t slot = opt_.window > 0 ? st.pos % opt_.window : st.pos;
   attention_cache_write(ctx, bhd(qkv, d_, H_, Dh_), bhd(qkv, 2 * d_, H_, Dh_), st.k, st.v, slot);

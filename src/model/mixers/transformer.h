@@ -1,6 +1,7 @@
 // Transformer++ token mixer (LLaMA-style multi-head attention, no biases):
 //   [q|k|v] = x Wqkv^T        Wqkv: [3d, d], rows = q heads, then k heads, then v heads
-//   q, k    = RoPE(q), RoPE(k) (rotate-half pairing, base `rope_base`)
+//   q, k    = RoPE(q), RoPE(k) (rotate-half pairing, base `rope_base`; none with `rope` false,
+//             as the MQAR models of the Based paper, which have no positional encoding at all)
 //   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
 //   out    += o Wo^T           Wo: [d, d]
 // Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
@@ -17,6 +18,7 @@ namespace linac {
 
 struct AttentionMixerOptions {
   double rope_base = 10000.0;
+  bool rope = true;
   int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys (self included)
   // `path` is the options block's JSON path; `sliding` (the sliding_window kind) makes the window
   // default to 64 and requires it to be positive.
