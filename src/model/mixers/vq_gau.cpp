@@ -1,5 +1,7 @@
 #include "model/mixers/vq_gau.h"
 
+#include "core/dispatch.h"
+
 #include <cmath>
 
 #include "activation/activation.h"
@@ -79,6 +81,7 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
 
 void VqGauMixer::reserve(int64_t B, int64_t T) {
   if (env_.ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();  // a CPU-only build has no vq_attn_workspace_bytes_per_seq
     // The kernels need room for at least one sequence (the batch runs in groups that fit).
     const size_t need = vq_attn_workspace_bytes_per_seq(T, H_, Dk_, Dvh_, S_, Lb_);
     if (need > env_.ctx.workspace_bytes)
