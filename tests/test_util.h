@@ -35,7 +35,8 @@ bool all_finite(const std::vector<double>& a);
 double numeric_grad(const std::function<double()>& loss, double* x, size_t i, double h = 1e-6);
 
 // Checks an analytic gradient against central differences at `n_probe` random indices (all
-// indices when the tensor is small). Returns the worst relative error.
+// indices when the tensor is small). Returns the worst relative error, after forgiving each
+// entry the differences' rounding error (eps |loss| / h).
 double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n,
                   size_t n_probe = 64, uint64_t seed = 7, double h = 1e-6);
 
