@@ -92,7 +92,8 @@ int cmd_info(int argc, char** argv) {
               {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"buffers", buffers}, {"activations", acts}}},
               {"activation_bytes_per_token", acts / static_cast<double>(B * T)},
               {"train_flops_per_token", flops},
-              {"decode_state", {{"elements", state}, {"bytes", 4 * state}, {"at_seq_len", state_T}}}};
+              {"decode_state_elements", state},
+              {"decode_state_bytes", {{"per_sequence", 4 * state}, {"at_seq_len", state_T}}}};
     json layers = json::array();
     for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
     j["layers"] = layers;

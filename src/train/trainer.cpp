@@ -277,6 +277,7 @@ int run_training(const Config& cfg, const std::string& resume) {
   using clock = std::chrono::steady_clock;
   auto t_log = clock::now();
   const auto t_start = clock::now();
+  auto seconds_since_start = [&] { return std::chrono::duration<double>(clock::now() - t_start).count(); };
   const int64_t first_step = step;
   int64_t tokens_since_log = 0, bad_in_row = 0;
   double loss_acc = 0;
@@ -318,7 +319,7 @@ int run_training(const Config& cfg, const std::string& resume) {
       const double secs = std::chrono::duration<double>(clock::now() - t_log).count();
       const double tps = static_cast<double>(tokens_since_log) / std::max(secs, 1e-9);
       const double mfu = peak_tflops > 0 ? model.flops_per_token(T) * tps / (peak_tflops * 1e12 * world) : 0.0;
-      const double elapsed = std::chrono::duration<double>(clock::now() - t_start).count();
+      const double elapsed = seconds_since_start();
       const double remaining = elapsed / static_cast<double>(step - first_step) * static_cast<double>(tc.steps - step);
       const double mean_loss = loss_n ? loss_acc / static_cast<double>(loss_n) : st.loss;
       rec = {{"step", step}, {"loss", mean_loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"tokens_per_s", tps},
@@ -337,7 +338,7 @@ int run_training(const Config& cfg, const std::string& resume) {
       MqarResult res = evaluate_mqar(model, *mqar_test, B, rank, world);
       res.reduce([&](double x) { return comm->sum(x); });
       const MqarScore all = res.pooled();
-      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}};
+      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}, {"time_s", seconds_since_start()}};
       rec["val_loss"] = all.mean_loss();
       rec["val_accuracy"] = all.accuracy();
       json slices = json::array();
@@ -356,7 +357,7 @@ int run_training(const Config& cfg, const std::string& resume) {
       const double loss_sum = comm->sum(local.loss_sum);
       const double count = comm->sum(static_cast<double>(local.targets));
       const double val = count > 0 ? loss_sum / count : 0.0;
-      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}};
+      if (rec.is_null()) rec = {{"step", step}, {"tokens_seen", tokens_seen}, {"time_s", seconds_since_start()}};
       rec["val_loss"] = val;
       rec["val_ppl"] = std::exp(val);
       const double val_aux = count > 0 ? comm->sum(local.aux_sum) / count : 0.0;
