@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|all]   (default:
-#   all; an architecture: only its benchmarks; generate: decode tests, the hf export check, decode
-#   benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1 and
-#   overlap, issue 16)
+#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
+#   (default: all; an architecture: only its benchmarks; generate: decode tests, the hf export check,
+#   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
+#   and overlap, issue 16; compare, not part of all: scripts/compare.sh, issue 17)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
 set -uo pipefail
 what="${1:-all}"
@@ -204,5 +204,17 @@ if [ "$what" = zero4mem ]; then
         --set train.zero=$z --set train.recompute=block 2>&1 | tee -a "$out/zero4.txt"
     done
   done
+fi
+if [ "$what" = compare ]; then
+  # Issue 17: scripts/compare.sh on the GPU. ARCHS / MIXERS (comma lists; set and empty: skip that
+  # part) pick the language-model and MQAR runs, STEPS_LM / STEPS_MQAR their budgets. The LM part
+  # needs data/brown.h5 (carry it: the GPU machine has no network). The tables, plots and every
+  # run's metrics/eval/info come back under $out.
+  bash scripts/compare.sh --build build-gpu --out runs/compare --steps-lm "${STEPS_LM:-200}" \
+    ${STEPS_MQAR:+--steps-mqar "$STEPS_MQAR"} ${ARCHS+--archs "$ARCHS"} ${MIXERS+--mixers "$MIXERS"} 2>&1 |
+    tee "$out/compare.log"
+  summary+=("compare rc=${PIPESTATUS[0]}")
+  for f in compare.md compare.json lm_loss.png mqar.png; do [ -f "runs/compare/$f" ] && cp "runs/compare/$f" "$out/"; done
+  tar czf "$out/compare_runs.tgz" --exclude='*.h5' --exclude=latest runs/compare 2>/dev/null
 fi
 printf '%s\n' "${summary[@]}"
