@@ -4,13 +4,14 @@
 #   scripts/compare.sh [--build DIR] [--data FILE.h5] [--steps-lm N] [--steps-mqar N] [--out DIR]
 #                      [--archs a,b,...] [--mixers a,b,...] [--widths 64,128]
 #
-# LM: each of --archs (default: transformer gla based transnormer latte transformer_vq) trains
+# LM: each of --archs (default: transformer gla based transnormer latte latte_macchiato
+#   transformer_vq) trains
 #   configs/compare/<arch>_30m.json (~30M non-embedding parameters, T = 512) for --steps-lm steps
 #   (default 1000) on --data (default data/brown.h5: Brown with linac's default 8192-piece
 #   tokenizer, fetched and prepared when missing) into OUT/lm/<arch>/, then saves `linac eval`
 #   (eval.json), `linac info` (info.json) and `linac bench` at the config's T (bench.json).
 # MQAR: each of --mixers (default: attention sliding_window based gla transnormer latte
-#   transformer_vq) at each of --widths trains configs/mqar/<mixer>_d<width>.json (--steps-mqar
+#   latte_macchiato transformer_vq) at each of --widths trains configs/mqar/<mixer>_d<width>.json (--steps-mqar
 #   steps, default: the config's) into OUT/mqar/<mixer>_d<width>/, then saves eval.json and info.json.
 # Then OUT/compare.json and OUT/compare.md (scripts/compare_table.py), and, with a python3 that
 # has matplotlib, OUT/lm_loss.png (scripts/plot_runs.py) and OUT/mqar.png (scripts/plot_mqar.py).
@@ -27,8 +28,8 @@ say() { echo "compare: $*"; }
 abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 build="$root/build" data="$root/data/brown.h5" out="$root/runs/compare" steps_lm=1000 steps_mqar=""
-archs="transformer,gla,based,transnormer,latte,transformer_vq"
-mixers="attention,sliding_window,based,gla,transnormer,latte,transformer_vq"
+archs="transformer,gla,based,transnormer,latte,latte_macchiato,transformer_vq"
+mixers="attention,sliding_window,based,gla,transnormer,latte,latte_macchiato,transformer_vq"
 widths="64,128"
 while [ $# -gt 0 ]; do
   case $1 in -h | --help) usage; exit 0 ;; esac

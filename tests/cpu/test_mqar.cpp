@@ -313,6 +313,8 @@ TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
         {"attention", 2 * d * 1024 + conv},   {"sliding_window", 2 * d * 64 + conv},
         {"based", (d + 1) * 153 + conv},      {"gla", (d / 2) * d + conv},
         {"transnormer", d * d + conv},        {"latte", 64 * (d + 1) + conv},
+        // Macchiato: Latte's state, its own convolution's 2 past inputs, the 129-key window.
+        {"latte_macchiato", 64 * (d + 1) + 2 * d + 2 * 129 * d + conv},
         {"transformer_vq", 64 * (d / 2 + 2 * d) + 128 * (2 * d + 1) + conv}};
     for (const auto& [name, elems] : expected) {
       const std::string path = dir + name + "_d" + std::to_string(d) + ".json";
