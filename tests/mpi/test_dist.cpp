@@ -69,6 +69,43 @@ TEST_F(Dist, TwoRanksUpdateTheCodebookLikeOneProcess) {
   }
 }
 
+// MQAR: the ranks split each global batch of generated sequences, scale by the global number of
+// queries, and score disjoint shares of the test set whose sums are the one-process scores.
+TEST_F(Dist, MqarTwoRanksEqualOneProcess) {
+  const std::string dir = test::fresh_dir("dp_mqar");
+  json j = test::tiny_train_config(dir + "/two");
+  j["model"]["vocab_size"] = 64;
+  j["data"] = json::parse(R"({"type": "mqar", "seq_len": 32,
+      "mqar": {"train": [{"seq_len": 16, "pairs": 2, "count": 50}, {"seq_len": 32, "pairs": 7, "count": 30}],
+               "test": [{"seq_len": 16, "pairs": 3, "count": 9}, {"seq_len": 48, "pairs": 11, "count": 5}]}})");
+  j["train"]["precision"] = "fp64";
+  j["train"]["micro_batch"] = 2;
+  j["train"]["eval_every"] = 3;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
+      << out;
+  EXPECT_LT(test::worst_rel_diff(test::read_all_f32(checkpoint_path(dir + "/two", 6), "params"),
+                                  test::read_all_f32(checkpoint_path(dir + "/one", 6), "params")),
+            1e-6);
+  auto val = [](const std::string& run) {
+    std::vector<json> recs;
+    std::ifstream f(run + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);)
+      if (json r = json::parse(line); r.contains("val_accuracy")) recs.push_back(r);
+    return recs;
+  };
+  const auto two = val(dir + "/two"), one = val(dir + "/one");
+  ASSERT_EQ(two.size(), 2u);
+  ASSERT_EQ(one.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(two[i]["val_loss"].get<double>(), one[i]["val_loss"].get<double>(), 1e-9);
+    EXPECT_EQ(two[i]["val_accuracy"], one[i]["val_accuracy"]);
+    EXPECT_EQ(two[i]["val_slices"], one[i]["val_slices"]);
+  }
+}
+
 TEST_F(Dist, ResumeWithTwoRanksIsBitIdentical) {
   const std::string dir = test::fresh_dir("dp_resume");
   json j = test::tiny_train_config(dir + "/a");
