@@ -16,8 +16,8 @@ import os
 import re
 import sys
 
-LM_ORDER = ["transformer", "gla", "based", "transnormer", "latte", "transformer_vq"]
-MQAR_ORDER = ["attention", "sliding_window", "based", "gla", "transnormer", "latte", "transformer_vq"]
+LM_ORDER = ["transformer", "gla", "based", "transnormer", "latte", "latte_macchiato", "transformer_vq"]
+MQAR_ORDER = ["attention", "sliding_window", "based", "gla", "transnormer", "latte", "latte_macchiato", "transformer_vq"]
 
 
 class RunError(Exception):

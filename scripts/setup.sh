@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the system packages linac builds against (Debian 12 / Ubuntu 24.04).
+# Installs the system packages linac builds against (Debian 12 / Ubuntu 24.04), and python3-matplotlib
+# for the plotting scripts (scripts/plot_*.py) and their tests.
 # Idempotent: packages already present are skipped; no prompts.
 set -euo pipefail
 
 pkgs=(build-essential cmake ninja-build pkg-config git
       libhdf5-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
-      libsentencepiece-dev sentencepiece libopenmpi-dev openmpi-bin libgtest-dev)
+      libsentencepiece-dev sentencepiece libopenmpi-dev openmpi-bin libgtest-dev
+      python3-matplotlib)
 
 missing=()
 for p in "${pkgs[@]}"; do
