@@ -7,7 +7,7 @@
 # LM: each of --archs (default: transformer gla based transnormer latte latte_macchiato
 #   transformer_vq) trains
 #   configs/compare/<arch>_30m.json (~30M non-embedding parameters, T = 512) for --steps-lm steps
-#   (default 1000) on --data (default data/brown.h5: Brown with linac's default 8192-piece
+#   (default 1000, validating every tenth of them) on --data (default data/brown.h5: Brown with linac's default 8192-piece
 #   tokenizer, fetched and prepared when missing) into OUT/lm/<arch>/, then saves `linac eval`
 #   (eval.json), `linac info` (info.json) and `linac bench` at the config's T (bench.json).
 # MQAR: each of --mixers (default: attention sliding_window based gla transnormer latte
@@ -117,7 +117,9 @@ lm_plotted=()
 for arch in "${archs[@]}"; do
   dir="$out/lm/$arch" start=$SECONDS
   cfg="configs/compare/${arch}_30m.json"
-  train_and_eval "$cfg" "$dir" --set data.path="$data" --set train.steps="$steps_lm" || continue
+  # Ten validation points per run whatever the budget, for the loss curves.
+  train_and_eval "$cfg" "$dir" --set data.path="$data" --set train.steps="$steps_lm" \
+    --set train.eval_every=$(( (steps_lm + 9) / 10 )) || continue
   lm_plotted+=("$dir")
   run "$dir/bench.json" "$linac" bench "$cfg" --seq-lens "$(jget "$cfg" data.seq_len)" --steps 5 --json || continue
   say "$arch: done in $((SECONDS - start)) s: val loss $(jget "$dir/eval.json" loss .4f), $(jget "$dir/bench.json" rows.0.tokens_per_s ,.0f) tokens/s"
