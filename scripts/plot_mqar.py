@@ -20,17 +20,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.dont_write_bytecode = True  # no __pycache__ in scripts/
 import compare_table  # noqa: E402  (the row format and slice helpers compare.sh's table uses)
+import plot_common  # noqa: E402
 
 PROG = "plot_mqar.py"
-
-
-def die(msg):
-    print(f"{PROG}: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def warn(msg):
-    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+die, warn = plot_common.reporter(PROG)
 
 
 def load(path):
@@ -71,8 +64,7 @@ def main():
     ap.add_argument("--title", help="figure title (default: names the slice)")
     args = ap.parse_args()
 
-    if os.path.splitext(args.out)[1].lower() not in (".png", ".svg"):
-        die(f"--out {args.out}: unknown extension (use .png or .svg)")
+    plot_common.check_out(args.out, die)
     want = parse_slice(args.slice) if args.slice else None
     rows = []
     for r in (r for path in args.results for r in load(path)):
@@ -99,12 +91,7 @@ def main():
             continue
         series.setdefault(r["arch"], []).append((r["decode_state_bytes_per_sequence"], acc, r["width"]))
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        die("matplotlib is not installed (Debian: apt-get install python3-matplotlib, then run with /usr/bin/python3)")
+    plt = plot_common.pyplot(die)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for arch in sorted(series, key=lambda a: compare_table.rank(compare_table.MQAR_ORDER, a)):
@@ -120,12 +107,7 @@ def main():
     ax.legend()
     ax.set_title(args.title or ("MQAR, all test sequences" if want == "pooled"
                                 else f"MQAR, sequence length {want[0]}, {want[1]} key-value pairs"))
-    fig.tight_layout()
-    try:
-        fig.savefig(args.out, dpi=150)
-    except OSError as e:
-        die(f"cannot write {args.out}: {e.strerror or e}")
-    print(f"wrote {args.out}")
+    plot_common.save(fig, args.out, die)
 
 
 if __name__ == "__main__":

@@ -16,16 +16,12 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True  # no __pycache__ in scripts/
+import plot_common  # noqa: E402
+
 PROG = "plot_runs.py"
-
-
-def die(msg):
-    print(f"{PROG}: error: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
-def warn(msg):
-    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+die, warn = plot_common.reporter(PROG)
 
 
 def read_jsonl(path):
@@ -96,8 +92,7 @@ def main():
     ap.add_argument("--train-loss", action="store_true", help="also draw the training loss, faintly")
     args = ap.parse_args()
 
-    if os.path.splitext(args.out)[1].lower() not in (".png", ".svg"):
-        die(f"--out {args.out}: unknown extension (use .png or .svg)")
+    plot_common.check_out(args.out, die)
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(d)) for d in args.runs]
     if len(labels) != len(args.runs):
         die(f"--labels has {len(labels)} names for {len(args.runs)} runs")
@@ -108,12 +103,7 @@ def main():
         if not run["val"]["time"]:
             warn(f"{label}: no val_loss record has time_s; left out of the wall-clock panel")
 
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        die("matplotlib is not installed (Debian: apt-get install python3-matplotlib, then run with /usr/bin/python3)")
+    plt = plot_common.pyplot(die)
 
     max_time = max((t for run in runs for t, _ in run["val"]["time"] + run["train"]["time"]), default=0.0)
     scale, unit = time_unit(max_time)
@@ -140,12 +130,7 @@ def main():
     ax_tok.legend(legend.values(), legend.keys())
     if args.title:
         fig.suptitle(args.title)
-    fig.tight_layout()
-    try:
-        fig.savefig(args.out, dpi=150)
-    except OSError as e:
-        die(f"cannot write {args.out}: {e.strerror or e}")
-    print(f"wrote {args.out}")
+    plot_common.save(fig, args.out, die)
 
 
 if __name__ == "__main__":
