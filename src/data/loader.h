@@ -28,7 +28,6 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <memory>
 #include <vector>
 
 #include "data/token_dataset.h"
