@@ -210,10 +210,14 @@ if [ "$what" = compare ]; then
   # part) pick the language-model and MQAR runs, STEPS_LM / STEPS_MQAR their budgets. The LM part
   # needs data/brown.h5 (carry it: the GPU machine has no network). The tables, plots and every
   # run's metrics/eval/info come back under $out.
-  bash scripts/compare.sh --build build-gpu --out runs/compare --steps-lm "${STEPS_LM:-200}" \
-    ${STEPS_MQAR:+--steps-mqar "$STEPS_MQAR"} ${ARCHS+--archs "$ARCHS"} ${MIXERS+--mixers "$MIXERS"} 2>&1 |
-    tee "$out/compare.log"
-  summary+=("compare rc=${PIPESTATUS[0]}")
+  # COMPARE_SECONDS bounds the runs (default 480: a command has 10 minutes, the build comes first),
+  # so the tables of the runs that finished always come back.
+  timeout "${COMPARE_SECONDS:-480}" bash scripts/compare.sh --build build-gpu --out runs/compare \
+    --steps-lm "${STEPS_LM:-200}" ${STEPS_MQAR:+--steps-mqar "$STEPS_MQAR"} ${ARCHS+--archs "$ARCHS"} \
+    ${MIXERS+--mixers "$MIXERS"} 2>&1 | tee "$out/compare.log"
+  rc=${PIPESTATUS[0]}
+  summary+=("compare rc=$rc$([ "$rc" = 124 ] && echo ' (stopped at COMPARE_SECONDS)')")
+  [ "$rc" = 124 ] && python3 scripts/compare_table.py runs/compare 2>&1 | tee -a "$out/compare.log"
   for f in compare.md compare.json lm_loss.png mqar.png; do [ -f "runs/compare/$f" ] && cp "runs/compare/$f" "$out/"; done
   tar czf "$out/compare_runs.tgz" --exclude='*.h5' --exclude=latest runs/compare 2>/dev/null
 fi
