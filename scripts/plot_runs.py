@@ -2,11 +2,12 @@
 """Validation loss of several linac runs against tokens seen and against wall-clock time.
 
   python3 scripts/plot_runs.py RUN_DIR [RUN_DIR...] --out FILE.png|.svg
-                               [--labels a,b,...] [--title T] [--train-loss]
+                               [--labels a,b,...] [--title T] [--train-loss] [--metric M]
 
 Reads each RUN_DIR/metrics.jsonl and draws one figure with two panels: validation loss against
 tokens seen (left) and against wall-clock time (right); --train-loss adds the training loss,
-faintly. A resumed run appends to the same file and its `time_s` starts again from zero: time is
+faintly. --metric picks another validation metric of metrics.jsonl: val_ppl, or val_accuracy for
+MQAR runs (default val_loss). A resumed run appends to the same file and its `time_s` starts again from zero: time is
 made cumulative across such restarts, and a step logged twice (redone after a resume) keeps its
 last record in the token panel. Needs matplotlib (Debian: apt-get install python3-matplotlib,
 then run with /usr/bin/python3). Errors: one line on stderr, exit status 2.
@@ -42,16 +43,21 @@ def read_jsonl(path):
     return records
 
 
-def load_run(run_dir):
-    """{'val'|'train': {'tokens': [(tokens, loss)], 'time': [(seconds, loss)]}} of one run."""
+METRIC_LABELS = {"val_loss": "validation loss (nats/token)", "val_ppl": "validation perplexity",
+                 "val_accuracy": "validation accuracy (MQAR)"}
+
+
+def load_run(run_dir, metric="val_loss"):
+    """{'val'|'train': {'tokens': [(tokens, value)], 'time': [(seconds, value)]}} of one run: the
+    validation `metric` and the training loss."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isdir(run_dir):
         die(f"{run_dir}: no such run directory")
     if not os.path.isfile(path):
         die(f"{run_dir}: no metrics.jsonl")
     records = read_jsonl(path)
-    if not any("val_loss" in r for r in records):
-        die(f"{path}: no val_loss record")
+    if not any(metric in r for r in records):
+        die(f"{path}: no {metric} record")
     by_step = {"val": {}, "train": {}}  # step -> (tokens, loss): a redone step keeps its last record
     timed = {"val": [], "train": []}
     offset = last_time = 0.0
@@ -64,7 +70,7 @@ def load_run(run_dir):
             last_time = r["time_s"]
         if "tokens_seen" in r:
             tokens_at[step] = r["tokens_seen"]
-        for kind, key in (("val", "val_loss"), ("train", "loss")):
+        for kind, key in (("val", metric), ("train", "loss")):
             if r.get(key) is None:
                 continue
             if step in tokens_at:
@@ -90,18 +96,22 @@ def main():
     ap.add_argument("--labels", help="comma-separated legend labels, one per run (default: the directory names)")
     ap.add_argument("--title", help="figure title")
     ap.add_argument("--train-loss", action="store_true", help="also draw the training loss, faintly")
+    ap.add_argument("--metric", default="val_loss", choices=sorted(METRIC_LABELS),
+                    help="the validation metric to draw (val_accuracy: MQAR runs)")
     args = ap.parse_args()
 
     plot_common.check_out(args.out, die)
     labels = args.labels.split(",") if args.labels else [os.path.basename(os.path.normpath(d)) for d in args.runs]
     if len(labels) != len(args.runs):
         die(f"--labels has {len(labels)} names for {len(args.runs)} runs")
-    runs = [load_run(d) for d in args.runs]
+    if args.train_loss and args.metric != "val_loss":
+        die(f"--train-loss draws losses: it goes with --metric val_loss, not {args.metric}")
+    runs = [load_run(d, args.metric) for d in args.runs]
     for label, run in zip(labels, runs):
         if not run["val"]["tokens"]:
-            warn(f"{label}: no val_loss record has tokens_seen; left out of the tokens panel")
+            warn(f"{label}: no {args.metric} record has tokens_seen; left out of the tokens panel")
         if not run["val"]["time"]:
-            warn(f"{label}: no val_loss record has time_s; left out of the wall-clock panel")
+            warn(f"{label}: no {args.metric} record has time_s; left out of the wall-clock panel")
 
     plt = plot_common.pyplot(die)
 
@@ -121,7 +131,7 @@ def main():
         ax_tok.plot([], [], color="grey", alpha=0.4, linewidth=0.8, label="training loss (faint)")
     ax_tok.set_xlabel("tokens seen (millions)")
     ax_time.set_xlabel(f"wall-clock time ({unit})")
-    ax_tok.set_ylabel("validation loss (nats/token)")
+    ax_tok.set_ylabel(METRIC_LABELS[args.metric])
     legend = {}  # one legend for both panels: a run may have points in only one of them
     for ax in (ax_tok, ax_time):
         ax.grid(True, alpha=0.3)

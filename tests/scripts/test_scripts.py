@@ -510,6 +510,18 @@ class PlotRunsLoadTest(TempDirTest):
         self.assertEqual(run_["val"]["time"], [])
         self.assertEqual(run_["train"]["time"], [(3.0, 5.0)])
 
+    def test_mqar_accuracy_metric(self):
+        # an MQAR run's validation lines carry val_accuracy next to val_loss
+        d = os.path.join(self.tmp, "mqar")
+        write_jsonl(os.path.join(d, "metrics.jsonl"), [
+            {"step": 10, "loss": 5.0, "tokens_seen": 1000, "time_s": 2.0},
+            {"step": 20, "loss": 4.0, "tokens_seen": 2000, "time_s": 4.0, "val_loss": 3.5, "val_accuracy": 0.25},
+            {"step": 30, "tokens_seen": 3000, "time_s": 6.5, "val_loss": 2.5, "val_accuracy": 0.75}])
+        run_ = self.pr.load_run(d, "val_accuracy")
+        self.assertEqual(run_["val"]["tokens"], [(2000, 0.25), (3000, 0.75)])
+        self.assertEqual(run_["val"]["time"], [(4.0, 0.25), (6.5, 0.75)])
+        self.assertEqual(self.pr.load_run(d)["val"]["tokens"], [(2000, 3.5), (3000, 2.5)])
+
     def test_time_unit(self):
         self.assertEqual(self.pr.time_unit(100), (1.0, "s"))
         self.assertEqual(self.pr.time_unit(200), (60.0, "min"))
@@ -554,6 +566,13 @@ class PlotRunsErrorTest(TempDirTest):
         write_jsonl(self.metrics, [{"step": 10, "loss": 5.0, "tokens_seen": 1000, "time_s": 1.0}])
         self.assert_error(self.plot(self.run_dir, "--out", self.png), "plot_runs.py",
                           f"{self.metrics}: no val_loss record")
+
+    def test_metric_missing_or_with_train_loss(self):
+        write_jsonl(self.metrics, GLA_METRICS)
+        self.assert_error(self.plot(self.run_dir, "--out", self.png, "--metric", "val_accuracy"), "plot_runs.py",
+                          f"{self.metrics}: no val_accuracy record")
+        self.assert_error(self.plot(self.run_dir, "--out", self.png, "--metric", "val_ppl", "--train-loss"),
+                          "plot_runs.py", "--train-loss draws losses: it goes with --metric val_loss, not val_ppl")
 
     def test_unknown_out_extension(self):
         for out in ("out.pdf", "out"):
@@ -606,6 +625,13 @@ class PlotRunsImageTest(TempDirTest):
         # the transformer run's wall-clock is cumulative across its two resumes: 200 s in all, so
         # minutes; its time_s values alone never exceed 100 s
         self.assertIn("wall-clock time (min)", texts)
+
+    def test_other_metric_labels_its_axis(self):
+        out = os.path.join(self.tmp, "ppl.svg")
+        self.assert_ok(run(PLOT_PY, "plot_runs.py", self.runs[1], "--out", out, "--metric", "val_ppl"))
+        texts = svg_texts(out)
+        self.assertIn("validation perplexity", texts)
+        self.assertNotIn("validation loss (nats/token)", texts)
 
     def test_seconds_without_resumes(self):
         out = os.path.join(self.tmp, "gla.svg")
