@@ -61,11 +61,12 @@
 // zeroes the state (a new sequence starts at pos 0). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
 // stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the GPU (CPU: the dtype of q).
 //
-// GPU support (this revision): vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats,
-// and the block forward and backward as f32 CUDA-core kernels (not yet tensor cores): Dk <= 256,
-// any Dv and T, shared memory per CTA of 4 (2 Lb + S + 2 Dk + Dv) and 4 (4 Lb + Dk + Dv) floats at
-// most 200 KiB, vq_attn_workspace_bytes_per_seq of ctx.workspace for at least one sequence; the
-// decode step (one CTA per sequence and head, Lb + 1 + S + 2 Dk floats of shared memory).
+// GPU support: vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats; the block
+// forward and backward on tensor cores (vq_common.cuh: the inputs are packed per (head, sequence)
+// and padded to whole blocks, every per-block product is a strided-batched cuBLASLt GEMM with f32
+// accumulation, softmax and cache statistics are f32), any T, Dk, Dv; scratch in ctx.workspace
+// (vq_attn_workspace_bytes; less is accepted down to one block per chunk); the decode step (one
+// CTA per sequence and head, Lb + 1 + S + 2 Dk floats of shared memory).
 #pragma once
 
 #include <cstddef>
@@ -180,10 +181,13 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
                   const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
 
-// GPU scratch (ctx.workspace) one sequence needs in the backward, f32: the per-block cache counts
-// and means (H R S (Dv+1), R = ceil(T/Lb); all the forward needs), dout.o (H T), the two parts of
-// dq (2 H T Dk) and the score gradients by distance (H T (Lb+1)). The entry points split the batch
-// into groups that fit.
-size_t vq_attn_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb);
+// GPU scratch (ctx.workspace) that a backward (and so a forward) call of this shape runs best
+// with: per token and head, the packed q, q+u, q+vr, khat (4 Dk) and v, dout (2 Dv) in the
+// activation dtype and the f32 gradient buffers (3 Dk + Dv); per block and head, the cache means
+// (S Dv, activation dtype) and their f32 gradients; score chunks of up to 256 MiB; 32 MiB for
+// cuBLASLt. A smaller ctx.workspace runs in smaller chunks; one below a single block's chunk is
+// refused in one line. CUDA builds only.
+size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
+                               DType act);
 
 }  // namespace linac

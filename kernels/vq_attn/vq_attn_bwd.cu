@@ -1,21 +1,22 @@
-// CUDA VQ-attention backward, block form (math in vq_attn.h, spec §4.1-§4.4). f32 CUDA-core
-// kernels, every sum in a fixed order (no atomics). Per batch group, in stream order:
-//   cache scan    the forward's counts and means (recomputed, not saved)
-//   query pass    CTA per (b, h, kRows queries): scores again, p = exp(s - lse), delta = dout.o,
-//                 gs = p (dout.val - delta) for window and cache entries; dq = sum gs key (+ the
-//                 position part), its two parts (q+u, q+vr) and the band gs[t, d = t-j] to scratch
-//   cache grads   CTA per (b, h, block n, code s): G = sum_{t in n} p_ts dout_t / N_s^(n), written
-//                 over the means (no longer needed)
-//   cache sweep   CTA per (b, h, s): G^(m) <- sum_{n >= m+2} G^(n) (reverse, two-block delay)
-//   key pass      CTA per (b, h, kRows keys): the queries of the key's own and next block,
-//                 dkhat_j = sum gs (q+u), dv_j = sum p dout + G^(n(j))[z_j]
-//   parameters    drho_d = sum_t gs[t, d] (q_t + vr) per (h, tile of distances); du, dvr from the
-//                 two dq parts; groups after the first add to the result in group order.
+// CUDA VQ-attention backward, block form (math in vq_attn.h, spec §4.1-§4.4), on the packed
+// layout of vq_common.cuh with tensor-core GEMMs (cuBLASLt, f32 accumulation, fixed order: the
+// result is deterministic). Nothing of the forward is saved but o and lse.
+//   prepare    as the forward (packed q, khat, v; cache; tables), plus q+u, q+vr, dout packed and
+//              delta_t = dout_t . o_t
+//   per head, per chunk of blocks i (queries of block n):
+//     scores   recomputed (swin, scache, pos)
+//     dp       dpwin_i = dout_i [v_{n-1}; v_n]^T, dpcache_i = dout_i ubar_i^T
+//     rows     warp per query: p = exp(s - lse), gs = p (dp - delta); p and gs in the activation
+//              dtype, gs also by distance (gpos[t, d] for the key at t - d)
+//     dq       dqu = gswin_i [khat_{n-1}; khat_n] + gscache C,  dqr = gpos rho   (f32)
+//     dkhat    present keys of block n, then the previous block's (accumulated):
+//              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
+//     dv       the same with pwin and dout; the cache part gcache_i = pcache_i^T dout_i
+//     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
+//   then       gcache swept in reverse (cache_grad_sweep), dv_j += gcache^(n(j))[z_j];
+//              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
-#include <string>
 
-#include "common/cuda_common.cuh"
-#include "vq_attn/vq_attn.h"
 #include "vq_attn/vq_common.cuh"
 
 namespace linac {
@@ -23,266 +24,77 @@ namespace {
 
 using cuda::from_float;
 using cuda::to_float;
-using cuda::warp_sum;
+using vq_cuda::Geo;
+using vq_cuda::Row;
+using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
-constexpr int kRows = 4;      // queries (query pass) or keys (key pass) per CTA
-constexpr int kDist = 32;     // distances per CTA of the drho pass
-constexpr int kTok = 32;      // tokens staged per step of the parameter passes
-constexpr int kMaxDk = 256;
 
+// Warp per row of the chunk.
 template <class T>
-__global__ void __launch_bounds__(kThreads) vq_bwd_query_kernel(
-    VqAttnLayout L, const T* __restrict__ q, const T* __restrict__ khat, const T* __restrict__ v,
-    const float* __restrict__ codebook, const float* __restrict__ u, const float* __restrict__ vr,
-    const float* __restrict__ rho, const T* __restrict__ o, const float* __restrict__ lse, const T* __restrict__ dout,
-    vq_cuda::Scratch ws, T* __restrict__ dq) {
-  extern __shared__ float smem[];
-  const int64_t E = 2 * L.Lb + L.S;
-  float* scores = smem;                // [kRows, E]: scores, then gs
-  float* qu = scores + kRows * E;      // [kRows, Dk]
-  float* qr = qu + kRows * L.Dk;       // [kRows, Dk]
-  float* dout_s = qr + kRows * L.Dk;   // [kRows, Dv]
-  float* delta = dout_s + kRows * L.Dv;  // [kRows]
-  const int64_t R = vq_cuda::n_blocks(L), bh = blockIdx.y, b = bh / L.H, h = bh % L.H;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int rows = static_cast<int>(L.T - t0 < kRows ? L.T - t0 : kRows);
-  for (int64_t i = threadIdx.x; i < rows * L.Dv; i += kThreads) {
-    const int64_t r = i / L.Dv, d = i % L.Dv;
-    dout_s[i] = to_float(dout[b * L.dout.b + (t0 + r) * L.dout.t + h * L.Dv + d]);
-  }
-  vq_cuda::query_tile_scores<T, kThreads>(L, q, khat, codebook, u, vr, rho, ws.counts, bh, t0, rows, scores, qu, qr);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp < rows) {
-    const int64_t t = t0 + warp;
-    const T* ot = o + b * L.o.b + t * L.o.t + h * L.Dv;
-    float acc = 0;
-    for (int64_t d = lane; d < L.Dv; d += 32) acc += dout_s[warp * L.Dv + d] * to_float(ot[d]);
-    acc = warp_sum(acc);
-    if (lane == 0) delta[warp] = acc, ws.delta[(b * L.T + t) * L.H + h] = acc;
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < rows * E; i += kThreads) {
-    const int64_t r = i / E, e = i % E, t = t0 + r, j0 = vq_cuda::window_start(L, t), nw = t - j0 + 1;
-    const float sc = scores[i];
-    float gs = 0;
-    if (sc != -INFINITY) {
-      const float p = expf(sc - lse[(b * L.T + t) * L.H + h]);
-      const float* dor = dout_s + r * L.Dv;
-      float dp = 0;
-      if (e < nw) {
-        const T* vj = v + b * L.v.b + (j0 + e) * L.v.t + h * L.Dv;
-        for (int64_t d = 0; d < L.Dv; ++d) dp += dor[d] * to_float(vj[d]);
-      } else {
-        const float* m = ws.means + ((bh * R + t / L.Lb) * L.S + (e - nw)) * L.Dv;
-        for (int64_t d = 0; d < L.Dv; ++d) dp += dor[d] * m[d];
-      }
-      gs = p * (dp - delta[r]);
-    }
-    scores[i] = gs;
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < rows * (L.Lb + 1); i += kThreads) {
-    const int64_t r = i / (L.Lb + 1), d = i % (L.Lb + 1), t = t0 + r, j0 = vq_cuda::window_start(L, t);
-    ws.band[(bh * L.T + t) * (L.Lb + 1) + d] = t - d >= 0 ? scores[r * E + (t - d - j0)] : 0.f;
-  }
-  const float* cb = codebook + h * L.S * L.Dk;
-  const float* rho_h = rho + h * (L.Lb + 1) * L.Dk;
-  for (int64_t i = threadIdx.x; i < rows * L.Dk; i += kThreads) {
-    const int64_t r = i / L.Dk, k = i % L.Dk, t = t0 + r, j0 = vq_cuda::window_start(L, t), nw = t - j0 + 1;
-    const float* g = scores + r * E;
-    float gu = 0, gr = 0;
-    for (int64_t e = 0; e < nw; ++e) {
-      const int64_t j = j0 + e;
-      gu += g[e] * to_float(khat[b * L.khat.b + j * L.khat.t + h * L.Dk + k]);
-      if (t - j <= L.Lb) gr += g[e] * rho_h[(t - j) * L.Dk + k];
-    }
-    for (int64_t c = 0; c < L.S; ++c) gu += g[nw + c] * cb[c * L.Dk + k];
-    const int64_t row = (b * L.T + t) * L.H + h;
-    ws.gqu[row * L.Dk + k] = gu;
-    ws.gqr[row * L.Dk + k] = gr;
-    dq[b * L.dq.b + t * L.dq.t + h * L.Dk + k] = from_float<T>(gu + gr);
-  }
-}
-
-template <class T>
-__global__ void __launch_bounds__(128) vq_bwd_cache_grad_kernel(VqAttnLayout L, const T* __restrict__ q,
-                                                                const float* __restrict__ codebook,
-                                                                const float* __restrict__ u,
-                                                                const float* __restrict__ lse,
-                                                                const T* __restrict__ dout, vq_cuda::Scratch ws) {
-  extern __shared__ float p[];  // [Lb]
-  const int64_t s = blockIdx.x, n = blockIdx.y, bh = blockIdx.z, b = bh / L.H, h = bh % L.H;
-  const int64_t R = vq_cuda::n_blocks(L);
-  const float N = ws.counts[(bh * R + n) * L.S + s];
-  float* g = ws.means + ((bh * R + n) * L.S + s) * L.Dv;
-  if (!(N > 0)) {
-    for (int64_t d = threadIdx.x; d < L.Dv; d += 128) g[d] = 0;
+__global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i0, int64_t rows, Ws w,
+                                                                const float* __restrict__ lse) {
+  const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const Row row = vq_cuda::row_of(g, i0, r);
+  T* pwin = static_cast<T*>(w.pwin) + r * g.ldw;
+  T* gswin = static_cast<T*>(w.gswin) + r * g.ldw;
+  T* pcache = static_cast<T*>(w.pcache) + r * g.lds;
+  T* gscache = static_cast<T*>(w.gscache) + r * g.lds;
+  T* gpos = static_cast<T*>(w.gpos) + r * g.ldp;
+  const T zero = from_float<T>(0.f);
+  if (row.t >= g.T) {
+    for (int64_t e = lane; e < 2 * g.Lb; e += 32) pwin[e] = zero, gswin[e] = zero;
+    for (int64_t s = lane; s < g.S; s += 32) pcache[s] = zero, gscache[s] = zero;
+    for (int64_t d = lane; d < g.ldp; d += 32) gpos[d] = zero;
     return;
   }
-  const int64_t t_begin = n * L.Lb, len = std::min(L.Lb, L.T - t_begin);
-  const float* c = codebook + (h * L.S + s) * L.Dk;
-  const float log_n = logf(N);
-  for (int64_t r = threadIdx.x; r < len; r += 128) {
-    const int64_t t = t_begin + r;
-    const T* qt = q + b * L.q.b + t * L.q.t + h * L.Dk;
-    float sc = 0;
-    for (int64_t k = 0; k < L.Dk; ++k) sc += (to_float(qt[k]) + u[h * L.Dk + k]) * c[k];
-    p[r] = expf(sc + log_n - lse[(b * L.T + t) * L.H + h]);
+  for (int64_t d = g.Lb + 1 + lane; d < g.ldp; d += 32) gpos[d] = zero;  // padding: the dq GEMM reads it
+  const float l = lse[(row.b * g.T + row.t) * g.H + row.h], delta = w.delta[row.p * g.Tp + row.t];
+  const float* swin = w.swin + r * g.ldw;
+  const float* pos = w.pos + r * g.ldp;
+  const float* dpwin = w.dpwin + r * g.ldw;
+  const float* vrho = w.vrho + row.h * (g.Lb + 1);
+  for (int64_t e = lane; e < 2 * g.Lb; e += 32) {
+    const float s = vq_cuda::window_score(g, row, e, swin, pos, w.ub, vrho);
+    const float p = s == -INFINITY ? 0.f : expf(s - l);
+    const float gs = s == -INFINITY ? 0.f : p * (dpwin[e] - delta);
+    pwin[e] = from_float<T>(p);
+    gswin[e] = from_float<T>(gs);
+    if (e >= row.l && e <= g.Lb + row.l) gpos[g.Lb + row.l - e] = from_float<T>(gs);  // every distance 0..Lb once
   }
-  __syncthreads();
-  for (int64_t d = threadIdx.x; d < L.Dv; d += 128) {
-    float acc = 0;
-    for (int64_t r = 0; r < len; ++r) acc += p[r] * to_float(dout[b * L.dout.b + (t_begin + r) * L.dout.t + h * L.Dv + d]);
-    g[d] = acc / N;
-  }
-}
-
-__global__ void __launch_bounds__(128) vq_bwd_cache_sweep_kernel(VqAttnLayout L, float* __restrict__ g) {
-  const int64_t s = blockIdx.x, bh = blockIdx.y, R = vq_cuda::n_blocks(L);
-  for (int64_t d = threadIdx.x; d < L.Dv; d += 128) {
-    float acc = 0, pending = 0;  // acc = sum_{n >= m+2} G^(n); pending = G^(m+1)
-    for (int64_t m = R - 1; m >= 0; --m) {
-      float& cell = g[((bh * R + m) * L.S + s) * L.Dv + d];
-      const float orig = cell;
-      cell = acc;
-      acc += pending;
-      pending = orig;
-    }
+  const float* scache = w.scache + r * g.lds;
+  const float* dpcache = w.dpcache + r * g.lds;
+  const float* ucb = w.ucb + row.h * g.S;
+  const float* counts = w.counts + row.i * g.S;
+  for (int64_t s = lane; s < g.S; s += 32) {
+    const float sc = vq_cuda::cache_score(s, scache, ucb, counts);
+    const float p = sc == -INFINITY ? 0.f : expf(sc - l);
+    pcache[s] = from_float<T>(p);
+    gscache[s] = from_float<T>(sc == -INFINITY ? 0.f : p * (dpcache[s] - delta));
   }
 }
 
+// CTA per packed row (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t].
 template <class T>
-__global__ void __launch_bounds__(kThreads) vq_bwd_key_kernel(
-    VqAttnLayout L, const T* __restrict__ q, const T* __restrict__ khat, const int32_t* __restrict__ z,
-    const T* __restrict__ v, const float* __restrict__ u, const float* __restrict__ vr, const float* __restrict__ rho,
-    const float* __restrict__ lse, const T* __restrict__ dout, vq_cuda::Scratch ws, T* __restrict__ dkhat,
-    T* __restrict__ dv) {
-  extern __shared__ float smem[];
-  const int64_t Q = 2 * L.Lb;  // queries per key: t = j .. j + Q - 1, within the next block
-  float* p = smem;             // [kRows, Q]
-  float* gs = p + kRows * Q;   // [kRows, Q]
-  float* kj_s = gs + kRows * Q;        // [kRows, Dk]
-  float* vj_s = kj_s + kRows * L.Dk;   // [kRows, Dv]
-  const int64_t R = vq_cuda::n_blocks(L), bh = blockIdx.y, b = bh / L.H, h = bh % L.H;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int rows = static_cast<int>(L.T - j0 < kRows ? L.T - j0 : kRows);
-  auto q_end = [&](int64_t j) { return std::min(L.T, (j / L.Lb + 2) * L.Lb); };
-  for (int64_t i = threadIdx.x; i < rows * L.Dk; i += kThreads)
-    kj_s[i] = to_float(khat[b * L.khat.b + (j0 + i / L.Dk) * L.khat.t + h * L.Dk + i % L.Dk]);
-  for (int64_t i = threadIdx.x; i < rows * L.Dv; i += kThreads)
-    vj_s[i] = to_float(v[b * L.v.b + (j0 + i / L.Dv) * L.v.t + h * L.Dv + i % L.Dv]);
-  __syncthreads();
-  const float* rho_h = rho + h * (L.Lb + 1) * L.Dk;
-  for (int64_t i = threadIdx.x; i < rows * Q; i += kThreads) {
-    const int64_t r = i / Q, e = i % Q, j = j0 + r, t = j + e;
-    float pv = 0, g = 0;
-    if (t < q_end(j)) {
-      const T* qt = q + b * L.q.b + t * L.q.t + h * L.Dk;
-      float sc = 0;
-      for (int64_t k = 0; k < L.Dk; ++k) sc += (to_float(qt[k]) + u[h * L.Dk + k]) * kj_s[r * L.Dk + k];
-      if (e <= L.Lb) {
-        float pos = 0;
-        for (int64_t k = 0; k < L.Dk; ++k) pos += (to_float(qt[k]) + vr[h * L.Dk + k]) * rho_h[e * L.Dk + k];
-        sc += pos;
-      }
-      const int64_t row = (b * L.T + t) * L.H + h;
-      pv = expf(sc - lse[row]);
-      const T* dot_ = dout + b * L.dout.b + t * L.dout.t + h * L.Dv;
-      float dp = 0;
-      for (int64_t d = 0; d < L.Dv; ++d) dp += to_float(dot_[d]) * vj_s[r * L.Dv + d];
-      g = pv * (dp - ws.delta[row]);
-    }
-    p[i] = pv;
-    gs[i] = g;
+__global__ void vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z, T* __restrict__ dq,
+                                      VqAttnLayout::Strides dqs, T* __restrict__ dkhat, VqAttnLayout::Strides dks,
+                                      T* __restrict__ dv, VqAttnLayout::Strides dvs) {
+  const int64_t pt = blockIdx.x, p = pt / g.T, t = pt % g.T, h = p / g.B, b = p % g.B, row = p * g.Tp + t;
+  for (int64_t d = threadIdx.x; d < g.Dk; d += blockDim.x) {
+    const int64_t src = row * g.Dk + d;
+    dq[b * dqs.b + t * dqs.t + h * g.Dk + d] = from_float<T>(w.dqu[src] + w.dqr[src]);
+    dkhat[b * dks.b + t * dks.t + h * g.Dk + d] = from_float<T>(w.dk[src]);
   }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < rows * L.Dk; i += kThreads) {
-    const int64_t r = i / L.Dk, k = i % L.Dk, j = j0 + r, ne = q_end(j) - j;
-    float acc = 0;
-    for (int64_t e = 0; e < ne; ++e)
-      acc += gs[r * Q + e] * (to_float(q[b * L.q.b + (j + e) * L.q.t + h * L.Dk + k]) + u[h * L.Dk + k]);
-    dkhat[b * L.dkhat.b + j * L.dkhat.t + h * L.Dk + k] = from_float<T>(acc);
-  }
-  for (int r = 0; r < rows; ++r) {
-    const int64_t j = j0 + r, ne = q_end(j) - j;
-    const float* g_cache = ws.means + ((bh * R + j / L.Lb) * L.S + z[(b * L.T + j) * L.H + h]) * L.Dv;
-    for (int64_t d = threadIdx.x; d < L.Dv; d += kThreads) {
-      float acc = 0;
-      for (int64_t e = 0; e < ne; ++e)
-        acc += p[r * Q + e] * to_float(dout[b * L.dout.b + (j + e) * L.dout.t + h * L.Dv + d]);
-      dv[b * L.dv.b + j * L.dv.t + h * L.Dv + d] = from_float<T>(acc + g_cache[d]);
-    }
-  }
+  const float* cache = w.gcache + ((p * g.R + t / g.Lb) * g.S + z[(b * g.T + t) * g.H + h]) * g.Dv;
+  const float* dvr = w.dvp + row * g.Dv;
+  T* out = dv + b * dvs.b + t * dvs.t + h * g.Dv;
+  for (int64_t d = threadIdx.x; d < g.Dv; d += blockDim.x) out[d] = from_float<T>(dvr[d] + cache[d]);
 }
 
-// blockIdx.x < n_dist_tiles: drho for distances [x*kDist, ...); the last x: du and dvr.
-template <class T>
-__global__ void __launch_bounds__(kThreads) vq_bwd_param_kernel(VqAttnLayout L, const T* __restrict__ q,
-                                                                const float* __restrict__ vr, vq_cuda::Scratch ws,
-                                                                float* __restrict__ du, float* __restrict__ dvr,
-                                                                float* __restrict__ drho, bool accumulate) {
-  __shared__ float rows_s[kTok][kMaxDk];
-  __shared__ float band_s[kTok][kDist];
-  const int64_t h = blockIdx.y, n_tok = L.B * L.T;
-  const int64_t n_dist_tiles = (L.Lb + 1 + kDist - 1) / kDist;
-  if (blockIdx.x == n_dist_tiles) {
-    float acc_u = 0, acc_r = 0;
-    for (int64_t base = 0; base < n_tok; base += kTok) {
-      const int len = static_cast<int>(std::min<int64_t>(kTok, n_tok - base));
-      for (int64_t i = threadIdx.x; i < len * L.Dk; i += kThreads) {
-        const int64_t row = ((base + i / L.Dk) * L.H + h) * L.Dk + i % L.Dk;
-        rows_s[i / L.Dk][i % L.Dk] = ws.gqu[row];
-      }
-      __syncthreads();
-      if (threadIdx.x < L.Dk)
-        for (int r = 0; r < len; ++r) acc_u += rows_s[r][threadIdx.x];
-      __syncthreads();
-      for (int64_t i = threadIdx.x; i < len * L.Dk; i += kThreads)
-        rows_s[i / L.Dk][i % L.Dk] = ws.gqr[((base + i / L.Dk) * L.H + h) * L.Dk + i % L.Dk];
-      __syncthreads();
-      if (threadIdx.x < L.Dk)
-        for (int r = 0; r < len; ++r) acc_r += rows_s[r][threadIdx.x];
-      __syncthreads();
-    }
-    if (threadIdx.x < L.Dk) {
-      const int64_t i = h * L.Dk + threadIdx.x;
-      du[i] = accumulate ? du[i] + acc_u : acc_u;
-      dvr[i] = accumulate ? dvr[i] + acc_r : acc_r;
-    }
-    return;
-  }
-  const int64_t d0 = static_cast<int64_t>(blockIdx.x) * kDist;
-  const int groups = static_cast<int>(kThreads / L.Dk);  // distance groups of Dk threads
-  const int k = static_cast<int>(threadIdx.x % L.Dk), grp = static_cast<int>(threadIdx.x / L.Dk);
-  float acc[kDist] = {};
-  for (int64_t base = 0; base < n_tok; base += kTok) {
-    const int len = static_cast<int>(std::min<int64_t>(kTok, n_tok - base));
-    for (int64_t i = threadIdx.x; i < len * L.Dk; i += kThreads) {
-      const int64_t tok = base + i / L.Dk, b = tok / L.T, t = tok % L.T;
-      rows_s[i / L.Dk][i % L.Dk] = to_float(q[b * L.q.b + t * L.q.t + h * L.Dk + i % L.Dk]) + vr[h * L.Dk + i % L.Dk];
-    }
-    for (int64_t i = threadIdx.x; i < len * kDist; i += kThreads) {
-      const int64_t tok = base + i / kDist, b = tok / L.T, t = tok % L.T, d = d0 + i % kDist;
-      band_s[i / kDist][i % kDist] = d <= L.Lb ? ws.band[((b * L.H + h) * L.T + t) * (L.Lb + 1) + d] : 0.f;
-    }
-    __syncthreads();
-    if (grp < groups)
-      for (int r = 0; r < len; ++r) {
-        const float x = rows_s[r][k];
-#pragma unroll
-        for (int dd = 0; dd < kDist; ++dd)
-          if (dd % groups == grp) acc[dd] += band_s[r][dd] * x;
-      }
-    __syncthreads();
-  }
-  if (grp < groups)
-#pragma unroll
-    for (int dd = 0; dd < kDist; ++dd)
-      if (dd % groups == grp && d0 + dd <= L.Lb) {
-        float& out = drho[(h * (L.Lb + 1) + d0 + dd) * L.Dk + k];
-        out = accumulate ? out + acc[dd] : acc[dd];
-      }
+unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20));
 }
 
 }  // namespace
@@ -291,55 +103,72 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                       const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
                       const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho) {
-  LINAC_CHECK(L.Dk <= kMaxDk, "vq_attn_bwd: the GPU takes Dk <= 256");
   if (L.B * L.T * L.H == 0) return;
-  const size_t per_seq = vq_attn_workspace_bytes_per_seq(L.T, L.H, L.Dk, L.Dv, L.S, L.Lb);
-  const int64_t group = std::min<int64_t>(L.B, static_cast<int64_t>(ctx.workspace_bytes / per_seq));
-  LINAC_CHECK(group >= 1, "vq_attn_bwd: ctx.workspace holds less than one sequence's scratch (" +
-                              std::to_string(per_seq) + " bytes)");
-  const int64_t R = vq_cuda::n_blocks(L);
-  const size_t smem_q = static_cast<size_t>(kRows * (2 * L.Lb + L.S + 2 * L.Dk + L.Dv) + kRows) * sizeof(float);
-  const size_t smem_k = static_cast<size_t>(kRows * (4 * L.Lb + L.Dk + L.Dv)) * sizeof(float);
-  const size_t smem_c = static_cast<size_t>(L.Lb) * sizeof(float);
-  LINAC_CHECK(std::max(smem_q, smem_k) <= 200 * 1024, "vq_attn_bwd: block length, codebook or Dv too large for shared memory");
-  const unsigned tiles = static_cast<unsigned>((L.T + kRows - 1) / kRows);
-  const unsigned n_dist_tiles = static_cast<unsigned>((L.Lb + 1 + kDist - 1) / kDist);
-  cudaStream_t stream = cuda::stream_of(ctx);
-  LINAC_GPU_DISPATCH(q.dtype, T, {
-    LINAC_CUDA_CHECK(cudaFuncSetAttribute(vq_bwd_query_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_q)));
-    LINAC_CUDA_CHECK(cudaFuncSetAttribute(vq_bwd_key_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_k)));
-    LINAC_CUDA_CHECK(cudaFuncSetAttribute(vq_bwd_cache_grad_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem_c)));
-    for (int64_t b0 = 0; b0 < L.B; b0 += group) {
-      VqAttnLayout G = L;
-      G.B = std::min(group, L.B - b0);
-      const vq_cuda::Scratch ws = vq_cuda::carve(G, ctx.workspace);
-      const int64_t tok0 = b0 * L.T * L.H;
-      const T* qg = q.data<T>() + b0 * L.q.b;
-      const T* vg = v.data<T>() + b0 * L.v.b;
-      const T* dg = dout.data<T>() + b0 * L.dout.b;
-      const int32_t* zg = z.data<int32_t>() + tok0;
-      const float* lg = lse.data<float>() + tok0;
-      const unsigned bh = static_cast<unsigned>(G.B * L.H);
-      vq_cuda::launch_cache_scan(ctx, G, vg, zg, ws.counts, ws.means);
-      vq_bwd_query_kernel<T><<<dim3(tiles, bh), kThreads, smem_q, stream>>>(
-          G, qg, khat.data<T>() + b0 * L.khat.b, vg, codebook.data<float>(), u.data<float>(), vr.data<float>(),
-          rho.data<float>(), o.data<T>() + b0 * L.o.b, lg, dg, ws, dq.data<T>() + b0 * L.dq.b);
-      LINAC_CUDA_LAUNCH_CHECK();
-      vq_bwd_cache_grad_kernel<T><<<dim3(static_cast<unsigned>(L.S), static_cast<unsigned>(R), bh), 128, smem_c,
-                                    stream>>>(G, qg, codebook.data<float>(), u.data<float>(), lg, dg, ws);
-      LINAC_CUDA_LAUNCH_CHECK();
-      vq_bwd_cache_sweep_kernel<<<dim3(static_cast<unsigned>(L.S), bh), 128, 0, stream>>>(G, ws.means);
-      LINAC_CUDA_LAUNCH_CHECK();
-      vq_bwd_key_kernel<T><<<dim3(tiles, bh), kThreads, smem_k, stream>>>(
-          G, qg, khat.data<T>() + b0 * L.khat.b, zg, vg, u.data<float>(), vr.data<float>(), rho.data<float>(), lg, dg,
-          ws, dkhat.data<T>() + b0 * L.dkhat.b, dv.data<T>() + b0 * L.dv.b);
-      LINAC_CUDA_LAUNCH_CHECK();
-      vq_bwd_param_kernel<T><<<dim3(n_dist_tiles + 1, static_cast<unsigned>(L.H)), kThreads, 0, stream>>>(
-          G, qg, vr.data<float>(), ws, du.data<float>(), dvr.data<float>(), drho.data<float>(), b0 > 0);
-      LINAC_CUDA_LAUNCH_CHECK();
+  const Geo g = vq_cuda::geo_of(L);
+  const Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), true, "vq_attn_bwd");
+  cudaStream_t st = cuda::stream_of(ctx);
+  const DType act = q.dtype;
+  const size_t es = dtype_size(act);
+  auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
+  LINAC_GPU_DISPATCH(act, T, {
+    vq_cuda::prepare<T>(ctx, g, L, w, q.data<T>(), khat.data<T>(), z.data<int32_t>(), v.data<T>(),
+                        codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>());
+    vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, u.data<float>(), static_cast<T*>(w.qu));
+    vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, vr.data<float>(), static_cast<T*>(w.qr));
+    vq_cuda::pack<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, static_cast<T*>(w.dop));
+    vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
+    const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
+    for (int64_t h = 0; h < g.H; ++h)
+      for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
+        const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
+        const void* dop_i = at(w.dop, i0 * Lb * Dv);
+        const void* qu_i = at(w.qu, i0 * Lb * Dk);
+        vq_cuda::chunk_scores(g, w, act, h, i0, c);
+        vq_cuda::gemm(w.blas, act, Lb, 2 * Lb, Dv, c, {dop_i, Dv, Lb * Dv, false},
+                      {at(w.vp, (i0 - 1) * Lb * Dv), Dv, Lb * Dv, true}, w.dpwin, ldw, Lb * ldw, 0.f);
+        vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, Dv, Lb * Dv, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
+                      w.dpcache, lds, Lb * lds, 0.f);
+        vq_grad_rows_kernel<T><<<blocks_for(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
+        LINAC_CUDA_LAUNCH_CHECK();
+        // dq: the window and cache keys (the u part), the distances (the vr part).
+        float* dqu = w.dqu + i0 * Lb * Dk;
+        vq_cuda::gemm(w.blas, act, Lb, Dk, 2 * Lb, c, {w.gswin, ldw, Lb * ldw, false},
+                      {at(w.kp, (i0 - 1) * Lb * Dk), Dk, Lb * Dk, false}, dqu, Dk, Lb * Dk, 0.f);
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.c_hi, h * S * Dk),
+                            at(w.c_lo, h * S * Dk), false, dqu, Dk, 1.f);
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rho_hi, h * g.ldp * Dk),
+                            at(w.rho_lo, h * g.ldp * Dk), false, w.dqr + i0 * Lb * Dk, Dk, 0.f);
+        // dkhat and dv of the present block, then of the previous one (into the block before; the
+        // chunk's first block adds to the previous chunk's last, already written).
+        vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},
+                      w.dk + i0 * Lb * Dk, Dk, Lb * Dk, 0.f);
+        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, c, {at(w.pwin, Lb), ldw, Lb * ldw, true}, {dop_i, Dv, Lb * Dv, false},
+                      w.dvp + i0 * Lb * Dv, Dv, Lb * Dv, 0.f);
+        const int64_t j0 = std::max<int64_t>(i0, 1), cp = i0 + c - j0;  // blocks with a block before them
+        vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, cp, {at(w.gswin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
+                      {at(w.qu, j0 * Lb * Dk), Dk, Lb * Dk, false}, w.dk + (j0 - 1) * Lb * Dk, Dk, Lb * Dk, 1.f);
+        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, cp, {at(w.pwin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
+                      {at(w.dop, j0 * Lb * Dv), Dv, Lb * Dv, false}, w.dvp + (j0 - 1) * Lb * Dv, Dv, Lb * Dv, 1.f);
+        // The cache means' gradients of each block (swept below), and drho.
+        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {w.pcache, lds, Lb * lds, true}, {dop_i, Dv, Lb * Dv, false},
+                      w.gcache + i0 * S * Dv, Dv, S * Dv, 0.f);
+        vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
+                      w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
+      }
+    vq_cuda::cache_grad_sweep(ctx, g, w.counts, w.gcache);
+    vq_store_grads_kernel<T><<<static_cast<unsigned>(g.P * g.T), 128, 0, st>>>(
+        g, w, z.data<int32_t>(), dq.data<T>(), L.dq, dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv);
+    LINAC_CUDA_LAUNCH_CHECK();
+    for (int64_t h = 0; h < g.H; ++h)
+      gpu_memcpy_async(ctx, drho.data<float>() + h * (Lb + 1) * Dk, w.drho + h * g.ldp * Dk,
+                       static_cast<size_t>((Lb + 1) * Dk) * sizeof(float));
+    // du_h, dvr_h: column sums over the head's rows (padded rows are zero).
+    const int64_t K = g.B * g.Tp;
+    for (int64_t h = 0; h < g.H; ++h) {
+      vq_cuda::gemm(w.blas, DType::F32, 1, Dk, K, 1, {w.ones, K, 0, false}, {w.dqu + h * K * Dk, Dk, 0, false},
+                    du.data<float>() + h * Dk, Dk, 0, 0.f);
+      vq_cuda::gemm(w.blas, DType::F32, 1, Dk, K, 1, {w.ones, K, 0, false}, {w.dqr + h * K * Dk, Dk, 0, false},
+                    dvr.data<float>() + h * Dk, Dk, 0, 0.f);
     }
   });
 }

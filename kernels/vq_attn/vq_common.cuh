@@ -1,103 +1,91 @@
-// Helpers shared by the VQ CUDA kernels: block geometry, the workspace carve, the cache scan
-// launcher, and the order-preserving list of the tokens of a tile whose code matches (so per-code
-// sums run over them serially: fixed order, no atomics).
+// Shared by the CUDA VQ-attention kernels: the carve of ctx.workspace, a GEMM on raw pointers,
+// the score of one (query, entry) pair, and the order-preserving list of a tile's tokens whose
+// code matches (per-code sums without atomics).
+//
+// Packed layout, workspace: vq_packed.h.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "common/cuda_common.cuh"
+#include "matmul/matmul.h"
 #include "vq_attn/vq_attn.h"
+#include "vq_attn/vq_packed.h"
 
 namespace linac::vq_cuda {
 
-__host__ __device__ inline int64_t n_blocks(const VqAttnLayout& L) { return (L.T + L.Lb - 1) / L.Lb; }
-// First key of query t's window (the previous block's first token).
-__host__ __device__ inline int64_t window_start(const VqAttnLayout& L, int64_t t) {
-  return t < L.Lb ? 0 : (t / L.Lb - 1) * L.Lb;
+// Carves ctx.workspace with the largest chunk that fits (at most one head's blocks); refuses a
+// workspace below one block's chunk in one line naming `op` and the bytes needed.
+Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const char* op);
+
+// C (f32) = A @ B (+ beta C) over `batch` matrices at the given element strides; A and B of dtype
+// ab (bf16 or f32) on the GPU, stored row-major with transposes as in matmul.h.
+struct Operand {
+  const void* p;
+  int64_t ld, stride;
+  bool trans;
+};
+void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
+          int64_t ldc, int64_t stride_c, float beta);
+// The same GEMM with the f32 table t (codebook or rho, [rows, Dk] per head) as B: hi part, then
+// the lo part accumulated when ab is bf16.
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* hi,
+                const void* lo, bool trans_b, float* c, int64_t ldc, float beta);
+
+// Packs q, khat (+ u.khat), v, the cache (scan), the bias tables and the hi/lo parts, for the
+// forward and the backward alike (vq_prepare.cu).
+template <class T>
+void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, const T* q, const T* khat,
+             const int32_t* z, const T* v, const float* codebook, const float* u, const float* vr, const float* rho);
+// The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos.
+void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
+// Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T.
+template <class T>
+void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst);
+// Per packed row: out[p Tp + t] = x(b,t,h,:) . (vec[h,:] if y is null, else y(b,t,h,:)), 0 for t >= T.
+template <class T>
+void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
+              const T* y, VqAttnLayout::Strides ys, float* out);
+
+// Counts and means of the cache each block reads (blocks <= n-2), vq_cache_scan.cu.
+template <class T>
+void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, const int32_t* z, float* counts,
+                T* ubar);
+// gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n) (0 where N = 0), in place; vq_cache_scan.cu.
+void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, float* gcache);
+
+// Row r of a chunk starting at block i0, as block, pair, token and head.
+struct Row {
+  int64_t i, l, p, n, t, h, b;
+};
+__host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
+  Row w;
+  w.i = i0 + r / g.Lb;
+  w.l = r % g.Lb;
+  w.p = w.i / g.R;
+  w.n = w.i % g.R;
+  w.t = w.n * g.Lb + w.l;
+  w.h = w.p / g.B;
+  w.b = w.p % g.B;
+  return w;
 }
 
-// f32 scratch of one batch group of L.B sequences, carved from ctx.workspace in this order:
-// counts [B,H,R,S], means [B,H,R,S,Dv] (the backward reuses it for the cache-mean gradients),
-// and for the backward: delta [B,T,H] (dout . o), gqu, gqr [B,T,H,Dk] (the q+u and q+vr parts of
-// dq), band [B,H,T,Lb+1] (score gradients by distance, for drho).
-struct Scratch {
-  float *counts, *means, *delta, *gqu, *gqr, *band;
-};
-inline int64_t pad64(int64_t n) { return (n + 63) / 64 * 64; }
-inline int64_t cache_floats(const VqAttnLayout& L) {
-  const int64_t R = n_blocks(L);
-  return pad64(L.B * L.H * R * L.S) + pad64(L.B * L.H * R * L.S * L.Dv);
-}
-inline int64_t backward_floats(const VqAttnLayout& L) {
-  const int64_t n = L.B * L.T * L.H;
-  return cache_floats(L) + pad64(n) + 2 * pad64(n * L.Dk) + pad64(n * (L.Lb + 1));
-}
-inline Scratch carve(const VqAttnLayout& L, void* workspace) {
-  const int64_t R = n_blocks(L), n = L.B * L.T * L.H;
-  Scratch s;
-  s.counts = static_cast<float*>(workspace);
-  s.means = s.counts + pad64(L.B * L.H * R * L.S);
-  s.delta = s.means + pad64(L.B * L.H * R * L.S * L.Dv);
-  s.gqu = s.delta + pad64(n);
-  s.gqr = s.gqu + pad64(n * L.Dk);
-  s.band = s.gqr + pad64(n * L.Dk);
+// Window entry e of row w: -inf where masked.
+__device__ __forceinline__ float window_score(const Geo& g, const Row& w, int64_t e, const float* swin_row,
+                                              const float* pos_row, const float* ub, const float* vrho_h) {
+  const int64_t j = (w.n - 1) * g.Lb + e;
+  if (j < 0 || j > w.t) return -INFINITY;
+  float s = swin_row[e] + ub[w.p * g.Tp + j];
+  const int64_t d = w.t - j;
+  if (d <= g.Lb) s += pos_row[d] + vrho_h[d];
   return s;
 }
-
-// Scores of queries t0..t0+rows-1 (row r: its window keys j0..t, then the S cache entries, -inf
-// where empty or past the row's entries; rows of 2 Lb + S floats) and the biased queries
-// qu = q + u, qr = q + vr [rows, Dk], all in shared memory. Ends with a barrier.
-template <class T, int kThreads>
-__device__ void query_tile_scores(const VqAttnLayout& L, const T* __restrict__ q, const T* __restrict__ khat,
-                                  const float* __restrict__ codebook, const float* __restrict__ u,
-                                  const float* __restrict__ vr, const float* __restrict__ rho,
-                                  const float* __restrict__ counts, int64_t bh, int64_t t0, int rows, float* scores,
-                                  float* qu, float* qr) {
-  const int64_t E = 2 * L.Lb + L.S, R = n_blocks(L), b = bh / L.H, h = bh % L.H;
-  const float* cb = codebook + h * L.S * L.Dk;
-  const float* rho_h = rho + h * (L.Lb + 1) * L.Dk;
-  for (int64_t i = threadIdx.x; i < rows * L.Dk; i += kThreads) {
-    const int64_t r = i / L.Dk, d = i % L.Dk;
-    const float qv = cuda::to_float(q[b * L.q.b + (t0 + r) * L.q.t + h * L.Dk + d]);
-    qu[i] = qv + u[h * L.Dk + d];
-    qr[i] = qv + vr[h * L.Dk + d];
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < rows * E; i += kThreads) {
-    const int64_t r = i / E, e = i % E, t = t0 + r, j0 = window_start(L, t), nw = t - j0 + 1;
-    const float* qur = qu + r * L.Dk;
-    float sc = -INFINITY;
-    if (e < nw) {
-      const int64_t j = j0 + e;
-      const T* kj = khat + b * L.khat.b + j * L.khat.t + h * L.Dk;
-      sc = 0;
-      for (int64_t d = 0; d < L.Dk; ++d) sc += qur[d] * cuda::to_float(kj[d]);
-      if (t - j <= L.Lb) {
-        const float* rd = rho_h + (t - j) * L.Dk;
-        const float* qrr = qr + r * L.Dk;
-        float pos = 0;
-        for (int64_t d = 0; d < L.Dk; ++d) pos += qrr[d] * rd[d];
-        sc += pos;
-      }
-    } else if (e < nw + L.S) {
-      const int64_t c = e - nw;
-      const float N = counts[(bh * R + t / L.Lb) * L.S + c];
-      if (N > 0) {
-        const float* cc = cb + c * L.Dk;
-        sc = 0;
-        for (int64_t d = 0; d < L.Dk; ++d) sc += qur[d] * cc[d];
-        sc += logf(N);
-      }
-    }
-    scores[i] = sc;
-  }
-  __syncthreads();
+// Cache entry s of row w (counts_i = the counts block i reads): -inf where empty.
+__device__ __forceinline__ float cache_score(int64_t s, const float* scache_row, const float* ucb_h,
+                                             const float* counts_i) {
+  const float N = counts_i[s];
+  return N > 0 ? scache_row[s] + ucb_h[s] + logf(N) : -INFINITY;
 }
-
-// Counts and means of the cache each block reads (blocks <= n-2), spec §2.6; vq_cache_scan.cu.
-template <class T>
-void launch_cache_scan(const Ctx& ctx, const VqAttnLayout& L, const T* v, const int32_t* z, float* counts,
-                       float* means);
 
 // Every thread of a CTA of kThreads (a multiple of 32) passes `hit` for its token of the tile;
 // returns the number of hits and leaves their thread indices, in order, in hits[0..n).

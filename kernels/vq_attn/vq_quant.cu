@@ -1,16 +1,19 @@
 // CUDA vector quantizer and codebook statistics (math in vq_attn.h, spec §2.1-§2.2).
-//   quantize     one warp per (token, head): the key row goes to shared memory, lane l scores
-//                codes l, l+32, ... with f32 distances ||k||^2 - 2 k.C_s + ||C_s||^2 (clamped at
-//                0; each dot a sequential f32 sum over Dk), then a warp argmin on (distance,
-//                code) so ties go to the lowest code. khat = C_z rounded to k's dtype.
+//   quantize     f32 distances ||k||^2 - 2 k.C_s + ||C_s||^2 (clamped at 0): the keys of a chunk
+//                of tokens as f32 rows [H, n, Dk] with their norms, k.C^T as one f32 GEMM per
+//                head (cuBLASLt, true fp32; scratch in ctx.workspace), then a warp per (token,
+//                head) takes the argmin on (distance, code), so ties go to the lowest code
+//                (equal codewords give equal distances). khat = C_z rounded to k's dtype.
 //   code stats   one CTA per (head, code): the CTA walks all B*T tokens in order in tiles of
 //                kThreads, each thread owning key dims; a fixed-order serial sum per dim, no
 //                atomics, so the result is bitwise reproducible.
 //   EMA update and codebook from statistics: elementwise.
 // Layouts: k, khat [B,T,H,Dk] (free batch/token strides); z, err [B,T,H]; codebook, sums, c_sum
 // [H,S,Dk]; counts, c_count [H,S].
+#include <algorithm>
 #include <cfloat>
 #include <climits>
+#include <string>
 
 #include "common/cuda_common.cuh"
 #include "vq_attn/vq_attn.h"
@@ -23,34 +26,54 @@ using cuda::from_float;
 using cuda::to_float;
 using cuda::warp_sum;
 
-constexpr int kWarps = 4;
 constexpr int kThreads = 128;
 constexpr int kMaxDk = 256;
 
+// Warp per (head, code): cc = ||C_s||^2.
+__global__ void vq_code_norms_kernel(int64_t HS, int64_t Dk, const float* __restrict__ codebook,
+                                     float* __restrict__ cc) {
+  const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (i >= HS) return;
+  float acc = 0;
+  for (int64_t d = lane; d < Dk; d += 32) acc += codebook[i * Dk + d] * codebook[i * Dk + d];
+  acc = warp_sum(acc);
+  if (lane == 0) cc[i] = acc;
+}
+
+// Warp per (head, token of the chunk): kf [H, n, Dk] f32 and kk = ||k||^2.
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32) vq_quantize_kernel(VqQuantLayout L, const T* __restrict__ k,
-                                                                  const float* __restrict__ codebook,
-                                                                  int32_t* __restrict__ z, T* __restrict__ khat,
-                                                                  float* __restrict__ err) {
-  __shared__ float key_rows[kWarps][kMaxDk];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp;  // (b*T + t)*H + h
-  if (i >= L.B * L.T * L.H) return;
-  const int64_t h = i % L.H, bt = i / L.H, b = bt / L.T, t = bt % L.T;
+__global__ void vq_pack_keys_kernel(VqQuantLayout L, int64_t tok0, int64_t n, const T* __restrict__ k,
+                                    float* __restrict__ kf, float* __restrict__ kk) {
+  const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (i >= L.H * n) return;
+  const int64_t h = i / n, tok = tok0 + i % n, b = tok / L.T, t = tok % L.T;
   const T* kt = k + b * L.k.b + t * L.k.t + h * L.Dk;
-  float* key = key_rows[warp];
-  for (int64_t d = lane; d < L.Dk; d += 32) key[d] = to_float(kt[d]);
-  __syncwarp();
-  float kk = 0;
-  for (int64_t d = 0; d < L.Dk; ++d) kk += key[d] * key[d];
-  const float* cb = codebook + h * L.S * L.Dk;
+  float acc = 0;
+  for (int64_t d = lane; d < L.Dk; d += 32) {
+    const float x = to_float(kt[d]);
+    kf[i * L.Dk + d] = x;
+    acc += x * x;
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) kk[i] = acc;
+}
+
+// Warp per (head, token of the chunk): z = argmin_s max(kk - 2 k.C_s + cc_s, 0), ties to the
+// lowest code; khat = C_z rounded; err = ||k - C_z||^2.
+template <class T>
+__global__ void vq_nearest_code_kernel(VqQuantLayout L, int64_t tok0, int64_t n, const float* __restrict__ kf,
+                                       const float* __restrict__ kk, const float* __restrict__ kc,
+                                       const float* __restrict__ cc, const float* __restrict__ codebook,
+                                       int32_t* __restrict__ z, T* __restrict__ khat, float* __restrict__ err) {
+  const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (i >= L.H * n) return;
+  const int64_t h = i / n, tok = tok0 + i % n, b = tok / L.T, t = tok % L.T;
+  const float* row = kc + i * L.S;
+  const float* cch = cc + h * L.S;
   float best_d = FLT_MAX;
   int best = INT_MAX;
   for (int64_t s = lane; s < L.S; s += 32) {
-    const float* c = cb + s * L.Dk;
-    float kc = 0, cc = 0;
-    for (int64_t d = 0; d < L.Dk; ++d) kc += key[d] * c[d], cc += c[d] * c[d];
-    const float dist = fmaxf(kk - 2 * kc + cc, 0.f);
+    const float dist = fmaxf(kk[i] - 2 * row[s] + cch[s], 0.f);
     if (dist < best_d) best_d = dist, best = static_cast<int>(s);
   }
   for (int off = 16; off > 0; off /= 2) {
@@ -58,7 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32) vq_quantize_kernel(VqQuantLayout 
     const int os = __shfl_xor_sync(0xffffffffu, best, off);
     if (od < best_d || (od == best_d && os < best)) best_d = od, best = os;
   }
-  const float* c = cb + static_cast<int64_t>(best) * L.Dk;
+  const float* c = codebook + (h * L.S + best) * L.Dk;
+  const float* key = kf + i * L.Dk;
   T* out = khat + b * L.khat.b + t * L.khat.t + h * L.Dk;
   float e = 0;
   for (int64_t d = lane; d < L.Dk; d += 32) {
@@ -67,8 +91,8 @@ __global__ void __launch_bounds__(kWarps * 32) vq_quantize_kernel(VqQuantLayout 
   }
   e = warp_sum(e);
   if (lane == 0) {
-    z[i] = best;
-    if (err) err[i] = e;
+    z[tok * L.H + h] = best;
+    if (err) err[tok * L.H + h] = e;
   }
 }
 
@@ -117,15 +141,41 @@ __global__ void vq_codebook_kernel(int64_t n, int64_t Dk, const float* __restric
 
 void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
                       const Tensor& z, const Tensor& khat, const Tensor& err) {
-  LINAC_CHECK(L.Dk <= kMaxDk, "vq_quantize: the GPU takes Dk <= 256");
-  const int64_t n = L.B * L.T * L.H;
-  if (n == 0) return;
-  LINAC_GPU_DISPATCH(k.dtype, T, {
-    vq_quantize_kernel<T><<<cuda::grid_1d(n, kWarps), kWarps * 32, 0, cuda::stream_of(ctx)>>>(
-        L, k.data<T>(), codebook.data<float>(), z.data<int32_t>(), khat.data<T>(),
-        err.defined() ? err.data<float>() : nullptr);
-  });
+  const int64_t n_tok = L.B * L.T;
+  if (n_tok * L.H == 0) return;
+  // ctx.workspace: cc [H, S], then per token and head kf [Dk], kk, kc [S] (f32), and cuBLASLt's share.
+  const size_t fixed = static_cast<size_t>(L.H * L.S) * sizeof(float) + 256 + vq_cuda::kBlasBytes;
+  const size_t per_tok = static_cast<size_t>(L.H * (L.Dk + 1 + L.S)) * sizeof(float);
+  LINAC_CHECK(ctx.workspace_bytes >= fixed + 3 * 256 + per_tok,
+              "vq_quantize: ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
+                  std::to_string(fixed + 3 * 256 + per_tok));
+  const int64_t chunk = std::min<int64_t>(n_tok, static_cast<int64_t>((ctx.workspace_bytes - fixed - 3 * 256) / per_tok));
+  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  char* base = static_cast<char*>(ctx.workspace);
+  float* cc = reinterpret_cast<float*>(base);
+  float* kf = reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float)));
+  float* kk = kf + align(static_cast<size_t>(L.H * chunk * L.Dk) * sizeof(float)) / sizeof(float);
+  float* kc = kk + align(static_cast<size_t>(L.H * chunk) * sizeof(float)) / sizeof(float);
+  Ctx blas = ctx;
+  blas.workspace = base + ctx.workspace_bytes - vq_cuda::kBlasBytes;
+  blas.workspace_bytes = vq_cuda::kBlasBytes;
+  cudaStream_t st = cuda::stream_of(ctx);
+  const float* cb = codebook.data<float>();
+  vq_code_norms_kernel<<<cuda::grid_1d(L.H * L.S * 32, 256), 256, 0, st>>>(L.H * L.S, L.Dk, cb, cc);
   LINAC_CUDA_LAUNCH_CHECK();
+  LINAC_GPU_DISPATCH(k.dtype, T, {
+    for (int64_t tok0 = 0; tok0 < n_tok; tok0 += chunk) {
+      const int64_t n = std::min(chunk, n_tok - tok0);
+      vq_pack_keys_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(L, tok0, n, k.data<T>(), kf, kk);
+      LINAC_CUDA_LAUNCH_CHECK();
+      // kc[h] = kf[h] C[h]^T in f32 (true fp32, no TF32: the distances decide the codes)
+      vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, {kf, L.Dk, n * L.Dk, false}, {cb, L.Dk, L.S * L.Dk, true}, kc,
+                    L.S, n * L.S, 0.f);
+      vq_nearest_code_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(
+          L, tok0, n, kf, kk, kc, cc, cb, z.data<int32_t>(), khat.data<T>(), err.defined() ? err.data<float>() : nullptr);
+      LINAC_CUDA_LAUNCH_CHECK();
+    }
+  });
 }
 
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,

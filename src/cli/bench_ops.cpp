@@ -187,10 +187,15 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
 // S = 512 codes, block Lb = 512), random codes, q/k/v as separate tensors. FLOPs per token and head
 // as the block algorithm needs them: forward 2 (1.5 Lb + S) (Dk + Dv) (scores and weighted values
 // over the window, on average half the present block and all of the previous one, and the S cache
-// entries), backward twice that. The scratch grows with T (ctx.workspace, LINAC_WORKSPACE_MB).
-OpTiming bench_vq_attn(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
+// entries), backward twice that. The kernels get the scratch they ask for (vq_attn_workspace_bytes)
+// as their context's workspace, as the vq_gau mixer gives it.
+OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
                        int64_t Lb, DType dt, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
+  const Buffer workspace(vq_attn_workspace_bytes(B, T, H, Dk, Dv, S, Lb, dt), Device::CUDA);
+  Ctx ctx = model_ctx;
+  ctx.workspace = workspace.data();
+  ctx.workspace_bytes = workspace.bytes();
   OwnedTensor q = random_device({B, T, H, Dk}, dt, 1), v = random_device({B, T, H, Dv}, dt, 3);
   OwnedTensor dout = random_device({B, T, H, Dv}, dt, 4), codebook = random_device({H, S, Dk}, DType::F32, 5);
   OwnedTensor u = random_device({H, Dk}, DType::F32, 6), vr = random_device({H, Dk}, DType::F32, 7);

@@ -6,6 +6,7 @@
 
 #include "activation/activation.h"
 #include "config/json_reader.h"
+#include "core/profiler.h"
 #include "elementwise/elementwise.h"
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
@@ -79,16 +80,19 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   zero_tensor(acc_counts_);
 }
 
+// The VQ-attention kernels' scratch on the GPU: a scratch-pool buffer of the size the shape
+// runs best with, handed to them as the context's workspace (the model's workspace stays free).
+Ctx VqGauMixer::attn_ctx(int64_t B, int64_t T) const {
+  Ctx c = env_.ctx;
+  if (!c.is_gpu()) return c;
+  const size_t bytes = vq_attn_workspace_bytes(B, T, H_, Dk_, Dvh_, S_, Lb_, env_.act);
+  const Tensor ws = env_.scratch->get("vq_gau.attn_workspace", DType::F32, {static_cast<int64_t>(bytes / 4 + 1)});
+  c.workspace = ws.ptr;
+  c.workspace_bytes = bytes;
+  return c;
+}
+
 void VqGauMixer::reserve(int64_t B, int64_t T) {
-  if (env_.ctx.is_gpu()) {
-    LINAC_REQUIRE_CUDA();  // a CPU-only build has no vq_attn_workspace_bytes_per_seq
-    // The kernels need room for at least one sequence (the batch runs in groups that fit).
-    const size_t need = vq_attn_workspace_bytes_per_seq(T, H_, Dk_, Dvh_, S_, Lb_);
-    if (need > env_.ctx.workspace_bytes)
-      throw UserError("VQ-attention needs " + std::to_string((need >> 20) + 1) +
-                      " MiB of GPU workspace for sequences of " + std::to_string(T) +
-                      " tokens; set LINAC_WORKSPACE_MB or use a smaller train.seq_len");
-  }
   capacity_ = B * T;
   const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   const size_t HDk = static_cast<size_t>(H_ * Dk_);
@@ -168,11 +172,18 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
   queries_keys(proj, q, k, rstd);
   const Tensor C = codebook();
-  vq_quantize(ctx, k.view({B, T, H_, Dk_}), C, z, khat, err);
+  {
+    ProfileScope prof(ctx, "VQ quantizer", Profiler::Level::Op);
+    vq_quantize(ctx, k.view({B, T, H_, Dk_}), C, z, khat, err);
+  }
   Tensor v = env_.scratch->get("gau.v", env_.act, {N, Dv_});
   silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
-  vq_attn_fwd(ctx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
-              rho(), bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_});
+  const Tensor r = rho();
+  {
+    ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
+    vq_attn_fwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
+                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_});
+  }
   Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
   matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
@@ -211,9 +222,13 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor dv = env_.scratch->get("gau.dv", env_.act, {N, Dv_});
   Tensor du = env_.scratch->get("gau.du", env_.stat, {H_, Dk_}), dvr = env_.scratch->get("gau.dvr", env_.stat, {H_, Dk_});
   Tensor drho = env_.scratch->get("gau.drho", env_.stat, {H_, Lb_ + 1, Dk_});
-  vq_attn_bwd(ctx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
-              rho(), bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
-              dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_});
+  const Tensor r = rho();
+  {
+    ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
+    vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
+                r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
+                dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_});
+  }
   add_inplace(ctx, ps.grad(u_), du, 1.f);
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);
   for (int64_t h = 0; h < H_; ++h)
@@ -227,7 +242,10 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   // This step's codebook statistics (the backward runs only in training steps).
   Tensor sums = env_.scratch->get("gau.sums", env_.stat, {H_, S_, Dk_});
   Tensor counts = env_.scratch->get("gau.counts", env_.stat, {H_, S_});
-  vq_code_stats(ctx, k.view({B, T, H_, Dk_}), z, sums, counts);
+  {
+    ProfileScope prof(ctx, "VQ codebook statistics", Profiler::Level::Op);
+    vq_code_stats(ctx, k.view({B, T, H_, Dk_}), z, sums, counts);
+  }
   add_inplace(ctx, acc_sums_, sums, 1.f);
   add_inplace(ctx, acc_counts_, counts, 1.f);
 

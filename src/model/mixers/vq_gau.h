@@ -63,6 +63,8 @@ class VqGauMixer final : public Mixer {
   // codebook = c_sum / max(c_count, 0.01), into scratch; rho [H, Lb+1, Dk] from Wr, into scratch.
   Tensor codebook();
   Tensor rho();
+  // env_.ctx with the VQ-attention kernels' scratch as its workspace (GPU).
+  Ctx attn_ctx(int64_t B, int64_t T) const;
   // Normalised, scaled q and k [N, H Dk] of the raw projections proj [N, >= 2 H Dk].
   void queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd);
 

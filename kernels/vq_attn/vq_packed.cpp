@@ -1,0 +1,84 @@
+// Layout of the GPU VQ-attention workspace (vq_packed.h) and the size it asks for.
+#include "vq_attn/vq_packed.h"
+
+#include <algorithm>
+
+namespace linac {
+namespace vq_cuda {
+
+size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* base, Ws* ws) {
+  size_t off = 0;
+  auto take = [&](int64_t elems, size_t elem_bytes) -> char* {
+    char* p = base ? base + off : nullptr;
+    off += (static_cast<size_t>(elems) * elem_bytes + 255) / 256 * 256;
+    return p;
+  };
+  auto act = [&](int64_t elems) -> void* { return take(elems, act_bytes); };
+  auto f32 = [&](int64_t elems) -> float* { return reinterpret_cast<float*>(take(elems, sizeof(float))); };
+  auto after_zero_block = [&](void* p, int64_t D) -> void* {
+    return p ? static_cast<char*>(p) + static_cast<size_t>(g.Lb * D) * act_bytes : nullptr;
+  };
+  Ws w{};
+  const int64_t rows = g.P * g.Tp, H = g.H, S = g.S, Dk = g.Dk, Dv = g.Dv, L1 = g.Lb + 1;
+  w.qp = act(rows * Dk);
+  w.kp = after_zero_block(act((g.NB + 1) * g.Lb * Dk), Dk);
+  w.vp = after_zero_block(act((g.NB + 1) * g.Lb * Dv), Dv);
+  w.ubar = act(g.NB * S * Dv);
+  w.c_hi = act(H * S * Dk);
+  w.c_lo = act(H * S * Dk);
+  w.rho_hi = act(H * g.ldp * Dk);
+  w.rho_lo = act(H * g.ldp * Dk);
+  w.counts = f32(g.NB * S);
+  w.ub = f32(rows);
+  w.ucb = f32(H * S);
+  w.vrho = f32(H * L1);
+  if (backward) {
+    w.qu = act(rows * Dk);
+    w.qr = act(rows * Dk);
+    w.dop = act(rows * Dv);
+    w.delta = f32(rows);
+    w.dqu = f32(rows * Dk);
+    w.dqr = f32(rows * Dk);
+    w.dk = f32(rows * Dk);
+    w.dvp = f32(rows * Dv);
+    w.gcache = f32(g.NB * S * Dv);
+    w.ones = f32(g.B * g.Tp);
+    w.drho = f32(H * g.ldp * Dk);
+  }
+  const int64_t cr = cap * g.Lb;
+  w.swin = f32(cr * g.ldw);
+  w.scache = f32(cr * g.lds);
+  w.pos = f32(cr * g.ldp);
+  w.pwin = act(cr * g.ldw);
+  w.pcache = act(cr * g.lds);
+  if (backward) {
+    w.dpwin = f32(cr * g.ldw);
+    w.dpcache = f32(cr * g.lds);
+    w.gswin = act(cr * g.ldw);
+    w.gscache = act(cr * g.lds);
+    w.gpos = act(cr * g.ldp);
+  } else {
+    w.ochunk = f32(cr * Dv);
+  }
+  w.cap = cap;
+  char* blas = take(static_cast<int64_t>(kBlasBytes), 1);
+  if (ws) {
+    *ws = w;
+    ws->blas.workspace = blas;
+    ws->blas.workspace_bytes = kBlasBytes;
+  }
+  return off;
+}
+
+}  // namespace vq_cuda
+
+size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
+                               DType act) {
+  const vq_cuda::Geo g = vq_cuda::geo_of(B, T, H, Dk, Dv, S, Lb);
+  const size_t es = dtype_size(act), fixed = vq_cuda::layout(g, es, true, 0, nullptr, nullptr);
+  const size_t per_block = vq_cuda::layout(g, es, true, 1, nullptr, nullptr) - fixed;
+  const int64_t cap = std::clamp<int64_t>(static_cast<int64_t>(vq_cuda::kChunkBytesGoal / per_block), 1, g.B * g.R);
+  return vq_cuda::layout(g, es, true, cap, nullptr, nullptr);
+}
+
+}  // namespace linac

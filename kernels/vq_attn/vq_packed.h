@@ -1,0 +1,77 @@
+// The packed layout of the GPU VQ-attention block form and the layout of its workspace (host
+// code: vq_packed.cpp; the kernels are in the .cu files).
+//
+// Packed layout. Sequences and heads become pairs p = h B + b (head-major, so one head's rows
+// are contiguous), each padded to Tp = R Lb tokens (R = ceil(T / Lb) blocks; padding is zero):
+// row p Tp + t, block i = p R + n. The blocks of all pairs then sit at one uniform stride, so
+// every per-block product is one strided-batched GEMM over a range of blocks:
+//   window   the 2 Lb keys of block i are rows (i-1) Lb .. (i+1) Lb of kp / vp (the previous block
+//            and the present one); a zero block precedes kp and vp so block 0 can read "block -1".
+//            At a pair's first block that range is the previous pair's last block: masked.
+//   cache    counts [NB, S] and per-code means ubar [NB, S, Dv] (NB = P R blocks) that block i reads.
+// Entries of a query row: window e = 0..2Lb-1 (key j = (n-1) Lb + e, valid for 0 <= j <= t,
+// position term rho_{t-j} for t - j <= Lb) and cache s = 0..S-1 (valid where N_s > 0).
+// Scores are q.k (GEMM on the exact inputs) plus f32 bias terms (u.k, vr.rho_d): rounding q+u
+// to bf16 would move every score by ~|q||k| 2^-9, which exp amplifies. The f32 codebook and rho
+// enter the bf16 GEMMs as hi + lo bf16 parts for the same reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/gpu.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac::vq_cuda {
+
+inline constexpr size_t kBlasBytes = size_t{32} << 20;        // cuBLASLt's share of the workspace
+inline constexpr size_t kChunkBytesGoal = size_t{256} << 20;  // chunk scratch vq_attn_workspace_bytes asks for
+
+struct Geo {
+  int64_t B, T, H, Dk, Dv, S, Lb;
+  int64_t R, Tp, P, NB;  // blocks per sequence, padded length, pairs, blocks in all
+  int64_t ldw, lds, ldp;  // row strides of the window [.., 2Lb], cache [.., S] and distance [.., Lb+1] matrices
+};
+
+inline int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
+
+inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb) {
+  Geo g{B, T, H, Dk, Dv, S, Lb, 0, 0, 0, 0, 0, 0, 0};
+  g.R = (T + Lb - 1) / Lb;
+  g.Tp = g.R * Lb;
+  g.P = H * B;
+  g.NB = g.P * g.R;
+  g.ldw = round8(2 * Lb);
+  g.lds = round8(S);
+  g.ldp = round8(Lb + 1);
+  return g;
+}
+inline Geo geo_of(const VqAttnLayout& L) { return geo_of(L.B, L.T, L.H, L.Dk, L.Dv, L.S, L.Lb); }
+
+// Workspace pointers. `act` pointers hold the activation dtype (bf16 or f32), the rest f32.
+struct Ws {
+  // Whole call: packed inputs, the cache, the bias tables.
+  void *qp, *kp, *vp, *ubar;    // act: [P Tp, Dk], [NB Lb, Dk] and [NB Lb, Dv] (a zero block before each), [NB, S, Dv]
+  void *c_hi, *c_lo;            // act: codebook [H, S, Dk] as hi + lo parts (lo unused in f32)
+  void *rho_hi, *rho_lo;        // act: [H, ldp, Dk], rows past Lb zero (ldp: even GEMM dimensions)
+  float *counts, *ub;           // [NB, S]; u.khat_j per packed row
+  float *ucb, *vrho;            // u.C_s [H, S]; vr.rho_d [H, Lb+1]
+  // Whole call, backward only.
+  void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv]
+  float *delta, *dqu, *dqr, *dk, *dvp, *gcache, *ones;  // dout.o; dq's two parts, dkhat, dv [P Tp, *]; [NB, S, Dv]; [B Tp]
+  float* drho;                  // [H, ldp, Dk]
+  // One chunk of `cap` blocks (rows = cap Lb).
+  float *swin, *scache, *pos;   // scores q.k, q.C, q.rho: [rows, ldw], [rows, lds], [rows, ldp]
+  void *pwin, *pcache;          // act: softmax weights
+  float *ochunk;                // forward: output rows [rows, Dv]
+  float *dpwin, *dpcache;       // backward: dout.value
+  void *gswin, *gscache, *gpos; // act, backward: score gradients; gpos by distance [rows, ldp] (zero past Lb)
+  int64_t cap = 0;
+  Ctx blas;  // ctx with the workspace's last kBlasBytes, for the GEMMs
+};
+
+// Lays the workspace out from `base` (nullptr: sizes only) for chunks of `cap` blocks; returns
+// the bytes used, kBlasBytes included.
+size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* base, Ws* ws);
+
+}  // namespace linac::vq_cuda

@@ -1,0 +1,195 @@
+// The packed form of VQ-attention's block algorithm (layout in vq_packed.h): the workspace
+// carve, the GEMM helper, packing of the inputs into [P Tp, D] rows, the bias tables
+// (u.khat_j, u.C_s, vr.rho_d, all f32) with the hi/lo bf16 parts of the codebook and rho, and
+// the three score GEMMs of a chunk of blocks. Shared by the forward and the backward.
+#include <algorithm>
+#include <string>
+
+#include "vq_attn/vq_common.cuh"
+
+namespace linac {
+namespace vq_cuda {
+namespace {
+
+using cuda::from_float;
+using cuda::to_float;
+using cuda::warp_sum;
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n, int threads) {
+  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20));
+}
+
+// CTA per packed row (p, t), threads over d.
+template <class T>
+__global__ void pack_kernel(Geo g, const T* __restrict__ src, VqAttnLayout::Strides s, int64_t D,
+                            const float* __restrict__ add, T* __restrict__ dst) {
+  const int64_t row = blockIdx.x, p = row / g.Tp, t = row % g.Tp, h = p / g.B, b = p % g.B;
+  T* out = dst + row * D;
+  if (t >= g.T) {
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = from_float<T>(0.f);
+    return;
+  }
+  const T* in = src + b * s.b + t * s.t + h * D;
+  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+    out[d] = add ? from_float<T>(to_float(in[d]) + add[h * D + d]) : in[d];
+}
+
+// Warp per packed row.
+template <class T>
+__global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::Strides xs, int64_t D,
+                                const float* __restrict__ vec, const T* __restrict__ y, VqAttnLayout::Strides ys,
+                                float* __restrict__ out) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (row >= g.P * g.Tp) return;
+  const int64_t p = row / g.Tp, t = row % g.Tp, h = p / g.B, b = p % g.B;
+  float acc = 0;
+  if (t < g.T) {
+    const T* xr = x + b * xs.b + t * xs.t + h * D;
+    if (y) {
+      const T* yr = y + b * ys.b + t * ys.t + h * D;
+      for (int64_t d = lane; d < D; d += 32) acc += to_float(xr[d]) * to_float(yr[d]);
+    } else {
+      for (int64_t d = lane; d < D; d += 32) acc += to_float(xr[d]) * vec[h * D + d];
+    }
+    acc = warp_sum(acc);
+  }
+  if (lane == 0) out[row] = acc;
+}
+
+// Warp per row of an f32 table X [H, rows, Dk]: dot[h, r] = vec[h] . X[h, r]; hi = X rounded to
+// T, lo = (X - hi) rounded (bf16 only), both [H, rows_out, Dk] with zero rows past `rows`.
+template <class T>
+__global__ void table_kernel(int64_t H, int64_t rows, int64_t rows_out, int64_t Dk, const float* __restrict__ X,
+                             const float* __restrict__ vec, float* __restrict__ dot, T* __restrict__ hi,
+                             T* __restrict__ lo) {
+  const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (i >= H * rows_out) return;
+  const int64_t h = i / rows_out, r = i % rows_out;
+  float acc = 0;
+  for (int64_t d = lane; d < Dk; d += 32) {
+    const float x = r < rows ? X[(h * rows + r) * Dk + d] : 0.f;
+    acc += x * vec[h * Dk + d];
+    const T xh = from_float<T>(x);
+    hi[i * Dk + d] = xh;
+    if (lo) lo[i * Dk + d] = from_float<T>(x - to_float(xh));
+  }
+  acc = warp_sum(acc);
+  if (lane == 0 && r < rows) dot[h * rows + r] = acc;
+}
+
+__global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = value;
+}
+
+}  // namespace
+
+Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const char* op) {
+  const size_t fixed = layout(g, act_bytes, backward, 0, nullptr, nullptr);
+  const size_t per_block = layout(g, act_bytes, backward, 1, nullptr, nullptr) - fixed;
+  LINAC_CHECK(ctx.workspace_bytes >= fixed + per_block,
+              std::string(op) + ": ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
+                  std::to_string(fixed + per_block) + " (vq_attn_workspace_bytes)");
+  // Chunk scratch is rounded per buffer, so a chunk of c blocks can need slightly more than c
+  // times one block's: step down until it fits.
+  int64_t cap = std::min<int64_t>(g.B * g.R, static_cast<int64_t>((ctx.workspace_bytes - fixed) / per_block));
+  while (cap > 1 && layout(g, act_bytes, backward, cap, nullptr, nullptr) > ctx.workspace_bytes) --cap;
+  Ws w{};
+  layout(g, act_bytes, backward, cap, static_cast<char*>(ctx.workspace), &w);
+  const Ctx blas_ws = w.blas;
+  w.blas = ctx;
+  w.blas.workspace = blas_ws.workspace;
+  w.blas.workspace_bytes = blas_ws.workspace_bytes;
+  return w;
+}
+
+void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
+          int64_t ldc, int64_t stride_c, float beta) {
+  if (m == 0 || n == 0 || k == 0 || batch == 0) return;
+  GemmProblem pr;
+  pr.m = m, pr.n = n, pr.k = k, pr.batch = batch;
+  pr.trans_a = a.trans, pr.trans_b = b.trans;
+  pr.lda = a.ld, pr.ldb = b.ld, pr.ldc = ldc;
+  pr.batch_stride_a = a.stride, pr.batch_stride_b = b.stride, pr.batch_stride_c = stride_c;
+  pr.alpha = 1.f, pr.beta = beta;
+  const Tensor ta(const_cast<void*>(a.p), ab, Device::CUDA, {1}), tb(const_cast<void*>(b.p), ab, Device::CUDA, {1});
+  const Tensor tc(c, DType::F32, Device::CUDA, {1});
+  matmul_cuda(blas, pr, ta, tb, tc);
+}
+
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* hi,
+                const void* lo, bool trans_b, float* c, int64_t ldc, float beta) {
+  const int64_t ldb = trans_b ? k : n;
+  gemm(blas, ab, m, n, k, 1, a, {hi, ldb, 0, trans_b}, c, ldc, 0, beta);
+  if (ab == DType::BF16) gemm(blas, ab, m, n, k, 1, a, {lo, ldb, 0, trans_b}, c, ldc, 0, 1.f);
+}
+
+template <class T>
+void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst) {
+  pack_kernel<T><<<static_cast<unsigned>(g.P * g.Tp), 128, 0, cuda::stream_of(ctx)>>>(g, src, s, D, add, dst);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
+              const T* y, VqAttnLayout::Strides ys, float* out) {
+  row_dots_kernel<T><<<grid_for(g.P * g.Tp * 32, kThreads), kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, D, vec, y,
+                                                                                                  ys, out);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+template <class T>
+void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, const T* q, const T* khat,
+             const int32_t* z, const T* v, const float* codebook, const float* u, const float* vr, const float* rho) {
+  cudaStream_t st = cuda::stream_of(ctx);
+  const bool split = sizeof(T) == 2;
+  T* kp = static_cast<T*>(w.kp);
+  T* vp = static_cast<T*>(w.vp);
+  gpu_memset_zero_async(ctx, kp - g.Lb * g.Dk, static_cast<size_t>(g.Lb * g.Dk) * sizeof(T));
+  gpu_memset_zero_async(ctx, vp - g.Lb * g.Dv, static_cast<size_t>(g.Lb * g.Dv) * sizeof(T));
+  pack<T>(ctx, g, q, L.q, g.Dk, nullptr, static_cast<T*>(w.qp));
+  pack<T>(ctx, g, khat, L.khat, g.Dk, nullptr, kp);
+  pack<T>(ctx, g, v, L.v, g.Dv, nullptr, vp);
+  row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
+  table_kernel<T><<<grid_for(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
+      g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.c_hi), split ? static_cast<T*>(w.c_lo) : nullptr);
+  LINAC_CUDA_LAUNCH_CHECK();
+  table_kernel<T><<<grid_for(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
+      g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rho_hi), split ? static_cast<T*>(w.rho_lo) : nullptr);
+  LINAC_CUDA_LAUNCH_CHECK();
+  cache_scan<T>(ctx, g, v, L.v, z, w.counts, static_cast<T*>(w.ubar));
+  if (w.ones) {
+    fill_kernel<<<grid_for(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
+    LINAC_CUDA_LAUNCH_CHECK();
+  }
+}
+
+void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c) {
+  const size_t es = dtype_size(act);
+  auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
+  const int64_t Lb = g.Lb, Dk = g.Dk, rows = c * Lb;
+  const Operand qa{at(w.qp, i0 * Lb * Dk), Dk, Lb * Dk, false};
+  // swin[i] = q_i [Lb, Dk] @ (keys (i-1) Lb .. (i+1) Lb)^T
+  gemm(w.blas, act, Lb, 2 * Lb, Dk, c, qa, {at(w.kp, (i0 - 1) * Lb * Dk), Dk, Lb * Dk, true}, w.swin, g.ldw,
+       Lb * g.ldw, 0.f);
+  gemm_table(w.blas, act, rows, g.S, Dk, qa, at(w.c_hi, h * g.S * Dk), at(w.c_lo, h * g.S * Dk), true, w.scache, g.lds,
+             0.f);
+  // all ldp distances (rho's padding rows are zero): a GEMM dimension of Lb + 1 is odd
+  gemm_table(w.blas, act, rows, g.ldp, Dk, qa, at(w.rho_hi, h * g.ldp * Dk), at(w.rho_lo, h * g.ldp * Dk), true, w.pos,
+             g.ldp, 0.f);
+}
+
+#define LINAC_VQ_PREPARE(T)                                                                                            \
+  template void prepare<T>(const Ctx&, const Geo&, const VqAttnLayout&, const Ws&, const T*, const T*, const int32_t*, \
+                           const T*, const float*, const float*, const float*, const float*);                          \
+  template void pack<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, T*);          \
+  template void row_dots<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, const T*, \
+                            VqAttnLayout::Strides, float*);
+LINAC_VQ_PREPARE(float)
+LINAC_VQ_PREPARE(__nv_bfloat16)
+#undef LINAC_VQ_PREPARE
+
+}  // namespace vq_cuda
+}  // namespace linac
