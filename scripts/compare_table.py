@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Collects the per-run results of scripts/compare.sh into OUT_DIR/compare.json and OUT_DIR/compare.md.
 
-  python3 scripts/compare_table.py OUT_DIR
+  python3 scripts/compare_table.py OUT_DIR [--keep EARLIER_compare.json]
 
 Reads OUT_DIR/lm/<arch>/ (info.json from `linac info --json`, eval.json from `linac eval --json`,
 bench.json from `linac bench --json`) and OUT_DIR/mqar/<mixer>_d<width>/ (info.json, eval.json
 with its "mqar" object). A run directory holding error.txt failed; its row carries "error" with
 that text, and so does a run whose files are missing or lack a field. compare.json is a list of
 rows ("kind": "lm" or "mqar"); compare.md has one Markdown table per kind. scripts/plot_mqar.py
-reads MQAR run directories through run_row(). Errors: one line on stderr, exit status 2.
+reads MQAR run directories through run_row(). --keep adds the rows of an earlier compare.json
+that OUT_DIR has no run for (same kind, arch and width), so a comparison can be extended one
+architecture at a time. Errors: one line on stderr, exit status 2.
 """
 import argparse
 import json
@@ -185,13 +187,41 @@ def runs(out_dir, kind):
     return sorted(os.path.join(d, n) for n in os.listdir(d) if os.path.isdir(os.path.join(d, n))) if os.path.isdir(d) else []
 
 
+def row_id(r):
+    return (r.get("kind"), r.get("arch"), r.get("width"))
+
+
+def kept_rows(path, fresh):
+    """The rows of an earlier compare.json whose (kind, arch, width) is not among the fresh rows."""
+    try:
+        rows = read_json(path)
+    except RunError as e:
+        raise RunError(f"--keep {path}: {e}") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and r.get("kind") in ("lm", "mqar") and "arch" in r
+                                             for r in rows):
+        raise RunError(f"--keep {path}: expected a list of rows with \"kind\" (lm or mqar) and \"arch\"")
+    have = {row_id(r) for r in fresh}
+    return [r for r in rows if row_id(r) not in have]
+
+
 def main():
     ap = argparse.ArgumentParser(prog="compare_table.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", metavar="OUT_DIR", help="the --out directory of scripts/compare.sh")
-    out_dir = ap.parse_args().out_dir
-    lm = sorted((run_row("lm", d) for d in runs(out_dir, "lm")), key=lambda r: rank(LM_ORDER, r["arch"]))
-    mqar = sorted((run_row("mqar", d) for d in runs(out_dir, "mqar")),
-                  key=lambda r: (rank(MQAR_ORDER, r["arch"]), r["width"] or 0))
+    ap.add_argument("--keep", metavar="FILE", help="an earlier compare.json whose other rows are kept")
+    args = ap.parse_args()
+    out_dir = args.out_dir
+    lm = [run_row("lm", d) for d in runs(out_dir, "lm")]
+    mqar = [run_row("mqar", d) for d in runs(out_dir, "mqar")]
+    if args.keep:
+        try:
+            old = kept_rows(args.keep, lm + mqar)
+        except RunError as e:
+            print(f"compare_table.py: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        lm += [r for r in old if r["kind"] == "lm"]
+        mqar += [r for r in old if r["kind"] == "mqar"]
+    lm.sort(key=lambda r: rank(LM_ORDER, r["arch"]))
+    mqar.sort(key=lambda r: (rank(MQAR_ORDER, r["arch"]), r.get("width") or 0))
     if not lm and not mqar:
         print(f"compare_table.py: error: {out_dir}: no run directories under lm/ or mqar/", file=sys.stderr)
         sys.exit(2)

@@ -200,6 +200,55 @@ class CompareTableOnlyOneKindTest(TempDirTest):
         self.assert_error(run(sys.executable, "compare_table.py", missing), "compare_table.py", missing)
 
 
+def row_key(r):
+    return (r["kind"], r["arch"], r.get("width"))
+
+
+class CompareTableKeepTest(TempDirTest):
+    """--keep: an earlier compare.json's rows stay where OUT_DIR has no run of the same kind,
+    arch and width; OUT_DIR's runs replace theirs; the hardest slice is taken over both."""
+
+    def test_keep_merges_and_replaces(self):
+        make_compare_out(self.tmp)
+        self.assert_ok(run(sys.executable, "compare_table.py", self.tmp))
+        with open(os.path.join(self.tmp, "compare.json"), encoding="utf-8") as f:
+            fresh = json.load(f)
+        old = [{"kind": "lm", "arch": "latte_macchiato", "val_loss": 5.0, "val_ppl": 148.4,
+                "non_embedding_params": 30e6, "tokens_per_s": 1e5, "peak_memory_bytes": 2**30,
+                "decode_state_bytes_per_sequence": None, "decode_state_at_seq_len": None,
+                "decode_state_bytes_per_token_of_context": None},
+               {"kind": "mqar", "arch": "transformer_vq", "width": 256, "non_embedding_params": 5e4,
+                "mqar_accuracy_pooled": 0.25, "mqar_slices": [{"seq_len": 4096, "pairs": 8, "accuracy": 0.5}],
+                "decode_state_bytes_per_sequence": 1024, "decode_state_at_seq_len": 1024}]
+        stale = dict(fresh[0], val_loss=99.0)  # a row OUT_DIR has a run for: replaced
+        keep = os.path.join(self.tmp, "earlier.json")
+        write_json(keep, old + [stale])
+        self.assert_ok(run(sys.executable, "compare_table.py", self.tmp, "--keep", keep))
+        with open(os.path.join(self.tmp, "compare.json"), encoding="utf-8") as f:
+            rows = json.load(f)
+        self.assertEqual(len(rows), len(fresh) + 2)
+        same = [r for r in rows if row_key(r) == row_key(fresh[0])]
+        self.assertEqual(same, [fresh[0]])
+        lm_archs = [r["arch"] for r in rows if r["kind"] == "lm"]
+        self.assertLess(lm_archs.index("latte_macchiato"), lm_archs.index("transformer_vq"))  # the usual order
+        kept = [r for r in rows if r["kind"] == "mqar" and r.get("width") == 256]
+        self.assertEqual(len(kept), 1)
+        # the kept row's slice is longer than any fresh one: it is now the hardest, for every row
+        self.assertEqual(kept[0]["mqar_hardest_slice"], {"seq_len": 4096, "pairs": 8})
+        self.assertEqual(kept[0]["mqar_accuracy_hardest"], 0.5)
+        self.assertTrue(all(r["mqar_accuracy_hardest"] is None for r in rows if r["kind"] == "mqar" and
+                            r.get("width") != 256 and "error" not in r))
+
+    def test_keep_bad_file(self):
+        make_compare_out(self.tmp)
+        bad = os.path.join(self.tmp, "bad.json")
+        write(bad, '{"kind": "lm"}')
+        self.assert_error(run(sys.executable, "compare_table.py", self.tmp, "--keep", bad), "compare_table.py",
+                          f"--keep {bad}: expected a list of rows")
+        self.assert_error(run(sys.executable, "compare_table.py", self.tmp, "--keep", bad + ".missing"),
+                          "compare_table.py", "--keep")
+
+
 class CompareTableHelpersTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
