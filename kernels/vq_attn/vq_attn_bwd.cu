@@ -93,10 +93,6 @@ __global__ void vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z
   for (int64_t d = threadIdx.x; d < g.Dv; d += blockDim.x) out[d] = from_float<T>(dvr[d] + cache[d]);
 }
 
-unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20));
-}
-
 }  // namespace
 
 void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
@@ -128,7 +124,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       {at(w.vp, (i0 - 1) * Lb * Dv), Dv, Lb * Dv, true}, w.dpwin, ldw, Lb * ldw, 0.f);
         vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, Dv, Lb * Dv, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
                       w.dpcache, lds, Lb * lds, 0.f);
-        vq_grad_rows_kernel<T><<<blocks_for(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
+        vq_grad_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;

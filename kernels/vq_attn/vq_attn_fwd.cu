@@ -83,10 +83,6 @@ __global__ void vq_store_o_kernel(Geo g, int64_t i0, const float* __restrict__ o
   for (int64_t d = threadIdx.x; d < g.Dv; d += blockDim.x) out[d] = from_float<T>(ochunk[r * g.Dv + d]);
 }
 
-unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20));
-}
-
 }  // namespace
 
 void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
@@ -106,7 +102,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
         vq_cuda::chunk_scores(g, w, q.dtype, h, i0, c);
-        vq_softmax_rows_kernel<T><<<blocks_for(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w,
+        vq_softmax_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w,
                                                                                         lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
         // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i

@@ -17,10 +17,6 @@ using cuda::warp_sum;
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20));
-}
-
 // CTA per packed row (p, t), threads over d.
 template <class T>
 __global__ void pack_kernel(Geo g, const T* __restrict__ src, VqAttnLayout::Strides s, int64_t D,
@@ -135,7 +131,7 @@ void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, i
 template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
               const T* y, VqAttnLayout::Strides ys, float* out) {
-  row_dots_kernel<T><<<grid_for(g.P * g.Tp * 32, kThreads), kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, D, vec, y,
+  row_dots_kernel<T><<<cuda::grid_1d(g.P * g.Tp * 32, kThreads), kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, D, vec, y,
                                                                                                   ys, out);
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -153,15 +149,15 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, c
   pack<T>(ctx, g, khat, L.khat, g.Dk, nullptr, kp);
   pack<T>(ctx, g, v, L.v, g.Dv, nullptr, vp);
   row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
-  table_kernel<T><<<grid_for(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
+  table_kernel<T><<<cuda::grid_1d(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.c_hi), split ? static_cast<T*>(w.c_lo) : nullptr);
   LINAC_CUDA_LAUNCH_CHECK();
-  table_kernel<T><<<grid_for(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
+  table_kernel<T><<<cuda::grid_1d(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rho_hi), split ? static_cast<T*>(w.rho_lo) : nullptr);
   LINAC_CUDA_LAUNCH_CHECK();
   cache_scan<T>(ctx, g, v, L.v, z, w.counts, static_cast<T*>(w.ubar));
   if (w.ones) {
-    fill_kernel<<<grid_for(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
+    fill_kernel<<<cuda::grid_1d(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
     LINAC_CUDA_LAUNCH_CHECK();
   }
 }

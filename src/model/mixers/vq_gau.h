@@ -19,8 +19,10 @@
 // c <- gamma c + (1 - gamma) stats once per optimizer step.
 // Commitment loss: beta sum_t ||k_t - C_{z_t}||^2 (aux_loss_sum), gradient 2 beta (k - khat).
 // Init (PaLM-style, spec §5.1): Wqkvg, Wr ~ N(0, 1/d), Wo ~ N(0, 1/dv).
-// Not implemented: the sinusoid dropout, residual dropout and LayerDrop of the paper's
-// regularised runs, and truncated-backprop windows (the cache starts empty in every sequence).
+// Out of scope by design: the paper's regularisers (sinusoid dropout, residual dropout,
+// LayerDrop), because linac has no dropout in any architecture (runs stay deterministic and
+// resume bit for bit); and truncated-backprop windows with a state carried between windows (the
+// cache starts empty in every sequence; docs/transformer_vq.md).
 // Saved for backward: [Qr|Kr|V'] raw projections (act), [G'|o] (act), q and k normalised and
 // scaled, khat (act), z (int32), the norms' rstd and lse (f32 on the GPU).
 // Decoding: per sequence a ring of Lb quantized keys and values plus S per-code counts and value
