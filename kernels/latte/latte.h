@@ -43,8 +43,9 @@
 // in f32.
 // GPU: chunks of 64 tokens whatever opts.chunk says; L in 1..64, Dv a multiple of 4 up to 128
 // (the paper's 96 included), any T and B*H, and latte_workspace_bytes_per_seq() of ctx.workspace
-// for at least one sequence (the batch runs in groups that fit). Inside a chunk the GPU forms
-// exp(b_s - lse_t) directly (never the factorised Kt), so no logit range can overflow it.
+// for at least one sequence (the batch runs in groups that fit). The chunk products run on tensor
+// cores with the factorised Qt, Kt (ref = lse_f as above); a chunk whose lse grows by more than 60
+// forms exp(b_s - lse_t) directly instead, so no logit range can overflow it (latte_common.cuh).
 // Deterministic: no atomics, fixed-order sums.
 //
 // Decode step (recurrent form for one token): a_t [B, H, La], b_t [B, H, L], v_t, local_t, y_t

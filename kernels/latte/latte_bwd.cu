@@ -1,25 +1,67 @@
 // CUDA Latte backward (math in latte.h, spec §5.2), per group of sequences that fits ctx.workspace:
 //   chunk terms + state scan again -> S[n] = mu at each chunk start
-//   grad_p  per chunk: gP_{t,l} = dec_{t,l} (gy_t . mu_prev_l) + sum_{s<=t} exp(b_{s,l} - lse_{t,l}) (gy_t . v_s),
-//           gP_{t,0} = gy_t . local_t; da (softmax backward), dlocal = pi_0 gy; the reverse terms
-//           U[n] = sum_t exp(lse_{f-1} - lse_t) pi_{t,l} [gy_t | gP_{t,l}] (the extra column is r's)
+//   grad_p  per chunk: gP_{t,l} = dec_{t,l} (gy_t . mu_prev_l) + sum_{s<=t} exp(b_{s,l} - lse_{t,l}) M_{t,s},
+//           M = gy V^T, gP_{t,0} = gy_t . local_t; da (softmax backward), dlocal = pi_0 gy; the
+//           reverse terms U[n] = sum_t c_{t,l} [gy_t | gP_{t,l}], c_{t,l} = exp(lse_{f-1} - lse_t) pi_{t,l}
+//           (the extra column is r's)
 //   reverse state scan -> S[n] = [R | r] at each chunk's end
 //   grad_bv per chunk, with E_{s,l} = exp(b_{s,l} - lse_{e,l}) and P = exp(b_{s,l} - lse_{t,l}):
+//           db_{s,l} = E_{s,l} (v_s . R_l - r_l) + sum_{t>=s} pi_{t,l} P (M_{t,s} - gP_{t,l})
 //           dv_s = sum_l E_{s,l} R_l + sum_{t>=s} A_{t,s} gy_t
-//           db_{s,l} = E_{s,l} (v_s . R_l - r_l) + sum_{t>=s} pi_{t,l} P (gy_t . v_s - gP_{t,l})
-// Every exponent is <= 0. Shared memory is f32; the carve of each kernel is listed at its smem().
+// On tensor cores, with the factor tiles of latte_common.cuh (P = Qe Kt, Qt = pi Qe):
+//   gP = dec * (gy mu^T) + Qe * (M Kt),   U = c^T gy,
+//   db = E * (V R^T - r) + Kt * (M^T Qt - sum_{t>=s} Qt gP),   dv = E R + A^T gy;
+// a chunk whose lse grows too much takes the P terms with exact exponents instead. Operands that
+// feed a difference of nearly equal sums (mu_prev into gP, R into v.R - r, M in the exact-exponent
+// terms) and the f32 states' inputs (c) are split into bf16 parts (store_parts), so they keep f32
+// or near-f32 precision on tensor cores.
 #include "latte/latte_common.cuh"
 
 namespace linac {
 namespace latte_cuda {
 namespace {
 
-constexpr int kThreads = 256;
+// Shared memory of grad_p: f32 lse, b [64][L], pi, gP [64][La]; tiles of T: V, gy [64][Dp],
+// mu_prev [Lp][Dp] (2 parts), M [64][64], Kt [64][Lp] in a space that holds 3 of them (then c in 3
+// parts; in an exact-exponent chunk, which has no Kt, M's second part, which fits: 3 (Lp + 8) >=
+// 64 + 8). Three CTAs fit on an SM at the paper's shape.
+template <class T>
+struct GradPSmem {
+  float *lam, *bq, *pi, *gP;
+  T *V, *GY, *mu, *M, *Kt;
+  size_t bytes;
+  __host__ __device__ GradPSmem(unsigned char* base, const Args& a) {
+    SmemCarve c{base};
+    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L);
+    pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.La);
+    V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
+    mu = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
+    M = c.take<T>(kC * ld_of<T>(kC)), Kt = c.take<T>(parts_of<T>(3) * kC * ld_of<T>(a.Lp));
+    bytes = c.bytes;
+  }
+};
 
-// lse [C][L], b (then the reverse coefficients) [C][L], pi [C][La], V [C][Dv], gy [C][Dv],
-// mu_prev [L][Dv], M = gy v^T [C][C], gP [C][La].
-size_t grad_p_smem(const Args& a) {
-  return sizeof(float) * (2 * kC * a.L + 2 * kC * a.La + 2 * kC * a.Dv + a.L * a.Dv + kC * kC);
+// M = gy V^T for s <= t (zero above the diagonal) into the tile M[64][ld_of<T>(64)]; with Mlo (a
+// tile of the same shape, bf16 only), M as two parts (store_parts) for the exact-exponent sums.
+template <class T>
+__device__ void form_M(const Args& a, const T* GY, const T* V, T* M, T* Mlo) {
+  const int ldd = ld_of<T>(a.Dp), ldc = ld_of<T>(kC);
+  for_tiles<2>(kC, kC, [&](int m0, int n0, int ntv) {
+    float acc[2][4] = {};
+    if (n0 <= m0) warp_mma<T, false, false, 2>(acc, GY, ldd, m0, 0, V, ldd, 0, n0, a.Dp / 16, ntv);
+    each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) {
+      x = s <= t ? x : 0.f;
+      const T hi = cuda::from_float<T>(x);
+      M[t * ldc + s] = hi;
+      if (Mlo) Mlo[t * ldc + s] = cuda::from_float<T>(x - cuda::to_float(hi));
+    });
+  });
+}
+
+template <class T>
+__device__ __forceinline__ float m_at(const T* M, const T* Mlo, int t, int s) {
+  const int i = t * ld_of<T>(kC) + s;
+  return Mlo ? cuda::to_float(M[i]) + cuda::to_float(Mlo[i]) : cuda::to_float(M[i]);
 }
 
 template <class T>
@@ -32,93 +74,133 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
                                                          float* __restrict__ gP, float* __restrict__ U,
                                                          T* __restrict__ da, LatteLayout::Strides das,
                                                          T* __restrict__ dlocal, LatteLayout::Strides dls) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  const GradPSmem<T> sm(smem, a);
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H;
   const int f = n * kC, rows = min(kC, a.T - f);
-  float* lam = sm;
-  float* bq = lam + kC * a.L;
-  float* pi = bq + kC * a.L;
-  float* gPs = pi + kC * a.La;
-  float* V = gPs + kC * a.La;
-  float* GY = V + kC * a.Dv;
-  float* mu = GY + kC * a.Dv;
-  float* M = mu + a.L * a.Dv;
-  load_lse(lam, lse, a, bb, h, f, rows);
-  load_rows(bq, b, bs, bb, h, f, rows, a.L);
-  load_rows(pi, av, as, bb, h, f, rows, a.La);
-  load_rows(V, v, vs, bb, h, f, rows, a.Dv);
-  load_rows(GY, dy, dys, bb, h, f, rows, a.Dv);
-  const float* Sn = S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
-  for (int i = threadIdx.x; i < a.L * a.Dv; i += blockDim.x) mu[i] = Sn[(i / a.Dv) * a.Wd + i % a.Dv];
+  const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
+  constexpr int mu_parts = parts_of<T>(2);
+  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
+  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
+  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
+  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
+  store_tile(rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp), sm.GY, ldd);
+  store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, mu_parts);
   __syncthreads();
-  softmax_rows(pi, rows, a.La);
-  for (int i = threadIdx.x; i < rows * kC; i += blockDim.x) {
-    const int t = i / kC, s = i % kC;
-    float acc = 0.f;
-    if (s <= t)
-      for (int j = 0; j < a.Dv; ++j) acc = fmaf(GY[t * a.Dv + j], V[s * a.Dv + j], acc);
-    M[i] = acc;
+  softmax_rows(sm.pi, rows, a.La);
+  const bool direct = factor_tiles<T>(a, rows, sm.lam, sm.bq, sm.pi, nullptr, sm.Kt);
+  T* Mlo = direct && sizeof(T) == 2 ? sm.Kt : nullptr;
+  form_M(a, sm.GY, sm.V, sm.M, Mlo);
+  if (a.off) {  // gP_{t,0} = gy_t . local_t: a warp per row, lanes over the columns, a fixed-order reduction
+    constexpr int kWarps = kThreads / 32, kRW = kC / kWarps, kCL = kMaxDv / 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const T* lf = local + bb * ls.b + static_cast<int64_t>(f) * ls.t + static_cast<int64_t>(h) * a.Dv;
+    float x[kRW][kCL];
+#pragma unroll
+    for (int k = 0; k < kRW; ++k)
+#pragma unroll
+      for (int j = 0; j < kCL; ++j) {
+        const int t = warp + kWarps * k, c = lane + 32 * j;
+        x[k][j] = t < rows && c < a.Dv ? cuda::to_float(lf[t * ls.t + c]) : 0.f;  // all loads in flight at once
+      }
+#pragma unroll
+    for (int k = 0; k < kRW; ++k) {
+      const int t = warp + kWarps * k;
+      float acc = 0.f;
+#pragma unroll
+      for (int j = 0; j < kCL; ++j)
+        if (lane + 32 * j < a.Dv) acc = fmaf(cuda::to_float(sm.GY[t * ldd + lane + 32 * j]), x[k][j], acc);
+      acc = cuda::warp_sum(acc);
+      if (lane == 0 && t < rows) sm.gP[t * a.La] = acc;
+    }
   }
   __syncthreads();
   const float* lam_prev = lse + ((static_cast<int64_t>(bb) * a.T + f - 1) * a.H + h) * a.L;  // valid for n > 0
-  for (int i = threadIdx.x; i < rows * a.La; i += blockDim.x) {
-    const int t = i / a.La, c = i % a.La;
-    float acc = 0.f;
-    if (c < a.off) {
-      const T* lt = local + bb * ls.b + static_cast<int64_t>(f + t) * ls.t + static_cast<int64_t>(h) * a.Dv;
-      for (int j = 0; j < a.Dv; ++j) acc = fmaf(GY[t * a.Dv + j], cuda::to_float(lt[j]), acc);
-    } else {
-      const int l = c - a.off;
-      if (n > 0) {
-        for (int j = 0; j < a.Dv; ++j) acc = fmaf(GY[t * a.Dv + j], mu[l * a.Dv + j], acc);
-        acc *= expf(lam_prev[l] - lam[t * a.L + l]);
+  for_tiles<2>(kC, a.Lp, [&](int m0, int n0, int ntv) {
+    float mu_dot[2][4] = {}, mk[2][4] = {};
+    if (n > 0)
+      for (int k = 0; k < mu_parts; ++k)
+        warp_mma<T, false, false, 2>(mu_dot, sm.GY, ldd, m0, 0, sm.mu + k * a.Lp * ldd, ldd, 0, n0, a.Dp / 16, ntv);
+    if (!direct) warp_mma<T, false, true, 2>(mk, sm.M, ldc, m0, 0, sm.Kt, ldl, 0, n0, m0 / 16 + 1, ntv);
+    each_acc2(mu_dot, mk, m0, n0, ntv, [&](int t, int l, float md, float mkv) {
+      if (t >= rows || l >= a.L) return;
+      const float lt = sm.lam[t * a.L + l];
+      float x = n > 0 ? expf(lam_prev[l] - lt) * md : 0.f;
+      if (!direct) {
+        x = fmaf(expf(sm.lam[l] - lt), mkv, x);
+      } else {
+        for (int s = 0; s <= t; ++s) x = fmaf(expf(sm.bq[s * a.L + l] - lt), m_at(sm.M, Mlo, t, s), x);
       }
-      for (int s = 0; s <= t; ++s) acc = fmaf(expf(bq[s * a.L + l] - lam[t * a.L + l]), M[t * kC + s], acc);
-    }
-    gPs[i] = acc;
-  }
+      sm.gP[t * a.La + a.off + l] = x;
+    });
+  });
   __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.La;
-  for (int t = threadIdx.x; t < rows; t += blockDim.x) {
-    const float* p = pi + t * a.La;
-    const float* g = gPs + t * a.La;
+  for (int t = warp; t < rows; t += kThreads / 32) {  // da = pi (gP - pi . gP): a warp per row
+    const float* p = sm.pi + t * a.La;
+    const float* g = sm.gP + t * a.La;
     float dot = 0.f;
-    for (int c = 0; c < a.La; ++c) dot = fmaf(p[c], g[c], dot);
+    for (int c = lane; c < a.La; c += 32) dot = fmaf(p[c], g[c], dot);
+    dot = cuda::warp_sum(dot);
     T* dat = da + bb * das.b + static_cast<int64_t>(f + t) * das.t + static_cast<int64_t>(h) * a.La;
-    for (int c = 0; c < a.La; ++c) {
+    for (int c = lane; c < a.La; c += 32) {
       dat[c] = cuda::from_float<T>(p[c] * (g[c] - dot));
       gPg[t * a.La + c] = g[c];
     }
   }
-  if (a.off)
-    for (int i = threadIdx.x; i < rows * a.Dv; i += blockDim.x) {
-      const int t = i / a.Dv, j = i % a.Dv;
-      dlocal[bb * dls.b + static_cast<int64_t>(f + t) * dls.t + static_cast<int64_t>(h) * a.Dv + j] =
-          cuda::from_float<T>(pi[t * a.La] * GY[i]);
-    }
-  if (n == 0) return;  // the reverse scan never reads chunk 0's terms
-  for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) {
-    const int t = i / a.L, l = i % a.L;
-    bq[i] = expf(lam_prev[l] - lam[i]) * pi[t * a.La + a.off + l];
+  if (a.off) {
+    T* dl = dlocal + bb * dls.b + static_cast<int64_t>(f) * dls.t + static_cast<int64_t>(h) * a.Dv;
+    for_rows(rows, a.Dv, [&](int t, int j) {
+      dl[t * dls.t + j] = cuda::from_float<T>(sm.pi[t * a.La] * cuda::to_float(sm.GY[t * ldd + j]));
+    });
   }
+  if (n == 0) return;  // the reverse scan never reads chunk 0's terms
+  T* c = sm.Kt;        // Kt is spent: c_{t,l} = exp(lse_{f-1,l} - lse_{t,l}) pi_{t,l} (<= 1) takes its place
+  constexpr int c_parts = parts_of<T>(3);
+  for_rows(kC, a.Lp, [&](int t, int l) {
+    const bool ok = t < rows && l < a.L;
+    store_parts(c + t * ldl + l, static_cast<size_t>(kC) * ldl, c_parts,
+                ok ? expf(lam_prev[l] - sm.lam[t * a.L + l]) * sm.pi[t * a.La + a.off + l] : 0.f);
+  });
   __syncthreads();
   float* Un = U + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
-  for (int i = threadIdx.x; i < a.L * a.Wd; i += blockDim.x) {
-    const int l = i / a.Wd, j = i % a.Wd;
-    float acc = 0.f;
-    if (j < a.Dv)
-      for (int t = 0; t < rows; ++t) acc = fmaf(bq[t * a.L + l], GY[t * a.Dv + j], acc);
-    else
-      for (int t = 0; t < rows; ++t) acc = fmaf(bq[t * a.L + l], gPs[t * a.La + a.off + l], acc);
-    Un[l * a.Wd + j] = acc;
+  for_tiles<2>(a.Lp, a.Dp, [&](int m0, int n0, int ntv) {
+    float acc[2][4] = {};
+    for (int k = 0; k < c_parts; ++k)
+      warp_mma<T, true, true, 2>(acc, c + k * kC * ldl, ldl, m0, 0, sm.GY, ldd, 0, n0, kC / 16, ntv);
+    each_acc(acc, m0, n0, ntv, [&](int l, int j, float x) {
+      if (l < a.L && j < a.Dv) Un[l * a.Wd + j] = x;
+    });
+  });
+  for (int l = warp; l < a.L; l += kThreads / 32) {  // r_l = sum_t c_{t,l} gP_{t,l}: a warp per latent
+    float r = 0.f;
+    for (int t = lane; t < rows; t += 32)
+      r = fmaf(expf(lam_prev[l] - sm.lam[t * a.L + l]) * sm.pi[t * a.La + a.off + l], sm.gP[t * a.La + a.off + l], r);
+    r = cuda::warp_sum(r);
+    if (lane == 0) Un[l * a.Wd + a.Dv] = r;
   }
 }
 
-// lse [C][L], b (then E) [C][L], pi [C][La], gP [C][La], V [C][Dv], gy [C][Dv], [R | r] [L][Wd],
-// A [C][C], M = gy v^T [C][C].
-size_t grad_bv_smem(const Args& a) {
-  return sizeof(float) * (2 * kC * a.L + 2 * kC * a.La + 2 * kC * a.Dv + a.L * a.Wd + 2 * kC * kC);
-}
+// Shared memory of grad_bv: f32 lse, b [64][L], pi, gP (then its suffix sums) [64][La]; tiles of T:
+// V, gy [64][Dp], R [Lp][Dp] (2 parts), M (then A) and M's second part for exact-exponent chunks
+// (bf16) [64][64], Qt, Kt (then E) [64][Lp].
+template <class T>
+struct GradBvSmem {
+  float *lam, *bq, *pi, *gP;
+  T *V, *GY, *R, *M, *Mlo, *Qt, *Kt;
+  size_t bytes;
+  __host__ __device__ GradBvSmem(unsigned char* base, const Args& a) {
+    SmemCarve c{base};
+    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L);
+    pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.La);
+    V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
+    R = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
+    M = c.take<T>(kC * ld_of<T>(kC)), Mlo = c.take<T>((parts_of<T>(2) - 1) * kC * ld_of<T>(kC));
+    Qt = c.take<T>(kC * ld_of<T>(a.Lp)), Kt = c.take<T>(kC * ld_of<T>(a.Lp));
+    bytes = c.bytes;
+  }
+};
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as,
@@ -129,65 +211,90 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
                                                           const float* __restrict__ gP, T* __restrict__ db,
                                                           LatteLayout::Strides dbs, T* __restrict__ dv,
                                                           LatteLayout::Strides dvs) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  const GradBvSmem<T> sm(smem, a);
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H;
   const int f = n * kC, rows = min(kC, a.T - f);
-  float* lam = sm;
-  float* bq = lam + kC * a.L;
-  float* pi = bq + kC * a.L;
-  float* gPs = pi + kC * a.La;
-  float* V = gPs + kC * a.La;
-  float* GY = V + kC * a.Dv;
-  float* R = GY + kC * a.Dv;
-  float* A = R + a.L * a.Wd;
-  float* M = A + kC * kC;
-  load_lse(lam, lse, a, bb, h, f, rows);
-  load_rows(bq, b, bs, bb, h, f, rows, a.L);
-  load_rows(pi, av, as, bb, h, f, rows, a.La);
-  load_rows(V, v, vs, bb, h, f, rows, a.Dv);
-  load_rows(GY, dy, dys, bb, h, f, rows, a.Dv);
+  const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   const float* Sn = S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
-  for (int i = threadIdx.x; i < a.L * a.Wd; i += blockDim.x) R[i] = Sn[i];
+  constexpr int r_parts = parts_of<T>(2);
+  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
+  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
+  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
+  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
+  store_tile(rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp), sm.GY, ldd);
+  store_state(state_of(Sn, a), sm.R, ldd, a, r_parts);
   const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.La;
-  for (int i = threadIdx.x; i < rows * a.La; i += blockDim.x) gPs[i] = gPg[i];
+  store_f32(RowBatch<kC, kMaxL + 1>(rows, a.La, [&](int t, int c) { return gPg[t * a.La + c]; }), sm.gP, a.La);
   __syncthreads();
-  softmax_rows(pi, rows, a.La);
-  for (int i = threadIdx.x; i < rows * kC; i += blockDim.x) {
-    const int t = i / kC, s = i % kC;
-    float acc = 0.f;
-    if (s <= t)
-      for (int j = 0; j < a.Dv; ++j) acc = fmaf(GY[t * a.Dv + j], V[s * a.Dv + j], acc);
-    M[i] = acc;
+  softmax_rows(sm.pi, rows, a.La);
+  __syncthreads();
+  const bool direct = factor_tiles(a, rows, sm.lam, sm.bq, sm.pi, sm.Qt, sm.Kt);
+  T* Mlo = direct && sizeof(T) == 2 ? sm.Mlo : nullptr;
+  form_M(a, sm.GY, sm.V, sm.M, Mlo);
+  __syncthreads();
+  if (!direct) {  // gP_{t,l} -> sum_{t' >= t} Qt_{t',l} gP_{t',l}, with the Qt values the tensor cores see
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int l = warp; l < a.L; l += kThreads / 32) {  // a warp per latent, lane k owns rows 2k and 2k + 1
+      float x[2];
+      for (int i = 0; i < 2; ++i) {
+        const int t = 2 * lane + i;
+        x[i] = t < rows ? cuda::to_float(sm.Qt[t * ldl + l]) * sm.gP[t * a.La + a.off + l] : 0.f;
+      }
+      x[0] += x[1];
+      float suffix = x[0];  // inclusive suffix sum over the lanes' pairs, Kogge-Stone (fixed order)
+      for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_down_sync(0xffffffffu, suffix, o);
+        if (lane + o < 32) suffix += y;
+      }
+      float after = __shfl_down_sync(0xffffffffu, suffix, 1);  // the sum over later lanes
+      if (lane == 31) after = 0.f;
+      for (int i = 0; i < 2; ++i) {
+        const int t = 2 * lane + i;
+        if (t < rows) sm.gP[t * a.La + a.off + l] = (i == 0 ? x[0] : x[1]) + after;
+      }
+    }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * kC; i += blockDim.x) {
-    const int t = i / kC, s = i % kC;
-    float acc = 0.f;
-    if (s <= t)
-      for (int l = 0; l < a.L; ++l) acc = fmaf(pi[t * a.La + a.off + l], expf(bq[s * a.L + l] - lam[t * a.L + l]), acc);
-    A[i] = acc;
-  }
-  const float* lam_e = lam + (rows - 1) * a.L;
-  for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) {
-    const int s = i / a.L, l = i % a.L;
-    float vR = 0.f;
-    for (int j = 0; j < a.Dv; ++j) vR = fmaf(V[s * a.Dv + j], R[l * a.Wd + j], vR);
-    float acc = expf(bq[i] - lam_e[l]) * (vR - R[l * a.Wd + a.Dv]);
-    for (int t = s; t < rows; ++t)
-      acc = fmaf(pi[t * a.La + a.off + l] * expf(bq[i] - lam[t * a.L + l]), M[t * kC + s] - gPs[t * a.La + a.off + l],
-                 acc);
-    db[bb * dbs.b + static_cast<int64_t>(f + s) * dbs.t + static_cast<int64_t>(h) * a.L + l] = cuda::from_float<T>(acc);
-  }
+  const float* lam_e = sm.lam + (rows - 1) * a.L;
+  for_tiles<2>(kC, a.Lp, [&](int m0, int n0, int ntv) {
+    float vr[2][4] = {}, mq[2][4] = {};
+    for (int k = 0; k < r_parts; ++k)
+      warp_mma<T, false, false, 2>(vr, sm.V, ldd, m0, 0, sm.R + k * a.Lp * ldd, ldd, 0, n0, a.Dp / 16, ntv);
+    if (!direct) warp_mma<T, true, true, 2>(mq, sm.M, ldc, m0, m0, sm.Qt, ldl, m0, n0, (kC - m0) / 16, ntv);
+    each_acc2(vr, mq, m0, n0, ntv, [&](int s, int l, float vrv, float mqv) {
+      if (s >= rows || l >= a.L) return;
+      const float bsl = sm.bq[s * a.L + l];
+      float x = expf(bsl - lam_e[l]) * (vrv - Sn[l * a.Wd + a.Dv]);
+      if (!direct) {
+        x = fmaf(expf(bsl - sm.lam[l]), mqv - sm.gP[s * a.La + a.off + l], x);
+      } else {
+        for (int t = s; t < rows; ++t)
+          x = fmaf(sm.pi[t * a.La + a.off + l] * expf(bsl - sm.lam[t * a.L + l]),
+                   m_at(sm.M, Mlo, t, s) - sm.gP[t * a.La + a.off + l], x);
+      }
+      db[bb * dbs.b + static_cast<int64_t>(f + s) * dbs.t + static_cast<int64_t>(h) * a.L + l] = cuda::from_float<T>(x);
+    });
+  });
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) bq[i] = expf(bq[i] - lam_e[i % a.L]);
+  T* At = sm.M;  // M is spent
+  form_A(a, rows, direct, sm.Qt, sm.Kt, sm.lam, sm.bq, sm.pi, At);
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * a.Dv; i += blockDim.x) {
-    const int s = i / a.Dv, j = i % a.Dv;
-    float acc = 0.f;
-    for (int l = 0; l < a.L; ++l) acc = fmaf(bq[s * a.L + l], R[l * a.Wd + j], acc);
-    for (int t = s; t < rows; ++t) acc = fmaf(A[t * kC + s], GY[t * a.Dv + j], acc);
-    dv[bb * dvs.b + static_cast<int64_t>(f + s) * dvs.t + static_cast<int64_t>(h) * a.Dv + j] = cuda::from_float<T>(acc);
-  }
+  T* E = sm.Kt;  // Kt is spent: E_{s,l} = exp(b_{s,l} - lse_{e,l}) (<= 1)
+  for_rows(kC, a.Lp, [&](int s, int l) {
+    E[s * ldl + l] = cuda::from_float<T>(s < rows && l < a.L ? expf(sm.bq[s * a.L + l] - lam_e[l]) : 0.f);
+  });
+  __syncthreads();
+  for_tiles<2>(kC, a.Dp, [&](int m0, int n0, int ntv) {
+    float acc[2][4] = {};
+    warp_mma<T, false, true, 2>(acc, E, ldl, m0, 0, sm.R, ldd, 0, n0, a.Lp / 16, ntv);
+    warp_mma<T, true, true, 2>(acc, At, ldc, m0, m0, sm.GY, ldd, m0, n0, (kC - m0) / 16, ntv);
+    each_acc(acc, m0, n0, ntv, [&](int s, int j, float x) {
+      if (s < rows && j < a.Dv)
+        dv[bb * dvs.b + static_cast<int64_t>(f + s) * dvs.t + static_cast<int64_t>(h) * a.Dv + j] =
+            cuda::from_float<T>(x);
+    });
+  });
 }
 
 }  // namespace
@@ -215,17 +322,17 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
       const T* dyp = at_batch(dy.data<T>(), b0, L.dy.b);
       const T* lp = L.local ? at_batch(local.data<T>(), b0, L.local_s.b) : nullptr;
       T* dlp = L.local ? at_batch(dlocal.data<T>(), b0, L.dlocal.b) : nullptr;
-      launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, nullptr, w.U);
-      launch_state_scan(ctx, ar, B, false, ar.Dv, lsep, w.U, w.S, nullptr);
-      const size_t smem_p = grad_p_smem(ar);
+      launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, false, w.carry, w.U);
+      launch_state_scan(ctx, ar, B, false, ar.Dv, w.carry, w.U, w.S, nullptr);
+      const size_t smem_p = GradPSmem<T>(nullptr, ar).bytes;
       LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_p_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem_p)));
       grad_p_kernel<T><<<grid, kThreads, smem_p, cuda::stream_of(ctx)>>>(
           ar, ap, L.a, bp, L.b, vp, L.v, lp, L.local_s, lsep, dyp, L.dy, w.S, w.gP, w.U,
           at_batch(da.data<T>(), b0, L.da.b), L.da, dlp, L.dlocal);
       LINAC_CUDA_LAUNCH_CHECK();
-      launch_state_scan(ctx, ar, B, true, ar.Wd, lsep, w.U, w.S, nullptr);
-      const size_t smem_bv = grad_bv_smem(ar);
+      launch_state_scan(ctx, ar, B, true, ar.Wd, w.carry, w.U, w.S, nullptr);
+      const size_t smem_bv = GradBvSmem<T>(nullptr, ar).bytes;
       LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_bv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem_bv)));
       grad_bv_kernel<T><<<grid, kThreads, smem_bv, cuda::stream_of(ctx)>>>(

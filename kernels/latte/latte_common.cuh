@@ -1,28 +1,45 @@
 // Shared by the Latte CUDA kernels (math in latte.h): the kernel argument block, the chunk
-// length, the workspace carve and the chunk loads into f32 shared memory.
+// length, the workspace carve, the chunk loads into shared memory and the chunk's factor tiles.
 //
 // The GPU runs the chunked form with C = 64. Per (sequence, head) it keeps f32 per-chunk arrays in
 // ctx.workspace, [B*H, N, L, Wd] with Wd = Dv + 1 (the extra column carries the backward's scalar
 // state r): the chunk terms U and the chunk states S; plus the lse carries [B*H, N, L] and the
-// backward's gP [B*H, T, La]. Every kernel is SIMT f32: a CTA per (chunk, sequence*head), a fixed
-// loop order in every sum (deterministic).
+// backward's gP [B*H, T, La]. A CTA per (chunk, sequence*head) does the chunk's products on tensor
+// cores with GLA's warp_mma (bf16 operands, f32 accumulators; exact f32 fmas for f32 tensors) over
+// shared-memory tiles of the activation dtype: 64 token rows (or Lp latent rows), columns padded
+// with zeros to Lp = L and Dp = Dv rounded up to 16. Statistics (lse, softmax, the exponents) stay
+// f32. Every sum runs in a fixed order (deterministic, no atomics).
+//
+// Factorised products (spec §4.3, §9.2): with ref_l = lse_{f,l} (the chunk's first row),
+//   exp(b_{s,l} - lse_{t,l}) = exp(ref_l - lse_{t,l}) * exp(b_{s,l} - ref_l) = Qe_{t,l} * Kt_{s,l},
+// both factors within exp(+-g) where g = max_l lse_{e,l} - lse_{f,l} is the chunk's lse growth. A
+// chunk with g > kMaxGrowth forms those products directly in f32 instead (every exponent <= 0), so
+// no logit range overflows.
 #pragma once
 
 #include <algorithm>
 #include <string>
 
 #include "common/cuda_common.cuh"
+#include "gla/gla_common.cuh"
 #include "latte/latte.h"
 
 namespace linac::latte_cuda {
 
+using gla_cuda::Frag;
+using gla_cuda::ld_of;
+using gla_cuda::warp_mma;
+
 constexpr int kC = 64;      // tokens per chunk
 constexpr int kMaxL = 64;   // latents per head
 constexpr int kMaxDv = 128; // value width
+constexpr int kThreads = 256;      // threads of every per-chunk kernel
+constexpr float kMaxGrowth = 60.f; // lse growth inside a chunk above which products are formed directly
 
 struct Args {
   int T, H, L, La, Dv, Wd, N;
-  int off;  // 1 with a local state (column 0 of a), else 0
+  int off;     // 1 with a local state (column 0 of a), else 0
+  int Lp, Dp;  // L and Dv rounded up to 16: tile widths of the matmul operands
 };
 
 inline Args make_args(const LatteLayout& L) {
@@ -34,13 +51,14 @@ inline Args make_args(const LatteLayout& L) {
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.L = static_cast<int>(L.L);
   a.La = static_cast<int>(L.La()), a.Dv = static_cast<int>(L.Dv), a.Wd = a.Dv + 1;
   a.N = (a.T + kC - 1) / kC, a.off = L.local ? 1 : 0;
+  a.Lp = (a.L + 15) / 16 * 16, a.Dp = (a.Dv + 15) / 16 * 16;
   return a;
 }
 
 struct Workspace {
   float* U;      // [B*H, N, L, Wd] chunk terms
   float* S;      // [B*H, N, L, Wd] chunk states
-  float* carry;  // [B*H, N, L] lse carries (forward), the backward's r terms
+  float* carry;  // [B*H, N, L] lse carries (forward), then each chunk's decay exp(lse_{f-1} - lse_e)
   float* gP;     // [B*H, T, La] (backward)
 };
 
@@ -69,34 +87,91 @@ P* at_batch(P* p, int64_t b0, int64_t stride) {
   return p + b0 * stride;
 }
 
-// Rows f..f+rows-1 of head h of sequence b (X columns, free token stride) into dst[rows][X] f32.
-template <class T>
-__device__ __forceinline__ void load_rows(float* dst, const T* src, LatteLayout::Strides s, int b, int h, int f,
-                                          int rows, int X) {
-  for (int i = threadIdx.x; i < rows * X; i += blockDim.x) {
-    const int r = i / X, c = i % X;
-    dst[i] = cuda::to_float(src[b * s.b + static_cast<int64_t>(f + r) * s.t + static_cast<int64_t>(h) * X + c]);
-  }
+// f(r, c) over a rows x cols block: a row per group of lanes (8, 16 or 32 lanes, the fewest that
+// cover cols), columns across the group's lanes, so row loads are coalesced and no thread divides.
+template <class F>
+__device__ __forceinline__ void for_rows(int rows, int cols, F&& f) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int nwarps = static_cast<int>(blockDim.x) >> 5;
+  const int g = cols <= 8 ? 8 : cols <= 16 ? 16 : 32, per = 32 / g;
+  for (int r = warp * per + lane / g; r < rows; r += nwarps * per)
+    for (int c = lane % g; c < cols; c += g) f(r, c);
 }
 
-// lse rows f..f+rows-1 of (b, h) (contiguous [B, T, H, L]) into dst[rows][L].
-__device__ __forceinline__ void load_lse(float* dst, const float* lse, const Args& a, int b, int h, int f, int rows) {
-  for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) {
-    const int r = i / a.L, l = i % a.L;
-    dst[i] = lse[((static_cast<int64_t>(b) * a.T + f + r) * a.H + h) * a.L + l];
+// A rows x cols block (at most kMaxRows x kMaxCols) in the registers of a CTA of kThreads: a warp
+// per row, lanes over the columns. The chunk kernels are latency-bound: load() issues every load
+// of a thread before store() writes any, so a tile costs one memory round trip instead of one per
+// element, and the loads of several batches made before their stores overlap too.
+template <int kMaxRows, int kMaxCols>
+struct RowBatch {
+  static constexpr int kWarps = kThreads / 32, kRW = (kMaxRows + kWarps - 1) / kWarps, kCL = (kMaxCols + 31) / 32;
+  float v[kRW][kCL];
+  int rows, cols;
+  template <class Ld>
+  __device__ __forceinline__ RowBatch(int rows_, int cols_, Ld&& load) : rows(rows_), cols(cols_) {
+    each([&](float& x, int r, int c, bool in) { x = in ? load(r, c) : 0.f; });
   }
+  template <class St>
+  __device__ __forceinline__ void store(St&& st) {
+    each([&](float& x, int r, int c, bool in) {
+      if (in) st(r, c, x);
+    });
+  }
+  // f(value, row, column, inside the block) for each of the thread's slots, in a fixed unrolled order.
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) {
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+#pragma unroll
+    for (int k = 0; k < kRW; ++k)
+#pragma unroll
+      for (int j = 0; j < kCL; ++j) {
+        const int r = warp + kWarps * k, c = lane + 32 * j;
+        f(v[k][j], r, c, r < rows && c < cols);
+      }
+  }
+};
+
+// A batch of rows f..f+rows-1 of head h of sequence b, X columns (free token stride), read as f32;
+// with width > X (tiles), the block is kC x width with zeros past `rows` and X.
+template <int kMaxCols, class T>
+__device__ __forceinline__ RowBatch<kC, kMaxCols> rows_of(const T* src, LatteLayout::Strides s, int b, int h, int f,
+                                                          int rows, int X, int width = 0) {
+  const T* base = src + b * s.b + static_cast<int64_t>(f) * s.t + static_cast<int64_t>(h) * X;
+  return RowBatch<kC, kMaxCols>(width ? kC : rows, width ? width : X, [&](int r, int c) {
+    return r < rows && c < X ? cuda::to_float(base[r * s.t + c]) : 0.f;
+  });
 }
 
-// pi[rows][La] = softmax of each row of logits[rows][La], in place; one thread per row.
+// lse rows f..f+rows-1 of (b, h) (contiguous [B, T, H, L]).
+__device__ __forceinline__ RowBatch<kC, kMaxL> lse_rows_of(const float* lse, const Args& a, int b, int h, int f,
+                                                           int rows) {
+  const float* base = lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L;
+  return RowBatch<kC, kMaxL>(rows, a.L, [&](int r, int l) { return base[static_cast<int64_t>(r) * a.H * a.L + l]; });
+}
+
+// Stores of a batch: f32 rows dst[r * ld + c], or tile rows of D.
+template <class B>
+__device__ __forceinline__ void store_f32(B&& x, float* dst, int ld) {
+  x.store([&](int r, int c, float v) { dst[r * ld + c] = v; });
+}
+template <class B, class D>
+__device__ __forceinline__ void store_tile(B&& x, D* dst, int ld) {
+  x.store([&](int r, int c, float v) { dst[r * ld + c] = cuda::from_float<D>(v); });
+}
+
+// pi[rows][La] = softmax of each row of logits[rows][La], in place: a warp per row, fixed-order
+// butterfly reductions.
 __device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
-  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  for (int r = warp; r < rows; r += static_cast<int>(blockDim.x) >> 5) {
     float* p = pi + r * La;
-    float m = p[0];
-    for (int j = 1; j < La; ++j) m = fmaxf(m, p[j]);
+    float m = -INFINITY;
+    for (int j = lane; j < La; j += 32) m = fmaxf(m, p[j]);
+    m = cuda::warp_max(m);
     float sum = 0.f;
-    for (int j = 0; j < La; ++j) sum += p[j] = expf(p[j] - m);
-    const float inv = 1.f / sum;
-    for (int j = 0; j < La; ++j) p[j] *= inv;
+    for (int j = lane; j < La; j += 32) sum += p[j] = expf(p[j] - m);
+    const float inv = 1.f / cuda::warp_sum(sum);
+    for (int j = lane; j < La; j += 32) p[j] *= inv;
   }
 }
 
@@ -107,20 +182,140 @@ __device__ __forceinline__ float logaddexpf(float x, float y) {
   return m + logf(expf(x - m) + expf(y - m));
 }
 
+// Bump allocator over a kernel's dynamic shared memory, 16-byte aligned pieces (ldmatrix rows).
+// The host runs the same carve on a null base to size the launch.
+struct SmemCarve {
+  unsigned char* base;
+  size_t bytes = 0;
+  template <class X>
+  __host__ __device__ X* take(size_t n) {
+    X* p = reinterpret_cast<X*>(base + bytes);
+    bytes += (n * sizeof(X) + 15) / 16 * 16;
+    return p;
+  }
+};
+
+// x (f32) as the sum of `parts` values of T stored `stride` elements apart: each part is what the
+// previous ones leave over, so 3 bf16 parts hold an f32 exactly and 2 leave a relative 2^-17; f32
+// tensors take one part. Products of an exact bf16 operand with a split one, summed over the
+// parts in f32, keep the split operand's precision on tensor cores.
+template <class T>
+__host__ __device__ constexpr int parts_of(int bf16_parts) {
+  return sizeof(T) == 2 ? bf16_parts : 1;
+}
+template <class T>
+__device__ __forceinline__ void store_parts(T* p, size_t stride, int parts, float x) {
+  for (int k = 0; k < parts; ++k) {
+    const T h = cuda::from_float<T>(x);
+    p[k * stride] = h;
+    x -= cuda::to_float(h);
+  }
+}
+
+// A chunk state [L][Wd] (f32, its first Dv columns) as a zero-padded Lp x Dp batch.
+__device__ __forceinline__ RowBatch<kMaxL, kMaxDv> state_of(const float* S, const Args& a) {
+  return RowBatch<kMaxL, kMaxDv>(a.Lp, a.Dp, [&](int l, int j) { return l < a.L && j < a.Dv ? S[l * a.Wd + j] : 0.f; });
+}
+// ... stored into `parts` tiles [Lp][ld] (store_parts).
+template <class D>
+__device__ __forceinline__ void store_state(RowBatch<kMaxL, kMaxDv>&& x, D* dst, int ld, const Args& a,
+                                            int parts) {
+  x.store([&](int l, int j, float v) { store_parts(dst + l * ld + j, static_cast<size_t>(a.Lp) * ld, parts, v); });
+}
+
+// The warps of the CTA take the 16 x (8 NT) tiles of an M x N output in turn (M, N multiples of
+// 16): f(m0, n0, valid n-tiles of 8).
+template <int NT, class F>
+__device__ __forceinline__ void for_tiles(int M, int N, F&& f) {
+  const int warp = static_cast<int>(threadIdx.x) >> 5, nwarps = static_cast<int>(blockDim.x) >> 5;
+  const int tn = (N + 8 * NT - 1) / (8 * NT);
+  for (int i = warp; i < (M / 16) * tn; i += nwarps) {
+    const int m0 = 16 * (i / tn), n0 = 8 * NT * (i % tn);
+    f(m0, n0, min(NT, (N - n0) / 8));
+  }
+}
+
+// g(row, col, value) for every accumulator element of a warp's 16 x (8 NT) tile at (m0, n0).
+template <int NT, class G>
+__device__ __forceinline__ void each_acc(const float (&acc)[NT][4], int m0, int n0, int ntv, G&& g) {
+  const Frag fr;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    if (nt < ntv)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g(fr.row(m0, e), fr.col(n0, nt, e), acc[nt][e]);
+}
+
+// g(row, col, x, y) over the elements of two accumulators of the same tile.
+template <int NT, class G>
+__device__ __forceinline__ void each_acc2(const float (&x)[NT][4], const float (&y)[NT][4], int m0, int n0, int ntv,
+                                          G&& g) {
+  const Frag fr;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    if (nt < ntv)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) g(fr.row(m0, e), fr.col(n0, nt, e), x[nt][e], y[nt][e]);
+}
+
+// The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_l - lse_{t,l})
+// (when Qt is not null) and Kt_{s,l} = exp(b_{s,l} - ref_l), zero past `rows` and L. lam, bq: the
+// chunk's lse and b rows [64][L], pi [64][La] (softmaxed), all f32. Returns, the same on every
+// thread of the CTA, whether the chunk's lse grows by more than kMaxGrowth: then the tiles are
+// not written and the caller forms the products directly.
+template <class T>
+__device__ bool factor_tiles(const Args& a, int rows, const float* lam, const float* bq, const float* pi, T* Qt,
+                             T* Kt) {
+  bool big = false;
+  for (int l = threadIdx.x; l < a.L; l += blockDim.x) big |= lam[(rows - 1) * a.L + l] - lam[l] > kMaxGrowth;
+  if (__syncthreads_or(big)) return true;
+  const int ld = ld_of<T>(a.Lp);
+  for_rows(kC, a.Lp, [&](int t, int l) {
+    const bool ok = t < rows && l < a.L;
+    if (Qt) Qt[t * ld + l] = cuda::from_float<T>(ok ? pi[t * a.La + a.off + l] * expf(lam[l] - lam[t * a.L + l]) : 0.f);
+    Kt[t * ld + l] = cuda::from_float<T>(ok ? expf(bq[t * a.L + l] - lam[l]) : 0.f);
+  });
+  return false;
+}
+
+// A_{t,s} = sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l}) for s <= t < rows, else 0, into At[64][ld_of<T>(64)]:
+// Qt Kt^T on tensor cores, or (direct) with exact f32 exponents. Call after a barrier that
+// follows factor_tiles; the caller syncs before reading At.
+template <class T>
+__device__ void form_A(const Args& a, int rows, bool direct, const T* Qt, const T* Kt, const float* lam,
+                       const float* bq, const float* pi, T* At) {
+  const int ld = ld_of<T>(kC), ldl = ld_of<T>(a.Lp);
+  if (direct) {
+    for_rows(kC, kC, [&](int t, int s) {
+      float acc = 0.f;
+      if (s <= t && t < rows)
+        for (int l = 0; l < a.L; ++l) acc = fmaf(pi[t * a.La + a.off + l], expf(bq[s * a.L + l] - lam[t * a.L + l]), acc);
+      At[t * ld + s] = cuda::from_float<T>(acc);
+    });
+    return;
+  }
+  for_tiles<2>(kC, kC, [&](int m0, int n0, int ntv) {
+    float acc[2][4] = {};
+    if (n0 <= m0) warp_mma<T, false, false, 2>(acc, Qt, ldl, m0, 0, Kt, ldl, 0, n0, a.Lp / 16, ntv);
+    each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) { At[t * ld + s] = cuda::from_float<T>(s <= t ? x : 0.f); });
+  });
+}
+
 // Launchers of latte_scan.cu (B = sequences in the group; pointers at the group's first one).
 // lse of b: chunk-local logcumsumexp, carries across chunks, then (with the chunk terms) the final lse.
 template <class T>
 void launch_lse_scan(const Ctx& ctx, const Args& a, int B, const T* b, LatteLayout::Strides bs, float* lse,
                      float* carry);
-// U[n][l][0..Dv) = sum_{s in n} exp(b_s - lse_e) v_s (lse_e: the chunk's last row). With carry
-// (forward), first finalises the chunk's lse = logaddexp(carry, local lse).
+// U[n][l][0..Dv) = sum_{s in n} exp(b_s - lse_e) v_s (lse_e: the chunk's last row), and each
+// chunk's decay exp(lse_{f-1} - lse_e) (0 for chunk 0) into carry [B*H, N, L]. With finalise
+// (forward), first turns the chunk's local lse into the final one, logaddexp(carry, local lse).
 template <class T>
 void launch_chunk_terms(const Ctx& ctx, const Args& a, int B, const T* b, LatteLayout::Strides bs, const T* v,
-                        LatteLayout::Strides vs, float* lse, const float* carry, float* U);
-// Forward (reverse = false): S[n] = mu at the start of chunk n, mu = exp(lse_{f-1} - lse_e) mu + U[n]
-// over `width` columns, mu after the last chunk to mu_final (may be null).
-// Reverse: S[n] = state at the end of chunk n, R = exp(lse_{f-1} - lse_e) R + U[n] going down.
-void launch_state_scan(const Ctx& ctx, const Args& a, int B, bool reverse, int width, const float* lse,
+                        LatteLayout::Strides vs, float* lse, bool finalise, float* carry, float* U);
+// Forward (reverse = false): S[n] = mu at the start of chunk n, mu = decay[n] mu + U[n] over `width`
+// columns, mu after the last chunk to mu_final (may be null).
+// Reverse: S[n] = state at the end of chunk n, R = decay[n] R + U[n] going down.
+void launch_state_scan(const Ctx& ctx, const Args& a, int B, bool reverse, int width, const float* decay,
                        const float* U, float* S, float* mu_final);
 
 }  // namespace linac::latte_cuda

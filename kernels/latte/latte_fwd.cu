@@ -2,20 +2,29 @@
 //   lse scan (chunk-local, carries) -> chunk terms (final lse, U) -> state scan (S, mu_final) ->
 //   output: per chunk, y_t = pi_0 local_t + sum_l pi_{t,l} dec_{t,l} mu_prev_l + sum_{s<=t} A_{t,s} v_s,
 //   A_{t,s} = sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l}), dec_{t,l} = exp(lse_{f-1,l} - lse_{t,l}).
-// A is formed with exact exponents (every one <= 0), so no logit range overflows it.
-// Layout of the output kernel's shared memory (f32): lse [C][L], b then pi*dec [C][L],
-// pi [C][La], A [C][C], V [C][Dv], mu_prev [L][Dv].
+// On tensor cores: A = Qt Kt^T (or formed directly, latte_common.cuh), y = A V + (pi * dec) mu_prev.
 #include "latte/latte_common.cuh"
 
 namespace linac {
 namespace latte_cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-size_t output_smem(const Args& a) {
-  return sizeof(float) * (2 * kC * a.L + kC * a.La + kC * kC + kC * a.Dv + a.L * a.Dv);
-}
+// Shared memory of the output kernel: f32 lse, b [64][L] and pi [64][La]; tiles of T: V [64][Dp],
+// mu_prev [Lp][Dp], Qt, Kt, pi * dec [64][Lp], A [64][64].
+template <class T>
+struct OutputSmem {
+  float *lam, *bq, *pi;
+  T *V, *mu, *Qt, *Kt, *PD, *At;
+  size_t bytes;
+  __host__ __device__ OutputSmem(unsigned char* base, const Args& a) {
+    SmemCarve c{base};
+    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L), pi = c.take<float>(kC * a.La);
+    V = c.take<T>(kC * ld_of<T>(a.Dp)), mu = c.take<T>(a.Lp * ld_of<T>(a.Dp));
+    Qt = c.take<T>(kC * ld_of<T>(a.Lp)), Kt = c.take<T>(kC * ld_of<T>(a.Lp)), PD = c.take<T>(kC * ld_of<T>(a.Lp));
+    At = c.take<T>(kC * ld_of<T>(kC));
+    bytes = c.bytes;
+  }
+};
 
 template <class T>
 __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as,
@@ -24,48 +33,42 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __res
                                                          const T* __restrict__ local, LatteLayout::Strides ls,
                                                          const float* __restrict__ lse, const float* __restrict__ S,
                                                          T* __restrict__ y, LatteLayout::Strides ys) {
-  extern __shared__ float sm[];
+  extern __shared__ __align__(16) unsigned char smem[];
+  const OutputSmem<T> sm(smem, a);
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H;
   const int f = n * kC, rows = min(kC, a.T - f);
-  float* lam = sm;
-  float* bq = lam + kC * a.L;
-  float* pi = bq + kC * a.L;
-  float* A = pi + kC * a.La;
-  float* V = A + kC * kC;
-  float* mu = V + kC * a.Dv;
-  load_lse(lam, lse, a, bb, h, f, rows);
-  load_rows(bq, b, bs, bb, h, f, rows, a.L);
-  load_rows(pi, av, as, bb, h, f, rows, a.La);
-  load_rows(V, v, vs, bb, h, f, rows, a.Dv);
-  const float* Sn = S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
-  for (int i = threadIdx.x; i < a.L * a.Dv; i += blockDim.x) mu[i] = Sn[(i / a.Dv) * a.Wd + i % a.Dv];
+  const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
+  // One RowBatch at a time: each is one memory round trip, and several in flight at once would
+  // cost the registers that keep three CTAs on an SM (measured slower).
+  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);
+  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
+  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
+  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
+  store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, 1);
   __syncthreads();
-  softmax_rows(pi, rows, a.La);
+  softmax_rows(sm.pi, rows, a.La);
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * kC; i += blockDim.x) {
-    const int t = i / kC, s = i % kC;
-    float acc = 0.f;
-    if (s <= t)
-      for (int l = 0; l < a.L; ++l) acc = fmaf(pi[t * a.La + a.off + l], expf(bq[s * a.L + l] - lam[t * a.L + l]), acc);
-    A[i] = acc;
-  }
+  const bool direct = factor_tiles(a, rows, sm.lam, sm.bq, sm.pi, sm.Qt, sm.Kt);
+  const float* lam_prev = lse + ((static_cast<int64_t>(bb) * a.T + f - 1) * a.H + h) * a.L;  // valid for n > 0
+  for_rows(kC, a.Lp, [&](int t, int l) {
+    const bool ok = n > 0 && t < rows && l < a.L;
+    sm.PD[t * ldl + l] =
+        cuda::from_float<T>(ok ? sm.pi[t * a.La + a.off + l] * expf(lam_prev[l] - sm.lam[t * a.L + l]) : 0.f);
+  });
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) {
-    const int t = i / a.L, l = i % a.L;
-    const float dec = n == 0 ? 0.f : expf(lse[((static_cast<int64_t>(bb) * a.T + f - 1) * a.H + h) * a.L + l] - lam[i]);
-    bq[i] = pi[t * a.La + a.off + l] * dec;
-  }
+  form_A(a, rows, direct, sm.Qt, sm.Kt, sm.lam, sm.bq, sm.pi, sm.At);
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * a.Dv; i += blockDim.x) {
-    const int t = i / a.Dv, j = i % a.Dv;
-    float acc = 0.f;
-    if (a.off)
-      acc = pi[t * a.La] *
-            cuda::to_float(local[bb * ls.b + static_cast<int64_t>(f + t) * ls.t + static_cast<int64_t>(h) * a.Dv + j]);
-    for (int l = 0; l < a.L; ++l) acc = fmaf(bq[t * a.L + l], mu[l * a.Dv + j], acc);
-    for (int s = 0; s <= t; ++s) acc = fmaf(A[t * kC + s], V[s * a.Dv + j], acc);
-    y[bb * ys.b + static_cast<int64_t>(f + t) * ys.t + static_cast<int64_t>(h) * a.Dv + j] = cuda::from_float<T>(acc);
-  }
+  for_tiles<2>(kC, a.Dp, [&](int m0, int n0, int ntv) {
+    float acc[2][4] = {};
+    warp_mma<T, false, true, 2>(acc, sm.At, ldc, m0, 0, sm.V, ldd, 0, n0, m0 / 16 + 1, ntv);
+    if (n > 0) warp_mma<T, false, true, 2>(acc, sm.PD, ldl, m0, 0, sm.mu, ldd, 0, n0, a.Lp / 16, ntv);
+    each_acc(acc, m0, n0, ntv, [&](int t, int j, float x) {
+      if (t >= rows || j >= a.Dv) return;
+      const int64_t row = static_cast<int64_t>(f + t), col = static_cast<int64_t>(h) * a.Dv + j;
+      if (a.off) x = fmaf(sm.pi[t * a.La], cuda::to_float(local[bb * ls.b + row * ls.t + col]), x);
+      y[bb * ys.b + row * ys.t + col] = cuda::from_float<T>(x);
+    });
+  });
 }
 
 }  // namespace
@@ -91,9 +94,9 @@ void latte_fwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
       const T* vp = at_batch(v.data<T>(), b0, L.v.b);
       const T* lp = L.local ? at_batch(local.data<T>(), b0, L.local_s.b) : nullptr;
       launch_lse_scan<T>(ctx, ar, B, bp, L.b, lsep, w.carry);
-      launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, w.carry, w.U);
-      launch_state_scan(ctx, ar, B, false, ar.Dv, lsep, w.U, w.S, mufp);
-      const size_t smem = output_smem(ar);
+      launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, true, w.carry, w.U);
+      launch_state_scan(ctx, ar, B, false, ar.Dv, w.carry, w.U, w.S, mufp);
+      const size_t smem = OutputSmem<T>(nullptr, ar).bytes;
       LINAC_CUDA_CHECK(cudaFuncSetAttribute(output_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem)));
       output_kernel<T><<<dim3(ar.N, B * ar.H), kThreads, smem, cuda::stream_of(ctx)>>>(
