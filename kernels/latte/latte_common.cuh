@@ -101,7 +101,8 @@ __device__ __forceinline__ void for_rows(int rows, int cols, F&& f) {
 // A rows x cols block (at most kMaxRows x kMaxCols) in the registers of a CTA of kThreads: a warp
 // per row, lanes over the columns. The chunk kernels are latency-bound: load() issues every load
 // of a thread before store() writes any, so a tile costs one memory round trip instead of one per
-// element, and the loads of several batches made before their stores overlap too.
+// element. The kernels store each batch before making the next: several in flight at once took
+// 107-135 registers and measured slower (kernels/latte/NOTES.md).
 template <int kMaxRows, int kMaxCols>
 struct RowBatch {
   static constexpr int kWarps = kThreads / 32, kRW = (kMaxRows + kWarps - 1) / kWarps, kCL = (kMaxCols + 31) / 32;
