@@ -179,10 +179,12 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType) {
   constexpr int64_t C = 64;
   const int64_t N = (T + C - 1) / C;
-  // The carve in latte_common.cuh: chunk terms and states [H, N, L, Dv + 1], the per-chunk lse
-  // carries [H, N, L] and the backward's gP [H, T, L + 1], all f32; plus the 256-byte alignment of
-  // each of the four, so that a group of B sequences fits in B times this.
-  return 4 * static_cast<size_t>(2 * H * N * L * (Dv + 1) + H * N * L + H * T * (L + 1)) + 4 * 256;
+  // The carve in latte_common.cuh: chunk terms and states [H, N, L, Wd], the per-chunk lse
+  // carries [H, N, L] and the backward's gP [H, T, Lg], all f32 (Wd = Dv + 1 and Lg = L + 1 rounded
+  // up to 4: aligned rows); plus the 256-byte alignment of each of the four, so that a group of B
+  // sequences fits in B times this.
+  const int64_t Wd = (Dv + 4) / 4 * 4, Lg = (L + 4) / 4 * 4;
+  return 4 * static_cast<size_t>(2 * H * N * L * Wd + H * N * L + H * T * Lg) + 4 * 256;
 }
 
 }  // namespace linac

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   });
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.La;
+  float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
   for (int t = warp; t < rows; t += kThreads / 32) {  // da = pi (gP - pi . gP): a warp per row
     const float* p = sm.pi + t * a.La;
     const float* g = sm.gP + t * a.La;
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
     T* dat = da + bb * das.b + static_cast<int64_t>(f + t) * das.t + static_cast<int64_t>(h) * a.La;
     for (int c = lane; c < a.La; c += 32) {
       dat[c] = cuda::from_float<T>(p[c] * (g[c] - dot));
-      gPg[t * a.La + c] = g[c];
+      gPg[t * a.Lg + c] = g[c];
     }
   }
   if (a.off) {
@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
     float acc[2][4] = {};
     for (int k = 0; k < c_parts; ++k)
       warp_mma<T, true, true, 2>(acc, c + k * kC * ldl, ldl, m0, 0, sm.GY, ldd, 0, n0, kC / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int l, int j, float x) {
-      if (l < a.L && j < a.Dv) Un[l * a.Wd + j] = x;
+    each_acc_pair(acc, m0, n0, ntv, [&](int l, int j, float x, float y) {  // Dv % 4 == 0: j < Dv has j + 1
+      if (l < a.L && j < a.Dv) store_pair(Un + l * a.Wd + j, x, y, true);
     });
   });
   for (int l = warp; l < a.L; l += kThreads / 32) {  // r_l = sum_t c_{t,l} gP_{t,l}: a warp per latent
@@ -182,17 +182,17 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   }
 }
 
-// Shared memory of grad_bv: f32 lse, b [64][L], pi, gP (then its suffix sums) [64][La]; tiles of T:
+// Shared memory of grad_bv: f32 lse, b [64][L], r [L], pi, gP (then its suffix sums) [64][La]; tiles of T:
 // V, gy [64][Dp], R [Lp][Dp] (2 parts), M (then A) and M's second part for exact-exponent chunks
 // (bf16) [64][64], Qt, Kt (then E) [64][Lp].
 template <class T>
 struct GradBvSmem {
-  float *lam, *bq, *pi, *gP;
+  float *lam, *bq, *pi, *gP, *r;
   T *V, *GY, *R, *M, *Mlo, *Qt, *Kt;
   size_t bytes;
   __host__ __device__ GradBvSmem(unsigned char* base, const Args& a) {
     SmemCarve c{base};
-    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L);
+    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L), r = c.take<float>(a.L);
     pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.La);
     V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
     R = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
@@ -224,8 +224,9 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
   store_tile(rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp), sm.GY, ldd);
   store_state(state_of(Sn, a), sm.R, ldd, a, r_parts);
-  const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.La;
-  store_f32(RowBatch<kC, kMaxL + 1>(rows, a.La, [&](int t, int c) { return gPg[t * a.La + c]; }), sm.gP, a.La);
+  const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
+  store_f32(RowBatch<float, kC, kMaxL + 1>(rows, a.La, gPg, a.Lg, rows, a.La), sm.gP, a.La);
+  if (threadIdx.x < a.L) sm.r[threadIdx.x] = Sn[threadIdx.x * a.Wd + a.Dv];
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);
   __syncthreads();
@@ -257,6 +258,7 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   }
   __syncthreads();
   const float* lam_e = sm.lam + (rows - 1) * a.L;
+  T* dbc = db + bb * dbs.b + static_cast<int64_t>(f) * dbs.t + static_cast<int64_t>(h) * a.L;
   for_tiles<2>(kC, a.Lp, [&](int m0, int n0, int ntv) {
     float vr[2][4] = {}, mq[2][4] = {};
     for (int k = 0; k < r_parts; ++k)
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
     each_acc2(vr, mq, m0, n0, ntv, [&](int s, int l, float vrv, float mqv) {
       if (s >= rows || l >= a.L) return;
       const float bsl = sm.bq[s * a.L + l];
-      float x = expf(bsl - lam_e[l]) * (vrv - Sn[l * a.Wd + a.Dv]);
+      float x = expf(bsl - lam_e[l]) * (vrv - sm.r[l]);
       if (!direct) {
         x = fmaf(expf(bsl - sm.lam[l]), mqv - sm.gP[s * a.La + a.off + l], x);
       } else {
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
           x = fmaf(sm.pi[t * a.La + a.off + l] * expf(bsl - sm.lam[t * a.L + l]),
                    m_at(sm.M, Mlo, t, s) - sm.gP[t * a.La + a.off + l], x);
       }
-      db[bb * dbs.b + static_cast<int64_t>(f + s) * dbs.t + static_cast<int64_t>(h) * a.L + l] = cuda::from_float<T>(x);
+      dbc[s * static_cast<int>(dbs.t) + l] = cuda::from_float<T>(x);
     });
   });
   __syncthreads();
@@ -285,14 +287,14 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
     E[s * ldl + l] = cuda::from_float<T>(s < rows && l < a.L ? expf(sm.bq[s * a.L + l] - lam_e[l]) : 0.f);
   });
   __syncthreads();
+  T* dvc = dv + bb * dvs.b + static_cast<int64_t>(f) * dvs.t + static_cast<int64_t>(h) * a.Dv;
+  const bool vdv = vec_pairs(dvc, dvs.t);
   for_tiles<2>(kC, a.Dp, [&](int m0, int n0, int ntv) {
     float acc[2][4] = {};
     warp_mma<T, false, true, 2>(acc, E, ldl, m0, 0, sm.R, ldd, 0, n0, a.Lp / 16, ntv);
     warp_mma<T, true, true, 2>(acc, At, ldc, m0, m0, sm.GY, ldd, m0, n0, (kC - m0) / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int s, int j, float x) {
-      if (s < rows && j < a.Dv)
-        dv[bb * dvs.b + static_cast<int64_t>(f + s) * dvs.t + static_cast<int64_t>(h) * a.Dv + j] =
-            cuda::from_float<T>(x);
+    each_acc_pair(acc, m0, n0, ntv, [&](int s, int j, float x, float y) {  // Dv % 4 == 0: j < Dv has j + 1
+      if (s < rows && j < a.Dv) store_pair(dvc + s * static_cast<int>(dvs.t) + j, x, y, vdv);
     });
   });
 }
@@ -331,7 +333,7 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
           ar, ap, L.a, bp, L.b, vp, L.v, lp, L.local_s, lsep, dyp, L.dy, w.S, w.gP, w.U,
           at_batch(da.data<T>(), b0, L.da.b), L.da, dlp, L.dlocal);
       LINAC_CUDA_LAUNCH_CHECK();
-      launch_state_scan(ctx, ar, B, true, ar.Wd, w.carry, w.U, w.S, nullptr);
+      launch_state_scan(ctx, ar, B, true, ar.Dv + 1, w.carry, w.U, w.S, nullptr);
       const size_t smem_bv = GradBvSmem<T>(nullptr, ar).bytes;
       LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_bv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(smem_bv)));

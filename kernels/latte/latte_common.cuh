@@ -3,8 +3,8 @@
 //
 // The GPU runs the chunked form with C = 64. Per (sequence, head) it keeps f32 per-chunk arrays in
 // ctx.workspace, [B*H, N, L, Wd] with Wd = Dv + 1 (the extra column carries the backward's scalar
-// state r): the chunk terms U and the chunk states S; plus the lse carries [B*H, N, L] and the
-// backward's gP [B*H, T, La]. A CTA per (chunk, sequence*head) does the chunk's products on tensor
+// state r) rounded up to 4: the chunk terms U and the chunk states S; plus the lse carries
+// [B*H, N, L] and the backward's gP [B*H, T, Lg] (La rounded up to 4). A CTA per (chunk, sequence*head) does the chunk's products on tensor
 // cores with GLA's warp_mma (bf16 operands, f32 accumulators; exact f32 fmas for f32 tensors) over
 // shared-memory tiles of the activation dtype: 64 token rows (or Lp latent rows), columns padded
 // with zeros to Lp = L and Dp = Dv rounded up to 16. Statistics (lse, softmax, the exponents) stay
@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "common/cuda_common.cuh"
 #include "gla/gla_common.cuh"
@@ -37,7 +38,9 @@ constexpr int kThreads = 256;      // threads of every per-chunk kernel
 constexpr float kMaxGrowth = 60.f; // lse growth inside a chunk above which products are formed directly
 
 struct Args {
-  int T, H, L, La, Dv, Wd, N;
+  int T, H, L, La, Dv, N;
+  int Wd;      // row length of the f32 chunk states: Dv + 1 (the backward's r) rounded up to kVec
+  int Lg;      // row length of the backward's gP: La rounded up to kVec
   int off;     // 1 with a local state (column 0 of a), else 0
   int Lp, Dp;  // L and Dv rounded up to 16: tile widths of the matmul operands
 };
@@ -47,9 +50,13 @@ inline Args make_args(const LatteLayout& L) {
   LINAC_CHECK(L.Dv <= kMaxDv && L.Dv % 4 == 0, "latte (GPU): Dv must be a multiple of 4 up to 128, got " +
                                                    std::to_string(L.Dv));
   LINAC_CHECK(L.T < (int64_t{1} << 30), "latte (GPU): T too large");
+  // The chunk kernels index within a chunk in 32 bits: kC token strides must fit.
+  for (const LatteLayout::Strides* s : {&L.a, &L.b, &L.v, &L.local_s, &L.y, &L.dy, &L.da, &L.db, &L.dv, &L.dlocal})
+    LINAC_CHECK(s->t >= 0 && s->t * kC < (int64_t{1} << 31), "latte (GPU): token stride too large");
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.L = static_cast<int>(L.L);
-  a.La = static_cast<int>(L.La()), a.Dv = static_cast<int>(L.Dv), a.Wd = a.Dv + 1;
+  a.La = static_cast<int>(L.La()), a.Dv = static_cast<int>(L.Dv), a.Wd = (a.Dv + 4) / 4 * 4;
+  a.Lg = (a.La + 3) / 4 * 4;
   a.N = (a.T + kC - 1) / kC, a.off = L.local ? 1 : 0;
   a.Lp = (a.L + 15) / 16 * 16, a.Dp = (a.Dv + 15) / 16 * 16;
   return a;
@@ -59,7 +66,7 @@ struct Workspace {
   float* U;      // [B*H, N, L, Wd] chunk terms
   float* S;      // [B*H, N, L, Wd] chunk states
   float* carry;  // [B*H, N, L] lse carries (forward), then each chunk's decay exp(lse_{f-1} - lse_e)
-  float* gP;     // [B*H, T, La] (backward)
+  float* gP;     // [B*H, T, Lg] (backward)
 };
 
 // Sequences per group that fit in ctx.workspace.
@@ -75,7 +82,7 @@ inline int group_size(const Ctx& ctx, const LatteLayout& L) {
 inline Workspace carve(const Ctx& ctx, const Args& a, int B) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const size_t bh = static_cast<size_t>(B) * a.H;
-  const size_t st = align(bh * a.N * a.L * a.Wd * 4), cr = align(bh * a.N * a.L * 4), gp = align(bh * a.T * a.La * 4);
+  const size_t st = align(bh * a.N * a.L * a.Wd * 4), cr = align(bh * a.N * a.L * 4), gp = align(bh * a.T * a.Lg * 4);
   LINAC_CHECK(2 * st + cr + gp <= ctx.workspace_bytes, "latte (GPU): workspace carve overflow");
   char* p = static_cast<char*>(ctx.workspace);
   return {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + st), reinterpret_cast<float*>(p + 2 * st),
@@ -98,27 +105,114 @@ __device__ __forceinline__ void for_rows(int rows, int cols, F&& f) {
     for (int c = lane % g; c < cols; c += g) f(r, c);
 }
 
-// A rows x cols block (at most kMaxRows x kMaxCols) in the registers of a CTA of kThreads: a warp
-// per row, lanes over the columns. The chunk kernels are latency-bound: load() issues every load
-// of a thread before store() writes any, so a tile costs one memory round trip instead of one per
-// element. The kernels store each batch before making the next: several in flight at once took
-// 107-135 registers and measured slower (kernels/latte/NOTES.md).
-template <int kMaxRows, int kMaxCols>
-struct RowBatch {
-  static constexpr int kWarps = kThreads / 32, kRW = (kMaxRows + kWarps - 1) / kWarps, kCL = (kMaxCols + 31) / 32;
-  float v[kRW][kCL];
-  int rows, cols;
-  template <class Ld>
-  __device__ __forceinline__ RowBatch(int rows_, int cols_, Ld&& load) : rows(rows_), cols(cols_) {
-    each([&](float& x, int r, int c, bool in) { x = in ? load(r, c) : 0.f; });
+// kVec consecutive values to D (as f32) in one aligned store.
+constexpr int kVec = 4;
+__device__ __forceinline__ void store_vec(float* p, const float (&x)[kVec]) {
+  *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
+}
+__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&x)[kVec]) {
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x[0], x[1]), hi = __floats2bfloat162_rn(x[2], x[3]);
+  *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+}
+
+// Whether rows at p + r * ld can be read kVec elements at a time (the rows' alignment).
+template <class T>
+__device__ __forceinline__ bool vec_rows(const T* p, int64_t ld) {
+  return ld % kVec == 0 && reinterpret_cast<uintptr_t>(p) % (kVec * sizeof(T)) == 0;
+}
+
+// kVec consecutive elements of T as raw bits (bf16: two per word), converted to f32 when read.
+template <class T>
+struct Slot {
+  static constexpr int kWords = kVec * static_cast<int>(sizeof(T)) / 4;
+  using Vec = std::conditional_t<kWords == 2, uint2, uint4>;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
   }
+  __device__ __forceinline__ void load(const T* p) { *reinterpret_cast<Vec*>(w) = *reinterpret_cast<const Vec*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<Vec*>(p) = *reinterpret_cast<const Vec*>(w); }
+  // element e from p (or 0 when p is null)
+  __device__ __forceinline__ void load_one(int e, const T* p) {
+    if constexpr (kWords == 2) {
+      const uint32_t u = p ? *reinterpret_cast<const unsigned short*>(p) : 0u;
+      w[e >> 1] = e & 1 ? w[e >> 1] | (u << 16) : u;
+    } else {
+      w[e] = p ? __float_as_uint(*p) : 0u;
+    }
+  }
+  __device__ __forceinline__ float at(int e) const {
+    if constexpr (kWords == 2) return __uint_as_float(e & 1 ? w[e >> 1] & 0xffff0000u : w[e >> 1] << 16);
+    else return __uint_as_float(w[e]);
+  }
+};
+
+// A rows x cols block (at most kMaxRows x kMaxCols) of a row-major source of T in the registers of
+// a CTA of kThreads, in slots of kVec consecutive columns: G lanes per row (the fewest of 8, 16, 32
+// that cover kMaxCols), so a warp holds 32 / G rows at a time. The chunk kernels are
+// latency-bound: the constructor issues every load of a thread (predicated, no branches, nothing
+// converted) before a store writes any, so a tile costs one memory round trip; a slot is one
+// vector load where the rows are aligned (element loads where they are not). The kernels store
+// each batch before making the next: several in flight at once took 107-135 registers and
+// measured slower (kernels/latte/NOTES.md).
+template <class T, int kMaxRows, int kMaxCols>
+struct RowBatch {
+  static constexpr int kSlots = (kMaxCols + kVec - 1) / kVec;
+  static constexpr int G = kSlots > 16 ? 32 : kSlots > 8 ? 16 : 8, kRP = 32 / G, kWarps = kThreads / 32;
+  static constexpr int kRW = (kMaxRows + kWarps * kRP - 1) / (kWarps * kRP), kCL = (kSlots + G - 1) / G;
+  Slot<T> v[kRW][kCL];
+  int rows, cols;
+  // The block is rows x cols: the source's rows r < drows at base + r * ld (r * ld < 2^31, checked
+  // on the host: make_args), its X columns, zeros elsewhere.
+  __device__ __forceinline__ RowBatch(int rows_, int cols_, const T* base, int64_t ld64, int drows, int X)
+      : rows(rows_), cols(cols_) {
+    const int ld = static_cast<int>(ld64);
+    if (vec_rows(base, ld64) && X % kVec == 0) {
+      each([&](Slot<T>& x, int r, int c, bool) {
+        x.zero();
+        if (r < drows && c < X) x.load(base + r * ld + c);
+      });
+    } else {
+      each([&](Slot<T>& x, int r, int c, bool) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) x.load_one(e, r < drows && c + e < X ? base + r * ld + c + e : nullptr);
+      });
+    }
+  }
+  // st(r, c, value) for every value of the block.
   template <class St>
   __device__ __forceinline__ void store(St&& st) {
-    each([&](float& x, int r, int c, bool in) {
-      if (in) st(r, c, x);
+    each([&](Slot<T>& x, int r, int c, bool in) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (in && c + e < cols) st(r, c + e, x.at(e));
     });
   }
-  // f(value, row, column, inside the block) for each of the thread's slots, in a fixed unrolled order.
+  // dst[r * ld + c] = value as D: a vector store per whole slot when ld allows (dst 16-byte aligned).
+  template <class D>
+  __device__ __forceinline__ void store_rows(D* dst, int ld) {
+    const bool vec = ld % kVec == 0;
+    each([&](Slot<T>& x, int r, int c, bool in) {
+      if (!in) return;
+      D* p = dst + r * ld + c;
+      if (vec && c + kVec <= cols) {
+        if constexpr (std::is_same_v<D, T>) {
+          x.store(p);
+        } else {
+          float f[kVec];
+#pragma unroll
+          for (int e = 0; e < kVec; ++e) f[e] = x.at(e);
+          store_vec(p, f);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (c + e < cols) p[e] = cuda::from_float<D>(x.at(e));
+      }
+    });
+  }
+  // f(slot, row, first column, inside the block) for each of the thread's slots, in a fixed unrolled order.
   template <class F>
   __device__ __forceinline__ void each(F&& f) {
     const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -126,38 +220,37 @@ struct RowBatch {
     for (int k = 0; k < kRW; ++k)
 #pragma unroll
       for (int j = 0; j < kCL; ++j) {
-        const int r = warp + kWarps * k, c = lane + 32 * j;
+        const int r = (warp + kWarps * k) * kRP + lane / G, c = kVec * (lane % G + G * j);
         f(v[k][j], r, c, r < rows && c < cols);
       }
   }
 };
 
-// A batch of rows f..f+rows-1 of head h of sequence b, X columns (free token stride), read as f32;
-// with width > X (tiles), the block is kC x width with zeros past `rows` and X.
+// A batch of rows f..f+rows-1 of head h of sequence b, X columns (free token stride); with
+// width > X (tiles), the block is kC x width with zeros past `rows` and X.
 template <int kMaxCols, class T>
-__device__ __forceinline__ RowBatch<kC, kMaxCols> rows_of(const T* src, LatteLayout::Strides s, int b, int h, int f,
-                                                          int rows, int X, int width = 0) {
-  const T* base = src + b * s.b + static_cast<int64_t>(f) * s.t + static_cast<int64_t>(h) * X;
-  return RowBatch<kC, kMaxCols>(width ? kC : rows, width ? width : X, [&](int r, int c) {
-    return r < rows && c < X ? cuda::to_float(base[r * s.t + c]) : 0.f;
-  });
+__device__ __forceinline__ RowBatch<T, kC, kMaxCols> rows_of(const T* src, LatteLayout::Strides s, int b, int h,
+                                                             int f, int rows, int X, int width = 0) {
+  return RowBatch<T, kC, kMaxCols>(width ? kC : rows, width ? width : X,
+                                   src + b * s.b + static_cast<int64_t>(f) * s.t + static_cast<int64_t>(h) * X, s.t,
+                                   rows, X);
 }
 
 // lse rows f..f+rows-1 of (b, h) (contiguous [B, T, H, L]).
-__device__ __forceinline__ RowBatch<kC, kMaxL> lse_rows_of(const float* lse, const Args& a, int b, int h, int f,
-                                                           int rows) {
-  const float* base = lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L;
-  return RowBatch<kC, kMaxL>(rows, a.L, [&](int r, int l) { return base[static_cast<int64_t>(r) * a.H * a.L + l]; });
+__device__ __forceinline__ RowBatch<float, kC, kMaxL> lse_rows_of(const float* lse, const Args& a, int b, int h, int f,
+                                                                  int rows) {
+  return RowBatch<float, kC, kMaxL>(rows, a.L, lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L,
+                                    a.H * a.L, rows, a.L);
 }
 
 // Stores of a batch: f32 rows dst[r * ld + c], or tile rows of D.
 template <class B>
 __device__ __forceinline__ void store_f32(B&& x, float* dst, int ld) {
-  x.store([&](int r, int c, float v) { dst[r * ld + c] = v; });
+  x.store_rows(dst, ld);
 }
 template <class B, class D>
 __device__ __forceinline__ void store_tile(B&& x, D* dst, int ld) {
-  x.store([&](int r, int c, float v) { dst[r * ld + c] = cuda::from_float<D>(v); });
+  x.store_rows(dst, ld);
 }
 
 // pi[rows][La] = softmax of each row of logits[rows][La], in place: a warp per row, fixed-order
@@ -214,14 +307,25 @@ __device__ __forceinline__ void store_parts(T* p, size_t stride, int parts, floa
 }
 
 // A chunk state [L][Wd] (f32, its first Dv columns) as a zero-padded Lp x Dp batch.
-__device__ __forceinline__ RowBatch<kMaxL, kMaxDv> state_of(const float* S, const Args& a) {
-  return RowBatch<kMaxL, kMaxDv>(a.Lp, a.Dp, [&](int l, int j) { return l < a.L && j < a.Dv ? S[l * a.Wd + j] : 0.f; });
+using StateBatch = RowBatch<float, kMaxL, kMaxDv>;
+__device__ __forceinline__ StateBatch state_of(const float* S, const Args& a) {
+  return StateBatch(a.Lp, a.Dp, S, a.Wd, a.L, a.Dv);
 }
-// ... stored into `parts` tiles [Lp][ld] (store_parts).
+// ... stored into `parts` tiles [Lp][ld] (store_parts, a vector store per slot and part).
 template <class D>
-__device__ __forceinline__ void store_state(RowBatch<kMaxL, kMaxDv>&& x, D* dst, int ld, const Args& a,
-                                            int parts) {
-  x.store([&](int l, int j, float v) { store_parts(dst + l * ld + j, static_cast<size_t>(a.Lp) * ld, parts, v); });
+__device__ __forceinline__ void store_state(StateBatch&& x, D* dst, int ld, const Args& a, int parts) {
+  x.each([&](Slot<float>& s, int l, int j, bool in) {
+    if (!in) return;
+    float v[kVec];
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) v[e] = s.at(e);
+    for (int k = 0; k < parts; ++k) {
+      float h[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) h[e] = cuda::to_float(cuda::from_float<D>(v[e])), v[e] -= h[e];
+      store_vec(dst + static_cast<size_t>(k) * a.Lp * ld + l * ld + j, h);
+    }
+  });
 }
 
 // The warps of the CTA take the 16 x (8 NT) tiles of an M x N output in turn (M, N multiples of
@@ -257,6 +361,33 @@ __device__ __forceinline__ void each_acc2(const float (&x)[NT][4], const float (
     if (nt < ntv)
 #pragma unroll
       for (int e = 0; e < 4; ++e) g(fr.row(m0, e), fr.col(n0, nt, e), x[nt][e], y[nt][e]);
+}
+
+// g(row, col, x, x') for the accumulator pairs (col, col + 1) of a warp's tile (col even).
+template <int NT, class G>
+__device__ __forceinline__ void each_acc_pair(const float (&acc)[NT][4], int m0, int n0, int ntv, G&& g) {
+  const Frag fr;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    if (nt < ntv)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) g(fr.row(m0, e), fr.col(n0, nt, e), acc[nt][e], acc[nt][e + 1]);
+}
+
+// Whether pairs p[r * ld + 2i], p[r * ld + 2i + 1] can be stored as one.
+template <class T>
+__host__ __device__ bool vec_pairs(const T* p, int64_t ld) {
+  return ld % 2 == 0 && reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0;
+}
+// p[0] = x, p[1] = y (if two): one store when vec.
+template <class T>
+__device__ __forceinline__ void store_pair(T* p, float x, float y, bool vec, bool two = true) {
+  if (vec && two) {
+    gla_cuda::store2(p, x, y);
+    return;
+  }
+  p[0] = cuda::from_float<T>(x);
+  if (two) p[1] = cuda::from_float<T>(y);
 }
 
 // The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_l - lse_{t,l})

@@ -58,15 +58,22 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __res
   __syncthreads();
   form_A(a, rows, direct, sm.Qt, sm.Kt, sm.lam, sm.bq, sm.pi, sm.At);
   __syncthreads();
+  T* yc = y + bb * ys.b + static_cast<int64_t>(f) * ys.t + static_cast<int64_t>(h) * a.Dv;
+  const T* lc = a.off ? local + bb * ls.b + static_cast<int64_t>(f) * ls.t + static_cast<int64_t>(h) * a.Dv : nullptr;
+  const bool vy = vec_pairs(yc, ys.t), vl = a.off && vec_pairs(lc, ls.t);
   for_tiles<2>(kC, a.Dp, [&](int m0, int n0, int ntv) {
     float acc[2][4] = {};
     warp_mma<T, false, true, 2>(acc, sm.At, ldc, m0, 0, sm.V, ldd, 0, n0, m0 / 16 + 1, ntv);
     if (n > 0) warp_mma<T, false, true, 2>(acc, sm.PD, ldl, m0, 0, sm.mu, ldd, 0, n0, a.Lp / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int t, int j, float x) {
+    each_acc_pair(acc, m0, n0, ntv, [&](int t, int j, float x0, float x1) {  // Dv % 4 == 0: j < Dv has j + 1
       if (t >= rows || j >= a.Dv) return;
-      const int64_t row = static_cast<int64_t>(f + t), col = static_cast<int64_t>(h) * a.Dv + j;
-      if (a.off) x = fmaf(sm.pi[t * a.La], cuda::to_float(local[bb * ls.b + row * ls.t + col]), x);
-      y[bb * ys.b + row * ys.t + col] = cuda::from_float<T>(x);
+      if (a.off) {
+        const T* lp = lc + t * static_cast<int>(ls.t) + j;
+        const float2 l2 = vl ? gla_cuda::load2f(lp) : make_float2(cuda::to_float(lp[0]), cuda::to_float(lp[1]));
+        const float p0 = sm.pi[t * a.La];
+        x0 = fmaf(p0, l2.x, x0), x1 = fmaf(p0, l2.y, x1);
+      }
+      store_pair(yc + t * static_cast<int>(ys.t) + j, x0, x1, vy);
     });
   });
 }

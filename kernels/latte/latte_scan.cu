@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) chunk_terms_kernel(Args a, const T* 
     float acc[2][4] = {};
     for (int k = 0; k < parts; ++k)
       warp_mma<T, true, true, 2>(acc, sm.W + k * kC * ldl, ldl, m0, 0, sm.V, ldd, 0, n0, kC / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int l, int j, float x) {
-      if (l < a.L && j < a.Dv) Un[l * a.Wd + j] = x;
+    each_acc_pair(acc, m0, n0, ntv, [&](int l, int j, float x, float y) {  // Dv % 4 == 0: j < Dv has j + 1
+      if (l < a.L && j < a.Dv) store_pair(Un + l * a.Wd + j, x, y, true);
     });
   });
 }

@@ -14,19 +14,22 @@ namespace {
 struct Case {
   int64_t B, T, H, L, Dv;
   bool mac;
-  double b_scale;  // b uniform in [-b_scale, b_scale]
+  double b_scale;    // b uniform in [-b_scale, b_scale]
+  int64_t pad = 3;   // columns after the fused inputs: 3 leaves rows misaligned (element loads),
+                     // 0 in the aligned cases below keeps every row 16-byte aligned (vector loads)
 };
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " L=" +
          std::to_string(c.L) + " Dv=" + std::to_string(c.Dv) + (c.mac ? " Macchiato" : " plain") +
-         " b_scale=" + std::to_string(c.b_scale);
+         " b_scale=" + std::to_string(c.b_scale) + " pad=" + std::to_string(c.pad);
 }
 
 const Case kCases[] = {{2, 1, 2, 1, 64, false, 3.0},    {2, 77, 3, 16, 96, true, 3.0},
                        {1, 200, 2, 64, 128, false, 5.0}, {2, 130, 2, 16, 64, true, 3.0},
                        {1, 129, 3, 64, 96, true, 3.0},   {3, 300, 4, 16, 128, false, 3.0},
-                       {1, 150, 2, 1, 96, true, 2.0}};
+                       {1, 150, 2, 1, 96, true, 2.0},    {2, 190, 2, 32, 128, false, 3.0, 0},
+                       {1, 140, 4, 16, 64, true, 3.0, 0}};
 
 // [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
 Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
@@ -42,7 +45,7 @@ struct Inputs {
   int64_t La, W;
   OwnedTensor in, dy;  // host f64; in: [B, T, W] = a | b | v | local | pad
   explicit Inputs(const Case& cs, uint64_t seed = 1)
-      : c(cs), La(cs.mac ? cs.L + 1 : cs.L), W(cs.H * (La + cs.L + cs.Dv * (cs.mac ? 2 : 1)) + 3),
+      : c(cs), La(cs.mac ? cs.L + 1 : cs.L), W(cs.H * (La + cs.L + cs.Dv * (cs.mac ? 2 : 1)) + cs.pad),
         in(test::random_tensor({cs.B, cs.T, W}, DType::F64, seed)),
         dy(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 1)) {
     const Tensor bv = b(in);
