@@ -129,9 +129,9 @@ void latte_step(const Ctx& ctx, const Tensor& a_t, const Tensor& b_t, const Tens
                 const Tensor& lse_state, const Tensor& mu_state, const Tensor& y_t);
 void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu_state);
 
-// GPU scratch (ctx.workspace) one sequence of T tokens needs: two f32 [H, ceil(T/64), L, Dv + 1]
-// arrays of per-chunk states and terms, per-chunk lse carries [H, ceil(T/64), L] and the backward's
-// gP [H, T, L + 1].
+// GPU scratch (ctx.workspace) one sequence of T tokens needs: two f32 [H, ceil(T/64), L, Wd]
+// arrays of per-chunk states and terms (Wd = Dv + 1 rounded up to 4), per-chunk lse carries
+// [H, ceil(T/64), L] and the backward's gP [H, T, L + 1 rounded up to 4].
 // The entry points split the batch into groups that fit.
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType act);
 
