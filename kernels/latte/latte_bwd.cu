@@ -80,11 +80,11 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   const int f = n * kC, rows = min(kC, a.T - f);
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   constexpr int mu_parts = parts_of<T>(2);
-  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
-  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
-  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
-  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
-  store_tile(rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp), sm.GY, ldd);
+  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
+  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
+  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
+  rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, mu_parts);
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);
@@ -218,14 +218,14 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   const float* Sn = S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
   constexpr int r_parts = parts_of<T>(2);
-  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
-  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
-  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
-  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
-  store_tile(rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp), sm.GY, ldd);
+  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
+  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
+  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
+  rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(Sn, a), sm.R, ldd, a, r_parts);
   const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
-  store_f32(RowBatch<float, kC, kMaxL + 1>(rows, a.La, gPg, a.Lg, rows, a.La), sm.gP, a.La);
+  RowBatch<float, kC, kMaxL + 1>(rows, a.La, gPg, a.Lg, rows, a.La).store_rows(sm.gP, a.La);
   if (threadIdx.x < a.L) sm.r[threadIdx.x] = Sn[threadIdx.x * a.Wd + a.Dv];
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);

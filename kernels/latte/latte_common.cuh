@@ -243,16 +243,6 @@ __device__ __forceinline__ RowBatch<float, kC, kMaxL> lse_rows_of(const float* l
                                     a.H * a.L, rows, a.L);
 }
 
-// Stores of a batch: f32 rows dst[r * ld + c], or tile rows of D.
-template <class B>
-__device__ __forceinline__ void store_f32(B&& x, float* dst, int ld) {
-  x.store_rows(dst, ld);
-}
-template <class B, class D>
-__device__ __forceinline__ void store_tile(B&& x, D* dst, int ld) {
-  x.store_rows(dst, ld);
-}
-
 // pi[rows][La] = softmax of each row of logits[rows][La], in place: a warp per row, fixed-order
 // butterfly reductions.
 __device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {

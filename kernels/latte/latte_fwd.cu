@@ -40,10 +40,10 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __res
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   // One RowBatch at a time: each is one memory round trip, and several in flight at once would
   // cost the registers that keep three CTAs on an SM (measured slower).
-  store_f32(lse_rows_of(lse, a, bb, h, f, rows), sm.lam, a.L);
-  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
-  store_f32(rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La), sm.pi, a.La);
-  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
+  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);
+  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
+  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, 1);
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);

@@ -21,7 +21,7 @@ __global__ void __launch_bounds__(kThreads) lse_local_kernel(Args a, const T* __
   __shared__ float bq[kC * kMaxL];
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H, l = threadIdx.x;
   const int f = n * kC, rows = min(kC, a.T - f);
-  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), bq, a.L);
+  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(bq, a.L);
   __syncthreads();
   if (l >= a.L) return;
   float run = -INFINITY;
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kThreads) chunk_terms_kernel(Args a, const T* 
     if (finalise) lse_f[static_cast<int64_t>(r) * a.H * a.L + l] = x = logaddexpf(carry_n[l], x);
     sm.lam[r * a.L + l] = x;
   });
-  store_f32(rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L), sm.bq, a.L);
-  store_tile(rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp), sm.V, ldd);
+  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
+  rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   __syncthreads();
   const float* lam_e = sm.lam + (rows - 1) * a.L;
   if (threadIdx.x < a.L)  // every read of carry_n is done: it becomes the chunk's decay
