@@ -1,5 +1,5 @@
 // Device helpers shared by the CUDA kernels: dtype conversion, warp/block reductions, the
-// stream of a Ctx, and a dispatch over the activation dtype (bf16 or f32).
+// stream of a Ctx, row-tiled launches, and a dispatch over the activation dtype (bf16 or f32).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -97,6 +97,31 @@ inline unsigned grid_1d(int64_t n, int threads) { return static_cast<unsigned>((
 // Whether load4/store4 may be used on t's data (element 0, hence every fourth element).
 inline bool vec4_aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.ptr) % (4 * dtype_size(t.dtype)) == 0;
+}
+// Whether every row of a matrix at p with row stride ld (elements) starts 4-aligned.
+inline bool rows_vec4(const void* p, size_t elem_bytes, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * elem_bytes) == 0 && ld % 4 == 0;
+}
+
+// Row-tiled launches for row-wise elementwise work: a CTA of `threads` covers threads / tpr
+// rows with tpr threads each, tpr the power of two that covers a row's column groups (at most
+// `threads`), so narrow rows still fill the CTA and a thread's row and lane come from shifts.
+struct RowTiling {
+  unsigned blocks;
+  int log_tpr;
+};
+inline RowTiling row_tiling(int64_t rows, int64_t groups_per_row, int threads) {
+  int log_tpr = 0;
+  while ((1 << log_tpr) < threads && (int64_t{1} << log_tpr) < groups_per_row) ++log_tpr;
+  return {grid_1d(rows, threads >> log_tpr), log_tpr};
+}
+struct RowSlot {
+  int64_t row;
+  int lane, lanes;  // this thread's column group and the threads of its row
+};
+__device__ __forceinline__ RowSlot row_slot(int log_tpr) {
+  return {static_cast<int64_t>(blockIdx.x) * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr),
+          static_cast<int>(threadIdx.x & ((1u << log_tpr) - 1)), 1 << log_tpr};
 }
 
 }  // namespace linac::cuda
