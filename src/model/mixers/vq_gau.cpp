@@ -76,6 +76,8 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   sinusoids_ = to(e, env.device(), env.stat);
   acc_sums_ = OwnedTensor(env.stat, env.device(), {H_, S_, Dk_});
   acc_counts_ = OwnedTensor(env.stat, env.device(), {H_, S_});
+  err_sum_ = OwnedTensor(env.stat, env.device(), {1});
+  zero_tensor(err_sum_);
   zero_tensor(acc_sums_);
   zero_tensor(acc_counts_);
 }
@@ -187,10 +189,10 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
   matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
-  Tensor err_sum = env_.scratch->get("gau.err_sum", env_.stat, {1});
-  sum(ctx, err, err_sum);
-  aux_ = opt_.beta * to_doubles(err_sum)[0];
+  sum(ctx, err, err_sum_);
 }
+
+double VqGauMixer::aux_loss_sum() const { return opt_.beta * to_doubles(err_sum_)[0]; }
 
 void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;

@@ -56,7 +56,7 @@ class VqGauMixer final : public Mixer {
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
   double flops_per_token(int64_t T) const override;
-  double aux_loss_sum() const override { return aux_; }
+  double aux_loss_sum() const override;
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
@@ -79,7 +79,9 @@ class VqGauMixer final : public Mixer {
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
   SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
   int64_t capacity_ = 0;
-  double aux_ = 0;
+  // The last forward's sum of ||k - khat||^2 on the device, read only when aux_loss_sum asks: a
+  // read-back per layer would stall the stream in every forward.
+  OwnedTensor err_sum_;
 };
 
 }  // namespace linac
