@@ -16,7 +16,9 @@
 //
 // Dtypes. GPU (cuBLASLt, fp32 accumulation): A and B both bf16 with C bf16 or f32 (bf16 x bf16
 // -> f32 is the weight-gradient / logits path), or A, B, C all f32, computed in true fp32
-// (CUBLAS_COMPUTE_32F, never TF32). CPU: A, B, C all f32 or all f64.
+// (CUBLAS_COMPUTE_32F) unless GemmProblem::tf32_exact says that every A and B value is exactly a
+// TF32 number (e.g. a bf16 value, or a hi/lo split): then the TF32 tensor cores give the same
+// products, accumulated in fp32. CPU: A, B, C all f32 or all f64.
 //
 // Determinism: the CPU sums every C element's K terms in one fixed order whatever the thread
 // count; the GPU uses one cached cuBLASLt algorithm per problem and allows only split-K schemes
@@ -38,6 +40,7 @@ struct GemmProblem {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
   float alpha = 1.f, beta = 0.f;
+  bool tf32_exact = false;  // f32 operands: all values exact in TF32 (the caller's promise)
 };
 
 template <class T>

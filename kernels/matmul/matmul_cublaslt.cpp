@@ -52,7 +52,7 @@ struct PlanKey {
   size_t workspace_bytes;
   uint32_t align_a, align_b, align_c;
   DType ab, c;
-  bool trans_a, trans_b;
+  bool trans_a, trans_b, tf32;
   bool operator==(const PlanKey&) const = default;
 };
 
@@ -66,7 +66,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(k.device));
     mix((uint64_t(k.align_a) << 32) | (uint64_t(k.align_b) << 16) | k.align_c);
     mix((uint64_t(k.ab) << 8) | uint64_t(k.c));
-    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1);
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.tf32) << 2);
     return h;
   }
 };
@@ -132,12 +132,14 @@ std::string describe(const PlanKey& k) {
          " batch=" + std::to_string(k.batch) + " trans_a=" + std::to_string(k.trans_a) +
          " trans_b=" + std::to_string(k.trans_b) + " A/B " + dtype_name(k.ab) + " C " + dtype_name(k.c) +
          " lda=" + std::to_string(k.lda) + " ldb=" + std::to_string(k.ldb) + " ldc=" + std::to_string(k.ldc) +
-         " align A/B/C=" + std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" + std::to_string(k.align_c);
+         " align A/B/C=" + std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" + std::to_string(k.align_c) +
+         (k.tf32 ? " tf32" : "");
 }
 
 std::unique_ptr<Plan> build_plan(const PlanKey& k) {
   auto plan = std::make_unique<Plan>();
-  LINAC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LINAC_CUBLAS_CHECK(
+      cublasLtMatmulDescCreate(&plan->op, k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
@@ -209,6 +211,7 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   key.c = c.dtype;
   key.trans_a = p.trans_a;
   key.trans_b = p.trans_b;
+  key.tf32 = p.tf32_exact && a.dtype == DType::F32;
   const Plan& plan = plan_for(key);
   const float alpha = p.alpha, beta = p.beta;
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
