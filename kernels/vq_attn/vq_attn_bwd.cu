@@ -30,7 +30,7 @@ using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
 
-// Warp per row of the chunk.
+// Warp per row of the chunk, four entries per lane access (vq_cuda::RowScores).
 template <class T>
 __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i0, int64_t rows, Ws w,
                                                                 const float* __restrict__ lse) {
@@ -38,59 +38,90 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
   const Row row = vq_cuda::row_of(g, i0, r);
+  const int W = static_cast<int>(2 * g.Lb), S = static_cast<int>(g.S), ldp = static_cast<int>(g.ldp);
   T* pwin = static_cast<T*>(w.pwin) + r * g.ldw;
   T* gswin = static_cast<T*>(w.gswin) + r * g.ldw;
   T* pcache = static_cast<T*>(w.pcache) + r * g.lds;
   T* gscache = static_cast<T*>(w.gscache) + r * g.lds;
   T* gpos = static_cast<T*>(w.gpos) + r * g.ldp;
-  const T zero = from_float<T>(0.f);
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row.t >= g.T) {
-    for (int64_t e = lane; e < 2 * g.Lb; e += 32) pwin[e] = zero, gswin[e] = zero;
-    for (int64_t s = lane; s < g.S; s += 32) pcache[s] = zero, gscache[s] = zero;
-    for (int64_t d = lane; d < g.ldp; d += 32) gpos[d] = zero;
+    for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, zero4), cuda::store4(gswin + e, zero4);
+    for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, zero4), cuda::store4(gscache + s, zero4);
+    for (int d = lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
     return;
   }
-  for (int64_t d = g.Lb + 1 + lane; d < g.ldp; d += 32) gpos[d] = zero;  // padding: the dq GEMM reads it
+  // gpos's padding past Lb: the dq GEMM reads it.
+  for (int d = static_cast<int>(g.Lb) + 1 + lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
   const float l = lse[(row.b * g.T + row.t) * g.H + row.h], delta = w.delta[row.p * g.Tp + row.t];
-  const float* swin = w.swin + r * g.ldw;
-  const float* pos = w.pos + r * g.ldp;
+  const vq_cuda::RowScores sc(g, row, r, w);
+  auto weight = [l](float s, int) { return s == -INFINITY ? 0.f : expf(s - l); };
+  // gs = p (dp - delta), 0 where masked: dp there may never have been written (block 0's
+  // missing previous block, the rows' padding).
+  auto score_grad = [delta](float4 s, float4 p, float4 dp) {
+    auto one = [delta](float si, float pi, float dpi) { return si == -INFINITY ? 0.f : pi * (dpi - delta); };
+    return make_float4(one(s.x, p.x, dp.x), one(s.y, p.y, dp.y), one(s.z, p.z, dp.z), one(s.w, p.w, dp.w));
+  };
   const float* dpwin = w.dpwin + r * g.ldw;
-  const float* vrho = w.vrho + row.h * (g.Lb + 1);
-  for (int64_t e = lane; e < 2 * g.Lb; e += 32) {
-    const float s = vq_cuda::window_score(g, row, e, swin, pos, w.ub, vrho);
-    const float p = s == -INFINITY ? 0.f : expf(s - l);
-    const float gs = s == -INFINITY ? 0.f : p * (dpwin[e] - delta);
-    pwin[e] = from_float<T>(p);
-    gswin[e] = from_float<T>(gs);
-    if (e >= row.l && e <= g.Lb + row.l) gpos[g.Lb + row.l - e] = from_float<T>(gs);  // every distance 0..Lb once
+  for (int e = 4 * lane; e < W; e += 128) {
+    const float4 s = sc.window4(e), p = vq_cuda::map4(s, weight);
+    const float4 gs = score_grad(s, p, *reinterpret_cast<const float4*>(dpwin + e));
+    cuda::store4(pwin + e, p);
+    cuda::store4(gswin + e, gs);
+    // Every distance 0..Lb once: entry e has distance hi - e where l <= e <= hi.
+    vq_cuda::map4(gs, [&](float x, int k) {
+      if (e + k >= sc.l && e + k <= sc.hi) gpos[sc.hi - e - k] = from_float<T>(x);
+      return x;
+    });
   }
-  const float* scache = w.scache + r * g.lds;
   const float* dpcache = w.dpcache + r * g.lds;
-  const float* ucb = w.ucb + row.h * g.S;
-  const float* counts = w.counts + row.i * g.S;
-  for (int64_t s = lane; s < g.S; s += 32) {
-    const float sc = vq_cuda::cache_score(s, scache, ucb, counts);
-    const float p = sc == -INFINITY ? 0.f : expf(sc - l);
-    pcache[s] = from_float<T>(p);
-    gscache[s] = from_float<T>(sc == -INFINITY ? 0.f : p * (dpcache[s] - delta));
+  for (int s = 4 * lane; s < S; s += 128) {
+    const float4 x = sc.cache4(s), p = vq_cuda::map4(x, weight);
+    cuda::store4(pcache + s, p);
+    cuda::store4(gscache + s, score_grad(x, p, *reinterpret_cast<const float4*>(dpcache + s)));
   }
 }
 
-// CTA per packed row (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t].
-template <class T>
-__global__ void vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z, T* __restrict__ dq,
-                                      VqAttnLayout::Strides dqs, T* __restrict__ dkhat, VqAttnLayout::Strides dks,
-                                      T* __restrict__ dv, VqAttnLayout::Strides dvs) {
-  const int64_t pt = blockIdx.x, p = pt / g.T, t = pt % g.T, h = p / g.B, b = p % g.B, row = p * g.Tp + t;
-  for (int64_t d = threadIdx.x; d < g.Dk; d += blockDim.x) {
-    const int64_t src = row * g.Dk + d;
-    dq[b * dqs.b + t * dqs.t + h * g.Dk + d] = from_float<T>(w.dqu[src] + w.dqr[src]);
-    dkhat[b * dks.b + t * dks.t + h * g.Dk + d] = from_float<T>(w.dk[src]);
+// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t]. Four
+// dims per access where the outputs' rows are 4-aligned.
+template <bool kVec, class T>
+__global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z,
+                                                                  T* __restrict__ dq, VqAttnLayout::Strides dqs,
+                                                                  T* __restrict__ dkhat, VqAttnLayout::Strides dks,
+                                                                  T* __restrict__ dv, VqAttnLayout::Strides dvs,
+                                                                  int log_tpr) {
+  const cuda::RowSlot rs = cuda::row_slot(log_tpr);
+  if (rs.row >= g.P * g.T) return;
+  const uint32_t pt = static_cast<uint32_t>(rs.row), p = pt / static_cast<uint32_t>(g.T);
+  const uint32_t t = pt - p * static_cast<uint32_t>(g.T), h = p / static_cast<uint32_t>(g.B);
+  const uint32_t b = p - h * static_cast<uint32_t>(g.B);
+  const int Dk = static_cast<int>(g.Dk), Dv = static_cast<int>(g.Dv);
+  const int64_t row = int64_t{p} * g.Tp + t;
+  T* dqo = dq + b * dqs.b + t * dqs.t + int64_t{h} * Dk;
+  T* dko = dkhat + b * dks.b + t * dks.t + int64_t{h} * Dk;
+  T* dvo = dv + b * dvs.b + t * dvs.t + int64_t{h} * Dv;
+  const float* qu = w.dqu + row * Dk;
+  const float* qr = w.dqr + row * Dk;
+  const float* kk = w.dk + row * Dk;
+  const float* vp = w.dvp + row * Dv;
+  const float* cache = w.gcache + ((int64_t{p} * g.R + t / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
+  if constexpr (kVec) {
+    for (int d = 4 * rs.lane; d < Dk; d += 4 * rs.lanes) {
+      const float4 a = cuda::load4(qu + d), c = cuda::load4(qr + d);
+      cuda::store4(dqo + d, make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w));
+      cuda::store4(dko + d, cuda::load4(kk + d));
+    }
+    for (int d = 4 * rs.lane; d < Dv; d += 4 * rs.lanes) {
+      const float4 a = cuda::load4(vp + d), c = cuda::load4(cache + d);
+      cuda::store4(dvo + d, make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w));
+    }
+  } else {
+    for (int d = rs.lane; d < Dk; d += rs.lanes) {
+      dqo[d] = from_float<T>(qu[d] + qr[d]);
+      dko[d] = from_float<T>(kk[d]);
+    }
+    for (int d = rs.lane; d < Dv; d += rs.lanes) dvo[d] = from_float<T>(vp[d] + cache[d]);
   }
-  const float* cache = w.gcache + ((p * g.R + t / g.Lb) * g.S + z[(b * g.T + t) * g.H + h]) * g.Dv;
-  const float* dvr = w.dvp + row * g.Dv;
-  T* out = dv + b * dvs.b + t * dvs.t + h * g.Dv;
-  for (int64_t d = threadIdx.x; d < g.Dv; d += blockDim.x) out[d] = from_float<T>(dvr[d] + cache[d]);
 }
 
 }  // namespace
@@ -101,7 +132,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho) {
   if (L.B * L.T * L.H == 0) return;
   const Geo g = vq_cuda::geo_of(L);
-  const Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), true, "vq_attn_bwd");
+  Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), true, "vq_attn_bwd");
   cudaStream_t st = cuda::stream_of(ctx);
   const DType act = q.dtype;
   const size_t es = dtype_size(act);
@@ -111,7 +142,10 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                         codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>());
     vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, u.data<float>(), static_cast<T*>(w.qu));
     vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, vr.data<float>(), static_cast<T*>(w.qr));
-    vq_cuda::pack<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, static_cast<T*>(w.dop));
+    if (vq_cuda::is_packed(g, L.dout, g.Dv))
+      w.dop = dout.ptr;  // read only
+    else
+      vq_cuda::pack<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, static_cast<T*>(w.dop));
     vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
     const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
     for (int64_t h = 0; h < g.H; ++h)
@@ -120,16 +154,14 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         const void* dop_i = at(w.dop, i0 * Lb * Dv);
         const void* qu_i = at(w.qu, i0 * Lb * Dk);
         vq_cuda::chunk_scores(g, w, act, h, i0, c);
-        vq_cuda::gemm(w.blas, act, Lb, 2 * Lb, Dv, c, {dop_i, Dv, Lb * Dv, false},
-                      {at(w.vp, (i0 - 1) * Lb * Dv), Dv, Lb * Dv, true}, w.dpwin, ldw, Lb * ldw, 0.f);
+        vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, Dv, Lb * Dv, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw, 0.f);
         vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, Dv, Lb * Dv, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
                       w.dpcache, lds, Lb * lds, 0.f);
         vq_grad_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
-        vq_cuda::gemm(w.blas, act, Lb, Dk, 2 * Lb, c, {w.gswin, ldw, Lb * ldw, false},
-                      {at(w.kp, (i0 - 1) * Lb * Dk), Dk, Lb * Dk, false}, dqu, Dk, Lb * Dk, 0.f);
+        vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
         vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.c_hi, h * S * Dk),
                             at(w.c_lo, h * S * Dk), false, dqu, Dk, 1.f);
         vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rho_hi, h * g.ldp * Dk),
@@ -152,8 +184,19 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
       }
     vq_cuda::cache_grad_sweep(ctx, g, w.counts, w.gcache);
-    vq_store_grads_kernel<T><<<static_cast<unsigned>(g.P * g.T), 128, 0, st>>>(
-        g, w, z.data<int32_t>(), dq.data<T>(), L.dq, dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv);
+    auto rows_ok = [&](const Tensor& x, VqAttnLayout::Strides s) {
+      return cuda::rows_vec4(x.ptr, sizeof(T), s.t) && s.b % 4 == 0;
+    };
+    const bool vec = Dk % 4 == 0 && Dv % 4 == 0 && rows_ok(dq, L.dq) && rows_ok(dkhat, L.dkhat) && rows_ok(dv, L.dv);
+    const cuda::RowTiling rt = cuda::row_tiling(g.P * g.T, std::max(Dk, Dv) / (vec ? 4 : 1), kThreads);
+    if (vec)
+      vq_store_grads_kernel<true, T><<<rt.blocks, kThreads, 0, st>>>(g, w, z.data<int32_t>(), dq.data<T>(), L.dq,
+                                                                   dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv,
+                                                                   rt.log_tpr);
+    else
+      vq_store_grads_kernel<false, T><<<rt.blocks, kThreads, 0, st>>>(g, w, z.data<int32_t>(), dq.data<T>(), L.dq,
+                                                                    dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv,
+                                                                    rt.log_tpr);
     LINAC_CUDA_LAUNCH_CHECK();
     for (int64_t h = 0; h < g.H; ++h)
       gpu_memcpy_async(ctx, drho.data<float>() + h * (Lb + 1) * Dk, w.drho + h * g.ldp * Dk,

@@ -23,64 +23,92 @@ using vq_cuda::Row;
 using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
+constexpr size_t kKeptBytes = 72 * 1024;
 
-// Warp per row of the chunk.
-template <class T>
+// Warp per row of the chunk, four entries per lane access (vq_cuda::RowScores). kKept: the row's
+// scores stay in shared memory (each lane reads back its own): max, then exp(s - max) kept and
+// summed, then scaled by 1 / sum, one exp per entry. Otherwise (rows too long to keep): max and
+// sum online, then the scores again from the score matrices and exp(s - lse).
+template <bool kKept, class T>
 __global__ void __launch_bounds__(kThreads) vq_softmax_rows_kernel(Geo g, int64_t i0, int64_t rows, Ws w,
                                                                    float* __restrict__ lse) {
-  const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+  extern __shared__ __align__(16) float kept[];  // kKept: [kThreads / 32, ldw + lds]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t{kThreads / 32} + warp;
   if (r >= rows) return;
   const Row row = vq_cuda::row_of(g, i0, r);
+  const int W = static_cast<int>(2 * g.Lb), S = static_cast<int>(g.S), ldw = static_cast<int>(g.ldw);
   T* pwin = static_cast<T*>(w.pwin) + r * g.ldw;
   T* pcache = static_cast<T*>(w.pcache) + r * g.lds;
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row.t >= g.T) {
-    for (int64_t e = lane; e < 2 * g.Lb; e += 32) pwin[e] = from_float<T>(0.f);
-    for (int64_t s = lane; s < g.S; s += 32) pcache[s] = from_float<T>(0.f);
+    for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, zero4);
+    for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, zero4);
     return;
   }
-  const float* swin = w.swin + r * g.ldw;
-  const float* pos = w.pos + r * g.ldp;
-  const float* scache = w.scache + r * g.lds;
-  const float* vrho = w.vrho + row.h * (g.Lb + 1);
-  const float* ucb = w.ucb + row.h * g.S;
-  const float* counts = w.counts + row.i * g.S;
-  // Online max and sum per lane, then across the warp.
-  float m = -INFINITY, sum = 0;
-  auto add = [&](float s) {
-    if (s == -INFINITY) return;
-    if (s > m) {
-      sum = sum * expf(m - s) + 1.f;
-      m = s;
-    } else {
-      sum += expf(s - m);
-    }
-  };
-  for (int64_t e = lane; e < 2 * g.Lb; e += 32) add(vq_cuda::window_score(g, row, e, swin, pos, w.ub, vrho));
-  for (int64_t s = lane; s < g.S; s += 32) add(vq_cuda::cache_score(s, scache, ucb, counts));
-  const float mw = warp_max(m);
-  sum = warp_sum(m == -INFINITY ? 0.f : sum * expf(m - mw));
-  const float l = mw + logf(sum);
-  if (lane == 0) lse[(row.b * g.T + row.t) * g.H + row.h] = l;
-  for (int64_t e = lane; e < 2 * g.Lb; e += 32) {
-    const float s = vq_cuda::window_score(g, row, e, swin, pos, w.ub, vrho);
-    pwin[e] = from_float<T>(s == -INFINITY ? 0.f : expf(s - l));
-  }
-  for (int64_t s = lane; s < g.S; s += 32) {
-    const float sc = vq_cuda::cache_score(s, scache, ucb, counts);
-    pcache[s] = from_float<T>(sc == -INFINITY ? 0.f : expf(sc - l));
+  const vq_cuda::RowScores sc(g, row, r, w);
+  float* const lse_out = lse + (row.b * g.T + row.t) * g.H + row.h;
+  if constexpr (kKept) {
+    float4* win = reinterpret_cast<float4*>(kept + warp * (ldw + static_cast<int>(g.lds)));
+    float4* cache = win + ldw / 4;
+    float m = -INFINITY;
+    auto max4 = [](float4 x) { return fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)); };
+    for (int e = 4 * lane; e < W; e += 128) m = fmaxf(m, max4(win[e / 4] = sc.window4(e)));
+    for (int s = 4 * lane; s < S; s += 128) m = fmaxf(m, max4(cache[s / 4] = sc.cache4(s)));
+    m = warp_max(m);  // finite: a row always sees its own key
+    float sum = 0;
+    auto ex = [m](float s, int) { return s == -INFINITY ? 0.f : expf(s - m); };
+    auto add4 = [&](float4 x) { sum += (x.x + x.y) + (x.z + x.w); };
+    for (int e = 4 * lane; e < W; e += 128) add4(win[e / 4] = vq_cuda::map4(win[e / 4], ex));
+    for (int s = 4 * lane; s < S; s += 128) add4(cache[s / 4] = vq_cuda::map4(cache[s / 4], ex));
+    sum = warp_sum(sum);
+    if (lane == 0) *lse_out = m + logf(sum);
+    const float inv = 1.f / sum;
+    auto scale = [inv](float p, int) { return p * inv; };
+    for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, vq_cuda::map4(win[e / 4], scale));
+    for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, vq_cuda::map4(cache[s / 4], scale));
+  } else {
+    float m = -INFINITY, sum = 0;
+    auto add = [&](float s) {
+      if (s == -INFINITY) return;
+      if (s > m) {
+        sum = sum * expf(m - s) + 1.f;
+        m = s;
+      } else {
+        sum += expf(s - m);
+      }
+    };
+    auto add4 = [&](float4 s) { add(s.x), add(s.y), add(s.z), add(s.w); };
+    for (int e = 4 * lane; e < W; e += 128) add4(sc.window4(e));
+    for (int s = 4 * lane; s < S; s += 128) add4(sc.cache4(s));
+    const float mw = warp_max(m);
+    sum = warp_sum(m == -INFINITY ? 0.f : sum * expf(m - mw));
+    const float l = mw + logf(sum);
+    if (lane == 0) *lse_out = l;
+    auto weight = [l](float s, int) { return s == -INFINITY ? 0.f : expf(s - l); };
+    for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, vq_cuda::map4(sc.window4(e), weight));
+    for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, vq_cuda::map4(sc.cache4(s), weight));
   }
 }
 
-// CTA per row of the chunk (padded rows are skipped), threads over value dims.
-template <class T>
-__global__ void vq_store_o_kernel(Geo g, int64_t i0, const float* __restrict__ ochunk, T* __restrict__ o,
-                                  VqAttnLayout::Strides os) {
-  const int64_t r = blockIdx.x;
-  const Row row = vq_cuda::row_of(g, i0, r);
+// Row-tiled over the chunk's rows (padded rows are skipped); four value dims per access where
+// o's rows are 4-aligned.
+template <bool kVec, class T>
+__global__ void __launch_bounds__(kThreads) vq_store_o_kernel(Geo g, int64_t i0, int64_t rows,
+                                                              const float* __restrict__ ochunk, T* __restrict__ o,
+                                                              VqAttnLayout::Strides os, int log_tpr) {
+  const cuda::RowSlot rs = cuda::row_slot(log_tpr);
+  if (rs.row >= rows) return;
+  const Row row = vq_cuda::row_of(g, i0, rs.row);
   if (row.t >= g.T) return;
-  T* out = o + row.b * os.b + row.t * os.t + row.h * g.Dv;
-  for (int64_t d = threadIdx.x; d < g.Dv; d += blockDim.x) out[d] = from_float<T>(ochunk[r * g.Dv + d]);
+  const int Dv = static_cast<int>(g.Dv);
+  T* out = o + row.b * os.b + row.t * os.t + row.h * Dv;
+  const float* in = ochunk + rs.row * Dv;
+  if constexpr (kVec) {
+    for (int d = 4 * rs.lane; d < Dv; d += 4 * rs.lanes) cuda::store4(out + d, cuda::load4(in + d));
+  } else {
+    for (int d = rs.lane; d < Dv; d += rs.lanes) out[d] = from_float<T>(in[d]);
+  }
 }
 
 }  // namespace
@@ -90,7 +118,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& o, const Tensor& lse) {
   if (L.B * L.T * L.H == 0) return;
   const Geo g = vq_cuda::geo_of(L);
-  const Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), false, "vq_attn_fwd");
+  Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), false, "vq_attn_fwd");
   cudaStream_t st = cuda::stream_of(ctx);
   const size_t es = dtype_size(q.dtype);
   auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
@@ -98,19 +126,34 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     vq_cuda::prepare<T>(ctx, g, L, w, q.data<T>(), khat.data<T>(), z.data<int32_t>(), v.data<T>(),
                         codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>());
     const int64_t Lb = g.Lb, Dv = g.Dv;
+    const bool vec = Dv % 4 == 0 && cuda::rows_vec4(o.ptr, sizeof(T), L.o.t) && L.o.b % 4 == 0;
+    // Scores kept on chip when a CTA's rows take at most kKeptBytes (three CTAs per SM).
+    const size_t row_bytes = static_cast<size_t>(g.ldw + g.lds) * sizeof(float);
+    const size_t kept_bytes = row_bytes * (kThreads / 32) <= kKeptBytes ? row_bytes * (kThreads / 32) : 0;
+    if (kept_bytes > 0)
+      LINAC_CUDA_CHECK(cudaFuncSetAttribute(vq_softmax_rows_kernel<true, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(kept_bytes)));
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
         vq_cuda::chunk_scores(g, w, q.dtype, h, i0, c);
-        vq_softmax_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w,
-                                                                                        lse.data<float>());
+        if (kept_bytes > 0)
+          vq_softmax_rows_kernel<true, T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, kept_bytes, st>>>(
+              g, i0, rows, w, lse.data<float>());
+        else
+          vq_softmax_rows_kernel<false, T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(
+              g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
         // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i
-        vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, 2 * Lb, c, {w.pwin, g.ldw, Lb * g.ldw, false},
-                      {at(w.vp, (i0 - 1) * Lb * Dv), Dv, Lb * Dv, false}, w.ochunk, Dv, Lb * Dv, 0.f);
+        vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, {w.pwin, g.ldw, Lb * g.ldw, false}, w.vp, Dv, w.ochunk, Dv,
+                             Lb * Dv, 0.f);
         vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, {w.pcache, g.lds, Lb * g.lds, false},
                       {at(w.ubar, i0 * g.S * Dv), Dv, g.S * Dv, false}, w.ochunk, Dv, Lb * Dv, 1.f);
-        vq_store_o_kernel<T><<<static_cast<unsigned>(rows), 128, 0, st>>>(g, i0, w.ochunk, o.data<T>(), L.o);
+        const cuda::RowTiling rt = cuda::row_tiling(rows, vec ? Dv / 4 : Dv, kThreads);
+        if (vec)
+          vq_store_o_kernel<true, T><<<rt.blocks, kThreads, 0, st>>>(g, i0, rows, w.ochunk, o.data<T>(), L.o, rt.log_tpr);
+        else
+          vq_store_o_kernel<false, T><<<rt.blocks, kThreads, 0, st>>>(g, i0, rows, w.ochunk, o.data<T>(), L.o, rt.log_tpr);
         LINAC_CUDA_LAUNCH_CHECK();
       }
   });

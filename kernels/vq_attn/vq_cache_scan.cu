@@ -2,12 +2,16 @@
 //   cache_scan        CTA per (pair p, code s) walks the blocks in order: block n reads the count
 //                     N_s and the mean of the values with code s over blocks <= n-2, written to
 //                     counts [NB, S] (f32) and ubar [NB, S, Dv] (activation dtype: a GEMM operand).
-//                     Sums are f32 in shared memory, threads own value dims, and the block's
-//                     tokens with code s are listed in order: every sum has a fixed order.
+//                     grid z splits the value dims: each thread owns four consecutive ones
+//                     where v's rows are 4-aligned (one otherwise) and sums them in registers
+//                     (f32). The block's tokens with code s come from the code lists in token
+//                     order, their rows loaded kBatch at a time and added in that order: every
+//                     sum has a fixed order.
 //   cache_grad_sweep  thread per (p, s, d): gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n), the
 //                     gradient a value of block m receives through the cache means of later
 //                     blocks (reverse sweep with a two-block delay; 0 where N = 0).
 #include <algorithm>
+#include <string>
 
 #include "vq_attn/vq_common.cuh"
 
@@ -19,37 +23,52 @@ using cuda::from_float;
 using cuda::to_float;
 
 constexpr int kScanThreads = 128;
+constexpr int kBatch = 4;  // rows in flight per thread
 
-template <class T>
+template <bool kVec, class T>
 __global__ void __launch_bounds__(kScanThreads) cache_scan_kernel(Geo g, const T* __restrict__ v,
-                                                                  VqAttnLayout::Strides vs,
-                                                                  const int32_t* __restrict__ z,
+                                                                  VqAttnLayout::Strides vs, CodeLists lists,
                                                                   float* __restrict__ counts, T* __restrict__ ubar) {
-  extern __shared__ float sum[];  // [Dv]
-  __shared__ int hits[kScanThreads];
-  __shared__ int warp_hits[kScanThreads / 32];
+  constexpr int kW = kVec ? 4 : 1;
   const int64_t p = blockIdx.x, s = blockIdx.y, h = p / g.B, b = p % g.B;
-  for (int64_t d = threadIdx.x; d < g.Dv; d += kScanThreads) sum[d] = 0;
+  const int Dv = static_cast<int>(g.Dv), d = (blockIdx.z * kScanThreads + threadIdx.x) * kW;
+  const bool mine = d < Dv;
+  const T* vh = v + b * vs.b + h * Dv + d;
+  const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 sum = zero4;  // the scalar path uses .x
   float N = 0;
   for (int64_t n = 0; n < g.R; ++n) {
     const int64_t i = p * g.R + n;
-    if (threadIdx.x == 0) counts[i * g.S + s] = N;
+    // Block n-1's tokens with code s (absorbed for block n+1), loaded before the store below.
+    const int64_t key = (i - 1) * g.S + s;
+    const int e0 = n > 0 ? lists.start[key] : 0, e1 = n > 0 ? lists.start[key + 1] : 0;
+    if (blockIdx.z == 0 && threadIdx.x == 0) counts[i * g.S + s] = N;
     const float inv = N > 0 ? 1.f / N : 0.f;
-    T* out = ubar + (i * g.S + s) * g.Dv;
-    for (int64_t d = threadIdx.x; d < g.Dv; d += kScanThreads) out[d] = from_float<T>(sum[d] * inv);
-    if (n == 0) continue;
-    // Absorb block n-1 for block n+1.
-    const int64_t j_begin = (n - 1) * g.Lb, j_end = j_begin + g.Lb;
-    for (int64_t base = j_begin; base < j_end; base += kScanThreads) {
-      const int64_t j = base + threadIdx.x;
-      const int n_hit = compact_hits<kScanThreads>(j < j_end && z[(b * g.T + j) * g.H + h] == s, hits, warp_hits);
-      for (int r = 0; r < n_hit; ++r) {
-        const T* vj = v + b * vs.b + (base + hits[r]) * vs.t + h * g.Dv;
-        for (int64_t d = threadIdx.x; d < g.Dv; d += kScanThreads) sum[d] += to_float(vj[d]);
-      }
-      N += static_cast<float>(n_hit);
-      __syncthreads();  // hits is rewritten by the next tile
+    if (mine) {
+      T* out = ubar + (i * g.S + s) * Dv + d;
+      if constexpr (kVec)
+        cuda::store4(out, make_float4(sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv));
+      else
+        *out = from_float<T>(sum.x * inv);
     }
+    for (int e = e0; e < e1; e += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        x[k] = zero4;
+        if (mine && e + k < e1) {
+          const T* row = vh + lists.tok[e + k] * vs.t;
+          if constexpr (kVec)
+            x[k] = cuda::load4(row);
+          else
+            x[k].x = to_float(*row);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k)
+        if (e + k < e1) sum.x += x[k].x, sum.y += x[k].y, sum.z += x[k].z, sum.w += x[k].w;
+    }
+    N += static_cast<float>(e1 - e0);
   }
 }
 
@@ -72,21 +91,21 @@ __global__ void cache_grad_sweep_kernel(Geo g, const float* __restrict__ counts,
 }  // namespace
 
 template <class T>
-void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, const int32_t* z, float* counts,
+void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, CodeLists lists, float* counts,
                 T* ubar) {
-  // Each block's tokens live in the unpadded input: a block past T is never absorbed (n-1 < R-1).
-  const size_t smem = static_cast<size_t>(g.Dv) * sizeof(float);
-  LINAC_CHECK(smem <= 200 * 1024, "vq_attn: Dv too large for the cache scan");
-  LINAC_CUDA_CHECK(cudaFuncSetAttribute(cache_scan_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  cache_scan_kernel<T><<<dim3(static_cast<unsigned>(g.P), static_cast<unsigned>(g.S)), kScanThreads, smem,
-                         cuda::stream_of(ctx)>>>(g, v, vs, z, counts, ubar);
+  LINAC_CHECK(g.S <= 65535, "vq_attn: the GPU cache scan takes at most 65535 codes, got " + std::to_string(g.S));
+  const bool vec = g.Dv % 4 == 0 && cuda::rows_vec4(v, sizeof(T), vs.t) && vs.b % 4 == 0;
+  const int64_t per_cta = kScanThreads * (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>(g.P), static_cast<unsigned>(g.S), static_cast<unsigned>((g.Dv + per_cta - 1) / per_cta));
+  if (vec)
+    cache_scan_kernel<true, T><<<grid, kScanThreads, 0, cuda::stream_of(ctx)>>>(g, v, vs, lists, counts, ubar);
+  else
+    cache_scan_kernel<false, T><<<grid, kScanThreads, 0, cuda::stream_of(ctx)>>>(g, v, vs, lists, counts, ubar);
   LINAC_CUDA_LAUNCH_CHECK();
 }
-template void cache_scan<float>(const Ctx&, const Geo&, const float*, VqAttnLayout::Strides, const int32_t*, float*,
-                                float*);
-template void cache_scan<__nv_bfloat16>(const Ctx&, const Geo&, const __nv_bfloat16*, VqAttnLayout::Strides,
-                                        const int32_t*, float*, __nv_bfloat16*);
+template void cache_scan<float>(const Ctx&, const Geo&, const float*, VqAttnLayout::Strides, CodeLists, float*, float*);
+template void cache_scan<__nv_bfloat16>(const Ctx&, const Geo&, const __nv_bfloat16*, VqAttnLayout::Strides, CodeLists,
+                                        float*, __nv_bfloat16*);
 
 void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, float* gcache) {
   constexpr int kThreads = 128;

@@ -1,6 +1,6 @@
 // Shared by the CUDA VQ-attention kernels: the carve of ctx.workspace, a GEMM on raw pointers,
-// the score of one (query, entry) pair, and the order-preserving list of a tile's tokens whose
-// code matches (per-code sums without atomics).
+// the tokens' lists by code (per-code sums without atomics), the score of one (query, entry)
+// pair.
 //
 // Packed layout, workspace: vq_packed.h.
 #pragma once
@@ -18,6 +18,15 @@ namespace linac::vq_cuda {
 // workspace below one block's chunk in one line naming `op` and the bytes needed.
 Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const char* op);
 
+// ctx with the last kBlasBytes of its workspace (start aligned down to 256 bytes, so callers keep
+// 256 bytes spare) as the workspace, for the GEMMs of a kernel that uses the rest.
+inline Ctx blas_tail(const Ctx& ctx) {
+  Ctx blas = ctx;
+  blas.workspace = static_cast<char*>(ctx.workspace) + (ctx.workspace_bytes - kBlasBytes) / 256 * 256;
+  blas.workspace_bytes = kBlasBytes;
+  return blas;
+}
+
 // C (f32) = A @ B (+ beta C) over `batch` matrices at the given element strides; A and B of dtype
 // ab (bf16 or f32) on the GPU, stored row-major with transposes as in matmul.h.
 struct Operand {
@@ -25,18 +34,29 @@ struct Operand {
   int64_t ld, stride;
   bool trans;
 };
+// tf32_exact: f32 operands whose values are all exact in TF32 (GemmProblem::tf32_exact).
 void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
-          int64_t ldc, int64_t stride_c, float beta);
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false);
 // The same GEMM with the f32 table t (codebook or rho, [rows, Dk] per head) as B: hi part, then
 // the lo part accumulated when ab is bf16.
 void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* hi,
                 const void* lo, bool trans_b, float* c, int64_t ldc, float beta);
 
-// Packs q, khat (+ u.khat), v, the cache (scan), the bias tables and the hi/lo parts, for the
-// forward and the backward alike (vq_prepare.cu).
+// Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
+// packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and
+// the backward alike (vq_prepare.cu).
 template <class T>
-void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, const T* q, const T* khat,
-             const int32_t* z, const T* v, const float* codebook, const float* u, const float* vr, const float* rho);
+void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T* q, const T* khat, const int32_t* z,
+             const T* v, const float* codebook, const float* u, const float* vr, const float* rho);
+// Whether a [B, T, H, D] input with strides s is the packed layout itself ([P Tp, D] rows).
+bool is_packed(const Geo& g, VqAttnLayout::Strides s, int64_t D);
+// The batched GEMM over blocks [i0, i0 + c) with the window of block i (rows (i-1) Lb ..
+// (i+1) Lb of the packed [*, D] matrix x) as B: on the N side (C_i [Lb, 2 Lb] = A_i [Lb, D]
+// window_i^T, the scores) or on the K side (C_i [Lb, D] = A_i [Lb, 2 Lb] window_i). Block 0 has
+// no block before it: its GEMM takes only the present half (columns Lb.. of C, or of A); on the
+// N side the first Lb columns of its C are left unwritten.
+void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
+                 int64_t D, float* cc, int64_t ldc, int64_t stride_c, float beta);
 // The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos.
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
 // Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T.
@@ -47,63 +67,96 @@ template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
               const T* y, VqAttnLayout::Strides ys, float* out);
 
-// Counts and means of the cache each block reads (blocks <= n-2), vq_cache_scan.cu.
+// The tokens of each segment (h, b, m) (tokens [m Ls, (m + 1) Ls) of sequence b, head h) by
+// code, in token order: those with code s are tok[start[key] .. start[key + 1]) for
+// key = ((h B + b) R + m) S + s, R = ceil(T / Ls). Sorted in `scratch` (code_lists_bytes), which
+// holds the lists; a too small scratch is refused in one line naming `op` (vq_code_lists.cu).
+struct CodeLists {
+  const int32_t* start;  // [H B R S + 1]
+  const int32_t* tok;    // [B T H] token indices t
+};
+CodeLists code_lists(const Ctx& ctx, const int32_t* z, int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls,
+                     void* scratch, size_t bytes, const char* op);
+
+// Counts and means of the cache each block reads (blocks <= n-2), from the lists by (block,
+// code); vq_cache_scan.cu.
 template <class T>
-void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, const int32_t* z, float* counts,
+void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, CodeLists lists, float* counts,
                 T* ubar);
 // gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n) (0 where N = 0), in place; vq_cache_scan.cu.
 void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, float* gcache);
 
-// Row r of a chunk starting at block i0, as block, pair, token and head.
+// Row r of a chunk starting at block i0, as block, pair, token and head (32-bit divisions:
+// carve checks that the packed rows fit).
 struct Row {
   int64_t i, l, p, n, t, h, b;
 };
 __host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
+  const uint32_t Lb = static_cast<uint32_t>(g.Lb), R = static_cast<uint32_t>(g.R), B = static_cast<uint32_t>(g.B);
+  const uint32_t rr = static_cast<uint32_t>(r), di = rr / Lb;
+  const uint32_t i = static_cast<uint32_t>(i0) + di, p = i / R, n = i - p * R, h = p / B;
   Row w;
-  w.i = i0 + r / g.Lb;
-  w.l = r % g.Lb;
-  w.p = w.i / g.R;
-  w.n = w.i % g.R;
-  w.t = w.n * g.Lb + w.l;
-  w.h = w.p / g.B;
-  w.b = w.p % g.B;
+  w.i = i;
+  w.l = rr - di * Lb;
+  w.p = p;
+  w.n = n;
+  w.t = int64_t{n} * Lb + w.l;
+  w.h = h;
+  w.b = p - h * B;
   return w;
 }
 
-// Window entry e of row w: -inf where masked.
-__device__ __forceinline__ float window_score(const Geo& g, const Row& w, int64_t e, const float* swin_row,
-                                              const float* pos_row, const float* ub, const float* vrho_h) {
-  const int64_t j = (w.n - 1) * g.Lb + e;
-  if (j < 0 || j > w.t) return -INFINITY;
-  float s = swin_row[e] + ub[w.p * g.Tp + j];
-  const int64_t d = w.t - j;
-  if (d <= g.Lb) s += pos_row[d] + vrho_h[d];
-  return s;
-}
-// Cache entry s of row w (counts_i = the counts block i reads): -inf where empty.
-__device__ __forceinline__ float cache_score(int64_t s, const float* scache_row, const float* ucb_h,
-                                             const float* counts_i) {
-  const float N = counts_i[s];
-  return N > 0 ? scache_row[s] + ucb_h[s] + logf(N) : -INFINITY;
-}
-
-// Every thread of a CTA of kThreads (a multiple of 32) passes `hit` for its token of the tile;
-// returns the number of hits and leaves their thread indices, in order, in hits[0..n).
-// warp_hits is shared scratch of kThreads / 32 ints. Ends with a barrier.
-template <int kThreads>
-__device__ int compact_hits(bool hit, int* hits, int* warp_hits) {
-  const unsigned mask = __ballot_sync(0xffffffffu, hit);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_hits[warp] = __popc(mask);
-  __syncthreads();
-  int offset = 0, total = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) offset += warp_hits[w];
-    total += warp_hits[w];
+// The scores of row r of a chunk (row w), everything but the GEMM terms resolved once per row
+// so an entry costs 32-bit index math and its loads. Window entry e is key j = (n-1) Lb + e:
+// valid for lo <= e <= hi (lo = Lb at a pair's first block: no block before it; hi = Lb + l:
+// j <= t); distance t - j = hi - e, with a position term where it is <= Lb (e >= l). Cache entry
+// s is valid where s < S and its count N_s > 0. Masked entries are -inf.
+// Entries go in groups of four (one 16-byte load of the GEMM scores): the score rows are padded
+// to ldw = round8(2 Lb) and lds = round8(S), so a group that starts inside a row ends inside its
+// padding, whose entries come out masked.
+struct RowScores {
+  const float *swin, *scache, *pos, *ub, *vrho, *ucb, *counts;
+  int lo, hi, l, Lb, S;
+  __device__ __forceinline__ RowScores(const Geo& g, const Row& w, int64_t r, const Ws& ws) {
+    swin = ws.swin + r * g.ldw;
+    scache = ws.scache + r * g.lds;
+    pos = ws.pos + r * g.ldp;
+    ub = ws.ub + w.p * g.Tp + w.n * g.Lb;  // the present block's key biases: entry e's is ub[e - Lb]
+    vrho = ws.vrho + w.h * (g.Lb + 1);
+    ucb = ws.ucb + w.h * g.S;
+    counts = ws.counts + w.i * g.S;
+    l = static_cast<int>(w.l);
+    Lb = static_cast<int>(g.Lb);
+    S = static_cast<int>(g.S);
+    lo = w.n == 0 ? Lb : 0;
+    hi = Lb + l;
   }
-  if (hit) hits[offset + __popc(mask & ((1u << lane) - 1))] = static_cast<int>(threadIdx.x);
-  __syncthreads();
-  return total;
+  __device__ __forceinline__ float window(int e, float qk) const {
+    if (e < lo || e > hi) return -INFINITY;
+    float s = qk + ub[e - Lb];
+    if (e >= l) s += pos[hi - e] + vrho[hi - e];
+    return s;
+  }
+  __device__ __forceinline__ float cache(int s, float qc) const {
+    if (s >= S) return -INFINITY;
+    const float N = counts[s];
+    return N > 0 ? qc + ucb[s] + logf(N) : -INFINITY;
+  }
+  // Entries e0 .. e0 + 3 (e0 a multiple of 4).
+  __device__ __forceinline__ float4 window4(int e0) const {
+    const float4 q = *reinterpret_cast<const float4*>(swin + e0);
+    return make_float4(window(e0, q.x), window(e0 + 1, q.y), window(e0 + 2, q.z), window(e0 + 3, q.w));
+  }
+  __device__ __forceinline__ float4 cache4(int s0) const {
+    const float4 q = *reinterpret_cast<const float4*>(scache + s0);
+    return make_float4(cache(s0, q.x), cache(s0 + 1, q.y), cache(s0 + 2, q.z), cache(s0 + 3, q.w));
+  }
+};
+
+// Applies f to the four lanes of a float4 with their offsets 0..3, returning the results.
+template <class F>
+__device__ __forceinline__ float4 map4(float4 x, F f) {
+  return make_float4(f(x.x, 0), f(x.y, 1), f(x.z, 2), f(x.w, 3));
 }
 
 }  // namespace linac::vq_cuda

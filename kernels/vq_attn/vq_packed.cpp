@@ -15,14 +15,11 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   };
   auto act = [&](int64_t elems) -> void* { return take(elems, act_bytes); };
   auto f32 = [&](int64_t elems) -> float* { return reinterpret_cast<float*>(take(elems, sizeof(float))); };
-  auto after_zero_block = [&](void* p, int64_t D) -> void* {
-    return p ? static_cast<char*>(p) + static_cast<size_t>(g.Lb * D) * act_bytes : nullptr;
-  };
   Ws w{};
   const int64_t rows = g.P * g.Tp, H = g.H, S = g.S, Dk = g.Dk, Dv = g.Dv, L1 = g.Lb + 1;
   w.qp = act(rows * Dk);
-  w.kp = after_zero_block(act((g.NB + 1) * g.Lb * Dk), Dk);
-  w.vp = after_zero_block(act((g.NB + 1) * g.Lb * Dv), Dv);
+  w.kp = act(rows * Dk);
+  w.vp = act(rows * Dv);
   w.ubar = act(g.NB * S * Dv);
   w.c_hi = act(H * S * Dk);
   w.c_lo = act(H * S * Dk);
@@ -32,6 +29,8 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.ub = f32(rows);
   w.ucb = f32(H * S);
   w.vrho = f32(H * L1);
+  w.lists_bytes = code_lists_bytes(g.B, g.T, g.H, g.S, g.Lb);
+  w.lists = take(static_cast<int64_t>(w.lists_bytes), 1);
   if (backward) {
     w.qu = act(rows * Dk);
     w.qr = act(rows * Dk);

@@ -6,9 +6,12 @@
 // row p Tp + t, block i = p R + n. The blocks of all pairs then sit at one uniform stride, so
 // every per-block product is one strided-batched GEMM over a range of blocks:
 //   window   the 2 Lb keys of block i are rows (i-1) Lb .. (i+1) Lb of kp / vp (the previous block
-//            and the present one); a zero block precedes kp and vp so block 0 can read "block -1".
-//            At a pair's first block that range is the previous pair's last block: masked.
+//            and the present one). At a pair's first block that range is the previous pair's
+//            last block: masked. Block 0 has no block before it: its GEMMs take the present
+//            half only (window_gemm).
 //   cache    counts [NB, S] and per-code means ubar [NB, S, Dv] (NB = P R blocks) that block i reads.
+// An input already in this layout (one head, T a multiple of Lb, rows contiguous) is used in
+// place instead of being packed.
 // Entries of a query row: window e = 0..2Lb-1 (key j = (n-1) Lb + e, valid for 0 <= j <= t,
 // position term rho_{t-j} for t - j <= Lb) and cache s = 0..S-1 (valid where N_s > 0).
 // Scores are q.k (GEMM on the exact inputs) plus f32 bias terms (u.k, vr.rho_d): rounding q+u
@@ -51,13 +54,16 @@ inline Geo geo_of(const VqAttnLayout& L) { return geo_of(L.B, L.T, L.H, L.Dk, L.
 // Workspace pointers. `act` pointers hold the activation dtype (bf16 or f32), the rest f32.
 struct Ws {
   // Whole call: packed inputs, the cache, the bias tables.
-  void *qp, *kp, *vp, *ubar;    // act: [P Tp, Dk], [NB Lb, Dk] and [NB Lb, Dv] (a zero block before each), [NB, S, Dv]
+  void *qp, *kp, *vp, *ubar;    // act: [P Tp, Dk] (q, khat), [P Tp, Dv], [NB, S, Dv]; prepare may point
+                                //  qp, kp, vp at the inputs themselves
   void *c_hi, *c_lo;            // act: codebook [H, S, Dk] as hi + lo parts (lo unused in f32)
   void *rho_hi, *rho_lo;        // act: [H, ldp, Dk], rows past Lb zero (ldp: even GEMM dimensions)
   float *counts, *ub;           // [NB, S]; u.khat_j per packed row
   float *ucb, *vrho;            // u.C_s [H, S]; vr.rho_d [H, Lb+1]
+  void* lists;                  // scratch of the tokens' lists by (block, code), code_lists_bytes
+  size_t lists_bytes;
   // Whole call, backward only.
-  void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv]
+  void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv] (or dout itself)
   float *delta, *dqu, *dqr, *dk, *dvp, *gcache, *ones;  // dout.o; dq's two parts, dkhat, dv [P Tp, *]; [NB, S, Dv]; [B Tp]
   float* drho;                  // [H, ldp, Dk]
   // One chunk of `cap` blocks (rows = cap Lb).
@@ -69,6 +75,9 @@ struct Ws {
   int64_t cap = 0;
   Ctx blas;  // ctx with the workspace's last kBlasBytes, for the GEMMs
 };
+
+// Scratch of code_lists (vq_code_lists.cu) for segments of Ls tokens.
+size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls);
 
 // Lays the workspace out from `base` (nullptr: sizes only) for chunks of `cap` blocks; returns
 // the bytes used, kBlasBytes included.

@@ -17,37 +17,76 @@ using cuda::warp_sum;
 
 constexpr int kThreads = 256;
 
-// CTA per packed row (p, t), threads over d.
-template <class T>
-__global__ void pack_kernel(Geo g, const T* __restrict__ src, VqAttnLayout::Strides s, int64_t D,
-                            const float* __restrict__ add, T* __restrict__ dst) {
-  const int64_t row = blockIdx.x, p = row / g.Tp, t = row % g.Tp, h = p / g.B, b = p % g.B;
-  T* out = dst + row * D;
-  if (t >= g.T) {
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = from_float<T>(0.f);
+// The pair, token and head of packed row `row` (32-bit: carve checks that rows fit).
+struct PackedRow {
+  uint32_t p, t, h, b;
+};
+__device__ __forceinline__ PackedRow packed_row(const Geo& g, uint32_t row) {
+  const uint32_t Tp = static_cast<uint32_t>(g.Tp), B = static_cast<uint32_t>(g.B);
+  PackedRow r;
+  r.p = row / Tp;
+  r.t = row - r.p * Tp;
+  r.h = r.p / B;
+  r.b = r.p - r.h * B;
+  return r;
+}
+
+// Row-tiled over the packed rows; four columns per access where every row involved is 4-aligned.
+template <bool kVec, class T>
+__global__ void __launch_bounds__(kThreads) pack_kernel(Geo g, const T* __restrict__ src, VqAttnLayout::Strides s,
+                                                        int D, const float* __restrict__ add, T* __restrict__ dst,
+                                                        int log_tpr) {
+  const cuda::RowSlot rs = cuda::row_slot(log_tpr);
+  if (rs.row >= g.P * g.Tp) return;
+  const PackedRow w = packed_row(g, static_cast<uint32_t>(rs.row));
+  T* out = dst + rs.row * D;
+  const int step = kVec ? 4 * rs.lanes : rs.lanes;
+  if (w.t >= g.T) {
+    for (int d = (kVec ? 4 : 1) * rs.lane; d < D; d += step) {
+      if constexpr (kVec)
+        cuda::store4(out + d, make_float4(0.f, 0.f, 0.f, 0.f));
+      else
+        out[d] = from_float<T>(0.f);
+    }
     return;
   }
-  const T* in = src + b * s.b + t * s.t + h * D;
-  for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
-    out[d] = add ? from_float<T>(to_float(in[d]) + add[h * D + d]) : in[d];
+  const T* in = src + w.b * s.b + w.t * s.t + int64_t{w.h} * D;
+  const float* a = add ? add + int64_t{w.h} * D : nullptr;
+  if constexpr (kVec) {
+    for (int d = 4 * rs.lane; d < D; d += step) {
+      float4 x = cuda::load4(in + d);
+      if (a) {
+        const float4 y = cuda::load4(a + d);
+        x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+      }
+      cuda::store4(out + d, x);
+    }
+  } else {
+    for (int d = rs.lane; d < D; d += step) out[d] = a ? from_float<T>(to_float(in[d]) + a[d]) : in[d];
+  }
 }
 
 // Warp per packed row.
-template <class T>
-__global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::Strides xs, int64_t D,
+template <bool kVec, class T>
+__global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::Strides xs, int D,
                                 const float* __restrict__ vec, const T* __restrict__ y, VqAttnLayout::Strides ys,
                                 float* __restrict__ out) {
-  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
   if (row >= g.P * g.Tp) return;
-  const int64_t p = row / g.Tp, t = row % g.Tp, h = p / g.B, b = p % g.B;
+  const PackedRow w = packed_row(g, static_cast<uint32_t>(row));
   float acc = 0;
-  if (t < g.T) {
-    const T* xr = x + b * xs.b + t * xs.t + h * D;
-    if (y) {
-      const T* yr = y + b * ys.b + t * ys.t + h * D;
-      for (int64_t d = lane; d < D; d += 32) acc += to_float(xr[d]) * to_float(yr[d]);
+  if (w.t < g.T) {
+    const T* xr = x + w.b * xs.b + w.t * xs.t + int64_t{w.h} * D;
+    const T* yr = y ? y + w.b * ys.b + w.t * ys.t + int64_t{w.h} * D : nullptr;
+    const float* vr = yr ? nullptr : vec + int64_t{w.h} * D;
+    if constexpr (kVec) {
+      for (int d = 4 * lane; d < D; d += 128) {
+        const float4 a = cuda::load4(xr + d), b = yr ? cuda::load4(yr + d) : cuda::load4(vr + d);
+        acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+      }
     } else {
-      for (int64_t d = lane; d < D; d += 32) acc += to_float(xr[d]) * vec[h * D + d];
+      for (int d = lane; d < D; d += 32) acc += to_float(xr[d]) * (yr ? to_float(yr[d]) : vr[d]);
     }
     acc = warp_sum(acc);
   }
@@ -85,6 +124,8 @@ __global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
 Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const char* op) {
   const size_t fixed = layout(g, act_bytes, backward, 0, nullptr, nullptr);
   const size_t per_block = layout(g, act_bytes, backward, 1, nullptr, nullptr) - fixed;
+  LINAC_CHECK(g.P * g.Tp < (int64_t{1} << 31) && std::max(g.Dk, g.Dv) < (int64_t{1} << 30),
+              std::string(op) + ": more than 2^31 packed rows or 2^30 head dims");
   LINAC_CHECK(ctx.workspace_bytes >= fixed + per_block,
               std::string(op) + ": ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
                   std::to_string(fixed + per_block) + " (vq_attn_workspace_bytes)");
@@ -102,7 +143,7 @@ Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const ch
 }
 
 void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
-          int64_t ldc, int64_t stride_c, float beta) {
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact) {
   if (m == 0 || n == 0 || k == 0 || batch == 0) return;
   GemmProblem pr;
   pr.m = m, pr.n = n, pr.k = k, pr.batch = batch;
@@ -110,6 +151,7 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   pr.lda = a.ld, pr.ldb = b.ld, pr.ldc = ldc;
   pr.batch_stride_a = a.stride, pr.batch_stride_b = b.stride, pr.batch_stride_c = stride_c;
   pr.alpha = 1.f, pr.beta = beta;
+  pr.tf32_exact = tf32_exact;
   const Tensor ta(const_cast<void*>(a.p), ab, Device::CUDA, {1}), tb(const_cast<void*>(b.p), ab, Device::CUDA, {1});
   const Tensor tc(c, DType::F32, Device::CUDA, {1});
   matmul_cuda(blas, pr, ta, tb, tc);
@@ -124,30 +166,49 @@ void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Oper
 
 template <class T>
 void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst) {
-  pack_kernel<T><<<static_cast<unsigned>(g.P * g.Tp), 128, 0, cuda::stream_of(ctx)>>>(g, src, s, D, add, dst);
+  const bool vec = D % 4 == 0 && cuda::rows_vec4(src, sizeof(T), s.t) && s.b % 4 == 0 &&
+                   (!add || cuda::rows_vec4(add, sizeof(float), D)) && cuda::rows_vec4(dst, sizeof(T), D);
+  const cuda::RowTiling rt = cuda::row_tiling(g.P * g.Tp, vec ? D / 4 : D, kThreads);
+  const int d = static_cast<int>(D);
+  if (vec)
+    pack_kernel<true, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, rt.log_tpr);
+  else
+    pack_kernel<false, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, rt.log_tpr);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
 template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
               const T* y, VqAttnLayout::Strides ys, float* out) {
-  row_dots_kernel<T><<<cuda::grid_1d(g.P * g.Tp * 32, kThreads), kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, D, vec, y,
-                                                                                                  ys, out);
+  const bool vec4 = D % 4 == 0 && cuda::rows_vec4(x, sizeof(T), xs.t) && xs.b % 4 == 0 &&
+                    (y ? cuda::rows_vec4(y, sizeof(T), ys.t) && ys.b % 4 == 0 : cuda::rows_vec4(vec, sizeof(float), D));
+  const unsigned blocks = cuda::grid_1d(g.P * g.Tp * 32, kThreads);
+  const int d = static_cast<int>(D);
+  if (vec4)
+    row_dots_kernel<true, T><<<blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, d, vec, y, ys, out);
+  else
+    row_dots_kernel<false, T><<<blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, d, vec, y, ys, out);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
+bool is_packed(const Geo& g, VqAttnLayout::Strides s, int64_t D) {
+  return g.H == 1 && g.T == g.Tp && s.t == D && (g.B == 1 || s.b == g.T * D);
+}
+
 template <class T>
-void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, const T* q, const T* khat,
-             const int32_t* z, const T* v, const float* codebook, const float* u, const float* vr, const float* rho) {
+void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T* q, const T* khat, const int32_t* z,
+             const T* v, const float* codebook, const float* u, const float* vr, const float* rho) {
   cudaStream_t st = cuda::stream_of(ctx);
   const bool split = sizeof(T) == 2;
-  T* kp = static_cast<T*>(w.kp);
-  T* vp = static_cast<T*>(w.vp);
-  gpu_memset_zero_async(ctx, kp - g.Lb * g.Dk, static_cast<size_t>(g.Lb * g.Dk) * sizeof(T));
-  gpu_memset_zero_async(ctx, vp - g.Lb * g.Dv, static_cast<size_t>(g.Lb * g.Dv) * sizeof(T));
-  pack<T>(ctx, g, q, L.q, g.Dk, nullptr, static_cast<T*>(w.qp));
-  pack<T>(ctx, g, khat, L.khat, g.Dk, nullptr, kp);
-  pack<T>(ctx, g, v, L.v, g.Dv, nullptr, vp);
+  auto place = [&](const T* x, VqAttnLayout::Strides s, int64_t D, void*& dst) {
+    if (is_packed(g, s, D))
+      dst = const_cast<T*>(x);  // read only
+    else
+      pack<T>(ctx, g, x, s, D, nullptr, static_cast<T*>(dst));
+  };
+  place(q, L.q, g.Dk, w.qp);
+  place(khat, L.khat, g.Dk, w.kp);
+  place(v, L.v, g.Dv, w.vp);
   row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
   table_kernel<T><<<cuda::grid_1d(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.c_hi), split ? static_cast<T*>(w.c_lo) : nullptr);
@@ -155,11 +216,33 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, const Ws& w, c
   table_kernel<T><<<cuda::grid_1d(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rho_hi), split ? static_cast<T*>(w.rho_lo) : nullptr);
   LINAC_CUDA_LAUNCH_CHECK();
-  cache_scan<T>(ctx, g, v, L.v, z, w.counts, static_cast<T*>(w.ubar));
+  const CodeLists lists = code_lists(ctx, z, g.B, g.T, g.H, g.S, g.Lb, w.lists, w.lists_bytes, "vq_attn");
+  cache_scan<T>(ctx, g, v, L.v, lists, w.counts, static_cast<T*>(w.ubar));
   if (w.ones) {
     fill_kernel<<<cuda::grid_1d(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
     LINAC_CUDA_LAUNCH_CHECK();
   }
+}
+
+void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
+                 int64_t D, float* cc, int64_t ldc, int64_t stride_c, float beta) {
+  const size_t es = dtype_size(act);
+  auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
+  const int64_t Lb = g.Lb;
+  if (i0 == 0 && c > 0) {
+    if (n_side)
+      gemm(w.blas, act, Lb, Lb, D, 1, a, {x, D, 0, true}, cc + Lb, ldc, 0, beta);
+    else
+      gemm(w.blas, act, Lb, D, Lb, 1, {at(a.p, Lb), a.ld, 0, a.trans}, {x, D, 0, false}, cc, ldc, 0, beta);
+    a.p = at(a.p, a.stride);
+    cc += stride_c;
+    i0 = 1;
+    --c;
+  }
+  if (n_side)
+    gemm(w.blas, act, Lb, 2 * Lb, D, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, true}, cc, ldc, stride_c, beta);
+  else
+    gemm(w.blas, act, Lb, D, 2 * Lb, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, false}, cc, ldc, stride_c, beta);
 }
 
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c) {
@@ -168,8 +251,7 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
   const int64_t Lb = g.Lb, Dk = g.Dk, rows = c * Lb;
   const Operand qa{at(w.qp, i0 * Lb * Dk), Dk, Lb * Dk, false};
   // swin[i] = q_i [Lb, Dk] @ (keys (i-1) Lb .. (i+1) Lb)^T
-  gemm(w.blas, act, Lb, 2 * Lb, Dk, c, qa, {at(w.kp, (i0 - 1) * Lb * Dk), Dk, Lb * Dk, true}, w.swin, g.ldw,
-       Lb * g.ldw, 0.f);
+  window_gemm(g, w, act, i0, c, true, qa, w.kp, Dk, w.swin, g.ldw, Lb * g.ldw, 0.f);
   gemm_table(w.blas, act, rows, g.S, Dk, qa, at(w.c_hi, h * g.S * Dk), at(w.c_lo, h * g.S * Dk), true, w.scache, g.lds,
              0.f);
   // all ldp distances (rho's padding rows are zero): a GEMM dimension of Lb + 1 is odd
@@ -178,7 +260,7 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
 }
 
 #define LINAC_VQ_PREPARE(T)                                                                                            \
-  template void prepare<T>(const Ctx&, const Geo&, const VqAttnLayout&, const Ws&, const T*, const T*, const int32_t*, \
+  template void prepare<T>(const Ctx&, const Geo&, const VqAttnLayout&, Ws&, const T*, const T*, const int32_t*,      \
                            const T*, const float*, const float*, const float*, const float*);                          \
   template void pack<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, T*);          \
   template void row_dots<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, const T*, \

@@ -1,12 +1,16 @@
 // CUDA vector quantizer and codebook statistics (math in vq_attn.h, spec §2.1-§2.2).
 //   quantize     f32 distances ||k||^2 - 2 k.C_s + ||C_s||^2 (clamped at 0): the keys of a chunk
-//                of tokens as f32 rows [H, n, Dk] with their norms, k.C^T as one f32 GEMM per
-//                head (cuBLASLt, true fp32; scratch in ctx.workspace), then a warp per (token,
-//                head) takes the argmin on (distance, code), so ties go to the lowest code
-//                (equal codewords give equal distances). khat = C_z rounded to k's dtype.
-//   code stats   one CTA per (head, code): the CTA walks all B*T tokens in order in tiles of
-//                kThreads, each thread owning key dims; a fixed-order serial sum per dim, no
-//                atomics, so the result is bitwise reproducible.
+//                of tokens as f32 rows [H, n, Dk] with their norms, k.C^T as f32 GEMMs per head
+//                (cuBLASLt; scratch in ctx.workspace), then a warp per (token, head) takes the
+//                argmin on (distance, code), so ties go to the lowest code (equal codewords give
+//                equal distances). khat = C_z rounded to k's dtype. bf16 keys are exact TF32
+//                numbers, so with C = C_hi + C_lo (both TF32, |C - C_hi - C_lo| <= 2^-22 |C|) the
+//                product is two TF32 tensor-core GEMMs with f32 accumulation; f32 keys take one
+//                true-fp32 GEMM.
+//   code stats   per head, the tokens' one-hot code rows [tokens, S] (in ctx.workspace, chunks
+//                of tokens if it is small) and sums = onehot^T k as GEMMs (bf16 operands are
+//                exact, f32 accumulation, a fixed algorithm: bitwise reproducible); the counts
+//                are integer atomics (exact in any order).
 //   EMA update and codebook from statistics: elementwise.
 // Layouts: k, khat [B,T,H,Dk] (free batch/token strides); z, err [B,T,H]; codebook, sums, c_sum
 // [H,S,Dk]; counts, c_count [H,S].
@@ -26,16 +30,27 @@ using cuda::from_float;
 using cuda::to_float;
 using cuda::warp_sum;
 
-constexpr int kThreads = 128;
-constexpr int kMaxDk = 256;
 
-// Warp per (head, code): cc = ||C_s||^2.
+// x rounded to the nearest TF32 number (10 mantissa bits; finite x).
+__device__ __forceinline__ float to_tf32(float x) {
+  return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
+}
+
+// Warp per (head, code): cc = ||C_s||^2; with hi (and lo), the codeword's TF32 split.
 __global__ void vq_code_norms_kernel(int64_t HS, int64_t Dk, const float* __restrict__ codebook,
-                                     float* __restrict__ cc) {
+                                     float* __restrict__ cc, float* __restrict__ hi, float* __restrict__ lo) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (i >= HS) return;
   float acc = 0;
-  for (int64_t d = lane; d < Dk; d += 32) acc += codebook[i * Dk + d] * codebook[i * Dk + d];
+  for (int64_t d = lane; d < Dk; d += 32) {
+    const float c = codebook[i * Dk + d];
+    acc += c * c;
+    if (hi) {
+      const float h = to_tf32(c);
+      hi[i * Dk + d] = h;
+      lo[i * Dk + d] = to_tf32(c - h);
+    }
+  }
   acc = warp_sum(acc);
   if (lane == 0) cc[i] = acc;
 }
@@ -96,31 +111,25 @@ __global__ void vq_nearest_code_kernel(VqQuantLayout L, int64_t tok0, int64_t n,
   }
 }
 
+// Thread per four columns of a one-hot row: rows r = tokens bt0 + r (bt = b T + t) of head h,
+// a 1 at the token's code (columns padded to lds, a multiple of 4); the thread holding the 1
+// counts the token.
 template <class T>
-__global__ void __launch_bounds__(kThreads) vq_code_stats_kernel(VqQuantLayout L, const T* __restrict__ k,
-                                                                 const int32_t* __restrict__ z,
-                                                                 float* __restrict__ sums, float* __restrict__ counts) {
-  __shared__ int tile_tokens[kThreads];
-  __shared__ int warp_hits[kThreads / 32];
-  const int64_t h = blockIdx.x / L.S, s = blockIdx.x % L.S;
-  float acc[kMaxDk / kThreads] = {};
-  float count = 0;
-  const int64_t n_tok = L.B * L.T;
-  for (int64_t base = 0; base < n_tok; base += kThreads) {
-    const int64_t bt = base + threadIdx.x;
-    const int tile_len =
-        vq_cuda::compact_hits<kThreads>(bt < n_tok && z[bt * L.H + h] == s, tile_tokens, warp_hits);
-    for (int r = 0; r < tile_len; ++r) {
-      const int64_t tok = base + tile_tokens[r], b = tok / L.T, t = tok % L.T;
-      const T* kt = k + b * L.k.b + t * L.k.t + h * L.Dk;
-      for (int64_t d = threadIdx.x, j = 0; d < L.Dk; d += kThreads, ++j) acc[j] += to_float(kt[d]);
-    }
-    count += tile_len;
-    __syncthreads();
-  }
-  float* out = sums + (h * L.S + s) * L.Dk;
-  for (int64_t d = threadIdx.x, j = 0; d < L.Dk; d += kThreads, ++j) out[d] = acc[j];
-  if (threadIdx.x == 0) counts[h * L.S + s] = count;
+__global__ void vq_onehot_kernel(const int32_t* __restrict__ z, int64_t H, int64_t h, int64_t bt0, int64_t n,
+                                 int64_t lds, T* __restrict__ onehot, int* __restrict__ icount) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, groups = lds / 4;
+  if (i >= n * groups) return;
+  const int64_t r = i / groups, s0 = 4 * (i % groups);
+  const int code = z[(bt0 + r) * H + h];
+  auto one = [&](int k) { return code == s0 + k ? 1.f : 0.f; };
+  cuda::store4(onehot + r * lds + s0, make_float4(one(0), one(1), one(2), one(3)));
+  if (code >= s0 && code < s0 + 4) atomicAdd(&icount[h * lds + code], 1);
+}
+
+__global__ void vq_counts_kernel(int64_t H, int64_t S, int64_t lds, const int* __restrict__ icount,
+                                 float* __restrict__ counts) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i < H * S) counts[i] = static_cast<float>(icount[(i / S) * lds + i % S]);
 }
 
 __global__ void vq_ema_kernel(int64_t n, int64_t n_counts, const float* __restrict__ sums,
@@ -143,34 +152,42 @@ void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, c
                       const Tensor& z, const Tensor& khat, const Tensor& err) {
   const int64_t n_tok = L.B * L.T;
   if (n_tok * L.H == 0) return;
-  // ctx.workspace: cc [H, S], then per token and head kf [Dk], kk, kc [S] (f32), and cuBLASLt's share.
-  const size_t fixed = static_cast<size_t>(L.H * L.S) * sizeof(float) + 256 + vq_cuda::kBlasBytes;
+  // ctx.workspace: cc [H, S], the codebook's TF32 split [2, H, S, Dk] (bf16 keys), then per token
+  // and head kf [Dk], kk, kc [S] (f32), and cuBLASLt's share.
+  const bool split = k.dtype == DType::BF16;
+  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t split_bytes = split ? align(static_cast<size_t>(2 * L.H * L.S * L.Dk) * sizeof(float)) : 0;
+  const size_t fixed = static_cast<size_t>(L.H * L.S) * sizeof(float) + 2 * 256 + split_bytes + vq_cuda::kBlasBytes;
   const size_t per_tok = static_cast<size_t>(L.H * (L.Dk + 1 + L.S)) * sizeof(float);
   LINAC_CHECK(ctx.workspace_bytes >= fixed + 3 * 256 + per_tok,
               "vq_quantize: ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
                   std::to_string(fixed + 3 * 256 + per_tok));
   const int64_t chunk = std::min<int64_t>(n_tok, static_cast<int64_t>((ctx.workspace_bytes - fixed - 3 * 256) / per_tok));
-  auto align = [](size_t b) { return (b + 255) / 256 * 256; };
   char* base = static_cast<char*>(ctx.workspace);
   float* cc = reinterpret_cast<float*>(base);
-  float* kf = reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float)));
+  float* c_hi = split ? reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float))) : nullptr;
+  float* c_lo = split ? c_hi + L.H * L.S * L.Dk : nullptr;
+  float* kf = reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float)) + split_bytes);
   float* kk = kf + align(static_cast<size_t>(L.H * chunk * L.Dk) * sizeof(float)) / sizeof(float);
   float* kc = kk + align(static_cast<size_t>(L.H * chunk) * sizeof(float)) / sizeof(float);
-  Ctx blas = ctx;
-  blas.workspace = base + ctx.workspace_bytes - vq_cuda::kBlasBytes;
-  blas.workspace_bytes = vq_cuda::kBlasBytes;
+  const Ctx blas = vq_cuda::blas_tail(ctx);
   cudaStream_t st = cuda::stream_of(ctx);
   const float* cb = codebook.data<float>();
-  vq_code_norms_kernel<<<cuda::grid_1d(L.H * L.S * 32, 256), 256, 0, st>>>(L.H * L.S, L.Dk, cb, cc);
+  vq_code_norms_kernel<<<cuda::grid_1d(L.H * L.S * 32, 256), 256, 0, st>>>(L.H * L.S, L.Dk, cb, cc, c_hi, c_lo);
   LINAC_CUDA_LAUNCH_CHECK();
   LINAC_GPU_DISPATCH(k.dtype, T, {
     for (int64_t tok0 = 0; tok0 < n_tok; tok0 += chunk) {
       const int64_t n = std::min(chunk, n_tok - tok0);
       vq_pack_keys_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(L, tok0, n, k.data<T>(), kf, kk);
       LINAC_CUDA_LAUNCH_CHECK();
-      // kc[h] = kf[h] C[h]^T in f32 (true fp32, no TF32: the distances decide the codes)
-      vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, {kf, L.Dk, n * L.Dk, false}, {cb, L.Dk, L.S * L.Dk, true}, kc,
-                    L.S, n * L.S, 0.f);
+      // kc[h] = kf[h] C[h]^T with f32 accuracy: the distances decide the codes
+      const vq_cuda::Operand kfa{kf, L.Dk, n * L.Dk, false};
+      if (split) {
+        vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {c_hi, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 0.f, true);
+        vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {c_lo, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 1.f, true);
+      } else {
+        vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {cb, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 0.f);
+      }
       vq_nearest_code_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(
           L, tok0, n, kf, kk, kc, cc, cb, z.data<int32_t>(), khat.data<T>(), err.defined() ? err.data<float>() : nullptr);
       LINAC_CUDA_LAUNCH_CHECK();
@@ -180,12 +197,50 @@ void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, c
 
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,
                         const Tensor& counts) {
-  LINAC_CHECK(L.Dk <= kMaxDk, "vq_code_stats: the GPU takes Dk <= 256");
   if (L.H * L.S == 0) return;
+  const int64_t n_tok = L.B * L.T, lds = vq_cuda::round8(L.S), Tn = L.T;  // Tn: `L.T <` would parse as a template
+  const size_t es = dtype_size(k.dtype);
+  // ctx.workspace: icount [H, lds] int, one-hot rows [chunk, lds], cuBLASLt's share.
+  const size_t fixed = (static_cast<size_t>(L.H * lds) * sizeof(int) + 255) / 256 * 256 + 256 + vq_cuda::kBlasBytes;
+  const size_t per_tok = static_cast<size_t>(lds) * es;
+  LINAC_CHECK(ctx.workspace_bytes >= fixed + per_tok,
+              "vq_code_stats: ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
+                  std::to_string(fixed + per_tok));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n_tok, static_cast<int64_t>((ctx.workspace_bytes - fixed) / per_tok)));
+  char* base = static_cast<char*>(ctx.workspace);
+  int* icount = reinterpret_cast<int*>(base);
+  void* onehot = base + (fixed - 256 - vq_cuda::kBlasBytes);
+  const Ctx blas = vq_cuda::blas_tail(ctx);
+  cudaStream_t st = cuda::stream_of(ctx);
+  gpu_memset_zero_async(ctx, icount, static_cast<size_t>(L.H * lds) * sizeof(int));
+  float* out = sums.data<float>();
   LINAC_GPU_DISPATCH(k.dtype, T, {
-    vq_code_stats_kernel<T><<<static_cast<unsigned>(L.H * L.S), kThreads, 0, cuda::stream_of(ctx)>>>(
-        L, k.data<T>(), z.data<int32_t>(), sums.data<float>(), counts.data<float>());
+    for (int64_t h = 0; h < L.H; ++h) {
+      if (n_tok == 0) gpu_memset_zero_async(ctx, out + h * L.S * L.Dk, static_cast<size_t>(L.S * L.Dk) * sizeof(float));
+      for (int64_t bt0 = 0; bt0 < n_tok; bt0 += chunk) {
+        const int64_t n = std::min(chunk, n_tok - bt0);
+        vq_onehot_kernel<T><<<cuda::grid_1d(n * lds / 4, 256), 256, 0, st>>>(z.data<int32_t>(), L.H, h, bt0, n, lds,
+                                                                            static_cast<T*>(onehot), icount);
+        LINAC_CUDA_LAUNCH_CHECK();
+        // sums[h] (+)= onehot^T k over the chunk's tokens: one GEMM where the sequences follow
+        // each other in k, else one per sequence part
+        if (L.k.b == Tn * L.k.t) {
+          vq_cuda::gemm(blas, k.dtype, L.S, L.Dk, n, 1, {onehot, lds, 0, true},
+                        {k.data<T>() + bt0 * L.k.t + h * L.Dk, L.k.t, 0, false}, out + h * L.S * L.Dk, L.Dk, 0,
+                        bt0 == 0 ? 0.f : 1.f);
+          continue;
+        }
+        for (int64_t b = bt0 / Tn; b * Tn < bt0 + n; ++b) {
+          const int64_t ta = std::max(bt0, b * Tn) - b * Tn, tb = std::min(bt0 + n, (b + 1) * Tn) - b * Tn;
+          const T* kb = k.data<T>() + b * L.k.b + ta * L.k.t + h * L.Dk;
+          vq_cuda::gemm(blas, k.dtype, L.S, L.Dk, tb - ta, 1,
+                        {static_cast<const T*>(onehot) + (b * Tn + ta - bt0) * lds, lds, 0, true}, {kb, L.k.t, 0, false},
+                        out + h * L.S * L.Dk, L.Dk, 0, bt0 == 0 && b == 0 ? 0.f : 1.f);
+        }
+      }
+    }
   });
+  vq_counts_kernel<<<cuda::grid_1d(L.H * L.S, 256), 256, 0, st>>>(L.H, L.S, lds, icount, counts.data<float>());
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -24,9 +24,12 @@ std::string name(const Case& c) {
 }
 
 // Ragged T everywhere; several blocks so the cache fills; S = 7 repeats codes; the paper's head
-// (Dk 128, Dv 1536, S 512) on a short sequence; multi-head Dk = Dv = 64.
-const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},  {1, 300, 1, 128, 1536, 512, 64}, {2, 130, 2, 32, 96, 7, 32},
-                       {1, 700, 2, 64, 128, 100, 128}, {3, 45, 2, 16, 48, 5, 8}};
+// (Dk 128, Dv 1536, S 512) on a short sequence; multi-head Dk = Dv = 64; head dims that are not
+// multiples of four (the kernels' one-element paths); blocks of 1024 (rows too long for the
+// forward to keep their scores in shared memory).
+const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},     {1, 300, 1, 128, 1536, 512, 64}, {2, 130, 2, 32, 96, 7, 32},
+                       {1, 700, 2, 64, 128, 100, 128}, {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
+                       {1, 2100, 1, 16, 16, 300, 1024}};
 
 // [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
 Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
@@ -203,6 +206,43 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
   }
 }
 
+// Inputs that already are in the packed layout (one head, T a multiple of the block, contiguous
+// rows) are read in place: the same results as from the same values in a fused buffer (packed).
+TEST(VqAttnGpu, InputsInPackedLayout) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Case c{3, 128, 1, 32, 48, 20, 32};  // 4 blocks per sequence
+    Inputs in(c, 21);
+    const Gpu g(in, act);
+    const Result fused = g.run(gctx.ctx(), in, act);
+    auto cols = [&](int64_t c0, int64_t D) {  // [B, T, 1, D] copy of columns [c0, c0 + D) of the fused buffer
+      OwnedTensor h(DType::F64, Device::CPU, {c.B, c.T, 1, D});
+      const std::vector<double> x = part(in.qkv, c0, D);
+      std::copy(x.begin(), x.end(), h->data<double>());
+      return to(h, Device::CUDA, act);
+    };
+    const OwnedTensor q = cols(0, c.Dk), kh = cols(c.Dk, c.Dk), v = cols(2 * c.Dk, c.Dv);
+    OwnedTensor o(act, Device::CUDA, {c.B, c.T, 1, c.Dv}), lse(DType::F32, Device::CUDA, {c.B, c.T, 1});
+    OwnedTensor dq(act, Device::CUDA, {c.B, c.T, 1, c.Dk}), dk(act, Device::CUDA, {c.B, c.T, 1, c.Dk});
+    OwnedTensor dv(act, Device::CUDA, {c.B, c.T, 1, c.Dv}), du(DType::F32, Device::CUDA, {1, c.Dk});
+    OwnedTensor dvr(DType::F32, Device::CUDA, {1, c.Dk}), drho(DType::F32, Device::CUDA, {1, c.Lb + 1, c.Dk});
+    vq_attn_fwd(gctx.ctx(), q, kh, g.z, v, g.cb, g.u, g.vr, g.rho, o, lse, in.opts());
+    vq_attn_bwd(gctx.ctx(), q, kh, g.z, v, g.cb, g.u, g.vr, g.rho, o, lse, g.dout, dq, dk, dv, du, dvr, drho, in.opts());
+    ctx_synchronize(gctx.ctx());
+    const double tol = act == DType::BF16 ? 2e-3 : 1e-6;
+    EXPECT_LT(test::rel_error(o, fused.o), tol) << "o";
+    EXPECT_LT(test::rel_error(lse, fused.lse), 1e-6) << "lse";
+    EXPECT_LT(test::rel_error(to_doubles(dq), part(fused.grad, 0, c.Dk)), tol) << "dq";
+    EXPECT_LT(test::rel_error(to_doubles(dk), part(fused.grad, c.Dk, c.Dk)), tol) << "dkhat";
+    EXPECT_LT(test::rel_error(to_doubles(dv), part(fused.grad, 2 * c.Dk, c.Dv)), tol) << "dv";
+    EXPECT_LT(test::rel_error(du, fused.du), tol) << "du";
+    EXPECT_LT(test::rel_error(dvr, fused.dvr), tol) << "dvr";
+    EXPECT_LT(test::rel_error(drho, fused.drho), tol) << "drho";
+  }
+}
+
 // Token t of a [B,T,H,D] view as a [B,H,D] view.
 Tensor token(const Tensor& x, int64_t t) {
   Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
@@ -322,6 +362,25 @@ TEST(VqQuantGpu, CodeStatsEmaCodebook) {
     vq_code_stats(Ctx{}, bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);
     EXPECT_LT(test::rel_error(sums, sums_r), 1e-6);
     EXPECT_EQ(to_doubles(counts), to_doubles(counts_r));
+    // A workspace of 700 tokens' one-hot rows (chunks that end inside sequences), and sequences
+    // that do not follow each other in k (one GEMM per sequence part).
+    Ctx small = gctx.ctx();
+    small.workspace_bytes = 512 + vq_cuda::kBlasBytes + 700 * vq_cuda::round8(S) * dtype_size(act);
+    vq_code_stats(small, bthd(buf, 3, H, Dk), z, sums2, counts2);
+    ctx_synchronize(gctx.ctx());
+    EXPECT_LT(test::rel_error(sums2, sums_r), 1e-6);
+    EXPECT_EQ(to_doubles(counts2), to_doubles(counts_r));
+    OwnedTensor wide = to(test::random_tensor({B, T + 3, W}, DType::F64, 65), Device::CUDA, act);
+    const size_t row_bytes = static_cast<size_t>(W) * dtype_size(act);
+    for (int64_t b = 0; b < B; ++b)
+      gpu_memcpy(static_cast<char*>(wide->ptr) + b * (T + 3) * row_bytes, Device::CUDA,
+                 static_cast<const char*>(buf->ptr) + b * T * row_bytes, Device::CUDA, T * row_bytes);
+    Tensor gapped = bthd(wide, 3, H, Dk);
+    gapped.shape[1] = T;  // the first T tokens of each sequence, at the wider batch stride
+    vq_code_stats(gctx.ctx(), gapped, z, sums2, counts2);
+    ctx_synchronize(gctx.ctx());
+    EXPECT_LT(test::rel_error(sums2, sums_r), 1e-6);
+    EXPECT_EQ(to_doubles(counts2), to_doubles(counts_r));
     // EMA and codebook on the GPU vs the CPU in double.
     OwnedTensor cs_h = test::random_tensor({H, S, Dk}, DType::F64, 63), cc_h = test::random_tensor({H, S}, DType::F64, 64, 0, 3);
     cc_h->data<double>()[5] = 0.001;
