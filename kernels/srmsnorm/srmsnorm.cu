@@ -1,6 +1,8 @@
-// CUDA SimpleRMSNorm (math in srmsnorm.h). One block per row: a fixed-order block reduction
-// (sum of squares forward, sum of y * dy backward), then a second pass over the row, which
-// comes from L1/L2 (rows are at most kSrmsnormMaxDim wide).
+// CUDA SimpleRMSNorm (math in srmsnorm.h). Rows of at most kWarpRowMax columns: a warp per row
+// (kMaxThreads / 32 rows per block, a warp reduction, no block barrier); wider rows: a block per
+// row with a fixed-order block reduction. Either reduces (sum of squares forward, sum of y * dy
+// backward) and then makes a second pass over the row, which comes from L1/L2 (rows are at
+// most kSrmsnormMaxDim wide).
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
@@ -10,6 +12,49 @@ namespace linac {
 namespace {
 
 constexpr int kMaxThreads = 256;
+constexpr int64_t kWarpRowMax = 1024;
+
+// Warp per row.
+template <class TX, class TY>
+__global__ void __launch_bounds__(kMaxThreads) srmsnorm_fwd_rows_kernel(const TX* __restrict__ x, TY* __restrict__ y,
+                                                                        float* __restrict__ rstd, int64_t n, int c,
+                                                                        int64_t ldx, int64_t ldy, float eps) {
+  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= n) return;
+  const TX* xr = x + r * ldx;
+  TY* yr = y + r * ldy;
+  float ss = 0.f;
+  for (int j = lane; j < c; j += 32) {
+    const float v = cuda::to_float(xr[j]);
+    ss += v * v;
+  }
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(c) + eps);
+  if (lane == 0) rstd[r] = rs;
+  for (int j = lane; j < c; j += 32) yr[j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
+}
+
+template <class TX, class TDY, class TDX>
+__global__ void __launch_bounds__(kMaxThreads) srmsnorm_bwd_rows_kernel(const TX* __restrict__ x,
+                                                                        const float* __restrict__ rstd,
+                                                                        const TDY* __restrict__ dy, TDX* __restrict__ dx,
+                                                                        int64_t n, int c, int64_t ldx, int64_t lddy,
+                                                                        int64_t lddx, bool accumulate) {
+  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= n) return;
+  const TX* xr = x + r * ldx;
+  const TDY* dyr = dy + r * lddy;
+  TDX* dxr = dx + r * lddx;
+  const float rs = rstd[r];
+  float dot = 0.f;  // sum_j y_j dy_j
+  for (int j = lane; j < c; j += 32) dot += cuda::to_float(xr[j]) * rs * cuda::to_float(dyr[j]);
+  const float m = cuda::warp_sum(dot) / static_cast<float>(c);
+  for (int j = lane; j < c; j += 32) {
+    const float g = rs * (cuda::to_float(dyr[j]) - cuda::to_float(xr[j]) * rs * m);
+    dxr[j] = cuda::from_float<TDX>(accumulate ? cuda::to_float(dxr[j]) + g : g);
+  }
+}
 
 template <class TX, class TY>
 __global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y, float* __restrict__ rstd,
@@ -56,9 +101,14 @@ void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
                        float eps) {
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
+  cudaStream_t st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
-    srmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, cuda::stream_of(ctx)>>>(
-        x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.C, L.x, L.y, eps);
+    if (L.C <= kWarpRowMax)
+      srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+          x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.N, static_cast<int>(L.C), L.x, L.y, eps);
+    else
+      srmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
+          x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.C, L.x, L.y, eps);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -67,9 +117,15 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
                        const Tensor& dx, bool accumulate) {
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
+  cudaStream_t st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
-    srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, cuda::stream_of(ctx)>>>(
-        x.data<TX>(), rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), L.C, L.x, L.dy, L.dx, accumulate);
+    if (L.C <= kWarpRowMax)
+      srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+          x.data<TX>(), rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), L.N, static_cast<int>(L.C), L.x, L.dy,
+          L.dx, accumulate);
+    else
+      srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
+          x.data<TX>(), rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), L.C, L.x, L.dy, L.dx, accumulate);
   })));
   LINAC_CUDA_LAUNCH_CHECK();
 }
