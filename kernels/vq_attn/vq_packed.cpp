@@ -29,7 +29,11 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.ub = f32(rows);
   w.ucb = f32(H * S);
   w.vrho = f32(H * L1);
+#if LINAC_WITH_CUDA
   w.lists_bytes = code_lists_bytes(g.B, g.T, g.H, g.S, g.Lb);
+#else
+  w.lists_bytes = 0;  // CPU-only builds have no GPU kernels to lay out for
+#endif
   w.lists = take(static_cast<int64_t>(w.lists_bytes), 1);
   if (backward) {
     w.qu = act(rows * Dk);
