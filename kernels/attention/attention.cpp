@@ -1,5 +1,7 @@
 // Attention entry points: argument checks and device/dtype dispatch.
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "attention/attention.h"
 #include "core/dispatch.h"
@@ -46,6 +48,15 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
 }
 
 }  // namespace
+
+const char* attention_gpu_kernels(int64_t D) {
+  const char* env = std::getenv("LINAC_ATTENTION_KERNELS");
+  const std::string choice = env ? env : "";
+  if (!choice.empty() && choice != "auto" && choice != "sm80")
+    throw UserError("LINAC_ATTENTION_KERNELS must be auto or sm80, got '" + choice + "'");
+  if (LINAC_WITH_SM90A && choice != "sm80" && (D == 64 || D == 128) && gpu_compute_capability() == 90) return "sm90";
+  return "sm80";
+}
 
 void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, const AttentionOpts& opts) {

@@ -52,6 +52,12 @@ struct AttentionLayout {
 // Whether the GPU kernels take head dim D: a multiple of 16 from 64 to 128.
 inline bool attention_gpu_head_dim_ok(int64_t D) { return D % 16 == 0 && D >= 64 && D <= 128; }
 
+// Which bf16 GPU kernels run for head dim D on the current device: "sm90" (wgmma + TMA, FA3
+// style: a build for sm_90 on a compute capability 9.0 GPU, D = 64 or 128) or "sm80" (mma.sync,
+// FA2 style: every other GPU and head dim). LINAC_ATTENTION_KERNELS=sm80 forces the latter (for
+// comparisons); unset or "auto" picks; anything else is an error.
+const char* attention_gpu_kernels(int64_t D);
+
 template <class F>
 void attention_fwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F* v, F* o, F* lse);
 template <class F>

@@ -364,6 +364,9 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(dq, L.dq, "dq");
   attn::check_bf16_rows(dk, L.dk, "dk");
   attn::check_bf16_rows(dv, L.dv, "dv");
+#if LINAC_WITH_SM90A
+  if (attn::use_sm90(L)) return attn::bwd_sm90(ctx, a, L, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+#endif
   attn::with_head_dim(D, [&](auto d) {
     attn::launch_bwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
   });

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 
 #include "attention/attention.h"
@@ -253,5 +254,14 @@ void fwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const 
              float* lse);
 void bwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v,
              const float* lse, const float* delta, const float* dout, float* dq, float* dk, float* dv);
+
+// ---- Hopper path (attention_fwd_sm90.cu, attention_bwd_sm90.cu: wgmma + TMA, sm_90a) ----------
+
+inline bool use_sm90(const AttentionLayout& L) { return std::string_view(attention_gpu_kernels(L.D)) == "sm90"; }
+void fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
+              const Tensor& v, const Tensor& o, const Tensor& lse);
+void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
+              const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
+              const Tensor& dk, const Tensor& dv);
 
 }  // namespace linac::attn

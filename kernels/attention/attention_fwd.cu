@@ -180,6 +180,9 @@ void attention_fwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(k, L.k, "k");
   attn::check_bf16_rows(v, L.v, "v");
   attn::check_bf16_rows(o, L.o, "o");
+#if LINAC_WITH_SM90A
+  if (attn::use_sm90(L)) return attn::fwd_sm90(ctx, a, L, q, k, v, o, lse);
+#endif
   attn::with_head_dim(D, [&](auto d) { attn::launch_fwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, o, lse); });
 }
 

@@ -274,6 +274,7 @@ int bench_op(Args& args, const std::string& name) {
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
+    if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window;
     for (const auto& r : rows) {
       const double ms = r.fwd_ms + r.bwd_ms;
       nlohmann::json row = {
@@ -294,6 +295,8 @@ int bench_op(Args& args, const std::string& name) {
                            : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
                            : latte  ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
                                          (macchiato ? ", Macchiato" : "")
+                           : name == "attention" ? "H=" + std::to_string(H) + ", D=" + std::to_string(D) + ", " +
+                                                       attention_gpu_kernels(D) + " kernels"
                                   : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),

@@ -105,6 +105,14 @@ GpuInfo gpu_info() {
   return info;
 }
 
+int gpu_compute_capability() {
+  int dev = 0, major = 0, minor = 0;
+  LINAC_CUDA_CHECK(cudaGetDevice(&dev));
+  LINAC_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  LINAC_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major * 10 + minor;
+}
+
 size_t gpu_bytes_in_use() {
   size_t free_b = 0, total_b = 0;
   LINAC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -197,6 +205,7 @@ void gpu_memcpy_async(const Ctx&, void*, const void*, size_t) { no_cuda(); }
 void gpu_memset_zero_async(const Ctx&, void*, size_t) { no_cuda(); }
 void ctx_synchronize(const Ctx&) {}
 GpuInfo gpu_info() { no_cuda(); }
+int gpu_compute_capability() { no_cuda(); }
 size_t gpu_bytes_in_use() { return 0; }
 GpuContext::GpuContext() { no_cuda(); }
 size_t GpuContext::default_workspace_bytes() { return 0; }

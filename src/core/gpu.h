@@ -28,6 +28,7 @@ struct GpuInfo {
   double bf16_dense_tflops = 0;  // datasheet dense bf16 peak used for MFU
 };
 GpuInfo gpu_info();
+int gpu_compute_capability();  // of the current device: major * 10 + minor (90 for H100/H200)
 size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
 
 // One execution context for kernels: device, stream, cuBLASLt handle and its workspace.

@@ -1,6 +1,8 @@
 // Attention CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16, head dims
 // 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise
-// determinism and the head dims the GPU refuses.
+// determinism and the head dims the GPU refuses. The bf16 cases run through both kernel families
+// (on a Hopper GPU: the sm90 kernels, then the sm80 ones by LINAC_ATTENTION_KERNELS=sm80).
+#include <cstdlib>
 #include <cstring>
 
 #include "attention/attention.h"
@@ -10,6 +12,36 @@ namespace linac {
 namespace {
 
 constexpr int64_t kB = 2, kH = 3;
+
+// Runs the enclosed calls with LINAC_ATTENTION_KERNELS set to `value` (nullptr: unset).
+class KernelChoice {
+ public:
+  explicit KernelChoice(const char* value) {
+    if (const char* old = std::getenv(kVar)) old_ = old, had_ = true;
+    if (value)
+      setenv(kVar, value, 1);
+    else
+      unsetenv(kVar);
+  }
+  ~KernelChoice() {
+    if (had_)
+      setenv(kVar, old_.c_str(), 1);
+    else
+      unsetenv(kVar);
+  }
+
+ private:
+  static constexpr const char* kVar = "LINAC_ATTENTION_KERNELS";
+  std::string old_;
+  bool had_ = false;
+};
+
+// The kernel families the bf16 cases run through on this GPU: "auto" where it picks the sm90 ones.
+std::vector<const char*> bf16_families() {
+  std::vector<const char*> f{"sm80"};
+  if (std::string(attention_gpu_kernels(64)) == "sm90") f.insert(f.begin(), "auto");
+  return f;
+}
 
 struct GpuCase {
   int64_t T, D;
@@ -35,7 +67,9 @@ const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, 
                           {1000, 96, true, 129}, {17, 112, true, 0},   {200, 112, false, 0},
                           {1000, 112, true, 0},  {150, 112, true, 1},  {333, 112, true, 16},
                           {700, 112, true, 64},  {1000, 112, true, 129}, {500, 80, true, 0},
-                          {130, 80, false, 0},   {257, 80, true, 129}};
+                          {130, 80, false, 0},   {257, 80, true, 129},  {2100, 64, true, 0},
+                          {1500, 128, false, 0}, {2100, 64, true, 700}, {385, 128, true, 0},
+                          {191, 64, false, 0},   {193, 64, true, 0}};
 
 AttentionOpts opts_of(const GpuCase& c) {
   AttentionOpts o;
@@ -111,17 +145,43 @@ TEST(AttentionGpu, ParityF32) {
 
 TEST(AttentionGpu, ParityBf16) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::BF16, 1e-2);
+  for (const char* family : bf16_families()) {
+    SCOPED_TRACE(std::string("LINAC_ATTENTION_KERNELS=") + family);
+    KernelChoice choice(family);
+    run_parity(DType::BF16, 1e-2);
+  }
+}
+
+// On a Hopper GPU in a build for sm_90 the head dims 64 and 128 take the wgmma kernels (a silent
+// fall back to the older ones would pass every parity test); the others and the override do not.
+TEST(AttentionGpu, KernelChoice) {
+  LINAC_SKIP_WITHOUT_GPU();
+  KernelChoice unset(nullptr);
+  const bool hopper = LINAC_WITH_SM90A && gpu_compute_capability() == 90;
+  EXPECT_EQ(std::string(attention_gpu_kernels(64)), hopper ? "sm90" : "sm80");
+  EXPECT_EQ(std::string(attention_gpu_kernels(128)), hopper ? "sm90" : "sm80");
+  EXPECT_EQ(std::string(attention_gpu_kernels(96)), "sm80");
+  {
+    KernelChoice forced("sm80");
+    EXPECT_EQ(std::string(attention_gpu_kernels(64)), "sm80");
+  }
+  KernelChoice bad("sm75");
+  EXPECT_THROW(attention_gpu_kernels(64), UserError);
 }
 
 // Training resume must be exact: two runs on the same inputs give the same bits.
 TEST(AttentionGpu, Deterministic) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  for (DType dt : {DType::BF16, DType::F32})
+  // bf16 through each kernel family, f32 once.
+  std::vector<std::pair<DType, const char*>> runs;
+  for (const char* family : bf16_families()) runs.emplace_back(DType::BF16, family);
+  runs.emplace_back(DType::F32, "auto");
+  for (const auto& [dt, family] : runs) {
+    KernelChoice choice(family);
     for (const GpuCase& c : {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
-                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}}) {
-      SCOPED_TRACE(name(c) + " " + dtype_name(dt));
+                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0}}) {
+      SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
       OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
       OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);
       GpuRun r1 = run_gpu(gctx.ctx(), qkv, dout, dt, c);
@@ -136,6 +196,7 @@ TEST(AttentionGpu, Deterministic) {
       EXPECT_TRUE(same_bits(r1.lse, r2.lse));
       EXPECT_TRUE(same_bits(r1.dqkv, r2.dqkv));
     }
+  }
 }
 
 // Head dims without a kernel fail with an error, forward and backward, instead of computing garbage.

@@ -1,0 +1,200 @@
+// CUDA attention forward for Hopper (math in attention.h), FlashAttention-3
+// style: wgmma on tiles that TMA brings into shared memory, a loading warpgroup
+// ahead of the math warpgroups.
+//
+// bf16, head dim 64 or 128. One CTA per (batch*head, block of BR = 64 *
+// kMathWGs queries); math warpgroup w owns queries q0 + 64w .. q0 + 64w + 63
+// (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
+// kStages stages of K and V tiles. Per key block and warpgroup:
+//   S = Q K^T               wgmma, A = Q and B = K from shared memory (both
+//   K-major) online softmax on the S accumulators (f32, exp2 with the scale
+//   folded in), P rounded to bf16 O += P V                wgmma, A = P from
+//   registers, B = V (MN-major) from shared memory
+// Only lse = m * scale + log l is stored (f32). Key blocks the causal/window
+// mask leaves empty are never loaded; a warpgroup skips the matmuls of a block
+// none of its rows sees; the element mask runs only on blocks that straddle its
+// edge or the key tail. Layout: q/k/v/o [B,T,H,D] with free batch/token strides
+// (multiples of 8), lse [B,H,T] f32.
+#include "attention/attention_sm90.cuh"
+
+namespace linac {
+namespace attn {
+namespace {
+
+using namespace sm90k;
+
+template <int D>
+struct FwdSm90Cfg {
+  static constexpr int kMathWGs = D == 64 ? 3 : 2;
+  static constexpr int kThreads = 128 * (kMathWGs + 1);
+  static constexpr int BR = 64 * kMathWGs;  // queries per CTA
+  static constexpr int BC = 128;            // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr uint32_t kQBytes = tile_bytes<BR, D>, kTileBytes = tile_bytes<BC, D>;
+  // Q, K and V stages, then the barriers: Q full, K full, V full, stage empty.
+  static constexpr uint32_t kBarOffset = kQBytes + 2 * kStages * kTileBytes;
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (1 + 3 * kStages);
+};
+
+template <int D>
+__global__ void __launch_bounds__(FwdSm90Cfg<D>::kThreads, 1)
+    fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                    const __grid_constant__ CUtensorMap tm_v, bf16_t *__restrict__ o, float *__restrict__ lse,
+                    const Args a) {
+  using C = FwdSm90Cfg<D>;
+  constexpr int BR = C::BR, BC = C::BC, S = C::kStages;
+  extern __shared__ unsigned char smem[];
+  const uint32_t sQ = smem_base_1024(smem), sK0 = sQ + C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
+  const uint32_t bar_q = sQ + C::kBarOffset, bar_k0 = bar_q + 8, bar_v0 = bar_k0 + 8 * S, bar_e0 = bar_v0 + 8 * S;
+
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
+  const int2 kr = key_blocks(a, q0, BR, BC);
+  const int n_tiles = kr.y - kr.x + 1;
+  const int wg = threadIdx.x / 128;  // 0 loads, 1.. compute
+
+  if (threadIdx.x == 0) {
+    mbar_init(bar_q, 1);
+    for (int s = 0; s < S; ++s) {
+      mbar_init(bar_k0 + 8 * s, 1);
+      mbar_init(bar_v0 + 8 * s, 1);
+      mbar_init(bar_e0 + 8 * s, 4 * C::kMathWGs);  // one arrival per math warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    regs_dealloc<RegBudget<C::kMathWGs>::kLoad>();
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&tm_q);
+      prefetch_tensor_map(&tm_k);
+      prefetch_tensor_map(&tm_v);
+      mbar_arrive_expect_tx(bar_q, C::kQBytes);
+      load_tile<BR, D>(sQ, &tm_q, bar_q, q0, h, b);
+      for (int it = 0; it < n_tiles; ++it) {
+        const int s = it % S, t0 = (kr.x + it) * BC;
+        if (it >= S) mbar_wait(bar_e0 + 8 * s, (it / S - 1) & 1);
+        mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
+        load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, t0, h, b);
+        mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
+        load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, t0, h, b);
+      }
+    }
+  } else {
+    regs_alloc<RegBudget<C::kMathWGs>::kMath>();
+    const int w = wg - 1, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, tq = lane & 3;
+    const int qw = q0 + 64 * w;                 // this warpgroup's first query
+    const int row0 = qw + 16 * warp + g;        // this thread's rows: row0 and row0 + 8
+    const int2 kw = key_blocks(a, qw, 64, BC);  // the key blocks its rows see
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    mbar_wait(bar_q, 0);
+
+    for (int it = 0; it < n_tiles; ++it) {
+      const int s = it % S, kb = kr.x + it, k0 = kb * BC;
+      const uint32_t phase = (it / S) & 1, sK = sK0 + s * C::kTileBytes, sV = sV0 + s * C::kTileBytes;
+      mbar_wait(bar_k0 + 8 * s, phase);
+      mbar_wait(bar_v0 + 8 * s, phase);
+      if (kb >= kw.x && kb <= kw.y) {
+        float sc[BC / 2];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+          Wgmma<BC>::template ss<0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(sc);
+
+        if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC)) {
+#pragma unroll
+          for (int j = 0; j < BC / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
+              if (sk >= a.T || !allowed(a, tt, sk)) sc[4 * j + e] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = m[r];
+#pragma unroll
+          for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row whose keys so far are all masked keeps m = -inf; exp2 against
+          // 0 then gives P = 0.
+          const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
+          const float alpha = fast_exp2(m[r] * a.scale_log2 - base);
+          m[r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < BC / 8; ++j) {
+            sc[4 * j + 2 * r] = fast_exp2(fmaf(sc[4 * j + 2 * r], a.scale_log2, -base));
+            sc[4 * j + 2 * r + 1] = fast_exp2(fmaf(sc[4 * j + 2 * r + 1], a.scale_log2, -base));
+            sum += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
+          }
+          l[r] = l[r] * alpha + sum;
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            acc[4 * j + 2 * r] *= alpha;
+            acc[4 * j + 2 * r + 1] *= alpha;
+          }
+        }
+
+        uint32_t pa[BC / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) Wgmma<D>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(acc);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[r] = 1.f / sum;
+      const int tt = row0 + 8 * r;
+      if (tq == 0 && tt < a.T) lse[int64_t{bh} * a.T + tt] = m[r] * a.scale + logf(sum);
+    }
+    store_rows<D>(o, a.o, b, h, a.T, row0, acc, inv);
+  }
+}
+
+template <int D>
+void launch_fwd_sm90(const Ctx &ctx, const Args &a, const AttentionLayout &L, const Tensor &q, const Tensor &k,
+                     const Tensor &v, const Tensor &o, const Tensor &lse) {
+  using C = FwdSm90Cfg<D>;
+  const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
+                    tm_v = rows_map(v, L, L.v, C::BC);
+  auto kernel = fwd_sm90_kernel<D>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  const dim3 grid(static_cast<unsigned>(L.B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
+  kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
+                                                                a);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void fwd_sm90(const Ctx &ctx, const Args &a, const AttentionLayout &L, const Tensor &q, const Tensor &k,
+              const Tensor &v, const Tensor &o, const Tensor &lse) {
+  if (L.D == 64)
+    launch_fwd_sm90<64>(ctx, a, L, q, k, v, o, lse);
+  else
+    launch_fwd_sm90<128>(ctx, a, L, q, k, v, o, lse);
+}
+
+}  // namespace attn
+}  // namespace linac

@@ -1,0 +1,85 @@
+// Shared by the Hopper attention kernels (attention_fwd_sm90.cu,
+// attention_bwd_sm90.cu): tiles of one head's rows brought in by TMA, the
+// softmax pieces on wgmma accumulators, the output rows.
+//
+// A CTA is one loading warpgroup (its first thread issues every TMA copy; the
+// warpgroup hands its registers to the others) and kMathWGs math warpgroups of
+// 64 rows each. Streamed tiles rotate through kStages shared-memory stages
+// guarded by mbarriers: "full" (the copies of a stage have landed) and "empty"
+// (every math warp is done with it), so loads run ahead of the math without any
+// CTA-wide barrier. Tiles are [rows, D] bf16 as D / 64 column chunks of
+// 128-byte swizzled rows (common/sm90.cuh).
+#pragma once
+
+#include "attention/attention_common.cuh"
+#include "common/sm90.cuh"
+#include "common/tensor_map.h"
+
+namespace linac::attn::sm90k {
+
+using namespace linac::sm90;
+
+// Register budgets after the hand-over (setmaxnreg): the loading warpgroup
+// keeps kLoadRegs, each math warpgroup gets kMathRegs; 65536 registers per SM,
+// one CTA per SM.
+template <int kMathWGs>
+struct RegBudget;
+template <>
+struct RegBudget<2> {
+  static constexpr int kLoad = 24, kMath = 240;
+};
+template <>
+struct RegBudget<3> {
+  static constexpr int kLoad = 32, kMath = 160;
+};
+
+// TMA map of a [B,T,H,D] argument with boxes of `rows` tokens.
+inline CUtensorMap rows_map(const Tensor &x, const AttentionLayout &L, const AttentionLayout::Strides &s, int rows) {
+  return head_rows_tensor_map(x.ptr, L.B, L.T, L.H, L.D, s.b, s.t, rows);
+}
+
+// Issues the copies of tokens [t0, t0 + ROWS) of head (b, h) into the tile at
+// dst (D / 64 column chunks), completing on `bar`. The caller announced the
+// bytes (tile_bytes) on `bar`.
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap *map, uint32_t bar, int t0, int h, int b) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, t0, h, b);
+}
+template <int ROWS, int D>
+constexpr uint32_t tile_bytes = ROWS *D * 2;
+
+// Shared memory: a 1024-byte aligned base inside the dynamic allocation (which
+// reserves 1024 more).
+__device__ __forceinline__ uint32_t smem_base_1024(const void *smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
+
+// The P (or dS) A fragment of k-step kk from a 64 x N accumulator: columns 16
+// kk .. 16 kk + 15.
+template <int N>
+__device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], int kk, uint32_t (&a)[4]) {
+  a[0] = pack_bf16(c[8 * kk + 0], c[8 * kk + 1]);
+  a[1] = pack_bf16(c[8 * kk + 2], c[8 * kk + 3]);
+  a[2] = pack_bf16(c[8 * kk + 4], c[8 * kk + 5]);
+  a[3] = pack_bf16(c[8 * kk + 6], c[8 * kk + 7]);
+}
+
+// Writes rows row0 and row0 + 8 (r = 0, 1) of a 64 x D accumulator times
+// `scale` as bf16 to head (b, h) of a [B,T,H,D] tensor; rows at or past T are
+// dropped.
+template <int D>
+__device__ __forceinline__ void store_rows(bf16_t *x, const AttentionLayout::Strides &s, int b, int h, int T, int row0,
+                                           const float (&acc)[D / 2], const float (&scale)[2]) {
+  const int tq = threadIdx.x & 3;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = row0 + 8 * r;
+    if (t >= T) continue;
+    bf16_t *row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t *>(row + 8 * j) =
+          pack_bf16(acc[4 * j + 2 * r] * scale[r], acc[4 * j + 2 * r + 1] * scale[r]);
+  }
+}
+
+}  // namespace linac::attn::sm90k

@@ -1,0 +1,19 @@
+// TMA descriptors (CUtensorMap) for the bf16 tensors the Hopper kernels read
+// tile by tile.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace linac::sm90 {
+
+// Rows of one head of a [B, T, H, D] bf16 tensor at `base` (head stride D, unit
+// dim stride; batch and token strides in elements, multiples of 8): a box is
+// `box_rows` consecutive tokens x 64 columns of one head, written to shared
+// memory as 128-byte rows with the 128-byte swizzle. Coordinates (innermost
+// first): (column, token, head, batch); tokens past T read as zero.
+CUtensorMap head_rows_tensor_map(const void *base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
+                                 int64_t stride_t, int box_rows);
+
+}  // namespace linac::sm90
