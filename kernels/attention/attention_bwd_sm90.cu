@@ -48,7 +48,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                   const float *__restrict__ lse, const float *__restrict__ delta, bf16_t *__restrict__ dq,
+                   const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dq,
                    const Args a) {
   using C = DqSm90Cfg<D>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
@@ -171,15 +171,15 @@ template <int D>
 __global__ void __launch_bounds__(kThreads, 1)
     dkdv_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                      const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                     const float *__restrict__ lse, const float *__restrict__ delta, bf16_t *__restrict__ dk,
-                     bf16_t *__restrict__ dv, const Args a) {
+                     const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dk,
+                     bf16_t* __restrict__ dv, const Args a) {
   using C = DkvSm90Cfg<D>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
   extern __shared__ unsigned char smem[];
   const uint32_t sK = smem_base_1024(smem), sV = sK + C::kRowsBytes, sQ0 = sV + C::kRowsBytes,
                  sDO0 = sQ0 + S * C::kTileBytes;
   // Per query of each stage: lse * log2(e), then delta.
-  float *s_stats = reinterpret_cast<float *>(smem + (sK - smem_addr(smem)) + C::kStatsOffset);
+  float* s_stats = reinterpret_cast<float*>(smem + (sK - smem_addr(smem)) + C::kStatsOffset);
   const uint32_t bar_kv = sK + C::kBarOffset, bar_f0 = bar_kv + 8, bar_e0 = bar_f0 + 8 * S;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int it = 0; it < n_tiles; ++it) {
         const int s = it % S, t0 = (qr.x + it) * BR;
         if (it >= S) mbar_wait(bar_e0 + 8 * s, (it / S - 1) & 1);
-        float *st = s_stats + s * 2 * BR;
+        float* st = s_stats + s * 2 * BR;
         for (int i = lane; i < BR; i += 32) {
           const int tt = t0 + i;
           // Padding queries get P = 0 everywhere.
@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int it = 0; it < n_tiles; ++it) {
       const int s = it % S, qb = qr.x + it, q0 = qb * BR;
       const uint32_t sQ = sQ0 + s * C::kTileBytes, sDO = sDO0 + s * C::kTileBytes;
-      const float *lse_t = s_stats + s * 2 * BR;
-      const float *dl_t = lse_t + BR;
+      const float* lse_t = s_stats + s * 2 * BR;
+      const float* dl_t = lse_t + BR;
       mbar_wait(bar_f0 + 8 * s, (it / S) & 1);
       if (qb >= qw.x && qb <= qw.y) {
         float st[BR / 2], dpt[BR / 2];
@@ -262,8 +262,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int j = 0; j < BR / 8; ++j) {
           const int c = 8 * j + 2 * tq;
-          const float2 l2 = *reinterpret_cast<const float2 *>(lse_t + c);
-          const float2 d2 = *reinterpret_cast<const float2 *>(dl_t + c);
+          const float2 l2 = *reinterpret_cast<const float2*>(lse_t + c);
+          const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             float p = fast_exp2(fmaf(st[4 * j + e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
@@ -298,9 +298,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int D>
-void launch_bwd_sm90(const Ctx &ctx, const Args &a, const AttentionLayout &L, const Tensor &q, const Tensor &k,
-                     const Tensor &v, const float *lse, const float *delta, const Tensor &dout, const Tensor &dq,
-                     const Tensor &dk, const Tensor &dv) {
+void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
+                     const Tensor& dk, const Tensor& dv) {
   auto st = cuda::stream_of(ctx);
   const unsigned bh = static_cast<unsigned>(L.B * a.H);
   {
@@ -327,9 +327,9 @@ void launch_bwd_sm90(const Ctx &ctx, const Args &a, const AttentionLayout &L, co
 
 }  // namespace
 
-void bwd_sm90(const Ctx &ctx, const Args &a, const AttentionLayout &L, const Tensor &q, const Tensor &k,
-              const Tensor &v, const float *lse, const float *delta, const Tensor &dout, const Tensor &dq,
-              const Tensor &dk, const Tensor &dv) {
+void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
+              const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
+              const Tensor& dk, const Tensor& dv) {
   if (L.D == 64)
     launch_bwd_sm90<64>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv);
   else

@@ -34,7 +34,7 @@ struct RegBudget<3> {
 };
 
 // TMA map of a [B,T,H,D] argument with boxes of `rows` tokens.
-inline CUtensorMap rows_map(const Tensor &x, const AttentionLayout &L, const AttentionLayout::Strides &s, int rows) {
+inline CUtensorMap rows_map(const Tensor& x, const AttentionLayout& L, const AttentionLayout::Strides& s, int rows) {
   return head_rows_tensor_map(x.ptr, L.B, L.T, L.H, L.D, s.b, s.t, rows);
 }
 
@@ -42,16 +42,16 @@ inline CUtensorMap rows_map(const Tensor &x, const AttentionLayout &L, const Att
 // dst (D / 64 column chunks), completing on `bar`. The caller announced the
 // bytes (tile_bytes) on `bar`.
 template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap *map, uint32_t bar, int t0, int h, int b) {
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int t0, int h, int b) {
 #pragma unroll
   for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * ROWS * 128, map, bar, c * 64, t0, h, b);
 }
 template <int ROWS, int D>
-constexpr uint32_t tile_bytes = ROWS *D * 2;
+constexpr uint32_t tile_bytes = ROWS* D * 2;
 
 // Shared memory: a 1024-byte aligned base inside the dynamic allocation (which
 // reserves 1024 more).
-__device__ __forceinline__ uint32_t smem_base_1024(const void *smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
+__device__ __forceinline__ uint32_t smem_base_1024(const void* smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
 
 // The P (or dS) A fragment of k-step kk from a 64 x N accumulator: columns 16
 // kk .. 16 kk + 15.
@@ -67,17 +67,17 @@ __device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], int kk, uint32
 // `scale` as bf16 to head (b, h) of a [B,T,H,D] tensor; rows at or past T are
 // dropped.
 template <int D>
-__device__ __forceinline__ void store_rows(bf16_t *x, const AttentionLayout::Strides &s, int b, int h, int T, int row0,
+__device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Strides& s, int b, int h, int T, int row0,
                                            const float (&acc)[D / 2], const float (&scale)[2]) {
   const int tq = threadIdx.x & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = row0 + 8 * r;
     if (t >= T) continue;
-    bf16_t *row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
+    bf16_t* row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t *>(row + 8 * j) =
+      *reinterpret_cast<uint32_t*>(row + 8 * j) =
           pack_bf16(acc[4 * j + 2 * r] * scale[r], acc[4 * j + 2 * r + 1] * scale[r]);
   }
 }

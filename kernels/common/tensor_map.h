@@ -13,7 +13,7 @@ namespace linac::sm90 {
 // `box_rows` consecutive tokens x 64 columns of one head, written to shared
 // memory as 128-byte rows with the 128-byte swizzle. Coordinates (innermost
 // first): (column, token, head, batch); tokens past T read as zero.
-CUtensorMap head_rows_tensor_map(const void *base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
+CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
                                  int64_t stride_t, int box_rows);
 
 }  // namespace linac::sm90

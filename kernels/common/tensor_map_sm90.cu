@@ -11,7 +11,7 @@ namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void *p = nullptr;
+    void* p = nullptr;
     cudaDriverEntryPointQueryResult found{};
     LINAC_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
     LINAC_CHECK(p && found == cudaDriverEntryPointSuccess, "TMA: the driver has no cuTensorMapEncodeTiled");
@@ -22,7 +22,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 }  // namespace
 
-CUtensorMap head_rows_tensor_map(const void *base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
+CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
                                  int64_t stride_t, int box_rows) {
   LINAC_CHECK(
       reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride_t % 8 == 0 && (B == 1 || stride_b % 8 == 0) && D % 64 == 0,
@@ -37,7 +37,7 @@ CUtensorMap head_rows_tensor_map(const void *base, int64_t B, int64_t T, int64_t
   const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   CUtensorMap map{};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides,
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides,
                                     box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   LINAC_CHECK(r == CUDA_SUCCESS,
