@@ -1,6 +1,7 @@
 // RMSNorm entry points: argument checks and device/dtype dispatch.
 #include "rmsnorm/rmsnorm.h"
 
+#include "core/buffer.h"
 #include "core/dispatch.h"
 
 namespace linac {
@@ -14,31 +15,42 @@ void check_args(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor&
 }
 }  // namespace
 
-void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps) {
+void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+                 const Tensor& x_copy) {
   check_args(x, w, y, rstd);
+  if (x_copy.ptr) {
+    LINAC_CHECK_SHAPE(x_copy, x);
+    LINAC_CHECK(x_copy.dtype == x.dtype && x_copy.is_contiguous(), "rmsnorm: x_copy must be like x");
+  }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, eps);
+    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, eps, x_copy);
     return;
   }
+  if (x_copy.ptr) copy_tensor(ctx, x_copy, x);
   LINAC_CHECK(x.dtype == w.dtype && x.dtype == y.dtype && x.dtype == rstd.dtype, "rmsnorm: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T,
                      rmsnorm_fwd_cpu<T>(x.data<T>(), w.data<T>(), y.data<T>(), rstd.data<T>(), x.size(0), x.size(1), eps));
 }
 
 void rmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                 const Tensor& dx, const Tensor& dw) {
+                 const Tensor& dx, const Tensor& dw, const Tensor& dx_copy) {
   check_args(x, w, dy, rstd);
   LINAC_CHECK_SHAPE(x, dx);
   LINAC_CHECK(dw.numel() == w.numel(), "rmsnorm: dw must be [dim]");
+  if (dx_copy.ptr) {
+    LINAC_CHECK_SHAPE(dx_copy, dx);
+    LINAC_CHECK(dx_copy.dtype == dy.dtype && dx_copy.is_contiguous(), "rmsnorm: dx_copy must have dy's dtype");
+  }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    rmsnorm_bwd_cuda(ctx, x, w, rstd, dy, dx, dw);
+    rmsnorm_bwd_cuda(ctx, x, w, rstd, dy, dx, dw, dx_copy);
     return;
   }
   LINAC_CPU_DISPATCH(x.dtype, T,
                      rmsnorm_bwd_cpu<T>(x.data<T>(), w.data<T>(), rstd.data<T>(), dy.data<T>(), dx.data<T>(),
                                         dw.data<T>(), x.size(0), x.size(1)));
+  if (dx_copy.ptr) copy_tensor(ctx, dx_copy, dx);
 }
 
 }  // namespace linac

@@ -1,7 +1,15 @@
-// CUDA RMSNorm (math in rmsnorm.h). One block per row for the forward and dx; the weight
-// gradient is reduced deterministically: per-slab partial sums into the context's
-// workspace, then a fixed-order sum over slabs.
+// CUDA RMSNorm (math in rmsnorm.h). Rows of 128 * k columns up to 1024 (every model width in
+// configs/) take a warp per row for the forward and dx: lane l keeps columns 128 c + 4 l ..
+// 128 c + 4 l + 3 of each chunk c in registers, so a row is read once with 16- (f32) or 8-byte
+// (bf16) accesses and reduced without a block barrier; these kernels also write the optional
+// copies (x_copy, dx_copy) from the same registers. Other widths: a block per row. The weight
+// gradient is reduced deterministically: per-slab partial sums into the context's workspace, then
+// a fixed-order sum over slabs.
+#include <initializer_list>
+
 #include "common/cuda_common.cuh"
+#include "core/buffer.h"
+#include "elementwise/elementwise.h"
 #include "rmsnorm/rmsnorm.h"
 
 namespace linac {
@@ -9,6 +17,92 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxSlabs = 256;
+constexpr int kMaxChunks = 8;  // warp rows: up to 8 chunks of 128 columns
+
+template <int kChunks, class TX, class TY>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_fwd_rows_kernel(const TX* __restrict__ x, const float* __restrict__ w, TY* __restrict__ y,
+                            float* __restrict__ rstd, TX* __restrict__ x_copy, int64_t rows, float eps) {
+  constexpr int kDim = 128 * kChunks;
+  const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  float4 v[kChunks];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    v[c] = cuda::load4(x + r * kDim + 128 * c + 4 * lane);
+    ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
+  }
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(kDim) + eps);
+  if (lane == 0) rstd[r] = rs;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = r * kDim + 128 * c + 4 * lane;
+    const float4 wv = cuda::load4(w + 128 * c + 4 * lane);
+    cuda::store4(y + i, make_float4(v[c].x * rs * wv.x, v[c].y * rs * wv.y, v[c].z * rs * wv.z, v[c].w * rs * wv.w));
+    if (x_copy) cuda::store4(x_copy + i, v[c]);
+  }
+}
+
+template <int kChunks, class TX, class TY>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_bwd_dx_rows_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                               const TY* __restrict__ dy, TX* __restrict__ dx, TY* __restrict__ dx_copy,
+                               int64_t rows) {
+  constexpr int kDim = 128 * kChunks;
+  const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const float rs = rstd[r];
+  float4 xv[kChunks], gv[kChunks];  // x and g = dy * w
+  float dot = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = r * kDim + 128 * c + 4 * lane;
+    xv[c] = cuda::load4(x + i);
+    const float4 d = cuda::load4(dy + i), wv = cuda::load4(w + 128 * c + 4 * lane);
+    gv[c] = make_float4(d.x * wv.x, d.y * wv.y, d.z * wv.z, d.w * wv.w);
+    dot += gv[c].x * xv[c].x + gv[c].y * xv[c].y + gv[c].z * xv[c].z + gv[c].w * xv[c].w;
+  }
+  const float k = rs * rs * rs * cuda::warp_sum(dot) / static_cast<float>(kDim);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int64_t i = r * kDim + 128 * c + 4 * lane;
+    float4 o = cuda::load4(dx + i);
+    o.x += rs * gv[c].x - xv[c].x * k;
+    o.y += rs * gv[c].y - xv[c].y * k;
+    o.z += rs * gv[c].z - xv[c].z * k;
+    o.w += rs * gv[c].w - xv[c].w * k;
+    cuda::store4(dx + i, o);
+    if (dx_copy) cuda::store4(dx_copy + i, o);
+  }
+}
+
+// The warp-row kernels' chunk count for rows of `dim` columns, or 0 where they do not apply.
+int row_chunks(int64_t dim, std::initializer_list<const Tensor*> ts) {
+  if (dim % 128 != 0 || dim > 128 * kMaxChunks) return 0;
+  for (const Tensor* t : ts)
+    if (t->ptr && !cuda::vec4_aligned(*t)) return 0;
+  return static_cast<int>(dim / 128);
+}
+
+// Calls fn(std::integral_constant<int, c>{}) for c = chunks in 1..kMaxChunks.
+template <class Fn>
+void with_chunks(int chunks, Fn&& fn) {
+  switch (chunks) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 7: return fn(std::integral_constant<int, 7>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
+
+unsigned warp_row_blocks(int64_t rows) { return static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads); }
 
 template <class TX, class TY>
 __global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x, const float* __restrict__ w, TY* __restrict__ y,
@@ -71,19 +165,30 @@ __global__ void sum_slabs_kernel(const float* __restrict__ partial, float* __res
 }  // namespace
 
 void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
-                      float eps) {
+                      float eps, const Tensor& x_copy) {
   LINAC_CHECK(w.dtype == DType::F32 && rstd.dtype == DType::F32, "rmsnorm (GPU): w and rstd must be f32");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
+  auto st = cuda::stream_of(ctx);
+  if (const int chunks = row_chunks(dim, {&x, &w, &y, &x_copy})) {
+    LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, with_chunks(chunks, [&](auto k) {
+                         rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY><<<warp_row_blocks(rows), kThreads, 0, st>>>(
+                             x.data<TX>(), w.data<float>(), y.data<TY>(), rstd.data<float>(),
+                             x_copy.ptr ? x_copy.data<TX>() : nullptr, rows, eps);
+                       })));
+    LINAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  if (x_copy.ptr) copy_tensor(ctx, x_copy, x);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
-    rmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, cuda::stream_of(ctx)>>>(
+    rmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
         x.data<TX>(), w.data<float>(), y.data<TY>(), rstd.data<float>(), dim, eps);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
 void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      const Tensor& dx, const Tensor& dw) {
+                      const Tensor& dx, const Tensor& dw, const Tensor& dx_copy) {
   LINAC_CHECK(w.dtype == DType::F32 && rstd.dtype == DType::F32 && dw.dtype == DType::F32,
               "rmsnorm (GPU): w, rstd and dw must be f32");
   LINAC_CHECK(dx.dtype == x.dtype && dy.dtype != DType::F64, "rmsnorm (GPU): dx must have x's dtype");
@@ -95,9 +200,18 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
               "rmsnorm (GPU): workspace too small");
   float* partial = static_cast<float*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
+  const int chunks = row_chunks(dim, {&x, &w, &dy, &dx, &dx_copy});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TY, {
-    rmsnorm_bwd_dx_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
-        x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(), dim);
+    if (chunks) {
+      with_chunks(chunks, [&](auto k) {
+        rmsnorm_bwd_dx_rows_kernel<decltype(k)::value, TX, TY><<<warp_row_blocks(rows), kThreads, 0, st>>>(
+            x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(),
+            dx_copy.ptr ? dx_copy.data<TY>() : nullptr, rows);
+      });
+    } else {
+      rmsnorm_bwd_dx_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
+          x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(), dim);
+    }
     LINAC_CUDA_LAUNCH_CHECK();
     dim3 grid(cuda::grid_1d(dim, kThreads), static_cast<unsigned>(slabs));
     rmsnorm_bwd_dw_partial_kernel<TX, TY><<<grid, kThreads, 0, st>>>(x.data<TX>(), rstd.data<float>(), dy.data<TY>(),
@@ -106,6 +220,7 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   LINAC_CUDA_LAUNCH_CHECK();
   sum_slabs_kernel<<<cuda::grid_1d(dim, kThreads), kThreads, 0, st>>>(partial, dw.data<float>(), slabs, dim);
   LINAC_CUDA_LAUNCH_CHECK();
+  if (dx_copy.ptr && !chunks) cast(ctx, dx_copy, dx);
 }
 
 }  // namespace linac

@@ -8,6 +8,10 @@
 // dx and dw are ACCUMULATED into (x is a residual stream whose gradient already holds the
 // skip path). On the GPU x/dx may be f32 (residual stream) or bf16, y/dy f32 or bf16, and
 // w, dw, rstd are f32 (master weight, fp32 gradient). On the CPU every tensor has one dtype.
+// Optional outputs (empty Tensor: none), written in the same pass over the rows on the GPU:
+//   x_copy  (x's shape and dtype): a copy of x (the residual stream the next sub-layer adds into)
+//   dx_copy (dx's shape, dy's dtype): the updated dx rounded to dy's dtype (the gradient the
+//           next sub-layer of the backward reads)
 #pragma once
 
 #include <cstdint>
@@ -22,13 +26,15 @@ void rmsnorm_fwd_cpu(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_
 template <class T>
 void rmsnorm_bwd_cpu(const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw, int64_t rows, int64_t dim);
 
-void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
+void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+                      const Tensor& x_copy);
 void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                      const Tensor& dx, const Tensor& dw);
+                      const Tensor& dx, const Tensor& dw, const Tensor& dx_copy);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps);
+void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+                 const Tensor& x_copy = Tensor());
 void rmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
-                 const Tensor& dx, const Tensor& dw);
+                 const Tensor& dx, const Tensor& dw, const Tensor& dx_copy = Tensor());
 
 }  // namespace linac

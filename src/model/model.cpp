@@ -196,19 +196,18 @@ std::vector<Model::LayerRow> Model::layer_table() const {
   return rows;
 }
 
-void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const {
+void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& x_copy) const {
   const float eps = static_cast<float>(cfg_.norm_eps);
-  if (id < 0)
-    srmsnorm_fwd(env_.ctx, x, y, rstd, eps);
-  else
-    rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps);
+  if (id >= 0) return rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps, x_copy);
+  if (x_copy.ptr) copy_tensor(env_.ctx, x_copy, x);
+  srmsnorm_fwd(env_.ctx, x, y, rstd, eps);
 }
 
-void Model::norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx) const {
-  if (id < 0)
-    srmsnorm_bwd(env_.ctx, x, rstd, dy, dx, /*accumulate=*/true);
-  else
-    rmsnorm_bwd(env_.ctx, x, params_.master(id), rstd, dy, dx, params_.grad(id));
+void Model::norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                     const Tensor& dx_copy) const {
+  if (id >= 0) return rmsnorm_bwd(env_.ctx, x, params_.master(id), rstd, dy, dx, params_.grad(id), dx_copy);
+  srmsnorm_bwd(env_.ctx, x, rstd, dy, dx, /*accumulate=*/true);
+  if (dx_copy.ptr) cast(env_.ctx, dx_copy, dx);
 }
 
 double Model::aux_loss_sum() const {
@@ -225,7 +224,8 @@ void Model::recompute_block(int l, int64_t B, int64_t T) {
   Block& b = blocks_[static_cast<size_t>(l)];
   const int64_t N = B * T, d = cfg_.d_model;
   const Tensor r0 = resid(2 * l, B, T), xn1 = b.xn1.tensor(env_.act, {B, T, d});
-  norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
+  const Tensor r1 = b.mlp ? resid(2 * l + 1, B, T) : Tensor();
+  norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}), b.mlp ? r1.view({N, d}) : r1);
   // R[2l+2] is the next block's input: the last sub-layer writes its output into scratch.
   Tensor sink = scratch_.get("model.recompute_out", env_.resid, {B, T, d});
   zero_tensor(env_.ctx, sink);
@@ -233,8 +233,7 @@ void Model::recompute_block(int l, int64_t B, int64_t T) {
     b.mixer->forward(xn1, sink);
     return;
   }
-  const Tensor r1 = resid(2 * l + 1, B, T), xn2 = b.xn2.tensor(env_.act, {B, T, d});
-  copy_tensor(env_.ctx, r1, r0);
+  const Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d});
   b.mixer->forward(xn1, r1);
   norm_fwd(b.norm2, r1.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
   b.mlp->forward(xn2, sink);
@@ -312,8 +311,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     Tensor r0 = resid(2 * l, B, T), r1 = resid(2 * l + 1, B, T), r2 = resid(2 * l + 2, B, T);
     {
       ProfileScope prof(ctx, "norms and residual copies");
-      copy_tensor(ctx, r1, r0);
-      norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
+      norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1), r1.view({N, d}));
     }
     {
       ProfileScope prof(ctx, b.mixer_fwd.c_str());
@@ -322,8 +320,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     if (!b.mlp) continue;
     {
       ProfileScope prof(ctx, "norms and residual copies");
-      copy_tensor(ctx, r2, r1);
-      norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
+      norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2), r2.view({N, d}));
     }
     ProfileScope prof(ctx, "channel mixer forward");
     b.mlp->forward(act(b.xn2), r2);
@@ -351,22 +348,25 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   }
   if (!backward) return to_doubles(loss_sum)[0];
 
-  // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it.
+  // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it. The
+  // sub-layers read it as dy, in the activation dtype: a copy each norm's backward writes.
   Tensor dr = scratch_.get("model.dr", env_.resid, {N, d});
+  Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
+  const Tensor dy_copy = dy.ptr != dr.ptr ? dy : Tensor();
   {
     ProfileScope prof(ctx, "norms and residual copies");
     if (cfg_.final_norm) {
       zero_tensor(ctx, dr);
-      norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr);
+      norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr, dy_copy);
     } else {
       cast(ctx, dr, dxf);
+      if (dy_copy.ptr) cast(ctx, dy_copy, dr);
     }
   }
   std::vector<int> ready;
   for (int id : {norm_f_, head_, head_bias_})
     if (id >= 0) ready.push_back(id);
   if (!ready.empty()) grads_ready(ready);
-  Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
@@ -376,19 +376,11 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     }
     if (b.mlp) {
       {
-        ProfileScope prof(ctx, "norms and residual copies");
-        if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
-      }
-      {
         ProfileScope prof(ctx, "channel mixer backward");
         b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
       }
       ProfileScope prof(ctx, "norms and residual copies");
-      norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr);
-    }
-    {
-      ProfileScope prof(ctx, "norms and residual copies");
-      if (dy.ptr != dr.ptr) cast(ctx, dy, dr);
+      norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr, dy_copy);
     }
     {
       ProfileScope prof(ctx, b.mixer_bwd.c_str());
@@ -401,7 +393,8 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     }
     {
       ProfileScope prof(ctx, "norms and residual copies");
-      norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr);
+      // The embedding's backward reads dr itself.
+      norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr, l > 0 ? dy_copy : Tensor());
     }
     grads_ready(b.param_ids);
   }

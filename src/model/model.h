@@ -132,9 +132,12 @@ class Model {
   void final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd) const;
 
   // The block norm: RMSNorm with weight `id`, or SimpleRMSNorm when id < 0. x is the residual
-  // stream, y the normed activations; the backward ADDS the input gradient into dx.
-  void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd) const;
-  void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx) const;
+  // stream, y the normed activations; the backward ADDS the input gradient into dx. Optional
+  // copies, fused into RMSNorm's passes: x_copy receives x (the next residual slot), dx_copy the
+  // updated dx in the activation dtype (the next sub-layer's output gradient).
+  void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& x_copy = Tensor()) const;
+  void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                const Tensor& dx_copy = Tensor()) const;
   Tensor resid(int i, int64_t B, int64_t T) const;
   // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
   // without touching the next block's input.

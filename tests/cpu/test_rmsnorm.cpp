@@ -59,5 +59,26 @@ TEST(RmsnormCpu, GradCheckDouble) {
   }
 }
 
+// The optional copies: x_copy gets x, dx_copy the accumulated dx; the results are unchanged.
+TEST(RmsnormCpu, CopiesOutputs) {
+  RmsnormProblem p(4, 48);
+  OwnedTensor y(DType::F64, Device::CPU, {4, 48}), rstd(DType::F64, Device::CPU, {4});
+  OwnedTensor y2(DType::F64, Device::CPU, {4, 48}), x_copy(DType::F64, Device::CPU, {4, 48});
+  rmsnorm_fwd(Ctx{}, p.x, p.w, y, rstd, 1e-5f);
+  rmsnorm_fwd(Ctx{}, p.x, p.w, y2, rstd, 1e-5f, x_copy);
+  EXPECT_EQ(to_doubles(y2), to_doubles(y));
+  EXPECT_EQ(to_doubles(x_copy), to_doubles(p.x));
+  OwnedTensor dx = test::random_tensor({4, 48}, DType::F64, 9), dx2 = test::random_tensor({4, 48}, DType::F64, 9);
+  OwnedTensor dw(DType::F64, Device::CPU, {48}), dw2(DType::F64, Device::CPU, {48});
+  OwnedTensor dx_copy(DType::F64, Device::CPU, {4, 48});
+  zero_tensor(dw);
+  zero_tensor(dw2);
+  rmsnorm_bwd(Ctx{}, p.x, p.w, rstd, p.u, dx, dw);
+  rmsnorm_bwd(Ctx{}, p.x, p.w, rstd, p.u, dx2, dw2, dx_copy);
+  EXPECT_EQ(to_doubles(dx2), to_doubles(dx));
+  EXPECT_EQ(to_doubles(dx_copy), to_doubles(dx));
+  EXPECT_EQ(to_doubles(dw2), to_doubles(dw));
+}
+
 }  // namespace
 }  // namespace linac

@@ -1,39 +1,49 @@
-// RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations.
+// RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations, with the fused copies.
 #include "rmsnorm/rmsnorm.h"
 #include "test_util.h"
 
 namespace linac {
 namespace {
 
+// Widths of 128 * k up to 1024 take the warp-per-row kernels, the others a block per row; both
+// write the optional copies (x_copy: x bit for bit; dx_copy: the updated dx in dy's dtype).
 void run_parity(DType x_dt, DType y_dt, double tol) {
-  const int64_t rows = 300, dim = 777;
-  OwnedTensor x = test::random_tensor({rows, dim}, DType::F64, 11, -2, 2);
-  OwnedTensor w = test::random_tensor({dim}, DType::F64, 12, 0.5, 1.5);
-  OwnedTensor dy = test::random_tensor({rows, dim}, DType::F64, 13);
-  OwnedTensor dx0 = test::random_tensor({rows, dim}, DType::F64, 14);
-  // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
-  OwnedTensor xg = to(x, Device::CUDA, x_dt), wg = to(w, Device::CUDA, DType::F32);
-  OwnedTensor dyg = to(dy, Device::CUDA, y_dt), dxg = to(dx0, Device::CUDA, x_dt);
-  OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
-  OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
+  for (int64_t dim : {777, 768, 128, 1024, 1152}) {
+    SCOPED_TRACE("dim=" + std::to_string(dim));
+    const int64_t rows = 300;
+    OwnedTensor x = test::random_tensor({rows, dim}, DType::F64, 11, -2, 2);
+    OwnedTensor w = test::random_tensor({dim}, DType::F64, 12, 0.5, 1.5);
+    OwnedTensor dy = test::random_tensor({rows, dim}, DType::F64, 13);
+    OwnedTensor dx0 = test::random_tensor({rows, dim}, DType::F64, 14);
+    // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
+    OwnedTensor xg = to(x, Device::CUDA, x_dt), wg = to(w, Device::CUDA, DType::F32);
+    OwnedTensor dyg = to(dy, Device::CUDA, y_dt), dxg = to(dx0, Device::CUDA, x_dt);
+    OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
+    OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
 
-  GpuContext gctx;
-  OwnedTensor yg(y_dt, Device::CUDA, {rows, dim}), rsg(DType::F32, Device::CUDA, {rows});
-  OwnedTensor dwg(DType::F32, Device::CUDA, {dim});
-  test::poison(yg);
-  zero_tensor(dwg);
-  rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f);
-  rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg, dwg);
-  gctx.synchronize();
+    GpuContext gctx;
+    OwnedTensor yg(y_dt, Device::CUDA, {rows, dim}), rsg(DType::F32, Device::CUDA, {rows});
+    OwnedTensor dwg(DType::F32, Device::CUDA, {dim});
+    OwnedTensor x_copy(x_dt, Device::CUDA, {rows, dim}), dx_copy(y_dt, Device::CUDA, {rows, dim});
+    test::poison(yg);
+    test::poison(x_copy);
+    test::poison(dx_copy);
+    zero_tensor(dwg);
+    rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f, x_copy);
+    rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg, dwg, dx_copy);
+    gctx.synchronize();
 
-  OwnedTensor y(DType::F64, Device::CPU, {rows, dim}), rs(DType::F64, Device::CPU, {rows});
-  OwnedTensor dw(DType::F64, Device::CPU, {dim});
-  zero_tensor(dw);
-  rmsnorm_fwd(Ctx{}, xr, w, y, rs, 1e-5f);
-  rmsnorm_bwd(Ctx{}, xr, w, rs, dyr, dxr, dw);
-  EXPECT_LT(test::rel_error(yg, y), tol);
-  EXPECT_LT(test::rel_error(dxg, dxr), tol);
-  EXPECT_LT(test::rel_error(dwg, dw), tol);
+    OwnedTensor y(DType::F64, Device::CPU, {rows, dim}), rs(DType::F64, Device::CPU, {rows});
+    OwnedTensor dw(DType::F64, Device::CPU, {dim});
+    zero_tensor(dw);
+    rmsnorm_fwd(Ctx{}, xr, w, y, rs, 1e-5f);
+    rmsnorm_bwd(Ctx{}, xr, w, rs, dyr, dxr, dw);
+    EXPECT_LT(test::rel_error(yg, y), tol);
+    EXPECT_LT(test::rel_error(dxg, dxr), tol);
+    EXPECT_LT(test::rel_error(dwg, dw), tol);
+    EXPECT_EQ(to_doubles(x_copy), to_doubles(xg));
+    EXPECT_EQ(to_doubles(dx_copy), to_doubles(to(to(dxg, Device::CPU, y_dt), Device::CPU, DType::F64)));
+  }
 }
 
 TEST(RmsnormGpu, ParityF32) {

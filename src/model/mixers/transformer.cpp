@@ -96,10 +96,8 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
   matmul(ctx, x.view({N, d_}), false, env_.params->weight(wqkv_), true, qkv.view({N, 3 * d_}));
   Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
-  if (opt_.rope) {
-    rope_fwd(ctx, q, opt_.rope_base, 0);
-    rope_fwd(ctx, k, opt_.rope_base, 0);
-  }
+  // q and k side by side: one rotation over 2H heads.
+  if (opt_.rope) rope_fwd(ctx, bthd(qkv.view({N, 3 * d_}), B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0);
   AttentionOpts ao;
   ao.window = opt_.window;
   {
@@ -130,10 +128,7 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
   }
-  if (opt_.rope) {
-    rope_bwd(ctx, dq, opt_.rope_base, 0);
-    rope_bwd(ctx, dk, opt_.rope_base, 0);
-  }
+  if (opt_.rope) rope_bwd(ctx, bthd(dqkv.view({N, 3 * d_}), B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0);
 
   Tensor dqkv2 = dqkv.view({N, 3 * d_});
   matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));
