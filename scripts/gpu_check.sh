@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
-#   (default: all; an architecture: only its benchmarks; generate: decode tests, the hf export check,
+#   scripts/gpu_check.sh [tests|bench|perf|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
+#   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
+#   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
 #   and overlap, issue 16; compare, not part of all: scripts/compare.sh, issue 17)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
@@ -41,6 +42,25 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     2>&1 | tee -a "$out/bench.txt"
   ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 \
     --tokens-per-step 32768 --steps 10 2>&1 | tee -a "$out/bench.txt"
+fi
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = perf ]; then
+  # Issue 15: the attention op through both kernel families (LINAC_ATTENTION_KERNELS) next to
+  # PyTorch SDPA / FlexAttention, the 125M model with its per-phase profile next to PyTorch eager
+  # and torch.compile, GLA 340M; the PyTorch peers run here, in the same call.
+  for fam in auto sm80; do
+    for shape in "--head-dim 64" "--head-dim 64 --window 64" "--head-dim 128"; do
+      LINAC_ATTENTION_KERNELS=$fam ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 \
+        --heads 16 $shape 2>&1 | tee -a "$out/perf.txt"
+    done
+  done
+  for shape in "--head-dim 64" "--head-dim 64 --window 64" "--head-dim 128"; do
+    timeout 120 python3 scripts/bench_torch.py --attention --heads 16 $shape 2>&1 | tail -5 | tee -a "$out/perf.txt"
+  done
+  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 10 --profile 2>&1 | tee -a "$out/perf.txt"
+  timeout 300 python3 scripts/bench_torch.py --model 2>&1 | tail -2 | tee -a "$out/perf.txt"
+  ./build-gpu/linac bench configs/gla_340m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 10 2>&1 | tee -a "$out/perf.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model
