@@ -20,18 +20,46 @@ namespace {
 
 constexpr int kDeltaWarps = 8;
 
-// One warp per (b, t, h) row.
-template <class T>
-__global__ void delta_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ delta,
-                             const Args a, int64_t rows, int D) {
+// bf16 rows (16-byte aligned, D a multiple of 16): eight lanes per (b, t, h) row, 16 bytes of o
+// and dout per lane and step, so a warp reads four rows with full 128-byte lines.
+__global__ void delta_bf16_kernel(const bf16_t* __restrict__ o, const bf16_t* __restrict__ dout,
+                                  float* __restrict__ delta, const Args a, int64_t rows, int D) {
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 8;
+  const int sub = threadIdx.x & 7;
+  const int64_t h = r % a.H, t = (r / a.H) % a.T, b = r / (int64_t{a.H} * a.T);
+  float acc = 0.f;
+  if (r < rows) {
+    const bf16_t* orow = o + b * a.o.b + t * a.o.t + h * D;
+    const bf16_t* grow = dout + b * a.dout.b + t * a.dout.t + h * D;
+    for (int c = sub; c < D / 8; c += 8) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(orow + 8 * c);
+      const uint4 gv = *reinterpret_cast<const uint4*>(grow + 8 * c);
+      const __nv_bfloat162* op = reinterpret_cast<const __nv_bfloat162*>(&ov);
+      const __nv_bfloat162* gp = reinterpret_cast<const __nv_bfloat162*>(&gv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 of = __bfloat1622float2(op[i]), gf = __bfloat1622float2(gp[i]);
+        acc += of.x * gf.x + of.y * gf.y;
+      }
+    }
+  }
+  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  if (r < rows && sub == 0) delta[(b * a.H + h) * a.T + t] = acc;
+}
+
+// f32: one warp per (b, t, h) row.
+__global__ void delta_f32_kernel(const float* __restrict__ o, const float* __restrict__ dout,
+                                 float* __restrict__ delta, const Args a, int64_t rows, int D) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kDeltaWarps + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int lane = threadIdx.x & 31;
   const int64_t h = r % a.H, t = (r / a.H) % a.T, b = r / (int64_t{a.H} * a.T);
-  const T* orow = o + b * a.o.b + t * a.o.t + h * D;
-  const T* grow = dout + b * a.dout.b + t * a.dout.t + h * D;
+  const float* orow = o + b * a.o.b + t * a.o.t + h * D;
+  const float* grow = dout + b * a.dout.b + t * a.dout.t + h * D;
   float acc = 0.f;
-  for (int d = lane; d < D; d += 32) acc += cuda::to_float(orow[d]) * cuda::to_float(grow[d]);
+  for (int d = lane; d < D; d += 32) acc += orow[d] * grow[d];
   acc = cuda::warp_sum(acc);
   if (lane == 0) delta[(b * a.H + h) * a.T + t] = acc;
 }
@@ -346,11 +374,17 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   const int B = static_cast<int>(L.B), D = static_cast<int>(L.D);
   float* delta = static_cast<float*>(ctx.workspace);
   const int64_t rows = L.B * L.T * L.H;
-  const unsigned blocks = static_cast<unsigned>((rows + attn::kDeltaWarps - 1) / attn::kDeltaWarps);
-  LINAC_GPU_DISPATCH(q.dtype, T, {
-    attn::delta_kernel<T><<<blocks, 32 * attn::kDeltaWarps, 0, cuda::stream_of(ctx)>>>(
-        o.data<T>(), dout.data<T>(), delta, a, rows, D);
-  });
+  if (q.dtype == DType::BF16) {
+    attn::check_bf16_rows(o, L.o, "o");
+    attn::check_bf16_rows(dout, L.dout, "dout");
+    const unsigned blocks = static_cast<unsigned>((rows * 8 + 255) / 256);
+    attn::delta_bf16_kernel<<<blocks, 256, 0, cuda::stream_of(ctx)>>>(o.data<attn::bf16_t>(),
+                                                                      dout.data<attn::bf16_t>(), delta, a, rows, D);
+  } else {
+    const unsigned blocks = static_cast<unsigned>((rows + attn::kDeltaWarps - 1) / attn::kDeltaWarps);
+    attn::delta_f32_kernel<<<blocks, 32 * attn::kDeltaWarps, 0, cuda::stream_of(ctx)>>>(
+        o.data<float>(), dout.data<float>(), delta, a, rows, D);
+  }
   LINAC_CUDA_LAUNCH_CHECK();
   if (q.dtype == DType::F32) {
     attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,
@@ -360,7 +394,6 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(q, L.q, "q");
   attn::check_bf16_rows(k, L.k, "k");
   attn::check_bf16_rows(v, L.v, "v");
-  attn::check_bf16_rows(dout, L.dout, "dout");
   attn::check_bf16_rows(dq, L.dq, "dq");
   attn::check_bf16_rows(dk, L.dk, "dk");
   attn::check_bf16_rows(dv, L.dv, "dv");
