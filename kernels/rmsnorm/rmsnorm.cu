@@ -1,10 +1,11 @@
 // CUDA RMSNorm (math in rmsnorm.h). Rows of 128 * k columns up to 1024 (every model width in
-// configs/) take a warp per row for the forward and dx: lane l keeps columns 128 c + 4 l ..
-// 128 c + 4 l + 3 of each chunk c in registers, so a row is read once with 16- (f32) or 8-byte
-// (bf16) accesses and reduced without a block barrier; these kernels also write the optional
-// copies (x_copy, dx_copy) from the same registers. Other widths: a block per row. The weight
-// gradient is reduced deterministically: per-slab partial sums into the context's workspace, then
-// a fixed-order sum over slabs.
+// configs/) take a warp per row: lane l keeps columns 128 c + 4 l .. 128 c + 4 l + 3 of each
+// chunk c in registers, so a row is read once with 16- (f32) or 8-byte (bf16) accesses and
+// reduced without a block barrier; the kernels also write the optional copies (x_copy, dx_copy)
+// from the same registers. The backward runs a fixed number of warps, each over every n-th row,
+// adding its rows' dy * x * rstd into a dw slab in registers (x and dy are read once). Other
+// widths: a block per row, and dw from a second pass over row slabs. Either way the slabs land in
+// the context's workspace and are summed in a fixed order: deterministic.
 #include <initializer_list>
 
 #include "common/cuda_common.cuh"
@@ -17,7 +18,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxSlabs = 256;
-constexpr int kMaxChunks = 8;  // warp rows: up to 8 chunks of 128 columns
+constexpr int kMaxChunks = 8;    // warp rows: up to 8 chunks of 128 columns
+constexpr int64_t kRowWarps = 1024;  // the warp-row backward's warps (and dw slabs), at most
 
 template <int kChunks, class TX, class TY>
 __global__ void __launch_bounds__(kThreads)
@@ -47,36 +49,49 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int kChunks, class TX, class TY>
 __global__ void __launch_bounds__(kThreads)
-    rmsnorm_bwd_dx_rows_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
-                               const TY* __restrict__ dy, TX* __restrict__ dx, TY* __restrict__ dx_copy,
-                               int64_t rows) {
+    rmsnorm_bwd_rows_kernel(const TX* __restrict__ x, const float* __restrict__ w, const float* __restrict__ rstd,
+                            const TY* __restrict__ dy, TX* __restrict__ dx, TY* __restrict__ dx_copy,
+                            float* __restrict__ partial, int64_t rows) {
   constexpr int kDim = 128 * kChunks;
-  const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
+  const int64_t slab = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32, slabs = gridDim.x * int64_t{kThreads} / 32;
   const int lane = threadIdx.x & 31;
-  if (r >= rows) return;
-  const float rs = rstd[r];
-  float4 xv[kChunks], gv[kChunks];  // x and g = dy * w
-  float dot = 0.f;
+  float4 wv[kChunks], dw[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = r * kDim + 128 * c + 4 * lane;
-    xv[c] = cuda::load4(x + i);
-    const float4 d = cuda::load4(dy + i), wv = cuda::load4(w + 128 * c + 4 * lane);
-    gv[c] = make_float4(d.x * wv.x, d.y * wv.y, d.z * wv.z, d.w * wv.w);
-    dot += gv[c].x * xv[c].x + gv[c].y * xv[c].y + gv[c].z * xv[c].z + gv[c].w * xv[c].w;
+    wv[c] = cuda::load4(w + 128 * c + 4 * lane);
+    dw[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  const float k = rs * rs * rs * cuda::warp_sum(dot) / static_cast<float>(kDim);
+  for (int64_t r = slab; r < rows; r += slabs) {
+    const float rs = rstd[r];
+    float4 xv[kChunks], gv[kChunks];  // x and g = dy * w
+    float dot = 0.f;
 #pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int64_t i = r * kDim + 128 * c + 4 * lane;
-    float4 o = cuda::load4(dx + i);
-    o.x += rs * gv[c].x - xv[c].x * k;
-    o.y += rs * gv[c].y - xv[c].y * k;
-    o.z += rs * gv[c].z - xv[c].z * k;
-    o.w += rs * gv[c].w - xv[c].w * k;
-    cuda::store4(dx + i, o);
-    if (dx_copy) cuda::store4(dx_copy + i, o);
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t i = r * kDim + 128 * c + 4 * lane;
+      xv[c] = cuda::load4(x + i);
+      const float4 d = cuda::load4(dy + i);
+      gv[c] = make_float4(d.x * wv[c].x, d.y * wv[c].y, d.z * wv[c].z, d.w * wv[c].w);
+      dot += gv[c].x * xv[c].x + gv[c].y * xv[c].y + gv[c].z * xv[c].z + gv[c].w * xv[c].w;
+      dw[c].x += d.x * xv[c].x * rs;
+      dw[c].y += d.y * xv[c].y * rs;
+      dw[c].z += d.z * xv[c].z * rs;
+      dw[c].w += d.w * xv[c].w * rs;
+    }
+    const float k = rs * rs * rs * cuda::warp_sum(dot) / static_cast<float>(kDim);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int64_t i = r * kDim + 128 * c + 4 * lane;
+      float4 o = cuda::load4(dx + i);
+      o.x += rs * gv[c].x - xv[c].x * k;
+      o.y += rs * gv[c].y - xv[c].y * k;
+      o.z += rs * gv[c].z - xv[c].z * k;
+      o.w += rs * gv[c].w - xv[c].w * k;
+      cuda::store4(dx + i, o);
+      if (dx_copy) cuda::store4(dx_copy + i, o);
+    }
   }
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) cuda::store4(partial + slab * kDim + 128 * c + 4 * lane, dw[c]);
 }
 
 // The warp-row kernels' chunk count for rows of `dim` columns, or 0 where they do not apply.
@@ -153,12 +168,20 @@ __global__ void rmsnorm_bwd_dw_partial_kernel(const TX* __restrict__ x, const fl
   partial[s * dim + j] = acc;
 }
 
+// out[j] += sum_s partial[s, j]: a block per 32 columns, its 8 warps take every eighth slab and
+// their sums are added in warp order (a fixed order: deterministic).
 __global__ void sum_slabs_kernel(const float* __restrict__ partial, float* __restrict__ out, int64_t slabs,
                                  int64_t dim) {
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= dim) return;
+  __shared__ float part[kThreads / 32][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + lane;
   float acc = 0.f;
-  for (int64_t s = 0; s < slabs; ++s) acc += partial[s * dim + j];
+  if (j < dim)
+    for (int64_t s = warp; s < slabs; s += kThreads / 32) acc += partial[s * dim + j];
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp != 0 || j >= dim) return;
+  for (int i = 1; i < kThreads / 32; ++i) acc += part[i][lane];
   out[j] += acc;
 }
 
@@ -194,31 +217,34 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   LINAC_CHECK(dx.dtype == x.dtype && dy.dtype != DType::F64, "rmsnorm (GPU): dx must have x's dtype");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
-  const int64_t slabs = std::min<int64_t>(rows, kMaxSlabs);
+  const int chunks = row_chunks(dim, {&x, &w, &dy, &dx, &dx_copy});
+  // Warp rows: a fixed number of warps (whole blocks, independent of the GPU, so the dw sums keep
+  // their order everywhere) each take every slabs-th row and keep their dw slab in registers.
+  const unsigned row_blocks = static_cast<unsigned>((std::min<int64_t>(rows, kRowWarps) * 32 + kThreads - 1) / kThreads);
+  const int64_t slabs = chunks ? int64_t{row_blocks} * kThreads / 32 : std::min<int64_t>(rows, kMaxSlabs);
   const int64_t rows_per_slab = (rows + slabs - 1) / slabs;
   LINAC_CHECK(static_cast<size_t>(slabs * dim) * sizeof(float) <= ctx.workspace_bytes,
               "rmsnorm (GPU): workspace too small");
   float* partial = static_cast<float*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
-  const int chunks = row_chunks(dim, {&x, &w, &dy, &dx, &dx_copy});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TY, {
     if (chunks) {
       with_chunks(chunks, [&](auto k) {
-        rmsnorm_bwd_dx_rows_kernel<decltype(k)::value, TX, TY><<<warp_row_blocks(rows), kThreads, 0, st>>>(
+        rmsnorm_bwd_rows_kernel<decltype(k)::value, TX, TY><<<row_blocks, kThreads, 0, st>>>(
             x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(),
-            dx_copy.ptr ? dx_copy.data<TY>() : nullptr, rows);
+            dx_copy.ptr ? dx_copy.data<TY>() : nullptr, partial, rows);
       });
     } else {
       rmsnorm_bwd_dx_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
           x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(), dim);
+      LINAC_CUDA_LAUNCH_CHECK();
+      dim3 grid(cuda::grid_1d(dim, kThreads), static_cast<unsigned>(slabs));
+      rmsnorm_bwd_dw_partial_kernel<TX, TY><<<grid, kThreads, 0, st>>>(
+          x.data<TX>(), rstd.data<float>(), dy.data<TY>(), partial, rows, dim, rows_per_slab);
     }
-    LINAC_CUDA_LAUNCH_CHECK();
-    dim3 grid(cuda::grid_1d(dim, kThreads), static_cast<unsigned>(slabs));
-    rmsnorm_bwd_dw_partial_kernel<TX, TY><<<grid, kThreads, 0, st>>>(x.data<TX>(), rstd.data<float>(), dy.data<TY>(),
-                                                                      partial, rows, dim, rows_per_slab);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
-  sum_slabs_kernel<<<cuda::grid_1d(dim, kThreads), kThreads, 0, st>>>(partial, dw.data<float>(), slabs, dim);
+  sum_slabs_kernel<<<cuda::grid_1d(dim, 32), kThreads, 0, st>>>(partial, dw.data<float>(), slabs, dim);
   LINAC_CUDA_LAUNCH_CHECK();
   if (dx_copy.ptr && !chunks) cast(ctx, dx_copy, dx);
 }
