@@ -1,9 +1,10 @@
 // CUDA fused softmax cross-entropy (math in cross_entropy.h). One block per row. Pass 1: each
 // thread keeps a running max m and sum s = sum exp(x - m) over its elements (rescaling s only
 // when the max grows, so one exp per element); the block merges them with a max and a sum.
-// Pass 2 re-reads the row and writes the gradient. Each thread writes only elements it has
-// itself read, and the target logit is read before the block reductions' barriers, so the
-// gradient may overwrite the logits. logits/dlogits are deliberately not __restrict__.
+// Pass 2 re-reads the row from its end (what pass 1 read last is the likeliest still in L2) and
+// writes the gradient. Each thread writes only elements it has itself read, and the target logit
+// is read before the block reductions' barriers, so the gradient may overwrite the logits;
+// logits/dlogits are deliberately not __restrict__.
 // hits (optional): the target is the first index holding the row max when its logit equals the
 // max and no element before it reaches the max; pass 2 flags such earlier elements and one more
 // block reduction merges the flags.
@@ -73,13 +74,15 @@ __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict
     if (j < t && xj >= mx) earlier_max = 1.f;
     return (expf(xj - mx) * inv - (j == t ? 1.f : 0.f)) * grad_scale;
   };
+  const int64_t step = (kVec ? 4 : 1) * int64_t{blockDim.x}, first = (kVec ? 4 : 1) * int64_t{threadIdx.x};
+  const int64_t last = first < v ? first + (v - 1 - first) / step * step : -1;
   if constexpr (kVec) {
-    for (int64_t j = 4 * threadIdx.x; j < v; j += 4 * blockDim.x) {
+    for (int64_t j = last; j >= 0; j -= step) {
       const float4 xv = cuda::load4(x + j);
       cuda::store4(dx + j, make_float4(grad(xv.x, j), grad(xv.y, j + 1), grad(xv.z, j + 2), grad(xv.w, j + 3)));
     }
   } else {
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dx[j] = cuda::from_float<TD>(grad(cuda::to_float(x[j]), j));
+    for (int64_t j = last; j >= 0; j -= step) dx[j] = cuda::from_float<TD>(grad(cuda::to_float(x[j]), j));
   }
   if (hits) {
     const float any_earlier = cuda::block_max(earlier_max, scratch);
