@@ -1,4 +1,6 @@
-// CUDA attention forward (math in attention.h), FlashAttention-2 style.
+// CUDA attention forward (math in attention.h), FlashAttention-2 style: the kernels of GPUs other
+// than Hopper, of head dims 80/96/112 and of f32; bf16 at D = 64/128 on a Hopper GPU goes to
+// attention_fwd_sm90.cu instead (attention_gpu_kernels).
 //
 // bf16: one CTA per (batch*head, block of BR = 128 queries), 8 warps of 16 query rows each. Q
 // stays in registers as mma A fragments; K/V tiles of BC keys stream through shared memory with
