@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "attention/attention.h"
 #include "core/dispatch.h"
@@ -92,9 +93,18 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
                                           dout.data<F>(), dq.data<F>(), dk.data<F>(), dv.data<F>()));
 }
 
-size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
-  const size_t delta = static_cast<size_t>(B * H * T) * sizeof(float);
-  return (delta + 255) / 256 * 256;
+AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D) {
+  auto aligned = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
+  AttentionBwdWorkspace w;
+  w.bytes = aligned(B * H * T * 4);
+  if (std::string_view(attention_gpu_kernels(D)) == "sm90") {
+    const int64_t tiles = B * H * ((T + kAttentionDqTile - 1) / kAttentionDqTile);
+    w.counters = w.bytes;
+    w.bytes += aligned((tiles + 1) * 4);
+    w.dq_acc = w.bytes;
+    w.bytes += aligned(tiles * kAttentionDqTile * D * 4);
+  }
+  return w;
 }
 
 }  // namespace linac

@@ -16,7 +16,7 @@
 // contiguous. dq, dk, dv are overwritten.
 // Dtypes: CPU: all f32 or all f64, any head dim. GPU: activations all bf16 or all f32, lse f32;
 // head dim 64, 80, 96, 112 or 128 (attention_gpu_head_dim_ok). The GPU backward needs
-// attention_bwd_workspace_bytes() of ctx.workspace (delta).
+// attention_bwd_workspace_bytes() of ctx.workspace.
 #pragma once
 
 #include <cstddef>
@@ -76,7 +76,17 @@ void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
 void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                    const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const AttentionOpts& opts);
-// Scratch bytes attention_bwd needs from ctx.workspace on the GPU: delta, [B, H, T] f32.
-size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
+// Scratch attention_bwd takes from ctx.workspace on the GPU (byte offsets, 256-aligned): delta,
+// [B, H, T] f32; where the Hopper kernels run (attention_gpu_kernels) also the dQ accumulator,
+// one f32 tile of kAttentionDqTile query rows x D per (batch*head, query block), and one int32
+// counter per tile plus a launch ticket.
+constexpr int64_t kAttentionDqTile = 64;
+struct AttentionBwdWorkspace {
+  size_t delta = 0, counters = 0, dq_acc = 0, bytes = 0;
+};
+AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D);
+inline size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
+  return attention_bwd_workspace(B, T, H, D).bytes;
+}
 
 }  // namespace linac

@@ -1,5 +1,5 @@
 // CUDA attention backward (math in attention.h), FlashAttention-2 style but deterministic: no
-// atomics (bf16 at D = 64/128 on a Hopper GPU runs attention_bwd_sm90.cu's passes after delta).
+// atomics (bf16 at D = 64/128 on a Hopper GPU runs attention_bwd_sm90.cu's one-pass kernel after delta).
 // P is recomputed from q, k and the saved lse, and the work is split in two passes:
 //   dq pass:   one CTA per (batch*head, block of BR queries); streams K/V tiles:
 //              S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dQ += dS K

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-          Wgmma<BC>::template ss<0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
+          Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(sc);

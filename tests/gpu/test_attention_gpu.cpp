@@ -180,7 +180,8 @@ TEST(AttentionGpu, Deterministic) {
   for (const auto& [dt, family] : runs) {
     KernelChoice choice(family);
     for (const GpuCase& c : {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
-                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0}}) {
+                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0},
+                             GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
       OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
       OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);
