@@ -16,7 +16,8 @@
 // contiguous. dq, dk, dv are overwritten.
 // Dtypes: CPU: all f32 or all f64, any head dim. GPU: activations all bf16 or all f32, lse f32;
 // head dim 64, 80, 96, 112 or 128 (attention_gpu_head_dim_ok). The GPU backward needs
-// attention_bwd_workspace_bytes() of ctx.workspace.
+// attention_bwd_workspace_bytes() of ctx.workspace, the GPU forward its first 4 bytes (the Hopper
+// kernel's work counter).
 #pragma once
 
 #include <cstddef>

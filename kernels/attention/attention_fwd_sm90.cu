@@ -2,19 +2,26 @@
 // style: wgmma on tiles that TMA brings into shared memory, a loading warpgroup
 // ahead of the math warpgroups.
 //
-// bf16, head dim 64 or 128. One CTA per (batch*head, block of BR = 64 *
+// bf16, head dim 64 or 128. Work item = (batch*head, block of BR = 64 *
 // kMathWGs queries); math warpgroup w owns queries q0 + 64w .. q0 + 64w + 63
 // (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
 // kStages stages of K and V tiles. Per key block and warpgroup:
-//   S = Q K^T               wgmma, A = Q and B = K from shared memory (both
-//   K-major) online softmax on the S accumulators (f32, exp2 with the scale
-//   folded in), P rounded to bf16 O += P V                wgmma, A = P from
-//   registers, B = V (MN-major) from shared memory
+//   S = Q K^T       wgmma, A = Q and B = K from shared memory (both K-major)
+//   online softmax on the S accumulators (f32, exp2 with the scale folded in),
+//   P rounded to bf16
+//   O += P V        wgmma, A = P from registers, B = V (MN-major) from shared
+//                   memory
 // Only lse = m * scale + log l is stored (f32). Key blocks the causal/window
 // mask leaves empty are never loaded; a warpgroup skips the matmuls of a block
 // none of its rows sees; the element mask runs only on blocks that straddle its
-// edge or the key tail. Layout: q/k/v/o [B,T,H,D] with free batch/token strides
-// (multiples of 8), lse [B,H,T] f32.
+// edge or the key tail. Short items (T <= 2048 or a window) run on a
+// persistent grid: one CTA per SM taking items from a ticket counter in
+// ctx.workspace, longest first, with two Q buffers, so the next item's Q and
+// K/V arrive while the math warpgroups finish the current one.
+// Layout: q/k/v/o [B,T,H,D] with free batch/token strides (multiples of 8),
+// lse [B,H,T] f32.
+#include <algorithm>
+
 #include "attention/attention_sm90.cuh"
 
 namespace linac {
@@ -27,34 +34,45 @@ template <int D, int WGS>
 struct FwdSm90Cfg {
   static constexpr int kMathWGs = WGS;
   static constexpr int kThreads = 128 * (kMathWGs + 1);
-  static constexpr int BR = 64 * kMathWGs;  // queries per CTA
+  static constexpr int BR = 64 * kMathWGs;  // queries per work item
   static constexpr int BC = 128;            // keys per tile
   static constexpr int kStages = 2;
   static constexpr uint32_t kQBytes = tile_bytes<BR, D>, kTileBytes = tile_bytes<BC, D>;
-  // Q, K and V stages, then the barriers: Q full, K full, V full, stage empty.
-  static constexpr uint32_t kBarOffset = kQBytes + 2 * kStages * kTileBytes;
-  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (1 + 3 * kStages);
+  // Two Q buffers, K and V stages, then the barriers: Q full and Q empty per buffer, K full, V
+  // full, stage empty.
+  static constexpr uint32_t kBarOffset = 2 * kQBytes + 2 * kStages * kTileBytes;
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (4 + 3 * kStages);
 };
+
+// Work item i: (batch*head, query block), the longest causal rows first over all (batch, head)s.
+struct FwdItem {
+  int bh, q0;
+};
+__device__ __forceinline__ FwdItem fwd_item(int i, int n_bh, int n_qb, int BR) {
+  return {i % n_bh, (n_qb - 1 - i / n_bh) * BR};
+}
 
 template <int D, int WGS>
 __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, bf16_t* __restrict__ o, float* __restrict__ lse,
-                    const Args a) {
+                    const Args a, const int n_bh, int* __restrict__ ticket) {
+  // ticket == nullptr: one item per CTA, blockIdx.x.
   using C = FwdSm90Cfg<D, WGS>;
   constexpr int BR = C::BR, BC = C::BC, S = C::kStages;
   extern __shared__ unsigned char smem[];
-  const uint32_t sQ = smem_base_1024(smem), sK0 = sQ + C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
-  const uint32_t bar_q = sQ + C::kBarOffset, bar_k0 = bar_q + 8, bar_v0 = bar_k0 + 8 * S, bar_e0 = bar_v0 + 8 * S;
-
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
-  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
-  const int2 kr = key_blocks(a, q0, BR, BC);
-  const int n_tiles = kr.y - kr.x + 1;
+  __shared__ int s_item[2];  // the item whose Q is in buffer j, -1: no more
+  const uint32_t sQ0 = smem_base_1024(smem), sK0 = sQ0 + 2 * C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
+  const uint32_t bar_q0 = sQ0 + C::kBarOffset, bar_qe0 = bar_q0 + 16, bar_k0 = bar_qe0 + 16, bar_v0 = bar_k0 + 8 * S,
+                 bar_e0 = bar_v0 + 8 * S;
+  const int n_qb = cdiv(a.T, BR), n_items = n_bh * n_qb;
   const int wg = threadIdx.x / 128;  // 0 loads, 1.. compute
 
   if (threadIdx.x == 0) {
-    mbar_init(bar_q, 1);
+    for (int j = 0; j < 2; ++j) {
+      mbar_init(bar_q0 + 8 * j, 1);
+      mbar_init(bar_qe0 + 8 * j, 4 * C::kMathWGs);
+    }
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_k0 + 8 * s, 1);
       mbar_init(bar_v0 + 8 * s, 1);
@@ -64,111 +82,141 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
   }
   __syncthreads();
 
+  // Persistent (short items), one CTA per SM: the loading warp takes the next item from a ticket
+  // counter (the longest first, so the last ones to finish are short) and fetches its Q and first
+  // K/V tiles while the math warpgroups finish the current one. Tiles are counted across items
+  // (gt) for the stage phases.
   if (wg == 0) {
     regs_dealloc<RegBudget<C::kMathWGs>::kLoad>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_q);
       prefetch_tensor_map(&tm_k);
       prefetch_tensor_map(&tm_v);
-      mbar_arrive_expect_tx(bar_q, C::kQBytes);
-      load_tile<BR, D>(sQ, &tm_q, bar_q, q0, h, b);
-      for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % S, t0 = (kr.x + it) * BC;
-        if (it >= S) mbar_wait(bar_e0 + 8 * s, (it / S - 1) & 1);
-        mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
-        load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, t0, h, b);
-        mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
-        load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, t0, h, b);
+      int gt = 0;
+      for (int n = 0;; ++n) {
+        const int idx = ticket ? atomicAdd(ticket, 1) : n == 0 ? static_cast<int>(blockIdx.x) : n_items;
+        const uint32_t qb = n & 1;
+        if (n >= 2) mbar_wait(bar_qe0 + 8 * qb, ((n >> 1) - 1) & 1);
+        if (idx >= n_items) {
+          s_item[qb] = -1;
+          mbar_arrive(bar_q0 + 8 * qb);
+          break;
+        }
+        s_item[qb] = idx;
+        const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
+        const int b = item.bh / a.H, h = item.bh % a.H;
+        mbar_arrive_expect_tx(bar_q0 + 8 * qb, C::kQBytes);
+        load_tile<BR, D>(sQ0 + qb * C::kQBytes, &tm_q, bar_q0 + 8 * qb, item.q0, h, b);
+        const int2 kr = key_blocks(a, item.q0, BR, BC);
+        for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
+          const int s = gt % S;
+          if (gt >= S) mbar_wait(bar_e0 + 8 * s, (gt / S - 1) & 1);
+          mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
+          load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, h, b);
+          mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
+          load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, h, b);
+        }
       }
     }
   } else {
     regs_alloc<RegBudget<C::kMathWGs>::kMath>();
     const int w = wg - 1, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, tq = lane & 3;
-    const int qw = q0 + 64 * w;                 // this warpgroup's first query
-    const int row0 = qw + 16 * warp + g;        // this thread's rows: row0 and row0 + 8
-    const int2 kw = key_blocks(a, qw, 64, BC);  // the key blocks its rows see
-    float acc[D / 2];
+    int gt = 0;
+    for (int n = 0;; ++n) {
+      const uint32_t qb = n & 1, sQ = sQ0 + qb * C::kQBytes;
+      mbar_wait(bar_q0 + 8 * qb, (n >> 1) & 1);
+      const int idx = *static_cast<volatile int*>(&s_item[qb]);
+      if (idx < 0) break;
+      const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
+      const int b = item.bh / a.H, h = item.bh % a.H;
+      const int2 kr = key_blocks(a, item.q0, BR, BC);
+      const int qw = item.q0 + 64 * w;            // this warpgroup's first query
+      const int row0 = qw + 16 * warp + g;        // this thread's rows: row0 and row0 + 8
+      const int2 kw = key_blocks(a, qw, 64, BC);  // the key blocks its rows see
+      float acc[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    mbar_wait(bar_q, 0);
+      for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-    for (int it = 0; it < n_tiles; ++it) {
-      const int s = it % S, kb = kr.x + it, k0 = kb * BC;
-      const uint32_t phase = (it / S) & 1, sK = sK0 + s * C::kTileBytes, sV = sV0 + s * C::kTileBytes;
-      mbar_wait(bar_k0 + 8 * s, phase);
-      mbar_wait(bar_v0 + 8 * s, phase);
-      if (kb >= kw.x && kb <= kw.y) {
-        float sc[BC / 2];
-        wgmma_fence();
+      for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
+        const int s = gt % S, k0 = kb * BC;
+        const uint32_t phase = (gt / S) & 1, sK = sK0 + s * C::kTileBytes, sV = sV0 + s * C::kTileBytes;
+        mbar_wait(bar_k0 + 8 * s, phase);
+        mbar_wait(bar_v0 + 8 * s, phase);
+        if (kb >= kw.x && kb <= kw.y) {
+          float sc[BC / 2];
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-          Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(sc);
+          for (int kk = 0; kk < D / 16; ++kk)
+            Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(sc);
 
-        if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC)) {
+          if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC)) {
 #pragma unroll
-          for (int j = 0; j < BC / 8; ++j)
+            for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
-              if (sk >= a.T || !allowed(a, tt, sk)) sc[4 * j + e] = -INFINITY;
+              for (int e = 0; e < 4; ++e) {
+                const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
+                if (sk >= a.T || !allowed(a, tt, sk)) sc[4 * j + e] = -INFINITY;
+              }
+          }
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row whose keys so far are all masked keeps m = -inf; exp2 against
+            // 0 then gives P = 0.
+            const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
+            const float alpha = fast_exp2(m[r] * a.scale_log2 - base);
+            m[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j) {
+              sc[4 * j + 2 * r] = fast_exp2(fmaf(sc[4 * j + 2 * r], a.scale_log2, -base));
+              sc[4 * j + 2 * r + 1] = fast_exp2(fmaf(sc[4 * j + 2 * r + 1], a.scale_log2, -base));
+              sum += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
             }
-        }
+            l[r] = l[r] * alpha + sum;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = m[r];
-#pragma unroll
-          for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // A row whose keys so far are all masked keeps m = -inf; exp2 against
-          // 0 then gives P = 0.
-          const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
-          const float alpha = fast_exp2(m[r] * a.scale_log2 - base);
-          m[r] = mx;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < BC / 8; ++j) {
-            sc[4 * j + 2 * r] = fast_exp2(fmaf(sc[4 * j + 2 * r], a.scale_log2, -base));
-            sc[4 * j + 2 * r + 1] = fast_exp2(fmaf(sc[4 * j + 2 * r + 1], a.scale_log2, -base));
-            sum += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
+            for (int j = 0; j < D / 8; ++j) {
+              acc[4 * j + 2 * r] *= alpha;
+              acc[4 * j + 2 * r + 1] *= alpha;
+            }
           }
-          l[r] = l[r] * alpha + sum;
-#pragma unroll
-          for (int j = 0; j < D / 8; ++j) {
-            acc[4 * j + 2 * r] *= alpha;
-            acc[4 * j + 2 * r + 1] *= alpha;
-          }
-        }
 
-        uint32_t pa[BC / 16][4];
+          uint32_t pa[BC / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
-        wgmma_fence();
+          for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) Wgmma<D>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(acc);
+          for (int kk = 0; kk < BC / 16; ++kk) Wgmma<D>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(acc);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
       }
       __syncwarp();
-      if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
-    }
+      if (lane == 0) mbar_arrive(bar_qe0 + 8 * qb);  // Q read for the last time
 
-    float inv[2];
+      float inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float sum = l[r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      inv[r] = 1.f / sum;
-      const int tt = row0 + 8 * r;
-      if (tq == 0 && tt < a.T) lse[int64_t{bh} * a.T + tt] = m[r] * a.scale + logf(sum);
+      for (int r = 0; r < 2; ++r) {
+        float sum = l[r];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        inv[r] = 1.f / sum;
+        const int tt = row0 + 8 * r;
+        if (tq == 0 && tt < a.T) lse[int64_t{item.bh} * a.T + tt] = m[r] * a.scale + logf(sum);
+      }
+      store_rows<D>(o, a.o, b, h, a.T, row0, acc, inv);
     }
-    store_rows<D>(o, a.o, b, h, a.T, row0, acc, inv);
   }
 }
 
@@ -180,9 +228,24 @@ void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
                     tm_v = rows_map(v, L, L.v, C::BC);
   auto kernel = fwd_sm90_kernel<D, WGS>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  const dim3 grid(static_cast<unsigned>(L.B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
+  const int n_bh = static_cast<int>(L.B * a.H);
+  const int64_t n_items = int64_t{n_bh} * cdiv(a.T, C::BR);
+  // Items of up to 16 key tiles (T <= 2048, or a window) run on a persistent grid, which hides
+  // each item's start (H200, 16 heads x 64: 0.469 against 0.484 ms at T = 2048, 0.229 against 0.29
+  // with a window of 64); longer ones one CTA each (persistent: 1.32 against 1.25 ms at T = 8192,
+  // 4.9 against 4.3 at 32768; 4096 not measured).
+  const int max_tiles =
+      a.window > 0 ? std::min(cdiv(a.T, C::BC), cdiv(a.window + C::BR, C::BC) + 1) : cdiv(a.T, C::BC);
+  int* ticket = nullptr;
+  unsigned grid = static_cast<unsigned>(n_items);
+  if (max_tiles <= 16) {
+    LINAC_CHECK(ctx.workspace_bytes >= sizeof(int), "attention forward (GPU): needs 4 bytes of workspace");
+    ticket = static_cast<int*>(ctx.workspace);
+    LINAC_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), cuda::stream_of(ctx)));
+    grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
+  }
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
-                                                                a);
+                                                                a, n_bh, ticket);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

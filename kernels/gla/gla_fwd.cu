@@ -332,16 +332,6 @@ void set_smem(K kernel, int bytes) {
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, c = 0;
-    LINAC_CUDA_CHECK(cudaGetDevice(&dev));
-    LINAC_CUDA_CHECK(cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev));
-    return c;
-  }();
-  return n;
-}
-
 template <class T, bool kRev, int BK, int BV>
 void run_state(const Ctx& ctx, const Args& a, int B, const T* x, const T* y, GlaLayout::Strides ys, const float* bn,
                const float* init, T* states, float* final_out) {
@@ -369,7 +359,7 @@ void launch_state(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, co
                   const float* bn, const float* init, T* states, float* final_out) {
   // The scan is sequential over chunks: use 32x32 tiles (4x the CTAs) when 64x64 ones would not
   // give every SM two.
-  const bool small = static_cast<int64_t>(cdiv(a.Dk, 64)) * cdiv(a.Dv, 64) * B * a.H < 2 * sm_count();
+  const bool small = static_cast<int64_t>(cdiv(a.Dk, 64)) * cdiv(a.Dv, 64) * B * a.H < 2 * gpu_sm_count();
   if (rev) {
     if (small)
       run_state<T, true, 32, 32>(ctx, a, B, x, y, ys, bn, init, states, final_out);

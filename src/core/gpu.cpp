@@ -113,6 +113,13 @@ int gpu_compute_capability() {
   return major * 10 + minor;
 }
 
+int gpu_sm_count() {
+  int dev = 0, n = 0;
+  LINAC_CUDA_CHECK(cudaGetDevice(&dev));
+  LINAC_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
 size_t gpu_bytes_in_use() {
   size_t free_b = 0, total_b = 0;
   LINAC_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -206,6 +213,7 @@ void gpu_memset_zero_async(const Ctx&, void*, size_t) { no_cuda(); }
 void ctx_synchronize(const Ctx&) {}
 GpuInfo gpu_info() { no_cuda(); }
 int gpu_compute_capability() { no_cuda(); }
+int gpu_sm_count() { no_cuda(); }
 size_t gpu_bytes_in_use() { return 0; }
 GpuContext::GpuContext() { no_cuda(); }
 size_t GpuContext::default_workspace_bytes() { return 0; }

@@ -29,6 +29,7 @@ struct GpuInfo {
 };
 GpuInfo gpu_info();
 int gpu_compute_capability();  // of the current device: major * 10 + minor (90 for H100/H200)
+int gpu_sm_count();            // of the current device
 size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
 
 // One execution context for kernels: device, stream, cuBLASLt handle and its workspace.

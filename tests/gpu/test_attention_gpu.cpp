@@ -54,6 +54,8 @@ std::string name(const GpuCase& c) {
          " window=" + std::to_string(c.window);
 }
 
+// T = 2100 without a window takes the Hopper forward's one-CTA-per-item grid, the others its
+// persistent one.
 // Windows of 1, 16 and 64 (Based's) exercise the per-warp skipping of key/query groups outside the
 // band, with T not a multiple of any tile. Head dims 80, 96 (Latte-Macchiato's window) and 112
 // (based_1.3b's) use padded rather than swizzled tile rows and tiles that do not split evenly
@@ -69,7 +71,7 @@ const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, 
                           {700, 112, true, 64},  {1000, 112, true, 129}, {500, 80, true, 0},
                           {130, 80, false, 0},   {257, 80, true, 129},  {2100, 64, true, 0},
                           {1500, 128, false, 0}, {2100, 64, true, 700}, {385, 128, true, 0},
-                          {191, 64, false, 0},   {193, 64, true, 0}};
+                          {191, 64, false, 0},   {193, 64, true, 0},    {2100, 128, true, 0}};
 
 AttentionOpts opts_of(const GpuCase& c) {
   AttentionOpts o;
