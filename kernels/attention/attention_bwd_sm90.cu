@@ -24,6 +24,7 @@
 // CTAs that are already running or done: no deadlock whatever the GPU schedules.
 // Layout: q/k/v/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
 #include <algorithm>
+#include <type_traits>
 
 #include "attention/attention_sm90.cuh"
 
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k0 = kb * BC;
   const int2 qr = query_blocks(a, k0, BC, BR);
   const int n_tiles = qr.y - qr.x + 1;
-  const int wg = threadIdx.x / 128;
+  const int wg = warpgroup_index();
   int* const tile_count = counters + int64_t{bh} * n_qb;
   float* const tile_acc = dq_acc + int64_t{bh} * n_qb * BR * D;
 
@@ -240,20 +241,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(st);
         fence_regs(dst);
 
-        const bool masked = tile_needs_mask(a, q0, BR, kw0, 64);
+        // Two copies of the loop, so that tiles off the diagonal/window edge carry no mask code; a
+        // masked score becomes -inf (a select, no branch), so P = 0.
+        auto p_ds = [&](auto masked) {
 #pragma unroll
-        for (int j = 0; j < BR / 8; ++j) {
-          const int c = 8 * j + 2 * tq;
-          const float2 l2 = *reinterpret_cast<const float2*>(lse_t + c);
-          const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
+          for (int j = 0; j < BR / 8; ++j) {
+            const int c = 8 * j + 2 * tq;
+            const float2 l2 = *reinterpret_cast<const float2*>(lse_t + c);
+            const float2 d2 = *reinterpret_cast<const float2*>(dl_t + c);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float p = fast_exp2(fmaf(st[4 * j + e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
-            if (masked && !allowed(a, q0 + c + (e & 1), srow0 + 8 * (e >> 1))) p = 0.f;
-            st[4 * j + e] = p;
-            dst[4 * j + e] = p * (dst[4 * j + e] - ((e & 1) ? d2.y : d2.x));  // dS^T (without the scale)
+            for (int e = 0; e < 4; ++e) {
+              float x = st[4 * j + e];
+              if constexpr (decltype(masked)::value)
+                x = allowed(a, q0 + c + (e & 1), srow0 + 8 * (e >> 1)) ? x : -INFINITY;
+              const float p = fast_exp2(fmaf(x, a.scale_log2, -((e & 1) ? l2.y : l2.x)));
+              st[4 * j + e] = p;
+              dst[4 * j + e] = p * (dst[4 * j + e] - ((e & 1) ? d2.y : d2.x));  // dS^T (without the scale)
+            }
           }
-        }
+        };
+        if (tile_needs_mask(a, q0, BR, kw0, 64))
+          p_ds(std::true_type{});
+        else
+          p_ds(std::false_type{});
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) acc_to_a<BR>(st, kk, pa[kk]);
       }

@@ -21,6 +21,7 @@
 // Layout: q/k/v/o [B,T,H,D] with free batch/token strides (multiples of 8),
 // lse [B,H,T] f32.
 #include <algorithm>
+#include <climits>
 
 #include "attention/attention_sm90.cuh"
 
@@ -30,17 +31,18 @@ namespace {
 
 using namespace sm90k;
 
-template <int D, int WGS>
+template <int D, int WGS, bool kPersistent>
 struct FwdSm90Cfg {
   static constexpr int kMathWGs = WGS;
   static constexpr int kThreads = 128 * (kMathWGs + 1);
   static constexpr int BR = 64 * kMathWGs;  // queries per work item
   static constexpr int BC = 128;            // keys per tile
   static constexpr int kStages = 2;
+  static constexpr int kQBufs = kPersistent ? 2 : 1;
   static constexpr uint32_t kQBytes = tile_bytes<BR, D>, kTileBytes = tile_bytes<BC, D>;
-  // Two Q buffers, K and V stages, then the barriers: Q full and Q empty per buffer, K full, V
-  // full, stage empty.
-  static constexpr uint32_t kBarOffset = 2 * kQBytes + 2 * kStages * kTileBytes;
+  // Q buffers, K and V stages, then the barriers: Q full and Q empty per buffer (two slots each),
+  // K full, V full, stage empty.
+  static constexpr uint32_t kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
   static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (4 + 3 * kStages);
 };
 
@@ -52,21 +54,23 @@ __device__ __forceinline__ FwdItem fwd_item(int i, int n_bh, int n_qb, int BR) {
   return {i % n_bh, (n_qb - 1 - i / n_bh) * BR};
 }
 
-template <int D, int WGS>
-__global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
+template <int D, int WGS, bool kPersistent>
+__global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, bf16_t* __restrict__ o, float* __restrict__ lse,
                     const Args a, const int n_bh, int* __restrict__ ticket) {
-  // ticket == nullptr: one item per CTA, blockIdx.x.
-  using C = FwdSm90Cfg<D, WGS>;
+  // kPersistent: items from the ticket counter; otherwise one item per CTA, blockIdx.x, compiled
+  // without the item loop (the loop costs the long items 5-10%: H200, T >= 8192).
+  using C = FwdSm90Cfg<D, WGS, kPersistent>;
+  constexpr int kItemsPerCta = kPersistent ? INT_MAX : 1;
   constexpr int BR = C::BR, BC = C::BC, S = C::kStages;
   extern __shared__ unsigned char smem[];
   __shared__ int s_item[2];  // the item whose Q is in buffer j, -1: no more
-  const uint32_t sQ0 = smem_base_1024(smem), sK0 = sQ0 + 2 * C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
+  const uint32_t sQ0 = smem_base_1024(smem), sK0 = sQ0 + C::kQBufs * C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
   const uint32_t bar_q0 = sQ0 + C::kBarOffset, bar_qe0 = bar_q0 + 16, bar_k0 = bar_qe0 + 16, bar_v0 = bar_k0 + 8 * S,
                  bar_e0 = bar_v0 + 8 * S;
   const int n_qb = cdiv(a.T, BR), n_items = n_bh * n_qb;
-  const int wg = threadIdx.x / 128;  // 0 loads, 1.. compute
+  const int wg = warpgroup_index();  // 0 loads, 1.. compute
 
   if (threadIdx.x == 0) {
     for (int j = 0; j < 2; ++j) {
@@ -93,8 +97,8 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
       prefetch_tensor_map(&tm_k);
       prefetch_tensor_map(&tm_v);
       int gt = 0;
-      for (int n = 0;; ++n) {
-        const int idx = ticket ? atomicAdd(ticket, 1) : n == 0 ? static_cast<int>(blockIdx.x) : n_items;
+      for (int n = 0; n < kItemsPerCta; ++n) {
+        const int idx = kPersistent ? atomicAdd(ticket, 1) : static_cast<int>(blockIdx.x);
         const uint32_t qb = n & 1;
         if (n >= 2) mbar_wait(bar_qe0 + 8 * qb, ((n >> 1) - 1) & 1);
         if (idx >= n_items) {
@@ -122,10 +126,10 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
     regs_alloc<RegBudget<C::kMathWGs>::kMath>();
     const int w = wg - 1, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, tq = lane & 3;
     int gt = 0;
-    for (int n = 0;; ++n) {
+    for (int n = 0; n < kItemsPerCta; ++n) {
       const uint32_t qb = n & 1, sQ = sQ0 + qb * C::kQBytes;
       mbar_wait(bar_q0 + 8 * qb, (n >> 1) & 1);
-      const int idx = *static_cast<volatile int*>(&s_item[qb]);
+      const int idx = kPersistent ? *static_cast<volatile int*>(&s_item[qb]) : static_cast<int>(blockIdx.x);
       if (idx < 0) break;
       const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
       const int b = item.bh / a.H, h = item.bh % a.H;
@@ -159,7 +163,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
-                if (sk >= a.T || !allowed(a, tt, sk)) sc[4 * j + e] = -INFINITY;
+                sc[4 * j + e] = (sk < a.T) & allowed(a, tt, sk) ? sc[4 * j + e] : -INFINITY;
               }
           }
 #pragma unroll
@@ -220,33 +224,39 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS>::kThreads, 1)
   }
 }
 
+template <int D, int WGS, bool kPersistent>
+void launch_fwd_sm90_grid(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& o, const Tensor& lse, int n_bh, unsigned grid, int* ticket) {
+  using C = FwdSm90Cfg<D, WGS, kPersistent>;
+  const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
+                    tm_v = rows_map(v, L, L.v, C::BC);
+  auto kernel = fwd_sm90_kernel<D, WGS, kPersistent>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
+                                                                a, n_bh, ticket);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
 template <int D, int WGS>
 void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                      const Tensor& v, const Tensor& o, const Tensor& lse) {
-  using C = FwdSm90Cfg<D, WGS>;
-  const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
-                    tm_v = rows_map(v, L, L.v, C::BC);
-  auto kernel = fwd_sm90_kernel<D, WGS>;
-  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  constexpr int BR = FwdSm90Cfg<D, WGS, true>::BR, BC = FwdSm90Cfg<D, WGS, true>::BC;
   const int n_bh = static_cast<int>(L.B * a.H);
-  const int64_t n_items = int64_t{n_bh} * cdiv(a.T, C::BR);
+  const int64_t n_items = int64_t{n_bh} * cdiv(a.T, BR);
   // Items of up to 16 key tiles (T <= 2048, or a window) run on a persistent grid, which hides
   // each item's start (H200, 16 heads x 64: 0.469 against 0.484 ms at T = 2048, 0.229 against 0.29
   // with a window of 64); longer ones one CTA each (persistent: 1.32 against 1.25 ms at T = 8192,
   // 4.9 against 4.3 at 32768; 4096 not measured).
-  const int max_tiles =
-      a.window > 0 ? std::min(cdiv(a.T, C::BC), cdiv(a.window + C::BR, C::BC) + 1) : cdiv(a.T, C::BC);
-  int* ticket = nullptr;
-  unsigned grid = static_cast<unsigned>(n_items);
+  const int max_tiles = a.window > 0 ? std::min(cdiv(a.T, BC), cdiv(a.window + BR, BC) + 1) : cdiv(a.T, BC);
   if (max_tiles <= 16) {
     LINAC_CHECK(ctx.workspace_bytes >= sizeof(int), "attention forward (GPU): needs 4 bytes of workspace");
-    ticket = static_cast<int*>(ctx.workspace);
+    int* ticket = static_cast<int*>(ctx.workspace);
     LINAC_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), cuda::stream_of(ctx)));
-    grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
+    const auto grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
+    launch_fwd_sm90_grid<D, WGS, true>(ctx, a, L, q, k, v, o, lse, n_bh, grid, ticket);
+  } else {
+    launch_fwd_sm90_grid<D, WGS, false>(ctx, a, L, q, k, v, o, lse, n_bh, static_cast<unsigned>(n_items), nullptr);
   }
-  kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
-                                                                a, n_bh, ticket);
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
