@@ -218,15 +218,68 @@ __global__ void __launch_bounds__(kThreads, 1)
     int uses = 0, loaded = 0;  // of this warpgroup's dQ slot
     mbar_wait(bar_kv, 0);
 
+    // dQ of tile itq from this key block, dS (dS^T read MN-major) times K (MN-major), one column
+    // chunk of 64 at a time (registers). Warpgroup itq % 2 computes it one tile late, in the next
+    // tile's iteration, when the other warpgroup's dS^T rows are long written (computed right after
+    // the tile, it waited for them). dq_issue starts the matmul of chunk c, dq_finish takes the
+    // result after wgmma_wait: written to dq (the only key block reaching the tile), added to the
+    // sum of the others and written (the last), or left in the slot for the writer.
+    auto dq_issue = [&](int itq, int c, float(&part)[32]) {
+      const int bf = itq & 1;
+      const uint32_t sDS = sDS0 + bf * C::kDsBytes;
+      if (c == 0) mbar_wait(bar_dsf0 + 8 * bf, (itq >> 1) & 1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk)
+        Wgmma<64>::template ss<1, 1>(part, desc_mn_major(sDS, BC, kk), desc_mn_major(sK + c * BC * 128, BC, kk), kk);
+      wgmma_commit();
+    };
+    auto dq_finish = [&](int itq, int c, const float(&part)[32]) {
+      const int bf = itq & 1, q0 = (qr.x + itq) * BR;
+      const int2 kr = key_blocks(a, q0, BR, BC);
+      const bool single = kr.x == kr.y, last = kb == kr.x;
+      if (c == D / 64 - 1) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_dse0 + 8 * bf);
+      }
+      if (c == 0 && !single) {
+        if (last)
+          mbar_wait(bar_ql0 + 8 * bf, loaded++ & 1);
+        else if (uses > 0)
+          mbar_wait(bar_qe0 + 8 * bf, (uses - 1) & 1);
+      }
+      float* const chunk = slot + c * 64 * 64;
+      if (single || last) {
+        float sum[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) sum[i] = part[i];
+        if (last && !single) acc_add<64>(sum, chunk);
+        const float scale[2] = {a.scale, a.scale};
+        store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, sum, scale);
+      } else {
+        acc_store<64>(chunk, part);
+      }
+      if (c == D / 64 - 1 && !single) {
+        if (!last) fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(last ? bar_qe0 + 8 * bf : bar_qr0 + 8 * bf);
+        ++uses;
+      }
+    };
+    // At D = 64 the registers hold the dQ accumulators next to S^T and dP^T, so the dQ matmul of the
+    // previous tile runs under this tile's softmax gradient; at D = 128 it runs after it.
+    constexpr bool kDqUnderSoftmax = D == 64;
+
     for (int it = 0; it < n_tiles; ++it) {
       const int s = it % S, bf = it & 1, qb = qr.x + it, q0 = qb * BR;
       const uint32_t sQ = sQ0 + s * C::kTileBytes, sDO = sDO0 + s * C::kTileBytes, sDS = sDS0 + bf * C::kDsBytes;
       const float* lse_t = s_stats + s * 2 * BR;
       const float* dl_t = lse_t + BR;
-      const bool seen = qb >= qw.x && qb <= qw.y;
+      const bool seen = qb >= qw.x && qb <= qw.y, dq_prev = it >= 1 && ((it - 1) & 1) == w;
       mbar_wait(bar_f0 + 8 * s, (it / S) & 1);
       uint32_t pa[BR / 16][4];
       float dst[BR / 2];  // dS^T
+      float part[32];     // dQ of the previous tile (a 64-column chunk)
       if (seen) {
         float st[BR / 2];
         wgmma_fence();
@@ -237,7 +290,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < D / 16; ++kk)
           Wgmma<BR>::template ss<0, 0>(dst, desc_k_major(sV, BC, 64 * w, kk), desc_k_major(sDO, BR, 0, kk), kk);
         wgmma_commit();
-        wgmma_wait<0>();
+        if (kDqUnderSoftmax && dq_prev) {
+          dq_issue(it - 1, 0, part);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
         fence_regs(st);
         fence_regs(dst);
 
@@ -266,6 +324,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           p_ds(std::false_type{});
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk) acc_to_a<BR>(st, kk, pa[kk]);
+      } else if (kDqUnderSoftmax && dq_prev) {
+        dq_issue(it - 1, 0, part);
+      }
+      if (kDqUnderSoftmax && dq_prev) {
+        wgmma_wait<0>();
+        fence_regs(part);
+        dq_finish(it - 1, 0, part);
       }
       // dS^T to shared memory for the dQ matmul of warpgroup bf: rows are keys, 128-byte swizzled
       // rows of 64 queries (chunk j of row r at j ^ (r & 7)), as TMA would have written them.
@@ -291,6 +356,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_shared();
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_dsf0 + 8 * bf);
+      if (!kDqUnderSoftmax && dq_prev) {
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          dq_issue(it - 1, c, part);
+          wgmma_wait<0>();
+          fence_regs(part);
+          dq_finish(it - 1, c, part);
+        }
+      }
       if (seen) {
         // dK's A operand is the warpgroup's dS^T rows just written (K-major): all four warps' rows.
         named_barrier_sync(1 + w, 128);
@@ -307,50 +381,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
-      if (bf != w) continue;
-
-      // dQ of the tile from this key block, dS (dS^T read MN-major) times K (MN-major), one column
-      // chunk of 64 at a time (registers): written to dq (the only key block reaching the tile),
-      // added to the sum of the others and written (the last), or left in the slot for the writer.
-      const int2 kr = key_blocks(a, q0, BR, BC);
-      const bool single = kr.x == kr.y, last = kb == kr.x;
-      const int row0 = q0 + 16 * warp + g;
-      const float scale[2] = {a.scale, a.scale};
-      mbar_wait(bar_dsf0 + 8 * bf, (it >> 1) & 1);
+    }
+    if (((n_tiles - 1) & 1) == w) {  // the last tile's dQ
+      float part[32];
 #pragma unroll
       for (int c = 0; c < D / 64; ++c) {
-        float part[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-          Wgmma<64>::template ss<1, 1>(part, desc_mn_major(sDS, BC, kk), desc_mn_major(sK + c * BC * 128, BC, kk),
-                                       kk);
-        wgmma_commit();
+        dq_issue(n_tiles - 1, c, part);
         wgmma_wait<0>();
         fence_regs(part);
-        if (c == D / 64 - 1) {
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar_dse0 + 8 * bf);
-        }
-        if (c == 0 && !single) {
-          if (last)
-            mbar_wait(bar_ql0 + 8 * bf, loaded++ & 1);
-          else if (uses > 0)
-            mbar_wait(bar_qe0 + 8 * bf, (uses - 1) & 1);
-        }
-        float* const chunk = slot + c * 64 * 64;
-        if (single || last) {
-          if (last && !single) acc_add<64>(part, chunk);
-          store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, row0, part, scale);
-        } else {
-          acc_store<64>(chunk, part);
-        }
-      }
-      if (!single) {
-        if (!last) fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(last ? bar_qe0 + 8 * bf : bar_qr0 + 8 * bf);
-        ++uses;
+        dq_finish(n_tiles - 1, c, part);
       }
     }
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
