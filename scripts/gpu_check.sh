@@ -60,7 +60,9 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = perf ]; then
     --steps 10 --profile 2>&1 | tee -a "$out/perf.txt"
   timeout 300 python3 scripts/bench_torch.py --model 2>&1 | tail -2 | tee -a "$out/perf.txt"
   ./build-gpu/linac bench configs/gla_340m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-    --steps 10 2>&1 | tee -a "$out/perf.txt"
+    --steps 10 --profile 2>&1 | tee -a "$out/perf.txt"
+  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
+    2>&1 | tee -a "$out/perf.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model

@@ -92,6 +92,24 @@ __device__ __forceinline__ void store4(__nv_bfloat16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 
+// V = 4 or 1 consecutive elements as floats (load4/store4 for four).
+template <int V, class T>
+__device__ __forceinline__ void load_vals(const T* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 f = load4(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    v[0] = to_float(*p);
+  }
+}
+template <int V, class T>
+__device__ __forceinline__ void store_vals(T* p, const float (&v)[V]) {
+  if constexpr (V == 4)
+    store4(p, make_float4(v[0], v[1], v[2], v[3]));
+  else
+    *p = from_float<T>(v[0]);
+}
+
 inline unsigned grid_1d(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
 // Whether load4/store4 may be used on t's data (element 0, hence every fourth element).

@@ -1,6 +1,7 @@
 // The GLA helper families on the GPU vs their CPU references (double) on the same rounded inputs:
 // the log-space gate (f32 z / bf16 z, with and without the clamp) and the per-head norm + swish
-// gate (f32 and bf16, strided r/dr views).
+// gate (f32 and bf16, strided r/dr views); each with 4-aligned rows (the kernels' groups of four)
+// and without (their one-element path).
 #include "loggate/loggate.h"
 #include "norm_gate/norm_gate.h"
 #include "test_util.h"
@@ -11,62 +12,67 @@ namespace {
 TEST(LogGateGpu, MatchesCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext g;
-  const int64_t N = 333, D = 96;
-  for (DType zdt : {DType::F32, DType::BF16})
-    for (double clamp : {0.0, -3.0}) {
-      SCOPED_TRACE(std::string(dtype_name(zdt)) + " clamp " + std::to_string(clamp));
-      const LogGateOpts o{16.0, clamp};
-      OwnedTensor z = to(test::random_tensor({N, D}, DType::F64, 1, -70, 10), Device::CUDA, zdt);
-      OwnedTensor b = to(test::random_tensor({D}, DType::F64, 2), Device::CUDA, DType::F32);
-      OwnedTensor dg = to(test::random_tensor({N, D}, DType::F64, 3), Device::CUDA, DType::F32);
-      OwnedTensor gg(DType::F32, Device::CUDA, {N, D}), dz(zdt, Device::CUDA, {N, D});
-      test::poison(gg);
-      test::poison(dz);
-      loggate_fwd(g.ctx(), z, b, gg, o);
-      loggate_bwd(g.ctx(), z, b, dg, dz, o);
-      gpu_synchronize();
-      OwnedTensor zc = to(z, Device::CPU, DType::F64), bc = to(b, Device::CPU, DType::F64), dgc = to(dg, Device::CPU, DType::F64);
-      OwnedTensor gc(DType::F64, Device::CPU, {N, D}), dzc(DType::F64, Device::CPU, {N, D});
-      loggate_fwd(Ctx{}, zc, bc, gc, o);
-      loggate_bwd(Ctx{}, zc, bc, dgc, dzc, o);
-      EXPECT_LT(test::rel_error(gg, gc), 1e-6);
-      EXPECT_LT(test::rel_error(dz, dzc), zdt == DType::F32 ? 1e-6 : 1e-2);
-    }
+  const int64_t N = 333;
+  for (int64_t D : {96, 97})
+    for (DType zdt : {DType::F32, DType::BF16})
+      for (double clamp : {0.0, -3.0}) {
+        SCOPED_TRACE(std::string(dtype_name(zdt)) + " clamp " + std::to_string(clamp) + " D " + std::to_string(D));
+        const LogGateOpts o{16.0, clamp};
+        OwnedTensor z = to(test::random_tensor({N, D}, DType::F64, 1, -70, 10), Device::CUDA, zdt);
+        OwnedTensor b = to(test::random_tensor({D}, DType::F64, 2), Device::CUDA, DType::F32);
+        OwnedTensor dg = to(test::random_tensor({N, D}, DType::F64, 3), Device::CUDA, DType::F32);
+        OwnedTensor gg(DType::F32, Device::CUDA, {N, D}), dz(zdt, Device::CUDA, {N, D});
+        test::poison(gg);
+        test::poison(dz);
+        loggate_fwd(g.ctx(), z, b, gg, o);
+        loggate_bwd(g.ctx(), z, b, dg, dz, o);
+        gpu_synchronize();
+        OwnedTensor zc = to(z, Device::CPU, DType::F64), bc = to(b, Device::CPU, DType::F64),
+                    dgc = to(dg, Device::CPU, DType::F64);
+        OwnedTensor gc(DType::F64, Device::CPU, {N, D}), dzc(DType::F64, Device::CPU, {N, D});
+        loggate_fwd(Ctx{}, zc, bc, gc, o);
+        loggate_bwd(Ctx{}, zc, bc, dgc, dzc, o);
+        EXPECT_LT(test::rel_error(gg, gc), 1e-6);
+        EXPECT_LT(test::rel_error(dz, dzc), zdt == DType::F32 ? 1e-6 : 1e-2);
+      }
 }
 
 TEST(NormGateGpu, MatchesCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext g;
-  const int64_t N = 301, H = 4, D = 80, W = H * D;
-  for (DType dt : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(dt));
-    OwnedTensor x = to(test::random_tensor({N, W}, DType::F64, 1, -1, 2), Device::CUDA, dt);
-    OwnedTensor rw = to(test::random_tensor({N, W + 8}, DType::F64, 2, -4, 4), Device::CUDA, dt);
-    OwnedTensor br = to(test::random_tensor({W}, DType::F64, 3), Device::CUDA, DType::F32);
-    OwnedTensor dy = to(test::random_tensor({N, W}, DType::F64, 4), Device::CUDA, dt);
-    OwnedTensor y(dt, Device::CUDA, {N, W}), dx(dt, Device::CUDA, {N, W}), drw(dt, Device::CUDA, {N, W + 8});
-    OwnedTensor mean(DType::F32, Device::CUDA, {N, H}), rstd(DType::F32, Device::CUDA, {N, H});
-    for (const Tensor* t : {&y.t, &dx.t, &drw.t}) test::poison(*t);
-    const Tensor r = Tensor(rw).narrow(1, 8, W), dr = Tensor(drw).narrow(1, 0, W);
-    norm_gate_fwd(g.ctx(), x, r, br, y, mean, rstd, 1e-5);
-    norm_gate_bwd(g.ctx(), x, r, br, mean, rstd, dy, dx, dr);
-    gpu_synchronize();
-    OwnedTensor xc = to(x, Device::CPU, DType::F64), rwc = to(rw, Device::CPU, DType::F64);
-    OwnedTensor brc = to(br, Device::CPU, DType::F64), dyc = to(dy, Device::CPU, DType::F64);
-    OwnedTensor yc(DType::F64, Device::CPU, {N, W}), dxc(DType::F64, Device::CPU, {N, W}), drc(DType::F64, Device::CPU, {N, W});
-    OwnedTensor mc(DType::F64, Device::CPU, {N, H}), rc(DType::F64, Device::CPU, {N, H});
-    const Tensor rcv = Tensor(rwc).narrow(1, 8, W);
-    norm_gate_fwd(Ctx{}, xc, rcv, brc, yc, mc, rc, 1e-5);
-    norm_gate_bwd(Ctx{}, xc, rcv, brc, mc, rc, dyc, dxc, drc);
-    const double tol = dt == DType::F32 ? 1e-5 : 1e-2;
-    EXPECT_LT(test::rel_error(y, yc), tol);
-    EXPECT_LT(test::rel_error(mean, mc), 1e-5);
-    EXPECT_LT(test::rel_error(rstd, rc), 1e-5);
-    EXPECT_LT(test::rel_error(dx, dxc), tol);
-    std::vector<double> drg = to_doubles(drw), drv;
-    for (int64_t n = 0; n < N; ++n) drv.insert(drv.end(), drg.begin() + n * (W + 8), drg.begin() + n * (W + 8) + W);
-    EXPECT_LT(test::rel_error(drv, to_doubles(drc)), tol);
-  }
+  const int64_t N = 301, H = 4;
+  for (int64_t D : {80, 78})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D));
+      const int64_t W = H * D;
+      OwnedTensor x = to(test::random_tensor({N, W}, DType::F64, 1, -1, 2), Device::CUDA, dt);
+      OwnedTensor rw = to(test::random_tensor({N, W + 8}, DType::F64, 2, -4, 4), Device::CUDA, dt);
+      OwnedTensor br = to(test::random_tensor({W}, DType::F64, 3), Device::CUDA, DType::F32);
+      OwnedTensor dy = to(test::random_tensor({N, W}, DType::F64, 4), Device::CUDA, dt);
+      OwnedTensor y(dt, Device::CUDA, {N, W}), dx(dt, Device::CUDA, {N, W}), drw(dt, Device::CUDA, {N, W + 8});
+      OwnedTensor mean(DType::F32, Device::CUDA, {N, H}), rstd(DType::F32, Device::CUDA, {N, H});
+      for (const Tensor* t : {&y.t, &dx.t, &drw.t}) test::poison(*t);
+      const Tensor r = Tensor(rw).narrow(1, 8, W), dr = Tensor(drw).narrow(1, 0, W);
+      norm_gate_fwd(g.ctx(), x, r, br, y, mean, rstd, 1e-5);
+      norm_gate_bwd(g.ctx(), x, r, br, mean, rstd, dy, dx, dr);
+      gpu_synchronize();
+      OwnedTensor xc = to(x, Device::CPU, DType::F64), rwc = to(rw, Device::CPU, DType::F64);
+      OwnedTensor brc = to(br, Device::CPU, DType::F64), dyc = to(dy, Device::CPU, DType::F64);
+      OwnedTensor yc(DType::F64, Device::CPU, {N, W}), dxc(DType::F64, Device::CPU, {N, W}),
+          drc(DType::F64, Device::CPU, {N, W});
+      OwnedTensor mc(DType::F64, Device::CPU, {N, H}), rc(DType::F64, Device::CPU, {N, H});
+      const Tensor rcv = Tensor(rwc).narrow(1, 8, W);
+      norm_gate_fwd(Ctx{}, xc, rcv, brc, yc, mc, rc, 1e-5);
+      norm_gate_bwd(Ctx{}, xc, rcv, brc, mc, rc, dyc, dxc, drc);
+      const double tol = dt == DType::F32 ? 1e-5 : 1e-2;
+      EXPECT_LT(test::rel_error(y, yc), tol);
+      EXPECT_LT(test::rel_error(mean, mc), 1e-5);
+      EXPECT_LT(test::rel_error(rstd, rc), 1e-5);
+      EXPECT_LT(test::rel_error(dx, dxc), tol);
+      std::vector<double> drg = to_doubles(drw), drv;
+      for (int64_t n = 0; n < N; ++n) drv.insert(drv.end(), drg.begin() + n * (W + 8), drg.begin() + n * (W + 8) + W);
+      EXPECT_LT(test::rel_error(drv, to_doubles(drc)), tol);
+    }
 }
 
 }  // namespace
