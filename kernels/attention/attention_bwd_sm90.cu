@@ -60,19 +60,19 @@ struct BwdSm90Cfg {
 // 16-byte accesses are contiguous (no bank conflicts) and a bulk copy moves the tile as it is. A dQ
 // tile is D / 64 of these (64 x 64 each), one per column chunk.
 template <int D>
-__device__ __forceinline__ float4* acc_slot(float* tile) {
+__device__ __forceinline__ int acc_slot() {
   const int t = threadIdx.x & 127;
-  return reinterpret_cast<float4*>(tile) + (t >> 5) * (D / 8) * 32 + (t & 31);
+  return (t >> 5) * (D / 8) * 32 + (t & 31);
 }
 template <int D>
 __device__ __forceinline__ void acc_store(float* tile, const float (&acc)[D / 2]) {
-  float4* p = acc_slot<D>(tile);
+  float4* p = reinterpret_cast<float4*>(tile) + acc_slot<D>();
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) p[32 * j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 }
 template <int D>
 __device__ __forceinline__ void acc_add(float (&acc)[D / 2], const float* tile) {
-  const float4* p = acc_slot<D>(const_cast<float*>(tile));
+  const float4* p = reinterpret_cast<const float4*>(tile) + acc_slot<D>();
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) {
     const float4 v = p[32 * j];
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         Wgmma<64>::template ss<1, 1>(part, desc_mn_major(sDS, BC, kk), desc_mn_major(sK + c * BC * 128, BC, kk), kk);
       wgmma_commit();
     };
-    auto dq_finish = [&](int itq, int c, const float(&part)[32]) {
+    auto dq_finish = [&](int itq, int c, float(&part)[32]) {
       const int bf = itq & 1, q0 = (qr.x + itq) * BR;
       const int2 kr = key_blocks(a, q0, BR, BC);
       const bool single = kr.x == kr.y, last = kb == kr.x;
@@ -250,12 +250,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       float* const chunk = slot + c * 64 * 64;
       if (single || last) {
-        float sum[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) sum[i] = part[i];
-        if (last && !single) acc_add<64>(sum, chunk);
+        if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
-        store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, sum, scale);
+        store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale);
       } else {
         acc_store<64>(chunk, part);
       }
@@ -271,6 +268,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // matmul runs after the dS^T store, and dV += P^T dO (all it needs is P) is issued before it,
     // running while dS^T goes to shared memory. (H200, T = 8192: issuing dV early made the D = 128
     // backward 5.44 ms instead of 5.99, the D = 64 one 4.11 instead of 3.52.)
+    // All chunks of tile itq's dQ, one after the other.
+    auto dq_tile = [&](int itq) {
+      float part[32];
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        dq_issue(itq, c, part);
+        wgmma_wait<0>();
+        fence_regs(part);
+        dq_finish(itq, c, part);
+      }
+    };
     constexpr bool kDqUnderSoftmax = D == 64;
     auto dv_issue = [&](const uint32_t(&pa)[BR / 16][4], uint32_t sDO) {
 #pragma unroll
@@ -368,15 +376,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_proxy_async_shared();
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_dsf0 + 8 * bf);
-      if (!kDqUnderSoftmax && dq_prev) {
-#pragma unroll
-        for (int c = 0; c < D / 64; ++c) {
-          dq_issue(it - 1, c, part);
-          wgmma_wait<0>();
-          fence_regs(part);
-          dq_finish(it - 1, c, part);
-        }
-      }
+      if (!kDqUnderSoftmax && dq_prev) dq_tile(it - 1);
       if (seen) {
         // dK's A operand is the warpgroup's dS^T rows just written (K-major): all four warps' rows.
         named_barrier_sync(1 + w, 128);
@@ -393,16 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
     }
-    if (((n_tiles - 1) & 1) == w) {  // the last tile's dQ
-      float part[32];
-#pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        dq_issue(n_tiles - 1, c, part);
-        wgmma_wait<0>();
-        fence_regs(part);
-        dq_finish(n_tiles - 1, c, part);
-      }
-    }
+    if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
     store_rows<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale);
     store_rows<D>(dv, a.dv, b, h, a.T, srow0, dv_acc, one);
