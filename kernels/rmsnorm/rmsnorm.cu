@@ -3,7 +3,8 @@
 // chunk c in registers, so a row is read once with 16- (f32) or 8-byte (bf16) accesses and
 // reduced without a block barrier; the kernels also write the optional copies (x_copy, dx_copy)
 // from the same registers. The backward runs a fixed number of warps, each over every n-th row,
-// adding its rows' dy * x * rstd into a dw slab in registers (x and dy are read once). Other
+// adding its rows' dy * x * rstd into a dw slab in registers (x, dy and the dx it adds to are
+// read once, all before the row's reduction, so a row costs one memory round trip). Other
 // widths: a block per row, and dw from a second pass over row slabs. Either way the slabs land in
 // the context's workspace and are summed in a fixed order: deterministic.
 #include <initializer_list>
@@ -63,12 +64,14 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t r = slab; r < rows; r += slabs) {
     const float rs = rstd[r];
-    float4 xv[kChunks], gv[kChunks];  // x and g = dy * w
+    float4 xv[kChunks], gv[kChunks], ov[kChunks];  // x, g = dy * w, and the dx being added to
     float dot = 0.f;
+    // dx is loaded with x and dy, before the row's reduction: one memory round trip per row.
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int64_t i = r * kDim + 128 * c + 4 * lane;
       xv[c] = cuda::load4(x + i);
+      ov[c] = cuda::load4(dx + i);
       const float4 d = cuda::load4(dy + i);
       gv[c] = make_float4(d.x * wv[c].x, d.y * wv[c].y, d.z * wv[c].z, d.w * wv[c].w);
       dot += gv[c].x * xv[c].x + gv[c].y * xv[c].y + gv[c].z * xv[c].z + gv[c].w * xv[c].w;
@@ -81,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int64_t i = r * kDim + 128 * c + 4 * lane;
-      float4 o = cuda::load4(dx + i);
+      float4 o = ov[c];
       o.x += rs * gv[c].x - xv[c].x * k;
       o.y += rs * gv[c].y - xv[c].y * k;
       o.z += rs * gv[c].z - xv[c].z * k;
