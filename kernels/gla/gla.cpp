@@ -1,5 +1,6 @@
 // GLA entry points: argument checks, the layout (shapes, batch/token strides), device/dtype/form
 // dispatch.
+#include <cstdint>
 #include <string>
 
 #include "core/dispatch.h"
@@ -25,6 +26,16 @@ void check_state(const Tensor& s, const GlaLayout& L, const Tensor& q, const cha
                   s.size(3) == L.Dv,
               std::string("gla: ") + name + " must be [B,H,Dk,Dv] contiguous, got " + s.shape_str());
   LINAC_CHECK(s.device == q.device, std::string("gla: ") + name + " is on another device");
+}
+
+void check_saved(const Tensor& saved, const GlaLayout& L, const Tensor& q) {
+  if (!saved.defined()) return;
+  LINAC_CHECK(saved.device == q.device && q.device != Device::CPU, "gla: saved intermediates are for the GPU only");
+  LINAC_CHECK(saved.is_contiguous() && reinterpret_cast<uintptr_t>(saved.ptr) % 256 == 0,
+              "gla: saved must be contiguous and 256-byte aligned");
+  const size_t need = gla_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype);
+  LINAC_CHECK(saved.nbytes() >= need, "gla: saved holds " + std::to_string(saved.nbytes()) + " bytes, needs " +
+                                          std::to_string(need));
 }
 
 GlaLayout::Strides strides(const Tensor& x) { return {x.strides[0], x.strides[1]}; }
@@ -67,17 +78,18 @@ F* mut_or_null(const Tensor& t) {
 }  // namespace
 
 void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& o,
-             const Tensor& s0, const Tensor& s_final, const GlaOpts& opts, GlaForm form) {
+             const Tensor& s0, const Tensor& s_final, const GlaOpts& opts, GlaForm form, const Tensor& saved) {
   GlaLayout L = make_layout(q, k, v, g, opts);
   check_bthd(o, q, L.Dv, "o");
   L.o = strides(o);
   check_state(s0, L, q, "s0");
   check_state(s_final, L, q, "s_final");
+  check_saved(saved, L, q);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == GlaForm::Chunk, "gla: the GPU runs the chunkwise form only");
 #if LINAC_WITH_CUDA
-    gla_fwd_cuda(ctx, L, q, k, v, g, s0, o, s_final);
+    gla_fwd_cuda(ctx, L, q, k, v, g, s0, o, s_final, saved);
 #endif
     return;
   }
@@ -92,7 +104,7 @@ void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
 
 void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& dout,
              const Tensor& s0, const Tensor& ds_final, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-             const Tensor& dg, const Tensor& ds0, const GlaOpts& opts, GlaForm form) {
+             const Tensor& dg, const Tensor& ds0, const GlaOpts& opts, GlaForm form, const Tensor& saved) {
   GlaLayout L = make_layout(q, k, v, g, opts);
   check_bthd(dout, q, L.Dv, "dout");
   check_bthd(dq, q, L.Dk, "dq");
@@ -103,11 +115,12 @@ void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
   check_state(s0, L, q, "s0");
   check_state(ds_final, L, q, "ds_final");
   check_state(ds0, L, q, "ds0");
+  check_saved(saved, L, q);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == GlaForm::Chunk, "gla: the GPU runs the chunkwise form only");
 #if LINAC_WITH_CUDA
-    gla_bwd_cuda(ctx, L, q, k, v, g, s0, dout, ds_final, dq, dk, dv, dg, ds0);
+    gla_bwd_cuda(ctx, L, q, k, v, g, s0, dout, ds_final, dq, dk, dv, dg, ds0, saved);
 #endif
     return;
   }
@@ -156,16 +169,32 @@ void gla_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
                                      o.data<F>()));
 }
 
-size_t gla_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
+namespace {
+
+size_t align256(size_t x) { return (x + 255) / 256 * 256; }
+
+// The forward's chunk buffers of B sequences, each array 256-byte aligned: cumsums (f32),
+// q*exp(B) and k*exp(bn-B) (act), chunk totals (f32), states S_0..S_N (act), P (act). The same
+// carve as chunk_buffers() in gla_fwd.cu.
+size_t chunk_buffer_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
   constexpr int64_t C = 64;
-  const int64_t N = (T + C - 1) / C;
+  const int64_t N = (T + C - 1) / C, BH = B * H;
   const size_t e = dtype_size(act);
-  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  // Cumsums (f32), q*exp(B) and k*exp(bn-B) (act), chunk totals (f32), states S_0..S_N and their
-  // gradients (act), P (act): the carve in gla_fwd.cu.
-  return align(static_cast<size_t>(H * N * C * Dk) * 4) + 2 * align(static_cast<size_t>(H * N * C * Dk) * e) +
-         align(static_cast<size_t>(H * N * Dk) * 4) + align(static_cast<size_t>(H * (N + 1) * Dk * Dv) * e) +
-         align(static_cast<size_t>(H * N * Dk * Dv) * e) + align(static_cast<size_t>(H * N * C * C) * e);
+  return align256(static_cast<size_t>(BH * N * C * Dk) * 4) + 2 * align256(static_cast<size_t>(BH * N * C * Dk) * e) +
+         align256(static_cast<size_t>(BH * N * Dk) * 4) + align256(static_cast<size_t>(BH * (N + 1) * Dk * Dv) * e) +
+         align256(static_cast<size_t>(BH * N * C * C) * e);
+}
+
+}  // namespace
+
+size_t gla_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act, bool saved) {
+  const int64_t N = (T + 63) / 64;
+  const size_t state_grads = align256(static_cast<size_t>(H * N * Dk * Dv) * dtype_size(act));
+  return (saved ? 0 : chunk_buffer_bytes(1, T, H, Dk, Dv, act)) + state_grads;
+}
+
+size_t gla_saved_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
+  return chunk_buffer_bytes(B, T, H, Dk, Dv, act);
 }
 
 }  // namespace linac

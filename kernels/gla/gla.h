@@ -43,6 +43,11 @@
 // needs chunk 64, sub_chunk 16, Dk and Dv multiples of 16 (up to 1024), 16-byte aligned rows of
 // q, k, v, g, o, dout, dq, dk, dv, and gla_workspace_bytes_per_seq() of ctx.workspace for at
 // least one sequence (it processes the batch in groups that fit).
+// Saved intermediates (GPU only, optional): the backward first recomputes the forward's chunk
+// buffers (cumsums, decayed q and k, states S_0..S_N, P: 3 of its 6 launches). A `saved` tensor of
+// at least gla_saved_bytes() (any dtype, contiguous, 256-byte aligned) handed to gla_fwd keeps them
+// there; handing the same tensor, untouched, to gla_bwd with the same inputs skips the
+// recomputation (bit-identical results). The CPU takes no `saved`.
 //
 // Decode step (recurrent form for one token): q, k [B, H, Dk], v, o [B, H, Dv], g [B, H, Dk]
 // (last two dims contiguous, free batch stride), state [B, H, Dk, Dv] contiguous, updated in
@@ -106,24 +111,29 @@ template <class F>
 void gla_step_cpu(const GlaStepLayout& L, const F* q, const F* k, const F* v, const F* g, F* state, F* o);
 
 void gla_fwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& s0, const Tensor& o, const Tensor& s_final);
+                  const Tensor& g, const Tensor& s0, const Tensor& o, const Tensor& s_final, const Tensor& saved);
 void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& s0, const Tensor& dout, const Tensor& ds_final, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0);
+                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved);
 void gla_step_cuda(const Ctx& ctx, const GlaStepLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& g, const Tensor& state, const Tensor& o);
 
 // Entry points: check shapes and strides, dispatch on ctx.device, dtypes and (CPU) the form.
 void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& o,
-             const Tensor& s0, const Tensor& s_final, const GlaOpts& opts, GlaForm form = GlaForm::Chunk);
+             const Tensor& s0, const Tensor& s_final, const GlaOpts& opts, GlaForm form = GlaForm::Chunk,
+             const Tensor& saved = Tensor());
 void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& dout,
              const Tensor& s0, const Tensor& ds_final, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-             const Tensor& dg, const Tensor& ds0, const GlaOpts& opts, GlaForm form = GlaForm::Chunk);
+             const Tensor& dg, const Tensor& ds0, const GlaOpts& opts, GlaForm form = GlaForm::Chunk,
+             const Tensor& saved = Tensor());
 void gla_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
               const Tensor& state, const Tensor& o, double scale);
 
 // GPU scratch (ctx.workspace) one sequence of T tokens needs for the backward (the forward needs
 // less); `act` is the dtype of q/k/v. The entry points split the batch into groups that fit.
-size_t gla_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act);
+// With saved intermediates the backward needs only the state gradients, the forward nothing.
+size_t gla_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act, bool saved = false);
+// Bytes of the saved intermediates of B sequences (see above).
+size_t gla_saved_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act);
 
 }  // namespace linac

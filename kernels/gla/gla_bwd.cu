@@ -1,7 +1,8 @@
 // CUDA chunkwise GLA backward (math in gla.h), deterministic: no atomics, every sum in a fixed
 // order. Per group of sequences:
-//   prep, state (forward: S_0..S_N recomputed), intra (P recomputed), state (reverse: dS_n+1 per
-//   chunk and dS_0), out (dv = kd dS_n+1 + P^T do), then
+//   prep, state (forward: S_0..S_N), intra (P), recomputed unless the forward kept these chunk
+//   buffers (saved intermediates, gla.h); state (reverse: dS_n+1 per chunk and dS_0), out
+//   (dv = kd dS_n+1 + P^T do), then
 //   dqk     grid (N, B*H, Dk/64), 8 warps, two CTAs per SM: streams do, v, S_n, dS_n+1 and S_n+1
 //           in 32-wide Dv slices (double-buffered cp.async) into three accumulators: do S_n^T, v dS_n+1^T and
 //           dP = do v^T (tiles above the diagonal skipped), and the row sums of dS_n+1 * S_n+1.
@@ -216,12 +217,14 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
 }
 
 template <class T>
-void bwd_group(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, const T* v, const float* g,
-               const float* s0, const T* dout, const float* dsf, T* dq, T* dk, T* dv, float* dg, float* ds0) {
-  const Workspace<T> w = carve<T>(ctx, a, B);
-  launch_prep<T>(ctx, a, B, q, k, g, w.bc, w.qd, w.kd, w.bn);
-  launch_state<T>(ctx, a, B, false, w.kd, v, a.v, w.bn, s0, w.S, nullptr);
-  launch_intra<T>(ctx, a, B, q, k, w.bc, w.P);
+void bwd_group(const Ctx& ctx, const Args& a, int B, const Workspace<T>& w, bool recompute, const T* q, const T* k,
+               const T* v, const float* g, const float* s0, const T* dout, const float* dsf, T* dq, T* dk, T* dv,
+               float* dg, float* ds0) {
+  if (recompute) {
+    launch_prep<T>(ctx, a, B, q, k, g, w.bc, w.qd, w.kd, w.bn);
+    launch_state<T>(ctx, a, B, false, w.kd, v, a.v, w.bn, s0, w.S, nullptr);
+    launch_intra<T>(ctx, a, B, q, k, w.bc, w.P);
+  }
   launch_state<T>(ctx, a, B, true, w.qd, dout, a.dout, w.bn, dsf, w.dS, ds0);
   launch_out<T>(ctx, a, B, true, w.kd, w.dS, a.N, w.P, dout, a.dout, dv, a.dv);
   auto kernel = dqk_kernel<T>;
@@ -236,7 +239,7 @@ void bwd_group(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, con
 
 void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& s0, const Tensor& dout, const Tensor& ds_final, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0) {
+                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved) {
   using namespace gla_cuda;
   for (const Tensor* t : {&k, &v, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "gla (GPU): activation dtypes must agree");
@@ -253,13 +256,14 @@ void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
   check_rows16(dq, L.dq, "dq");
   check_rows16(dk, L.dk, "dk");
   check_rows16(dv, L.dv, "dv");
-  const int per = group_size(ctx, L, q.dtype);
+  const int per = group_size(ctx, L, q.dtype, saved.defined());
   const int64_t SS = L.H * L.Dk * L.Dv;
   auto state = [&](const Tensor& s, int64_t b0) { return s.defined() ? s.data<float>() + b0 * SS : nullptr; };
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
     LINAC_GPU_DISPATCH(q.dtype, T, {
-      bwd_group<T>(ctx, a, B, q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
+      const Workspace<T> w = group_buffers<T>(ctx, a, L.B, b0, B, saved.ptr, true);
+      bwd_group<T>(ctx, a, B, w, !saved.defined(), q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
                    g.data<float>() + b0 * L.g.b, state(s0, b0), dout.data<T>() + b0 * L.dout.b, state(ds_final, b0),
                    dq.data<T>() + b0 * L.dq.b, dk.data<T>() + b0 * L.dk.b, dv.data<T>() + b0 * L.dv.b,
                    dg.data<float>() + b0 * L.dg.b, state(ds0, b0));

@@ -199,7 +199,8 @@ template <class T>
 void launch_out(const Ctx& ctx, const Args& a, int B, bool dv, const T* x, const T* states, int n_states, const T* P,
                 const T* y, GlaLayout::Strides ys, T* out, GlaLayout::Strides os);
 
-// The workspace of one group of sequences, carved from ctx.workspace.
+// The buffers of one group of sequences: the forward's chunk buffers (in ctx.workspace, or in
+// the caller's saved intermediates) and the state gradients (backward, in ctx.workspace).
 template <class T>
 struct Workspace {
   float* bc = nullptr;  // [B*H, N*kC, Dk]
@@ -211,11 +212,14 @@ struct Workspace {
   T* P = nullptr;       // [B*H, N, kC, kC]
 };
 
-// Sequences per group that fit in ctx.workspace (UserError when not even one does), and the
-// carve of a group of B sequences.
-int group_size(const Ctx& ctx, const GlaLayout& L, DType act);
+// Sequences per group that fit in ctx.workspace (UserError when not even one does).
+int group_size(const Ctx& ctx, const GlaLayout& L, DType act, bool saved);
+// The buffers of sequences [b0, b0 + B) of a batch of `batch`: with `saved` (the whole batch's
+// chunk buffers, gla_saved_bytes) their part of it, else the group's own in ctx.workspace; dS
+// (backward only) after them in ctx.workspace.
 template <class T>
-Workspace<T> carve(const Ctx& ctx, const Args& a, int B);
+Workspace<T> group_buffers(const Ctx& ctx, const Args& a, int64_t batch, int64_t b0, int B, void* saved,
+                           bool backward);
 
 Args make_args(const GlaLayout& L);
 void check_rows16(const Tensor& x, const GlaLayout::Strides& s, const char* name);

@@ -1,6 +1,7 @@
 // CUDA chunkwise GLA forward (math in gla.h) and the kernels the backward reuses.
 //
-// Per group of sequences (as many as ctx.workspace holds), four launches:
+// Per group of sequences (as many as ctx.workspace holds; the whole batch when the chunk buffers go
+// to the caller's saved intermediates, gla.h), four launches:
 //   prep    grid (N, B*H), a thread per key column: chunk-local inclusive cumsums B of g in f32
 //           (rows past T repeat the last sum, so padding never decays the state), the chunk
 //           totals bn, and the decayed operands qd = scale q*exp(B), kd = k*exp(bn - B) in the
@@ -423,8 +424,8 @@ void check_rows16(const Tensor& x, const GlaLayout::Strides& s, const char* name
               std::string("gla (GPU): ") + name + " rows must be 16-byte aligned");
 }
 
-int group_size(const Ctx& ctx, const GlaLayout& L, DType act) {
-  const size_t per = gla_workspace_bytes_per_seq(L.T, L.H, L.Dk, L.Dv, act);
+int group_size(const Ctx& ctx, const GlaLayout& L, DType act, bool saved) {
+  const size_t per = gla_workspace_bytes_per_seq(L.T, L.H, L.Dk, L.Dv, act, saved);
   if (per > ctx.workspace_bytes)
     throw UserError("gla: one sequence of " + std::to_string(L.T) + " tokens needs " + std::to_string((per >> 20) + 1) +
                     " MiB of GPU workspace, more than the " + std::to_string(ctx.workspace_bytes >> 20) +
@@ -432,36 +433,63 @@ int group_size(const Ctx& ctx, const GlaLayout& L, DType act) {
   return static_cast<int>(std::min<int64_t>(L.B, static_cast<int64_t>(ctx.workspace_bytes / per)));
 }
 
+namespace {
+
+// Carves the chunk buffers of B sequences from p, each array 256-byte aligned (the sizes
+// gla.cpp's chunk_buffer_bytes adds up); returns the end.
 template <class T>
-Workspace<T> carve(const Ctx& ctx, const Args& a, int B) {
-  char* p = static_cast<char*>(ctx.workspace);
+char* chunk_buffers(char* p, const Args& a, int64_t B, Workspace<T>& w) {
   auto take = [&](size_t bytes) {
     char* r = p;
     p += (bytes + 255) / 256 * 256;
     return r;
   };
   const size_t BH = static_cast<size_t>(B) * a.H, N = a.N, Dk = a.Dk, Dv = a.Dv;
-  Workspace<T> w;
   w.bc = reinterpret_cast<float*>(take(BH * N * kC * Dk * 4));
   w.qd = reinterpret_cast<T*>(take(BH * N * kC * Dk * sizeof(T)));
   w.kd = reinterpret_cast<T*>(take(BH * N * kC * Dk * sizeof(T)));
   w.bn = reinterpret_cast<float*>(take(BH * N * Dk * 4));
   w.S = reinterpret_cast<T*>(take(BH * (N + 1) * Dk * Dv * sizeof(T)));
-  w.dS = reinterpret_cast<T*>(take(BH * N * Dk * Dv * sizeof(T)));
   w.P = reinterpret_cast<T*>(take(BH * N * kC * kC * sizeof(T)));
-  LINAC_CHECK(static_cast<size_t>(p - static_cast<char*>(ctx.workspace)) <= ctx.workspace_bytes,
+  return p;
+}
+
+}  // namespace
+
+template <class T>
+Workspace<T> group_buffers(const Ctx& ctx, const Args& a, int64_t batch, int64_t b0, int B, void* saved,
+                           bool backward) {
+  Workspace<T> w;
+  char* ws = static_cast<char*>(ctx.workspace);
+  if (saved) {
+    // Every array spans the whole batch, sequence-major: the group's part starts b0 sequences in.
+    chunk_buffers<T>(static_cast<char*>(saved), a, batch, w);
+    const int64_t H = a.H, N = a.N, rows = H * N * kC * a.Dk;
+    w.bc += b0 * rows;
+    w.qd += b0 * rows;
+    w.kd += b0 * rows;
+    w.bn += b0 * H * N * a.Dk;
+    w.S += b0 * H * (N + 1) * a.Dk * a.Dv;
+    w.P += b0 * H * N * kC * kC;
+  } else {
+    ws = chunk_buffers<T>(ws, a, B, w);
+  }
+  if (backward) {
+    w.dS = reinterpret_cast<T*>(ws);
+    ws += (static_cast<size_t>(B) * a.H * a.N * a.Dk * a.Dv * sizeof(T) + 255) / 256 * 256;
+  }
+  LINAC_CHECK(static_cast<size_t>(ws - static_cast<char*>(ctx.workspace)) <= ctx.workspace_bytes,
               "gla (GPU): workspace carve overflow");
   return w;
 }
-template Workspace<float> carve<float>(const Ctx&, const Args&, int);
-template Workspace<bf16_t> carve<bf16_t>(const Ctx&, const Args&, int);
+template Workspace<float> group_buffers<float>(const Ctx&, const Args&, int64_t, int64_t, int, void*, bool);
+template Workspace<bf16_t> group_buffers<bf16_t>(const Ctx&, const Args&, int64_t, int64_t, int, void*, bool);
 
 namespace {
 
 template <class T>
-void fwd_group(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, const T* v, const float* g,
-               const float* s0, T* o, float* s_final) {
-  const Workspace<T> w = carve<T>(ctx, a, B);
+void fwd_group(const Ctx& ctx, const Args& a, int B, const Workspace<T>& w, const T* q, const T* k, const T* v,
+               const float* g, const float* s0, T* o, float* s_final) {
   launch_prep<T>(ctx, a, B, q, k, g, w.bc, w.qd, w.kd, w.bn);
   launch_state<T>(ctx, a, B, false, w.kd, v, a.v, w.bn, s0, w.S, s_final);
   launch_intra<T>(ctx, a, B, q, k, w.bc, w.P);
@@ -472,7 +500,7 @@ void fwd_group(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, con
 }  // namespace gla_cuda
 
 void gla_fwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& g, const Tensor& s0, const Tensor& o, const Tensor& s_final) {
+                  const Tensor& g, const Tensor& s0, const Tensor& o, const Tensor& s_final, const Tensor& saved) {
   using namespace gla_cuda;
   LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype && o.dtype == q.dtype, "gla (GPU): activation dtypes must agree");
   LINAC_CHECK(g.dtype == DType::F32, "gla (GPU): g must be f32");
@@ -485,14 +513,16 @@ void gla_fwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
   check_rows16(v, L.v, "v");
   check_rows16(o, L.o, "o");
   check_rows16(g, L.g, "g");
-  const int per = group_size(ctx, L, q.dtype);
+  // With saved intermediates the forward needs no workspace: one group.
+  const int per = saved.defined() ? static_cast<int>(L.B) : group_size(ctx, L, q.dtype, false);
   const int64_t SS = L.H * L.Dk * L.Dv;
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
     const float* s0p = s0.defined() ? s0.data<float>() + b0 * SS : nullptr;
     float* sfp = s_final.defined() ? s_final.data<float>() + b0 * SS : nullptr;
     LINAC_GPU_DISPATCH(q.dtype, T, {
-      fwd_group<T>(ctx, a, B, q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
+      const Workspace<T> w = group_buffers<T>(ctx, a, L.B, b0, B, saved.ptr, false);
+      fwd_group<T>(ctx, a, B, w, q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
                    g.data<float>() + b0 * L.g.b, s0p, o.data<T>() + b0 * L.o.b, sfp);
     });
   }

@@ -1,8 +1,8 @@
 // GLA CUDA vs the CPU chunkwise reference (double) on the same rounded inputs, f32 and bf16,
 // forward and backward (dq, dk, dv, dg, initial-state gradient, final state), with q/k/v and
 // dq/dk/dv as strided views of fused buffers; both state-scan tilings, partial Dk/Dv slices,
-// ragged chunks, strong gates on a long sequence, batch groups under a small workspace, bitwise
-// determinism, and the decode step.
+// ragged chunks, strong gates on a long sequence, batch groups under a small workspace, saved
+// intermediates, bitwise determinism, and the decode step.
 #include <cmath>
 #include <cstring>
 
@@ -77,7 +77,7 @@ GlaOpts opts() {
 
 // Runs forward + backward on `dev` with activations of dtype `act` (states/gates f32 on the GPU).
 Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& g, const Tensor& dout, const Tensor& s0,
-           const Tensor& dsf, DType act, DType state_dt) {
+           const Tensor& dsf, DType act, DType state_dt, const Tensor& saved = Tensor()) {
   const Case& c = in.c;
   const Device dev = ctx.device;
   Result r{OwnedTensor(act, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(state_dt, dev, {c.B, c.H, c.Dk, c.Dv}),
@@ -85,9 +85,9 @@ Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& g,
            OwnedTensor(state_dt, dev, {c.B, c.H, c.Dk, c.Dv})};
   for (const Tensor* t : {&r.o.t, &r.sf.t, &r.dqkv.t, &r.dg.t, &r.ds0.t}) test::poison(*t);
   const Tensor s0v = c.states ? s0 : Tensor(), dsfv = c.states ? dsf : Tensor();
-  gla_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, r.o, s0v, r.sf, opts());
+  gla_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, r.o, s0v, r.sf, opts(), GlaForm::Chunk, saved);
   gla_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, dout, s0v, dsfv, in.q(r.dqkv), in.k(r.dqkv), in.v(r.dqkv), r.dg,
-          r.ds0, opts());
+          r.ds0, opts(), GlaForm::Chunk, saved);
   ctx_synchronize(ctx);
   return r;
 }
@@ -163,8 +163,9 @@ bool same_bits(const Tensor& x, const Tensor& y) {
   return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
 }
 
-// Bitwise reruns, and a workspace that holds only two sequences (so the batch runs in groups)
-// gives the same bits as one group.
+// Bitwise reruns; a workspace that holds only two sequences (so the batch runs in groups) gives
+// the same bits as one group; so do saved intermediates (the backward skips the recomputation),
+// with one group and with groups; too small a workspace or saved buffer is refused.
 TEST(GlaGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -180,7 +181,15 @@ TEST(GlaGpu, DeterministicAndGrouped) {
     Ctx small = gctx.ctx();
     small.workspace_bytes = 2 * gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
     Result r3 = run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
-    for (const Result* r : {&r2, &r3}) {
+    const size_t saved_bytes = gla_saved_bytes(c.B, c.T, c.H, c.Dk, c.Dv, act);
+    OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(saved_bytes / 4)});
+    test::poison(saved);
+    Result r4 = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, saved);
+    Ctx small_saved = gctx.ctx();
+    small_saved.workspace_bytes = 2 * gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act, true) + 1000;
+    test::poison(saved);
+    Result r5 = run(small_saved, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, saved);
+    for (const Result* r : {&r2, &r3, &r4, &r5}) {
       EXPECT_TRUE(same_bits(r1.o, r->o));
       EXPECT_TRUE(same_bits(r1.sf, r->sf));
       EXPECT_TRUE(same_bits(r1.dqkv, r->dqkv));
@@ -189,6 +198,10 @@ TEST(GlaGpu, DeterministicAndGrouped) {
     }
     small.workspace_bytes = gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
     EXPECT_THROW(run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32), UserError);
+    small_saved.workspace_bytes = gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act, true) / 2;
+    EXPECT_THROW(run(small_saved, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, saved), UserError);
+    Tensor short_saved = saved->slice0(0, saved->numel() - 64);
+    EXPECT_ANY_THROW(run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, short_saved));
   }
 }
 

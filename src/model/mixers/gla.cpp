@@ -84,6 +84,7 @@ void GlaMixer::reserve(int64_t B, int64_t T) {
   o_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
   mean_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   rstd_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
+  core_buf_ = env_.saved->take(core_saved_bytes(B, T));
   // A row of ones: bias gradients are column sums, computed as ones^T dX (a deterministic GEMM).
   OwnedTensor ones(DType::F64, Device::CPU, {capacity_});
   std::fill_n(ones->data<double>(), capacity_, 1.0);
@@ -100,7 +101,18 @@ int64_t GlaMixer::state_elems(int64_t T) const {
 
 size_t GlaMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
-  return N * (static_cast<size_t>(P_ + dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat);
+  return N * (static_cast<size_t>(P_ + dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat) +
+         core_saved_bytes(B, T);
+}
+
+size_t GlaMixer::core_saved_bytes(int64_t B, int64_t T) const {
+  return env_.ctx.is_gpu() ? gla_saved_bytes(B, T, H_, dk_ / H_, dv_ / H_, env_.act) : 0;
+}
+
+Tensor GlaMixer::core_saved(int64_t B, int64_t T) const {
+  const size_t need = core_saved_bytes(B, T);
+  if (need == 0 || need > core_buf_.bytes()) return Tensor();
+  return core_buf_.tensor(DType::U32, {static_cast<int64_t>(need / 4)});
 }
 
 double GlaMixer::flops_per_token(int64_t T) const {
@@ -145,7 +157,7 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
   go.chunk = opt_.chunk;
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
   gla_fwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv),
-          g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go);
+          g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go, GlaForm::Chunk, core_saved(B, T));
   Tensor zo = env_.scratch->get("gla.zo", env_.act, {N, dv_});
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
   matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
@@ -185,7 +197,8 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
   gla_bwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv),
           g.view({B, T, H_, Dk}), d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk),
-          bthd(dproj, B, T, dk_, H_, Dk), bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go);
+          bthd(dproj, B, T, dk_, H_, Dk), bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go,
+          GlaForm::Chunk, core_saved(B, T));
   Tensor dz = env_.scratch->get("gla.dz", env_.act, {N, dk_});
   loggate_bwd(ctx, z, ps.master(ba_), dg, dz, lg);
   matmul(ctx, ones, false, dz, false, ps.grad(ba_).view({1, dk_}), 1.f, 1.f);
