@@ -149,16 +149,33 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     }
   }
   __syncthreads();  // f32 dP is dead: its space becomes the operands
-  for (int idx = tid; idx < 96 * kW; idx += 256) {
-    const int row = idx / kW, i = idx % kW;
-    // dq operand: k[s] * exp(B[16 I] - B[s]) for s < 16 I.
-    const int I = row < 16 ? 1 : row < 48 ? 2 : 3, s = row - ks_row(I);
-    Ks[row * C::LD + i] =
-        cuda::from_float<T>(cuda::to_float(K[s * C::LD + i]) * gexp<T>(Bc[16 * I * C::LDB + i] - Bc[s * C::LDB + i]));
-    // dk operand: scale q[r] * exp(B[r] - B[16 J + 15]) for r >= 16 (J + 1).
-    const int J = row < 48 ? 0 : row < 80 ? 1 : 2, r = row - qs_row(J) + 16 * (J + 1);
-    Qs[row * C::LD + i] = cuda::from_float<T>(a.scale * cuda::to_float(Q[r * C::LD + i]) *
-                                              gexp<T>(Bc[r * C::LDB + i] - Bc[(16 * J + 15) * C::LDB + i]));
+  {  // Thread = (column pair c, every 8th row from p): a source row's k or q and cumsums are read
+     // once for every block that uses it, and the unrolled rows fix each row's sub-chunk (and so
+     // its blocks) at compile time.
+    const int c = 2 * (tid & 31), p = tid >> 5;
+    float2 bk[3], bq[3];  // B[16 I] for I = 1..3 (dq), B[16 J + 15] for J = 0..2 (dk)
+#pragma unroll
+    for (int u = 0; u < 3; ++u) {
+      bk[u] = load2f(Bc + 16 * (u + 1) * C::LDB + c);
+      bq[u] = load2f(Bc + (16 * u + 15) * C::LDB + c);
+    }
+#pragma unroll
+    for (int j = 0; j < 6; ++j) {
+      // dq operand: k[s] * exp(B[16 I] - B[s]) for key rows s < 16 I (s in sub-chunk j / 2).
+      const int s = p + 8 * j;
+      const float2 kv = load2f(K + s * C::LD + c), bs = load2f(Bc + s * C::LDB + c);
+#pragma unroll
+      for (int I = j / 2 + 1; I <= 3; ++I)
+        store2(Ks + (ks_row(I) + s) * C::LD + c, kv.x * gexp<T>(bk[I - 1].x - bs.x), kv.y * gexp<T>(bk[I - 1].y - bs.y));
+      // dk operand: scale q[r] * exp(B[r] - B[16 J + 15]) for query rows r >= 16 (J + 1) (r in
+      // sub-chunk j / 2 + 1).
+      const int r = 16 + p + 8 * j;
+      const float2 qv = load2f(Q + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
+#pragma unroll
+      for (int J = 0; J <= j / 2; ++J)
+        store2(Qs + (qs_row(J) + r - 16 * (J + 1)) * C::LD + c, a.scale * qv.x * gexp<T>(br.x - bq[J].x),
+               a.scale * qv.y * gexp<T>(br.y - bq[J].y));
+    }
   }
   __syncthreads();
   if (warp < 3) {  // dq'[I] += exp(B_I - B[16 I]) * (dP[I, <I] Ks_I), I = warp + 1
@@ -243,7 +260,7 @@ void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
   using namespace gla_cuda;
   for (const Tensor* t : {&k, &v, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "gla (GPU): activation dtypes must agree");
-  LINAC_CHECK(g.dtype == DType::F32 && dg.dtype == DType::F32, "gla (GPU): g and dg must be f32");
+  LINAC_CHECK((!g.defined() || g.dtype == DType::F32) && dg.dtype == DType::F32, "gla (GPU): g and dg must be f32");
   for (const Tensor* s : {&s0, &ds_final, &ds0})
     LINAC_CHECK(!s->defined() || s->dtype == DType::F32, "gla (GPU): states must be f32");
   if (L.B * L.T * L.H == 0) return;
@@ -252,7 +269,7 @@ void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
   check_rows16(k, L.k, "k");
   check_rows16(v, L.v, "v");
   check_rows16(dout, L.dout, "dout");
-  check_rows16(g, L.g, "g");
+  if (g.defined()) check_rows16(g, L.g, "g");
   check_rows16(dq, L.dq, "dq");
   check_rows16(dk, L.dk, "dk");
   check_rows16(dv, L.dv, "dv");
@@ -264,7 +281,7 @@ void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
     LINAC_GPU_DISPATCH(q.dtype, T, {
       const Workspace<T> w = group_buffers<T>(ctx, a, L.B, b0, B, saved.ptr, true);
       bwd_group<T>(ctx, a, B, w, !saved.defined(), q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
-                   g.data<float>() + b0 * L.g.b, state(s0, b0), dout.data<T>() + b0 * L.dout.b, state(ds_final, b0),
+                   g.defined() ? g.data<float>() + b0 * L.g.b : nullptr, state(s0, b0), dout.data<T>() + b0 * L.dout.b, state(ds_final, b0),
                    dq.data<T>() + b0 * L.dq.b, dk.data<T>() + b0 * L.dk.b, dv.data<T>() + b0 * L.dv.b,
                    dg.data<float>() + b0 * L.dg.b, state(ds0, b0));
     });
