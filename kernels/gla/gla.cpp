@@ -49,14 +49,15 @@ GlaLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, const T
   check_bthd(q, q, L.Dk, "q");
   check_bthd(k, q, L.Dk, "k");
   check_bthd(v, q, L.Dv, "v");
-  check_bthd(g, q, L.Dk, "g");
+  if (g.defined()) check_bthd(g, q, L.Dk, "g");  // only gla_bwd with saved intermediates goes without
   LINAC_CHECK(L.Dk > 0 && L.Dv > 0, "gla: empty head dims");
   LINAC_CHECK(opts.chunk >= 1 && opts.sub_chunk >= 1 && opts.chunk % opts.sub_chunk == 0,
               "gla: sub_chunk must divide chunk");
   L.scale = opts.scale;
   L.chunk = opts.chunk;
   L.sub_chunk = opts.sub_chunk;
-  L.q = strides(q), L.k = strides(k), L.v = strides(v), L.g = strides(g);
+  L.q = strides(q), L.k = strides(k), L.v = strides(v);
+  if (g.defined()) L.g = strides(g);
   return L;
 }
 
@@ -79,6 +80,7 @@ F* mut_or_null(const Tensor& t) {
 
 void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& o,
              const Tensor& s0, const Tensor& s_final, const GlaOpts& opts, GlaForm form, const Tensor& saved) {
+  LINAC_CHECK(g.defined(), "gla: g is required");
   GlaLayout L = make_layout(q, k, v, g, opts);
   check_bthd(o, q, L.Dv, "o");
   L.o = strides(o);
@@ -116,6 +118,7 @@ void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
   check_state(ds_final, L, q, "ds_final");
   check_state(ds0, L, q, "ds0");
   check_saved(saved, L, q);
+  LINAC_CHECK(g.defined() || saved.defined(), "gla: g is required unless saved intermediates are given");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == GlaForm::Chunk, "gla: the GPU runs the chunkwise form only");

@@ -47,7 +47,8 @@
 // buffers (cumsums, decayed q and k, states S_0..S_N, P: 3 of its 6 launches). A `saved` tensor of
 // at least gla_saved_bytes() (any dtype, contiguous, 256-byte aligned) handed to gla_fwd keeps them
 // there; handing the same tensor, untouched, to gla_bwd with the same inputs skips the
-// recomputation (bit-identical results). The CPU takes no `saved`.
+// recomputation (bit-identical results), and gla_bwd then does not read g (it may be undefined).
+// The CPU takes no `saved`.
 //
 // Decode step (recurrent form for one token): q, k [B, H, Dk], v, o [B, H, Dv], g [B, H, Dk]
 // (last two dims contiguous, free batch stride), state [B, H, Dk, Dv] contiguous, updated in

@@ -74,4 +74,19 @@ bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+Tensor adjacent_rows(std::initializer_list<Tensor> parts) {
+  const Tensor& first = *parts.begin();
+  if (first.ndim != 2) return Tensor();
+  int64_t rows = 0;
+  const char* next = static_cast<const char*>(first.ptr);
+  for (const Tensor& p : parts) {
+    if (p.ndim != 2 || !p.is_contiguous() || p.dtype != first.dtype || p.device != first.device ||
+        p.size(1) != first.size(1) || p.ptr != next)
+      return Tensor();
+    rows += p.size(0);
+    next += p.nbytes();
+  }
+  return Tensor(first.ptr, first.dtype, first.device, {rows, first.size(1)});
+}
+
 }  // namespace linac

@@ -52,6 +52,11 @@ struct Tensor {
 
 bool same_shape(const Tensor& a, const Tensor& b);
 
+// Contiguous matrices [r_i, c] that lie back to back in memory (same dtype, device and c) as one
+// [sum r_i, c] matrix, e.g. parameters registered one after another, so a fused projection runs
+// one GEMM; undefined when they do not.
+Tensor adjacent_rows(std::initializer_list<Tensor> parts);
+
 }  // namespace linac
 
 // Shape/dtype/device agreement between kernel arguments (a caller bug if violated).

@@ -1,7 +1,8 @@
 // ParamStore's non-gradient buffers (Transformer-VQ's codebook statistics use them): initialised
 // by their spec like parameters, outside the parameter count, the flat gradient and the
 // optimizer, and saved and restored bit for bit by checkpoints; a checkpoint that lacks a
-// buffer the model has is refused with a user error.
+// buffer the model has is refused with a user error. Consecutive matrices stack into one
+// (adjacent_rows).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -61,6 +62,34 @@ TEST(ParamStoreBuffers, CheckpointRoundTripIsExact) {
   save_checkpoint(plain, store_with_buffers(false), data);
   ParamStore c = store_with_buffers(true);
   EXPECT_THROW(CheckpointReader(plain).load_params(c, false), UserError);
+}
+
+// Parameters registered one after another (whole multiples of the 64-element alignment) stack
+// into one matrix (a fused projection's single GEMM), weights and gradients alike; anything that
+// is not back to back, or differs in columns, does not.
+TEST(ParamStoreLayout, AdjacentRowsStackConsecutiveMatrices) {
+  ParamStore ps;
+  const int a = ps.add({"a", {4, 16}, Init::Normal, 0.02, true});
+  const int b = ps.add({"b", {8, 16}, Init::Normal, 0.02, true});
+  const int c = ps.add({"c", {3, 16}, Init::Normal, 0.02, true});  // 48 elements: padded to 64
+  const int d = ps.add({"d", {4, 16}, Init::Normal, 0.02, true});
+  const int e = ps.add({"e", {4, 8}, Init::Normal, 0.02, true});
+  ps.allocate(Device::CPU, DType::F32, DType::F32, true);
+  ps.init(3, Ctx{});
+  const Tensor ab = adjacent_rows({ps.weight(a), ps.weight(b), ps.weight(c)});
+  ASSERT_TRUE(ab.defined());
+  EXPECT_EQ(ab.dims(), (std::vector<int64_t>{15, 16}));
+  std::vector<double> want = to_doubles(ps.weight(a));
+  for (int id : {b, c}) {
+    const std::vector<double> w = to_doubles(ps.weight(id));
+    want.insert(want.end(), w.begin(), w.end());
+  }
+  EXPECT_EQ(to_doubles(ab), want);
+  EXPECT_EQ(adjacent_rows({ps.grad(a), ps.grad(b)}).ptr, ps.grad(a).ptr);
+  EXPECT_FALSE(adjacent_rows({ps.weight(c), ps.weight(d)}).defined());  // c's padding lies between
+  EXPECT_FALSE(adjacent_rows({ps.weight(a), ps.weight(c)}).defined());  // b lies between
+  EXPECT_FALSE(adjacent_rows({ps.weight(b), ps.weight(a)}).defined());  // wrong order
+  EXPECT_FALSE(adjacent_rows({ps.weight(d), ps.weight(e)}).defined());  // other column count
 }
 
 }  // namespace

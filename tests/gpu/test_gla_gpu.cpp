@@ -86,8 +86,9 @@ Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& g,
   for (const Tensor* t : {&r.o.t, &r.sf.t, &r.dqkv.t, &r.dg.t, &r.ds0.t}) test::poison(*t);
   const Tensor s0v = c.states ? s0 : Tensor(), dsfv = c.states ? dsf : Tensor();
   gla_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, r.o, s0v, r.sf, opts(), GlaForm::Chunk, saved);
-  gla_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), g, dout, s0v, dsfv, in.q(r.dqkv), in.k(r.dqkv), in.v(r.dqkv), r.dg,
-          r.ds0, opts(), GlaForm::Chunk, saved);
+  // With saved intermediates the backward does not read g: it gets none, as in the GLA mixer.
+  gla_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), saved.defined() ? Tensor() : g, dout, s0v, dsfv, in.q(r.dqkv),
+          in.k(r.dqkv), in.v(r.dqkv), r.dg, r.ds0, opts(), GlaForm::Chunk, saved);
   ctx_synchronize(ctx);
   return r;
 }

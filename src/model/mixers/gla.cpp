@@ -82,6 +82,7 @@ void GlaMixer::reserve(int64_t B, int64_t T) {
   proj_buf_ = env_.saved->take(N * static_cast<size_t>(P_) * act);
   z_buf_ = env_.saved->take(N * static_cast<size_t>(dk_) * stat);
   o_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
+  zo_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
   mean_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   rstd_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   core_buf_ = env_.saved->take(core_saved_bytes(B, T));
@@ -101,7 +102,7 @@ int64_t GlaMixer::state_elems(int64_t T) const {
 
 size_t GlaMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
-  return N * (static_cast<size_t>(P_ + dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat) +
+  return N * (static_cast<size_t>(P_ + 2 * dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat) +
          core_saved_bytes(B, T);
 }
 
@@ -127,12 +128,20 @@ double GlaMixer::flops_per_token(int64_t T) const {
   return proj + core;
 }
 
+std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms() const {
+  const ParamStore& ps = *env_.params;
+  const Tensor w = adjacent_rows({ps.weight(wqk_), ps.weight(wvr_), ps.weight(wa1_)});
+  const Tensor grad = adjacent_rows({ps.grad(wqk_), ps.grad(wvr_), ps.grad(wa1_)});
+  if (w.defined() && grad.defined()) return {{w, grad, 0}};
+  return {{ps.weight(wqk_), ps.grad(wqk_), 0},
+          {ps.weight(wvr_), ps.grad(wvr_), 2 * dk_},
+          {ps.weight(wa1_), ps.grad(wa1_), 2 * dk_ + 2 * dv_}};
+}
+
 void GlaMixer::project(const Tensor& x, const Tensor& proj, const Tensor& z) {
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
-  matmul(ctx, x, false, ps.weight(wqk_), true, cols(proj, 0, 2 * dk_));
-  matmul(ctx, x, false, ps.weight(wvr_), true, cols(proj, 2 * dk_, 2 * dv_));
-  matmul(ctx, x, false, ps.weight(wa1_), true, cols(proj, 2 * dk_ + 2 * dv_, R_));
+  for (const InputGemm& p : input_gemms()) matmul(ctx, x, false, p.w, true, cols(proj, p.c0, p.w.size(0)));
   // z in the statistics dtype (f32 on the GPU: a bf16 x bf16 -> f32 GEMM), so the gate never sees bf16.
   matmul(ctx, cols(proj, 2 * dk_ + 2 * dv_, R_), false, ps.weight(wa2_), true, z);
 }
@@ -158,7 +167,7 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
   gla_fwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv),
           g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go, GlaForm::Chunk, core_saved(B, T));
-  Tensor zo = env_.scratch->get("gla.zo", env_.act, {N, dv_});
+  Tensor zo = zo_buf_.tensor(env_.act, {N, dv_});
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
   matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
 }
@@ -175,30 +184,32 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor ones = ones_buf_.tensor(env_.act, {1, N});
   Tensor x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
 
-  // Output projection and the gated per-head norm (its output recomputed, not saved).
+  // Output projection and the gated per-head norm.
   Tensor dzo = env_.scratch->get("gla.dzo", env_.act, {N, dv_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dzo);
-  Tensor zo = env_.scratch->get("gla.zo", env_.act, {N, dv_});
-  norm_gate_fwd(ctx, o, cols(proj, cr, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
-  matmul(ctx, dy2, true, zo, false, ps.grad(wo_), 1.f, 1.f);
+  matmul(ctx, dy2, true, zo_buf_.tensor(env_.act, {N, dv_}), false, ps.grad(wo_), 1.f, 1.f);
   Tensor dproj = env_.scratch->get("gla.dproj", env_.act, {N, P_});
   Tensor d_o = env_.scratch->get("gla.do", env_.act, {N, dv_});
   norm_gate_bwd(ctx, o, cols(proj, cr, dv_), ps.master(br_), mean, rstd, dzo, d_o, cols(dproj, cr, dv_));
   matmul(ctx, ones, false, cols(dproj, cr, dv_), false, ps.grad(br_).view({1, dv_}), 1.f, 1.f);
 
-  // The GLA core, then the gate.
-  Tensor g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
+  // The GLA core (g recomputed only where its saved intermediates are not kept), then the gate.
+  const Tensor saved = core_saved(B, T);
   const LogGateOpts lg{opt_.gate_temperature, opt_.gate_clamp};
-  loggate_fwd(ctx, z, ps.master(ba_), g, lg);
+  Tensor g;
+  if (!saved.defined()) {
+    g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
+    loggate_fwd(ctx, z, ps.master(ba_), g, lg);
+    g = g.view({B, T, H_, Dk});
+  }
   Tensor dg = env_.scratch->get("gla.dg", env_.stat, {N, dk_});
   GlaOpts go;
   go.scale = scale_;
   go.chunk = opt_.chunk;
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
-  gla_bwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv),
-          g.view({B, T, H_, Dk}), d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk),
-          bthd(dproj, B, T, dk_, H_, Dk), bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go,
-          GlaForm::Chunk, core_saved(B, T));
+  gla_bwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv), g,
+          d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk), bthd(dproj, B, T, dk_, H_, Dk),
+          bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go, GlaForm::Chunk, saved);
   Tensor dz = env_.scratch->get("gla.dz", env_.act, {N, dk_});
   loggate_bwd(ctx, z, ps.master(ba_), dg, dz, lg);
   matmul(ctx, ones, false, dz, false, ps.grad(ba_).view({1, dk_}), 1.f, 1.f);
@@ -206,13 +217,14 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   matmul(ctx, dz, false, ps.weight(wa2_), false, cols(dproj, ca, R_));
 
   // Input projections: weight gradients and dx.
-  matmul(ctx, cols(dproj, 0, 2 * dk_), true, x2, false, ps.grad(wqk_), 1.f, 1.f);
-  matmul(ctx, cols(dproj, 2 * dk_, 2 * dv_), true, x2, false, ps.grad(wvr_), 1.f, 1.f);
-  matmul(ctx, cols(dproj, ca, R_), true, x2, false, ps.grad(wa1_), 1.f, 1.f);
   Tensor dx2 = dx.view({N, d_});
-  matmul(ctx, cols(dproj, 0, 2 * dk_), false, ps.weight(wqk_), false, dx2);
-  matmul(ctx, cols(dproj, 2 * dk_, 2 * dv_), false, ps.weight(wvr_), false, dx2, 1.f, 1.f);
-  matmul(ctx, cols(dproj, ca, R_), false, ps.weight(wa1_), false, dx2, 1.f, 1.f);
+  float beta = 0.f;
+  for (const InputGemm& p : input_gemms()) {
+    const Tensor dp = cols(dproj, p.c0, p.w.size(0));
+    matmul(ctx, dp, true, x2, false, p.grad, 1.f, 1.f);
+    matmul(ctx, dp, false, p.w, false, dx2, 1.f, beta);
+    beta = 1.f;
+  }
 }
 
 std::unique_ptr<MixerState> GlaMixer::init_state(int64_t B) {

@@ -9,13 +9,15 @@
 // Init (v3 code): Wvr, Wo ~ N(0, init_std); Wqk, Wa1, Wa2 ~ N(0, std) with the variance of
 // xavier_uniform(gain 2^-2.5), std = 2^-2.5 sqrt(2 / (fan_in + fan_out)); biases 0.
 // Saved for backward: [q|k|v|r|x Wa1^T] [B*T, 2d_k + 2d_v + R] (act), z [B*T, d_k] (f32 on the
-// GPU), o [B*T, d_v] (act), the per-head LN statistics (f32), and on the GPU the GLA core's chunk
-// buffers (cumsums, decayed q and k, the state before every chunk, the intra-chunk P: gla.h's
-// saved intermediates, about 8.7 KB per token at 340M), which spares the backward half of its
-// GLA launches. g and the gated output are recomputed in the backward.
+// GPU), o and the gated output [B*T, d_v] (act), the per-head LN statistics (f32), and on the GPU
+// the GLA core's chunk buffers (cumsums, decayed q and k, the state before every chunk, the
+// intra-chunk P: gla.h's saved intermediates, about 8.7 KB per token at 340M), which spares the
+// backward half of its GLA launches and g's recomputation (which the CPU does).
 // Decoding: a state of H x Dk x Dv (f32 on the GPU) per sequence; step() runs the recurrent form,
 // prefill() the chunked forward, which hands over its final state.
 #pragma once
+
+#include <vector>
 
 #include "config/config.h"
 #include "model/mixer.h"
@@ -54,6 +56,14 @@ class GlaMixer final : public Mixer {
   void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
   // Projections of x [N, d] into proj [N, P] and the gate pre-activation z [N, d_k].
   void project(const Tensor& x, const Tensor& proj, const Tensor& z);
+  // The input projection x -> [q|k|v|r|x Wa1^T] as GEMMs over column ranges of proj: one when
+  // Wqk, Wvr and Wa1 lie back to back in the parameter store (registered in that order, they do
+  // unless alignment padding separates them), else one per matrix.
+  struct InputGemm {
+    Tensor w, grad;  // [n, d]
+    int64_t c0;      // proj columns [c0, c0 + n)
+  };
+  std::vector<InputGemm> input_gemms() const;
   Tensor cols(const Tensor& proj, int64_t c0, int64_t n) const { return proj.narrow(1, c0, n); }
   // The GLA core's saved intermediates for a B x T batch; undefined on the CPU or where the
   // reserved space does not hold them (the backward then recomputes them).
@@ -65,7 +75,7 @@ class GlaMixer final : public Mixer {
   int64_t d_, H_, dk_, dv_, R_, P_;
   double scale_;
   int wqk_, wvr_, wa1_, wa2_, ba_, br_, wo_;
-  SavedBuf proj_buf_, z_buf_, o_buf_, mean_buf_, rstd_buf_, core_buf_;
+  SavedBuf proj_buf_, z_buf_, o_buf_, zo_buf_, mean_buf_, rstd_buf_, core_buf_;
   Buffer ones_buf_;
   int64_t capacity_ = 0;
 };
