@@ -35,9 +35,8 @@ struct DqkCfg {
   static constexpr int kSmem = 2 * kT + kB + 256 + kRegion;  // q, k, cumsums, row sums + the region
 };
 
-// Row offsets of the operand blocks: keys < 16 I for query sub-chunk I = 1..3 (dq), and queries
-// >= 16 (J + 1) for key sub-chunk J = 0..2 (dk).
-__host__ __device__ constexpr int ks_row(int I) { return 16 * I * (I - 1) / 2; }
+// Row offset of the dk operand block of key sub-chunk J = 0..2: queries >= 16 (J + 1). (The dq
+// operand blocks, keys < 16 I for query sub-chunk I, start at ks_off(I).)
 __host__ __device__ constexpr int qs_row(int J) { return J == 0 ? 0 : J == 1 ? 48 : 80; }
 
 template <class T>
@@ -149,39 +148,29 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     }
   }
   __syncthreads();  // f32 dP is dead: its space becomes the operands
-  {  // Thread = (column pair c, every 8th row from p): a source row's k or q and cumsums are read
-     // once for every block that uses it, and the unrolled rows fix each row's sub-chunk (and so
-     // its blocks) at compile time.
+  {  // Operands of the off-diagonal blocks (gla_common.cuh): dq's are k[s] * exp(B[16 I] - B[s])
+     // for keys s < 16 I, dk's scale q[r] * exp(B[r] - B[16 J + 15]) for queries r >= 16 (J + 1).
     const int c = 2 * (tid & 31), p = tid >> 5;
-    float2 bk[3], bq[3];  // B[16 I] for I = 1..3 (dq), B[16 J + 15] for J = 0..2 (dk)
+    float2 bI[3], bJ[3];  // B[16 I] for I = 1..3, B[16 J + 15] for J = 0..2
 #pragma unroll
     for (int u = 0; u < 3; ++u) {
-      bk[u] = load2f(Bc + 16 * (u + 1) * C::LDB + c);
-      bq[u] = load2f(Bc + (16 * u + 15) * C::LDB + c);
+      bI[u] = load2f(Bc + 16 * (u + 1) * C::LDB + c);
+      bJ[u] = load2f(Bc + (16 * u + 15) * C::LDB + c);
     }
-#pragma unroll
-    for (int j = 0; j < 6; ++j) {
-      // dq operand: k[s] * exp(B[16 I] - B[s]) for key rows s < 16 I (s in sub-chunk j / 2).
-      const int s = p + 8 * j;
-      const float2 kv = load2f(K + s * C::LD + c), bs = load2f(Bc + s * C::LDB + c);
-#pragma unroll
-      for (int I = j / 2 + 1; I <= 3; ++I)
-        store2(Ks + (ks_row(I) + s) * C::LD + c, kv.x * gexp<T>(bk[I - 1].x - bs.x), kv.y * gexp<T>(bk[I - 1].y - bs.y));
-      // dk operand: scale q[r] * exp(B[r] - B[16 J + 15]) for query rows r >= 16 (J + 1) (r in
-      // sub-chunk j / 2 + 1).
-      const int r = 16 + p + 8 * j;
+    key_block_operands<T, 256>(Ks, K, Bc, C::LD, C::LDB, c, p, bI);
+    for_48_rows<256, 16>(p, [&](int r, auto rb) {
       const float2 qv = load2f(Q + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
 #pragma unroll
-      for (int J = 0; J <= j / 2; ++J)
-        store2(Qs + (qs_row(J) + r - 16 * (J + 1)) * C::LD + c, a.scale * qv.x * gexp<T>(br.x - bq[J].x),
-               a.scale * qv.y * gexp<T>(br.y - bq[J].y));
-    }
+      for (int J = 0; J < decltype(rb)::value; ++J)
+        store2(Qs + (qs_row(J) + r - 16 * (J + 1)) * C::LD + c, a.scale * qv.x * gexp<T>(br.x - bJ[J].x),
+               a.scale * qv.y * gexp<T>(br.y - bJ[J].y));
+    });
   }
   __syncthreads();
   if (warp < 3) {  // dq'[I] += exp(B_I - B[16 I]) * (dP[I, <I] Ks_I), I = warp + 1
     const int I = warp + 1;
     float t[8][4] = {};
-    warp_mma<T, false, true, 8>(t, dPb, C::LD, 16 * I, 0, Ks + ks_row(I) * C::LD, C::LD, 0, 0, I);
+    warp_mma<T, false, true, 8>(t, dPb, C::LD, 16 * I, 0, Ks + ks_off(I) * C::LD, C::LD, 0, 0, I);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll

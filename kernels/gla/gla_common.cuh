@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "common/cuda_common.cuh"
 #include "gla/gla.h"
@@ -172,6 +174,41 @@ struct Frag {
   __device__ int row(int m0, int e) const { return m0 + g + 8 * (e >> 1); }
   __device__ int col(int n0, int nt, int e) const { return n0 + 8 * nt + 2 * q + (e & 1); }
 };
+
+// ---- off-diagonal sub-chunk operands (intra and dqk kernels) -------------------------------
+// A chunk's off-diagonal blocks (query sub-chunk I > key sub-chunk J) are matmuls of operands
+// scaled by exp(B[row] - B[anchor]) with every factor <= 1. They are built by NT threads, a
+// thread per column pair (c) and every (NT/32)-th row (p), with the rows unrolled: a source row's
+// values and cumsums are read once for every block that uses it, and each row's sub-chunk (and
+// so its blocks) is known at compile time.
+
+// Key rows K_{<I} scaled for query sub-chunk I start at this row of the key operand buffer.
+__host__ __device__ constexpr int ks_off(int I) { return 16 * I * (I - 1) / 2; }
+
+// Calls fn(row, sub-chunk) for the rows R0 + p + G j (G = NT/32 row groups, p < G) of the 48 rows
+// from R0 (a multiple of 16); rows R0 + G j .. R0 + G j + G - 1 share a sub-chunk, a compile-time
+// constant (G divides 16).
+template <int NT, int R0, class Fn>
+__device__ __forceinline__ void for_48_rows(int p, Fn&& fn) {
+  constexpr int G = NT / 32;
+  static_assert(16 % G == 0 && R0 % 16 == 0, "row groups must tile the sub-chunks");
+  [&]<int... J>(std::integer_sequence<int, J...>) {
+    (fn(R0 + p + G * J, std::integral_constant<int, (R0 + G * J) / 16>{}), ...);
+  }(std::make_integer_sequence<int, 48 / G>{});
+}
+
+// Ks rows ks_off(I) + s = k[s] * exp(B[16 I] - B[s]) for I = 1..3 and keys s < 16 I (96 rows);
+// bI[I - 1] holds columns c, c + 1 of B[16 I].
+template <class T, int NT>
+__device__ __forceinline__ void key_block_operands(T* Ks, const T* K, const float* Bc, int ld, int ldb, int c, int p,
+                                                   const float2 (&bI)[3]) {
+  for_48_rows<NT, 0>(p, [&](int s, auto sb) {
+    const float2 kv = load2f(K + s * ld + c), bs = load2f(Bc + s * ldb + c);
+#pragma unroll
+    for (int I = decltype(sb)::value + 1; I <= 3; ++I)
+      store2(Ks + (ks_off(I) + s) * ld + c, kv.x * gexp<T>(bI[I - 1].x - bs.x), kv.y * gexp<T>(bI[I - 1].y - bs.y));
+  });
+}
 
 // ---- launchers shared by the forward and the backward (gla_fwd.cu) --------------------------
 // Per-chunk buffers are chunk-major: [B*H, N*kC, Dk] (rows past T hold zeros, or the last cumsum).

@@ -173,9 +173,6 @@ struct IntraCfg {
   static constexpr int kItems = 4 * 136, kPerThread = (kItems + 127) / 128;  // diagonal (r, s) pairs
 };
 
-// Rows of the key block K_{<I} scaled for query sub-chunk I start at this row of the Ks buffer.
-__host__ __device__ constexpr int ks_off(int I) { return 16 * I * (I - 1) / 2; }
-
 template <class T>
 __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, const T* __restrict__ k,
                                                     const float* __restrict__ bc, T* __restrict__ P, Args a) {
@@ -214,16 +211,18 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    // Off-diagonal operands referenced to the first row of each query sub-chunk I = 1..3.
-    for (int idx = threadIdx.x; idx < 48 * kW; idx += 128) {
-      const int r = 16 + idx / kW, i = idx % kW, r0 = r & ~15;
-      Qs[(r - 16) * C::LD + i] =
-          cuda::from_float<T>(cuda::to_float(Q[r * C::LD + i]) * gexp<T>(Bc[r * C::LDB + i] - Bc[r0 * C::LDB + i]));
-    }
-    for (int idx = threadIdx.x; idx < 96 * kW; idx += 128) {
-      const int row = idx / kW, i = idx % kW, I = row < 16 ? 1 : row < 48 ? 2 : 3, s = row - ks_off(I);
-      Ks[row * C::LD + i] = cuda::from_float<T>(cuda::to_float(K[s * C::LD + i]) *
-                                                gexp<T>(Bc[16 * I * C::LDB + i] - Bc[s * C::LDB + i]));
+    {  // Off-diagonal operands referenced to the first row of each query sub-chunk I = 1..3
+       // (gla_common.cuh): q[r] * exp(B[r] - B[16 I]) and k[s] * exp(B[16 I] - B[s]).
+      const int c = 2 * (threadIdx.x & 31), p = threadIdx.x >> 5;
+      float2 bI[3];
+#pragma unroll
+      for (int u = 0; u < 3; ++u) bI[u] = load2f(Bc + 16 * (u + 1) * C::LDB + c);
+      for_48_rows<128, 16>(p, [&](int r, auto rb) {
+        const float2 qv = load2f(Q + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
+        const float2 b0 = bI[decltype(rb)::value - 1];
+        store2(Qs + (r - 16) * C::LD + c, qv.x * gexp<T>(br.x - b0.x), qv.y * gexp<T>(br.y - b0.y));
+      });
+      key_block_operands<T, 128>(Ks, K, Bc, C::LD, C::LDB, c, p, bI);
     }
     __syncthreads();
     if (warp > 0)  // warp I computes P[I block rows][keys < 16 I]
