@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "core/cuda_check.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
@@ -140,6 +142,18 @@ struct RowSlot {
 __device__ __forceinline__ RowSlot row_slot(int log_tpr) {
   return {static_cast<int64_t>(blockIdx.x) * (blockDim.x >> log_tpr) + (threadIdx.x >> log_tpr),
           static_cast<int>(threadIdx.x & ((1u << log_tpr) - 1)), 1 << log_tpr};
+}
+
+// Calls fn(std::integral_constant<int, n>{}) for a run-time n in 1..kMax (n > kMax gives kMax):
+// kernels that keep a row in registers are templated on how many pieces each thread holds.
+template <int kMax, int kN = 1, class Fn>
+void with_const(int n, Fn&& fn) {
+  if constexpr (kN >= kMax)
+    fn(std::integral_constant<int, kMax>{});
+  else if (n == kN)
+    fn(std::integral_constant<int, kN>{});
+  else
+    with_const<kMax, kN + 1>(n, fn);
 }
 
 }  // namespace linac::cuda

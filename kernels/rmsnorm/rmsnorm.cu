@@ -105,21 +105,6 @@ int row_chunks(int64_t dim, std::initializer_list<const Tensor*> ts) {
   return static_cast<int>(dim / 128);
 }
 
-// Calls fn(std::integral_constant<int, c>{}) for c = chunks in 1..kMaxChunks.
-template <class Fn>
-void with_chunks(int chunks, Fn&& fn) {
-  switch (chunks) {
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    case 3: return fn(std::integral_constant<int, 3>{});
-    case 4: return fn(std::integral_constant<int, 4>{});
-    case 5: return fn(std::integral_constant<int, 5>{});
-    case 6: return fn(std::integral_constant<int, 6>{});
-    case 7: return fn(std::integral_constant<int, 7>{});
-    default: return fn(std::integral_constant<int, 8>{});
-  }
-}
-
 unsigned warp_row_blocks(int64_t rows) { return static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads); }
 
 template <class TX, class TY>
@@ -197,11 +182,13 @@ void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   if (rows == 0) return;
   auto st = cuda::stream_of(ctx);
   if (const int chunks = row_chunks(dim, {&x, &w, &y, &x_copy})) {
-    LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, with_chunks(chunks, [&](auto k) {
-                         rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY><<<warp_row_blocks(rows), kThreads, 0, st>>>(
-                             x.data<TX>(), w.data<float>(), y.data<TY>(), rstd.data<float>(),
-                             x_copy.ptr ? x_copy.data<TX>() : nullptr, rows, eps);
-                       })));
+    LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
+                                                         rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY>
+                                                             <<<warp_row_blocks(rows), kThreads, 0, st>>>(
+                                                                 x.data<TX>(), w.data<float>(), y.data<TY>(),
+                                                                 rstd.data<float>(),
+                                                                 x_copy.ptr ? x_copy.data<TX>() : nullptr, rows, eps);
+                                                       })));
     LINAC_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -232,7 +219,7 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TY, {
     if (chunks) {
-      with_chunks(chunks, [&](auto k) {
+      cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
         rmsnorm_bwd_rows_kernel<decltype(k)::value, TX, TY><<<row_blocks, kThreads, 0, st>>>(
             x.data<TX>(), w.data<float>(), rstd.data<float>(), dy.data<TY>(), dx.data<TX>(),
             dx_copy.ptr ? dx_copy.data<TY>() : nullptr, partial, rows);

@@ -1,7 +1,8 @@
 // The GLA helper families on the GPU vs their CPU references (double) on the same rounded inputs:
 // the log-space gate (f32 z / bf16 z, with and without the clamp) and the per-head norm + swish
 // gate (f32 and bf16, strided r/dr views); each with 4-aligned rows (the kernels' groups of four)
-// and without (their one-element path).
+// and without (their one-element path); the norm gate also with heads of 256 and 384 values (its
+// kernels that keep a head in registers).
 #include "loggate/loggate.h"
 #include "norm_gate/norm_gate.h"
 #include "test_util.h"
@@ -41,7 +42,7 @@ TEST(NormGateGpu, MatchesCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext g;
   const int64_t N = 301, H = 4;
-  for (int64_t D : {80, 78})
+  for (int64_t D : {80, 78, 256, 384})
     for (DType dt : {DType::F32, DType::BF16}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D));
       const int64_t W = H * D;
