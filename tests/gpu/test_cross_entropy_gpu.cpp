@@ -1,5 +1,6 @@
-// Fused cross-entropy CUDA vs the CPU reference (double): f32/bf16, in place, ignored rows,
-// scalar (V = 129) and vector (V = 32000) paths.
+// Fused cross-entropy CUDA vs the CPU reference (double): f32/bf16, in place, ignored rows, the
+// kernel that holds a row in registers (V = 32000, 8192, 256), the two-pass one with groups of
+// four (V = 40000, above what registers hold) and with single elements (V = 129).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -90,19 +91,24 @@ void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
 TEST(CrossEntropyGpu, HitsMatchCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   run_hits_parity(DType::F32, 100, 32000);
+  run_hits_parity(DType::F32, 100, 40000);
   run_hits_parity(DType::F32, 37, 129);
+  run_hits_parity(DType::F32, 37, 256);
   run_hits_parity(DType::BF16, 64, 8192);
 }
 
 TEST(CrossEntropyGpu, ParityF32) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity(DType::F32, DType::F32, false, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, false, 60, 40000, 1e-5);
   run_parity(DType::F32, DType::F32, false, 37, 129, 1e-5);
+  run_parity(DType::F32, DType::F32, false, 37, 256, 1e-5);
 }
 
 TEST(CrossEntropyGpu, ParityF32InPlace) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity(DType::F32, DType::F32, true, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, true, 60, 40000, 1e-5);
   run_parity(DType::F32, DType::F32, true, 37, 129, 1e-5);
 }
 
