@@ -86,10 +86,9 @@ struct StateCfg {
 };
 
 template <class T, bool kRev, int BK, int BV>
-__global__ void __launch_bounds__(128) state_kernel(const T* __restrict__ x, const T* __restrict__ y,
-                                                    GlaLayout::Strides ys, const float* __restrict__ bn,
-                                                    const float* __restrict__ init, T* __restrict__ states,
-                                                    float* __restrict__ final_out, Args a) {
+__device__ __forceinline__ void state_scan(const T* __restrict__ x, const T* __restrict__ y, GlaLayout::Strides ys,
+                                           const float* __restrict__ bn, const float* __restrict__ init,
+                                           T* __restrict__ states, float* __restrict__ final_out, const Args& a) {
   using C = StateCfg<T, BK, BV>;
   constexpr int S = C::kStages;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -160,6 +159,24 @@ __global__ void __launch_bounds__(128) state_kernel(const T* __restrict__ x, con
         const int r = f.row(m0, e), c = f.col(n0, nt, e);
         if (r < vk && c < vv) final_out[(static_cast<int64_t>(bh) * a.Dk + i0 + r) * a.Dv + j0 + c] = acc[nt][e];
       }
+}
+
+// Two kernels, as the register bounds differ: the reverse scan is held to 128 registers (left
+// alone it took 168: three CTAs per SM, and a 340M layer's 512 CTAs of 64x64 tiles then ran in
+// two waves); the forward one takes 124 unbounded but spills under the same bound.
+template <class T, int BK, int BV>
+__global__ void __launch_bounds__(128)
+    state_fwd_kernel(const T* __restrict__ x, const T* __restrict__ y, GlaLayout::Strides ys,
+                     const float* __restrict__ bn, const float* __restrict__ init, T* __restrict__ states,
+                     float* __restrict__ final_out, Args a) {
+  state_scan<T, false, BK, BV>(x, y, ys, bn, init, states, final_out, a);
+}
+template <class T, int BK, int BV>
+__global__ void __launch_bounds__(128, 4)
+    state_rev_kernel(const T* __restrict__ x, const T* __restrict__ y, GlaLayout::Strides ys,
+                     const float* __restrict__ bn, const float* __restrict__ init, T* __restrict__ states,
+                     float* __restrict__ final_out, Args a) {
+  state_scan<T, true, BK, BV>(x, y, ys, bn, init, states, final_out, a);
 }
 
 // ---- intra-chunk P -------------------------------------------------------------------------
@@ -336,7 +353,7 @@ template <class T, bool kRev, int BK, int BV>
 void run_state(const Ctx& ctx, const Args& a, int B, const T* x, const T* y, GlaLayout::Strides ys, const float* bn,
                const float* init, T* states, float* final_out) {
   using C = StateCfg<T, BK, BV>;
-  auto kernel = state_kernel<T, kRev, BK, BV>;
+  auto kernel = kRev ? state_rev_kernel<T, BK, BV> : state_fwd_kernel<T, BK, BV>;
   set_smem(kernel, C::kSmem);
   const dim3 grid(static_cast<unsigned>(cdiv(a.Dk, BK) * cdiv(a.Dv, BV)), static_cast<unsigned>(B * a.H));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(x, y, ys, bn, init, states, final_out, a);
