@@ -1,9 +1,9 @@
 // CUDA fused softmax cross-entropy (math in cross_entropy.h). One block per row.
-// Rows of up to 32768 logits in groups of four (the vocabularies of configs/) are held in
-// registers: each thread loads its groups once (the whole row in flight), takes its own max mt
-// and s = sum exp(x - mt), keeping exp(x - mt) in place of x; the block merges (mt, s) with a max
-// and a sum, and the gradient is exp(x - mt) * exp(mt - mx) / sum: one read of the row, one
-// write, one exponential per logit.
+// Rows of up to 32768 logits in groups of four (the 32000, 4096 and 256 vocabularies of
+// configs/; not 50264 or 64000) are held in registers: each thread loads its groups once (the
+// whole row in flight), takes its own max mt and s = sum exp(x - mt), keeping exp(x - mt) in
+// place of x; the block merges (mt, s) with a max and a sum, and the gradient is
+// exp(x - mt) * exp(mt - mx) / sum: one read of the row, one write, one exponential per logit.
 // Other rows take two passes. Pass 1: each thread keeps a running max m and sum
 // s = sum exp(x - m) over its elements (rescaling s only when the max grows, so one exp per
 // element); the block merges them likewise. Pass 2 re-reads the row from its end (what pass 1

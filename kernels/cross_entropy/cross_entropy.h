@@ -11,8 +11,9 @@
 //
 // Layout: logits, dlogits [N, V] contiguous; targets [N] i32; losses [N]. dlogits may be the
 // very memory of logits (in place, same dtype): every row is read in full before any of it is
-// written. GPU: logits and dlogits f32 or bf16, losses f32; one block per row, one pass for the
-// running max and sum (online softmax), a second for the writes. CPU: one dtype (f32 or f64).
+// written. GPU: logits and dlogits f32 or bf16, losses f32; one block per row, held in registers
+// up to V = 32768 (V a multiple of 4; one read per logit), else one pass for the running max and
+// sum (online softmax) and a second for the writes. CPU: one dtype (f32 or f64).
 // A target >= V is a caller bug: the CPU throws linac::Error; the GPU, which cannot see the
 // targets from the host, reads nothing out of bounds and writes a NaN loss for that row
 // (its gradient row is then softmax * grad_scale), which a non-finite-loss check catches.
