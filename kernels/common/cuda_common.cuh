@@ -25,6 +25,12 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// x as a T would hold it (rounded to bf16, or unchanged), back in f32.
+template <class T>
+__device__ __forceinline__ float rounded(float x) {
+  return to_float(from_float<T>(x));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -312,7 +312,7 @@ __device__ __forceinline__ void store_state(StateBatch&& x, D* dst, int ld, cons
     for (int k = 0; k < parts; ++k) {
       float h[kVec];
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) h[e] = cuda::to_float(cuda::from_float<D>(v[e])), v[e] -= h[e];
+      for (int e = 0; e < kVec; ++e) h[e] = cuda::rounded<D>(v[e]), v[e] -= h[e];
       store_vec(dst + static_cast<size_t>(k) * a.Lp * ld + l * ld + j, h);
     }
   });

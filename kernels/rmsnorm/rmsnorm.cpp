@@ -16,21 +16,24 @@ void check_args(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor&
 }  // namespace
 
 void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
-                 const Tensor& x_copy) {
+                 const Tensor& add, const Tensor& h) {
   check_args(x, w, y, rstd);
-  if (x_copy.ptr) {
-    LINAC_CHECK_SHAPE(x_copy, x);
-    LINAC_CHECK(x_copy.dtype == x.dtype && x_copy.is_contiguous(), "rmsnorm: x_copy must be like x");
+  LINAC_CHECK(!add.ptr == !h.ptr, "rmsnorm: the residual add takes both add and h");
+  if (add.ptr) {
+    LINAC_CHECK_SHAPE(add, x);
+    LINAC_CHECK_SHAPE(h, x);
+    LINAC_CHECK(add.dtype == y.dtype && add.is_contiguous(), "rmsnorm: add must be contiguous with y's dtype");
+    LINAC_CHECK(h.dtype == x.dtype && h.is_contiguous(), "rmsnorm: h must be contiguous with x's dtype");
   }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, eps, x_copy);
+    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, eps, add, h);
     return;
   }
-  if (x_copy.ptr) copy_tensor(ctx, x_copy, x);
   LINAC_CHECK(x.dtype == w.dtype && x.dtype == y.dtype && x.dtype == rstd.dtype, "rmsnorm: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T,
-                     rmsnorm_fwd_cpu<T>(x.data<T>(), w.data<T>(), y.data<T>(), rstd.data<T>(), x.size(0), x.size(1), eps));
+                     rmsnorm_fwd_cpu<T>(x.data<T>(), add.ptr ? add.data<T>() : nullptr, w.data<T>(), y.data<T>(),
+                                        rstd.data<T>(), h.ptr ? h.data<T>() : nullptr, x.size(0), x.size(1), eps));
 }
 
 void rmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,

@@ -1,16 +1,15 @@
 // CUDA RMSNorm (math in rmsnorm.h). Rows of 128 * k columns up to 1024 (every model width in
 // configs/) take a warp per row: lane l keeps columns 128 c + 4 l .. 128 c + 4 l + 3 of each
 // chunk c in registers, so a row is read once with 16- (f32) or 8-byte (bf16) accesses and
-// reduced without a block barrier; the kernels also write the optional copies (x_copy, dx_copy)
-// from the same registers. The backward runs a fixed number of warps, each over every n-th row,
-// adding its rows' dy * x * rstd into a dw slab in registers (x, dy and the dx it adds to are
-// read once, all before the row's reduction, so a row costs one memory round trip). Other
-// widths: a block per row, and dw from a second pass over row slabs. Either way the slabs land in
-// the context's workspace and are summed in a fixed order: deterministic.
+// reduced without a block barrier; the kernels also do the optional residual add (x + add -> h)
+// and write dx_copy from the same registers. The backward runs a fixed number of warps, each
+// over every n-th row, adding its rows' dy * x * rstd into a dw slab in registers (x, dy and the
+// dx it adds to are read once, all before the row's reduction, so a row costs one memory round
+// trip). Other widths: a block per row, and dw from a second pass over row slabs. Either way the
+// slabs land in the context's workspace and are summed in a fixed order: deterministic.
 #include <initializer_list>
 
 #include "common/cuda_common.cuh"
-#include "core/buffer.h"
 #include "elementwise/elementwise.h"
 #include "rmsnorm/rmsnorm.h"
 
@@ -24,8 +23,8 @@ constexpr int64_t kRowWarps = 1024;  // the warp-row backward's warps (and dw sl
 
 template <int kChunks, class TX, class TY>
 __global__ void __launch_bounds__(kThreads)
-    rmsnorm_fwd_rows_kernel(const TX* __restrict__ x, const float* __restrict__ w, TY* __restrict__ y,
-                            float* __restrict__ rstd, TX* __restrict__ x_copy, int64_t rows, float eps) {
+    rmsnorm_fwd_rows_kernel(const TX* __restrict__ x, const TY* __restrict__ add, const float* __restrict__ w,
+                            TY* __restrict__ y, float* __restrict__ rstd, TX* __restrict__ h, int64_t rows, float eps) {
   constexpr int kDim = 128 * kChunks;
   const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
@@ -34,7 +33,13 @@ __global__ void __launch_bounds__(kThreads)
   float ss = 0.f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    v[c] = cuda::load4(x + r * kDim + 128 * c + 4 * lane);
+    const int64_t i = r * kDim + 128 * c + 4 * lane;
+    v[c] = cuda::load4(x + i);
+    if (add) {
+      const float4 a = cuda::load4(add + i);
+      v[c] = make_float4(cuda::rounded<TX>(v[c].x + a.x), cuda::rounded<TX>(v[c].y + a.y),
+                         cuda::rounded<TX>(v[c].z + a.z), cuda::rounded<TX>(v[c].w + a.w));
+    }
     ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
   }
   const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(kDim) + eps);
@@ -44,7 +49,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = r * kDim + 128 * c + 4 * lane;
     const float4 wv = cuda::load4(w + 128 * c + 4 * lane);
     cuda::store4(y + i, make_float4(v[c].x * rs * wv.x, v[c].y * rs * wv.y, v[c].z * rs * wv.z, v[c].w * rs * wv.w));
-    if (x_copy) cuda::store4(x_copy + i, v[c]);
+    if (h) cuda::store4(h + i, v[c]);
   }
 }
 
@@ -107,15 +112,21 @@ int row_chunks(int64_t dim, std::initializer_list<const Tensor*> ts) {
 
 unsigned warp_row_blocks(int64_t rows) { return static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads); }
 
+// With the residual add, each thread writes its columns of h and reads them back itself.
 template <class TX, class TY>
-__global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x, const float* __restrict__ w, TY* __restrict__ y,
-                                   float* __restrict__ rstd, int64_t dim, float eps) {
+__global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x, const TY* __restrict__ add, const float* __restrict__ w,
+                                   TY* __restrict__ y, float* __restrict__ rstd, TX* __restrict__ h, int64_t dim,
+                                   float eps) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
-  const TX* xr = x + r * dim;
+  const TX* xr = add ? h + r * dim : x + r * dim;
   float ss = 0.f;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    const float v = cuda::to_float(xr[j]);
+    float v = cuda::to_float(x[r * dim + j]);
+    if (add) {
+      v = cuda::rounded<TX>(v + cuda::to_float(add[r * dim + j]));
+      h[r * dim + j] = cuda::from_float<TX>(v);
+    }
     ss += v * v;
   }
   const float rs = rsqrtf(cuda::block_sum(ss, scratch) / static_cast<float>(dim) + eps);
@@ -175,28 +186,27 @@ __global__ void sum_slabs_kernel(const float* __restrict__ partial, float* __res
 
 }  // namespace
 
-void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd,
-                      float eps, const Tensor& x_copy) {
+void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+                      const Tensor& add, const Tensor& h) {
   LINAC_CHECK(w.dtype == DType::F32 && rstd.dtype == DType::F32, "rmsnorm (GPU): w and rstd must be f32");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
   auto st = cuda::stream_of(ctx);
-  if (const int chunks = row_chunks(dim, {&x, &w, &y, &x_copy})) {
-    LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
-                                                         rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY>
-                                                             <<<warp_row_blocks(rows), kThreads, 0, st>>>(
-                                                                 x.data<TX>(), w.data<float>(), y.data<TY>(),
-                                                                 rstd.data<float>(),
-                                                                 x_copy.ptr ? x_copy.data<TX>() : nullptr, rows, eps);
-                                                       })));
-    LINAC_CUDA_LAUNCH_CHECK();
-    return;
-  }
-  if (x_copy.ptr) copy_tensor(ctx, x_copy, x);
+  const int chunks = row_chunks(dim, {&x, &add, &w, &y, &h});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
-    rmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
-        x.data<TX>(), w.data<float>(), y.data<TY>(), rstd.data<float>(), dim, eps);
-  }));
+                       const TY* a = add.ptr ? add.data<TY>() : nullptr;
+                       TX* hp = h.ptr ? h.data<TX>() : nullptr;
+                       if (chunks) {
+                         cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
+                           rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY>
+                               <<<warp_row_blocks(rows), kThreads, 0, st>>>(
+                                   x.data<TX>(), a, w.data<float>(), y.data<TY>(), rstd.data<float>(), hp, rows, eps);
+                         });
+                       } else {
+                         rmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
+                             x.data<TX>(), a, w.data<float>(), y.data<TY>(), rstd.data<float>(), hp, dim, eps);
+                       }
+                     }));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

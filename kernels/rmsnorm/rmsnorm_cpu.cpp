@@ -8,10 +8,14 @@
 namespace linac {
 
 template <class T>
-void rmsnorm_fwd_cpu(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t dim, double eps) {
+void rmsnorm_fwd_cpu(const T* x, const T* add, const T* w, T* y, T* rstd, T* h, int64_t rows, int64_t dim, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * dim;
+    if (add) {
+      for (int64_t j = 0; j < dim; ++j) h[r * dim + j] = xr[j] + add[r * dim + j];
+      xr = h + r * dim;
+    }
     T ss = 0;
     for (int64_t j = 0; j < dim; ++j) ss += xr[j] * xr[j];
     const T rs = T(1) / std::sqrt(ss / T(dim) + T(eps));
@@ -40,8 +44,10 @@ void rmsnorm_bwd_cpu(const T* x, const T* w, const T* rstd, const T* dy, T* dx, 
   }
 }
 
-template void rmsnorm_fwd_cpu<float>(const float*, const float*, float*, float*, int64_t, int64_t, double);
-template void rmsnorm_fwd_cpu<double>(const double*, const double*, double*, double*, int64_t, int64_t, double);
+template void rmsnorm_fwd_cpu<float>(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,
+                                     double);
+template void rmsnorm_fwd_cpu<double>(const double*, const double*, const double*, double*, double*, double*, int64_t,
+                                      int64_t, double);
 template void rmsnorm_bwd_cpu<float>(const float*, const float*, const float*, const float*, float*, float*, int64_t,
                                      int64_t);
 template void rmsnorm_bwd_cpu<double>(const double*, const double*, const double*, const double*, double*, double*,

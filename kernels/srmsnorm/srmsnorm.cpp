@@ -28,16 +28,25 @@ SrmsnormLayout layout(const Tensor& x, const Tensor& rstd) {
 }
 }  // namespace
 
-void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps) {
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps, const Tensor& add,
+                  const Tensor& h) {
   SrmsnormLayout L = layout(x, rstd);
   L.y = row_stride(y, x, "y");
+  LINAC_CHECK(!add.ptr == !h.ptr, "srmsnorm: the residual add takes both add and h");
+  if (add.ptr) {
+    L.add = row_stride(add, x, "add");
+    L.h = row_stride(h, x, "h");
+    LINAC_CHECK(add.dtype == y.dtype && h.dtype == x.dtype, "srmsnorm: add must have y's dtype and h x's");
+  }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, eps);
+    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, eps, add, h);
     return;
   }
   LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype, "srmsnorm: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(x.dtype, T, srmsnorm_fwd_cpu<T>(L, x.data<T>(), y.data<T>(), rstd.data<T>(), eps));
+  LINAC_CPU_DISPATCH(x.dtype, T,
+                     srmsnorm_fwd_cpu<T>(L, x.data<T>(), add.ptr ? add.data<T>() : nullptr, y.data<T>(), rstd.data<T>(),
+                                         h.ptr ? h.data<T>() : nullptr, eps));
 }
 
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,

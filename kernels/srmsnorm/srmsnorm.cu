@@ -14,24 +14,38 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int64_t kWarpRowMax = 1024;
 
-// Warp per row.
+// The row's first pass: x (or h = x + add, written here) and its sum of squares. The second
+// pass reads back what this thread wrote: the same columns.
 template <class TX, class TY>
-__global__ void __launch_bounds__(kMaxThreads) srmsnorm_fwd_rows_kernel(const TX* __restrict__ x, TY* __restrict__ y,
-                                                                        float* __restrict__ rstd, int64_t n, int c,
-                                                                        int64_t ldx, int64_t ldy, float eps) {
-  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= n) return;
-  const TX* xr = x + r * ldx;
-  TY* yr = y + r * ldy;
+__device__ __forceinline__ float sum_squares(const TX* __restrict__ xr, const TY* __restrict__ ar, TX* __restrict__ hr,
+                                             int64_t j0, int64_t c, int64_t step) {
   float ss = 0.f;
-  for (int j = lane; j < c; j += 32) {
-    const float v = cuda::to_float(xr[j]);
+  for (int64_t j = j0; j < c; j += step) {
+    float v = cuda::to_float(xr[j]);
+    if (ar) {
+      v = cuda::rounded<TX>(v + cuda::to_float(ar[j]));
+      hr[j] = cuda::from_float<TX>(v);
+    }
     ss += v * v;
   }
-  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(c) + eps);
+  return ss;
+}
+
+// Warp per row.
+template <class TX, class TY>
+__global__ void __launch_bounds__(kMaxThreads)
+    srmsnorm_fwd_rows_kernel(const TX* __restrict__ x, const TY* __restrict__ add, TY* __restrict__ y,
+                             float* __restrict__ rstd, TX* __restrict__ h, SrmsnormLayout L, float eps) {
+  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= L.N) return;
+  const TX* xr = x + r * L.x;
+  TX* hr = add ? h + r * L.h : nullptr;
+  const float ss = sum_squares(xr, add ? add + r * L.add : nullptr, hr, lane, L.C, 32);
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps);
   if (lane == 0) rstd[r] = rs;
-  for (int j = lane; j < c; j += 32) yr[j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
+  if (hr) xr = hr;
+  for (int64_t j = lane; j < L.C; j += 32) y[r * L.y + j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
 }
 
 template <class TX, class TDY, class TDX>
@@ -57,20 +71,18 @@ __global__ void __launch_bounds__(kMaxThreads) srmsnorm_bwd_rows_kernel(const TX
 }
 
 template <class TX, class TY>
-__global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, TY* __restrict__ y, float* __restrict__ rstd,
-                                    int64_t c, int64_t ldx, int64_t ldy, float eps) {
+__global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, const TY* __restrict__ add, TY* __restrict__ y,
+                                    float* __restrict__ rstd, TX* __restrict__ h, SrmsnormLayout L, float eps) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
-  const TX* xr = x + r * ldx;
-  TY* yr = y + r * ldy;
-  float ss = 0.f;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const float v = cuda::to_float(xr[j]);
-    ss += v * v;
-  }
-  const float rs = rsqrtf(cuda::block_sum(ss, scratch) / static_cast<float>(c) + eps);
+  const TX* xr = x + r * L.x;
+  TX* hr = add ? h + r * L.h : nullptr;
+  const float ss = sum_squares(xr, add ? add + r * L.add : nullptr, hr, threadIdx.x, L.C, blockDim.x);
+  const float rs = rsqrtf(cuda::block_sum(ss, scratch) / static_cast<float>(L.C) + eps);
   if (threadIdx.x == 0) rstd[r] = rs;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) yr[j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
+  if (hr) xr = hr;
+  for (int64_t j = threadIdx.x; j < L.C; j += blockDim.x)
+    y[r * L.y + j] = cuda::from_float<TY>(cuda::to_float(xr[j]) * rs);
 }
 
 template <class TX, class TDY, class TDX>
@@ -98,18 +110,20 @@ int threads_for(int64_t c) { return static_cast<int>(std::clamp<int64_t>((c + 31
 }  // namespace
 
 void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
-                       float eps) {
+                       float eps, const Tensor& add, const Tensor& h) {
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
-    if (L.C <= kWarpRowMax)
-      srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-          x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.N, static_cast<int>(L.C), L.x, L.y, eps);
-    else
-      srmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
-          x.data<TX>(), y.data<TY>(), rstd.data<float>(), L.C, L.x, L.y, eps);
-  }));
+                       const TY* a = add.ptr ? add.data<TY>() : nullptr;
+                       TX* hp = h.ptr ? h.data<TX>() : nullptr;
+                       if (L.C <= kWarpRowMax)
+                         srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+                             x.data<TX>(), a, y.data<TY>(), rstd.data<float>(), hp, L, eps);
+                       else
+                         srmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
+                             x.data<TX>(), a, y.data<TY>(), rstd.data<float>(), hp, L, eps);
+                     }));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -8,6 +8,9 @@
 // a wider buffer); rstd [N] contiguous, written by the forward and read by the backward. dx is
 // overwritten, or added to when `accumulate` (x is a residual stream whose gradient already
 // holds the skip path). C <= kSrmsnormMaxDim.
+// Optional residual add (pre-norm blocks), in the same pass: with `add` [N, C] (y's dtype), the
+// forward normalises h = x + add instead of x and writes h [N, C] (x's dtype): x is the residual
+// stream before a sub-layer, add that sub-layer's output, h the stream after it.
 // Dtypes: GPU: x and y each f32 or bf16, dy and dx each f32 or bf16, independently (the block
 // norm reads the f32 residual stream and writes bf16; the norm inside the mixer reads and writes
 // bf16); rstd f32; math in f32. CPU: every tensor one dtype (f32 or f64).
@@ -25,21 +28,22 @@ constexpr int64_t kSrmsnormMaxDim = 16384;
 // Row strides (in elements) of the [N, C] operands.
 struct SrmsnormLayout {
   int64_t N = 0, C = 0;
-  int64_t x = 0, y = 0, dy = 0, dx = 0;
+  int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0;
 };
 
 template <class T>
-void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, T* y, T* rstd, double eps);
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, T* y, T* rstd, T* h, double eps);
 template <class T>
 void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const T* dy, T* dx, bool accumulate);
 
 void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
-                       float eps);
+                       float eps, const Tensor& add, const Tensor& h);
 void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
                        const Tensor& dx, bool accumulate);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps);
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps,
+                  const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                   bool accumulate);
 

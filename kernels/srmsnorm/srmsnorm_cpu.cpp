@@ -6,10 +6,14 @@
 namespace linac {
 
 template <class T>
-void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, T* y, T* rstd, double eps) {
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, T* y, T* rstd, T* h, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.N; ++r) {
     const T* xr = x + r * L.x;
+    if (add) {
+      for (int64_t j = 0; j < L.C; ++j) h[r * L.h + j] = xr[j] + add[r * L.add + j];
+      xr = h + r * L.h;
+    }
     T ss = 0;
     for (int64_t j = 0; j < L.C; ++j) ss += xr[j] * xr[j];
     const T rs = T(1) / std::sqrt(ss / T(L.C) + T(eps));
@@ -36,8 +40,10 @@ void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const 
   }
 }
 
-template void srmsnorm_fwd_cpu<float>(const SrmsnormLayout&, const float*, float*, float*, double);
-template void srmsnorm_fwd_cpu<double>(const SrmsnormLayout&, const double*, double*, double*, double);
+template void srmsnorm_fwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, float*, float*, float*,
+                                      double);
+template void srmsnorm_fwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, double*, double*, double*,
+                                       double);
 template void srmsnorm_bwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, const float*, float*, bool);
 template void srmsnorm_bwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, const double*, double*,
                                        bool);

@@ -5,7 +5,7 @@
 namespace linac {
 
 // Token t of every sequence goes through step on contiguous [B, d] copies (step's kernels take
-// contiguous rows); the rows of out are copied in first because step accumulates into them.
+// contiguous rows).
 void Mixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
   LINAC_CHECK(x.ndim == 3 && out.ndim == 3 && x.size(0) == out.size(0) && x.size(1) == out.size(1),
               "Mixer::prefill: x and out must be [B, T, d], got " + x.shape_str() + " and " + out.shape_str());
@@ -13,10 +13,7 @@ void Mixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Te
   const int64_t B = x.size(0), T = x.size(1);
   OwnedTensor x_t(x.dtype, x.device, {B, x.size(2)}), out_t(out.dtype, out.device, {B, out.size(2)});
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t b = 0; b < B; ++b) {
-      copy_tensor(ctx, x_t->select(0, b), x.select(0, b).select(0, t));
-      copy_tensor(ctx, out_t->select(0, b), out.select(0, b).select(0, t));
-    }
+    for (int64_t b = 0; b < B; ++b) copy_tensor(ctx, x_t->select(0, b), x.select(0, b).select(0, t));
     step(state, x_t, out_t);
     for (int64_t b = 0; b < B; ++b) copy_tensor(ctx, out.select(0, b).select(0, t), out_t->select(0, b));
   }

@@ -2,9 +2,11 @@
 // channel mixers (SwiGLU). Blocks are pre-norm residual:
 //   x += Mixer(Norm(x));  x += ChannelMixer(Norm(x))
 //
-// forward(x, out):   out += f(x). x is the normed input [B, T, d] (activation dtype) and stays
-//                    valid (unchanged) until backward; out is the residual stream [B, T, d]
-//                    (residual dtype): the output projection accumulates straight into it.
+// forward(x, out):   out = f(x). x is the normed input [B, T, d] (activation dtype) and stays
+//                    valid (unchanged) until backward; out [B, T, d] (activation dtype) is
+//                    overwritten: the model adds it to the residual stream inside the next norm's
+//                    pass (rmsnorm.h's residual add), so the output projection writes bf16 once
+//                    instead of reading and writing the f32 stream.
 // backward(x, dy, dx): dy = dL/d(out) [B, T, d] (activation dtype); writes dx = dL/dx
 //                    (overwrite) and accumulates parameter gradients.
 // reserve(B, T):     takes what forward saves for backward from env.saved (SavedArena), once,
@@ -12,11 +14,11 @@
 //                    right before backward (into a scratch `out`), so forward must depend only on
 //                    x and the parameters and must not accumulate state across calls.
 // init_state(B), step(state, x_t, out_t): decoding one token at a time with constant memory,
-//                    for mixers with a recurrent form: x_t [B, d] (activation dtype), out_t [B, d]
-//                    (residual dtype, accumulated into like forward's out). Mixers without one
+//                    for mixers with a recurrent form: x_t [B, d] and out_t [B, d] (activation
+//                    dtype, overwritten like forward's out). Mixers without one
 //                    (softmax attention) keep the defaults, which throw a UserError naming them;
 //                    position-wise mixers (SwiGLU) decode through forward on [B, 1, d].
-// prefill(state, x, out): out += f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
+// prefill(state, x, out): out = f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
 //                    T calls of step would, starting from a fresh init_state (Model::prefill
 //                    guarantees it). The default runs step token by token, correct for any mixer
 //                    with a recurrent form; mixers whose training forward can hand over its final

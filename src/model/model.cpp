@@ -124,6 +124,9 @@ void Model::reserve(int64_t B, int64_t T) {
     b.mixer->reserve(B, T);
     if (recompute_ == Recompute::Mixer) saved_.begin_group(false);
     if (b.mlp) {
+      // Under block recompute R[2l+1] shares the region with block l+1's saves, after block l's
+      // xn1 and rstd1: block l+1's first norm reads it while writing its own xn1 and rstd1, which
+      // lie before it.
       resid_[per_layer * l + 1] = saved_.take(resid_bytes);
       b.xn2 = saved_.take(act_bytes);
       b.rstd2 = saved_.take(stat_bytes);
@@ -199,11 +202,11 @@ std::vector<Model::LayerRow> Model::layer_table() const {
   return rows;
 }
 
-void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& x_copy) const {
+void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& add,
+                     const Tensor& h) const {
   const float eps = static_cast<float>(cfg_.norm_eps);
-  if (id >= 0) return rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps, x_copy);
-  if (x_copy.ptr) copy_tensor(env_.ctx, x_copy, x);
-  srmsnorm_fwd(env_.ctx, x, y, rstd, eps);
+  if (id >= 0) return rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps, add, h);
+  srmsnorm_fwd(env_.ctx, x, y, rstd, eps, add, h);
 }
 
 void Model::norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
@@ -227,19 +230,15 @@ void Model::recompute_block(int l, int64_t B, int64_t T) {
   Block& b = blocks_[static_cast<size_t>(l)];
   const int64_t N = B * T, d = cfg_.d_model;
   const Tensor r0 = resid(2 * l, B, T), xn1 = b.xn1.tensor(env_.act, {B, T, d});
-  const Tensor r1 = b.mlp ? resid(2 * l + 1, B, T) : Tensor();
-  norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}), b.mlp ? r1.view({N, d}) : r1);
-  // R[2l+2] is the next block's input: the last sub-layer writes its output into scratch.
-  Tensor sink = scratch_.get("model.recompute_out", env_.resid, {B, T, d});
-  zero_tensor(env_.ctx, sink);
-  if (!b.mlp) {
-    b.mixer->forward(xn1, sink);
-    return;
-  }
+  norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
+  // R[2l+2] is the next block's input, kept: the last sub-layer's output is not needed.
+  Tensor y = scratch_.get("model.y", env_.act, {B, T, d});
+  b.mixer->forward(xn1, y);
+  if (!b.mlp) return;
   const Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d});
-  b.mixer->forward(xn1, r1);
-  norm_fwd(b.norm2, r1.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
-  b.mlp->forward(xn2, sink);
+  norm_fwd(b.norm2, r0.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}), y.view({N, d}),
+           resid(2 * l + 1, B, T).view({N, d}));
+  b.mlp->forward(xn2, y);
 }
 
 Tensor Model::resid(int i, int64_t B, int64_t T) const {
@@ -248,11 +247,13 @@ Tensor Model::resid(int i, int64_t B, int64_t T) const {
   return resid_[static_cast<size_t>(slot)].tensor(env_.resid, {B, T, cfg_.d_model});
 }
 
-void Model::final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd) const {
-  if (cfg_.final_norm)
-    norm_fwd(norm_f_, x, y, rstd);
-  else
-    cast(env_.ctx, y, x);
+void Model::final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& add,
+                           const Tensor& h) const {
+  if (cfg_.final_norm) return norm_fwd(norm_f_, x, y, rstd, add, h);
+  if (!add.ptr) return cast(env_.ctx, y, x);
+  copy_tensor(env_.ctx, h, x);
+  add_inplace(env_.ctx, h, add, 1.f);
+  cast(env_.ctx, y, h);
 }
 
 void Model::head_logits(const Tensor& x, const Tensor& logits) {
@@ -309,30 +310,38 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
     if (embed_scale_ != 1.f) scale_inplace(ctx, resid(0, B, T), embed_scale_);
   }
+  // Each sub-layer writes its output to y; the next norm adds y to the stream that sub-layer read
+  // (R[i+1] = R[i] + y) in the same pass, and normalises the sum.
+  Tensor y = scratch_.get("model.y", env_.act, {N, d});
+  Tensor prev;  // R[i] while a sub-layer's output is pending in y
+  auto add_norm = [&](int id, const Tensor& r, const Tensor& xn, const Tensor& rstd) {
+    ProfileScope prof(ctx, "norms and residual adds");
+    if (prev.ptr)
+      norm_fwd(id, prev, xn, rstd, y, r);
+    else
+      norm_fwd(id, r, xn, rstd);
+    prev = r;
+  };
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
-    Tensor r0 = resid(2 * l, B, T), r1 = resid(2 * l + 1, B, T), r2 = resid(2 * l + 2, B, T);
-    {
-      ProfileScope prof(ctx, "norms and residual copies");
-      norm_fwd(b.norm1, r0.view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1), r1.view({N, d}));
-    }
+    add_norm(b.norm1, resid(2 * l, B, T).view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
     {
       ProfileScope prof(ctx, b.mixer_fwd.c_str());
-      b.mixer->forward(act(b.xn1), r1);
+      b.mixer->forward(act(b.xn1), y.view({B, T, d}));
     }
     if (!b.mlp) continue;
-    {
-      ProfileScope prof(ctx, "norms and residual copies");
-      norm_fwd(b.norm2, r1.view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2), r2.view({N, d}));
-    }
+    add_norm(b.norm2, resid(2 * l + 1, B, T).view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
     ProfileScope prof(ctx, "channel mixer forward");
-    b.mlp->forward(act(b.xn2), r2);
+    b.mlp->forward(act(b.xn2), y.view({B, T, d}));
   }
   Tensor rl = resid(2 * L, B, T).view({N, d});
   Tensor xf = xf_.tensor(env_.act, {N, d});
   {
-    ProfileScope prof(ctx, "norms and residual copies");
-    final_norm_fwd(rl, xf, stat(rstd_f_));
+    ProfileScope prof(ctx, "norms and residual adds");
+    if (prev.ptr)
+      final_norm_fwd(prev, xf, stat(rstd_f_), y, rl);
+    else
+      final_norm_fwd(rl, xf, stat(rstd_f_));
   }
 
   Tensor losses = stat(losses_);
@@ -357,7 +366,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   Tensor dy = env_.act == env_.resid ? dr : scratch_.get("model.dy", env_.act, {N, d});
   const Tensor dy_copy = dy.ptr != dr.ptr ? dy : Tensor();
   {
-    ProfileScope prof(ctx, "norms and residual copies");
+    ProfileScope prof(ctx, "norms and residual adds");
     if (cfg_.final_norm) {
       zero_tensor(ctx, dr);
       norm_bwd(norm_f_, rl, stat(rstd_f_), dxf, dr, dy_copy);
@@ -382,20 +391,16 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
         ProfileScope prof(ctx, "channel mixer backward");
         b.mlp->backward(act(b.xn2), dy.view({B, T, d}), dxn.view({B, T, d}));
       }
-      ProfileScope prof(ctx, "norms and residual copies");
+      ProfileScope prof(ctx, "norms and residual adds");
       norm_bwd(b.norm2, resid(2 * l + 1, B, T).view({N, d}), stat(b.rstd2), dxn, dr, dy_copy);
     }
     {
       ProfileScope prof(ctx, b.mixer_bwd.c_str());
-      if (recompute_ == Recompute::Mixer) {
-        Tensor sink = scratch_.get("model.recompute_out", env_.resid, {B, T, d});
-        zero_tensor(ctx, sink);
-        b.mixer->forward(act(b.xn1), sink);
-      }
+      if (recompute_ == Recompute::Mixer) b.mixer->forward(act(b.xn1), scratch_.get("model.y", env_.act, {B, T, d}));
       b.mixer->backward(act(b.xn1), dy.view({B, T, d}), dxn.view({B, T, d}));
     }
     {
-      ProfileScope prof(ctx, "norms and residual copies");
+      ProfileScope prof(ctx, "norms and residual adds");
       // The embedding's backward reads dr itself.
       norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr, l > 0 ? dy_copy : Tensor());
     }
@@ -421,6 +426,7 @@ Model::DecodeState Model::init_decode(int64_t B) {
   st.x = Buffer(rows * d * dtype_size(env_.resid), env_.device());
   st.xn = Buffer(rows * d * dtype_size(env_.act), env_.device());
   st.rstd = Buffer(rows * dtype_size(env_.stat), env_.device());
+  st.y = Buffer(rows * d * dtype_size(env_.act), env_.device());
   return st;
 }
 
@@ -431,16 +437,18 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
               "Model::decode_step: logits must be [B, vocab], got " + logits_out.shape_str());
   const Ctx& ctx = env_.ctx;
   Tensor x = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
-  Tensor rstd = st.rstd.tensor(env_.stat, {B});
+  Tensor rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
   embedding_fwd(ctx, tokens_t.view({B}), params_.master(embed_), x);
   if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     norm_fwd(b.norm1, x, xn, rstd);
-    b.mixer->step(*st.layers[l], xn, x);
+    b.mixer->step(*st.layers[l], xn, y);
+    add_inplace(ctx, x, y, 1.f);
     if (!b.mlp) continue;
     norm_fwd(b.norm2, x, xn, rstd);
-    b.mlp->forward(xn.view({B, 1, d}), x.view({B, 1, d}));
+    b.mlp->forward(xn.view({B, 1, d}), y.view({B, 1, d}));
+    add_inplace(ctx, x, y, 1.f);
   }
   ++st.pos;
   final_norm_fwd(x, xn, rstd);
@@ -456,19 +464,22 @@ void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   if (B > B_ || T > T_ || N > B_ * T_) reserve(std::max(B, B_), std::max(T, T_));
   const Ctx& ctx = env_.ctx;
-  // One residual stream, updated in place: each sub-layer reads its own normed copy.
-  Tensor x = resid(0, B, T);
+  // One residual stream, updated in place: each sub-layer reads its own normed copy and writes
+  // its output to y, which is then added.
+  Tensor x = resid(0, B, T), y = scratch_.get("model.y", env_.act, {B, T, d});
   embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), x.view({N, d}));
   if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     Tensor xn1 = b.xn1.tensor(env_.act, {B, T, d});
     norm_fwd(b.norm1, x.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
-    b.mixer->prefill(ctx, *st.layers[l], xn1, x);
+    b.mixer->prefill(ctx, *st.layers[l], xn1, y);
+    add_inplace(ctx, x, y, 1.f);
     if (!b.mlp) continue;
     Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d});
     norm_fwd(b.norm2, x.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
-    b.mlp->forward(xn2, x);
+    b.mlp->forward(xn2, y);
+    add_inplace(ctx, x, y, 1.f);
   }
   st.pos = T;
   Tensor x_last = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});

@@ -4,6 +4,8 @@
 // Block l (pre-norm residual), residual stream R[0..2L] ([B*T, d], residual dtype):
 //   R[2l+1] = R[2l]   + Mixer_l(RMSNorm(R[2l]))
 //   R[2l+2] = R[2l+1] + SwiGLU_l(RMSNorm(R[2l+1]))
+// Sub-layers write their output in the activation dtype; each add happens inside the next norm's
+// pass (which reads R[i] and the output, and writes R[i+1] and its normed copy).
 // The LM head runs in row chunks (logits of at most kHeadChunkElems elements at a time), so
 // the full [B*T, vocab] logits never exist; the cross-entropy kernel turns each chunk of
 // logits into its gradient in one pass.
@@ -88,7 +90,7 @@ class Model {
     int64_t B = 0;
     int64_t pos = 0;  // tokens consumed
     std::vector<std::unique_ptr<MixerState>> layers;
-    Buffer x, xn, rstd;  // residual [B, d], normed [B, d], rstd [B]
+    Buffer x, xn, rstd, y;  // residual [B, d], normed [B, d], rstd [B], a sub-layer's output [B, d]
   };
   DecodeState init_decode(int64_t B);
   // tokens_t: [B] int32 on the model's device; logits_out: [B, vocab] (f32 on the GPU, the compute
@@ -128,14 +130,16 @@ class Model {
                 const Tensor& hits);
   // logits [n, V] = logit_scale * (x W^T + bias), the head's forward for n rows of x.
   void head_logits(const Tensor& x, const Tensor& logits);
-  // The final norm, or a plain cast to the activation dtype without one.
-  void final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd) const;
+  // The final norm, or a plain cast to the activation dtype without one (residual add as norm_fwd).
+  void final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& add = Tensor(),
+                      const Tensor& h = Tensor()) const;
 
   // The block norm: RMSNorm with weight `id`, or SimpleRMSNorm when id < 0. x is the residual
-  // stream, y the normed activations; the backward ADDS the input gradient into dx. Optional
-  // copies, fused into RMSNorm's passes: x_copy receives x (the next residual slot), dx_copy the
-  // updated dx in the activation dtype (the next sub-layer's output gradient).
-  void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& x_copy = Tensor()) const;
+  // stream, y the normed activations; the backward ADDS the input gradient into dx. Fused into
+  // the norms' passes: the residual add (h = x + add, a sub-layer's output; the norm is h's) and
+  // dx_copy, the updated dx in the activation dtype (the next sub-layer's output gradient).
+  void norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& add = Tensor(),
+                const Tensor& h = Tensor()) const;
   void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                 const Tensor& dx_copy = Tensor()) const;
   Tensor resid(int i, int64_t B, int64_t T) const;

@@ -72,7 +72,7 @@ TEST(Profiler, ATrainingStepsPhasesAndOps) {
   model.set_profiler(nullptr);
   stepper.run(1, micro, B * T);  // detached: adds nothing
   const auto ts = prof.totals();
-  for (const char* phase : {"embedding", "norms and residual copies", "token mixer forward (attention)",
+  for (const char* phase : {"embedding", "norms and residual adds", "token mixer forward (attention)",
                             "token mixer backward (attention)", "channel mixer forward", "channel mixer backward",
                             "LM head and loss, forward and backward", "optimizer: AdamW and buffers"})
     EXPECT_TRUE(find(ts, phase, Profiler::Level::Phase)) << phase;

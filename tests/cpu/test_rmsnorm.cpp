@@ -59,15 +59,24 @@ TEST(RmsnormCpu, GradCheckDouble) {
   }
 }
 
-// The optional copies: x_copy gets x, dx_copy the accumulated dx; the results are unchanged.
-TEST(RmsnormCpu, CopiesOutputs) {
+// The residual add normalises h = x + add and writes h; dx_copy gets the accumulated dx. The
+// other results are those of the plain calls.
+TEST(RmsnormCpu, ResidualAddAndCopy) {
   RmsnormProblem p(4, 48);
+  OwnedTensor add = test::random_tensor({4, 48}, DType::F64, 8), sum(DType::F64, Device::CPU, {4, 48});
+  const std::vector<double> xv = to_doubles(p.x), av = to_doubles(add);
+  for (size_t i = 0; i < xv.size(); ++i) sum->data<double>()[i] = xv[i] + av[i];
   OwnedTensor y(DType::F64, Device::CPU, {4, 48}), rstd(DType::F64, Device::CPU, {4});
-  OwnedTensor y2(DType::F64, Device::CPU, {4, 48}), x_copy(DType::F64, Device::CPU, {4, 48});
-  rmsnorm_fwd(Ctx{}, p.x, p.w, y, rstd, 1e-5f);
-  rmsnorm_fwd(Ctx{}, p.x, p.w, y2, rstd, 1e-5f, x_copy);
+  OwnedTensor y2(DType::F64, Device::CPU, {4, 48}), rstd2(DType::F64, Device::CPU, {4});
+  OwnedTensor h(DType::F64, Device::CPU, {4, 48});
+  test::poison(h);
+  rmsnorm_fwd(Ctx{}, sum, p.w, y, rstd, 1e-5f);
+  rmsnorm_fwd(Ctx{}, p.x, p.w, y2, rstd2, 1e-5f, add, h);
   EXPECT_EQ(to_doubles(y2), to_doubles(y));
-  EXPECT_EQ(to_doubles(x_copy), to_doubles(p.x));
+  EXPECT_EQ(to_doubles(rstd2), to_doubles(rstd));
+  EXPECT_EQ(to_doubles(h), to_doubles(sum));
+  EXPECT_EQ(to_doubles(p.x), xv);                                            // x is read only
+  EXPECT_THROW(rmsnorm_fwd(Ctx{}, p.x, p.w, y2, rstd2, 1e-5f, add), Error);  // add without h
   OwnedTensor dx = test::random_tensor({4, 48}, DType::F64, 9), dx2 = test::random_tensor({4, 48}, DType::F64, 9);
   OwnedTensor dw(DType::F64, Device::CPU, {48}), dw2(DType::F64, Device::CPU, {48});
   OwnedTensor dx_copy(DType::F64, Device::CPU, {4, 48});

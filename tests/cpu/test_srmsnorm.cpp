@@ -44,6 +44,28 @@ TEST(SrmsnormCpu, ForwardMatchesFormula) {
   }
 }
 
+// The residual add normalises h = x + add (strided views too) and writes h; x is read only.
+TEST(SrmsnormCpu, ResidualAdd) {
+  SrmsnormProblem p(4, 37);
+  OwnedTensor ab = test::random_tensor({4, 37 + kPad}, DType::F64, 8), hb(DType::F64, Device::CPU, {4, 37 + kPad});
+  test::poison(hb);
+  const Tensor add = ab.t.narrow(1, 1, 37), h = hb.t.narrow(1, 3, 37);
+  const std::vector<double> xv = test::view_values(p.x()), av = test::view_values(add);
+  OwnedTensor sum(DType::F64, Device::CPU, {4, 37});
+  for (size_t i = 0; i < xv.size(); ++i) sum->data<double>()[i] = xv[i] + av[i];
+  OwnedTensor y(DType::F64, Device::CPU, {4, 37}), rstd(DType::F64, Device::CPU, {4});
+  OwnedTensor y2(DType::F64, Device::CPU, {4, 37}), rstd2(DType::F64, Device::CPU, {4});
+  srmsnorm_fwd(Ctx{}, sum, y, rstd, kEps);
+  srmsnorm_fwd(Ctx{}, p.x(), y2, rstd2, kEps, add, h);
+  EXPECT_EQ(to_doubles(y2), to_doubles(y));
+  EXPECT_EQ(to_doubles(rstd2), to_doubles(rstd));
+  EXPECT_EQ(test::view_values(h), to_doubles(sum));
+  EXPECT_EQ(test::view_values(p.x()), xv);
+  const std::vector<double> hv = to_doubles(hb);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t j : {0, 1, 2, 40, 41}) EXPECT_TRUE(std::isnan(hv[static_cast<size_t>(r * (37 + kPad) + j)]));
+}
+
 TEST(SrmsnormCpu, GradCheckDouble) {
   for (int64_t c : {2, 37, 130}) {
     for (bool accumulate : {false, true}) {

@@ -1,4 +1,5 @@
-// RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations, with the fused copies.
+// RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations, with the fused residual
+// add and gradient copy.
 #include "rmsnorm/rmsnorm.h"
 #include "test_util.h"
 
@@ -6,7 +7,8 @@ namespace linac {
 namespace {
 
 // Widths of 128 * k up to 1024 take the warp-per-row kernels, the others a block per row; both
-// write the optional copies (x_copy: x bit for bit; dx_copy: the updated dx in dy's dtype).
+// do the residual add (h: x + add, summed in f32 and rounded to x's dtype, bit for bit; the norm
+// is h's) and write dx_copy (the updated dx in dy's dtype).
 void run_parity(DType x_dt, DType y_dt, double tol) {
   for (int64_t dim : {777, 768, 128, 1024, 1152}) {
     SCOPED_TRACE("dim=" + std::to_string(dim));
@@ -15,21 +17,30 @@ void run_parity(DType x_dt, DType y_dt, double tol) {
     OwnedTensor w = test::random_tensor({dim}, DType::F64, 12, 0.5, 1.5);
     OwnedTensor dy = test::random_tensor({rows, dim}, DType::F64, 13);
     OwnedTensor dx0 = test::random_tensor({rows, dim}, DType::F64, 14);
+    OwnedTensor add = test::random_tensor({rows, dim}, DType::F64, 15, -1, 1);
     // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
     OwnedTensor xg = to(x, Device::CUDA, x_dt), wg = to(w, Device::CUDA, DType::F32);
     OwnedTensor dyg = to(dy, Device::CUDA, y_dt), dxg = to(dx0, Device::CUDA, x_dt);
     OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
     OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
+    OwnedTensor addg = to(add, Device::CUDA, y_dt), sum(DType::F64, Device::CPU, {rows, dim});
+    const std::vector<double> xv = to_doubles(xr), av = to_doubles(addg);
+    for (size_t i = 0; i < xv.size(); ++i) sum->data<double>()[i] = xv[i] + av[i];
+    // The GPU's f32 sum (the exact sum rounded once), then x's dtype.
+    OwnedTensor hr = to(to(to(sum, Device::CPU, DType::F32), Device::CPU, x_dt), Device::CPU, DType::F64);
 
     GpuContext gctx;
     OwnedTensor yg(y_dt, Device::CUDA, {rows, dim}), rsg(DType::F32, Device::CUDA, {rows});
     OwnedTensor dwg(DType::F32, Device::CUDA, {dim});
-    OwnedTensor x_copy(x_dt, Device::CUDA, {rows, dim}), dx_copy(y_dt, Device::CUDA, {rows, dim});
+    OwnedTensor hg(x_dt, Device::CUDA, {rows, dim}), dx_copy(y_dt, Device::CUDA, {rows, dim});
+    OwnedTensor yhg(y_dt, Device::CUDA, {rows, dim}), rshg(DType::F32, Device::CUDA, {rows});
     test::poison(yg);
-    test::poison(x_copy);
+    test::poison(yhg);
+    test::poison(hg);
     test::poison(dx_copy);
     zero_tensor(dwg);
-    rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f, x_copy);
+    rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f);
+    rmsnorm_fwd(gctx.ctx(), xg, wg, yhg, rshg, 1e-5f, addg, hg);
     rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg, dwg, dx_copy);
     gctx.synchronize();
 
@@ -41,7 +52,11 @@ void run_parity(DType x_dt, DType y_dt, double tol) {
     EXPECT_LT(test::rel_error(yg, y), tol);
     EXPECT_LT(test::rel_error(dxg, dxr), tol);
     EXPECT_LT(test::rel_error(dwg, dw), tol);
-    EXPECT_EQ(to_doubles(x_copy), to_doubles(xg));
+    EXPECT_EQ(to_doubles(hg), to_doubles(hr));
+    OwnedTensor yh(DType::F64, Device::CPU, {rows, dim}), rsh(DType::F64, Device::CPU, {rows});
+    rmsnorm_fwd(Ctx{}, hr, w, yh, rsh, 1e-5f);
+    EXPECT_LT(test::rel_error(yhg, yh), tol);
+    EXPECT_LT(test::rel_error(rshg, rsh), 1e-5);
     EXPECT_EQ(to_doubles(dx_copy), to_doubles(to(to(dxg, Device::CPU, y_dt), Device::CPU, DType::F64)));
   }
 }

@@ -32,9 +32,27 @@ void run_parity(const Dtypes& dt, int64_t c, bool accumulate) {
   // The reference sees the same rounded inputs (and the same initial dx).
   OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
   OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
+  // The residual add: h = x + add (summed in f32, rounded to x's dtype) and the norm of h.
+  OwnedTensor addg = to(test::random_tensor({n, w}, DType::F64, 15, -1, 1), Device::CUDA, dt.y);
+  OwnedTensor hg(dt.x, Device::CUDA, {n, w}), yhg(dt.y, Device::CUDA, {n, c}), rshg(DType::F32, Device::CUDA, {n});
+  test::poison(hg);
   srmsnorm_fwd(gctx.ctx(), view(xg), view(yg), rsg, kEps);
+  srmsnorm_fwd(gctx.ctx(), view(xg), yhg, rshg, kEps, view(addg), view(hg));
   srmsnorm_bwd(gctx.ctx(), view(xg), rsg, view(dyg), view(dxg), accumulate);
   gctx.synchronize();
+  const std::vector<double> xv = test::view_values(view(xr)), av = test::view_values(view(addg));
+  OwnedTensor sum(DType::F64, Device::CPU, {n, c});
+  for (size_t i = 0; i < xv.size(); ++i) sum->data<double>()[i] = xv[i] + av[i];
+  OwnedTensor hr = to(to(to(sum, Device::CPU, DType::F32), Device::CPU, dt.x), Device::CPU, DType::F64);
+  EXPECT_EQ(test::view_values(view(hg)), to_doubles(hr));
+  OwnedTensor yh(DType::F64, Device::CPU, {n, c}), rsh(DType::F64, Device::CPU, {n});
+  srmsnorm_fwd(Ctx{}, hr, yh, rsh, kEps);
+  EXPECT_LT(test::rel_error(yhg, yh), tolerance(dt.y));
+  EXPECT_LT(test::rel_error(rshg, rsh), 1e-5);
+  const std::vector<double> h_all = to_doubles(hg);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j : {int64_t(0), c + 1, c + 2})
+      ASSERT_TRUE(std::isnan(h_all[static_cast<size_t>(r * w + j)])) << "h written outside its view";
 
   OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
   srmsnorm_fwd(Ctx{}, view(xr), yr, rsr, kEps);

@@ -36,7 +36,7 @@ void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
   matmul(ctx, x.view({N, d_}), false, env_.params->weight(w13_), true, h);
   swiglu_fwd(ctx, h, a, act_);
-  matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}));
 }
 
 void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

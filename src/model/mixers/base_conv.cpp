@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "config/json_reader.h"
+#include "elementwise/elementwise.h"
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "short_conv/short_conv.h"
@@ -57,8 +58,6 @@ void BaseConvMixer::fill_ones(int64_t N) {
   std::fill_n(ones->data<double>(), N, 1.0);
   ones_act_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.act), dev);
   copy_tensor(ones_act_.tensor(env_.act, {N}), to(ones, Device::CPU, env_.act));
-  ones_res_ = Buffer(static_cast<size_t>(N) * dtype_size(env_.resid), dev);
-  copy_tensor(ones_res_.tensor(env_.resid, {N}), to(ones, Device::CPU, env_.resid));
 }
 
 void BaseConvMixer::reserve(int64_t B, int64_t T) {
@@ -92,9 +91,15 @@ double BaseConvMixer::flops_per_token(int64_t) const {
 }
 
 void BaseConvMixer::add_out_bias(const Tensor& out, int64_t N) {
-  // The residual stream's dtype: f32 ones times the f32 master bias on the GPU.
-  matmul(env_.ctx, ones_res_.tensor(env_.resid, {N, 1}), false, env_.params->master(b_out_).view({1, d_}), false,
-         out, 1.f, 1.f);
+  // out += 1 b^T in the activation dtype (a one-column GEMM): the master bias rounded like the
+  // output it is added to.
+  Tensor b = env_.params->master(b_out_);
+  if (b.dtype != env_.act) {
+    const Tensor rounded = env_.scratch->get("conv.b_out", env_.act, {d_});
+    cast(env_.ctx, rounded, b);
+    b = rounded;
+  }
+  matmul(env_.ctx, ones_act_.tensor(env_.act, {N, 1}), false, b.view({1, d_}), false, out, 1.f, 1.f);
 }
 
 void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
@@ -108,7 +113,7 @@ void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, x.view({N, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_fwd(ctx, btc(proj, B, T, 0, E_), btc(proj, B, T, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
                  b_in.narrow(0, E_, E_), z.view({B, T, E_}), {opt_.activation == "silu"});
-  matmul(ctx, z, false, ps.weight(w_out_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, z, false, ps.weight(w_out_), true, out.view({N, d_}));
   add_out_bias(out.view({N, d_}), N);
 }
 
@@ -158,7 +163,7 @@ void BaseConvMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_step(ctx, proj.narrow(1, 0, E_), proj.narrow(1, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
                   b_in.narrow(0, E_, E_), st.inputs, z, {opt_.activation == "silu"});
-  matmul(ctx, z, false, ps.weight(w_out_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, z, false, ps.weight(w_out_), true, out_t.view({B, d_}));
   add_out_bias(out_t.view({B, d_}), B);
 }
 

@@ -48,7 +48,7 @@ class BaseConvMixer final : public Mixer {
   int64_t d_, E_, W_;
   int w_in_, b_in_, filter_, w_out_, b_out_;
   SavedBuf proj_buf_;
-  Buffer ones_act_, ones_res_;
+  Buffer ones_act_;
   int64_t capacity_ = 0, ones_n_ = 0;
 };
 

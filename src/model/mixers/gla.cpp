@@ -169,7 +169,7 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
           g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go, GlaForm::Chunk, core_saved(B, T));
   Tensor zo = zo_buf_.tensor(env_.act, {N, dv_});
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
-  matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
 void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -253,7 +253,7 @@ void GlaMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   gla_step(ctx, bhd(proj, 0, H_, Dk), bhd(proj, dk_, H_, Dk), bhd(proj, 2 * dk_, H_, Dv), g.view({B, H_, Dk}), st.S,
            o.view({B, H_, Dv}), scale_);
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
-  matmul(ctx, zo, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, zo, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 void GlaMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {

@@ -185,7 +185,7 @@ void LatteMixer::forward(const Tensor& x, const Tensor& out) {
   latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, Tensor(),
             {opt_.chunk});
   if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0);  // y_t -> R^t y_t
-  matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
 void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -293,7 +293,7 @@ void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
              y.view({B, H_, Dh_}));
   if (opt_.vapor) rope_fwd(ctx, y.view({B, 1, H_, Dh_}), opt_.rope_base, st.pos);
   ++st.pos;
-  matmul(ctx, y, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, y, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 }  // namespace linac

@@ -93,7 +93,7 @@ void TaylorMixer::forward(const Tensor& x, const Tensor& out) {
   ao.eps = opt_.eps;
   taylor_attn_fwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, Tensor(), ao);
-  matmul(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
 void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -139,7 +139,7 @@ void TaylorMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, proj);
   taylor_attn_step(ctx, bhd(proj, 0, H_, F_), bhd(proj, H_ * F_, H_, F_), bhd(proj, 2 * H_ * F_, H_, Dv_), st.S,
                    o.view({B, H_, Dv_}), opt_.eps);
-  matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 }  // namespace linac

@@ -172,7 +172,7 @@ void TnlMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
                 decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block});
   Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
   norm_gate(o, gu, rstd, g);
-  matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
 void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -252,7 +252,7 @@ void TnlMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
                  o.view({B, H_, dh_}));
   ++st.pos;
   norm_gate(o, gu, rstd, g);
-  matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 void TnlMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {

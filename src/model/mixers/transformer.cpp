@@ -104,7 +104,7 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_fwd(ctx, q, k, v, o, lse, ao);
   }
-  matmul(ctx, o.view({N, d_}), false, env_.params->weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, o.view({N, d_}), false, env_.params->weight(wo_), true, out.view({N, d_}));
 }
 
 void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
@@ -178,7 +178,7 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   ++st.pos;
   const int64_t n_valid = opt_.window > 0 ? std::min(st.pos, opt_.window) : st.pos;
   attention_decode(ctx, bhd(qkv, 0, H_, Dh_), st.k, st.v, n_valid, o.view({B, H_, Dh_}));
-  matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {

@@ -188,7 +188,7 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   }
   Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
-  matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}));
   sum(ctx, err, err_sum_);
 }
 
@@ -312,7 +312,7 @@ void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
                ps.master(u_), ps.master(vr_), rho(), st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
   ++st.pos;
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
-  matmul(ctx, gated, false, ps.weight(wo_), true, out_t.view({B, d_}), 1.f, 1.f);
+  matmul(ctx, gated, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 }  // namespace linac
