@@ -60,16 +60,41 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
   const int ntp = max(0, min(4, (m0 + 16 - n0) / 8));  // dP n-tiles at or below the diagonal
   const Frag f;
   // S holds S_0..S_N (N + 1 per sequence and head), dS holds dS_1..dS_N.
-  const int64_t s0 = ((static_cast<int64_t>(bh) * (a.N + 1) + n) * a.Dk + i0) * a.Dv, s1 = s0 + int64_t{a.Dk} * a.Dv;
+  const int64_t s0 = ((static_cast<int64_t>(bh) * (a.N + 1) + n) * a.Dk + i0) * a.Dv;
   const int64_t ds0 = ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv;
   auto stage = [&](int s, int which) { return reinterpret_cast<T*>(region + s * C::kStage + which * C::kTV); };
+  // The streamed tiles as load_tile would copy them, with each thread's 16-byte pieces (row r,
+  // columns c..c+7 in bf16) addressed once: a slice moves every source by j0 only. Forming the
+  // five tiles' addresses per slice took a quarter of the kernel's instructions.
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T)), kCpr = WV / kVec, kPieces = kC * kCpr / 256;
+  static_assert(kC * kCpr % 256 == 0, "whole pieces per thread");
+  const T *p_do[kPieces], *p_v[kPieces], *p_s[kPieces], *p_ds[kPieces];
+  int p_dst[kPieces], p_col[kPieces];
+  bool p_rows[kPieces], p_vk[kPieces];
+#pragma unroll
+  for (int p = 0; p < kPieces; ++p) {
+    const int idx = tid + 256 * p, r = idx / kCpr, c = (idx % kCpr) * kVec;
+    p_dst[p] = r * C::LDV + c;
+    p_col[p] = c;
+    p_rows[p] = r < rows;
+    p_vk[p] = r < vk;
+    p_do[p] = dout + b * a.dout.b + (t0 + r) * a.dout.t + h * a.Dv + c;
+    p_v[p] = v + b * a.v.b + (t0 + r) * a.v.t + h * a.Dv + c;
+    p_s[p] = S + s0 + static_cast<int64_t>(r) * a.Dv + c;
+    p_ds[p] = dS + ds0 + static_cast<int64_t>(r) * a.Dv + c;
+  }
+  const int64_t next_state = int64_t{a.Dk} * a.Dv;  // S_n+1 - S_n
   auto issue = [&](int jt, int s) {
-    const int j0 = jt * WV, vv = min(WV, a.Dv - j0);
-    load_tile<T, kC, WV, 256>(stage(s, 0), C::LDV, dout + b * a.dout.b + t0 * a.dout.t + h * a.Dv + j0, a.dout.t, rows, vv);
-    load_tile<T, kC, WV, 256>(stage(s, 1), C::LDV, v + b * a.v.b + t0 * a.v.t + h * a.Dv + j0, a.v.t, rows, vv);
-    load_tile<T, kC, WV, 256>(stage(s, 2), C::LDV, S + s0 + j0, a.Dv, vk, vv);
-    load_tile<T, kC, WV, 256>(stage(s, 3), C::LDV, dS + ds0 + j0, a.Dv, vk, vv);
-    load_tile<T, kC, WV, 256>(stage(s, 4), C::LDV, S + s1 + j0, a.Dv, vk, vv);
+    const int j0 = jt * WV;
+#pragma unroll
+    for (int p = 0; p < kPieces; ++p) {
+      const bool cols_ok = j0 + p_col[p] < a.Dv, t_ok = p_rows[p] && cols_ok, k_ok = p_vk[p] && cols_ok;
+      cp_async16(stage(s, 0) + p_dst[p], t_ok ? p_do[p] + j0 : dout, t_ok);
+      cp_async16(stage(s, 1) + p_dst[p], t_ok ? p_v[p] + j0 : v, t_ok);
+      cp_async16(stage(s, 2) + p_dst[p], k_ok ? p_s[p] + j0 : S, k_ok);
+      cp_async16(stage(s, 3) + p_dst[p], k_ok ? p_ds[p] + j0 : dS, k_ok);
+      cp_async16(stage(s, 4) + p_dst[p], k_ok ? p_s[p] + next_state + j0 : S, k_ok);
+    }
   };
   load_tile<T, kC, kW, 256>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
   load_tile<T, kC, kW, 256>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
@@ -95,7 +120,10 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     warp_mma<T, false, false, 4>(ap, DO, C::LDV, m0, 0, V, C::LDV, 0, n0, WV / 16, ntp);  // do v^T
     const T *dr = dSn + (tid >> 2) * C::LDV + (tid & 3) * 8, *sr = stage(s, 4) + (tid >> 2) * C::LDV + (tid & 3) * 8;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) rs = fmaf(cuda::to_float(dr[j]), cuda::to_float(sr[j]), rs);
+    for (int j = 0; j < 8; j += 4) {
+      const float4 d4 = cuda::load4(dr + j), s4 = cuda::load4(sr + j);
+      rs = fmaf(d4.w, s4.w, fmaf(d4.z, s4.z, fmaf(d4.y, s4.y, fmaf(d4.x, s4.x, rs))));
+    }
     __syncthreads();
   }
   rs += __shfl_xor_sync(0xffffffffu, rs, 1);
