@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "core/rng.h"
@@ -107,6 +108,21 @@ double check_grad(const std::function<double()>& loss, double* x, const double* 
     worst = std::max(worst, err);
   }
   return worst;
+}
+
+ScopedEnv::ScopedEnv(const char* var, const char* value) : var_(var) {
+  if (const char* old = std::getenv(var)) old_ = old, had_ = true;
+  if (value)
+    setenv(var, value, 1);
+  else
+    unsetenv(var);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_)
+    setenv(var_.c_str(), old_.c_str(), 1);
+  else
+    unsetenv(var_.c_str());
 }
 
 }  // namespace linac::test

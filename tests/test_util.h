@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/buffer.h"
@@ -39,6 +40,20 @@ double numeric_grad(const std::function<double()>& loss, double* x, size_t i, do
 // entry the differences' rounding error (eps |loss| / h).
 double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n,
                   size_t n_probe = 64, uint64_t seed = 7, double h = 1e-6);
+
+// Sets environment variable `var` to `value` (nullptr: unsets it) for the guard's lifetime, e.g.
+// LINAC_ATTENTION_KERNELS to run the same checks through each kernel family.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* var, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string var_, old_;
+  bool had_ = false;
+};
 
 }  // namespace linac::test
 

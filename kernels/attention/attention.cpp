@@ -1,11 +1,13 @@
 // Attention entry points: argument checks and device/dtype dispatch.
+#include "attention/attention.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 
-#include "attention/attention.h"
 #include "core/dispatch.h"
+#include "rope/rope.h"
 
 namespace linac {
 
@@ -38,6 +40,9 @@ AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   L.scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(L.D));
   L.causal = opts.causal;
   L.window = opts.window;
+  LINAC_CHECK(opts.rope_base >= 0 && (opts.rope_base == 0 || L.D % 2 == 0),
+              "attention: RoPE needs a positive base and an even head dim");
+  L.rope_base = opts.rope_base;
   auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
   return L;
@@ -91,9 +96,15 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   LINAC_CPU_DISPATCH(q.dtype, F,
                      attention_bwd_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), o.data<F>(), lse.data<F>(),
                                           dout.data<F>(), dq.data<F>(), dk.data<F>(), dv.data<F>()));
+  if (L.rope_base > 0) {
+    rope_bwd(ctx, dq, L.rope_base, 0);
+    rope_bwd(ctx, dk, L.rope_base, 0);
+  }
 }
 
-AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D) {
+bool attention_bwd_fuses_rope(int64_t D) { return D == 64 && std::string_view(attention_gpu_kernels(D)) == "sm90"; }
+
+AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D, bool rope) {
   auto aligned = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };
   AttentionBwdWorkspace w;
   w.bytes = aligned(B * H * T * 4);
@@ -103,6 +114,10 @@ AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, i
     w.bytes += aligned((tiles + 1) * 4);
     w.dq_acc = w.bytes;
     w.bytes += aligned(tiles * kAttentionDqTile * D * 4);
+  }
+  if (rope && attention_bwd_fuses_rope(D)) {
+    w.rope_table = w.bytes;
+    w.bytes += aligned(T * (D / 2) * 8);
   }
   return w;
 }

@@ -10,6 +10,11 @@
 //   dP = dO V^T,  delta[t] = <dO[t], o[t]> (= sum_s P[t,s] dP[t,s]),  dS = P * (dP - delta)
 //   dq = scale * dS K,   dk = scale * dS^T Q,   dv = P^T dO
 //
+// RoPE (AttentionOpts::rope_base > 0): q and k arrive rotated (rope_fwd, positions 0 .. T-1, by
+// the caller); the backward returns dq and dk for the unrotated q and k, i.e. rope_bwd applied to
+// the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
+// rounding, no extra pass); elsewhere a rope_bwd pass follows.
+//
 // Layout: q, k, v, o, dout, dq, dk, dv are [B, T, H, D] with the last two dims contiguous (head
 // stride D, unit dim stride); batch and token strides are free, since q/k/v (and dq/dk/dv) are
 // views into a fused [B, T, 3, H, D] projection (token stride 3*H*D). lse is [B, H, T]
@@ -32,6 +37,7 @@ struct AttentionOpts {
   float scale = 0;     // softmax scale (> 0); 0 means 1/sqrt(D)
   bool causal = true;
   int64_t window = 0;  // 0: unlimited; > 0: query t sees keys s with t - window < s <= t (needs causal)
+  double rope_base = 0;  // > 0: q and k carry RoPE with this base; the backward returns unrotated dq, dk
 };
 
 // Shapes, resolved options and the (batch, token) element strides of every [B,T,H,D] argument.
@@ -43,6 +49,7 @@ struct AttentionLayout {
   double scale = 0;  // never 0 here
   bool causal = true;
   int64_t window = 0;
+  double rope_base = 0;
   Strides q, k, v, o, dout, dq, dk, dv;
 
   // Keys [lo, hi] a query t may attend to (hi < lo never happens for t < T).
@@ -80,14 +87,17 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
 // Scratch attention_bwd takes from ctx.workspace on the GPU (byte offsets, 256-aligned): delta,
 // [B, H, T] f32; where the Hopper kernels run (attention_gpu_kernels) also the dQ accumulator,
 // one f32 tile of kAttentionDqTile query rows x D per (batch*head, query block), and one int32
-// counter per tile plus a launch ticket.
+// counter per tile plus a launch ticket; with RoPE rotated by the Hopper kernels (D = 64), the
+// rope_table_cuda of positions 0 .. T-1 (8 * T * D/2 bytes).
 constexpr int64_t kAttentionDqTile = 64;
 struct AttentionBwdWorkspace {
-  size_t delta = 0, counters = 0, dq_acc = 0, bytes = 0;
+  size_t delta = 0, counters = 0, dq_acc = 0, rope_table = 0, bytes = 0;
 };
-AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D);
-inline size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D) {
-  return attention_bwd_workspace(B, T, H, D).bytes;
+AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D, bool rope = false);
+inline size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D, bool rope = false) {
+  return attention_bwd_workspace(B, T, H, D, rope).bytes;
 }
+// Whether the GPU backward rotates dq and dk inside its kernel (the Hopper kernels at D = 64).
+bool attention_bwd_fuses_rope(int64_t D);
 
 }  // namespace linac

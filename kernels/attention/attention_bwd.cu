@@ -14,6 +14,7 @@
 // accumulators straight into bf16 A fragments of the next mma.
 // Layout: q/k/v/o/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
 #include "attention/attention_common.cuh"
+#include "rope/rope.h"
 
 namespace linac {
 namespace attn {
@@ -369,8 +370,9 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   for (const Tensor* t : {&k, &v, &o, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "attention (GPU): dtypes must agree");
   if (L.B * L.T * L.H == 0) return;
-  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(L.B, L.T, L.H, L.D),
-              "attention (GPU): workspace too small");
+  const bool rope = L.rope_base > 0;
+  const AttentionBwdWorkspace ws = attention_bwd_workspace(L.B, L.T, L.H, L.D, rope);
+  LINAC_CHECK(ctx.workspace_bytes >= ws.bytes, "attention (GPU): workspace too small");
   const attn::Args a = attn::make_args(L);
   const int B = static_cast<int>(L.B), D = static_cast<int>(L.D);
   float* delta = static_cast<float*>(ctx.workspace);
@@ -387,10 +389,16 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
         o.data<float>(), dout.data<float>(), delta, a, rows, D);
   }
   LINAC_CUDA_LAUNCH_CHECK();
+  // dq and dk rotated back by -angle, where the kernels did not do it themselves.
+  auto rope_pass = [&] {
+    if (!rope) return;
+    rope_bwd(ctx, dq, L.rope_base, 0);
+    rope_bwd(ctx, dk, L.rope_base, 0);
+  };
   if (q.dtype == DType::F32) {
     attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,
                   dout.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>());
-    return;
+    return rope_pass();
   }
   attn::check_bf16_rows(q, L.q, "q");
   attn::check_bf16_rows(k, L.k, "k");
@@ -399,11 +407,19 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   attn::check_bf16_rows(dk, L.dk, "dk");
   attn::check_bf16_rows(dv, L.dv, "dv");
 #if LINAC_WITH_SM90A
-  if (attn::use_sm90(L)) return attn::bwd_sm90(ctx, a, L, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
+  if (attn::use_sm90(L)) {
+    const bool fused = rope && attention_bwd_fuses_rope(L.D);
+    float* const table = fused ? reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + ws.rope_table) : nullptr;
+    if (fused) rope_table_cuda(ctx, L.rope_base, L.D, L.T, table);
+    attn::bwd_sm90(ctx, a, L, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv, table);
+    if (!fused) rope_pass();
+    return;
+  }
 #endif
   attn::with_head_dim(D, [&](auto d) {
     attn::launch_bwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
   });
+  rope_pass();
 }
 
 }  // namespace linac

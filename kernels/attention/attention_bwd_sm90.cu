@@ -80,13 +80,17 @@ __device__ __forceinline__ void acc_add(float (&acc)[D / 2], const float* tile) 
   }
 }
 
-template <int D>
+// kRope: dq and dk leave rotated back by their RoPE angles (rope_cs, store_rows_rope); D = 64,
+// where a thread's accumulators hold both ends of each pair (dQ is one 64-column chunk).
+template <int D, bool kRope>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                     const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dq,
                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, int* __restrict__ counters,
-                    float* __restrict__ dq_acc, const Args a, const int n_bh, const int group) {
+                    float* __restrict__ dq_acc, const float* __restrict__ rope_cs, const Args a, const int n_bh,
+                    const int group) {
+  static_assert(!kRope || D == 64, "rotating dq needs its whole head in one chunk");
   using C = BwdSm90Cfg<D>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
   extern __shared__ unsigned char smem[];
@@ -252,7 +256,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (single || last) {
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
-        store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale);
+        if constexpr (kRope)
+          store_rows_rope<64>(dq + h * D, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale, rope_cs);
+        else
+          store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale);
       } else {
         acc_store<64>(chunk, part);
       }
@@ -395,15 +402,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
-    store_rows<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale);
+    if constexpr (kRope)
+      store_rows_rope<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale, rope_cs);
+    else
+      store_rows<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale);
     store_rows<D>(dv, a.dv, b, h, a.T, srow0, dv_acc, one);
   }
 }
 
-template <int D>
+template <int D, bool kRope>
 void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                      const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
-                     const Tensor& dk, const Tensor& dv) {
+                     const Tensor& dk, const Tensor& dv, const float* rope_cs) {
   using C = BwdSm90Cfg<D>;
   auto st = cuda::stream_of(ctx);
   const unsigned n_bh = static_cast<unsigned>(L.B * a.H), n_qb = cdiv(a.T, C::BR), n_kb = cdiv(a.T, C::BC);
@@ -420,10 +430,10 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
   // 64, T = 2048 / 8192 / 32768: 2 to 16 MiB measure the same, 32 MiB up to 5% slower at D = 128,
   // one group of all 8-12% slower).
   const int group = static_cast<int>(std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * C::kDqBytes), 1, n_bh));
-  auto kernel = bwd_sm90_kernel<D>;
+  auto kernel = bwd_sm90_kernel<D, kRope>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<n_bh * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),
-                                                  dk.data<bf16_t>(), dv.data<bf16_t>(), counters, dq_acc, a,
+                                                  dk.data<bf16_t>(), dv.data<bf16_t>(), counters, dq_acc, rope_cs, a,
                                                   static_cast<int>(n_bh), group);
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -432,11 +442,14 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
 
 void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
-              const Tensor& dk, const Tensor& dv) {
-  if (L.D == 64)
-    launch_bwd_sm90<64>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv);
+              const Tensor& dk, const Tensor& dv, const float* rope_cs) {
+  LINAC_CHECK(!rope_cs || L.D == 64, "attention (GPU): the Hopper backward rotates RoPE gradients at head dim 64 only");
+  if (L.D == 64 && rope_cs)
+    launch_bwd_sm90<64, true>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
+  else if (L.D == 64)
+    launch_bwd_sm90<64, false>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
   else
-    launch_bwd_sm90<128>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv);
+    launch_bwd_sm90<128, false>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
 }
 
 }  // namespace attn

@@ -263,8 +263,10 @@ void bwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const 
 inline bool use_sm90(const AttentionLayout& L) { return std::string_view(attention_gpu_kernels(L.D)) == "sm90"; }
 void fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const Tensor& o, const Tensor& lse);
+// rope_cs (D = 64 only; nullptr: none): rope_table_cuda of positions 0 .. T-1; dq and dk are
+// rotated back by -angle as they are written.
 void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
-              const Tensor& dk, const Tensor& dv);
+              const Tensor& dk, const Tensor& dv, const float* rope_cs);
 
 }  // namespace linac::attn

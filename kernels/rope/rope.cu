@@ -1,11 +1,12 @@
-// CUDA RoPE (math in rope.h). One block per token: the block's threads first compute the D/2
-// (cos, sin) pairs of that position into shared memory, then rotate every (head, pair) of
-// the token in place, four pairs per thread (8- or 16-byte accesses to both halves of a head)
-// where D/2 is a multiple of 4 and the rows are aligned to that, one pair per thread otherwise.
+// CUDA RoPE (math in rope.h). A block takes kTokensPerBlock consecutive tokens: its threads
+// first compute the D/2 (cos, sin) pairs of each token's position into shared memory, then
+// rotate every (token, head, pair group) in place, four pairs per thread (8- or 16-byte accesses
+// to both halves of a head) where D/2 is a multiple of 4 and the rows are aligned to that, one
+// pair per thread otherwise. Several tokens per block: one token's heads (3 KB at 24 heads x 64)
+// left each block a few hundred bytes per thread of work behind its sincosf and barrier.
 // The inverse frequencies come from the host in a __grid_constant__ kernel parameter, which is
 // indexed without a local copy.
 #include <algorithm>
-#include <cmath>
 
 #include "common/cuda_common.cuh"
 #include "rope/rope.h"
@@ -14,64 +15,93 @@ namespace linac {
 namespace {
 
 constexpr int kMaxThreads = 256;
+constexpr int kTokensPerBlock = 8;
 
 struct InvFreq {
   float v[kRopeMaxDim / 2];
 };
 
 template <int kPairs, class T>
-__global__ void rope_kernel(T* __restrict__ x, int64_t t, int h, int half, int64_t stride_b, int64_t stride_t,
-                            int64_t pos0, float sign, const __grid_constant__ InvFreq freq) {
-  extern __shared__ float cs[];  // cos [half], then sign * sin [half]
-  const int64_t bi = blockIdx.x / t, ti = blockIdx.x % t;
-  const float pos = static_cast<float>(pos0 + ti);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+__global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int h, int half, int64_t stride_b,
+                            int64_t stride_t, int64_t pos0, float sign, const __grid_constant__ InvFreq freq) {
+  extern __shared__ float cs[];  // per token of the block: cos [half], then sign * sin [half]
+  const int64_t tok0 = int64_t{blockIdx.x} * kTokensPerBlock;
+  const int n_tok = static_cast<int>(min(int64_t{kTokensPerBlock}, n_tokens - tok0));
+  for (int k = threadIdx.x; k < n_tok * half; k += blockDim.x) {
+    const int j = k / half, i = k - j * half;
+    const float pos = static_cast<float>(pos0 + (tok0 + j) % t);
     float s, c;
     sincosf(pos * freq.v[i], &s, &c);
-    cs[i] = c;
-    cs[half + i] = sign * s;
+    cs[2 * half * j + i] = c;
+    cs[2 * half * j + half + i] = sign * s;
   }
   __syncthreads();
-  T* xt = x + bi * stride_b + ti * stride_t;
-  const int groups = half / kPairs;  // per head
-  for (int k = threadIdx.x; k < h * groups; k += blockDim.x) {
-    const int hi = k / groups, i = (k - hi * groups) * kPairs;
-    T* p = xt + static_cast<int64_t>(hi) * 2 * half;
+  const int groups = half / kPairs, per_token = h * groups;  // pair groups of a token
+  for (int k = threadIdx.x; k < n_tok * per_token; k += blockDim.x) {
+    const int j = k / per_token, r = k - j * per_token, hi = r / groups, i = (r - hi * groups) * kPairs;
+    const int64_t tok = tok0 + j;
+    T* p = x + tok / t * stride_b + tok % t * stride_t + static_cast<int64_t>(hi) * 2 * half;
+    const float* cj = cs + 2 * half * j;
     if constexpr (kPairs == 4) {
       const float4 x1 = cuda::load4(p + i), x2 = cuda::load4(p + i + half);
-      const float4 c = *reinterpret_cast<const float4*>(cs + i), s = *reinterpret_cast<const float4*>(cs + half + i);
+      const float4 c = *reinterpret_cast<const float4*>(cj + i), s = *reinterpret_cast<const float4*>(cj + half + i);
       cuda::store4(p + i, make_float4(x1.x * c.x - x2.x * s.x, x1.y * c.y - x2.y * s.y, x1.z * c.z - x2.z * s.z,
                                       x1.w * c.w - x2.w * s.w));
       cuda::store4(p + i + half, make_float4(x2.x * c.x + x1.x * s.x, x2.y * c.y + x1.y * s.y,
                                              x2.z * c.z + x1.z * s.z, x2.w * c.w + x1.w * s.w));
     } else {
       const float x1 = cuda::to_float(p[i]), x2 = cuda::to_float(p[i + half]);
-      const float c = cs[i], s = cs[half + i];
+      const float c = cj[i], s = cj[half + i];
       p[i] = cuda::from_float<T>(x1 * c - x2 * s);
       p[i + half] = cuda::from_float<T>(x2 * c + x1 * s);
     }
   }
 }
 
+__global__ void rope_table_kernel(float2* __restrict__ cos_sin, int64_t n, int half,
+                                  const __grid_constant__ InvFreq freq) {
+  const int64_t k = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const int64_t p = k / half;
+  float s, c;
+  sincosf(static_cast<float>(p) * freq.v[k - p * half], &s, &c);
+  cos_sin[k] = make_float2(c, s);
+}
+
+InvFreq inv_freq(double base, int64_t d) {
+  InvFreq freq{};
+  for (int64_t i = 0; i < d / 2; ++i) freq.v[i] = rope_inv_freq_f32(base, d, i);
+  return freq;
+}
+
 }  // namespace
+
+void rope_table_cuda(const Ctx& ctx, double base, int64_t d, int64_t t, float* cos_sin) {
+  LINAC_CHECK(d % 2 == 0 && d <= kRopeMaxDim && t <= (int64_t(1) << 24), "rope table (GPU): bad head dim or length");
+  const int64_t n = t * (d / 2);
+  if (n == 0) return;
+  rope_table_kernel<<<cuda::grid_1d(n, 256), 256, 0, cuda::stream_of(ctx)>>>(
+      reinterpret_cast<float2*>(cos_sin), n, static_cast<int>(d / 2), inv_freq(base, d));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
 
 void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse) {
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
   if (b * t == 0 || h * d == 0) return;
   LINAC_CHECK(pos0 + t <= (int64_t(1) << 24), "rope (GPU): positions must be exact in f32 (< 2^24)");
   const int half = static_cast<int>(d / 2);
-  InvFreq freq{};
-  for (int i = 0; i < half; ++i)
-    freq.v[i] = static_cast<float>(std::pow(base, -2.0 * i / static_cast<double>(d)));
+  const InvFreq freq = inv_freq(base, d);
   // Four pairs per thread: both halves of every head start 4-aligned (cs too: half % 4 == 0).
   const bool quads = half % 4 == 0 && cuda::vec4_aligned(x) && x.strides[0] % 4 == 0 && x.strides[1] % 4 == 0;
-  const int64_t per_token = h * half / (quads ? 4 : 1);
-  const int threads = static_cast<int>(std::clamp<int64_t>((per_token + 31) / 32 * 32, 32, kMaxThreads));
-  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
+  const int64_t items = kTokensPerBlock * h * half / (quads ? 4 : 1);
+  const int threads = static_cast<int>(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxThreads));
+  const size_t smem = kTokensPerBlock * 2 * static_cast<size_t>(half) * sizeof(float);
+  const int64_t n_tokens = b * t;
   LINAC_GPU_DISPATCH(x.dtype, T, {
     auto kernel = quads ? rope_kernel<4, T> : rope_kernel<1, T>;
-    kernel<<<static_cast<unsigned>(b * t), threads, smem, cuda::stream_of(ctx)>>>(
-        x.data<T>(), t, static_cast<int>(h), half, x.strides[0], x.strides[1], pos0, inverse ? -1.f : 1.f, freq);
+    kernel<<<static_cast<unsigned>((n_tokens + kTokensPerBlock - 1) / kTokensPerBlock), threads, smem,
+             cuda::stream_of(ctx)>>>(x.data<T>(), n_tokens, t, static_cast<int>(h), half, x.strides[0], x.strides[1],
+                                     pos0, inverse ? -1.f : 1.f, freq);
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -19,6 +19,7 @@
 // qkv buffer. D is even, D <= kRopeMaxDim. GPU: f32 or bf16, math in f32. CPU: f32 or f64.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/gpu.h"
@@ -28,12 +29,21 @@ namespace linac {
 
 constexpr int64_t kRopeMaxDim = 512;
 
+// inv_freq_i rounded to f32: what the GPU kernels use (see Precision above).
+inline float rope_inv_freq_f32(double base, int64_t d, int64_t i) {
+  return static_cast<float>(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
+}
+
 // Rotates by +angle (inverse = false) or -angle (inverse = true).
 template <class T>
 void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t,
                     double base, int64_t pos0, bool inverse);
 
 void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse);
+// The (cos, sin) of every angle at positions 0 .. t-1, computed as the rotation kernels do:
+// cos_sin[(p * d/2 + i) * 2 + {0, 1}] (f32, device memory, d/2 pairs per position). For kernels
+// that rotate their own outputs (the Hopper attention backward's dq and dk).
+void rope_table_cuda(const Ctx& ctx, double base, int64_t d, int64_t t, float* cos_sin);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0);

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "attention/attention.h"
+#include "rope/rope.h"
 #include "test_util.h"
 
 namespace linac {
@@ -96,6 +97,39 @@ TEST(AttentionCpu, GradCheckDouble) {
     auto loss = [&] { return p.loss(); };
     // Step 1e-5: q and k of token 0 have exactly zero gradient, where rounding noise of a smaller
     // step would exceed check_grad's 1e-6 relative floor.
+    const double err = test::check_grad(loss, p.qkv->data<double>(), dqkv->data<double>(),
+                                        static_cast<size_t>(dqkv->numel()), 128, 7, 1e-5);
+    EXPECT_LT(err, 1e-6) << name(c);
+  }
+}
+
+// With AttentionOpts::rope_base the backward returns the gradient for q and k before their
+// rotation: loss(q, k, v) = sum(attention(rope(q), rope(k), v) * u), by finite differences.
+TEST(AttentionCpu, GradCheckThroughRopeDouble) {
+  for (const Case& c : {Case{13, 8, true, 0}, Case{37, 64, true, 5}, Case{13, 8, false, 0}}) {
+    AttentionProblem p(c);
+    p.opts.rope_base = 50.0;  // angles of several turns within the sequence
+    const int64_t B = p.B, H = p.H, T = c.T, D = c.D;
+    OwnedTensor rot(DType::F64, Device::CPU, {B, T, 3, H, D});
+    OwnedTensor o(DType::F64, Device::CPU, {B, T, H, D}), lse(DType::F64, Device::CPU, {B, H, T});
+    auto forward = [&] {
+      copy_tensor(rot, p.qkv);
+      rope_fwd(Ctx{}, p.part(rot, 0), p.opts.rope_base, 0);
+      rope_fwd(Ctx{}, p.part(rot, 1), p.opts.rope_base, 0);
+      attention_fwd(Ctx{}, p.part(rot, 0), p.part(rot, 1), p.part(rot, 2), o, lse, p.opts);
+    };
+    forward();
+    OwnedTensor dqkv(DType::F64, Device::CPU, {B, T, 3, H, D});
+    test::poison(dqkv);
+    attention_bwd(Ctx{}, p.part(rot, 0), p.part(rot, 1), p.part(rot, 2), o, lse, p.u, p.part(dqkv, 0), p.part(dqkv, 1),
+                  p.part(dqkv, 2), p.opts);
+    ASSERT_TRUE(test::all_finite(to_doubles(dqkv))) << name(c);
+    auto loss = [&] {
+      forward();
+      double l = 0;
+      for (int64_t i = 0; i < o->numel(); ++i) l += o->data<double>()[i] * p.u->data<double>()[i];
+      return l;
+    };
     const double err = test::check_grad(loss, p.qkv->data<double>(), dqkv->data<double>(),
                                         static_cast<size_t>(dqkv->numel()), 128, 7, 1e-5);
     EXPECT_LT(err, 1e-6) << name(c);

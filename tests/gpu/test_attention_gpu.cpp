@@ -2,8 +2,8 @@
 // 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise
 // determinism and the head dims the GPU refuses. The bf16 cases run through both kernel families
 // (on a Hopper GPU: the sm90 kernels, then the sm80 ones by LINAC_ATTENTION_KERNELS=sm80).
-#include <cstdlib>
 #include <cstring>
+#include <span>
 
 #include "attention/attention.h"
 #include "test_util.h"
@@ -14,26 +14,8 @@ namespace {
 constexpr int64_t kB = 2, kH = 3;
 
 // Runs the enclosed calls with LINAC_ATTENTION_KERNELS set to `value` (nullptr: unset).
-class KernelChoice {
- public:
-  explicit KernelChoice(const char* value) {
-    if (const char* old = std::getenv(kVar)) old_ = old, had_ = true;
-    if (value)
-      setenv(kVar, value, 1);
-    else
-      unsetenv(kVar);
-  }
-  ~KernelChoice() {
-    if (had_)
-      setenv(kVar, old_.c_str(), 1);
-    else
-      unsetenv(kVar);
-  }
-
- private:
-  static constexpr const char* kVar = "LINAC_ATTENTION_KERNELS";
-  std::string old_;
-  bool had_ = false;
+struct KernelChoice : test::ScopedEnv {
+  explicit KernelChoice(const char* value) : test::ScopedEnv("LINAC_ATTENTION_KERNELS", value) {}
 };
 
 // The kernel families the bf16 cases run through on this GPU: "auto" where it picks the sm90 ones.
@@ -47,11 +29,12 @@ struct GpuCase {
   int64_t T, D;
   bool causal;
   int64_t window;
+  double rope = 0;  // AttentionOpts::rope_base
 };
 
 std::string name(const GpuCase& c) {
   return "T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + (c.causal ? " causal" : " full") +
-         " window=" + std::to_string(c.window);
+         " window=" + std::to_string(c.window) + (c.rope > 0 ? " rope=" + std::to_string(c.rope) : "");
 }
 
 // T = 2100 without a window takes the Hopper forward's one-CTA-per-item grid, the others its
@@ -73,10 +56,18 @@ const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, 
                           {1500, 128, false, 0}, {2100, 64, true, 700}, {385, 128, true, 0},
                           {191, 64, false, 0},   {193, 64, true, 0},    {2100, 128, true, 0}};
 
+// The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel (positions past a tile
+// boundary, padding rows, a window, full attention), D = 128 and the sm80 family follow with a
+// rope_bwd pass; bases 10000 and 500 (angles of many turns by T = 2100).
+const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4}, {1000, 64, true, 0, 1e4}, {191, 64, false, 0, 1e4},
+                              {2100, 64, true, 0, 500}, {150, 64, true, 1, 1e4},  {333, 128, true, 64, 1e4},
+                              {385, 128, true, 0, 500}, {17, 64, true, 0, 1e4}};
+
 AttentionOpts opts_of(const GpuCase& c) {
   AttentionOpts o;
   o.causal = c.causal;
   o.window = c.window;
+  o.rope_base = c.rope;
   return o;
 }
 
@@ -98,7 +89,8 @@ struct GpuRun {
 
 GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, const GpuCase& c) {
   const int64_t T = c.T, D = c.D;
-  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(kB, T, kH, D), "test workspace too small");
+  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(kB, T, kH, D, c.rope > 0),
+              "test workspace too small");
   GpuRun r{OwnedTensor(dt, Device::CUDA, {kB, T, kH, D}), OwnedTensor(DType::F32, Device::CUDA, {kB, kH, T}),
            OwnedTensor(dt, Device::CUDA, {kB, T, 3, kH, D})};
   test::poison(r.o);
@@ -111,9 +103,9 @@ GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, 
   return r;
 }
 
-void run_parity(DType dt, double tol) {
+void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
   GpuContext gctx;
-  for (const GpuCase& c : kCases) {
+  for (const GpuCase& c : cases) {
     SCOPED_TRACE(name(c));
     const int64_t T = c.T, D = c.D;
     OwnedTensor qkv = test::random_tensor({kB, T, 3, kH, D}, DType::F64, 31, -1.5, 1.5);
@@ -154,6 +146,17 @@ TEST(AttentionGpu, ParityBf16) {
   }
 }
 
+// dq and dk for unrotated q and k against the CPU's attention backward + rope_bwd.
+TEST(AttentionGpu, ParityRopeGradients) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, 1e-5, kRopeCases);
+  for (const char* family : bf16_families()) {
+    SCOPED_TRACE(std::string("LINAC_ATTENTION_KERNELS=") + family);
+    KernelChoice choice(family);
+    run_parity(DType::BF16, 1e-2, kRopeCases);
+  }
+}
+
 // On a Hopper GPU in a build for sm_90 the head dims 64 and 128 take the wgmma kernels (a silent
 // fall back to the older ones would pass every parity test); the others and the override do not.
 TEST(AttentionGpu, KernelChoice) {
@@ -181,9 +184,10 @@ TEST(AttentionGpu, Deterministic) {
   runs.emplace_back(DType::F32, "auto");
   for (const auto& [dt, family] : runs) {
     KernelChoice choice(family);
-    for (const GpuCase& c : {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
-                             GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0},
-                             GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}}) {
+    for (const GpuCase& c :
+         {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
+          GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0},
+          GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}, GpuCase{1000, 64, true, 0, 1e4}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
       OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
       OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);

@@ -1,8 +1,11 @@
 // Fused cross-entropy CUDA vs the CPU reference (double): f32/bf16, in place, ignored rows, the
-// kernel that holds a row in registers (V = 32000, 8192, 256), the two-pass one with groups of
-// four (V = 40000, above what registers hold) and with single elements (V = 129).
+// kernels that hold a row in registers (V = 32000, 8192, 256) - on a Hopper GPU both the one
+// streaming rows through shared memory (several rows per block: N well above the grid) and, by
+// LINAC_CROSS_ENTROPY_KERNELS=sm80, the one reading them from global memory - the two-pass one
+// with groups of four (V = 40000, above what registers hold) and with single elements (V = 129).
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -11,6 +14,13 @@
 
 namespace linac {
 namespace {
+
+// The kernel families every case runs through on this GPU (cross_entropy_gpu_kernel).
+std::vector<const char*> families() {
+  std::vector<const char*> f{"sm80"};
+  if (LINAC_WITH_SM90A && gpu_compute_capability() == 90) f.insert(f.begin(), "auto");
+  return f;
+}
 
 // Every seventh row ignored; the first and last vocabulary entries appear as targets.
 OwnedTensor make_targets(int64_t n, int64_t v, int64_t& counted) {
@@ -28,7 +38,7 @@ OwnedTensor make_targets(int64_t n, int64_t v, int64_t& counted) {
   return t;
 }
 
-void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, double grad_tol) {
+void run_parity_once(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, double grad_tol) {
   GpuContext gctx;
   int64_t counted = 0;
   OwnedTensor targets = make_targets(n, v, counted);
@@ -55,9 +65,17 @@ void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, dou
   }
 }
 
+void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, double grad_tol) {
+  for (const char* family : families()) {
+    SCOPED_TRACE(std::string("LINAC_CROSS_ENTROPY_KERNELS=") + family);
+    test::ScopedEnv choice("LINAC_CROSS_ENTROPY_KERNELS", family);
+    run_parity_once(l_dt, d_dt, in_place, n, v, grad_tol);
+  }
+}
+
 // hits on the GPU equal the CPU's for the same rounded logits, ties included: rows of equal
 // logits and rows whose maximum repeats before and after the target.
-void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
+void run_hits_parity_once(DType l_dt, int64_t n, int64_t v) {
   GpuContext gctx;
   int64_t counted = 0;
   OwnedTensor targets = make_targets(n, v, counted);
@@ -88,40 +106,67 @@ void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
   EXPECT_LT(total, static_cast<double>(counted)) << "every row was a hit: the check could not fail";
 }
 
+void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
+  for (const char* family : families()) {
+    SCOPED_TRACE(std::string("LINAC_CROSS_ENTROPY_KERNELS=") + family);
+    test::ScopedEnv choice("LINAC_CROSS_ENTROPY_KERNELS", family);
+    run_hits_parity_once(l_dt, n, v);
+  }
+}
+
 TEST(CrossEntropyGpu, HitsMatchCpu) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_hits_parity(DType::F32, 100, 32000);
+  run_hits_parity(DType::F32, 300, 32000);
   run_hits_parity(DType::F32, 100, 40000);
   run_hits_parity(DType::F32, 37, 129);
-  run_hits_parity(DType::F32, 37, 256);
-  run_hits_parity(DType::BF16, 64, 8192);
+  run_hits_parity(DType::F32, 6000, 256);
+  run_hits_parity(DType::BF16, 2000, 8192);
 }
 
 TEST(CrossEntropyGpu, ParityF32) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::F32, DType::F32, false, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, false, 300, 32000, 1e-5);
   run_parity(DType::F32, DType::F32, false, 60, 40000, 1e-5);
   run_parity(DType::F32, DType::F32, false, 37, 129, 1e-5);
-  run_parity(DType::F32, DType::F32, false, 37, 256, 1e-5);
+  run_parity(DType::F32, DType::F32, false, 6000, 256, 1e-5);
 }
 
 TEST(CrossEntropyGpu, ParityF32InPlace) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::F32, DType::F32, true, 100, 32000, 1e-5);
+  run_parity(DType::F32, DType::F32, true, 300, 32000, 1e-5);
   run_parity(DType::F32, DType::F32, true, 60, 40000, 1e-5);
   run_parity(DType::F32, DType::F32, true, 37, 129, 1e-5);
 }
 
 TEST(CrossEntropyGpu, ParityBf16InPlace) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::BF16, DType::BF16, true, 100, 32000, 1e-2);
+  run_parity(DType::BF16, DType::BF16, true, 300, 32000, 1e-2);
   run_parity(DType::BF16, DType::BF16, true, 37, 129, 1e-2);
 }
 
 TEST(CrossEntropyGpu, ParityBf16LogitsF32Gradient) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::BF16, DType::F32, false, 100, 32000, 1e-5);
+  run_parity(DType::BF16, DType::F32, false, 300, 32000, 1e-5);
   run_parity(DType::BF16, DType::F32, false, 37, 129, 1e-5);
+}
+
+// On a Hopper GPU in a build for sm_90 register rows stream through shared memory (a silent fall
+// back would pass every parity test); the override and the rows too long for registers do not.
+TEST(CrossEntropyGpu, KernelChoice) {
+  LINAC_SKIP_WITHOUT_GPU();
+  test::ScopedEnv unset("LINAC_CROSS_ENTROPY_KERNELS", nullptr);
+  const bool hopper = LINAC_WITH_SM90A && gpu_compute_capability() == 90;
+  OwnedTensor l32k(DType::F32, Device::CUDA, {4, 32000}), l40k(DType::F32, Device::CUDA, {4, 40000});
+  OwnedTensor l129(DType::F32, Device::CUDA, {4, 129});
+  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l32k, l32k)), hopper ? "rows_sm90" : "rows");
+  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l40k, l40k)), "two_pass");
+  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l129, l129)), "two_pass");
+  {
+    test::ScopedEnv forced("LINAC_CROSS_ENTROPY_KERNELS", "sm80");
+    EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l32k, l32k)), "rows");
+  }
+  test::ScopedEnv bad("LINAC_CROSS_ENTROPY_KERNELS", "sm75");
+  EXPECT_THROW(cross_entropy_gpu_kernel(l32k, l32k), UserError);
 }
 
 TEST(CrossEntropyGpu, InPlaceEqualsOutOfPlace) {

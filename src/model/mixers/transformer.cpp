@@ -55,7 +55,7 @@ void AttentionMixer::reserve(int64_t B, int64_t T) {
   B_ = B;
   T_ = T;
   if (env_.ctx.is_gpu()) {
-    const size_t need = attention_bwd_workspace_bytes(B, T, H_, Dh_);
+    const size_t need = attention_bwd_workspace_bytes(B, T, H_, Dh_, opt_.rope);
     if (need > env_.ctx.workspace_bytes)
       throw UserError("attention backward needs " + std::to_string((need >> 20) + 1) +
                       " MiB of GPU workspace for micro-batches of " + std::to_string(B) + "x" + std::to_string(T) +
@@ -124,11 +124,11 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
   AttentionOpts ao;
   ao.window = opt_.window;
+  if (opt_.rope) ao.rope_base = opt_.rope_base;  // dq, dk come back unrotated
   {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
   }
-  if (opt_.rope) rope_bwd(ctx, bthd(dqkv.view({N, 3 * d_}), B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0);
 
   Tensor dqkv2 = dqkv.view({N, 3 * d_});
   matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));

@@ -1,0 +1,88 @@
+// Hopper cross-entropy for register rows (math in cross_entropy.h, row math in
+// cross_entropy_rows.cuh): persistent blocks, each taking rows blockIdx.x, + gridDim.x, ...; a
+// row's logits arrive in shared memory by one bulk copy (cp.async.bulk, completing on an
+// mbarrier), the threads move their groups into registers, and the copy of the block's next row
+// is issued before the math and the gradient writes of this one. The kernel that reads its row
+// straight from global memory (cross_entropy.cu) holds half an SM's registers per row and
+// cannot load the next row while it reduces and writes; here the copy engine keeps reading.
+// In place (dlogits = logits) stays safe: a block writes only its current row, and the copy in
+// flight reads another.
+// Layout: logits, dlogits [N, V] contiguous, V * sizeof(logit) a multiple of 16 bytes (the bulk
+// copy's unit) and at most kMaxRowBytes.
+#include "common/sm90.cuh"
+#include "cross_entropy/cross_entropy_rows.cuh"
+
+namespace linac::xent {
+namespace {
+
+using namespace linac::sm90;
+
+template <class TL, class TD>
+__global__ void __launch_bounds__(kMaxThreads)
+    cross_entropy_rows_sm90_kernel(const TL* logits, const int32_t* __restrict__ targets, TD* dlogits,
+                                   float* __restrict__ losses, float* __restrict__ hits, int64_t n_rows, int64_t v,
+                                   float grad_scale) {
+  extern __shared__ __align__(16) unsigned char s_row[];  // one row of logits
+  __shared__ float scratch[32];
+  __shared__ __align__(8) uint64_t s_bar;
+  const uint32_t row_smem = static_cast<uint32_t>(__cvta_generic_to_shared(s_row));
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_bar));
+  const uint32_t row_bytes = static_cast<uint32_t>(v * sizeof(TL));
+  auto fetch = [&](int64_t r) {  // thread 0
+    if (r >= n_rows) return;
+    mbar_arrive_expect_tx(bar, row_bytes);
+    bulk_load(row_smem, logits + r * v, row_bytes, bar);
+  };
+  if (threadIdx.x == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    fetch(blockIdx.x);
+  }
+  __syncthreads();
+  const RowSpan rs(v);
+  const TL* x = reinterpret_cast<const TL*>(s_row);
+  uint32_t parity = 0;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x, parity ^= 1) {
+    const int32_t t = targets[r];
+    mbar_wait(bar, parity);
+    float4 e[kRowGroups];
+    load_row(x, rs, e);
+    const float xt = threadIdx.x == 0 && t >= 0 && t < rs.n ? cuda::to_float(x[t]) : NAN;
+    __syncthreads();  // the row is in registers: the buffer can take the next one
+    if (threadIdx.x == 0) fetch(r + gridDim.x);
+    TD* dx = dlogits + r * v;
+    if (t < 0)
+      ignored_row<true>(dx, v, losses, hits, r);
+    else
+      finish_row(e, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
+  }
+}
+
+}  // namespace
+
+bool rows_sm90_fit(const Tensor& logits) {
+  const int64_t bytes = logits.size(1) * static_cast<int64_t>(dtype_size(logits.dtype));
+  return bytes % 16 == 0 && bytes <= kMaxRowBytes && reinterpret_cast<uintptr_t>(logits.ptr) % 16 == 0;
+}
+
+void rows_sm90(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits, const Tensor& losses,
+               float* hits, float grad_scale) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const int threads = row_threads(v / 4);
+  const size_t smem = static_cast<size_t>(v) * dtype_size(logits.dtype);
+  auto st = cuda::stream_of(ctx);
+  LINAC_GPU_DISPATCH(logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
+                       auto kernel = cross_entropy_rows_sm90_kernel<TL, TD>;
+                       LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(smem)));
+                       int per_sm = 0;
+                       LINAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+                       const int64_t blocks = std::min<int64_t>(n, int64_t{std::max(per_sm, 1)} * gpu_sm_count());
+                       kernel<<<static_cast<unsigned>(blocks), threads, smem, st>>>(
+                           logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(), hits,
+                           n, v, grad_scale);
+                     }));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace linac::xent
