@@ -49,15 +49,6 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
 template <int ROWS, int D>
 constexpr uint32_t tile_bytes = ROWS* D * 2;
 
-// The calling thread's warpgroup, broadcast from lane 0 so that the compiler knows it is the same
-// for the whole warp: the wgmma descriptors derived from it then stay in uniform registers
-// instead of being moved there before every wgmma.
-__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 128, 0); }
-
-// Shared memory: a 1024-byte aligned base inside the dynamic allocation (which
-// reserves 1024 more).
-__device__ __forceinline__ uint32_t smem_base_1024(const void* smem) { return (smem_addr(smem) + 1023u) & ~1023u; }
-
 // The P (or dS) A fragment of k-step kk from a 64 x N accumulator: columns 16
 // kk .. 16 kk + 15.
 template <int N>

@@ -22,27 +22,35 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 }  // namespace
 
-CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
-                                 int64_t stride_t, int box_rows) {
+CUtensorMap bf16_tensor_map(const void* base, const int64_t (&dims)[4], const int64_t (&strides)[3],
+                            const int (&box)[4], int swizzle_bytes) {
+  LINAC_CHECK(swizzle_bytes == 64 || swizzle_bytes == 128, "TMA: swizzle must be 64 or 128 bytes");
+  LINAC_CHECK(box[0] * 2 == swizzle_bytes, "TMA: a box row must span the swizzle");
   LINAC_CHECK(
-      reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride_t % 8 == 0 && (B == 1 || stride_b % 8 == 0) && D % 64 == 0,
-      "TMA: rows must be 16-byte aligned and hold a multiple of 64 columns");
-  // A batch of one never moves along its stride, which may then be anything
-  // (also 0).
-  const int64_t sb = B == 1 ? T * stride_t : stride_b;
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(T), static_cast<cuuint64_t>(H),
-                              static_cast<cuuint64_t>(B)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride_t) * 2, static_cast<cuuint64_t>(D) * 2,
-                                 static_cast<cuuint64_t>(sb) * 2};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+      reinterpret_cast<uintptr_t>(base) % 16 == 0 && strides[0] % 8 == 0 && strides[1] % 8 == 0 && strides[2] % 8 == 0,
+      "TMA: rows must be 16-byte aligned");
+  cuuint64_t d[4], st[3];
+  cuuint32_t bx[4];
+  for (int i = 0; i < 4; ++i) d[i] = static_cast<cuuint64_t>(dims[i]), bx[i] = static_cast<cuuint32_t>(box[i]);
+  for (int i = 0; i < 3; ++i) st[i] = static_cast<cuuint64_t>(strides[i]) * 2;
   const cuuint32_t unit[4] = {1, 1, 1, 1};
   CUtensorMap map{};
-  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides,
-                                    box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult r = encode_tiled()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), d, st, bx, unit,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                    swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
                                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   LINAC_CHECK(r == CUDA_SUCCESS,
               "TMA: cuTensorMapEncodeTiled failed (error " + std::to_string(static_cast<int>(r)) + ")");
   return map;
+}
+
+CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
+                                 int64_t stride_t, int box_rows) {
+  LINAC_CHECK(D % 64 == 0, "TMA: head rows must hold a multiple of 64 columns");
+  // A batch of one never moves along its stride, which may then be anything
+  // (also 0).
+  const int64_t sb = B == 1 ? T * stride_t : stride_b;
+  return bf16_tensor_map(base, {D, T, H, B}, {stride_t, D, sb}, {64, box_rows, 1, 1}, 128);
 }
 
 }  // namespace linac::sm90
