@@ -3,31 +3,14 @@
 // consecutive columns with vector accesses.
 #include <algorithm>
 
-#include "activation/sigmoid.cuh"
 #include "common/cuda_common.cuh"
 #include "swiglu/swiglu.h"
+#include "swiglu/swiglu_math.cuh"
 
 namespace linac {
 namespace {
 
 constexpr int kMaxThreads = 256;
-
-template <GluAct kAct>
-__device__ __forceinline__ float swiglu(float g, float u) {
-  if constexpr (kAct == GluAct::Silu) return g * cuda::sigmoid(g) * u;
-  return g * u;
-}
-
-template <GluAct kAct>
-__device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg, float& du) {
-  if constexpr (kAct == GluAct::Silu) {
-    dg = d * u * cuda::silu_grad(g);
-    du = d * g * cuda::sigmoid(g);
-  } else {
-    dg = d * u;
-    du = d * g;
-  }
-}
 
 template <GluAct kAct, bool kVec, class TH, class TA>
 __global__ void swiglu_fwd_kernel(const TH* __restrict__ h, TA* __restrict__ a, int64_t f) {
@@ -38,12 +21,12 @@ __global__ void swiglu_fwd_kernel(const TH* __restrict__ h, TA* __restrict__ a, 
   if constexpr (kVec) {
     for (int64_t j = 4 * threadIdx.x; j < f; j += 4 * blockDim.x) {
       const float4 gv = cuda::load4(g + j), uv = cuda::load4(u + j);
-      cuda::store4(ar + j, make_float4(swiglu<kAct>(gv.x, uv.x), swiglu<kAct>(gv.y, uv.y), swiglu<kAct>(gv.z, uv.z),
-                                       swiglu<kAct>(gv.w, uv.w)));
+      cuda::store4(ar + j, make_float4(cuda::swiglu<kAct>(gv.x, uv.x), cuda::swiglu<kAct>(gv.y, uv.y),
+                                       cuda::swiglu<kAct>(gv.z, uv.z), cuda::swiglu<kAct>(gv.w, uv.w)));
     }
   } else {
     for (int64_t j = threadIdx.x; j < f; j += blockDim.x)
-      ar[j] = cuda::from_float<TA>(swiglu<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j])));
+      ar[j] = cuda::from_float<TA>(cuda::swiglu<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j])));
   }
 }
 
@@ -60,17 +43,17 @@ __global__ void swiglu_bwd_kernel(const TH* __restrict__ h, const TG* __restrict
     for (int64_t j = 4 * threadIdx.x; j < f; j += 4 * blockDim.x) {
       const float4 gv = cuda::load4(g + j), uv = cuda::load4(u + j), dv = cuda::load4(dar + j);
       float4 dgv, duv;
-      swiglu_grad<kAct>(gv.x, uv.x, dv.x, dgv.x, duv.x);
-      swiglu_grad<kAct>(gv.y, uv.y, dv.y, dgv.y, duv.y);
-      swiglu_grad<kAct>(gv.z, uv.z, dv.z, dgv.z, duv.z);
-      swiglu_grad<kAct>(gv.w, uv.w, dv.w, dgv.w, duv.w);
+      cuda::swiglu_grad<kAct>(gv.x, uv.x, dv.x, dgv.x, duv.x);
+      cuda::swiglu_grad<kAct>(gv.y, uv.y, dv.y, dgv.y, duv.y);
+      cuda::swiglu_grad<kAct>(gv.z, uv.z, dv.z, dgv.z, duv.z);
+      cuda::swiglu_grad<kAct>(gv.w, uv.w, dv.w, dgv.w, duv.w);
       cuda::store4(dg + j, dgv);
       cuda::store4(du + j, duv);
     }
   } else {
     for (int64_t j = threadIdx.x; j < f; j += blockDim.x) {
       float dgj, duj;
-      swiglu_grad<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j]), cuda::to_float(dar[j]), dgj, duj);
+      cuda::swiglu_grad<kAct>(cuda::to_float(g[j]), cuda::to_float(u[j]), cuda::to_float(dar[j]), dgj, duj);
       dg[j] = cuda::from_float<TG>(dgj);
       du[j] = cuda::from_float<TG>(duj);
     }

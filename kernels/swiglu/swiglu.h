@@ -7,7 +7,8 @@
 //   SiLU:      dg = da * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = da * silu(g)
 //   Identity:  dg = da * u,                                             du = da * g
 // silu(x) = x * sigmoid(x); sigmoid is evaluated from exp(-|x|), which never overflows
-// (activation/sigmoid.h).
+// (activation/sigmoid.h; on the GPU with the approximate exp2 and division, swiglu_math.cuh).
+// swiglu_linear.h has the GEMMs next to the gate, fused on Hopper.
 //
 // Layout: h, dh [N, 2F] contiguous (columns [0, F) = g, [F, 2F) = u); a, da [N, F] contiguous.
 // dh is written (overwrite). GPU: h and a are f32 or bf16 independently; da and dh share one

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "swiglu/swiglu.h"
+#include "swiglu/swiglu_linear.h"
 #include "test_util.h"
 
 namespace linac {
@@ -78,6 +79,44 @@ TEST(SwigluCpu, LargeGatesStayFinite) {
   EXPECT_TRUE(test::all_finite(to_doubles(dh)));
   EXPECT_NEAR(a->data<float>()[3], 300.f, 1e-4f);  // silu(200) * 1.5
   EXPECT_NEAR(a->data<float>()[0], 0.f, 1e-30f);
+}
+
+// The channel-mixer GEMMs with the gate against plain loops: h = x W_in^T and a = silu(g) u;
+// dh = swiglu_bwd(h, dy W_out) with da written on the composite path.
+TEST(SwigluCpu, LinearMatchesLoops) {
+  const int64_t n = 5, d = 7, f = 6;
+  OwnedTensor x = test::random_tensor({n, d}, DType::F64, 1), w_in = test::random_tensor({2 * f, d}, DType::F64, 2);
+  OwnedTensor dy = test::random_tensor({n, d}, DType::F64, 3), w_out = test::random_tensor({d, f}, DType::F64, 4);
+  OwnedTensor h(DType::F64, Device::CPU, {n, 2 * f}), a(DType::F64, Device::CPU, {n, f});
+  OwnedTensor da(DType::F64, Device::CPU, {n, f}), dh(DType::F64, Device::CPU, {n, 2 * f});
+  swiglu_linear_fwd(Ctx{}, x, w_in, h, a);
+  swiglu_linear_bwd(Ctx{}, dy, w_out, h, da, dh);
+  const double *xp = x->data<double>(), *wi = w_in->data<double>(), *dyp = dy->data<double>(),
+               *wo = w_out->data<double>(), *hp = h->data<double>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f; ++j) {
+      double g = 0, u = 0, dav = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        g += xp[r * d + k] * wi[j * d + k];
+        u += xp[r * d + k] * wi[(f + j) * d + k];
+        dav += dyp[r * d + k] * wo[k * f + j];
+      }
+      EXPECT_NEAR(hp[r * 2 * f + j], g, 1e-14);
+      EXPECT_NEAR(hp[r * 2 * f + f + j], u, 1e-14);
+      const double s = 1 / (1 + std::exp(-g));
+      EXPECT_NEAR(a->data<double>()[r * f + j], g * s * u, 1e-14);
+      EXPECT_NEAR(da->data<double>()[r * f + j], dav, 1e-14);
+      EXPECT_NEAR(dh->data<double>()[r * 2 * f + j], dav * u * s * (1 + g * (1 - s)), 1e-13);
+      EXPECT_NEAR(dh->data<double>()[r * 2 * f + f + j], dav * g * s, 1e-13);
+    }
+}
+
+TEST(SwigluCpu, LinearRejectsMismatchedShapes) {
+  OwnedTensor x = test::random_tensor({5, 7}, DType::F64, 1), w_in = test::random_tensor({12, 8}, DType::F64, 2);
+  OwnedTensor h(DType::F64, Device::CPU, {5, 12}), a(DType::F64, Device::CPU, {5, 6});
+  EXPECT_THROW(swiglu_linear_fwd(Ctx{}, x, w_in, h, a), std::exception);
+  OwnedTensor w_out = test::random_tensor({7, 6}, DType::F64, 3), dh(DType::F64, Device::CPU, {5, 12});
+  EXPECT_THROW(swiglu_linear_bwd(Ctx{}, x, w_out, h, Tensor(), dh), std::exception);  // no da on the CPU
 }
 
 }  // namespace

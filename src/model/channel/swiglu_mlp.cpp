@@ -1,9 +1,10 @@
 #include "model/channel/swiglu_mlp.h"
 
 #include <cmath>
+#include <string_view>
 
 #include "matmul/matmul.h"
-#include "swiglu/swiglu.h"
+#include "swiglu/swiglu_linear.h"
 
 namespace linac {
 
@@ -34,8 +35,7 @@ void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
   const Ctx& ctx = env_.ctx;
   Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
-  matmul(ctx, x.view({N, d_}), false, env_.params->weight(w13_), true, h);
-  swiglu_fwd(ctx, h, a, act_);
+  swiglu_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(w13_), h, a, act_);
   matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}));
 }
 
@@ -46,11 +46,13 @@ void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
   Tensor dy2 = dy.view({N, d_});
-  Tensor da = env_.scratch->get("mlp.da", env_.act, {N, F_});
-  matmul(ctx, dy2, false, ps.weight(w2_), false, da);
-  matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
   Tensor dh = env_.scratch->get("mlp.dh", env_.act, {N, 2 * F_});
-  swiglu_bwd(ctx, h, da, dh, act_);
+  // The fused kernel never writes da: no scratch for it.
+  const bool fused =
+      ctx.is_gpu() && std::string_view(swiglu_linear_gpu_kernel(dy2, ps.weight(w2_), h, dh)) == "fused_sm90";
+  Tensor da = fused ? Tensor() : env_.scratch->get("mlp.da", env_.act, {N, F_});
+  swiglu_linear_bwd(ctx, dy2, ps.weight(w2_), h, da, dh, act_);
+  matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
   matmul(ctx, dh, false, ps.weight(w13_), false, dx.view({N, d_}));
   matmul(ctx, dh, true, x.view({N, d_}), false, ps.grad(w13_), 1.f, 1.f);
 }

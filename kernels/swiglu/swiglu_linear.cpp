@@ -1,0 +1,87 @@
+// Channel-mixer GEMMs with the gate: argument checks and the choice between the fused Hopper
+// kernels and matmul + swiglu.
+#include "swiglu/swiglu_linear.h"
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "core/dispatch.h"
+#include "matmul/matmul.h"
+
+namespace linac {
+
+namespace {
+
+bool rows_16b(const Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
+}
+
+bool fused(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y) {
+  return ctx.is_gpu() && std::string_view(swiglu_linear_gpu_kernel(x, w, h, y)) == "fused_sm90";
+}
+
+void check_h(const Tensor& h, const Tensor& a, int64_t n, const char* a_name) {
+  LINAC_CHECK(h.ndim == 2 && h.is_contiguous() && h.size(0) == n,
+              "swiglu_linear: h must be [N, 2F] contiguous with N = " + std::to_string(n) + ", got " + h.shape_str());
+  LINAC_CHECK(a.ndim == 2 && a.is_contiguous() && a.size(0) == n && 2 * a.size(1) == h.size(1),
+              std::string("swiglu_linear: ") + a_name + " must be [N, F] contiguous for h " + h.shape_str() + ", got " +
+                  a.shape_str());
+}
+
+}  // namespace
+
+const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y) {
+  const char* env = std::getenv("LINAC_SWIGLU_KERNELS");
+  const std::string choice = env ? env : "";
+  if (!choice.empty() && choice != "auto" && choice != "sm80")
+    throw UserError("LINAC_SWIGLU_KERNELS must be auto or sm80, got '" + choice + "'");
+  const bool bf16 =
+      x.dtype == DType::BF16 && w.dtype == DType::BF16 && h.dtype == DType::BF16 && y.dtype == DType::BF16;
+  if (LINAC_WITH_SM90A && choice != "sm80" && bf16 && rows_16b(x) && rows_16b(w) && rows_16b(h) && rows_16b(y) &&
+      gpu_compute_capability() == 90)
+    return "fused_sm90";
+  return "composite";
+}
+
+void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
+                       GluAct act) {
+  LINAC_CHECK(
+      x.ndim == 2 && w_in.ndim == 2 && w_in.size(1) == x.size(1),
+      "swiglu_linear_fwd: expected x [N, d] and W_in [2F, d], got " + x.shape_str() + " and " + w_in.shape_str());
+  check_h(h, a, x.size(0), "a");
+  LINAC_CHECK(w_in.size(0) == h.size(1),
+              "swiglu_linear_fwd: W_in " + w_in.shape_str() + " does not give h " + h.shape_str());
+  if (fused(ctx, x, w_in, h, a)) {
+#if LINAC_WITH_SM90A
+    if (x.size(0) > 0) swiglu_linear_fwd_sm90(ctx, x, w_in, h, a, act);
+    return;
+#endif
+  }
+  matmul(ctx, x, false, w_in, true, h);
+  swiglu_fwd(ctx, h, a, act);
+}
+
+void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& da,
+                       const Tensor& dh, GluAct act) {
+  LINAC_CHECK(
+      dy.ndim == 2 && w_out.ndim == 2 && w_out.size(0) == dy.size(1),
+      "swiglu_linear_bwd: expected dy [N, d] and W_out [d, F], got " + dy.shape_str() + " and " + w_out.shape_str());
+  LINAC_CHECK(h.ndim == 2 && h.is_contiguous() && h.size(0) == dy.size(0) && h.size(1) == 2 * w_out.size(1),
+              "swiglu_linear_bwd: h must be [N, 2F] contiguous for dy " + dy.shape_str() + " and W_out " +
+                  w_out.shape_str() + ", got " + h.shape_str());
+  LINAC_CHECK_SHAPE(h, dh);
+  LINAC_CHECK(dh.is_contiguous(), "swiglu_linear_bwd: dh must be contiguous");
+  if (fused(ctx, dy, w_out, h, dh)) {
+#if LINAC_WITH_SM90A
+    if (dy.size(0) > 0) swiglu_linear_bwd_sm90(ctx, dy, w_out, h, dh, act);
+    return;
+#endif
+  }
+  LINAC_CHECK(da.ptr != nullptr, "swiglu_linear_bwd: the composite path needs da");
+  check_h(h, da, dy.size(0), "da");
+  matmul(ctx, dy, false, w_out, false, da);
+  swiglu_bwd(ctx, h, da, dh, act);
+}
+
+}  // namespace linac

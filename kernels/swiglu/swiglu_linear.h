@@ -1,0 +1,41 @@
+// The channel mixer's two GEMMs next to its gate, with the gate applied inside them where the GPU
+// allows (swiglu.h has the gate's math and the layout of h = [g | u]):
+//   forward:   h = x W_in^T,    a = act(g) * u          x [N, d], W_in [2F, d], h [N, 2F], a [N, F]
+//   backward:  da = dy W_out,   dh = swiglu_bwd(h, da)  dy [N, d], W_out [d, F], dh [N, 2F]
+// All contiguous, row-major.
+//
+// "fused_sm90" (a Hopper GPU in a build for sm_90; every tensor bf16; d and F multiples of 8, rows
+// 16-byte aligned): one kernel per direction, a TMA + wgmma GEMM whose epilogue applies the gate
+// to the accumulators rounded to bf16, so a (dh) is bit for bit what swiglu_fwd (swiglu_bwd) gives
+// for the h (da) the kernel computed; the forward saves swiglu_fwd's read of h, the backward never
+// writes da. No split-K: each output element's K terms are summed in one fixed order, so reruns
+// are bit-identical. "composite" (everywhere else): matmul, then swiglu_fwd / swiglu_bwd, with da
+// in `da` (which the fused backward does not touch and may be an empty tensor).
+// LINAC_SWIGLU_KERNELS=sm80 keeps Hopper GPUs on the composite path (comparisons and tests); unset
+// or "auto" picks; anything else is an error.
+#pragma once
+
+#include "core/gpu.h"
+#include "core/tensor.h"
+#include "swiglu/swiglu.h"
+
+namespace linac {
+
+// Which path a GPU call with these operands takes ("fused_sm90" or "composite"): x, w, y = the
+// forward's x, W_in, a or the backward's dy, W_out, dh.
+const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y);
+
+#if LINAC_WITH_SM90A
+void swiglu_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
+                            GluAct act);
+void swiglu_linear_bwd_sm90(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& dh,
+                            GluAct act);
+#endif
+
+// Entry points: check shapes, dispatch on ctx.device and the path above.
+void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
+                       GluAct act = GluAct::Silu);
+void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& da,
+                       const Tensor& dh, GluAct act = GluAct::Silu);
+
+}  // namespace linac

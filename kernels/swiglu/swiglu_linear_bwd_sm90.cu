@@ -1,0 +1,179 @@
+// Hopper backward through W_out and the gate (math in swiglu_linear.h):
+//   da = dy W_out           (f32 accumulation, rounded to bf16; never written to memory)
+//   dh = swiglu_bwd(h, da)  from that rounded da, as swiglu_bwd computes it
+// Layout: dy [N, d], W_out [d, F], h and dh [N, 2F] (g | u, dg | du); bf16.
+//
+// Output tile: rows m0 .. m0 + 127 and columns f0 .. f0 + 127 of da; a math warpgroup's 64 x 128
+// accumulator (wgmma m64n128k16). k runs in steps of 64 through kStages stages of A = dy [128, 64]
+// (K-major) and B = W_out [64, 128] as two 64-column chunks (MN-major: W_out's rows run along k).
+// Per math warpgroup w a staging block: g and u of its 64 rows (chunks 0-1, 2-3), which thread 32
+// loads by TMA one tile ahead, and da (chunks 4-5), which the math warpgroup dumps; the epilogue
+// warps overwrite g and u with dg and du, and thread 32 stores them. Per 128 x 128 tile the kernel
+// reads and writes 64 KB of h and dh against ~5 us of matmuls: it runs near the memory bound.
+#include <algorithm>
+
+#include "swiglu/swiglu_linear.h"
+#include "swiglu/swiglu_linear_sm90.cuh"
+
+namespace linac {
+namespace glu_sm90 {
+namespace {
+
+constexpr int kBN = 128, kBK = 64, kStages = 4;
+
+struct BwdCfg {
+  static constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBK * kBN * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr uint32_t kStagingBytes = 6 * kChunkBytes;  // per math warpgroup: g, u (then dg, du), da
+  static constexpr uint32_t kBarOffset = kStages * kStageBytes + 2 * kStagingBytes;
+  // full and empty per stage; h loaded, staged and da free per math warpgroup
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 6);
+};
+
+template <GluAct kAct>
+__global__ void __launch_bounds__(kThreads, 1)
+    swiglu_linear_bwd_kernel(const __grid_constant__ CUtensorMap tm_dy, const __grid_constant__ CUtensorMap tm_w,
+                             const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_dh,
+                             const int n, const int f, const int d) {
+  using C = BwdCfg;
+  extern __shared__ unsigned char smem[];
+  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
+  const StagePipe<kStages> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
+  const uint32_t hfull0 = pipe.end(), staged0 = hfull0 + 16, dafree0 = staged0 + 16;
+  const TileGrid grid{cdiv(f, kBN)};
+  const int tiles = cdiv(n, kBM) * grid.cols, nk = cdiv(d, kBK);
+  const int wg = warpgroup_index();
+  if (threadIdx.x == 0) {
+    pipe.init();
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(hfull0 + 8 * w, 1);
+      mbar_init(staged0 + 8 * w, 128);  // every thread of the math warpgroup
+      mbar_init(dafree0 + 8 * w, 1);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    regs_dealloc<kLoadRegs>();
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&tm_dy);
+      prefetch_tensor_map(&tm_w);
+      int it = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBN;
+        for (int kb = 0; kb < nk; ++kb, ++it) {
+          const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
+          tma_load_4d(a, &tm_dy, bar, kb * kBK, m0, 0, 0);
+          tma_load_4d(b, &tm_w, bar, f0, kb * kBK, 0, 0);
+          tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, f0 + 64, kb * kBK, 0, 0);
+        }
+      }
+    } else if (threadIdx.x >= 32) {
+      // Epilogue warps: dg, du from g, u and da, 8 columns of a row per unit. Thread 32 also moves
+      // the staging blocks: h of tile t in, dh out, then h of the CTA's next tile in.
+      const int e = threadIdx.x - 32;
+      auto load_h = [&](int t, int w) {
+        const uint32_t gu = staging0 + w * C::kStagingBytes, bar = hfull0 + 8 * w;
+        mbar_arrive_expect_tx(bar, 4 * kChunkBytes);
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          tma_load_4d(gu + c * kChunkBytes, &tm_h, bar, grid.col_block(t) * kBN + 64 * (c & 1), grid.row0(t) + 64 * w,
+                      c >> 1, 0);
+      };
+      if (e == 0) {
+        prefetch_tensor_map(&tm_h);
+        prefetch_tensor_map(&tm_dh);
+        if (blockIdx.x < tiles) load_h(blockIdx.x, 0), load_h(blockIdx.x, 1);
+      }
+      int nt = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+        for (int w = 0; w < 2; ++w) {
+          const uint32_t gu = staging0 + w * C::kStagingBytes, dab = gu + 4 * kChunkBytes;
+          mbar_wait(staged0 + 8 * w, nt & 1);
+          mbar_wait(hfull0 + 8 * w, nt & 1);
+          for (int u = e; u < kUnits; u += kEpilogueThreads) {
+            const uint32_t off = unit_offset(u);
+            const uint4 gv = ld_shared_v4(gu + off), uv = ld_shared_v4(gu + 2 * kChunkBytes + off),
+                        dv = ld_shared_v4(dab + off);
+            const uint32_t gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w},
+                           ds[4] = {dv.x, dv.y, dv.z, dv.w};
+            uint32_t dgs[4], dus[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const float2 g2 = unpack_bf16(gs[i]), u2 = unpack_bf16(us[i]), d2 = unpack_bf16(ds[i]);
+              float2 dg, du;
+              cuda::swiglu_grad<kAct>(g2.x, u2.x, d2.x, dg.x, du.x);
+              cuda::swiglu_grad<kAct>(g2.y, u2.y, d2.y, dg.y, du.y);
+              dgs[i] = pack_bf16(dg.x, dg.y);
+              dus[i] = pack_bf16(du.x, du.y);
+            }
+            st_shared_v4(gu + off, make_uint4(dgs[0], dgs[1], dgs[2], dgs[3]));
+            st_shared_v4(gu + 2 * kChunkBytes + off, make_uint4(dus[0], dus[1], dus[2], dus[3]));
+          }
+          fence_proxy_async_shared();
+          named_barrier_sync(kEpilogueBarrier, kEpilogueThreads);
+          if (e == 0) {
+            mbar_arrive(dafree0 + 8 * w);
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              tma_store_4d(&tm_dh, gu + c * kChunkBytes, grid.col_block(t) * kBN + 64 * (c & 1), grid.row0(t) + 64 * w,
+                           c >> 1, 0);
+            bulk_commit();
+            bulk_wait_read<0>();
+            if (t + static_cast<int>(gridDim.x) < tiles) load_h(t + gridDim.x, w);
+          }
+        }
+      }
+      if (e == 0) bulk_wait<0>();
+    }
+  } else {
+    regs_alloc<kMathRegs>();
+    const int w = wg - 1;
+    const uint32_t dab = staging0 + w * C::kStagingBytes + 4 * kChunkBytes;
+    float acc[64];
+    int it = 0, nt = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+      pipe.matmuls(nk, it, [&](uint32_t a, int accumulate) {
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          Wgmma<128>::ss<0, 1>(acc, desc_k_major(a, 0, 64 * w, kk), desc_mn_major(a + C::kABytes, kBK, kk),
+                               accumulate || kk > 0);
+      });
+      fence_regs(acc);
+      if (nt > 0) mbar_wait(dafree0 + 8 * w, (nt - 1) & 1);
+      dump_acc<128>(dab, acc);
+      mbar_arrive(staged0 + 8 * w);
+    }
+  }
+}
+
+template <GluAct kAct>
+void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
+  using C = BwdCfg;
+  static_assert(C::kSmem <= 227 * 1024, "shared memory");
+  const int64_t n = dy.size(0), d = dy.size(1), f = w.size(1);
+  const CUtensorMap tm_dy = matrix_map(dy.ptr, n, d, d, 1, 0, kBM, kBK);
+  const CUtensorMap tm_w = matrix_map(w.ptr, d, f, f, 1, 0, kBK, 64);
+  const CUtensorMap tm_h = matrix_map(h.ptr, n, f, 2 * f, 2, f, 64, 64);
+  const CUtensorMap tm_dh = matrix_map(dh.ptr, n, f, 2 * f, 2, f, 64, 64);
+  auto kernel = swiglu_linear_bwd_kernel<kAct>;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
+  const int tiles = cdiv(static_cast<int>(n), kBM) * cdiv(static_cast<int>(f), kBN);
+  kernel<<<std::min(tiles, gpu_sm_count()), kThreads, C::kSmem, cuda::stream_of(ctx)>>>(
+      tm_dy, tm_w, tm_h, tm_dh, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+}  // namespace glu_sm90
+
+void swiglu_linear_bwd_sm90(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& dh,
+                            GluAct act) {
+  LINAC_CHECK(dy.size(0) < (int64_t{1} << 31) - glu_sm90::kBM, "swiglu_linear_bwd: too many rows for one call");
+  if (act == GluAct::Silu)
+    glu_sm90::launch<GluAct::Silu>(ctx, dy, w_out, h, dh);
+  else
+    glu_sm90::launch<GluAct::Identity>(ctx, dy, w_out, h, dh);
+}
+
+}  // namespace linac

@@ -1,0 +1,140 @@
+// Shared by the Hopper channel-mixer GEMMs (swiglu_linear_fwd_sm90.cu, swiglu_linear_bwd_sm90.cu):
+// the CTA's roles, the tile order and the staging of 64 x 64 bf16 output chunks.
+//
+// A CTA is one persistent worker (one per SM) over output tiles of kBM = 128 rows. Warpgroups 1
+// and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and applies
+// the gate: its thread 0 issues the TMA loads of the operand stages, and its warps 1-3 (the
+// "epilogue warps") take each finished tile from shared memory, apply the gate there, and have
+// thread 32 store the results by TMA (and, in the backward, load the next tile's gate input). So
+// the math warpgroups only dump their accumulators, rounded to bf16, into a staging area and go on
+// with the next tile's matmuls while the epilogue warps work on the last one. Stages of the A and
+// B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one arrival per math
+// warp); the staging area through "staged" (the math warpgroup wrote it) and "free" (it may be
+// written again).
+#pragma once
+
+#include "common/cuda_common.cuh"
+#include "common/sm90.cuh"
+#include "common/tensor_map.h"
+#include "swiglu/swiglu_math.cuh"
+
+namespace linac::glu_sm90 {
+
+using namespace linac::sm90;
+
+constexpr int kBM = 128, kThreads = 384;
+constexpr int kEpilogueThreads = 96, kEpilogueBarrier = 1;  // warps 1-3; named barrier id
+// Registers per thread after the hand-over (65536 per SM, one CTA).
+constexpr int kLoadRegs = 56, kMathRegs = 224;
+constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // a staged chunk: 64 rows x 64 bf16, 128-byte swizzle
+
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// Tile t of a grid of row blocks x column blocks, column blocks fastest: the CTAs running at once
+// share a few row blocks of the streamed operand (read from DRAM once) and all of the weight.
+struct TileGrid {
+  int cols;  // column blocks
+  __device__ int row0(int t) const { return t / cols * kBM; }
+  __device__ int col_block(int t) const { return t % cols; }
+};
+
+// The operand stages: kStages slots of `stage_bytes` from `stage0`, each with a "full" barrier
+// (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per math warp), full
+// barriers at `full0`, empty ones after them. `it` counts k-steps over all of the CTA's tiles, the
+// same way in the loading thread and in each math warpgroup.
+template <int kStages>
+struct StagePipe {
+  uint32_t stage0, stage_bytes, full0;
+
+  __device__ uint32_t full(int it) const { return full0 + 8 * (it % kStages); }
+  __device__ uint32_t empty(int it) const { return full0 + 8 * (kStages + it % kStages); }
+  __device__ uint32_t end() const { return full0 + 16 * kStages; }  // the next free barrier slot
+
+  __device__ void init() const {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full(s), 1);
+      mbar_init(empty(s), 8);
+    }
+  }
+  // Loading thread: waits until k-step it's stage is free, announces `stage_bytes` on full(it) and
+  // returns the stage's address; the caller issues the copies, completing on full(it).
+  __device__ uint32_t acquire(int it) const {
+    if (it >= kStages) mbar_wait(empty(it), (it / kStages - 1) & 1);
+    mbar_arrive_expect_tx(full(it), stage_bytes);
+    return stage0 + (it % kStages) * stage_bytes;
+  }
+  // A math warpgroup's matmuls of one tile: mma(stage address, accumulate) issues the wgmmas of each
+  // of nk k-steps (accumulate = 0 on the first); a stage goes back to the loader as soon as its
+  // matmuls are done. Returns with every matmul finished.
+  template <class Mma>
+  __device__ __forceinline__ void matmuls(int nk, int& it, Mma&& mma) const {
+    const int lane = threadIdx.x & 31;
+    for (int kb = 0; kb < nk; ++kb, ++it) {
+      mbar_wait(full(it), (it / kStages) & 1);
+      wgmma_fence();
+      mma(stage0 + (it % kStages) * stage_bytes, kb > 0);
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (kb > 0 && lane == 0) mbar_arrive(empty(it - 1));
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty(it - 1));
+  }
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+// Byte offset of columns (2q, 2q + 1) + 8 * group of row `row` (0..63) inside a staged chunk: the
+// 16-byte unit `group` (0..7) of a 128-byte row moves to group ^ (row % 8), the TMA's 128-byte
+// swizzle, which also keeps a warp's writes (8 rows x 4 threads) on 32 different banks.
+__device__ __forceinline__ uint32_t chunk_offset(int row, int group, int q) {
+  return row * 128 + ((group ^ (row & 7)) << 4) + 4 * q;
+}
+
+// A staged 64-row block of two 64 x 64 chunks as 1024 16-byte units (8 bf16 of one row): unit u
+// is row u / 16, 8-column group u % 16; its byte offset in the block.
+__device__ __forceinline__ uint32_t unit_offset(int u) {
+  const int row = u >> 4, group = u & 15;
+  return (group >> 3) * kChunkBytes + chunk_offset(row, group & 7, 0);
+}
+constexpr int kUnits = 1024;
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// The math warpgroup's 64 x N accumulator columns [64c, 64c + 64) rounded to bf16 into chunk c of a
+// staged block (N / 64 chunks), at the fragment's rows and columns.
+template <int N>
+__device__ __forceinline__ void dump_acc(uint32_t block, const float (&acc)[N / 2]) {
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int j = 0; j < N / 8; ++j)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      st_shared_u32(block + (j >> 3) * kChunkBytes + chunk_offset(16 * warp + g + 8 * r, j & 7, q),
+                    pack_bf16(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
+}
+
+// TMA map of a bf16 matrix [rows, cols] (row stride `ld` elements) seen as `halves` side-by-side
+// blocks of `cols` columns each `half_stride` elements apart (gate and value of h, W_in), in boxes of
+// box_rows x box_cols.
+inline CUtensorMap matrix_map(const void* base, int64_t rows, int64_t cols, int64_t ld, int64_t halves,
+                              int64_t half_stride, int box_rows, int box_cols) {
+  const int64_t hs = halves > 1 ? half_stride : ld * rows;
+  return bf16_tensor_map(base, {cols, rows, halves, 1}, {ld, hs, hs}, {box_cols, box_rows, 1, 1}, box_cols * 2);
+}
+
+}  // namespace linac::glu_sm90

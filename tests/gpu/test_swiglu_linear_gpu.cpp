@@ -1,0 +1,148 @@
+// The channel mixer's GEMMs with the gate (swiglu_linear.h) on the GPU, through every path this GPU
+// has (fused_sm90 on Hopper, composite everywhere):
+// - integer-valued operands, whose products and sums are exact in f32 and bf16, so h and da do not
+//   depend on the summation order: h must equal the exact product bit for bit, and a and dh must be
+//   bit for bit what swiglu_fwd / swiglu_bwd give for it;
+// - random operands against the CPU in f64 (bf16 tolerance);
+// - bit-identical reruns, and the path choice.
+// Shapes are not multiples of the tiles (N, d, F), and one has more tiles than the GPU has SMs, so
+// each persistent CTA runs several.
+#include <cmath>
+
+#include "matmul/matmul.h"
+#include "swiglu/swiglu_linear.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+struct Shape {
+  int64_t n, d, f;
+};
+const Shape kShapes[] = {{300, 200, 200}, {64, 96, 136}, {4160, 136, 520}};
+
+const char* const kFamilies[] = {"auto", "sm80"};
+
+// Values in {-1, 0, 1}: h and da are integers of at most d <= 256 in magnitude, exact in bf16.
+OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed) {
+  OwnedTensor t = test::random_tensor(dims, DType::F64, seed, -1.5, 1.5);
+  double* p = t->data<double>();
+  for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::round(p[i]);
+  return t;
+}
+
+std::vector<uint16_t> bits(const Tensor& t) {
+  OwnedTensor c = to(t, Device::CPU, DType::BF16);
+  const auto* p = c->data<uint16_t>();
+  return std::vector<uint16_t>(p, p + c->numel());
+}
+
+struct Outputs {
+  OwnedTensor h, a, dh;
+};
+
+// Forward and backward through swiglu_linear on the GPU, bf16.
+Outputs run_gpu(const Tensor& x, const Tensor& w_in, const Tensor& dy, const Tensor& w_out, GluAct act) {
+  GpuContext gctx;
+  const int64_t n = x.size(0), f = w_out.size(1);
+  OwnedTensor xg = to(x, Device::CUDA, DType::BF16), wig = to(w_in, Device::CUDA, DType::BF16);
+  OwnedTensor dyg = to(dy, Device::CUDA, DType::BF16), wog = to(w_out, Device::CUDA, DType::BF16);
+  Outputs r{OwnedTensor(DType::BF16, Device::CUDA, {n, 2 * f}), OwnedTensor(DType::BF16, Device::CUDA, {n, f}),
+            OwnedTensor(DType::BF16, Device::CUDA, {n, 2 * f})};
+  OwnedTensor da(DType::BF16, Device::CUDA, {n, f});
+  test::poison(r.h);
+  test::poison(r.a);
+  test::poison(r.dh);
+  swiglu_linear_fwd(gctx.ctx(), xg, wig, r.h, r.a, act);
+  swiglu_linear_bwd(gctx.ctx(), dyg, wog, r.h, da, r.dh, act);
+  gctx.synchronize();
+  return r;
+}
+
+TEST(SwigluLinearGpu, ExactProductsGiveTheGateOfThatProduct) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const char* family : kFamilies)
+    for (GluAct act : {GluAct::Silu, GluAct::Identity})
+      for (const Shape& s : kShapes) {
+        SCOPED_TRACE(std::string(family) + (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) +
+                     " d " + std::to_string(s.d) + " F " + std::to_string(s.f));
+        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family);
+        OwnedTensor x = small_integers({s.n, s.d}, 1), w_in = small_integers({2 * s.f, s.d}, 2);
+        OwnedTensor dy = small_integers({s.n, s.d}, 3), w_out = small_integers({s.d, s.f}, 4);
+        const Outputs r = run_gpu(x, w_in, dy, w_out, act);
+        // Exact h and da on the CPU, then the gate by the GPU's elementwise kernels.
+        OwnedTensor h(DType::F64, Device::CPU, {s.n, 2 * s.f}), da(DType::F64, Device::CPU, {s.n, s.f});
+        matmul(Ctx{}, x, false, w_in, true, h);
+        matmul(Ctx{}, dy, false, w_out, false, da);
+        EXPECT_EQ(bits(r.h), bits(h));
+        GpuContext gctx;
+        OwnedTensor hg = to(h, Device::CUDA, DType::BF16), dag = to(da, Device::CUDA, DType::BF16);
+        OwnedTensor a(DType::BF16, Device::CUDA, {s.n, s.f}), dh(DType::BF16, Device::CUDA, {s.n, 2 * s.f});
+        swiglu_fwd(gctx.ctx(), hg, a, act);
+        swiglu_bwd(gctx.ctx(), hg, dag, dh, act);
+        gctx.synchronize();
+        EXPECT_EQ(bits(r.a), bits(a));
+        EXPECT_EQ(bits(r.dh), bits(dh));
+      }
+}
+
+TEST(SwigluLinearGpu, RandomOperandsMatchCpu) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const char* family : kFamilies)
+    for (GluAct act : {GluAct::Silu, GluAct::Identity})
+      for (const Shape& s : kShapes) {
+        SCOPED_TRACE(std::string(family) + (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) +
+                     " F " + std::to_string(s.f));
+        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family);
+        // Operands rounded to bf16 first, so the CPU sees what the GPU sees.
+        auto rounded = [](OwnedTensor t) { return to(to(t, Device::CPU, DType::BF16), Device::CPU, DType::F64); };
+        OwnedTensor x = rounded(test::random_tensor({s.n, s.d}, DType::F64, 5, -2, 2));
+        OwnedTensor w_in = rounded(test::random_tensor({2 * s.f, s.d}, DType::F64, 6, -0.2, 0.2));
+        OwnedTensor dy = rounded(test::random_tensor({s.n, s.d}, DType::F64, 7));
+        OwnedTensor w_out = rounded(test::random_tensor({s.d, s.f}, DType::F64, 8, -0.2, 0.2));
+        const Outputs r = run_gpu(x, w_in, dy, w_out, act);
+        OwnedTensor h(DType::F64, Device::CPU, {s.n, 2 * s.f}), a(DType::F64, Device::CPU, {s.n, s.f});
+        OwnedTensor da(DType::F64, Device::CPU, {s.n, s.f}), dh(DType::F64, Device::CPU, {s.n, 2 * s.f});
+        swiglu_linear_fwd(Ctx{}, x, w_in, h, a, act);
+        // The GPU's gate sees its own bf16 h: compare dh against the CPU's gate of that h.
+        OwnedTensor hr = to(r.h, Device::CPU, DType::F64);
+        swiglu_linear_bwd(Ctx{}, dy, w_out, hr, da, dh, act);
+        EXPECT_LT(test::rel_error(r.h, h), 5e-3);
+        EXPECT_LT(test::rel_error(r.a, a), 1e-2);
+        EXPECT_LT(test::rel_error(r.dh, dh), 1e-2);
+      }
+}
+
+TEST(SwigluLinearGpu, RerunsAreBitIdentical) {
+  LINAC_SKIP_WITHOUT_GPU();
+  const Shape s = kShapes[2];
+  OwnedTensor x = test::random_tensor({s.n, s.d}, DType::F64, 9),
+              w_in = test::random_tensor({2 * s.f, s.d}, DType::F64, 10);
+  OwnedTensor dy = test::random_tensor({s.n, s.d}, DType::F64, 11),
+              w_out = test::random_tensor({s.d, s.f}, DType::F64, 12);
+  const Outputs r1 = run_gpu(x, w_in, dy, w_out, GluAct::Silu), r2 = run_gpu(x, w_in, dy, w_out, GluAct::Silu);
+  EXPECT_EQ(bits(r1.h), bits(r2.h));
+  EXPECT_EQ(bits(r1.a), bits(r2.a));
+  EXPECT_EQ(bits(r1.dh), bits(r2.dh));
+}
+
+TEST(SwigluLinearGpu, KernelChoice) {
+  LINAC_SKIP_WITHOUT_GPU();
+  const bool hopper = LINAC_WITH_SM90A && gpu_compute_capability() == 90;
+  OwnedTensor x(DType::BF16, Device::CUDA, {16, 64}), w(DType::BF16, Device::CUDA, {128, 64});
+  OwnedTensor h(DType::BF16, Device::CUDA, {16, 128}), a(DType::BF16, Device::CUDA, {16, 64});
+  OwnedTensor a32(DType::F32, Device::CUDA, {16, 64}), x_odd(DType::BF16, Device::CUDA, {16, 60});
+  test::ScopedEnv unset("LINAC_SWIGLU_KERNELS", nullptr);
+  EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x, w, h, a)), hopper ? "fused_sm90" : "composite");
+  EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x, w, h, a32)), "composite");
+  EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x_odd, w, h, a)), "composite");
+  {
+    test::ScopedEnv forced("LINAC_SWIGLU_KERNELS", "sm80");
+    EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x, w, h, a)), "composite");
+  }
+  test::ScopedEnv bad("LINAC_SWIGLU_KERNELS", "fused");
+  EXPECT_THROW(swiglu_linear_gpu_kernel(x, w, h, a), UserError);
+}
+
+}  // namespace
+}  // namespace linac
