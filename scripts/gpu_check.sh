@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
-#   and overlap, issue 16; compare, not part of all: scripts/compare.sh, issue 17)
+#   and overlap, issue 16; compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
+#   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
 set -uo pipefail
 what="${1:-all}"
@@ -63,6 +64,20 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = perf ]; then
     --steps 10 --profile 2>&1 | tee -a "$out/perf.txt"
   ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
     2>&1 | tee -a "$out/perf.txt"
+fi
+if [ "$what" = gemms ]; then
+  # Where the GEMM time of a step goes: --profile's problem table (each GEMM shape's ms and
+  # TFLOP/s) for both models, then Nsight Compute's throughputs (SM, L2, DRAM), grid and cluster
+  # size of every GEMM kernel of one step of a 2-layer 125M model (cuBLASLt's and ours).
+  for c in transformer_125m gla_340m; do
+    ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 10 --profile 2>&1 | tee -a "$out/gemms.txt"
+  done
+  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|cutlass|splitK|reduce' --launch-skip 0 --launch-count 60 \
+    --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis --csv --page details \
+    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gemms.csv" 2>"$out/ncu_gemms.err"
+  python3 scripts/ncu_summary.py "$out/ncu_gemms.csv" 2>&1 | tee -a "$out/gemms.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model

@@ -58,9 +58,18 @@ GemmProblem problem_of(const Ctx& ctx, const Tensor& a, bool trans_a, const Tens
   return p;
 }
 
+// "GEMM M x N x K [xbatch] A^T B bf16>f32": the profile's name of a problem.
+std::string problem_name(const GemmProblem& p, DType ab, DType c) {
+  return "GEMM " + std::to_string(p.m) + " x " + std::to_string(p.n) + " x " + std::to_string(p.k) +
+         (p.batch > 1 ? " x" + std::to_string(p.batch) : "") + (p.trans_a ? " A^T" : " A") +
+         (p.trans_b ? " B^T " : " B ") + dtype_name(ab) + ">" + dtype_name(c) + (p.beta != 0.f ? " +C" : "");
+}
+
 void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
   ProfileScope prof(ctx, "GEMM", Profiler::Level::Op);
+  const std::string name = ctx.profiler ? problem_name(p, a.dtype, c.dtype) : std::string();
+  ProfileScope by_problem(ctx, name.c_str(), Profiler::Level::Shape, matmul_flops(p.m, p.n, p.k, p.batch));
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
 #if LINAC_WITH_CUDA

@@ -1,5 +1,6 @@
 #include "cli/bench_profile.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace linac::cli {
@@ -21,9 +22,15 @@ StepProfile profile_steps(Model& model, const Ctx& ctx, int64_t steps, const std
 namespace {
 
 // Phases cover the step; what they miss is time between them (host work, launch gaps, the
-// loss read back). Ops are parts of phases; what they miss is every other kernel.
+// loss read back). Ops are parts of phases; what they miss is every other kernel. Shapes split
+// ops by problem, slowest first.
+struct ShapeRow {
+  std::string name;
+  double calls, ms, tflops;  // per step; achieved rate
+};
 struct Breakdown {
   std::vector<std::pair<std::string, double>> phases, ops;
+  std::vector<ShapeRow> shapes;
   double phase_rest = 0, op_rest = 0;
 };
 
@@ -36,11 +43,14 @@ Breakdown breakdown(const StepProfile& p) {
     if (t.level == Profiler::Level::Phase) {
       b.phases.emplace_back(t.name, ms);
       phase_sum += ms;
-    } else {
+    } else if (t.level == Profiler::Level::Op) {
       b.ops.emplace_back(t.name, ms);
       op_sum += ms;
+    } else {
+      b.shapes.push_back({t.name, static_cast<double>(t.count) / n, ms, t.ms > 0 ? t.flops / (t.ms * 1e9) : 0.0});
     }
   }
+  std::stable_sort(b.shapes.begin(), b.shapes.end(), [](const ShapeRow& x, const ShapeRow& y) { return x.ms > y.ms; });
   b.phase_rest = p.step_ms - phase_sum;
   b.op_rest = p.step_ms - op_sum;
   return b;
@@ -61,6 +71,9 @@ void print_step_profile(const StepProfile& p, double unprofiled_step_ms) {
   std::printf("  %-58s %10s %8s\n", "op (inside the phases)", "ms/step", "share");
   for (const auto& [name, ms] : b.ops) row(name, ms);
   row("every other kernel and gap", b.op_rest);
+  if (b.shapes.empty()) return;
+  std::printf("  %-58s %10s %8s %9s\n", "problem (inside the ops)", "ms/step", "calls", "TFLOP/s");
+  for (const auto& s : b.shapes) std::printf("  %-58s %10.3f %8.0f %9.1f\n", s.name.c_str(), s.ms, s.calls, s.tflops);
 }
 
 nlohmann::json step_profile_json(const StepProfile& p) {
@@ -71,6 +84,9 @@ nlohmann::json step_profile_json(const StepProfile& p) {
   j["phases"].push_back({{"name", "between phases"}, {"ms", b.phase_rest}});
   for (const auto& [name, ms] : b.ops) j["ops"].push_back({{"name", name}, {"ms", ms}});
   j["ops"].push_back({{"name", "other"}, {"ms", b.op_rest}});
+  j["problems"] = nlohmann::json::array();
+  for (const auto& s : b.shapes)
+    j["problems"].push_back({{"name", s.name}, {"ms", s.ms}, {"calls", s.calls}, {"tflops", s.tflops}});
   return j;
 }
 

@@ -21,7 +21,8 @@ struct StepProfile {
 // Runs `steps` calls of run_step with a profiler attached to the model (and detaches it).
 StepProfile profile_steps(Model& model, const Ctx& ctx, int64_t steps, const std::function<void()>& run_step);
 
-// The phase and op breakdowns of one step, as a table and as JSON.
+// The phase and op breakdowns of one step, and its problems (GEMM shapes) slowest first, as
+// tables and as JSON.
 void print_step_profile(const StepProfile& p, double unprofiled_step_ms);
 nlohmann::json step_profile_json(const StepProfile& p);
 

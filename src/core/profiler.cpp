@@ -40,9 +40,9 @@ int Profiler::mark(const Ctx& ctx) {
   return i;
 }
 
-void Profiler::begin(const Ctx& ctx, const char* name, Level level) {
+void Profiler::begin(const Ctx& ctx, const char* name, Level level, double flops) {
   open_.push_back(static_cast<int>(regions_.size()));
-  regions_.push_back({name, level, mark(ctx), -1});
+  regions_.push_back({name, level, mark(ctx), -1, flops});
 }
 
 void Profiler::end(const Ctx& ctx) {
@@ -72,9 +72,10 @@ std::vector<Profiler::Total> Profiler::totals() const {
       ms = host_ms_[static_cast<size_t>(r.stop)] - host_ms_[static_cast<size_t>(r.start)];
     }
     auto [it, fresh] = index.try_emplace({r.level, r.name}, out.size());
-    if (fresh) out.push_back({r.name, r.level, 0.0, 0});
+    if (fresh) out.push_back({r.name, r.level, 0.0, 0, 0.0});
     out[it->second].ms += ms;
     out[it->second].count += 1;
+    out[it->second].flops += r.flops;
   }
   return out;
 }

@@ -4,7 +4,8 @@
 // costs two event records per region, so it is for `linac bench --profile`, not for training.
 // Regions nest: a Phase is a part of the step (a layer's token mixer, the LM head, the
 // optimizer), an Op a kernel family inside phases (GEMMs, attention); the two are reported as
-// separate breakdowns of the same step.
+// separate breakdowns of the same step. A Shape region splits an op by problem (each GEMM's
+// M x N x K) and carries the floating-point operations it did, so a breakdown can print its rate.
 #pragma once
 
 #include <string>
@@ -16,12 +17,13 @@ namespace linac {
 
 class Profiler {
  public:
-  enum class Level { Phase, Op };
+  enum class Level { Phase, Op, Shape };
   struct Total {
     std::string name;
     Level level;
     double ms;
     int64_t count;
+    double flops;  // summed over the regions (Shape regions; 0 elsewhere)
   };
 
   Profiler() = default;
@@ -30,7 +32,7 @@ class Profiler {
   Profiler& operator=(const Profiler&) = delete;
 
   // Marks stay open until end(); end() closes the innermost open region.
-  void begin(const Ctx& ctx, const char* name, Level level);
+  void begin(const Ctx& ctx, const char* name, Level level, double flops = 0);
   void end(const Ctx& ctx);
   // Waits for the recorded work and sums it by (level, name), in order of first appearance.
   std::vector<Total> totals() const;
@@ -41,6 +43,7 @@ class Profiler {
     std::string name;
     Level level;
     int start, stop;  // marks
+    double flops;
   };
   int mark(const Ctx& ctx);
   std::vector<Region> regions_;
@@ -53,9 +56,9 @@ class Profiler {
 // RAII region; free when no profiler is attached.
 class ProfileScope {
  public:
-  ProfileScope(const Ctx& ctx, const char* name, Profiler::Level level = Profiler::Level::Phase)
+  ProfileScope(const Ctx& ctx, const char* name, Profiler::Level level = Profiler::Level::Phase, double flops = 0)
       : ctx_(ctx) {
-    if (ctx_.profiler) ctx_.profiler->begin(ctx_, name, level);
+    if (ctx_.profiler) ctx_.profiler->begin(ctx_, name, level, flops);
   }
   ~ProfileScope() {
     if (ctx_.profiler) ctx_.profiler->end(ctx_);

@@ -1,6 +1,7 @@
 // The step profiler: nested regions summed by name and level, nothing recorded without an
 // attached profiler, and a model step's phases covering its token mixers, channel mixers, head
-// and optimizer with GEMMs and attention among the ops, within the step's wall time.
+// and optimizer with GEMMs and attention among the ops, within the step's wall time, and its
+// GEMMs split by problem with their operation counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,9 +33,10 @@ TEST(Profiler, NestedRegionsAreSummedByNameAndLevel) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     ProfileScope same_name_other_level(ctx, "outer", Profiler::Level::Op);
+    ProfileScope problem(ctx, "outer", Profiler::Level::Shape, 1.5 + i);
   }
   const auto ts = prof.totals();
-  ASSERT_EQ(ts.size(), 3u);
+  ASSERT_EQ(ts.size(), 4u);
   EXPECT_EQ(ts[0].name, "outer");  // first seen first
   const auto* outer = find(ts, "outer", Profiler::Level::Phase);
   const auto* inner = find(ts, "inner", Profiler::Level::Op);
@@ -43,6 +45,11 @@ TEST(Profiler, NestedRegionsAreSummedByNameAndLevel) {
   EXPECT_EQ(inner->count, 3);
   EXPECT_GE(inner->ms, 6.0 * 0.9);
   EXPECT_GE(outer->ms, inner->ms);
+  EXPECT_EQ(outer->flops, 0.0);
+  const auto* problem = find(ts, "outer", Profiler::Level::Shape);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(problem->count, 3);
+  EXPECT_DOUBLE_EQ(problem->flops, 1.5 + 2.5 + 3.5);
   prof.clear();
   EXPECT_TRUE(prof.totals().empty());
 }
@@ -84,12 +91,30 @@ TEST(Profiler, ATrainingStepsPhasesAndOps) {
   ASSERT_TRUE(gemm && attn);
   EXPECT_EQ(attn->count, 4);  // forward and backward of 2 layers
   EXPECT_GT(gemm->count, 10);
-  double phases = 0;
+  double phases = 0, problems_ms = 0, problems_flops = 0;
+  int64_t problem_calls = 0;
   for (const auto& t : ts) {
     EXPECT_GE(t.ms, 0.0) << t.name;
     if (t.level == Profiler::Level::Phase) phases += t.ms;
+    if (t.level != Profiler::Level::Shape) continue;
+    EXPECT_EQ(t.name.rfind("GEMM ", 0), 0u) << t.name;
+    EXPECT_GT(t.flops, 0.0) << t.name;
+    problems_ms += t.ms;
+    problems_flops += t.flops;
+    problem_calls += t.count;
   }
   EXPECT_LE(phases, wall_ms);
+  // Every GEMM call is one problem region inside its GEMM op region.
+  EXPECT_EQ(problem_calls, gemm->count);
+  EXPECT_LE(problems_ms, gemm->ms);
+  // The LM head's logits alone: 2 B T d V.
+  EXPECT_GT(problems_flops, 2.0 * B * T * cfg.d_model * cfg.vocab_size);
+  const auto* logits = find(ts,
+                            "GEMM " + std::to_string(B * T) + " x " + std::to_string(cfg.vocab_size) + " x " +
+                                std::to_string(cfg.d_model) + " A B^T f32>f32",
+                            Profiler::Level::Shape);
+  ASSERT_TRUE(logits);
+  EXPECT_DOUBLE_EQ(logits->flops / static_cast<double>(logits->count), 2.0 * B * T * cfg.d_model * cfg.vocab_size);
 }
 
 }  // namespace

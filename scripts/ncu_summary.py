@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""One line per kernel launch of an `ncu --csv --page details` report: duration, the SM, L2 and
+DRAM throughputs (% of peak), grid and cluster size, and the kernel's name, shortened."""
+import csv
+import sys
+from collections import OrderedDict
+
+WANT = OrderedDict([
+    ("Duration", "us"),
+    ("Compute (SM) Throughput", "SM%"),
+    ("L2 Cache Throughput", "L2%"),
+    ("DRAM Throughput", "DRAM%"),
+    ("Grid Size", "grid"),
+    ("Cluster Size", "cluster"),
+])
+
+
+def main(path):
+    launches = OrderedDict()
+    with open(path, newline="") as f:
+        rows = [r for r in csv.reader(f) if r]
+    header = None
+    for r in rows:
+        if "Kernel Name" in r and "Metric Name" in r:
+            header = {name: i for i, name in enumerate(r)}
+            continue
+        if header is None or len(r) <= header["Metric Value"]:  # trailing empty fields may be left out
+            continue
+        key = r[header["ID"]]
+        entry = launches.setdefault(key, {"name": r[header["Kernel Name"]]})
+        metric, unit, value = r[header["Metric Name"]], r[header["Metric Unit"]], r[header["Metric Value"]]
+        if metric in WANT:
+            try:
+                v = float(value.replace(",", "").split()[0])
+            except ValueError:
+                continue
+            if metric == "Duration":
+                v *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}.get(unit, 1.0)
+            entry[metric] = v
+    print("%5s %9s %6s %6s %6s %7s %7s  %s" % ("id", *WANT.values(), "kernel"))
+    for key, e in launches.items():
+        vals = [e.get(m) for m in WANT]
+        cells = ["%9.1f" % vals[0] if vals[0] is not None else "%9s" % "-"]
+        cells += ["%6.1f" % v if v is not None else "%6s" % "-" for v in vals[1:4]]
+        cells += ["%7d" % v if v is not None else "%7s" % "-" for v in vals[4:6]]
+        print("%5s %s  %s" % (key, " ".join(cells), e["name"][:110]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
