@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "core/dispatch.h"
+#include "core/profiler.h"
 #include "matmul/matmul.h"
 
 namespace linac {
@@ -29,6 +30,20 @@ void check_h(const Tensor& h, const Tensor& a, int64_t n, const char* a_name) {
                   a.shape_str());
 }
 
+// The fused kernels' profile regions: an op of their own (they are GEMMs, but not cuBLASLt's) and
+// the problem, M x N x K of the GEMM inside.
+struct FusedProfile {
+  ProfileScope op;
+  std::string name;
+  ProfileScope problem;
+  FusedProfile(const Ctx& ctx, const char* what, int64_t m, int64_t n, int64_t k)
+      : op(ctx, "GEMM with the SwiGLU gate", Profiler::Level::Op),
+        name(ctx.profiler
+                 ? std::string(what) + " " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k)
+                 : std::string()),
+        problem(ctx, name.c_str(), Profiler::Level::Shape, matmul_flops(m, n, k)) {}
+};
+
 }  // namespace
 
 const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y) {
@@ -44,6 +59,14 @@ const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Ten
   return "composite";
 }
 
+int swiglu_linear_cluster() {
+  const char* env = std::getenv("LINAC_SWIGLU_CLUSTER");
+  const std::string choice = env ? env : "";
+  if (choice.empty() || choice == "2") return 2;
+  if (choice == "1") return 1;
+  throw UserError("LINAC_SWIGLU_CLUSTER must be 1 or 2, got '" + choice + "'");
+}
+
 void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
                        GluAct act) {
   LINAC_CHECK(
@@ -54,6 +77,7 @@ void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, cons
               "swiglu_linear_fwd: W_in " + w_in.shape_str() + " does not give h " + h.shape_str());
   if (fused(ctx, x, w_in, h, a)) {
 #if LINAC_WITH_SM90A
+    FusedProfile prof(ctx, "GEMM+gate fwd", x.size(0), w_in.size(0), x.size(1));
     if (x.size(0) > 0) swiglu_linear_fwd_sm90(ctx, x, w_in, h, a, act);
     return;
 #endif
@@ -74,6 +98,7 @@ void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, co
   LINAC_CHECK(dh.is_contiguous(), "swiglu_linear_bwd: dh must be contiguous");
   if (fused(ctx, dy, w_out, h, dh)) {
 #if LINAC_WITH_SM90A
+    FusedProfile prof(ctx, "GEMM+gate bwd", dy.size(0), w_out.size(1), dy.size(1));
     if (dy.size(0) > 0) swiglu_linear_bwd_sm90(ctx, dy, w_out, h, dh, act);
     return;
 #endif

@@ -13,6 +13,10 @@
 // in `da` (which the fused backward does not touch and may be an empty tensor).
 // LINAC_SWIGLU_KERNELS=sm80 keeps Hopper GPUs on the composite path (comparisons and tests); unset
 // or "auto" picks; anything else is an error.
+// The fused kernels run in clusters of 2 CTAs that take the same weight columns for adjacent row
+// blocks: each CTA loads half of every weight stage and multicasts it to both, so the weight's
+// L2 -> SM traffic halves (the forward was L2-bound at 88% of its throughput). LINAC_SWIGLU_CLUSTER=1
+// runs one CTA per cluster (comparisons, tests); unset or 2 is the default; anything else is an error.
 #pragma once
 
 #include "core/gpu.h"
@@ -24,6 +28,9 @@ namespace linac {
 // Which path a GPU call with these operands takes ("fused_sm90" or "composite"): x, w, y = the
 // forward's x, W_in, a or the backward's dy, W_out, dh.
 const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y);
+
+// CTAs per cluster of the fused kernels (1 or 2, from LINAC_SWIGLU_CLUSTER).
+int swiglu_linear_cluster();
 
 #if LINAC_WITH_SM90A
 void swiglu_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,

@@ -9,7 +9,8 @@
 // Per math warpgroup w a staging block: g and u of its 64 rows (chunks 0-1, 2-3), which thread 32
 // loads by TMA one tile ahead, and da (chunks 4-5), which the math warpgroup dumps; the epilogue
 // warps overwrite g and u with dg and du, and thread 32 stores them. Per 128 x 128 tile the kernel
-// reads and writes 64 KB of h and dh against ~5 us of matmuls: it runs near the memory bound.
+// reads and writes 64 KB of h and dh against ~5 us of matmuls: it runs near the memory bound. In
+// clusters of 2, rank r loads B's 64-column chunk r of each stage and multicasts it to both CTAs.
 #include <algorithm>
 
 #include "swiglu/swiglu_linear.h"
@@ -29,7 +30,7 @@ struct BwdCfg {
   static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 6);
 };
 
-template <GluAct kAct>
+template <GluAct kAct, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     swiglu_linear_bwd_kernel(const __grid_constant__ CUtensorMap tm_dy, const __grid_constant__ CUtensorMap tm_w,
                              const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_dh,
@@ -37,10 +38,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = BwdCfg;
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const StagePipe<kStages> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
+  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
   const uint32_t hfull0 = pipe.end(), staged0 = hfull0 + 16, dafree0 = staged0 + 16;
-  const TileGrid grid{cdiv(f, kBN)};
-  const int tiles = cdiv(n, kBM) * grid.cols, nk = cdiv(d, kBK);
+  const TileGrid<kCluster> grid(n, cdiv(f, kBN));
+  const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     pipe.init();
@@ -51,7 +52,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if (kCluster > 1)
+    cluster_sync();  // the other CTAs' barriers exist before anything is multicast into them
+  else
+    __syncthreads();
 
   if (wg == 0) {
     regs_dealloc<kLoadRegs>();
@@ -59,13 +63,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&tm_dy);
       prefetch_tensor_map(&tm_w);
       int it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = grid.first(); t < grid.count; t += grid.step()) {
         const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBN;
         for (int kb = 0; kb < nk; ++kb, ++it) {
           const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
           tma_load_4d(a, &tm_dy, bar, kb * kBK, m0, 0, 0);
-          tma_load_4d(b, &tm_w, bar, f0, kb * kBK, 0, 0);
-          tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, f0 + 64, kb * kBK, 0, 0);
+          if (kCluster == 1) {
+            tma_load_4d(b, &tm_w, bar, f0, kb * kBK, 0, 0);
+            tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, f0 + 64, kb * kBK, 0, 0);
+          } else {
+            const int half = static_cast<int>(grid.rank);
+            tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, f0 + 64 * half, kb * kBK, 0, 0);
+          }
         }
       }
     } else if (threadIdx.x >= 32) {
@@ -83,10 +92,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (e == 0) {
         prefetch_tensor_map(&tm_h);
         prefetch_tensor_map(&tm_dh);
-        if (blockIdx.x < tiles) load_h(blockIdx.x, 0), load_h(blockIdx.x, 1);
+        if (grid.first() < grid.count) load_h(grid.first(), 0), load_h(grid.first(), 1);
       }
       int nt = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+      for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
         for (int w = 0; w < 2; ++w) {
           const uint32_t gu = staging0 + w * C::kStagingBytes, dab = gu + 4 * kChunkBytes;
           mbar_wait(staged0 + 8 * w, nt & 1);
@@ -120,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            c >> 1, 0);
             bulk_commit();
             bulk_wait_read<0>();
-            if (t + static_cast<int>(gridDim.x) < tiles) load_h(t + gridDim.x, w);
+            if (t + grid.step() < grid.count) load_h(t + grid.step(), w);
           }
         }
       }
@@ -132,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t dab = staging0 + w * C::kStagingBytes + 4 * kChunkBytes;
     float acc[64];
     int it = 0, nt = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+    for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
       pipe.matmuls(nk, it, [&](uint32_t a, int accumulate) {
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
@@ -145,10 +154,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(staged0 + 8 * w);
     }
   }
+  if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }
 
-template <GluAct kAct>
-void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
+template <GluAct kAct, int kCluster>
+void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
   using C = BwdCfg;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
   const int64_t n = dy.size(0), d = dy.size(1), f = w.size(1);
@@ -156,12 +166,17 @@ void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, 
   const CUtensorMap tm_w = matrix_map(w.ptr, d, f, f, 1, 0, kBK, 64);
   const CUtensorMap tm_h = matrix_map(h.ptr, n, f, 2 * f, 2, f, 64, 64);
   const CUtensorMap tm_dh = matrix_map(dh.ptr, n, f, 2 * f, 2, f, 64, 64);
-  auto kernel = swiglu_linear_bwd_kernel<kAct>;
-  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  const int tiles = cdiv(static_cast<int>(n), kBM) * cdiv(static_cast<int>(f), kBN);
-  kernel<<<std::min(tiles, gpu_sm_count()), kThreads, C::kSmem, cuda::stream_of(ctx)>>>(
-      tm_dy, tm_w, tm_h, tm_dh, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
-  LINAC_CUDA_LAUNCH_CHECK();
+  const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(f), kBN);
+  launch_clusters<kCluster>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx), tm_dy,
+                            tm_w, tm_h, tm_dh, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
+}
+
+template <GluAct kAct>
+void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
+  if (::linac::swiglu_linear_cluster() == 2)
+    launch_in_clusters<kAct, 2>(ctx, dy, w, h, dh);
+  else
+    launch_in_clusters<kAct, 1>(ctx, dy, w, h, dh);
 }
 
 }  // namespace

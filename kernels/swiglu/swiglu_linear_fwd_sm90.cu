@@ -11,7 +11,8 @@
 // Per math warpgroup w a staging block: g (chunks 0-1), u (2-3) of its 64 rows as the math
 // warpgroup dumped them, and a (4-5), which the epilogue warps compute from them; thread 32 stores
 // all six chunks. The TMA drops rows past N and columns past F, and reads W_in's rows past F as
-// zero (W_in is mapped as [2, F, d]).
+// zero (W_in is mapped as [2, F, d]). In clusters of 2, rank 0 loads the gate half of each B stage
+// and rank 1 the value half, each multicast to both CTAs.
 #include <algorithm>
 
 #include "swiglu/swiglu_linear.h"
@@ -35,7 +36,7 @@ struct FwdCfg {
   static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 4);
 };
 
-template <GluAct kAct>
+template <GluAct kAct, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     swiglu_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                              const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_a,
@@ -43,10 +44,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = FwdCfg;
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const StagePipe<kStages> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
+  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
   const uint32_t staged0 = pipe.end(), free0 = staged0 + 16;
-  const TileGrid grid{cdiv(f, kBF)};
-  const int tiles = cdiv(n, kBM) * grid.cols, nk = cdiv(d, kBK);
+  const TileGrid<kCluster> grid(n, cdiv(f, kBF));
+  const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     pipe.init();
@@ -56,7 +57,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if (kCluster > 1)
+    cluster_sync();  // the other CTAs' barriers exist before anything is multicast into them
+  else
+    __syncthreads();
 
   if (wg == 0) {
     regs_dealloc<kLoadRegs>();
@@ -64,13 +68,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
       int it = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      for (int t = grid.first(); t < grid.count; t += grid.step()) {
         const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBF;
         for (int kb = 0; kb < nk; ++kb, ++it) {
           const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
           tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
-          tma_load_4d(b, &tm_w, bar, kb * kBK, f0, 0, 0);
-          tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, kb * kBK, f0, 1, 0);
+          if (kCluster == 1) {
+            tma_load_4d(b, &tm_w, bar, kb * kBK, f0, 0, 0);
+            tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, kb * kBK, f0, 1, 0);
+          } else {
+            const int half = static_cast<int>(grid.rank);
+            tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, f0, half, 0);
+          }
         }
       }
     } else if (threadIdx.x >= 32) {
@@ -81,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         prefetch_tensor_map(&tm_a);
       }
       int nt = 0;
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+      for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
         const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBF;
         for (int w = 0; w < 2; ++w) {
           const uint32_t st = staging0 + w * C::kStagingBytes;
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st = staging0 + w * C::kStagingBytes;
     float acc[128];
     int it = 0, nt = 0;
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++nt) {
+    for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
       pipe.matmuls(nk, it, [&](uint32_t a, int accumulate) {
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
@@ -135,10 +144,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive(staged0 + 8 * w);
     }
   }
+  if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }
 
-template <GluAct kAct>
-void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& a) {
+template <GluAct kAct, int kCluster>
+void launch_in_clusters(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& a) {
   using C = FwdCfg;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
   const int64_t n = x.size(0), d = x.size(1), f = a.size(1);
@@ -146,12 +156,17 @@ void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, c
   const CUtensorMap tm_w = matrix_map(w.ptr, f, d, d, 2, f * d, kBF, kBK);
   const CUtensorMap tm_h = matrix_map(h.ptr, n, f, 2 * f, 2, f, 64, 64);
   const CUtensorMap tm_a = matrix_map(a.ptr, n, f, f, 1, 0, 64, 64);
-  auto kernel = swiglu_linear_fwd_kernel<kAct>;
-  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  const int tiles = cdiv(static_cast<int>(n), kBM) * cdiv(static_cast<int>(f), kBF);
-  kernel<<<std::min(tiles, gpu_sm_count()), kThreads, C::kSmem, cuda::stream_of(ctx)>>>(
-      tm_x, tm_w, tm_h, tm_a, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
-  LINAC_CUDA_LAUNCH_CHECK();
+  const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(f), kBF);
+  launch_clusters<kCluster>(swiglu_linear_fwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x,
+                            tm_w, tm_h, tm_a, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
+}
+
+template <GluAct kAct>
+void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& a) {
+  if (::linac::swiglu_linear_cluster() == 2)
+    launch_in_clusters<kAct, 2>(ctx, x, w, h, a);
+  else
+    launch_in_clusters<kAct, 1>(ctx, x, w, h, a);
 }
 
 }  // namespace

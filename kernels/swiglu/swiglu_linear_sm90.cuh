@@ -11,11 +11,23 @@
 // B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one arrival per math
 // warp); the staging area through "staged" (the math warpgroup wrote it) and "free" (it may be
 // written again).
+//
+// CTAs run in clusters of kCluster (1 or 2). The CTAs of a cluster take the same column block and
+// adjacent row blocks, so they need the same weight tiles: each loads its share of every weight
+// stage and multicasts it to all of them, cutting the weight's L2 -> SM traffic by the cluster
+// size. A stage may then be refilled only when the math warps of every CTA of the cluster are
+// done with it, so each math warp arrives on the "empty" barrier of every CTA.
 #pragma once
+
+#include <algorithm>
 
 #include "common/cuda_common.cuh"
 #include "common/sm90.cuh"
 #include "common/tensor_map.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/gpu.h"
+#include "swiglu/swiglu_linear.h"
 #include "swiglu/swiglu_math.cuh"
 
 namespace linac::glu_sm90 {
@@ -31,18 +43,28 @@ constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // a staged chunk: 64 rows x 64 b
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 // Tile t of a grid of row blocks x column blocks, column blocks fastest: the CTAs running at once
-// share a few row blocks of the streamed operand (read from DRAM once) and all of the weight.
+// share a few row blocks of the streamed operand (read from DRAM once) and all of the weight. A
+// tile index names one tile per CTA of a cluster: rank r takes row block cluster * (t / cols) + r.
+// Each cluster walks tiles first(), first() + step(), ... below `count`; row blocks past the
+// matrix (an odd count in clusters of 2) read zeros and store nothing.
+template <int kCluster>
 struct TileGrid {
-  int cols;  // column blocks
-  __device__ int row0(int t) const { return t / cols * kBM; }
+  int cols, count;  // column blocks; tiles
+  uint32_t rank;    // in the cluster
+  __device__ TileGrid(int rows, int cols_) : cols(cols_), count(cdiv(cdiv(rows, kBM), kCluster) * cols_) {
+    rank = kCluster > 1 ? cluster_ctarank() : 0;
+  }
+  __device__ int first() const { return blockIdx.x / kCluster; }
+  __device__ int step() const { return gridDim.x / kCluster; }
+  __device__ int row0(int t) const { return (t / cols * kCluster + static_cast<int>(rank)) * kBM; }
   __device__ int col_block(int t) const { return t % cols; }
 };
 
 // The operand stages: kStages slots of `stage_bytes` from `stage0`, each with a "full" barrier
-// (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per math warp), full
-// barriers at `full0`, empty ones after them. `it` counts k-steps over all of the CTA's tiles, the
-// same way in the loading thread and in each math warpgroup.
-template <int kStages>
+// (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per math warp of the
+// cluster), full barriers at `full0`, empty ones after them. `it` counts k-steps over all of the
+// CTA's tiles, the same way in the loading thread and in each math warpgroup.
+template <int kStages, int kCluster>
 struct StagePipe {
   uint32_t stage0, stage_bytes, full0;
 
@@ -53,7 +75,7 @@ struct StagePipe {
   __device__ void init() const {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), 8);
+      mbar_init(empty(s), 8 * kCluster);
     }
   }
   // Loading thread: waits until k-step it's stage is free, announces `stage_bytes` on full(it) and
@@ -75,12 +97,49 @@ struct StagePipe {
       mma(stage0 + (it % kStages) * stage_bytes, kb > 0);
       wgmma_commit();
       wgmma_wait<1>();
-      if (kb > 0 && lane == 0) mbar_arrive(empty(it - 1));
+      if (kb > 0 && lane == 0) release(it - 1);
     }
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty(it - 1));
+    if (lane == 0) release(it - 1);
+  }
+  // A math warp is done with k-step it's stage (in every CTA of the cluster: their loaders
+  // multicast into it).
+  __device__ __forceinline__ void release(int it) const {
+    if (kCluster == 1) {
+      mbar_arrive(empty(it));
+    } else {
+#pragma unroll
+      for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(empty(it), r);
+    }
   }
 };
+
+// A persistent launch in clusters of kCluster CTAs along x: as many clusters as fit on the GPU at
+// once (asked of the occupancy calculator once per kernel), at most `work` of them.
+template <int kCluster, class... Params, class... Args>
+void launch_clusters(void (*kernel)(Params...), int work, size_t smem, cudaStream_t stream, Args... args) {
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(gpu_sm_count() / kCluster * kCluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  static const int fit = [&] {
+    int clusters = 0;
+    LINAC_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    LINAC_CHECK(clusters > 0, "no cluster of this kernel fits on the GPU");
+    return clusters;
+  }();
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(fit, work) * kCluster));
+  LINAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

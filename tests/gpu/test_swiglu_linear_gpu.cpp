@@ -4,7 +4,8 @@
 //   depend on the summation order: h must equal the exact product bit for bit, and a and dh must be
 //   bit for bit what swiglu_fwd / swiglu_bwd give for it;
 // - random operands against the CPU in f64 (bf16 tolerance);
-// - bit-identical reruns, and the path choice.
+// - bit-identical reruns, and the path choice;
+// the fused kernels both in clusters of 2 (multicast weight stages) and of 1.
 // Shapes are not multiples of the tiles (N, d, F), and one has more tiles than the GPU has SMs, so
 // each persistent CTA runs several.
 #include <cmath>
@@ -21,7 +22,11 @@ struct Shape {
 };
 const Shape kShapes[] = {{300, 200, 200}, {64, 96, 136}, {4160, 136, 520}};
 
-const char* const kFamilies[] = {"auto", "sm80"};
+// LINAC_SWIGLU_KERNELS and LINAC_SWIGLU_CLUSTER.
+struct Family {
+  const char *kernels, *cluster;
+};
+const Family kFamilies[] = {{"auto", "2"}, {"auto", "1"}, {"sm80", "2"}};
 
 // Values in {-1, 0, 1}: h and da are integers of at most d <= 256 in magnitude, exact in bf16.
 OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed) {
@@ -61,12 +66,13 @@ Outputs run_gpu(const Tensor& x, const Tensor& w_in, const Tensor& dy, const Ten
 
 TEST(SwigluLinearGpu, ExactProductsGiveTheGateOfThatProduct) {
   LINAC_SKIP_WITHOUT_GPU();
-  for (const char* family : kFamilies)
+  for (const Family& family : kFamilies)
     for (GluAct act : {GluAct::Silu, GluAct::Identity})
       for (const Shape& s : kShapes) {
-        SCOPED_TRACE(std::string(family) + (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) +
-                     " d " + std::to_string(s.d) + " F " + std::to_string(s.f));
-        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family);
+        SCOPED_TRACE(std::string(family.kernels) + " cluster " + family.cluster +
+                     (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) + " d " +
+                     std::to_string(s.d) + " F " + std::to_string(s.f));
+        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family.kernels), cluster("LINAC_SWIGLU_CLUSTER", family.cluster);
         OwnedTensor x = small_integers({s.n, s.d}, 1), w_in = small_integers({2 * s.f, s.d}, 2);
         OwnedTensor dy = small_integers({s.n, s.d}, 3), w_out = small_integers({s.d, s.f}, 4);
         const Outputs r = run_gpu(x, w_in, dy, w_out, act);
@@ -88,12 +94,13 @@ TEST(SwigluLinearGpu, ExactProductsGiveTheGateOfThatProduct) {
 
 TEST(SwigluLinearGpu, RandomOperandsMatchCpu) {
   LINAC_SKIP_WITHOUT_GPU();
-  for (const char* family : kFamilies)
+  for (const Family& family : kFamilies)
     for (GluAct act : {GluAct::Silu, GluAct::Identity})
       for (const Shape& s : kShapes) {
-        SCOPED_TRACE(std::string(family) + (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) +
-                     " F " + std::to_string(s.f));
-        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family);
+        SCOPED_TRACE(std::string(family.kernels) + " cluster " + family.cluster +
+                     (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) + " F " +
+                     std::to_string(s.f));
+        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family.kernels), cluster("LINAC_SWIGLU_CLUSTER", family.cluster);
         // Operands rounded to bf16 first, so the CPU sees what the GPU sees.
         auto rounded = [](OwnedTensor t) { return to(to(t, Device::CPU, DType::BF16), Device::CPU, DType::F64); };
         OwnedTensor x = rounded(test::random_tensor({s.n, s.d}, DType::F64, 5, -2, 2));
@@ -124,6 +131,12 @@ TEST(SwigluLinearGpu, RerunsAreBitIdentical) {
   EXPECT_EQ(bits(r1.h), bits(r2.h));
   EXPECT_EQ(bits(r1.a), bits(r2.a));
   EXPECT_EQ(bits(r1.dh), bits(r2.dh));
+  // The cluster size changes which CTA loads what, never a sum's order: the same bits.
+  test::ScopedEnv single("LINAC_SWIGLU_CLUSTER", "1");
+  const Outputs r3 = run_gpu(x, w_in, dy, w_out, GluAct::Silu);
+  EXPECT_EQ(bits(r1.h), bits(r3.h));
+  EXPECT_EQ(bits(r1.a), bits(r3.a));
+  EXPECT_EQ(bits(r1.dh), bits(r3.dh));
 }
 
 TEST(SwigluLinearGpu, KernelChoice) {
@@ -140,8 +153,18 @@ TEST(SwigluLinearGpu, KernelChoice) {
     test::ScopedEnv forced("LINAC_SWIGLU_KERNELS", "sm80");
     EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x, w, h, a)), "composite");
   }
-  test::ScopedEnv bad("LINAC_SWIGLU_KERNELS", "fused");
-  EXPECT_THROW(swiglu_linear_gpu_kernel(x, w, h, a), UserError);
+  {
+    test::ScopedEnv bad("LINAC_SWIGLU_KERNELS", "fused");
+    EXPECT_THROW(swiglu_linear_gpu_kernel(x, w, h, a), UserError);
+  }
+  test::ScopedEnv cluster_unset("LINAC_SWIGLU_CLUSTER", nullptr);
+  EXPECT_EQ(swiglu_linear_cluster(), 2);
+  for (const char* c : {"1", "2"}) {
+    test::ScopedEnv cluster(("LINAC_SWIGLU_CLUSTER"), c);
+    EXPECT_EQ(swiglu_linear_cluster(), c[0] - '0');
+  }
+  test::ScopedEnv bad_cluster("LINAC_SWIGLU_CLUSTER", "4");
+  EXPECT_THROW(swiglu_linear_cluster(), UserError);
 }
 
 }  // namespace
