@@ -13,7 +13,6 @@ void check_rows(const Tensor& x, const Tensor& z, const char* name) {
   LINAC_CHECK(x.size(0) <= 1 || x.strides[0] >= x.size(1), std::string("loggate: ") + name + " rows overlap");
   LINAC_CHECK(x.device == z.device, std::string("loggate: ") + name + " is on another device");
 }
-int64_t ld(const Tensor& x) { return x.size(0) > 1 ? x.strides[0] : x.size(1); }
 void check_common(const Tensor& z, const Tensor& b, const LogGateOpts& o) {
   LINAC_CHECK(z.ndim == 2, "loggate: z must be [N, D], got " + z.shape_str());
   check_rows(z, z, "z");
@@ -33,8 +32,9 @@ void loggate_fwd(const Ctx& ctx, const Tensor& z, const Tensor& b, const Tensor&
     return;
   }
   LINAC_CHECK(z.dtype == b.dtype && z.dtype == g.dtype, "loggate: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(z.dtype, T,
-                     loggate_fwd_cpu<T>(z.data<T>(), ld(z), b.data<T>(), g.data<T>(), ld(g), z.size(0), z.size(1), o));
+  LINAC_CPU_DISPATCH(
+      z.dtype, T,
+      loggate_fwd_cpu<T>(z.data<T>(), loggate_ld(z), b.data<T>(), g.data<T>(), loggate_ld(g), z.size(0), z.size(1), o));
 }
 
 void loggate_bwd(const Ctx& ctx, const Tensor& z, const Tensor& b, const Tensor& dg, const Tensor& dz,
@@ -51,8 +51,8 @@ void loggate_bwd(const Ctx& ctx, const Tensor& z, const Tensor& b, const Tensor&
   }
   LINAC_CHECK(z.dtype == b.dtype && z.dtype == dg.dtype && z.dtype == dz.dtype, "loggate: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(z.dtype, T,
-                     loggate_bwd_cpu<T>(z.data<T>(), ld(z), b.data<T>(), dg.data<T>(), ld(dg), dz.data<T>(), ld(dz),
-                                        z.size(0), z.size(1), o));
+                     loggate_bwd_cpu<T>(z.data<T>(), loggate_ld(z), b.data<T>(), dg.data<T>(), loggate_ld(dg),
+                                        dz.data<T>(), loggate_ld(dz), z.size(0), z.size(1), o));
 }
 
 }  // namespace linac

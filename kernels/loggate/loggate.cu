@@ -3,17 +3,15 @@
 // tiled over the CTA (cuda::row_tiling), so no thread divides an index.
 #include "common/cuda_common.cuh"
 #include "loggate/loggate.h"
+#include "loggate/loggate_math.h"
 
 namespace linac {
 namespace {
 
 constexpr int kThreads = 256;
 
-__device__ __forceinline__ float logsigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
-__device__ __forceinline__ float sigmoid_neg(float x) {
-  const float e = expf(-fabsf(x));
-  return x >= 0.f ? e / (1.f + e) : 1.f / (1.f + e);
-}
+using loggate::logsigmoid;
+using loggate::sigmoid_neg;
 
 template <int V, class TZ>
 __global__ void loggate_fwd_kernel(const TZ* __restrict__ z, int64_t ldz, const float* __restrict__ b,
@@ -60,12 +58,11 @@ __global__ void loggate_bwd_kernel(const TZ* __restrict__ z, int64_t ldz, const 
   }
 }
 
-int64_t ld(const Tensor& x) { return x.size(0) > 1 ? x.strides[0] : x.size(1); }
 
 // Whether the groups of four may be used on these matrices: d, every row stride and pointer 4-aligned.
 bool groups_of_four(int64_t d, std::initializer_list<const Tensor*> ts) {
   bool ok = d % 4 == 0;
-  for (const Tensor* t : ts) ok = ok && cuda::rows_vec4(t->ptr, dtype_size(t->dtype), ld(*t));
+  for (const Tensor* t : ts) ok = ok && cuda::rows_vec4(t->ptr, dtype_size(t->dtype), loggate_ld(*t));
   return ok;
 }
 
@@ -80,7 +77,7 @@ void loggate_fwd_cuda(const Ctx& ctx, const Tensor& z, const Tensor& b, const Te
   LINAC_GPU_DISPATCH(z.dtype, TZ, {
     auto kernel = V == 4 ? loggate_fwd_kernel<4, TZ> : loggate_fwd_kernel<1, TZ>;
     kernel<<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(
-        z.data<TZ>(), ld(z), b.data<float>(), g.data<float>(), ld(g), n, static_cast<int>(d),
+        z.data<TZ>(), loggate_ld(z), b.data<float>(), g.data<float>(), loggate_ld(g), n, static_cast<int>(d),
         static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped(), rt.log_tpr);
   });
   LINAC_CUDA_LAUNCH_CHECK();
@@ -96,7 +93,7 @@ void loggate_bwd_cuda(const Ctx& ctx, const Tensor& z, const Tensor& b, const Te
   LINAC_GPU_DISPATCH(z.dtype, TZ, LINAC_GPU_DISPATCH(dz.dtype, TD, {
     auto kernel = V == 4 ? loggate_bwd_kernel<4, TZ, TD> : loggate_bwd_kernel<1, TZ, TD>;
     kernel<<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(
-        z.data<TZ>(), ld(z), b.data<float>(), dg.data<float>(), ld(dg), dz.data<TD>(), ld(dz), n, static_cast<int>(d),
+        z.data<TZ>(), loggate_ld(z), b.data<float>(), dg.data<float>(), loggate_ld(dg), dz.data<TD>(), loggate_ld(dz), n, static_cast<int>(d),
         static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped(), rt.log_tpr);
   }));
   LINAC_CUDA_LAUNCH_CHECK();

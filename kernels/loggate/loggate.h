@@ -18,6 +18,9 @@
 
 namespace linac {
 
+// Row stride (elements) of an [N, D] operand of the gate kernels; a single row counts as contiguous.
+inline int64_t loggate_ld(const Tensor& x) { return x.size(0) > 1 ? x.strides[0] : x.size(1); }
+
 struct LogGateOpts {
   double tau = 16.0;
   double clamp = 0.0;  // lower bound of g; 0 (or any value >= 0) disables the clamp

@@ -1,22 +1,13 @@
 // CPU reference for the log-space forget gate (see loggate.h); rows in parallel.
 #include <algorithm>
-#include <cmath>
 
 #include "loggate/loggate.h"
+#include "loggate/loggate_math.h"
 
 namespace linac {
 
-namespace {
-template <class T>
-T logsigmoid(T x) {
-  return std::min(x, T(0)) - std::log1p(std::exp(-std::fabs(x)));
-}
-template <class T>
-T sigmoid_neg(T x) {  // sigmoid(-x)
-  const T e = std::exp(-std::fabs(x));
-  return x >= T(0) ? e / (T(1) + e) : T(1) / (T(1) + e);
-}
-}  // namespace
+using loggate::logsigmoid;
+using loggate::sigmoid_neg;
 
 template <class T>
 void loggate_fwd_cpu(const T* z, int64_t ldz, const T* b, T* g, int64_t ldg, int64_t n, int64_t d,

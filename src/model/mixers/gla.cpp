@@ -6,6 +6,7 @@
 #include "config/json_reader.h"
 #include "gla/gla.h"
 #include "loggate/loggate.h"
+#include "loggate/loggate_lowrank.h"
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "norm_gate/norm_gate.h"
@@ -80,7 +81,6 @@ void GlaMixer::reserve(int64_t B, int64_t T) {
   const Device dev = env_.device();
   const size_t N = static_cast<size_t>(capacity_), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   proj_buf_ = env_.saved->take(N * static_cast<size_t>(P_) * act);
-  z_buf_ = env_.saved->take(N * static_cast<size_t>(dk_) * stat);
   o_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
   zo_buf_ = env_.saved->take(N * static_cast<size_t>(dv_) * act);
   mean_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
@@ -102,8 +102,7 @@ int64_t GlaMixer::state_elems(int64_t T) const {
 
 size_t GlaMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
-  return N * (static_cast<size_t>(P_ + 2 * dv_) * act + static_cast<size_t>(dk_ + 2 * H_) * stat) +
-         core_saved_bytes(B, T);
+  return N * (static_cast<size_t>(P_ + 2 * dv_) * act + static_cast<size_t>(2 * H_) * stat) + core_saved_bytes(B, T);
 }
 
 size_t GlaMixer::core_saved_bytes(int64_t B, int64_t T) const {
@@ -138,12 +137,39 @@ std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms() const {
           {ps.weight(wa1_), ps.grad(wa1_), 2 * dk_ + 2 * dv_}};
 }
 
-void GlaMixer::project(const Tensor& x, const Tensor& proj, const Tensor& z) {
+void GlaMixer::project(const Tensor& x, const Tensor& proj) {
+  for (const InputGemm& p : input_gemms()) matmul(env_.ctx, x, false, p.w, true, cols(proj, p.c0, p.w.size(0)));
+}
+
+void GlaMixer::gate_fwd(const Tensor& proj, const Tensor& g) {
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
-  for (const InputGemm& p : input_gemms()) matmul(ctx, x, false, p.w, true, cols(proj, p.c0, p.w.size(0)));
+  const Tensor u = cols(proj, 2 * dk_ + 2 * dv_, R_);
+  const LogGateOpts lg{opt_.gate_temperature, opt_.gate_clamp};
+  if (loggate_lowrank_gpu_ok(ctx, dk_, R_, env_.act)) {
+    loggate_lowrank_fwd(ctx, u, ps.weight(wa2_), ps.master(ba_), g, lg);
+    return;
+  }
   // z in the statistics dtype (f32 on the GPU: a bf16 x bf16 -> f32 GEMM), so the gate never sees bf16.
-  matmul(ctx, cols(proj, 2 * dk_ + 2 * dv_, R_), false, ps.weight(wa2_), true, z);
+  Tensor z = env_.scratch->get("gla.z", env_.stat, {u.size(0), dk_});
+  matmul(ctx, u, false, ps.weight(wa2_), true, z);
+  loggate_fwd(ctx, z, ps.master(ba_), g, lg);
+}
+
+void GlaMixer::gate_bwd(const Tensor& proj, const Tensor& dg, const Tensor& dz) {
+  const Ctx& ctx = env_.ctx;
+  ParamStore& ps = *env_.params;
+  const Tensor u = cols(proj, 2 * dk_ + 2 * dv_, R_);
+  const LogGateOpts lg{opt_.gate_temperature, opt_.gate_clamp};
+  if (loggate_lowrank_gpu_ok(ctx, dk_, R_, env_.act)) {
+    loggate_lowrank_bwd(ctx, u, ps.weight(wa2_), ps.master(ba_), dg, dz, ps.grad(ba_), lg);
+    return;
+  }
+  const int64_t N = u.size(0);
+  Tensor z = env_.scratch->get("gla.z", env_.stat, {N, dk_});
+  matmul(ctx, u, false, ps.weight(wa2_), true, z);
+  loggate_bwd(ctx, z, ps.master(ba_), dg, dz, lg);
+  matmul(ctx, ones_buf_.tensor(env_.act, {1, N}), false, dz, false, ps.grad(ba_).view({1, dk_}), 1.f, 1.f);
 }
 
 void GlaMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
@@ -154,12 +180,11 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   Tensor proj = proj_buf_.tensor(env_.act, {N, P_});
-  Tensor z = z_buf_.tensor(env_.stat, {N, dk_});
   Tensor o = o_buf_.tensor(env_.act, {N, dv_});
   Tensor mean = mean_buf_.tensor(env_.stat, {N, H_}), rstd = rstd_buf_.tensor(env_.stat, {N, H_});
-  project(x.view({N, d_}), proj, z);
+  project(x.view({N, d_}), proj);
   Tensor g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
-  loggate_fwd(ctx, z, ps.master(ba_), g, {opt_.gate_temperature, opt_.gate_clamp});
+  gate_fwd(proj, g);
   const int64_t Dk = dk_ / H_, Dv = dv_ / H_;
   GlaOpts go;
   go.scale = scale_;
@@ -178,7 +203,6 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   ParamStore& ps = *env_.params;
   const int64_t Dk = dk_ / H_, Dv = dv_ / H_, cr = 2 * dk_ + dv_, ca = 2 * dk_ + 2 * dv_;
   Tensor proj = proj_buf_.tensor(env_.act, {N, P_});
-  Tensor z = z_buf_.tensor(env_.stat, {N, dk_});
   Tensor o = o_buf_.tensor(env_.act, {N, dv_});
   Tensor mean = mean_buf_.tensor(env_.stat, {N, H_}), rstd = rstd_buf_.tensor(env_.stat, {N, H_});
   Tensor ones = ones_buf_.tensor(env_.act, {1, N});
@@ -195,11 +219,10 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
 
   // The GLA core (g recomputed only where its saved intermediates are not kept), then the gate.
   const Tensor saved = core_saved(B, T);
-  const LogGateOpts lg{opt_.gate_temperature, opt_.gate_clamp};
   Tensor g;
   if (!saved.defined()) {
     g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
-    loggate_fwd(ctx, z, ps.master(ba_), g, lg);
+    gate_fwd(proj, g);
     g = g.view({B, T, H_, Dk});
   }
   Tensor dg = env_.scratch->get("gla.dg", env_.stat, {N, dk_});
@@ -211,8 +234,7 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
           d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk), bthd(dproj, B, T, dk_, H_, Dk),
           bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go, GlaForm::Chunk, saved);
   Tensor dz = env_.scratch->get("gla.dz", env_.act, {N, dk_});
-  loggate_bwd(ctx, z, ps.master(ba_), dg, dz, lg);
-  matmul(ctx, ones, false, dz, false, ps.grad(ba_).view({1, dk_}), 1.f, 1.f);
+  gate_bwd(proj, dg, dz);
   matmul(ctx, dz, true, cols(proj, ca, R_), false, ps.grad(wa2_), 1.f, 1.f);
   matmul(ctx, dz, false, ps.weight(wa2_), false, cols(dproj, ca, R_));
 
@@ -242,14 +264,13 @@ void GlaMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   Tensor proj = env_.scratch->get("gla.step.proj", env_.act, {B, P_});
-  Tensor z = env_.scratch->get("gla.step.z", env_.stat, {B, dk_});
   Tensor g = env_.scratch->get("gla.step.g", env_.stat, {B, dk_});
   Tensor o = env_.scratch->get("gla.step.o", env_.act, {B, dv_});
   Tensor zo = env_.scratch->get("gla.step.zo", env_.act, {B, dv_});
   Tensor mean = env_.scratch->get("gla.step.mean", env_.stat, {B, H_});
   Tensor rstd = env_.scratch->get("gla.step.rstd", env_.stat, {B, H_});
-  project(x_t.view({B, d_}), proj, z);
-  loggate_fwd(ctx, z, ps.master(ba_), g, {opt_.gate_temperature, opt_.gate_clamp});
+  project(x_t.view({B, d_}), proj);
+  gate_fwd(proj, g);
   gla_step(ctx, bhd(proj, 0, H_, Dk), bhd(proj, dk_, H_, Dk), bhd(proj, 2 * dk_, H_, Dv), g.view({B, H_, Dk}), st.S,
            o.view({B, H_, Dv}), scale_);
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);

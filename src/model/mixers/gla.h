@@ -54,8 +54,13 @@ class GlaMixer final : public Mixer {
  private:
   // forward, also writing the final recurrent state into s_final when it is defined.
   void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
-  // Projections of x [N, d] into proj [N, P] and the gate pre-activation z [N, d_k].
-  void project(const Tensor& x, const Tensor& proj, const Tensor& z);
+  // Projections of x [N, d] into proj [N, P].
+  void project(const Tensor& x, const Tensor& proj);
+  // The forget gate g [N, d_k] from proj's low-rank columns u = x Wa1^T: g = loggate(u Wa2^T, ba),
+  // and its backward (dz [N, d_k] written, ba's gradient accumulated). The GPU kernels never
+  // store u Wa2^T; shapes they do not take go through a GEMM into scratch and loggate.
+  void gate_fwd(const Tensor& proj, const Tensor& g);
+  void gate_bwd(const Tensor& proj, const Tensor& dg, const Tensor& dz);
   // The input projection x -> [q|k|v|r|x Wa1^T] as GEMMs over column ranges of proj: one when
   // Wqk, Wvr and Wa1 lie back to back in the parameter store (registered in that order, they do
   // unless alignment padding separates them), else one per matrix.
@@ -75,7 +80,7 @@ class GlaMixer final : public Mixer {
   int64_t d_, H_, dk_, dv_, R_, P_;
   double scale_;
   int wqk_, wvr_, wa1_, wa2_, ba_, br_, wo_;
-  SavedBuf proj_buf_, z_buf_, o_buf_, zo_buf_, mean_buf_, rstd_buf_, core_buf_;
+  SavedBuf proj_buf_, o_buf_, zo_buf_, mean_buf_, rstd_buf_, core_buf_;
   Buffer ones_buf_;
   int64_t capacity_ = 0;
 };
