@@ -29,6 +29,19 @@ OwnedTensor random_tensor(const std::vector<int64_t>& dims, DType dt, uint64_t s
   return t;
 }
 
+OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed) {
+  OwnedTensor t = random_tensor(dims, DType::F64, seed, -1.5, 1.5);
+  double* p = t->data<double>();
+  for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::round(p[i]);
+  return t;
+}
+
+std::vector<uint16_t> bf16_bits(const Tensor& t) {
+  OwnedTensor c = to(t, Device::CPU, DType::BF16);
+  const auto* p = c->data<uint16_t>();
+  return std::vector<uint16_t>(p, p + c->numel());
+}
+
 void poison(const Tensor& t) {
   OwnedTensor host(DType::F64, Device::CPU, t.dims());
   std::fill_n(host.t.data<double>(), t.numel(), std::numeric_limits<double>::quiet_NaN());

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +20,11 @@ std::vector<double> random_values(size_t n, uint64_t seed, double lo = -1.0, dou
 OwnedTensor random_tensor(const std::vector<int64_t>& dims, DType dt, uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Fills an existing CPU tensor (f32/f64/bf16) with random values.
 void fill_random(const Tensor& t, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// An f64 CPU tensor of values in {-1, 0, 1}: products and sums of up to 256 terms are exact in f32
+// and bf16, so a GEMM's result does not depend on its summation order.
+OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed);
+// The bf16 bit patterns of any tensor's values (converted to bf16 first), for bit-identity checks.
+std::vector<uint16_t> bf16_bits(const Tensor& t);
 // Fills any tensor (CPU or GPU) with NaN, so unwritten outputs are caught.
 void poison(const Tensor& t);
 

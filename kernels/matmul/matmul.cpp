@@ -65,6 +65,17 @@ std::string problem_name(const GemmProblem& p, DType ab, DType c) {
          (p.trans_b ? " B^T " : " B ") + dtype_name(ab) + ">" + dtype_name(c) + (p.beta != 0.f ? " +C" : "");
 }
 
+}  // namespace
+
+FusedGemmProfile::FusedGemmProfile(const Ctx& ctx, const char* op, const char* what, int64_t m, int64_t n, int64_t k)
+    : op_(ctx, op, Profiler::Level::Op),
+      name_(ctx.profiler
+                ? std::string(what) + " " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k)
+                : std::string()),
+      problem_(ctx, name_.c_str(), Profiler::Level::Shape, matmul_flops(m, n, k)) {}
+
+namespace {
+
 void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
   ProfileScope prof(ctx, "GEMM", Profiler::Level::Op);

@@ -26,8 +26,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/gpu.h"
+#include "core/profiler.h"
 #include "core/tensor.h"
 
 namespace linac {
@@ -58,5 +60,17 @@ void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor&
 inline double matmul_flops(int64_t m, int64_t n, int64_t k, int64_t batch = 1) {
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
 }
+
+// Profile regions of one of our GEMM kernels with a fused epilogue (not cuBLASLt's): an op of its
+// own (e.g. "GEMM with the SwiGLU gate") and, inside it, the problem "<what> M x N x K" with its FLOPs.
+class FusedGemmProfile {
+ public:
+  FusedGemmProfile(const Ctx& ctx, const char* op, const char* what, int64_t m, int64_t n, int64_t k);
+
+ private:
+  ProfileScope op_;
+  std::string name_;
+  ProfileScope problem_;
+};
 
 }  // namespace linac

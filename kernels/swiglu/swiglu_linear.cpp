@@ -14,6 +14,8 @@ namespace linac {
 
 namespace {
 
+constexpr const char* kProfileOp = "GEMM with the SwiGLU gate";
+
 bool rows_16b(const Tensor& t) {
   return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
 }
@@ -29,20 +31,6 @@ void check_h(const Tensor& h, const Tensor& a, int64_t n, const char* a_name) {
               std::string("swiglu_linear: ") + a_name + " must be [N, F] contiguous for h " + h.shape_str() + ", got " +
                   a.shape_str());
 }
-
-// The fused kernels' profile regions: an op of their own (they are GEMMs, but not cuBLASLt's) and
-// the problem, M x N x K of the GEMM inside.
-struct FusedProfile {
-  ProfileScope op;
-  std::string name;
-  ProfileScope problem;
-  FusedProfile(const Ctx& ctx, const char* what, int64_t m, int64_t n, int64_t k)
-      : op(ctx, "GEMM with the SwiGLU gate", Profiler::Level::Op),
-        name(ctx.profiler
-                 ? std::string(what) + " " + std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k)
-                 : std::string()),
-        problem(ctx, name.c_str(), Profiler::Level::Shape, matmul_flops(m, n, k)) {}
-};
 
 }  // namespace
 
@@ -77,7 +65,7 @@ void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, cons
               "swiglu_linear_fwd: W_in " + w_in.shape_str() + " does not give h " + h.shape_str());
   if (fused(ctx, x, w_in, h, a)) {
 #if LINAC_WITH_SM90A
-    FusedProfile prof(ctx, "GEMM+gate fwd", x.size(0), w_in.size(0), x.size(1));
+    FusedGemmProfile prof(ctx, kProfileOp, "GEMM+gate fwd", x.size(0), w_in.size(0), x.size(1));
     if (x.size(0) > 0) swiglu_linear_fwd_sm90(ctx, x, w_in, h, a, act);
     return;
 #endif
@@ -98,7 +86,7 @@ void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, co
   LINAC_CHECK(dh.is_contiguous(), "swiglu_linear_bwd: dh must be contiguous");
   if (fused(ctx, dy, w_out, h, dh)) {
 #if LINAC_WITH_SM90A
-    FusedProfile prof(ctx, "GEMM+gate bwd", dy.size(0), w_out.size(1), dy.size(1));
+    FusedGemmProfile prof(ctx, kProfileOp, "GEMM+gate bwd", dy.size(0), w_out.size(1), dy.size(1));
     if (dy.size(0) > 0) swiglu_linear_bwd_sm90(ctx, dy, w_out, h, dh, act);
     return;
 #endif

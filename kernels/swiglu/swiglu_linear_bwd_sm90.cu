@@ -13,11 +13,13 @@
 // clusters of 2, rank r loads B's 64-column chunk r of each stage and multicasts it to both CTAs.
 #include <algorithm>
 
+#include "common/gemm_sm90.cuh"
 #include "swiglu/swiglu_linear.h"
-#include "swiglu/swiglu_linear_sm90.cuh"
+#include "swiglu/swiglu_math.cuh"
 
 namespace linac {
 namespace glu_sm90 {
+using namespace gemm_sm90;
 namespace {
 
 constexpr int kBN = 128, kBK = 64, kStages = 4;

@@ -15,11 +15,13 @@
 // and rank 1 the value half, each multicast to both CTAs.
 #include <algorithm>
 
+#include "common/gemm_sm90.cuh"
 #include "swiglu/swiglu_linear.h"
-#include "swiglu/swiglu_linear_sm90.cuh"
+#include "swiglu/swiglu_math.cuh"
 
 namespace linac {
 namespace glu_sm90 {
+using namespace gemm_sm90;
 namespace {
 
 constexpr int kBF = 128;  // gate columns per tile
@@ -127,22 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     regs_alloc<kMathRegs>();
     const int w = wg - 1;
-    const uint32_t st = staging0 + w * C::kStagingBytes;
-    float acc[128];
-    int it = 0, nt = 0;
-    for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
-      pipe.matmuls(nk, it, [&](uint32_t a, int accumulate) {
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)
-          Wgmma<256>::ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + C::kABytes, 0, kk),
-                               accumulate || kk > 0);
-      });
-      fence_regs(acc);
-      if (nt > 0) mbar_wait(free0 + 8 * w, (nt - 1) & 1);
-      dump_acc<256>(st, acc);
-      fence_proxy_async_shared();  // g and u go out through the TMA store
-      mbar_arrive(staged0 + 8 * w);
-    }
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
   }
   if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }

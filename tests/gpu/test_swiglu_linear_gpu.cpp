@@ -8,8 +8,6 @@
 // the fused kernels both in clusters of 2 (multicast weight stages) and of 1.
 // Shapes are not multiples of the tiles (N, d, F), and one has more tiles than the GPU has SMs, so
 // each persistent CTA runs several.
-#include <cmath>
-
 #include "matmul/matmul.h"
 #include "swiglu/swiglu_linear.h"
 #include "test_util.h"
@@ -27,20 +25,6 @@ struct Family {
   const char *kernels, *cluster;
 };
 const Family kFamilies[] = {{"auto", "2"}, {"auto", "1"}, {"sm80", "2"}};
-
-// Values in {-1, 0, 1}: h and da are integers of at most d <= 256 in magnitude, exact in bf16.
-OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed) {
-  OwnedTensor t = test::random_tensor(dims, DType::F64, seed, -1.5, 1.5);
-  double* p = t->data<double>();
-  for (int64_t i = 0; i < t->numel(); ++i) p[i] = std::round(p[i]);
-  return t;
-}
-
-std::vector<uint16_t> bits(const Tensor& t) {
-  OwnedTensor c = to(t, Device::CPU, DType::BF16);
-  const auto* p = c->data<uint16_t>();
-  return std::vector<uint16_t>(p, p + c->numel());
-}
 
 struct Outputs {
   OwnedTensor h, a, dh;
@@ -73,22 +57,23 @@ TEST(SwigluLinearGpu, ExactProductsGiveTheGateOfThatProduct) {
                      (act == GluAct::Silu ? " SiLU" : " identity") + " N " + std::to_string(s.n) + " d " +
                      std::to_string(s.d) + " F " + std::to_string(s.f));
         test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family.kernels), cluster("LINAC_SWIGLU_CLUSTER", family.cluster);
-        OwnedTensor x = small_integers({s.n, s.d}, 1), w_in = small_integers({2 * s.f, s.d}, 2);
-        OwnedTensor dy = small_integers({s.n, s.d}, 3), w_out = small_integers({s.d, s.f}, 4);
+        // h and da are integers of at most d <= 256 in magnitude, exact in bf16.
+        OwnedTensor x = test::small_integers({s.n, s.d}, 1), w_in = test::small_integers({2 * s.f, s.d}, 2);
+        OwnedTensor dy = test::small_integers({s.n, s.d}, 3), w_out = test::small_integers({s.d, s.f}, 4);
         const Outputs r = run_gpu(x, w_in, dy, w_out, act);
         // Exact h and da on the CPU, then the gate by the GPU's elementwise kernels.
         OwnedTensor h(DType::F64, Device::CPU, {s.n, 2 * s.f}), da(DType::F64, Device::CPU, {s.n, s.f});
         matmul(Ctx{}, x, false, w_in, true, h);
         matmul(Ctx{}, dy, false, w_out, false, da);
-        EXPECT_EQ(bits(r.h), bits(h));
+        EXPECT_EQ(test::bf16_bits(r.h), test::bf16_bits(h));
         GpuContext gctx;
         OwnedTensor hg = to(h, Device::CUDA, DType::BF16), dag = to(da, Device::CUDA, DType::BF16);
         OwnedTensor a(DType::BF16, Device::CUDA, {s.n, s.f}), dh(DType::BF16, Device::CUDA, {s.n, 2 * s.f});
         swiglu_fwd(gctx.ctx(), hg, a, act);
         swiglu_bwd(gctx.ctx(), hg, dag, dh, act);
         gctx.synchronize();
-        EXPECT_EQ(bits(r.a), bits(a));
-        EXPECT_EQ(bits(r.dh), bits(dh));
+        EXPECT_EQ(test::bf16_bits(r.a), test::bf16_bits(a));
+        EXPECT_EQ(test::bf16_bits(r.dh), test::bf16_bits(dh));
       }
 }
 
@@ -128,15 +113,15 @@ TEST(SwigluLinearGpu, RerunsAreBitIdentical) {
   OwnedTensor dy = test::random_tensor({s.n, s.d}, DType::F64, 11),
               w_out = test::random_tensor({s.d, s.f}, DType::F64, 12);
   const Outputs r1 = run_gpu(x, w_in, dy, w_out, GluAct::Silu), r2 = run_gpu(x, w_in, dy, w_out, GluAct::Silu);
-  EXPECT_EQ(bits(r1.h), bits(r2.h));
-  EXPECT_EQ(bits(r1.a), bits(r2.a));
-  EXPECT_EQ(bits(r1.dh), bits(r2.dh));
+  EXPECT_EQ(test::bf16_bits(r1.h), test::bf16_bits(r2.h));
+  EXPECT_EQ(test::bf16_bits(r1.a), test::bf16_bits(r2.a));
+  EXPECT_EQ(test::bf16_bits(r1.dh), test::bf16_bits(r2.dh));
   // The cluster size changes which CTA loads what, never a sum's order: the same bits.
   test::ScopedEnv single("LINAC_SWIGLU_CLUSTER", "1");
   const Outputs r3 = run_gpu(x, w_in, dy, w_out, GluAct::Silu);
-  EXPECT_EQ(bits(r1.h), bits(r3.h));
-  EXPECT_EQ(bits(r1.a), bits(r3.a));
-  EXPECT_EQ(bits(r1.dh), bits(r3.dh));
+  EXPECT_EQ(test::bf16_bits(r1.h), test::bf16_bits(r3.h));
+  EXPECT_EQ(test::bf16_bits(r1.a), test::bf16_bits(r3.a));
+  EXPECT_EQ(test::bf16_bits(r1.dh), test::bf16_bits(r3.dh));
 }
 
 TEST(SwigluLinearGpu, KernelChoice) {

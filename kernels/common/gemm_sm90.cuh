@@ -1,16 +1,18 @@
-// Shared by the Hopper channel-mixer GEMMs (swiglu_linear_fwd_sm90.cu, swiglu_linear_bwd_sm90.cu):
-// the CTA's roles, the tile order and the staging of 64 x 64 bf16 output chunks.
+// Persistent Hopper GEMMs with a warp-specialised epilogue (TMA + wgmma), shared by the kernels
+// that apply an elementwise function to their products before storing them (the channel mixer's
+// swiglu_linear_*_sm90.cu, the attention projection's rope_linear_sm90.cu): the CTA's roles, the
+// tile order, the operand pipeline and the staging of 64 x 64 bf16 output chunks.
 //
 // A CTA is one persistent worker (one per SM) over output tiles of kBM = 128 rows. Warpgroups 1
-// and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and applies
-// the gate: its thread 0 issues the TMA loads of the operand stages, and its warps 1-3 (the
-// "epilogue warps") take each finished tile from shared memory, apply the gate there, and have
-// thread 32 store the results by TMA (and, in the backward, load the next tile's gate input). So
-// the math warpgroups only dump their accumulators, rounded to bf16, into a staging area and go on
-// with the next tile's matmuls while the epilogue warps work on the last one. Stages of the A and
-// B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one arrival per math
-// warp); the staging area through "staged" (the math warpgroup wrote it) and "free" (it may be
-// written again).
+// and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and runs the
+// epilogue: its thread 0 issues the TMA loads of the operand stages, and its warps 1-3 (the
+// "epilogue warps") take each finished tile from shared memory, apply the function there, and have
+// thread 32 store the results by TMA (and, where the function needs a second input, load the next
+// tile's). So the math warpgroups only dump their accumulators, rounded to bf16, into a staging
+// area and go on with the next tile's matmuls while the epilogue warps work on the last one. Stages
+// of the A and B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one
+// arrival per math warp); the staging area through "staged" (the math warpgroup wrote it) and
+// "free" (it may be written again).
 //
 // CTAs run in clusters of kCluster (1 or 2). The CTAs of a cluster take the same column block and
 // adjacent row blocks, so they need the same weight tiles: each loads its share of every weight
@@ -27,10 +29,8 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/gpu.h"
-#include "swiglu/swiglu_linear.h"
-#include "swiglu/swiglu_math.cuh"
 
-namespace linac::glu_sm90 {
+namespace linac::gemm_sm90 {
 
 using namespace linac::sm90;
 
@@ -187,13 +187,39 @@ __device__ __forceinline__ void dump_acc(uint32_t block, const float (&acc)[N / 
                     pack_bf16(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
 }
 
+// Math warpgroup w (0 or 1) of a kernel whose stages hold A [128, kBK] then B [256, kBK] (a_bytes
+// in), both K-major with 64-byte rows (64-byte swizzle): for each of the CTA's tiles the 64 x 256
+// product of A's rows 64w .. 64w + 63 and B, dumped in bf16 into the staging block `st` as soon as
+// the epilogue has freed it (barrier `free_bar`), then announced on `staged`.
+template <int kBK, int kStages, int kCluster>
+__device__ __forceinline__ void math_n256(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
+                                          int nk, uint32_t a_bytes, int w, uint32_t st, uint32_t staged,
+                                          uint32_t free_bar) {
+  static_assert(kBK == 32, "64-byte rows");
+  float acc[128];
+  int it = 0, nt = 0;
+  for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
+    pipe.matmuls(nk, it, [&](uint32_t a, int accumulate) {
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+        Wgmma<256>::ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),
+                             accumulate || kk > 0);
+    });
+    fence_regs(acc);
+    if (nt > 0) mbar_wait(free_bar, (nt - 1) & 1);
+    dump_acc<256>(st, acc);
+    fence_proxy_async_shared();  // the epilogue's TMA stores read what these generic stores wrote
+    mbar_arrive(staged);
+  }
+}
+
 // TMA map of a bf16 matrix [rows, cols] (row stride `ld` elements) seen as `halves` side-by-side
-// blocks of `cols` columns each `half_stride` elements apart (gate and value of h, W_in), in boxes of
-// box_rows x box_cols.
+// blocks of `cols` columns each `half_stride` elements apart (e.g. gate and value of SwiGLU's h), in
+// boxes of box_rows x box_cols.
 inline CUtensorMap matrix_map(const void* base, int64_t rows, int64_t cols, int64_t ld, int64_t halves,
                               int64_t half_stride, int box_rows, int box_cols) {
   const int64_t hs = halves > 1 ? half_stride : ld * rows;
   return bf16_tensor_map(base, {cols, rows, halves, 1}, {ld, hs, hs}, {box_cols, box_rows, 1, 1}, box_cols * 2);
 }
 
-}  // namespace linac::glu_sm90
+}  // namespace linac::gemm_sm90
