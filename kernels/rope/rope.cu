@@ -10,6 +10,7 @@
 
 #include "common/cuda_common.cuh"
 #include "rope/rope.h"
+#include "rope/rope_math.cuh"
 
 namespace linac {
 namespace {
@@ -45,15 +46,14 @@ __global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int 
     if constexpr (kPairs == 4) {
       const float4 x1 = cuda::load4(p + i), x2 = cuda::load4(p + i + half);
       const float4 c = *reinterpret_cast<const float4*>(cj + i), s = *reinterpret_cast<const float4*>(cj + half + i);
-      cuda::store4(p + i, make_float4(x1.x * c.x - x2.x * s.x, x1.y * c.y - x2.y * s.y, x1.z * c.z - x2.z * s.z,
-                                      x1.w * c.w - x2.w * s.w));
-      cuda::store4(p + i + half, make_float4(x2.x * c.x + x1.x * s.x, x2.y * c.y + x1.y * s.y,
-                                             x2.z * c.z + x1.z * s.z, x2.w * c.w + x1.w * s.w));
+      const float2 r0 = cuda::rope_rotate(x1.x, x2.x, c.x, s.x), r1 = cuda::rope_rotate(x1.y, x2.y, c.y, s.y);
+      const float2 r2 = cuda::rope_rotate(x1.z, x2.z, c.z, s.z), r3 = cuda::rope_rotate(x1.w, x2.w, c.w, s.w);
+      cuda::store4(p + i, make_float4(r0.x, r1.x, r2.x, r3.x));
+      cuda::store4(p + i + half, make_float4(r0.y, r1.y, r2.y, r3.y));
     } else {
-      const float x1 = cuda::to_float(p[i]), x2 = cuda::to_float(p[i + half]);
-      const float c = cj[i], s = cj[half + i];
-      p[i] = cuda::from_float<T>(x1 * c - x2 * s);
-      p[i + half] = cuda::from_float<T>(x2 * c + x1 * s);
+      const float2 r = cuda::rope_rotate(cuda::to_float(p[i]), cuda::to_float(p[i + half]), cj[i], cj[half + i]);
+      p[i] = cuda::from_float<T>(r.x);
+      p[i + half] = cuda::from_float<T>(r.y);
     }
   }
 }

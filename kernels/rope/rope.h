@@ -10,7 +10,8 @@
 // Precision: inv_freq_i is pow(base, -2i/D) evaluated in double and rounded to the compute type
 // (on the GPU to f32, on the host, so host and device agree bit for bit); the angle is
 // T(p) * inv_freq_i rounded once in the compute type, as in the Hugging Face implementation;
-// the GPU then uses sincosf (accurate over the full range, unlike __sincosf). In f32 the angle
+// the GPU then uses sincosf (accurate over the full range, unlike __sincosf) and rounds each product
+// of the rotation on its own (rope_math.cuh, shared with rope_linear's GEMM). In f32 the angle
 // therefore carries a relative error of about 2^-24 (e.g. ~2e-4 rad at p = 4096), the same as
 // reference implementations that compute it in f32.
 //

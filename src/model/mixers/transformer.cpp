@@ -10,6 +10,7 @@
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "rope/rope.h"
+#include "rope/rope_linear.h"
 
 namespace linac {
 
@@ -94,10 +95,10 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
   Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dh_});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
-  matmul(ctx, x.view({N, d_}), false, env_.params->weight(wqkv_), true, qkv.view({N, 3 * d_}));
-  Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
   // q and k side by side: one rotation over 2H heads.
-  if (opt_.rope) rope_fwd(ctx, bthd(qkv.view({N, 3 * d_}), B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0);
+  rope_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(wqkv_), qkv.view({N, 3 * d_}), T, opt_.rope ? 2 * d_ : 0,
+                  Dh_, opt_.rope_base);
+  Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
   AttentionOpts ao;
   ao.window = opt_.window;
   {

@@ -1,0 +1,67 @@
+// Attention input projection with RoPE: argument checks and the choice between the fused Hopper
+// kernel and matmul + rope_fwd.
+#include "rope/rope_linear.h"
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "matmul/matmul.h"
+#include "rope/rope.h"
+
+namespace linac {
+
+namespace {
+bool rows_16b(const Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
+}
+}  // namespace
+
+const char* rope_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& y, int64_t head_dim) {
+  const char* env = std::getenv("LINAC_ROPE_LINEAR_KERNELS");
+  const std::string choice = env ? env : "";
+  if (!choice.empty() && choice != "auto" && choice != "sm80")
+    throw UserError("LINAC_ROPE_LINEAR_KERNELS must be auto or sm80, got '" + choice + "'");
+  const bool bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16 && y.dtype == DType::BF16;
+  if (LINAC_WITH_SM90A && choice != "sm80" && bf16 && (head_dim == 64 || head_dim == 128) && rows_16b(x) &&
+      rows_16b(w) && rows_16b(y) && gpu_compute_capability() == 90)
+    return "fused_sm90";
+  return "composite";
+}
+
+void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
+                     int64_t head_dim, double base) {
+  LINAC_CHECK(x.ndim == 2 && w.ndim == 2 && y.ndim == 2 && w.size(1) == x.size(1) && y.size(0) == x.size(0) &&
+                  y.size(1) == w.size(0),
+              "rope_linear_fwd: expected x [N, K], W [M, K], y [N, M], got " + x.shape_str() + ", " + w.shape_str() +
+                  ", " + y.shape_str());
+  LINAC_CHECK(y.is_contiguous(), "rope_linear_fwd: y must be contiguous");
+  const int64_t n = x.size(0), m = w.size(0);
+  LINAC_CHECK(T > 0 && n % T == 0, "rope_linear_fwd: " + std::to_string(n) +
+                                       " rows are not sequences of T = " + std::to_string(T) + " tokens");
+  LINAC_CHECK(head_dim > 0 && n_rot >= 0 && n_rot <= m && n_rot % head_dim == 0,
+              "rope_linear_fwd: the rotated columns (" + std::to_string(n_rot) + ") must be whole heads of " +
+                  std::to_string(head_dim) + " within M = " + std::to_string(m));
+  if (n_rot > 0 && ctx.is_gpu() && std::string_view(rope_linear_gpu_kernel(x, w, y, head_dim)) == "fused_sm90") {
+#if LINAC_WITH_SM90A
+    LINAC_CHECK(T <= (int64_t(1) << 24), "rope_linear_fwd: positions must be exact in f32 (T < 2^24)");
+    const size_t table_bytes = static_cast<size_t>(T * head_dim / 2) * 2 * sizeof(float);
+    LINAC_CHECK(table_bytes <= ctx.workspace_bytes, "rope_linear_fwd: the (cos, sin) table of T = " +
+                                                        std::to_string(T) + " does not fit the GPU workspace");
+    FusedGemmProfile prof(ctx, "GEMM with RoPE", "GEMM+RoPE", n, m, x.size(1));
+    if (n == 0) return;
+    auto* table = static_cast<float*>(ctx.workspace);
+    rope_table_cuda(ctx, base, head_dim, T, table);
+    rope_linear_fwd_sm90(ctx, x, w, y, T, n_rot, head_dim, table);
+    return;
+#endif
+  }
+  matmul(ctx, x, false, w, true, y);
+  if (n_rot == 0 || n == 0) return;
+  // y's first n_rot columns as [B, T, heads, head_dim] with token stride M.
+  Tensor rot(y.ptr, y.dtype, y.device, {n / T, T, n_rot / head_dim, head_dim});
+  rot.strides = {T * m, m, head_dim, 1};
+  rope_fwd(ctx, rot, base, 0);
+}
+
+}  // namespace linac

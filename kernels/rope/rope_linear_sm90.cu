@@ -1,0 +1,199 @@
+// Hopper attention input projection with RoPE in its epilogue (math in rope_linear.h):
+//   y = x W^T                (f32 accumulation, rounded to bf16)
+//   y[:, :n_rot] rotated     per head of D columns at position (row % T), from that rounded y, as
+//                            rope_fwd rotates it (rope_math.cuh; (cos, sin) from rope_table_cuda)
+// Layout: x [N, K], W [M, K], y [N, M]; bf16. cos_sin [T, D / 2] pairs of f32.
+//
+// Output tile: rows m0 .. m0 + 127, columns c0 .. c0 + 255, as four 64-column chunks. Tiles start at
+// multiples of 256, so a head of 64 or 128 columns never straddles two. A math warpgroup's 64 x 256
+// accumulator is one wgmma m64n256k16 chain; k runs in steps of 32 (64-byte rows, 64-byte swizzle)
+// through five (D = 64) or four (D = 128) stages of A = x [128, 32] and B = W [256, 32] (two boxes of
+// 128 rows), both K-major, as in the SwiGLU up-projection (swiglu_linear_fwd_sm90.cu).
+// Per math warpgroup a staging block of the four chunks: the epilogue warps rotate the heads below
+// n_rot in place, eight pairs of one row at a time (a pair's halves are 32 columns apart at D = 64,
+// in the same chunk, and 64 apart at D = 128, in neighbouring chunks), and thread 32 stores the
+// chunks. The (cos, sin) rows of the tile's 128 positions arrive in shared memory by bulk copies
+// that thread 32 issues as the tile begins, so they land while the math warpgroups work (read per
+// 8 pairs from global memory, they held the epilogue warps up: no gain over the separate pass).
+// The TMA drops rows past N and columns past M and reads W's rows past M as zero. In clusters of
+// two, rank r loads rows [128 r, 128 r + 128) of each B stage and multicasts them.
+#include "common/gemm_sm90.cuh"
+#include "rope/rope_linear.h"
+#include "rope/rope_math.cuh"
+
+namespace linac {
+namespace rope_sm90 {
+using namespace gemm_sm90;
+namespace {
+
+constexpr int kBN = 256, kBK = 32, kCluster = 2;
+
+template <int D>
+struct Cfg {
+  // Five stages where the (cos, sin) rows of a tile leave room (D = 64), four at D = 128.
+  static constexpr int kStages = D == 64 ? 5 : 4;
+  static constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr uint32_t kStagingBytes = 4 * kChunkBytes;  // per math warpgroup: its 64 x 256 outputs
+  static constexpr uint32_t kTableBytes = kBM * (D / 2) * 8;  // (cos, sin) of the tile's 128 positions
+  static constexpr uint32_t kTableOffset = kStages * kStageBytes + 2 * kStagingBytes;
+  static constexpr uint32_t kBarOffset = kTableOffset + kTableBytes;
+  // full and empty per stage, staged and free per math warpgroup, the table's
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 5);
+};
+
+// Epilogue thread 0 copies the (cos, sin) rows of positions (row0 + r) % t, r < 128, into `table`
+// (runs of consecutive positions, one bulk copy each), completing on `bar`.
+template <int D>
+__device__ __forceinline__ void load_table(uint32_t table, int row0, int t, const float* cos_sin, uint32_t bar) {
+  constexpr uint32_t kRowBytes = (D / 2) * 8;
+  mbar_arrive_expect_tx(bar, kBM * kRowBytes);
+  for (int r = 0; r < kBM;) {
+    const int p = (row0 + r) % t, len = min(kBM - r, t - p);
+    bulk_load(table + r * kRowBytes, cos_sin + static_cast<int64_t>(p) * (D / 2) * 2, len * kRowBytes, bar);
+    r += len;
+  }
+}
+
+// Rotates the first `heads` heads of a staged 64 x 256 block in place; epilogue thread e. A unit is
+// eight pairs of one row: 16-byte group g of the head's first half and the same group of its
+// second half; `table` holds the (cos, sin) rows of the block's 64 positions.
+template <int D>
+__device__ __forceinline__ void rotate_block(uint32_t st, int heads, uint32_t table, int e) {
+  constexpr int kGroups = D / 16;  // units per head and row
+  const int per_row = heads * kGroups;
+  for (int u = e; u < 64 * per_row; u += kEpilogueThreads) {
+    const int row = u / per_row, r = u - row * per_row, head = r / kGroups, g = r - head * kGroups;
+    // D = 64: groups 0-3 of chunk `head` pair with groups 4-7; D = 128: chunk 2 head with 2 head + 1.
+    const uint32_t lo =
+        D == 64 ? head * kChunkBytes + chunk_offset(row, g, 0) : 2 * head * kChunkBytes + chunk_offset(row, g, 0);
+    const uint32_t hi = D == 64 ? head * kChunkBytes + chunk_offset(row, g + 4, 0) : lo + kChunkBytes;
+    const uint32_t cs = table + (row * (D / 2) + 8 * g) * 8;  // pairs 8g .. 8g + 7 of the row
+    const uint4 xv = ld_shared_v4(st + lo), yv = ld_shared_v4(st + hi);
+    const uint32_t x1[4] = {xv.x, xv.y, xv.z, xv.w}, x2[4] = {yv.x, yv.y, yv.z, yv.w};
+    uint32_t o1[4], o2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 qv = ld_shared_v4(cs + 16 * i);  // (c, s) of two pairs
+      const float4 q =
+          make_float4(__uint_as_float(qv.x), __uint_as_float(qv.y), __uint_as_float(qv.z), __uint_as_float(qv.w));
+      const float2 a = unpack_bf16(x1[i]), b = unpack_bf16(x2[i]);
+      const float2 r0 = cuda::rope_rotate(a.x, b.x, q.x, q.y), r1 = cuda::rope_rotate(a.y, b.y, q.z, q.w);
+      o1[i] = pack_bf16(r0.x, r1.x);
+      o2[i] = pack_bf16(r0.y, r1.y);
+    }
+    st_shared_v4(st + lo, make_uint4(o1[0], o1[1], o1[2], o1[3]));
+    st_shared_v4(st + hi, make_uint4(o2[0], o2[1], o2[2], o2[3]));
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    rope_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
+                           const __grid_constant__ CUtensorMap tm_y, const float* __restrict__ cos_sin, const int n,
+                           const int m, const int k, const int t, const int n_rot) {
+  using C = Cfg<D>;
+  constexpr int kStages = C::kStages;
+  extern __shared__ unsigned char smem[];
+  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
+  const uint32_t table = stage0 + C::kTableOffset;
+  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
+  const uint32_t staged0 = pipe.end(), free0 = staged0 + 16, table_full = free0 + 16;
+  const TileGrid<kCluster> grid(n, cdiv(m, kBN));
+  const int nk = cdiv(k, kBK);
+  const int wg = warpgroup_index();
+  if (threadIdx.x == 0) {
+    pipe.init();
+    for (int w = 0; w < 2; ++w) {
+      mbar_init(staged0 + 8 * w, 128);  // every thread of the math warpgroup
+      mbar_init(free0 + 8 * w, 1);
+    }
+    mbar_init(table_full, 1);
+    mbar_init_fence();
+  }
+  cluster_sync();  // the other CTA's barriers exist before anything is multicast into them
+
+  if (wg == 0) {
+    regs_dealloc<kLoadRegs>();
+    if (threadIdx.x == 0) {
+      prefetch_tensor_map(&tm_x);
+      prefetch_tensor_map(&tm_w);
+      const int half = static_cast<int>(grid.rank);
+      int it = 0;
+      for (int tile = grid.first(); tile < grid.count; tile += grid.step()) {
+        const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
+        for (int kb = 0; kb < nk; ++kb, ++it) {
+          const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
+          tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
+          tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, c0 + half * (kBN / 2), 0, 0);
+        }
+      }
+    } else if (threadIdx.x >= 32) {
+      const int e = threadIdx.x - 32;
+      if (e == 0) prefetch_tensor_map(&tm_y);
+      int nt = 0, nr = 0;  // tiles, tiles with rotated heads
+      for (int tile = grid.first(); tile < grid.count; tile += grid.step(), ++nt) {
+        const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
+        const int heads = max(0, min((n_rot - c0) / D, kBN / D));  // n_rot and c0 are whole heads
+        if (heads > 0 && e == 0) {
+          // While the math warpgroups work on this tile; the last one's rotations are done (every
+          // epilogue thread passed the barrier before its last store).
+          fence_proxy_async_shared();
+          load_table<D>(table, m0, t, cos_sin, table_full);
+        }
+        for (int w = 0; w < 2; ++w) {
+          const uint32_t st = staging0 + w * C::kStagingBytes;
+          mbar_wait(staged0 + 8 * w, nt & 1);
+          if (heads > 0) {
+            if (w == 0) mbar_wait(table_full, nr & 1);
+            rotate_block<D>(st, heads, table + w * (C::kTableBytes / 2), e);
+            fence_proxy_async_shared();  // the rotated values go out through the TMA store
+          }
+          named_barrier_sync(kEpilogueBarrier, kEpilogueThreads);
+          if (e == 0) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) tma_store_4d(&tm_y, st + c * kChunkBytes, c0 + 64 * c, m0 + 64 * w, 0, 0);
+            bulk_commit();
+            bulk_wait_read<0>();
+            mbar_arrive(free0 + 8 * w);
+          }
+        }
+        nr += heads > 0;
+      }
+      if (e == 0) bulk_wait<0>();
+    }
+  } else {
+    regs_alloc<kMathRegs>();
+    const int w = wg - 1;
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
+  }
+  cluster_sync();  // no CTA leaves while the other may still arrive on its barriers
+}
+
+template <int D>
+void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t t, int64_t n_rot,
+            const float* cos_sin) {
+  using C = Cfg<D>;
+  static_assert(C::kSmem <= 227 * 1024, "shared memory");
+  const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
+  const CUtensorMap tm_x = matrix_map(x.ptr, n, k, k, 1, 0, kBM, kBK);
+  const CUtensorMap tm_w = matrix_map(w.ptr, m, k, k, 1, 0, kBN / 2, kBK);
+  const CUtensorMap tm_y = matrix_map(y.ptr, n, m, m, 1, 0, 64, 64);
+  const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(m), kBN);
+  launch_clusters<kCluster>(rope_linear_fwd_kernel<D>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x, tm_w, tm_y, cos_sin,
+                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), static_cast<int>(t),
+                            static_cast<int>(n_rot));
+}
+
+}  // namespace
+}  // namespace rope_sm90
+
+void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
+                          int64_t head_dim, const float* cos_sin) {
+  LINAC_CHECK(x.size(0) < (int64_t{1} << 31) - rope_sm90::kBM, "rope_linear_fwd: too many rows for one call");
+  if (head_dim == 64)
+    rope_sm90::launch<64>(ctx, x, w, y, T, n_rot, cos_sin);
+  else
+    rope_sm90::launch<128>(ctx, x, w, y, T, n_rot, cos_sin);
+}
+
+}  // namespace linac
