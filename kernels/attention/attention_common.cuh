@@ -45,7 +45,7 @@ inline void check_bf16_rows(const Tensor& x, const AttentionLayout::Strides& s, 
               std::string("attention (GPU, bf16): ") + name + " rows must be 16-byte aligned");
 }
 
-__host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
+using cuda::cdiv;
 
 // Key blocks [lo, hi] of width bc that queries [q0, q0 + br) reach.
 __device__ __forceinline__ int2 key_blocks(const Args& a, int q0, int br, int bc) {

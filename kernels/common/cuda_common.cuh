@@ -120,6 +120,9 @@ __device__ __forceinline__ void store_vals(T* p, const float (&v)[V]) {
 
 inline unsigned grid_1d(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
+// ceil(a / b) for tile counts, on the host and in kernels.
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
 // Whether load4/store4 may be used on t's data (element 0, hence every fourth element).
 inline bool vec4_aligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.ptr) % (4 * dtype_size(t.dtype)) == 0;

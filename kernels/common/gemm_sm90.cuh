@@ -40,7 +40,7 @@ constexpr int kEpilogueThreads = 96, kEpilogueBarrier = 1;  // warps 1-3; named 
 constexpr int kLoadRegs = 56, kMathRegs = 224;
 constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // a staged chunk: 64 rows x 64 bf16, 128-byte swizzle
 
-__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+using cuda::cdiv;
 
 // Tile t of a grid of row blocks x column blocks, column blocks fastest: the CTAs running at once
 // share a few row blocks of the streamed operand (read from DRAM once) and all of the weight. A

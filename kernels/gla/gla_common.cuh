@@ -33,7 +33,7 @@ struct Args {
   GlaLayout::Strides q, k, v, g, o, dout, dq, dk, dv, dg;
 };
 
-__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+using cuda::cdiv;
 
 // Padded row length (elements) of a shared-memory tile with `cols` columns.
 template <class T>
