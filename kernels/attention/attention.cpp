@@ -2,7 +2,6 @@
 #include "attention/attention.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -56,11 +55,8 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 const char* attention_gpu_kernels(int64_t D) {
-  const char* env = std::getenv("LINAC_ATTENTION_KERNELS");
-  const std::string choice = env ? env : "";
-  if (!choice.empty() && choice != "auto" && choice != "sm80")
-    throw UserError("LINAC_ATTENTION_KERNELS must be auto or sm80, got '" + choice + "'");
-  if (LINAC_WITH_SM90A && choice != "sm80" && (D == 64 || D == 128) && gpu_compute_capability() == 90) return "sm90";
+  const bool hopper = hopper_kernels_allowed("LINAC_ATTENTION_KERNELS");
+  if (LINAC_WITH_SM90A && hopper && (D == 64 || D == 128) && gpu_compute_capability() == 90) return "sm90";
   return "sm80";
 }
 

@@ -14,7 +14,6 @@
 // max and one more block reduction merges the flags.
 #include <algorithm>
 #include <cfloat>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -111,14 +110,11 @@ __global__ void __launch_bounds__(kMaxThreads)
 }  // namespace
 
 const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits) {
-  const char* env = std::getenv("LINAC_CROSS_ENTROPY_KERNELS");
-  const std::string choice = env ? env : "";
-  if (!choice.empty() && choice != "auto" && choice != "sm80")
-    throw UserError("LINAC_CROSS_ENTROPY_KERNELS must be auto or sm80, got '" + choice + "'");
+  const bool hopper = hopper_kernels_allowed("LINAC_CROSS_ENTROPY_KERNELS");
   const int64_t v = logits.size(1);
   const bool vec = v % 4 == 0 && cuda::vec4_aligned(logits) && cuda::vec4_aligned(dlogits);
   if (!vec || v / 4 > int64_t{kRowGroups} * kMaxThreads) return "two_pass";
-  if (LINAC_WITH_SM90A && choice != "sm80" && gpu_compute_capability() == 90 && xent::rows_sm90_fit(logits))
+  if (LINAC_WITH_SM90A && hopper && gpu_compute_capability() == 90 && xent::rows_sm90_fit(logits))
     return "rows_sm90";
   return "rows";
 }

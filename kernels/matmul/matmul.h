@@ -61,6 +61,12 @@ inline double matmul_flops(int64_t m, int64_t n, int64_t k, int64_t batch = 1) {
   return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
 }
 
+// Whether t can be an operand of one of our Hopper GEMM kernels with a fused epilogue, which copy
+// it by TMA: a contiguous matrix whose base and rows are 16-byte aligned (bf16: width a multiple of 8).
+inline bool fused_gemm_operand_ok(const Tensor& t) {
+  return t.ndim == 2 && t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
+}
+
 // Profile regions of one of our GEMM kernels with a fused epilogue (not cuBLASLt's): an op of its
 // own (e.g. "GEMM with the SwiGLU gate") and, inside it, the problem "<what> M x N x K" with its FLOPs.
 class FusedGemmProfile {

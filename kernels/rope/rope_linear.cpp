@@ -2,7 +2,6 @@
 // kernel and matmul + rope_fwd.
 #include "rope/rope_linear.h"
 
-#include <cstdlib>
 #include <string>
 #include <string_view>
 
@@ -11,20 +10,11 @@
 
 namespace linac {
 
-namespace {
-bool rows_16b(const Tensor& t) {
-  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
-}
-}  // namespace
-
 const char* rope_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& y, int64_t head_dim) {
-  const char* env = std::getenv("LINAC_ROPE_LINEAR_KERNELS");
-  const std::string choice = env ? env : "";
-  if (!choice.empty() && choice != "auto" && choice != "sm80")
-    throw UserError("LINAC_ROPE_LINEAR_KERNELS must be auto or sm80, got '" + choice + "'");
+  const bool hopper = hopper_kernels_allowed("LINAC_ROPE_LINEAR_KERNELS");
   const bool bf16 = x.dtype == DType::BF16 && w.dtype == DType::BF16 && y.dtype == DType::BF16;
-  if (LINAC_WITH_SM90A && choice != "sm80" && bf16 && (head_dim == 64 || head_dim == 128) && rows_16b(x) &&
-      rows_16b(w) && rows_16b(y) && gpu_compute_capability() == 90)
+  if (LINAC_WITH_SM90A && hopper && bf16 && (head_dim == 64 || head_dim == 128) && fused_gemm_operand_ok(x) &&
+      fused_gemm_operand_ok(w) && fused_gemm_operand_ok(y) && gpu_compute_capability() == 90)
     return "fused_sm90";
   return "composite";
 }

@@ -16,10 +16,6 @@ namespace {
 
 constexpr const char* kProfileOp = "GEMM with the SwiGLU gate";
 
-bool rows_16b(const Tensor& t) {
-  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0 && t.size(1) % 8 == 0;
-}
-
 bool fused(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y) {
   return ctx.is_gpu() && std::string_view(swiglu_linear_gpu_kernel(x, w, h, y)) == "fused_sm90";
 }
@@ -35,14 +31,11 @@ void check_h(const Tensor& h, const Tensor& a, int64_t n, const char* a_name) {
 }  // namespace
 
 const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y) {
-  const char* env = std::getenv("LINAC_SWIGLU_KERNELS");
-  const std::string choice = env ? env : "";
-  if (!choice.empty() && choice != "auto" && choice != "sm80")
-    throw UserError("LINAC_SWIGLU_KERNELS must be auto or sm80, got '" + choice + "'");
+  const bool hopper = hopper_kernels_allowed("LINAC_SWIGLU_KERNELS");
   const bool bf16 =
       x.dtype == DType::BF16 && w.dtype == DType::BF16 && h.dtype == DType::BF16 && y.dtype == DType::BF16;
-  if (LINAC_WITH_SM90A && choice != "sm80" && bf16 && rows_16b(x) && rows_16b(w) && rows_16b(h) && rows_16b(y) &&
-      gpu_compute_capability() == 90)
+  if (LINAC_WITH_SM90A && hopper && bf16 && fused_gemm_operand_ok(x) && fused_gemm_operand_ok(w) &&
+      fused_gemm_operand_ok(h) && fused_gemm_operand_ok(y) && gpu_compute_capability() == 90)
     return "fused_sm90";
   return "composite";
 }

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 
@@ -21,6 +22,14 @@ double host_ms() {
 }  // namespace
 
 bool built_with_cuda() { return LINAC_WITH_CUDA != 0; }
+
+bool hopper_kernels_allowed(const char* env_var) {
+  const char* env = std::getenv(env_var);
+  const std::string choice = env ? env : "";
+  if (choice.empty() || choice == "auto") return true;
+  if (choice == "sm80") return false;
+  throw UserError(std::string(env_var) + " must be auto or sm80, got '" + choice + "'");
+}
 
 #if LINAC_WITH_CUDA
 

@@ -29,6 +29,10 @@ struct GpuInfo {
 };
 GpuInfo gpu_info();
 int gpu_compute_capability();  // of the current device: major * 10 + minor (90 for H100/H200)
+// A kernel family's switch between its Hopper kernels and the portable ones, read from env_var
+// (LINAC_<FAMILY>_KERNELS): unset or "auto" -> true (the Hopper kernels may run where the build and
+// the GPU have them), "sm80" -> false; anything else is a UserError naming the variable.
+bool hopper_kernels_allowed(const char* env_var);
 int gpu_sm_count();            // of the current device
 size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
 
