@@ -6,10 +6,14 @@
 // A CTA is one persistent worker (one per SM) over output tiles of kBM = 128 rows. Warpgroups 1
 // and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and runs the
 // epilogue: its thread 0 issues the TMA loads of the operand stages, and its warps 1-3 (the
-// "epilogue warps") take each finished tile from shared memory, apply the function there, and have
-// thread 32 store the results by TMA (and, where the function needs a second input, load the next
-// tile's). So the math warpgroups only dump their accumulators, rounded to bf16, into a staging
-// area and go on with the next tile's matmuls while the epilogue warps work on the last one. Stages
+// "epilogue warps") take each finished tile from shared memory, apply the function, and store the
+// results (through shared memory, by thread 32's TMA stores, or straight from registers). So the
+// math warpgroups only dump their accumulators, rounded to bf16, into a staging area and go on with
+// the next tile's matmuls while the epilogue warps work on the last one. A kernel whose epilogue
+// outweighs its matmuls runs "wide": warpgroup 3 adds four more epilogue warps (12-15), and the
+// whole kernel must then compile within 128 registers per thread (ptxas holds every instruction to
+// the launch bound, whatever setmaxnreg hands the math warps later), so its accumulators are at
+// most 64 x 128. Stages
 // of the A and B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one
 // arrival per math warp); the staging area through "staged" (the math warpgroup wrote it) and
 // "free" (it may be written again).
@@ -34,10 +38,24 @@ namespace linac::gemm_sm90 {
 
 using namespace linac::sm90;
 
-constexpr int kBM = 128, kThreads = 384;
-constexpr int kEpilogueThreads = 96, kEpilogueBarrier = 1;  // warps 1-3; named barrier id
-// Registers per thread after the hand-over (65536 per SM, one CTA).
-constexpr int kLoadRegs = 56, kMathRegs = 224;
+constexpr int kBM = 128, kEpilogueBarrier = 1;  // rows per tile; the epilogue warps' named barrier
+// The CTA's threads and epilogue threads: warps 1-3, and in a wide kernel warps 12-15 as well.
+template <bool kWide>
+struct Roles {
+  static constexpr int kThreads = kWide ? 512 : 384, kEpilogueThreads = kWide ? 224 : 96;
+  // Registers per thread after the hand-over (65536 per SM, one CTA). A wide kernel's math was
+  // compiled within 128, so its epilogue warps keep nearly as many.
+  static constexpr int kLoadRegs = kWide ? 120 : 56, kMathRegs = kWide ? 136 : 224;
+  static_assert(128 * (kLoadRegs * (kWide ? 2 : 1) + 2 * kMathRegs) <= 65536, "register file");
+};
+
+// Warpgroups 1 and 2 do the matmuls; 0 and (wide) 3 load and run the epilogue.
+__device__ __forceinline__ bool math_warpgroup(int wg) { return wg == 1 || wg == 2; }
+// Index 0 .. kEpilogueThreads - 1 of an epilogue thread: warps 1-3, then warps 12-15.
+__device__ __forceinline__ int epilogue_thread() {
+  const int t = static_cast<int>(threadIdx.x);
+  return t >= 384 ? t - 288 : t - 32;
+}
 constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // a staged chunk: 64 rows x 64 bf16, 128-byte swizzle
 
 using cuda::cdiv;
@@ -116,7 +134,7 @@ struct StagePipe {
 
 // A persistent launch in clusters of kCluster CTAs along x: as many clusters as fit on the GPU at
 // once (asked of the occupancy calculator once per kernel), at most `work` of them.
-template <int kCluster, class... Params, class... Args>
+template <int kCluster, bool kWide = false, class... Params, class... Args>
 void launch_clusters(void (*kernel)(Params...), int work, size_t smem, cudaStream_t stream, Args... args) {
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attr[1];
@@ -126,7 +144,7 @@ void launch_clusters(void (*kernel)(Params...), int work, size_t smem, cudaStrea
   attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(gpu_sm_count() / kCluster * kCluster));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(Roles<kWide>::kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;

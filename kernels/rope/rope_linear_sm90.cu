@@ -27,6 +27,7 @@ using namespace gemm_sm90;
 namespace {
 
 constexpr int kBN = 256, kBK = 32, kCluster = 2;
+using Cta = Roles<false>;
 
 template <int D>
 struct Cfg {
@@ -61,7 +62,7 @@ template <int D>
 __device__ __forceinline__ void rotate_block(uint32_t st, int heads, uint32_t table, int e) {
   constexpr int kGroups = D / 16;  // units per head and row
   const int per_row = heads * kGroups;
-  for (int u = e; u < 64 * per_row; u += kEpilogueThreads) {
+  for (int u = e; u < 64 * per_row; u += Cta::kEpilogueThreads) {
     const int row = u / per_row, r = u - row * per_row, head = r / kGroups, g = r - head * kGroups;
     // D = 64: groups 0-3 of chunk `head` pair with groups 4-7; D = 128: chunk 2 head with 2 head + 1.
     const uint32_t lo =
@@ -87,7 +88,7 @@ __device__ __forceinline__ void rotate_block(uint32_t st, int heads, uint32_t ta
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cta::kThreads, 1)
     rope_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                            const __grid_constant__ CUtensorMap tm_y, const float* __restrict__ cos_sin, const int n,
                            const int m, const int k, const int t, const int n_rot) {
@@ -112,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   cluster_sync();  // the other CTA's barriers exist before anything is multicast into them
 
-  if (wg == 0) {
-    regs_dealloc<kLoadRegs>();
+  if (!math_warpgroup(wg)) {
+    regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (threadIdx.x >= 32) {
-      const int e = threadIdx.x - 32;
+      const int e = epilogue_thread();
       if (e == 0) prefetch_tensor_map(&tm_y);
       int nt = 0, nr = 0;  // tiles, tiles with rotated heads
       for (int tile = grid.first(); tile < grid.count; tile += grid.step(), ++nt) {
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             rotate_block<D>(st, heads, table + w * (C::kTableBytes / 2), e);
             fence_proxy_async_shared();  // the rotated values go out through the TMA store
           }
-          named_barrier_sync(kEpilogueBarrier, kEpilogueThreads);
+          named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
           if (e == 0) {
 #pragma unroll
             for (int c = 0; c < 4; ++c) tma_store_4d(&tm_y, st + c * kChunkBytes, c0 + 64 * c, m0 + 64 * w, 0, 0);
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (e == 0) bulk_wait<0>();
     }
   } else {
-    regs_alloc<kMathRegs>();
+    regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
     math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
   }

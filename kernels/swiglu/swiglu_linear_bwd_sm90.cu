@@ -6,11 +6,15 @@
 // Output tile: rows m0 .. m0 + 127 and columns f0 .. f0 + 127 of da; a math warpgroup's 64 x 128
 // accumulator (wgmma m64n128k16). k runs in steps of 64 through kStages stages of A = dy [128, 64]
 // (K-major) and B = W_out [64, 128] as two 64-column chunks (MN-major: W_out's rows run along k).
-// Per math warpgroup w a staging block: g and u of its 64 rows (chunks 0-1, 2-3), which thread 32
-// loads by TMA one tile ahead, and da (chunks 4-5), which the math warpgroup dumps; the epilogue
-// warps overwrite g and u with dg and du, and thread 32 stores them. Per 128 x 128 tile the kernel
-// reads and writes 64 KB of h and dh against ~5 us of matmuls: it runs near the memory bound. In
-// clusters of 2, rank r loads B's 64-column chunk r of each stage and multicasts it to both CTAs.
+// Per math warpgroup w a staging block for da (two chunks), which the math warpgroup dumps. The
+// epilogue runs on seven warps (a wide kernel, gemm_sm90.cuh): each thread reads da of its units
+// (8 columns of a row) into registers, the block goes back to the math warpgroup, and the thread
+// computes dg, du from g and u that it loaded from global memory into registers while the block
+// was being computed, and stores them straight to global memory. Keeping h out of shared memory
+// leaves room for six operand stages instead of four: clock counters in the kernel had the math
+// warpgroups waiting for their operands through ~55% of each tile with four (H100: 125M layer,
+// 12 k-steps per tile, ~14,000 cycles per tile of which ~5,000 are matmuls).
+// In clusters of 2, rank r loads B's 64-column chunk r of each stage and multicasts it to both CTAs.
 #include <algorithm>
 
 #include "common/gemm_sm90.cuh"
@@ -22,33 +26,34 @@ namespace glu_sm90 {
 using namespace gemm_sm90;
 namespace {
 
-constexpr int kBN = 128, kBK = 64, kStages = 4;
+constexpr int kBN = 128, kBK = 64, kStages = 6;
+using Cta = Roles<true>;
+constexpr int kUnitsPerThread = cdiv(kUnits, Cta::kEpilogueThreads);
 
 struct BwdCfg {
   static constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBK * kBN * 2, kStageBytes = kABytes + kBBytes;
-  static constexpr uint32_t kStagingBytes = 6 * kChunkBytes;  // per math warpgroup: g, u (then dg, du), da
+  static constexpr uint32_t kStagingBytes = 2 * kChunkBytes;  // per math warpgroup: da
   static constexpr uint32_t kBarOffset = kStages * kStageBytes + 2 * kStagingBytes;
-  // full and empty per stage; h loaded, staged and da free per math warpgroup
-  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 6);
+  // full and empty per stage; staged and da free per math warpgroup
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 4);
 };
 
 template <GluAct kAct, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cta::kThreads, 1)
     swiglu_linear_bwd_kernel(const __grid_constant__ CUtensorMap tm_dy, const __grid_constant__ CUtensorMap tm_w,
-                             const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_dh,
-                             const int n, const int f, const int d) {
+                             const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ dh, const int n,
+                             const int f, const int d) {
   using C = BwdCfg;
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const uint32_t hfull0 = pipe.end(), staged0 = hfull0 + 16, dafree0 = staged0 + 16;
+  const uint32_t staged0 = pipe.end(), dafree0 = staged0 + 16;
   const TileGrid<kCluster> grid(n, cdiv(f, kBN));
   const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     pipe.init();
     for (int w = 0; w < 2; ++w) {
-      mbar_init(hfull0 + 8 * w, 1);
       mbar_init(staged0 + 8 * w, 128);  // every thread of the math warpgroup
       mbar_init(dafree0 + 8 * w, 1);
     }
@@ -59,8 +64,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     __syncthreads();
 
-  if (wg == 0) {
-    regs_dealloc<kLoadRegs>();
+  if (!math_warpgroup(wg)) {
+    regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_dy);
       prefetch_tensor_map(&tm_w);
@@ -80,67 +85,73 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (threadIdx.x >= 32) {
-      // Epilogue warps: dg, du from g, u and da, 8 columns of a row per unit. Thread 32 also moves
-      // the staging blocks: h of tile t in, dh out, then h of the CTA's next tile in.
-      const int e = threadIdx.x - 32;
-      auto load_h = [&](int t, int w) {
-        const uint32_t gu = staging0 + w * C::kStagingBytes, bar = hfull0 + 8 * w;
-        mbar_arrive_expect_tx(bar, 4 * kChunkBytes);
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          tma_load_4d(gu + c * kChunkBytes, &tm_h, bar, grid.col_block(t) * kBN + 64 * (c & 1), grid.row0(t) + 64 * w,
-                      c >> 1, 0);
+      // Epilogue warps: dg, du from g, u and da, 8 columns of a row per unit; thread e takes units
+      // e, e + 224, ... of each math warpgroup's block. g and u come from global memory into
+      // registers, the next block's loads issued as soon as this block's results are out.
+      const int e = epilogue_thread();
+      uint4 gv[kUnitsPerThread], uv[kUnitsPerThread];
+      // Address of unit i's g in h (its u is f further; dg, du at the same places in dh); -1 where
+      // the unit is past the matrix (f is a multiple of 8: a unit is all in or all out).
+      auto unit_at = [&](int t, int w, int i) -> int64_t {
+        const int u = e + i * Cta::kEpilogueThreads;
+        const int64_t row = grid.row0(t) + 64 * w + (u >> 4);
+        const int col = grid.col_block(t) * kBN + 8 * (u & 15);
+        return u < kUnits && row < n && col < f ? row * (2 * int64_t{f}) + col : -1;
       };
-      if (e == 0) {
-        prefetch_tensor_map(&tm_h);
-        prefetch_tensor_map(&tm_dh);
-        if (grid.first() < grid.count) load_h(grid.first(), 0), load_h(grid.first(), 1);
-      }
+      auto load_gu = [&](int t, int w) {
+#pragma unroll
+        for (int i = 0; i < kUnitsPerThread; ++i) {
+          const int64_t at = unit_at(t, w, i);
+          if (at >= 0) {
+            gv[i] = __ldcs(reinterpret_cast<const uint4*>(h + at));
+            uv[i] = __ldcs(reinterpret_cast<const uint4*>(h + at + f));
+          }
+        }
+      };
+      if (grid.first() < grid.count) load_gu(grid.first(), 0);
       int nt = 0;
       for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
         for (int w = 0; w < 2; ++w) {
-          const uint32_t gu = staging0 + w * C::kStagingBytes, dab = gu + 4 * kChunkBytes;
+          const uint32_t dab = staging0 + w * C::kStagingBytes;
           mbar_wait(staged0 + 8 * w, nt & 1);
-          mbar_wait(hfull0 + 8 * w, nt & 1);
-          for (int u = e; u < kUnits; u += kEpilogueThreads) {
-            const uint32_t off = unit_offset(u);
-            const uint4 gv = ld_shared_v4(gu + off), uv = ld_shared_v4(gu + 2 * kChunkBytes + off),
-                        dv = ld_shared_v4(dab + off);
-            const uint32_t gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w},
-                           ds[4] = {dv.x, dv.y, dv.z, dv.w};
+          uint4 dv[kUnitsPerThread];
+#pragma unroll
+          for (int i = 0; i < kUnitsPerThread; ++i) {
+            const int u = e + i * Cta::kEpilogueThreads;
+            if (u < kUnits) dv[i] = ld_shared_v4(dab + unit_offset(u));
+          }
+          named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
+          if (e == 0) mbar_arrive(dafree0 + 8 * w);
+#pragma unroll
+          for (int i = 0; i < kUnitsPerThread; ++i) {
+            const int64_t at = unit_at(t, w, i);
+            if (at < 0) continue;
+            const uint32_t gs[4] = {gv[i].x, gv[i].y, gv[i].z, gv[i].w}, us[4] = {uv[i].x, uv[i].y, uv[i].z, uv[i].w},
+                           ds[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
             uint32_t dgs[4], dus[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const float2 g2 = unpack_bf16(gs[i]), u2 = unpack_bf16(us[i]), d2 = unpack_bf16(ds[i]);
+            for (int j = 0; j < 4; ++j) {
+              const float2 g2 = unpack_bf16(gs[j]), u2 = unpack_bf16(us[j]), d2 = unpack_bf16(ds[j]);
               float2 dg, du;
               cuda::swiglu_grad<kAct>(g2.x, u2.x, d2.x, dg.x, du.x);
               cuda::swiglu_grad<kAct>(g2.y, u2.y, d2.y, dg.y, du.y);
-              dgs[i] = pack_bf16(dg.x, dg.y);
-              dus[i] = pack_bf16(du.x, du.y);
+              dgs[j] = pack_bf16(dg.x, dg.y);
+              dus[j] = pack_bf16(du.x, du.y);
             }
-            st_shared_v4(gu + off, make_uint4(dgs[0], dgs[1], dgs[2], dgs[3]));
-            st_shared_v4(gu + 2 * kChunkBytes + off, make_uint4(dus[0], dus[1], dus[2], dus[3]));
+            *reinterpret_cast<uint4*>(dh + at) = make_uint4(dgs[0], dgs[1], dgs[2], dgs[3]);
+            *reinterpret_cast<uint4*>(dh + at + f) = make_uint4(dus[0], dus[1], dus[2], dus[3]);
           }
-          fence_proxy_async_shared();
-          named_barrier_sync(kEpilogueBarrier, kEpilogueThreads);
-          if (e == 0) {
-            mbar_arrive(dafree0 + 8 * w);
-#pragma unroll
-            for (int c = 0; c < 4; ++c)
-              tma_store_4d(&tm_dh, gu + c * kChunkBytes, grid.col_block(t) * kBN + 64 * (c & 1), grid.row0(t) + 64 * w,
-                           c >> 1, 0);
-            bulk_commit();
-            bulk_wait_read<0>();
-            if (t + grid.step() < grid.count) load_h(t + grid.step(), w);
-          }
+          if (w == 0)
+            load_gu(t, 1);
+          else if (t + grid.step() < grid.count)
+            load_gu(t + grid.step(), 0);
         }
       }
-      if (e == 0) bulk_wait<0>();
     }
   } else {
-    regs_alloc<kMathRegs>();
+    regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    const uint32_t dab = staging0 + w * C::kStagingBytes + 4 * kChunkBytes;
+    const uint32_t dab = staging0 + w * C::kStagingBytes;
     float acc[64];
     int it = 0, nt = 0;
     for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
@@ -166,11 +177,10 @@ void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const
   const int64_t n = dy.size(0), d = dy.size(1), f = w.size(1);
   const CUtensorMap tm_dy = matrix_map(dy.ptr, n, d, d, 1, 0, kBM, kBK);
   const CUtensorMap tm_w = matrix_map(w.ptr, d, f, f, 1, 0, kBK, 64);
-  const CUtensorMap tm_h = matrix_map(h.ptr, n, f, 2 * f, 2, f, 64, 64);
-  const CUtensorMap tm_dh = matrix_map(dh.ptr, n, f, 2 * f, 2, f, 64, 64);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(f), kBN);
-  launch_clusters<kCluster>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx), tm_dy,
-                            tm_w, tm_h, tm_dh, static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
+  launch_clusters<kCluster, true>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx), tm_dy,
+                            tm_w, h.data<__nv_bfloat16>(), dh.data<__nv_bfloat16>(), static_cast<int>(n), static_cast<int>(f),
+                            static_cast<int>(d));
 }
 
 template <GluAct kAct>

@@ -25,6 +25,7 @@ using namespace gemm_sm90;
 namespace {
 
 constexpr int kBF = 128;  // gate columns per tile
+using Cta = Roles<false>;
 
 // k-steps of 32 (64-byte rows): five stages fit next to the staging blocks, and measured faster
 // than three of 64 (H200: 277 vs 328 us for the matmuls alone at N = 32768, d = 768, F = 2048).
@@ -39,7 +40,7 @@ struct FwdCfg {
 };
 
 template <GluAct kAct, int kCluster>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cta::kThreads, 1)
     swiglu_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                              const __grid_constant__ CUtensorMap tm_h, const __grid_constant__ CUtensorMap tm_a,
                              const int n, const int f, const int d) {
@@ -64,8 +65,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     __syncthreads();
 
-  if (wg == 0) {
-    regs_dealloc<kLoadRegs>();
+  if (!math_warpgroup(wg)) {
+    regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     } else if (threadIdx.x >= 32) {
       // Epilogue warps: a = act(g) * u, 8 columns of a row per unit.
-      const int e = threadIdx.x - 32;
+      const int e = epilogue_thread();
       if (e == 0) {
         prefetch_tensor_map(&tm_h);
         prefetch_tensor_map(&tm_a);
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int w = 0; w < 2; ++w) {
           const uint32_t st = staging0 + w * C::kStagingBytes;
           mbar_wait(staged0 + 8 * w, nt & 1);
-          for (int u = e; u < kUnits; u += kEpilogueThreads) {
+          for (int u = e; u < kUnits; u += Cta::kEpilogueThreads) {
             const uint32_t off = unit_offset(u);
             const uint4 gv = ld_shared_v4(st + off), uv = ld_shared_v4(st + 2 * kChunkBytes + off);
             const uint32_t gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w};
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             st_shared_v4(st + 4 * kChunkBytes + off, make_uint4(as[0], as[1], as[2], as[3]));
           }
           fence_proxy_async_shared();
-          named_barrier_sync(kEpilogueBarrier, kEpilogueThreads);
+          named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
           if (e == 0) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (e == 0) bulk_wait<0>();
     }
   } else {
-    regs_alloc<kMathRegs>();
+    regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
     math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
   }
