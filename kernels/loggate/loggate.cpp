@@ -1,16 +1,22 @@
 // Log-space gate entry points: argument checks and device/dtype dispatch.
-#include "core/dispatch.h"
 #include "loggate/loggate.h"
+
+#include <string>
+
+#include "core/dispatch.h"
 
 namespace linac {
 
+void loggate_check_rows(const Tensor& x, int64_t n, int64_t width, const std::string& what) {
+  LINAC_CHECK(x.ndim == 2 && x.size(0) == n && x.size(1) == width,
+              what + " must be [" + std::to_string(n) + ", " + std::to_string(width) + "], got " + x.shape_str());
+  LINAC_CHECK(x.size(1) <= 1 || x.strides[1] == 1, what + " needs contiguous rows");
+  LINAC_CHECK(x.size(0) <= 1 || x.strides[0] >= x.size(1), what + " rows overlap");
+}
+
 namespace {
-// [N, D] with unit column stride and a row stride >= D.
 void check_rows(const Tensor& x, const Tensor& z, const char* name) {
-  LINAC_CHECK(x.ndim == 2 && x.size(0) == z.size(0) && x.size(1) == z.size(1),
-              std::string("loggate: ") + name + " must be " + z.shape_str() + ", got " + x.shape_str());
-  LINAC_CHECK(x.size(1) <= 1 || x.strides[1] == 1, std::string("loggate: ") + name + " needs contiguous rows");
-  LINAC_CHECK(x.size(0) <= 1 || x.strides[0] >= x.size(1), std::string("loggate: ") + name + " rows overlap");
+  loggate_check_rows(x, z.size(0), z.size(1), std::string("loggate: ") + name);
   LINAC_CHECK(x.device == z.device, std::string("loggate: ") + name + " is on another device");
 }
 void check_common(const Tensor& z, const Tensor& b, const LogGateOpts& o) {

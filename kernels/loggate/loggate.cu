@@ -58,7 +58,6 @@ __global__ void loggate_bwd_kernel(const TZ* __restrict__ z, int64_t ldz, const 
   }
 }
 
-
 // Whether the groups of four may be used on these matrices: d, every row stride and pointer 4-aligned.
 bool groups_of_four(int64_t d, std::initializer_list<const Tensor*> ts) {
   bool ok = d % 4 == 0;
@@ -93,8 +92,8 @@ void loggate_bwd_cuda(const Ctx& ctx, const Tensor& z, const Tensor& b, const Te
   LINAC_GPU_DISPATCH(z.dtype, TZ, LINAC_GPU_DISPATCH(dz.dtype, TD, {
     auto kernel = V == 4 ? loggate_bwd_kernel<4, TZ, TD> : loggate_bwd_kernel<1, TZ, TD>;
     kernel<<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(
-        z.data<TZ>(), loggate_ld(z), b.data<float>(), dg.data<float>(), loggate_ld(dg), dz.data<TD>(), loggate_ld(dz), n, static_cast<int>(d),
-        static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped(), rt.log_tpr);
+        z.data<TZ>(), loggate_ld(z), b.data<float>(), dg.data<float>(), loggate_ld(dg), dz.data<TD>(), loggate_ld(dz),
+        n, static_cast<int>(d), static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped(), rt.log_tpr);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/gpu.h"
 #include "core/tensor.h"
@@ -20,6 +21,9 @@ namespace linac {
 
 // Row stride (elements) of an [N, D] operand of the gate kernels; a single row counts as contiguous.
 inline int64_t loggate_ld(const Tensor& x) { return x.size(0) > 1 ? x.strides[0] : x.size(1); }
+// Throws unless x is [n, width] with unit column stride and a row stride >= width; `what` names
+// the operand in the message (e.g. "loggate: g").
+void loggate_check_rows(const Tensor& x, int64_t n, int64_t width, const std::string& what);
 
 struct LogGateOpts {
   double tau = 16.0;

@@ -11,11 +11,7 @@ namespace {
 
 // [N, D] (or [N, R] for u) with unit column stride and a row stride >= its width.
 void check_rows(const Tensor& x, int64_t n, int64_t width, const char* name) {
-  LINAC_CHECK(x.ndim == 2 && x.size(0) == n && x.size(1) == width,
-              std::string("loggate_lowrank: ") + name + " must be [" + std::to_string(n) + ", " +
-                  std::to_string(width) + "], got " + x.shape_str());
-  LINAC_CHECK(x.size(1) <= 1 || x.strides[1] == 1, std::string("loggate_lowrank: ") + name + " needs contiguous rows");
-  LINAC_CHECK(x.size(0) <= 1 || x.strides[0] >= x.size(1), std::string("loggate_lowrank: ") + name + " rows overlap");
+  loggate_check_rows(x, n, width, std::string("loggate_lowrank: ") + name);
 }
 
 void check_common(const Ctx& ctx, const Tensor& u, const Tensor& w, const Tensor& b, int64_t n, const LogGateOpts& o) {

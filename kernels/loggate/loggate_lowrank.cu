@@ -183,14 +183,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-
 template <class Fn>
 void with_rank(int64_t rank, Fn&& fn) {
   switch (rank) {
-    case 8: fn(std::integral_constant<int, 8>{}); break;
-    case 16: fn(std::integral_constant<int, 16>{}); break;
-    case 32: fn(std::integral_constant<int, 32>{}); break;
-    default: LINAC_FAIL("loggate_lowrank (GPU): rank must be 8, 16 or 32, got " + std::to_string(rank));
+    case 8:
+      fn(std::integral_constant<int, 8>{});
+      break;
+    case 16:
+      fn(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      fn(std::integral_constant<int, 32>{});
+      break;
+    default:
+      LINAC_FAIL("loggate_lowrank (GPU): rank must be 8, 16 or 32, got " + std::to_string(rank));
   }
 }
 
@@ -212,14 +218,16 @@ unsigned ctas_for(int64_t n) { return static_cast<unsigned>((n + kRows - 1) / kR
 void loggate_lowrank_fwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, const Tensor& b, const Tensor& g,
                               const LogGateOpts& o) {
   const int64_t n = g.size(0), d = g.size(1);
-  LINAC_CHECK(loggate_lowrank_gpu_ok(ctx, d, w.size(1), u.dtype), "loggate_lowrank (GPU): unsupported D, rank or dtype");
+  LINAC_CHECK(loggate_lowrank_gpu_ok(ctx, d, w.size(1), u.dtype),
+              "loggate_lowrank (GPU): unsupported D, rank or dtype");
   LINAC_CHECK(g.dtype == DType::F32, "loggate_lowrank (GPU): g must be f32");
   check_gpu(u, w, b, {&g});
   if (n == 0) return;
   with_rank(w.size(1), [&](auto R) {
     loggate_lowrank_fwd_kernel<decltype(R)::value><<<ctas_for(n), kThreads, 0, cuda::stream_of(ctx)>>>(
-        u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), g.data<float>(), loggate_ld(g), n,
-        static_cast<int>(d), static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped());
+        u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), g.data<float>(),
+        loggate_ld(g), n, static_cast<int>(d), static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp),
+        o.clamped());
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -227,7 +235,8 @@ void loggate_lowrank_fwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, 
 void loggate_lowrank_bwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, const Tensor& b, const Tensor& dg,
                               const Tensor& dz, const Tensor& db, const LogGateOpts& o) {
   const int64_t n = dg.size(0), d = dg.size(1);
-  LINAC_CHECK(loggate_lowrank_gpu_ok(ctx, d, w.size(1), u.dtype), "loggate_lowrank (GPU): unsupported D, rank or dtype");
+  LINAC_CHECK(loggate_lowrank_gpu_ok(ctx, d, w.size(1), u.dtype),
+              "loggate_lowrank (GPU): unsupported D, rank or dtype");
   LINAC_CHECK(dg.dtype == DType::F32 && dz.dtype == DType::BF16 && db.dtype == DType::F32,
               "loggate_lowrank (GPU): dg and db must be f32, dz bf16");
   check_gpu(u, w, b, {&dg, &dz});
@@ -238,9 +247,9 @@ void loggate_lowrank_bwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, 
   float* partial = static_cast<float*>(ctx.workspace);
   with_rank(w.size(1), [&](auto R) {
     loggate_lowrank_bwd_kernel<decltype(R)::value><<<ctas, kThreads, 0, cuda::stream_of(ctx)>>>(
-        u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), dg.data<float>(), loggate_ld(dg),
-        dz.data<__nv_bfloat16>(), loggate_ld(dz), partial, n, static_cast<int>(d), static_cast<float>(1.0 / o.tau),
-        static_cast<float>(o.clamp), o.clamped());
+        u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), dg.data<float>(),
+        loggate_ld(dg), dz.data<__nv_bfloat16>(), loggate_ld(dz), partial, n, static_cast<int>(d),
+        static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped());
   });
   LINAC_CUDA_LAUNCH_CHECK();
   loggate_lowrank_db_kernel<<<cuda::grid_1d(d, kDbCols), kThreads, 0, cuda::stream_of(ctx)>>>(

@@ -178,9 +178,9 @@ void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const
   const CUtensorMap tm_dy = matrix_map(dy.ptr, n, d, d, 1, 0, kBM, kBK);
   const CUtensorMap tm_w = matrix_map(w.ptr, d, f, f, 1, 0, kBK, 64);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(f), kBN);
-  launch_clusters<kCluster, true>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx), tm_dy,
-                            tm_w, h.data<__nv_bfloat16>(), dh.data<__nv_bfloat16>(), static_cast<int>(n), static_cast<int>(f),
-                            static_cast<int>(d));
+  launch_clusters<kCluster, true>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx),
+                                  tm_dy, tm_w, h.data<__nv_bfloat16>(), dh.data<__nv_bfloat16>(), static_cast<int>(n),
+                                  static_cast<int>(f), static_cast<int>(d));
 }
 
 template <GluAct kAct>
