@@ -7,7 +7,8 @@
 // and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and runs the
 // epilogue: its thread 0 issues the TMA loads of the operand stages, and its warps 1-3 (the
 // "epilogue warps") take each finished tile from shared memory, apply the function, and store the
-// results (through shared memory, by thread 32's TMA stores, or straight from registers). So the
+// results straight from registers (TMA stores would read the tile back out of shared memory, whose
+// bandwidth the wgmmas and operand copies nearly use up: swiglu_linear_fwd_sm90.cu). So the
 // math warpgroups only dump their accumulators, rounded to bf16, into a staging area and go on with
 // the next tile's matmuls while the epilogue warps work on the last one. A kernel whose epilogue
 // outweighs its matmuls runs "wide": warpgroup 3 adds four more epilogue warps (12-15), and the
@@ -43,10 +44,15 @@ constexpr int kBM = 128, kEpilogueBarrier = 1;  // rows per tile; the epilogue w
 template <bool kWide>
 struct Roles {
   static constexpr int kThreads = kWide ? 512 : 384, kEpilogueThreads = kWide ? 224 : 96;
-  // Registers per thread after the hand-over (65536 per SM, one CTA). A wide kernel's math was
-  // compiled within 128, so its epilogue warps keep nearly as many.
-  static constexpr int kLoadRegs = kWide ? 120 : 56, kMathRegs = kWide ? 136 : 224;
-  static_assert(128 * (kLoadRegs * (kWide ? 2 : 1) + 2 * kMathRegs) <= 65536, "register file");
+  // Registers per thread after the hand-over. ptxas compiles every warp's code within
+  // kCompiledRegs = 65536 / kThreads (168, or 128 wide), the loading and epilogue warps' code after
+  // the hand-over within kLoadRegs (at 56 the stores of the 384-thread epilogues spilled), and the
+  // math warps' increase comes only out of what the others gave back (asking for more hangs the
+  // kernel), so the math warps get no more than they were compiled for.
+  static constexpr int kCompiledRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kLoadRegs = kWide ? 120 : 88, kMathRegs = kWide ? 136 : 208;
+  static_assert(kLoadRegs * (kWide ? 2 : 1) + 2 * kMathRegs <= kThreads / 128 * kCompiledRegs, "register hand-over");
+  static_assert(kMathRegs >= kCompiledRegs, "the math warps' code needs what it was compiled for");
 };
 
 // Warpgroups 1 and 2 do the matmuls; 0 and (wide) 3 load and run the epilogue.
@@ -226,7 +232,6 @@ __device__ __forceinline__ void math_n256(const StagePipe<kStages, kCluster>& pi
     fence_regs(acc);
     if (nt > 0) mbar_wait(free_bar, (nt - 1) & 1);
     dump_acc<256>(st, acc);
-    fence_proxy_async_shared();  // the epilogue's TMA stores read what these generic stores wrote
     mbar_arrive(staged);
   }
 }

@@ -9,13 +9,15 @@
 // accumulator is one wgmma m64n256k16 chain; k runs in steps of 32 (64-byte rows, 64-byte swizzle)
 // through five (D = 64) or four (D = 128) stages of A = x [128, 32] and B = W [256, 32] (two boxes of
 // 128 rows), both K-major, as in the SwiGLU up-projection (swiglu_linear_fwd_sm90.cu).
-// Per math warpgroup a staging block of the four chunks: the epilogue warps rotate the heads below
-// n_rot in place, eight pairs of one row at a time (a pair's halves are 32 columns apart at D = 64,
-// in the same chunk, and 64 apart at D = 128, in neighbouring chunks), and thread 32 stores the
-// chunks. The (cos, sin) rows of the tile's 128 positions arrive in shared memory by bulk copies
+// Per math warpgroup a staging block of the four chunks; the epilogue warps take it to registers
+// and store it straight to global memory, the heads below n_rot rotated on the way, eight pairs of
+// one row at a time (a pair's halves are 32 columns apart at D = 64, in the same chunk, and 64 apart
+// at D = 128, in neighbouring chunks). Rotating in shared memory for a TMA store moved 64 KB more
+// per tile through shared memory, which the wgmmas and operand copies nearly saturate (see
+// swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the tile's 128 positions arrive in shared memory by bulk copies
 // that thread 32 issues as the tile begins, so they land while the math warpgroups work (read per
 // 8 pairs from global memory, they held the epilogue warps up: no gain over the separate pass).
-// The TMA drops rows past N and columns past M and reads W's rows past M as zero. In clusters of
+// Rows past N and columns past M are not stored; the TMA reads W's rows past M as zero. In clusters of
 // two, rank r loads rows [128 r, 128 r + 128) of each B stage and multicasts them.
 #include "common/gemm_sm90.cuh"
 #include "rope/rope_linear.h"
@@ -55,14 +57,21 @@ __device__ __forceinline__ void load_table(uint32_t table, int row0, int t, cons
   }
 }
 
-// Rotates the first `heads` heads of a staged 64 x 256 block in place; epilogue thread e. A unit is
-// eight pairs of one row: 16-byte group g of the head's first half and the same group of its
-// second half; `table` holds the (cos, sin) rows of the block's 64 positions.
+// Stores a staged 64 x 256 block (rows row0.., columns c0..) to y, its first `heads` heads
+// rotated; epilogue thread e. The block is 64 x 32 units of 8 columns. A rotated unit is eight pairs
+// of one row: 16-byte group g of the head's first half and the same group of its second half;
+// `table` holds the (cos, sin) rows of the block's 64 positions.
 template <int D>
-__device__ __forceinline__ void rotate_block(uint32_t st, int heads, uint32_t table, int e) {
-  constexpr int kGroups = D / 16;  // units per head and row
-  const int per_row = heads * kGroups;
-  for (int u = e; u < 64 * per_row; u += Cta::kEpilogueThreads) {
+__device__ __forceinline__ void store_block(uint32_t st, int heads, uint32_t table, int e, __nv_bfloat16* y, int row0,
+                                            int c0, int n, int m) {
+  constexpr int kGroups = D / 16;  // rotated units per head and row
+  const int per_row = heads * kGroups, rotated = 64 * per_row;
+  __nv_bfloat16* const block = y + int64_t{row0} * m + c0;
+  const int rows = n - row0, cols = m - c0;      // of the block inside y
+  auto store = [&](int row, int col, uint4 v) {  // the unit at (row, col) of the block
+    if (row < rows && col < cols) *reinterpret_cast<uint4*>(block + row * m + col) = v;
+  };
+  for (int u = e; u < rotated; u += Cta::kEpilogueThreads) {
     const int row = u / per_row, r = u - row * per_row, head = r / kGroups, g = r - head * kGroups;
     // D = 64: groups 0-3 of chunk `head` pair with groups 4-7; D = 128: chunk 2 head with 2 head + 1.
     const uint32_t lo =
@@ -82,15 +91,21 @@ __device__ __forceinline__ void rotate_block(uint32_t st, int heads, uint32_t ta
       o1[i] = pack_bf16(r0.x, r1.x);
       o2[i] = pack_bf16(r0.y, r1.y);
     }
-    st_shared_v4(st + lo, make_uint4(o1[0], o1[1], o1[2], o1[3]));
-    st_shared_v4(st + hi, make_uint4(o2[0], o2[1], o2[2], o2[3]));
+    store(row, head * D + 8 * g, make_uint4(o1[0], o1[1], o1[2], o1[3]));
+    store(row, head * D + D / 2 + 8 * g, make_uint4(o2[0], o2[1], o2[2], o2[3]));
+  }
+  // The columns past the rotated heads as they are: units of 8 columns from column heads * D on.
+  const int plain_per_row = 32 - heads * (D / 8);
+  for (int u = e; u < 64 * plain_per_row; u += Cta::kEpilogueThreads) {
+    const int row = u / plain_per_row, group = heads * (D / 8) + (u - row * plain_per_row);
+    store(row, 8 * group, ld_shared_v4(st + (group >> 3) * kChunkBytes + chunk_offset(row, group & 7, 0)));
   }
 }
 
 template <int D>
 __global__ void __launch_bounds__(Cta::kThreads, 1)
     rope_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                           const __grid_constant__ CUtensorMap tm_y, const float* __restrict__ cos_sin, const int n,
+                           __nv_bfloat16* __restrict__ y, const float* __restrict__ cos_sin, const int n,
                            const int m, const int k, const int t, const int n_rot) {
   using C = Cfg<D>;
   constexpr int kStages = C::kStages;
@@ -130,7 +145,6 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       }
     } else if (threadIdx.x >= 32) {
       const int e = epilogue_thread();
-      if (e == 0) prefetch_tensor_map(&tm_y);
       int nt = 0, nr = 0;  // tiles, tiles with rotated heads
       for (int tile = grid.first(); tile < grid.count; tile += grid.step(), ++nt) {
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
@@ -142,25 +156,15 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
           load_table<D>(table, m0, t, cos_sin, table_full);
         }
         for (int w = 0; w < 2; ++w) {
-          const uint32_t st = staging0 + w * C::kStagingBytes;
           mbar_wait(staged0 + 8 * w, nt & 1);
-          if (heads > 0) {
-            if (w == 0) mbar_wait(table_full, nr & 1);
-            rotate_block<D>(st, heads, table + w * (C::kTableBytes / 2), e);
-            fence_proxy_async_shared();  // the rotated values go out through the TMA store
-          }
+          if (heads > 0 && w == 0) mbar_wait(table_full, nr & 1);
+          store_block<D>(staging0 + w * C::kStagingBytes, heads, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w,
+                         c0, n, m);
           named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
-          if (e == 0) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) tma_store_4d(&tm_y, st + c * kChunkBytes, c0 + 64 * c, m0 + 64 * w, 0, 0);
-            bulk_commit();
-            bulk_wait_read<0>();
-            mbar_arrive(free0 + 8 * w);
-          }
+          if (e == 0) mbar_arrive(free0 + 8 * w);
         }
         nr += heads > 0;
       }
-      if (e == 0) bulk_wait<0>();
     }
   } else {
     regs_alloc<Cta::kMathRegs>();
@@ -178,9 +182,9 @@ void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, i
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
   const CUtensorMap tm_x = matrix_map(x.ptr, n, k, k, 1, 0, kBM, kBK);
   const CUtensorMap tm_w = matrix_map(w.ptr, m, k, k, 1, 0, kBN / 2, kBK);
-  const CUtensorMap tm_y = matrix_map(y.ptr, n, m, m, 1, 0, 64, 64);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(m), kBN);
-  launch_clusters<kCluster>(rope_linear_fwd_kernel<D>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x, tm_w, tm_y, cos_sin,
+  launch_clusters<kCluster>(rope_linear_fwd_kernel<D>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x, tm_w,
+                            y.data<__nv_bfloat16>(), cos_sin,
                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), static_cast<int>(t),
                             static_cast<int>(n_rot));
 }
