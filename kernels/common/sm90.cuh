@@ -82,15 +82,6 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// Shared memory at src into the box at element coordinates (c0, c1, c2, c3) of a 4-d tensor map,
-// as the calling thread's next bulk group (bulk_commit); elements out of range are not written.
-__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
 // tma_load_4d into the same shared-memory offset of every CTA of the cluster in `mask` (bit r:
 // cluster rank r), completing the barrier at `bar`'s offset in each of them.
 __device__ __forceinline__ void tma_load_4d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, uint16_t mask,
