@@ -181,6 +181,10 @@ __device__ __forceinline__ void counter_add_release(int* p, int v) {
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+// Brings the 128-byte line holding p into L2 (no register, no scoreboard: the warp goes on).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(reinterpret_cast<uint64_t>(p)));
+}
 
 // ---- warpgroup roles
 // -------------------------------------------------------------------------

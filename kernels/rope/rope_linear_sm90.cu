@@ -113,20 +113,18 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const uint32_t table = stage0 + C::kTableOffset;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const uint32_t staged0 = pipe.end(), free0 = staged0 + 16, table_full = free0 + 16;
+  const Staging<false> hs{pipe.end()};
+  const uint32_t table_full = hs.end();
   const TileGrid<kCluster> grid(n, cdiv(m, kBN));
   const int nk = cdiv(k, kBK);
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     pipe.init();
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(staged0 + 8 * w, 128);  // every thread of the math warpgroup
-      mbar_init(free0 + 8 * w, 1);
-    }
+    hs.init();
     mbar_init(table_full, 1);
     mbar_init_fence();
   }
-  cluster_sync();  // the other CTA's barriers exist before anything is multicast into them
+  barriers_ready<kCluster>();
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
@@ -150,18 +148,18 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
         const int heads = max(0, min((n_rot - c0) / D, kBN / D));  // n_rot and c0 are whole heads
         if (heads > 0 && e == 0) {
-          // While the math warpgroups work on this tile; the last one's rotations are done (every
-          // epilogue thread passed the barrier before its last store).
+          // While the math warpgroups work on this tile, once every epilogue warp is done with the
+          // table (it read the last tile's block 1 before arriving on freed(1)).
+          hs.wait_free(1, nt);
           fence_proxy_async_shared();
           load_table<D>(table, m0, t, cos_sin, table_full);
         }
         for (int w = 0; w < 2; ++w) {
-          mbar_wait(staged0 + 8 * w, nt & 1);
+          hs.wait_staged(w, nt);
           if (heads > 0 && w == 0) mbar_wait(table_full, nr & 1);
           store_block<D>(staging0 + w * C::kStagingBytes, heads, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w,
                          c0, n, m);
-          named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
-          if (e == 0) mbar_arrive(free0 + 8 * w);
+          hs.release(w);
         }
         nr += heads > 0;
       }
@@ -169,7 +167,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w, staging0 + w * C::kStagingBytes);
   }
   cluster_sync();  // no CTA leaves while the other may still arrive on its barriers
 }

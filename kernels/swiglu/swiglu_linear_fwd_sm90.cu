@@ -53,22 +53,16 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const uint32_t staged0 = pipe.end(), free0 = staged0 + 16;
+  const Staging<false> hs{pipe.end()};
   const TileGrid<kCluster> grid(n, cdiv(f, kBF));
   const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
   if (threadIdx.x == 0) {
     pipe.init();
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(staged0 + 8 * w, 128);  // every thread of the math warpgroup
-      mbar_init(free0 + 8 * w, 1);
-    }
+    hs.init();
     mbar_init_fence();
   }
-  if (kCluster > 1)
-    cluster_sync();  // the other CTAs' barriers exist before anything is multicast into them
-  else
-    __syncthreads();
+  barriers_ready<kCluster>();
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
@@ -98,7 +92,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         for (int w = 0; w < 2; ++w) {
           const uint32_t st = staging0 + w * C::kStagingBytes;
           const int row0 = grid.row0(t) + 64 * w, f0 = grid.col_block(t) * kBF;
-          mbar_wait(staged0 + 8 * w, nt & 1);
+          hs.wait_staged(w, nt);
           for (int u = e; u < kUnits; u += Cta::kEpilogueThreads) {
             const uint32_t off = unit_offset(u);
             const uint4 gv = ld_shared_v4(st + off), uv = ld_shared_v4(st + 2 * kChunkBytes + off);
@@ -117,15 +111,14 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
             __stcs(reinterpret_cast<uint4*>(hg + f), uv);
             __stcs(reinterpret_cast<uint4*>(a + row * f + col), make_uint4(as[0], as[1], as[2], as[3]));
           }
-          named_barrier_sync(kEpilogueBarrier, Cta::kEpilogueThreads);
-          if (e == 0) mbar_arrive(free0 + 8 * w);
+          hs.release(w);
         }
       }
     }
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, w, staging0 + w * C::kStagingBytes, staged0 + 8 * w, free0 + 8 * w);
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w, staging0 + w * C::kStagingBytes);
   }
   if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }
