@@ -88,54 +88,71 @@ struct TileGrid {
 
 // The operand stages: kStages slots of `stage_bytes` from `stage0`, each with a "full" barrier
 // (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per math warp of the
-// cluster), full barriers at `full0`, empty ones after them. `it` counts k-steps over all of the
-// CTA's tiles, the same way in the loading thread and in each math warpgroup.
+// cluster), full barriers at `full0`, empty ones after them. A Slot walks the ring over all of the
+// CTA's k-steps, the same way in the loading thread and in each math warpgroup: the stage and the
+// parity of its round, kept as it goes (an index divided by kStages at every k-step took the
+// loading thread ~10 dependent instructions).
 template <int kStages, int kCluster>
 struct StagePipe {
   uint32_t stage0, stage_bytes, full0;
 
-  __device__ uint32_t full(int it) const { return full0 + 8 * (it % kStages); }
-  __device__ uint32_t empty(int it) const { return full0 + 8 * (kStages + it % kStages); }
+  struct Slot {
+    int stage = 0;
+    uint32_t round = 0;  // parity
+    __device__ void next() {
+      if (++stage == kStages) {
+        stage = 0;
+        round ^= 1;
+      }
+    }
+  };
+
+  __device__ uint32_t full(const Slot& s) const { return full0 + 8 * s.stage; }
+  __device__ uint32_t empty(const Slot& s) const { return full0 + 8 * (kStages + s.stage); }
   __device__ uint32_t end() const { return full0 + 16 * kStages; }  // the next free barrier slot
 
   __device__ void init() const {
-    for (int s = 0; s < kStages; ++s) {
+    for (Slot s; s.round == 0; s.next()) {
       mbar_init(full(s), 1);
       mbar_init(empty(s), 8 * kCluster);
     }
   }
-  // Loading thread: waits until k-step it's stage is free, announces `stage_bytes` on full(it) and
-  // returns the stage's address; the caller issues the copies, completing on full(it).
-  __device__ uint32_t acquire(int it) const {
-    if (it >= kStages) mbar_wait(empty(it), (it / kStages - 1) & 1);
-    mbar_arrive_expect_tx(full(it), stage_bytes);
-    return stage0 + (it % kStages) * stage_bytes;
+  // Loading thread: waits until the slot's stage is free (in round 0 the wait is for the phase
+  // before a fresh barrier's first, which counts as complete), announces `stage_bytes` on full(s)
+  // and returns the stage's address; the caller issues the copies, completing on full(s).
+  __device__ uint32_t acquire(const Slot& s) const {
+    mbar_wait(empty(s), s.round ^ 1);
+    mbar_arrive_expect_tx(full(s), stage_bytes);
+    return stage0 + s.stage * stage_bytes;
   }
   // A math warpgroup's matmuls of one tile: mma(stage address, accumulate) issues the wgmmas of each
-  // of nk k-steps (accumulate = 0 on the first); a stage goes back to the loader as soon as its
-  // matmuls are done. Returns with every matmul finished.
+  // of nk k-steps from slot s on (accumulate = 0 on the first); a stage goes back to the loader as
+  // soon as its matmuls are done. Returns with every matmul finished and s past the tile's slots.
   template <class Mma>
-  __device__ __forceinline__ void matmuls(int nk, int& it, Mma&& mma) const {
+  __device__ __forceinline__ void matmuls(int nk, Slot& s, Mma&& mma) const {
     const int lane = threadIdx.x & 31;
-    for (int kb = 0; kb < nk; ++kb, ++it) {
-      mbar_wait(full(it), (it / kStages) & 1);
+    Slot prev = s;
+    for (int kb = 0; kb < nk; ++kb) {
+      mbar_wait(full(s), s.round);
       wgmma_fence();
-      mma(stage0 + (it % kStages) * stage_bytes, kb > 0);
+      mma(stage0 + s.stage * stage_bytes, kb > 0);
       wgmma_commit();
       wgmma_wait<1>();
-      if (kb > 0 && lane == 0) release(it - 1);
+      if (kb > 0 && lane == 0) release(prev);
+      prev = s;
+      s.next();
     }
     wgmma_wait<0>();
-    if (lane == 0) release(it - 1);
+    if (lane == 0) release(prev);
   }
-  // A math warp is done with k-step it's stage (in every CTA of the cluster: their loaders
-  // multicast into it).
-  __device__ __forceinline__ void release(int it) const {
+  // A math warp is done with slot s's stage (in every CTA of the cluster: their loaders multicast
+  // into it).
+  __device__ __forceinline__ void release(const Slot& s) const {
     if (kCluster == 1) {
-      mbar_arrive(empty(it));
+      mbar_arrive(empty(s));
     } else {
 #pragma unroll
-      for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(empty(it), r);
+      for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(empty(s), r);
     }
   }
 };
@@ -259,9 +276,10 @@ template <int N, int kStages, int kCluster, bool kWide, class Mma>
 __device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
                                            int nk, const Staging<kWide>& hs, int w, uint32_t st, Mma&& mma) {
   float acc[N / 2];
-  int it = 0, nt = 0;
+  typename StagePipe<kStages, kCluster>::Slot slot;
+  int nt = 0;
   for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
-    pipe.matmuls(nk, it, [&](uint32_t stage, int accumulate) { mma(acc, stage, accumulate); });
+    pipe.matmuls(nk, slot, [&](uint32_t stage, int accumulate) { mma(acc, stage, accumulate); });
     fence_regs(acc);
     hs.wait_free(w, nt);
     dump_acc<N>(st, acc);

@@ -132,11 +132,11 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
       const int half = static_cast<int>(grid.rank);
-      int it = 0;
+      typename StagePipe<kStages, kCluster>::Slot slot;
       for (int tile = grid.first(); tile < grid.count; tile += grid.step()) {
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
-        for (int kb = 0; kb < nk; ++kb, ++it) {
-          const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
+        for (int kb = 0; kb < nk; ++kb, slot.next()) {
+          const uint32_t a = pipe.acquire(slot), b = a + C::kABytes, bar = pipe.full(slot);
           tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
           tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, c0 + half * (kBN / 2), 0, 0);
         }

@@ -69,11 +69,11 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
-      int it = 0;
+      typename StagePipe<kStages, kCluster>::Slot slot;
       for (int t = grid.first(); t < grid.count; t += grid.step()) {
         const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBF;
-        for (int kb = 0; kb < nk; ++kb, ++it) {
-          const uint32_t a = pipe.acquire(it), b = a + C::kABytes, bar = pipe.full(it);
+        for (int kb = 0; kb < nk; ++kb, slot.next()) {
+          const uint32_t a = pipe.acquire(slot), b = a + C::kABytes, bar = pipe.full(slot);
           tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
           if (kCluster == 1) {
             tma_load_4d(b, &tm_w, bar, kb * kBK, f0, 0, 0);
