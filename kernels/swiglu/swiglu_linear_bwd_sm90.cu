@@ -8,9 +8,9 @@
 // (K-major) and B = W_out [64, 128] as two 64-column chunks (MN-major: W_out's rows run along k).
 // Per math warpgroup w a staging block for da (two chunks), which the math warpgroup dumps. The
 // epilogue runs on seven warps (a wide kernel, gemm_sm90.cuh): each thread reads da of its units
-// (8 columns of a row) into registers, the warp hands the block back to the math warpgroup, and the thread
-// computes dg, du from g and u that it loaded from global memory into registers while the block
-// was being computed, and stores them straight to global memory. Keeping h out of shared memory
+// (8 columns of a row) into registers, the warp hands the block back to the math warpgroup, and
+// the thread computes dg, du from g and u that it loaded from global memory into registers while
+// the block was being computed, and stores them straight to global memory. Keeping h out of shared memory
 // leaves room for six operand stages instead of four: clock counters in the kernel had the math
 // warpgroups waiting for their operands through ~55% of each tile with four (H100: 125M layer,
 // 12 k-steps per tile, ~14,000 cycles per tile of which ~5,000 are matmuls).
