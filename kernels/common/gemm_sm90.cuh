@@ -157,35 +157,43 @@ struct StagePipe {
   }
 };
 
-// The hand-over of staged blocks between math warpgroup w (0 or 1) and the epilogue warps, two
-// barriers per w from `bar0`: staged(w), which every thread of the math warpgroup arrives on once
-// its dump is written, and freed(w), which each epilogue warp arrives on once it has taken what it
-// needs of the block. `nt` counts the CTA's tiles.
-template <bool kWide>
+// The staging blocks and their hand-over between math warpgroup w (0 or 1) and the epilogue
+// warps. Each w has kBuffers blocks of `block_bytes` from `st0` (w's first, then its second), tile
+// nt going to block nt % kBuffers, and two barriers per block from `bar0`: staged, which every
+// thread of the math warpgroup arrives on once its dump is written, and freed, which each epilogue
+// warp arrives on once it has taken what it needs of the block. With two blocks the math
+// warpgroup dumps a tile while the epilogue still works on the one before.
+template <bool kWide, int kBuffers = 1>
 struct Staging {
-  uint32_t bar0;
+  uint32_t bar0, st0, block_bytes;
 
-  __device__ uint32_t staged(int w) const { return bar0 + 8 * w; }
-  __device__ uint32_t freed(int w) const { return bar0 + 16 + 8 * w; }
-  __device__ uint32_t end() const { return bar0 + 32; }  // the next free barrier slot
+  __device__ int index(int w, int nt) const { return w * kBuffers + nt % kBuffers; }
+  __device__ uint32_t block(int w, int nt) const { return st0 + index(w, nt) * block_bytes; }
+  __device__ uint32_t staged(int w, int nt) const { return bar0 + 8 * index(w, nt); }
+  __device__ uint32_t freed(int w, int nt) const { return bar0 + 8 * (2 * kBuffers + index(w, nt)); }
+  __device__ uint32_t end() const { return bar0 + 32 * kBuffers; }  // the next free barrier slot
 
   __device__ void init() const {
-    for (int w = 0; w < 2; ++w) {
-      mbar_init(staged(w), 128);
-      mbar_init(freed(w), Roles<kWide>::kEpilogueThreads / 32);
-    }
+    for (int w = 0; w < 2; ++w)
+      for (int b = 0; b < kBuffers; ++b) {
+        mbar_init(staged(w, b), 128);
+        mbar_init(freed(w, b), Roles<kWide>::kEpilogueThreads / 32);
+      }
   }
-  // Math warpgroup: before dumping tile nt, the epilogue is done with tile nt - 1's block.
+  // Math warpgroup: before dumping tile nt, the epilogue is done with the tile that used its
+  // block last.
   __device__ __forceinline__ void wait_free(int w, int nt) const {
-    if (nt > 0) mbar_wait(freed(w), (nt - 1) & 1);
+    if (nt >= kBuffers) mbar_wait(freed(w, nt), (nt / kBuffers - 1) & 1);
   }
-  __device__ __forceinline__ void announce(int w) const { mbar_arrive(staged(w)); }
+  __device__ __forceinline__ void announce(int w, int nt) const { mbar_arrive(staged(w, nt)); }
   // Epilogue warp: tile nt's block w is staged; the warp is done with it (its lanes' shared-memory
   // reads happen before the arrival, which releases them).
-  __device__ __forceinline__ void wait_staged(int w, int nt) const { mbar_wait(staged(w), nt & 1); }
-  __device__ __forceinline__ void release(int w) const {
+  __device__ __forceinline__ void wait_staged(int w, int nt) const {
+    mbar_wait(staged(w, nt), (nt / kBuffers) & 1);
+  }
+  __device__ __forceinline__ void release(int w, int nt) const {
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(freed(w));
+    if ((threadIdx.x & 31) == 0) mbar_arrive(freed(w, nt));
   }
 };
 
@@ -270,11 +278,11 @@ __device__ __forceinline__ void dump_acc(uint32_t block, const float (&acc)[N / 
 }
 
 // Math warpgroup w (0 or 1): for each of the CTA's tiles the 64 x N product that mma(acc, stage
-// address, accumulate) accumulates over nk k-steps, dumped in bf16 into the staging block `st` as
-// soon as the epilogue has freed it, then announced.
-template <int N, int kStages, int kCluster, bool kWide, class Mma>
+// address, accumulate) accumulates over nk k-steps, dumped in bf16 into its staging block as soon
+// as the epilogue has freed it, then announced.
+template <int N, int kStages, int kCluster, bool kWide, int kBuffers, class Mma>
 __device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
-                                           int nk, const Staging<kWide>& hs, int w, uint32_t st, Mma&& mma) {
+                                           int nk, const Staging<kWide, kBuffers>& hs, int w, Mma&& mma) {
   float acc[N / 2];
   typename StagePipe<kStages, kCluster>::Slot slot;
   int nt = 0;
@@ -282,8 +290,8 @@ __device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& p
     pipe.matmuls(nk, slot, [&](uint32_t stage, int accumulate) { mma(acc, stage, accumulate); });
     fence_regs(acc);
     hs.wait_free(w, nt);
-    dump_acc<N>(st, acc);
-    hs.announce(w);
+    dump_acc<N>(hs.block(w, nt), acc);
+    hs.announce(w, nt);
   }
 }
 
@@ -291,9 +299,9 @@ __device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& p
 // 64-byte rows (64-byte swizzle): 64 x 256 products of A's rows 64w .. 64w + 63 and B.
 template <int kBK, int kStages, int kCluster>
 __device__ __forceinline__ void math_n256(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
-                                          int nk, uint32_t a_bytes, const Staging<false>& hs, int w, uint32_t st) {
+                                          int nk, uint32_t a_bytes, const Staging<false>& hs, int w) {
   static_assert(kBK == 32, "64-byte rows");
-  math_tiles<256>(pipe, grid, nk, hs, w, st, [&](float(&acc)[128], uint32_t a, int accumulate) {
+  math_tiles<256>(pipe, grid, nk, hs, w, [&](float(&acc)[128], uint32_t a, int accumulate) {
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
       Wgmma<256>::ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),

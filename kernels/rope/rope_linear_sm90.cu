@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const uint32_t table = stage0 + C::kTableOffset;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end()};
+  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
   const uint32_t table_full = hs.end();
   const TileGrid<kCluster> grid(n, cdiv(m, kBN));
   const int nk = cdiv(k, kBK);
@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         for (int w = 0; w < 2; ++w) {
           hs.wait_staged(w, nt);
           if (heads > 0 && w == 0) mbar_wait(table_full, nr & 1);
-          store_block<D>(staging0 + w * C::kStagingBytes, heads, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w,
+          store_block<D>(hs.block(w, nt), heads, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w,
                          c0, n, m);
-          hs.release(w);
+          hs.release(w, nt);
         }
         nr += heads > 0;
       }
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w, staging0 + w * C::kStagingBytes);
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w);
   }
   cluster_sync();  // no CTA leaves while the other may still arrive on its barriers
 }

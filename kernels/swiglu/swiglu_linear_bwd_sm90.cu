@@ -6,14 +6,17 @@
 // Output tile: rows m0 .. m0 + 127 and columns f0 .. f0 + 127 of da; a math warpgroup's 64 x 128
 // accumulator (wgmma m64n128k16). k runs in steps of 64 through kStages stages of A = dy [128, 64]
 // (K-major) and B = W_out [64, 128] as two 64-column chunks (MN-major: W_out's rows run along k).
-// Per math warpgroup w a staging block for da (two chunks), which the math warpgroup dumps. The
-// epilogue runs on seven warps (a wide kernel, gemm_sm90.cuh): each thread reads da of its units
-// (8 columns of a row) into registers, the warp hands the block back to the math warpgroup, and
-// the thread computes dg, du from g and u that it loaded from global memory into registers while
-// the block was being computed, and stores them straight to global memory. Keeping h out of shared memory
-// leaves room for six operand stages instead of four: clock counters in the kernel had the math
-// warpgroups waiting for their operands through ~55% of each tile with four (H100: 125M layer,
-// 12 k-steps per tile, ~14,000 cycles per tile of which ~5,000 are matmuls).
+// Per math warpgroup w two staging blocks for da (two chunks each), which it dumps alternate tiles
+// into. The epilogue runs on seven warps (a wide kernel, gemm_sm90.cuh): each thread reads da of its
+// units (8 columns of a row) into registers, the warp hands the block back to the math warpgroup,
+// and the thread computes dg, du from g and u that it loaded from global memory into registers
+// while the block was being computed, and stores them straight to global memory. Keeping h out of
+// shared memory leaves room for five operand stages next to the four staging blocks: clock
+// counters in the kernel had the math warpgroups waiting for their operands through ~55% of each
+// tile with four stages and one block per warpgroup (H100: 125M layer, 12 k-steps per tile,
+// ~14,000 cycles per tile of which ~5,000 are matmuls). With one block per warpgroup and six
+// stages, Nsight Compute's samples had the math warpgroups waiting ~10% of their time for the
+// epilogue to free the block and the epilogue ~13% for the next one: 237.9 -> 235.1 us (H100).
 // In clusters of 2, rank r loads B's 64-column chunk r of each stage and multicasts it to both CTAs.
 #include <algorithm>
 
@@ -26,16 +29,16 @@ namespace glu_sm90 {
 using namespace gemm_sm90;
 namespace {
 
-constexpr int kBN = 128, kBK = 64, kStages = 6;
+constexpr int kBN = 128, kBK = 64, kStages = 5, kBuffers = 2;
 using Cta = Roles<true>;
 constexpr int kUnitsPerThread = cdiv(kUnits, Cta::kEpilogueThreads);
 
 struct BwdCfg {
   static constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBK * kBN * 2, kStageBytes = kABytes + kBBytes;
-  static constexpr uint32_t kStagingBytes = 2 * kChunkBytes;  // per math warpgroup: da
-  static constexpr uint32_t kBarOffset = kStages * kStageBytes + 2 * kStagingBytes;
-  // full and empty per stage; staged and da free per math warpgroup
-  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 4);
+  static constexpr uint32_t kStagingBytes = 2 * kChunkBytes;  // a staging block: da of 64 rows
+  static constexpr uint32_t kBarOffset = kStages * kStageBytes + 2 * kBuffers * kStagingBytes;
+  // full and empty per stage; staged and freed per staging block
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 4 * kBuffers);
 };
 
 template <GluAct kAct, int kCluster>
@@ -47,7 +50,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<true> hs{pipe.end()};
+  const Staging<true, kBuffers> hs{pipe.end(), staging0, C::kStagingBytes};
   const TileGrid<kCluster> grid(n, cdiv(f, kBN));
   const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
@@ -122,7 +125,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       int nt = 0;
       for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
         for (int w = 0; w < 2; ++w) {
-          const uint32_t dab = staging0 + w * C::kStagingBytes;
+          const uint32_t dab = hs.block(w, nt);
           hs.wait_staged(w, nt);
           if (w == 0) prefetch_gu(t, 1);
           uint4 dv[kUnitsPerThread];
@@ -131,7 +134,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
             const int u = e + i * Cta::kEpilogueThreads;
             if (u < kUnits) dv[i] = ld_shared_v4(dab + unit_offset(u));
           }
-          hs.release(w);
+          hs.release(w, nt);
 #pragma unroll
           for (int i = 0; i < kUnitsPerThread; ++i) {
             const int64_t at = unit_at(t, w, i);
@@ -161,7 +164,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_tiles<128>(pipe, grid, nk, hs, w, staging0 + w * C::kStagingBytes,
+    math_tiles<128>(pipe, grid, nk, hs, w,
                     [&](float(&acc)[64], uint32_t a, int accumulate) {
 #pragma unroll
                       for (int kk = 0; kk < kBK / 16; ++kk)

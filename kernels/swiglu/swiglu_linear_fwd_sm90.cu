@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
   const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end()};
+  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
   const TileGrid<kCluster> grid(n, cdiv(f, kBF));
   const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       int nt = 0;
       for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
         for (int w = 0; w < 2; ++w) {
-          const uint32_t st = staging0 + w * C::kStagingBytes;
+          const uint32_t st = hs.block(w, nt);
           const int row0 = grid.row0(t) + 64 * w, f0 = grid.col_block(t) * kBF;
           hs.wait_staged(w, nt);
           for (int u = e; u < kUnits; u += Cta::kEpilogueThreads) {
@@ -111,14 +111,14 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
             __stcs(reinterpret_cast<uint4*>(hg + f), uv);
             __stcs(reinterpret_cast<uint4*>(a + row * f + col), make_uint4(as[0], as[1], as[2], as[3]));
           }
-          hs.release(w);
+          hs.release(w, nt);
         }
       }
     }
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w, staging0 + w * C::kStagingBytes);
+    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w);
   }
   if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }
