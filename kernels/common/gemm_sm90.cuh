@@ -14,12 +14,11 @@
 // outweighs its matmuls runs "wide": warpgroup 3 adds four more epilogue warps (12-15), and the
 // whole kernel must then compile within 128 registers per thread (ptxas holds every instruction to
 // the launch bound, whatever setmaxnreg hands the math warps later), so its accumulators are at
-// most 64 x 128. Stages
-// of the A and B tiles rotate through mbarriers "full" (the copies landed) and "empty" (one
-// arrival per math warp); the staging area through "staged" (the math warpgroup wrote it) and
-// "free" (one arrival per epilogue warp, as soon as it has what it needs of the block: no epilogue
-// warp waits for another, as a named barrier over all of them made it; Nsight Compute's samples put
-// 16% of the SwiGLU backward's epilogue time at that barrier).
+// most 64 x 128. Stages of the A and B tiles rotate through mbarriers "full" (the copies landed)
+// and "empty" (one arrival per math warp); the staging blocks through "staged" (the math warpgroup
+// wrote it) and "freed" (one arrival per epilogue warp, as soon as it has what it needs of the
+// block: no epilogue warp waits for another, as a named barrier over all of them made it; Nsight
+// Compute's samples put 16% of the SwiGLU backward's epilogue time at that barrier).
 //
 // CTAs run in clusters of kCluster (1 or 2). The CTAs of a cluster take the same column block and
 // adjacent row blocks, so they need the same weight tiles: each loads its share of every weight

@@ -14,11 +14,12 @@
 // one row at a time (a pair's halves are 32 columns apart at D = 64, in the same chunk, and 64 apart
 // at D = 128, in neighbouring chunks). Rotating in shared memory for a TMA store moved 64 KB more
 // per tile through shared memory, which the wgmmas and operand copies nearly saturate (see
-// swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the tile's 128 positions arrive in shared memory by bulk copies
-// that thread 32 issues as the tile begins, so they land while the math warpgroups work (read per
-// 8 pairs from global memory, they held the epilogue warps up: no gain over the separate pass).
-// Rows past N and columns past M are not stored; the TMA reads W's rows past M as zero. In clusters of
-// two, rank r loads rows [128 r, 128 r + 128) of each B stage and multicasts them.
+// swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the tile's 128 positions arrive in shared
+// memory by bulk copies that thread 32 issues as the tile begins, so they land while the math
+// warpgroups work (read per 8 pairs from global memory, they held the epilogue warps up: no gain
+// over the separate pass). Rows past N and columns past M are not stored; the TMA reads W's rows
+// past M as zero. In clusters of two, rank r loads rows [128 r, 128 r + 128) of each B stage and
+// multicasts them.
 #include "common/gemm_sm90.cuh"
 #include "rope/rope_linear.h"
 #include "rope/rope_math.cuh"
