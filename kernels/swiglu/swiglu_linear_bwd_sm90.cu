@@ -110,12 +110,12 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
           }
         }
       };
-      // One thread per 128-byte line of g and of u (8 units).
+      // Called by one thread per 128-byte line of g and of u (8 units: e % 8 == 0).
       auto prefetch_gu = [&](int t, int w) {
 #pragma unroll
         for (int i = 0; i < kUnitsPerThread; ++i) {
           const int64_t at = unit_at(t, w, i);
-          if (at >= 0 && e % 8 == 0) {
+          if (at >= 0) {
             prefetch_l2(h + at);
             prefetch_l2(h + at + f);
           }
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         for (int w = 0; w < 2; ++w) {
           const uint32_t dab = hs.block(w, nt);
           hs.wait_staged(w, nt);
-          if (w == 0) prefetch_gu(t, 1);
+          if (w == 0 && e % 8 == 0) prefetch_gu(t, 1);
           uint4 dv[kUnitsPerThread];
 #pragma unroll
           for (int i = 0; i < kUnitsPerThread; ++i) {
