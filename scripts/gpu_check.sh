@@ -216,9 +216,10 @@ if [ "$what" = zero1 ]; then
   done
 fi
 if [ "$what" = zero4 ]; then
-  # Issue 16 on 4 GPUs (two commands, each within 10 minutes): zero4 runs the 2-GPU ZeRO-1 tests
-  # and the scaling of the 125M/340M models with the reduction overlapped or not and ZeRO-1 off or
-  # on; zero4mem the overlap with fewer NCCL CTAs and the 1.3B models' peak memory per GPU with and
+  # Issue 16 on 4 GPUs (two commands, each within 10 minutes): zero4 runs the 2-GPU ZeRO-1 tests,
+  # the scaling of the 125M/340M models with the reduction overlapped or not and ZeRO-1 off or
+  # on, and rank 0's per-phase profile of the 125M step on 4 GPUs with overlap on and off (where
+  # the overlapped step loses its time); zero4mem the 1.3B models' peak memory per GPU with and
   # without ZeRO-1 (block recompute, T = 2048) next to what `linac info --ranks 4` planned.
   t0=$(date +%s)
   LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='ZeroGpu.*:DistGpu.*' \
@@ -227,12 +228,14 @@ if [ "$what" = zero4 ]; then
   summary+=("2-GPU ZeRO/DP tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/zero4_tests.log" | tr '\n' ' ')")
   grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/zero4_tests.log" | head -40
   OVERLAP="true false" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 2 4" 2>&1 | tee -a "$out/zero4.txt"
+  for ov in true false; do
+    echo "4 GPUs, overlap_comm=$ov, rank 0:" | tee -a "$out/zero4.txt"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --bind-to none -x NCCL_NVLS_ENABLE \
+      -x LD_LIBRARY_PATH ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 \
+      --tokens-per-step 32768 --steps 10 --warmup 3 --profile --set train.overlap_comm=$ov 2>&1 | tee -a "$out/zero4.txt"
+  done
 fi
 if [ "$what" = zero4mem ]; then
-  # NCCL's kernels take an SM per channel from the backward while they overlap it; fewer of them
-  # (the ranks inherit NCCL_MAX_CTAS from mpirun's environment) trade bandwidth for compute.
-  echo "NCCL_MAX_CTAS=8:" | tee -a "$out/zero4.txt"
-  NCCL_MAX_CTAS=8 OVERLAP="true" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 4" 2>&1 | tee -a "$out/zero4.txt"
   for c in transformer_1.3b gla_1.3b; do
     for z in 0 1; do
       ./build-gpu/linac info configs/$c.json --ranks 4 --set train.zero=$z --set train.recompute=block \
