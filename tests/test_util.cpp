@@ -67,6 +67,16 @@ std::vector<double> view_values(const Tensor& t) {
   return out;
 }
 
+Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
+  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
+  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
+           {B, T, H, D});
+  t.strides = {T * W, W, D, 1};
+  return t;
+}
+
+std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n) { return view_values(bthd(buf, col0, 1, n)); }
+
 double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double num = 0, den = 0;

@@ -31,6 +31,11 @@ void poison(const Tensor& t);
 // The elements of a strided view (any device, non-negative strides, e.g. a column range or a
 // slice of a fused buffer) in row-major order of its shape.
 std::vector<double> view_values(const Tensor& t);
+// A [B, T, H, D] view of columns [col0, col0 + H * D) of a contiguous [B, T, W] buffer (any
+// device): q, k, v as the models pass them, strided views of one fused buffer.
+Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D);
+// The values of columns [col0, col0 + n) of every row of a contiguous [B, T, W] buffer, in order.
+std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n);
 
 // ||a - b|| / ||b||.
 double rel_error(const std::vector<double>& a, const std::vector<double>& b);

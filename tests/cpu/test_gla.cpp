@@ -11,26 +11,6 @@
 namespace linac {
 namespace {
 
-// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
-Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// Every element of a strided [B,T,H,D] view, in order.
-std::vector<double> gather(const Tensor& x) {
-  std::vector<double> out;
-  const int64_t span = (x.size(0) - 1) * x.strides[0] + (x.size(1) - 1) * x.strides[1] + x.size(2) * x.size(3);
-  const std::vector<double> all = to_doubles(Tensor(x.ptr, x.dtype, x.device, {span}));
-  for (int64_t b = 0; b < x.size(0); ++b)
-    for (int64_t t = 0; t < x.size(1); ++t)
-      for (int64_t e = 0; e < x.size(2) * x.size(3); ++e) out.push_back(all[b * x.strides[0] + t * x.strides[1] + e]);
-  return out;
-}
-
 enum class Gates { Mild, Strong, Zero, Mixed };
 
 struct Problem {
@@ -60,10 +40,10 @@ struct Problem {
       }
     convert_host(in, host);
   }
-  Tensor q(const Tensor& x) const { return bthd(x, 0, H, Dk); }
-  Tensor k(const Tensor& x) const { return bthd(x, H * Dk, H, Dk); }
-  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * Dk, H, Dv); }
-  Tensor g(const Tensor& x) const { return bthd(x, 2 * H * Dk + H * Dv, H, Dk); }
+  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, Dk); }
+  Tensor k(const Tensor& x) const { return test::bthd(x, H * Dk, H, Dk); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * Dk, H, Dv); }
+  Tensor g(const Tensor& x) const { return test::bthd(x, 2 * H * Dk + H * Dv, H, Dk); }
 
   struct Out {
     OwnedTensor o, sf;
@@ -142,7 +122,7 @@ TEST(GlaCpu, BackwardFormsAgree) {
         OwnedTensor ds0 = p.backward(o, f, with_s0);
         grads.push_back({});
         for (const Tensor& x : {p.q(p.grad), p.k(p.grad), p.v(p.grad), p.g(p.grad)}) {
-          const auto part = gather(x);
+          const auto part = test::view_values(x);
           grads.back().insert(grads.back().end(), part.begin(), part.end());
         }
         ds0s.push_back(to_doubles(ds0));
@@ -155,9 +135,9 @@ TEST(GlaCpu, BackwardFormsAgree) {
       // dg alone (the closed form of the chunkwise backward vs the recurrence's own derivative).
       Problem p2(2, c.T, 2, 8, 12, c.gates);
       p2.backward(o, GlaForm::Recurrent, with_s0);
-      const auto dg_rec = gather(p2.g(p2.grad));
+      const auto dg_rec = test::view_values(p2.g(p2.grad));
       p2.backward(o, GlaForm::Chunk, with_s0);
-      EXPECT_LT(test::rel_error(gather(p2.g(p2.grad)), dg_rec), 1e-10) << "dg";
+      EXPECT_LT(test::rel_error(test::view_values(p2.g(p2.grad)), dg_rec), 1e-10) << "dg";
     }
 }
 
@@ -232,7 +212,7 @@ TEST(GlaCpu, StrongGatesLongSequenceFloat) {
   for (int part = 0; part < 4; ++part) {
     auto pick = [&](const Problem& p) {
       const Tensor views[] = {p.q(p.grad), p.k(p.grad), p.v(p.grad), p.g(p.grad)};
-      return gather(views[part]);
+      return test::view_values(views[part]);
     };
     const auto gf = pick(pf);
     ASSERT_TRUE(test::all_finite(gf)) << part;
@@ -273,7 +253,7 @@ TEST(GlaCpu, StateCarry) {
   part_bwd(T1, T - T1, s1, full.dsf, ds_mid);
   part_bwd(0, T1, full.s0, ds_mid, ds0);
   for (auto view : {&Problem::q, &Problem::k, &Problem::v, &Problem::g})
-    EXPECT_LT(test::rel_error(gather((full.*view)(gb)), gather((full.*view)(full.grad))), 1e-11);
+    EXPECT_LT(test::rel_error(test::view_values((full.*view)(gb)), test::view_values((full.*view)(full.grad))), 1e-11);
   EXPECT_LT(test::rel_error(ds0, dref), 1e-11);
 }
 

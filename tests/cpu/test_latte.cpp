@@ -13,15 +13,6 @@
 namespace linac {
 namespace {
 
-// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
-Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
 // [B,H,X] view of token t of a [B,T,H,X] view.
 Tensor at_token(const Tensor& x, int64_t t) {
   Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype, x.device,
@@ -43,10 +34,10 @@ struct Problem {
         dy(test::random_tensor({b, t, h, dv}, d, seed + 1)) {
     scale_b(b_scale);
   }
-  Tensor a(const Tensor& x) const { return bthd(x, 0, H, La); }
-  Tensor b(const Tensor& x) const { return bthd(x, H * La, H, L); }
-  Tensor v(const Tensor& x) const { return bthd(x, H * (La + L), H, Dv); }
-  Tensor local(const Tensor& x) const { return mac ? bthd(x, H * (La + L + Dv), H, Dv) : Tensor(); }
+  Tensor a(const Tensor& x) const { return test::bthd(x, 0, H, La); }
+  Tensor b(const Tensor& x) const { return test::bthd(x, H * La, H, L); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, H * (La + L), H, Dv); }
+  Tensor local(const Tensor& x) const { return mac ? test::bthd(x, H * (La + L + Dv), H, Dv) : Tensor(); }
 
   static void set(const Tensor& x, int64_t i, double value) {
     if (x.dtype == DType::F64)

@@ -11,26 +11,6 @@
 namespace linac {
 namespace {
 
-// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
-Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// Every element of a strided [B,T,H,D] view, in order.
-std::vector<double> gather(const Tensor& x) {
-  std::vector<double> out;
-  const int64_t span = (x.size(0) - 1) * x.strides[0] + (x.size(1) - 1) * x.strides[1] + x.size(2) * x.size(3);
-  const std::vector<double> all = to_doubles(Tensor(x.ptr, x.dtype, x.device, {span}));
-  for (int64_t b = 0; b < x.size(0); ++b)
-    for (int64_t t = 0; t < x.size(1); ++t)
-      for (int64_t e = 0; e < x.size(2) * x.size(3); ++e) out.push_back(all[b * x.strides[0] + t * x.strides[1] + e]);
-  return out;
-}
-
 // Decay rates per head: a spread from none to strong, or one value for every head.
 OwnedTensor decays(int64_t H, double smax, DType dt, double fixed = -1) {
   OwnedTensor host(DType::F64, Device::CPU, {H});
@@ -53,9 +33,9 @@ struct Problem {
         in(test::random_tensor({b, t, W}, d, seed)), grad(d, Device::CPU, {b, t, W}),
         s0(test::random_tensor({b, h, dk, dv}, d, seed + 1)), dsf(test::random_tensor({b, h, dk, dv}, d, seed + 2)),
         u(test::random_tensor({b, t, h, dv}, d, seed + 3)), decay(decays(h, smax, d)) {}
-  Tensor q(const Tensor& x) const { return bthd(x, 0, H, Dk); }
-  Tensor k(const Tensor& x) const { return bthd(x, H * Dk, H, Dk); }
-  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * Dk, H, Dv); }
+  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, Dk); }
+  Tensor k(const Tensor& x) const { return test::bthd(x, H * Dk, H, Dk); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * Dk, H, Dv); }
 
   struct Out {
     OwnedTensor o, sf;
@@ -79,7 +59,7 @@ struct Problem {
   std::vector<double> grads() const {
     std::vector<double> all;
     for (const Tensor& x : {q(grad), k(grad), v(grad)}) {
-      const auto part = gather(x);
+      const auto part = test::view_values(x);
       all.insert(all.end(), part.begin(), part.end());
     }
     return all;
@@ -170,7 +150,7 @@ TEST(LightningCpu, BlockGradCheckDouble) {
 TEST(LightningCpu, NoDecayIsCausalLinearAttention) {
   Problem p(1, 45, 2, 8, 12, 0.0);
   auto r = p.forward(block_of(16), LightningForm::Block, false);
-  const auto q = gather(p.q(p.in)), k = gather(p.k(p.in)), v = gather(p.v(p.in));
+  const auto q = test::view_values(p.q(p.in)), k = test::view_values(p.k(p.in)), v = test::view_values(p.v(p.in));
   std::vector<double> ref;
   for (int64_t t = 0; t < p.T; ++t)
     for (int64_t h = 0; h < p.H; ++h)

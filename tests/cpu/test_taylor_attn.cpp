@@ -12,26 +12,6 @@
 namespace linac {
 namespace {
 
-// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
-Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// Every element of a strided [B,T,H,D] view, in order.
-std::vector<double> gather(const Tensor& x) {
-  std::vector<double> out;
-  const int64_t span = (x.size(0) - 1) * x.strides[0] + (x.size(1) - 1) * x.strides[1] + x.size(2) * x.size(3);
-  const std::vector<double> all = to_doubles(Tensor(x.ptr, x.dtype, x.device, {span}));
-  for (int64_t b = 0; b < x.size(0); ++b)
-    for (int64_t t = 0; t < x.size(1); ++t)
-      for (int64_t e = 0; e < x.size(2) * x.size(3); ++e) out.push_back(all[b * x.strides[0] + t * x.strides[1] + e]);
-  return out;
-}
-
 struct Problem {
   int64_t B, T, H, F, Dv, W;
   DType dt;
@@ -43,9 +23,9 @@ struct Problem {
       : B(b), T(t), H(h), F(f), Dv(dv), W(h * (2 * f + dv) + 1), dt(d),
         in(test::random_tensor({b, t, W}, d, seed, -amp, amp)), grad(d, Device::CPU, {b, t, W}),
         u(test::random_tensor({b, t, h, dv}, d, seed + 1)) {}
-  Tensor q(const Tensor& x) const { return bthd(x, 0, H, F); }
-  Tensor k(const Tensor& x) const { return bthd(x, H * F, H, F); }
-  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * F, H, Dv); }
+  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, F); }
+  Tensor k(const Tensor& x) const { return test::bthd(x, H * F, H, F); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * F, H, Dv); }
   int64_t rows() const { return taylor_attn_state_rows(F); }
 
   struct Out {
@@ -65,7 +45,7 @@ struct Problem {
     taylor_attn_bwd(Ctx{}, q(in), k(in), v(in), f.o, f.den, u, q(grad), k(grad), v(grad), opts, form);
     std::vector<double> all;
     for (const Tensor& x : {q(grad), k(grad), v(grad)}) {
-      const auto part = gather(x);
+      const auto part = test::view_values(x);
       all.insert(all.end(), part.begin(), part.end());
     }
     return all;

@@ -14,15 +14,6 @@
 namespace linac {
 namespace {
 
-// A [B,T,H,D] view of columns [col0, col0 + H*D) of a contiguous [B,T,W] buffer.
-Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
 // Token t of a [B,T,H,D] view as a [B,H,D] view.
 Tensor token(const Tensor& x, int64_t t) {
   Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
@@ -71,9 +62,9 @@ struct Problem {
                 codebook->data<double>()[(h * sh.S + code) * sh.Dk + d];
         }
   }
-  Tensor q(const Tensor& x) const { return bthd(x, 0, s.H, s.Dk); }
-  Tensor khat(const Tensor& x) const { return bthd(x, s.H * s.Dk, s.H, s.Dk); }
-  Tensor v(const Tensor& x) const { return bthd(x, 2 * s.H * s.Dk, s.H, s.Dv); }
+  Tensor q(const Tensor& x) const { return test::bthd(x, 0, s.H, s.Dk); }
+  Tensor khat(const Tensor& x) const { return test::bthd(x, s.H * s.Dk, s.H, s.Dk); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * s.H * s.Dk, s.H, s.Dv); }
 
   struct Out {
     OwnedTensor o, lse;
@@ -225,7 +216,7 @@ double sq_dist(const double* a, const double* b, int64_t n) {
 TEST(VqQuantCpu, MatchesBruteForce) {
   const int64_t B = 2, T = 13, H = 3, Dk = 5, S = 9;
   OwnedTensor buf = test::random_tensor({B, T, 2 * H * Dk + 1}, DType::F64, 11);
-  const Tensor k = bthd(buf, 0, H, Dk), khat = bthd(buf, H * Dk, H, Dk);
+  const Tensor k = test::bthd(buf, 0, H, Dk), khat = test::bthd(buf, H * Dk, H, Dk);
   OwnedTensor cb = test::random_tensor({H, S, Dk}, DType::F64, 12);
   OwnedTensor z(DType::I32, Device::CPU, {B, T, H}), err(DType::F64, Device::CPU, {B, T, H});
   test::poison(err);  // khat is a strided view: it holds random values, never a codeword
@@ -264,7 +255,7 @@ TEST(VqQuantCpu, TiesGoToTheLowestCode) {
 TEST(VqQuantCpu, CodeStatsMatchDirectLoop) {
   const int64_t B = 3, T = 17, H = 2, Dk = 4, S = 6;
   OwnedTensor buf = test::random_tensor({B, T, H * Dk + 3}, DType::F64, 31);
-  const Tensor k = bthd(buf, 1, H, Dk);
+  const Tensor k = test::bthd(buf, 1, H, Dk);
   OwnedTensor z(DType::I32, Device::CPU, {B, T, H});
   const auto r = test::random_values(static_cast<size_t>(B * T * H), 32, 0, S);
   for (int64_t i = 0; i < B * T * H; ++i) z->data<int32_t>()[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), S - 1);

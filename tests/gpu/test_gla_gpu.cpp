@@ -30,25 +30,6 @@ const Case kCases[] = {{2, 1, 2, 16, 32, true, -3},      {2, 77, 3, 80, 48, true
                        {1, 200, 2, 64, 64, false, -3},   {2, 130, 2, 128, 256, true, -0.2},
                        {1, 1000, 1, 32, 96, true, -1},   {9, 130, 4, 128, 256, false, -0.1}};
 
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
-Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// The q|k|v (or dq|dk|dv) part of a fused buffer, in order.
-std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
-  const std::vector<double> all = to_doubles(buf);
-  const int64_t W = buf.size(2);
-  std::vector<double> out;
-  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
-    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
-  return out;
-}
-
 struct Inputs {
   Case c;
   int64_t W;
@@ -60,9 +41,9 @@ struct Inputs {
         dout(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 2)),
         s0(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 3)),
         dsf(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 4)) {}
-  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, c.Dk); }
-  Tensor k(const Tensor& b) const { return bthd(b, c.H * c.Dk, c.H, c.Dk); }
-  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
+  Tensor k(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
 };
 
 struct Result {
@@ -114,9 +95,10 @@ void run_parity(DType act, const Tols& tol) {
     EXPECT_LT(test::rel_error(gr.o, cr.o), tol.o) << "o";
     EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol.o) << "final state";
     const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-    EXPECT_LT(test::rel_error(part(gr.dqkv, 0, HK), part(cr.dqkv, 0, HK)), tol.dqkv) << "dq";
-    EXPECT_LT(test::rel_error(part(gr.dqkv, HK, HK), part(cr.dqkv, HK, HK)), tol.dqkv) << "dk";
-    EXPECT_LT(test::rel_error(part(gr.dqkv, 2 * HK, HV), part(cr.dqkv, 2 * HK, HV)), tol.dqkv) << "dv";
+    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, HK), test::columns(cr.dqkv, 0, HK)), tol.dqkv) << "dq";
+    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, HK, HK), test::columns(cr.dqkv, HK, HK)), tol.dqkv) << "dk";
+    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 2 * HK, HV), test::columns(cr.dqkv, 2 * HK, HV)), tol.dqkv)
+        << "dv";
     EXPECT_LT(test::rel_error(gr.dg, cr.dg), tol.dg) << "dg";
     EXPECT_LT(test::rel_error(gr.ds0, cr.ds0), tol.dqkv) << "ds0";
   }
@@ -147,13 +129,13 @@ TEST(GlaGpu, StrongGatesLongSequence) {
   OwnedTensor dsf_g = to(in.dsf, Device::CUDA, DType::F32);
   Result gr = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, DType::BF16, DType::F32);
   for (const Tensor* t : {&gr.o.t, &gr.dg.t, &gr.ds0.t}) ASSERT_TRUE(test::all_finite(to_doubles(*t)));
-  ASSERT_TRUE(test::all_finite(part(gr.dqkv, 0, c.H * (2 * c.Dk + c.Dv))));
+  ASSERT_TRUE(test::all_finite(test::columns(gr.dqkv, 0, c.H * (2 * c.Dk + c.Dv))));
   OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
   OwnedTensor g_r = to(g_g, Device::CPU, DType::F64);
   Result cr = run(Ctx{}, in, qkv_r, g_r, dout_r, in.s0, in.dsf, DType::F64, DType::F64);
   EXPECT_LT(test::rel_error(gr.o, cr.o), 5e-3);
   const int64_t n = c.H * (2 * c.Dk + c.Dv);  // the q|k|v columns (the pad stays poisoned)
-  EXPECT_LT(test::rel_error(part(gr.dqkv, 0, n), part(cr.dqkv, 0, n)), 1e-2);
+  EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, n), test::columns(cr.dqkv, 0, n)), 1e-2);
   EXPECT_LT(test::rel_error(gr.dg, cr.dg), 2e-2);
 }
 

@@ -31,15 +31,6 @@ const Case kCases[] = {{2, 1, 2, 1, 64, false, 3.0},    {2, 77, 3, 16, 96, true,
                        {1, 150, 2, 1, 96, true, 2.0},    {2, 190, 2, 32, 128, false, 3.0, 0},
                        {1, 140, 4, 16, 64, true, 3.0, 0}};
 
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
-Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
 struct Inputs {
   Case c;
   int64_t La, W;
@@ -52,10 +43,10 @@ struct Inputs {
     for (int64_t r = 0; r < c.B * c.T; ++r)
       for (int64_t e = 0; e < c.H * c.L; ++e) bv.data<double>()[r * W + e] *= c.b_scale;
   }
-  Tensor a(const Tensor& x) const { return bthd(x, 0, c.H, La); }
-  Tensor b(const Tensor& x) const { return bthd(x, c.H * La, c.H, c.L); }
-  Tensor v(const Tensor& x) const { return bthd(x, c.H * (La + c.L), c.H, c.Dv); }
-  Tensor local(const Tensor& x) const { return c.mac ? bthd(x, c.H * (La + c.L + c.Dv), c.H, c.Dv) : Tensor(); }
+  Tensor a(const Tensor& x) const { return test::bthd(x, 0, c.H, La); }
+  Tensor b(const Tensor& x) const { return test::bthd(x, c.H * La, c.H, c.L); }
+  Tensor v(const Tensor& x) const { return test::bthd(x, c.H * (La + c.L), c.H, c.Dv); }
+  Tensor local(const Tensor& x) const { return c.mac ? test::bthd(x, c.H * (La + c.L + c.Dv), c.H, c.Dv) : Tensor(); }
 };
 
 struct Result {

@@ -29,25 +29,6 @@ const Case kCases[] = {{2, 1, 2, 16, 32, true, 3.0},     {2, 77, 3, 80, 48, true
                        {1, 1000, 1, 32, 96, true, 0.0},  {3, 300, 4, 64, 64, true, 1.0},
                        {1, 129, 3, 128, 128, true, 0.05}};
 
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
-Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// The q|k|v (or dq|dk|dv) part of a fused buffer, in order.
-std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
-  const std::vector<double> all = to_doubles(buf);
-  const int64_t W = buf.size(2);
-  std::vector<double> out;
-  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
-    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
-  return out;
-}
-
 OwnedTensor decays(int64_t H, double smax) {
   OwnedTensor s(DType::F64, Device::CPU, {H});
   for (int64_t h = 0; h < H; ++h) s->data<double>()[h] = H == 1 ? smax : smax * static_cast<double>(h) / (H - 1);
@@ -64,9 +45,9 @@ struct Inputs {
         dout(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 2)),
         s0(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 3)),
         dsf(test::random_tensor({cs.B, cs.H, cs.Dk, cs.Dv}, DType::F64, seed + 4)), decay(decays(cs.H, cs.smax)) {}
-  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, c.Dk); }
-  Tensor k(const Tensor& b) const { return bthd(b, c.H * c.Dk, c.H, c.Dk); }
-  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
+  Tensor k(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
 };
 
 struct Result {
@@ -113,9 +94,9 @@ void expect_parity(const Inputs& in, const Result& gr, const Result& cr, double 
   EXPECT_LT(test::rel_error(gr.o, cr.o), tol) << "o";
   EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol) << "final state";
   const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-  EXPECT_LT(test::rel_error(part(gr.dqkv, 0, HK), part(cr.dqkv, 0, HK)), tol) << "dq";
-  EXPECT_LT(test::rel_error(part(gr.dqkv, HK, HK), part(cr.dqkv, HK, HK)), tol) << "dk";
-  EXPECT_LT(test::rel_error(part(gr.dqkv, 2 * HK, HV), part(cr.dqkv, 2 * HK, HV)), tol) << "dv";
+  EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, HK), test::columns(cr.dqkv, 0, HK)), tol) << "dq";
+  EXPECT_LT(test::rel_error(test::columns(gr.dqkv, HK, HK), test::columns(cr.dqkv, HK, HK)), tol) << "dk";
+  EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 2 * HK, HV), test::columns(cr.dqkv, 2 * HK, HV)), tol) << "dv";
   EXPECT_LT(test::rel_error(gr.ds0, cr.ds0), tol) << "ds0";
 }
 
@@ -151,7 +132,7 @@ TEST(LightningGpu, LongSequenceNoAndStrongDecay) {
     Inputs in(Case{1, 4096, 1, 64, 64, true, s}, 7);
     auto [gr, cr] = both(gctx.ctx(), in, DType::BF16);
     ASSERT_TRUE(test::all_finite(to_doubles(gr.o)));
-    ASSERT_TRUE(test::all_finite(part(gr.dqkv, 0, 3 * 64)));
+    ASSERT_TRUE(test::all_finite(test::columns(gr.dqkv, 0, 3 * 64)));
     expect_parity(in, gr, cr, 1e-2);
   }
 }

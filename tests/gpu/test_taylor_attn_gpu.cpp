@@ -26,25 +26,6 @@ std::string name(const Case& c) {
 const Case kCases[] = {{2, 1, 2, 64}, {2, 77, 3, 48}, {1, 200, 2, 112}, {3, 130, 2, 64}, {1, 1000, 1, 128},
                        {2, 64, 2, 16}};
 
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
-Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// Columns [c0, c0 + n) of every row of a fused buffer, in order.
-std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
-  const std::vector<double> all = to_doubles(buf);
-  const int64_t W = buf.size(2);
-  std::vector<double> out;
-  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
-    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
-  return out;
-}
-
 struct Inputs {
   Case c;
   int64_t W;
@@ -53,9 +34,9 @@ struct Inputs {
       : c(cs), W((cs.H * (2 * kF + cs.Dv) + 7) / 8 * 8 + 8),
         qkv(test::random_tensor({cs.B, cs.T, W}, DType::F64, seed, -1.5, 1.5)),
         dout(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 2)) {}
-  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, kF); }
-  Tensor k(const Tensor& b) const { return bthd(b, c.H * kF, c.H, kF); }
-  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * kF, c.H, c.Dv); }
+  Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, kF); }
+  Tensor k(const Tensor& b) const { return test::bthd(b, c.H * kF, c.H, kF); }
+  Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * kF, c.H, c.Dv); }
 };
 
 struct Result {
@@ -98,12 +79,14 @@ void run_parity(DType act, const Tols& tol) {
     EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol.o) << "final state";
     const int64_t HK = c.H * kF, HV = c.H * c.Dv;
     if (c.T == 1) {  // o = v whatever q and k are: dq = dk = 0 up to rounding
-      EXPECT_LT(test::max_abs_diff(part(gr.dqkv, 0, 2 * HK), part(cr.dqkv, 0, 2 * HK)), tol.grad) << "dq, dk";
+      EXPECT_LT(test::max_abs_diff(test::columns(gr.dqkv, 0, 2 * HK), test::columns(cr.dqkv, 0, 2 * HK)), tol.grad)
+          << "dq, dk";
     } else {
-      EXPECT_LT(test::rel_error(part(gr.dqkv, 0, HK), part(cr.dqkv, 0, HK)), tol.grad) << "dq";
-      EXPECT_LT(test::rel_error(part(gr.dqkv, HK, HK), part(cr.dqkv, HK, HK)), tol.grad) << "dk";
+      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, HK), test::columns(cr.dqkv, 0, HK)), tol.grad) << "dq";
+      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, HK, HK), test::columns(cr.dqkv, HK, HK)), tol.grad) << "dk";
     }
-    EXPECT_LT(test::rel_error(part(gr.dqkv, 2 * HK, HV), part(cr.dqkv, 2 * HK, HV)), tol.grad) << "dv";
+    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 2 * HK, HV), test::columns(cr.dqkv, 2 * HK, HV)), tol.grad)
+        << "dv";
   }
 }
 
@@ -128,13 +111,13 @@ TEST(TaylorAttnGpu, LongSequence) {
     OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
     Result gr = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
     const int64_t n = c.H * (2 * kF + c.Dv);  // the q|k|v columns (the pad stays poisoned)
-    ASSERT_TRUE(test::all_finite(part(gr.dqkv, 0, n)));
+    ASSERT_TRUE(test::all_finite(test::columns(gr.dqkv, 0, n)));
     OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
     Result cr = run(Ctx{}, in, qkv_r, dout_r, DType::F64, DType::F64);
     const bool bf = act == DType::BF16;
     EXPECT_LT(test::rel_error(gr.o, cr.o), bf ? 1e-2 : 1e-5);
     EXPECT_LT(test::rel_error(gr.sf, cr.sf), bf ? 1e-2 : 1e-5);
-    EXPECT_LT(test::rel_error(part(gr.dqkv, 0, n), part(cr.dqkv, 0, n)), bf ? 2e-2 : 1e-5);
+    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, n), test::columns(cr.dqkv, 0, n)), bf ? 2e-2 : 1e-5);
   }
 }
 

@@ -31,25 +31,6 @@ const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},     {1, 300, 1, 128, 1536, 51
                        {1, 700, 2, 64, 128, 100, 128}, {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
                        {1, 2100, 1, 16, 16, 300, 1024}};
 
-// [B, T, H, D] view of columns [c0, c0 + H*D) of a [B, T, W] buffer.
-Tensor bthd(const Tensor& buf, int64_t c0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + c0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
-}
-
-// The columns [c0, c0 + n) of every row of a [B, T, W] buffer, in order.
-std::vector<double> part(const Tensor& buf, int64_t c0, int64_t n) {
-  const std::vector<double> all = to_doubles(buf);
-  const int64_t W = buf.size(2);
-  std::vector<double> out;
-  for (int64_t row = 0; row < buf.size(0) * buf.size(1); ++row)
-    out.insert(out.end(), all.begin() + row * W + c0, all.begin() + row * W + c0 + n);
-  return out;
-}
-
 bool same_bits(const Tensor& x, const Tensor& y) {
   OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
   copy_tensor(hx, x);
@@ -90,9 +71,9 @@ struct Inputs {
           buf[bt * W + cs.H * cs.Dk + h * cs.Dk + d] = codebook->data<double>()[(h * cs.S + code) * cs.Dk + d];
       }
   }
-  Tensor q(const Tensor& b) const { return bthd(b, 0, c.H, c.Dk); }
-  Tensor khat(const Tensor& b) const { return bthd(b, c.H * c.Dk, c.H, c.Dk); }
-  Tensor v(const Tensor& b) const { return bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
+  Tensor khat(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
   VqAttnOpts opts() const {
     VqAttnOpts o;
     o.block = c.Lb;
@@ -152,9 +133,10 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
     EXPECT_LT(test::rel_error(gr.lse, cr.lse), tol_o) << "lse";
     const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-    EXPECT_LT(test::rel_error(part(gr.grad, 0, HK), part(cr.grad, 0, HK)), tol_grad) << "dq";
-    EXPECT_LT(test::rel_error(part(gr.grad, HK, HK), part(cr.grad, HK, HK)), tol_grad) << "dkhat";
-    EXPECT_LT(test::rel_error(part(gr.grad, 2 * HK, HV), part(cr.grad, 2 * HK, HV)), tol_grad) << "dv";
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
+        << "dv";
     EXPECT_LT(test::rel_error(gr.du, cr.du), tol_grad) << "du";
     EXPECT_LT(test::rel_error(gr.dvr, cr.dvr), tol_grad) << "dvr";
     EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
@@ -197,7 +179,7 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
       EXPECT_LT(test::rel_error(r3.lse, r1.lse), 1e-6);
       const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;  // the fused buffer's padding columns are never written
       for (auto [c0, n] : {std::pair{int64_t{0}, 2 * HK}, std::pair{2 * HK, HV}})
-        EXPECT_LT(test::rel_error(part(r3.grad, c0, n), part(r1.grad, c0, n)), tol);
+        EXPECT_LT(test::rel_error(test::columns(r3.grad, c0, n), test::columns(r1.grad, c0, n)), tol);
       for (auto m : {&Result::du, &Result::dvr, &Result::drho}) EXPECT_LT(test::rel_error(r3.*m, r1.*m), tol);
     }
     Ctx tiny = gctx.ctx();
@@ -219,7 +201,7 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
     const Result fused = g.run(gctx.ctx(), in, act);
     auto cols = [&](int64_t c0, int64_t D) {  // [B, T, 1, D] copy of columns [c0, c0 + D) of the fused buffer
       OwnedTensor h(DType::F64, Device::CPU, {c.B, c.T, 1, D});
-      const std::vector<double> x = part(in.qkv, c0, D);
+      const std::vector<double> x = test::columns(in.qkv, c0, D);
       std::copy(x.begin(), x.end(), h->data<double>());
       return to(h, Device::CUDA, act);
     };
@@ -234,9 +216,9 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
     const double tol = act == DType::BF16 ? 2e-3 : 1e-6;
     EXPECT_LT(test::rel_error(o, fused.o), tol) << "o";
     EXPECT_LT(test::rel_error(lse, fused.lse), 1e-6) << "lse";
-    EXPECT_LT(test::rel_error(to_doubles(dq), part(fused.grad, 0, c.Dk)), tol) << "dq";
-    EXPECT_LT(test::rel_error(to_doubles(dk), part(fused.grad, c.Dk, c.Dk)), tol) << "dkhat";
-    EXPECT_LT(test::rel_error(to_doubles(dv), part(fused.grad, 2 * c.Dk, c.Dv)), tol) << "dv";
+    EXPECT_LT(test::rel_error(to_doubles(dq), test::columns(fused.grad, 0, c.Dk)), tol) << "dq";
+    EXPECT_LT(test::rel_error(to_doubles(dk), test::columns(fused.grad, c.Dk, c.Dk)), tol) << "dkhat";
+    EXPECT_LT(test::rel_error(to_doubles(dv), test::columns(fused.grad, 2 * c.Dk, c.Dv)), tol) << "dv";
     EXPECT_LT(test::rel_error(du, fused.du), tol) << "du";
     EXPECT_LT(test::rel_error(dvr, fused.dvr), tol) << "dvr";
     EXPECT_LT(test::rel_error(drho, fused.drho), tol) << "drho";
@@ -313,7 +295,7 @@ TEST(VqQuantGpu, NearestCodeTiesAndError) {
     OwnedTensor buf = to(buf_h, Device::CUDA, act), cb = to(cb_h, Device::CUDA, DType::F32);
     OwnedTensor z(DType::I32, Device::CUDA, {B, T, H}), err(DType::F32, Device::CUDA, {B, T, H});
     test::poison(err);
-    vq_quantize(gctx.ctx(), bthd(buf, 0, H, Dk), cb, z, bthd(buf, H * Dk, H, Dk), err);
+    vq_quantize(gctx.ctx(), test::bthd(buf, 0, H, Dk), cb, z, test::bthd(buf, H * Dk, H, Dk), err);
     ctx_synchronize(gctx.ctx());
     const OwnedTensor z_h = copy_to(z, Device::CPU);
     const auto all = to_doubles(buf), cbv = to_doubles(cb), e = to_doubles(err);
@@ -352,21 +334,21 @@ TEST(VqQuantGpu, CodeStatsEmaCodebook) {
     OwnedTensor sums(DType::F32, Device::CUDA, {H, S, Dk}), counts(DType::F32, Device::CUDA, {H, S});
     OwnedTensor sums2(DType::F32, Device::CUDA, {H, S, Dk}), counts2(DType::F32, Device::CUDA, {H, S});
     for (const Tensor* t : {&sums.t, &counts.t, &sums2.t, &counts2.t}) test::poison(*t);
-    vq_code_stats(gctx.ctx(), bthd(buf, 3, H, Dk), z, sums, counts);
-    vq_code_stats(gctx.ctx(), bthd(buf, 3, H, Dk), z, sums2, counts2);
+    vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums, counts);
+    vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums2, counts2);
     ctx_synchronize(gctx.ctx());
     EXPECT_TRUE(same_bits(sums, sums2));
     EXPECT_TRUE(same_bits(counts, counts2));
     OwnedTensor buf_r = to(buf, Device::CPU, DType::F64);
     OwnedTensor sums_r(DType::F64, Device::CPU, {H, S, Dk}), counts_r(DType::F64, Device::CPU, {H, S});
-    vq_code_stats(Ctx{}, bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);
+    vq_code_stats(Ctx{}, test::bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);
     EXPECT_LT(test::rel_error(sums, sums_r), 1e-6);
     EXPECT_EQ(to_doubles(counts), to_doubles(counts_r));
     // A workspace of 700 tokens' one-hot rows (chunks that end inside sequences), and sequences
     // that do not follow each other in k (one GEMM per sequence part).
     Ctx small = gctx.ctx();
     small.workspace_bytes = 512 + vq_cuda::kBlasBytes + 700 * vq_cuda::round8(S) * dtype_size(act);
-    vq_code_stats(small, bthd(buf, 3, H, Dk), z, sums2, counts2);
+    vq_code_stats(small, test::bthd(buf, 3, H, Dk), z, sums2, counts2);
     ctx_synchronize(gctx.ctx());
     EXPECT_LT(test::rel_error(sums2, sums_r), 1e-6);
     EXPECT_EQ(to_doubles(counts2), to_doubles(counts_r));
@@ -375,7 +357,7 @@ TEST(VqQuantGpu, CodeStatsEmaCodebook) {
     for (int64_t b = 0; b < B; ++b)
       gpu_memcpy(static_cast<char*>(wide->ptr) + b * (T + 3) * row_bytes, Device::CUDA,
                  static_cast<const char*>(buf->ptr) + b * T * row_bytes, Device::CUDA, T * row_bytes);
-    Tensor gapped = bthd(wide, 3, H, Dk);
+    Tensor gapped = test::bthd(wide, 3, H, Dk);
     gapped.shape[1] = T;  // the first T tokens of each sequence, at the wider batch stride
     vq_code_stats(gctx.ctx(), gapped, z, sums2, counts2);
     ctx_synchronize(gctx.ctx());
