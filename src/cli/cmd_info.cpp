@@ -6,11 +6,12 @@
 #include "cli/commands.h"
 #include "cli/format.h"
 #include "config/config.h"
+#include "core/gpu.h"
+#include "data/hdf5_util.h"
+#include "data/mqar.h"
 #include "model/model.h"
 #include "model/registry.h"
 #include "model/saved_arena.h"
-#include "data/hdf5_util.h"
-#include "data/mqar.h"
 #include "train/checkpoint.h"
 
 namespace linac::cli {
@@ -20,8 +21,9 @@ const char* kUsage =
     "usage: linac info CONFIG.json|CHECKPOINT.h5 [--set key.path=value]... [--ranks N] [--json]\n\n"
     "Prints the parameter count (total / non-embedding), the layer table and the memory plan per\n"
     "GPU (parameters, gradients, optimizer state, activations saved for the backward under\n"
-    "train.recompute) for the configured micro-batch of train.micro_batch x data.seq_len tokens, on\n"
-    "the device the config would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
+    "train.recompute, the LM head's chunk of logits and, on a GPU, the kernels' workspace) for the\n"
+    "configured micro-batch of train.micro_batch x data.seq_len tokens, on the device the config\n"
+    "would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
     "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1). Given a\n"
     "checkpoint, uses the config stored in it and also prints its training state.\n";
 }  // namespace
@@ -73,6 +75,11 @@ int cmd_info(int argc, char** argv) {
   const double grads = flat * msize, optim = 2 * held * msize;
   const double acts = static_cast<double>(model.activation_bytes(B, T));
   const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
+  // Scratch that a step holds on top: the LM head's chunk of logits (and their gradient) and, on a
+  // GPU, the kernels' workspace (LINAC_WORKSPACE_MB).
+  const double head = static_cast<double>(model.head_scratch_bytes(B * T));
+  const double workspace = gpu ? static_cast<double>(GpuContext::default_workspace_bytes()) : 0.0;
+  const double total = master + copy + grads + optim + buffers + acts + head + workspace;
   const double flops = model.flops_per_token(T);
   // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
   // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
@@ -89,7 +96,15 @@ int cmd_info(int argc, char** argv) {
               {"ranks", ranks},
               {"zero", zero ? 1 : 0},
               {"recompute", cfg.train.recompute},
-              {"bytes", {{"params", master + copy}, {"grads", grads}, {"optimizer", optim}, {"buffers", buffers}, {"activations", acts}}},
+              {"bytes",
+               {{"params", master + copy},
+                {"grads", grads},
+                {"optimizer", optim},
+                {"buffers", buffers},
+                {"activations", acts},
+                {"head_scratch", head},
+                {"workspace", workspace},
+                {"total", total}}},
               {"activation_bytes_per_token", acts / static_cast<double>(B * T)},
               {"train_flops_per_token", flops},
               {"decode_state_elements", state},
@@ -139,8 +154,9 @@ int cmd_info(int argc, char** argv) {
   if (buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(buffers).c_str());
   std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(acts).c_str(),
               human_bytes(acts / static_cast<double>(B * T)).c_str());
-  std::printf("  %-34s %12s\n", "total (plus temporaries)",
-              human_bytes(master + copy + grads + optim + buffers + acts).c_str());
+  std::printf("  %-34s %12s\n", "LM head logits chunk", human_bytes(head).c_str());
+  if (workspace > 0) std::printf("  %-34s %12s\n", "kernel workspace", human_bytes(workspace).c_str());
+  std::printf("  %-34s %12s\n", "total (plus other scratch)", human_bytes(total).c_str());
   std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),
               human_count(flops).c_str());
   std::printf("decode state per sequence at T=%lld: %s elements (%s at 4 bytes each, the Based paper's state size)\n",

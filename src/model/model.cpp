@@ -136,7 +136,7 @@ void Model::reserve(int64_t B, int64_t T) {
     resid_[per_layer * (l + 1)] = saved_.take(resid_bytes);
   }
   if (head_bias_ >= 0) {
-    const DType logit_dt = env_.act == DType::BF16 ? DType::F32 : env_.act;
+    const DType logit_dt = logit_dtype();
     OwnedTensor host(DType::F64, Device::CPU, {N});
     std::fill_n(host->data<double>(), N, 1.0);
     ones_logit_ = Buffer(static_cast<size_t>(N) * dtype_size(logit_dt), dev);
@@ -172,6 +172,19 @@ size_t Model::activation_bytes(int64_t B, int64_t T) const {
     }
   }
   return keep + shared;
+}
+
+// Logits in f32 under bf16 compute (bf16 x bf16 -> f32 GEMM), so the loss sees full-precision logits.
+DType Model::logit_dtype() const { return env_.act == DType::BF16 ? DType::F32 : env_.act; }
+
+int64_t Model::head_chunk_rows(int64_t N) const {
+  return std::max<int64_t>(1, std::min<int64_t>(N, kHeadChunkElems / cfg_.vocab_size));
+}
+
+size_t Model::head_scratch_bytes(int64_t N) const {
+  const DType logit_dt = logit_dtype();
+  const size_t per_logit = dtype_size(logit_dt) + (logit_dt == env_.act ? 0 : dtype_size(env_.act));
+  return static_cast<size_t>(head_chunk_rows(N) * cfg_.vocab_size) * per_logit;
 }
 
 double Model::flops_per_token(int64_t T) const {
@@ -270,9 +283,8 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
   const int64_t N = xf.size(0), V = cfg_.vocab_size;
   const int w = head_ >= 0 ? head_ : embed_;
   const Tensor W = params_.weight(w);
-  // Logits in f32 on the GPU (bf16 x bf16 -> f32 GEMM) so the loss sees full-precision logits.
-  const DType logit_dt = env_.act == DType::BF16 ? DType::F32 : env_.act;
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(N, kHeadChunkElems / V));
+  const DType logit_dt = logit_dtype();
+  const int64_t rows = head_chunk_rows(N);
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);
     Tensor logits = scratch_.get("head.logits", logit_dt, {rows, V}).slice0(0, n);

@@ -105,6 +105,9 @@ class Model {
   int64_t n_embedding_params() const;  // embed (+ head when untied)
   // Saved activations of a [B, T] micro-batch under the configured recompute.
   size_t activation_bytes(int64_t B, int64_t T) const;
+  // The LM head's scratch for a micro-batch of N tokens: one chunk of logits and, where its dtype
+  // differs from theirs, of their gradient.
+  size_t head_scratch_bytes(int64_t N) const;
   // Elements of one sequence's decoding state after T tokens, over all layers (Mixer::state_elems).
   int64_t state_elems(int64_t T) const;
   double flops_per_token(int64_t T) const;  // training (fwd+bwd) model FLOPs
@@ -146,6 +149,8 @@ class Model {
   // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
   // without touching the next block's input.
   void recompute_block(int l, int64_t B, int64_t T);
+  DType logit_dtype() const;
+  int64_t head_chunk_rows(int64_t N) const;  // rows of logits per LM head chunk
 
   ModelConfig cfg_;
   ParamStore params_;

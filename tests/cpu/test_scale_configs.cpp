@@ -1,8 +1,10 @@
 // The 1.3B configs (Transformer++ and GLA at the GLA paper's 1.3B shape) and what `linac info`
-// plans for them: activation bytes under each recompute mode and ZeRO-1's per-rank shares.
+// plans for them: activation bytes under each recompute mode, ZeRO-1's per-rank shares and the
+// scratch a step holds on top (the LM head's chunk, the GPU kernels' workspace).
 #include <string>
 
 #include "config/config.h"
+#include "core/gpu.h"
 #include "model/model.h"
 #include "test_util.h"
 #include "train_fixture.h"
@@ -31,9 +33,12 @@ TEST(ScaleConfigs, OnePointThreeBillionParameterCounts) {
   }
 }
 
-json info(const std::string& args) {
+json info(const std::string& args, const char* device = "cpu") {
   std::string out;
-  EXPECT_EQ(test::run_linac("info " + kConfigs + "transformer_1.3b.json --json --set train.device=cpu " + args, out), 0) << out;
+  EXPECT_EQ(test::run_linac(
+                "info " + kConfigs + "transformer_1.3b.json --json --set train.device=" + device + " " + args, out),
+            0)
+      << out;
   return json::parse(out.substr(out.find('{')));
 }
 
@@ -55,6 +60,27 @@ TEST(ScaleConfigs, InfoPlansRecomputeAndZeroShares) {
   EXPECT_EQ(zero["bytes"]["grads"], plain["bytes"]["grads"]);  // ZeRO-1 keeps whole gradients
   // On the CPU the master is the compute weight: whole on every rank.
   EXPECT_EQ(zero["bytes"]["params"], plain["bytes"]["params"]);
+}
+
+TEST(ScaleConfigs, InfoPlansTheHeadChunkAndWorkspace) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  // 16384 tokens, vocabulary 32000: chunks of 256M logits are 8388 rows.
+  const double logits = 8388.0 * 32000;
+  auto sum = [](const json& b) {
+    return b["params"].get<double>() + b["grads"].get<double>() + b["optimizer"].get<double>() +
+           b["buffers"].get<double>() + b["activations"].get<double>() + b["head_scratch"].get<double>() +
+           b["workspace"].get<double>();
+  };
+  const json cpu = info("");  // f32 logits, their gradient in place; no workspace
+  EXPECT_DOUBLE_EQ(cpu["bytes"]["head_scratch"].get<double>(), 4 * logits);
+  EXPECT_DOUBLE_EQ(cpu["bytes"]["workspace"].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(cpu["bytes"]["total"].get<double>(), sum(cpu["bytes"]));
+  // On a GPU (planned, none needed): f32 logits and a bf16 gradient, and LINAC_WORKSPACE_MB's
+  // workspace (the default 512 MiB; none in a build without CUDA).
+  const json gpu = info("--set train.recompute=block", "cuda");
+  EXPECT_DOUBLE_EQ(gpu["bytes"]["head_scratch"].get<double>(), 6 * logits);
+  EXPECT_DOUBLE_EQ(gpu["bytes"]["workspace"].get<double>(), static_cast<double>(GpuContext::default_workspace_bytes()));
+  EXPECT_DOUBLE_EQ(gpu["bytes"]["total"].get<double>(), sum(gpu["bytes"]));
 }
 
 }  // namespace
