@@ -142,9 +142,19 @@ int bench_model(Args& args, const std::string& path) {
 
   if (!comm->is_root()) return 0;
   if (as_json) {
-    json j = {{"config", path}, {"device", device_desc}, {"precision", cfg.train.precision},
-              {"ranks", world}, {"overlap_comm", cfg.train.overlap_comm}, {"recompute", cfg.train.recompute},
-              {"zero", model.params().sharded() ? 1 : 0}, {"params", model.n_params()},
+    json j = {{"config", path},
+              {"device", device_desc},
+              {"precision", cfg.train.precision},
+              {"ranks", world},
+              {"overlap_comm", cfg.train.overlap_comm},
+              {"recompute", cfg.train.recompute},
+              {"zero", model.params().sharded() ? 1 : 0},
+              {"params", model.n_params()},
+              {"buckets", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->buckets()) : 0},
+              {"bucket_starts", stepper.reducer() ? json{{"windows", stepper.reducer()->starts().windows},
+                                                         {"ready", stepper.reducer()->starts().ready},
+                                                         {"after_backward", stepper.reducer()->starts().finish}}
+                                                  : json()},
               {"rows", json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
@@ -155,11 +165,19 @@ int bench_model(Args& args, const std::string& path) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
+  std::string dist;
+  if (const GradReducer* red = stepper.reducer(); red && cfg.train.overlap_comm) {
+    const auto n = red->starts();
+    dist = ", " + std::string(comm->backend()) + ", overlapped (" + std::to_string(red->buckets()) +
+           " buckets: " + std::to_string(n.windows) + " started in comm windows, " + std::to_string(n.ready) +
+           " when ready, " + std::to_string(n.finish) + " after the backward)";
+  } else if (world > 1) {
+    dist = ", " + std::string(comm->backend()) + ", not overlapped";
+  }
   std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
               model.params().sharded() ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
-              static_cast<long long>(steps), static_cast<long long>(warmup),
-              world > 1 ? (std::string(", ") + comm->backend() + (cfg.train.overlap_comm ? ", overlapped" : ", not overlapped")).c_str() : "");
+              static_cast<long long>(steps), static_cast<long long>(warmup), dist.c_str());
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
               "GPU memory", "peak");
   for (const auto& r : rows)

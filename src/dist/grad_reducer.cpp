@@ -70,14 +70,35 @@ void GradReducer::arm() {
   armed_ = overlap_;
   pending_ = count_;
   std::fill(launched_.begin(), launched_.end(), false);
+  waiting_.clear();
+  starts_ = Starts{};
 }
 
-void GradReducer::on_ready(const std::vector<int>& ids) {
+void GradReducer::on_ready(const std::vector<int>& ids, bool window_ahead) {
   if (!armed_) return;
+  // Buckets start in the order they complete, a window's after those waiting for it.
+  if (!window_ahead) {
+    starts_.ready += static_cast<int>(waiting_.size());
+    for (size_t b : waiting_) launch(b);
+    waiting_.clear();
+  }
   for (int id : ids) {
     const size_t b = bucket_of_[static_cast<size_t>(id)];
-    if (--pending_[b] == 0) launch(b);
+    if (--pending_[b] != 0) continue;
+    if (window_ahead) {
+      waiting_.push_back(b);
+    } else {
+      ++starts_.ready;
+      launch(b);
+    }
   }
+}
+
+void GradReducer::window() {
+  if (!armed_) return;
+  starts_.windows += static_cast<int>(waiting_.size());
+  for (size_t b : waiting_) launch(b);
+  waiting_.clear();
 }
 
 void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
@@ -121,6 +142,9 @@ void GradReducer::finish() {
     return;
   }
   armed_ = false;
+  starts_.finish += static_cast<int>(waiting_.size());
+  for (size_t b : waiting_) launch(b);
+  waiting_.clear();
   for (size_t b = 0; b < lo_.size(); ++b)
     LINAC_CHECK(launched_[b], "GradReducer: bucket " + std::to_string(b) + " never completed");
 #if LINAC_WITH_CUDA

@@ -3,6 +3,7 @@
 // temporaries that do not outlive one sub-layer's forward or backward.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -39,6 +40,15 @@ struct ModelEnv {
   // grad_scale of the forward_backward in progress: mixers with auxiliary losses scale those
   // losses' gradients by it, as the language-model loss's are (mixer.h).
   float grad_scale = 0;
+  // Set by data-parallel training while it reduces gradients during the backward (Model::
+  // set_grad_hooks): mixers whose opens_comm_window() is true call open_comm_window() once in
+  // backward(), right before their longest kernel made of many short-lived CTAs (attention's
+  // backward, GLA's chunked backward). Gradient reductions waiting for a window start there and
+  // share the GPU with that kernel instead of stalling a persistent GEMM (dist/grad_reducer.h).
+  std::function<void()> comm_window;
+  void open_comm_window() const {
+    if (comm_window) comm_window();
+  }
   Device device() const { return ctx.device; }
 };
 

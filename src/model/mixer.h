@@ -69,6 +69,9 @@ class Mixer {
     (void)T;
     return 0;
   }
+  // True when backward() calls env.open_comm_window() (model/env.h) once, right before a long
+  // kernel of many short-lived CTAs: gradient reductions of the blocks above wait for it.
+  virtual bool opens_comm_window() const { return false; }
   virtual double aux_loss_sum() const { return 0; }
   virtual void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) { (void)sum_ranks; }
   virtual std::unique_ptr<MixerState> init_state(int64_t B) {

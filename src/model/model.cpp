@@ -390,7 +390,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   std::vector<int> ready;
   for (int id : {norm_f_, head_, head_bias_})
     if (id >= 0) ready.push_back(id);
-  if (!ready.empty()) grads_ready(ready);
+  if (!ready.empty()) grads_ready(ready, L - 1);
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
@@ -416,15 +416,19 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
       // The embedding's backward reads dr itself.
       norm_bwd(b.norm1, resid(2 * l, B, T).view({N, d}), stat(b.rstd1), dxn, dr, l > 0 ? dy_copy : Tensor());
     }
-    grads_ready(b.param_ids);
+    grads_ready(b.param_ids, l - 1);
   }
   {
     ProfileScope prof(ctx, "embedding");
     if (embed_scale_ != 1.f) scale_inplace(ctx, dr, embed_scale_);
     embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   }
-  grads_ready({embed_});
+  grads_ready({embed_}, -1);
   return to_doubles(loss_sum)[0];
+}
+
+void Model::grads_ready(const std::vector<int>& ids, int next) const {
+  if (grad_ready_) grad_ready_(ids, next >= 0 && blocks_[static_cast<size_t>(next)].mixer->opens_comm_window());
 }
 
 Model::DecodeState Model::init_decode(int64_t B) {

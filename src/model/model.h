@@ -78,10 +78,15 @@ class Model {
   // Once per applied optimizer step: every mixer updates its non-gradient buffers (mixer.h).
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks);
 
-  // Called during the backward pass with the ids of parameters whose gradients are final for
-  // this call (a block's after its backward, the head's, the embedding's last). Data-parallel
-  // training starts reducing those gradients while the backward goes on.
-  void set_grad_ready_hook(std::function<void(const std::vector<int>&)> hook) { grad_ready_ = std::move(hook); }
+  // Data-parallel training's hooks into the backward pass (dist/grad_reducer.h). `ready` gets the
+  // ids of parameters whose gradients are final for this call (a block's after its backward, the
+  // head's, the embedding's last) and whether the next block's token mixer opens a comm window in
+  // its backward (Mixer::opens_comm_window); `window` is called there (ModelEnv::open_comm_window).
+  // Empty functions remove them.
+  void set_grad_hooks(std::function<void(const std::vector<int>&, bool)> ready, std::function<void()> window) {
+    grad_ready_ = std::move(ready);
+    env_.comm_window = std::move(window);
+  }
 
   // Decoding one token at a time with constant memory, for architectures whose mixer has a
   // recurrent form (the others throw a UserError naming their mixer). The state holds every
@@ -126,9 +131,8 @@ class Model {
     std::vector<int> param_ids;  // every parameter registered by this block
     std::string mixer_fwd, mixer_bwd;  // profile region names: "token mixer forward (<kind>)"
   };
-  void grads_ready(const std::vector<int>& ids) const {
-    if (grad_ready_) grad_ready_(ids);
-  }
+  // The ready hook, for `next` the block whose backward comes next (-1: none).
+  void grads_ready(const std::vector<int>& ids, int next) const;
   void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses,
                 const Tensor& hits);
   // logits [n, V] = logit_scale * (x W^T + bias), the head's forward for n rows of x.
@@ -166,7 +170,7 @@ class Model {
   std::vector<SavedBuf> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
   SavedBuf xf_, rstd_f_, losses_;
   Buffer ones_logit_, ones_act_;  // [B*T] ones in the logits' and the activations' dtypes (head bias GEMMs)
-  std::function<void(const std::vector<int>&)> grad_ready_;
+  std::function<void(const std::vector<int>&, bool)> grad_ready_;
   int64_t B_ = 0, T_ = 0;
 };
 

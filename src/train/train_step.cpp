@@ -14,12 +14,14 @@ TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
   if (comm_ && comm_->world() > 1) {
     reducer_ = std::make_unique<GradReducer>(model.params(), *comm_, model.env().ctx,
                                              static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm);
-    model_.set_grad_ready_hook([this](const std::vector<int>& ids) { reducer_->on_ready(ids); });
+    model_.set_grad_hooks(
+        [this](const std::vector<int>& ids, bool window_ahead) { reducer_->on_ready(ids, window_ahead); },
+        [this] { reducer_->window(); });
   }
 }
 
 TrainStep::~TrainStep() {
-  if (reducer_) model_.set_grad_ready_hook(nullptr);
+  if (reducer_) model_.set_grad_hooks(nullptr, nullptr);
 }
 
 void TrainStep::sync_weights() {

@@ -45,6 +45,8 @@ class TrainStep {
   // Updates applied so far (AdamW bias correction); restored from checkpoints.
   int64_t updates() const { return updates_; }
   void set_updates(int64_t n) { updates_ = n; }
+  // The gradient reduction over ranks (null with one rank).
+  const GradReducer* reducer() const { return reducer_.get(); }
 
  private:
   Model& model_;

@@ -106,6 +106,40 @@ TEST_F(Dist, MqarTwoRanksEqualOneProcess) {
   }
 }
 
+// Overlapped reductions, bucket by bucket as the backward goes (most of them waiting for the
+// next block's comm window, dist/grad_reducer.h), give the same bits as one reduction after the
+// backward; `bench` counts where the buckets started.
+TEST_F(Dist, BucketsInCommWindowsEqualOneReductionAfterTheBackward) {
+  const std::string dir = test::fresh_dir("dp_windows");
+  json j = test::tiny_train_config(dir + "/overlapped");
+  j["train"]["micro_batch"] = 2;
+  j["train"]["bucket_mb"] = 0.01;  // several buckets per block
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(
+      run_shell(mpirun(2, "train " + cfg + " --set train.overlap_comm=false --set train.out_dir=" + dir + "/after"),
+                out),
+      0)
+      << out;
+  for (const char* g : {"params", "optim/m", "optim/v"})
+    EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/overlapped", 6), g),
+              test::read_all_f32(checkpoint_path(dir + "/after", 6), g))
+        << g;
+
+  ASSERT_EQ(run_shell(mpirun(2, "bench " + cfg + " --steps 1 --warmup 0 --json"), out), 0) << out;
+  const json r = json::parse(out.substr(out.find('{')));
+  const int64_t buckets = r["buckets"], windows = r["bucket_starts"]["windows"], ready = r["bucket_starts"]["ready"],
+                after = r["bucket_starts"]["after_backward"];
+  EXPECT_GT(buckets, 4) << out;
+  EXPECT_EQ(windows + ready + after, buckets) << out;
+  // The head's and block 1's buckets wait for block 0's window; block 0's and the embedding's
+  // start when ready (nothing comes after them to hide behind).
+  EXPECT_GT(windows, 0) << out;
+  EXPECT_GT(ready, 0) << out;
+  EXPECT_EQ(after, 0) << out;
+}
+
 TEST_F(Dist, ResumeWithTwoRanksIsBitIdentical) {
   const std::string dir = test::fresh_dir("dp_resume");
   json j = test::tiny_train_config(dir + "/a");

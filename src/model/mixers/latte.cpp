@@ -208,6 +208,7 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor dab = env_.scratch->get("latte.dab", env_.act, {N, Pa_});
   Tensor dV = env_.scratch->get("latte.dv", env_.act, {B, T, H_, Dh_});
   Tensor dlocal = opt_.window > 0 ? env_.scratch->get("latte.dlocal", env_.act, {B, T, H_, Dh_}) : Tensor();
+  env_.open_comm_window();
   latte_bwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, lse, dY,
             bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, {opt_.chunk});
   if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0);  // the rotation's transpose

@@ -50,6 +50,7 @@ class LatteMixer final : public Mixer {
   LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LatteMixerOptions& opt, bool macchiato,
              const std::string& path);
   std::string kind() const override { return macchiato_ ? "latte_macchiato" : "latte"; }
+  bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;

@@ -113,6 +113,7 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
   TaylorAttnOpts ao;
   ao.chunk = opt_.chunk;
   ao.eps = opt_.eps;
+  env_.open_comm_window();
   taylor_attn_bwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, d_o, bthd(dproj, B, T, 0, H_, F_),
                   bthd(dproj, B, T, H_ * F_, H_, F_), bthd(dproj, B, T, 2 * H_ * F_, H_, Dv_), ao);

@@ -31,6 +31,7 @@ class TaylorMixer final : public Mixer {
  public:
   TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt);
   std::string kind() const override { return "taylor"; }
+  bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;

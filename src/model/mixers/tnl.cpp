@@ -202,6 +202,7 @@ void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   queries_keys(proj, B, T, 0, qa, qk);
   Tensor dproj = env_.scratch->get("tnl.dproj", env_.act, {N, 3 * E_});
   Tensor dqk = env_.scratch->get("tnl.dqk", env_.act, {N, 2 * H_ * Dk_});
+  env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
                 bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(), {opt_.block});

@@ -40,6 +40,7 @@ class TnlMixer final : public Mixer {
  public:
   TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "lightning"; }
+  bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;

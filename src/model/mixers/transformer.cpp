@@ -126,6 +126,7 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   AttentionOpts ao;
   ao.window = opt_.window;
   if (opt_.rope) ao.rope_base = opt_.rope_base;  // dq, dk come back unrotated
+  env_.open_comm_window();
   {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);

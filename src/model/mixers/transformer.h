@@ -29,6 +29,7 @@ class AttentionMixer final : public Mixer {
  public:
   AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt);
   std::string kind() const override { return opt_.window > 0 ? "sliding_window" : "attention"; }
+  bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
