@@ -1,7 +1,9 @@
 // linac bench: times full training steps (forward, backward, optimizer) on random tokens, or
 // single ops (--op), with device events after warm-up. Every performance figure in README
 // comes from here.
+#include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "cli/args.h"
 #include "cli/bench_generate.h"
@@ -54,6 +56,7 @@ const char* kUsage =
 struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
   double step_ms, tokens_per_s, mfu, mem_bytes, peak_bytes, loss;
+  double median_ms, max_ms;  // of the timed steps (a few slow steps show as max above median)
   StepProfile profile;  // with --profile
 };
 
@@ -122,14 +125,21 @@ int bench_model(Args& args, const std::string& path) {
     comm->barrier();
     Timer timer(ctx);
     timer.start();
-    for (int64_t i = 0; i < steps; ++i) st = stepper.run(warmup + i, micro, global_tokens);
-    const double ms = timer.stop_ms() / static_cast<double>(steps);
+    for (int64_t i = 0; i < steps; ++i) {
+      st = stepper.run(warmup + i, micro, global_tokens);
+      timer.mark();
+    }
+    std::vector<double> laps = timer.laps_ms();
+    const double ms = std::accumulate(laps.begin(), laps.end(), 0.0) / static_cast<double>(steps);
+    std::sort(laps.begin(), laps.end());
     BenchRow r;
     r.T = T;
     r.B = B;
     r.micro = n_micro;
     r.tokens_per_step = global_tokens;
     r.step_ms = ms;
+    r.median_ms = (laps[(laps.size() - 1) / 2] + laps[laps.size() / 2]) / 2;
+    r.max_ms = laps.back();
     r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
     r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
     r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
@@ -157,9 +167,18 @@ int bench_model(Args& args, const std::string& path) {
                                                   : json()},
               {"rows", json::array()}};
     for (const auto& r : rows)
-      j["rows"].push_back({{"seq_len", r.T}, {"batch", r.B}, {"micro_batches", r.micro}, {"tokens_per_step", r.tokens_per_step},
-                           {"step_ms", r.step_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
-                           {"memory_bytes", r.mem_bytes}, {"peak_bytes", r.peak_bytes}, {"loss", r.loss}});
+      j["rows"].push_back({{"seq_len", r.T},
+                           {"batch", r.B},
+                           {"micro_batches", r.micro},
+                           {"tokens_per_step", r.tokens_per_step},
+                           {"step_ms", r.step_ms},
+                           {"step_ms_median", r.median_ms},
+                           {"step_ms_max", r.max_ms},
+                           {"tokens_per_s", r.tokens_per_s},
+                           {"mfu", r.mfu},
+                           {"memory_bytes", r.mem_bytes},
+                           {"peak_bytes", r.peak_bytes},
+                           {"loss", r.loss}});
     if (profile)
       for (size_t i = 0; i < rows.size(); ++i) j["rows"][i]["profile"] = step_profile_json(rows[i].profile);
     std::printf("%s\n", j.dump(2).c_str());
@@ -178,13 +197,15 @@ int bench_model(Args& args, const std::string& path) {
               path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
               model.params().sharded() ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
               static_cast<long long>(steps), static_cast<long long>(warmup), dist.c_str());
-  std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s\n", "T", "B", "micro", "tok/step", "step ms", "tokens/s", "MFU",
-              "GPU memory", "peak");
+  // step ms is the mean over the timed steps (what tokens/s and MFU use); median and max show
+  // whether a few slow steps (clock or power events, stragglers) weigh on it.
+  std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s %10s %10s\n", "T", "B", "micro", "tok/step", "step ms",
+              "tokens/s", "MFU", "GPU memory", "peak", "median ms", "max ms");
   for (const auto& r : rows)
-    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s %12s\n", static_cast<long long>(r.T),
+    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s %12s %10.2f %10.2f\n", static_cast<long long>(r.T),
                 static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
                 r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-",
-                human_bytes(r.peak_bytes).c_str());
+                human_bytes(r.peak_bytes).c_str(), r.median_ms, r.max_ms);
   if (profile)
     for (const auto& r : rows) {
       std::printf("\nT = %lld, ", static_cast<long long>(r.T));

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -18,6 +19,13 @@ namespace {
 double host_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+// Timer::laps_ms on the host: the gaps between start and the marks; forgets the marks.
+std::vector<double> host_laps(double start, std::vector<double>& marks) {
+  std::vector<double> laps;
+  for (double t : marks) laps.push_back(t - std::exchange(start, t));
+  marks.clear();
+  return laps;
 }
 }  // namespace
 
@@ -184,6 +192,7 @@ Timer::Timer(const Ctx& ctx) : ctx_(ctx) {
 Timer::~Timer() {
   if (ev_start_) cudaEventDestroy(static_cast<cudaEvent_t>(ev_start_));
   if (ev_stop_) cudaEventDestroy(static_cast<cudaEvent_t>(ev_stop_));
+  for (void* e : marks_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 
 void Timer::start() {
@@ -201,6 +210,37 @@ double Timer::stop_ms() {
   float ms = 0;
   LINAC_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ev_start_), b));
   return ms;
+}
+
+void Timer::mark() {
+  if (!ctx_.is_gpu()) {
+    host_marks_.push_back(host_ms());
+    return;
+  }
+  if (n_marks_ == marks_.size()) {
+    cudaEvent_t e;
+    LINAC_CUDA_CHECK(cudaEventCreate(&e));
+    marks_.push_back(e);
+  }
+  LINAC_CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(marks_[n_marks_++]), static_cast<cudaStream_t>(ctx_.stream)));
+}
+
+std::vector<double> Timer::laps_ms() {
+  if (!ctx_.is_gpu()) return host_laps(host_start_, host_marks_);
+  std::vector<double> laps;
+  if (n_marks_ == 0) return laps;
+  LINAC_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_[n_marks_ - 1])));
+  auto prev = static_cast<cudaEvent_t>(ev_start_);
+  for (size_t i = 0; i < n_marks_; ++i) {
+    float ms = 0;
+    auto e = static_cast<cudaEvent_t>(marks_[i]);
+    LINAC_CUDA_CHECK(cudaEventElapsedTime(&ms, prev, e));
+    laps.push_back(ms);
+    prev = e;
+  }
+  n_marks_ = 0;
+  return laps;
 }
 
 #else  // CPU-only build
@@ -232,6 +272,8 @@ Timer::Timer(const Ctx& ctx) : ctx_(ctx) {}
 Timer::~Timer() = default;
 void Timer::start() { host_start_ = host_ms(); }
 double Timer::stop_ms() { return host_ms() - host_start_; }
+void Timer::mark() { host_marks_.push_back(host_ms()); }
+std::vector<double> Timer::laps_ms() { return host_laps(host_start_, host_marks_); }
 
 #endif
 

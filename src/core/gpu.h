@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -79,12 +80,19 @@ class Timer {
   ~Timer();
   void start();
   double stop_ms();  // waits for the work between start() and now
+  // Marks the stream's current point without waiting; laps_ms() waits for the last mark and
+  // returns the ms from start() to the first mark and between consecutive ones (then forgets them).
+  void mark();
+  std::vector<double> laps_ms();
 
  private:
   const Ctx& ctx_;
   void* ev_start_ = nullptr;
   void* ev_stop_ = nullptr;
   double host_start_ = 0;
+  std::vector<void*> marks_;        // cudaEvent_t, created as needed and reused
+  std::vector<double> host_marks_;  // CPU
+  size_t n_marks_ = 0;
 };
 
 }  // namespace linac

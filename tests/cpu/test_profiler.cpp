@@ -1,7 +1,8 @@
 // The step profiler: nested regions summed by name and level, nothing recorded without an
 // attached profiler, and a model step's phases covering its token mixers, channel mixers, head
 // and optimizer with GEMMs and attention among the ops, within the step's wall time, and its
-// GEMMs split by problem with their operation counts.
+// GEMMs split by problem with their operation counts; the step timer's laps (bench's per-step
+// times).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,26 @@ TEST(Profiler, NestedRegionsAreSummedByNameAndLevel) {
   EXPECT_DOUBLE_EQ(problem->flops, 1.5 + 2.5 + 3.5);
   prof.clear();
   EXPECT_TRUE(prof.totals().empty());
+}
+
+// Timer::mark / laps_ms: one lap per mark, each at least the work between its marks, together
+// within start()..stop_ms(), and the marks forgotten once read.
+TEST(Profiler, TimerLapsSplitTheTimedSpan) {
+  Ctx ctx;
+  Timer timer(ctx);
+  timer.start();
+  for (int ms : {2, 5, 3}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    timer.mark();
+  }
+  const std::vector<double> laps = timer.laps_ms();
+  const double total = timer.stop_ms();
+  ASSERT_EQ(laps.size(), 3u);
+  EXPECT_GE(laps[0], 2.0);
+  EXPECT_GE(laps[1], 5.0);
+  EXPECT_GE(laps[2], 3.0);
+  EXPECT_LE(laps[0] + laps[1] + laps[2], total);
+  EXPECT_TRUE(timer.laps_ms().empty());
 }
 
 TEST(Profiler, DetachedScopesRecordNothing) {

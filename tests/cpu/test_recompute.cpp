@@ -61,6 +61,9 @@ TEST(RecomputeCpu, BenchPeakMemoryFalls) {
     EXPECT_EQ(res["recompute"], r);
     const double peak = res["rows"][0]["peak_bytes"];
     EXPECT_GT(peak, 0) << r;
+    // One timed step: its mean, median and slowest are that step.
+    EXPECT_EQ(res["rows"][0]["step_ms_median"], res["rows"][0]["step_ms"]) << r;
+    EXPECT_EQ(res["rows"][0]["step_ms_max"], res["rows"][0]["step_ms"]) << r;
     if (prev > 0) EXPECT_LT(peak, prev) << r;
     prev = peak;
   }

@@ -1,6 +1,6 @@
 // The step profiler on the GPU (CUDA events): a bf16 training step of a small Transformer++ is
 // broken into its phases and ops, every region's time is non-negative, and the phases fit in
-// the step's event-timed duration.
+// the step's event-timed duration; the timer's per-step laps.
 #include <gtest/gtest.h>
 
 #include "core/profiler.h"
@@ -45,6 +45,19 @@ TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
   EXPECT_EQ(attention, 4);
   EXPECT_GT(phases, 0.0);
   EXPECT_LE(phases, step_ms * 1.001);
+
+  // Per-step laps from events marked without waiting (bench's median and slowest step).
+  timer.start();
+  for (int64_t i = 0; i < 3; ++i) {
+    stepper.run(2 + i, micro, B * T);
+    timer.mark();
+  }
+  const std::vector<double> laps = timer.laps_ms();
+  const double total = timer.stop_ms();
+  ASSERT_EQ(laps.size(), 3u);
+  for (double l : laps) EXPECT_GT(l, 0.0);
+  EXPECT_LE(laps[0] + laps[1] + laps[2], total * 1.001);
+  EXPECT_TRUE(timer.laps_ms().empty());
 }
 
 }  // namespace
