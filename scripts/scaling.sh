@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel scaling of `linac bench` on 1..N GPUs of one host (weak scaling: every rank
 # trains the same per-rank batch). Prints GPUs, tokens/s, tokens/s per GPU, efficiency vs 1 GPU
-# and rank 0's peak memory. The 1-GPU run is made once per config: with one rank there is
+# (from the mean step, and from the median step: a few slow steps of the whole host weigh on the
+# mean alone) and rank 0's peak memory. The 1-GPU run is made once per config: with one rank there is
 # nothing to overlap or shard, so it is every setting's baseline (its row shows "-" for both).
 #   scripts/scaling.sh [BUILD_DIR] [GPU counts, default "1 2 4 8" capped at the GPUs present]
 #   CONFIGS="configs/transformer_125m.json configs/gla_340m.json" OVERLAP="true false" ZERO="0 1" override.
@@ -15,29 +16,32 @@ configs="${CONFIGS:-configs/transformer_125m.json configs/gla_340m.json}"
 overlaps="${OVERLAP:-true false}"
 zeros="${ZERO:-0}"
 
-# "tokens/s peak_bytes" of one run on $1 GPUs of config $2 with overlap $3 and ZeRO $4, or nothing.
+# "tokens/s peak_bytes median_step_ms" of one run on $1 GPUs of config $2 with overlap $3 and ZeRO
+# $4, or nothing.
 run() {
   mpirun -np "$1" --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH "$root/$build/linac" bench "$root/$2" \
     --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 10 --warmup 3 --json \
     --set train.overlap_comm="$3" --set train.zero="$4" 2>/dev/null |
-    python3 -c 'import json,sys; r=json.load(sys.stdin)["rows"][0]; print(r["tokens_per_s"], r["peak_bytes"])'
+    python3 -c 'import json,sys; r=json.load(sys.stdin)["rows"][0]; print(r["tokens_per_s"], r["peak_bytes"], r["step_ms_median"])'
 }
-# One table row: config, overlap, zero, GPUs, "tokens/s peak", baseline tokens/s.
+# One table row: config, overlap, zero, GPUs, this run's and the 1-GPU run's "tokens/s peak median".
 row() {
   python3 - "$@" <<'PY'
 import sys
-cfg, ov, z, n, res, base = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
-tps, peak = (float(v) for v in res.split())
-print(f"{cfg:<34} {ov:<8} {z:>4} {n:5d} {tps:12.0f} {tps/n:12.0f} {100*tps/(n*base):9.1f}% {peak/2**30:8.2f} GiB")
+cfg, ov, z, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+tps, peak, med = (float(v) for v in sys.argv[5].split())
+base_tps, _, base_med = (float(v) for v in sys.argv[6].split())
+print(f"{cfg:<34} {ov:<8} {z:>4} {n:5d} {tps:12.0f} {tps/n:12.0f} {100*tps/(n*base_tps):9.1f}% "
+      f"{100*base_med/med:9.1f}% {peak/2**30:8.2f} GiB")
 PY
 }
 
-printf '%-34s %-8s %4s %5s %12s %12s %10s %10s\n' config overlap zero GPUs tokens/s per-GPU efficiency peak
+printf '%-34s %-8s %4s %5s %12s %12s %10s %10s %10s\n' config overlap zero GPUs tokens/s per-GPU efficiency '(median)' peak
 for cfg in $configs; do
   [ -f "$root/$cfg" ] || { echo "skip $cfg (missing)"; continue; }
   res=$(run 1 "$cfg" true 0)
   [ -n "$res" ] || { echo "$cfg on 1 GPU failed"; continue; }
-  base=${res% *}
+  base=$res
   row "$cfg" - - 1 "$res" "$base"
   for ov in $overlaps; do
     for z in $zeros; do
