@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|compare|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
-#   and overlap, issue 16; compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
+#   and overlap, issue 16; trace4 (4 GPUs, not part of all): every rank's kernel timeline of the 125M
+#   and GLA 340M steps, overlapped (scripts/kernel_trace.cpp/.py; $OUT/traces.tgz holds the CSVs);
+#   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
 set -uo pipefail
@@ -246,6 +248,22 @@ if [ "$what" = zero4mem ]; then
         --set train.zero=$z --set train.recompute=block 2>&1 | tee -a "$out/zero4.txt"
     done
   done
+fi
+if [ "$what" = trace4 ]; then
+  # Needs the linac_kernel_trace target (built with CUDA's CUPTI). Rank 0's summary in full, the
+  # other ranks' step times; the CSVs come back in one archive ($OUT returns few files).
+  for c in transformer_125m gla_340m; do
+    rm -rf "/tmp/trace_$c" && mkdir -p "/tmp/trace_$c"
+    echo "== $c on 4 GPUs, overlapped, kernel timeline" | tee -a "$out/trace4.txt"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 CUDA_INJECTION64_PATH="$root/build-gpu/liblinac_kernel_trace.so" \
+      KTRACE_DIR="/tmp/trace_$c" timeout 200 mpirun -np 4 --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+      -x CUDA_INJECTION64_PATH -x KTRACE_DIR ./build-gpu/linac bench configs/$c.json --seq-lens 2048 \
+      --micro-tokens 32768 --tokens-per-step 32768 --steps 10 --warmup 3 2>&1 | tee -a "$out/trace4.txt"
+    python3 scripts/kernel_trace.py "/tmp/trace_$c" --top 30 >"/tmp/trace_$c/summary.txt" 2>&1
+    awk '/^== trace.r0/{p=1; print; next} /^== /{p=0; print; next} p || /^steps/' "/tmp/trace_$c/summary.txt" \
+      | tee -a "$out/trace4.txt"
+  done
+  tar -czf "$out/traces.tgz" -C /tmp trace_transformer_125m trace_gla_340m
 fi
 if [ "$what" = compare ]; then
   # Issue 17: scripts/compare.sh on the GPU. ARCHS / MIXERS (comma lists; set and empty: skip that

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Reads the kernel timelines scripts/kernel_trace.cpp wrote (one CSV per rank in DIR) and prints,
+per rank, every training step's duration (a step ends with its last AdamW kernel) and, for the
+last full step, the time the GPU computed, idled and ran NCCL, the NCCL kernels with the compute
+kernels beside each, and the compute kernels' total time by name.
+
+    scripts/kernel_trace.py DIR [--top 25] [--beside 6]
+"""
+import argparse
+import collections
+import glob
+import os
+import re
+import sys
+
+
+def load(path):
+    """Kernels of one CSV as (start_ns, end_ns, stream, grid_x, name), by start."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            p = line.rstrip("\n").split(",", 5)
+            if len(p) == 6:
+                rows.append((int(p[0]), int(p[1]), int(p[3]), int(p[4]), p[5]))
+    rows.sort()
+    return rows
+
+
+def is_nccl(name):
+    return "nccl" in name.lower()
+
+
+def short(name):
+    """A readable kernel name: linac's kernel function, cuBLASLt's nvjet name, NCCL's collective."""
+    m = re.search(r"ncclDevKernel_(\w+)", name)
+    if m:
+        return "nccl " + m.group(1)
+    m = re.search(r"(nvjet\w+|splitKreduce_kernel)", name)
+    if m:
+        return m.group(1)
+    if name.startswith("_ZN"):  # the last name of an Itanium-mangled nested name (_ZN 5linac 4attn 15bwd...)
+        pos, last = 3, None
+        while (m := re.match(r"\d+", name[pos:])):
+            n = int(m.group(0))
+            pos += len(m.group(0))
+            last = name[pos:pos + n]
+            pos += n
+        if last:
+            return last
+    return name[:60]
+
+
+def step_ends(rows):
+    """Index of each step's last kernel: the last of every run of consecutive AdamW kernels."""
+    ends = []
+    for i, r in enumerate(rows):
+        if "adamw" in r[4] and (i + 1 == len(rows) or "adamw" not in rows[i + 1][4]):
+            ends.append(i)
+    return ends
+
+
+def busy_ns(intervals):
+    total, cur = 0, None
+    for s, e in sorted(intervals):
+        if cur is None or s > cur[1]:
+            if cur:
+                total += cur[1] - cur[0]
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    return total + (cur[1] - cur[0] if cur else 0)
+
+
+def summarize(rows, top=25, beside=6):
+    ends = step_ends(rows)
+    out = []
+    steps = [(rows[b][1] - rows[a][1]) / 1e6 for a, b in zip(ends, ends[1:])]
+    out.append("steps (ms): " + ", ".join(f"{s:.2f}" for s in steps))
+    if not steps:
+        return out
+    first, last = ends[-2] + 1, ends[-1] + 1
+    step = rows[first:last]
+    t0 = rows[ends[-2]][1]
+    comp = [r for r in step if not is_nccl(r[4])]
+    nccl = [r for r in step if is_nccl(r[4])]
+    span = (step[-1][1] - t0) / 1e3
+    busy = busy_ns([(r[0], r[1]) for r in comp]) / 1e3
+    out.append(f"last step: {span:.0f} us, compute busy {busy:.0f}, idle {span - busy:.0f}, "
+               f"{len(nccl)} NCCL kernels for {sum(r[1] - r[0] for r in nccl) / 1e3:.0f} us")
+    for n in nccl:
+        near = [c for c in comp if c[0] < n[1] and c[1] > n[0]]
+        desc = ", ".join(f"{short(c[4])} ({(c[1] - c[0]) / 1e3:.0f})" for c in near[:beside])
+        out.append(f"  +{(n[0] - t0) / 1e3:9.0f} us {(n[1] - n[0]) / 1e3:7.0f} us beside: {desc or 'nothing'}")
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for r in comp:
+        t = totals[short(r[4])]
+        t[0] += 1
+        t[1] += (r[1] - r[0]) / 1e3
+    out.append("compute kernels, us in the last step (calls):")
+    for name, (calls, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"  {us:9.0f} ({calls:4d})  {name}")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir")
+    ap.add_argument("--top", type=int, default=25, help="compute kernels listed")
+    ap.add_argument("--beside", type=int, default=6, help="compute kernels listed beside each NCCL kernel")
+    a = ap.parse_args()
+    files = sorted(f for f in glob.glob(os.path.join(a.dir, "trace.r*.csv")) if os.path.getsize(f) > 0)
+    if not files:
+        print(f"kernel_trace.py: no trace.r*.csv with kernels in {a.dir}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f"== {os.path.basename(f)}")
+        for line in summarize(load(f), a.top, a.beside):
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""scripts/kernel_trace.py on a hand-made timeline: steps cut at the last of consecutive AdamW
+kernels, the last step's compute, idle and NCCL time, the compute kernels beside each NCCL kernel,
+totals by kernel name, and a directory without traces refused in one line with status 2.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "kernel_trace.py")
+
+GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
+ATTN = "_ZN5linac4attn15bwd_sm90_kernelILi64ELb1EEEv14CUtensorMap_st"
+ADAM = "_ZN5linac12adamw_kernelILb1EEEvPfPKf"
+NCCL = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LLv"
+
+
+def us(t):
+    return int(t * 1000)  # ns
+
+
+def timeline():
+    """Three steps of 1000 / 1100 / 1200 us: a GEMM, an attention kernel with NCCL beside it, two
+    AdamW kernels back to back; kernel times in us from each step's start."""
+    rows, t = [], 0
+    for length in (1000, 1100, 1200):
+        rows.append((t + 0, t + 300, 7, 132, GEMM))
+        rows.append((t + 300, t + 700, 7, 3072, ATTN))
+        rows.append((t + 350, t + 550, 20, 24, NCCL))
+        rows.append((t + 750, t + length - 100, 7, 132, GEMM))  # 50 us idle before it
+        rows.append((t + length - 100, t + length - 60, 7, 4096, ADAM))
+        rows.append((t + length - 60, t + length, 7, 4096, ADAM))
+        t += length
+    return [(us(a), us(b), s, g, n) for a, b, s, g, n in rows]
+
+
+class KernelTrace(unittest.TestCase):
+    def run_script(self, d):
+        return subprocess.run([sys.executable, SCRIPT, d], capture_output=True, text=True, timeout=60)
+
+    def test_steps_nccl_and_totals(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "trace.r0.123.csv"), "w") as f:
+                for a, b, s, g, n in timeline():
+                    f.write(f"{a},{b},0,{s},{g},{n}\n")
+            open(os.path.join(d, "trace.r0.99.csv"), "w").close()  # mpirun's own, empty: skipped
+            r = self.run_script(d)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lines = r.stdout.splitlines()
+            self.assertEqual(lines[0], "== trace.r0.123.csv")
+            self.assertEqual(lines[1], "steps (ms): 1.10, 1.20")
+            self.assertEqual(lines[2], "last step: 1200 us, compute busy 1150, idle 50, 1 NCCL kernels for 200 us")
+            self.assertEqual(lines[3].split(), ["+", "350", "us", "200", "us", "beside:", "bwd_sm90_kernel", "(400)"])
+            self.assertEqual(lines[4], "compute kernels, us in the last step (calls):")
+            totals = {m[3]: (int(m[1]), int(m[2])) for m in (re.match(r"\s*(\d+) \(\s*(\d+)\)\s+(\S+)", l) for l in lines[5:])}
+            self.assertEqual(totals, {GEMM: (650, 2), "bwd_sm90_kernel": (400, 1), "adamw_kernel": (100, 2)})
+
+    def test_no_traces_is_one_line_and_status_2(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_script(d)
+            self.assertEqual(r.returncode, 2)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1)
+            self.assertIn(d, r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
