@@ -77,11 +77,7 @@ void GradReducer::arm() {
 void GradReducer::on_ready(const std::vector<int>& ids, bool window_ahead) {
   if (!armed_) return;
   // Buckets start in the order they complete, a window's after those waiting for it.
-  if (!window_ahead) {
-    starts_.ready += static_cast<int>(waiting_.size());
-    for (size_t b : waiting_) launch(b);
-    waiting_.clear();
-  }
+  if (!window_ahead) start_waiting(starts_.ready);
   for (int id : ids) {
     const size_t b = bucket_of_[static_cast<size_t>(id)];
     if (--pending_[b] != 0) continue;
@@ -95,8 +91,11 @@ void GradReducer::on_ready(const std::vector<int>& ids, bool window_ahead) {
 }
 
 void GradReducer::window() {
-  if (!armed_) return;
-  starts_.windows += static_cast<int>(waiting_.size());
+  if (armed_) start_waiting(starts_.windows);
+}
+
+void GradReducer::start_waiting(int& count) {
+  count += static_cast<int>(waiting_.size());
   for (size_t b : waiting_) launch(b);
   waiting_.clear();
 }
@@ -142,9 +141,7 @@ void GradReducer::finish() {
     return;
   }
   armed_ = false;
-  starts_.finish += static_cast<int>(waiting_.size());
-  for (size_t b : waiting_) launch(b);
-  waiting_.clear();
+  start_waiting(starts_.finish);
   for (size_t b = 0; b < lo_.size(); ++b)
     LINAC_CHECK(launched_[b], "GradReducer: bucket " + std::to_string(b) + " never completed");
 #if LINAC_WITH_CUDA

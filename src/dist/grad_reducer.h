@@ -56,6 +56,7 @@ class GradReducer {
 
  private:
   void launch(size_t b);
+  void start_waiting(int& count);  // launches the waiting buckets, adding their number to `count`
   // Sums gradients [lo, hi) over the ranks on `stream`: all of them, or under ZeRO-1 to owners.
   void reduce(int64_t lo, int64_t hi, void* stream);
   const ParamStore& params_;
