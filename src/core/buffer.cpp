@@ -132,12 +132,18 @@ OwnedTensor to(const Tensor& src, Device dev, DType dt) {
   return out;
 }
 
+namespace {
+std::vector<double> host_doubles(const Tensor& host) {
+  std::vector<double> out(static_cast<size_t>(host.numel()));
+  for (int64_t i = 0; i < host.numel(); ++i) out[static_cast<size_t>(i)] = read_elem(host, i);
+  return out;
+}
+}  // namespace
+
 std::vector<double> to_doubles(const Tensor& src) {
   OwnedTensor host(src.dtype, Device::CPU, src.dims());
   copy_tensor(host.t, src);
-  std::vector<double> out(static_cast<size_t>(src.numel()));
-  for (int64_t i = 0; i < src.numel(); ++i) out[static_cast<size_t>(i)] = read_elem(host.t, i);
-  return out;
+  return host_doubles(host.t);
 }
 
 void zero_tensor(const Tensor& t) {
@@ -165,6 +171,14 @@ void zero_tensor(const Ctx& ctx, const Tensor& t) {
     zero_tensor(t);
   else
     gpu_memset_zero_async(ctx, t.ptr, t.nbytes());
+}
+
+std::vector<double> to_doubles(const Ctx& ctx, const Tensor& src) {
+  if (!ctx.is_gpu() || src.device == Device::CPU) return to_doubles(src);
+  OwnedTensor host(src.dtype, Device::CPU, src.dims());
+  copy_tensor(ctx, host.t, src);
+  ctx_synchronize(ctx);
+  return host_doubles(host.t);
 }
 
 }  // namespace linac

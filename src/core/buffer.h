@@ -63,5 +63,8 @@ void zero_tensor(const Tensor& t);
 // Stream-ordered versions for use between kernels on ctx (plain memcpy/memset on the CPU).
 void copy_tensor(const Ctx& ctx, const Tensor& dst, const Tensor& src);
 void zero_tensor(const Ctx& ctx, const Tensor& t);
+// to_doubles once ctx's stream reaches this point: waits for that stream only, so work on other
+// streams (a gradient reduction on the comm stream) goes on while the host reads a loss.
+std::vector<double> to_doubles(const Ctx& ctx, const Tensor& src);
 
 }  // namespace linac

@@ -367,10 +367,10 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     if (hits) {
       Tensor hit_sum = scratch_.get("model.hit_sum", env_.stat, {1});
       sum(ctx, hit_rows, hit_sum);
-      *hits = to_doubles(hit_sum)[0];
+      *hits = to_doubles(ctx, hit_sum)[0];
     }
   }
-  if (!backward) return to_doubles(loss_sum)[0];
+  if (!backward) return to_doubles(ctx, loss_sum)[0];
 
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it. The
   // sub-layers read it as dy, in the activation dtype: a copy each norm's backward writes.
@@ -424,7 +424,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   }
   grads_ready({embed_}, -1);
-  return to_doubles(loss_sum)[0];
+  return to_doubles(ctx, loss_sum)[0];
 }
 
 void Model::grads_ready(const std::vector<int>& ids, int next) const {

@@ -42,13 +42,13 @@ double grad_norm(const Ctx& ctx, const ParamStore& params, const Comm* comm) {
   OwnedTensor out(params.master_dtype(), ctx.device, {1});
   if (!params.sharded()) {
     sum_squares(ctx, params.flat_grad(), out);
-    return std::sqrt(to_doubles(out)[0]);
+    return std::sqrt(to_doubles(ctx, out)[0]);
   }
   double local = 0;
   for (const OwnedRange& r : params.owned()) {
     if (r.lo < params.replicated_numel() && params.shard_rank() != 0) continue;
     sum_squares(ctx, params.flat_grad().slice0(r.lo, r.hi), out);
-    local += to_doubles(out)[0];
+    local += to_doubles(ctx, out)[0];
   }
   return std::sqrt(comm ? comm->sum(local) : local);
 }

@@ -192,7 +192,7 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   sum(ctx, err, err_sum_);
 }
 
-double VqGauMixer::aux_loss_sum() const { return opt_.beta * to_doubles(err_sum_)[0]; }
+double VqGauMixer::aux_loss_sum() const { return opt_.beta * to_doubles(env_.ctx, err_sum_)[0]; }
 
 void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;
