@@ -123,11 +123,12 @@ void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == GlaForm::Chunk, "gla: the GPU runs the chunkwise form only");
 #if LINAC_WITH_CUDA
-    gla_bwd_cuda(ctx, L, q, k, v, g, s0, dout, ds_final, dq, dk, dv, dg, ds0, saved);
+    gla_bwd_cuda(ctx, L, q, k, v, g, s0, dout, ds_final, dq, dk, dv, dg, ds0, saved, opts.after_reverse_scan);
 #endif
     return;
   }
   check_cpu_dtypes({&q, &k, &v, &g, &dout, &s0, &ds_final, &dq, &dk, &dv, &dg, &ds0});
+  if (opts.after_reverse_scan) opts.after_reverse_scan();
   LINAC_CPU_DISPATCH(q.dtype, F, {
     auto fn = form == GlaForm::Chunk       ? gla_bwd_chunk_cpu<F>
               : form == GlaForm::Recurrent ? gla_bwd_recurrent_cpu<F>

@@ -58,6 +58,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "core/gpu.h"
 #include "core/tensor.h"
@@ -68,6 +69,11 @@ struct GlaOpts {
   double scale = 1.0;      // multiplies every q.k product
   int64_t chunk = 64;      // C: tokens per chunk (chunkwise form)
   int64_t sub_chunk = 16;  // c: tokens per sub-chunk; divides chunk
+  // gla_bwd calls this once, on the GPU right after launching the first reverse state scan (on the
+  // CPU before it starts): data-parallel training opens its gradient-reduction window there, so
+  // the reductions share the GPU with the chunk kernels' many short CTAs, not with the scan's few
+  // long ones (model/env.h, open_comm_window).
+  std::function<void()> after_reverse_scan;
 };
 
 enum class GlaForm { Chunk, Recurrent, Parallel };  // the CPU runs any; the GPU always Chunk
@@ -115,7 +121,8 @@ void gla_fwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
                   const Tensor& g, const Tensor& s0, const Tensor& o, const Tensor& s_final, const Tensor& saved);
 void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& s0, const Tensor& dout, const Tensor& ds_final, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved);
+                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved,
+                  const std::function<void()>& after_reverse_scan);
 void gla_step_cuda(const Ctx& ctx, const GlaStepLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& g, const Tensor& state, const Tensor& o);
 

@@ -253,13 +253,14 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
 template <class T>
 void bwd_group(const Ctx& ctx, const Args& a, int B, const Workspace<T>& w, bool recompute, const T* q, const T* k,
                const T* v, const float* g, const float* s0, const T* dout, const float* dsf, T* dq, T* dk, T* dv,
-               float* dg, float* ds0) {
+               float* dg, float* ds0, const std::function<void()>* after_reverse_scan) {
   if (recompute) {
     launch_prep<T>(ctx, a, B, q, k, g, w.bc, w.qd, w.kd, w.bn);
     launch_state<T>(ctx, a, B, false, w.kd, v, a.v, w.bn, s0, w.S, nullptr);
     launch_intra<T>(ctx, a, B, q, k, w.bc, w.P);
   }
   launch_state<T>(ctx, a, B, true, w.qd, dout, a.dout, w.bn, dsf, w.dS, ds0);
+  if (after_reverse_scan && *after_reverse_scan) (*after_reverse_scan)();
   launch_out<T>(ctx, a, B, true, w.kd, w.dS, a.N, w.P, dout, a.dout, dv, a.dv);
   auto kernel = dqk_kernel<T>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DqkCfg<T>::kSmem));
@@ -273,14 +274,18 @@ void bwd_group(const Ctx& ctx, const Args& a, int B, const Workspace<T>& w, bool
 
 void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& g, const Tensor& s0, const Tensor& dout, const Tensor& ds_final, const Tensor& dq,
-                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved) {
+                  const Tensor& dk, const Tensor& dv, const Tensor& dg, const Tensor& ds0, const Tensor& saved,
+                  const std::function<void()>& after_reverse_scan) {
   using namespace gla_cuda;
   for (const Tensor* t : {&k, &v, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "gla (GPU): activation dtypes must agree");
   LINAC_CHECK((!g.defined() || g.dtype == DType::F32) && dg.dtype == DType::F32, "gla (GPU): g and dg must be f32");
   for (const Tensor* s : {&s0, &ds_final, &ds0})
     LINAC_CHECK(!s->defined() || s->dtype == DType::F32, "gla (GPU): states must be f32");
-  if (L.B * L.T * L.H == 0) return;
+  if (L.B * L.T * L.H == 0) {
+    if (after_reverse_scan) after_reverse_scan();
+    return;
+  }
   const Args a = make_args(L);
   check_rows16(q, L.q, "q");
   check_rows16(k, L.k, "k");
@@ -300,7 +305,7 @@ void gla_bwd_cuda(const Ctx& ctx, const GlaLayout& L, const Tensor& q, const Ten
       bwd_group<T>(ctx, a, B, w, !saved.defined(), q.data<T>() + b0 * L.q.b, k.data<T>() + b0 * L.k.b, v.data<T>() + b0 * L.v.b,
                    g.defined() ? g.data<float>() + b0 * L.g.b : nullptr, state(s0, b0), dout.data<T>() + b0 * L.dout.b, state(ds_final, b0),
                    dq.data<T>() + b0 * L.dq.b, dk.data<T>() + b0 * L.dk.b, dv.data<T>() + b0 * L.dv.b,
-                   dg.data<float>() + b0 * L.dg.b, state(ds0, b0));
+                   dg.data<float>() + b0 * L.dg.b, state(ds0, b0), b0 == 0 ? &after_reverse_scan : nullptr);
     });
   }
 }

@@ -230,7 +230,7 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   go.scale = scale_;
   go.chunk = opt_.chunk;
   go.sub_chunk = std::min<int64_t>(16, opt_.chunk);
-  env_.open_comm_window();
+  go.after_reverse_scan = [this] { env_.open_comm_window(); };
   gla_bwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv), g,
           d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk), bthd(dproj, B, T, dk_, H_, Dk),
           bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go, GlaForm::Chunk, saved);

@@ -41,7 +41,7 @@ class GlaMixer final : public Mixer {
   // `path`: the options block's JSON path, for messages about shapes the options imply.
   GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "gla"; }
-  bool opens_comm_window() const override { return true; }  // before the core's backward kernels
+  bool opens_comm_window() const override { return true; }  // after the core's reverse state scan
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
