@@ -221,6 +221,19 @@ TEST(GlaCpu, StrongGatesLongSequenceFloat) {
 }
 
 // Running [0, T1) and then [T1, T) from its final state equals one run, forward and backward.
+// gla_bwd calls GlaOpts::after_reverse_scan (where training opens its gradient-reduction window)
+// once per call, in every form.
+TEST(GlaCpu, AfterReverseScanCalledOnce) {
+  Problem p(2, 37, 2, 16, 8, Gates::Mild);
+  for (GlaForm form : {GlaForm::Chunk, GlaForm::Recurrent, GlaForm::Parallel}) {
+    int calls = 0;
+    GlaOpts o = opts_of(16, 8);
+    o.after_reverse_scan = [&calls] { ++calls; };
+    p.backward(o, form);
+    EXPECT_EQ(calls, 1) << static_cast<int>(form);
+  }
+}
+
 TEST(GlaCpu, StateCarry) {
   const int64_t T = 100, T1 = 37, H = 2, Dk = 8, Dv = 12;
   Problem full(1, T, H, Dk, Dv, Gates::Mixed);

@@ -50,9 +50,12 @@ struct Result {
   OwnedTensor o, sf, dqkv, dg, ds0;
 };
 
+int reverse_scans = 0;  // calls of GlaOpts::after_reverse_scan
+
 GlaOpts opts() {
   GlaOpts o;
   o.scale = 0.3;
+  o.after_reverse_scan = [] { ++reverse_scans; };
   return o;
 }
 
@@ -148,7 +151,8 @@ bool same_bits(const Tensor& x, const Tensor& y) {
 
 // Bitwise reruns; a workspace that holds only two sequences (so the batch runs in groups) gives
 // the same bits as one group; so do saved intermediates (the backward skips the recomputation),
-// with one group and with groups; too small a workspace or saved buffer is refused.
+// with one group and with groups; too small a workspace or saved buffer is refused. The backward
+// calls after_reverse_scan once, however many groups it runs.
 TEST(GlaGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -159,11 +163,15 @@ TEST(GlaGpu, DeterministicAndGrouped) {
     OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
     OwnedTensor g_g = to(in.g, Device::CUDA, DType::F32), s0_g = to(in.s0, Device::CUDA, DType::F32);
     OwnedTensor dsf_g = to(in.dsf, Device::CUDA, DType::F32);
+    reverse_scans = 0;
     Result r1 = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    EXPECT_EQ(reverse_scans, 1);
     Result r2 = run(gctx.ctx(), in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
     Ctx small = gctx.ctx();
     small.workspace_bytes = 2 * gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
+    reverse_scans = 0;
     Result r3 = run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32);
+    EXPECT_EQ(reverse_scans, 1) << "batch groups";
     const size_t saved_bytes = gla_saved_bytes(c.B, c.T, c.H, c.Dk, c.Dv, act);
     OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(saved_bytes / 4)});
     test::poison(saved);
@@ -171,7 +179,9 @@ TEST(GlaGpu, DeterministicAndGrouped) {
     Ctx small_saved = gctx.ctx();
     small_saved.workspace_bytes = 2 * gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act, true) + 1000;
     test::poison(saved);
+    reverse_scans = 0;
     Result r5 = run(small_saved, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, saved);
+    EXPECT_EQ(reverse_scans, 1) << "saved intermediates, batch groups";
     for (const Result* r : {&r2, &r3, &r4, &r5}) {
       EXPECT_TRUE(same_bits(r1.o, r->o));
       EXPECT_TRUE(same_bits(r1.sf, r->sf));

@@ -68,5 +68,28 @@ TEST(ReduceGpu, Deterministic) {
   EXPECT_EQ(to_doubles(a), to_doubles(b));
 }
 
+// to_doubles(ctx, t) reads t once ctx's stream has reached the call: a sum queued just before on
+// that (non-blocking) stream, over enough data to still be running, is what it returns, each
+// time, and what a device-wide read sees.
+TEST(ReduceGpu, StreamOrderedReadBack) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t n = 64 << 20;
+  OwnedTensor x(DType::F32, Device::CUDA, {n});
+  copy_tensor(x, test::random_tensor({n}, DType::F32, 5, 0, 1));
+  OwnedTensor s(DType::F32, Device::CUDA, {1});
+  test::poison(s);
+  sum(gctx.ctx(), x, s);
+  const double expect = to_doubles(gctx.ctx(), s)[0];
+  EXPECT_GT(expect, 0.4 * static_cast<double>(n));  // not NaN, not the poison
+  gctx.synchronize();
+  EXPECT_EQ(to_doubles(s)[0], expect);
+  for (int rep = 0; rep < 3; ++rep) {
+    test::poison(s);
+    sum(gctx.ctx(), x, s);
+    EXPECT_EQ(to_doubles(gctx.ctx(), s)[0], expect) << "rep " << rep;
+  }
+}
+
 }  // namespace
 }  // namespace linac
