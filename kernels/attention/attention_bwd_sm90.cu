@@ -45,14 +45,28 @@ struct BwdSm90Cfg {
   static constexpr uint32_t kRowsBytes = tile_bytes<BC, D>, kTileBytes = tile_bytes<BR, D>;
   static constexpr uint32_t kDsBytes = BC * BR * 2;  // dS^T [BC keys, BR queries] bf16, a swizzled tile
   static constexpr uint32_t kDqBytes = BR * D * 4;   // a dQ tile, f32 in register order
-  // K, V, Q stages, dO stages, two dS^T buffers, two dQ slots, lse/delta stages (f32), then the
-  // barriers: K/V full; per stage full, empty; per buffer bf (the tiles it with it % 2 = bf): dS^T
-  // full, dS^T free, slot ready (a partial written), slot free, slot loaded (the sum of the others).
+  // dQ slots: tile it's partial goes to slot it % kDqSlots, so warpgroup w (the tiles with it % 2 =
+  // w) has kDqSlots / 2 of them. Two each at D = 64 let a warpgroup leave a partial while the
+  // writer still reads its previous one; D = 128 has room for one.
+  static constexpr int kDqSlots = D == 64 ? 4 : 2;
+  // K, V, Q stages, dO stages, two dS^T buffers, the dQ slots, lse/delta stages (f32), then the
+  // barriers: K/V full; per stage full, empty; per dS^T buffer bf (the tiles with it % 2 = bf)
+  // full, free; per dQ slot ready (a partial written), free, loaded (the sum of the others).
   static constexpr uint32_t kDsOffset = 2 * kRowsBytes + 2 * kStages * kTileBytes;
   static constexpr uint32_t kDqOffset = kDsOffset + 2 * kDsBytes;
-  static constexpr uint32_t kStatsOffset = kDqOffset + 2 * kDqBytes;
+  static constexpr uint32_t kStatsOffset = kDqOffset + kDqSlots * kDqBytes;
   static constexpr uint32_t kBarOffset = kStatsOffset + 2 * kStages * BR * 4;
-  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (1 + 2 * kStages + 2 * 5);
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (1 + 2 * kStages + 2 * 2 + 3 * kDqSlots);
+};
+
+// Phases of the barriers of up to 8 dQ slots as one word: per slot the parity of its use count
+// (bit s) and whether it was used before (bit 8 + s).
+struct SlotUses {
+  uint32_t bits = 0;
+  __device__ bool used(int s) const { return (bits >> (8 + s)) & 1; }
+  __device__ uint32_t parity(int s) const { return (bits >> s) & 1; }        // of the uses so far
+  __device__ uint32_t last_parity(int s) const { return parity(s) ^ 1; }    // of the latest use
+  __device__ void bump(int s) { bits = (bits ^ (1u << s)) | (1u << (8 + s)); }
 };
 
 // A 64 x D f32 accumulator in shared memory in register order: thread t of the warpgroup keeps its
@@ -101,7 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Per query of each stage: lse * log2(e), then delta.
   float* s_stats = reinterpret_cast<float*>(base + C::kStatsOffset);
   const uint32_t bar_kv = sK + C::kBarOffset, bar_f0 = bar_kv + 8, bar_e0 = bar_f0 + 8 * S, bar_dsf0 = bar_e0 + 8 * S,
-                 bar_dse0 = bar_dsf0 + 16, bar_qr0 = bar_dse0 + 16, bar_qe0 = bar_qr0 + 16, bar_ql0 = bar_qe0 + 16;
+                 bar_dse0 = bar_dsf0 + 16, bar_qr0 = bar_dse0 + 16, bar_qe0 = bar_qr0 + 8 * C::kDqSlots,
+                 bar_ql0 = bar_qe0 + 8 * C::kDqSlots;
 
   const int n_kb = cdiv(a.T, BC), n_qb = cdiv(a.T, BR);
   if (threadIdx.x == 0) {
@@ -114,9 +129,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int bf = 0; bf < 2; ++bf) {
       mbar_init(bar_dsf0 + 8 * bf, 4 * kMathWGs);
       mbar_init(bar_dse0 + 8 * bf, 4);
-      mbar_init(bar_qr0 + 8 * bf, 4);
-      mbar_init(bar_qe0 + 8 * bf, 4);
-      mbar_init(bar_ql0 + 8 * bf, 1);
+    }
+    for (int sl = 0; sl < C::kDqSlots; ++sl) {
+      mbar_init(bar_qr0 + 8 * sl, 4);
+      mbar_init(bar_qe0 + 8 * sl, 4);
+      mbar_init(bar_ql0 + 8 * sl, 1);
     }
     mbar_init_fence();
   }
@@ -167,8 +184,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The first stores, the others add; the last (kr.x) instead loads the sum for its math
       // warpgroup, which adds its own partial and writes dq. An add completes (and its count goes
       // up) while the math warpgroups produce the next partial.
-      int uses = 0, ready = 0;  // per slot, in bits 0 and 16
-      int pending = -1;         // the query block whose add is in flight
+      SlotUses uses, ready;  // ready: the partials taken from each slot
+      int pending = -1;      // the query block whose add is in flight
       auto finish_pending = [&] {
         if (pending < 0) return;
         bulk_wait<0>();
@@ -177,22 +194,21 @@ __global__ void __launch_bounds__(kThreads, 1)
         pending = -1;
       };
       for (int it = 0; it < n_tiles; ++it) {
-        const int bf = it & 1, qb = qr.x + it, sh = 16 * bf;
+        const int sl = it % C::kDqSlots, qb = qr.x + it;
         const int2 kr = key_blocks(a, qb * BR, BR, BC);
         if (kr.x == kr.y) continue;  // one key block: the math warpgroup writes dq itself
-        const uint32_t slot = sDQ0 + bf * C::kDqBytes;
+        const uint32_t slot = sDQ0 + sl * C::kDqBytes;
         float* const acc = tile_acc + int64_t{qb} * BR * D;
-        const int n_used = (uses >> sh) & 0xffff;
         if (kb == kr.x) {
           finish_pending();
-          if (n_used > 0) mbar_wait(bar_qe0 + 8 * bf, (n_used - 1) & 1);
+          if (uses.used(sl)) mbar_wait(bar_qe0 + 8 * sl, uses.last_parity(sl));
           counter_wait(tile_count + qb, kr.y - kr.x);
           fence_proxy_async_global();
-          mbar_arrive_expect_tx(bar_ql0 + 8 * bf, C::kDqBytes);
-          bulk_load(slot, acc, C::kDqBytes, bar_ql0 + 8 * bf);
+          mbar_arrive_expect_tx(bar_ql0 + 8 * sl, C::kDqBytes);
+          bulk_load(slot, acc, C::kDqBytes, bar_ql0 + 8 * sl);
         } else {
-          mbar_wait(bar_qr0 + 8 * bf, (ready >> sh) & 1);
-          ready += 1 << sh;
+          mbar_wait(bar_qr0 + 8 * sl, ready.parity(sl));
+          ready.bump(sl);
           finish_pending();
           counter_wait(tile_count + qb, kr.y - kb);
           fence_proxy_async_global();
@@ -202,10 +218,10 @@ __global__ void __launch_bounds__(kThreads, 1)
             bulk_reduce_add(acc, slot, C::kDqBytes);
           bulk_commit();
           bulk_wait_read<0>();
-          mbar_arrive(bar_qe0 + 8 * bf, 4);
+          mbar_arrive(bar_qe0 + 8 * sl, 4);
           pending = qb;
         }
-        uses += 1 << sh;
+        uses.bump(sl);
       }
       finish_pending();
     }
@@ -215,11 +231,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int kw0 = k0 + 64 * w,
               srow0 = kw0 + 16 * warp + g;  // this thread's keys: srow0 and srow0 + 8
     const int2 qw = query_blocks(a, kw0, 64, BR);
-    float* const slot = reinterpret_cast<float*>(base + C::kDqOffset + w * C::kDqBytes);
+    float* const slots = reinterpret_cast<float*>(base + C::kDqOffset);
     float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dk_acc[i] = 0.f, dv_acc[i] = 0.f;
-    int uses = 0, loaded = 0;  // of this warpgroup's dQ slot
+    SlotUses uses, loaded;  // of this warpgroup's dQ slots
     mbar_wait(bar_kv, 0);
 
     // dQ of tile itq from this key block, dS (dS^T read MN-major) times K (MN-major), one column
@@ -242,17 +258,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int bf = itq & 1, q0 = (qr.x + itq) * BR;
       const int2 kr = key_blocks(a, q0, BR, BC);
       const bool single = kr.x == kr.y, last = kb == kr.x;
+      const int sl = itq % C::kDqSlots;
       if (c == D / 64 - 1) {
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_dse0 + 8 * bf);
       }
       if (c == 0 && !single) {
-        if (last)
-          mbar_wait(bar_ql0 + 8 * bf, loaded++ & 1);
-        else if (uses > 0)
-          mbar_wait(bar_qe0 + 8 * bf, (uses - 1) & 1);
+        if (last) {
+          mbar_wait(bar_ql0 + 8 * sl, loaded.parity(sl));
+          loaded.bump(sl);
+        } else if (uses.used(sl)) {
+          mbar_wait(bar_qe0 + 8 * sl, uses.last_parity(sl));
+        }
       }
-      float* const chunk = slot + c * 64 * 64;
+      float* const chunk = slots + sl * (C::kDqBytes / 4) + c * 64 * 64;
       if (single || last) {
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
@@ -266,8 +285,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (c == D / 64 - 1 && !single) {
         if (!last) fence_proxy_async_shared();
         __syncwarp();
-        if (lane == 0) mbar_arrive(last ? bar_qe0 + 8 * bf : bar_qr0 + 8 * bf);
-        ++uses;
+        if (lane == 0) mbar_arrive(last ? bar_qe0 + 8 * sl : bar_qr0 + 8 * sl);
+        uses.bump(sl);
       }
     };
     // At D = 64 the registers hold the dQ accumulators next to S^T and dP^T, so the dQ matmul of the
