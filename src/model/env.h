@@ -43,9 +43,9 @@ struct ModelEnv {
   // Set by data-parallel training while it reduces gradients during the backward (Model::
   // set_grad_hooks): mixers whose opens_comm_window() is true call open_comm_window() once in
   // backward(), right before their longest kernel made of many short-lived CTAs (attention's
-  // backward; GLA's chunk kernels, after its reverse state scan: GlaOpts::after_reverse_scan). Gradient reductions
-  // waiting for a window start there and share the GPU with that kernel instead of stalling a persistent GEMM
-  // (dist/grad_reducer.h).
+  // backward; GLA's chunk kernels, after its reverse state scan: GlaOpts::after_reverse_scan).
+  // Gradient reductions waiting for a window start there and share the GPU with that kernel
+  // instead of stalling a persistent GEMM (dist/grad_reducer.h).
   std::function<void()> comm_window;
   void open_comm_window() const {
     if (comm_window) comm_window();
