@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/rng.h"
+#include "model/mixers/proj_views.h"
 
 namespace linac::test {
 
@@ -68,11 +69,8 @@ std::vector<double> view_values(const Tensor& t) {
 }
 
 Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D) {
-  const int64_t B = buf.size(0), T = buf.size(1), W = buf.size(2);
-  Tensor t(static_cast<char*>(buf.ptr) + col0 * static_cast<int64_t>(dtype_size(buf.dtype)), buf.dtype, buf.device,
-           {B, T, H, D});
-  t.strides = {T * W, W, D, 1};
-  return t;
+  const int64_t B = buf.size(0), T = buf.size(1);
+  return linac::bthd(buf.view({B * T, buf.size(2)}), B, T, col0, H, D);
 }
 
 std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n) { return view_values(bthd(buf, col0, 1, n)); }
