@@ -9,7 +9,8 @@
 #   and GLA 340M steps, overlapped (scripts/kernel_trace.cpp/.py; $OUT/traces.tgz holds the CSVs);
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them)
-# GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests").
+# GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
+# GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).
 set -uo pipefail
 what="${1:-all}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,7 +27,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv |
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   ${NCCL_ROOT:+-DNCCL_ROOT=$NCCL_ROOT} >"$out/build.log" 2>&1 &&
-  ninja -C build-gpu -j16 ${GPU_CHECK_TARGETS:-} >>"$out/build.log" 2>&1
+  ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" ${GPU_CHECK_TARGETS:-} >>"$out/build.log" 2>&1
 build_rc=$?
 echo "build rc=$build_rc in $(( $(date +%s) - t0 )) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; fi
@@ -221,15 +222,16 @@ if [ "$what" = zero4 ]; then
   # Issue 16 on 4 GPUs (two commands, each within 10 minutes): zero4 runs the 2-GPU ZeRO-1 tests,
   # the scaling of the 125M/340M models with the reduction overlapped or not and ZeRO-1 off or
   # on, and rank 0's per-phase profile of the 125M step on 4 GPUs with overlap on and off (where
-  # the overlapped step loses its time); zero4mem the 1.3B models' peak memory per GPU with and
-  # without ZeRO-1 (block recompute, T = 2048) next to what `linac info --ranks 4` planned.
+  # the overlapped step loses its time); zero4mem the 1.3B models' peak memory per GPU without ZeRO
+  # and with ZeRO-1 and ZeRO-2 (block recompute, T = 2048) next to what `linac info --ranks 4`
+  # planned. ZERO (zero4: "0 1", zero4mem: "0 1 2") and, for zero4mem, CONFIGS pick the runs.
   t0=$(date +%s)
   LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='ZeroGpu.*:DistGpu.*' \
     >"$out/zero4_tests.log" 2>&1
   rc=$?
   summary+=("2-GPU ZeRO/DP tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/zero4_tests.log" | tr '\n' ' ')")
   grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|Google Test trace' "$out/zero4_tests.log" | head -40
-  OVERLAP="true false" ZERO="0 1" bash scripts/scaling.sh build-gpu "1 2 4" 2>&1 | tee -a "$out/zero4.txt"
+  OVERLAP="true false" ZERO="${ZERO:-0 1}" bash scripts/scaling.sh build-gpu "1 2 4" 2>&1 | tee -a "$out/zero4.txt"
   for ov in true false; do
     echo "4 GPUs, overlap_comm=$ov, rank 0:" | tee -a "$out/zero4.txt"
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 4 --bind-to none -x NCCL_NVLS_ENABLE \
@@ -238,8 +240,8 @@ if [ "$what" = zero4 ]; then
   done
 fi
 if [ "$what" = zero4mem ]; then
-  for c in transformer_1.3b gla_1.3b; do
-    for z in 0 1; do
+  for c in ${CONFIGS:-transformer_1.3b gla_1.3b}; do
+    for z in ${ZERO:-0 1 2}; do
       ./build-gpu/linac info configs/$c.json --ranks 4 --set train.zero=$z --set train.recompute=block \
         | grep -E 'memory plan|parameters \(|gradients|optimizer|activations|total' | sed "s|^|$c zero=$z: |" \
         | tee -a "$out/zero4.txt"

@@ -87,7 +87,8 @@ int bench_model(Args& args, const std::string& path) {
   const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
   const std::string device_desc = gpu ? gpu_info().name : std::string("CPU");
 
-  Model model(cfg.model, ctx, cfg.train.precision, true, true, cfg.train.zero && world > 1 ? world : 1, comm->rank());
+  Model model(cfg.model, ctx, cfg.train.precision, true, true, cfg.train.zero && world > 1 ? world : 1, comm->rank(),
+              cfg.train.zero == 2);
   model.set_recompute(parse_recompute(cfg.train.recompute));
   model.init_params(cfg.train.seed);
   TrainConfig tc = cfg.train;
@@ -158,7 +159,7 @@ int bench_model(Args& args, const std::string& path) {
               {"ranks", world},
               {"overlap_comm", cfg.train.overlap_comm},
               {"recompute", cfg.train.recompute},
-              {"zero", model.params().sharded() ? 1 : 0},
+              {"zero", model.params().sharded() ? cfg.train.zero : 0},
               {"params", model.n_params()},
               {"buckets", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->buckets()) : 0},
               {"bucket_starts", stepper.reducer() ? json{{"windows", stepper.reducer()->starts().windows},
@@ -195,8 +196,9 @@ int bench_model(Args& args, const std::string& path) {
   }
   std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
-              model.params().sharded() ? ", ZeRO-1" : "", human_count(static_cast<double>(model.n_params())).c_str(),
-              static_cast<long long>(steps), static_cast<long long>(warmup), dist.c_str());
+              model.params().sharded() ? (", ZeRO-" + std::to_string(cfg.train.zero)).c_str() : "",
+              human_count(static_cast<double>(model.n_params())).c_str(), static_cast<long long>(steps),
+              static_cast<long long>(warmup), dist.c_str());
   // step ms is the mean over the timed steps (what tokens/s and MFU use); median and max show
   // whether a few slow steps (clock or power events, stragglers) weigh on it.
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s %10s %10s\n", "T", "B", "micro", "tok/step", "step ms",

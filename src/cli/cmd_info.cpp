@@ -9,6 +9,7 @@
 #include "core/gpu.h"
 #include "data/hdf5_util.h"
 #include "data/mqar.h"
+#include "dist/grad_reducer.h"
 #include "model/model.h"
 #include "model/registry.h"
 #include "model/saved_arena.h"
@@ -24,7 +25,8 @@ const char* kUsage =
     "train.recompute, the LM head's chunk of logits and, on a GPU, the kernels' workspace) for the\n"
     "configured micro-batch of train.micro_batch x data.seq_len tokens, on the device the config\n"
     "would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
-    "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1). Given a\n"
+    "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1), with 2\n"
+    "the gradients too (ZeRO-2: a shard each, plus two staging slots of a block's gradients). Given a\n"
     "checkpoint, uses the config stored in it and also prints its training state.\n";
 }  // namespace
 
@@ -57,7 +59,8 @@ int cmd_info(int argc, char** argv) {
   Ctx ctx;
   ctx.device = gpu ? Device::CUDA : Device::CPU;
   const bool zero = cfg.train.zero && ranks > 1;
-  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false, zero ? static_cast<int>(ranks) : 1);
+  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false, zero ? static_cast<int>(ranks) : 1, 0,
+              cfg.train.zero == 2);
   model.set_recompute(parse_recompute(cfg.train.recompute));
   const ParamStore& ps = model.params();
   const Precision prec = Precision::resolve(ctx.device, cfg.train.precision);
@@ -66,13 +69,18 @@ int cmd_info(int argc, char** argv) {
   const double n = static_cast<double>(ps.total_numel());
   // Per rank, from the store's layout (64-element alignment included): whole buffers, or under
   // ZeRO-1 the replicated group plus one shard of the master (when a compute copy exists) and the
-  // moments; gradients and the compute weights stay whole.
+  // moments; gradients and the compute weights stay whole, but for ZeRO-2's gradients (the
+  // replicated group, one shard and two staging slots).
   const double flat = static_cast<double>(ps.flat_numel());
   const double held = zero ? static_cast<double>(ps.replicated_numel() + ps.shard_numel()) : flat;
   const double msize = static_cast<double>(dtype_size(prec.master));
   const double master = (prec.act != prec.master ? held : flat) * msize;
   const double copy = prec.act != prec.master ? flat * static_cast<double>(dtype_size(prec.act)) : 0.0;
-  const double grads = flat * msize, optim = 2 * held * msize;
+  const double grads =
+      (ps.grads_sharded() ? held + 2.0 * static_cast<double>(GradReducer::stage_slot_numel(ps, model.grad_groups()))
+                          : flat) *
+      msize;
+  const double optim = 2 * held * msize;
   const double acts = static_cast<double>(model.activation_bytes(B, T));
   const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
   // Scratch that a step holds on top: the LM head's chunk of logits (and their gradient) and, on a
@@ -94,7 +102,7 @@ int cmd_info(int argc, char** argv) {
               {"device", device_name(ctx.device)},
               {"micro_batch_tokens", B * T},
               {"ranks", ranks},
-              {"zero", zero ? 1 : 0},
+              {"zero", zero ? cfg.train.zero : 0},
               {"recompute", cfg.train.recompute},
               {"bytes",
                {{"params", master + copy},
@@ -143,7 +151,7 @@ int cmd_info(int argc, char** argv) {
   std::printf("\nmemory plan per %s (%s compute), micro-batch %lld x %lld = %lld tokens, recompute %s%s\n",
               ctx.device == Device::CUDA ? "GPU" : "process", dtype_name(prec.act), static_cast<long long>(B),
               static_cast<long long>(T), static_cast<long long>(B * T), cfg.train.recompute.c_str(),
-              zero ? (", ZeRO-1 over " + std::to_string(ranks) + " ranks").c_str()
+              zero ? (", ZeRO-" + std::to_string(cfg.train.zero) + " over " + std::to_string(ranks) + " ranks").c_str()
                    : (ranks > 1 ? (", " + std::to_string(ranks) + " ranks, no ZeRO").c_str() : ""));
   std::printf("  %-34s %12s\n", (std::string("parameters (") + dtype_name(prec.master) + " master" +
                                      (copy > 0 ? std::string(" + ") + dtype_name(prec.act) + " copy)" : ")"))

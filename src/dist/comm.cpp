@@ -163,23 +163,36 @@ void Comm::allreduce_sum(const Tensor& t, void* stream) {
   });
 }
 
-void Comm::reduce_sum(const Tensor& t, int root, void* stream) {
-  if (world_ == 1 || t.numel() == 0) return;
-  LINAC_CHECK(t.is_contiguous(), "reduce_sum: contiguous tensors only");
+void Comm::reduce_sum(const Tensor& send, const Tensor& recv, int root, void* stream) {
+  if (send.numel() == 0) return;
+  LINAC_CHECK(send.is_contiguous() && (rank_ != root || (recv.is_contiguous() && recv.numel() == send.numel() &&
+                                                         recv.dtype == send.dtype && recv.device == send.device)),
+              "reduce_sum: contiguous tensors of one size, dtype and device");
+  const bool in_place = send.ptr == recv.ptr;
+  if (world_ == 1) {
+    if (!in_place) copy_tensor(recv, send);
+    return;
+  }
 #if LINAC_WITH_NCCL
-  if (nccl_ && t.device == Device::CUDA) {
-    LINAC_NCCL_CHECK(ncclReduce(t.ptr, t.ptr, static_cast<size_t>(t.numel()), nccl_type(t.dtype), ncclSum, root,
-                                static_cast<ncclComm_t>(nccl_), static_cast<cudaStream_t>(stream)));
+  if (nccl_ && send.device == Device::CUDA) {
+    LINAC_NCCL_CHECK(ncclReduce(send.ptr, rank_ == root ? recv.ptr : send.ptr, static_cast<size_t>(send.numel()),
+                                nccl_type(send.dtype), ncclSum, root, static_cast<ncclComm_t>(nccl_),
+                                static_cast<cudaStream_t>(stream)));
     return;
   }
 #endif
   (void)stream;
-  through_host(t, [&](const Tensor& h) {
+  through_host(send, [&](const Tensor& h) {
     const MPI_Datatype type = mpi_float_type(h.dtype);
-    if (rank_ == root)
-      LINAC_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.ptr, mpi_count(h.numel()), type, MPI_SUM, root, MPI_COMM_WORLD));
+    const int n = mpi_count(h.numel());
+    if (rank_ != root)
+      LINAC_MPI_CHECK(MPI_Reduce(h.ptr, nullptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
+    else if (in_place)
+      LINAC_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.ptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
     else
-      LINAC_MPI_CHECK(MPI_Reduce(h.ptr, nullptr, mpi_count(h.numel()), type, MPI_SUM, root, MPI_COMM_WORLD));
+      through_host(recv, [&](const Tensor& r) {
+        LINAC_MPI_CHECK(MPI_Reduce(h.ptr, r.ptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
+      });
   });
 }
 

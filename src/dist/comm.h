@@ -37,10 +37,11 @@ class Comm {
   // (a cudaStream_t) for NCCL; the MPI fallback synchronises `stream` first and copies through
   // the host.
   void allreduce_sum(const Tensor& t, void* stream);
-  // ZeRO-1's collectives, in place on contiguous tensors, enqueued like allreduce_sum:
-  // reduce_sum: the sum over ranks lands in `root`'s t (f32/f64; the others' t is left undefined).
-  void reduce_sum(const Tensor& t, int root, void* stream);
-  // reduce_scatter_sum: t splits into world equal chunks; rank r's chunk r receives the sum over
+  // ZeRO's collectives on contiguous tensors, enqueued like allreduce_sum:
+  // reduce_sum: the sum over ranks of `send` lands in `root`'s `recv` (f32/f64; recv may be send,
+  // in place; the others' recv is not written, and in place their send is left undefined).
+  void reduce_sum(const Tensor& send, const Tensor& recv, int root, void* stream);
+  // reduce_scatter_sum, in place: t splits into world equal chunks; rank r's chunk r receives the sum over
   // ranks of chunk r (f32/f64; the other chunks are left undefined).
   void reduce_scatter_sum(const Tensor& t, void* stream);
   // allgather: every rank's chunk r (of world equal chunks) is copied from rank r (f32/f64/bf16).

@@ -11,15 +11,78 @@
 
 namespace linac {
 
-GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap)
-    : params_(params), comm_(comm), ctx_(ctx), overlap_(overlap && comm.world() > 1) {
+namespace {
+constexpr int64_t kSlotAlign = 64;  // elements: every run starts aligned, like the flat layout
+int64_t align_up(int64_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
+
+#if LINAC_WITH_CUDA
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+#endif
+}  // namespace
+
+std::vector<GradReducer::Group> GradReducer::stage_groups(const ParamStore& params,
+                                                          const std::vector<std::vector<int>>& groups) {
+  if (!params.grads_sharded()) return {};
+  // A group's parameters that are neighbours in the flat layout form one run (padding between them included).
   std::vector<int> order(static_cast<size_t>(params.count()));
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
+  std::vector<size_t> rank_of(order.size());
+  for (size_t i = 0; i < order.size(); ++i) rank_of[static_cast<size_t>(order[i])] = i;
+  std::vector<Group> out;
+  std::vector<int> seen(order.size(), 0);
+  for (const auto& ids : groups) {
+    Group g;
+    for (int id : ids)
+      if (!params.spec(id).reads_master) g.ids.push_back(id);
+    if (g.ids.empty()) continue;
+    std::sort(g.ids.begin(), g.ids.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
+    for (size_t i = 0; i < g.ids.size(); ++i) {
+      const int id = g.ids[i];
+      LINAC_CHECK(seen[static_cast<size_t>(id)]++ == 0,
+                  "GradReducer: " + params.spec(id).name + " is in two gradient groups");
+      const int64_t end = params.offset(id) + params.numel(id);
+      if (i > 0 && rank_of[static_cast<size_t>(id)] == rank_of[static_cast<size_t>(g.ids[i - 1])] + 1) {
+        g.numel += end - g.runs.back().hi;
+        g.runs.back().hi = end;
+      } else {
+        g.numel = align_up(g.numel);
+        g.runs.push_back({params.offset(id), end, g.numel});
+        g.numel += end - params.offset(id);
+      }
+    }
+    out.push_back(std::move(g));
+  }
+  for (int id = 0; id < params.count(); ++id)
+    LINAC_CHECK(params.spec(id).reads_master || seen[static_cast<size_t>(id)],
+                "GradReducer: " + params.spec(id).name + " is in no gradient group");
+  return out;
+}
+
+int64_t GradReducer::stage_slot_numel(const ParamStore& params, const std::vector<std::vector<int>>& groups) {
+  int64_t n = 0;
+  for (const Group& g : stage_groups(params, groups)) n = std::max(n, align_up(g.numel));
+  return n;
+}
+
+GradReducer::GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap,
+                         const std::vector<std::vector<int>>& groups)
+    : params_(params), comm_(comm), ctx_(ctx), overlap_(overlap && comm.world() > 1) {
+  groups_ = stage_groups(params, groups);
+  group_of_.assign(static_cast<size_t>(params.count()), -1);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (int id : groups_[g].ids) group_of_[static_cast<size_t>(id)] = static_cast<int>(g);
+    slot_numel_ = std::max(slot_numel_, align_up(groups_[g].numel));
+  }
+  std::vector<int> order;
+  for (int id = 0; id < params.count(); ++id)
+    if (group_of_[static_cast<size_t>(id)] < 0) order.push_back(id);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / dtype_size(params.master_dtype())));
-  bucket_of_.assign(order.size(), 0);
+  bucket_of_.assign(static_cast<size_t>(params.count()), -1);
   // Under ZeRO-1 no bucket straddles the replicated group's end: it is all-reduced, the rest reduced
-  // to its owners.
+  // to its owners. Under ZeRO-2 the buckets end there.
   const int64_t repl = params.sharded() ? params.replicated_numel() : -1;
   for (int id : order) {
     if (lo_.empty() || params.offset(id) - lo_.back() >= bucket_elems || params.offset(id) == repl) {
@@ -28,12 +91,14 @@ GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, s
       hi_.push_back(0);
       count_.push_back(0);
     }
-    bucket_of_[static_cast<size_t>(id)] = lo_.size() - 1;
+    bucket_of_[static_cast<size_t>(id)] = static_cast<int>(lo_.size()) - 1;
     ++count_.back();
   }
-  if (!hi_.empty()) hi_.back() = params.flat_numel();
+  if (!hi_.empty()) hi_.back() = params.grads_sharded() ? params.replicated_numel() : params.flat_numel();
   pending_ = count_;
-  launched_.assign(lo_.size(), false);
+  launched_.assign(lo_.size() + groups_.size(), false);
+  if (slot_numel_ > 0)
+    stage_ = Buffer(static_cast<size_t>(2 * slot_numel_) * dtype_size(params.master_dtype()), ctx.device);
 #if LINAC_WITH_CUDA
   if (overlap_ && ctx.is_gpu()) {
     // The communication stream gets the highest priority: NCCL's kernels need all their blocks
@@ -46,110 +111,206 @@ GradReducer::GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, s
     cudaStream_t s;
     LINAC_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
     comm_stream_ = s;
-    cudaEvent_t a, b;
-    LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
-    LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
-    ev_ready_ = a;
-    ev_done_ = b;
+    for (void** e : {&ev_ready_, &ev_done_, &ev_slot_free_[0], &ev_slot_free_[1]}) {
+      cudaEvent_t ev;
+      LINAC_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+      *e = ev;
+    }
   }
 #endif
 }
 
 GradReducer::~GradReducer() {
+  params_.unstage_grads();
 #if LINAC_WITH_CUDA
   if (comm_stream_) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(comm_stream_));
-    cudaStreamDestroy(static_cast<cudaStream_t>(comm_stream_));
-    cudaEventDestroy(static_cast<cudaEvent_t>(ev_ready_));
-    cudaEventDestroy(static_cast<cudaEvent_t>(ev_done_));
+    cudaStreamSynchronize(as_stream(comm_stream_));
+    cudaStreamDestroy(as_stream(comm_stream_));
+    for (void* e : {ev_ready_, ev_done_, ev_slot_free_[0], ev_slot_free_[1]}) cudaEventDestroy(as_event(e));
   }
 #endif
 }
 
-void GradReducer::arm() {
+void GradReducer::wait_for_comm() {
+#if LINAC_WITH_CUDA
+  if (comm_stream_) {
+    LINAC_CUDA_CHECK(cudaEventRecord(as_event(ev_done_), as_stream(comm_stream_)));
+    LINAC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(ctx_.stream), as_event(ev_done_), 0));
+  }
+#endif
+}
+
+void GradReducer::start_micro_batch(bool first, bool last) {
+  if (!groups_.empty()) {
+    if (!first) {
+      // The accumulators are copied into the slots in this backward: the last one's sums first.
+      start_waiting(starts_.finish);
+      for (size_t g = 0; g < groups_.size(); ++g)
+        LINAC_CHECK(launched_[lo_.size() + g], "GradReducer: gradient group " + std::to_string(g) + " never completed");
+      wait_for_comm();
+    }
+    acc_has_sums_ = !first;
+    group_pending_.clear();
+    for (const Group& g : groups_) group_pending_.push_back(static_cast<int>(g.ids.size()));
+    std::fill(launched_.begin() + static_cast<std::ptrdiff_t>(lo_.size()), launched_.end(), false);
+  }
+  starts_ = Starts{};
+  if (!last) return;
   armed_ = overlap_;
   pending_ = count_;
-  std::fill(launched_.begin(), launched_.end(), false);
-  waiting_.clear();
-  starts_ = Starts{};
+  std::fill(launched_.begin(), launched_.begin() + static_cast<std::ptrdiff_t>(lo_.size()), false);
+}
+
+Tensor GradReducer::slot(int s, int64_t n) const {
+  return stage_.tensor(params_.master_dtype(), {n},
+                       static_cast<size_t>(s * slot_numel_) * dtype_size(params_.master_dtype()));
+}
+
+void GradReducer::on_begin(const std::vector<int>& ids) {
+  int gi = -1;
+  for (int id : ids)
+    if (group_of_[static_cast<size_t>(id)] >= 0) gi = group_of_[static_cast<size_t>(id)];
+  if (gi < 0) return;
+  Group& g = groups_[static_cast<size_t>(gi)];
+  const int s = next_slot_;
+  next_slot_ ^= 1;
+  if (const int prev = slot_user_[s]; prev >= 0) {
+    // The slot's last group must be reduced before it is overwritten: start it if it still waits
+    // for a window.
+    const size_t job = lo_.size() + static_cast<size_t>(prev);
+    if (const auto w = std::find(waiting_.begin(), waiting_.end(), job); w != waiting_.end()) {
+      waiting_.erase(w);
+      ++starts_.ready;
+      launch(job);
+    }
+#if LINAC_WITH_CUDA
+    if (comm_stream_) LINAC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(ctx_.stream), as_event(ev_slot_free_[s]), 0));
+#endif
+  }
+  slot_user_[s] = gi;
+  g.slot = s;
+  const Tensor stage = slot(s, g.numel);
+  zero_tensor(ctx_, stage);
+  const int64_t base = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
+  const Tensor acc = params_.owned().back().grad;
+  for (const Run& r : g.runs) {
+    const int64_t a = std::max(r.lo, base), b = std::min(r.hi, base + params_.shard_numel());
+    if (acc_has_sums_ && a < b)
+      copy_tensor(ctx_, stage.slice0(r.at + a - r.lo, r.at + b - r.lo), acc.slice0(a - base, b - base));
+  }
+  for (int id : g.ids) {
+    const auto r = std::find_if(g.runs.begin(), g.runs.end(),
+                                [&](const Run& x) { return params_.offset(id) >= x.lo && params_.offset(id) < x.hi; });
+    const int64_t at = r->at + params_.offset(id) - r->lo;
+    params_.stage_grad(id, stage.slice0(at, at + params_.numel(id)));
+  }
 }
 
 void GradReducer::on_ready(const std::vector<int>& ids, bool window_ahead) {
-  if (!armed_) return;
-  // Buckets start in the order they complete, a window's after those waiting for it.
+  if (!armed_ && groups_.empty()) return;
+  // Jobs start in the order they complete, a window's after those waiting for it.
   if (!window_ahead) start_waiting(starts_.ready);
   for (int id : ids) {
-    const size_t b = bucket_of_[static_cast<size_t>(id)];
-    if (--pending_[b] != 0) continue;
+    size_t job;
+    if (const int g = group_of_[static_cast<size_t>(id)]; g >= 0) {
+      if (--group_pending_[static_cast<size_t>(g)] != 0) continue;
+      // The group's gradients live in its slot only until its reduction: no later writes.
+      for (int other : groups_[static_cast<size_t>(g)].ids) params_.stage_grad(other, Tensor());
+      job = lo_.size() + static_cast<size_t>(g);
+    } else {
+      if (!armed_) continue;
+      const auto b = static_cast<size_t>(bucket_of_[static_cast<size_t>(id)]);
+      if (--pending_[b] != 0) continue;
+      job = b;
+    }
     if (window_ahead) {
-      waiting_.push_back(b);
+      waiting_.push_back(job);
     } else {
       ++starts_.ready;
-      launch(b);
+      launch(job);
     }
   }
 }
 
-void GradReducer::window() {
-  if (armed_) start_waiting(starts_.windows);
-}
+void GradReducer::window() { start_waiting(starts_.windows); }
 
 void GradReducer::start_waiting(int& count) {
   count += static_cast<int>(waiting_.size());
-  for (size_t b : waiting_) launch(b);
+  for (size_t j : waiting_) launch(j);
   waiting_.clear();
 }
 
 void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
-  const Tensor g = params_.flat_grad();
   if (!params_.sharded() || hi <= params_.replicated_numel()) {
+    const Tensor g = params_.grads_sharded() ? params_.replicated_grad() : params_.flat_grad();
     comm_.allreduce_sum(g.slice0(lo, hi), stream);
     return;
   }
   // ZeRO-1: each shard's part goes to its owner only.
+  const Tensor g = params_.flat_grad();
   const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
   for (int64_t r = (lo - base) / s; r * s + base < hi; ++r) {
     const int64_t a = std::max(lo, base + r * s), b = std::min(hi, base + (r + 1) * s);
-    comm_.reduce_sum(g.slice0(a, b), static_cast<int>(r), stream);
+    comm_.reduce_sum(g.slice0(a, b), g.slice0(a, b), static_cast<int>(r), stream);
   }
 }
 
-void GradReducer::launch(size_t b) {
-  launched_[b] = true;
+void GradReducer::reduce_group(const Group& g, void* stream) {
+  const Tensor stage = slot(g.slot, g.numel), acc = params_.owned().back().grad;
+  const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
+  for (const Run& run : g.runs)
+    for (int64_t r = (run.lo - base) / s; r * s + base < run.hi; ++r) {
+      const int64_t a = std::max(run.lo, base + r * s), b = std::min(run.hi, base + (r + 1) * s);
+      const Tensor send = stage.slice0(run.at + a - run.lo, run.at + b - run.lo);
+      comm_.reduce_sum(send, r == params_.shard_rank() ? acc.slice0(a - base - r * s, b - base - r * s) : send,
+                       static_cast<int>(r), stream);
+    }
+}
+
+void GradReducer::launch(size_t job) {
+  launched_[job] = true;
+  void* stream = ctx_.stream;
 #if LINAC_WITH_CUDA
   if (comm_stream_) {
-    // The bucket's gradients are written by kernels already enqueued on the compute stream.
-    LINAC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_ready_), static_cast<cudaStream_t>(ctx_.stream)));
-    LINAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(comm_stream_), static_cast<cudaEvent_t>(ev_ready_), 0));
-    reduce(lo_[b], hi_[b], comm_stream_);
-    return;
+    // The job's gradients are written by kernels already enqueued on the compute stream.
+    LINAC_CUDA_CHECK(cudaEventRecord(as_event(ev_ready_), as_stream(ctx_.stream)));
+    LINAC_CUDA_CHECK(cudaStreamWaitEvent(as_stream(comm_stream_), as_event(ev_ready_), 0));
+    stream = comm_stream_;
   }
 #endif
-  reduce(lo_[b], hi_[b], ctx_.stream);
+  if (job < lo_.size()) {
+    reduce(lo_[job], hi_[job], stream);
+    return;
+  }
+  const Group& g = groups_[job - lo_.size()];
+  reduce_group(g, stream);
+#if LINAC_WITH_CUDA
+  if (comm_stream_) LINAC_CUDA_CHECK(cudaEventRecord(as_event(ev_slot_free_[g.slot]), as_stream(comm_stream_)));
+#endif
 }
 
 void GradReducer::finish() {
   if (comm_.world() == 1) return;
+  start_waiting(starts_.finish);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    LINAC_CHECK(launched_[lo_.size() + g], "GradReducer: gradient group " + std::to_string(g) + " never completed");
   if (!armed_) {
     if (!params_.sharded()) {
       comm_.allreduce_sum(params_.flat_grad(), ctx_.stream);
-      return;
+    } else if (params_.grads_sharded()) {
+      comm_.allreduce_sum(params_.replicated_grad(), ctx_.stream);
+    } else {
+      const int64_t repl = params_.replicated_numel();
+      comm_.allreduce_sum(params_.flat_grad().slice0(0, repl), ctx_.stream);
+      comm_.reduce_scatter_sum(params_.flat_grad().slice0(repl, params_.flat_numel()), ctx_.stream);
     }
-    const int64_t repl = params_.replicated_numel();
-    comm_.allreduce_sum(params_.flat_grad().slice0(0, repl), ctx_.stream);
-    comm_.reduce_scatter_sum(params_.flat_grad().slice0(repl, params_.flat_numel()), ctx_.stream);
+    wait_for_comm();
     return;
   }
   armed_ = false;
-  start_waiting(starts_.finish);
   for (size_t b = 0; b < lo_.size(); ++b)
     LINAC_CHECK(launched_[b], "GradReducer: bucket " + std::to_string(b) + " never completed");
-#if LINAC_WITH_CUDA
-  if (comm_stream_) {
-    LINAC_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ev_done_), static_cast<cudaStream_t>(comm_stream_)));
-    LINAC_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(ctx_.stream), static_cast<cudaEvent_t>(ev_done_), 0));
-  }
-#endif
+  wait_for_comm();
 }
 
 }  // namespace linac

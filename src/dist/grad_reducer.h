@@ -22,6 +22,15 @@
 // Under ZeRO-1 (a sharded ParamStore) the replicated group is all-reduced as before and every
 // other bucket is reduced to the rank(s) owning its elements (a reduce per owner, or one
 // reduce-scatter when not overlapped): each rank ends with the summed gradients of what it owns.
+//
+// ZeRO-2 (the store's gradients sharded too): the buckets cover the replicated group only. The
+// sharded parameters' gradients are written into one of two staging slots, a group of
+// Model::grad_groups() at a time (the LM head's, then each block's): on_begin() lends the group a
+// slot, zeroed, with this rank's accumulated sums of what it owns copied in (later micro-batches);
+// once the group is final its slot is reduced to the owners' accumulators (a reduce per owner,
+// out of place), in every micro-batch, overlapped like a bucket. A slot is reused two groups
+// later, after its reduction (the compute stream waits for it). The accumulators end with
+// acc + the sum over ranks of each micro-batch's gradients.
 #pragma once
 
 #include <vector>
@@ -33,13 +42,18 @@ namespace linac {
 
 class GradReducer {
  public:
-  GradReducer(const ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap);
+  // `groups`: the model's gradient groups in backward order (Model::grad_groups); ZeRO-2 stages them.
+  GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap,
+              const std::vector<std::vector<int>>& groups);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // The next backward pass is the step's last: start reducing buckets as they complete.
-  void arm();
+  // A micro-batch's backward comes next; the step's `last` starts reducing buckets as they
+  // complete. Under ZeRO-2 a later one first waits for the previous one's reductions.
+  void start_micro_batch(bool first, bool last);
+  // ZeRO-2: `param_ids` (a gradient group) are about to get their first gradient of this backward.
+  void on_begin(const std::vector<int>& param_ids);
   // `param_ids`' gradients are final; buckets they complete start now, or at the next window()
   // when `window_ahead`.
   void on_ready(const std::vector<int>& param_ids, bool window_ahead);
@@ -47,31 +61,57 @@ class GradReducer {
   void window();
   // Every gradient is summed over ranks once the compute stream reaches this point.
   void finish();
-  size_t buckets() const { return lo_.size(); }
-  // Of the last overlapped backward's buckets: started at readiness, in comm windows, at finish().
+  // Buckets, and under ZeRO-2 the staged gradient groups with them.
+  size_t buckets() const { return launched_.size(); }
+  // Of the last backward's buckets (and groups): started at readiness, in comm windows, at finish().
   struct Starts {
     int ready = 0, windows = 0, finish = 0;
   };
   Starts starts() const { return starts_; }
+  // ZeRO-2's staging: elements per slot (two slots) for these groups; 0 unless gradients are sharded.
+  static int64_t stage_slot_numel(const ParamStore& params, const std::vector<std::vector<int>>& groups);
 
  private:
-  void launch(size_t b);
-  void start_waiting(int& count);  // launches the waiting buckets, adding their number to `count`
+  // A staged group: flat runs [lo, hi) of its sharded parameters, at slot offsets `at`.
+  struct Run {
+    int64_t lo, hi, at;
+  };
+  struct Group {
+    std::vector<int> ids;
+    std::vector<Run> runs;
+    int64_t numel = 0;
+    int slot = -1;
+  };
+  static std::vector<Group> stage_groups(const ParamStore& params, const std::vector<std::vector<int>>& groups);
+  // Jobs [0, buckets()) are buckets, the rest ZeRO-2 groups.
+  void launch(size_t job);
+  void start_waiting(int& count);  // launches the waiting jobs, adding their number to `count`
   // Sums gradients [lo, hi) over the ranks on `stream`: all of them, or under ZeRO-1 to owners.
   void reduce(int64_t lo, int64_t hi, void* stream);
-  const ParamStore& params_;
+  void reduce_group(const Group& g, void* stream);  // its slot to the owners' accumulators
+  Tensor slot(int s, int64_t n) const;
+  void wait_for_comm();  // the compute stream waits for everything enqueued on the comm stream
+  ParamStore& params_;
   Comm& comm_;
   Ctx ctx_;
   bool overlap_, armed_ = false;
   std::vector<int64_t> lo_, hi_;           // bucket b covers flat elements [lo_[b], hi_[b])
   std::vector<int> count_, pending_;       // parameters per bucket, not yet final
-  std::vector<size_t> bucket_of_;          // parameter id -> bucket
-  std::vector<bool> launched_;
-  std::vector<size_t> waiting_;  // complete buckets waiting for a window, in completion order
+  std::vector<int> bucket_of_;             // parameter id -> bucket (-1: a ZeRO-2 group's)
+  std::vector<bool> launched_;             // per job
+  std::vector<size_t> waiting_;            // complete jobs waiting for a window, in completion order
   Starts starts_;
+  // ZeRO-2
+  std::vector<Group> groups_;
+  std::vector<int> group_of_, group_pending_;  // parameter id -> group (-1: none); not yet final
+  Buffer stage_;
+  int64_t slot_numel_ = 0;
+  int next_slot_ = 0, slot_user_[2] = {-1, -1};
+  bool acc_has_sums_ = false;              // the accumulators hold earlier micro-batches' sums
   void* comm_stream_ = nullptr;            // cudaStream_t
   void* ev_ready_ = nullptr;               // cudaEvent_t
   void* ev_done_ = nullptr;
+  void* ev_slot_free_[2] = {nullptr, nullptr};
 };
 
 }  // namespace linac

@@ -34,8 +34,8 @@ Precision Precision::resolve(Device device, const std::string& precision) {
   return {DType::F32, DType::F32, DType::F32, DType::F32};
 }
 
-Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
-             bool allocate, int zero_world, int zero_rank)
+Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer, bool allocate,
+             int zero_world, int zero_rank, bool zero_grads)
     : cfg_(cfg), scratch_(ctx.device), saved_(ctx.device) {
   const Precision p = Precision::resolve(ctx.device, precision);
   env_.ctx = ctx;
@@ -77,7 +77,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   if (cfg.final_norm) norm_f_ = add_norm("norm_f.weight");
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
   if (cfg.head_bias) head_bias_ = params_.add({"head.bias", {cfg.vocab_size}, Init::Zeros, 0, false, {}, true});
-  if (zero_world > 1) params_.shard(zero_rank, zero_world);
+  if (zero_world > 1) params_.shard(zero_rank, zero_world, zero_grads);
   if (allocate)
     params_.allocate(ctx.device, p.master, p.act, with_optimizer);
   else
@@ -359,9 +359,11 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   Tensor losses = stat(losses_);
   Tensor dxf = backward ? scratch_.get("model.dxn", env_.act, {N, d}) : Tensor();
   Tensor loss_sum = scratch_.get("model.loss_sum", env_.stat, {1});
+  const std::vector<int> head_group = backward ? head_grad_group() : std::vector<int>();
   {
     ProfileScope prof(ctx, "LM head and loss, forward and backward");
     const Tensor hit_rows = hits ? scratch_.get("model.hits", env_.stat, {N}) : Tensor();
+    if (backward && grad_begin_) grad_begin_(head_group);
     run_head(xf, targets.view({N}), grad_scale, dxf, losses, hit_rows);
     sum(ctx, losses, loss_sum);
     if (hits) {
@@ -387,10 +389,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
       if (dy_copy.ptr) cast(ctx, dy_copy, dr);
     }
   }
-  std::vector<int> ready;
-  for (int id : {norm_f_, head_, head_bias_})
-    if (id >= 0) ready.push_back(id);
-  if (!ready.empty()) grads_ready(ready, L - 1);
+  if (!head_group.empty()) grads_ready(head_group, L - 1);
   Tensor dxn = scratch_.get("model.dxn", env_.act, {N, d});
   for (int l = L - 1; l >= 0; --l) {
     Block& b = blocks_[static_cast<size_t>(l)];
@@ -398,6 +397,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
       ProfileScope prof(ctx, "recompute (the block's forward)");
       recompute_block(l, B, T);
     }
+    if (grad_begin_) grad_begin_(b.param_ids);
     if (b.mlp) {
       {
         ProfileScope prof(ctx, "channel mixer backward");
@@ -425,6 +425,20 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   }
   grads_ready({embed_}, -1);
   return to_doubles(ctx, loss_sum)[0];
+}
+
+std::vector<int> Model::head_grad_group() const {
+  std::vector<int> g;
+  for (int id : {norm_f_, head_, head_bias_})
+    if (id >= 0) g.push_back(id);
+  return g;
+}
+
+std::vector<std::vector<int>> Model::grad_groups() const {
+  std::vector<std::vector<int>> g{head_grad_group()};
+  for (auto b = blocks_.rbegin(); b != blocks_.rend(); ++b) g.push_back(b->param_ids);
+  g.push_back({embed_});
+  return g;
 }
 
 void Model::grads_ready(const std::vector<int>& ids, int next) const {

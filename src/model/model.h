@@ -44,9 +44,9 @@ class Model {
   // Registers and allocates the parameters (zeroed; call init_params or load them). With
   // allocate = false only the shapes and the layout exist (for `linac info`). zero_world > 1
   // shards the master weights and moments over that many ranks, this process being zero_rank
-  // (ZeRO-1, ParamStore::shard).
-  Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer,
-        bool allocate = true, int zero_world = 1, int zero_rank = 0);
+  // (ZeRO-1, ParamStore::shard), and with zero_grads the gradients too (ZeRO-2).
+  Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer, bool allocate = true,
+        int zero_world = 1, int zero_rank = 0, bool zero_grads = false);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -78,15 +78,21 @@ class Model {
   // Once per applied optimizer step: every mixer updates its non-gradient buffers (mixer.h).
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks);
 
-  // Data-parallel training's hooks into the backward pass (dist/grad_reducer.h). `ready` gets the
-  // ids of parameters whose gradients are final for this call (a block's after its backward, the
-  // head's, the embedding's last) and whether the next block's token mixer opens a comm window in
-  // its backward (Mixer::opens_comm_window); `window` is called there (ModelEnv::open_comm_window).
-  // Empty functions remove them.
-  void set_grad_hooks(std::function<void(const std::vector<int>&, bool)> ready, std::function<void()> window) {
+  // Data-parallel training's hooks into the backward pass (dist/grad_reducer.h). `begin` gets the
+  // ids of a group of grad_groups() before the backward writes their first gradient; `ready` gets
+  // them when their gradients are final for this call, and whether the next block's token mixer
+  // opens a comm window in its backward (Mixer::opens_comm_window); `window` is called there
+  // (ModelEnv::open_comm_window). Empty functions remove them.
+  void set_grad_hooks(std::function<void(const std::vector<int>&)> begin,
+                      std::function<void(const std::vector<int>&, bool)> ready, std::function<void()> window) {
+    grad_begin_ = std::move(begin);
     grad_ready_ = std::move(ready);
     env_.comm_window = std::move(window);
   }
+  // The parameters by the part of the backward that writes their gradients, in the backward's
+  // order: the final norm and the LM head, each block from the last, the embedding. Every
+  // parameter is in exactly one group (a tied head is the embedding, written by both ends).
+  std::vector<std::vector<int>> grad_groups() const;
 
   // Decoding one token at a time with constant memory, for architectures whose mixer has a
   // recurrent form (the others throw a UserError naming their mixer). The state holds every
@@ -133,6 +139,7 @@ class Model {
   };
   // The ready hook, for `next` the block whose backward comes next (-1: none).
   void grads_ready(const std::vector<int>& ids, int next) const;
+  std::vector<int> head_grad_group() const;  // the final norm's and the LM head's parameters
   void run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf, const Tensor& losses,
                 const Tensor& hits);
   // logits [n, V] = logit_scale * (x W^T + bias), the head's forward for n rows of x.
@@ -170,6 +177,7 @@ class Model {
   std::vector<SavedBuf> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
   SavedBuf xf_, rstd_f_, losses_;
   Buffer ones_logit_, ones_act_;  // [B*T] ones in the logits' and the activations' dtypes (head bias GEMMs)
+  std::function<void(const std::vector<int>&)> grad_begin_;
   std::function<void(const std::vector<int>&, bool)> grad_ready_;
   int64_t B_ = 0, T_ = 0;
 };

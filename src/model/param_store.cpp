@@ -61,12 +61,13 @@ int64_t ParamStore::total_numel() const {
   return n;
 }
 
-void ParamStore::shard(int rank, int world) {
+void ParamStore::shard(int rank, int world, bool grads) {
   LINAC_CHECK(master_.bytes() == 0, "ParamStore::shard after allocate");
   LINAC_CHECK(world >= 1 && rank >= 0 && rank < world, "ParamStore::shard: rank " + std::to_string(rank) + " of " +
                                                           std::to_string(world));
   rank_ = rank;
   world_ = world;
+  shard_grads_ = grads;
 }
 
 void ParamStore::plan() {
@@ -95,7 +96,8 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
   compute_dt_ = compute_dtype;
   plan();
   master_ = Buffer(static_cast<size_t>(master_numel()) * dtype_size(master_dt_), device);
-  grad_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(master_dt_), device);
+  grad_ = Buffer(static_cast<size_t>(grad_numel()) * dtype_size(master_dt_), device);
+  staged_.assign(specs_.size(), Tensor());
   if (with_optimizer) {
     m_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
     v_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
@@ -109,7 +111,7 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
   if (buffer_n > 0) buffers_ = Buffer(static_cast<size_t>(buffer_n) * dtype_size(master_dt_), device);
   if (compute_dt_ != master_dt_) compute_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(compute_dt_), device);
   zero_tensor(master_.tensor(master_dt_, {master_numel()}));
-  zero_tensor(flat_grad());
+  zero_tensor(grad_.tensor(master_dt_, {grad_numel()}));
   if (with_optimizer) zero_optimizer_state();
   if (compute_.bytes()) zero_tensor(flat_compute());
 }
@@ -118,17 +120,20 @@ std::vector<OwnedRange> ParamStore::owned() const {
   auto sl = [&](const Buffer& b, DType dt, int64_t lo, int64_t n) {
     return b.bytes() ? b.tensor(dt, {n}, static_cast<size_t>(lo) * dtype_size(dt)) : Tensor();
   };
-  if (!sharded()) return {{0, flat_n_, sl(master_, master_dt_, 0, flat_n_), sl(m_, master_dt_, 0, flat_n_),
-                           sl(v_, master_dt_, 0, flat_n_), sl(compute_, compute_dt_, 0, flat_n_)}};
+  if (!sharded())
+    return {{0, flat_n_, sl(master_, master_dt_, 0, flat_n_), sl(m_, master_dt_, 0, flat_n_),
+             sl(v_, master_dt_, 0, flat_n_), sl(compute_, compute_dt_, 0, flat_n_), sl(grad_, master_dt_, 0, flat_n_)}};
   std::vector<OwnedRange> out;
   if (repl_n_ > 0)
     out.push_back({0, repl_n_, sl(master_, master_dt_, 0, repl_n_), sl(m_, master_dt_, 0, repl_n_),
-                   sl(v_, master_dt_, 0, repl_n_), sl(compute_, compute_dt_, 0, repl_n_)});
+                   sl(v_, master_dt_, 0, repl_n_), sl(compute_, compute_dt_, 0, repl_n_),
+                   sl(grad_, master_dt_, 0, repl_n_)});
   if (shard_n_ > 0) {
     const int64_t lo = shard_lo();
     out.push_back({lo, lo + shard_n_, sl(master_, master_dt_, master_whole() ? lo : repl_n_, shard_n_),
                    sl(m_, master_dt_, repl_n_, shard_n_), sl(v_, master_dt_, repl_n_, shard_n_),
-                   sl(compute_, compute_dt_, lo, shard_n_)});
+                   sl(compute_, compute_dt_, lo, shard_n_),
+                   sl(grad_, master_dt_, grads_sharded() ? repl_n_ : lo, shard_n_)});
   }
   return out;
 }
@@ -190,6 +195,32 @@ void ParamStore::load(ParamPart part, int id, const Tensor& src) {
   }
 }
 
+Tensor ParamStore::grad(int id) const {
+  if (!grads_sharded() || spec(id).reads_master) return view(grad_, master_dt_, id);
+  const Tensor& t = staged_[static_cast<size_t>(id)];
+  LINAC_CHECK(t.defined(), "parameter " + spec(id).name +
+                               "'s gradient is split over the ranks (ZeRO-2); it exists only while its backward runs");
+  return t;
+}
+
+Tensor ParamStore::flat_grad() const {
+  LINAC_CHECK(!grads_sharded(), "ParamStore: the gradients are split over the ranks (ZeRO-2)");
+  return flat(grad_, master_dt_);
+}
+
+Tensor ParamStore::replicated_grad() const { return grad_.tensor(master_dt_, {repl_n_}); }
+
+void ParamStore::stage_grad(int id, const Tensor& t) {
+  LINAC_CHECK(grads_sharded() && !spec(id).reads_master,
+              "ParamStore::stage_grad: " + spec(id).name + " keeps its gradient in the store");
+  LINAC_CHECK(
+      !t.defined() || (t.numel() == numel(id) && t.dtype == master_dt_ && t.is_contiguous()),
+      "ParamStore::stage_grad: " + spec(id).name + " needs " + std::to_string(numel(id)) + " contiguous elements");
+  staged_[static_cast<size_t>(id)] = t.defined() ? t.view(spec(id).shape) : Tensor();
+}
+
+void ParamStore::unstage_grads() { std::fill(staged_.begin(), staged_.end(), Tensor()); }
+
 Tensor ParamStore::view(const Buffer& b, DType dt, int id) const {
   return b.tensor(dt, spec(id).shape, static_cast<size_t>(offset_[static_cast<size_t>(id)]) * dtype_size(dt));
 }
@@ -205,7 +236,7 @@ Tensor ParamStore::weight(int id) const {
 
 Tensor ParamStore::flat_compute() const { return compute_.bytes() ? flat(compute_, compute_dt_) : Tensor(); }
 
-void ParamStore::zero_grad(const Ctx& ctx) { zero_tensor(ctx, flat_grad()); }
+void ParamStore::zero_grad(const Ctx& ctx) { zero_tensor(ctx, grad_.tensor(master_dt_, {grad_numel()})); }
 
 void ParamStore::zero_optimizer_state() {
   zero_tensor(m_.tensor(master_dt_, {moment_numel()}));

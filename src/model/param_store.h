@@ -22,6 +22,10 @@
 // shard when a separate compute copy exists (bf16 on the GPU); where the master is the compute
 // weight (CPU, fp32 GPU) it stays whole. After the owners update their shards the trainer
 // all-gathers sharded_weights().
+// ZeRO-2 (shard(rank, world, true)): the gradients are split the same way. The store keeps the
+// replicated group's gradients and an accumulator for this rank's shard; a sharded parameter's
+// gradient exists only while its backward runs, in a staging slot that data-parallel training
+// lends it (stage_grad; dist/grad_reducer.h), and grad() of it is an error otherwise.
 #pragma once
 
 #include <memory>
@@ -52,7 +56,7 @@ struct ParamSpec {
 // and compute views (compute undefined without a separate copy).
 struct OwnedRange {
   int64_t lo = 0, hi = 0;
-  Tensor master, m, v, compute;
+  Tensor master, m, v, compute, grad;
 };
 
 enum class ParamPart { Master, M, V };
@@ -61,8 +65,9 @@ class ParamStore {
  public:
   // Registers a parameter; returns its id. Only before allocate().
   int add(const ParamSpec& spec);
-  // ZeRO-1 over `world` ranks (world > 1), as rank `rank`. Only before allocate() / plan().
-  void shard(int rank, int world);
+  // ZeRO-1 over `world` ranks (world > 1), as rank `rank`; with `grads`, ZeRO-2. Only before
+  // allocate() / plan().
+  void shard(int rank, int world, bool grads = false);
   // Computes the layout (offsets, ranges) without allocating, for size reports.
   void plan();
   // Allocates the flat buffers (after computing the layout). `master_dtype` is f32 (or f64 on CPU); `compute_dtype` bf16 adds a
@@ -85,6 +90,7 @@ class ParamStore {
   // Flat ranges [lo, hi) whose parameters decay (the others do not).
   const std::vector<std::pair<int64_t, int64_t>>& decay_ranges() const { return decay_ranges_; }
   bool sharded() const { return world_ > 1; }
+  bool grads_sharded() const { return sharded() && shard_grads_; }
   int shard_rank() const { return rank_; }
   int shard_world() const { return world_; }
   int64_t replicated_numel() const { return repl_n_; }  // [0, replicated_numel): whole on every rank
@@ -94,6 +100,9 @@ class ParamStore {
   // Master elements this rank keeps: the flat size, or the replicated group plus one shard.
   int64_t master_numel() const { return master_whole() ? flat_n_ : repl_n_ + shard_n_; }
   int64_t moment_numel() const { return sharded() ? repl_n_ + shard_n_ : flat_n_; }
+  // Gradient elements this rank keeps: the flat size, or under ZeRO-2 the replicated group plus
+  // its shard's accumulator.
+  int64_t grad_numel() const { return grads_sharded() ? repl_n_ + shard_n_ : flat_n_; }
   // The ranges an optimizer step on this rank updates: everything, or under ZeRO-1 the
   // replicated group and this rank's shard.
   std::vector<OwnedRange> owned() const;
@@ -113,13 +122,18 @@ class ParamStore {
   // master, m and v of one parameter: under ZeRO-1 only for reads_master parameters (the others
   // are split over the ranks; compute reads them through weight()).
   Tensor master(int id) const;
-  Tensor grad(int id) const { return view(grad_, master_dt_, id); }
+  // Under ZeRO-2 a sharded parameter's gradient is its staging slot (stage_grad).
+  Tensor grad(int id) const;
   Tensor weight(int id) const;  // compute dtype (bf16 copy or the master)
   Tensor m(int id) const;
   Tensor v(int id) const;
 
   Tensor flat_master() const;  // the whole master (master_whole() only)
-  Tensor flat_grad() const { return flat(grad_, master_dt_); }
+  Tensor flat_grad() const;    // whole gradients only (not under ZeRO-2)
+  Tensor replicated_grad() const;  // [0, replicated_numel()) of the gradients
+  // ZeRO-2: where sharded parameter `id`'s backward writes its gradient (undefined: nowhere).
+  void stage_grad(int id, const Tensor& t);
+  void unstage_grads();
   Tensor flat_compute() const;  // undefined unless a separate compute copy exists
 
   // Non-gradient model state (e.g. Transformer-VQ's codebook statistics): initialised like a
@@ -139,7 +153,7 @@ class ParamStore {
   void refresh_compute(const Ctx& ctx);
 
   size_t bytes_params() const;     // master + compute copy
-  size_t bytes_grads() const { return grad_.bytes(); }
+  size_t bytes_grads() const { return grad_.bytes(); }  // without ZeRO-2's staging slots
   size_t bytes_optimizer() const { return m_.bytes() + v_.bytes(); }
 
  private:
@@ -152,6 +166,8 @@ class ParamStore {
   std::vector<int64_t> offset_;
   int64_t flat_n_ = 0, repl_n_ = 0, shard_n_ = 0;
   int rank_ = 0, world_ = 1;
+  bool shard_grads_ = false;
+  std::vector<Tensor> staged_;  // ZeRO-2: parameter id -> its staging slot (undefined: none)
   std::vector<std::pair<int64_t, int64_t>> decay_ranges_;
   Device device_ = Device::CPU;
   DType master_dt_ = DType::F32, compute_dt_ = DType::F32;

@@ -9,7 +9,6 @@
 namespace linac {
 
 void AdamW::update(const Ctx& ctx, double lr, double grad_scale, int64_t step) {
-  const Tensor g = params_.flat_grad();
   AdamWArgs a;
   a.lr = static_cast<float>(lr);
   a.beta1 = static_cast<float>(tc_.beta1);
@@ -23,7 +22,7 @@ void AdamW::update(const Ctx& ctx, double lr, double grad_scale, int64_t step) {
     auto run = [&](int64_t lo, int64_t hi, double wd) {
       if (hi <= lo) return;
       a.weight_decay = static_cast<float>(wd);
-      adamw_step(ctx, r.master.slice0(lo, hi), g.slice0(r.lo + lo, r.lo + hi), r.m.slice0(lo, hi), r.v.slice0(lo, hi),
+      adamw_step(ctx, r.master.slice0(lo, hi), r.grad.slice0(lo, hi), r.m.slice0(lo, hi), r.v.slice0(lo, hi),
                  r.compute.defined() ? r.compute.slice0(lo, hi) : Tensor(), a);
     };
     int64_t at = r.lo;  // the ranges between decayed ones do not decay
@@ -47,7 +46,7 @@ double grad_norm(const Ctx& ctx, const ParamStore& params, const Comm* comm) {
   double local = 0;
   for (const OwnedRange& r : params.owned()) {
     if (r.lo < params.replicated_numel() && params.shard_rank() != 0) continue;
-    sum_squares(ctx, params.flat_grad().slice0(r.lo, r.hi), out);
+    sum_squares(ctx, r.grad, out);
     local += to_doubles(ctx, out)[0];
   }
   return std::sqrt(comm ? comm->sum(local) : local);

@@ -1,5 +1,5 @@
 // AdamW over a ParamStore: one fused launch per weight-decay range of each range this rank owns
-// (everything, or under ZeRO-1 the replicated group and its shard). The update also refreshes the
+// (everything, or under ZeRO the replicated group and its shard). The update also refreshes the
 // bf16 compute copy of what it updates.
 #pragma once
 
@@ -21,7 +21,7 @@ class AdamW {
   const TrainConfig& tc_;
 };
 
-// Global L2 norm of all gradients (fixed-order reductions, so deterministic). Under ZeRO-1 each
+// Global L2 norm of all gradients (fixed-order reductions, so deterministic). Under ZeRO-1/2 each
 // rank holds the summed gradients of what it owns only: the squares of the replicated group
 // (counted by rank 0) and of every shard are summed over the ranks through `comm`.
 double grad_norm(const Ctx& ctx, const ParamStore& params, const Comm* comm = nullptr);

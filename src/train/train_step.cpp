@@ -10,18 +10,20 @@ namespace linac {
 TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
     : model_(model), tc_(tc), adamw_(model.params(), tc), comm_(comm) {
   LINAC_CHECK(!model.params().sharded() || (comm_ && comm_->world() == model.params().shard_world()),
-              "TrainStep: a ZeRO-1 model needs the communicator of its ranks");
+              "TrainStep: a ZeRO model needs the communicator of its ranks");
   if (comm_ && comm_->world() > 1) {
     reducer_ = std::make_unique<GradReducer>(model.params(), *comm_, model.env().ctx,
-                                             static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm);
+                                             static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm,
+                                             model.grad_groups());
     model_.set_grad_hooks(
+        [this](const std::vector<int>& ids) { reducer_->on_begin(ids); },
         [this](const std::vector<int>& ids, bool window_ahead) { reducer_->on_ready(ids, window_ahead); },
         [this] { reducer_->window(); });
   }
 }
 
 TrainStep::~TrainStep() {
-  if (reducer_) model_.set_grad_hooks(nullptr, nullptr);
+  if (reducer_) model_.set_grad_hooks(nullptr, nullptr, nullptr);
 }
 
 void TrainStep::sync_weights() {
@@ -42,7 +44,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   const float scale = 1.f / static_cast<float>(std::max<int64_t>(1, target_count));
   double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
-    if (reducer_ && i + 1 == micro.size()) reducer_->arm();
+    if (reducer_) reducer_->start_micro_batch(i == 0, i + 1 == micro.size());
     loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale);
     aux_sum += model_.aux_loss_sum();
   }

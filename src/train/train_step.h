@@ -2,8 +2,9 @@
 // global grad-norm clipping, AdamW, then the mixers' buffer updates (EMA codebooks). A non-finite
 // loss or gradient norm skips the update entirely (gradients are discarded, parameters, moments
 // and buffers untouched).
-// ZeRO-1 (the model's ParamStore sharded): gradients are reduced to the rank owning them, each
-// rank updates its shard (and the replicated group), then the compute weights are all-gathered.
+// ZeRO-1/2 (the model's ParamStore sharded): gradients are reduced to the rank owning them (under
+// ZeRO-2 in every micro-batch, GradReducer), each rank updates its shard (and the replicated group), then the compute
+// weights are all-gathered.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,7 @@ class TrainStep {
   // targets over all micro-batches of all ranks, so gradients are those of the mean loss.
   StepStats run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count);
   // After the master weights changed outside run() (init, checkpoint load): refreshes the compute
-  // copy of what this rank owns and, under ZeRO-1, all-gathers the sharded weights.
+  // copy of what this rank owns and, under ZeRO, all-gathers the sharded weights.
   void sync_weights();
   // Updates applied so far (AdamW bias correction); restored from checkpoints.
   int64_t updates() const { return updates_; }

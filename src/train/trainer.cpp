@@ -180,7 +180,7 @@ int run_training(const Config& cfg, const std::string& resume) {
   const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
 
   const int zero_world = tc.zero && world > 1 ? world : 1;
-  Model model(cfg.model, ctx, tc.precision, true, true, zero_world, rank);
+  Model model(cfg.model, ctx, tc.precision, true, true, zero_world, rank, tc.zero == 2);
   model.set_recompute(parse_recompute(tc.recompute));
   // MQAR's test slices may be longer than the padded training length.
   model.reserve(B, mqar ? std::max(T, mqar_test->max_seq_len()) : T);
@@ -195,10 +195,12 @@ int run_training(const Config& cfg, const std::string& resume) {
   if (!ckpt) {
     model.init_params(tc.seed);
     stepper.sync_weights();
-    log->info("fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}{}, {} micro-batch(es) of {}x{} per rank per step{}",
-              model.n_params(), gpu ? gpu_info().name : "CPU", world > 1 ? " per rank" : "", dtype_name(model.env().act),
-              world, comm->backend(), zero_world > 1 ? " with ZeRO-1" : "", n_micro, B, T,
-              tc.recompute != "none" ? ", recompute " + tc.recompute : std::string());
+    log->info(
+        "fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}{}, {} micro-batch(es) of {}x{} per rank per "
+        "step{}",
+        model.n_params(), gpu ? gpu_info().name : "CPU", world > 1 ? " per rank" : "", dtype_name(model.env().act),
+        world, comm->backend(), zero_world > 1 ? " with ZeRO-" + std::to_string(tc.zero) : std::string(), n_micro, B, T,
+        tc.recompute != "none" ? ", recompute " + tc.recompute : std::string());
   } else {
     ckpt->load_params(model.params(), true);
     stepper.sync_weights();

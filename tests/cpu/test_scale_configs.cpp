@@ -60,6 +60,13 @@ TEST(ScaleConfigs, InfoPlansRecomputeAndZeroShares) {
   EXPECT_EQ(zero["bytes"]["grads"], plain["bytes"]["grads"]);  // ZeRO-1 keeps whole gradients
   // On the CPU the master is the compute weight: whole on every rank.
   EXPECT_EQ(zero["bytes"]["params"], plain["bytes"]["params"]);
+  // ZeRO-2: the same optimizer shares, and of the gradients the replicated part, a quarter of the
+  // rest and two staging slots of the largest group (the untied 32000 x 2048 head, 4-byte elements).
+  const json zero2 = info("--ranks 4 --set train.zero=2");
+  EXPECT_EQ(zero2["zero"], 2);
+  EXPECT_EQ(zero2["bytes"]["optimizer"], zero["bytes"]["optimizer"]);
+  const double grads = plain["bytes"]["grads"], grads4 = zero2["bytes"]["grads"];
+  EXPECT_NEAR(grads4 - grads * opt4 / opt, 2.0 * 32000 * 2048 * 4, 1e3);
 }
 
 TEST(ScaleConfigs, InfoPlansTheHeadChunkAndWorkspace) {

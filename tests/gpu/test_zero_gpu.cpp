@@ -1,7 +1,9 @@
 // ZeRO-1 over NCCL on 2 GPUs (bf16): the same updates as plain data parallelism, bit for bit
 // without clipping, with the reductions overlapped (a reduce per bucket owner on the
 // high-priority stream) or not (one reduce-scatter); its checkpoint continues on one GPU with
-// the same data order. Needs 2 GPUs and mpirun.
+// the same data order. ZeRO-2 (gradients staged per block and reduced to their owners in every
+// micro-batch): bit for bit with one micro-batch per step, overlapped or not. Needs 2 GPUs and
+// mpirun.
 #include <filesystem>
 
 #include "mpi_run.h"
@@ -40,6 +42,22 @@ TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
     EXPECT_NE(out.find("via nccl with ZeRO-1"), std::string::npos) << out;
     for (const char* g : {"params", "optim/m", "optim/v"})
       EXPECT_EQ(test::read_all_f32(checkpoint_path(zero_dir, 6), g), test::read_all_f32(checkpoint_path(dir + "/plain", 6), g))
+          << g;
+  }
+  const std::string one_micro = " --set train.micro_batch=4 --set train.out_dir=" + dir + "/plain_one";
+  ASSERT_EQ(test::run_shell(mpirun + one_micro, out), 0) << out;
+  for (const char* overlap : {"true", "false"}) {
+    SCOPED_TRACE(std::string("ZeRO-2, overlap_comm ") + overlap);
+    const std::string zero_dir = dir + "/zero2_" + overlap;
+    ASSERT_EQ(test::run_shell(mpirun + " --set train.micro_batch=4 --set train.zero=2 --set train.overlap_comm=" +
+                                  overlap + " --set train.out_dir=" + zero_dir,
+                              out),
+              0)
+        << out;
+    EXPECT_NE(out.find("via nccl with ZeRO-2"), std::string::npos) << out;
+    for (const char* g : {"params", "optim/m", "optim/v"})
+      EXPECT_EQ(test::read_all_f32(checkpoint_path(zero_dir, 6), g),
+                test::read_all_f32(checkpoint_path(dir + "/plain_one", 6), g))
           << g;
   }
   // The ZeRO-1 checkpoint at step 3 continues on one GPU (two micro-batches of 2 per step).

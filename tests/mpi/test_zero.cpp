@@ -1,8 +1,10 @@
-// ZeRO-1 and resume across world sizes on 2 CPU ranks (`mpirun -np 2`): ZeRO-1 trains exactly
+// ZeRO-1/2 and resume across world sizes on 2 CPU ranks (`mpirun -np 2`): ZeRO-1 trains exactly
 // like plain data parallelism (bit for bit without clipping; losses and gradient norms within
-// 1e-12 with it, the norm then being summed from shards) and like one process; its checkpoints
-// hold whole tensors, so a run continues on another number of ranks, with ZeRO on or off, with
-// the same data order (2 -> 1 -> 2 ranks equals 2 ranks throughout).
+// 1e-12 with it, the norm then being summed from shards) and like one process; ZeRO-2, which sums
+// each micro-batch over the ranks into the owners' accumulators, bit for bit with one micro-batch
+// per step and within 1e-12 with two; the checkpoints hold whole tensors, so a run continues on
+// another number of ranks, with ZeRO on or off, with the same data order (2 -> 1 -> 2 ranks
+// equals 2 ranks throughout).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -87,37 +89,71 @@ TEST_F(Zero, ClippedNormFromShardsMatchesPlainAndOneProcess) {
   }
 }
 
+// ZeRO-2 with the LM head untied (its gradient group staged too), overlapped or not, two micro-batches
+// per step and one: the same training as plain data parallelism.
+TEST_F(Zero, Zero2EqualsPlainDataParallel) {
+  const std::string dir = test::fresh_dir("zero2_plain");
+  json j = fp64_config(dir + "/plain", 0.0);
+  j["model"]["tie_embeddings"] = false;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  for (const char* micro : {"2", "4"}) {
+    SCOPED_TRACE(std::string("micro_batch ") + micro);
+    const std::string plain = dir + "/plain_" + micro, set = " --set train.micro_batch=" + std::string(micro);
+    ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + set + " --set train.out_dir=" + plain), out), 0) << out;
+    for (const char* overlap : {"true", "false"}) {
+      SCOPED_TRACE(std::string("overlap_comm ") + overlap);
+      const std::string zero = dir + "/zero2_" + micro + "_" + overlap;
+      ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + set + " --set train.zero=2 --set train.overlap_comm=" + overlap +
+                                        " --set train.out_dir=" + zero),
+                          out),
+                0)
+          << out;
+      EXPECT_NE(out.find("with ZeRO-2"), std::string::npos) << out;
+      // One micro-batch: every element is the same sum of two ranks' gradients. Two: the first
+      // micro-batch is summed over the ranks before the second is added, a different rounding.
+      const bool exact = std::string(micro) == "4";
+      expect_logs_close(zero, plain, exact ? 0.0 : 1e-12, 1e-12, "ZeRO-2 vs plain");
+      for (const char* g : {"params", "optim/m", "optim/v"}) {
+        const auto z = test::read_all_f32(checkpoint_path(zero, 6), g),
+                   p = test::read_all_f32(checkpoint_path(plain, 6), g);
+        if (exact)
+          EXPECT_EQ(z, p) << g;
+        else
+          EXPECT_LT(test::worst_rel_diff(z, p), 1e-6) << g;
+      }
+    }
+  }
+}
+
 // Keeps only the checkpoints up to `step` and points `latest` at it, as if the run had stopped there.
 void roll_back(const std::string& out_dir, int64_t step, int64_t last) {
   for (int64_t s = step + 3; s <= last; s += 3) fs::remove(checkpoint_path(out_dir, s));
   publish_checkpoint(out_dir, checkpoint_path(out_dir, step), 5);
 }
 
-// 9 steps on 2 ranks straight vs 3 on 2 ranks (ZeRO as given), 3 on one process, 3 on 2 ranks
-// (ZeRO flipped): the same batches in the same steps, so losses agree to rounding and the final
-// loader state and tokens seen are identical. fp32, whose checkpoints hold the run's exact state;
-// the world size regroups the gradient sums, so results agree to f32 rounding (a batch out of
-// place would move the losses by ~1e-2).
-void check_two_one_two(const std::string& bin_cmd_2, int zero, const std::string& name) {
+// 9 steps on 2 ranks straight vs 3 on 2 ranks, 3 on one process, 3 on 2 ranks with train.zero =
+// zero_after (train.zero = zero otherwise): the same batches in the same steps, so losses agree to rounding and the
+// final loader state and tokens seen are identical. fp32, whose checkpoints hold the run's exact state; the world size
+// regroups the gradient sums, so results agree to f32 rounding (a batch out of place would move the losses by ~1e-2).
+void check_two_one_two(const std::string& bin_cmd_2, int zero, int zero_after, const std::string& name) {
   const std::string dir = test::fresh_dir(name);
   json j = fp64_config(dir + "/straight", 1.0);
   j["train"]["precision"] = "fp32";
   j["train"]["steps"] = 9;
+  j["train"]["zero"] = zero;  // ZeRO-2 groups its sums differently: the straight run sums like the segments
   const std::string cfg = write_config(dir, j);
   const std::string moved = dir + "/moved";
   std::string out;
   ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg, out), 0) << out;
-  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.zero=" + std::to_string(zero) + " --set train.out_dir=" + moved,
-                      out),
-            0)
-      << out;
+  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.out_dir=" + moved, out), 0) << out;
   roll_back(moved, 3, 9);
   ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + moved + " --resume auto", out),
             0)
       << out;
   EXPECT_NE(out.find("written by 2 rank(s), continued on 1: same data order"), std::string::npos) << out;
   roll_back(moved, 6, 9);
-  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.zero=" + std::to_string(1 - zero) +
+  ASSERT_EQ(run_shell(bin_cmd_2 + "train " + cfg + " --set train.zero=" + std::to_string(zero_after) +
                           " --set train.out_dir=" + moved + " --resume auto",
                       out),
             0)
@@ -136,8 +172,9 @@ void check_two_one_two(const std::string& bin_cmd_2, int zero, const std::string
         << g;
 }
 
-TEST_F(Zero, ResumeTwoOneTwoRanksWithZero) { check_two_one_two(mpirun(2, ""), 1, "zero_212"); }
-TEST_F(Zero, ResumeTwoOneTwoRanksWithoutZero) { check_two_one_two(mpirun(2, ""), 0, "plain_212"); }
+TEST_F(Zero, ResumeTwoOneTwoRanksWithZero) { check_two_one_two(mpirun(2, ""), 1, 0, "zero_212"); }
+TEST_F(Zero, ResumeTwoOneTwoRanksWithoutZero) { check_two_one_two(mpirun(2, ""), 0, 1, "plain_212"); }
+TEST_F(Zero, ResumeTwoOneTwoRanksWithZero2) { check_two_one_two(mpirun(2, ""), 2, 2, "zero2_212"); }
 
 // Loader states that differ between ranks (not written by this loader) cannot continue exactly.
 TEST_F(Zero, ResumeRefusesLoaderStatesThatDisagree) {

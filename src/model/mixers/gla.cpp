@@ -127,18 +127,22 @@ double GlaMixer::flops_per_token(int64_t T) const {
   return proj + core;
 }
 
-std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms() const {
+std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms(bool with_grads) const {
   const ParamStore& ps = *env_.params;
-  const Tensor w = adjacent_rows({ps.weight(wqk_), ps.weight(wvr_), ps.weight(wa1_)});
-  const Tensor grad = adjacent_rows({ps.grad(wqk_), ps.grad(wvr_), ps.grad(wa1_)});
-  if (w.defined() && grad.defined()) return {{w, grad, 0}};
-  return {{ps.weight(wqk_), ps.grad(wqk_), 0},
-          {ps.weight(wvr_), ps.grad(wvr_), 2 * dk_},
-          {ps.weight(wa1_), ps.grad(wa1_), 2 * dk_ + 2 * dv_}};
+  auto grad = [&](int id) { return with_grads ? ps.grad(id) : Tensor(); };
+  if (const Tensor w = adjacent_rows({ps.weight(wqk_), ps.weight(wvr_), ps.weight(wa1_)}); w.defined()) {
+    const Tensor g = with_grads ? adjacent_rows({grad(wqk_), grad(wvr_), grad(wa1_)}) : Tensor();
+    LINAC_CHECK(!with_grads || g.defined(),
+                "GLA: the input projection's gradients are not back to back as its weights");
+    return {{w, g, 0}};
+  }
+  return {{ps.weight(wqk_), grad(wqk_), 0},
+          {ps.weight(wvr_), grad(wvr_), 2 * dk_},
+          {ps.weight(wa1_), grad(wa1_), 2 * dk_ + 2 * dv_}};
 }
 
 void GlaMixer::project(const Tensor& x, const Tensor& proj) {
-  for (const InputGemm& p : input_gemms()) matmul(env_.ctx, x, false, p.w, true, cols(proj, p.c0, p.w.size(0)));
+  for (const InputGemm& p : input_gemms(false)) matmul(env_.ctx, x, false, p.w, true, cols(proj, p.c0, p.w.size(0)));
 }
 
 void GlaMixer::gate_fwd(const Tensor& proj, const Tensor& g) {
@@ -242,7 +246,7 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   // Input projections: weight gradients and dx.
   Tensor dx2 = dx.view({N, d_});
   float beta = 0.f;
-  for (const InputGemm& p : input_gemms()) {
+  for (const InputGemm& p : input_gemms(true)) {
     const Tensor dp = cols(dproj, p.c0, p.w.size(0));
     matmul(ctx, dp, true, x2, false, p.grad, 1.f, 1.f);
     matmul(ctx, dp, false, p.w, false, dx2, 1.f, beta);

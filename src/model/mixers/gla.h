@@ -64,12 +64,13 @@ class GlaMixer final : public Mixer {
   void gate_bwd(const Tensor& proj, const Tensor& dg, const Tensor& dz);
   // The input projection x -> [q|k|v|r|x Wa1^T] as GEMMs over column ranges of proj: one when
   // Wqk, Wvr and Wa1 lie back to back in the parameter store (registered in that order, they do
-  // unless alignment padding separates them), else one per matrix.
+  // unless alignment padding separates them), else one per matrix. The gradients (with_grads;
+  // ZeRO-2 stages them only for the backward) keep the weights' relative layout.
   struct InputGemm {
     Tensor w, grad;  // [n, d]
     int64_t c0;      // proj columns [c0, c0 + n)
   };
-  std::vector<InputGemm> input_gemms() const;
+  std::vector<InputGemm> input_gemms(bool with_grads) const;
   Tensor cols(const Tensor& proj, int64_t c0, int64_t n) const { return proj.narrow(1, c0, n); }
   // The GLA core's saved intermediates for a B x T batch; undefined on the CPU or where the
   // reserved space does not hold them (the backward then recomputes them).
