@@ -248,23 +248,25 @@ void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
   }
   // ZeRO-1: each shard's part goes to its owner only.
   const Tensor g = params_.flat_grad();
-  const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
-  for (int64_t r = (lo - base) / s; r * s + base < hi; ++r) {
-    const int64_t a = std::max(lo, base + r * s), b = std::min(hi, base + (r + 1) * s);
-    comm_.reduce_sum(g.slice0(a, b), g.slice0(a, b), static_cast<int>(r), stream);
-  }
+  for_each_owner(lo, hi,
+                 [&](int r, int64_t a, int64_t b) { comm_.reduce_sum(g.slice0(a, b), g.slice0(a, b), r, stream); });
 }
 
 void GradReducer::reduce_group(const Group& g, void* stream) {
   const Tensor stage = slot(g.slot, g.numel), acc = params_.owned().back().grad;
-  const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
+  const int64_t mine = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
   for (const Run& run : g.runs)
-    for (int64_t r = (run.lo - base) / s; r * s + base < run.hi; ++r) {
-      const int64_t a = std::max(run.lo, base + r * s), b = std::min(run.hi, base + (r + 1) * s);
+    for_each_owner(run.lo, run.hi, [&](int r, int64_t a, int64_t b) {
       const Tensor send = stage.slice0(run.at + a - run.lo, run.at + b - run.lo);
-      comm_.reduce_sum(send, r == params_.shard_rank() ? acc.slice0(a - base - r * s, b - base - r * s) : send,
-                       static_cast<int>(r), stream);
-    }
+      comm_.reduce_sum(send, r == params_.shard_rank() ? acc.slice0(a - mine, b - mine) : send, r, stream);
+    });
+}
+
+template <class F>
+void GradReducer::for_each_owner(int64_t lo, int64_t hi, F&& f) const {
+  const int64_t base = params_.replicated_numel(), s = params_.shard_numel();
+  for (int64_t r = (lo - base) / s; r * s + base < hi; ++r)
+    f(static_cast<int>(r), std::max(lo, base + r * s), std::min(hi, base + (r + 1) * s));
 }
 
 void GradReducer::launch(size_t job) {

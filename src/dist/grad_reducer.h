@@ -89,6 +89,9 @@ class GradReducer {
   // Sums gradients [lo, hi) over the ranks on `stream`: all of them, or under ZeRO-1 to owners.
   void reduce(int64_t lo, int64_t hi, void* stream);
   void reduce_group(const Group& g, void* stream);  // its slot to the owners' accumulators
+  // f(rank, a, b) for each owner's part [a, b) of the sharded flat range [lo, hi).
+  template <class F>
+  void for_each_owner(int64_t lo, int64_t hi, F&& f) const;
   Tensor slot(int s, int64_t n) const;
   void wait_for_comm();  // the compute stream waits for everything enqueued on the comm stream
   ParamStore& params_;
