@@ -162,6 +162,7 @@ int bench_model(Args& args, const std::string& path) {
               {"zero", model.params().sharded() ? cfg.train.zero : 0},
               {"params", model.n_params()},
               {"buckets", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->buckets()) : 0},
+              {"gradient_groups", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->groups()) : 0},
               {"bucket_starts", stepper.reducer() ? json{{"windows", stepper.reducer()->starts().windows},
                                                          {"ready", stepper.reducer()->starts().ready},
                                                          {"after_backward", stepper.reducer()->starts().finish}}
@@ -188,8 +189,9 @@ int bench_model(Args& args, const std::string& path) {
   std::string dist;
   if (const GradReducer* red = stepper.reducer(); red && cfg.train.overlap_comm) {
     const auto n = red->starts();
-    dist = ", " + std::string(comm->backend()) + ", overlapped (" + std::to_string(red->buckets()) +
-           " buckets: " + std::to_string(n.windows) + " started in comm windows, " + std::to_string(n.ready) +
+    const std::string groups = red->groups() ? " (" + std::to_string(red->groups()) + " of them gradient groups)" : "";
+    dist = ", " + std::string(comm->backend()) + ", overlapped (" + std::to_string(red->buckets()) + " buckets" +
+           groups + ": " + std::to_string(n.windows) + " started in comm windows, " + std::to_string(n.ready) +
            " when ready, " + std::to_string(n.finish) + " after the backward)";
   } else if (world > 1) {
     dist = ", " + std::string(comm->backend()) + ", not overlapped";

@@ -61,8 +61,9 @@ class GradReducer {
   void window();
   // Every gradient is summed over ranks once the compute stream reaches this point.
   void finish();
-  // Buckets, and under ZeRO-2 the staged gradient groups with them.
+  // Buckets, and under ZeRO-2 the staged gradient groups with them (groups() of them).
   size_t buckets() const { return launched_.size(); }
+  size_t groups() const { return groups_.size(); }
   // Of the last backward's buckets (and groups): started at readiness, in comm windows, at finish().
   struct Starts {
     int ready = 0, windows = 0, finish = 0;

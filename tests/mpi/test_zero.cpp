@@ -124,6 +124,16 @@ TEST_F(Zero, Zero2EqualsPlainDataParallel) {
       }
     }
   }
+  // `bench` counts the staged groups (the head's and the two blocks') with the buckets; the head's
+  // and block 1's wait for block 0's comm window.
+  ASSERT_EQ(run_shell(mpirun(2, "bench " + cfg + " --set train.zero=2 --steps 1 --warmup 0 --json"), out), 0) << out;
+  const json r = json::parse(out.substr(out.find('{')));
+  EXPECT_EQ(r["gradient_groups"], 3) << out;
+  EXPECT_EQ(r["bucket_starts"]["windows"].get<int64_t>() + r["bucket_starts"]["ready"].get<int64_t>() +
+                r["bucket_starts"]["after_backward"].get<int64_t>(),
+            r["buckets"].get<int64_t>())
+      << out;
+  EXPECT_GE(r["bucket_starts"]["windows"].get<int64_t>(), 2) << out;
 }
 
 // Keeps only the checkpoints up to `step` and points `latest` at it, as if the run had stopped there.
