@@ -79,13 +79,18 @@ TEST_F(Zero, ClippedNormFromShardsMatchesPlainAndOneProcess) {
       << out;
   ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
       << out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.zero=2 --set train.out_dir=" + dir + "/zero2"), out), 0)
+      << out;
   for (const auto& [step, v] : test::logged_steps(dir + "/plain")) EXPECT_GT(v.second, 0.05) << "step " << step << " clips";
-  expect_logs_close(dir + "/zero", dir + "/plain", 1e-12, 1e-12, "ZeRO-1 vs plain");
-  expect_logs_close(dir + "/zero", dir + "/one", 1e-12, 1e-12, "ZeRO-1 vs one process");
-  for (const char* g : {"params", "optim/m", "optim/v"}) {
-    const auto z = test::read_all_f32(checkpoint_path(dir + "/zero", 6), g);
-    EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/plain", 6), g)), 1e-6) << g;
-    EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/one", 6), g)), 1e-6) << g;
+  for (const char* zero : {"zero", "zero2"}) {
+    SCOPED_TRACE(zero);
+    expect_logs_close(dir + "/" + zero, dir + "/plain", 1e-12, 1e-12, "ZeRO vs plain");
+    expect_logs_close(dir + "/" + zero, dir + "/one", 1e-12, 1e-12, "ZeRO vs one process");
+    for (const char* g : {"params", "optim/m", "optim/v"}) {
+      const auto z = test::read_all_f32(checkpoint_path(dir + "/" + zero, 6), g);
+      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/plain", 6), g)), 1e-6) << g;
+      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/one", 6), g)), 1e-6) << g;
+    }
   }
 }
 
