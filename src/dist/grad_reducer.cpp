@@ -12,9 +12,6 @@
 namespace linac {
 
 namespace {
-constexpr int64_t kSlotAlign = 64;  // elements: every run starts aligned, like the flat layout
-int64_t align_up(int64_t n) { return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign; }
-
 #if LINAC_WITH_CUDA
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
@@ -47,10 +44,11 @@ std::vector<GradReducer::Group> GradReducer::stage_groups(const ParamStore& para
         g.numel += end - g.runs.back().hi;
         g.runs.back().hi = end;
       } else {
-        g.numel = align_up(g.numel);
+        g.numel = ParamStore::align(g.numel);  // runs start aligned, as parameters in the flat layout
         g.runs.push_back({params.offset(id), end, g.numel});
         g.numel += end - params.offset(id);
       }
+      g.at.push_back(g.runs.back().at + params.offset(id) - g.runs.back().lo);
     }
     out.push_back(std::move(g));
   }
@@ -62,7 +60,7 @@ std::vector<GradReducer::Group> GradReducer::stage_groups(const ParamStore& para
 
 int64_t GradReducer::stage_slot_numel(const ParamStore& params, const std::vector<std::vector<int>>& groups) {
   int64_t n = 0;
-  for (const Group& g : stage_groups(params, groups)) n = std::max(n, align_up(g.numel));
+  for (const Group& g : stage_groups(params, groups)) n = std::max(n, ParamStore::align(g.numel));
   return n;
 }
 
@@ -73,7 +71,7 @@ GradReducer::GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t 
   group_of_.assign(static_cast<size_t>(params.count()), -1);
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (int id : groups_[g].ids) group_of_[static_cast<size_t>(id)] = static_cast<int>(g);
-    slot_numel_ = std::max(slot_numel_, align_up(groups_[g].numel));
+    slot_numel_ = std::max(slot_numel_, ParamStore::align(groups_[g].numel));
   }
   std::vector<int> order;
   for (int id = 0; id < params.count(); ++id)
@@ -97,8 +95,10 @@ GradReducer::GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t 
   if (!hi_.empty()) hi_.back() = params.grads_sharded() ? params.replicated_numel() : params.flat_numel();
   pending_ = count_;
   launched_.assign(lo_.size() + groups_.size(), false);
-  if (slot_numel_ > 0)
+  if (slot_numel_ > 0) {
+    acc_ = params.owned().back().grad;
     stage_ = Buffer(static_cast<size_t>(2 * slot_numel_) * dtype_size(params.master_dtype()), ctx.device);
+  }
 #if LINAC_WITH_CUDA
   if (overlap_ && ctx.is_gpu()) {
     // The communication stream gets the highest priority: NCCL's kernels need all their blocks
@@ -192,18 +192,13 @@ void GradReducer::on_begin(const std::vector<int>& ids) {
   const Tensor stage = slot(s, g.numel);
   zero_tensor(ctx_, stage);
   const int64_t base = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
-  const Tensor acc = params_.owned().back().grad;
   for (const Run& r : g.runs) {
     const int64_t a = std::max(r.lo, base), b = std::min(r.hi, base + params_.shard_numel());
     if (acc_has_sums_ && a < b)
-      copy_tensor(ctx_, stage.slice0(r.at + a - r.lo, r.at + b - r.lo), acc.slice0(a - base, b - base));
+      copy_tensor(ctx_, stage.slice0(r.at + a - r.lo, r.at + b - r.lo), acc_.slice0(a - base, b - base));
   }
-  for (int id : g.ids) {
-    const auto r = std::find_if(g.runs.begin(), g.runs.end(),
-                                [&](const Run& x) { return params_.offset(id) >= x.lo && params_.offset(id) < x.hi; });
-    const int64_t at = r->at + params_.offset(id) - r->lo;
-    params_.stage_grad(id, stage.slice0(at, at + params_.numel(id)));
-  }
+  for (size_t i = 0; i < g.ids.size(); ++i)
+    params_.stage_grad(g.ids[i], stage.slice0(g.at[i], g.at[i] + params_.numel(g.ids[i])));
 }
 
 void GradReducer::on_ready(const std::vector<int>& ids, bool window_ahead) {
@@ -253,12 +248,12 @@ void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
 }
 
 void GradReducer::reduce_group(const Group& g, void* stream) {
-  const Tensor stage = slot(g.slot, g.numel), acc = params_.owned().back().grad;
+  const Tensor stage = slot(g.slot, g.numel);
   const int64_t mine = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
   for (const Run& run : g.runs)
     for_each_owner(run.lo, run.hi, [&](int r, int64_t a, int64_t b) {
       const Tensor send = stage.slice0(run.at + a - run.lo, run.at + b - run.lo);
-      comm_.reduce_sum(send, r == params_.shard_rank() ? acc.slice0(a - mine, b - mine) : send, r, stream);
+      comm_.reduce_sum(send, r == params_.shard_rank() ? acc_.slice0(a - mine, b - mine) : send, r, stream);
     });
 }
 

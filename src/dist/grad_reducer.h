@@ -79,6 +79,7 @@ class GradReducer {
   };
   struct Group {
     std::vector<int> ids;
+    std::vector<int64_t> at;  // ids[i]'s gradient starts at slot offset at[i]
     std::vector<Run> runs;
     int64_t numel = 0;
     int slot = -1;
@@ -109,6 +110,7 @@ class GradReducer {
   std::vector<Group> groups_;
   std::vector<int> group_of_, group_pending_;  // parameter id -> group (-1: none); not yet final
   Buffer stage_;
+  Tensor acc_;  // this rank's shard of the gradients: the sums of what it owns
   int64_t slot_numel_ = 0;
   int next_slot_ = 0, slot_user_[2] = {-1, -1};
   bool acc_has_sums_ = false;              // the accumulators hold earlier micro-batches' sums

@@ -8,11 +8,6 @@
 
 namespace linac {
 
-namespace {
-constexpr int64_t kAlign = 64;
-int64_t round_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-}  // namespace
-
 int ParamStore::add(const ParamSpec& spec) {
   LINAC_CHECK(master_.bytes() == 0, "ParamStore::add after allocate");
   LINAC_CHECK(find(spec.name) < 0, "duplicate parameter name " + spec.name);
@@ -81,12 +76,12 @@ void ParamStore::plan() {
       const ParamSpec& s = specs_[static_cast<size_t>(i)];
       if (s.reads_master != reads || s.decay != decay) continue;
       offset_[static_cast<size_t>(i)] = off;
-      off += round_up(numel(i));
+      off += align(numel(i));
     }
     if (decay && off > start) decay_ranges_.emplace_back(start, off);
     if (group == 1) repl_n_ = off;
   }
-  shard_n_ = sharded() ? round_up((off - repl_n_ + world_ - 1) / world_) : 0;
+  shard_n_ = sharded() ? align((off - repl_n_ + world_ - 1) / world_) : 0;
   flat_n_ = sharded() ? repl_n_ + world_ * shard_n_ : off;
 }
 
@@ -106,7 +101,7 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
   int64_t buffer_n = 0;
   for (const auto& b : buffer_specs_) {
     buffer_offset_.push_back(buffer_n);
-    buffer_n += round_up(std::accumulate(b.shape.begin(), b.shape.end(), int64_t(1), std::multiplies<>()));
+    buffer_n += align(std::accumulate(b.shape.begin(), b.shape.end(), int64_t(1), std::multiplies<>()));
   }
   if (buffer_n > 0) buffers_ = Buffer(static_cast<size_t>(buffer_n) * dtype_size(master_dt_), device);
   if (compute_dt_ != master_dt_) compute_ = Buffer(static_cast<size_t>(flat_n_) * dtype_size(compute_dt_), device);

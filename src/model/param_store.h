@@ -63,6 +63,8 @@ enum class ParamPart { Master, M, V };
 
 class ParamStore {
  public:
+  // n rounded up to the layout's alignment (64 elements), where every parameter starts.
+  static int64_t align(int64_t n) { return (n + 63) / 64 * 64; }
   // Registers a parameter; returns its id. Only before allocate().
   int add(const ParamSpec& spec);
   // ZeRO-1 over `world` ranks (world > 1), as rank `rank`; with `grads`, ZeRO-2. Only before
