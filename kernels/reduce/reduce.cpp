@@ -34,4 +34,15 @@ void sum(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   LINAC_CPU_DISPATCH(x.dtype, T, sum_cpu<T>(x.data<T>(), out.data<T>(), x.numel()));
 }
 
+void count_nonfinite(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  check_args(x, out);
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    count_nonfinite_cuda(ctx, x, out);
+    return;
+  }
+  LINAC_CHECK(x.dtype == out.dtype, "count_nonfinite: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T, count_nonfinite_cpu<T>(x.data<T>(), out.data<T>(), x.numel()));
+}
+
 }  // namespace linac

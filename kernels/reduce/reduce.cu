@@ -13,14 +13,18 @@ constexpr int kThreads = 256;
 constexpr unsigned kMaxBlocks = 1024;
 constexpr int kFinalThreads = 1024;
 
-template <bool kSquare>
+enum class Reduction { Sum, SumSquares, CountNonFinite };
+
+template <Reduction R>
 __device__ __forceinline__ double term(float v) {
   const double d = v;
-  return kSquare ? d * d : d;
+  if constexpr (R == Reduction::SumSquares) return d * d;
+  if constexpr (R == Reduction::CountNonFinite) return isfinite(v) ? 0.0 : 1.0;
+  return d;
 }
 
 // Vector groups of four while x is aligned (n4 = 0 otherwise), then the scalar tail.
-template <bool kSquare, class T>
+template <Reduction R, class T>
 __global__ void reduce_partial_kernel(const T* __restrict__ x, double* __restrict__ partial, int64_t n, int64_t n4) {
   __shared__ double scratch[32];
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -28,12 +32,12 @@ __global__ void reduce_partial_kernel(const T* __restrict__ x, double* __restric
   double acc = 0;
   for (int64_t i = t; i < n4; i += stride) {
     const float4 v = cuda::load4(x + 4 * i);
-    acc += term<kSquare>(v.x);
-    acc += term<kSquare>(v.y);
-    acc += term<kSquare>(v.z);
-    acc += term<kSquare>(v.w);
+    acc += term<R>(v.x);
+    acc += term<R>(v.y);
+    acc += term<R>(v.z);
+    acc += term<R>(v.w);
   }
-  for (int64_t i = 4 * n4 + t; i < n; i += stride) acc += term<kSquare>(cuda::to_float(x[i]));
+  for (int64_t i = 4 * n4 + t; i < n; i += stride) acc += term<R>(cuda::to_float(x[i]));
   acc = cuda::block_sum(acc, scratch);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -46,7 +50,7 @@ __global__ void reduce_final_kernel(const double* __restrict__ partial, float* _
   if (threadIdx.x == 0) out[0] = static_cast<float>(acc);
 }
 
-template <bool kSquare>
+template <Reduction R>
 void reduce_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   LINAC_CHECK(out.dtype == DType::F32, "reduce (GPU): out must be f32");
   const int64_t n = x.numel();
@@ -56,7 +60,7 @@ void reduce_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   double* partial = static_cast<double*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, T, {
-    reduce_partial_kernel<kSquare, T><<<blocks, kThreads, 0, st>>>(x.data<T>(), partial, n, n4);
+    reduce_partial_kernel<R, T><<<blocks, kThreads, 0, st>>>(x.data<T>(), partial, n, n4);
   });
   LINAC_CUDA_LAUNCH_CHECK();
   reduce_final_kernel<<<1, kFinalThreads, 0, st>>>(partial, out.data<float>(), static_cast<int>(blocks));
@@ -65,8 +69,14 @@ void reduce_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
 
 }  // namespace
 
-void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) { reduce_cuda<true>(ctx, x, out); }
+void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  reduce_cuda<Reduction::SumSquares>(ctx, x, out);
+}
 
-void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) { reduce_cuda<false>(ctx, x, out); }
+void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) { reduce_cuda<Reduction::Sum>(ctx, x, out); }
+
+void count_nonfinite_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
+  reduce_cuda<Reduction::CountNonFinite>(ctx, x, out);
+}
 
 }  // namespace linac

@@ -1,6 +1,8 @@
 // Full reductions of a flat tensor to one number (global gradient norm, summed loss):
 //   sum_squares: out[0] = sum_i x[i]^2
 //   sum:         out[0] = sum_i x[i]
+//   count_nonfinite: out[0] = #{i : x[i] is inf or NaN}   (the finiteness check of weights and
+//                    optimizer state before a checkpoint; exact up to 2^24 in an f32 out)
 //
 // Layout: x contiguous, any shape (n = numel, up to ~2^31 and beyond: 64-bit indexing); out has
 // one element and is overwritten. GPU: x f32 or bf16, out f32; accumulation is in double
@@ -21,12 +23,16 @@ template <class T>
 void sum_squares_cpu(const T* x, T* out, int64_t n);
 template <class T>
 void sum_cpu(const T* x, T* out, int64_t n);
+template <class T>
+void count_nonfinite_cpu(const T* x, T* out, int64_t n);
 
 void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
+void count_nonfinite_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void sum_squares(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum(const Ctx& ctx, const Tensor& x, const Tensor& out);
+void count_nonfinite(const Ctx& ctx, const Tensor& x, const Tensor& out);
 
 }  // namespace linac

@@ -1,5 +1,6 @@
 // Full reductions on the GPU vs the CPU reference (double) on the same rounded inputs;
 // determinism; aligned and misaligned views; tiny sizes.
+#include <limits>
 #include <vector>
 
 #include "reduce/reduce.h"
@@ -44,6 +45,36 @@ TEST(ReduceGpu, ParityBf16) {
   for (int64_t offset : {0, 1}) {
     run_parity(DType::BF16, 10000003, offset);
     run_parity(DType::BF16, 3, offset);
+  }
+}
+
+// count_nonfinite against the CPU count of the same rounded values: infinities and NaNs at
+// scattered places (the scalar tail and a misaligned view included), in f32 and bf16.
+TEST(ReduceGpu, CountNonFiniteParity) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    for (int64_t n : {int64_t{3}, int64_t{1001}, int64_t{4000037}}) {
+      for (int64_t offset : {0, 1}) {
+        OwnedTensor host = test::random_tensor({n}, DType::F32, static_cast<uint64_t>(n) + 11, -3, 3);
+        const float specials[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                  std::numeric_limits<float>::quiet_NaN()};
+        int64_t k = 0;
+        for (int64_t i = n / 3; i < n; i += 1 + n / 7) host->data<float>()[i] = specials[k++ % 3];
+        host->data<float>()[n - 1] = specials[2];
+        OwnedTensor buf(dt, Device::CUDA, {n + offset});
+        const Tensor x = buf.t.narrow(0, offset, n);
+        copy_tensor(x, to(host, Device::CPU, dt));
+        OwnedTensor out(DType::F32, Device::CUDA, {1});
+        test::poison(out);
+        count_nonfinite(gctx.ctx(), x, out);
+        OwnedTensor ref(DType::F64, Device::CPU, {1});
+        count_nonfinite(Ctx{}, to(host, Device::CPU, DType::F64), ref);
+        gctx.synchronize();
+        EXPECT_GT(to_doubles(ref)[0], 0.0);
+        EXPECT_EQ(to_doubles(out)[0], to_doubles(ref)[0]) << dtype_name(dt) << " n " << n << " offset " << offset;
+      }
+    }
   }
 }
 
