@@ -1,5 +1,5 @@
-// Elementwise SiLU (Swish, beta = 1), the feature map of TransNormerLLM's q and k (spec
-// transnormer.md §6.2: Q = SiLU(Qr), K = SiLU(Kr)):
+// Elementwise SiLU (Swish, beta = 1), the feature map of TransNormerLLM's q and k
+// (docs/transnormer.md §1.2: Q = SiLU(Qr), K = SiLU(Kr)):
 //   y  = silu(x) = x * sigmoid(x)
 //   dx = dy * sigmoid(x) * (1 + x * (1 - sigmoid(x)))
 // sigmoid is evaluated from exp(-|x|) (sigmoid.h), which never overflows.

@@ -1,5 +1,5 @@
 // Softmax attention for decoding: one query token per sequence attends to the first n_valid slots
-// of a KV cache (../shared/specs/based.md §6.6). For a sliding window the caller keeps a ring
+// of a KV cache (docs/transformer.md §5). For a sliding window the caller keeps a ring
 // buffer of `window` slots, writing token pos into slot pos % window, and passes
 // n_valid = min(pos + 1, window): softmax does not depend on the order of the slots. For full
 // attention the cache holds every token and n_valid = pos + 1.

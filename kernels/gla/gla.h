@@ -1,4 +1,4 @@
-// Gated linear attention (Yang et al. 2023, arXiv:2312.06635; math in ../shared/specs/gla.md).
+// Gated linear attention (Yang et al. 2023, arXiv:2312.06635; math in docs/gla.md).
 //
 // Per batch b and head h, with row vectors q_t, k_t in R^Dk, v_t in R^Dv, a log forget gate
 // g_t in (-inf, 0]^Dk (alpha_t = exp(g_t)) and the state S_t in R^{Dk x Dv}:
@@ -20,13 +20,13 @@
 //              q_I * exp(B_I - B[Ic]) and k_J * exp(B[Ic] - B_J), every factor <= 1; diagonal
 //              blocks with exact pairwise exponents in full precision. No exponent is ever
 //              positive, so no gate strength overflows.
-// Backward (spec §4; dS_n = gradient of the state after chunk n-1, scanned in reverse):
+// Backward (docs/gla.md §4; dS_n = gradient of the state after chunk n-1, scanned in reverse):
 //   dS_n = exp(bn) dS_n+1 + scale (q * exp(B))^T do_n,     dS_N = dS_final,  dS_0 -> d initial state
 //   dq = scale [(do S_n^T) * exp(B) + intra],   dk = (v dS_n+1^T) * exp(bn - B) + intra,
 //   dv = (k * exp(bn - B)) dS_n+1 + P^T do,     dP = do v^T (causal),
 //   intra: dq[r,i] += sum_{s<=r} dP[r,s] k[s,i] e(r,s,i), dk[s,i] += sum_{r>=s} dP[r,s] scale q[r,i] e(r,s,i)
 //   dg[t] = sum_{t'>=t} (q * dq - k * dk)[t'] + rowsum(dS_final * S_T)      (TOTAL dq, dk),
-//         computed chunk-locally (spec §4.3): for t in chunk n, the sum over the chunk's rows t' >= t
+//         computed chunk-locally (docs/gla.md §4.3): for t in chunk n, the sum over the chunk's rows t' >= t
 //         plus rowsum(dS_n+1 * S_n+1), which carries the later chunks exactly; no sum runs along T.
 // The recurrent and parallel references differentiate their own form directly (dg from the
 // per-step state derivative and from the pairwise exponents), so the three backward passes

@@ -10,7 +10,7 @@
 //           the intra-chunk terms from dP, off-diagonal sub-chunk blocks on tensor cores (dq
 //           referenced to the first row of the query sub-chunk, dk to the last row of the key
 //           sub-chunk: every factor <= 1), diagonal blocks pairwise in f32; then dq = scale dq',
-//           dk, and dg in the chunk-local form of spec §4.3: the chunk's reverse cumsum of
+//           dk, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of
 //           q*dq - k*dk (from the f32 values) plus rowsum(dS_n+1 * S_n+1). No gate-gradient sum
 //           runs along the sequence, so its rounding error does not grow with T.
 #include <algorithm>

@@ -3,7 +3,7 @@
 // inter-chunk term, sub-chunks of c tokens with the same reference points (off-diagonal blocks
 // referenced to the first row of the query sub-chunk for P and dq, to the last row of the key
 // sub-chunk for dk; diagonal blocks with exact pairwise exponents), the reverse state scan for
-// dS, and dg in the chunk-local form of spec §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
+// dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
 // rowsum(dS_n+1 * S_n+1), so no rounding error is carried along the sequence. One (batch, head)
 // pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
@@ -243,7 +243,7 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
         }
       }
       // Write dq, dk; dg = the chunk-local reverse cumsum of q*dq - k*dk plus rowsum(dS_n+1 * S_n+1):
-      // the later chunks' share, from the state after this chunk and its gradient (spec §4.3).
+      // the later chunks' share, from the state after this chunk and its gradient (docs/gla.md §4.3).
       const F* Sn1 = S.data() + (n + 1) * SS;
       for (int64_t i = 0; i < Dk; ++i) {
         F acc = 0;

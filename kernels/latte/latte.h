@@ -1,4 +1,4 @@
-// Latte: latent attention (Dolga et al. 2024; math in ../shared/specs/latte.md §2-§5, §9), and
+// Latte: latent attention (Dolga et al. 2024; math in docs/latte.md §1-§5, §8), and
 // its Macchiato mixing with a local state.
 //
 // Per batch b and head h, with L latents, latent-query logits a_t, latent-key logits b_t in R^L and
@@ -13,24 +13,24 @@
 // Three forms compute this (all in the CPU reference; the GPU runs the chunked one):
 //   quadratic  y_t = sum_{s<=t} (sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l})) v_s, every lse from its own
 //              max-shifted sum (the test oracle)
-//   recurrent  running weighted mean (spec §4.2, also the decode step): per token
+//   recurrent  running weighted mean (docs/latte.md §5, also the decode step): per token
 //                lse' = logaddexp(lse, b_t), omega = exp(b_t - lse'), mu += omega (v_t - mu)
 //   chunked    chunks of C tokens f..e with the carried state mu_prev (mu at f-1) and lse as above
-//              (spec §4.3): with ref = lse_f (the chunk's FIRST position, so every factor but Kt is
+//              (docs/latte.md §3.2): with ref = lse_f (the chunk's FIRST position, so every factor but Kt is
 //              <= 1 and Kt <= exp(lse_e - lse_f)):
 //                Qt = pi * exp(ref - lse_t),  Kt = exp(b_s - ref),  dec = exp(lse_{f-1} - lse_t)
 //                Y  = tril(Qt Kt^T) V + (pi * dec) mu_prev
 //                mu_e = exp(lse_{f-1} - lse_e) mu_prev + exp(B - lse_e)^T V
 //              A chunk whose lse grows by more than 60 inside it (Kt could overflow f32) forms the
-//              products exp(b_s - lse_t) directly instead (spec §9.2).
-// Backward (spec §5; gy = dy):
+//              products exp(b_s - lse_t) directly instead (docs/latte.md §3.3).
+// Backward (docs/latte.md §4; gy = dy):
 //   gP_{t,l} = gy_t . mu_{t,l} (Macchiato: gP_{t,0} = gy_t . local_t),  da_t = pi_t * (gP_t - pi_t . gP_t)
 //   dlocal_t = pi_{t,0} gy_t
 //   dv_s     = sum_l sum_{t>=s} pi_{t,l} exp(b_{s,l} - lse_{t,l}) gy_t
 //   db_{s,l} = sum_{t>=s} pi_{t,l} exp(b_{s,l} - lse_{t,l}) (gy_t . v_s - gP_{t,l})      (sum_s db_{s,l} = 0)
 // dv holds the latent path only (the local path's own dv belongs to whoever computed `local`).
-// The recurrent backward runs the reverse recurrences of spec §5.1, the chunked one the chunk
-// states R_l = sum_{t>e} exp(lse_e - lse_t) pi_{t,l} gy_t, r_l = sum_{t>e} ... gP_{t,l} of §5.2,
+// The recurrent backward runs the reverse recurrences of docs/latte.md §4.1, the chunked one the chunk
+// states R_l = sum_{t>e} exp(lse_e - lse_t) pi_{t,l} gy_t, r_l = sum_{t>e} ... gP_{t,l} of §4.2,
 // the quadratic one differentiates its own form: the three check each other.
 //
 // Layout: a, da [B, T, H, La]; b, db [B, T, H, L]; v, dv, y, dy, local, dlocal [B, T, H, Dv]

@@ -1,4 +1,4 @@
-// CUDA Latte backward (math in latte.h, spec §5.2), per group of sequences that fits ctx.workspace:
+// CUDA Latte backward (math in latte.h, docs/latte.md §4.2), per group of sequences that fits ctx.workspace:
 //   chunk terms + state scan again -> S[n] = mu at each chunk start
 //   grad_p  per chunk: gP_{t,l} = dec_{t,l} (gy_t . mu_prev_l) + sum_{s<=t} exp(b_{s,l} - lse_{t,l}) M_{t,s},
 //           M = gy V^T, gP_{t,0} = gy_t . local_t; da (softmax backward), dlocal = pi_0 gy; the

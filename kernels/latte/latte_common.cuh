@@ -10,7 +10,7 @@
 // with zeros to Lp = L and Dp = Dv rounded up to 16. Statistics (lse, softmax, the exponents) stay
 // f32. Every sum runs in a fixed order (deterministic, no atomics).
 //
-// Factorised products (spec §4.3, §9.2): with ref_l = lse_{f,l} (the chunk's first row),
+// Factorised products (docs/latte.md §3.2, §8.2): with ref_l = lse_{f,l} (the chunk's first row),
 //   exp(b_{s,l} - lse_{t,l}) = exp(ref_l - lse_{t,l}) * exp(b_{s,l} - ref_l) = Qe_{t,l} * Kt_{s,l},
 // both factors within exp(+-g) where g = max_l lse_{e,l} - lse_{f,l} is the chunk's lse growth. A
 // chunk with g > kMaxGrowth forms those products directly in f32 instead (every exponent <= 0), so
@@ -259,7 +259,7 @@ __device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
   }
 }
 
-// -inf-safe log(exp(x) + exp(y)) (spec §9.4).
+// -inf-safe log(exp(x) + exp(y)) (docs/latte.md §8.3).
 __device__ __forceinline__ float logaddexpf(float x, float y) {
   const float m = fmaxf(x, y);
   if (m == -INFINITY) return m;

@@ -94,7 +94,7 @@ void latte_bwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const
 namespace {
 
 // One token of the recurrent form for one (batch, head): updates lse[L], mu[L, Dv] in place and
-// writes y (spec §4.2). The decay 1 - omega is taken as exp(lse - lse'), never 1 - omega (§9.5).
+// writes y (docs/latte.md §5). The decay 1 - omega is taken as exp(lse - lse'), never 1 - omega (§8.4).
 template <class F>
 void recurrent_token(int64_t L, int64_t Dv, bool with_local, const F* a, const F* b, const F* v, const F* local,
                      F* lse, F* mu, F* y, F* pi) {
@@ -133,7 +133,7 @@ void latte_fwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const
     }
 }
 
-// Spec §5.1: the forward again (keeping mu_t for gP), then the reverse recurrences
+// docs/latte.md §4.1: the forward again (keeping mu_t for gP), then the reverse recurrences
 //   G_l <- exp(lse_t - lse_t+1) G_l + pi_{t,l} gy_t,   g_l <- exp(lse_t - lse_t+1) g_l + pi_{t,l} gP_{t,l}
 //   dv_t = sum_l omega_{t,l} G_l,   db_{t,l} = omega_{t,l} (v_t . G_l - g_l).
 template <class F>

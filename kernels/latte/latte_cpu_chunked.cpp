@@ -1,7 +1,7 @@
-// Latte CPU reference, chunked form (math in latte.h, spec §4.3 and §5.2), forward and backward;
+// Latte CPU reference, chunked form (math in latte.h, docs/latte.md §3 and §4.2), forward and backward;
 // plain loops, float/double. Per chunk f..e the products exp(b_s - lse_t) are factorised at the
 // reference lse_f as exp(lse_f - lse_t) * exp(b_s - lse_f); a chunk whose lse grows by more than
-// kMaxGrowth forms them directly (spec §9.2: the second factor would overflow f32 near 88).
+// kMaxGrowth forms them directly (docs/latte.md §3.3: the second factor would overflow f32 near 88).
 #include "latte/latte_cpu_common.h"
 
 namespace linac {
@@ -103,7 +103,7 @@ void latte_fwd_chunked_cpu(const LatteLayout& L, const F* a, const F* b, const F
     }
 }
 
-// Spec §5.2, chunks in reverse with the states R_l, r_l at the chunk's end e.
+// docs/latte.md §4.2, chunks in reverse with the states R_l, r_l at the chunk's end e.
 template <class F>
 void latte_bwd_chunked_cpu(const LatteLayout& L, const F* a, const F* b, const F* v, const F* local, const F* lse,
                            const F* dy, F* da, F* db, F* dv, F* dlocal) {

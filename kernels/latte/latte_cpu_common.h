@@ -1,5 +1,5 @@
 // Helpers shared by the Latte CPU references (math in latte.h): row access in the [B, T, H, X]
-// layouts, the mixture weights and the -inf-safe logaddexp (spec §9.4).
+// layouts, the mixture weights and the -inf-safe logaddexp (docs/latte.md §8.3).
 #pragma once
 
 #include <algorithm>

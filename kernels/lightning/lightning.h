@@ -1,5 +1,5 @@
-// Lightning Attention (Qin et al. 2024, arXiv:2405.17381; math in ../shared/specs/transnormer.md
-// §2-§4, §9): decayed causal linear attention with a constant per-head decay.
+// Lightning Attention (Qin et al. 2024, arXiv:2405.17381; math in docs/transnormer.md
+// §2-§4, §8): decayed causal linear attention with a constant per-head decay.
 //
 // Per batch b and head h, with row vectors q_t, k_t in R^Dk, v_t in R^Dv, a decay rate s_h >= 0
 // (lambda = exp(-s_h); s_h = 0 is plain causal linear attention) and the state S_t in R^{Dk x Dv}:
@@ -16,8 +16,9 @@
 //                o_i     = sum_{j<=i} exp(-s (i-j)) (q_i . k_j) v_j + a[i] q_i S_n
 //                S_n+1   = g S_n + (c * K)^T V
 //              Using m (not C) for the ragged last block keeps s_final exact for a prefill -> decode
-//              hand-off (spec §9.4).
-// Backward (spec §4; R_n = gradient of the state after block n, scanned in reverse, R_N-1 = ds_final):
+//              hand-off (docs/transnormer.md §3.2).
+// Backward (docs/transnormer.md §4.3; R_n = gradient of the state after block n, scanned in reverse,
+// R_N-1 = ds_final):
 //   dq_i = sum_{j<=i} exp(-s (i-j)) (do_i . v_j) k_j + a[i] do_i S_n^T
 //   dk_j = sum_{i>=j} exp(-s (i-j)) (do_i . v_j) q_i + c[j] v_j R_n^T
 //   dv_j = sum_{i>=j} exp(-s (i-j)) (q_i . k_j) do_i + c[j] k_j R_n

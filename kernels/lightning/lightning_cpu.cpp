@@ -152,7 +152,7 @@ void lightning_fwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* 
     }
 }
 
-// Closed-form gradients of the quadratic form (spec §2.1) plus the s0 / s_final terms.
+// Closed-form gradients of the quadratic form (docs/transnormer.md §4.1) plus the s0 / s_final terms.
 template <class F>
 void lightning_bwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
                                  const F* s0, const F* dout, const F* ds_final, F* dq, F* dk, F* dv, F* ds0) {

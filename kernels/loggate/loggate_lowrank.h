@@ -1,4 +1,4 @@
-// GLA's forget gate from its low-rank projection (spec §2.2), with the projection's second factor
+// GLA's forget gate from its low-rank projection (docs/gla.md §1.1, §4.4), with the projection's second factor
 // inside the gate (loggate.h has the gate's math):
 //   forward:  z[n,j] = sum_r u[n,r] W[j,r]                (the sum in order r = 0..R-1)
 //             g[n,j] = loggate(z[n,j] + b[j])

@@ -1,5 +1,5 @@
-// LRPE-d, the learnable relative positional encoding of TransNormerLLM's first layer (spec
-// transnormer.md §6.4), in its real-valued form. Per head h and channel j, at the absolute
+// LRPE-d, the learnable relative positional encoding of TransNormerLLM's first layer
+// (docs/transnormer.md §1.3), in its real-valued form. Per head h and channel j, at the absolute
 // position p = pos0 + t of token t, with angle a = theta[h,j] * p:
 //   y[b,t,h,j]     = x[b,t,h,j] * cos(a)          (j < D: the first half of the 2D outputs)
 //   y[b,t,h,D + j] = x[b,t,h,j] * sin(a)

@@ -1,4 +1,4 @@
-// Per-head normalisation times a swish output gate (the GLA output path, spec §2.2 / §4.5):
+// Per-head normalisation times a swish output gate (the GLA output path, docs/gla.md §1.2 / §4.5):
 //   u[n,h,:] = (x[n,h,:] - mean) * rstd,   mean/var over the head's D values, rstd = 1/sqrt(var + eps)
 //              (LayerNorm without affine, statistics in f32/f64)
 //   y[n,c]   = u[n,c] * swish(r[n,c] + br[c]),   swish(p) = p * sigmoid(p),   c = h*D + j

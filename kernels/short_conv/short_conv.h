@@ -1,4 +1,4 @@
-// Short gated convolution (BaseConv's core; ../shared/specs/based.md §5, §6.7, §9.5): a depthwise
+// Short gated convolution (BaseConv's core; docs/based.md §4, §7.3, §6.5): a depthwise
 // causal convolution of width W (1..8) along the sequence, an activation and a multiplicative gate.
 //
 // For batch b, token t, channel ch (zero left padding; the input bias is not added to the padding):

@@ -1,4 +1,4 @@
-// SimpleRMSNorm (TransNormerLLM, spec transnormer.md §6.6): RMSNorm over the last dimension
+// SimpleRMSNorm (TransNormerLLM, docs/transnormer.md §1.5): RMSNorm over the last dimension
 // without gain or bias:
 //   y[r,:] = x[r,:] * rstd[r],   rstd[r] = 1 / sqrt(mean_j x[r,j]^2 + eps)
 // Backward (y recomputed from x and rstd):

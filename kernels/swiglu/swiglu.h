@@ -2,7 +2,7 @@
 // first half is the gate g and second half the value u:
 //   a = act(g) * u
 // with act = SiLU (SwiGLU, Shazeer 2020, as in LLaMA; the default) or the identity (SGLU,
-// "simple GLU" of TransNormerLLM, spec transnormer.md §6.7: a = g * u).
+// "simple GLU" of TransNormerLLM, docs/transnormer.md §1.6: a = g * u).
 // Backward:
 //   SiLU:      dg = da * u * sigmoid(g) * (1 + g * (1 - sigmoid(g))),   du = da * silu(g)
 //   Identity:  dg = da * u,                                             du = da * g

@@ -1,5 +1,5 @@
 // Taylor linear attention, the core of the "Based" layer (Arora et al. 2024, arXiv:2402.18668;
-// math in ../shared/specs/based.md §3, §6, §9).
+// math in docs/based.md §2, §5, §6).
 //
 // Per batch b and head h, with raw projections q_t, k_t in R^F (F = d', 16 by default) and v_t in
 // R^Dv: q^ = q F^(-1/4), k^ = k F^(-1/4), u_ts = q^_t . k^_s, kappa(u) = 1 + u + u^2/2 (>= 1/2), and
@@ -7,21 +7,21 @@
 // kappa(q^ . k^) = phi(q^) . phi(k^) with the feature map (R = taylor_attn_state_rows(F) = F^2 + F + 1
 // rows, in this order): phi(x)[i F + j] = x_i x_j / sqrt(2) (i, j < F), phi(x)[F^2 + i] = x_i,
 // phi(x)[F^2 + F] = 1. With v~ = [v, 1] (width Dv + 1) the numerator and the denominator are one
-// product, o~_t = sum_{s<=t} kappa(u_ts) v~_s, so no path can forget the denominator (spec §9.1).
+// product, o~_t = sum_{s<=t} kappa(u_ts) v~_s, so no path can forget the denominator (docs/based.md §6.1).
 //
 // Three forms compute this (all in the CPU reference; the GPU runs the chunked one):
-//   quadratic  the masked T x T matrix kappa(U), times v~ (spec §6.1)
+//   quadratic  the masked T x T matrix kappa(U), times v~ (docs/based.md §2.4)
 //   recurrent  S_t = S_t-1 + phi(k^_t) v~_t^T, o~_t = S_t^T phi(q^_t)   (inclusive; also the decode step)
 //   chunked    chunks of C tokens; S_n = the state of all tokens before chunk n (exclusive):
 //                o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~,   S_n+1 = S_n + phi(K^)^T V~
-// Backward (spec §9; g~_t = [dout_t / den_t, -(dout_t . o_t) / den_t], the gradient of o~_t):
+// Backward (docs/based.md §6; g~_t = [dout_t / den_t, -(dout_t . o_t) / den_t], the gradient of o~_t):
 //   P = tril(G~ V~^T), dU = P * (1 + U),  and through the feature map, for G = dL/dphi(x):
 //   dx^_i = G[F^2 + i] + (1/sqrt 2) sum_j (G[i F + j] + G[j F + i]) x^_j,   dx = F^(-1/4) dx^.
 //   The chunked backward runs two sweeps: forward in time with S_n for dq (dL/dphi(q^_t) = S_n g~_t,
 //   plus the intra-chunk dU K^), backward in time with R_n = sum over the chunks after n of
 //   phi(q^_t) g~_t^T for dk and dv (dL/dphi(k^_s) = R_n v~_s, dv~_s = R_n^T phi(k^_s), plus the
 //   intra-chunk dU^T Q^ and tril(kappa(U))^T G~). The recurrent backward differentiates the
-//   recurrence (the same two sweeps token by token), the quadratic one is spec §9.2; so the
+//   recurrence (the same two sweeps token by token), the quadratic one is docs/based.md §6.2; so the
 //   three backward passes check each other.
 //
 // Layout: q, k, dq, dk [B, T, H, F]; v, o, dout, dv [B, T, H, Dv]. The last two dims are contiguous
@@ -31,7 +31,7 @@
 // [B, H, R, Dv + 1] contiguous, S = sum_s phi(k^_s) v~_s^T in the feature order above (column Dv
 // is the normaliser's state), so the decode step reads o~ = S^T phi(q^). dq, dk, dv are overwritten.
 // Dtypes: CPU: every tensor f32, or every tensor f64. GPU: q, k, v, o, dout, dq, dk, dv all bf16 or
-// all f32; den and the states f32 (sums and the denominator are never rounded to bf16, spec §13.1).
+// all f32; den and the states f32 (sums and the denominator are never rounded to bf16, docs/based.md §10.1).
 // GPU limits: F = 16, chunk 64, Dv a multiple of 16 up to 128, any T and B*H, rows of the
 // activation tensors 16-byte aligned; scratch from ctx.workspace (the entry points run the
 // (batch, head) pairs in groups that fit). Feature tiles (phi padded to 288 rows) only ever live

@@ -1,4 +1,4 @@
-// CUDA chunked Taylor attention backward (math in taylor_attn.h): the two sweeps of spec §9.4 as
+// CUDA chunked Taylor attention backward (math in taylor_attn.h): the two sweeps of docs/based.md §6.4 as
 // launches over one group of (batch, head) pairs, deterministic (no atomics, fixed-order sums):
 //   prep    q^, k^, v~ and g~ = [dout/den, -(dout . o)/den] (taylor_attn_fwd.cu)
 //   scan    forward: S_n = sum over earlier chunks of phi(k^)^T v~ (recomputed, not saved)

@@ -1,7 +1,7 @@
 // CPU chunked Taylor attention (the form the CPU trains with), the feature map and the decode
 // step; math in taylor_attn.h. It mirrors the CUDA kernels: per chunk the exclusive state S_n
 // feeds phi(Q^) S_n and the intra-chunk part is the masked C x C matrix; the backward is the two
-// sweeps of spec §9.4 (forward in time with S_n for dq, backward in time with R_n for dk and dv).
+// sweeps of docs/based.md §6.4 (forward in time with S_n for dq, backward in time with R_n for dk and dv).
 // One (batch, head) pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // CPU Taylor attention in its quadratic and recurrent forms (math in taylor_attn.h): the ground
 // truths the chunked form and the CUDA kernels are checked against. The quadratic form never
-// builds the feature map (it evaluates kappa(u) directly, spec §6.1 / §9.2); the recurrent form
-// never builds the T x T matrix (state updates token by token, spec §6.2, and its derivative).
+// builds the feature map (it evaluates kappa(u) directly, docs/based.md §2.4 / §6.2); the recurrent form
+// never builds the T x T matrix (state updates token by token, docs/based.md §7.1, and its derivative).
 #include <algorithm>
 #include <cmath>
 #include <vector>

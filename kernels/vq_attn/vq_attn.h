@@ -1,4 +1,4 @@
-// VQ-attention (Transformer-VQ, Lingle 2023, arXiv:2309.16354; math in ../shared/specs/transformer_vq.md).
+// VQ-attention (Transformer-VQ, Lingle 2023, arXiv:2309.16354; math in docs/transformer_vq.md).
 //
 // Per batch b and head h (each head has its own codebook C in R^{S x Dk}), block length Lb,
 // block index n(t) = floor(t / Lb), 0-based positions:
@@ -13,8 +13,8 @@
 // for distances 0..Lb, all already scaled by the mixer; there is no 1/sqrt(d) inside the op.
 //
 // Two forms compute this (both in the CPU reference; the GPU runs the block form):
-//   quadratic  the definition above over all j <= t (spec §3.1; the test oracle)
-//   block      spec §3.2 / §2.6: query t of block n softmaxes jointly over the present block
+//   quadratic  the definition above over all j <= t (docs/transformer_vq.md §2; the test oracle)
+//   block      §3.2-§3.3: query t of block n softmaxes jointly over the present block
 //              (j <= t), the previous block n-1 (position term only for t - j <= Lb) and the
 //              S cache entries: score (q_t + u).C_s + log N_s^(n) (-inf where N_s^(n) = 0), value
 //              Ubar_s^(n), where N^(n), Ubar^(n) are the counts and the per-code MEANS of v over
@@ -23,7 +23,7 @@
 //              The cache is empty at the start of every sequence (t = 0): there are no truncated
 //              backprop windows and no state carried between calls.
 // lse_t = log sum_j exp(s_tj) (f32 on the GPU) is saved for the backward, which also takes o.
-// Backward (spec §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
+// Backward (docs/transformer_vq.md §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
 //   gs_tj = w_tj (dout_t . v_j - Delta_t)   (window keys),  gs_ts = w_ts (dout_t . Ubar_s - Delta_t)
 //   dq_t    = sum_j gs_tj khat_j + sum_s gs_ts C_s + sum_{t-j<=Lb} gs_tj rho_{t-j}
 //   dkhat_j = sum_{t: n(t) in {n(j), n(j)+1}} gs_tj (q_t + u)       (window queries only)
@@ -41,7 +41,7 @@
 // Dtypes: CPU: every float tensor f32, or every float tensor f64 (z int32). GPU: q, khat, v, o,
 // dout, dq, dkhat, dv all bf16 or all f32; codebook, u, vr, rho, du, dvr, drho, lse f32.
 //
-// Codebook statistics (spec §2.2; EMA k-means, no gradient):
+// Codebook statistics (docs/transformer_vq.md §1.3; EMA k-means, no gradient):
 //   vq_code_stats          sums[h,s,:] = sum over all B*T tokens with z = s of k (UNquantized),
 //                          counts[h,s] = their number; fixed-order reduction (deterministic)
 //   vq_ema_update          c_sum <- g c_sum + (1-g) sums, c_count <- g c_count + (1-g) counts
@@ -51,7 +51,7 @@
 // vq_quantize: k, khat [B, T, H, Dk] (khat in k's dtype, the codeword rounded), z [B, T, H] int32,
 // err [B, T, H] (optional; ||k - C_z||^2 in f32 on the GPU, the commitment term).
 //
-// Decode step (spec §3.4): one token per sequence against a fixed-size state (VqAttnState):
+// Decode step (docs/transformer_vq.md §5): one token per sequence against a fixed-size state (VqAttnState):
 // a ring of the last Lb tokens' khat [B,H,Lb,Dk], v [B,H,Lb,Dv], z [B,H,Lb] (slot = pos % Lb),
 // the cache counts [B,H,S] and means [B,H,S,Dv]. Token pos (the same for the whole batch)
 // attends to the ring entries pos-Lb..pos-1 (those >= 0) and itself, all with the position term,

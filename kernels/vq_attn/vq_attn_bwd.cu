@@ -1,4 +1,4 @@
-// CUDA VQ-attention backward, block form (math in vq_attn.h, spec §4.1-§4.4), on the packed
+// CUDA VQ-attention backward, block form (math in vq_attn.h, docs/transformer_vq.md §4), on the packed
 // layout of vq_common.cuh with tensor-core GEMMs (cuBLASLt, f32 accumulation, fixed order: the
 // result is deterministic). Nothing of the forward is saved but o and lse.
 //   prepare    as the forward (packed q, khat, v; cache; tables), plus q+u, q+vr, dout packed and

@@ -1,5 +1,5 @@
-// CPU block-recurrent VQ-attention (spec §3.2 with the stable mean cache of §2.6), its backward
-// (spec §4.1-§4.4) and the decode step (spec §3.4); math in vq_attn.h. Per (batch, head): a serial
+// CPU block-recurrent VQ-attention (docs/transformer_vq.md §3, with the stable mean cache), its
+// backward (§4.1-§4.4) and the decode step (§5); math in vq_attn.h. Per (batch, head): a serial
 // scan over blocks builds the cache (counts and per-code means of v over blocks <= n-2) that block
 // n reads; every query then softmaxes jointly over its window (previous and present block) and
 // the S cache entries. The backward rebuilds the same cache, collects the cache-value gradients

@@ -1,6 +1,6 @@
-// CPU quadratic VQ-attention (spec §3.1), the test oracle of the block form: every query scores
+// CPU quadratic VQ-attention (docs/transformer_vq.md §2), the test oracle of the block form: every query scores
 // every earlier key; keys more than one block back use the codeword C_{z_j} (a constant: no
-// gradient reaches khat_j from there, spec §4.2), the others khat_j. Math in vq_attn.h.
+// gradient reaches khat_j from there, docs/transformer_vq.md §4.2), the others khat_j. Math in vq_attn.h.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-// CUDA VQ-attention forward, block form (math in vq_attn.h, spec §3.2 and §2.6), on the packed
+// CUDA VQ-attention forward, block form (math in vq_attn.h, docs/transformer_vq.md §3), on the packed
 // layout of vq_common.cuh with tensor-core GEMMs (cuBLASLt, f32 accumulation):
 //   prepare   pack q, khat, v; bias tables; the cache scan (counts, per-code means ubar)
 //   per head, per chunk of blocks i (queries of block n, rows of Lb):

@@ -1,4 +1,4 @@
-// CUDA VQ-attention decode step (spec §3.4; math and state layout in vq_attn.h): one CTA per
+// CUDA VQ-attention decode step (docs/transformer_vq.md §5; math and state layout in vq_attn.h): one CTA per
 // (batch, head). Token pos scores its window (ring slots of positions pos-Lb..pos-1 that exist,
 // and itself; distance d uses rho_d) and the S cache entries ((q+u).C_s + log N_s, -inf where
 // empty); a fixed-order block softmax; threads own output dims and walk the entries in order.

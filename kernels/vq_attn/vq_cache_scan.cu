@@ -1,4 +1,4 @@
-// The compressive cache of VQ-attention (spec §2.6) in the packed layout of vq_common.cuh.
+// The compressive cache of VQ-attention (docs/transformer_vq.md §3.2) in the packed layout of vq_common.cuh.
 //   cache_scan        CTA per (pair p, code s) walks the blocks in order: block n reads the count
 //                     N_s and the mean of the values with code s over blocks <= n-2, written to
 //                     counts [NB, S] (f32) and ubar [NB, S, Dv] (activation dtype: a GEMM operand).

@@ -1,4 +1,4 @@
-// CUDA vector quantizer and codebook statistics (math in vq_attn.h, spec §2.1-§2.2).
+// CUDA vector quantizer and codebook statistics (math in vq_attn.h, docs/transformer_vq.md §1.2-§1.3).
 //   quantize     f32 distances ||k||^2 - 2 k.C_s + ||C_s||^2 (clamped at 0): the keys of a chunk
 //                of tokens as f32 rows [H, n, Dk] with their norms, k.C^T as f32 GEMMs per head
 //                (cuBLASLt; scratch in ctx.workspace), then a warp per (token, head) takes the

@@ -1,4 +1,4 @@
-// CPU vector quantizer and codebook statistics (spec §2.1-§2.2; math in vq_attn.h). The CUDA
+// CPU vector quantizer and codebook statistics (docs/transformer_vq.md §1.2-§1.3; math in vq_attn.h). The CUDA
 // kernels follow the same orders: distances ||k||^2 - 2 k.C_s + ||C_s||^2 clamped at 0 with the
 // first minimum winning, and per-code sums over tokens in (b, t) order.
 #include <algorithm>

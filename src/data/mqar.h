@@ -1,5 +1,5 @@
 // MQAR: multi-query associative recall (Arora et al. 2024, Based §3.1), generated on the fly.
-// The exact generator of ../shared/specs/based.md §11.2 (the zoology reference), for one example
+// The exact generator of docs/mqar.md ("The generator"; the zoology reference), for one example
 // of length L with P key-value pairs over a vocabulary of V tokens:
 //   keys    P distinct tokens, uniform without replacement from [1, V/2)
 //   values  P distinct tokens, uniform without replacement from [V/2, V); key i goes with value i

@@ -1,11 +1,11 @@
-// BaseConv: Based's gated short convolution layer (Arora et al. 2024; spec
-// ../shared/specs/based.md §5), with E = expand * d / 2 channels per branch and filter width W:
+// BaseConv: Based's gated short convolution layer (Arora et al. 2024;
+// docs/based.md §4), with E = expand * d / 2 channels per branch and filter width W:
 //   [a|g] = x Win^T + b_in            Win: [2E, d], b_in: [2E]  (a: conv branch, g: linear gate)
 //   c_t   = sum_{j<W} h[:, j] * a_{t-W+1+j}                     h: [E, W], zero left padding, no bias
 //   out  += (act(c) * g) Wout^T + b_out                         Wout: [d, E], b_out: [d]; act = SiLU
 // expand = 4 is the paper's "expansion factor 4": the total in_proj width, each branch 2d (the
-// reading that reproduces its parameter counts, spec §5 / §15.2).
-// Init (spec §2.3): Win ~ N(0, init_std), Wout ~ N(0, init_std / sqrt(2 n_layers)), biases 0;
+// reading that reproduces its parameter counts, docs/based.md §4 / §9).
+// Init (docs/based.md §1.3): Win ~ N(0, init_std), Wout ~ N(0, init_std / sqrt(2 n_layers)), biases 0;
 // h ~ N(0, 1/sqrt(3 W)): the variance of PyTorch's default depthwise Conv1d init,
 // U(-1/sqrt(W), 1/sqrt(W)) (the parameter store draws normals).
 // Saved for backward: [a|g] [B*T, 2E] (act); the gated output is recomputed in the backward.

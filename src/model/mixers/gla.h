@@ -1,4 +1,4 @@
-// GLA token mixer (Yang et al. 2023, arXiv:2312.06635 v3; spec ../shared/specs/gla.md §2), with
+// GLA token mixer (Yang et al. 2023, arXiv:2312.06635 v3; docs/gla.md §1), with
 // d_k = expand_k * d, d_v = expand_v * d, H = model.n_heads, Dk = d_k / H, Dv = d_v / H:
 //   [q|k]  = x Wqk^T                    Wqk: [2 d_k, d]  (rows: q heads, then k heads)
 //   [v|r]  = x Wvr^T                    Wvr: [2 d_v, d]  (rows: v heads, then the output gate)

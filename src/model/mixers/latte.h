@@ -1,5 +1,5 @@
 // Latte token mixers (Dolga et al. 2024, "Latte: Latent Attention for Linear Time Transformers";
-// spec ../shared/specs/latte.md §2-§3, §6.1), H heads of Dh = d/H channels, L latents in all
+// docs/latte.md §1), H heads of Dh = d/H channels, L latents in all
 // (Lh = L/H per head), one class for both kinds:
 //
 //   [V|Ql|Kl] = x Wx^T               Wx: [d (+2d), d]; Ql, Kl only with a local window
@@ -11,10 +11,10 @@
 //   O_loc     = softmax attention of RoPE(Ql), RoPE(Kl) over V in a window of `window` keys
 //               (self included), the Macchiato local state 0; same values as the latent path
 //   out      += Y Wo^T               Wo: [d, d]
-// VAPOR (spec §2.6, `vapor`): values rotated by -s theta before the Latte core and outputs by
-// +t theta after it, so y_t = sum_s p(s|t) R^(t-s) v_s; theta are fixed RoPE frequencies
-// (base `rope_base`, the spec's init; not learned here), which makes the rotation our RoPE
-// kernels' backward and forward.
+// VAPOR (docs/latte.md §1.3, `vapor`): values rotated by -s theta before the Latte core and
+// outputs by +t theta after it, so y_t = sum_s p(s|t) R^(t-s) v_s; theta are fixed RoPE
+// frequencies (base `rope_base`; the paper learns its rotation, linac keeps it fixed by design),
+// which makes the rotation our RoPE kernels' backward and forward.
 //
 // Kinds: `latte` (Latte++: VAPOR, no conv, no window) and `latte_macchiato` (the paper's
 // Latte-Conv-SWA++: conv 3, no VAPOR, window 129 = the paper's w = 128 previous tokens + self).

@@ -55,7 +55,7 @@ void TaylorMixer::reserve(int64_t B, int64_t T) {
   den_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * dtype_size(env_.stat));
 }
 
-// The paper's count (spec §3.5): per head, a (Dv + 1) x D_sym state with D_sym = 1 + F +
+// The paper's count (docs/based.md §7.4): per head, a (Dv + 1) x D_sym state with D_sym = 1 + F +
 // F(F+1)/2 distinct features (the kernels store the full F^2 second-order block).
 int64_t TaylorMixer::state_elems(int64_t T) const {
   (void)T;
@@ -123,7 +123,7 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
 
 std::unique_ptr<MixerState> TaylorMixer::init_state(int64_t B) {
   auto st = std::make_unique<TaylorState>();
-  // f32 on the GPU: the sums grow with the sequence and must not be rounded to bf16 (spec §13.1).
+  // f32 on the GPU: the sums grow with the sequence and must not be rounded to bf16 (docs/based.md §10.1).
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, taylor_attn_state_rows(F_), Dv_ + 1});
   zero_tensor(st->S);
   return st;

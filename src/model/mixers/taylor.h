@@ -1,12 +1,12 @@
-// Based's global linear attention layer (Arora et al. 2024, arXiv:2402.18668; spec
-// ../shared/specs/based.md §3), with H heads (`heads`, default model.n_heads), feature dim F
+// Based's global linear attention layer (Arora et al. 2024, arXiv:2402.18668;
+// docs/based.md §2), with H heads (`heads`, default model.n_heads), feature dim F
 // (`feature_dim`, d' = 16) and value dim Dv (`head_dim`, default d / H):
 //   [q|k|v] = x Wqkv^T            Wqkv: [H (2F + Dv), d]  rows: q heads, k heads, v heads; no bias
 //   o       = TaylorAttn(q, k, v) per head (kernels/taylor_attn): causal linear attention with
 //             phi(q).phi(k) = 1 + u + u^2/2, u = q.k / sqrt(F), normalised by sum_s phi(q_t).phi(k_s)
 //   out    += o Wo^T              Wo: [d, H Dv]
-// No positional encoding, gate or norm inside the layer (spec §3.1).
-// Init (spec §2.3): Wqkv ~ N(0, init_std), Wo ~ N(0, init_std / sqrt(2 n_layers)).
+// No positional encoding, gate or norm inside the layer (docs/based.md §2.1).
+// Init (docs/based.md §1.3): Wqkv ~ N(0, init_std), Wo ~ N(0, init_std / sqrt(2 n_layers)).
 // Saved for backward: the projection [B*T, H (2F + Dv)] (act), o [B*T, H Dv] (act), the
 // denominators [B, H, T] (f32 on the GPU).
 // Decoding: a state of H x rows(F) x (Dv + 1) per sequence (f32 on the GPU; 273 x 65 per head at

@@ -22,7 +22,7 @@ struct TnlState final : MixerState {
 };
 
 // ALiBi slopes 2^(-8(h+1)/n) for n a power of two; otherwise those of the largest power of two
-// below n followed by every second slope of twice that (spec §6.5).
+// below n followed by every second slope of twice that (docs/transnormer.md §1.4).
 std::vector<double> alibi_slopes(int64_t n) {
   auto pow2 = [](int64_t m) {
     std::vector<double> s;

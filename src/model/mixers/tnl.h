@@ -1,5 +1,5 @@
-// TransNormerLLM's token mixer (Qin et al. 2024, "TransNormerLLM", with Lightning Attention; spec
-// ../shared/specs/transnormer.md §6.2-§6.5, §6.8), H = heads, E = d_model = H dh:
+// TransNormerLLM's token mixer (Qin et al. 2024, "TransNormerLLM", with Lightning Attention;
+// docs/transnormer.md §1.2-§1.4, §4.4), H = heads, E = d_model = H dh:
 //   [Qr|Kr|V|U] = x Wqkvu^T          Wqkvu: [4E, d], rows: q, k, v, u (one fused projection, no bias)
 //   Q, K        = SiLU(Qr), SiLU(Kr)
 //   Q, K        = LRPE(Q), LRPE(K)    dh -> 2 dh, in the layers `lrpe` selects (the first by default):
@@ -8,7 +8,7 @@
 //   out        += (SRMSNorm(O) * U) Wo^T                  Wo: [d, E]; SRMSNorm over all E channels
 // Decay (not learned): s_{l,h} = slope_h (1 - l/(L-1) + 1e-5), slope_h = 2^(-8(h+1)/H) (ALiBi slopes
 // for H not a power of two), lambda = exp(-s): the released code's schedule (`decay: "code"`); the
-// paper's eq. 10, s = 8(h+1)/H (1 - l/L), with `decay: "paper"` (spec §6.5).
+// paper's eq. 10, s = 8(h+1)/H (1 - l/L), with `decay: "paper"` (docs/transnormer.md §1.4).
 // Init (released code): Wqkvu, Wo ~ N(0, init_std); theta[h, j] = 10000^(-2 (h dh + j) / E).
 // Saved for backward: [Qr|Kr|V] [B*T, 3E] and U (act), O [B*T, E] (act), the SRMSNorm rstd [B*T]
 // (f32 on the GPU); SiLU, LRPE, the norm and the gate are recomputed in the backward.

@@ -1,9 +1,9 @@
-// Transformer-VQ's gated attention unit with VQ-attention (Lingle 2023; spec
-// ../shared/specs/transformer_vq.md §2.3-§2.6, §4.5, §5.1), H heads (the paper's single-head
+// Transformer-VQ's gated attention unit with VQ-attention (Lingle 2023;
+// docs/transformer_vq.md §1, §3, §4.5), H heads (the paper's single-head
 // SHGA: H = 1) of key width Dk and value width Dvh = dv / H, codebooks of S codes, blocks of Lb:
 //
 //   [Qr|Kr|V'|G'] = x Wqkvg^T        Wqkvg: [2 H Dk + 2 dv, d], rows q, k (head-major), v, g
-//   q, k = tau^(-1/2) RMSNorm0(Qr), tau^(-1/2) RMSNorm0(Kr)     per head, no gain, tau = Dk
+//   q, k = tau^(-1/2) RMSNorm0(Qr), tau^(-1/2) RMSNorm0(Kr)     per head, no gain, tau = sqrt(Dk)
 //   v, g = SiLU(V'), SiLU(G')
 //   khat = the nearest codeword of k (straight-through: dk = dkhat)
 //   o    = VQAttention(q, khat, v; u, vr, rho) per head (kernels/vq_attn: the present and previous
@@ -11,14 +11,14 @@
 //          compressive cache of per-code value means)
 //   out += (o * g) Wo^T               Wo: [d, dv]
 // rho_d = e_d Wr_h^T (d = 0..Lb) with the fixed sinusoids e_d[i] = sin(d w_i), e_d[d/2+i] =
-// cos(d w_i), w_i = 1e5^(-2i/d); Wr: [H Dk, d]; u, vr [H, Dk] (zero init). The spec's tau^(-1/2)
+// cos(d w_i), w_i = 1e5^(-2i/d); Wr: [H Dk, d]; u, vr [H, Dk] (zero init). The paper's tau^(-1/2)
 // factors of u, vr and rho are absorbed into these parameters.
 // Codebook (not a gradient): buffers c_sum [H, S, Dk] (init N(0, 1/(S H))) and c_count [H, S]
 // (init 1); codebook = c_sum / max(c_count, 0.01). Every backward adds the per-code sums and
 // counts of its unquantized keys; update_buffers sums them over ranks and applies the EMA
 // c <- gamma c + (1 - gamma) stats once per optimizer step.
 // Commitment loss: beta sum_t ||k_t - C_{z_t}||^2 (aux_loss_sum), gradient 2 beta (k - khat).
-// Init (PaLM-style, spec §5.1): Wqkvg, Wr ~ N(0, 1/d), Wo ~ N(0, 1/dv).
+// Init (PaLM-style, docs/transformer_vq.md §1.5): Wqkvg, Wr ~ N(0, 1/d), Wo ~ N(0, 1/dv).
 // Out of scope by design: the paper's regularisers (sinusoid dropout, residual dropout,
 // LayerDrop), because linac has no dropout in any architecture (runs stay deterministic and
 // resume bit for bit); and truncated-backprop windows with a state carried between windows (the
