@@ -48,7 +48,7 @@ void perturb_special_init(ParamStore& ps) {
 }
 
 void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t n_probe) {
-  Model model(cfg, Ctx{}, "fp64", false);
+  Model model(cfg, Ctx{}, {.precision = "fp64"});
   model.init_params(5);
   ParamStore& ps = model.params();
   perturb_special_init(ps);
@@ -76,7 +76,7 @@ void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std
   std::vector<OwnedTensor> batches;
   for (uint64_t i = 0; i < 4; ++i) batches.push_back(to(random_tokens(B, T, cfg.vocab_size, 30 + i), ctx.device, DType::I32));
   auto run = [&](Recompute r) {
-    Model m(cfg, ctx, precision, false);
+    Model m(cfg, ctx, {.precision = precision});
     m.init_params(5);
     m.set_recompute(r);
     m.reserve(B, T);
@@ -149,7 +149,7 @@ void store_nll(const Tensor& logits, const Tensor& targets, int64_t t, std::vect
 void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, double tol, int64_t prompt) {
   LINAC_CHECK(prompt >= 0 && prompt < T, "check_decode_matches_forward: prompt must be in [0, T)");
   const int64_t V = cfg.vocab_size;
-  Model model(cfg, Ctx{}, "fp64", false);
+  Model model(cfg, Ctx{}, {.precision = "fp64"});
   model.init_params(8);
   perturb_special_init(model.params());
   model.reserve(B, T);
@@ -201,7 +201,7 @@ int64_t previous_token_task(Rng& rng, int32_t* tokens, int32_t* targets, int64_t
 
 void check_tiny_model_learns(const ModelConfig& cfg, const TrainConfig& tc, int64_t B, int64_t T,
                              uint64_t data_stream, const TaskBatch& task, double max_final_loss) {
-  Model model(cfg, Ctx{}, "fp32", true);
+  Model model(cfg, Ctx{}, {.precision = "fp32", .with_optimizer = true});
   model.init_params(1);
   model.reserve(B, T);
   TrainStep stepper(model, tc);

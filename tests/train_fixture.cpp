@@ -96,7 +96,7 @@ std::vector<std::string> checkpoint_contents(const std::string& path) {
   const CheckpointReader reader(path);
   const CheckpointData& d = reader.data();
   const Config cfg = Config::from_json(d.config, path);
-  Model m(cfg.model, Ctx{}, "fp32", true);
+  Model m(cfg.model, Ctx{}, {.precision = "fp32", .with_optimizer = true});
   reader.load_params(m.params(), true);
   const TrainState& st = d.state;
   std::string state = std::to_string(st.step) + " " + std::to_string(st.updates) + " " + std::to_string(st.tokens_seen) +
@@ -116,7 +116,7 @@ std::vector<float> read_all_f32(const std::string& path, const std::string& grou
   h5::File f = h5::File::open(path, false);
   std::vector<float> out;
   const Config cfg = Config::from_json(reader.data().config, path);
-  Model m(cfg.model, Ctx{}, "fp32", false, false);
+  Model m(cfg.model, Ctx{}, {.precision = "fp32", .allocate = false});
   const bool buffers = group == "buffers";
   const ParamStore& ps = m.params();
   for (int i = 0; i < (buffers ? ps.buffer_count() : ps.count()); ++i) {

@@ -30,7 +30,7 @@ InferenceModel load_inference_checkpoint(const std::string& path, const std::str
   m.cfg = Config::from_json(reader.data().config, path + ":/config");
   if (!reader.data().tokenizer.empty()) m.tokenizer = Tokenizer::from_bytes(reader.data().tokenizer, path);
   set_device(m, device);
-  m.model = std::make_unique<Model>(m.cfg.model, m.ctx, m.cfg.train.precision, false);
+  m.model = std::make_unique<Model>(m.cfg.model, m.ctx, ModelOptions{.precision = m.cfg.train.precision});
   reader.load_params(m.model->params(), false);
   m.model->params().refresh_compute(m.ctx);
   return m;
@@ -40,7 +40,7 @@ InferenceModel init_inference_config(const Config& cfg, const std::string& devic
   InferenceModel m;
   m.cfg = cfg;
   set_device(m, device);
-  m.model = std::make_unique<Model>(m.cfg.model, m.ctx, m.cfg.train.precision, false);
+  m.model = std::make_unique<Model>(m.cfg.model, m.ctx, ModelOptions{.precision = m.cfg.train.precision});
   m.model->init_params(seed);
   return m;
 }

@@ -34,10 +34,18 @@ Precision Precision::resolve(Device device, const std::string& precision) {
   return {DType::F32, DType::F32, DType::F32, DType::F32};
 }
 
-Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer, bool allocate,
-             int zero_world, int zero_rank, bool zero_grads)
+ModelOptions ModelOptions::for_training(const TrainConfig& tc, int rank, int world) {
+  const bool zero = tc.zero > 0 && world > 1;
+  return {.precision = tc.precision,
+          .with_optimizer = true,
+          .zero_world = zero ? world : 1,
+          .zero_rank = zero ? rank : 0,
+          .zero_grads = zero && tc.zero == 2};
+}
+
+Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
     : cfg_(cfg), scratch_(ctx.device), saved_(ctx.device) {
-  const Precision p = Precision::resolve(ctx.device, precision);
+  const Precision p = Precision::resolve(ctx.device, opts.precision);
   env_.ctx = ctx;
   env_.params = &params_;
   env_.act = p.act;
@@ -77,9 +85,9 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precisio
   if (cfg.final_norm) norm_f_ = add_norm("norm_f.weight");
   if (!cfg.tie_embeddings) head_ = params_.add({"head.weight", {cfg.vocab_size, d}, Init::Normal, cfg.init_std, true});
   if (cfg.head_bias) head_bias_ = params_.add({"head.bias", {cfg.vocab_size}, Init::Zeros, 0, false, {}, true});
-  if (zero_world > 1) params_.shard(zero_rank, zero_world, zero_grads);
-  if (allocate)
-    params_.allocate(ctx.device, p.master, p.act, with_optimizer);
+  if (opts.zero_world > 1) params_.shard(opts.zero_rank, opts.zero_world, opts.zero_grads);
+  if (opts.allocate)
+    params_.allocate(ctx.device, p.master, p.act, opts.with_optimizer);
   else
     params_.plan();
 }

@@ -14,7 +14,7 @@
 // "srmsnorm"; the channel mixer SwiGLU or SGLU; the embedding output is multiplied by
 // model.embed_scale (model/registry.h resolves the architecture's defaults).
 //
-// Parameter names (checkpoint layout, README "Checkpoints"):
+// Parameter names (checkpoint layout, docs/training.md "Parameter names"):
 //   embed.weight [V, d]; layers.<l>.norm1.weight [d]; layers.<l>.attn.* (mixer);
 //   layers.<l>.norm2.weight [d]; layers.<l>.mlp.w13 [2F, d], layers.<l>.mlp.w2 [d, F];
 //   norm_f.weight [d]; head.weight [V, d] (absent with tie_embeddings). SimpleRMSNorm models have
@@ -39,14 +39,25 @@ struct Precision {
   static Precision resolve(Device device, const std::string& precision);
 };
 
+// How a Model is built. Inference and checks name what they need, e.g.
+// {.precision = "fp64"}; a training run's options come from its config once (for_training).
+struct ModelOptions {
+  std::string precision = "fp32";  // train.precision: bf16 (GPU, mixed), fp32, fp64 (CPU checks)
+  bool with_optimizer = false;     // allocate the AdamW moments
+  bool allocate = true;            // false: shapes and layout only (`linac info`)
+  int zero_world = 1;              // > 1: ZeRO-1 over that many ranks (ParamStore::shard) ...
+  int zero_rank = 0;               // ... this process being zero_rank
+  bool zero_grads = false;         // ZeRO-2: the gradients sharded too
+  // train.precision with the optimizer; train.zero over `world` ranks as `rank` (no sharding
+  // with one rank).
+  static ModelOptions for_training(const TrainConfig& tc, int rank, int world);
+};
+
 class Model {
  public:
-  // Registers and allocates the parameters (zeroed; call init_params or load them). With
-  // allocate = false only the shapes and the layout exist (for `linac info`). zero_world > 1
-  // shards the master weights and moments over that many ranks, this process being zero_rank
-  // (ZeRO-1, ParamStore::shard), and with zero_grads the gradients too (ZeRO-2).
-  Model(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, bool with_optimizer, bool allocate = true,
-        int zero_world = 1, int zero_rank = 0, bool zero_grads = false);
+  // Registers and allocates the parameters (zeroed; call init_params or load them), as `opts`
+  // says.
+  Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }

@@ -1,5 +1,5 @@
-// The shipped Based configs: the paper's layer positions and sizes (spec §2.2) give the paper's
-// parameter counts exactly (363m and 1.35b: spec §2.2 and §14.7).
+// The shipped Based configs: the paper's layer positions and sizes (docs/based.md §1.2) give the paper's
+// parameter counts exactly (363m and 1.35b: docs/based.md §1.2 and §12).
 #include <string>
 
 #include "config/config.h"
@@ -36,7 +36,7 @@ TEST(BasedConfigs, PaperSizesAndParameterCounts) {
     EXPECT_EQ(positions(c, "taylor"), e.taylor) << e.file;
     EXPECT_EQ(positions(c, "sliding_window"), e.window) << e.file;
     EXPECT_EQ(static_cast<int64_t>(positions(c, "base_conv").size()), e.conv_layers) << e.file;
-    Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+    Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
     EXPECT_EQ(m.n_params(), e.params) << e.file;
   }
 }

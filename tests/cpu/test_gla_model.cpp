@@ -52,7 +52,7 @@ TEST(GlaModelCpu, OptionsAreValidated) {
   }
   ModelConfig c = tiny_gla();
   c.mixer = {{"expand_k", 0.3}};  // d_k = 5, not a multiple of 2 heads
-  EXPECT_THROW(Model(c, Ctx{}, "fp32", false), UserError);
+  EXPECT_THROW(Model(c, Ctx{}, {.precision = "fp32"}), UserError);
 }
 
 // The target at position t is the token before it: only a mixer that carries information across

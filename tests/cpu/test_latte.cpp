@@ -160,7 +160,7 @@ TEST(LatteCpu, GradCheckDouble) {
     }
 }
 
-// Shifting b_{.,l} by a constant changes nothing, so sum_s db_{s,l} = 0 (spec §5.1); likewise
+// Shifting b_{.,l} by a constant changes nothing, so sum_s db_{s,l} = 0 (docs/latte.md §4.1); likewise
 // every row of da sums to 0.
 TEST(LatteCpu, GradientIdentities) {
   for (bool mac : {false, true}) {

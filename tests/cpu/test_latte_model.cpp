@@ -1,7 +1,7 @@
-// Latte and Latte-Macchiato on the CPU: the shipped configs' parameter counts against the spec's
-// derived totals, option errors, whole tiny models' gradient checks in double (VAPOR; the
-// convolved logits, the local window and the mixture), decoding token by token against the full
-// forward (across the window's ring buffer), and tiny models learning.
+// Latte and Latte-Macchiato on the CPU: the shipped configs' parameter counts against the
+// totals derived in docs/latte.md §6, option errors, whole tiny models' gradient checks in
+// double (VAPOR; the convolved logits, the local window and the mixture), decoding token by
+// token against the full forward (across the window's ring buffer), and tiny models learning.
 #include <gtest/gtest.h>
 
 #include "config/config.h"
@@ -31,11 +31,11 @@ ModelConfig tiny_latte(bool macchiato) {
 }
 
 TEST(LatteConfigs, ParameterCountsMatchTheSpec) {
-  // Spec §6.2: D = 768, 12 layers, 8 heads, 128 latents, GLU 3072, tied embeddings (GPT-2 vocab
+  // docs/latte.md §6: D = 768, 12 layers, 8 heads, 128 latents, GLU 3072, tied embeddings (GPT-2 vocab
   // padded to 50,264). Latte++ per layer: Wv, Wo (2 D^2) + the latent logits (2 D L) + the GLU
   // (3 D 3072) + two RMSNorm gains; Latte-Conv-SWA++ adds the local Wq, Wk (2 D^2), one local-state
   // logit per head (D H) and the depthwise conv (3 D): 140.1M and 154.3M (the paper rounds the
-  // latter to 153M; spec §3.1: "140M + ~14M").
+  // latter to 153M; its table: 140M + ~14M).
   const int64_t D = 768, L = 128, H = 8, V = 50264, layers = 12;
   const int64_t common = D * D + 3 * D * 3072 + 2 * D;  // Wo, GLU, norms
   const int64_t latte = layers * (common + D * D + 2 * D * L) + D + V * D;
@@ -48,7 +48,7 @@ TEST(LatteConfigs, ParameterCountsMatchTheSpec) {
   };
   for (const Expect& e : {Expect{"latte_140m.json", latte}, Expect{"latte_macchiato_153m.json", macchiato}}) {
     const Config c = load_config(std::string(LINAC_TEST_SOURCE_DIR) + "/configs/" + e.file);
-    Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+    Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
     EXPECT_EQ(m.n_params(), e.params) << e.file;
   }
 }
@@ -56,12 +56,12 @@ TEST(LatteConfigs, ParameterCountsMatchTheSpec) {
 TEST(LatteConfigs, BadOptionsAreUserErrors) {
   ModelConfig c = tiny_latte(true);
   c.mixer = {{"vapor", true}};
-  EXPECT_THROW(Model(c, Ctx{}, "fp32", false), UserError);  // VAPOR with a window
+  EXPECT_THROW(Model(c, Ctx{}, {.precision = "fp32"}), UserError);  // VAPOR with a window
   c = tiny_latte(false);
   c.mixer = {{"latents", 5}};
-  EXPECT_THROW(Model(c, Ctx{}, "fp32", false), UserError);  // 5 latents over 2 heads
+  EXPECT_THROW(Model(c, Ctx{}, {.precision = "fp32"}), UserError);  // 5 latents over 2 heads
   c.mixer = {{"latent", 4}};
-  EXPECT_THROW(Model(c, Ctx{}, "fp32", false), UserError);  // unknown key
+  EXPECT_THROW(Model(c, Ctx{}, {.precision = "fp32"}), UserError);  // unknown key
 }
 
 TEST(LatteModelCpu, WholeModelGradCheckDouble) {

@@ -114,7 +114,7 @@ TEST(LayerPlan, HybridModelBuildsOneMixerPerLayer) {
   const json model = {{"layers", {"gla", "attention", "w", "gla", "attention"}},
                       {"mixers", {{"w", {{"type", "sliding_window"}, {"window", 4}}}, {"gla", {{"gate_rank", 4}}}}}};
   const Config c = Config::from_json(doc_with(model), "x.json");
-  Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+  Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
   std::vector<std::string> mixer_kinds_seen;
   for (const auto& r : m.layer_table())
     if (r.name.size() > 6 && r.name.substr(r.name.size() - 6) == ".mixer") mixer_kinds_seen.push_back(r.kind);

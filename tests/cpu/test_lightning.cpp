@@ -146,7 +146,7 @@ TEST(LightningCpu, BlockGradCheckDouble) {
   }
 }
 
-// s = 0: o_t = sum_{u<=t} (q_t . k_u) v_u, written out directly; the spec's hand check too.
+// s = 0: o_t = sum_{u<=t} (q_t . k_u) v_u, written out directly; the hand check of docs/transnormer.md §2.3 too.
 TEST(LightningCpu, NoDecayIsCausalLinearAttention) {
   Problem p(1, 45, 2, 8, 12, 0.0);
   auto r = p.forward(block_of(16), LightningForm::Block, false);
@@ -165,7 +165,7 @@ TEST(LightningCpu, NoDecayIsCausalLinearAttention) {
       }
   EXPECT_LT(test::rel_error(to_doubles(r.o), ref), 1e-13);
 
-  // n = 2, d = e = 1, lambda = 0.5, q = k = [1, 1], v = [1, 2] -> o = [1, 2.5] (spec §2.3).
+  // n = 2, d = e = 1, lambda = 0.5, q = k = [1, 1], v = [1, 2] -> o = [1, 2.5] (docs/transnormer.md §2.3).
   OwnedTensor x(DType::F64, Device::CPU, {1, 2, 1, 1}), vv(DType::F64, Device::CPU, {1, 2, 1, 1}),
       o(DType::F64, Device::CPU, {1, 2, 1, 1});
   x->data<double>()[0] = x->data<double>()[1] = 1;

@@ -32,7 +32,7 @@ TEST(ModelCpu, WholeModelGradCheckDouble) {
 
 TEST(ModelCpu, IgnoredTargetsDoNotContribute) {
   ModelConfig cfg = tiny_config();
-  Model model(cfg, Ctx{}, "fp64", false);
+  Model model(cfg, Ctx{}, {.precision = "fp64"});
   model.init_params(9);
   model.reserve(1, 6);
   OwnedTensor tokens = test::random_tokens(1, 6, cfg.vocab_size, 3), targets = test::random_tokens(1, 6, cfg.vocab_size, 4);

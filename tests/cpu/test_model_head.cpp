@@ -30,11 +30,11 @@ ModelConfig bare_gla() {
 
 TEST(ModelHead, ParametersOfTheOptionalParts) {
   ModelConfig c = bare_gla();
-  const Model bare(c, Ctx{}, "fp32", false, /*allocate=*/false);
+  const Model bare(c, Ctx{}, {.precision = "fp32", .allocate = false});
   c.channel_mixer = "";
   c.final_norm = true;
   c.head_bias = false;
-  const Model full(c, Ctx{}, "fp32", false, /*allocate=*/false);
+  const Model full(c, Ctx{}, {.precision = "fp32", .allocate = false});
   // Per layer the MLP (3 d F, F = 256: the default rounding) and its norm (d); the final norm (d);
   // the bias (V).
   const int64_t d = 16, F = 256, V = 11;

@@ -1,4 +1,4 @@
-// MQAR: the generator's properties (spec §11.2), the set and loader (determinism, epochs, ranks,
+// MQAR: the generator's properties (docs/mqar.md), the set and loader (determinism, epochs, ranks,
 // resume, padding, target counts), the config's checks, the shipped configs' state sizes,
 // evaluation's accuracy, exact resume of a training run, and a tiny attention model that learns
 // the task.
@@ -31,7 +31,7 @@ Example make(int64_t V, int64_t L, int64_t P, uint64_t seed, uint64_t index, boo
   return e;
 }
 
-// Everything §11.2 says of one example.
+// Everything docs/mqar.md ("The generator") says of one example.
 void check_example(const Example& e, int64_t V, int64_t L, int64_t P, bool noise) {
   std::map<int32_t, int32_t> value_of;
   std::set<int32_t> values;
@@ -255,7 +255,7 @@ TEST(MqarConfig, BadSlicesAreUserErrors) {
 // evaluate_mqar against an independent count: the same model scored example by example.
 TEST(MqarEval, AccuracyMatchesPerExampleArgmax) {
   const Config cfg = Config::from_json(mqar_config("x"), "cfg.json");
-  Model model(cfg.model, Ctx{}, "fp64", false);
+  Model model(cfg.model, Ctx{}, {.precision = "fp64"});
   model.init_params(3);
   const MqarSet set({{16, 2, 5}, {24, 6, 3}}, 256, 2, 0.01, true);
   model.reserve(4, 24);
@@ -302,7 +302,7 @@ TEST(MqarEval, AccuracyMatchesPerExampleArgmax) {
 }
 
 // The state sizes `linac info` prints for the shipped MQAR configs, against the Based paper's
-// formulas (spec §3.5): attention 2 d T, a window 2 d min(T, w), Taylor (d + 1) D_sym with
+// formulas (docs/based.md §7.4): attention 2 d T, a window 2 d min(T, w), Taylor (d + 1) D_sym with
 // D_sym = 153 at d' = 16, GLA Dk x Dv, TNL d x d, Latte L (Dh + 1), each plus the short
 // convolution's 2 past inputs of its 2d channels. Every config must parse and build.
 TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
@@ -323,7 +323,7 @@ TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
       EXPECT_EQ(cfg.data.type, "mqar");
       EXPECT_EQ(cfg.model.n_layers, 2);
       EXPECT_EQ(cfg.model.vocab_size, 8192);
-      Model model(cfg.model, Ctx{}, cfg.train.precision, false, /*allocate=*/false);
+      Model model(cfg.model, Ctx{}, {.precision = cfg.train.precision, .allocate = false});
       EXPECT_EQ(model.state_elems(MqarSet::test(cfg).max_seq_len()), elems);
     }
   }
@@ -341,7 +341,7 @@ TEST(MqarConfig, AttentionWithoutRope) {
   ModelConfig with_rope = c;
   with_rope.mixer = json::object();
   auto loss = [](const ModelConfig& m) {
-    Model model(m, Ctx{}, "fp64", false);
+    Model model(m, Ctx{}, {.precision = "fp64"});
     model.init_params(5);
     model.reserve(2, 9);
     const OwnedTensor tok = test::random_tokens(2, 9, 11, 1), tgt = test::random_tokens(2, 9, 11, 2);

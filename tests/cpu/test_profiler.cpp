@@ -84,7 +84,7 @@ TEST(Profiler, DetachedScopesRecordNothing) {
 
 TEST(Profiler, ATrainingStepsPhasesAndOps) {
   const ModelConfig cfg = test::tiny_model(2, 32, 2, 50, 64);
-  Model model(cfg, Ctx{}, "fp32", true);
+  Model model(cfg, Ctx{}, {.precision = "fp32", .with_optimizer = true});
   model.init_params(3);
   const int64_t B = 2, T = 37;
   model.reserve(B, T);

@@ -31,7 +31,7 @@ TEST(RecomputeCpu, SameGradientsBitForBit) {
 TEST(RecomputeCpu, BlockRecomputeKeepsBlockInputsAndOneBlock) {
   ModelConfig c = test::tiny_config_of(find_architecture("transformer", "test"));
   c.n_layers = 3;
-  Model none(c, Ctx{}, "fp32", false, false), block(c, Ctx{}, "fp32", false, false);
+  Model none(c, Ctx{}, {.precision = "fp32", .allocate = false}), block(c, Ctx{}, {.precision = "fp32", .allocate = false});
   block.set_recompute(Recompute::Block);
   const int64_t B = 2, T = 19, N = B * T, d = c.d_model, F = c.ffn_dim(), L = c.n_layers;
   const size_t f = sizeof(float);

@@ -27,7 +27,7 @@ TEST(ScaleConfigs, OnePointThreeBillionParameterCounts) {
     EXPECT_EQ(c.model.n_layers, 24) << e.file;
     EXPECT_EQ(c.model.d_model, 2048) << e.file;
     EXPECT_EQ(c.data.seq_len, 2048) << e.file;
-    Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+    Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
     EXPECT_EQ(m.n_params(), e.params) << e.file;
     EXPECT_EQ(m.n_params() - m.n_embedding_params(), e.non_embedding) << e.file;
   }

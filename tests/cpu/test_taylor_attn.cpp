@@ -1,4 +1,4 @@
-// Taylor attention CPU reference: the feature-map identity (spec §14.1); quadratic == recurrent ==
+// Taylor attention CPU reference: the feature-map identity (docs/based.md §2.2); quadratic == recurrent ==
 // chunked forward (o, den, final state) and backward in double for T around the chunk sizes 16/64,
 // several F, H > 1 and Dv not a power of two; gradient checks of each form against central
 // differences; decode steps == forward, prefill + decode == a longer forward; causality; large |u|.

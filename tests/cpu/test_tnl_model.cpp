@@ -1,7 +1,7 @@
-// TransNormerLLM on the CPU: the decay schedule against the spec's table, the shipped configs'
-// parameter counts against the spec's derived totals, a whole tiny TNL model's gradient check in
-// double (LRPE layer, SRMSNorm, SGLU, embedding scale, every parameter), decoding token by token
-// against the full forward, and a tiny model learning.
+// TransNormerLLM on the CPU: the decay schedule against the table of docs/transnormer.md §1.4,
+// the shipped configs' parameter counts against the totals of docs/transnormer.md §6.2, a whole
+// tiny TNL model's gradient check in double (LRPE layer, SRMSNorm, SGLU, embedding scale, every
+// parameter), decoding token by token against the full forward, and a tiny model learning.
 #include <cmath>
 
 #include "config/config.h"
@@ -30,7 +30,7 @@ ModelConfig tiny_tnl() {
 }
 
 TEST(TnlDecay, CodeScheduleMatchesTheSpecTable) {
-  // Layer 0 of the released code's schedule (spec §6.5): s = slope (1 + 1e-5).
+  // Layer 0 of the released code's schedule (docs/transnormer.md §1.4): s = slope (1 + 1e-5).
   const auto s8 = tnl_decay_rates("code", 8, 0, 24);
   ASSERT_EQ(s8.size(), 8u);
   EXPECT_NEAR(s8[0], 0.5 * (1 + 1e-5), 1e-12);
@@ -56,7 +56,7 @@ TEST(TnlConfigs, ParameterCountsMatchTheSpec) {
     EXPECT_EQ(model_norm(c.model), "srmsnorm");
     EXPECT_EQ(model_channel_mixer(c.model), "sglu");
     EXPECT_DOUBLE_EQ(model_embed_scale(c.model), std::sqrt(static_cast<double>(c.model.d_model)));
-    Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+    Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
     EXPECT_EQ(m.n_params(), e.params) << e.file;
   }
 }

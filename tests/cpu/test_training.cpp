@@ -33,7 +33,7 @@ TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
   const CheckpointReader reader(prev);
   const CheckpointData& meta = reader.data();
   const Config cfg = Config::from_json(meta.config, prev);
-  Model model(cfg.model, Ctx{}, "fp32", true);
+  Model model(cfg.model, Ctx{}, {.precision = "fp32", .with_optimizer = true});
   reader.load_params(model.params(), true);
   // Kill writers of a new checkpoint at different moments; whatever the moment, the final
   // name holds nothing or a complete file, and `latest` still loads.
@@ -125,7 +125,7 @@ TEST(Training, EvalMatchesIndependentComputation) {
 
   const CheckpointReader reader(ckpt);
   const Config cfg = Config::from_json(reader.data().config, ckpt);
-  Model model(cfg.model, Ctx{}, "fp64", false);
+  Model model(cfg.model, Ctx{}, {.precision = "fp64"});
   reader.load_params(model.params(), false);
   TokenDataset ds(test::tiny_dataset());
   const int64_t n = static_cast<int64_t>(ds.size(Split::Val)), T = 20;

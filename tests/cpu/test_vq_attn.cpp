@@ -1,4 +1,4 @@
-// VQ-attention CPU reference: block form == quadratic form (spec §3.1, stop-gradient on cache
+// VQ-attention CPU reference: block form == quadratic form (docs/transformer_vq.md §2, stop-gradient on cache
 // keys), forward and backward, in double over several blocks with T not a multiple of Lb, a
 // small codebook (codes repeat), H > 1 and Dk != Dv; gradient check of the block backward against
 // central differences (khat as an input with the codes fixed: quantization is piecewise
@@ -131,7 +131,7 @@ TEST(VqAttnCpu, BlockBackwardEqualsQuadratic) {
   }
 }
 
-// Keys compressed into the cache send no gradient to khat (spec §4.2): with STE on every key the
+// Keys compressed into the cache send no gradient to khat (docs/transformer_vq.md §4.2): with STE on every key the
 // gradient would differ, so a cache-region query must leave dkhat of an old key untouched.
 TEST(VqAttnCpu, CacheKeysGetNoGradient) {
   Problem p({1, 12, 1, 4, 3, 3, 3});
@@ -143,7 +143,7 @@ TEST(VqAttnCpu, CacheKeysGetNoGradient) {
   double window = 0;
   for (int64_t j = 6 * 4; j < 12 * 4; ++j) window += std::fabs(g.dkhat[j]);
   EXPECT_GT(window, 0.0);
-  // The cache still routes value gradients to old tokens (spec §4.3).
+  // The cache still routes value gradients to old tokens (docs/transformer_vq.md §4.3).
   double old_dv = 0;
   for (int64_t j = 0; j < 6 * 3; ++j) old_dv += std::fabs(g.dv[j]);
   EXPECT_GT(old_dv, 0.0);

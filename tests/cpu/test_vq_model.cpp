@@ -1,10 +1,10 @@
-// Transformer-VQ on the CPU: the shipped config's parameter count against the spec's formula, a
-// gradient check in double of every parameter downstream of the quantizer (keys take the
-// straight-through estimator, whose gradient no finite difference of the forward can see, so
-// the key rows and everything upstream of a quantizer are checked at the op level instead), the
-// commitment loss and its gradient against the formula, the codebook's EMA update after a
-// training step, decoding token by token against the full forward across blocks and into the
-// compressive cache, and a tiny model learning.
+// Transformer-VQ on the CPU: the shipped config's parameter count against the formula of
+// docs/transformer_vq.md §6, a gradient check in double of every parameter downstream of the
+// quantizer (keys take the straight-through estimator, whose gradient no finite difference of
+// the forward can see, so the key rows and everything upstream of a quantizer are checked at
+// the op level instead), the commitment loss and its gradient against the formula, the
+// codebook's EMA update after a training step, decoding token by token against the full forward
+// across blocks and into the compressive cache, and a tiny model learning.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,8 +36,8 @@ ModelConfig tiny_vq(int64_t layers = 2) {
 }
 
 TEST(VqConfigs, ParameterCountMatchesTheSpec) {
-  // Spec §5.3 (Enwik8, 190M): 48 GAUs of D_m 768, D_k 128, D_v 1536; per GAU W_Q, W_K, W_r
-  // (3 D_m D_k), W_V, W_G, W_O (3 D_m D_v), the pre-norm gain and u, v_r; bytes (V = 256) with an
+  // docs/transformer_vq.md §6 (Enwik8, 190M): 48 GAUs of D_m 768, D_k 128, D_v 1536; per GAU
+  // W_Q, W_K, W_r (3 D_m D_k), W_V, W_G, W_O (3 D_m D_v), the pre-norm gain and u, v_r; bytes (V = 256) with an
   // untied head and its bias. The codebooks (48 x 512 x 128) are buffers, not parameters: with
   // them the model holds the paper's ~190M numbers.
   const int64_t Dm = 768, Dk = 128, Dv = 1536, V = 256;
@@ -45,13 +45,13 @@ TEST(VqConfigs, ParameterCountMatchesTheSpec) {
   const int64_t expect = 48 * gau + 2 * V * Dm + V;
   EXPECT_EQ(expect, 184467712);
   const Config c = load_config(std::string(LINAC_TEST_SOURCE_DIR) + "/configs/transformer_vq_190m.json");
-  const Model m(c.model, Ctx{}, "fp32", false, /*allocate=*/false);
+  const Model m(c.model, Ctx{}, {.precision = "fp32", .allocate = false});
   EXPECT_EQ(m.n_params(), expect);
 }
 
 TEST(VqModelCpu, GradCheckDownstreamOfTheQuantizerDouble) {
   const ModelConfig cfg = tiny_vq();
-  Model model(cfg, Ctx{}, "fp64", false);
+  Model model(cfg, Ctx{}, {.precision = "fp64"});
   model.init_params(5);
   ParamStore& ps = model.params();
   test::perturb_special_init(ps);
@@ -84,7 +84,7 @@ TEST(VqModelCpu, GradCheckDownstreamOfTheQuantizerDouble) {
 
 TEST(VqModelCpu, CommitmentLossAndEmaFollowTheFormulas) {
   ModelConfig cfg = tiny_vq(1);
-  Model model(cfg, Ctx{}, "fp64", true);
+  Model model(cfg, Ctx{}, {.precision = "fp64", .with_optimizer = true});
   model.init_params(3);
   const int64_t B = 2, T = 9;
   model.reserve(B, T);

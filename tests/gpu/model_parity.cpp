@@ -12,11 +12,11 @@ namespace linac::test {
 void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
                             double loss_tol, double grad_tol) {
   OwnedTensor tokens = random_tokens(B, T, cfg.vocab_size, 1), targets = random_tokens(B, T, cfg.vocab_size, 2);
-  Model cpu(cfg, Ctx{}, "fp64", false);
+  Model cpu(cfg, Ctx{}, {.precision = "fp64"});
   cpu.init_params(11);
   cpu.reserve(B, T);
   GpuContext g;
-  Model gpu(cfg, g.ctx(), precision, false);
+  Model gpu(cfg, g.ctx(), {.precision = precision});
   gpu.init_params(11);
   ParamStore& gp = gpu.params();
   for (int i = 0; i < gp.count(); ++i)
@@ -53,7 +53,7 @@ void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const 
   for (int64_t t : probes) LINAC_CHECK(t >= prompt - 1 && t < T, "check_model_gpu_decode: probe outside the decoded span");
   GpuContext g;
   const int64_t V = cfg.vocab_size;
-  Model model(cfg, g.ctx(), "fp32", false);
+  Model model(cfg, g.ctx(), {.precision = "fp32"});
   model.init_params(3);
   model.reserve(B, T);
   OwnedTensor tokens = random_tokens(B, T, V, 5), targets = random_tokens(B, T, V, 6);

@@ -100,7 +100,7 @@ TEST(TaylorAttnGpu, ParityBf16) {
   run_parity(DType::BF16, {1e-2, 2e-2});
 }
 
-// A long sequence (the state grows linearly in T; spec §13.1): still at parity, every value finite.
+// A long sequence (the state grows linearly in T; docs/based.md §10.1): still at parity, every value finite.
 TEST(TaylorAttnGpu, LongSequence) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;

@@ -203,7 +203,7 @@ TEST_F(Zero, ResumeRefusesLoaderStatesThatDisagree) {
   CheckpointData d = r.data();
   d.state.loader[1][3] += 2;
   const Config c = Config::from_json(d.config, path);
-  Model model(c.model, Ctx{}, "fp64", true);
+  Model model(c.model, Ctx{}, {.precision = "fp64", .with_optimizer = true});
   r.load_params(model.params(), true);
   const std::string forged = dir + "/forged.h5";
   save_checkpoint(forged, model.params(), d);
