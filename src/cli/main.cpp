@@ -19,6 +19,16 @@ void usage(FILE* f) {
   for (const auto& c : linac::cli::commands()) std::fprintf(f, "  %-9s %s\n", c.name, c.summary);
 }
 
+// Prints `linac CMD: KIND: MESSAGE` as one line, whatever the message quotes (a key or value
+// from a config may hold a newline), ends an mpirun job with the same status, returns it.
+int error_exit(const char* cmd, const std::string& who, const char* kind, std::string msg, int status) {
+  std::replace(msg.begin(), msg.end(), '\n', ' ');
+  std::fprintf(stderr, "linac %s%s: %s: %s\n", cmd, who.c_str(), kind, msg.c_str());
+  std::fflush(stderr);
+  linac::abort_job_if_distributed(status);
+  return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,18 +44,11 @@ int main(int argc, char** argv) {
     try {
       return c.run(argc - 1, argv + 1);
     } catch (const linac::UserError& e) {
-      // One line, whatever the message quotes (a key or value from a config may hold a newline).
-      std::string msg = e.what();
-      std::replace(msg.begin(), msg.end(), '\n', ' ');
-      std::fprintf(stderr, "linac %s%s: error: %s\n", c.name, who.c_str(), msg.c_str());
-      std::fflush(stderr);
-      linac::abort_job_if_distributed(2);
-      return 2;
+      return error_exit(c.name, who, "error", e.what(), linac::kExitUserError);
+    } catch (const linac::Diverged& e) {
+      return error_exit(c.name, who, "error", e.what(), linac::kExitDiverged);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "linac %s%s: internal error: %s\n", c.name, who.c_str(), e.what());
-      std::fflush(stderr);
-      linac::abort_job_if_distributed(1);
-      return 1;
+      return error_exit(c.name, who, "internal error", e.what(), linac::kExitBug);
     }
   }
   std::fprintf(stderr, "linac: unknown command '%s'\n", name.c_str());

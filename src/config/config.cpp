@@ -1,9 +1,9 @@
 #include "config/config.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "config/json_reader.h"
 #include "core/error.h"
@@ -204,6 +204,18 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);
   t.finish();
   if (tr.min_lr > tr.lr) t.fail("min_lr", "must not exceed train.lr");
+  // AdamW divides by sqrt(v) + eps: with eps 0 a gradient that is exactly zero (an unseen
+  // embedding row, the layout's padding) makes 0/0. Its step |m| / sqrt(v) is bounded only when
+  // beta1^2 < beta2 (Cauchy-Schwarz over the two moving averages); otherwise a gradient that
+  // fades lets m outlive v and the step grows as (beta1 / sqrt(beta2))^t until only eps bounds it.
+  if (!(tr.adam_eps > 0))
+    t.fail("adam_eps", "must be > 0 (AdamW divides by sqrt(v) + adam_eps, and v is 0 wherever a gradient is 0)");
+  if (tr.beta1 > 0 && tr.beta1 * tr.beta1 >= tr.beta2) {
+    char bound[64];
+    std::snprintf(bound, sizeof bound, "%.6g (got %.6g)", tr.beta1 * tr.beta1, tr.beta2);
+    t.fail("beta2", std::string("must exceed train.beta1^2 = ") + bound +
+                        ": otherwise AdamW's step m / sqrt(v) is unbounded for a parameter whose gradient fades");
+  }
   const int64_t micro_tokens = tr.micro_batch * c.data.seq_len;
   if (tr.global_batch_tokens % micro_tokens != 0)
     t.fail("global_batch_tokens", "must be a multiple of micro_batch * data.seq_len = " +
@@ -224,10 +236,14 @@ void apply_override(json& doc, const std::string& assignment) {
     value = text;  // a bare word is a string: --set train.out_dir=runs/x
   }
   json* node = &doc;
-  std::stringstream ss(path);
-  std::string part;
+  // Every component, the empty ones at either end included ("train.lr." is refused).
   std::vector<std::string> parts;
-  while (std::getline(ss, part, '.')) parts.push_back(part);
+  for (size_t start = 0;;) {
+    const size_t dot = path.find('.', start);
+    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
     if (parts[i].empty()) throw UserError("--set: empty component in '" + path + "'");
     // Missing intermediate objects are created; unknown keys are still refused by validation.

@@ -3,6 +3,9 @@
 //    failing call and file:line.
 //  - UserError: bad input from the user (config field, missing file, wrong shape). The CLI
 //    prints its message as one line and exits with status 2.
+//  - Diverged: a training run whose numbers stopped being finite (train.max_bad_steps non-finite
+//    steps in a row, or inf/NaN in the weights or optimizer state). The CLI prints one error line
+//    and exits with status 3: neither a bug nor bad input, but a run to restart differently.
 #pragma once
 
 #include <stdexcept>
@@ -19,6 +22,14 @@ class UserError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+class Diverged : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The exit statuses of the CLI.
+inline constexpr int kExitBug = 1, kExitUserError = 2, kExitDiverged = 3;
 
 [[noreturn]] void fail_at(const char* file, int line, const std::string& msg);
 

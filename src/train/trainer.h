@@ -1,19 +1,107 @@
 // The training loop behind `linac train`: run directory, logging, metrics, periodic
 // validation, checkpoints, exact resume and clean stops on SIGINT/SIGTERM.
 //
-// Run directory (train.out_dir): config.json (the resolved config), train.log, metrics.jsonl
-// (one JSON object per logged step), ckpt/step_NNNNNN.h5 and ckpt/latest.
+// Run directory (train.out_dir, held by rank 0's RunLock for the whole run): config.json (the
+// resolved config), train.log, metrics.jsonl (one JSON object per logged step),
+// ckpt/step_NNNNNN.h5 and ckpt/latest, .lock.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
+#include "core/buffer.h"
+#include "core/error.h"
+#include "core/gpu.h"
+#include "train/train_data.h"
+#include "train/train_step.h"
+
+namespace spdlog {
+class logger;
+}
 
 namespace linac {
 
+class CheckpointReader;
+class Comm;
+class RunLock;
+class MetricsLog;
+
 // resume: "" (fresh run; refused if out_dir already holds checkpoints), "auto" (the newest
 // checkpoint of out_dir, or a fresh start when there is none) or a checkpoint path.
-// Returns the process exit status.
+// Returns the process exit status (0); throws UserError for bad input and Diverged when the
+// run's numbers stop being finite.
 int run_training(const Config& cfg, const std::string& resume);
+
+class Trainer {
+ public:
+  // Opens the run: devices and ranks, the data, the run directory (lock, resume point,
+  // config.json, log), the model, fresh or restored.
+  Trainer(const Config& cfg, const std::string& resume);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains to train.steps, or to the step a stop signal arrives at (then checkpoints).
+  void run();
+
+ private:
+  // What is logged as one line: the steps since the last logged one.
+  struct LogWindow {
+    std::chrono::steady_clock::time_point start;
+    int64_t tokens = 0, losses = 0;
+    double loss_sum = 0;
+  };
+
+  // What opening the run found before the log existed (stale files removed, checkpoints skipped).
+  struct Note {
+    bool warning;
+    std::string text;
+  };
+
+  void open_ranks();
+  std::unique_ptr<CheckpointReader> open_run_dir(const std::string& resume);
+  void open_log(const std::vector<Note>& notes);
+  void build_model();
+  void init_fresh();
+  void restore(const CheckpointReader& ckpt);
+
+  StepStats train_step();
+  json account(const StepStats& st);
+  void check_finite();
+  void save();
+  bool due(int64_t every) const { return every > 0 && (step_ % every == 0 || step_ == tc_.steps); }
+  Diverged diverged(const std::string& why) const;
+  double seconds_since_start() const;
+
+  const Config& cfg_;
+  const TrainConfig& tc_;
+  std::unique_ptr<Comm> comm_;
+  int rank_ = 0, world_ = 1;
+  bool root_ = true, gpu_ = false;
+  int64_t B_ = 0, T_ = 0, n_micro_ = 0;
+  TrainData data_;
+  std::unique_ptr<RunLock> lock_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::unique_ptr<GpuContext> gctx_;
+  Ctx ctx_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<TrainStep> stepper_;
+  std::unique_ptr<TrainBatches> batches_;
+  std::unique_ptr<Validation> validation_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::vector<OwnedTensor> tokens_d_, targets_d_;
+  std::vector<MicroBatch> micro_;
+  OwnedTensor tokens_h_, targets_h_;
+
+  int64_t step_ = 0, first_step_ = 0, tokens_seen_ = 0, bad_in_row_ = 0;
+  // The newest checkpoint known to hold finite values: what a diverged run points back to.
+  std::string last_good_ = "none: no checkpoint was written";
+  std::chrono::steady_clock::time_point t_start_;
+  LogWindow window_;
+};
 
 }  // namespace linac

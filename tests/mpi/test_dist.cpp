@@ -1,6 +1,7 @@
 // Data parallelism on the CPU through `mpirun -np 2`: equivalence with one process, rank
 // agreement, exact resume and failure handling. Runs the linac binary (LINAC_BIN).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include "mpi_run.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/run_lock.h"
 #include "train_fixture.h"
 
 namespace fs = std::filesystem;
@@ -189,6 +191,25 @@ TEST_F(Dist, KilledRankEndsTheJob) {
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
   EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
+}
+
+// Rank 0 holds the run directory's lock for the job: a job into a directory another run holds
+// ends on every rank with exit 2 and the holder named, and trains nothing there; once it is free
+// the same job runs.
+TEST_F(Dist, AJobIntoAHeldDirectoryIsRefused) {
+  const std::string dir = test::fresh_dir("dp_lock");
+  json j = test::tiny_train_config(dir + "/run");
+  j["train"]["steps"] = 2;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  {
+    const RunLock held(dir + "/run");
+    EXPECT_EQ(run_shell(mpirun(2, "train " + cfg), out), 2) << out;
+    EXPECT_NE(out.find("is in use by another training run (pid " + std::to_string(::getpid())), std::string::npos) << out;
+    EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
+  }
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  EXPECT_FALSE(test::latest_checkpoint_path(dir + "/run").empty());
 }
 
 }  // namespace

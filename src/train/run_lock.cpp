@@ -1,0 +1,97 @@
+#include "train/run_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+
+namespace {
+
+std::string read_holder(int fd) {
+  char buf[256] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  std::string s = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+std::string this_process() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "unknown host");
+  return "pid " + std::to_string(::getpid()) + " on " + host;
+}
+
+}  // namespace
+
+RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) {
+    created_dir_ = fs::create_directories(dir_, ec);
+    if (ec) throw UserError("train.out_dir: cannot create '" + dir_ + "': " + ec.message());
+  } else if (!fs::is_directory(dir_, ec)) {
+    throw UserError("train.out_dir: '" + dir_ + "' exists and is not a directory");
+  }
+  const std::string path = (fs::path(dir_) / kFileName).string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw UserError("train.out_dir: cannot create the lock file '" + path + "': " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    const std::string holder = read_holder(fd_);
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw UserError("train.out_dir '" + dir_ + "' is in use by another training run (" +
+                      (holder.empty() ? std::string("holder unknown") : holder) +
+                      "): wait for it to end, stop it, or choose another out_dir");
+    throw UserError("train.out_dir: cannot lock '" + path + "': " + std::strerror(err));
+  }
+  // Record the holder for the message a refused run prints. Best effort: the lock, not the
+  // text, is what excludes other runs.
+  const std::string me = this_process() + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] const ssize_t n = ::pwrite(fd_, me.data(), me.size(), 0);
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ < 0) return;
+  if (created_dir_) {
+    std::error_code ec;
+    bool only_lock = true;
+    for (const auto& e : fs::directory_iterator(dir_, ec))
+      if (e.path().filename() != kFileName) only_lock = false;
+    if (!ec && only_lock) {
+      fs::remove(fs::path(dir_) / kFileName, ec);
+      fs::remove(dir_, ec);
+    }
+  }
+  ::close(fd_);  // releases the flock
+}
+
+std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir) {
+  std::vector<StaleFile> removed;
+  std::error_code ec;
+  const fs::path ckpt = fs::path(out_dir) / "ckpt";
+  if (!fs::is_directory(ckpt, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(ckpt, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find(".tmp-") == std::string::npos) continue;
+    std::error_code size_ec;
+    const uintmax_t bytes = e.is_regular_file(size_ec) ? fs::file_size(e.path(), size_ec) : 0;
+    std::error_code rm_ec;
+    if (fs::remove(e.path(), rm_ec)) removed.push_back({e.path().string(), size_ec ? 0 : static_cast<uint64_t>(bytes)});
+  }
+  return removed;
+}
+
+}  // namespace linac

@@ -1,0 +1,46 @@
+// One training run per directory: RunLock holds an exclusive advisory lock (flock) on
+// <out_dir>/.lock for its lifetime. The kernel drops the lock when the holder exits, however it
+// exits (SIGKILL included), so a crashed run never leaves a directory locked; the file itself
+// stays and records the holder (pid and host) for the refusal message of a second run.
+//
+// Once the lock is held nothing else writes into the directory, so temp files left there by a
+// killed writer (ckpt/*.tmp-PID from an interrupted checkpoint or `latest` update) are stale:
+// remove_stale_temp_files deletes them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace linac {
+
+class RunLock {
+ public:
+  // Creates out_dir (and parents) when missing, then takes the lock. Throws a UserError naming
+  // the directory and the process holding it when another run has it, or naming the cause when
+  // the directory or the lock file cannot be created.
+  explicit RunLock(const std::string& out_dir);
+  // Releases the lock. When this lock created the directory and nothing but the lock file was
+  // written there (the run was refused before it started), removes both.
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+  static constexpr const char* kFileName = ".lock";
+
+ private:
+  std::string dir_;
+  int fd_ = -1;
+  bool created_dir_ = false;
+};
+
+struct StaleFile {
+  std::string path;
+  uint64_t bytes = 0;
+};
+
+// Deletes <out_dir>/ckpt/*.tmp-* (left by writers killed mid-write) and returns what it
+// removed. Only call while holding the directory's RunLock.
+std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir);
+
+}  // namespace linac

@@ -1,0 +1,319 @@
+// What protects a run directory and the files in it: one run per out_dir (an advisory lock that
+// a crash releases), stale temp files of killed writers removed, no checkpoint written with a
+// non-finite value, divergence reported with its own exit status, and AdamW settings that cannot
+// be numerically sound refused before any work.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "model/model.h"
+#include "test_util.h"
+#include "train/checkpoint.h"
+#include "train/run_lock.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace linac {
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+std::string user_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UserError";
+  return "";
+}
+
+TEST(RunLock, SecondHolderIsRefusedUntilTheFirstLetsGo) {
+  const std::string dir = test::fresh_dir("lock") + "/run";
+  {
+    const RunLock first(dir);
+    const std::string msg = user_error_of([&] { RunLock second(dir); });
+    EXPECT_NE(msg.find("in use by another training run (pid " + std::to_string(::getpid())), std::string::npos) << msg;
+    EXPECT_NE(msg.find(dir), std::string::npos) << msg;
+  }
+  const RunLock again(dir);  // released with the first
+}
+
+// The lock belongs to the process: a holder killed by SIGKILL runs no destructor, and the next
+// run still gets the directory.
+TEST(RunLock, AKilledHolderReleasesIt) {
+  const std::string dir = test::fresh_dir("lock_kill");
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const RunLock held(dir);
+    const char c = 1;
+    [[maybe_unused]] ssize_t n = write(ready[1], &c, 1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  const std::string msg = user_error_of([&] { RunLock second(dir); });
+  EXPECT_NE(msg.find("pid " + std::to_string(pid)), std::string::npos) << msg;
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  EXPECT_NO_THROW(RunLock after(dir));
+  close(ready[0]);
+  close(ready[1]);
+}
+
+// A refused or failed start leaves no directory behind that it created, and never removes one
+// that existed.
+TEST(RunLock, ARefusedRunLeavesNoDirectoryItCreated) {
+  const std::string base = test::fresh_dir("lock_clean");
+  { const RunLock l(base + "/new"); }
+  EXPECT_FALSE(fs::exists(base + "/new"));
+  { const RunLock l(base); }
+  EXPECT_TRUE(fs::exists(base));
+  std::ofstream(base + "/file") << "x";
+  EXPECT_NE(user_error_of([&] { RunLock l(base + "/file"); }).find("not a directory"), std::string::npos);
+}
+
+TEST(RunLock, RemovesStaleTempFilesOnly) {
+  const std::string dir = test::fresh_dir("stale");
+  fs::create_directories(dir + "/ckpt");
+  std::ofstream(dir + "/ckpt/step_000004.h5.tmp-4242") << std::string(1000, 'x');
+  std::ofstream(dir + "/ckpt/latest.tmp-4242") << "step_000004.h5";
+  std::ofstream(dir + "/ckpt/step_000002.h5") << "kept";
+  std::ofstream(dir + "/ckpt/latest") << "step_000002.h5";
+  const auto removed = remove_stale_temp_files(dir);
+  ASSERT_EQ(removed.size(), 2u);
+  EXPECT_TRUE(removed[0].bytes == 1000 || removed[1].bytes == 1000);
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/step_000004.h5.tmp-4242"));
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/latest.tmp-4242"));
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/step_000002.h5"));
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/latest"));
+}
+
+// A resumed run removes what a writer killed mid-checkpoint left, and says so in its log.
+TEST(RunSafety, ResumeRemovesStaleTempFilesAndSaysSo) {
+  const std::string dir = test::fresh_dir("stale_resume");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  const std::string stale = dir + "/ckpt/step_000006.h5.tmp-999999";
+  std::ofstream(stale) << std::string(4096, 'x');
+  j["train"]["steps"] = 4;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), "auto"), 0);
+  EXPECT_FALSE(fs::exists(stale));
+  const std::string log = read_file(dir + "/train.log");
+  EXPECT_NE(log.find("removed " + stale + " (4096 bytes)"), std::string::npos) << log;
+}
+
+pid_t start_linac(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    const char* bin = std::getenv("LINAC_BIN");
+    argv.push_back(const_cast<char*>(bin));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(bin, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Two `linac train` processes into one out_dir: the second, fresh or --resume auto, is refused
+// with exit 2 naming the first's pid, whether or not the first has written a checkpoint, and
+// writes nothing there; once the first ends (SIGTERM, or SIGKILL) the directory is free again.
+TEST(RunSafety, SecondTrainerIntoALiveRunIsRefused) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("two_runs"), dir = base + "/run";
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 1000000;
+  j["train"]["eval_every"] = 0;
+  j["train"]["checkpoint_every"] = 0;
+  const std::string cfg = base + "/cfg.json";
+  std::ofstream(cfg) << j.dump(2);
+
+  const pid_t first = start_linac({"train", cfg}, base + "/first.txt");
+  // Running: the lock names it and it has logged a step.
+  for (int i = 0; i < 600 && read_file(dir + "/metrics.jsonl").empty(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_FALSE(read_file(dir + "/metrics.jsonl").empty()) << read_file(base + "/first.txt");
+  EXPECT_FALSE(fs::exists(dir + "/ckpt")) << "the first run has written no checkpoint yet";
+  const std::string config_before = read_file(dir + "/config.json");
+  for (const std::string extra : {"", " --resume auto", " --set train.lr=1e-3"}) {
+    std::string out;
+    // (bounded: without the lock a second run would train its million steps)
+    const int rc = test::run_linac("train " + cfg + extra, out, "ulimit -t 20;");
+    EXPECT_EQ(rc, 2) << extra << ": " << out;
+    EXPECT_NE(out.find("linac train: error: train.out_dir '" + dir + "' is in use by another training run (pid " +
+                       std::to_string(first)),
+              std::string::npos)
+        << out;
+  }
+  EXPECT_EQ(read_file(dir + "/config.json"), config_before);
+  kill(first, SIGTERM);
+  int st = 0;
+  waitpid(first, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(base + "/first.txt");
+  // Every logged step once: nothing of the refused runs is in the metrics.
+  std::ifstream m(dir + "/metrics.jsonl");
+  int64_t expect = 1;
+  for (std::string line; std::getline(m, line); ++expect) ASSERT_EQ(json::parse(line)["step"], expect) << line;
+  const std::string ckpt = test::latest_checkpoint_path(dir);
+  ASSERT_FALSE(ckpt.empty());
+
+  // Free again after a clean stop, and after a SIGKILL.
+  const pid_t second = start_linac({"train", cfg, "--resume", "auto"}, base + "/second.txt");
+  for (int i = 0; i < 600 && read_file(dir + "/train.log").find("resumed from") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(second, SIGKILL);
+  waitpid(second, &st, 0);
+  std::string out;
+  const int64_t at = CheckpointReader(ckpt).data().state.step;
+  EXPECT_EQ(test::run_linac("train " + cfg + " --resume auto --set train.steps=" + std::to_string(at + 1), out), 0) << out;
+}
+
+// Writes a tiny config with overrides to base/cfg.json.
+std::string write_cfg(const std::string& base, json j) {
+  const std::string path = base + "/cfg.json";
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+// Every value of every checkpoint left in out_dir is finite.
+void expect_checkpoints_finite(const std::string& out_dir) {
+  if (!fs::exists(out_dir + "/ckpt")) return;
+  for (const auto& e : fs::directory_iterator(out_dir + "/ckpt")) {
+    if (e.path().extension() != ".h5") continue;
+    for (const char* group : {"params", "optim/m", "optim/v"})
+      for (float v : test::read_all_f32(e.path().string(), group))
+        ASSERT_TRUE(std::isfinite(v)) << e.path() << " " << group << " holds " << v;
+  }
+}
+
+// The case, with validation bypassed: AdamW with eps 0 and beta2 0 writes NaN/inf into
+// embedding rows that see no gradient while every loss stays finite. The run stops as diverged
+// before a checkpoint holds one of them, and names the last checkpoint that is finite.
+TEST(RunSafety, NonFiniteWeightsNeverReachACheckpoint) {
+  const std::string dir = test::fresh_dir("nonfinite");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 2;
+  j["train"]["checkpoint_every"] = 2;
+  ASSERT_EQ(run_training(Config::from_json(j, "n"), ""), 0);
+  const std::string good = test::latest_checkpoint_path(dir);
+  j["train"]["steps"] = 8;
+  j["train"]["log_every"] = 100;  // the check before the checkpoint must catch it, not a log step
+  Config cfg = Config::from_json(j, "n");
+  cfg.train.adam_eps = 0;
+  cfg.train.beta2 = 0;
+  try {
+    run_training(cfg, "auto");
+    FAIL() << "a run with non-finite weights ended normally";
+  } catch (const Diverged& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("training diverged at step 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not finite"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("embed"), std::string::npos) << "names the tensor: " << msg;
+    EXPECT_NE(msg.find("the last checkpoint with finite values is " + good + " (step 2)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(test::latest_checkpoint_path(dir), good);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 4)));
+  expect_checkpoints_finite(dir);
+}
+
+// The same check at a logged step, and a resume from a checkpoint that holds an inf is refused.
+TEST(RunSafety, NonFiniteWeightsStopAtALoggedStepAndAreNotResumed) {
+  const std::string dir = test::fresh_dir("nonfinite_log");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 6;
+  j["train"]["checkpoint_every"] = 100;
+  Config cfg = Config::from_json(j, "n");
+  cfg.train.adam_eps = 0;
+  cfg.train.beta2 = 0;
+  try {
+    run_training(cfg, "");
+    FAIL() << "a run with non-finite weights ended normally";
+  } catch (const Diverged& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged at step 1:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("none: no checkpoint was written"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/ckpt"));
+
+  // A checkpoint with one inf (as an older linac could write) is refused as a resume point.
+  const std::string ok_dir = test::fresh_dir("nonfinite_resume");
+  j = test::tiny_train_config(ok_dir);
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "n"), ""), 0);
+  const CheckpointReader reader(test::latest_checkpoint_path(ok_dir));
+  Model model(Config::from_json(reader.data().config, "c").model, Ctx{}, {.precision = "fp32", .with_optimizer = true});
+  reader.load_params(model.params(), true);
+  model.params().m(1).data<float>()[3] = INFINITY;
+  const std::string bad = ok_dir + "/bad.h5";
+  save_checkpoint(bad, model.params(), reader.data());
+  j["train"]["steps"] = 5;
+  const std::string msg = user_error_of([&] { run_training(Config::from_json(j, "n"), bad); });
+  EXPECT_NE(msg.find(bad + ": holds 1 non-finite"), std::string::npos) << msg;
+}
+
+// A run that diverges through the CLI: exit status 3 and one `linac train: error:` line.
+// lr * weight_decay = 100 multiplies every matrix by -99 per step, so the weights overflow f32
+// within ~20 steps whatever the data.
+TEST(RunSafety, DivergedRunExitsWithItsOwnStatus) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("diverge");
+  json j = test::tiny_train_config(base + "/run");
+  j["train"]["steps"] = 60;
+  j["train"]["lr"] = 10;
+  j["train"]["min_lr"] = 10;
+  j["train"]["weight_decay"] = 10;
+  j["train"]["grad_clip"] = 0;
+  j["train"]["warmup_steps"] = 0;
+  j["train"]["eval_every"] = 0;
+  j["train"]["checkpoint_every"] = 5;
+  std::string out;
+  EXPECT_EQ(test::run_linac("train " + write_cfg(base, j), out), 3) << out;
+  EXPECT_NE(out.find("\nlinac train: error: training diverged at step "), std::string::npos) << out;
+  EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  expect_checkpoints_finite(base + "/run");
+}
+
+TEST(RunSafety, UnsoundAdamSettingsAreRefused) {
+  json j = test::tiny_train_config("x");
+  j["train"]["adam_eps"] = 0;
+  EXPECT_NE(user_error_of([&] { Config::from_json(j, "c.json"); }).find("train.adam_eps"), std::string::npos);
+  j["train"]["adam_eps"] = 1e-8;
+  j["train"]["beta2"] = 0;
+  const std::string msg = user_error_of([&] { Config::from_json(j, "c.json"); });
+  EXPECT_NE(msg.find("train.beta2: must exceed train.beta1^2 = 0.81 (got 0)"), std::string::npos) << msg;
+  j["train"]["beta2"] = 0.8;
+  EXPECT_NE(user_error_of([&] { Config::from_json(j, "c.json"); }).find("train.beta2"), std::string::npos);
+  j["train"]["beta2"] = 0.82;
+  EXPECT_NO_THROW(Config::from_json(j, "c.json"));
+  j["train"]["beta1"] = 0;  // sign-like updates g / (|g| + eps): bounded
+  j["train"]["beta2"] = 0;
+  EXPECT_NO_THROW(Config::from_json(j, "c.json"));
+}
+
+}  // namespace
+}  // namespace linac
