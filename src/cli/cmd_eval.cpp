@@ -6,6 +6,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "config/config.h"
 #include "data/loader.h"
 #include "data/mqar.h"
@@ -26,7 +27,9 @@ const char* kUsage =
     "byte = total loss / ln 2 / UTF-8 bytes of the scored text (documents decoded with the\n"
     "checkpoint's tokenizer, each end-of-document counted as one byte). --data defaults to the\n"
     "checkpoint config's data.path; --seq-len to its data.seq_len; --max-tokens limits the\n"
-    "number of scored tokens (default: all).\n\n"
+    "number of scored tokens (default: all). After 5 s, progress (tokens scored, ETA) goes to\n"
+    "stderr every 10 s. Cost: every window is one forward pass; full attention costs O(T^2)\n"
+    "per window, so a very long --seq-len on a CPU can take hours (docs/training.md, \"Evaluation\").\n\n"
     "A checkpoint trained on MQAR (data.type \"mqar\") is scored on its config's test slices\n"
     "(data.mqar.test, generated from data.mqar.test_seed): loss and accuracy (the value is the\n"
     "argmax of the logits) over the queries, pooled and per slice (L = sequence length,\n"
@@ -65,7 +68,7 @@ LoadedModel load_model(const CheckpointReader& reader, const Config& cfg) {
     m.gctx = std::make_unique<GpuContext>();
     ctx = m.gctx->ctx();
   }
-  m.model = std::make_unique<Model>(cfg.model, ctx, cfg.train.precision, false);
+  m.model = std::make_unique<Model>(cfg.model, ctx, ModelOptions{.precision = cfg.train.precision});
   reader.load_params(m.model->params(), false);
   m.model->params().refresh_compute(ctx);
   return m;
@@ -77,7 +80,11 @@ int eval_mqar(const std::string& ckpt, const Config& cfg, const CheckpointReader
   LoadedModel m = load_model(reader, cfg);
   m.model->reserve(B, test.max_seq_len());
   const auto t0 = std::chrono::steady_clock::now();
-  const MqarResult r = evaluate_mqar(*m.model, test, B, 0, 1);
+  MqarResult r;
+  {
+    Progress progress("eval", "sequences", static_cast<int64_t>(test.size()));
+    r = evaluate_mqar(*m.model, test, B, 0, 1, [&](int64_t done) { progress.set_done(done); });
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const MqarScore all = r.pooled();
   if (as_json) {
@@ -117,12 +124,18 @@ int cmd_eval(int argc, char** argv) {
   const auto data = args.get("data");
   const auto split_opt = args.get("split");
   const Split split = parse_split(split_opt.value_or("val"));
-  const int64_t seq_len = args.get_int("seq-len", 0), max_tokens = args.get_int("max-tokens", 0);
-  const int64_t batch = args.get_int("batch", 0);
+  // A count, when given, is at least 1: 0 is not a silent "the default" (0 below: not given).
+  auto count_opt = [&](const char* name) -> int64_t {
+    const auto text = args.get(name);
+    if (!text) return 0;
+    const int64_t v = args.get_int(name, 0);
+    if (v < 1) throw UserError(std::string("--") + name + " must be at least 1, got " + *text);
+    return v;
+  };
+  const int64_t seq_len = count_opt("seq-len"), max_tokens = count_opt("max-tokens"), batch = count_opt("batch");
   const bool as_json = args.flag("json");
   args.finish();
   if (!ckpt) throw UserError("--checkpoint PATH is required (see --help)");
-  if (seq_len < 0 || max_tokens < 0 || batch < 0) throw UserError("--seq-len, --max-tokens and --batch must be positive");
 
   const CheckpointReader reader(*ckpt);
   const CheckpointData& meta = reader.data();
@@ -150,7 +163,11 @@ int cmd_eval(int argc, char** argv) {
   EvalLoader loader(ds, split, B, T, 0, 1, static_cast<uint64_t>(max_tokens));
 
   const auto t0 = std::chrono::steady_clock::now();
-  const EvalResult r = evaluate(*m.model, loader);
+  EvalResult r;
+  {
+    Progress progress("eval", "tokens", static_cast<int64_t>(loader.num_targets()));
+    r = evaluate(*m.model, loader, [&](int64_t done) { progress.set_done(done); });
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.targets == 0) throw UserError(data_path + ": the " + split_name(split) + " split has no tokens to score");
   const uint64_t bytes = scored_bytes(ds, split, static_cast<uint64_t>(r.targets), tok);

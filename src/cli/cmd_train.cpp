@@ -12,7 +12,7 @@ namespace linac::cli {
 namespace {
 const char* kUsage =
     "usage: linac train CONFIG.json [--set key.path=value]... [--resume auto|PATH]\n\n"
-    "Trains the model of CONFIG.json (README \"Config\" lists every key). The whole config is\n"
+    "Trains the model of CONFIG.json (docs/config.md lists every key). The whole config is\n"
     "validated before any work starts. --set overrides one key (value parsed as JSON, else a\n"
     "string), e.g. --set train.lr=1e-3 --set train.out_dir=runs/x. Outputs go to train.out_dir:\n"
     "config.json, train.log, metrics.jsonl, ckpt/. --resume auto continues from the newest\n"

@@ -4,7 +4,7 @@
 
 namespace linac {
 
-EvalResult evaluate(Model& model, EvalLoader& loader) {
+EvalResult evaluate(Model& model, EvalLoader& loader, const EvalProgress& progress) {
   const int64_t B = loader.batch(), T = loader.seq_len();
   const Device dev = model.env().device();
   std::vector<int32_t> rows(loader.batch_elems());
@@ -30,6 +30,7 @@ EvalResult evaluate(Model& model, EvalLoader& loader) {
     copy_tensor(tgt_db, tgt_b);
     r.loss_sum += model.forward_loss(tok_db, tgt_db);
     r.aux_sum += model.aux_loss_sum();
+    if (progress) progress(r.targets);
   }
   return r;
 }
@@ -59,13 +60,15 @@ void MqarResult::reduce(const std::function<double(double)>& sum) {
   }
 }
 
-MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world) {
+MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world,
+                         const EvalProgress& progress) {
   const Device dev = model.env().device();
   const int64_t Lmax = set.max_seq_len();
   OwnedTensor tok(DType::I32, Device::CPU, {B, Lmax}), tgt(DType::I32, Device::CPU, {B, Lmax});
   OwnedTensor tok_d(DType::I32, dev, {B, Lmax}), tgt_d(DType::I32, dev, {B, Lmax});
   MqarResult r;
   r.slices = set.slices();
+  int64_t sequences = 0;
   for (size_t s = 0; s < set.slices().size(); ++s) {
     const MqarSlice& sl = set.slices()[s];
     MqarScore score;
@@ -87,6 +90,8 @@ MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, 
       score.loss_sum += model.forward_loss(tok_db, tgt_db, &hits);
       score.hits += hits;
       score.aux_sum += model.aux_loss_sum();
+      sequences += rows;
+      if (progress) progress(sequences);
     }
     r.scores.push_back(score);
   }

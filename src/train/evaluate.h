@@ -20,9 +20,12 @@ struct EvalResult {
   double mean_loss() const { return targets ? loss_sum / static_cast<double>(targets) : 0.0; }
 };
 
+// Called after each batch with the count done so far (targets; MQAR: sequences), for progress.
+using EvalProgress = std::function<void(int64_t done)>;
+
 // Runs the loader to its end on `model` (which must have reserved loader.batch() x seq_len()).
 // Each batch runs on its longest window only, so a short split is never padded to seq_len.
-EvalResult evaluate(Model& model, EvalLoader& loader);
+EvalResult evaluate(Model& model, EvalLoader& loader, const EvalProgress& progress = {});
 
 // MQAR: loss and accuracy (the target is the argmax of the logits) over the labelled positions,
 // per slice of an MqarSet and pooled.
@@ -43,6 +46,7 @@ struct MqarResult {
 
 // Every example of `set` once: rank r takes examples r, r + world, ... of each slice, in batches
 // of up to B sequences of that slice's length (model must have reserved B x set.max_seq_len()).
-MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world);
+MqarResult evaluate_mqar(Model& model, const MqarSet& set, int64_t B, int rank, int world,
+                         const EvalProgress& progress = {});
 
 }  // namespace linac

@@ -101,6 +101,36 @@ TEST(CliErrors, SetCreatesMissingObjectsAndStillRejectsUnknownKeys) {
   }
 }
 
+// Every component of a --set path must be a name: a trailing, leading or doubled dot is refused
+// instead of being dropped ("train.lr." once set train.lr).
+TEST(CliErrors, SetRefusesEmptyPathComponents) {
+  for (const std::string bad : {"train.lr.=0.001", ".train.lr=1", "train..lr=1", "train.lr..=1"}) {
+    json doc = test::tiny_train_config("x");
+    try {
+      apply_override(doc, bad);
+      FAIL() << bad << " was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("empty component"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(doc, test::tiny_train_config("x")) << bad;
+  }
+}
+
+// Counts given to eval are at least 1: 0 is refused, not read as "the default".
+TEST(CliErrors, EvalRefusesZeroCounts) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("eval_zero");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 1;
+  ASSERT_EQ(run_training(Config::from_json(j, "z"), ""), 0);
+  const std::string ckpt = test::latest_checkpoint_path(dir);
+  for (const std::string opt : {"--seq-len 0", "--seq-len -5", "--max-tokens 0", "--batch 0"}) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("eval --checkpoint " + ckpt + " " + opt, out), out, opt);
+    EXPECT_NE(out.find("must be at least 1"), std::string::npos) << out;
+  }
+}
+
 // A window longer than the tokens to score is cut to them: --seq-len 100000 with 50 tokens runs at T=50.
 TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";

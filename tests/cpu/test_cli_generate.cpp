@@ -123,7 +123,7 @@ TEST(CliGenerate, GreedyRepeatsAndScoresItsTokensAsTheForward) {
   // The full forward over prompt + generated tokens gives each generated token the same log-prob.
   const CheckpointReader reader(tiny_checkpoint(false));
   const Config cfg = Config::from_json(reader.data().config, "ckpt");
-  Model model(cfg.model, Ctx{}, "fp32", false);
+  Model model(cfg.model, Ctx{}, {.precision = "fp32"});
   reader.load_params(model.params(), false);
   const int64_t T = static_cast<int64_t>(prompt.size() + gen.size()) - 1;
   model.reserve(1, T);
@@ -189,6 +189,44 @@ TEST(CliGenerate, BadInputIsOneLineAndExit2) {
 
 // ---- export ----------------------------------------------------------------------------------
 
+std::string file_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+// Like `prepare`, export refuses an output that holds something unless --force is given; a
+// refused or failed export leaves the directory as it was, and --force replaces only its own
+// files.
+TEST(CliExport, NonEmptyOutputNeedsForce) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("export_force");
+  std::string out;
+  ASSERT_EQ(test::run_linac("export --checkpoint " + tiny_checkpoint(false) + " --out " + dir, out), 0) << out;
+  const std::string first = file_text(dir + "/model.safetensors");
+  std::ofstream(dir + "/notes.txt") << "mine";
+  for (const bool tied : {false, true}) {
+    expect_one_line_user_error("export --checkpoint " + tiny_checkpoint(tied) + " --out " + dir);
+    EXPECT_EQ(file_text(dir + "/model.safetensors"), first);
+  }
+  test::run_linac("export --checkpoint " + tiny_checkpoint(true) + " --out " + dir, out);
+  EXPECT_NE(out.find("exists and is not empty (use --force"), std::string::npos) << out;
+  ASSERT_EQ(test::run_linac("export --force --checkpoint " + tiny_checkpoint(true) + " --out " + dir, out), 0) << out;
+  EXPECT_NE(file_text(dir + "/model.safetensors"), first);
+  EXPECT_EQ(file_text(dir + "/notes.txt"), "mine");
+  size_t entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename().string().find(".export.tmp-") == 0 ? 100 : 1;
+  EXPECT_EQ(entries, 4u) << "model.safetensors, linac_config.json, tokenizer.model, notes.txt and no staging folder";
+  // A file as --out, and an export that fails while writing (a 1 KiB file size limit), change
+  // nothing.
+  expect_one_line_user_error("export --checkpoint " + tiny_checkpoint(false) + " --out " + dir + "/notes.txt");
+  const std::string fresh = test::fresh_dir("export_full") + "/out";
+  EXPECT_EQ(test::run_linac("export --checkpoint " + tiny_checkpoint(false) + " --out " + fresh, out,
+                            "ulimit -f 1; trap '' XFSZ;"),
+            2)
+      << out;
+  EXPECT_FALSE(fs::exists(fresh)) << "a failed export left its directory behind";
+}
+
 TEST(CliExport, SafetensorsHoldEveryParameterUnderItsName) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("export_st");
@@ -197,7 +235,7 @@ TEST(CliExport, SafetensorsHoldEveryParameterUnderItsName) {
   const StFile st = read_safetensors(dir + "/model.safetensors");
   const CheckpointReader reader(tiny_checkpoint(false));
   const Config cfg = Config::from_json(reader.data().config, "ckpt");
-  Model model(cfg.model, Ctx{}, "fp32", false);
+  Model model(cfg.model, Ctx{}, {.precision = "fp32"});
   reader.load_params(model.params(), false);
   const ParamStore& ps = model.params();
   ASSERT_EQ(static_cast<int>(st.tensors.size()), ps.count() + ps.buffer_count());
@@ -224,7 +262,7 @@ TEST(CliExport, HfLlamaFolderSplitsTheFusedProjections) {
         << out;
     const CheckpointReader reader(tiny_checkpoint(tied));
     const Config cfg = Config::from_json(reader.data().config, "ckpt");
-    Model model(cfg.model, Ctx{}, "fp32", false);
+    Model model(cfg.model, Ctx{}, {.precision = "fp32"});
     reader.load_params(model.params(), false);
     const ParamStore& ps = model.params();
     std::ifstream cf(dir + "/config.json");
