@@ -1,6 +1,6 @@
 // linac bench: times full training steps (forward, backward, optimizer) on random tokens, or
-// single ops (--op), with device events after warm-up. Every performance figure in README
-// comes from here.
+// single ops (--op), with device events after warm-up. Every performance figure in
+// docs/performance.md comes from here.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -60,147 +60,142 @@ struct BenchRow {
   StepProfile profile;  // with --profile
 };
 
-int bench_model(Args& args, const std::string& path) {
-  const auto sets = args.get_all("set");
-  const Config cfg = load_config(path, sets);
-  std::vector<int64_t> seq_lens = {cfg.data.seq_len};
-  if (auto s = args.get("seq-lens")) seq_lens = parse_int_list(*s, "--seq-lens");
-  const int64_t micro_default = cfg.train.micro_batch * cfg.data.seq_len;
-  const int64_t micro_tokens = args.get_int("micro-tokens", micro_default);
-  const int64_t step_tokens = args.get_int("tokens-per-step", micro_tokens);
-  const int64_t steps = args.get_int("steps", 5), warmup = args.get_int("warmup", 2);
-  const bool as_json = args.flag("json"), profile = args.flag("profile");
-  args.finish();
-  if (step_tokens % micro_tokens) throw UserError("--tokens-per-step must be a multiple of --micro-tokens");
-  if (steps < 1 || warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+struct BenchOptions {
+  std::vector<int64_t> seq_lens;
+  int64_t micro_tokens, step_tokens, steps, warmup;
+  bool as_json, profile;
+};
 
-  const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
-  auto comm = Comm::create(gpu ? Device::CUDA : Device::CPU);
-  const int world = comm->world();
+// What one rank runs: the model, its optimizer step and the device, as `linac train` builds them.
+struct BenchRun {
+  explicit BenchRun(const Config& c) : cfg(c) {}
+  const Config& cfg;
+  std::unique_ptr<Comm> comm;
   std::unique_ptr<GpuContext> gctx;
   Ctx ctx;
-  if (gpu) {
-    gctx = std::make_unique<GpuContext>();
-    ctx = gctx->ctx();
-  }
-  const size_t mem0 = gpu ? gpu_bytes_in_use() : 0;
-  const double peak_tflops = gpu ? gpu_info().bf16_dense_tflops : 0.0;
-  const std::string device_desc = gpu ? gpu_info().name : std::string("CPU");
+  bool gpu = false;
+  size_t mem0 = 0;  // device memory in use before the model
+  std::unique_ptr<Model> model;
+  TrainConfig tc;
+  std::unique_ptr<TrainStep> stepper;
+};
 
-  Model model(cfg.model, ctx, cfg.train.precision, true, true, cfg.train.zero && world > 1 ? world : 1, comm->rank(),
-              cfg.train.zero == 2);
-  model.set_recompute(parse_recompute(cfg.train.recompute));
-  model.init_params(cfg.train.seed);
-  TrainConfig tc = cfg.train;
-  tc.steps = warmup + steps;
-  TrainStep stepper(model, tc, comm.get());
-  stepper.sync_weights();
+// n_micro micro-batches of B x T random tokens (never zeros; each micro-batch and rank its own),
+// uploaded once.
+struct RandomBatches {
+  std::vector<OwnedTensor> tokens, targets;
+  std::vector<MicroBatch> micro;
+};
 
-  std::vector<BenchRow> rows;
-  for (const int64_t T : seq_lens) {
-    if (micro_tokens % T) throw UserError("--micro-tokens (" + std::to_string(micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
-    const int64_t B = micro_tokens / T, n_micro = step_tokens / micro_tokens;
-    reset_buffer_peak(ctx.device);
-    model.reserve(B, T);
-    // Random tokens (never zeros), a different batch per micro-step, uploaded once.
-    std::vector<OwnedTensor> tok, tgt;
-    std::vector<MicroBatch> micro;
-    for (int64_t i = 0; i < n_micro; ++i) {
-      OwnedTensor h(DType::I32, Device::CPU, {B, T + 1});
-      Rng rng{cfg.train.seed, 0xbe4c + static_cast<uint64_t>(comm->rank()), static_cast<uint64_t>(i)};
-      for (int64_t j = 0; j < B * (T + 1); ++j)
-        h->data<int32_t>()[j] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.model.vocab_size)));
-      OwnedTensor a(DType::I32, Device::CPU, {B, T}), b(DType::I32, Device::CPU, {B, T});
-      for (int64_t r = 0; r < B; ++r)
-        for (int64_t t = 0; t < T; ++t) {
-          a->data<int32_t>()[r * T + t] = h->data<int32_t>()[r * (T + 1) + t];
-          b->data<int32_t>()[r * T + t] = h->data<int32_t>()[r * (T + 1) + t + 1];
-        }
-      tok.push_back(to(a, ctx.device, DType::I32));
-      tgt.push_back(to(b, ctx.device, DType::I32));
-      micro.push_back({tok.back().t, tgt.back().t});
-    }
-    StepStats st;
-    const int64_t global_tokens = step_tokens * world;
-    for (int64_t i = 0; i < warmup; ++i) st = stepper.run(i, micro, global_tokens);
-    comm->barrier();
-    Timer timer(ctx);
-    timer.start();
-    for (int64_t i = 0; i < steps; ++i) {
-      st = stepper.run(warmup + i, micro, global_tokens);
-      timer.mark();
-    }
-    std::vector<double> laps = timer.laps_ms();
-    const double ms = std::accumulate(laps.begin(), laps.end(), 0.0) / static_cast<double>(steps);
-    std::sort(laps.begin(), laps.end());
-    BenchRow r;
-    r.T = T;
-    r.B = B;
-    r.micro = n_micro;
-    r.tokens_per_step = global_tokens;
-    r.step_ms = ms;
-    r.median_ms = (laps[(laps.size() - 1) / 2] + laps[laps.size() / 2]) / 2;
-    r.max_ms = laps.back();
-    r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
-    r.mfu = peak_tflops > 0 ? model.flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
-    r.mem_bytes = gpu ? static_cast<double>(gpu_bytes_in_use() - mem0) : 0.0;
-    r.peak_bytes = static_cast<double>(buffer_bytes_peak(ctx.device));
-    r.loss = st.loss;
-    if (profile)
-      r.profile = profile_steps(model, ctx, steps, [&] { st = stepper.run(warmup + steps, micro, global_tokens); });
-    rows.push_back(r);
+RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t n_micro) {
+  RandomBatches rb;
+  for (int64_t i = 0; i < n_micro; ++i) {
+    Rng rng{run.cfg.train.seed, 0xbe4c + static_cast<uint64_t>(run.comm->rank()), static_cast<uint64_t>(i)};
+    std::vector<int32_t> seq(static_cast<size_t>(B * (T + 1)));
+    for (int32_t& id : seq) id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(run.cfg.model.vocab_size)));
+    OwnedTensor a(DType::I32, Device::CPU, {B, T}), b(DType::I32, Device::CPU, {B, T});
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t t = 0; t < T; ++t) {
+        a->data<int32_t>()[r * T + t] = seq[static_cast<size_t>(r * (T + 1) + t)];
+        b->data<int32_t>()[r * T + t] = seq[static_cast<size_t>(r * (T + 1) + t + 1)];
+      }
+    rb.tokens.push_back(to(a, run.ctx.device, DType::I32));
+    rb.targets.push_back(to(b, run.ctx.device, DType::I32));
+    rb.micro.push_back({rb.tokens.back().t, rb.targets.back().t});
   }
+  return rb;
+}
 
-  if (!comm->is_root()) return 0;
-  if (as_json) {
-    json j = {{"config", path},
-              {"device", device_desc},
-              {"precision", cfg.train.precision},
-              {"ranks", world},
-              {"overlap_comm", cfg.train.overlap_comm},
-              {"recompute", cfg.train.recompute},
-              {"zero", model.params().sharded() ? cfg.train.zero : 0},
-              {"params", model.n_params()},
-              {"buckets", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->buckets()) : 0},
-              {"gradient_groups", stepper.reducer() ? static_cast<int64_t>(stepper.reducer()->groups()) : 0},
-              {"bucket_starts", stepper.reducer() ? json{{"windows", stepper.reducer()->starts().windows},
-                                                         {"ready", stepper.reducer()->starts().ready},
-                                                         {"after_backward", stepper.reducer()->starts().finish}}
-                                                  : json()},
-              {"rows", json::array()}};
-    for (const auto& r : rows)
-      j["rows"].push_back({{"seq_len", r.T},
-                           {"batch", r.B},
-                           {"micro_batches", r.micro},
-                           {"tokens_per_step", r.tokens_per_step},
-                           {"step_ms", r.step_ms},
-                           {"step_ms_median", r.median_ms},
-                           {"step_ms_max", r.max_ms},
-                           {"tokens_per_s", r.tokens_per_s},
-                           {"mfu", r.mfu},
-                           {"memory_bytes", r.mem_bytes},
-                           {"peak_bytes", r.peak_bytes},
-                           {"loss", r.loss}});
-    if (profile)
-      for (size_t i = 0; i < rows.size(); ++i) j["rows"][i]["profile"] = step_profile_json(rows[i].profile);
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
+// Times o.steps steps at sequence length T after o.warmup: mean, median and slowest step, memory,
+// and with --profile where the time goes.
+BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
+  if (o.micro_tokens % T)
+    throw UserError("--micro-tokens (" + std::to_string(o.micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
+  const int64_t B = o.micro_tokens / T, n_micro = o.step_tokens / o.micro_tokens;
+  const int world = run.comm->world();
+  reset_buffer_peak(run.ctx.device);
+  run.model->reserve(B, T);
+  const RandomBatches rb = random_batches(run, B, T, n_micro);
+  StepStats st;
+  const int64_t global_tokens = o.step_tokens * world;
+  for (int64_t i = 0; i < o.warmup; ++i) st = run.stepper->run(i, rb.micro, global_tokens);
+  run.comm->barrier();
+  Timer timer(run.ctx);
+  timer.start();
+  for (int64_t i = 0; i < o.steps; ++i) {
+    st = run.stepper->run(o.warmup + i, rb.micro, global_tokens);
+    timer.mark();
   }
+  std::vector<double> laps = timer.laps_ms();
+  const double ms = std::accumulate(laps.begin(), laps.end(), 0.0) / static_cast<double>(o.steps);
+  std::sort(laps.begin(), laps.end());
+  const double peak_tflops = run.gpu ? gpu_info().bf16_dense_tflops : 0.0;
+  BenchRow r;
+  r.T = T;
+  r.B = B;
+  r.micro = n_micro;
+  r.tokens_per_step = global_tokens;
+  r.step_ms = ms;
+  r.median_ms = (laps[(laps.size() - 1) / 2] + laps[laps.size() / 2]) / 2;
+  r.max_ms = laps.back();
+  r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
+  r.mfu = peak_tflops > 0 ? run.model->flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
+  r.mem_bytes = run.gpu ? static_cast<double>(gpu_bytes_in_use() - run.mem0) : 0.0;
+  r.peak_bytes = static_cast<double>(buffer_bytes_peak(run.ctx.device));
+  r.loss = st.loss;
+  if (o.profile)
+    r.profile = profile_steps(*run.model, run.ctx, o.steps,
+                              [&] { st = run.stepper->run(o.warmup + o.steps, rb.micro, global_tokens); });
+  return r;
+}
+
+void print_json(const BenchRun& run, const std::string& path, const BenchOptions& o, const std::vector<BenchRow>& rows) {
+  const GradReducer* red = run.stepper->reducer();
+  json j = {{"config", path},
+            {"device", run.gpu ? gpu_info().name : std::string("CPU")},
+            {"precision", run.cfg.train.precision},
+            {"ranks", run.comm->world()},
+            {"overlap_comm", run.cfg.train.overlap_comm},
+            {"recompute", run.cfg.train.recompute},
+            {"zero", run.model->params().sharded() ? run.cfg.train.zero : 0},
+            {"params", run.model->n_params()},
+            {"buckets", red ? static_cast<int64_t>(red->buckets()) : 0},
+            {"gradient_groups", red ? static_cast<int64_t>(red->groups()) : 0},
+            {"bucket_starts", red ? json{{"windows", red->starts().windows},
+                                         {"ready", red->starts().ready},
+                                         {"after_backward", red->starts().finish}}
+                                  : json()},
+            {"rows", json::array()}};
+  for (const auto& r : rows) {
+    json row = {{"seq_len", r.T},         {"batch", r.B},          {"micro_batches", r.micro},
+                {"tokens_per_step", r.tokens_per_step}, {"step_ms", r.step_ms}, {"step_ms_median", r.median_ms},
+                {"step_ms_max", r.max_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
+                {"memory_bytes", r.mem_bytes}, {"peak_bytes", r.peak_bytes}, {"loss", r.loss}};
+    if (o.profile) row["profile"] = step_profile_json(r.profile);
+    j["rows"].push_back(row);
+  }
+  std::printf("%s\n", j.dump(2).c_str());
+}
+
+void print_table(const BenchRun& run, const std::string& path, const BenchOptions& o, const std::vector<BenchRow>& rows) {
+  const Config& cfg = run.cfg;
+  const int world = run.comm->world();
   std::string dist;
-  if (const GradReducer* red = stepper.reducer(); red && cfg.train.overlap_comm) {
+  if (const GradReducer* red = run.stepper->reducer(); red && cfg.train.overlap_comm) {
     const auto n = red->starts();
     const std::string groups = red->groups() ? " (" + std::to_string(red->groups()) + " of them gradient groups)" : "";
-    dist = ", " + std::string(comm->backend()) + ", overlapped (" + std::to_string(red->buckets()) + " buckets" +
+    dist = ", " + std::string(run.comm->backend()) + ", overlapped (" + std::to_string(red->buckets()) + " buckets" +
            groups + ": " + std::to_string(n.windows) + " started in comm windows, " + std::to_string(n.ready) +
            " when ready, " + std::to_string(n.finish) + " after the backward)";
   } else if (world > 1) {
-    dist = ", " + std::string(comm->backend()) + ", not overlapped";
+    dist = ", " + std::string(run.comm->backend()) + ", not overlapped";
   }
   std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
-              path.c_str(), world, device_desc.c_str(), cfg.train.precision.c_str(), cfg.train.recompute.c_str(),
-              model.params().sharded() ? (", ZeRO-" + std::to_string(cfg.train.zero)).c_str() : "",
-              human_count(static_cast<double>(model.n_params())).c_str(), static_cast<long long>(steps),
-              static_cast<long long>(warmup), dist.c_str());
+              path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
+              cfg.train.recompute.c_str(),
+              run.model->params().sharded() ? (", ZeRO-" + std::to_string(cfg.train.zero)).c_str() : "",
+              human_count(static_cast<double>(run.model->n_params())).c_str(), static_cast<long long>(o.steps),
+              static_cast<long long>(o.warmup), dist.c_str());
   // step ms is the mean over the timed steps (what tokens/s and MFU use); median and max show
   // whether a few slow steps (clock or power events, stragglers) weigh on it.
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s %10s %10s\n", "T", "B", "micro", "tok/step", "step ms",
@@ -208,13 +203,54 @@ int bench_model(Args& args, const std::string& path) {
   for (const auto& r : rows)
     std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s %12s %10.2f %10.2f\n", static_cast<long long>(r.T),
                 static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
-                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, gpu ? human_bytes(r.mem_bytes).c_str() : "-",
+                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, run.gpu ? human_bytes(r.mem_bytes).c_str() : "-",
                 human_bytes(r.peak_bytes).c_str(), r.median_ms, r.max_ms);
-  if (profile)
+  if (o.profile)
     for (const auto& r : rows) {
       std::printf("\nT = %lld, ", static_cast<long long>(r.T));
       print_step_profile(r.profile, r.step_ms);
     }
+}
+
+int bench_model(Args& args, const std::string& path) {
+  const Config cfg = load_config(path, args.get_all("set"));
+  BenchOptions o;
+  o.seq_lens = {cfg.data.seq_len};
+  if (auto s = args.get("seq-lens")) o.seq_lens = parse_int_list(*s, "--seq-lens");
+  o.micro_tokens = args.get_int("micro-tokens", cfg.train.micro_batch * cfg.data.seq_len);
+  o.step_tokens = args.get_int("tokens-per-step", o.micro_tokens);
+  o.steps = args.get_int("steps", 5);
+  o.warmup = args.get_int("warmup", 2);
+  o.as_json = args.flag("json");
+  o.profile = args.flag("profile");
+  args.finish();
+  if (o.micro_tokens < 1 || o.step_tokens % o.micro_tokens)
+    throw UserError("--tokens-per-step must be a multiple of --micro-tokens (>= 1)");
+  if (o.steps < 1 || o.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+
+  BenchRun run(cfg);
+  run.gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  run.comm = Comm::create(run.gpu ? Device::CUDA : Device::CPU);
+  if (run.gpu) {
+    run.gctx = std::make_unique<GpuContext>();
+    run.ctx = run.gctx->ctx();
+  }
+  run.mem0 = run.gpu ? gpu_bytes_in_use() : 0;
+  run.model = std::make_unique<Model>(cfg.model, run.ctx, ModelOptions::for_training(cfg.train, run.comm->rank(), run.comm->world()));
+  run.model->set_recompute(parse_recompute(cfg.train.recompute));
+  run.model->init_params(cfg.train.seed);
+  run.tc = cfg.train;
+  run.tc.steps = o.warmup + o.steps;
+  run.stepper = std::make_unique<TrainStep>(*run.model, run.tc, run.comm.get());
+  run.stepper->sync_weights();
+
+  std::vector<BenchRow> rows;
+  for (const int64_t T : o.seq_lens) rows.push_back(time_steps(run, o, T));
+  if (!run.comm->is_root()) return 0;
+  if (o.as_json)
+    print_json(run, path, o, rows);
+  else
+    print_table(run, path, o, rows);
   return 0;
 }
 

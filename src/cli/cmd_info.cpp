@@ -28,113 +28,86 @@ const char* kUsage =
     "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1), with 2\n"
     "the gradients too (ZeRO-2: a shard each, plus two staging slots of a block's gradients). Given a\n"
     "checkpoint, uses the config stored in it and also prints its training state.\n";
-}  // namespace
-
-int cmd_info(int argc, char** argv) {
-  Args args(argc, argv, kUsage, {"json"});
-  if (args.help()) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
-  const auto sets = args.get_all("set");
-  const bool as_json = args.flag("json");
-  const int64_t ranks = args.get_int("ranks", 1);
-  if (ranks < 1 || ranks > 65536) throw UserError("--ranks: expected a number of ranks from 1 to 65536, got " + std::to_string(ranks));
-  args.finish();
-  const auto pos = args.positionals();
-  if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
-
-  const bool is_ckpt = h5::is_hdf5(pos[0]) || std::filesystem::path(pos[0]).extension() == ".h5";
+// What `info` reports, computed once for both outputs.
+struct Info {
+  std::string source;
+  bool is_ckpt = false, gpu = false, zero = false;
+  int64_t ranks = 1, B = 0, T = 0;
   CheckpointData meta;
   Config cfg;
-  if (is_ckpt) {
-    meta = CheckpointReader(pos[0]).data();
-    json doc = meta.config;
-    for (const auto& o : sets) apply_override(doc, o);
-    cfg = Config::from_json(doc, pos[0] + ":/config");
-  } else {
-    cfg = load_config(pos[0], sets);
-  }
-  const bool gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
-  Ctx ctx;
-  ctx.device = gpu ? Device::CUDA : Device::CPU;
-  const bool zero = cfg.train.zero && ranks > 1;
-  Model model(cfg.model, ctx, cfg.train.precision, true, /*allocate=*/false, zero ? static_cast<int>(ranks) : 1, 0,
-              cfg.train.zero == 2);
-  model.set_recompute(parse_recompute(cfg.train.recompute));
+  Precision prec{};
+  // Bytes per rank.
+  double master = 0, copy = 0, grads = 0, optim = 0, buffers = 0, acts = 0, head = 0, workspace = 0, total = 0;
+  double flops = 0;
+  int64_t state_T = 0, state = 0;
+};
+
+// The memory plan per rank, from the store's layout (64-element alignment included): whole
+// buffers, or under ZeRO-1 the replicated group plus one shard of the master (when a compute copy
+// exists) and the moments; gradients and the compute weights stay whole, but for ZeRO-2's
+// gradients (the replicated group, one shard and two staging slots). Then the scratch a step
+// holds on top: the LM head's chunk of logits (and their gradient) and, on a GPU, the kernels'
+// workspace (LINAC_WORKSPACE_MB).
+void plan_memory(const Model& model, Info& in) {
   const ParamStore& ps = model.params();
-  const Precision prec = Precision::resolve(ctx.device, cfg.train.precision);
-
-  const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len;
-  const double n = static_cast<double>(ps.total_numel());
-  // Per rank, from the store's layout (64-element alignment included): whole buffers, or under
-  // ZeRO-1 the replicated group plus one shard of the master (when a compute copy exists) and the
-  // moments; gradients and the compute weights stay whole, but for ZeRO-2's gradients (the
-  // replicated group, one shard and two staging slots).
   const double flat = static_cast<double>(ps.flat_numel());
-  const double held = zero ? static_cast<double>(ps.replicated_numel() + ps.shard_numel()) : flat;
-  const double msize = static_cast<double>(dtype_size(prec.master));
-  const double master = (prec.act != prec.master ? held : flat) * msize;
-  const double copy = prec.act != prec.master ? flat * static_cast<double>(dtype_size(prec.act)) : 0.0;
-  const double grads =
-      (ps.grads_sharded() ? held + 2.0 * static_cast<double>(GradReducer::stage_slot_numel(ps, model.grad_groups()))
-                          : flat) *
-      msize;
-  const double optim = 2 * held * msize;
-  const double acts = static_cast<double>(model.activation_bytes(B, T));
-  const double buffers = static_cast<double>(ps.buffer_numel()) * static_cast<double>(dtype_size(prec.master));
-  // Scratch that a step holds on top: the LM head's chunk of logits (and their gradient) and, on a
-  // GPU, the kernels' workspace (LINAC_WORKSPACE_MB).
-  const double head = static_cast<double>(model.head_scratch_bytes(B * T));
-  const double workspace = gpu ? static_cast<double>(GpuContext::default_workspace_bytes()) : 0.0;
-  const double total = master + copy + grads + optim + buffers + acts + head + workspace;
-  const double flops = model.flops_per_token(T);
-  // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
-  // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
-  const int64_t state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg).max_seq_len() : T;
-  const int64_t state = model.state_elems(state_T);
+  const double held = in.zero ? static_cast<double>(ps.replicated_numel() + ps.shard_numel()) : flat;
+  const double msize = static_cast<double>(dtype_size(in.prec.master));
+  in.master = (in.prec.act != in.prec.master ? held : flat) * msize;
+  in.copy = in.prec.act != in.prec.master ? flat * static_cast<double>(dtype_size(in.prec.act)) : 0.0;
+  const double staged = 2.0 * static_cast<double>(GradReducer::stage_slot_numel(ps, model.grad_groups()));
+  in.grads = (ps.grads_sharded() ? held + staged : flat) * msize;
+  in.optim = 2 * held * msize;
+  in.acts = static_cast<double>(model.activation_bytes(in.B, in.T));
+  in.buffers = static_cast<double>(ps.buffer_numel()) * msize;
+  in.head = static_cast<double>(model.head_scratch_bytes(in.B * in.T));
+  in.workspace = in.gpu ? static_cast<double>(GpuContext::default_workspace_bytes()) : 0.0;
+  in.total = in.master + in.copy + in.grads + in.optim + in.buffers + in.acts + in.head + in.workspace;
+}
 
-  if (as_json) {
-    json j = {{"config", pos[0]},
-              {"arch", cfg.model.arch},
-              {"params", ps.total_numel()},
-              {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},
-              {"device", device_name(ctx.device)},
-              {"micro_batch_tokens", B * T},
-              {"ranks", ranks},
-              {"zero", zero ? cfg.train.zero : 0},
-              {"recompute", cfg.train.recompute},
-              {"bytes",
-               {{"params", master + copy},
-                {"grads", grads},
-                {"optimizer", optim},
-                {"buffers", buffers},
-                {"activations", acts},
-                {"head_scratch", head},
-                {"workspace", workspace},
-                {"total", total}}},
-              {"activation_bytes_per_token", acts / static_cast<double>(B * T)},
-              {"train_flops_per_token", flops},
-              {"decode_state_elements", state},
-              {"decode_state_bytes", {{"per_sequence", 4 * state}, {"at_seq_len", state_T}}}};
-    json layers = json::array();
-    for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
-    j["layers"] = layers;
-    if (is_ckpt)
-      j["checkpoint"] = {{"step", meta.state.step}, {"updates", meta.state.updates},
-                         {"tokens_seen", meta.state.tokens_seen}, {"world_size", meta.state.world_size}};
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
+void print_json(const Model& model, const Info& in) {
+  const ParamStore& ps = model.params();
+  json j = {{"config", in.source},
+            {"arch", in.cfg.model.arch},
+            {"params", ps.total_numel()},
+            {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},
+            {"device", device_name(in.gpu ? Device::CUDA : Device::CPU)},
+            {"micro_batch_tokens", in.B * in.T},
+            {"ranks", in.ranks},
+            {"zero", in.zero ? in.cfg.train.zero : 0},
+            {"recompute", in.cfg.train.recompute},
+            {"bytes",
+             {{"params", in.master + in.copy},
+              {"grads", in.grads},
+              {"optimizer", in.optim},
+              {"buffers", in.buffers},
+              {"activations", in.acts},
+              {"head_scratch", in.head},
+              {"workspace", in.workspace},
+              {"total", in.total}}},
+            {"activation_bytes_per_token", in.acts / static_cast<double>(in.B * in.T)},
+            {"train_flops_per_token", in.flops},
+            {"decode_state_elements", in.state},
+            {"decode_state_bytes", {{"per_sequence", 4 * in.state}, {"at_seq_len", in.state_T}}}};
+  json layers = json::array();
+  for (const auto& r : model.layer_table()) layers.push_back({{"name", r.name}, {"kind", r.kind}, {"params", r.params}});
+  j["layers"] = layers;
+  if (in.is_ckpt)
+    j["checkpoint"] = {{"step", in.meta.state.step}, {"updates", in.meta.state.updates},
+                       {"tokens_seen", in.meta.state.tokens_seen}, {"world_size", in.meta.state.world_size}};
+  std::printf("%s\n", j.dump(2).c_str());
+}
 
-  const auto& m = cfg.model;
-  std::printf("%-11s %s\n", is_ckpt ? "checkpoint" : "config", pos[0].c_str());
-  if (is_ckpt)
+void print_model(const Model& model, const Info& in) {
+  const auto& m = in.cfg.model;
+  const double n = static_cast<double>(model.params().total_numel());
+  std::printf("%-11s %s\n", in.is_ckpt ? "checkpoint" : "config", in.source.c_str());
+  if (in.is_ckpt)
     std::printf("state       step %lld (%lld updates), %s tokens seen, %lld rank(s)\n",
-                static_cast<long long>(meta.state.step), static_cast<long long>(meta.state.updates),
-                human_count(static_cast<double>(meta.state.tokens_seen)).c_str(),
-                static_cast<long long>(meta.state.world_size));
-  std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, pos[0]).summary.c_str());
+                static_cast<long long>(in.meta.state.step), static_cast<long long>(in.meta.state.updates),
+                human_count(static_cast<double>(in.meta.state.tokens_seen)).c_str(),
+                static_cast<long long>(in.meta.state.world_size));
+  std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, in.source).summary.c_str());
   const std::string channel = model_channel_mixer(m) == "none"
                                   ? std::string("no channel mixer")
                                   : model_channel_mixer(m) + " " + std::to_string(m.ffn_dim());
@@ -147,29 +120,86 @@ int cmd_info(int argc, char** argv) {
   std::printf("  %-22s %-15s %12s\n", "layer", "kind", "params");
   for (const auto& r : model.layer_table())
     std::printf("  %-22s %-15s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
+}
 
+void print_plan(const Info& in) {
+  const std::string ranks = in.zero ? ", ZeRO-" + std::to_string(in.cfg.train.zero) + " over " + std::to_string(in.ranks) + " ranks"
+                            : in.ranks > 1 ? ", " + std::to_string(in.ranks) + " ranks, no ZeRO"
+                                           : "";
   std::printf("\nmemory plan per %s (%s compute), micro-batch %lld x %lld = %lld tokens, recompute %s%s\n",
-              ctx.device == Device::CUDA ? "GPU" : "process", dtype_name(prec.act), static_cast<long long>(B),
-              static_cast<long long>(T), static_cast<long long>(B * T), cfg.train.recompute.c_str(),
-              zero ? (", ZeRO-" + std::to_string(cfg.train.zero) + " over " + std::to_string(ranks) + " ranks").c_str()
-                   : (ranks > 1 ? (", " + std::to_string(ranks) + " ranks, no ZeRO").c_str() : ""));
-  std::printf("  %-34s %12s\n", (std::string("parameters (") + dtype_name(prec.master) + " master" +
-                                     (copy > 0 ? std::string(" + ") + dtype_name(prec.act) + " copy)" : ")"))
-                                        .c_str(),
-              human_bytes(master + copy).c_str());
-  std::printf("  %-34s %12s\n", "gradients", human_bytes(grads).c_str());
-  std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(optim).c_str());
-  if (buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(buffers).c_str());
-  std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(acts).c_str(),
-              human_bytes(acts / static_cast<double>(B * T)).c_str());
-  std::printf("  %-34s %12s\n", "LM head logits chunk", human_bytes(head).c_str());
-  if (workspace > 0) std::printf("  %-34s %12s\n", "kernel workspace", human_bytes(workspace).c_str());
-  std::printf("  %-34s %12s\n", "total (plus other scratch)", human_bytes(total).c_str());
-  std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(T),
-              human_count(flops).c_str());
+              in.gpu ? "GPU" : "process", dtype_name(in.prec.act), static_cast<long long>(in.B),
+              static_cast<long long>(in.T), static_cast<long long>(in.B * in.T), in.cfg.train.recompute.c_str(),
+              ranks.c_str());
+  const std::string params = std::string("parameters (") + dtype_name(in.prec.master) + " master" +
+                             (in.copy > 0 ? std::string(" + ") + dtype_name(in.prec.act) + " copy)" : ")");
+  std::printf("  %-34s %12s\n", params.c_str(), human_bytes(in.master + in.copy).c_str());
+  std::printf("  %-34s %12s\n", "gradients", human_bytes(in.grads).c_str());
+  std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(in.optim).c_str());
+  if (in.buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(in.buffers).c_str());
+  std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(in.acts).c_str(),
+              human_bytes(in.acts / static_cast<double>(in.B * in.T)).c_str());
+  std::printf("  %-34s %12s\n", "LM head logits chunk", human_bytes(in.head).c_str());
+  if (in.workspace > 0) std::printf("  %-34s %12s\n", "kernel workspace", human_bytes(in.workspace).c_str());
+  std::printf("  %-34s %12s\n", "total (plus other scratch)", human_bytes(in.total).c_str());
+  std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(in.T),
+              human_count(in.flops).c_str());
   std::printf("decode state per sequence at T=%lld: %s elements (%s at 4 bytes each, the Based paper's state size)\n",
-              static_cast<long long>(state_T), human_count(static_cast<double>(state)).c_str(),
-              human_bytes(4.0 * static_cast<double>(state)).c_str());
+              static_cast<long long>(in.state_T), human_count(static_cast<double>(in.state)).c_str(),
+              human_bytes(4.0 * static_cast<double>(in.state)).c_str());
+}
+
+}  // namespace
+
+int cmd_info(int argc, char** argv) {
+  Args args(argc, argv, kUsage, {"json"});
+  if (args.help()) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  const auto sets = args.get_all("set");
+  const bool as_json = args.flag("json");
+  Info in;
+  in.ranks = args.get_int("ranks", 1);
+  if (in.ranks < 1 || in.ranks > 65536)
+    throw UserError("--ranks: expected a number of ranks from 1 to 65536, got " + std::to_string(in.ranks));
+  args.finish();
+  const auto pos = args.positionals();
+  if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
+  in.source = pos[0];
+
+  in.is_ckpt = h5::is_hdf5(in.source) || std::filesystem::path(in.source).extension() == ".h5";
+  if (in.is_ckpt) {
+    in.meta = CheckpointReader(in.source).data();
+    json doc = in.meta.config;
+    for (const auto& o : sets) apply_override(doc, o);
+    in.cfg = Config::from_json(doc, in.source + ":/config");
+  } else {
+    in.cfg = load_config(in.source, sets);
+  }
+  const Config& cfg = in.cfg;
+  in.gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  in.zero = cfg.train.zero && in.ranks > 1;
+  Ctx ctx;
+  ctx.device = in.gpu ? Device::CUDA : Device::CPU;
+  ModelOptions opts = ModelOptions::for_training(cfg.train, 0, static_cast<int>(in.ranks));
+  opts.allocate = false;
+  Model model(cfg.model, ctx, opts);
+  model.set_recompute(parse_recompute(cfg.train.recompute));
+  in.prec = Precision::resolve(ctx.device, cfg.train.precision);
+  in.B = cfg.train.micro_batch;
+  in.T = cfg.data.seq_len;
+  plan_memory(model, in);
+  in.flops = model.flops_per_token(in.T);
+  // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
+  // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
+  in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg).max_seq_len() : in.T;
+  in.state = model.state_elems(in.state_T);
+  if (as_json) {
+    print_json(model, in);
+  } else {
+    print_model(model, in);
+    print_plan(in);
+  }
   return 0;
 }
 
