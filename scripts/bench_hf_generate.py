@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Hugging Face `generate` throughput on a `linac export --format hf` folder, for the README's
-decode table next to `linac bench --generate`: random prompts of --prompt-len tokens, exactly
---gen-len new tokens (greedy, EOS ignored), eager attention unless --attn says otherwise; per batch
-size prints prefill ms (a forward over the prompts), decode tokens/s (new tokens over the time
-generate takes beyond that prefill) and peak GPU memory, one JSON line each.
+"""Hugging Face `generate` throughput on a `linac export --format hf` folder, for the decode
+table of docs/performance.md ("Decoding") next to `linac bench --generate`: random prompts of
+--prompt-len tokens, exactly --gen-len new tokens (greedy, EOS ignored), eager attention unless
+--attn says otherwise; per batch size prints prefill ms (a forward over the prompts), decode
+tokens/s (new tokens over the time generate takes beyond that prefill) and peak GPU memory, one
+JSON line each.
 
 usage: scripts/bench_hf_generate.py (--model DIR | --linac-config CONFIG.json) [--batch 1,16,128]
                                     [--prompt-len 512] [--gen-len 1024] [--dtype bfloat16] [--attn eager|sdpa]

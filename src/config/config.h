@@ -1,4 +1,4 @@
-// The run configuration: model, data and train sections of a JSON file (README "Config"
+// The run configuration: model, data and train sections of a JSON file (docs/config.md
 // documents every key with its default). Parsing validates everything before any work starts:
 // wrong types, out-of-range values and unknown keys (with a did-you-mean) are UserErrors
 // naming the file and the JSON path.
@@ -49,7 +49,7 @@ struct MqarSlice {
 };
 
 // data.mqar: the synthetic recall task's mixtures (defaults: the Based paper's Figure 2 setting,
-// ../shared/specs/based.md §11.3) and generator options.
+// docs/mqar.md "Training and test sets") and generator options.
 struct MqarConfig {
   std::vector<MqarSlice> train = {{64, 4, 100000}, {128, 8, 20000}, {256, 16, 20000}, {256, 32, 20000}, {256, 64, 20000}};
   std::vector<MqarSlice> test = {{64, 4, 1000},    {64, 8, 1000},    {64, 16, 1000},  {128, 32, 1000},

@@ -1,6 +1,6 @@
 // Per-layer stacks: which token mixer each layer of a model gets, and with which options.
 //
-// Config keys (README "Config"):
+// Config keys (docs/config.md, "Per-layer stacks and mixer kinds"):
 //   model.layers         [n_layers names]  one name per layer, in order
 //   model.layer_pattern  [names]           repeated over the layers (n_layers need not be a multiple)
 //   model.mixers         {name: options}   an options block per name; a name that is not a mixer

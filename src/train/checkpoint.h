@@ -1,6 +1,6 @@
 // Checkpoints (HDF5). Layout, all parameters fp32 in PyTorch's [out, in] convention:
 //   /config                 JSON of the resolved run config (variable-length string)
-//   /params/<name>          master weights, shapes as in README "Checkpoints"
+//   /params/<name>          master weights, shapes as in docs/training.md "Parameter names"
 //   /optim/m/<name>, /optim/v/<name>   AdamW moments (absent in weights-only files)
 //   /state                  attributes: step, updates, tokens_seen, world_size, seed,
 //                           format_version; dataset /state/loader [world_size, k] int64

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Tests of the documentation (CTest: scripts.doc_links, label cpu): every relative link in
+README.md, docs/**/*.md and tests/README.md resolves to a file or folder of the repository, and
+its #anchor to a heading of the target (GitHub's slugs); README.md stays a front door (at most
+300 lines, no CLI-table row over 250 characters); and nothing under src/, kernels/, tests/,
+scripts/, docs/, configs/ or README.md refers to a path outside the repository. Standard library
+only; needs no build.
+
+  python3 tests/scripts/test_doc_links.py [-v] [unittest options]
+"""
+import os
+import re
+import sys
+import tempfile
+import unicodedata
+import unittest
+
+sys.dont_write_bytecode = True
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+README_MAX_LINES = 300
+CLI_ROW_MAX_CHARS = 250
+# Paths outside the repository that files must not cite (spelled in pieces so that this file
+# does not match itself).
+OUTSIDE_PATHS = ["../" + "shared", "shared" + "/specs", "shared" + "/papers"]
+OUTSIDE_SCAN = ["src", "kernels", "tests", "scripts", "docs", "configs", "README.md"]
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+# [text](target) and ![alt](target); the text may hold one level of brackets
+INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*(<[^>]*>|[^()\s]+(?:\([^()\s]*\))?[^()\s]*)(?:\s+\"[^\"]*\")?\s*\)")
+REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*(\S+)")
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+HTML_ID = re.compile(r"<a\s+(?:[^>]*\s)?(?:id|name)=\"([^\"]+)\"")
+
+
+def doc_files(root):
+    """README.md, docs/**/*.md and tests/README.md (those that exist), relative to ROOT."""
+    files = [f for f in ("README.md", os.path.join("tests", "README.md")) if os.path.isfile(os.path.join(root, f))]
+    for d, _, names in os.walk(os.path.join(root, "docs")):
+        files += [os.path.relpath(os.path.join(d, n), root) for n in sorted(names) if n.endswith(".md")]
+    return sorted(files)
+
+
+def prose_lines(text, blank_code=True):
+    """(line number, line) outside fenced code blocks, with inline code spans blanked (unless
+    BLANK_CODE is false: a heading's code is part of its anchor)."""
+    out, fenced = [], None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = FENCE.match(line)
+        if m:
+            if fenced is None:
+                fenced = m.group(1)
+            elif m.group(1) == fenced:
+                fenced = None
+            continue
+        if fenced is None:
+            out.append((n, INLINE_CODE.sub(lambda c: " " * len(c.group(0)), line) if blank_code else line))
+    return out
+
+
+def slug(heading):
+    """GitHub's anchor for a heading: lowercase, markup and punctuation other than '-' and '_'
+    dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = text.strip().lower()
+    kept = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if ch in " -_" or cat[0] in "LMN" or cat == "Pc":
+            kept.append(ch)
+    return "".join(kept).replace(" ", "-")
+
+
+def anchors(path):
+    """Every anchor of a Markdown file: its headings' slugs (repeats numbered -1, -2, ... as
+    GitHub does) and explicit <a id=...> / <a name=...>."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    seen, found = {}, set()
+    for _, line in prose_lines(text, blank_code=False):
+        m = HEADING.match(line)
+        if m:
+            s = slug(m.group(2))
+            k = seen.get(s, 0)
+            seen[s] = k + 1
+            found.add(s if k == 0 else f"{s}-{k}")
+        found.update(HTML_ID.findall(line))
+    return found
+
+
+def links(text):
+    """(line number, target) of every inline link, image and reference definition."""
+    out = []
+    for n, line in prose_lines(text):
+        for m in INLINE_LINK.finditer(line):
+            out.append((n, m.group(1).strip("<>")))
+        m = REF_DEF.match(line)
+        if m:
+            out.append((n, m.group(1).strip("<>")))
+    return out
+
+
+def is_external(target):
+    return re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target) is not None  # http:, https:, mailto:, ...
+
+
+def broken_links(root, files):
+    """'FILE:LINE: TARGET: reason' for every relative link of FILES (relative to ROOT) whose
+    file or anchor does not exist."""
+    root = os.path.realpath(root)
+    problems, anchor_cache = [], {}
+    for rel in files:
+        src = os.path.join(root, rel)
+        with open(src, encoding="utf-8") as f:
+            text = f.read()
+        for n, target in links(text):
+            if is_external(target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = os.path.realpath(os.path.join(os.path.dirname(src), path)) if path else src
+            where = f"{rel}:{n}: {target}"
+            if os.path.commonpath([root, dest]) != root:
+                problems.append(f"{where}: points outside the repository")
+                continue
+            if not os.path.exists(dest):
+                problems.append(f"{where}: {os.path.relpath(dest, root)} does not exist")
+                continue
+            if anchor:
+                if not dest.endswith(".md") or os.path.isdir(dest):
+                    problems.append(f"{where}: an anchor into a file that is not Markdown")
+                    continue
+                if dest not in anchor_cache:
+                    anchor_cache[dest] = anchors(dest)
+                if anchor not in anchor_cache[dest]:
+                    problems.append(f"{where}: no heading '#{anchor}' in {os.path.relpath(dest, root)}")
+    return problems
+
+
+def cli_rows(readme_text):
+    """The rows of the table in README's '## CLI' section (header and separator excluded)."""
+    rows, inside = [], False
+    for line in readme_text.splitlines():
+        if line.startswith("## "):
+            inside = line.strip() == "## CLI"
+            continue
+        if inside and line.startswith("|") and not re.match(r"^\|[\s:|-]+\|?\s*$", line):
+            rows.append(line)
+    return rows[1:] if rows else rows  # the first row is the header
+
+
+def outside_references(root, tops):
+    """'PATH:LINE: TEXT' for every line under TOPS that cites a path outside the repository."""
+    hits = []
+    needles = [p.encode() for p in OUTSIDE_PATHS]
+    paths = []
+    for top in tops:
+        full = os.path.join(root, top)
+        if os.path.isfile(full):
+            paths.append(full)
+        for d, dirs, names in os.walk(full):
+            dirs[:] = [x for x in dirs if x != "__pycache__"]
+            paths += [os.path.join(d, n) for n in sorted(names)]
+    for path in sorted(paths):
+        with open(path, "rb") as f:
+            data = f.read()
+        if not any(nd in data for nd in needles):
+            continue
+        for n, line in enumerate(data.splitlines(), 1):
+            if any(nd in line for nd in needles):
+                hits.append(f"{os.path.relpath(path, root)}:{n}: {line.decode('utf-8', 'replace').strip()[:120]}")
+    return hits
+
+
+class SelfTest(unittest.TestCase):
+    """The checks themselves find what they must (on a hand-made tree)."""
+
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="linac_doc_links_test_")
+        self.root = self._tmp.name
+        os.makedirs(os.path.join(self.root, "docs"))
+        with open(os.path.join(self.root, "docs", "page.md"), "w", encoding="utf-8") as f:
+            f.write("# Page\n\n## Data parallelism (`mpirun`)\n\n### The SwiGLU backward's GEMM\n\n"
+                    "## Notes\n\n## Notes\n\n## `linac info`\n")
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def check(self, text):
+        with open(os.path.join(self.root, "README.md"), "w", encoding="utf-8") as f:
+            f.write(text)
+        return broken_links(self.root, doc_files(self.root))
+
+    def test_a_broken_link_is_found(self):
+        problems = self.check("[gone](docs/missing.md) and [fine](docs/page.md)\n")
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("README.md:1: docs/missing.md", problems[0])
+
+    def test_a_broken_anchor_is_found(self):
+        problems = self.check("[a](docs/page.md#data-parallelism-mpirun) [b](docs/page.md#no-such-heading)\n"
+                              "[c](#here) [d](#nowhere)\n\n## Here\n")
+        self.assertEqual([p.split(": ", 1)[0] for p in problems], ["README.md:1", "README.md:2"], problems)
+        self.assertIn("no-such-heading", problems[0])
+        self.assertIn("nowhere", problems[1])
+
+    def test_links_outside_the_repository_and_in_code_are_handled(self):
+        problems = self.check("[out](../elsewhere.md)\n`[not a link](docs/missing.md)`\n"
+                              "```\n[neither](docs/missing.md)\n```\n[web](https://example.com/x.md)\n")
+        self.assertEqual(len(problems), 1, problems)
+        self.assertIn("outside the repository", problems[0])
+
+    def test_slugs_and_repeated_headings(self):
+        self.assertEqual(slug("Data parallelism (`mpirun`)"), "data-parallelism-mpirun")
+        self.assertEqual(slug("The SwiGLU backward's GEMM"), "the-swiglu-backwards-gemm")
+        self.assertEqual(slug("Transformer++ 125M: what changed, what was tried"),
+                         "transformer-125m-what-changed-what-was-tried")
+        self.assertEqual(slug("Tools: scaling.sh and kernel timelines"), "tools-scalingsh-and-kernel-timelines")
+        found = anchors(os.path.join(self.root, "docs", "page.md"))
+        self.assertTrue({"page", "notes", "notes-1", "the-swiglu-backwards-gemm", "linac-info"} <= found, found)
+
+    def test_cli_rows_and_outside_paths_are_found(self):
+        rows = cli_rows("## CLI\n\n| command | what |\n|---|---|\n| `linac a` | x |\n| `linac b` | y |\n\n## Next\n| z |\n")
+        self.assertEqual(rows, ["| `linac a` | x |", "| `linac b` | y |"])
+        os.makedirs(os.path.join(self.root, "src"))
+        with open(os.path.join(self.root, "src", "x.h"), "w", encoding="utf-8") as f:
+            f.write("// fine\n// math in " + OUTSIDE_PATHS[1] + "/x.md\n")
+        self.assertEqual(outside_references(self.root, ["src", "docs"]), ["src/x.h:2: // math in " + OUTSIDE_PATHS[1] + "/x.md"])
+
+
+class RepositoryDocs(unittest.TestCase):
+    def test_every_relative_link_resolves(self):
+        files = doc_files(ROOT)
+        self.assertIn("README.md", files)
+        problems = broken_links(ROOT, files)
+        self.assertEqual(problems, [], "broken links:\n" + "\n".join(problems))
+
+    def test_readme_is_a_front_door(self):
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            text = f.read()
+        n = len(text.splitlines())
+        self.assertLessEqual(n, README_MAX_LINES, f"README.md has {n} lines; move detail into docs/")
+        rows = cli_rows(text)
+        self.assertGreater(len(rows), 0, "README.md has no CLI table under '## CLI'")
+        long_rows = [f"{len(r)} chars: {r[:80]}..." for r in rows if len(r) > CLI_ROW_MAX_CHARS]
+        self.assertEqual(long_rows, [], "CLI-table rows over %d characters (options go to docs/cli.md):\n%s"
+                         % (CLI_ROW_MAX_CHARS, "\n".join(long_rows)))
+
+    def test_no_file_refers_to_a_path_outside_the_repository(self):
+        hits = outside_references(ROOT, OUTSIDE_SCAN)
+        self.assertEqual(hits, [], "references to paths outside the repository:\n" + "\n".join(hits))
+
+
+if __name__ == "__main__":
+    unittest.main()
