@@ -17,7 +17,7 @@ TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
   GpuContext gctx;
   const Ctx& ctx = gctx.ctx();
   const ModelConfig cfg = test::tiny_model(2, 128, 2, 1000, 256);
-  Model model(cfg, ctx, "bf16", true);
+  Model model(cfg, ctx, {.precision = "bf16", .with_optimizer = true});
   model.init_params(3);
   const int64_t B = 3, T = 200;
   model.reserve(B, T);
