@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|sanitize|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
 #   and overlap, issue 16; trace4 (4 GPUs, not part of all): every rank's kernel timeline of the 125M
 #   and GLA 340M steps, overlapped (scripts/kernel_trace.cpp/.py; $OUT/traces.tgz holds the CSVs);
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
-#   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them)
+#   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
+#   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
 # GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).
 set -uo pipefail
@@ -99,7 +100,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   done
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
-  # TransNormerLLM (issue 11): the lightning op at the issue's shape, the spec's b=4 h=32 d=128
+  # TransNormerLLM (issue 11): the lightning op at the issue's shape, the lightning-attention README's b=4 h=32 d=128
   # sweep (one sequence length per call: 4 sequences of n tokens), the 385M model.
   ./build-gpu/linac bench --op lightning --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
     2>&1 | tee -a "$out/bench.txt"
@@ -134,7 +135,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = latte ]; then
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = vq ]; then
   # Transformer-VQ (issue 13): the op at the SHGA head (Dk 128, Dv 1536, S 512, Lb 512) and 12 x 64
-  # next to attention; the 190M model against a Transformer++ of the same size (the spec's §6.3
+  # next to attention; the 190M model against a Transformer++ of the same size (docs/transformer_vq.md §6
   # comparison: 24 layers of attention + MLP at D 768, FFN 2304: 184.4M parameters against 184.5M)
   # with its vocabulary at T = 2048, 8192 and 32768.
   ./build-gpu/linac bench --op vq_attn --seq-lens 2048,8192,32768 --tokens 32768 2>&1 | tee -a "$out/bench.txt"
@@ -282,5 +283,43 @@ if [ "$what" = compare ]; then
   [ "$rc" = 124 ] && python3 scripts/compare_table.py runs/compare 2>&1 | tee -a "$out/compare.log"
   for f in compare.md compare.json lm_loss.png mqar.png; do [ -f "runs/compare/$f" ] && cp "runs/compare/$f" "$out/"; done
   tar czf "$out/compare_runs.tgz" --exclude='*.h5' --exclude=latest runs/compare 2>/dev/null
+fi
+if [ "$what" = sanitize ]; then
+  # Issue 51: compute-sanitizer over the GPU parity tests, one process per suite (each bounded by
+  # SANITIZE_SUITE_SECONDS, default 150; the whole mode by SANITIZE_SECONDS, default 540, after
+  # which the remaining suites are listed as not run). memcheck (out-of-bounds and misaligned
+  # accesses, leaks of device memory) over the op suites and the models' CPU parity; racecheck
+  # (shared-memory hazards) over the kernels that stage tiles in shared memory, parity cases only.
+  # Full reports: $out/sanitize_<tool>_<suite>.log.
+  t_start=$(date +%s)
+  run_sanitizer() {  # tool suite filter
+    local tool=$1 suite=$2 filter=$3 log="$out/sanitize_$1_$2.log"
+    if [ $(( $(date +%s) - t_start )) -gt "${SANITIZE_SECONDS:-540}" ]; then
+      summary+=("$tool $suite: not run (SANITIZE_SECONDS spent)"); return
+    fi
+    local t0=$(date +%s)
+    # cuBLASLt's own kernels (nvjet_*) are left out: racecheck does not model their asynchronous
+    # copies and reports hazards inside them that are not ours to fix.
+    LINAC_GPU_SANITIZE=1 timeout "${SANITIZE_SUITE_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      $([ "$tool" = racecheck ] && echo --kernel-name-exclude kns=nvjet) \
+      $([ "$tool" = memcheck ] && echo --leak-check full) \
+      ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter="$filter" >"$log" 2>&1
+    local rc=$?
+    local verdict
+    verdict="$(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr '\n' ' ')"
+    summary+=("$tool $suite rc=$rc ($(( $(date +%s) - t0 )) s): $verdict$([ $rc = 124 ] && echo '(timed out)')")
+    [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -E -m 12 'Invalid|Race|Hazard|ERROR|FAILED|at 0x|by thread' "$log"
+  }
+  # MEMCHECK_SUITES / RACECHECK_SUITES (set, even empty) replace the lists; "Models" is the
+  # models' CPU-parity tests.
+  models='ModelGpu.MatchesCpuBf16:GlaModelGpu.MatchesCpuBf16:BasedModelGpu.MatchesCpuBf16:TnlModelGpu.MatchesCpuBf16:LatteModelGpu.MatchesCpuBf16:VqModelGpu.MatchesCpuFp32'
+  for suite in ${MEMCHECK_SUITES-Reduce Adamw Silu Elementwise Embedding Rmsnorm Srmsnorm Swiglu SwigluLinear Rope \
+               RopeLinear Lrpe CrossEntropy Matmul ShortConv LogGate NormGate Attention AttentionDecode Gla Latte \
+               Lightning TaylorAttn VqAttn VqQuant Models}; do
+    run_sanitizer memcheck "$suite" "$([ "$suite" = Models ] && echo "$models" || echo "${suite}Gpu.*")"
+  done
+  for suite in ${RACECHECK_SUITES-Attention Gla Latte Lightning TaylorAttn VqAttn CrossEntropy Rmsnorm Reduce ShortConv}; do
+    run_sanitizer racecheck "$suite" "${suite}Gpu.Parity*"
+  done
 fi
 printf '%s\n' "${summary[@]}"
