@@ -38,9 +38,10 @@ pid=$!
 samples="$work/samples.txt"
 t0=$(date +%s)
 while kill -0 "$pid" 2>/dev/null; do
+  # (the trainer may exit between two reads: every read is allowed to fail)
   rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-  fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l || true)
-  step=$(tail -n 1 "$work/run/metrics.jsonl" 2>/dev/null | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+  fds=$( (ls "/proc/$pid/fd" 2>/dev/null || true) | wc -l)
+  step=$( (tail -n 1 "$work/run/metrics.jsonl" 2>/dev/null || true) | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
   [ -n "$rss" ] && echo "$(( $(date +%s) - t0 )) ${step:-0} $rss $fds" >>"$samples"
   sleep 1
 done

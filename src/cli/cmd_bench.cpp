@@ -13,7 +13,7 @@
 #include "cli/format.h"
 #include "config/config.h"
 #include "core/rng.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "model/model.h"
 #include "train/train_step.h"
 

@@ -9,7 +9,7 @@
 #include "core/gpu.h"
 #include "data/hdf5_util.h"
 #include "data/mqar.h"
-#include "dist/grad_reducer.h"
+#include "comm/grad_reducer.h"
 #include "model/model.h"
 #include "model/registry.h"
 #include "model/saved_arena.h"

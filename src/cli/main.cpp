@@ -7,7 +7,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 namespace {
 

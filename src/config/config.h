@@ -93,7 +93,7 @@ struct TrainConfig {
   // Saved activations the backward recomputes instead of keeping: none | mixer | block.
   std::string recompute = "none";
   // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks;
-  // 2: ZeRO-2, the fp32 gradients too (dist/grad_reducer.h).
+  // 2: ZeRO-2, the fp32 gradients too (comm/grad_reducer.h).
   int64_t zero = 0;
   int64_t threads = 0;  // OpenMP threads of the CPU path; 0 = OMP_NUM_THREADS or all cores
 };

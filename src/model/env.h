@@ -45,7 +45,7 @@ struct ModelEnv {
   // backward(), right before their longest kernel made of many short-lived CTAs (attention's
   // backward; GLA's chunk kernels, after its reverse state scan: GlaOpts::after_reverse_scan).
   // Gradient reductions waiting for a window start there and share the GPU with that kernel
-  // instead of stalling a persistent GEMM (dist/grad_reducer.h).
+  // instead of stalling a persistent GEMM (comm/grad_reducer.h).
   std::function<void()> comm_window;
   void open_comm_window() const {
     if (comm_window) comm_window();

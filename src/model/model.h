@@ -89,7 +89,7 @@ class Model {
   // Once per applied optimizer step: every mixer updates its non-gradient buffers (mixer.h).
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks);
 
-  // Data-parallel training's hooks into the backward pass (dist/grad_reducer.h). `begin` gets the
+  // Data-parallel training's hooks into the backward pass (comm/grad_reducer.h). `begin` gets the
   // ids of a group of grad_groups() before the backward writes their first gradient; `ready` gets
   // them when their gradients are final for this call, and whether the next block's token mixer
   // opens a comm window in its backward (Mixer::opens_comm_window); `window` is called there

@@ -25,7 +25,7 @@
 // ZeRO-2 (shard(rank, world, true)): the gradients are split the same way. The store keeps the
 // replicated group's gradients and an accumulator for this rank's shard; a sharded parameter's
 // gradient exists only while its backward runs, in a staging slot that data-parallel training
-// lends it (stage_grad; dist/grad_reducer.h), and grad() of it is an error otherwise.
+// lends it (stage_grad; comm/grad_reducer.h), and grad() of it is an error otherwise.
 #pragma once
 
 #include <memory>

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "model/param_store.h"
 
 namespace linac {

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "config/config.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "model/param_store.h"
 
 namespace linac {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "train/evaluate.h"
 
 namespace linac {

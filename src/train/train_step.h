@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "config/config.h"
-#include "dist/comm.h"
-#include "dist/grad_reducer.h"
+#include "comm/comm.h"
+#include "comm/grad_reducer.h"
 #include "model/model.h"
 #include "train/optimizer.h"
 

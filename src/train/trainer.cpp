@@ -15,7 +15,7 @@
 #include <omp.h>
 
 #include "core/duration_text.h"
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "train/checkpoint.h"
 #include "train/finite_check.h"
 #include "train/metrics_log.h"

@@ -3,7 +3,7 @@
 // a checkpoint's content never depends on the world size or on train.zero.
 #pragma once
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "model/param_store.h"
 
 namespace linac {

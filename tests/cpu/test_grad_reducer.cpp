@@ -6,8 +6,8 @@
 // micro-batch's gradients of what it owns.
 #include <gtest/gtest.h>
 
-#include "dist/comm.h"
-#include "dist/grad_reducer.h"
+#include "comm/comm.h"
+#include "comm/grad_reducer.h"
 #include "model/param_store.h"
 
 namespace linac {

@@ -109,7 +109,7 @@ TEST_F(Dist, MqarTwoRanksEqualOneProcess) {
 }
 
 // Overlapped reductions, bucket by bucket as the backward goes (most of them waiting for the
-// next block's comm window, dist/grad_reducer.h), give the same bits as one reduction after the
+// next block's comm window, comm/grad_reducer.h), give the same bits as one reduction after the
 // backward; `bench` counts where the buckets started.
 TEST_F(Dist, BucketsInCommWindowsEqualOneReductionAfterTheBackward) {
   const std::string dir = test::fresh_dir("dp_windows");

@@ -35,7 +35,7 @@
 
 #include <vector>
 
-#include "dist/comm.h"
+#include "comm/comm.h"
 #include "model/param_store.h"
 
 namespace linac {

@@ -1,4 +1,4 @@
-#include "dist/grad_reducer.h"
+#include "comm/grad_reducer.h"
 
 #include <algorithm>
 #include <numeric>

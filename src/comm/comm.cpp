@@ -1,4 +1,4 @@
-#include "dist/comm.h"
+#include "comm/comm.h"
 
 #include <mpi.h>
 
