@@ -35,11 +35,11 @@ void cast(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
                      LINAC_CPU_DISPATCH(src.dtype, TS, cast_cpu<TD, TS>(dst.data<TD>(), src.data<TS>(), dst.numel())));
 }
 
-void scale_inplace(const Ctx& ctx, const Tensor& x, float s) {
+void scale_inplace(const Ctx& ctx, const Tensor& x, double s) {
   LINAC_CHECK(x.is_contiguous(), "scale_inplace: tensor must be contiguous");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    scale_inplace_cuda(ctx, x, s);
+    scale_inplace_cuda(ctx, x, static_cast<float>(s));
     return;
   }
   LINAC_CPU_DISPATCH(x.dtype, T, scale_inplace_cpu<T>(x.data<T>(), s, x.numel()));

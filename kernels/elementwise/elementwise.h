@@ -31,6 +31,7 @@ void scale_inplace_cuda(const Ctx& ctx, const Tensor& x, float s);
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void add_inplace(const Ctx& ctx, const Tensor& dst, const Tensor& src, float alpha);
 void cast(const Ctx& ctx, const Tensor& dst, const Tensor& src);
-void scale_inplace(const Ctx& ctx, const Tensor& x, float s);
+// s is applied in x's dtype on the CPU (double in fp64 checks), as f32 on the GPU.
+void scale_inplace(const Ctx& ctx, const Tensor& x, double s);
 
 }  // namespace linac

@@ -29,7 +29,7 @@ Stored stored_of(const Tensor& t, bool batched, const char* name) {
 }
 
 GemmProblem problem_of(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                       float alpha, float beta, bool batched) {
+                       double alpha, double beta, bool batched) {
   LINAC_CHECK(a.device == ctx.device && b.device == ctx.device && c.device == ctx.device,
               "matmul: operands must live on the context's device");
   const Stored sa = stored_of(a, batched, "A"), sb = stored_of(b, batched, "B"), sc = stored_of(c, batched, "C");
@@ -94,13 +94,13 @@ void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b,
 
 }  // namespace
 
-void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
-            float beta) {
+void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+            double beta) {
   run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, false), a, b, c);
 }
 
 void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                    float alpha, float beta) {
+                    double alpha, double beta) {
   run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, true), a, b, c);
 }
 

@@ -41,7 +41,7 @@ struct GemmProblem {
   bool trans_a = false, trans_b = false;
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
-  float alpha = 1.f, beta = 0.f;
+  double alpha = 1, beta = 0;  // f32 on the GPU; the CPU computes in its dtype (fp64 checks)
   bool tf32_exact = false;  // f32 operands: all values exact in TF32 (the caller's promise)
 };
 
@@ -52,9 +52,9 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
 
 // Entry points: check shapes, strides and dtypes, dispatch on ctx.device.
 void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-            float alpha = 1.f, float beta = 0.f);
+            double alpha = 1, double beta = 0);
 void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                    float alpha = 1.f, float beta = 0.f);
+                    double alpha = 1, double beta = 0);
 
 // Floating-point operations of one call, 2*M*N*K*batch, for benchmarks and MFU.
 inline double matmul_flops(int64_t m, int64_t n, int64_t k, int64_t batch = 1) {

@@ -213,7 +213,7 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   key.trans_b = p.trans_b;
   key.tf32 = p.tf32_exact && a.dtype == DType::F32;
   const Plan& plan = plan_for(key);
-  const float alpha = p.alpha, beta = p.beta;
+  const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
                                     plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, &plan.algo, ctx.workspace,
                                     ctx.workspace_bytes, static_cast<cudaStream_t>(ctx.stream)));

@@ -15,7 +15,7 @@ void check_args(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor&
 }
 }  // namespace
 
-void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps,
                  const Tensor& add, const Tensor& h) {
   check_args(x, w, y, rstd);
   LINAC_CHECK(!add.ptr == !h.ptr, "rmsnorm: the residual add takes both add and h");
@@ -27,7 +27,7 @@ void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor&
   }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, eps, add, h);
+    rmsnorm_fwd_cuda(ctx, x, w, y, rstd, static_cast<float>(eps), add, h);
     return;
   }
   LINAC_CHECK(x.dtype == w.dtype && x.dtype == y.dtype && x.dtype == rstd.dtype, "rmsnorm: CPU dtypes must agree");

@@ -34,7 +34,7 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
                       const Tensor& dx, const Tensor& dw, const Tensor& dx_copy);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
+void rmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, double eps,
                  const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void rmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,
                  const Tensor& dx, const Tensor& dw, const Tensor& dx_copy = Tensor());

@@ -28,7 +28,7 @@ SrmsnormLayout layout(const Tensor& x, const Tensor& rstd) {
 }
 }  // namespace
 
-void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps, const Tensor& add,
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps, const Tensor& add,
                   const Tensor& h) {
   SrmsnormLayout L = layout(x, rstd);
   L.y = row_stride(y, x, "y");
@@ -40,7 +40,7 @@ void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor
   }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, eps, add, h);
+    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, static_cast<float>(eps), add, h);
     return;
   }
   LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype, "srmsnorm: CPU dtypes must agree");

@@ -42,7 +42,7 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
                        const Tensor& dx, bool accumulate);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, float eps,
+void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
                   const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                   bool accumulate);

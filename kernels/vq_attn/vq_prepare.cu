@@ -150,7 +150,7 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   pr.trans_a = a.trans, pr.trans_b = b.trans;
   pr.lda = a.ld, pr.ldb = b.ld, pr.ldc = ldc;
   pr.batch_stride_a = a.stride, pr.batch_stride_b = b.stride, pr.batch_stride_c = stride_c;
-  pr.alpha = 1.f, pr.beta = beta;
+  pr.alpha = 1, pr.beta = beta;
   pr.tf32_exact = tf32_exact;
   const Tensor ta(const_cast<void*>(a.p), ab, Device::CUDA, {1}), tb(const_cast<void*>(b.p), ab, Device::CUDA, {1});
   const Tensor tc(c, DType::F32, Device::CUDA, {1});

@@ -141,8 +141,8 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.tie_embeddings = m.get_bool("tie_embeddings", c.model.tie_embeddings);
   c.model.norm_eps = m.get_double("norm_eps", c.model.norm_eps, 0, 1);
   c.model.init_std = m.get_double("init_std", c.model.init_std, 1e-6, 10);
-  if (m.has("norm")) c.model.norm = m.get_choice("norm", "", {"rmsnorm", "srmsnorm"});
-  if (m.has("channel_mixer")) c.model.channel_mixer = m.get_choice("channel_mixer", "", {"swiglu", "sglu", "none"});
+  if (m.present("norm")) c.model.norm = m.get_choice("norm", "", {"rmsnorm", "srmsnorm"});
+  if (m.present("channel_mixer")) c.model.channel_mixer = m.get_choice("channel_mixer", "", {"swiglu", "sglu", "none"});
   c.model.embed_scale = m.get_double("embed_scale", 0, 0, 1e6);
   c.model.embed_init_std = m.get_double("embed_init_std", 0, 0, 100);
   c.model.final_norm = m.get_bool("final_norm", c.model.final_norm);
@@ -150,7 +150,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.logit_scale = m.get_double("logit_scale", c.model.logit_scale, 1e-6, 1e6);
   c.model.mixer = m.get_object("mixer");
   for (const char* key : {"layers", "layer_pattern"}) {
-    if (!m.has(key)) continue;
+    if (!m.present(key)) continue;  // absent or null: the architecture's stack
     auto& names = std::string(key) == "layers" ? c.model.layers : c.model.layer_pattern;
     names = m.get_string_list(key, {});
     if (names.empty()) m.fail(key, "must name at least one mixer");

@@ -26,6 +26,11 @@ JsonReader::JsonReader(const json& obj, std::string path, std::string file)
 
 bool JsonReader::has(const std::string& key) const { return obj_.contains(key) && !obj_.at(key).is_null(); }
 
+bool JsonReader::present(const std::string& key) {
+  read_.insert(key);
+  return has(key);
+}
+
 std::string JsonReader::path_of(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
 
 void JsonReader::fail(const std::string& key, const std::string& msg) const {

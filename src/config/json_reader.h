@@ -17,7 +17,10 @@ class JsonReader {
   // `obj` must outlive the reader. `path` is the JSON path of obj ("" for the root).
   JsonReader(const json& obj, std::string path, std::string file);
 
-  bool has(const std::string& key) const;
+  bool has(const std::string& key) const;  // present and not null (null reads as absent)
+  // has(), and marks the key as known, so that `"key": null` means "the default" for a key
+  // read only when present, instead of an unknown key.
+  bool present(const std::string& key);
   const std::string& file() const { return file_; }
   std::string path_of(const std::string& key) const;
 

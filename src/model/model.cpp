@@ -57,7 +57,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
   const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
   const int64_t d = cfg.d_model;
   simple_norm_ = model_norm(cfg) == "srmsnorm";
-  embed_scale_ = static_cast<float>(model_embed_scale(cfg));
+  embed_scale_ = model_embed_scale(cfg);
   const std::string channel_mixer = model_channel_mixer(cfg);
   const GluAct glu = channel_mixer == "sglu" ? GluAct::Identity : GluAct::Silu;
   has_mlp_ = channel_mixer != "none";
@@ -225,7 +225,7 @@ std::vector<Model::LayerRow> Model::layer_table() const {
 
 void Model::norm_fwd(int id, const Tensor& x, const Tensor& y, const Tensor& rstd, const Tensor& add,
                      const Tensor& h) const {
-  const float eps = static_cast<float>(cfg_.norm_eps);
+  const double eps = cfg_.norm_eps;
   if (id >= 0) return rmsnorm_fwd(env_.ctx, x, params_.master(id), y, rstd, eps, add, h);
   srmsnorm_fwd(env_.ctx, x, y, rstd, eps, add, h);
 }
@@ -278,7 +278,7 @@ void Model::final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd,
 }
 
 void Model::head_logits(const Tensor& x, const Tensor& logits) {
-  const float s = static_cast<float>(cfg_.logit_scale);
+  const double s = cfg_.logit_scale;
   matmul(env_.ctx, x, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits, s);
   if (head_bias_ >= 0)
     matmul(env_.ctx, ones_logit_.tensor(logits.dtype, {logits.size(0), 1}), false,
@@ -305,7 +305,7 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
                             hits.ptr ? hits.slice0(r0, r0 + n) : Tensor());
     }
     if (grad_scale == 0.f) continue;
-    const float s = static_cast<float>(cfg_.logit_scale);
+    const double s = cfg_.logit_scale;
     matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n), s);
     matmul(ctx, dlogits, true, x, false, params_.grad(w), s, 1.f);
     if (head_bias_ >= 0)
@@ -328,7 +328,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   {
     ProfileScope prof(ctx, "embedding");
     embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
-    if (embed_scale_ != 1.f) scale_inplace(ctx, resid(0, B, T), embed_scale_);
+    if (embed_scale_ != 1) scale_inplace(ctx, resid(0, B, T), embed_scale_);
   }
   // Each sub-layer writes its output to y; the next norm adds y to the stream that sub-layer read
   // (R[i+1] = R[i] + y) in the same pass, and normalises the sum.
@@ -428,7 +428,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   }
   {
     ProfileScope prof(ctx, "embedding");
-    if (embed_scale_ != 1.f) scale_inplace(ctx, dr, embed_scale_);
+    if (embed_scale_ != 1) scale_inplace(ctx, dr, embed_scale_);
     embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   }
   grads_ready({embed_}, -1);
@@ -477,7 +477,7 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
   Tensor x = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
   Tensor rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
   embedding_fwd(ctx, tokens_t.view({B}), params_.master(embed_), x);
-  if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
+  if (embed_scale_ != 1) scale_inplace(ctx, x, embed_scale_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     norm_fwd(b.norm1, x, xn, rstd);
@@ -506,7 +506,7 @@ void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_
   // its output to y, which is then added.
   Tensor x = resid(0, B, T), y = scratch_.get("model.y", env_.act, {B, T, d});
   embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), x.view({N, d}));
-  if (embed_scale_ != 1.f) scale_inplace(ctx, x, embed_scale_);
+  if (embed_scale_ != 1) scale_inplace(ctx, x, embed_scale_);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     Tensor xn1 = b.xn1.tensor(env_.act, {B, T, d});

@@ -183,7 +183,7 @@ class Model {
   int embed_ = -1, norm_f_ = -1, head_ = -1, head_bias_ = -1;  // norm ids are -1 for SimpleRMSNorm
   bool has_mlp_ = true;  // false: blocks are x += Mixer(Norm(x)) only (channel_mixer "none")
   bool simple_norm_ = false;
-  float embed_scale_ = 1.f;
+  double embed_scale_ = 1;  // applied in the model's precision (f32 on the GPU)
   std::vector<Block> blocks_;
   std::vector<SavedBuf> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
   SavedBuf xf_, rstd_f_, losses_;

@@ -8,6 +8,7 @@
 #include "lightning/lightning.h"
 #include "lrpe/lrpe.h"
 #include "matmul/matmul.h"
+#include "model/layer_plan.h"
 #include "model/mixers/proj_views.h"
 #include "srmsnorm/srmsnorm.h"
 #include "swiglu/swiglu.h"
@@ -39,6 +40,13 @@ std::vector<double> alibi_slopes(int64_t n) {
 
 }  // namespace
 
+int first_lightning_layer(const ModelConfig& cfg) {
+  const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
+  for (size_t l = 0; l < plan.size(); ++l)
+    if (plan[l].kind == "lightning") return static_cast<int>(l);
+  return -1;
+}
+
 std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers) {
   const double l = static_cast<double>(layer), L = static_cast<double>(n_layers);
   std::vector<double> s;
@@ -46,6 +54,9 @@ std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, 
     for (int64_t h = 0; h < heads; ++h) s.push_back(8.0 * static_cast<double>(h + 1) / static_cast<double>(heads) * (1.0 - l / L));
     return s;
   }
+  // l / (L - 1) runs from 0 (the first layer: the full slopes) to 1 (the last: almost no decay).
+  // A one-layer model has no last layer: its layer is the first, as in any deeper stack
+  // (docs/transnormer.md §1.4); the released code divides by zero there.
   const double temperature = 1.0 - (n_layers > 1 ? l / (L - 1.0) : 0.0) + 1e-5;
   for (double slope : alibi_slopes(heads)) s.push_back(slope * temperature);
   return s;
@@ -71,7 +82,7 @@ TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMi
     throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
                     std::to_string(E_) + ")");
   dh_ = E_ / H_;
-  lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && layer == 0);
+  lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && layer == first_lightning_layer(cfg));
   Dk_ = lrpe_ ? 2 * dh_ : dh_;
   if (env.ctx.is_gpu() && (dh_ % 16 != 0 || Dk_ > 256))
     throw UserError("config: the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +
@@ -147,7 +158,7 @@ void TnlMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t po
 }
 
 void TnlMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
-  srmsnorm_fwd(env_.ctx, o, gu.narrow(1, 0, E_), rstd, static_cast<float>(opt_.norm_eps));
+  srmsnorm_fwd(env_.ctx, o, gu.narrow(1, 0, E_), rstd, opt_.norm_eps);
   swiglu_fwd(env_.ctx, gu, g, GluAct::Identity);
 }
 

@@ -2,7 +2,8 @@
 // docs/transnormer.md §1.2-§1.4, §4.4), H = heads, E = d_model = H dh:
 //   [Qr|Kr|V|U] = x Wqkvu^T          Wqkvu: [4E, d], rows: q, k, v, u (one fused projection, no bias)
 //   Q, K        = SiLU(Qr), SiLU(Kr)
-//   Q, K        = LRPE(Q), LRPE(K)    dh -> 2 dh, in the layers `lrpe` selects (the first by default):
+//   Q, K        = LRPE(Q), LRPE(K)    dh -> 2 dh, in the layers `lrpe` selects (by default the
+//                                     model's first lightning layer, whatever its index):
 //                                     [X cos(theta t), X sin(theta t)], theta [H, dh] learned
 //   O           = LightningAttention(Q, K, V; lambda_{l,h}) per head: o_t = sum_{s<=t} lambda^(t-s) (q_t.k_s) v_s
 //   out        += (SRMSNorm(O) * U) Wo^T                  Wo: [d, E]; SRMSNorm over all E channels
@@ -35,6 +36,9 @@ struct TnlMixerOptions {
 
 // s_{l,h} for every head of layer l of an n_layers model (the rates, lambda = exp(-s)).
 std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers);
+// The index of the model's first lightning layer (-1 when none): where `lrpe: "first"` applies,
+// also in a hybrid stack whose layer 0 is another mixer.
+int first_lightning_layer(const ModelConfig& cfg);
 
 class TnlMixer final : public Mixer {
  public:

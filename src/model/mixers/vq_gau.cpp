@@ -19,7 +19,7 @@ namespace linac {
 
 namespace {
 
-constexpr float kNormEps = 1e-6f;
+constexpr double kNormEps = 1e-6;
 
 struct VqGauState final : MixerState {
   OwnedTensor khat, v, z, counts, means;  // see VqAttnState
@@ -53,7 +53,7 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   if (d_ % 2 != 0) throw UserError("config: model.d_model must be even for the VQ position sinusoids");
   Dvh_ = Dv_ / H_;
   Pqkv_ = 2 * H_ * Dk_ + Dv_;
-  qk_scale_ = static_cast<float>(std::pow(static_cast<double>(Dk_), -0.25));
+  qk_scale_ = std::pow(static_cast<double>(Dk_), -0.25);
   const std::string p = "layers." + std::to_string(layer) + ".gau.";
   const double in_std = 1.0 / std::sqrt(static_cast<double>(d_)), out_std = 1.0 / std::sqrt(static_cast<double>(Dv_));
   ParamStore& ps = *env.params;
