@@ -161,7 +161,7 @@ size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64
   constexpr int64_t C = 64;
   const int64_t N = (T + C - 1) / C;
   // The forward states S_n and the reverse states R_n, N of each, in the activation dtype (they
-  // only feed tensor-core matmuls), and the per-block scan terms in f32: the carve in lightning_fwd.cu.
+  // only feed tensor-core matmuls), and the per-block scan terms in f32: the carve in lightning.cu.
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const size_t n = static_cast<size_t>(H * N * Dk * Dv);
   return 2 * align(n * dtype_size(act)) + align(n * 4);

@@ -1,6 +1,14 @@
-// Lightning Attention CPU references (math in lightning.h): recurrent, quadratic and block forms,
-// forward and backward, and the decode step. Plain loops over one (batch, head) slice at a time;
-// every decay factor is exp of a non-positive exponent.
+// Lightning Attention CPU block form, the form the CPU trains with (math in lightning.h). It mirrors the CUDA
+// kernels: a sequential scan over the blocks that records the state before each block, then an
+// independent pass per block that combines the masked intra-block product with the recorded state.
+// One pass routine serves o, dq, dk and dv:
+//   out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St)
+//   o : X = q,  Y = k,  Z = v,  St = S_n,     M lower (j <= i), r = a
+//   dq: X = do, Y = v,  Z = k,  St = S_n^T,   M lower,          r = a
+//   dv: X = k,  Y = q,  Z = do, St = R_n,     M upper (j >= i), r = c
+//   dk: X = v,  Y = do, Z = q,  St = R_n^T,   M upper,          r = c
+// with M(i,j) = exp(-s |i-j|) on its triangle and 0 elsewhere.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -10,10 +18,69 @@ namespace linac {
 
 namespace {
 
-// Row t of head h of batch b in a [B,T,H,D] view.
+using Strides = LightningLayout::Strides;
+
 template <class P>
-P* row(P* base, const LightningLayout::Strides& s, int64_t b, int64_t t, int64_t h, int64_t D) {
+P* row(P* base, const Strides& s, int64_t b, int64_t t, int64_t h, int64_t D) {
   return base + b * s.b + t * s.t + h * D;
+}
+
+// Forward (rev = false): x = k, y = v, init = s0; states[n] = S_n, S_n+1 = g S_n + (c * K)^T V,
+// final = S_N. Reverse: x = q, y = do, init = ds_final; states[n] = R_n (the gradient of the
+// state after block n), R_n-1 = g R_n + (a * Q)^T dO, final = R_-1 = ds0. One (b, h) slice.
+template <class F>
+void block_scan(const LightningLayout& L, bool rev, int64_t b, int64_t h, F s, const F* x, const Strides& xs,
+                int64_t Dx, const F* y, const Strides& ys, int64_t Dy, const F* init, F* states, F* final_out) {
+  const int64_t C = L.block, N = (L.T + C - 1) / C, SS = Dx * Dy;
+  std::vector<F> S(static_cast<size_t>(SS));
+  for (int64_t e = 0; e < SS; ++e) S[e] = init ? init[e] : F(0);
+  for (int64_t step = 0; step < N; ++step) {
+    const int64_t n = rev ? N - 1 - step : step, m = std::min(C, L.T - n * C);
+    std::copy(S.begin(), S.end(), states + n * SS);
+    const F g = std::exp(-s * F(m));
+    for (int64_t e = 0; e < SS; ++e) S[e] *= g;
+    for (int64_t r = 0; r < m; ++r) {
+      const F f = std::exp(-s * F(rev ? r + 1 : m - 1 - r));
+      const F* xr = row(x, xs, b, n * C + r, h, Dx);
+      const F* yr = row(y, ys, b, n * C + r, h, Dy);
+      for (int64_t i = 0; i < Dx; ++i)
+        for (int64_t j = 0; j < Dy; ++j) S[i * Dy + j] += f * xr[i] * yr[j];
+    }
+  }
+  if (final_out) std::copy(S.begin(), S.end(), final_out);
+}
+
+struct PassArgs {
+  bool upper;     // mask j >= i (dk, dv) instead of j <= i (o, dq); also picks r = c instead of a
+  bool state_t;   // St read transposed: the state is [Dz][Dx] instead of [Dx][Dz]
+  int64_t Dx, Dz;
+};
+
+// One block n of one (b, h) slice; St is the state recorded for block n.
+template <class F>
+void block_pass(const LightningLayout& L, const PassArgs& p, int64_t b, int64_t h, int64_t n, F s, const F* x,
+                const Strides& xs, const F* y, const Strides& ys, const F* z, const Strides& zs, const F* St, F* out,
+                const Strides& os) {
+  const int64_t C = L.block, m = std::min(C, L.T - n * C), t0 = n * C;
+  for (int64_t i = 0; i < m; ++i) {
+    const F* xi = row(x, xs, b, t0 + i, h, p.Dx);
+    F* oi = row(out, os, b, t0 + i, h, p.Dz);
+    const F r = std::exp(-s * F(p.upper ? m - 1 - i : i + 1));
+    for (int64_t c = 0; c < p.Dz; ++c) {
+      F acc = 0;
+      for (int64_t d = 0; d < p.Dx; ++d) acc += xi[d] * (p.state_t ? St[c * p.Dx + d] : St[d * p.Dz + c]);
+      oi[c] = r * acc;
+    }
+    const int64_t j0 = p.upper ? i : 0, j1 = p.upper ? m : i + 1;
+    for (int64_t j = j0; j < j1; ++j) {
+      const F* yj = row(y, ys, b, t0 + j, h, p.Dx);
+      F dp = 0;
+      for (int64_t d = 0; d < p.Dx; ++d) dp += xi[d] * yj[d];
+      dp *= std::exp(-s * F(p.upper ? j - i : i - j));
+      const F* zj = row(z, zs, b, t0 + j, h, p.Dz);
+      for (int64_t c = 0; c < p.Dz; ++c) oi[c] += dp * zj[c];
+    }
+  }
 }
 
 template <class F>
@@ -21,232 +88,53 @@ F* state_of(F* s, const LightningLayout& L, int64_t b, int64_t h) {
   return s ? s + (b * L.H + h) * L.Dk * L.Dv : nullptr;
 }
 
-template <class F>
-F dot(const F* x, const F* y, int64_t n) {
-  F acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
-  return acc;
-}
-
 }  // namespace
 
-// ---- recurrent ---------------------------------------------------------------------------------
-
 template <class F>
-void lightning_fwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
-                                 const F* s0, F* o, F* s_final) {
-  const int64_t Dk = L.Dk, Dv = L.Dv;
-  std::vector<F> S(static_cast<size_t>(Dk * Dv));
+void lightning_fwd_block_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
+                             const F* s0, F* o, F* s_final) {
+  const int64_t N = (L.T + L.block - 1) / L.block, SS = L.Dk * L.Dv;
+  std::vector<F> states(static_cast<size_t>(N * SS));
+  const PassArgs po{false, false, L.Dk, L.Dv};
   for (int64_t b = 0; b < L.B; ++b)
     for (int64_t h = 0; h < L.H; ++h) {
-      const F lam = std::exp(-decay[h]);
-      const F* init = state_of(s0, L, b, h);
-      for (int64_t e = 0; e < Dk * Dv; ++e) S[e] = init ? init[e] : F(0);
-      for (int64_t t = 0; t < L.T; ++t) {
-        const F* qt = row(q, L.q, b, t, h, Dk);
-        const F* kt = row(k, L.k, b, t, h, Dk);
-        const F* vt = row(v, L.v, b, t, h, Dv);
-        F* ot = row(o, L.o, b, t, h, Dv);
-        for (int64_t i = 0; i < Dk; ++i)
-          for (int64_t j = 0; j < Dv; ++j) S[i * Dv + j] = lam * S[i * Dv + j] + kt[i] * vt[j];
-        for (int64_t j = 0; j < Dv; ++j) {
-          F acc = 0;
-          for (int64_t i = 0; i < Dk; ++i) acc += qt[i] * S[i * Dv + j];
-          ot[j] = acc;
-        }
-      }
-      if (F* fin = state_of(s_final, L, b, h))
-        for (int64_t e = 0; e < Dk * Dv; ++e) fin[e] = S[e];
+      block_scan(L, false, b, h, decay[h], k, L.k, L.Dk, v, L.v, L.Dv, state_of(s0, L, b, h), states.data(),
+                 state_of(s_final, L, b, h));
+      for (int64_t n = 0; n < N; ++n)
+        block_pass(L, po, b, h, n, decay[h], q, L.q, k, L.k, v, L.v, states.data() + n * SS, o, L.o);
     }
 }
 
-// Differentiates the recurrence: the forward states S_t are kept, then the state gradient
-// R_t = dL/dS_t runs backwards: R_t = lambda R_t+1 + q_t^T do_t (R_T-1 starts from ds_final).
 template <class F>
-void lightning_bwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
-                                 const F* s0, const F* dout, const F* ds_final, F* dq, F* dk, F* dv, F* ds0) {
-  const int64_t Dk = L.Dk, Dv = L.Dv, SS = Dk * Dv;
-  std::vector<F> S(static_cast<size_t>(L.T * SS)), R(static_cast<size_t>(SS));
-  for (int64_t b = 0; b < L.B; ++b)
-    for (int64_t h = 0; h < L.H; ++h) {
-      const F lam = std::exp(-decay[h]);
-      const F* init = state_of(s0, L, b, h);
-      for (int64_t t = 0; t < L.T; ++t) {
-        const F* kt = row(k, L.k, b, t, h, Dk);
-        const F* vt = row(v, L.v, b, t, h, Dv);
-        for (int64_t i = 0; i < Dk; ++i)
-          for (int64_t j = 0; j < Dv; ++j) {
-            const F prev = t > 0 ? S[(t - 1) * SS + i * Dv + j] : init ? init[i * Dv + j] : F(0);
-            S[t * SS + i * Dv + j] = lam * prev + kt[i] * vt[j];
-          }
-      }
-      const F* dsf = state_of(ds_final, L, b, h);
-      for (int64_t e = 0; e < SS; ++e) R[e] = dsf ? dsf[e] : F(0);
-      for (int64_t t = L.T - 1; t >= 0; --t) {
-        const F* qt = row(q, L.q, b, t, h, Dk);
-        const F* kt = row(k, L.k, b, t, h, Dk);
-        const F* vt = row(v, L.v, b, t, h, Dv);
-        const F* dot_ = row(dout, L.dout, b, t, h, Dv);
-        if (t < L.T - 1)
-          for (int64_t e = 0; e < SS; ++e) R[e] *= lam;
-        for (int64_t i = 0; i < Dk; ++i)
-          for (int64_t j = 0; j < Dv; ++j) R[i * Dv + j] += qt[i] * dot_[j];
-        F* dqt = row(dq, L.dq, b, t, h, Dk);
-        F* dkt = row(dk, L.dk, b, t, h, Dk);
-        F* dvt = row(dv, L.dv, b, t, h, Dv);
-        for (int64_t i = 0; i < Dk; ++i) {
-          F aq = 0, ak = 0;
-          for (int64_t j = 0; j < Dv; ++j) {
-            aq += S[t * SS + i * Dv + j] * dot_[j];
-            ak += R[i * Dv + j] * vt[j];
-          }
-          dqt[i] = aq, dkt[i] = ak;
-        }
-        for (int64_t j = 0; j < Dv; ++j) {
-          F acc = 0;
-          for (int64_t i = 0; i < Dk; ++i) acc += R[i * Dv + j] * kt[i];
-          dvt[j] = acc;
-        }
-      }
-      if (F* d0 = state_of(ds0, L, b, h))
-        for (int64_t e = 0; e < SS; ++e) d0[e] = L.T > 0 ? lam * R[e] : R[e];
-    }
-}
-
-// ---- quadratic -----------------------------------------------------------------------------------
-
-template <class F>
-void lightning_fwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
-                                 const F* s0, F* o, F* s_final) {
-  const int64_t Dk = L.Dk, Dv = L.Dv, T = L.T;
+void lightning_bwd_block_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
+                             const F* s0, const F* dout, const F* ds_final, F* dq, F* dk, F* dv, F* ds0) {
+  const int64_t N = (L.T + L.block - 1) / L.block, SS = L.Dk * L.Dv;
+  std::vector<F> S(static_cast<size_t>(N * SS)), R(static_cast<size_t>(N * SS));
+  const PassArgs pq{false, true, L.Dv, L.Dk}, pv{true, false, L.Dk, L.Dv}, pk{true, true, L.Dv, L.Dk};
   for (int64_t b = 0; b < L.B; ++b)
     for (int64_t h = 0; h < L.H; ++h) {
       const F s = decay[h];
-      const F* init = state_of(s0, L, b, h);
-      for (int64_t t = 0; t < T; ++t) {
-        const F* qt = row(q, L.q, b, t, h, Dk);
-        F* ot = row(o, L.o, b, t, h, Dv);
-        for (int64_t j = 0; j < Dv; ++j) ot[j] = 0;
-        for (int64_t u = 0; u <= t; ++u) {
-          const F p = std::exp(-s * F(t - u)) * dot(qt, row(k, L.k, b, u, h, Dk), Dk);
-          const F* vu = row(v, L.v, b, u, h, Dv);
-          for (int64_t j = 0; j < Dv; ++j) ot[j] += p * vu[j];
-        }
-        if (init) {
-          const F a = std::exp(-s * F(t + 1));
-          for (int64_t i = 0; i < Dk; ++i)
-            for (int64_t j = 0; j < Dv; ++j) ot[j] += a * qt[i] * init[i * Dv + j];
-        }
-      }
-      if (F* fin = state_of(s_final, L, b, h)) {
-        const F g = std::exp(-s * F(T));
-        for (int64_t e = 0; e < Dk * Dv; ++e) fin[e] = init ? g * init[e] : F(0);
-        for (int64_t u = 0; u < T; ++u) {
-          const F c = std::exp(-s * F(T - 1 - u));
-          const F* ku = row(k, L.k, b, u, h, Dk);
-          const F* vu = row(v, L.v, b, u, h, Dv);
-          for (int64_t i = 0; i < Dk; ++i)
-            for (int64_t j = 0; j < Dv; ++j) fin[i * Dv + j] += c * ku[i] * vu[j];
-        }
+      block_scan(L, false, b, h, s, k, L.k, L.Dk, v, L.v, L.Dv, state_of(s0, L, b, h), S.data(),
+                 static_cast<F*>(nullptr));
+      block_scan(L, true, b, h, s, q, L.q, L.Dk, dout, L.dout, L.Dv, state_of(ds_final, L, b, h), R.data(),
+                 state_of(ds0, L, b, h));
+      for (int64_t n = 0; n < N; ++n) {
+        block_pass(L, pq, b, h, n, s, dout, L.dout, v, L.v, k, L.k, S.data() + n * SS, dq, L.dq);
+        block_pass(L, pv, b, h, n, s, k, L.k, q, L.q, dout, L.dout, R.data() + n * SS, dv, L.dv);
+        block_pass(L, pk, b, h, n, s, v, L.v, dout, L.dout, q, L.q, R.data() + n * SS, dk, L.dk);
       }
     }
 }
 
-// Closed-form gradients of the quadratic form (docs/transnormer.md §4.1) plus the s0 / s_final terms.
-template <class F>
-void lightning_bwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
-                                 const F* s0, const F* dout, const F* ds_final, F* dq, F* dk, F* dv, F* ds0) {
-  const int64_t Dk = L.Dk, Dv = L.Dv, T = L.T;
-  for (int64_t b = 0; b < L.B; ++b)
-    for (int64_t h = 0; h < L.H; ++h) {
-      const F s = decay[h];
-      const F* init = state_of(s0, L, b, h);
-      const F* dsf = state_of(ds_final, L, b, h);
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t i = 0; i < Dk; ++i) row(dq, L.dq, b, t, h, Dk)[i] = row(dk, L.dk, b, t, h, Dk)[i] = 0;
-        for (int64_t j = 0; j < Dv; ++j) row(dv, L.dv, b, t, h, Dv)[j] = 0;
-      }
-      for (int64_t t = 0; t < T; ++t) {
-        const F* qt = row(q, L.q, b, t, h, Dk);
-        const F* dot_ = row(dout, L.dout, b, t, h, Dv);
-        F* dqt = row(dq, L.dq, b, t, h, Dk);
-        for (int64_t u = 0; u <= t; ++u) {
-          const F d = std::exp(-s * F(t - u));
-          const F* ku = row(k, L.k, b, u, h, Dk);
-          const F* vu = row(v, L.v, b, u, h, Dv);
-          const F dp = d * dot(dot_, vu, Dv), p = d * dot(qt, ku, Dk);
-          F* dku = row(dk, L.dk, b, u, h, Dk);
-          F* dvu = row(dv, L.dv, b, u, h, Dv);
-          for (int64_t i = 0; i < Dk; ++i) dqt[i] += dp * ku[i], dku[i] += dp * qt[i];
-          for (int64_t j = 0; j < Dv; ++j) dvu[j] += p * dot_[j];
-        }
-        if (init) {
-          const F a = std::exp(-s * F(t + 1));
-          for (int64_t i = 0; i < Dk; ++i) dqt[i] += a * dot(init + i * Dv, dot_, Dv);
-        }
-      }
-      if (dsf)
-        for (int64_t u = 0; u < T; ++u) {
-          const F c = std::exp(-s * F(T - 1 - u));
-          const F* ku = row(k, L.k, b, u, h, Dk);
-          const F* vu = row(v, L.v, b, u, h, Dv);
-          F* dku = row(dk, L.dk, b, u, h, Dk);
-          F* dvu = row(dv, L.dv, b, u, h, Dv);
-          for (int64_t i = 0; i < Dk; ++i) dku[i] += c * dot(dsf + i * Dv, vu, Dv);
-          for (int64_t j = 0; j < Dv; ++j)
-            for (int64_t i = 0; i < Dk; ++i) dvu[j] += c * ku[i] * dsf[i * Dv + j];
-        }
-      if (F* d0 = state_of(ds0, L, b, h)) {
-        const F g = std::exp(-s * F(T));
-        for (int64_t e = 0; e < Dk * Dv; ++e) d0[e] = dsf ? g * dsf[e] : F(0);
-        for (int64_t t = 0; t < T; ++t) {
-          const F a = std::exp(-s * F(t + 1));
-          const F* qt = row(q, L.q, b, t, h, Dk);
-          const F* dot_ = row(dout, L.dout, b, t, h, Dv);
-          for (int64_t i = 0; i < Dk; ++i)
-            for (int64_t j = 0; j < Dv; ++j) d0[i * Dv + j] += a * qt[i] * dot_[j];
-        }
-      }
-    }
-}
-
-// ---- decode step ---------------------------------------------------------------------------------
-
-template <class F>
-void lightning_step_cpu(const LightningStepLayout& L, const F* q, const F* k, const F* v, const F* decay, F* state,
-                        F* o) {
-  for (int64_t b = 0; b < L.B; ++b)
-    for (int64_t h = 0; h < L.H; ++h) {
-      const F lam = std::exp(-decay[h]);
-      const F* qb = q + b * L.q + h * L.Dk;
-      const F* kb = k + b * L.k + h * L.Dk;
-      const F* vb = v + b * L.v + h * L.Dv;
-      F* ob = o + b * L.o + h * L.Dv;
-      F* S = state + (b * L.H + h) * L.Dk * L.Dv;
-      for (int64_t j = 0; j < L.Dv; ++j) {
-        F acc = 0;
-        for (int64_t i = 0; i < L.Dk; ++i) {
-          F& sij = S[i * L.Dv + j];
-          sij = lam * sij + kb[i] * vb[j];
-          acc += qb[i] * sij;
-        }
-        ob[j] = acc;
-      }
-    }
-}
-
-#define LINAC_LIGHTNING_INSTANTIATE(F)                                                                              \
-  template void lightning_fwd_recurrent_cpu<F>(const LightningLayout&, const F*, const F*, const F*, const F*,      \
-                                               const F*, F*, F*);                                                   \
-  template void lightning_bwd_recurrent_cpu<F>(const LightningLayout&, const F*, const F*, const F*, const F*,      \
-                                               const F*, const F*, const F*, F*, F*, F*, F*);                       \
-  template void lightning_fwd_quadratic_cpu<F>(const LightningLayout&, const F*, const F*, const F*, const F*,      \
-                                               const F*, F*, F*);                                                   \
-  template void lightning_bwd_quadratic_cpu<F>(const LightningLayout&, const F*, const F*, const F*, const F*,      \
-                                               const F*, const F*, const F*, F*, F*, F*, F*);                       \
-  template void lightning_step_cpu<F>(const LightningStepLayout&, const F*, const F*, const F*, const F*, F*, F*);
-LINAC_LIGHTNING_INSTANTIATE(float)
-LINAC_LIGHTNING_INSTANTIATE(double)
-#undef LINAC_LIGHTNING_INSTANTIATE
+template void lightning_fwd_block_cpu<float>(const LightningLayout&, const float*, const float*, const float*,
+                                             const float*, const float*, float*, float*);
+template void lightning_fwd_block_cpu<double>(const LightningLayout&, const double*, const double*, const double*,
+                                              const double*, const double*, double*, double*);
+template void lightning_bwd_block_cpu<float>(const LightningLayout&, const float*, const float*, const float*,
+                                             const float*, const float*, const float*, const float*, float*, float*,
+                                             float*, float*);
+template void lightning_bwd_block_cpu<double>(const LightningLayout&, const double*, const double*, const double*,
+                                              const double*, const double*, const double*, const double*, double*,
+                                              double*, double*, double*);
 
 }  // namespace linac

@@ -1,6 +1,6 @@
 // CUDA Lightning Attention block pass (math in lightning.h, contract in lightning_common.cuh):
 //   out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St_n)        for the rows i of block n
-// The forward runs it once (o), the backward three times (dq, dk, dv), see lightning_fwd.cu.
+// The forward runs it once (o), the backward three times (dq, dk, dv), see lightning.cu.
 // Layout: X, Y [B, T, H, Dx], Z, out [B, T, H, Dz] (free batch/token strides); states
 // [B*H, N, Dk, Dv] in T, read as [Dx][Dz] or (state_t) [Dz][Dx].
 // Grid (N, B*H, Dz/64), 128 threads: warp w owns the 16 rows 16w.. of the block and a 64-wide
