@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
   constexpr uint32_t kTile = BC * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sQ = smem_addr(smem), sDO = sQ + BR * kRowBytes<D>, sK0 = sDO + BR * kRowBytes<D>,
+  const uint32_t sQ = smem_u32(smem), sDO = sQ + BR * kRowBytes<D>, sK0 = sDO + BR * kRowBytes<D>,
                  sV0 = sK0 + 2 * kTile;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
     lse2[r] = t < a.T ? lse[int64_t{bh} * a.T + t] * kLog2e : INFINITY;
     dl[r] = t < a.T ? delta[int64_t{bh} * a.T + t] : 0.f;
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();
   __syncthreads();
 
   uint32_t qf[D / 16][4], dof[D / 16][4];
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
   constexpr uint32_t kTile = BR * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sK = smem_addr(smem), sV = sK + BC * kRowBytes<D>, sQ0 = sV + BC * kRowBytes<D>,
+  const uint32_t sK = smem_u32(smem), sV = sK + BC * kRowBytes<D>, sQ0 = sV + BC * kRowBytes<D>,
                  sDO0 = sQ0 + 2 * kTile;
   // Per query of the two buffered tiles: lse * log2(e) and delta.
   float* s_lse = reinterpret_cast<float*>(smem + 2 * BC * kRowBytes<D> + 4 * kTile);
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   load_rows<BC, D, NT>(sK, head_rows<D>(k, a.k, b, h), a.k.t, k0, a.T);
   load_rows<BC, D, NT>(sV, head_rows<D>(v, a.v, b, h), a.v.t, k0, a.T);
   load_queries(qr.x, 0);
-  cp_async_wait_all();
+  cp_async_wait<0>();
   __syncthreads();
 
   uint32_t kf[C::kKeepKV ? D / 16 : 1][4], vf[C::kKeepKV ? D / 16 : 1][4];

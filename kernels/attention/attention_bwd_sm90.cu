@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int s_ticket;
   const uint32_t sK = smem_base_1024(smem), sV = sK + C::kRowsBytes, sQ0 = sV + C::kRowsBytes,
                  sDO0 = sQ0 + S * C::kTileBytes, sDS0 = sK + C::kDsOffset, sDQ0 = sK + C::kDqOffset;
-  unsigned char* const base = smem + (sK - smem_addr(smem));
+  unsigned char* const base = smem + (sK - smem_u32(smem));
   // Per query of each stage: lse * log2(e), then delta.
   float* s_stats = reinterpret_cast<float*>(base + C::kStatsOffset);
   const uint32_t bar_kv = sK + C::kBarOffset, bar_f0 = bar_kv + 8, bar_e0 = bar_f0 + 8 * S, bar_dsf0 = bar_e0 + 8 * S,

@@ -1,6 +1,6 @@
 // Shared by the attention kernels: the kernel argument block, the tile ranges that causal and
-// sliding-window masks leave, and the sm_80+ tensor-core primitives (cp.async, ldmatrix,
-// mma.sync m16n8k16 bf16 -> f32) over tiles of [rows, D] bf16 kept in shared memory so that the
+// sliding-window masks leave, and the layout of [rows, D] bf16 tiles (loaded and multiplied with
+// the sm_80 toolkit, common/mma_sm80.cuh) kept in shared memory so that the
 // eight row addresses of every ldmatrix phase hit eight different bank groups: where a row holds a
 // multiple of eight 16-byte chunks (D = 64, 128) by an XOR swizzle (chunk c of row r lives at
 // c ^ (r & 7)), otherwise (D = 80, 96, 112) by padding each row with one chunk, which makes the
@@ -13,6 +13,7 @@
 
 #include "attention/attention.h"
 #include "common/cuda_common.cuh"
+#include "common/mma_sm80.cuh"
 
 namespace linac::attn {
 
@@ -89,45 +90,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// ---- tensor-core primitives ---------------------------------------------------------------
+// ---- tensor-core primitives: the sm_80 toolkit's (common/mma_sm80.cuh) --------------------
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; zero-fills when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c += a * b for a 16x16 (row) bf16 A, a 16x8 (col) bf16 B and a 16x8 f32 C. Fragment layout
-// (g = lane / 4, q = lane % 4): a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..), a3 (g+8, 2q+8..);
-// b0 (k 2q..2q+1, n g), b1 (k 2q+8.., n g); c0,c1 (g, 2q..2q+1), c2,c3 (g+8, 2q..2q+1).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using cuda::pack_bf16;
+using sm80::cp_async16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldsm_x4;
+using sm80::ldsm_x4_trans;
+using sm80::mma_bf16;
+using sm80::smem_u32;
 
 // The accumulators of two adjacent 16x8 C tiles are, rounded to bf16, the A fragment of the
 // 16x16 block they span: P and dS feed the next matmul straight from registers.
@@ -214,7 +186,7 @@ template <class LoadNext>
 __device__ __forceinline__ int double_buffer_step(int it, int first, int last, LoadNext&& load_next) {
   const int buf = (it - first) & 1;
   if (it > first) {
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
   }
   if (it < last) load_next(it + 1, buf ^ 1);

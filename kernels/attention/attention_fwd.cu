@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
   constexpr int BR = C::BR, BC = C::BC, NT = C::kThreads;
   constexpr uint32_t kTile = BC * kRowBytes<D>;
   extern __shared__ __align__(128) unsigned char smem[];
-  const uint32_t sQ = smem_addr(smem), sK0 = sQ + BR * kRowBytes<D>, sV0 = sK0 + 2 * kTile;
+  const uint32_t sQ = smem_u32(smem), sK0 = sQ + BR * kRowBytes<D>, sV0 = sK0 + 2 * kTile;
 
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
 
   load_rows<BR, D, NT>(sQ, head_rows<D>(q, a.q, b, h), a.q.t, q0, a.T);
   load_kv(kr.x, 0);
-  cp_async_wait_all();
+  cp_async_wait<0>();
   __syncthreads();
 
   uint32_t qf[D / 16][4];

@@ -9,6 +9,7 @@
 // flight reads another.
 // Layout: logits, dlogits [N, V] contiguous, V * sizeof(logit) a multiple of 16 bytes (the bulk
 // copy's unit) and at most kMaxRowBytes.
+#include "common/mma_sm80.cuh"
 #include "common/sm90.cuh"
 #include "cross_entropy/cross_entropy_rows.cuh"
 
@@ -25,8 +26,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   extern __shared__ __align__(16) unsigned char s_row[];  // one row of logits
   __shared__ float scratch[32];
   __shared__ __align__(8) uint64_t s_bar;
-  const uint32_t row_smem = static_cast<uint32_t>(__cvta_generic_to_shared(s_row));
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&s_bar));
+  const uint32_t row_smem = sm80::smem_u32(s_row);
+  const uint32_t bar = sm80::smem_u32(&s_bar);
   const uint32_t row_bytes = static_cast<uint32_t>(v * sizeof(TL));
   auto fetch = [&](int64_t r) {  // thread 0
     if (r >= n_rows) return;

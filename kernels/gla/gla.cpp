@@ -67,15 +67,6 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
     LINAC_CHECK(!t->defined() || t->dtype == dt, "gla: CPU dtypes must agree");
 }
 
-template <class F>
-const F* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-template <class F>
-F* mut_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-
 }  // namespace
 
 void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& o,
@@ -100,7 +91,7 @@ void gla_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
     auto fn = form == GlaForm::Chunk       ? gla_fwd_chunk_cpu<F>
               : form == GlaForm::Recurrent ? gla_fwd_recurrent_cpu<F>
                                            : gla_fwd_parallel_cpu<F>;
-    fn(L, q.data<F>(), k.data<F>(), v.data<F>(), g.data<F>(), ptr_or_null<F>(s0), o.data<F>(), mut_or_null<F>(s_final));
+    fn(L, q.data<F>(), k.data<F>(), v.data<F>(), g.data<F>(), ptr_or_null<F>(s0), o.data<F>(), ptr_or_null<F>(s_final));
   });
 }
 
@@ -134,7 +125,7 @@ void gla_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, 
               : form == GlaForm::Recurrent ? gla_bwd_recurrent_cpu<F>
                                            : gla_bwd_parallel_cpu<F>;
     fn(L, q.data<F>(), k.data<F>(), v.data<F>(), g.data<F>(), ptr_or_null<F>(s0), dout.data<F>(),
-       ptr_or_null<F>(ds_final), dq.data<F>(), dk.data<F>(), dv.data<F>(), dg.data<F>(), mut_or_null<F>(ds0));
+       ptr_or_null<F>(ds_final), dq.data<F>(), dk.data<F>(), dv.data<F>(), dg.data<F>(), ptr_or_null<F>(ds0));
   });
 }
 

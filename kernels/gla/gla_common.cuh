@@ -1,15 +1,6 @@
-// Shared by the GLA CUDA kernels (math in gla.h): the kernel argument block, chunk constants,
-// cp.async tile loads into padded shared memory, and a warp-level matmul over shared-memory
-// tiles in either storage order.
-//
-// Tiles live in shared memory row-major with rows padded by 16 bytes (ld_of), so the 8 row
-// addresses of an ldmatrix phase and of the cp.async stores land in 8 different bank groups.
-// warp_mma computes a 16-row strip of C (f32 accumulators in the mma.sync m16n8k16 layout:
-// lane (g = lane/4, q = lane%4) holds C[g][2q..2q+1] and C[g+8][2q..2q+1] of each 16x8 n-tile)
-// from A stored [m][k] or [k][m] and B stored [n][k] or [k][n]:
-//   bf16: ldmatrix (.trans for A stored [k][m] and B stored [k][n]) + mma.sync bf16 -> f32
-//   f32:  the same fragment layout computed with SIMT fmas, so every epilogue is shared and the
-//         fp32 path is exact fp32 (no TF32).
+// Shared by the GLA CUDA kernels (math in gla.h): the kernel argument block, chunk constants, the
+// gate exponential and the off-diagonal sub-chunk operands. Tile loads and the warp-level matmul
+// are the sm_80 toolkit's (common/mma_sm80.cuh).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +8,7 @@
 #include <utility>
 
 #include "common/cuda_common.cuh"
+#include "common/mma_sm80.cuh"
 #include "gla/gla.h"
 
 namespace linac::gla_cuda {
@@ -35,16 +27,6 @@ struct Args {
 
 using cuda::cdiv;
 
-// Padded row length (elements) of a shared-memory tile with `cols` columns.
-template <class T>
-__host__ __device__ constexpr int ld_of(int cols) {
-  return cols + 16 / static_cast<int>(sizeof(T));
-}
-template <class T>
-__host__ __device__ constexpr int tile_bytes(int rows, int cols) {
-  return rows * ld_of<T>(cols) * static_cast<int>(sizeof(T));
-}
-
 template <class T>
 __device__ __forceinline__ float gexp(float x) {
   if constexpr (sizeof(T) == 2)
@@ -53,127 +35,21 @@ __device__ __forceinline__ float gexp(float x) {
     return expf(x);
 }
 
-template <class T>
-__device__ __forceinline__ void store2(T* p, float a, float b) {
-  if constexpr (sizeof(T) == 2)
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-  else
-    *reinterpret_cast<float2*>(p) = make_float2(a, b);
-}
-
-// Two adjacent elements (even index) as floats.
-__device__ __forceinline__ float2 load2f(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-
-// ---- cp.async ------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared; zero-fills when !valid (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// All NT threads copy a ROWS x COLS tile whose row r starts at src + r * stride into dst (row
-// length ld). Rows >= valid_rows and columns >= valid_cols (a multiple of 16 bytes) read as 0.
-template <class T, int ROWS, int COLS, int NT>
-__device__ __forceinline__ void load_tile(T* dst, int ld, const T* src, int64_t stride, int valid_rows,
-                                          int valid_cols) {
-  constexpr int V = 16 / static_cast<int>(sizeof(T)), CPR = COLS / V;
-  static_assert(COLS % V == 0, "tile width must be a multiple of 16 bytes");
-  for (int idx = static_cast<int>(threadIdx.x); idx < ROWS * CPR; idx += NT) {
-    const int r = idx / CPR, c = (idx % CPR) * V;
-    const bool ok = r < valid_rows && c < valid_cols;
-    cp_async16(dst + r * ld + c, ok ? src + r * stride + c : src, ok);
-  }
-}
-
-// ---- warp-level matmul ---------------------------------------------------------------------
-
-__device__ __forceinline__ void ldsm_x4(const void* p, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(const void* p, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// acc[nt] += A[am0 .. am0+15][ak0 + 16 ks ..] * B[bk0 + 16 ks ..][bn0 + 8 nt ..] for ks < ksteps and
-// nt < nt_valid (even; NT even). kAKM: A stored [k][m] (element (m,k) at A[k*lda + m]), else [m][k].
-// kBKN: B stored [k][n] (element (k,n) at B[k*ldb + n]), else [n][k]. All 32 lanes take part.
-template <class T, bool kAKM, bool kBKN, int NT>
-__device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* A, int lda, int am0, int ak0, const T* B,
-                                         int ldb, int bk0, int bn0, int ksteps, int nt_valid = NT) {
-  static_assert(NT % 2 == 0, "n-tiles come in pairs");
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  if constexpr (sizeof(T) == 2) {
-    for (int ks = 0; ks < ksteps; ++ks) {
-      const int ka = ak0 + 16 * ks, kb = bk0 + 16 * ks;
-      uint32_t a[4];
-      if constexpr (kAKM) {
-        const int j = lane >> 3;
-        ldsm_x4_trans(A + (ka + (lane & 7) + (j >> 1) * 8) * lda + am0 + (j & 1) * 8, a);
-      } else {
-        ldsm_x4(A + (am0 + (lane & 15)) * lda + ka + (lane >> 4) * 8, a);
-      }
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        if (2 * np >= nt_valid) break;
-        const int n0 = bn0 + 16 * np;
-        uint32_t b[4];
-        if constexpr (kBKN)
-          ldsm_x4_trans(B + (kb + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8, b);
-        else
-          ldsm_x4(B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + kb + ((lane >> 3) & 1) * 8, b);
-        mma_bf16(acc[2 * np], a, b[0], b[1]);
-        mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
-      }
-    }
-  } else {
-    const int g = lane >> 2, q = lane & 3;
-    auto at_a = [&](int m, int k) { return kAKM ? A[k * lda + m] : A[m * lda + k]; };
-    auto at_b = [&](int k, int n) { return kBKN ? B[k * ldb + n] : B[n * ldb + k]; };
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      if (nt >= nt_valid) break;
-      const int n = bn0 + 8 * nt + 2 * q;
-      for (int kk = 0; kk < 16 * ksteps; ++kk) {
-        const float a0 = at_a(am0 + g, ak0 + kk), a1 = at_a(am0 + g + 8, ak0 + kk);
-        const float b0 = at_b(bk0 + kk, n), b1 = at_b(bk0 + kk, n + 1);
-        acc[nt][0] = fmaf(a0, b0, acc[nt][0]);
-        acc[nt][1] = fmaf(a0, b1, acc[nt][1]);
-        acc[nt][2] = fmaf(a1, b0, acc[nt][2]);
-        acc[nt][3] = fmaf(a1, b1, acc[nt][3]);
-      }
-    }
-  }
-}
-
-// Coordinates of accumulator element e of n-tile nt of a warp strip at (m0, n0).
-struct Frag {
-  int g, q;
-  __device__ Frag() : g((static_cast<int>(threadIdx.x) & 31) >> 2), q(static_cast<int>(threadIdx.x) & 3) {}
-  __device__ int row(int m0, int e) const { return m0 + g + 8 * (e >> 1); }
-  __device__ int col(int n0, int nt, int e) const { return n0 + 8 * nt + 2 * q + (e & 1); }
-};
+// The tensor-core toolkit (common/mma_sm80.cuh) under this namespace's names.
+using sm80::cp_async16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::Frag;
+using sm80::ld_of;
+using sm80::ldsm_x4;
+using sm80::ldsm_x4_trans;
+using sm80::load2f;
+using sm80::load_tile;
+using sm80::mma_bf16;
+using sm80::smem_u32;
+using sm80::store2;
+using sm80::tile_bytes;
+using sm80::warp_mma;
 
 // ---- off-diagonal sub-chunk operands (intra and dqk kernels) -------------------------------
 // A chunk's off-diagonal blocks (query sub-chunk I > key sub-chunk J) are matmuls of operands

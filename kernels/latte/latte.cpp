@@ -61,11 +61,6 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) LINAC_CHECK(!t->defined() || t->dtype == dt, "latte: CPU dtypes must agree");
 }
 
-template <class F>
-F* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-
 }  // namespace
 
 void latte_fwd(const Ctx& ctx, const Tensor& a, const Tensor& b, const Tensor& v, const Tensor& local,

@@ -22,14 +22,14 @@
 #include <type_traits>
 
 #include "common/cuda_common.cuh"
-#include "gla/gla_common.cuh"
+#include "common/mma_sm80.cuh"
 #include "latte/latte.h"
 
 namespace linac::latte_cuda {
 
-using gla_cuda::Frag;
-using gla_cuda::ld_of;
-using gla_cuda::warp_mma;
+using sm80::Frag;
+using sm80::ld_of;
+using sm80::warp_mma;
 
 constexpr int kC = 64;      // tokens per chunk
 constexpr int kMaxL = 64;   // latents per head
@@ -373,7 +373,7 @@ __host__ __device__ bool vec_pairs(const T* p, int64_t ld) {
 template <class T>
 __device__ __forceinline__ void store_pair(T* p, float x, float y, bool vec, bool two = true) {
   if (vec && two) {
-    gla_cuda::store2(p, x, y);
+    sm80::store2(p, x, y);
     return;
   }
   p[0] = cuda::from_float<T>(x);

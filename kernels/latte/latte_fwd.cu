@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __res
       if (t >= rows || j >= a.Dv) return;
       if (a.off) {
         const T* lp = lc + t * static_cast<int>(ls.t) + j;
-        const float2 l2 = vl ? gla_cuda::load2f(lp) : make_float2(cuda::to_float(lp[0]), cuda::to_float(lp[1]));
+        const float2 l2 = vl ? sm80::load2f(lp) : make_float2(cuda::to_float(lp[0]), cuda::to_float(lp[1]));
         const float p0 = sm.pi[t * a.La];
         x0 = fmaf(p0, l2.x, x0), x1 = fmaf(p0, l2.y, x1);
       }

@@ -61,11 +61,6 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
     LINAC_CHECK(!t->defined() || t->dtype == dt, "lightning: CPU dtypes must agree");
 }
 
-template <class F>
-F* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-
 }  // namespace
 
 void lightning_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,

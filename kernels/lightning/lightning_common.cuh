@@ -1,15 +1,15 @@
 // Shared by the Lightning Attention CUDA kernels (math in lightning.h): the kernel argument
 // block and the two launchers the forward and backward are built from. Tile loads and the warp
-// matmul are GLA's (gla/gla_common.cuh): a scalar decay needs none of its gate machinery.
+// matmul are the sm_80 toolkit's (common/mma_sm80.cuh).
 #pragma once
 
-#include "gla/gla_common.cuh"
+#include "common/mma_sm80.cuh"
 #include "lightning/lightning.h"
 
 namespace linac::lightning_cuda {
 
-using gla_cuda::bf16_t;
-using gla_cuda::cdiv;
+using sm80::bf16_t;
+using sm80::cdiv;
 constexpr int kC = 64;  // tokens per block
 constexpr int kW = 64;  // width of the head-dim slices a CTA works on
 

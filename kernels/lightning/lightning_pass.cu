@@ -14,8 +14,8 @@ namespace linac {
 namespace lightning_cuda {
 namespace {
 
-using gla_cuda::ld_of;
-using gla_cuda::tile_bytes;
+using sm80::ld_of;
+using sm80::tile_bytes;
 
 template <class T>
 struct PassCfg {
@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
   const int m = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, m0 = 16 * warp;
   const float s = a.decay[h];
   const T* state = states + (static_cast<int64_t>(bh) * a.N + n) * a.Dk * a.Dv;
-  const gla_cuda::Frag f;
+  const sm80::Frag f;
 
   float sc[8][4], acc[8][4];
 #pragma unroll
@@ -51,21 +51,21 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
     for (int e = 0; e < 4; ++e) sc[nt][e] = acc[nt][e] = 0.f;
   // Lower mask: this warp's rows see keys 0 .. 16w+15 only.
   const int score_tiles = kUpper ? 8 : 2 * (warp + 1);
-  gla_cuda::load_tile<T, kC, kW, 128>(Z, LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
+  sm80::load_tile<T, kC, kW, 128>(Z, LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
   for (int d0 = 0; d0 < Dx; d0 += kW) {
     const int vd = min(kW, Dx - d0);
-    gla_cuda::load_tile<T, kC, kW, 128>(X, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
-    gla_cuda::load_tile<T, kC, kW, 128>(Y, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
+    sm80::load_tile<T, kC, kW, 128>(X, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
+    sm80::load_tile<T, kC, kW, 128>(Y, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
     if constexpr (kStateT)
-      gla_cuda::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
+      sm80::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
     else
-      gla_cuda::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
-    gla_cuda::cp_async_commit();
-    gla_cuda::cp_async_wait<0>();
+      sm80::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
+    sm80::cp_async_commit();
+    sm80::cp_async_wait<0>();
     __syncthreads();
     const int ks = cdiv(vd, 16);
-    gla_cuda::warp_mma<T, false, false, 8>(sc, X, LD, m0, 0, Y, LD, 0, 0, ks, score_tiles);
-    gla_cuda::warp_mma<T, false, !kStateT, 8>(acc, X, LD, m0, 0, St, LD, 0, 0, ks);
+    sm80::warp_mma<T, false, false, 8>(sc, X, LD, m0, 0, Y, LD, 0, 0, ks, score_tiles);
+    sm80::warp_mma<T, false, !kStateT, 8>(acc, X, LD, m0, 0, St, LD, 0, 0, ks);
     __syncthreads();  // the next slice overwrites X, Y, St
   }
 #pragma unroll
@@ -83,18 +83,18 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-      gla_cuda::store2(P + f.row(m0, 2 * hf) * LD + f.col(0, nt, 0), sc[nt][2 * hf], sc[nt][2 * hf + 1]);
+      sm80::store2(P + f.row(m0, 2 * hf) * LD + f.col(0, nt, 0), sc[nt][2 * hf], sc[nt][2 * hf + 1]);
   __syncwarp();  // each warp reads back only its own 16 rows of P
   // Causal side of the diagonal: keys 0 .. 16w+15 (lower) or 16w .. 63 (upper).
   const int k0 = kUpper ? m0 : 0, ksteps = kUpper ? 4 - warp : warp + 1;
-  gla_cuda::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
+  sm80::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
   T* ob = out + b * os.b + t0 * os.t + h * Dz + z0;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int i = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-      if (i < m && c < vz) gla_cuda::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      if (i < m && c < vz) sm80::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
     }
 }
 

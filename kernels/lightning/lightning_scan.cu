@@ -17,8 +17,8 @@ namespace linac {
 namespace lightning_cuda {
 namespace {
 
-using gla_cuda::ld_of;
-using gla_cuda::tile_bytes;
+using sm80::ld_of;
+using sm80::tile_bytes;
 
 template <class T>
 struct LocalCfg {
@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
   const int64_t t0 = static_cast<int64_t>(n) * kC;
   const int warp = threadIdx.x >> 5, m0 = 16 * warp;
   const float s = a.decay[h];
-  gla_cuda::load_tile<T, kC, kW, 128>(X, C::LD, x + b * xs.b + t0 * xs.t + h * a.Dk + i0, xs.t, m, vk);
-  gla_cuda::load_tile<T, kC, kW, 128>(Y, C::LD, y + b * ys.b + t0 * ys.t + h * a.Dv + j0, ys.t, m, vv);
-  gla_cuda::cp_async_commit();
-  gla_cuda::cp_async_wait<0>();
+  sm80::load_tile<T, kC, kW, 128>(X, C::LD, x + b * xs.b + t0 * xs.t + h * a.Dk + i0, xs.t, m, vk);
+  sm80::load_tile<T, kC, kW, 128>(Y, C::LD, y + b * ys.b + t0 * ys.t + h * a.Dv + j0, ys.t, m, vv);
+  sm80::cp_async_commit();
+  sm80::cp_async_wait<0>();
   __syncthreads();
   for (int idx = threadIdx.x; idx < m * kW; idx += 128) {
     const int r = idx / kW, c = idx % kW;
@@ -51,15 +51,15 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
   }
   __syncthreads();
   float acc[8][4] = {};
-  gla_cuda::warp_mma<T, true, true, 8>(acc, X, C::LD, m0, 0, Y, C::LD, 0, 0, cdiv(m, 16));
+  sm80::warp_mma<T, true, true, 8>(acc, X, C::LD, m0, 0, Y, C::LD, 0, 0, cdiv(m, 16));
   float* out = U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0;
-  const gla_cuda::Frag f;
+  const sm80::Frag f;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-      if (r < vk && c < vv) gla_cuda::store2(out + static_cast<int64_t>(r) * a.Dv + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      if (r < vk && c < vv) sm80::store2(out + static_cast<int64_t>(r) * a.Dv + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
     }
 }
 

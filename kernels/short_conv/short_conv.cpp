@@ -62,15 +62,6 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) LINAC_CHECK(!t->defined() || t->dtype == dt, "short_conv: CPU dtypes must agree");
 }
 
-template <class F>
-const F* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-template <class F>
-F* mut_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-
 }  // namespace
 
 void short_conv_fwd(const Ctx& ctx, const Tensor& a, const Tensor& g, const Tensor& h, const Tensor& ba,
@@ -115,7 +106,7 @@ void short_conv_bwd(const Ctx& ctx, const Tensor& a, const Tensor& g, const Tens
   LINAC_CPU_DISPATCH(a.dtype, F,
                      short_conv_bwd_cpu<F>(L, a.data<F>(), g.data<F>(), h.data<F>(), ptr_or_null<F>(ba),
                                            ptr_or_null<F>(bg), dz.data<F>(), da.data<F>(), dg.data<F>(), dh.data<F>(),
-                                           mut_or_null<F>(dba), mut_or_null<F>(dbg)));
+                                           ptr_or_null<F>(dba), ptr_or_null<F>(dbg)));
 }
 
 void short_conv_step(const Ctx& ctx, const Tensor& a_t, const Tensor& g_t, const Tensor& h, const Tensor& ba,

@@ -208,8 +208,6 @@ __global__ void __launch_bounds__(kThreads)
     if (i < p.W - 1) st[int64_t{p.W - 2 - i} * p.C] = win[i];
 }
 
-const float* ptr_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* mut_or_null(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 void check_f32(std::initializer_list<const Tensor*> ts, const char* what) {
   for (const Tensor* t : ts)
@@ -231,7 +229,7 @@ void short_conv_fwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   const Args p = make_args(L);
   LINAC_GPU_DISPATCH(a.dtype, T, {
     fwd_kernel<T><<<tile_grid(p, L.B), kThreads, 0, cuda::stream_of(ctx)>>>(
-        a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null(ba), ptr_or_null(bg), z.data<T>(), p);
+        a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }
@@ -249,14 +247,14 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   float* partial = static_cast<float*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(a.dtype, T, {
-    bwd_kernel<T><<<tile_grid(p, L.B), kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null(ba),
-                                                          ptr_or_null(bg), dz.data<T>(), da.data<T>(), dg.data<T>(),
+    bwd_kernel<T><<<tile_grid(p, L.B), kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
+                                                          ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(),
                                                           partial, p);
   });
   LINAC_CUDA_LAUNCH_CHECK();
   const dim3 grid(cuda::grid_1d(p.C, 32), static_cast<unsigned>(p.W + 2));
   reduce_partials_kernel<<<grid, dim3(32, kRowGroups), 0, st>>>(partial, L.B * p.tiles, p.W, p.C, dh.data<float>(),
-                                                                mut_or_null(dba), mut_or_null(dbg));
+                                                                ptr_or_null<float>(dba), ptr_or_null<float>(dbg));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -269,7 +267,7 @@ void short_conv_step_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor
   const dim3 grid(static_cast<unsigned>(L.B), cuda::grid_1d(p.C, kThreads));
   LINAC_GPU_DISPATCH(a.dtype, T, {
     step_kernel<T><<<grid, kThreads, 0, cuda::stream_of(ctx)>>>(a.data<T>(), g.data<T>(), h.data<float>(),
-                                                                ptr_or_null(ba), ptr_or_null(bg), mut_or_null(state),
+                                                                ptr_or_null<float>(ba), ptr_or_null<float>(bg), ptr_or_null<float>(state),
                                                                 z.data<T>(), p);
   });
   LINAC_CUDA_LAUNCH_CHECK();

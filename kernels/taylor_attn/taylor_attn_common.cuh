@@ -1,6 +1,6 @@
 // Shared by the Taylor attention CUDA kernels (math in taylor_attn.h): constants, the kernel
 // argument block, the workspace carve, the padded feature map, and the launchers the forward and
-// the backward both run. Matmuls reuse the GLA warp-level tensor-core helpers (gla_common.cuh:
+// the backward both run. Matmuls use the sm_80 tensor-core toolkit (common/mma_sm80.cuh:
 // cp.async tile loads, warp_mma over shared-memory tiles, bf16 mma.sync or exact f32 SIMT).
 //
 // GPU feature order: the 273 rows of phi padded to kRows = 288 = 18 blocks of 16 (zero rows
@@ -13,20 +13,20 @@
 
 #include <cstdint>
 
-#include "gla/gla_common.cuh"
+#include "common/mma_sm80.cuh"
 #include "taylor_attn/taylor_attn.h"
 
 namespace linac::taylor_cuda {
 
-using gla_cuda::bf16_t;
-using gla_cuda::cdiv;
-using gla_cuda::cp_async16;
-using gla_cuda::cp_async_commit;
-using gla_cuda::cp_async_wait;
-using gla_cuda::Frag;
-using gla_cuda::ld_of;
-using gla_cuda::store2;
-using gla_cuda::warp_mma;
+using sm80::bf16_t;
+using sm80::cdiv;
+using sm80::cp_async16;
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::Frag;
+using sm80::ld_of;
+using sm80::store2;
+using sm80::warp_mma;
 
 constexpr int kF = 16;                 // feature dim the kernels are built for
 constexpr int kC = 64;                 // chunk length

@@ -78,11 +78,6 @@ VqQuantLayout make_quant_layout(const Tensor& k, int64_t S) {
   return L;
 }
 
-template <class F>
-F* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<F>() : nullptr;
-}
-
 }  // namespace
 
 void vq_quantize(const Ctx& ctx, const Tensor& k, const Tensor& codebook, const Tensor& z, const Tensor& khat,

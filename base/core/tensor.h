@@ -57,6 +57,12 @@ bool same_shape(const Tensor& a, const Tensor& b);
 // one GEMM; undefined when they do not.
 Tensor adjacent_rows(std::initializer_list<Tensor> parts);
 
+// t's data, or null for an undefined tensor (an optional input or output of a kernel).
+template <class T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 }  // namespace linac
 
 // Shape/dtype/device agreement between kernel arguments (a caller bug if violated).

@@ -233,14 +233,9 @@ void launch_clusters(void (*kernel)(Params...), int work, size_t smem, cudaStrea
   LINAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// bf16 is the top half of an f32: one instruction per value (__bfloat1622float2 took three per pair).
-__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
+// (__bfloat1622float2 took three instructions per pair where unpack_bf16 takes one per value.)
+using cuda::pack_bf16;
+using cuda::unpack_bf16;
 
 // Byte offset of columns (2q, 2q + 1) + 8 * group of row `row` (0..63) inside a staged chunk: the
 // 16-byte unit `group` (0..7) of a 128-byte row moves to group ^ (row % 8), the TMA's 128-byte

@@ -25,6 +25,16 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Two floats as a bf16 pair in one register (round to nearest even), and back: bf16 is the top
+// half of an f32, so unpacking is one instruction per value.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+
 // x as a T would hold it (rounded to bf16, or unchanged), back in f32.
 template <class T>
 __device__ __forceinline__ float rounded(float x) {
