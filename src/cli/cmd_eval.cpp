@@ -75,7 +75,7 @@ LoadedModel load_model(const CheckpointReader& reader, const Config& cfg) {
 }
 
 int eval_mqar(const std::string& ckpt, const Config& cfg, const CheckpointReader& reader, int64_t batch, bool as_json) {
-  const MqarSet test = MqarSet::test(cfg);
+  const MqarSet test = MqarSet::test(cfg.data.mqar, cfg.model.vocab_size);
   const int64_t B = batch ? batch : cfg.train.micro_batch;
   LoadedModel m = load_model(reader, cfg);
   m.model->reserve(B, test.max_seq_len());

@@ -192,7 +192,7 @@ int cmd_info(int argc, char** argv) {
   in.flops = model.flops_per_token(in.T);
   // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
   // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
-  in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg).max_seq_len() : in.T;
+  in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg.data.mqar, cfg.model.vocab_size).max_seq_len() : in.T;
   in.state = model.state_elems(in.state_T);
   if (as_json) {
     print_json(model, in);

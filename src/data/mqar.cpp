@@ -92,14 +92,12 @@ MqarSet::MqarSet(std::vector<MqarSlice> slices, int64_t vocab, uint64_t seed, do
   }
 }
 
-MqarSet MqarSet::train(const Config& cfg) {
-  const MqarConfig& m = cfg.data.mqar;
-  return MqarSet(m.train, cfg.model.vocab_size, m.train_seed, m.power_a, m.random_non_queries);
+MqarSet MqarSet::train(const MqarConfig& m, int64_t vocab) {
+  return MqarSet(m.train, vocab, m.train_seed, m.power_a, m.random_non_queries);
 }
 
-MqarSet MqarSet::test(const Config& cfg) {
-  const MqarConfig& m = cfg.data.mqar;
-  return MqarSet(m.test, cfg.model.vocab_size, m.test_seed, m.power_a, m.random_non_queries);
+MqarSet MqarSet::test(const MqarConfig& m, int64_t vocab) {
+  return MqarSet(m.test, vocab, m.test_seed, m.power_a, m.random_non_queries);
 }
 
 size_t MqarSet::slice_of(uint64_t j) const {

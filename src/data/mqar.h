@@ -14,15 +14,15 @@
 // An example is a pure function of (seed, index): MqarSet lays its slices (L, P, count) end to
 // end, so example j of a set is the same on every rank, every epoch and after every resume.
 // The training mixture and the test slices of the paper's Figure 2 are the config defaults
-// (config.h); train and test sets use different seeds.
+// (data/mqar_config.h); train and test sets use different seeds.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "config/config.h"
 #include "data/loader.h"
+#include "data/mqar_config.h"
 
 namespace linac {
 
@@ -37,9 +37,9 @@ void check_mqar_slice(const MqarSlice& s, int64_t vocab, const std::string& wher
 class MqarSet {
  public:
   MqarSet(std::vector<MqarSlice> slices, int64_t vocab, uint64_t seed, double power_a, bool random_non_queries);
-  // The configured training mixture or test slices of a config (data.type "mqar").
-  static MqarSet train(const Config& cfg);
-  static MqarSet test(const Config& cfg);
+  // The configured training mixture or test slices (data.mqar) over a vocabulary of `vocab`.
+  static MqarSet train(const MqarConfig& m, int64_t vocab);
+  static MqarSet test(const MqarConfig& m, int64_t vocab);
 
   uint64_t size() const { return begin_.back(); }
   const std::vector<MqarSlice>& slices() const { return slices_; }

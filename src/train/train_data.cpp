@@ -14,8 +14,8 @@ namespace linac {
 TrainData TrainData::open(const Config& cfg) {
   TrainData d;
   if (cfg.data.type == "mqar") {
-    d.mqar_train = std::make_unique<MqarSet>(MqarSet::train(cfg));
-    d.mqar_test = std::make_unique<MqarSet>(MqarSet::test(cfg));
+    d.mqar_train = std::make_unique<MqarSet>(MqarSet::train(cfg.data.mqar, cfg.model.vocab_size));
+    d.mqar_test = std::make_unique<MqarSet>(MqarSet::test(cfg.data.mqar, cfg.model.vocab_size));
     return d;
   }
   if (cfg.data.path.empty()) throw UserError(cfg.source + ": data.path: is required (a token file from `linac prepare`)");

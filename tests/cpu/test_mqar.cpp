@@ -214,7 +214,7 @@ TEST(MqarConfig, DefaultsAreTheFigure2Mixture) {
   ASSERT_EQ(c.data.mqar.train.size(), 5u);
   EXPECT_EQ(c.data.mqar.train[0], (MqarSlice{64, 4, 100000}));
   EXPECT_EQ(c.data.mqar.test.back(), (MqarSlice{1024, 256, 1000}));
-  EXPECT_EQ(MqarSet::train(c).size(), 180000u);
+  EXPECT_EQ(MqarSet::train(c.data.mqar, c.model.vocab_size).size(), 180000u);
   // The resolved config round-trips, slices included.
   EXPECT_EQ(Config::from_json(c.to_json(), "again").to_json(), c.to_json());
 }
@@ -324,7 +324,7 @@ TEST(MqarConfig, ShippedConfigsAndTheirStateSizes) {
       EXPECT_EQ(cfg.model.n_layers, 2);
       EXPECT_EQ(cfg.model.vocab_size, 8192);
       Model model(cfg.model, Ctx{}, {.precision = cfg.train.precision, .allocate = false});
-      EXPECT_EQ(model.state_elems(MqarSet::test(cfg).max_seq_len()), elems);
+      EXPECT_EQ(model.state_elems(MqarSet::test(cfg.data.mqar, cfg.model.vocab_size).max_seq_len()), elems);
     }
   }
 }
