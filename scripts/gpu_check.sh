@@ -108,7 +108,7 @@ if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = tnl ]; then
     LINAC_WORKSPACE_MB=9000 ./build-gpu/linac bench --op lightning --seq-lens $n --tokens $((4 * n)) --heads 32 \
       --head-dim 128 2>&1 | tee -a "$out/bench.txt"
   done
-  ./build-gpu/linac bench configs/tnl_385m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+  ./build-gpu/linac bench configs/transnormer_385m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
     --steps 10 2>&1 | tee -a "$out/bench.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = latte ]; then

@@ -7,8 +7,8 @@
 #include "model/mixers/gla.h"
 #include "model/mixers/latte.h"
 #include "model/mixers/taylor.h"
-#include "model/mixers/tnl.h"
-#include "model/mixers/transformer.h"
+#include "model/mixers/lightning.h"
+#include "model/mixers/attention.h"
 #include "model/mixers/vq_gau.h"
 
 namespace linac {
@@ -50,9 +50,9 @@ const std::vector<MixerKind>& mixer_kinds() {
          return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"));
        }},
       {"lightning", "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output gate",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { TnlMixerOptions::parse(s.options, s.path, file); },
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LightningMixerOptions::parse(s.options, s.path, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<TnlMixer>(env, cfg, layer, TnlMixerOptions::parse(s.options, s.path, "config"), s.path);
+         return std::make_unique<LightningMixer>(env, cfg, layer, LightningMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
       {"vq_gau", "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { VqGauMixerOptions::parse(s.options, s.path, file); },

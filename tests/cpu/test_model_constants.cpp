@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "config/config.h"
-#include "model/mixers/tnl.h"
+#include "model/mixers/lightning.h"
 #include "model/model.h"
 #include "model_checks.h"
 #include "test_util.h"
@@ -45,7 +45,7 @@ TEST(ModelConstants, Fp64ModelsApplyConstantsInDouble) {
 // l / (L - 1) is 0 / 0 with one layer: the single layer is taken as the first of a stack.
 TEST(ModelConstants, OneLayerLightningDecayIsTheFirstLayers) {
   for (const char* schedule : {"code", "paper"}) {
-    const std::vector<double> one = tnl_decay_rates(schedule, 6, 0, 1), two = tnl_decay_rates(schedule, 6, 0, 2);
+    const std::vector<double> one = lightning_decay_rates(schedule, 6, 0, 1), two = lightning_decay_rates(schedule, 6, 0, 2);
     ASSERT_EQ(one.size(), 6u);
     for (size_t h = 0; h < one.size(); ++h) {
       EXPECT_TRUE(std::isfinite(one[h]) && one[h] > 0) << schedule << " head " << h;

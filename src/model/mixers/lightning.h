@@ -25,24 +25,24 @@
 
 namespace linac {
 
-struct TnlMixerOptions {
+struct LightningMixerOptions {
   int64_t heads = 0;            // 0: model.n_heads
   std::string lrpe = "first";   // first | all | none: which layers use LRPE-d
   std::string decay = "code";   // code | paper: the decay schedule (see above)
   double norm_eps = 1e-6;       // SRMSNorm over the heads' output
   int64_t block = 64;           // block length of the CPU's block form
-  static TnlMixerOptions parse(const json& o, const std::string& path, const std::string& file);
+  static LightningMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 
 // s_{l,h} for every head of layer l of an n_layers model (the rates, lambda = exp(-s)).
-std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers);
+std::vector<double> lightning_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers);
 // The index of the model's first lightning layer (-1 when none): where `lrpe: "first"` applies,
 // also in a hybrid stack whose layer 0 is another mixer.
 int first_lightning_layer(const ModelConfig& cfg);
 
-class TnlMixer final : public Mixer {
+class LightningMixer final : public Mixer {
  public:
-  TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMixerOptions& opt, const std::string& path);
+  LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LightningMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "lightning"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
@@ -65,7 +65,7 @@ class TnlMixer final : public Mixer {
   void norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g);
 
   ModelEnv& env_;
-  TnlMixerOptions opt_;
+  LightningMixerOptions opt_;
   int64_t d_, H_, dh_, E_, Dk_;
   bool lrpe_;
   int wqkvu_, wo_, theta_ = -1;

@@ -1,4 +1,4 @@
-#include "model/mixers/transformer.h"
+#include "model/mixers/attention.h"
 
 #include <algorithm>
 #include <cmath>

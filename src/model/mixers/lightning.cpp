@@ -1,4 +1,4 @@
-#include "model/mixers/tnl.h"
+#include "model/mixers/lightning.h"
 
 #include <algorithm>
 #include <cmath>
@@ -47,7 +47,7 @@ int first_lightning_layer(const ModelConfig& cfg) {
   return -1;
 }
 
-std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers) {
+std::vector<double> lightning_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers) {
   const double l = static_cast<double>(layer), L = static_cast<double>(n_layers);
   std::vector<double> s;
   if (schedule == "paper") {
@@ -62,8 +62,8 @@ std::vector<double> tnl_decay_rates(const std::string& schedule, int64_t heads, 
   return s;
 }
 
-TnlMixerOptions TnlMixerOptions::parse(const json& o, const std::string& path, const std::string& file) {
-  TnlMixerOptions opt;
+LightningMixerOptions LightningMixerOptions::parse(const json& o, const std::string& path, const std::string& file) {
+  LightningMixerOptions opt;
   JsonReader r(o, path, file);
   opt.heads = r.get_int("heads", opt.heads, 0, 1024);
   opt.lrpe = r.get_choice("lrpe", opt.lrpe, {"first", "all", "none"});
@@ -74,7 +74,7 @@ TnlMixerOptions TnlMixerOptions::parse(const json& o, const std::string& path, c
   return opt;
 }
 
-TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMixerOptions& opt,
+LightningMixer::LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LightningMixerOptions& opt,
                    const std::string& path)
     : env_(env), opt_(opt), d_(cfg.d_model), E_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
@@ -87,6 +87,7 @@ TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMi
   if (env.ctx.is_gpu() && (dh_ % 16 != 0 || Dk_ > 256))
     throw UserError("config: the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +
                     std::string(lrpe_ ? "128 with LRPE" : "256") + " (got " + std::to_string(dh_) + ")");
+  // Parameter names keep the "tnl" of the first checkpoints (renaming them would orphan those).
   const std::string p = "layers." + std::to_string(layer) + ".tnl.";
   ParamStore& ps = *env.params;
   wqkvu_ = ps.add({p + "wqkvu", {4 * E_, d_}, Init::Normal, cfg.init_std, true});
@@ -97,13 +98,13 @@ TnlMixer::TnlMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TnlMi
       theta.values.push_back(std::pow(10000.0, -2.0 * static_cast<double>(m) / static_cast<double>(E_)));
     theta_ = ps.add(theta);
   }
-  const std::vector<double> rates = tnl_decay_rates(opt_.decay, H_, layer, cfg.n_layers);
+  const std::vector<double> rates = lightning_decay_rates(opt_.decay, H_, layer, cfg.n_layers);
   OwnedTensor host(DType::F64, Device::CPU, {H_});
   std::copy(rates.begin(), rates.end(), host->data<double>());
   decay_ = to(host, env.device(), env.stat);
 }
 
-void TnlMixer::reserve(int64_t B, int64_t T) {
+void LightningMixer::reserve(int64_t B, int64_t T) {
   if (env_.ctx.is_gpu()) {
     // The lightning kernels need room for at least one sequence (they run the batch in groups
     // that fit); the LRPE backward needs its whole micro-batch at once.
@@ -127,17 +128,17 @@ void TnlMixer::reserve(int64_t B, int64_t T) {
 }
 
 // One Dk x Dh matrix per head.
-int64_t TnlMixer::state_elems(int64_t T) const {
+int64_t LightningMixer::state_elems(int64_t T) const {
   (void)T;
   return H_ * Dk_ * dh_;
 }
 
-size_t TnlMixer::activation_bytes(int64_t B, int64_t T) const {
+size_t LightningMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
   return N * (6 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
 }
 
-double TnlMixer::flops_per_token(int64_t T) const {
+double LightningMixer::flops_per_token(int64_t T) const {
   const double d = static_cast<double>(d_), E = static_cast<double>(E_);
   const double Dk = static_cast<double>(Dk_), Dv = static_cast<double>(dh_);
   // Projections (2 FLOPs per weight per token forward, x3 with the backward); the block form per
@@ -147,7 +148,7 @@ double TnlMixer::flops_per_token(int64_t T) const {
   return 6.0 * (4.0 * E * d + E * d) + 3.0 * static_cast<double>(H_) * (4.0 * Dk * Dv + C * (Dk + Dv));
 }
 
-void TnlMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa,
+void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa,
                             const Tensor& qk) {
   const Ctx& ctx = env_.ctx;
   silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
@@ -157,16 +158,16 @@ void TnlMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t po
   lrpe_fwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0);
 }
 
-void TnlMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
+void LightningMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
   srmsnorm_fwd(env_.ctx, o, gu.narrow(1, 0, E_), rstd, opt_.norm_eps);
   swiglu_fwd(env_.ctx, gu, g, GluAct::Identity);
 }
 
-void TnlMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+void LightningMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
 
-void TnlMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
+void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
-  LINAC_CHECK(N <= capacity_, "TnlMixer: batch larger than reserved");
+  LINAC_CHECK(N <= capacity_, "LightningMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvu_), x2 = x.view({N, d_});
@@ -176,17 +177,17 @@ void TnlMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
   matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
   matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
-  Tensor qa = env_.scratch->get("tnl.qa", env_.act, {N, 2 * E_});
-  Tensor qk = lrpe_ ? env_.scratch->get("tnl.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
+  Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, 0, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block});
-  Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
+  Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
-void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
+void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
@@ -197,29 +198,29 @@ void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
 
   // Output projection and gate: g = SRMSNorm(o) * u again, then its gradients.
-  Tensor g = env_.scratch->get("tnl.g", env_.act, {N, E_});
+  Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
   norm_gate(o, gu, rstd, g);
   matmul(ctx, dy2, true, g, false, ps.grad(wo_), 1.f, 1.f);
-  Tensor dg = env_.scratch->get("tnl.dg", env_.act, {N, E_});
+  Tensor dg = env_.scratch->get("lightning.dg", env_.act, {N, E_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dg);
-  Tensor dgu = env_.scratch->get("tnl.dgu", env_.act, {N, 2 * E_});
+  Tensor dgu = env_.scratch->get("lightning.dgu", env_.act, {N, 2 * E_});
   swiglu_bwd(ctx, gu, dg, dgu, GluAct::Identity);
-  Tensor d_o = env_.scratch->get("tnl.do", env_.act, {N, E_});
+  Tensor d_o = env_.scratch->get("lightning.do", env_.act, {N, E_});
   srmsnorm_bwd(ctx, o, rstd, dgu.narrow(1, 0, E_), d_o, /*accumulate=*/false);
 
   // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
-  Tensor qa = env_.scratch->get("tnl.qa", env_.act, {N, 2 * E_});
-  Tensor qk = lrpe_ ? env_.scratch->get("tnl.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
+  Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, 0, qa, qk);
-  Tensor dproj = env_.scratch->get("tnl.dproj", env_.act, {N, 3 * E_});
-  Tensor dqk = env_.scratch->get("tnl.dqk", env_.act, {N, 2 * H_ * Dk_});
+  Tensor dproj = env_.scratch->get("lightning.dproj", env_.act, {N, 3 * E_});
+  Tensor dqk = env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_});
   env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
                 bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(), {opt_.block});
   Tensor dqa = dqk;
   if (lrpe_) {
-    dqa = env_.scratch->get("tnl.dqa", env_.act, {N, 2 * E_});
+    dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});
     const Tensor theta = ps.master(theta_), dtheta = ps.grad(theta_);
     lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_),
              dtheta, 0);
@@ -236,27 +237,27 @@ void TnlMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   matmul(ctx, du, true, x2, false, dW.slice0(3 * E_, 4 * E_), 1.f, 1.f);
 }
 
-std::unique_ptr<MixerState> TnlMixer::init_state(int64_t B) {
+std::unique_ptr<MixerState> LightningMixer::init_state(int64_t B) {
   auto st = std::make_unique<TnlState>();
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, Dk_, dh_});
   zero_tensor(st->S);
   return st;
 }
 
-void TnlMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
+void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   auto& st = dynamic_cast<TnlState&>(state);
   const int64_t B = x_t.size(0);
-  LINAC_CHECK(st.S->size(0) == B, "TnlMixer::step: state was made for another batch size");
+  LINAC_CHECK(st.S->size(0) == B, "LightningMixer::step: state was made for another batch size");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvu_), x2 = x_t.view({B, d_});
-  Tensor proj = env_.scratch->get("tnl.step.proj", env_.act, {B, 3 * E_});
-  Tensor gu = env_.scratch->get("tnl.step.gu", env_.act, {B, 2 * E_});
-  Tensor qa = env_.scratch->get("tnl.step.qa", env_.act, {B, 2 * E_});
-  Tensor qk = lrpe_ ? env_.scratch->get("tnl.step.qk", env_.act, {B, 2 * H_ * Dk_}) : qa;
-  Tensor o = env_.scratch->get("tnl.step.o", env_.act, {B, E_});
-  Tensor rstd = env_.scratch->get("tnl.step.rstd", env_.stat, {B});
-  Tensor g = env_.scratch->get("tnl.step.g", env_.act, {B, E_});
+  Tensor proj = env_.scratch->get("lightning.step.proj", env_.act, {B, 3 * E_});
+  Tensor gu = env_.scratch->get("lightning.step.gu", env_.act, {B, 2 * E_});
+  Tensor qa = env_.scratch->get("lightning.step.qa", env_.act, {B, 2 * E_});
+  Tensor qk = lrpe_ ? env_.scratch->get("lightning.step.qk", env_.act, {B, 2 * H_ * Dk_}) : qa;
+  Tensor o = env_.scratch->get("lightning.step.o", env_.act, {B, E_});
+  Tensor rstd = env_.scratch->get("lightning.step.rstd", env_.stat, {B});
+  Tensor g = env_.scratch->get("lightning.step.g", env_.act, {B, E_});
   matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
   matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
   queries_keys(proj, B, 1, st.pos, qa, qk);
@@ -267,11 +268,11 @@ void TnlMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
-void TnlMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+void LightningMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
   (void)ctx;
   auto& st = dynamic_cast<TnlState&>(state);
-  LINAC_CHECK(st.S->size(0) == x.size(0), "TnlMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(st.pos == 0, "TnlMixer::prefill: the state must be fresh");
+  LINAC_CHECK(st.S->size(0) == x.size(0), "LightningMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(st.pos == 0, "LightningMixer::prefill: the state must be fresh");
   forward_to_state(x, out, st.S);
   st.pos = x.size(1);
 }
