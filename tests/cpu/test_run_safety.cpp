@@ -212,6 +212,21 @@ void expect_checkpoints_finite(const std::string& out_dir) {
   }
 }
 
+// Runs config `j` with AdamW's eps and beta2 at 0 (validation bypassed): the run must end as
+// diverged; returns its message.
+std::string diverged_message(const json& j, const std::string& resume) {
+  Config cfg = Config::from_json(j, "n");
+  cfg.train.adam_eps = 0;
+  cfg.train.beta2 = 0;
+  try {
+    run_training(cfg, resume);
+  } catch (const Diverged& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "a run with non-finite weights ended normally";
+  return "";
+}
+
 // The case, with validation bypassed: AdamW with eps 0 and beta2 0 writes NaN/inf into
 // embedding rows that see no gradient while every loss stays finite. The run stops as diverged
 // before a checkpoint holds one of them, and names the last checkpoint that is finite.
@@ -224,14 +239,8 @@ TEST(RunSafety, NonFiniteWeightsNeverReachACheckpoint) {
   const std::string good = test::latest_checkpoint_path(dir);
   j["train"]["steps"] = 8;
   j["train"]["log_every"] = 100;  // the check before the checkpoint must catch it, not a log step
-  Config cfg = Config::from_json(j, "n");
-  cfg.train.adam_eps = 0;
-  cfg.train.beta2 = 0;
-  try {
-    run_training(cfg, "auto");
-    FAIL() << "a run with non-finite weights ended normally";
-  } catch (const Diverged& e) {
-    const std::string msg = e.what();
+  {
+    const std::string msg = diverged_message(j, "auto");
     EXPECT_NE(msg.find("training diverged at step 4"), std::string::npos) << msg;
     EXPECT_NE(msg.find("not finite"), std::string::npos) << msg;
     EXPECT_NE(msg.find("embed"), std::string::npos) << "names the tensor: " << msg;
@@ -248,16 +257,9 @@ TEST(RunSafety, NonFiniteWeightsStopAtALoggedStepAndAreNotResumed) {
   json j = test::tiny_train_config(dir);
   j["train"]["steps"] = 6;
   j["train"]["checkpoint_every"] = 100;
-  Config cfg = Config::from_json(j, "n");
-  cfg.train.adam_eps = 0;
-  cfg.train.beta2 = 0;
-  try {
-    run_training(cfg, "");
-    FAIL() << "a run with non-finite weights ended normally";
-  } catch (const Diverged& e) {
-    EXPECT_NE(std::string(e.what()).find("training diverged at step 1:"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("none: no checkpoint was written"), std::string::npos) << e.what();
-  }
+  const std::string msg = diverged_message(j, "");
+  EXPECT_NE(msg.find("training diverged at step 1:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("none: no checkpoint was written"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(dir + "/ckpt"));
 
   // A checkpoint with one inf (as an older linac could write) is refused as a resume point.
@@ -272,8 +274,8 @@ TEST(RunSafety, NonFiniteWeightsStopAtALoggedStepAndAreNotResumed) {
   const std::string bad = ok_dir + "/bad.h5";
   save_checkpoint(bad, model.params(), reader.data());
   j["train"]["steps"] = 5;
-  const std::string msg = user_error_of([&] { run_training(Config::from_json(j, "n"), bad); });
-  EXPECT_NE(msg.find(bad + ": holds 1 non-finite"), std::string::npos) << msg;
+  const std::string refused = user_error_of([&] { run_training(Config::from_json(j, "n"), bad); });
+  EXPECT_NE(refused.find(bad + ": holds 1 non-finite"), std::string::npos) << refused;
 }
 
 // A run that diverges through the CLI: exit status 3 and one `linac train: error:` line.
