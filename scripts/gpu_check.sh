@@ -298,15 +298,17 @@ if [ "$what" = sanitize ]; then
       summary+=("$tool $suite: not run (SANITIZE_SECONDS spent)"); return
     fi
     local t0=$(date +%s)
-    # cuBLASLt's own kernels (nvjet_*) are left out: racecheck does not model their asynchronous
-    # copies and reports hazards inside them that are not ours to fix.
     LINAC_GPU_SANITIZE=1 timeout "${SANITIZE_SUITE_SECONDS:-150}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      $([ "$tool" = racecheck ] && echo --kernel-name-exclude kns=nvjet) \
       $([ "$tool" = memcheck ] && echo --leak-check full) \
       ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter="$filter" >"$log" 2>&1
     local rc=$?
     local verdict
     verdict="$(grep -E '^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr '\n' ' ')"
+    # Hazards reported inside cuBLASLt's own kernels (nvjet_*) are counted apart: excluding those
+    # kernels (--kernel-name-exclude) made cuBLASLt fail under the sanitizer on an H200.
+    if [ "$tool" = racecheck ]; then
+      verdict+="($(grep 'Race reported' "$log" | grep -vc nvjet) in linac kernels, $(grep 'Race reported' "$log" | grep -c nvjet) in cuBLASLt's)"
+    fi
     summary+=("$tool $suite rc=$rc ($(( $(date +%s) - t0 )) s): $verdict$([ $rc = 124 ] && echo '(timed out)')")
     [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -E -m 12 'Invalid|Race|Hazard|ERROR|FAILED|at 0x|by thread' "$log"
   }
