@@ -314,7 +314,7 @@ if [ "$what" = sanitize ]; then
   }
   # MEMCHECK_SUITES / RACECHECK_SUITES (set, even empty) replace the lists; "Models" is the
   # models' CPU-parity tests.
-  models='ModelGpu.MatchesCpuBf16:GlaModelGpu.MatchesCpuBf16:BasedModelGpu.MatchesCpuBf16:TnlModelGpu.MatchesCpuBf16:LatteModelGpu.MatchesCpuBf16:VqModelGpu.MatchesCpuFp32'
+  models='ModelGpu.MatchesCpuBf16/*:ModelGpu.MatchesCpuFp32/transformer_vq'
   for suite in ${MEMCHECK_SUITES-Reduce Adamw Silu Elementwise Embedding Rmsnorm Srmsnorm Swiglu SwigluLinear Rope \
                RopeLinear Lrpe CrossEntropy Matmul ShortConv LogGate NormGate Attention AttentionDecode Gla Latte \
                Lightning TaylorAttn VqAttn VqQuant Models}; do

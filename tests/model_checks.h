@@ -1,7 +1,8 @@
-// Whole-model checks on the CPU shared by the per-architecture model tests: the gradient check
-// in double against central differences, decoding token by token against the full-sequence
-// forward, and a tiny model learning a task that needs token mixing. A new architecture's test
-// calls these with its own tiny ModelConfig.
+// Whole-model checks on the CPU: the gradient check in double against central differences,
+// decoding token by token against the full-sequence forward, a tiny model learning a task that
+// needs token mixing, and a checkpoint round trip. tests/cpu/test_model.cpp runs them for every
+// registered architecture (its table holds each one's tiny configs and task); other tests call
+// them for configs of their own.
 #pragma once
 
 #include <functional>
@@ -48,6 +49,13 @@ void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, 
 // same gradient bytes; also that the saved activations shrink (none > mixer > block).
 void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
                                int64_t T);
+
+// Saving and loading: builds cfg (fp32, AdamW), takes one training step on B x T random tokens
+// (so the moments and any buffers hold values of their own), writes a checkpoint under dir, and
+// builds a second model from the config the checkpoint recorded: it must record cfg's model,
+// and loading must give the same parameters, moments and buffers bit for bit and the same loss
+// (and auxiliary loss) on a batch.
+void check_checkpoint_round_trip(const ModelConfig& cfg, int64_t B, int64_t T, const std::string& dir);
 
 // Fills one step's tokens and targets ([B, T] each; targets < 0 are ignored) and returns the
 // number of scored targets.

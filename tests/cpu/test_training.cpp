@@ -1,4 +1,4 @@
-// Training-level tests: exact resume, crash safety of checkpoints, config and resume errors,
+// Training-level tests (exact resume is ModelCpu.ResumeIsBitIdentical): crash safety of checkpoints, config and resume errors,
 // eval against an independent computation, loss falls.
 #include <signal.h>
 #include <sys/wait.h>
@@ -22,8 +22,6 @@ namespace linac {
 namespace {
 
 using test::read_all_f32;
-
-TEST(Training, ResumeIsBitIdentical) { test::check_resume_is_bit_identical(test::tiny_train_config("")); }
 
 TEST(Training, KilledCheckpointWriteLeavesPreviousLoadable) {
   const std::string dir = test::fresh_dir("kill_ckpt");

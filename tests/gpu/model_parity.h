@@ -1,5 +1,6 @@
 // Whole model on the GPU vs the CPU reference (double) for identical weights and batch: loss
-// and every parameter gradient. Shared by the per-architecture GPU model tests.
+// and every parameter gradient. test_model_gpu.cpp runs them for every registered architecture;
+// test_generate_gpu.cpp decodes with them.
 #pragma once
 
 #include <string>
