@@ -86,6 +86,8 @@ std::vector<LayerSpec> resolve_layers(const ModelConfig& cfg, const std::string&
                       (near.empty() ? "" : "; did you mean '" + near + "'?"));
     }
   }
+  std::map<std::string, int> seen;
+  for (LayerSpec& s : plan) s.kind_index = seen[s.kind]++;
   for (const auto& [name, s] : named)
     if (!used.count(name))
       throw UserError(file + ": " + s.path + ": no layer uses this mixer (the layers use " +

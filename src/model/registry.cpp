@@ -52,7 +52,8 @@ const std::vector<MixerKind>& mixer_kinds() {
       {"lightning", "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output gate",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LightningMixerOptions::parse(s.options, s.path, file); },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<LightningMixer>(env, cfg, layer, LightningMixerOptions::parse(s.options, s.path, "config"), s.path);
+         return std::make_unique<LightningMixer>(env, cfg, layer, s.kind_index == 0,
+                                                 LightningMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
       {"vq_gau", "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { VqGauMixerOptions::parse(s.options, s.path, file); },

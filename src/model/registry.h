@@ -26,6 +26,7 @@ struct LayerSpec {
   std::string kind;  // the MixerKind
   json options;      // the kind's options block (without "type")
   std::string path;  // JSON path of the options block, for messages ("model.mixers.swa")
+  int kind_index = 0;  // how many earlier layers of the stack have the same kind (resolve_layers)
 };
 
 struct MixerKind {

@@ -317,8 +317,12 @@ json Trainer::account(const StepStats& st) {
 // Inf or NaN in the weights, the AdamW moments or the buffers ends the run before a
 // checkpoint can hold it.
 void Trainer::check_finite() {
+  if (finite_at_ == step_) return;  // a logged step that also checkpoints: checked once
   const NonFiniteReport bad = find_nonfinite(ctx_, model_->params(), comm_.get());
-  if (bad.ok()) return;
+  if (bad.ok()) {
+    finite_at_ = step_;
+    return;
+  }
   std::string where;
   for (size_t i = 0; i < bad.tensors.size() && i < 4; ++i) where += (i ? ", " : "") + bad.tensors[i];
   if (bad.tensors.size() > 4) where += ", ...";

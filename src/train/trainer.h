@@ -98,6 +98,7 @@ class Trainer {
   OwnedTensor tokens_h_, targets_h_;
 
   int64_t step_ = 0, first_step_ = 0, tokens_seen_ = 0, bad_in_row_ = 0;
+  int64_t finite_at_ = -1;  // the step whose weights check_finite last found finite
   // The newest checkpoint known to hold finite values: what a diverged run points back to.
   std::string last_good_ = "none: no checkpoint was written";
   std::chrono::steady_clock::time_point t_start_;

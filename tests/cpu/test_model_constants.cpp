@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "config/config.h"
+#include "model/layer_plan.h"
 #include "model/mixers/lightning.h"
 #include "model/model.h"
 #include "model_checks.h"
@@ -62,7 +63,7 @@ TEST(ModelConstants, LrpeFirstIsTheFirstLightningLayer) {
   EXPECT_LT(hybrid.params().find("layers.0.tnl.theta"), 0);
   EXPECT_GE(hybrid.params().find("layers.1.tnl.theta"), 0) << "the first lightning layer has no LRPE";
   EXPECT_LT(hybrid.params().find("layers.2.tnl.theta"), 0);
-  EXPECT_EQ(first_lightning_layer(c), 1);
+  EXPECT_EQ(resolve_layers(c, "c").at(1).kind_index, 0);
   c.layers.clear();
   Model pure(c, Ctx{}, {.precision = "fp32", .allocate = false});
   EXPECT_GE(pure.params().find("layers.0.tnl.theta"), 0);

@@ -8,7 +8,6 @@
 #include "lightning/lightning.h"
 #include "lrpe/lrpe.h"
 #include "matmul/matmul.h"
-#include "model/layer_plan.h"
 #include "model/mixers/proj_views.h"
 #include "srmsnorm/srmsnorm.h"
 #include "swiglu/swiglu.h"
@@ -40,13 +39,6 @@ std::vector<double> alibi_slopes(int64_t n) {
 
 }  // namespace
 
-int first_lightning_layer(const ModelConfig& cfg) {
-  const std::vector<LayerSpec> plan = resolve_layers(cfg, "config");
-  for (size_t l = 0; l < plan.size(); ++l)
-    if (plan[l].kind == "lightning") return static_cast<int>(l);
-  return -1;
-}
-
 std::vector<double> lightning_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers) {
   const double l = static_cast<double>(layer), L = static_cast<double>(n_layers);
   std::vector<double> s;
@@ -74,15 +66,15 @@ LightningMixerOptions LightningMixerOptions::parse(const json& o, const std::str
   return opt;
 }
 
-LightningMixer::LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LightningMixerOptions& opt,
-                   const std::string& path)
+LightningMixer::LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, bool first_of_kind,
+                               const LightningMixerOptions& opt, const std::string& path)
     : env_(env), opt_(opt), d_(cfg.d_model), E_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   if (E_ % H_ != 0)
     throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
                     std::to_string(E_) + ")");
   dh_ = E_ / H_;
-  lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && layer == first_lightning_layer(cfg));
+  lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && first_of_kind);
   Dk_ = lrpe_ ? 2 * dh_ : dh_;
   if (env.ctx.is_gpu() && (dh_ % 16 != 0 || Dk_ > 256))
     throw UserError("config: the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +

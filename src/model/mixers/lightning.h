@@ -36,13 +36,13 @@ struct LightningMixerOptions {
 
 // s_{l,h} for every head of layer l of an n_layers model (the rates, lambda = exp(-s)).
 std::vector<double> lightning_decay_rates(const std::string& schedule, int64_t heads, int64_t layer, int64_t n_layers);
-// The index of the model's first lightning layer (-1 when none): where `lrpe: "first"` applies,
-// also in a hybrid stack whose layer 0 is another mixer.
-int first_lightning_layer(const ModelConfig& cfg);
 
 class LightningMixer final : public Mixer {
  public:
-  LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const LightningMixerOptions& opt, const std::string& path);
+  // first_of_kind: no earlier layer of the stack is a lightning layer (where `lrpe: "first"`
+  // applies, also in a hybrid stack whose layer 0 is another mixer).
+  LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer, bool first_of_kind, const LightningMixerOptions& opt,
+                 const std::string& path);
   std::string kind() const override { return "lightning"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   void reserve(int64_t B, int64_t T) override;
