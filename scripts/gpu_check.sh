@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|sanitize|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|sanitize|docs|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -9,7 +9,8 @@
 #   and GLA 340M steps, overlapped (scripts/kernel_trace.cpp/.py; $OUT/traces.tgz holds the CSVs);
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
-#   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests)
+#   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
+#   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
 # GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).
 set -uo pipefail
@@ -323,5 +324,33 @@ if [ "$what" = sanitize ]; then
   for suite in ${RACECHECK_SUITES-Attention Gla Latte Lightning TaylorAttn VqAttn CrossEntropy Rmsnorm Reduce ShortConv}; do
     run_sanitizer racecheck "$suite" "${suite}Gpu.Parity*"
   done
+fi
+if [ "$what" = docs ]; then
+  # Issue 47: document packing. Its GPU tests, then tokens/s of Transformer++ 125M and GLA 340M in
+  # stream and document mode (mean document lengths 256 and 2048) at T = 2048 and 8192, then
+  # stream vs document training on Brown (scripts/doc_packing_brown.sh; needs data/brown_4k.h5).
+  t0=$(date +%s)
+  ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='DocumentsGpu.*:AttentionGpu.*:Rope*:ModelGpu.*' \
+    >"$out/docs_tests.log" 2>&1
+  rc=$?
+  summary+=("docs gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/docs_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|actual|Google Test trace' "$out/docs_tests.log" | head -60
+  for doc in "" 256 2048; do
+    ./build-gpu/linac bench --op attention --seq-lens 2048,8192 --tokens 32768 --heads 12 --head-dim 64 \
+      ${doc:+--doc-len $doc} 2>&1 | tee -a "$out/docs_bench.txt"
+  done
+  for cfg in transformer_125m gla_340m; do
+    for T in 2048 8192; do
+      for doc in "" 256 2048; do
+        ./build-gpu/linac bench configs/$cfg.json --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 \
+          --steps 10 ${doc:+--doc-len $doc} --json >"$out/bench_${cfg}_T${T}_doc${doc:-stream}.json" 2>&1
+        python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=j['rows'][0]; \
+print(f\"{sys.argv[2]:18s} T={r['seq_len']:5d} {j['packing']:8s} doc_len={r.get('mean_doc_len',0):7.0f} \
+{r['tokens_per_s']:10.0f} tok/s  step {r['step_ms']:.2f} ms (median {r['step_ms_median']:.2f})\")" \
+          "$out/bench_${cfg}_T${T}_doc${doc:-stream}.json" "$cfg" 2>&1 | tee -a "$out/docs_bench.txt"
+      done
+    done
+  done
+  [ -f data/brown_4k.h5 ] && bash scripts/doc_packing_brown.sh "$out" 2>&1 | tail -12
 fi
 printf '%s\n' "${summary[@]}"

@@ -146,4 +146,34 @@ ScopedEnv::~ScopedEnv() {
     unsetenv(var_.c_str());
 }
 
+DocLayout doc_layout(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows, bool gpu_copy) {
+  DocLayout d{OwnedTensor(DType::I32, Device::CPU, {B, T}), OwnedTensor(DType::I32, Device::CPU, {B, T}), {}, {}};
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t>& len = rows[static_cast<size_t>(b) % rows.size()];
+    for (int64_t t = 0, i = 0; t < T; ++i) {
+      const int64_t n = std::min(len[static_cast<size_t>(i) % len.size()], T - t);
+      for (int64_t j = t; j < t + n; ++j) {
+        d.start.t.data<int32_t>()[b * T + j] = static_cast<int32_t>(t);
+        d.end.t.data<int32_t>()[b * T + j] = static_cast<int32_t>(t + n);
+      }
+      t += n;
+    }
+  }
+  if (gpu_copy) {
+    d.start_gpu = to(d.start, Device::CUDA, DType::I32);
+    d.end_gpu = to(d.end, Device::CUDA, DType::I32);
+  }
+  return d;
+}
+
+std::vector<std::vector<int64_t>> rotated_rows(const std::vector<int64_t>& lengths, int64_t n) {
+  std::vector<std::vector<int64_t>> rows;
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<int64_t> row = lengths;
+    std::rotate(row.begin(), row.begin() + r % static_cast<int64_t>(lengths.size()), row.end());
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 }  // namespace linac::test

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/buffer.h"
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 
 namespace linac::test {
@@ -51,6 +52,18 @@ double numeric_grad(const std::function<double()>& loss, double* x, size_t i, do
 // entry the differences' rounding error (eps |loss| / h).
 double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n,
                   size_t n_probe = 64, uint64_t seed = 7, double h = 1e-6);
+
+// Document bounds (core/doc_bounds.h) of a [B, T] window whose row b holds documents of the
+// lengths rows[b % rows.size()], cycled until the row is full (the last one cut): host arrays for
+// CPU references and, with gpu_copy, device copies.
+struct DocLayout {
+  OwnedTensor start, end, start_gpu, end_gpu;  // [B, T] int32
+  DocBounds host() const { return {start.t.data<int32_t>(), end.t.data<int32_t>()}; }
+  DocBounds gpu() const { return {start_gpu.t.data<int32_t>(), end_gpu.t.data<int32_t>()}; }
+};
+DocLayout doc_layout(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows, bool gpu_copy = false);
+// n rows of `lengths`, row r cycled to start at its r-th entry (so the rows differ).
+std::vector<std::vector<int64_t>> rotated_rows(const std::vector<int64_t>& lengths, int64_t n);
 
 // Sets environment variable `var` to `value` (nullptr: unsets it) for the guard's lifetime, e.g.
 // LINAC_ATTENTION_KERNELS to run the same checks through each kernel family.

@@ -42,6 +42,9 @@ AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   LINAC_CHECK(opts.rope_base >= 0 && (opts.rope_base == 0 || L.D % 2 == 0),
               "attention: RoPE needs a positive base and an even head dim");
   L.rope_base = opts.rope_base;
+  LINAC_CHECK(!opts.docs.defined() || (opts.causal && opts.docs.end), "attention: document bounds need causal "
+              "attention and both start and end");
+  L.docs = opts.docs;
   auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
   return L;
@@ -93,8 +96,8 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
                      attention_bwd_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), o.data<F>(), lse.data<F>(),
                                           dout.data<F>(), dq.data<F>(), dk.data<F>(), dv.data<F>()));
   if (L.rope_base > 0) {
-    rope_bwd(ctx, dq, L.rope_base, 0);
-    rope_bwd(ctx, dk, L.rope_base, 0);
+    rope_bwd(ctx, dq, L.rope_base, 0, L.docs);
+    rope_bwd(ctx, dk, L.rope_base, 0, L.docs);
   }
 }
 

@@ -2,7 +2,9 @@
 // style on the GPU (Dao 2023): tiled, online softmax, only the log-sum-exp is saved.
 //
 // For each batch b, head h and query t (scale defaults to 1/sqrt(D)):
-//   allowed(t,s): causal: s <= t (and s > t - window when window > 0); full: every s < T
+//   allowed(t,s): causal: s <= t (and s > t - window when window > 0); full: every s < T;
+//                 with document bounds (AttentionOpts::docs) also s >= start[b,t]: block-diagonal
+//                 causal masking, tiles wholly outside a query tile's documents skipped
 //   S[t,s] = scale * <q[b,t,h,:], k[b,s,h,:]>          for allowed s, -inf otherwise
 //   lse[t] = log sum_s exp(S[t,s]),   P[t,s] = exp(S[t,s] - lse[t])
 //   o[t]   = sum_s P[t,s] v[s]
@@ -10,8 +12,8 @@
 //   dP = dO V^T,  delta[t] = <dO[t], o[t]> (= sum_s P[t,s] dP[t,s]),  dS = P * (dP - delta)
 //   dq = scale * dS K,   dk = scale * dS^T Q,   dv = P^T dO
 //
-// RoPE (AttentionOpts::rope_base > 0): q and k arrive rotated (rope_fwd, positions 0 .. T-1, by
-// the caller); the backward returns dq and dk for the unrotated q and k, i.e. rope_bwd applied to
+// RoPE (AttentionOpts::rope_base > 0): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
+// t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e. rope_bwd applied to
 // the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
 // rounding, no extra pass); elsewhere a rope_bwd pass follows.
 //
@@ -28,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -38,6 +41,7 @@ struct AttentionOpts {
   bool causal = true;
   int64_t window = 0;  // 0: unlimited; > 0: query t sees keys s with t - window < s <= t (needs causal)
   double rope_base = 0;  // > 0: q and k carry RoPE with this base; the backward returns unrotated dq, dk
+  DocBounds docs;        // defined: causal attention within each document only (core/doc_bounds.h)
 };
 
 // Shapes, resolved options and the (batch, token) element strides of every [B,T,H,D] argument.
@@ -50,10 +54,16 @@ struct AttentionLayout {
   bool causal = true;
   int64_t window = 0;
   double rope_base = 0;
+  DocBounds docs;
   Strides q, k, v, o, dout, dq, dk, dv;
 
-  // Keys [lo, hi] a query t may attend to (hi < lo never happens for t < T).
-  int64_t key_lo(int64_t t) const { return causal && window > 0 ? (t - window + 1 > 0 ? t - window + 1 : 0) : 0; }
+  // Keys [lo, hi] that query t of row b may attend to (hi < lo never happens for t < T). Host
+  // code only: docs must be host memory to call key_lo with them.
+  int64_t key_lo(int64_t b, int64_t t) const {
+    int64_t lo = causal && window > 0 ? (t - window + 1 > 0 ? t - window + 1 : 0) : 0;
+    if (docs.defined() && docs.start[b * T + t] > lo) lo = docs.start[b * T + t];
+    return lo;
+  }
   int64_t key_hi(int64_t t) const { return causal ? t : T - 1; }
 };
 

@@ -32,7 +32,7 @@ void attention_fwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F
     std::vector<F> s_row(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
       const F* qt = q + b * L.q.b + t * L.q.t + h * D;
-      const int64_t lo = L.key_lo(t), hi = L.key_hi(t);
+      const int64_t lo = L.key_lo(b, t), hi = L.key_hi(t);
       F m = -std::numeric_limits<F>::infinity();
       for (int64_t s = lo; s <= hi; ++s) {
         s_row[s - lo] = scale * dot(qt, k + b * L.k.b + s * L.k.t + h * D, D);
@@ -72,7 +72,7 @@ void attention_bwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F
       const F lse_t = lse[bh * T + t];
       F* dqt = dq + b * L.dq.b + t * L.dq.t + h * D;
       std::fill(dqt, dqt + D, F(0));
-      for (int64_t s = L.key_lo(t); s <= L.key_hi(t); ++s) {
+      for (int64_t s = L.key_lo(b, t); s <= L.key_hi(t); ++s) {
         const F* ks = k + b * L.k.b + s * L.k.t + h * D;
         const F* vs = v + b * L.v.b + s * L.v.t + h * D;
         F* dks = dk + b * L.dk.b + s * L.dk.t + h * D;

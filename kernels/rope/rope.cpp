@@ -6,7 +6,7 @@
 namespace linac {
 
 namespace {
-void rope_apply(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse) {
+void rope_apply(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse, const DocBounds& docs) {
   LINAC_CHECK(x.ndim == 4, "rope: x must be [B, T, H, D], got " + x.shape_str());
   const int64_t d = x.size(3);
   LINAC_CHECK(d % 2 == 0 && d <= kRopeMaxDim, "rope: head dim must be even and at most " +
@@ -16,17 +16,21 @@ void rope_apply(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool
   LINAC_CHECK(base > 0 && pos0 >= 0, "rope: base must be positive and pos0 non-negative");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    rope_apply_cuda(ctx, x, base, pos0, inverse);
+    rope_apply_cuda(ctx, x, base, pos0, inverse, docs.start);
     return;
   }
   LINAC_CPU_DISPATCH(x.dtype, T,
                      rope_apply_cpu<T>(x.data<T>(), x.size(0), x.size(1), x.size(2), d, x.strides[0], x.strides[1],
-                                       base, pos0, inverse));
+                                       base, pos0, inverse, docs.start));
 }
 }  // namespace
 
-void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0) { rope_apply(ctx, x, base, pos0, false); }
+void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, const DocBounds& docs) {
+  rope_apply(ctx, x, base, pos0, false, docs);
+}
 
-void rope_bwd(const Ctx& ctx, const Tensor& dx, double base, int64_t pos0) { rope_apply(ctx, dx, base, pos0, true); }
+void rope_bwd(const Ctx& ctx, const Tensor& dx, double base, int64_t pos0, const DocBounds& docs) {
+  rope_apply(ctx, dx, base, pos0, true, docs);
+}
 
 }  // namespace linac

@@ -1,6 +1,7 @@
 // Rotary position embedding (Su et al. 2021) with the GPT-NeoX / Hugging Face LLaMA
 // "rotate half" pairing: within each head, element i pairs with element i + D/2 (i < D/2).
-// Token t of a sequence sits at position p = pos0 + t; with
+// Token t of a sequence sits at position p = pos0 + t, or with document bounds (core/doc_bounds.h)
+// p = pos0 + t - start[b, t] (positions restart at every document); with
 //   inv_freq_i = base^(-2i/D),   angle = p * inv_freq_i,
 // the forward rotates each pair by +angle,
 //   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin,
@@ -23,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -35,19 +37,23 @@ inline float rope_inv_freq_f32(double base, int64_t d, int64_t i) {
   return static_cast<float>(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
 }
 
-// Rotates by +angle (inverse = false) or -angle (inverse = true).
+// Rotates by +angle (inverse = false) or -angle (inverse = true). doc_start: docs.start ([b, t]
+// int32, x's device) or null.
 template <class T>
 void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t,
-                    double base, int64_t pos0, bool inverse);
+                    double base, int64_t pos0, bool inverse, const int32_t* doc_start = nullptr);
 
-void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse);
+void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse,
+                     const int32_t* doc_start = nullptr);
 // The (cos, sin) of every angle at positions 0 .. t-1, computed as the rotation kernels do:
 // cos_sin[(p * d/2 + i) * 2 + {0, 1}] (f32, device memory, d/2 pairs per position). For kernels
 // that rotate their own outputs (the Hopper attention backward's dq and dk).
 void rope_table_cuda(const Ctx& ctx, double base, int64_t d, int64_t t, float* cos_sin);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
-void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0);
-void rope_bwd(const Ctx& ctx, const Tensor& dx, double base, int64_t pos0);
+// docs: x's rows are [B, T] packed documents (x.size(0) = B, x.size(1) = T), positions restart
+// at each one.
+void rope_fwd(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, const DocBounds& docs = {});
+void rope_bwd(const Ctx& ctx, const Tensor& dx, double base, int64_t pos0, const DocBounds& docs = {});
 
 }  // namespace linac

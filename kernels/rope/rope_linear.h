@@ -1,6 +1,7 @@
 // The attention input projection with the rotary embedding of q and k applied as it is computed:
 //   y = x W^T,  then columns [0, n_rot) of y rotated as rope_fwd rotates them (rope.h): per head of
-//   head_dim columns, the token of row r at position r % T (rows are sequences of T tokens; pos0 = 0)
+//   head_dim columns, the token of row r at position r % T (rows are sequences of T tokens; pos0 = 0),
+//   or r % T - docs.start[r] with document bounds (core/doc_bounds.h; docs.start [N] on y's device)
 // x [N, K], W [M, K], y [N, M], contiguous, row-major; n_rot a multiple of head_dim, at most M.
 //
 // "fused_sm90" (a Hopper GPU in a build for sm_90; x, W, y bf16; head_dim 64 or 128; K and M
@@ -13,6 +14,7 @@
 // n_rot = 0 the call is a plain matmul.
 #pragma once
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -23,12 +25,13 @@ const char* rope_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tenso
 
 #if LINAC_WITH_SM90A
 // cos_sin: rope_table_cuda's [T, head_dim / 2] table of (cos, sin) pairs, in device memory.
+// doc_start: null, or docs.start; the table row of output row r is then r % T - doc_start[r].
 void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                          int64_t head_dim, const float* cos_sin);
+                          int64_t head_dim, const float* cos_sin, const int32_t* doc_start = nullptr);
 #endif
 
 // Entry point: checks shapes, dispatches on ctx.device and the path above.
 void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                     int64_t head_dim, double base);
+                     int64_t head_dim, double base, const DocBounds& docs = {});
 
 }  // namespace linac

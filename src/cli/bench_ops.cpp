@@ -9,6 +9,7 @@
 
 #include "attention/attention.h"
 #include "attention/attention_decode.h"
+#include "data/documents.h"
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "gla/gla.h"
@@ -50,8 +51,11 @@ double time_ms(const Ctx& ctx, int64_t iters, const std::function<void()>& f) {
   return t[t.size() / 2];
 }
 
+// doc_len > 0: document packing (AttentionOpts::docs) with geometric document lengths of that mean
+// (each token ends its document with probability 1 / doc_len, as `bench --doc-len`); FLOPs count
+// the keys each query sees in its document.
 OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt, int64_t window,
-                         int64_t iters) {
+                         double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
   OwnedTensor q = random_device({B, T, H, D}, dt, 1), k = random_device({B, T, H, D}, dt, 2);
   OwnedTensor v = random_device({B, T, H, D}, dt, 3), dout = random_device({B, T, H, D}, dt, 4);
@@ -59,10 +63,26 @@ OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, H, D}), dv(dt, Device::CUDA, {B, T, H, D});
   AttentionOpts opts;
   opts.window = window;
+  double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
+  OwnedTensor bounds;
+  if (doc_len > 0) {
+    constexpr int32_t kEos = 1;
+    std::vector<int32_t> ends(static_cast<size_t>(B * T));
+    for (size_t i = 0; i < ends.size(); ++i) ends[i] = philox_uniform(6, 0x0d, i) < 1.0 / doc_len ? kEos : 0;
+    OwnedTensor host(DType::I32, Device::CPU, {2, B, T});
+    doc_bounds_from_tokens(ends.data(), B, T, kEos, host->data<int32_t>());
+    double seen = 0;
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int64_t n = i % T - host->data<int32_t>()[i] + 1;
+      seen += static_cast<double>(window > 0 ? std::min(n, window) : n);
+    }
+    keys = seen / static_cast<double>(B * T);
+    bounds = to(host, Device::CUDA, DType::I32);
+    opts.docs = {bounds->data<int32_t>(), bounds->data<int32_t>() + B * T};
+  }
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { attention_fwd(ctx, q, k, v, o, lse, opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] { attention_bwd(ctx, q, k, v, o, lse, dout, dq, dk, dv, opts); });
-  const double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
   r.flops = 4.0 * static_cast<double>(B * T * H * D) * keys * 3.5;  // fwd 2 GEMMs; bwd 5 (with the recompute)
   return r;
 }
@@ -247,6 +267,8 @@ int bench_op(Args& args, const std::string& name) {
   const int64_t codes = vq ? args.get_int("codes", 512) : 0, block = vq ? args.get_int("block", 512) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
   const int64_t window = gla || conv || decode || taylor || lightning || latte || vq ? 0 : args.get_int("window", 0);
+  const double doc_len = name == "attention" ? args.get_double("doc-len", 0) : 0;
+  if (doc_len < 0 || (doc_len > 0 && doc_len < 1)) throw UserError("--doc-len must be at least 1 (a mean document length)");
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
   const bool as_json = args.flag("json");
@@ -265,7 +287,7 @@ int bench_op(Args& args, const std::string& name) {
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                    : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
                    : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
-                            : bench_attention(g.ctx(), T, tokens, H, D, dt, window, iters));
+                            : bench_attention(g.ctx(), T, tokens, H, D, dt, window, doc_len, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
@@ -274,7 +296,7 @@ int bench_op(Args& args, const std::string& name) {
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
-    if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window;
+    if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window, j["doc_len"] = doc_len;
     for (const auto& r : rows) {
       const double ms = r.fwd_ms + r.bwd_ms;
       nlohmann::json row = {
@@ -300,7 +322,9 @@ int bench_op(Args& args, const std::string& name) {
                                   : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),
-              window ? (", window " + std::to_string(window)).c_str() : "");
+              (std::string(window ? ", window " + std::to_string(window) : "") +
+               (doc_len > 0 ? ", documents of mean length " + std::to_string(std::llround(doc_len)) : ""))
+                  .c_str());
   std::printf("%8s %5s %10s %10s %10s %9s\n", "T", "B", "fwd ms", "bwd ms", "total ms", conv || decode ? "GB/s" : "TFLOP/s");
   for (const auto& r : rows) {
     const double ms = r.fwd_ms + r.bwd_ms;

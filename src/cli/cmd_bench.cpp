@@ -13,6 +13,8 @@
 #include "cli/format.h"
 #include "config/config.h"
 #include "core/rng.h"
+#include "data/documents.h"
+#include "data/token_dataset.h"
 #include "comm/comm.h"
 #include "model/model.h"
 #include "train/train_step.h"
@@ -23,9 +25,9 @@ namespace {
 
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
-    "                   [--steps N] [--warmup N] [--profile] [--set key.path=value]... [--json]\n"
+    "                   [--steps N] [--warmup N] [--doc-len L] [--profile] [--set key.path=value]... [--json]\n"
     "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]\n"
-    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W]\n"
+    "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W] [--doc-len L]\n"
     "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
     "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n"
     "       linac bench --generate CONFIG.json|CKPT.h5 [--batch 1,16,128] [--prompt-len 512,2048] [--gen-len 1024]\n"
@@ -39,11 +41,15 @@ const char* kUsage =
     "CPU path, prints no MFU and reports peak host memory. --profile then runs --steps more steps\n"
     "with every phase (embedding, norms, each token mixer's forward and backward, channel mixers, LM\n"
     "head and loss, gradient all-reduce, optimizer) and op family (GEMM, attention, cross-entropy)\n"
-    "timed by device events, and prints where a step's time goes.\n"
+    "timed by device events, and prints where a step's time goes. --doc-len L times document packing\n"
+    "(data.packing \"document\", which then needs it): every token is an EOS with probability 1/L, so\n"
+    "document lengths are geometric with mean L; MFU is not reported then (a document's attention does\n"
+    "less than a causal window's work).\n"
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
     "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
-    "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T);\n"
+    "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T; attention\n"
+    "with --doc-len: packed documents of geometric lengths, TFLOP/s of the keys each query sees);\n"
     "short_conv (memory bound) reports GB/s of activations moved instead of TFLOP/s; attention_decode\n"
     "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read;\n"
     "vq_attn defaults to Transformer-VQ's head (H 1, Dk 128, Dv 1536, S 512 codes, block 512).\n"
@@ -57,12 +63,14 @@ struct BenchRow {
   int64_t T, B, micro, tokens_per_step;
   double step_ms, tokens_per_s, mfu, mem_bytes, peak_bytes, loss;
   double median_ms, max_ms;  // of the timed steps (a few slow steps show as max above median)
+  double doc_len;            // measured mean document length (0: stream packing)
   StepProfile profile;  // with --profile
 };
 
 struct BenchOptions {
   std::vector<int64_t> seq_lens;
   int64_t micro_tokens, step_tokens, steps, warmup;
+  double doc_len = 0;  // > 0: document packing with this mean document length
   bool as_json, profile;
 };
 
@@ -81,18 +89,28 @@ struct BenchRun {
 };
 
 // n_micro micro-batches of B x T random tokens (never zeros; each micro-batch and rank its own),
-// uploaded once.
+// uploaded once; with doc_len > 0 each token is the EOS with probability 1 / doc_len, and the
+// micro-batches carry their document bounds.
 struct RandomBatches {
   std::vector<OwnedTensor> tokens, targets;
+  std::vector<DocBoundsBuffer> docs;
   std::vector<MicroBatch> micro;
+  double doc_len = 0;  // measured
 };
 
-RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t n_micro) {
+RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t n_micro, double doc_len) {
   RandomBatches rb;
+  const auto V = static_cast<uint64_t>(run.cfg.model.vocab_size);
+  const int32_t eos = static_cast<int32_t>(std::min<int64_t>(kEosId, run.cfg.model.vocab_size - 1));
+  const auto eos_below = doc_len > 0 ? static_cast<uint64_t>(std::llround(1e6 / doc_len)) : 0;
+  int64_t n_docs = 0;
   for (int64_t i = 0; i < n_micro; ++i) {
     Rng rng{run.cfg.train.seed, 0xbe4c + static_cast<uint64_t>(run.comm->rank()), static_cast<uint64_t>(i)};
     std::vector<int32_t> seq(static_cast<size_t>(B * (T + 1)));
-    for (int32_t& id : seq) id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(run.cfg.model.vocab_size)));
+    for (int32_t& id : seq) {
+      id = static_cast<int32_t>(rng.below(V));
+      if (doc_len > 0) id = rng.below(1000000) < eos_below ? eos : id == eos ? (id + 1) % static_cast<int32_t>(V) : id;
+    }
     OwnedTensor a(DType::I32, Device::CPU, {B, T}), b(DType::I32, Device::CPU, {B, T});
     for (int64_t r = 0; r < B; ++r)
       for (int64_t t = 0; t < T; ++t) {
@@ -101,8 +119,15 @@ RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t 
       }
     rb.tokens.push_back(to(a, run.ctx.device, DType::I32));
     rb.targets.push_back(to(b, run.ctx.device, DType::I32));
-    rb.micro.push_back({rb.tokens.back().t, rb.targets.back().t});
+    Tensor docs;
+    if (doc_len > 0) {
+      rb.docs.emplace_back(run.ctx.device, B, T, eos);
+      docs = rb.docs.back().compute(a->data<int32_t>(), B, T);
+      n_docs += static_cast<int64_t>(std::llround(static_cast<double>(B * T) / mean_doc_length(a->data<int32_t>(), B * T, eos)));
+    }
+    rb.micro.push_back({rb.tokens.back().t, rb.targets.back().t, docs});
   }
+  if (doc_len > 0) rb.doc_len = static_cast<double>(n_micro * B * T) / static_cast<double>(std::max<int64_t>(1, n_docs));
   return rb;
 }
 
@@ -115,7 +140,7 @@ BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   const int world = run.comm->world();
   reset_buffer_peak(run.ctx.device);
   run.model->reserve(B, T);
-  const RandomBatches rb = random_batches(run, B, T, n_micro);
+  const RandomBatches rb = random_batches(run, B, T, n_micro, o.doc_len);
   StepStats st;
   const int64_t global_tokens = o.step_tokens * world;
   for (int64_t i = 0; i < o.warmup; ++i) st = run.stepper->run(i, rb.micro, global_tokens);
@@ -139,7 +164,8 @@ BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   r.median_ms = (laps[(laps.size() - 1) / 2] + laps[laps.size() / 2]) / 2;
   r.max_ms = laps.back();
   r.tokens_per_s = static_cast<double>(global_tokens) / (ms / 1e3);
-  r.mfu = peak_tflops > 0 ? run.model->flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
+  r.doc_len = rb.doc_len;
+  r.mfu = peak_tflops > 0 && o.doc_len == 0 ? run.model->flops_per_token(T) * r.tokens_per_s / (peak_tflops * 1e12 * world) : 0.0;
   r.mem_bytes = run.gpu ? static_cast<double>(gpu_bytes_in_use() - run.mem0) : 0.0;
   r.peak_bytes = static_cast<double>(buffer_bytes_peak(run.ctx.device));
   r.loss = st.loss;
@@ -154,6 +180,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
   json j = {{"config", path},
             {"device", run.gpu ? gpu_info().name : std::string("CPU")},
             {"precision", run.cfg.train.precision},
+            {"packing", o.doc_len > 0 ? "document" : "stream"},
             {"ranks", run.comm->world()},
             {"overlap_comm", run.cfg.train.overlap_comm},
             {"recompute", run.cfg.train.recompute},
@@ -171,6 +198,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
                 {"tokens_per_step", r.tokens_per_step}, {"step_ms", r.step_ms}, {"step_ms_median", r.median_ms},
                 {"step_ms_max", r.max_ms}, {"tokens_per_s", r.tokens_per_s}, {"mfu", r.mfu},
                 {"memory_bytes", r.mem_bytes}, {"peak_bytes", r.peak_bytes}, {"loss", r.loss}};
+    if (r.doc_len > 0) row["mean_doc_len"] = r.doc_len;
     if (o.profile) row["profile"] = step_profile_json(r.profile);
     j["rows"].push_back(row);
   }
@@ -190,9 +218,12 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   } else if (world > 1) {
     dist = ", " + std::string(run.comm->backend()) + ", not overlapped";
   }
-  std::printf("%s on %d x %s (%s, recompute %s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
+  std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
               cfg.train.recompute.c_str(),
+              o.doc_len > 0 ? (", document packing, mean document length " + std::to_string(std::llround(o.doc_len)))
+                                  .c_str()
+                            : "",
               run.model->params().sharded() ? (", ZeRO-" + std::to_string(cfg.train.zero)).c_str() : "",
               human_count(static_cast<double>(run.model->n_params())).c_str(), static_cast<long long>(o.steps),
               static_cast<long long>(o.warmup), dist.c_str());
@@ -223,7 +254,13 @@ int bench_model(Args& args, const std::string& path) {
   o.warmup = args.get_int("warmup", 2);
   o.as_json = args.flag("json");
   o.profile = args.flag("profile");
+  if (args.get("doc-len")) {
+    o.doc_len = args.get_double("doc-len", 0);
+    if (!(o.doc_len >= 1)) throw UserError("--doc-len must be at least 1 (a mean document length in tokens)");
+  }
   args.finish();
+  if (cfg.data.packing == "document" && o.doc_len == 0)
+    throw UserError(path + ": data.packing is \"document\": pass --doc-len L, the mean document length to time");
   if (o.micro_tokens < 1 || o.step_tokens % o.micro_tokens)
     throw UserError("--tokens-per-step must be a multiple of --micro-tokens (>= 1)");
   if (o.steps < 1 || o.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
@@ -237,6 +274,7 @@ int bench_model(Args& args, const std::string& path) {
   }
   run.mem0 = run.gpu ? gpu_bytes_in_use() : 0;
   run.model = std::make_unique<Model>(cfg.model, run.ctx, ModelOptions::for_training(cfg.train, run.comm->rank(), run.comm->world()));
+  if (o.doc_len > 0) run.model->check_documents();
   run.model->set_recompute(parse_recompute(cfg.train.recompute));
   run.model->init_params(cfg.train.seed);
   run.tc = cfg.train;

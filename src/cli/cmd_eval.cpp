@@ -1,4 +1,5 @@
-// linac eval --checkpoint PATH [--data FILE.h5] [--split val|train] [--seq-len T] [--max-tokens N] [--json]
+// linac eval --checkpoint PATH [--data FILE.h5] [--split val|train] [--seq-len T] [--max-tokens N]
+//            [--packing stream|document] [--json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,13 +22,14 @@ namespace {
 
 const char* kUsage =
     "usage: linac eval --checkpoint PATH [--data FILE.h5] [--split val|train] [--seq-len T]\n"
-    "                  [--max-tokens N] [--batch B] [--json]\n\n"
+    "                  [--max-tokens N] [--batch B] [--packing stream|document] [--json]\n\n"
     "Scores every target token of the split once (non-overlapping windows of T, the last one\n"
     "partial) and prints the mean loss (nats/token), perplexity = exp(mean loss) and bits per\n"
     "byte = total loss / ln 2 / UTF-8 bytes of the scored text (documents decoded with the\n"
     "checkpoint's tokenizer, each end-of-document counted as one byte). --data defaults to the\n"
     "checkpoint config's data.path; --seq-len to its data.seq_len; --max-tokens limits the\n"
-    "number of scored tokens (default: all). After 5 s, progress (tokens scored, ETA) goes to\n"
+    "number of scored tokens (default: all); --packing to the checkpoint's data.packing (document:\n"
+    "each token sees only its own document, docs/data.md \"Packing\"). After 5 s, progress (tokens scored, ETA) goes to\n"
     "stderr every 10 s. Cost: every window is one forward pass; full attention costs O(T^2)\n"
     "per window, so a very long --seq-len on a CPU can take hours (docs/training.md, \"Evaluation\").\n\n"
     "A checkpoint trained on MQAR (data.type \"mqar\") is scored on its config's test slices\n"
@@ -134,14 +136,22 @@ int cmd_eval(int argc, char** argv) {
   };
   const int64_t seq_len = count_opt("seq-len"), max_tokens = count_opt("max-tokens"), batch = count_opt("batch");
   const bool as_json = args.flag("json");
+  const auto packing = args.get("packing");
   args.finish();
+  if (packing && *packing != "stream" && *packing != "document")
+    throw UserError("--packing must be stream or document, got '" + *packing + "'");
   if (!ckpt) throw UserError("--checkpoint PATH is required (see --help)");
 
   const CheckpointReader reader(*ckpt);
   const CheckpointData& meta = reader.data();
   Config cfg = Config::from_json(meta.config, *ckpt + ":/config");
   if (cfg.data.type == "mqar") {
-    const char* opt = data ? "--data" : split_opt ? "--split" : seq_len ? "--seq-len" : max_tokens ? "--max-tokens" : nullptr;
+    const char* opt = data         ? "--data"
+                      : split_opt  ? "--split"
+                      : seq_len    ? "--seq-len"
+                      : max_tokens ? "--max-tokens"
+                      : packing    ? "--packing"
+                                   : nullptr;
     if (opt)
       throw UserError(std::string(opt) + " does not apply: " + *ckpt +
                       " was trained on MQAR, which is scored on its config's test slices (data.mqar.test)");
@@ -158,7 +168,9 @@ int cmd_eval(int argc, char** argv) {
   const uint64_t targets = max_tokens > 0 ? std::min<uint64_t>(split_targets, static_cast<uint64_t>(max_tokens)) : split_targets;
   const int64_t T = std::max<int64_t>(1, std::min<int64_t>(seq_len ? seq_len : cfg.data.seq_len, static_cast<int64_t>(targets)));
   const int64_t B = batch ? batch : cfg.train.micro_batch;
+  const bool documents = packing.value_or(cfg.data.packing) == "document";
   LoadedModel m = load_model(reader, cfg);
+  if (documents) m.model->check_documents();
   m.model->reserve(B, T);
   EvalLoader loader(ds, split, B, T, 0, 1, static_cast<uint64_t>(max_tokens));
 
@@ -166,7 +178,7 @@ int cmd_eval(int argc, char** argv) {
   EvalResult r;
   {
     Progress progress("eval", "tokens", static_cast<int64_t>(loader.num_targets()));
-    r = evaluate(*m.model, loader, [&](int64_t done) { progress.set_done(done); });
+    r = evaluate(*m.model, loader, documents, [&](int64_t done) { progress.set_done(done); });
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.targets == 0) throw UserError(data_path + ": the " + split_name(split) + " split has no tokens to score");
@@ -175,13 +187,14 @@ int cmd_eval(int argc, char** argv) {
   const double bpb = r.loss_sum / std::log(2.0) / static_cast<double>(std::max<uint64_t>(1, bytes));
   if (as_json) {
     json j = {{"checkpoint", *ckpt}, {"data", data_path}, {"split", split_name(split)}, {"seq_len", T},
+              {"packing", documents ? "document" : "stream"},
               {"tokens", r.targets}, {"bytes", bytes}, {"loss", loss}, {"perplexity", ppl},
               {"bits_per_byte", bpb}, {"seconds", secs}};
     if (r.aux_sum != 0) j["aux_loss"] = r.mean_aux();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("%s on %s [%s], T=%lld\n", ckpt->c_str(), data_path.c_str(), split_name(split),
-                static_cast<long long>(T));
+    std::printf("%s on %s [%s], T=%lld, %s packing\n", ckpt->c_str(), data_path.c_str(), split_name(split),
+                static_cast<long long>(T), documents ? "document" : "stream");
     std::printf("tokens %lld | loss %.4f | perplexity %.3f | bits/byte %.4f | %.1f s\n",
                 static_cast<long long>(r.targets), loss, ppl, bpb, secs);
     // Auxiliary terms (e.g. Transformer-VQ's commitment loss) are not part of the perplexity.

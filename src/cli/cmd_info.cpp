@@ -40,6 +40,7 @@ struct Info {
   double master = 0, copy = 0, grads = 0, optim = 0, buffers = 0, acts = 0, head = 0, workspace = 0, total = 0;
   double flops = 0;
   int64_t state_T = 0, state = 0;
+  std::string documents_ok;  // empty, or why data.packing "document" cannot be used
 };
 
 // The memory plan per rank, from the store's layout (64-element alignment included): whole
@@ -76,6 +77,8 @@ void print_json(const Model& model, const Info& in) {
             {"ranks", in.ranks},
             {"zero", in.zero ? in.cfg.train.zero : 0},
             {"recompute", in.cfg.train.recompute},
+            {"packing", in.cfg.data.packing},
+            {"documents_supported", in.documents_ok.empty()},
             {"bytes",
              {{"params", in.master + in.copy},
               {"grads", in.grads},
@@ -115,8 +118,11 @@ void print_model(const Model& model, const Info& in) {
               static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
               static_cast<long long>(m.head_dim()), channel.c_str(), static_cast<long long>(m.vocab_size),
               m.tie_embeddings ? "tied" : "untied");
-  std::printf("parameters  %s total, %s non-embedding\n\n", human_count(n).c_str(),
+  std::printf("parameters  %s total, %s non-embedding\n", human_count(n).c_str(),
               human_count(n - static_cast<double>(model.n_embedding_params())).c_str());
+  // What data.packing "document" would meet: every token mixer must support it.
+  std::printf("packing     %s (document packing: %s)\n\n", in.cfg.data.packing.c_str(),
+              in.documents_ok.empty() ? "supported" : in.documents_ok.c_str());
   std::printf("  %-22s %-15s %12s\n", "layer", "kind", "params");
   for (const auto& r : model.layer_table())
     std::printf("  %-22s %-15s %12s\n", r.name.c_str(), r.kind.c_str(), human_count(static_cast<double>(r.params)).c_str());
@@ -190,6 +196,8 @@ int cmd_info(int argc, char** argv) {
   in.T = cfg.data.seq_len;
   plan_memory(model, in);
   in.flops = model.flops_per_token(in.T);
+  if (const std::string kind = model.mixer_without_documents(); !kind.empty())
+    in.documents_ok = "not supported by the '" + kind + "' mixer";
   // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
   // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
   in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg.data.mqar, cfg.model.vocab_size).max_seq_len() : in.T;

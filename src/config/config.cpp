@@ -82,7 +82,7 @@ json Config::to_json() const {
   if (!model.layers.empty()) j["model"]["layers"] = model.layers;
   if (!model.layer_pattern.empty()) j["model"]["layer_pattern"] = model.layer_pattern;
   if (!model.mixers.empty()) j["model"]["mixers"] = model.mixers;
-  j["data"] = {{"type", data.type}, {"path", data.path}, {"seq_len", data.seq_len}};
+  j["data"] = {{"type", data.type}, {"path", data.path}, {"seq_len", data.seq_len}, {"packing", data.packing}};
   if (data.type == "mqar") {
     auto slices = [](const std::vector<MqarSlice>& v) {
       json a = json::array();
@@ -170,6 +170,9 @@ Config Config::from_json(const json& j, const std::string& source) {
     if (!c.data.path.empty()) d.fail("path", "does not apply to data.type 'mqar' (its sequences are generated)");
     read_mqar(d.child("mqar"), c.data.mqar, c.model.vocab_size, c.data.seq_len);
   }
+  c.data.packing = d.get_choice("packing", c.data.packing, {"stream", "document"});
+  if (c.data.type == "mqar" && c.data.packing != "stream")
+    d.fail("packing", "does not apply to data.type 'mqar' (each example is one sequence)");
   d.finish();
 
   JsonReader t = root.child("train");

@@ -48,6 +48,9 @@ struct DataConfig {
   std::string type = "hdf5";  // "hdf5" (a token file written by `linac prepare`) | "mqar" (synthetic)
   std::string path;           // hdf5: token dataset written by `linac prepare`
   int64_t seq_len = 2048;     // mqar: the padded training length (>= every train slice's)
+  // "stream": a window is a slice of the token stream, context crosses EOS; "document": each
+  // token sees only its own document (data/documents.h)
+  std::string packing = "stream";
   MqarConfig mqar;
 };
 

@@ -168,4 +168,6 @@ bool EvalLoader::next(int32_t* tokens, int32_t* counts) {
   return true;
 }
 
+int32_t EvalLoader::eos() const { return static_cast<int32_t>(ds_.eos_id()); }
+
 }  // namespace linac

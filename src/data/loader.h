@@ -109,6 +109,7 @@ class EvalLoader {
   uint64_t num_targets() const { return n_ - 1; }     // over all ranks
   int64_t num_batches() const;                        // the same on every rank
   int32_t pad_token() const { return pad_; }
+  int32_t eos() const;
 
   // Fills tokens (B, T+1) and counts (B); false once this rank's batches are done.
   bool next(int32_t* tokens, int32_t* counts);

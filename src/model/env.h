@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/buffer.h"
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "model/param_store.h"
 #include "model/saved_arena.h"
@@ -40,6 +41,9 @@ struct ModelEnv {
   // grad_scale of the forward_backward in progress: mixers with auxiliary losses scale those
   // losses' gradients by it, as the language-model loss's are (mixer.h).
   float grad_scale = 0;
+  // The document bounds of the forward_backward or prefill in progress (mixer.h), on the model's
+  // device; undefined for stream packing and while decoding.
+  DocBounds docs;
   // Set by data-parallel training while it reduces gradients during the backward (Model::
   // set_grad_hooks): mixers whose opens_comm_window() is true call open_comm_window() once in
   // backward(), right before their longest kernel made of many short-lived CTAs (attention's

@@ -4,8 +4,16 @@
 
 namespace linac {
 
+std::vector<int32_t> host_doc_starts(const ModelEnv& env, int64_t B, int64_t T) {
+  if (!env.docs.defined()) return {};
+  std::vector<int32_t> starts(static_cast<size_t>(B * T));
+  const Tensor src(const_cast<int32_t*>(env.docs.start), DType::I32, env.device(), {B * T});
+  copy_tensor(Tensor(starts.data(), DType::I32, Device::CPU, {B * T}), src);
+  return starts;
+}
+
 // Token t of every sequence goes through step on contiguous [B, d] copies (step's kernels take
-// contiguous rows).
+// contiguous rows). Mixers that support documents override prefill.
 void Mixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
   LINAC_CHECK(x.ndim == 3 && out.ndim == 3 && x.size(0) == out.size(0) && x.size(1) == out.size(1),
               "Mixer::prefill: x and out must be [B, T, d], got " + x.shape_str() + " and " + out.shape_str());

@@ -23,6 +23,13 @@
 //                    guarantees it). The default runs step token by token, correct for any mixer
 //                    with a recurrent form; mixers whose training forward can hand over its final
 //                    state override it with one chunked pass. Needs reserve(B, T) when overridden.
+// Documents (data.packing "document", docs/data.md): while env.docs is defined, forward and
+//                    backward treat every row of [B, T] as documents back to back (core/doc_bounds.h):
+//                    no token depends on a token of another document, positions restart at 0 at
+//                    each document, recurrent states start empty there. supports_documents() says
+//                    whether the mixer does; start_document(state, b) makes row b of a decoding
+//                    state what init_state would give it (the next token starts a document), and
+//                    prefill leaves the state of the prompt's last document.
 // aux_loss_sum():    the sum over the last forward's tokens of the mixer's auxiliary loss terms,
 //                    already weighted (e.g. Transformer-VQ's beta * commitment loss); the backward
 //                    adds their gradient scaled by the same grad_scale as the language-model loss,
@@ -38,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -49,6 +57,9 @@ namespace linac {
 struct MixerState {
   virtual ~MixerState() = default;
 };
+
+// env.docs.start copied to the host ([B*T]; empty without documents), for decoding's bookkeeping.
+std::vector<int32_t> host_doc_starts(const ModelEnv& env, int64_t B, int64_t T);
 
 class Mixer {
  public:
@@ -72,6 +83,11 @@ class Mixer {
   // True when backward() calls env.open_comm_window() (model/env.h) once, right before a long
   // kernel of many short-lived CTAs: gradient reductions of the blocks above wait for it.
   virtual bool opens_comm_window() const { return false; }
+  virtual bool supports_documents() const { return false; }
+  virtual void start_document(MixerState& state, int64_t row) {
+    (void)state, (void)row;
+    throw UserError("the '" + kind() + "' mixer does not support data.packing \"document\"");
+  }
   virtual double aux_loss_sum() const { return 0; }
   virtual void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) { (void)sum_ranks; }
   virtual std::unique_ptr<MixerState> init_state(int64_t B) {

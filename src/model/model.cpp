@@ -314,10 +314,45 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
   }
 }
 
-double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits) {
+std::string Model::mixer_without_documents() const {
+  for (const Block& b : blocks_)
+    if (!b.mixer->supports_documents() || (b.mlp && !b.mlp->supports_documents()))
+      return b.mixer->supports_documents() ? b.mlp->kind() : b.mixer->kind();
+  return "";
+}
+
+void Model::check_documents() const {
+  if (const std::string kind = mixer_without_documents(); !kind.empty())
+    throw UserError("data.packing \"document\": the '" + kind +
+                    "' mixer does not support document packing yet; use \"stream\" for this architecture");
+}
+
+// Sets env_.docs from a [2, B, T] bounds tensor for the scope of one pass.
+class Model::DocScope {
+ public:
+  DocScope(Model& m, const Tensor& docs, int64_t B, int64_t T) : env_(m.env_) {
+    if (!docs.ptr) return;
+    LINAC_CHECK(docs.dtype == DType::I32 && docs.ndim == 3 && docs.size(0) == 2 && docs.size(1) == B &&
+                    docs.size(2) == T && docs.is_contiguous() && docs.device == m.env_.device(),
+                "Model: document bounds must be [2, B, T] int32 on the model's device, got " + docs.shape_str());
+    m.check_documents();
+    env_.docs = {docs.data<int32_t>(), docs.data<int32_t>() + B * T};
+  }
+  ~DocScope() { env_.docs = {}; }
+  DocScope(const DocScope&) = delete;
+  DocScope& operator=(const DocScope&) = delete;
+
+ private:
+  ModelEnv& env_;
+};
+
+double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
+                               const Tensor& docs) {
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
+  const DocScope doc_scope(*this, docs, B, T);
+  last_tokens_ = N;
   const Ctx& ctx = env_.ctx;
   const bool backward = grad_scale != 0.f;
   env_.grad_scale = grad_scale;
@@ -435,6 +470,10 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
   return to_doubles(ctx, loss_sum)[0];
 }
 
+std::vector<double> Model::token_losses() const {
+  return to_doubles(env_.ctx, losses_.tensor(env_.stat, {last_tokens_}));
+}
+
 std::vector<int> Model::head_grad_group() const {
   std::vector<int> g;
   for (int id : {norm_f_, head_, head_bias_})
@@ -493,7 +532,13 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
   head_logits(xn, logits_out);
 }
 
-void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_last) {
+void Model::start_document(DecodeState& st, int64_t row) {
+  LINAC_CHECK(row >= 0 && row < st.B, "Model::start_document: row out of range");
+  check_documents();
+  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].mixer->start_document(*st.layers[l], row);
+}
+
+void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_last, const Tensor& docs) {
   LINAC_CHECK(tokens.dtype == DType::I32 && tokens.ndim == 2 && tokens.size(0) == st.B && tokens.size(1) >= 1,
               "Model::prefill: tokens must be [B, T] int32 with T >= 1, got " + tokens.shape_str());
   LINAC_CHECK(logits_last.ndim == 2 && logits_last.size(0) == st.B && logits_last.size(1) == cfg_.vocab_size,
@@ -501,6 +546,7 @@ void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_
   LINAC_CHECK(st.pos == 0, "Model::prefill: the decode state must be fresh (init_decode)");
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   if (B > B_ || T > T_ || N > B_ * T_) reserve(std::max(B, B_), std::max(T, T_));
+  const DocScope doc_scope(*this, docs, B, T);
   const Ctx& ctx = env_.ctx;
   // One residual stream, updated in place: each sub-layer reads its own normed copy and writes
   // its output to y, which is then added.

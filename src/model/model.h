@@ -79,10 +79,21 @@ class Model {
   // Returns sum over valid targets of -log p(target). When grad_scale != 0 also runs the
   // backward pass: gradients of grad_scale * (that sum) accumulate into params().grad.
   // hits, when given, receives the number of valid targets that are their row's argmax (accuracy).
-  double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits = nullptr);
-  double forward_loss(const Tensor& tokens, const Tensor& targets, double* hits = nullptr) {
-    return forward_backward(tokens, targets, 0.f, hits);
+  // docs, when given: the rows' document bounds [2, B, T] int32 on the model's device (start,
+  // then end: core/doc_bounds.h, data/documents.h computes them): every token sees only its own
+  // document (data.packing "document"; UserError for mixers that do not support it).
+  double forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits = nullptr,
+                          const Tensor& docs = Tensor());
+  double forward_loss(const Tensor& tokens, const Tensor& targets, double* hits = nullptr,
+                      const Tensor& docs = Tensor()) {
+    return forward_backward(tokens, targets, 0.f, hits, docs);
   }
+  // The kind of the first mixer that does not support document packing ("" when all do), and a
+  // UserError naming it.
+  std::string mixer_without_documents() const;
+  void check_documents() const;
+  // -log p(target) of each of the last forward's B*T tokens (0 where the target is ignored).
+  std::vector<double> token_losses() const;
   // The mixers' auxiliary loss terms of the last forward, summed over its tokens (0 for
   // architectures without any); forward_backward's gradients include them (see mixer.h).
   double aux_loss_sum() const;
@@ -121,7 +132,11 @@ class Model {
   // Consumes a prompt tokens [B, T] (int32, model's device) in one pass of the training forward
   // (each mixer's prefill), from a fresh state; writes the logits after its last token into
   // logits_last [B, vocab] (dtype as decode_step's). Reserves activations for [B, T] if needed.
-  void prefill(DecodeState& state, const Tensor& tokens, const Tensor& logits_last);
+  // docs as forward_backward's: the state left is that of each row's last document.
+  void prefill(DecodeState& state, const Tensor& tokens, const Tensor& logits_last, const Tensor& docs = Tensor());
+  // The next token of `row` starts a new document: its state becomes init_decode's (document
+  // packing; UserError for mixers that do not support it).
+  void start_document(DecodeState& state, int64_t row);
 
   int64_t n_params() const { return params_.total_numel(); }
   int64_t n_embedding_params() const;  // embed (+ head when untied)
@@ -141,6 +156,7 @@ class Model {
   std::vector<LayerRow> layer_table() const;
 
  private:
+  class DocScope;
   struct Block {
     int norm1 = -1, norm2 = -1;
     std::unique_ptr<Mixer> mixer, mlp;
@@ -191,6 +207,7 @@ class Model {
   std::function<void(const std::vector<int>&)> grad_begin_;
   std::function<void(const std::vector<int>&, bool)> grad_ready_;
   int64_t B_ = 0, T_ = 0;
+  int64_t last_tokens_ = 0;  // B*T of the last forward_backward
 };
 
 }  // namespace linac

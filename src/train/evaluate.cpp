@@ -1,16 +1,21 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <memory>
+
+#include "data/documents.h"
 
 namespace linac {
 
-EvalResult evaluate(Model& model, EvalLoader& loader, const EvalProgress& progress) {
+EvalResult evaluate(Model& model, EvalLoader& loader, bool documents, const EvalProgress& progress) {
   const int64_t B = loader.batch(), T = loader.seq_len();
   const Device dev = model.env().device();
   std::vector<int32_t> rows(loader.batch_elems());
   std::vector<int32_t> counts(static_cast<size_t>(B));
   OwnedTensor tok(DType::I32, Device::CPU, {B, T}), tgt(DType::I32, Device::CPU, {B, T});
   OwnedTensor tok_d(DType::I32, dev, {B, T}), tgt_d(DType::I32, dev, {B, T});
+  std::unique_ptr<DocBoundsBuffer> docs;
+  if (documents) docs = std::make_unique<DocBoundsBuffer>(dev, B, T, loader.eos());
   EvalResult r;
   loader.reset();
   while (loader.next(rows.data(), counts.data())) {
@@ -28,7 +33,8 @@ EvalResult evaluate(Model& model, EvalLoader& loader, const EvalProgress& progre
     const Tensor tok_db(tok_d->ptr, DType::I32, dev, dims), tgt_db(tgt_d->ptr, DType::I32, dev, dims);
     copy_tensor(tok_db, tok_b);
     copy_tensor(tgt_db, tgt_b);
-    r.loss_sum += model.forward_loss(tok_db, tgt_db);
+    r.loss_sum += model.forward_loss(tok_db, tgt_db, nullptr,
+                                     docs ? docs->compute(tok->data<int32_t>(), B, Tb) : Tensor());
     r.aux_sum += model.aux_loss_sum();
     if (progress) progress(r.targets);
   }

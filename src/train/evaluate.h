@@ -25,7 +25,8 @@ using EvalProgress = std::function<void(int64_t done)>;
 
 // Runs the loader to its end on `model` (which must have reserved loader.batch() x seq_len()).
 // Each batch runs on its longest window only, so a short split is never padded to seq_len.
-EvalResult evaluate(Model& model, EvalLoader& loader, const EvalProgress& progress = {});
+// documents: data.packing "document" (each token sees only its own document, data/documents.h).
+EvalResult evaluate(Model& model, EvalLoader& loader, bool documents = false, const EvalProgress& progress = {});
 
 // MQAR: loss and accuracy (the target is the argmax of the logits) over the labelled positions,
 // per slice of an MqarSet and pooled.

@@ -21,6 +21,11 @@ TrainData TrainData::open(const Config& cfg) {
   if (cfg.data.path.empty()) throw UserError(cfg.source + ": data.path: is required (a token file from `linac prepare`)");
   d.tokens = std::make_unique<TokenDataset>(cfg.data.path);
   check_dataset_vocab(*d.tokens, cfg.model.vocab_size);
+  if (cfg.data.packing == "document") {
+    // Before anything is written: every mixer of the architecture must support documents.
+    Model(cfg.model, Ctx{}, {.allocate = false}).check_documents();
+    d.documents = true;
+  }
   return d;
 }
 
@@ -32,7 +37,7 @@ std::unique_ptr<TrainBatches> TrainData::train_batches(int64_t B, int64_t T, int
 }
 
 Validation::Validation(const TrainData& data, const TrainConfig& tc, int64_t B, int64_t T, int rank, int world)
-    : B_(B), rank_(rank), world_(world) {
+    : B_(B), rank_(rank), world_(world), documents_(data.documents) {
   if (tc.eval_every <= 0) return;
   if (data.mqar_test) mqar_ = data.mqar_test.get();
   else if (data.tokens->size(Split::Val) > 1)
@@ -59,7 +64,7 @@ std::string Validation::run(Model& model, const Comm& comm, json& rec) {
     return fmt::format("val loss {:.4f} | val accuracy {:.4f} ({} queries) | by L x P:{}", all.mean_loss(),
                        all.accuracy(), all.targets, per_slice);
   }
-  const EvalResult local = evaluate(model, *eval_);
+  const EvalResult local = evaluate(model, *eval_, documents_);
   const double count = comm.sum(static_cast<double>(local.targets));
   const double val = count > 0 ? comm.sum(local.loss_sum) / count : 0.0;
   const double val_aux = count > 0 ? comm.sum(local.aux_sum) / count : 0.0;

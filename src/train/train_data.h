@@ -19,8 +19,10 @@ class Comm;
 struct TrainData {
   std::unique_ptr<TokenDataset> tokens;            // hdf5 data
   std::unique_ptr<MqarSet> mqar_train, mqar_test;  // mqar data
+  bool documents = false;                          // data.packing "document" (hdf5 data)
 
-  // Opens the token file (checking its vocabulary against the model's) or generates MQAR's sets.
+  // Opens the token file (checking its vocabulary against the model's, and with document packing
+  // that the architecture supports it) or generates MQAR's sets.
   static TrainData open(const Config& cfg);
   // The longest sequence the model must reserve for: MQAR's test slices may be longer than the
   // padded training length T.
@@ -29,6 +31,7 @@ struct TrainData {
   std::unique_ptr<TrainBatches> train_batches(int64_t B, int64_t T, int rank, int world, uint64_t seed) const;
   // The SentencePiece model that checkpoints carry (empty for MQAR).
   std::string tokenizer_bytes() const { return tokens ? tokens->tokenizer_bytes() : std::string(); }
+  int32_t eos() const { return tokens ? static_cast<int32_t>(tokens->eos_id()) : -1; }
 };
 
 // Periodic validation during training: the mean loss and perplexity of the val split's first
@@ -47,6 +50,7 @@ class Validation {
   std::unique_ptr<EvalLoader> eval_;
   int64_t B_;
   int rank_, world_;
+  bool documents_;
 };
 
 }  // namespace linac

@@ -45,7 +45,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (reducer_) reducer_->start_micro_batch(i == 0, i + 1 == micro.size());
-    loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale);
+    loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale, nullptr, micro[i].docs);
     aux_sum += model_.aux_loss_sum();
   }
   if (reducer_) {

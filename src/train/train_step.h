@@ -21,6 +21,7 @@ namespace linac {
 
 struct MicroBatch {
   Tensor tokens, targets;  // [B, T] int32 on the model's device
+  Tensor docs;             // [2, B, T] int32 document bounds (data.packing "document"), or undefined
 };
 
 struct StepStats {

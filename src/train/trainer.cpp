@@ -226,7 +226,8 @@ void Trainer::build_model() {
   for (int64_t i = 0; i < n_micro_; ++i) {
     tokens_d_.emplace_back(DType::I32, ctx_.device, std::vector<int64_t>{B_, T_});
     targets_d_.emplace_back(DType::I32, ctx_.device, std::vector<int64_t>{B_, T_});
-    micro_.push_back({tokens_d_.back().t, targets_d_.back().t});
+    micro_.push_back({tokens_d_.back().t, targets_d_.back().t, Tensor()});
+    if (data_.documents) docs_.emplace_back(ctx_.device, B_, T_, data_.eos());
   }
   tokens_h_ = OwnedTensor(DType::I32, Device::CPU, {B_, T_});
   targets_h_ = OwnedTensor(DType::I32, Device::CPU, {B_, T_});
@@ -264,10 +265,12 @@ void Trainer::restore(const CheckpointReader& ckpt) {
 
 StepStats Trainer::train_step() {
   int64_t scored = 0;  // over every rank's micro-batches: the step's gradient is that of the mean
-  for (const MicroBatch& mb : micro_) {
+  for (size_t i = 0; i < micro_.size(); ++i) {
+    MicroBatch& mb = micro_[i];
     scored += batches_->next(tokens_h_->data<int32_t>(), targets_h_->data<int32_t>());
     copy_tensor(mb.tokens, tokens_h_);
     copy_tensor(mb.targets, targets_h_);
+    if (!docs_.empty()) mb.docs = docs_[i].compute(tokens_h_->data<int32_t>(), B_, T_);
   }
   const StepStats st = stepper_->run(step_, micro_, scored);
   ++step_;

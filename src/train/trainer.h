@@ -16,6 +16,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "core/gpu.h"
+#include "data/documents.h"
 #include "train/train_data.h"
 #include "train/train_step.h"
 
@@ -95,6 +96,7 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;
   std::vector<OwnedTensor> tokens_d_, targets_d_;
   std::vector<MicroBatch> micro_;
+  std::vector<DocBoundsBuffer> docs_;  // one per micro-batch (data.packing "document")
   OwnedTensor tokens_h_, targets_h_;
 
   int64_t step_ = 0, first_step_ = 0, tokens_seen_ = 0, bad_in_row_ = 0;

@@ -21,31 +21,53 @@ namespace {
 using test::kMpiEnv;
 using test::run_shell;
 using test::write_config;
-using Dist = test::MpiTest;
+class Dist : public test::MpiTest {
+ protected:
+  std::string check_two_ranks_equal_one(const std::string& dir, const std::string& packing) const;
+};
 
 // Two ranks with micro-batch B equal one process with micro-batch 2B: the loader hands rank r
 // rows [rB, (r+1)B) of the same global batch. In fp64 the results agree to rounding (the sum
 // of gradients is grouped differently), so fp32 checkpoints are identical or 1 ulp apart.
-TEST_F(Dist, TwoRanksEqualOneProcessWithTheSameGlobalBatch) {
-  const std::string dir = test::fresh_dir("dp_equiv");
+// Trains the tiny config in fp64 with `packing` on two ranks of 2 sequences and on one process of
+// 4 (2 x 2 x 2 micro-batches x 32 tokens = 256 per step) under dir; returns the one-process run's
+// directory after checking that the two end within 1e-6.
+std::string Dist::check_two_ranks_equal_one(const std::string& dir, const std::string& packing) const {
   json j = test::tiny_train_config(dir + "/two");
   j["train"]["precision"] = "fp64";
-  j["train"]["micro_batch"] = 2;  // 2 ranks x 2 sequences x 2 micro-batches x 32 tokens = 256
+  j["train"]["micro_batch"] = 2;
+  j["data"]["packing"] = packing;
   const std::string cfg = write_config(dir, j);
   std::string out;
-  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  EXPECT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
   EXPECT_NE(out.find("2 rank(s) via mpi"), std::string::npos) << out;
   EXPECT_NE(out.find("all ranks hold identical parameters"), std::string::npos) << out;
-
-  ASSERT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
+  EXPECT_EQ(test::run_linac("train " + cfg + " --set train.micro_batch=4 --set train.out_dir=" + dir + "/one", out), 0)
       << out;
   EXPECT_LT(test::worst_rel_diff(test::read_all_f32(checkpoint_path(dir + "/two", 6), "params"),
                                   test::read_all_f32(checkpoint_path(dir + "/one", 6), "params")),
             1e-6)
       << "2 ranks vs 1 process";
+  return dir + "/one";
+}
+
+TEST_F(Dist, TwoRanksEqualOneProcessWithTheSameGlobalBatch) {
+  const std::string dir = test::fresh_dir("dp_equiv");
+  check_two_ranks_equal_one(dir, "stream");
   const CheckpointData meta = CheckpointReader(checkpoint_path(dir + "/two", 6)).data();
   EXPECT_EQ(meta.state.world_size, 2);
   ASSERT_EQ(meta.state.loader.size(), 2u);
+}
+
+// Document packing (data.packing "document") keeps that equivalence: each rank computes its rows'
+// document bounds from its own tokens. The documents matter: stream packing ends elsewhere.
+TEST_F(Dist, DocumentPackingTwoRanksEqualOneProcess) {
+  const std::string documents = check_two_ranks_equal_one(test::fresh_dir("dp_documents"), "document");
+  const std::string stream = check_two_ranks_equal_one(test::fresh_dir("dp_stream"), "stream");
+  EXPECT_GT(test::worst_rel_diff(test::read_all_f32(checkpoint_path(stream, 6), "params"),
+                                  test::read_all_f32(checkpoint_path(documents, 6), "params")),
+            1e-6)
+      << "document packing trained like stream packing";
 }
 
 // Transformer-VQ's codebooks: the statistics are summed over ranks before the EMA update, so two

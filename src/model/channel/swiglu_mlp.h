@@ -18,6 +18,8 @@ class SwiGluMlp final : public Mixer {
  public:
   SwiGluMlp(ModelEnv& env, const ModelConfig& cfg, int layer, GluAct act = GluAct::Silu);
   std::string kind() const override { return act_ == GluAct::Silu ? "swiglu" : "sglu"; }
+  bool supports_documents() const override { return true; }  // position-wise
+  void start_document(MixerState&, int64_t) override {}
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;

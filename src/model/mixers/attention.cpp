@@ -17,14 +17,15 @@ namespace linac {
 namespace {
 // Slots a full-attention cache starts with; it doubles whenever a token finds it full.
 constexpr int64_t kInitialCacheSlots = 256;
-
-struct KvCache final : MixerState {
-  // [B, S, H, Dh] post-RoPE keys and values: every token so far (full attention), or the last
-  // `window` of them (sliding window, ring buffer).
-  OwnedTensor k, v;
-  int64_t pos = 0;  // tokens seen
-};
 }  // namespace
+
+struct AttentionCache final : MixerState {
+  // [B, S, H, Dh] post-RoPE keys and values of each row's current document: every token so far
+  // (full attention), or the last `window` of them (sliding window, ring buffer).
+  OwnedTensor k, v;
+  std::vector<int64_t> pos;  // per row: tokens of its current document seen
+  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
+};
 
 AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
                                                    bool sliding) {
@@ -97,10 +98,11 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
   // q and k side by side: one rotation over 2H heads.
   rope_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(wqkv_), qkv.view({N, 3 * d_}), T, opt_.rope ? 2 * d_ : 0,
-                  Dh_, opt_.rope_base);
+                  Dh_, opt_.rope_base, env_.docs);
   Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
   AttentionOpts ao;
   ao.window = opt_.window;
+  ao.docs = env_.docs;
   {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_fwd(ctx, q, k, v, o, lse, ao);
@@ -125,6 +127,7 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
   AttentionOpts ao;
   ao.window = opt_.window;
+  ao.docs = env_.docs;
   if (opt_.rope) ao.rope_base = opt_.rope_base;  // dq, dk come back unrotated
   env_.open_comm_window();
   {
@@ -138,29 +141,52 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
 }
 
 std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {
-  auto st = std::make_unique<KvCache>();
+  auto st = std::make_unique<AttentionCache>();
   const int64_t slots = opt_.window > 0 ? opt_.window : kInitialCacheSlots;
   st->k = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
   st->v = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
+  st->pos.assign(static_cast<size_t>(B), 0);
   return st;
 }
 
-// Full attention: grows the cache to hold at least n tokens, keeping the first st.pos.
-static void reserve_slots(const Ctx& ctx, KvCache& st, int64_t n) {
+// Full attention: grows the cache to hold at least n tokens per row, keeping each row's first
+// `pos` (its current document).
+static void reserve_slots(const Ctx& ctx, AttentionCache& st, int64_t n) {
   const int64_t B = st.k->size(0), S = st.k->size(1);
   if (n <= S) return;
   const int64_t grown = std::max(n, 2 * S);
   for (OwnedTensor* cache : {&st.k, &st.v}) {
     OwnedTensor bigger((*cache)->dtype, (*cache)->device, {B, grown, (*cache)->size(2), (*cache)->size(3)});
-    if (st.pos > 0)
-      for (int64_t b = 0; b < B; ++b)
-        copy_tensor(ctx, bigger->select(0, b).narrow(0, 0, st.pos), (*cache)->select(0, b).narrow(0, 0, st.pos));
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t keep = st.pos[static_cast<size_t>(b)];
+      if (keep > 0) copy_tensor(ctx, bigger->select(0, b).narrow(0, 0, keep), (*cache)->select(0, b).narrow(0, 0, keep));
+    }
     *cache = std::move(bigger);
   }
 }
 
+void AttentionMixer::start_document(MixerState& state, int64_t row) {
+  dynamic_cast<AttentionCache&>(state).pos[static_cast<size_t>(row)] = 0;
+}
+
+// Rows [b0, b0 + n) at document position p: RoPE, cache write, attention over the row's document.
+void AttentionMixer::step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p) {
+  const Ctx& ctx = env_.ctx;
+  const Tensor rows = qkv.narrow(0, b0, n);
+  // One-token [n, 1, H, Dh] views for RoPE at the document position.
+  if (opt_.rope) {
+    rope_fwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_base, p);
+    rope_fwd(ctx, bthd(rows, n, 1, d_, H_, Dh_), opt_.rope_base, p);
+  }
+  const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
+  const int64_t slot = opt_.window > 0 ? p % opt_.window : p;
+  attention_cache_write(ctx, bhd(rows, d_, H_, Dh_), bhd(rows, 2 * d_, H_, Dh_), kc, vc, slot);
+  const int64_t n_valid = opt_.window > 0 ? std::min(p + 1, opt_.window) : p + 1;
+  attention_decode(ctx, bhd(rows, 0, H_, Dh_), kc, vc, n_valid, o.narrow(0, b0, n).view({n, H_, Dh_}));
+}
+
 void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
-  auto& st = dynamic_cast<KvCache&>(state);
+  auto& st = dynamic_cast<AttentionCache&>(state);
   const int64_t B = x_t.size(0);
   LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::step: state was made for another batch size");
   const Ctx& ctx = env_.ctx;
@@ -168,37 +194,53 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, 3 * d_});
   Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, d_});
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
-  // One-token [B, 1, H, Dh] views for RoPE at the absolute position.
-  Tensor q = bthd(qkv, B, 1, 0, H_, Dh_), k = bthd(qkv, B, 1, d_, H_, Dh_);
-  if (opt_.rope) {
-    rope_fwd(ctx, q, opt_.rope_base, st.pos);
-    rope_fwd(ctx, k, opt_.rope_base, st.pos);
+  if (opt_.window == 0) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
+  // Rows at one position (no document started mid-batch) decode together.
+  if (st.rows_agree()) {
+    step_rows(st, qkv, o, 0, B, st.pos[0]);
+  } else {
+    for (int64_t b = 0; b < B; ++b) step_rows(st, qkv, o, b, 1, st.pos[static_cast<size_t>(b)]);
   }
-  if (opt_.window == 0) reserve_slots(ctx, st, st.pos + 1);
-  const int64_t slot = opt_.window > 0 ? st.pos % opt_.window : st.pos;
-  attention_cache_write(ctx, bhd(qkv, d_, H_, Dh_), bhd(qkv, 2 * d_, H_, Dh_), st.k, st.v, slot);
-  ++st.pos;
-  const int64_t n_valid = opt_.window > 0 ? std::min(st.pos, opt_.window) : st.pos;
-  attention_decode(ctx, bhd(qkv, 0, H_, Dh_), st.k, st.v, n_valid, o.view({B, H_, Dh_}));
+  for (int64_t& p : st.pos) ++p;
   matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
 void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
-  auto& st = dynamic_cast<KvCache&>(state);
+  auto& st = dynamic_cast<AttentionCache&>(state);
   const int64_t B = x.size(0), T = x.size(1);
   LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(st.pos == 0, "AttentionMixer::prefill: the state must be fresh");
+  LINAC_CHECK(std::all_of(st.pos.begin(), st.pos.end(), [](int64_t p) { return p == 0; }),
+              "AttentionMixer::prefill: the state must be fresh");
   forward(x, out);
-  // forward left the post-RoPE keys and values of the prompt in qkv_buf_.
+  // forward left the post-RoPE keys and values of the prompt in qkv_buf_; each row keeps those of
+  // its last document.
   Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
   Tensor k = qkv.select(2, 1), v = qkv.select(2, 2);
-  if (opt_.window == 0) reserve_slots(ctx, st, T);
-  const int64_t first = opt_.window > 0 ? std::max<int64_t>(0, T - opt_.window) : 0;
-  for (int64_t t = first; t < T; ++t) {
-    const int64_t slot = opt_.window > 0 ? t % opt_.window : t;
-    attention_cache_write(ctx, k.select(1, t), v.select(1, t), st.k, st.v, slot);
+  if (opt_.window == 0) reserve_slots(ctx, st, T);  // before the rows' positions: nothing to keep yet
+  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s = starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)];
+    st.pos[static_cast<size_t>(b)] = T - s;
   }
-  st.pos = T;
+  const Tensor kb = k.narrow(0, 0, B), vb = v.narrow(0, 0, B);
+  if (st.rows_agree()) {
+    const int64_t s = T - st.pos[0];
+    const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
+    for (int64_t t = first; t < T; ++t) {
+      const int64_t slot = opt_.window > 0 ? (t - s) % opt_.window : t - s;
+      attention_cache_write(ctx, kb.select(1, t), vb.select(1, t), st.k, st.v, slot);
+    }
+    return;
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t s = T - st.pos[static_cast<size_t>(b)];
+    const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
+    for (int64_t t = first; t < T; ++t) {
+      const int64_t slot = opt_.window > 0 ? (t - s) % opt_.window : t - s;
+      attention_cache_write(ctx, k.narrow(0, b, 1).select(1, t), v.narrow(0, b, 1).select(1, t),
+                            st.k->narrow(0, b, 1), st.v->narrow(0, b, 1), slot);
+    }
+  }
 }
 
 }  // namespace linac

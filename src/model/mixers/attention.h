@@ -5,10 +5,15 @@
 //   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
 //   out    += o Wo^T           Wo: [d, d]
 // Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
-// Decoding: a KV cache of post-RoPE keys and values per sequence, RoPE at absolute positions.
-// Full attention keeps every token (the cache doubles when full); a sliding window keeps a ring
-// buffer of `window` slots, token pos in slot pos % window. prefill runs forward and writes the
-// prompt's keys and values (the last `window` of them for a window) into the cache.
+// Documents (mixer.h): keys of other documents masked (block-diagonal causal attention, with the
+// kernels skipping tiles wholly outside a query tile's documents), RoPE positions from each
+// document's start.
+// Decoding: a KV cache of post-RoPE keys and values per sequence, RoPE at the position within the
+// row's current document. Full attention keeps every token of it (the cache doubles when full); a
+// sliding window keeps a ring buffer of `window` slots, document position p in slot p % window.
+// start_document rewinds a row to slot 0. prefill runs forward and writes each row's last
+// document's keys and values (the last `window` of them for a window) into the cache. Rows at one
+// position decode in one batched call, otherwise row by row.
 #pragma once
 
 #include "config/config.h"
@@ -25,11 +30,15 @@ struct AttentionMixerOptions {
   static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding);
 };
 
+struct AttentionCache;
+
 class AttentionMixer final : public Mixer {
  public:
   AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt);
   std::string kind() const override { return opt_.window > 0 ? "sliding_window" : "attention"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -41,6 +50,7 @@ class AttentionMixer final : public Mixer {
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
+  void step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p);
   ModelEnv& env_;
   AttentionMixerOptions opt_;
   int64_t d_, H_, Dh_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "config/json_reader.h"
+#include "elementwise/doc_start_fill.h"
 #include "gla/gla.h"
 #include "loggate/loggate.h"
 #include "loggate/loggate_lowrank.h"
@@ -189,6 +190,7 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
   project(x.view({N, d_}), proj);
   Tensor g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
   gate_fwd(proj, g);
+  doc_start_fill(ctx, g.view({B, T, dk_}), env_.docs, gla_doc_start_gate(env_.stat));
   const int64_t Dk = dk_ / H_, Dv = dv_ / H_;
   GlaOpts go;
   go.scale = scale_;
@@ -227,6 +229,7 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (!saved.defined()) {
     g = env_.scratch->get("gla.g", env_.stat, {N, dk_});
     gate_fwd(proj, g);
+    doc_start_fill(ctx, g.view({B, T, dk_}), env_.docs, gla_doc_start_gate(env_.stat));
     g = g.view({B, T, H_, Dk});
   }
   Tensor dg = env_.scratch->get("gla.dg", env_.stat, {N, dk_});
@@ -238,6 +241,8 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   gla_bwd(ctx, bthd(proj, B, T, 0, H_, Dk), bthd(proj, B, T, dk_, H_, Dk), bthd(proj, B, T, 2 * dk_, H_, Dv), g,
           d_o.view({B, T, H_, Dv}), Tensor(), Tensor(), bthd(dproj, B, T, 0, H_, Dk), bthd(dproj, B, T, dk_, H_, Dk),
           bthd(dproj, B, T, 2 * dk_, H_, Dv), dg.view({B, T, H_, Dk}), Tensor(), go, GlaForm::Chunk, saved);
+  // g is a constant at document starts.
+  doc_start_fill(ctx, dg.view({B, T, dk_}), env_.docs, 0.0);
   Tensor dz = env_.scratch->get("gla.dz", env_.act, {N, dk_});
   gate_bwd(proj, dg, dz);
   matmul(ctx, dz, true, cols(proj, ca, R_), false, ps.grad(wa2_), 1.f, 1.f);
@@ -260,6 +265,10 @@ std::unique_ptr<MixerState> GlaMixer::init_state(int64_t B) {
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, dk_ / H_, dv_ / H_});
   zero_tensor(st->S);
   return st;
+}
+
+void GlaMixer::start_document(MixerState& state, int64_t row) {
+  zero_tensor(env_.ctx, dynamic_cast<GlaState&>(state).S->select(0, row));
 }
 
 void GlaMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {

@@ -13,6 +13,10 @@
 // the GLA core's chunk buffers (cumsums, decayed q and k, the state before every chunk, the
 // intra-chunk P: gla.h's saved intermediates, about 8.7 KB per token at 340M), which spares the
 // backward half of its GLA launches and g's recomputation (which the CPU does).
+// Documents (mixer.h): g = gla_doc_start_gate at every document start, so the state entering it
+// decays below what the dtype resolves (within a chunk as across chunks) with no change to the
+// kernels, and dg = 0 there (g is a constant); GLA has no positions. start_document zeroes a
+// row's decoding state.
 // Decoding: a state of H x Dk x Dv (f32 on the GPU) per sequence; step() runs the recurrent form,
 // prefill() the chunked forward, which hands over its final state.
 #pragma once
@@ -23,6 +27,11 @@
 #include "model/mixer.h"
 
 namespace linac {
+
+// The log gate at a document start, for gates of dtype `dt`: the smallest magnitude whose decay
+// (2e-9 in f32, 4e-18 in f64) is lost in the dtype's rounding of a state entry. Larger ones would
+// only cost precision: the chunk kernels take differences of cumulative sums that include it.
+inline double gla_doc_start_gate(DType dt) { return dt == DType::F64 ? -40.0 : -20.0; }
 
 struct GlaMixerOptions {
   double expand_k = 0.5;
@@ -42,6 +51,8 @@ class GlaMixer final : public Mixer {
   GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "gla"; }
   bool opens_comm_window() const override { return true; }  // after the core's reverse state scan
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
