@@ -5,6 +5,9 @@
 //              S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dQ += dS K
 //   dkdv pass: one CTA per (batch*head, block of BC keys); streams Q/dO tiles:
 //              S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
+// With documents a query block's key tiles start at its first query's document and a key block's
+// query tiles end at its last key's document; the document mask runs on tiles that straddle a
+// document start.
 // Every gradient row is owned by one warp and summed in a fixed order, so results are bitwise
 // reproducible; the price is recomputing S and dP once more than FA2 does (7 matmuls instead of 5).
 // (A fused 5-matmul kernel adding dQ partials in a fixed key-block order under integer turn
@@ -77,7 +80,8 @@ struct DqCfg {
   static constexpr size_t kSmem = static_cast<size_t>(2 * BR + 4 * BC) * kRowBytes<D>;
 };
 
-template <int D, bool kBand>
+// kBand: per-warp group skipping (group_visible); kDocs (with kBand): document bounds.
+template <int D, bool kBand, bool kDocs>
 __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
     dq_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                    const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int2 kr = key_blocks(a, q0, BR, BC);
+  const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
   const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
   const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
   auto load_kv = [&](int kb, int buf) {
@@ -104,6 +108,13 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   load_kv(kr.x, 0);
 
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  // Documents: the starts of this thread's rows; per tile the warp's first and last, as in the
+  // forward.
+  int doc_row[2];
+  if constexpr (kDocs) {
+    doc_row[0] = doc_start_of(a, b, row0);
+    doc_row[1] = doc_start_of(a, b, row0 + 8);
+  }
   float lse2[2], dl[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -130,6 +141,12 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
     }
+    if constexpr (kDocs) {
+      const int doc_first = __shfl_sync(0xffffffffu, doc_row[0], 0);
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np)
+        if (k0 + np * 16 + 15 < doc_first) vis &= ~(1u << np);
+    }
     float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -145,7 +162,8 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
         mma_bf16(dp[2 * np + 1], dof[kk], bv[2], bv[3]);
       }
 
-    const bool masked = k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC);
+    bool masked = k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC);
+    if constexpr (kDocs) masked |= __shfl_sync(0xffffffffu, doc_row[1], 28) > k0;
 #pragma unroll
     for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
@@ -153,6 +171,8 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
         const int r = e >> 1, sk = k0 + 8 * nt + 2 * tq + (e & 1);
         float p = fast_exp2(fmaf(s[nt][e], a.scale_log2, -lse2[r]));
         if (masked && (sk >= a.T || !allowed(a, row0 + 8 * r, sk))) p = 0.f;
+        if constexpr (kDocs)
+          if (masked && sk < doc_row[r]) p = 0.f;
         s[nt][e] = p * (dp[nt][e] - dl[r]);  // dS (without the scale)
       }
 
@@ -195,7 +215,8 @@ struct DkvCfg {
   static constexpr size_t kSmem = static_cast<size_t>(2 * BC + 4 * BR) * kRowBytes<D> + 4 * BR * sizeof(float);
 };
 
-template <int D, bool kBand>
+// kBand, kDocs: as in the dq pass.
+template <int D, bool kBand, bool kDocs>
 __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     dkdv_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                      const bf16_t* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ delta,
@@ -213,7 +234,7 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int k0 = static_cast<int>(blockIdx.y) * BC;  // causal: low key blocks see the most queries; they go first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int2 qr = query_blocks(a, k0, BC, BR);
+  const int2 qr = query_blocks<kDocs>(a, b, k0, BC, BR);
   const bf16_t* q_head = head_rows<D>(q, a.q, b, h);
   const bf16_t* dout_head = head_rows<D>(dout, a.dout, b, h);
 
@@ -243,6 +264,14 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   }
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   const int srow0 = k0 + warp * 16 + g;  // this thread's keys: srow0 and srow0 + 8
+  // Documents (rows are keys: the ends) of this thread's keys. Per tile the warp takes those of its
+  // first key (a tile with queries at or past it needs the mask) and of its last (for its groups)
+  // from lanes 0 and 28.
+  int doc_row[2];
+  if constexpr (kDocs) {
+    doc_row[0] = doc_end_of(a, b, srow0);
+    doc_row[1] = doc_end_of(a, b, srow0 + 8);
+  }
 
   for (int qb = qr.x; qb <= qr.y; ++qb) {
     const int q0 = qb * BR, buf = double_buffer_step(qb, qr.x, qr.y, load_queries);
@@ -255,6 +284,12 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
       vis = 0;
 #pragma unroll
       for (int np = 0; np < BR / 16; ++np) vis |= unsigned{group_visible(a, q0 + np * 16, k0 + warp * 16)} << np;
+    }
+    if constexpr (kDocs) {
+      const int doc_last = __shfl_sync(0xffffffffu, doc_row[1], 28);
+#pragma unroll
+      for (int np = 0; np < BR / 16; ++np)
+        if (q0 + np * 16 >= doc_last) vis &= ~(1u << np);
     }
     float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
 #pragma unroll
@@ -280,7 +315,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
       }
     }
 
-    const bool masked = tile_needs_mask(a, q0, BR, k0, BC);
+    bool masked = tile_needs_mask(a, q0, BR, k0, BC);
+    if constexpr (kDocs) masked |= __shfl_sync(0xffffffffu, doc_row[0], 0) <= min(q0 + BR - 1, a.T - 1);
 #pragma unroll
     for (int nt = 0; nt < BR / 8; ++nt) {
       const int c = 8 * nt + 2 * tq;
@@ -290,6 +326,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
       for (int e = 0; e < 4; ++e) {
         float p = fast_exp2(fmaf(st[nt][e], a.scale_log2, -((e & 1) ? l2.y : l2.x)));
         if (masked && !allowed(a, q0 + c + (e & 1), srow0 + 8 * (e >> 1))) p = 0.f;
+        if constexpr (kDocs)
+          if (masked && q0 + c + (e & 1) >= doc_row[e >> 1]) p = 0.f;
         st[nt][e] = p;
         dpt[nt][e] = p * (dpt[nt][e] - ((e & 1) ? d2.y : d2.x));  // dS^T (without the scale)
       }
@@ -338,8 +376,10 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
   auto st = cuda::stream_of(ctx);
   {
     using C = DqCfg<D>;
-    // As in the forward: only windowed attention carries the per-warp group skipping.
-    auto kernel = a.window > 0 ? dq_bf16_kernel<D, true> : dq_bf16_kernel<D, false>;
+    // As in the forward: only windowed attention and documents carry the per-warp group skipping.
+    auto kernel = a.doc_start   ? dq_bf16_kernel<D, true, true>
+                  : a.window > 0 ? dq_bf16_kernel<D, true, false>
+                                 : dq_bf16_kernel<D, false, false>;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
     kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
@@ -348,7 +388,9 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
   }
   {
     using C = DkvCfg<D>;
-    auto kernel = a.window > 0 ? dkdv_bf16_kernel<D, true> : dkdv_bf16_kernel<D, false>;
+    auto kernel = a.doc_start   ? dkdv_bf16_kernel<D, true, true>
+                  : a.window > 0 ? dkdv_bf16_kernel<D, true, false>
+                                 : dkdv_bf16_kernel<D, false, false>;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
     const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BC)));
     kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
@@ -392,8 +434,8 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   // dq and dk rotated back by -angle, where the kernels did not do it themselves.
   auto rope_pass = [&] {
     if (!rope) return;
-    rope_bwd(ctx, dq, L.rope_base, 0);
-    rope_bwd(ctx, dk, L.rope_base, 0);
+    rope_bwd(ctx, dq, L.rope_base, 0, L.docs);
+    rope_bwd(ctx, dk, L.rope_base, 0, L.docs);
   };
   if (q.dtype == DType::F32) {
     attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,

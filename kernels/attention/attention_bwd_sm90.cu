@@ -22,6 +22,9 @@
 // j + 1 got there two tiles earlier, so waits are rare. CTAs take (batch*head, key block) from a ticket counter
 // in launch order, highest key block first for every (batch, head), so a CTA only ever waits for
 // CTAs that are already running or done: no deadlock whatever the GPU schedules.
+// Documents shorten both sides: a key block's query tiles end at its last key's document, a query
+// block's key blocks (the dQ partials summed) start at its first query's; the two ranges name the
+// same pairs (attention_common.cuh), so the counts above still match.
 // Layout: q/k/v/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
 #include <algorithm>
 #include <type_traits>
@@ -95,8 +98,9 @@ __device__ __forceinline__ void acc_add(float (&acc)[D / 2], const float* tile) 
 }
 
 // kRope: dq and dk leave rotated back by their RoPE angles (rope_cs, store_rows_rope); D = 64,
-// where a thread's accumulators hold both ends of each pair (dQ is one 64-column chunk).
-template <int D, bool kRope>
+// where a thread's accumulators hold both ends of each pair (dQ is one 64-column chunk). kDocs:
+// document bounds (positions restart at each document).
+template <int D, bool kRope, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g0 = s_ticket / (group * n_kb) * group, gn = min(group, n_bh - g0), r = s_ticket - g0 * n_kb;
   const int kb = n_kb - 1 - r / gn, bh = g0 + r % gn, b = bh / a.H, h = bh % a.H;
   const int k0 = kb * BC;
-  const int2 qr = query_blocks(a, k0, BC, BR);
+  const int2 qr = query_blocks<kDocs>(a, b, k0, BC, BR);
   const int n_tiles = qr.y - qr.x + 1;
   const int wg = warpgroup_index();
   int* const tile_count = counters + int64_t{bh} * n_qb;
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       for (int it = 0; it < n_tiles; ++it) {
         const int sl = it % C::kDqSlots, qb = qr.x + it;
-        const int2 kr = key_blocks(a, qb * BR, BR, BC);
+        const int2 kr = key_blocks<kDocs>(a, b, qb * BR, BR, BC);
         if (kr.x == kr.y) continue;  // one key block: the math warpgroup writes dq itself
         const uint32_t slot = sDQ0 + sl * C::kDqBytes;
         float* const acc = tile_acc + int64_t{qb} * BR * D;
@@ -230,7 +234,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int w = wg - 1, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, tq = lane & 3;
     const int kw0 = k0 + 64 * w,
               srow0 = kw0 + 16 * warp + g;  // this thread's keys: srow0 and srow0 + 8
-    const int2 qw = query_blocks(a, kw0, 64, BR);
+    const int2 qw = query_blocks<kDocs>(a, b, kw0, 64, BR);
+    // Documents (rows are keys: the ends) of this thread's keys; per tile the warp takes that of
+    // its first key from lane 0 (a tile with queries at or past it needs the mask). Row b's starts
+    // give the RoPE positions.
+    int doc_row[2] = {0, 0};
+    if constexpr (kDocs) {
+      doc_row[0] = doc_end_of(a, b, srow0);
+      doc_row[1] = doc_end_of(a, b, srow0 + 8);
+    }
+    const int32_t* const rope_starts = kDocs ? a.doc_start + int64_t{b} * a.T : nullptr;
     float* const slots = reinterpret_cast<float*>(base + C::kDqOffset);
     float dk_acc[D / 2], dv_acc[D / 2];
 #pragma unroll
@@ -256,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     auto dq_finish = [&](int itq, int c, float(&part)[32]) {
       const int bf = itq & 1, q0 = (qr.x + itq) * BR;
-      const int2 kr = key_blocks(a, q0, BR, BC);
+      const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
       const bool single = kr.x == kr.y, last = kb == kr.x;
       const int sl = itq % C::kDqSlots;
       if (c == D / 64 - 1) {
@@ -276,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
         if constexpr (kRope)
-          store_rows_rope<64>(dq + h * D, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale, rope_cs);
+          store_rows_rope<64>(dq + h * D, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
         else
           store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale);
       } else {
@@ -351,15 +364,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               float x = st[4 * j + e];
-              if constexpr (decltype(masked)::value)
-                x = allowed(a, q0 + c + (e & 1), srow0 + 8 * (e >> 1)) ? x : -INFINITY;
+              if constexpr (decltype(masked)::value) {
+                const int tt = q0 + c + (e & 1);
+                bool ok = allowed(a, tt, srow0 + 8 * (e >> 1));
+                if constexpr (kDocs) ok &= tt < doc_row[e >> 1];
+                x = ok ? x : -INFINITY;
+              }
               const float p = fast_exp2(fmaf(x, a.scale_log2, -((e & 1) ? l2.y : l2.x)));
               st[4 * j + e] = p;
               dst[4 * j + e] = p * (dst[4 * j + e] - ((e & 1) ? d2.y : d2.x));  // dS^T (without the scale)
             }
           }
         };
-        if (tile_needs_mask(a, q0, BR, kw0, 64))
+        const int doc_first = kDocs ? __shfl_sync(0xffffffffu, doc_row[0], 0) : 0;
+        if (tile_needs_mask(a, q0, BR, kw0, 64) || (kDocs && doc_first <= min(q0 + BR - 1, a.T - 1)))
           p_ds(std::true_type{});
         else
           p_ds(std::false_type{});
@@ -422,14 +440,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
     if constexpr (kRope)
-      store_rows_rope<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale, rope_cs);
+      store_rows_rope<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
     else
       store_rows<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale);
     store_rows<D>(dv, a.dv, b, h, a.T, srow0, dv_acc, one);
   }
 }
 
-template <int D, bool kRope>
+template <int D, bool kRope, bool kDocs>
 void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                      const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
                      const Tensor& dk, const Tensor& dv, const float* rope_cs) {
@@ -449,7 +467,7 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
   // 64, T = 2048 / 8192 / 32768: 2 to 16 MiB measure the same, 32 MiB up to 5% slower at D = 128,
   // one group of all 8-12% slower).
   const int group = static_cast<int>(std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * C::kDqBytes), 1, n_bh));
-  auto kernel = bwd_sm90_kernel<D, kRope>;
+  auto kernel = bwd_sm90_kernel<D, kRope, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<n_bh * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),
                                                   dk.data<bf16_t>(), dv.data<bf16_t>(), counters, dq_acc, rope_cs, a,
@@ -463,12 +481,19 @@ void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Ten
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, const float* rope_cs) {
   LINAC_CHECK(!rope_cs || L.D == 64, "attention (GPU): the Hopper backward rotates RoPE gradients at head dim 64 only");
-  if (L.D == 64 && rope_cs)
-    launch_bwd_sm90<64, true>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
-  else if (L.D == 64)
-    launch_bwd_sm90<64, false>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
+  auto launch = [&](auto docs) {
+    constexpr bool kDocs = decltype(docs)::value;
+    if (L.D == 64 && rope_cs)
+      launch_bwd_sm90<64, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
+    else if (L.D == 64)
+      launch_bwd_sm90<64, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
+    else
+      launch_bwd_sm90<128, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
+  };
+  if (a.doc_start)
+    launch(std::true_type{});
   else
-    launch_bwd_sm90<128, false>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
+    launch(std::false_type{});
 }
 
 }  // namespace attn

@@ -1,5 +1,5 @@
-// Shared by the attention kernels: the kernel argument block, the tile ranges that causal and
-// sliding-window masks leave, and the layout of [rows, D] bf16 tiles (loaded and multiplied with
+// Shared by the attention kernels: the kernel argument block, the tile ranges that causal,
+// sliding-window and document masks leave, and the layout of [rows, D] bf16 tiles (loaded and multiplied with
 // the sm_80 toolkit, common/mma_sm80.cuh) kept in shared memory so that the
 // eight row addresses of every ldmatrix phase hit eight different bank groups: where a row holds a
 // multiple of eight 16-byte chunks (D = 64, 128) by an XOR swizzle (chunk c of row r lives at
@@ -27,6 +27,11 @@ struct Args {
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): scores go through exp2
   AttentionLayout::Strides q, k, v, o, dout, dq, dk, dv;
+  // Document bounds ([B, T] int32, core/doc_bounds.h), null without documents. Causal only, so
+  // for s <= t: s >= start[t] (the query's document reaches back to s) <=> t < end[s] (the key's
+  // reaches forward to t); kernels whose rows are keys test the latter.
+  const int32_t* doc_start;
+  const int32_t* doc_end;
 };
 
 inline Args make_args(const AttentionLayout& L) {
@@ -37,6 +42,7 @@ inline Args make_args(const AttentionLayout& L) {
   a.scale = static_cast<float>(L.scale);
   a.scale_log2 = static_cast<float>(L.scale * 1.4426950408889634);
   a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;
+  a.doc_start = L.docs.start, a.doc_end = L.docs.end;
   return a;
 }
 
@@ -48,21 +54,40 @@ inline void check_bf16_rows(const Tensor& x, const AttentionLayout::Strides& s, 
 
 using cuda::cdiv;
 
-// Key blocks [lo, hi] of width bc that queries [q0, q0 + br) reach.
-__device__ __forceinline__ int2 key_blocks(const Args& a, int q0, int br, int bc) {
-  const int lo = a.causal && a.window > 0 ? max(0, q0 - a.window + 1) / bc : 0;
+// The first token of token t's document and one past its last, in row b; t is clamped to the
+// row, so padding rows of a tile read the last token's.
+__device__ __forceinline__ int doc_start_of(const Args& a, int b, int t) {
+  return __ldg(a.doc_start + int64_t{b} * a.T + min(t, a.T - 1));
+}
+__device__ __forceinline__ int doc_end_of(const Args& a, int b, int t) {
+  return __ldg(a.doc_end + int64_t{b} * a.T + min(t, a.T - 1));
+}
+
+// Key blocks [lo, hi] of width bc that queries [q0, q0 + br) of row b reach. With documents
+// (kDocs: a.doc_start is set; a compile-time flag, so that kernels without them compile as before)
+// the first query's document start bounds them all (starts never decrease along t).
+template <bool kDocs>
+__device__ __forceinline__ int2 key_blocks(const Args& a, int b, int q0, int br, int bc) {
+  int lo = a.causal && a.window > 0 ? max(0, q0 - a.window + 1) / bc : 0;
+  if constexpr (kDocs) lo = max(lo, doc_start_of(a, b, q0) / bc);
   const int hi = a.causal ? min(q0 + br - 1, a.T - 1) / bc : (a.T - 1) / bc;
   return make_int2(lo, hi);
 }
 
-// Query blocks [lo, hi] of width br that keys [k0, k0 + bc) are seen by.
-__device__ __forceinline__ int2 query_blocks(const Args& a, int k0, int bc, int br) {
+// Query blocks [lo, hi] of width br that keys [k0, k0 + bc) of row b are seen by. With documents
+// (kDocs) no query at or past the last key's document end sees any of them. (Both ranges describe
+// the same (query block, key block) pairs: the Hopper backward's dQ bookkeeping relies on it.)
+template <bool kDocs>
+__device__ __forceinline__ int2 query_blocks(const Args& a, int b, int k0, int bc, int br) {
   const int lo = a.causal ? k0 / br : 0;
-  const int hi = a.causal && a.window > 0 ? min(a.T - 1, k0 + bc - 2 + a.window) / br : (a.T - 1) / br;
+  int hi = a.causal && a.window > 0 ? min(a.T - 1, k0 + bc - 2 + a.window) / br : (a.T - 1) / br;
+  if constexpr (kDocs) hi = min(hi, (doc_end_of(a, b, k0 + bc - 1) - 1) / br);
   return make_int2(lo, hi);
 }
 
 // Whether some (query, key) pair of the tile is masked (the key tail s >= T is checked separately).
+// Documents mask a pair of a causal tile with last query q1 and first key k0 iff start[q1] > k0,
+// equivalently end[k0] <= q1; kernels load that bound once and test it beside this.
 __device__ __forceinline__ bool tile_needs_mask(const Args& a, int q0, int br, int k0, int bc) {
   return a.causal && (k0 + bc - 1 > q0 || (a.window > 0 && k0 <= q0 + br - 1 - a.window));
 }
@@ -70,7 +95,10 @@ __device__ __forceinline__ bool tile_needs_mask(const Args& a, int q0, int br, i
 // Whether some query of [t0, t0 + 16) may see some key of [s0, s0 + 16): a warp's 16 rows against
 // one 16-wide mma group. Warps skip the matmuls of groups outside the causal/window band (their
 // scores are masked to P = 0 anyway), so a small window costs about (window + 16) keys per query
-// row instead of whole tiles, and the diagonal tiles of causal attention cost half.
+// row instead of whole tiles, and the diagonal tiles of causal attention cost half. With documents
+// the kernels also skip a group whose last key precedes start[t0] (rows are queries) or whose
+// first query is at or past end[s0 + 15] (rows are keys): conservative tests, and a group they
+// reject lies in a tile that documents mask, so the element mask runs there.
 __device__ __forceinline__ bool group_visible(const Args& a, int t0, int s0) {
   if (!a.causal) return true;
   if (s0 > t0 + 15) return false;
@@ -236,7 +264,7 @@ inline bool use_sm90(const AttentionLayout& L) { return std::string_view(attenti
 void fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const Tensor& o, const Tensor& lse);
 // rope_cs (D = 64 only; nullptr: none): rope_table_cuda of positions 0 .. T-1; dq and dk are
-// rotated back by -angle as they are written.
+// rotated back by -angle as they are written (position t - start[b,t] with documents).
 void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, const float* rope_cs);

@@ -4,6 +4,8 @@
 // lane j computes the score of its row against tile row j, then the warp's accumulators
 // (lane owns dims lane, lane + 32, ... below D) take the tile's weighted rows in a fixed order, so
 // every result is deterministic. Same masks and block skipping as the bf16 kernels; no atomics.
+// Documents (a debugging path: runtime tests): a row's range starts at its first query's document
+// (forward, dq) or ends at its last key's (dk/dv), each score tests its own row's bound.
 // Layout: [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
 #include "attention/attention_common.cuh"
 
@@ -15,9 +17,11 @@ constexpr int kTile = 32;  // streamed rows per tile, one per lane
 constexpr int kThreads = 32 * kRows;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// The union of the allowed key ranges of queries [t0, t1].
-__device__ __forceinline__ int2 key_span(const Args& a, int t0, int t1) {
-  return make_int2(a.causal && a.window > 0 ? max(0, t0 - a.window + 1) : 0, a.causal ? t1 : a.T - 1);
+// The union of the allowed key ranges of queries [t0, t1] of row b.
+__device__ __forceinline__ int2 key_span(const Args& a, int b, int t0, int t1) {
+  int lo = a.causal && a.window > 0 ? max(0, t0 - a.window + 1) : 0;
+  if (a.doc_start) lo = max(lo, doc_start_of(a, b, t0));
+  return make_int2(lo, a.causal ? t1 : a.T - 1);
 }
 
 // Copies rows [r0, r0 + kTile) of a [T, D] matrix (row stride ld) into dst (row pitch P), zeros past `hi`.
@@ -54,7 +58,8 @@ __global__ void __launch_bounds__(kThreads) fwd_f32_kernel(const float* __restri
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q0 = (cdiv(a.T, kRows) - 1 - static_cast<int>(blockIdx.y)) * kRows, t = q0 + warp;
   const bool active = t < a.T;
-  const int2 span = key_span(a, q0, min(q0 + kRows - 1, a.T - 1));
+  const int2 span = key_span(a, b, q0, min(q0 + kRows - 1, a.T - 1));
+  const int lo_t = a.doc_start ? doc_start_of(a, b, t) : 0;  // this row's first key
   if (active)
     for (int d = lane; d < D; d += 32) sQ[warp][d] = q[b * a.q.b + int64_t{t} * a.q.t + h * D + d] * a.scale_log2;
 
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) fwd_f32_kernel(const float* __restri
     __syncthreads();
     if (!active) continue;
     const int s = s0 + lane;
-    const float x = s <= span.y && allowed(a, t, s) ? dot_row<D>(sQ[warp], sK[lane]) : -INFINITY;
+    const float x = s <= span.y && s >= lo_t && allowed(a, t, s) ? dot_row<D>(sQ[warp], sK[lane]) : -INFINITY;
     const float mx = fmaxf(m, cuda::warp_max(x));
     const float base = mx == -INFINITY ? 0.f : mx;  // rows with nothing allowed yet keep P = 0
     const float p = exp2f(x - base), alpha = exp2f(m - base);
@@ -98,7 +103,8 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int q0 = (cdiv(a.T, kRows) - 1 - static_cast<int>(blockIdx.y)) * kRows, t = q0 + warp;
   const bool active = t < a.T;
-  const int2 span = key_span(a, q0, min(q0 + kRows - 1, a.T - 1));
+  const int2 span = key_span(a, b, q0, min(q0 + kRows - 1, a.T - 1));
+  const int lo_t = a.doc_start ? doc_start_of(a, b, t) : 0;  // this row's first key
   float lse2 = 0.f, dl = 0.f;
   if (active) {
     for (int d = lane; d < D; d += 32) {
@@ -118,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
     if (!active) continue;
     const int s = s0 + lane;
     float ds = 0.f;
-    if (s <= span.y && allowed(a, t, s)) {
+    if (s <= span.y && s >= lo_t && allowed(a, t, s)) {
       const float p = exp2f(dot_row<D>(sQ[warp], sK[lane]) - lse2);
       ds = p * (dot_row<D>(sG[warp], sV[lane]) - dl);
     }
@@ -147,7 +153,9 @@ __global__ void __launch_bounds__(kThreads)
   const bool active = s < a.T;
   // The union of the query ranges that see keys [k0, k0 + kRows).
   const int lo = a.causal ? k0 : 0;
-  const int hi = a.causal && a.window > 0 ? min(a.T - 1, k0 + kRows - 2 + a.window) : a.T - 1;
+  int hi = a.causal && a.window > 0 ? min(a.T - 1, k0 + kRows - 2 + a.window) : a.T - 1;
+  if (a.doc_end) hi = min(hi, doc_end_of(a, b, k0 + kRows - 1) - 1);
+  const int hi_s = a.doc_end ? doc_end_of(a, b, s) : a.T;  // one past this key's last query
   if (active)
     for (int d = lane; d < D; d += 32) {
       sK[warp][d] = k[b * a.k.b + int64_t{s} * a.k.t + h * D + d] * a.scale_log2;
@@ -168,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
     if (!active) continue;
     const int t = t0 + lane;
     float p = 0.f, ds = 0.f;
-    if (t <= hi && allowed(a, t, s)) {
+    if (t <= hi && t < hi_s && allowed(a, t, s)) {
       p = exp2f(dot_row<D>(sK[warp], sQ[lane]) - sL[lane]);
       ds = p * (dot_row<D>(sV[warp], sG[lane]) - sDl[lane]);
     }

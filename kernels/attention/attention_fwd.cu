@@ -7,8 +7,9 @@
 // cp.async double buffering. Per tile: S = Q K^T (mma), online softmax in f32 on the
 // accumulators (running max m, running sum l; exp2 with the scale folded in), then O += P V with
 // P reused from the S accumulators as bf16 A fragments. Only lse = m * scale + log l is saved.
-// Key blocks that the causal/window mask empties are never visited; the mask itself is applied
-// only on tiles that straddle its edge or the key tail.
+// Key blocks that the causal/window/document mask empties are never visited (with documents a
+// query block starts at its first query's document); the mask itself is applied only on tiles
+// that straddle its edge, a document start or the key tail.
 // Layout: q/k/v/o [B,T,H,D] with free batch/token strides, lse [B,H,T] f32.
 #include "attention/attention_common.cuh"
 
@@ -25,7 +26,8 @@ struct FwdCfg {
   static constexpr size_t kSmem = static_cast<size_t>(BR + 4 * BC) * kRowBytes<D>;
 };
 
-template <int D, bool kBand>
+// kBand: per-warp group skipping (group_visible); kDocs (with kBand): document bounds.
+template <int D, bool kBand, bool kDocs>
 __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
     fwd_bf16_kernel(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ o, float* __restrict__ lse, const Args a) {
@@ -38,7 +40,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const int2 kr = key_blocks(a, q0, BR, BC);
+  const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
   const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
   const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
   auto load_kv = [&](int kb, int buf) {
@@ -56,6 +58,14 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
   float acc[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
+  // Documents: the starts of this thread's rows. Per tile the warp takes those of its first row
+  // (for its groups) and of its last (a tile with keys before it needs the mask) from lanes 0 and
+  // 28 rather than keeping them in registers.
+  int doc_row[2];
+  if constexpr (kDocs) {
+    doc_row[0] = doc_start_of(a, b, row0);
+    doc_row[1] = doc_start_of(a, b, row0 + 8);
+  }
 
   for (int kb = kr.x; kb <= kr.y; ++kb) {
     const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
@@ -66,6 +76,12 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
       vis = 0;
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
+    }
+    if constexpr (kDocs) {
+      const int doc_first = __shfl_sync(0xffffffffu, doc_row[0], 0);
+#pragma unroll
+      for (int np = 0; np < BC / 16; ++np)
+        if (k0 + np * 16 + 15 < doc_first) vis &= ~(1u << np);
     }
     float s[BC / 8][4] = {};
 #pragma unroll
@@ -79,13 +95,17 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
         mma_bf16(s[2 * np + 1], qf[kk], bf[2], bf[3]);
       }
 
-    if (k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC)) {
+    bool masked = k0 + BC > a.T || tile_needs_mask(a, q0, BR, k0, BC);
+    if constexpr (kDocs) masked |= __shfl_sync(0xffffffffu, doc_row[1], 28) > k0;
+    if (masked) {
 #pragma unroll
       for (int nt = 0; nt < BC / 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int t = row0 + 8 * (e >> 1), sk = k0 + 8 * nt + 2 * tq + (e & 1);
           if (sk >= a.T || !allowed(a, t, sk)) s[nt][e] = -INFINITY;
+          if constexpr (kDocs)
+            if (sk < doc_row[e >> 1]) s[nt][e] = -INFINITY;
         }
     }
 
@@ -151,9 +171,12 @@ template <int D>
 void launch_fwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, const Tensor& k, const Tensor& v,
                      const Tensor& o, const Tensor& lse) {
   using C = FwdCfg<D>;
-  // Windowed attention skips the key groups outside each warp's band (group_visible); the other
-  // masks keep the kernel without that bookkeeping, which would cost D = 64 a register spill.
-  auto kernel = a.window > 0 ? fwd_bf16_kernel<D, true> : fwd_bf16_kernel<D, false>;
+  // Windowed attention and documents skip the key groups outside each warp's band
+  // (group_visible); the other masks keep the kernel without that bookkeeping, which would cost
+  // D = 64 a register spill.
+  auto kernel = a.doc_start   ? fwd_bf16_kernel<D, true, true>
+                : a.window > 0 ? fwd_bf16_kernel<D, true, false>
+                               : fwd_bf16_kernel<D, false, false>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),

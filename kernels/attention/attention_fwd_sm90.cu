@@ -11,10 +11,11 @@
 //   P rounded to bf16
 //   O += P V        wgmma, A = P from registers, B = V (MN-major) from shared
 //                   memory
-// Only lse = m * scale + log l is stored (f32). Key blocks the causal/window
-// mask leaves empty are never loaded; a warpgroup skips the matmuls of a block
-// none of its rows sees; the element mask runs only on blocks that straddle its
-// edge or the key tail. Short items (T <= 2048 or a window) run on a
+// Only lse = m * scale + log l is stored (f32). Key blocks the causal/window/
+// document mask leaves empty are never loaded (with documents an item starts at
+// its first query's document); a warpgroup skips the matmuls of a block none of
+// its rows sees; the element mask runs only on blocks that straddle its edge, a
+// document start or the key tail. Short items (T <= 2048 or a window) run on a
 // persistent grid: one CTA per SM taking items from a ticket counter in
 // ctx.workspace, longest first, with two Q buffers, so the next item's Q and
 // K/V arrive while the math warpgroups finish the current one.
@@ -22,6 +23,7 @@
 // lse [B,H,T] f32.
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 
 #include "attention/attention_sm90.cuh"
 
@@ -54,13 +56,13 @@ __device__ __forceinline__ FwdItem fwd_item(int i, int n_bh, int n_qb, int BR) {
   return {i % n_bh, (n_qb - 1 - i / n_bh) * BR};
 }
 
-template <int D, int WGS, bool kPersistent>
+template <int D, int WGS, bool kPersistent, bool kDocs>
 __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, bf16_t* __restrict__ o, float* __restrict__ lse,
                     const Args a, const int n_bh, int* __restrict__ ticket) {
   // kPersistent: items from the ticket counter; otherwise one item per CTA, blockIdx.x, compiled
-  // without the item loop and with one Q buffer.
+  // without the item loop and with one Q buffer. kDocs: document bounds.
   using C = FwdSm90Cfg<D, WGS, kPersistent>;
   constexpr int kItemsPerCta = kPersistent ? INT_MAX : 1;
   constexpr int BR = C::BR, BC = C::BC, S = C::kStages;
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
         const int b = item.bh / a.H, h = item.bh % a.H;
         mbar_arrive_expect_tx(bar_q0 + 8 * qb, C::kQBytes);
         load_tile<BR, D>(sQ0 + qb * C::kQBytes, &tm_q, bar_q0 + 8 * qb, item.q0, h, b);
-        const int2 kr = key_blocks(a, item.q0, BR, BC);
+        const int2 kr = key_blocks<kDocs>(a, b, item.q0, BR, BC);
         for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
           const int s = gt % S;
           if (gt >= S) mbar_wait(bar_e0 + 8 * s, (gt / S - 1) & 1);
@@ -133,10 +135,18 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
       if (idx < 0) break;
       const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
       const int b = item.bh / a.H, h = item.bh % a.H;
-      const int2 kr = key_blocks(a, item.q0, BR, BC);
-      const int qw = item.q0 + 64 * w;            // this warpgroup's first query
-      const int row0 = qw + 16 * warp + g;        // this thread's rows: row0 and row0 + 8
-      const int2 kw = key_blocks(a, qw, 64, BC);  // the key blocks its rows see
+      const int2 kr = key_blocks<kDocs>(a, b, item.q0, BR, BC);
+      const int qw = item.q0 + 64 * w;               // this warpgroup's first query
+      const int row0 = qw + 16 * warp + g;           // this thread's rows: row0 and row0 + 8
+      const int2 kw = key_blocks<kDocs>(a, b, qw, 64, BC);  // the key blocks its rows see
+      // Documents: the starts of the warpgroup's last row (a block with keys before it needs the
+      // mask) and of this thread's rows.
+      int doc_last = 0, doc_row[2] = {0, 0};
+      if constexpr (kDocs) {
+        doc_last = doc_start_of(a, b, qw + 63);
+        doc_row[0] = doc_start_of(a, b, row0);
+        doc_row[1] = doc_start_of(a, b, row0 + 8);
+      }
       float acc[D / 2];
 #pragma unroll
       for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
@@ -157,13 +167,15 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
           wgmma_wait<0>();
           fence_regs(sc);
 
-          if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC)) {
+          if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC) || (kDocs && doc_last > k0)) {
 #pragma unroll
             for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
-                sc[4 * j + e] = (sk < a.T) & allowed(a, tt, sk) ? sc[4 * j + e] : -INFINITY;
+                bool ok = (sk < a.T) & allowed(a, tt, sk);
+                if constexpr (kDocs) ok &= sk >= doc_row[e >> 1];
+                sc[4 * j + e] = ok ? sc[4 * j + e] : -INFINITY;
               }
           }
 #pragma unroll
@@ -224,13 +236,13 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
   }
 }
 
-template <int D, int WGS, bool kPersistent>
+template <int D, int WGS, bool kPersistent, bool kDocs>
 void launch_fwd_sm90_grid(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& o, const Tensor& lse, int n_bh, unsigned grid, int* ticket) {
   using C = FwdSm90Cfg<D, WGS, kPersistent>;
   const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
                     tm_v = rows_map(v, L, L.v, C::BC);
-  auto kernel = fwd_sm90_kernel<D, WGS, kPersistent>;
+  auto kernel = fwd_sm90_kernel<D, WGS, kPersistent, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
                                                                 a, n_bh, ticket);
@@ -246,17 +258,26 @@ void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
   // Items of up to 16 key tiles (T <= 2048, or a window) run on a persistent grid, which hides
   // each item's start (H200, 16 heads x 64: 0.469 against 0.484 ms at T = 2048, 0.229 against 0.29
   // with a window of 64); longer ones one CTA each (persistent: 1.32 against 1.25 ms at T = 8192,
-  // 4.9 against 4.3 at 32768; 4096 not measured).
+  // 4.9 against 4.3 at 32768; 4096 not measured). Documents only shorten items (bounds on the
+  // device, unknown here), so the choice stays the one without them.
   const int max_tiles = a.window > 0 ? std::min(cdiv(a.T, BC), cdiv(a.window + BR, BC) + 1) : cdiv(a.T, BC);
-  if (max_tiles <= 16) {
-    LINAC_CHECK(ctx.workspace_bytes >= sizeof(int), "attention forward (GPU): needs 4 bytes of workspace");
-    int* ticket = static_cast<int*>(ctx.workspace);
-    LINAC_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), cuda::stream_of(ctx)));
-    const auto grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
-    launch_fwd_sm90_grid<D, WGS, true>(ctx, a, L, q, k, v, o, lse, n_bh, grid, ticket);
-  } else {
-    launch_fwd_sm90_grid<D, WGS, false>(ctx, a, L, q, k, v, o, lse, n_bh, static_cast<unsigned>(n_items), nullptr);
-  }
+  auto launch = [&](auto docs) {
+    constexpr bool kDocs = decltype(docs)::value;
+    if (max_tiles <= 16) {
+      LINAC_CHECK(ctx.workspace_bytes >= sizeof(int), "attention forward (GPU): needs 4 bytes of workspace");
+      int* ticket = static_cast<int*>(ctx.workspace);
+      LINAC_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), cuda::stream_of(ctx)));
+      const auto grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
+      launch_fwd_sm90_grid<D, WGS, true, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, grid, ticket);
+    } else {
+      launch_fwd_sm90_grid<D, WGS, false, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, static_cast<unsigned>(n_items),
+                                                 nullptr);
+    }
+  };
+  if (a.doc_start)
+    launch(std::true_type{});
+  else
+    launch(std::false_type{});
 }
 
 }  // namespace

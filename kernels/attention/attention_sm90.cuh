@@ -82,18 +82,21 @@ __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Str
 // (rope.h's backward: y_i = x_i cos + x_{i+D/2} sin, y_{i+D/2} = x_{i+D/2} cos - x_i sin) before
 // the bf16 rounding. The thread's columns 8j + 2tq + e (j < D/16) pair with those of j + D/16, so
 // both ends of every pair are in its registers; cos_sin is rope_table_cuda's [T][D/2] of
-// (cos, sin), read 16 bytes (columns c and c + 1) at a time.
+// (cos, sin), read 16 bytes (columns c and c + 1) at a time. starts: null, or row b's document
+// starts ([T] int32), which make the position t - starts[t].
 template <int D>
 __device__ __forceinline__ void store_rows_rope(bf16_t* x, const AttentionLayout::Strides& s, int b, int h, int T,
                                                 int row0, const float (&acc)[D / 2], const float (&scale)[2],
-                                                const float* __restrict__ cos_sin) {
+                                                const float* __restrict__ cos_sin,
+                                                const int32_t* __restrict__ starts) {
   const int tq = threadIdx.x & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = row0 + 8 * r;
     if (t >= T) continue;
     bf16_t* row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
-    const float4* cs = reinterpret_cast<const float4*>(cos_sin + int64_t{t} * D + 4 * tq);
+    const int pos = starts ? t - __ldg(starts + t) : t;
+    const float4* cs = reinterpret_cast<const float4*>(cos_sin + int64_t{pos} * D + 4 * tq);
 #pragma unroll
     for (int j = 0; j < D / 16; ++j) {
       const float4 c = __ldg(cs + 4 * j);  // (cos, sin) of columns 8j + 2tq and 8j + 2tq + 1

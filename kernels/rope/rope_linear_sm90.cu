@@ -1,7 +1,8 @@
 // Hopper attention input projection with RoPE in its epilogue (math in rope_linear.h):
 //   y = x W^T                (f32 accumulation, rounded to bf16)
-//   y[:, :n_rot] rotated     per head of D columns at position (row % T), from that rounded y, as
-//                            rope_fwd rotates it (rope_math.cuh; (cos, sin) from rope_table_cuda)
+//   y[:, :n_rot] rotated     per head of D columns at position (row % T), or (row % T) -
+//                            doc_start[row] with document bounds, from that rounded y, as rope_fwd
+//                            rotates it (rope_math.cuh; (cos, sin) from rope_table_cuda)
 // Layout: x [N, K], W [M, K], y [N, M]; bf16. cos_sin [T, D / 2] pairs of f32.
 //
 // Output tile: rows m0 .. m0 + 127, columns c0 .. c0 + 255, as four 64-column chunks. Tiles start at
@@ -17,7 +18,8 @@
 // swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the tile's 128 positions arrive in shared
 // memory by bulk copies that thread 32 issues as the tile begins, so they land while the math
 // warpgroups work (read per 8 pairs from global memory, they held the epilogue warps up: no gain
-// over the separate pass). Rows past N and columns past M are not stored; the TMA reads W's rows
+// over the separate pass). With document bounds a run of consecutive positions ends at each
+// document start, so the first epilogue warp finds the runs and copies them, one per run. Rows past N and columns past M are not stored; the TMA reads W's rows
 // past M as zero. In clusters of two, rank r loads rows [128 r, 128 r + 128) of each B stage and
 // multicasts them.
 #include "common/gemm_sm90.cuh"
@@ -55,6 +57,45 @@ __device__ __forceinline__ void load_table(uint32_t table, int row0, int t, cons
     const int p = (row0 + r) % t, len = min(kBM - r, t - p);
     bulk_load(table + r * kRowBytes, cos_sin + static_cast<int64_t>(p) * (D / 2) * 2, len * kRowBytes, bar);
     r += len;
+  }
+}
+
+// load_table with document bounds, by the 32 lanes of the first epilogue warp: row r's position
+// is (row0 + r) % t - doc_start[row0 + r] (rows past n take 0; they are not stored). Lane l copies
+// the runs of consecutive positions that begin at its rows l, l + 32, l + 64, l + 96, each up to
+// the next run's first row, which a ballot of the run starts gives every lane.
+template <int D>
+__device__ __forceinline__ void load_table_docs(uint32_t table, int row0, int t, int n, const float* cos_sin,
+                                                const int32_t* __restrict__ doc_start, uint32_t bar) {
+  constexpr uint32_t kRowBytes = (D / 2) * 8;
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  auto pos = [&](int r) {
+    const int row = row0 + r;
+    return row < n ? row % t - __ldg(doc_start + row) : 0;
+  };
+  int p[kBM / 32];
+  unsigned starts[kBM / 32];
+#pragma unroll
+  for (int i = 0; i < kBM / 32; ++i) {
+    const int r = 32 * i + lane;
+    p[i] = pos(r);
+    starts[i] = __ballot_sync(0xffffffffu, r == 0 || p[i] != pos(r - 1) + 1);
+  }
+  if (lane == 0) mbar_arrive_expect_tx(bar, kBM * kRowBytes);
+  __syncwarp();  // the bytes are announced before any copy completes
+#pragma unroll
+  for (int i = 0; i < kBM / 32; ++i) {
+    if (!(starts[i] >> lane & 1u)) continue;
+    int next = kBM;
+    for (int j = i; j < kBM / 32; ++j) {
+      const unsigned later = j == i ? starts[j] & ((~0u << lane) << 1) : starts[j];
+      if (later) {
+        next = 32 * j + __ffs(static_cast<int>(later)) - 1;
+        break;
+      }
+    }
+    const int r = 32 * i + lane;
+    bulk_load(table + r * kRowBytes, cos_sin + static_cast<int64_t>(p[i]) * (D / 2) * 2, (next - r) * kRowBytes, bar);
   }
 }
 
@@ -106,8 +147,9 @@ __device__ __forceinline__ void store_block(uint32_t st, int heads, uint32_t tab
 template <int D>
 __global__ void __launch_bounds__(Cta::kThreads, 1)
     rope_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                           __nv_bfloat16* __restrict__ y, const float* __restrict__ cos_sin, const int n,
-                           const int m, const int k, const int t, const int n_rot) {
+                           __nv_bfloat16* __restrict__ y, const float* __restrict__ cos_sin,
+                           const int32_t* __restrict__ doc_start, const int n, const int m, const int k, const int t,
+                           const int n_rot) {
   using C = Cfg<D>;
   constexpr int kStages = C::kStages;
   extern __shared__ unsigned char smem[];
@@ -148,12 +190,15 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       for (int tile = grid.first(); tile < grid.count; tile += grid.step(), ++nt) {
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
         const int heads = max(0, min((n_rot - c0) / D, kBN / D));  // n_rot and c0 are whole heads
-        if (heads > 0 && e == 0) {
+        if (heads > 0 && (doc_start ? e < 32 : e == 0)) {
           // While the math warpgroups work on this tile, once every epilogue warp is done with the
           // table (it read the last tile's block 1 before arriving on freed(1)).
           hs.wait_free(1, nt);
           fence_proxy_async_shared();
-          load_table<D>(table, m0, t, cos_sin, table_full);
+          if (doc_start)
+            load_table_docs<D>(table, m0, t, n, cos_sin, doc_start, table_full);
+          else
+            load_table<D>(table, m0, t, cos_sin, table_full);
         }
         for (int w = 0; w < 2; ++w) {
           hs.wait_staged(w, nt);
@@ -175,7 +220,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
 
 template <int D>
 void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t t, int64_t n_rot,
-            const float* cos_sin) {
+            const float* cos_sin, const int32_t* doc_start) {
   using C = Cfg<D>;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
@@ -183,7 +228,7 @@ void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, i
   const CUtensorMap tm_w = matrix_map(w.ptr, m, k, k, 1, 0, kBN / 2, kBK);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(m), kBN);
   launch_clusters<kCluster>(rope_linear_fwd_kernel<D>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x, tm_w,
-                            y.data<__nv_bfloat16>(), cos_sin,
+                            y.data<__nv_bfloat16>(), cos_sin, doc_start,
                             static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), static_cast<int>(t),
                             static_cast<int>(n_rot));
 }
@@ -192,12 +237,12 @@ void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, i
 }  // namespace rope_sm90
 
 void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                          int64_t head_dim, const float* cos_sin) {
+                          int64_t head_dim, const float* cos_sin, const int32_t* doc_start) {
   LINAC_CHECK(x.size(0) < (int64_t{1} << 31) - rope_sm90::kBM, "rope_linear_fwd: too many rows for one call");
   if (head_dim == 64)
-    rope_sm90::launch<64>(ctx, x, w, y, T, n_rot, cos_sin);
+    rope_sm90::launch<64>(ctx, x, w, y, T, n_rot, cos_sin, doc_start);
   else
-    rope_sm90::launch<128>(ctx, x, w, y, T, n_rot, cos_sin);
+    rope_sm90::launch<128>(ctx, x, w, y, T, n_rot, cos_sin, doc_start);
 }
 
 }  // namespace linac

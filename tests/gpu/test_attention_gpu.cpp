@@ -2,8 +2,13 @@
 // 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise
 // determinism and the head dims the GPU refuses. The bf16 cases run through both kernel families
 // (on a Hopper GPU: the sm90 kernels, then the sm80 ones by LINAC_ATTENTION_KERNELS=sm80).
-#include <cstring>
+// Packed documents (AttentionOpts::docs): the same parity on several layouts, that they change the
+// result, that one document per row equals none, and that short documents cost less.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 
 #include "attention/attention.h"
@@ -11,6 +16,8 @@
 
 namespace linac {
 namespace {
+
+using test::DocLayout;
 
 constexpr int64_t kB = 2, kH = 3;
 
@@ -26,16 +33,58 @@ std::vector<const char*> bf16_families() {
   return f;
 }
 
+// Document layouts of a window: per row, document lengths repeated until the row is full (the
+// last document cut at T).
+enum class Docs {
+  kNone,
+  kShort,   // lengths 1, 5, 17: documents of one token and documents shorter than any tile
+  kTiles,   // documents starting at tile boundaries (64, 128, 256, ...) next to a 1-token one
+  kMixed,   // long and short, the first document cut by the window (as a window starting mid-way)
+  kRandom,  // random lengths from 1 to 400
+  kOne,     // one document per row: the same as none
+};
+
+const char* docs_name(Docs d) {
+  static const char* const names[] = {"none", "short", "tiles", "mixed", "random", "one"};
+  return names[static_cast<int>(d)];
+}
+
 struct GpuCase {
   int64_t T, D;
   bool causal;
   int64_t window;
   double rope = 0;  // AttentionOpts::rope_base
+  Docs docs = Docs::kNone;
 };
 
 std::string name(const GpuCase& c) {
   return "T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + (c.causal ? " causal" : " full") +
-         " window=" + std::to_string(c.window) + (c.rope > 0 ? " rope=" + std::to_string(c.rope) : "");
+         " window=" + std::to_string(c.window) + (c.rope > 0 ? " rope=" + std::to_string(c.rope) : "") +
+         (c.docs != Docs::kNone ? std::string(" docs=") + docs_name(c.docs) : "");
+}
+
+DocLayout doc_arrays(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows) {
+  return test::doc_layout(B, T, rows, true);
+}
+
+std::vector<int64_t> random_lengths(uint64_t seed, int64_t max_len) {
+  std::vector<int64_t> len;
+  for (double x : test::random_values(64, seed, 1, static_cast<double>(max_len) + 1))
+    len.push_back(std::clamp<int64_t>(static_cast<int64_t>(x), 1, max_len));
+  return len;
+}
+
+DocLayout doc_arrays(int64_t T, Docs layout) {
+  switch (layout) {
+    case Docs::kShort: return doc_arrays(kB, T, {{1, 5, 17}, {17, 1, 5, 1}});
+    case Docs::kTiles: return doc_arrays(kB, T, {{64, 64, 128, 200}, {128, 1, 63, 192}});
+    case Docs::kMixed: return doc_arrays(kB, T, {{700, 3, 1000, 1}, random_lengths(61, 250)});
+    case Docs::kRandom: return doc_arrays(kB, T, {random_lengths(62, 400), random_lengths(63, 400)});
+    case Docs::kOne: return doc_arrays(kB, T, {{T}});
+    case Docs::kNone: break;
+  }
+  LINAC_CHECK(false, "no document layout");
+  return {};
 }
 
 // T = 2100 without a window takes the Hopper forward's one-CTA-per-item grid, the others its
@@ -64,11 +113,27 @@ const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4}, {1000, 64, true, 0, 1e4}
                               {2100, 64, true, 0, 500}, {150, 64, true, 1, 1e4},  {333, 128, true, 64, 1e4},
                               {385, 128, true, 0, 500}, {17, 64, true, 0, 1e4}};
 
-AttentionOpts opts_of(const GpuCase& c) {
+// Documents are packed in the window: every document case below. T = 2100 without a window takes
+// the Hopper forward's one-CTA-per-item grid, the others its persistent one; D = 64 with RoPE the
+// Hopper backward's in-kernel rotation (positions from document starts), the rest a rope_bwd pass.
+const GpuCase kDocCases[] = {
+    {333, 64, true, 0, 0, Docs::kShort},       {333, 128, true, 0, 0, Docs::kTiles},
+    {1000, 64, true, 0, 0, Docs::kMixed},      {1000, 128, true, 0, 0, Docs::kRandom},
+    {2100, 64, true, 0, 0, Docs::kRandom},     {2100, 128, true, 0, 0, Docs::kTiles},
+    {1000, 64, true, 100, 0, Docs::kTiles},    {333, 128, true, 16, 0, Docs::kShort},
+    {2100, 64, true, 700, 0, Docs::kMixed},    {1000, 96, true, 0, 0, Docs::kMixed},
+    {333, 112, true, 64, 0, Docs::kTiles},     {500, 80, true, 0, 0, Docs::kShort},
+    {1000, 64, true, 0, 0, Docs::kOne},        {17, 64, true, 0, 0, Docs::kShort},
+    {1000, 64, true, 0, 1e4, Docs::kMixed},    {333, 64, true, 37, 1e4, Docs::kShort},
+    {2100, 64, true, 0, 500, Docs::kTiles},    {1000, 128, true, 0, 1e4, Docs::kRandom},
+    {333, 128, true, 64, 1e4, Docs::kTiles},   {1000, 96, true, 0, 1e4, Docs::kShort}};
+
+AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;
   o.causal = c.causal;
   o.window = c.window;
   o.rope_base = c.rope;
+  o.docs = docs;
   return o;
 }
 
@@ -88,7 +153,8 @@ struct GpuRun {
   OwnedTensor o, lse, dqkv;
 };
 
-GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, const GpuCase& c) {
+GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, const GpuCase& c,
+               DocBounds docs = {}) {
   const int64_t T = c.T, D = c.D;
   LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(kB, T, kH, D, c.rope > 0),
               "test workspace too small");
@@ -97,9 +163,9 @@ GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, 
   test::poison(r.o);
   test::poison(r.lse);
   test::poison(r.dqkv);
-  attention_fwd(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), r.o, r.lse, opts_of(c));
+  attention_fwd(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), r.o, r.lse, opts_of(c, docs));
   attention_bwd(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), r.o, r.lse, dout, part(r.dqkv, 0), part(r.dqkv, 1),
-                part(r.dqkv, 2), opts_of(c));
+                part(r.dqkv, 2), opts_of(c, docs));
   gpu_synchronize();
   return r;
 }
@@ -118,22 +184,37 @@ void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
     // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
     OwnedTensor qkv_g = to(qkv, Device::CUDA, dt), dout_g = to(dout, Device::CUDA, dt);
     OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
-    GpuRun g = run_gpu(gctx.ctx(), qkv_g, dout_g, dt, c);
+    const DocLayout docs = c.docs == Docs::kNone ? DocLayout{} : doc_arrays(T, c.docs);
+    const bool packed = c.docs != Docs::kNone;
+    GpuRun g = run_gpu(gctx.ctx(), qkv_g, dout_g, dt, c, packed ? docs.gpu() : DocBounds{});
 
     OwnedTensor o(DType::F64, Device::CPU, {kB, T, kH, D}), lse(DType::F64, Device::CPU, {kB, kH, T});
     OwnedTensor dqkv(DType::F64, Device::CPU, {kB, T, 3, kH, D});
-    attention_fwd(Ctx{}, part(qkv_r, 0), part(qkv_r, 1), part(qkv_r, 2), o, lse, opts_of(c));
+    const AttentionOpts ref_opts = opts_of(c, packed ? docs.host() : DocBounds{});
+    attention_fwd(Ctx{}, part(qkv_r, 0), part(qkv_r, 1), part(qkv_r, 2), o, lse, ref_opts);
     attention_bwd(Ctx{}, part(qkv_r, 0), part(qkv_r, 1), part(qkv_r, 2), o, lse, dout_r, part(dqkv, 0),
-                  part(dqkv, 1), part(dqkv, 2), opts_of(c));
+                  part(dqkv, 1), part(dqkv, 2), ref_opts);
 
     EXPECT_LT(test::rel_error(g.o, o), tol) << "o";
     EXPECT_LT(test::rel_error(g.lse, lse), tol) << "lse";
     // dq and dk come from P (dP - rowsum(P dP)): with a window of one key the difference cancels
-    // exactly and with a few keys nearly, so their relative error grows as the window shrinks.
-    const double tol_dqk = c.window > 0 && c.window <= 16 ? 4 * tol : tol;
+    // exactly and with a few keys nearly, so their relative error grows as the window shrinks (or
+    // the documents: a token alone in its document has dq = 0).
+    const bool few_keys = (c.window > 0 && c.window <= 16) || c.docs == Docs::kShort;
+    const double tol_dqk = few_keys ? 4 * tol : tol;
     const char* names[] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; ++i)
       EXPECT_LT(test::rel_error(component(g.dqkv, i), component(dqkv, i)), i < 2 ? tol_dqk : tol) << names[i];
+  }
+}
+
+// f32, then bf16 through every kernel family.
+void run_parity_all(std::span<const GpuCase> cases) {
+  run_parity(DType::F32, 1e-5, cases);
+  for (const char* family : bf16_families()) {
+    SCOPED_TRACE(std::string("LINAC_ATTENTION_KERNELS=") + family);
+    KernelChoice choice(family);
+    run_parity(DType::BF16, 1e-2, cases);
   }
 }
 
@@ -154,11 +235,40 @@ TEST(AttentionGpu, ParityBf16) {
 // dq and dk for unrotated q and k against the CPU's attention backward + rope_bwd.
 TEST(AttentionGpu, ParityRopeGradients) {
   LINAC_SKIP_WITHOUT_GPU();
-  run_parity(DType::F32, 1e-5, kRopeCases);
-  for (const char* family : bf16_families()) {
-    SCOPED_TRACE(std::string("LINAC_ATTENTION_KERNELS=") + family);
+  run_parity_all(kRopeCases);
+}
+
+// Packed documents (block-diagonal causal masks, skipped tiles, RoPE from each document's start).
+TEST(AttentionGpu, ParityDocs) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity_all(kDocCases);
+}
+
+// Documents change every output (so the parity above cannot pass by ignoring them), and one
+// document per row gives the values of none.
+TEST(AttentionGpu, DocsMatter) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  std::vector<std::pair<DType, const char*>> runs;
+  for (const char* family : bf16_families()) runs.emplace_back(DType::BF16, family);
+  runs.emplace_back(DType::F32, "auto");
+  for (const auto& [dt, family] : runs) {
     KernelChoice choice(family);
-    run_parity(DType::BF16, 1e-2, kRopeCases);
+    for (const GpuCase& c : {GpuCase{1000, 64, true, 0, 1e4}, GpuCase{700, 128, true, 0}, GpuCase{333, 96, true, 64}}) {
+      SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
+      OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 71), Device::CUDA, dt);
+      OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 72), Device::CUDA, dt);
+      const GpuRun none = run_gpu(gctx.ctx(), qkv, dout, dt, c);
+      const GpuRun packed = run_gpu(gctx.ctx(), qkv, dout, dt, c, doc_arrays(c.T, Docs::kTiles).gpu());
+      const GpuRun one = run_gpu(gctx.ctx(), qkv, dout, dt, c, doc_arrays(c.T, Docs::kOne).gpu());
+      EXPECT_GT(test::rel_error(packed.o, none.o), 0.05);
+      EXPECT_GT(test::rel_error(packed.lse, none.lse), 0.05);
+      for (int i = 0; i < 3; ++i)
+        EXPECT_GT(test::rel_error(component(packed.dqkv, i), component(none.dqkv, i)), 0.05) << i;
+      EXPECT_EQ(to_doubles(one.o), to_doubles(none.o));
+      EXPECT_EQ(to_doubles(one.lse), to_doubles(none.lse));
+      EXPECT_EQ(to_doubles(one.dqkv), to_doubles(none.dqkv));
+    }
   }
 }
 
@@ -192,12 +302,15 @@ TEST(AttentionGpu, Deterministic) {
     for (const GpuCase& c :
          {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
           GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0},
-          GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}, GpuCase{1000, 64, true, 0, 1e4}}) {
+          GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}, GpuCase{1000, 64, true, 0, 1e4},
+          GpuCase{4100, 64, true, 0, 1e4, Docs::kRandom}, GpuCase{3000, 128, true, 0, 0, Docs::kMixed}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
       OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
       OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);
-      GpuRun r1 = run_gpu(gctx.ctx(), qkv, dout, dt, c);
-      GpuRun r2 = run_gpu(gctx.ctx(), qkv, dout, dt, c);
+      const DocLayout docs = c.docs == Docs::kNone ? DocLayout{} : doc_arrays(c.T, c.docs);
+      const DocBounds bounds = c.docs == Docs::kNone ? DocBounds{} : docs.gpu();
+      GpuRun r1 = run_gpu(gctx.ctx(), qkv, dout, dt, c, bounds);
+      GpuRun r2 = run_gpu(gctx.ctx(), qkv, dout, dt, c, bounds);
       auto same_bits = [](const Tensor& x, const Tensor& y) {
         OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
         copy_tensor(hx, x);

@@ -1,4 +1,6 @@
-// RoPE CUDA vs the CPU reference (double), in place on q and k views of a fused qkv buffer.
+// RoPE CUDA vs the CPU reference (double), in place on q and k views of a fused qkv buffer; also
+// with packed documents (positions restart at each document start).
+#include <algorithm>
 #include <vector>
 
 #include "rope/rope.h"
@@ -9,21 +11,37 @@ namespace {
 
 constexpr double kBase = 10000.0;
 
+// docs.start (host memory) of a [b, t] window: row r holds documents of `lengths` cycled from its
+// r-th entry.
+OwnedTensor doc_starts(int64_t b, int64_t t, const std::vector<int64_t>& lengths) {
+  return std::move(test::doc_layout(b, t, test::rotated_rows(lengths, b)).start);
+}
+
 // Rotates the q and k slices of a [B, T, 3, H, D] buffer on both devices and compares the whole
-// buffer (the v slice must come back bit for bit).
-void run_parity(DType dt, int64_t b, int64_t t, int64_t h, int64_t d, int64_t pos0, bool inverse, double tol) {
+// buffer (the v slice must come back bit for bit). lengths: documents packed in each row (empty:
+// none).
+void run_parity(DType dt, int64_t b, int64_t t, int64_t h, int64_t d, int64_t pos0, bool inverse, double tol,
+                const std::vector<int64_t>& lengths = {}) {
   GpuContext gctx;
+  OwnedTensor start, start_g;
+  DocBounds docs_g, docs_r;  // the GPU's and the reference's
+  if (!lengths.empty()) {
+    start = doc_starts(b, t, lengths);
+    start_g = to(start, Device::CUDA, DType::I32);
+    docs_g.start = start_g.t.data<int32_t>();
+    docs_r.start = start.t.data<int32_t>();
+  }
   OwnedTensor qkv = test::random_tensor({b, t, 3, h, d}, DType::F64, 1, -2, 2);
   OwnedTensor g = to(qkv, Device::CUDA, dt);
   OwnedTensor r = to(g, Device::CPU, DType::F64);
   const std::vector<double> before = to_doubles(r);
   for (int s : {0, 1}) {
     if (inverse) {
-      rope_bwd(gctx.ctx(), g.t.select(2, s), kBase, pos0);
-      rope_bwd(Ctx{}, r.t.select(2, s), kBase, pos0);
+      rope_bwd(gctx.ctx(), g.t.select(2, s), kBase, pos0, docs_g);
+      rope_bwd(Ctx{}, r.t.select(2, s), kBase, pos0, docs_r);
     } else {
-      rope_fwd(gctx.ctx(), g.t.select(2, s), kBase, pos0);
-      rope_fwd(Ctx{}, r.t.select(2, s), kBase, pos0);
+      rope_fwd(gctx.ctx(), g.t.select(2, s), kBase, pos0, docs_g);
+      rope_fwd(Ctx{}, r.t.select(2, s), kBase, pos0, docs_r);
     }
   }
   gctx.synchronize();
@@ -50,6 +68,31 @@ TEST(RopeGpu, ParityBf16) {
     run_parity(DType::BF16, 2, 77, 4, 64, 3, inverse, 1e-2);
     run_parity(DType::BF16, 3, 13, 3, 10, 0, inverse, 1e-2);
   }
+}
+
+// Documents of one token (position 0: unrotated), shorter than the kernel's 8-token blocks, and
+// longer ones; the two rows hold different layouts.
+TEST(RopeGpu, ParityDocs) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (bool inverse : {false, true}) {
+    run_parity(DType::F32, 2, 77, 4, 64, 0, inverse, 1e-5, {1, 5, 17});
+    run_parity(DType::F32, 3, 333, 3, 10, 3, inverse, 1e-5, {64, 1, 200});
+    run_parity(DType::BF16, 2, 77, 4, 128, 0, inverse, 1e-2, {5, 1, 17, 3});
+    run_parity(DType::BF16, 2, 1000, 2, 64, 0, inverse, 1e-2, {300, 7, 1});
+  }
+}
+
+// Documents restart the positions: the rotation differs from the one without them.
+TEST(RopeGpu, DocsMatter) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const OwnedTensor x = test::random_tensor({2, 77, 4, 64}, DType::F64, 2, -2, 2);
+  OwnedTensor plain = to(x, Device::CUDA, DType::F32), packed = to(x, Device::CUDA, DType::F32);
+  const OwnedTensor start = to(doc_starts(2, 77, {5, 17}), Device::CUDA, DType::I32);
+  rope_fwd(gctx.ctx(), plain, kBase, 0);
+  rope_fwd(gctx.ctx(), packed, kBase, 0, DocBounds{start.t.data<int32_t>(), nullptr});
+  gctx.synchronize();
+  EXPECT_GT(test::rel_error(packed, plain), 0.1);
 }
 
 TEST(RopeGpu, ParityF32FarPositions) {

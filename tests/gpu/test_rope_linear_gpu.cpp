@@ -9,7 +9,11 @@
 // second CTA of a cluster without rows), M not a multiple of the 256-column tile, K not a multiple
 // of the 32-deep k-step, T not dividing the tile (positions wrap inside a tile), head dims 64 and
 // 128, q and k rotated or every column; one shape has more tiles than the GPU runs at once.
+// With packed documents (positions restart at each document start) the same checks, on layouts
+// with documents of one token, shorter than a tile, and starting on and off tile boundaries.
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "rope/rope_linear.h"
 #include "test_util.h"
@@ -24,13 +28,30 @@ struct Shape {
 };
 const Shape kShapes[] = {{77, 3, 200, 5, 64}, {129, 40, 136, 3, 128}, {2048, 2, 96, 4, 64}};
 
-// y = rope_linear_fwd(x, w) on the GPU in bf16, through the path LINAC_ROPE_LINEAR_KERNELS picks.
-OwnedTensor run_gpu(const Tensor& x, const Tensor& w, int64_t t, int64_t n_rot, int64_t d) {
+// docs.start ([n] int32, host memory) of rows that are n / t sequences of t tokens, sequence r
+// holding documents of `lengths` cycled from its r-th entry.
+OwnedTensor doc_starts(int64_t n, int64_t t, const std::vector<int64_t>& lengths) {
+  OwnedTensor start = std::move(test::doc_layout(n / t, t, test::rotated_rows(lengths, n / t)).start);
+  start.t = start.t.view({n});
+  return start;
+}
+const std::vector<int64_t> kDocLayouts[] = {{1, 5, 17}, {64, 3, 128, 200, 1}};
+
+// y = rope_linear_fwd(x, w) on the GPU in bf16, through the path LINAC_ROPE_LINEAR_KERNELS picks;
+// doc_start: host memory or null.
+OwnedTensor run_gpu(const Tensor& x, const Tensor& w, int64_t t, int64_t n_rot, int64_t d,
+                    const Tensor* doc_start = nullptr) {
   GpuContext g;
   OwnedTensor xg = to(x, Device::CUDA, DType::BF16), wg = to(w, Device::CUDA, DType::BF16);
   OwnedTensor y(DType::BF16, Device::CUDA, {x.size(0), w.size(0)});
   test::poison(y);
-  rope_linear_fwd(g.ctx(), xg, wg, y, t, n_rot, d, kBase);
+  OwnedTensor start;
+  DocBounds docs;
+  if (doc_start) {
+    start = to(*doc_start, Device::CUDA, DType::I32);
+    docs.start = start.t.data<int32_t>();
+  }
+  rope_linear_fwd(g.ctx(), xg, wg, y, t, n_rot, d, kBase, docs);
   g.synchronize();
   return y;
 }
@@ -51,8 +72,9 @@ TEST(RopeLinearGpu, ExactProductsRotateAsRopeFwd) {
   }
 }
 
-TEST(RopeLinearGpu, RandomOperandsMatchCpu) {
-  LINAC_SKIP_WITHOUT_GPU();
+// Random bf16-rounded operands against the CPU in f64, optionally with documents packed in each
+// sequence (the lengths of kDocLayouts[1]).
+void random_operands_match_cpu(bool docs) {
   for (const Shape& s : kShapes) {
     const int64_t n = s.b * s.t, m = 3 * s.heads * s.d, n_rot = 2 * s.heads * s.d;
     SCOPED_TRACE("T " + std::to_string(s.t) + " D " + std::to_string(s.d));
@@ -61,11 +83,40 @@ TEST(RopeLinearGpu, RandomOperandsMatchCpu) {
         to(to(test::random_tensor({n, s.k}, DType::F64, 3), Device::CPU, DType::BF16), Device::CPU, DType::F64);
     OwnedTensor w =
         to(to(test::random_tensor({m, s.k}, DType::F64, 4), Device::CPU, DType::BF16), Device::CPU, DType::F64);
+    const OwnedTensor start = docs ? doc_starts(n, s.t, kDocLayouts[1]) : OwnedTensor();
     OwnedTensor ref(DType::F64, Device::CPU, {n, m});
-    rope_linear_fwd(Ctx{}, x, w, ref, s.t, n_rot, s.d, kBase);
-    const OwnedTensor y = run_gpu(x, w, s.t, n_rot, s.d);
+    rope_linear_fwd(Ctx{}, x, w, ref, s.t, n_rot, s.d, kBase, DocBounds{docs ? start.t.data<int32_t>() : nullptr, nullptr});
+    const OwnedTensor y = run_gpu(x, w, s.t, n_rot, s.d, docs ? &start.t : nullptr);
     EXPECT_LT(test::rel_error(to(y, Device::CPU, DType::F64), ref), 5e-3);
   }
+}
+
+TEST(RopeLinearGpu, RandomOperandsMatchCpu) {
+  LINAC_SKIP_WITHOUT_GPU();
+  random_operands_match_cpu(false);
+}
+
+TEST(RopeLinearGpu, DocsExactProductsRotateAsRopeFwd) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const Shape& s : kShapes)
+    for (const std::vector<int64_t>& lengths : kDocLayouts) {
+      const int64_t n = s.b * s.t, m = 3 * s.heads * s.d, n_rot = 2 * s.heads * s.d;
+      SCOPED_TRACE("T " + std::to_string(s.t) + " D " + std::to_string(s.d) + " first length " +
+                   std::to_string(lengths[0]));
+      OwnedTensor x = test::small_integers({n, s.k}, 1), w = test::small_integers({m, s.k}, 2);
+      const OwnedTensor start = doc_starts(n, s.t, lengths);
+      const OwnedTensor fused = run_gpu(x, w, s.t, n_rot, s.d, &start.t);
+      const OwnedTensor plain = run_gpu(x, w, s.t, n_rot, s.d);
+      test::ScopedEnv composite("LINAC_ROPE_LINEAR_KERNELS", "sm80");
+      const OwnedTensor ref = run_gpu(x, w, s.t, n_rot, s.d, &start.t);
+      EXPECT_EQ(test::bf16_bits(fused), test::bf16_bits(ref));
+      EXPECT_NE(test::bf16_bits(fused), test::bf16_bits(plain));  // the documents restart positions
+    }
+}
+
+TEST(RopeLinearGpu, DocsRandomOperandsMatchCpu) {
+  LINAC_SKIP_WITHOUT_GPU();
+  random_operands_match_cpu(true);
 }
 
 TEST(RopeLinearGpu, RerunsAreBitIdentical) {
