@@ -39,13 +39,20 @@ OwnedTensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
 }
 
 void perturb_special_init(ParamStore& ps) {
-  for (int i = 0; i < ps.count(); ++i)
-    if (ps.spec(i).init == Init::Ones)
-      fill_random(ps.master(i), 100 + static_cast<uint64_t>(i), 0.5, 1.5);
-    else if (ps.spec(i).init == Init::Zeros)
-      fill_random(ps.master(i), 200 + static_cast<uint64_t>(i), -0.5, 0.5);
-    else if (ps.spec(i).init == Init::Values)  // LRPE's frequencies reach 1e-7, where the gradients
-      fill_random(ps.master(i), 300 + static_cast<uint64_t>(i), 0.2, 1.2);  // sink under the differences' noise
+  for (int i = 0; i < ps.count(); ++i) {
+    const Init init = ps.spec(i).init;
+    if (init != Init::Ones && init != Init::Zeros && init != Init::Values) continue;
+    // GPU masters go through a host copy (fill_random writes host memory).
+    const Tensor m = ps.master(i);
+    OwnedTensor host(m.dtype, Device::CPU, m.dims());
+    if (init == Init::Ones)
+      fill_random(host, 100 + static_cast<uint64_t>(i), 0.5, 1.5);
+    else if (init == Init::Zeros)
+      fill_random(host, 200 + static_cast<uint64_t>(i), -0.5, 0.5);
+    else  // LRPE's frequencies reach 1e-7, where the gradients sink under the differences' noise
+      fill_random(host, 300 + static_cast<uint64_t>(i), 0.2, 1.2);
+    copy_tensor(m, host);
+  }
 }
 
 void check_model_gradients(const ModelConfig& cfg, int64_t B, int64_t T, size_t n_probe) {

@@ -51,6 +51,8 @@ LightningLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   LINAC_CHECK(L.Dk > 0 && L.Dv > 0, "lightning: empty head dims");
   LINAC_CHECK(opts.block >= 1, "lightning: block must be positive");
   L.block = opts.block;
+  LINAC_CHECK(!opts.docs.defined() || opts.docs.end, "lightning: document bounds need both start and end");
+  L.docs = opts.docs;
   L.q = strides(q), L.k = strides(k), L.v = strides(v);
   return L;
 }

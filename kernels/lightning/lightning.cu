@@ -5,7 +5,8 @@
 //   backward  scan(k, v; s0) -> S_n;  reverse scan(q, do; ds_final) -> R_n, ds0;
 //             pass dq = lower(do, v, k; S^T),  dv = upper(k, q, do; R),  dk = upper(v, do, q; R^T)
 // Each state is rounded to the activation dtype once (it only feeds tensor-core matmuls); the scans
-// themselves run in f32.
+// themselves run in f32. Documents (lightning.h) change no launch: the scan and pass kernels mask
+// by the bounds (their kDocs instantiations), with each group's bounds offset to its first row.
 #include <algorithm>
 #include <string>
 
@@ -22,6 +23,8 @@ Args make_args(const LightningLayout& L, const Tensor& decay) {
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.Dk = static_cast<int>(L.Dk), a.Dv = static_cast<int>(L.Dv);
   a.N = cdiv(a.T, kC);
   a.decay = decay.data<float>();
+  a.doc_start = L.docs.start;
+  a.doc_end = L.docs.end;
   return a;
 }
 
@@ -70,6 +73,15 @@ P* at_batch(P* p, int64_t b0, int64_t stride) {
   return p + b0 * stride;
 }
 
+// The arguments of the group of sequences from b0 on: its document bounds start at row b0.
+Args group_args(Args a, int64_t b0) {
+  if (a.doc_start) {
+    a.doc_start += b0 * a.T;
+    a.doc_end += b0 * a.T;
+  }
+  return a;
+}
+
 }  // namespace
 }  // namespace lightning_cuda
 
@@ -78,7 +90,7 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
   using namespace lightning_cuda;
   check_dtypes(q, {&k, &v, &o}, {&decay, &s0, &s_final});
   if (L.B * L.T * L.H == 0) return;
-  const Args a = make_args(L, decay);
+  const Args all = make_args(L, decay);
   check_rows16(q, L.q, "q");
   check_rows16(k, L.k, "k");
   check_rows16(v, L.v, "v");
@@ -87,6 +99,7 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
   const int64_t SS = L.H * L.Dk * L.Dv;
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
+    const Args a = group_args(all, b0);
     const float* s0p = s0.defined() ? s0.data<float>() + b0 * SS : nullptr;
     float* sfp = s_final.defined() ? s_final.data<float>() + b0 * SS : nullptr;
     LINAC_GPU_DISPATCH(q.dtype, T, {
@@ -118,7 +131,7 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
     }
     return;
   }
-  const Args a = make_args(L, decay);
+  const Args all = make_args(L, decay);
   check_rows16(q, L.q, "q");
   check_rows16(k, L.k, "k");
   check_rows16(v, L.v, "v");
@@ -129,6 +142,7 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
   const int per = group_size(ctx, L, q.dtype);
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
+    const Args a = group_args(all, b0);
     const float* s0p = s0.defined() ? s0.data<float>() + b0 * SS : nullptr;
     const float* dsfp = ds_final.defined() ? ds_final.data<float>() + b0 * SS : nullptr;
     float* ds0p = ds0.defined() ? ds0.data<float>() + b0 * SS : nullptr;

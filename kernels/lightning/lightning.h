@@ -26,6 +26,22 @@
 // The recurrent and quadratic references differentiate their own form directly, so the three
 // backward passes check each other. The decay is a fixed buffer: it has no gradient.
 //
+// Documents (LightningOpts::docs, core/doc_bounds.h; docs/transnormer.md §4.5): the state restarts
+// empty at every document start t > 0, S_t = k_t^T v_t there; s0 continues the row's first
+// document (token 0 never restarts, so a row that is one document gives the stream result, and a
+// state carried between calls continues the document that ends the earlier call); s_final is the
+// state of the row's last document. In the quadratic form the sum runs over st(t) <= u <= t
+// (st = docs.start, en = docs.end) and the s0 term counts only where st(t) = 0. In the block form,
+// with t0 = n C, e = t0 + m - 1 the block's last token and lim = max(t0, 1), the decay weights are
+// unchanged and each term keeps only pairs within a document:
+//   intra pair (i, j), j <= i    when t0 + j >= st(t0 + i)     (equivalently t0 + i < en(t0 + j))
+//   a[i] q_i S_n                 when st(t0 + i) < lim         (row i continues S_n's document)
+//   c[j] k_j^T v_j into S_n+1    when en(t0 + j) > e           (token j's document reaches the end)
+//   g S_n into S_n+1             when st(e) < lim              (no document starts in the block)
+// and the backward is the transpose: R_n-1 = [st(e) < lim] g R_n + sum over the rows with
+// st(t0 + i) < lim of a[i] q_i^T do_i; dk_j and dv_j take the R_n term only when en(t0 + j) > e.
+// No state gradient crosses a document start.
+//
 // Layout: q, k, dq, dk [B, T, H, Dk]; v, o, dout, dv [B, T, H, Dv]. The last two dims are
 // contiguous (head stride D, unit dim stride); batch and token strides are free, since q/k/v
 // come from a fused projection. decay [H] contiguous, on the op's device, holding s_h >= 0.
@@ -34,6 +50,7 @@
 // initial-state gradient). dq, dk, dv, ds0 are overwritten.
 // Dtypes: CPU: every tensor f32, or every tensor f64 (decay too). GPU: q, k, v, o, dout, dq, dk,
 // dv all bf16 or all f32; decay and the states f32 (accumulation in f32 throughout).
+// Documents: docs.start and docs.end, [B, T] int32 on the op's device (host memory on the CPU).
 // GPU: block C = 64 whatever opts.block says; Dk and Dv multiples of 16 (up to 1024: the kernels
 // walk the head dims in 64-wide slices; tested up to 256), 16-byte aligned rows, any T and B*H, and
 // lightning_workspace_bytes_per_seq() of ctx.workspace for at least one sequence (the batch runs
@@ -42,11 +59,13 @@
 // Decode step (recurrent form for one token): q, k [B, H, Dk], v, o [B, H, Dv] (last two dims
 // contiguous, free batch stride), state [B, H, Dk, Dv] contiguous, updated in place:
 // state = lambda * state + k^T v, o = q state. GPU: q/k/v/o bf16 or f32, decay and state f32.
+// It knows no documents: the caller zeroes a row's state before the row's next document.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -54,6 +73,7 @@ namespace linac {
 
 struct LightningOpts {
   int64_t block = 64;  // C: tokens per block of the block form (CPU; the GPU always uses 64)
+  DocBounds docs;      // defined: the recurrence restarts at every document (start and end needed)
 };
 
 enum class LightningForm { Block, Recurrent, Quadratic };  // the CPU runs any; the GPU always Block
@@ -64,7 +84,13 @@ struct LightningLayout {
   };
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0;
   int64_t block = 64;
+  DocBounds docs;
   Strides q, k, v, o, dout, dq, dk, dv;
+
+  // st(b, t) and en(b, t) of the Documents paragraph: without documents a row is one document.
+  // Host code only (docs must be host memory to call them with documents).
+  int64_t doc_start(int64_t b, int64_t t) const { return docs.defined() ? docs.start[b * T + t] : 0; }
+  int64_t doc_end(int64_t b, int64_t t) const { return docs.defined() ? docs.end[b * T + t] : T; }
 };
 
 // CPU references, F = float or double. decay [H]; pointers to optional states may be null.

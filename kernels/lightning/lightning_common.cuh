@@ -16,11 +16,18 @@ constexpr int kW = 64;  // width of the head-dim slices a CTA works on
 struct Args {
   int T, H, Dk, Dv, N;   // N = blocks per sequence
   const float* decay;    // [H] rates s_h >= 0
+  // Document bounds of the launch's first sequence ([B, T] int32, sequence b at b * T), or null
+  // (no documents): the kernels then run the stream path, instantiated apart (kDocs = false).
+  const int32_t* doc_start;
+  const int32_t* doc_end;
 };
 
 // Scan over the blocks of each sequence (f32 state; lightning_scan.cu):
 //   forward (rev = false): x = k, y = v;  states[n] = S before block n;  S = g S + (c * x)^T y
 //   reverse (rev = true):  x = q, y = do; states[n] = R after block n;   R = g R + (a * x)^T y
+// With documents (lightning.h) g is 0 in blocks where a document starts, and the rows of x outside
+// the term's document (forward: not reaching the block's end; reverse: not continuing the carried
+// state) are left out.
 // init ([B*H, Dk, Dv] f32, may be null) starts the scan; final_out (f32, may be null) receives
 // the last state. U: [B*H, N, Dk, Dv] f32 scratch (the per-block terms); states: the same shape in T.
 template <class T>
@@ -30,6 +37,8 @@ void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, Lig
 // Per block n, independently: out[i] = sum_j M(i,j) (X_i . Y_j) Z_j + r[i] (X_i St_n), with X, Y
 // of width Dx and Z, out of width Dz; M(i,j) = exp(-s|i-j|) for j <= i (upper = false, r = a) or
 // j >= i (upper = true, r = c), else 0. St_n = states[n] read [Dx][Dz] or, when state_t, [Dz][Dx].
+// With documents M(i,j) is also 0 for pairs of two documents, and r[i] for rows outside the
+// state's document (lightning.h).
 template <class T>
 void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
                  LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,

@@ -7,7 +7,10 @@
 //   dq: X = do, Y = v,  Z = k,  St = S_n^T,   M lower,          r = a
 //   dv: X = k,  Y = q,  Z = do, St = R_n,     M upper (j >= i), r = c
 //   dk: X = v,  Y = do, Z = q,  St = R_n^T,   M upper,          r = c
-// with M(i,j) = exp(-s |i-j|) on its triangle and 0 elsewhere.
+// with M(i,j) = exp(-s |i-j|) on its triangle and 0 elsewhere. With documents (lightning.h) the
+// scan skips the rows outside the term's document and drops the carried state where a document
+// starts; the pass narrows each row's triangle to its document and zeroes the state term of rows
+// that do not continue (o, dq) or reach the end of (dk, dv) the state's document.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -28,6 +31,8 @@ P* row(P* base, const Strides& s, int64_t b, int64_t t, int64_t h, int64_t D) {
 // Forward (rev = false): x = k, y = v, init = s0; states[n] = S_n, S_n+1 = g S_n + (c * K)^T V,
 // final = S_N. Reverse: x = q, y = do, init = ds_final; states[n] = R_n (the gradient of the
 // state after block n), R_n-1 = g R_n + (a * Q)^T dO, final = R_-1 = ds0. One (b, h) slice.
+// Documents: the forward's rows are those whose document reaches the block's end, the reverse's
+// those that continue the carried state's document; g is 0 where a document starts in the block.
 template <class F>
 void block_scan(const LightningLayout& L, bool rev, int64_t b, int64_t h, F s, const F* x, const Strides& xs,
                 int64_t Dx, const F* y, const Strides& ys, int64_t Dy, const F* init, F* states, F* final_out) {
@@ -36,10 +41,16 @@ void block_scan(const LightningLayout& L, bool rev, int64_t b, int64_t h, F s, c
   for (int64_t e = 0; e < SS; ++e) S[e] = init ? init[e] : F(0);
   for (int64_t step = 0; step < N; ++step) {
     const int64_t n = rev ? N - 1 - step : step, m = std::min(C, L.T - n * C);
+    const int64_t t0 = n * C, last = t0 + m - 1, lim = std::max<int64_t>(t0, 1);
     std::copy(S.begin(), S.end(), states + n * SS);
-    const F g = std::exp(-s * F(m));
-    for (int64_t e = 0; e < SS; ++e) S[e] *= g;
+    if (L.doc_start(b, last) < lim) {
+      const F g = std::exp(-s * F(m));
+      for (int64_t e = 0; e < SS; ++e) S[e] *= g;
+    } else {
+      std::fill(S.begin(), S.end(), F(0));
+    }
     for (int64_t r = 0; r < m; ++r) {
+      if (rev ? L.doc_start(b, t0 + r) >= lim : L.doc_end(b, t0 + r) <= last) continue;
       const F f = std::exp(-s * F(rev ? r + 1 : m - 1 - r));
       const F* xr = row(x, xs, b, n * C + r, h, Dx);
       const F* yr = row(y, ys, b, n * C + r, h, Dy);
@@ -63,15 +74,22 @@ void block_pass(const LightningLayout& L, const PassArgs& p, int64_t b, int64_t 
                 const Strides& os) {
   const int64_t C = L.block, m = std::min(C, L.T - n * C), t0 = n * C;
   for (int64_t i = 0; i < m; ++i) {
-    const F* xi = row(x, xs, b, t0 + i, h, p.Dx);
-    F* oi = row(out, os, b, t0 + i, h, p.Dz);
-    const F r = std::exp(-s * F(p.upper ? m - 1 - i : i + 1));
-    for (int64_t c = 0; c < p.Dz; ++c) {
-      F acc = 0;
-      for (int64_t d = 0; d < p.Dx; ++d) acc += xi[d] * (p.state_t ? St[c * p.Dx + d] : St[d * p.Dz + c]);
-      oi[c] = r * acc;
+    const int64_t t = t0 + i;
+    const F* xi = row(x, xs, b, t, h, p.Dx);
+    F* oi = row(out, os, b, t, h, p.Dz);
+    const bool carry = p.upper ? L.doc_end(b, t) >= t0 + m : L.doc_start(b, t) < std::max<int64_t>(t0, 1);
+    if (carry) {
+      const F r = std::exp(-s * F(p.upper ? m - 1 - i : i + 1));
+      for (int64_t c = 0; c < p.Dz; ++c) {
+        F acc = 0;
+        for (int64_t d = 0; d < p.Dx; ++d) acc += xi[d] * (p.state_t ? St[c * p.Dx + d] : St[d * p.Dz + c]);
+        oi[c] = r * acc;
+      }
+    } else {
+      std::fill(oi, oi + p.Dz, F(0));
     }
-    const int64_t j0 = p.upper ? i : 0, j1 = p.upper ? m : i + 1;
+    const int64_t j0 = p.upper ? i : std::max<int64_t>(0, L.doc_start(b, t) - t0);
+    const int64_t j1 = p.upper ? std::min(m, L.doc_end(b, t) - t0) : i + 1;
     for (int64_t j = j0; j < j1; ++j) {
       const F* yj = row(y, ys, b, t0 + j, h, p.Dx);
       F dp = 0;

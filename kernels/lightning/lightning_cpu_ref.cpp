@@ -1,6 +1,7 @@
 // Lightning Attention CPU references (math in lightning.h), the oracles of the block form: recurrent and quadratic forms,
 // forward and backward, and the decode step. Plain loops over one (batch, head) slice at a time;
-// every decay factor is exp of a non-positive exponent.
+// every decay factor is exp of a non-positive exponent. With documents the recurrence zeroes the
+// state at each document start and the quadratic form sums over the token's document only.
 #include <cmath>
 #include <vector>
 
@@ -20,6 +21,12 @@ template <class F>
 F* state_of(F* s, const LightningLayout& L, int64_t b, int64_t h) {
   return s ? s + (b * L.H + h) * L.Dk * L.Dv : nullptr;
 }
+
+// Token t > 0 starts a document: the recurrence forgets the state there.
+bool restarts(const LightningLayout& L, int64_t b, int64_t t) { return t > 0 && L.doc_start(b, t) == t; }
+
+// The first token of the row's last document (0 for an empty row).
+int64_t last_doc_start(const LightningLayout& L, int64_t b) { return L.T > 0 ? L.doc_start(b, L.T - 1) : 0; }
 
 template <class F>
 F dot(const F* x, const F* y, int64_t n) {
@@ -47,8 +54,9 @@ void lightning_fwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* 
         const F* kt = row(k, L.k, b, t, h, Dk);
         const F* vt = row(v, L.v, b, t, h, Dv);
         F* ot = row(o, L.o, b, t, h, Dv);
+        const F keep = restarts(L, b, t) ? F(0) : lam;
         for (int64_t i = 0; i < Dk; ++i)
-          for (int64_t j = 0; j < Dv; ++j) S[i * Dv + j] = lam * S[i * Dv + j] + kt[i] * vt[j];
+          for (int64_t j = 0; j < Dv; ++j) S[i * Dv + j] = keep * S[i * Dv + j] + kt[i] * vt[j];
         for (int64_t j = 0; j < Dv; ++j) {
           F acc = 0;
           for (int64_t i = 0; i < Dk; ++i) acc += qt[i] * S[i * Dv + j];
@@ -61,7 +69,8 @@ void lightning_fwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* 
 }
 
 // Differentiates the recurrence: the forward states S_t are kept, then the state gradient
-// R_t = dL/dS_t runs backwards: R_t = lambda R_t+1 + q_t^T do_t (R_T-1 starts from ds_final).
+// R_t = dL/dS_t runs backwards: R_t = lambda R_t+1 + q_t^T do_t (R_T-1 starts from ds_final;
+// no lambda R_t+1 term where token t+1 starts a document).
 template <class F>
 void lightning_bwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* k, const F* v, const F* decay,
                                  const F* s0, const F* dout, const F* ds_final, F* dq, F* dk, F* dv, F* ds0) {
@@ -74,9 +83,10 @@ void lightning_bwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* 
       for (int64_t t = 0; t < L.T; ++t) {
         const F* kt = row(k, L.k, b, t, h, Dk);
         const F* vt = row(v, L.v, b, t, h, Dv);
+        const bool restart = restarts(L, b, t);
         for (int64_t i = 0; i < Dk; ++i)
           for (int64_t j = 0; j < Dv; ++j) {
-            const F prev = t > 0 ? S[(t - 1) * SS + i * Dv + j] : init ? init[i * Dv + j] : F(0);
+            const F prev = restart ? F(0) : t > 0 ? S[(t - 1) * SS + i * Dv + j] : init ? init[i * Dv + j] : F(0);
             S[t * SS + i * Dv + j] = lam * prev + kt[i] * vt[j];
           }
       }
@@ -87,8 +97,10 @@ void lightning_bwd_recurrent_cpu(const LightningLayout& L, const F* q, const F* 
         const F* kt = row(k, L.k, b, t, h, Dk);
         const F* vt = row(v, L.v, b, t, h, Dv);
         const F* dot_ = row(dout, L.dout, b, t, h, Dv);
-        if (t < L.T - 1)
-          for (int64_t e = 0; e < SS; ++e) R[e] *= lam;
+        if (t < L.T - 1) {
+          const F keep = restarts(L, b, t + 1) ? F(0) : lam;
+          for (int64_t e = 0; e < SS; ++e) R[e] *= keep;
+        }
         for (int64_t i = 0; i < Dk; ++i)
           for (int64_t j = 0; j < Dv; ++j) R[i * Dv + j] += qt[i] * dot_[j];
         F* dqt = row(dq, L.dq, b, t, h, Dk);
@@ -126,22 +138,24 @@ void lightning_fwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* 
       for (int64_t t = 0; t < T; ++t) {
         const F* qt = row(q, L.q, b, t, h, Dk);
         F* ot = row(o, L.o, b, t, h, Dv);
+        const int64_t lo = L.doc_start(b, t);
         for (int64_t j = 0; j < Dv; ++j) ot[j] = 0;
-        for (int64_t u = 0; u <= t; ++u) {
+        for (int64_t u = lo; u <= t; ++u) {
           const F p = std::exp(-s * F(t - u)) * dot(qt, row(k, L.k, b, u, h, Dk), Dk);
           const F* vu = row(v, L.v, b, u, h, Dv);
           for (int64_t j = 0; j < Dv; ++j) ot[j] += p * vu[j];
         }
-        if (init) {
+        if (init && lo == 0) {
           const F a = std::exp(-s * F(t + 1));
           for (int64_t i = 0; i < Dk; ++i)
             for (int64_t j = 0; j < Dv; ++j) ot[j] += a * qt[i] * init[i * Dv + j];
         }
       }
       if (F* fin = state_of(s_final, L, b, h)) {
+        const int64_t lo = last_doc_start(L, b);
         const F g = std::exp(-s * F(T));
-        for (int64_t e = 0; e < Dk * Dv; ++e) fin[e] = init ? g * init[e] : F(0);
-        for (int64_t u = 0; u < T; ++u) {
+        for (int64_t e = 0; e < Dk * Dv; ++e) fin[e] = init && lo == 0 ? g * init[e] : F(0);
+        for (int64_t u = lo; u < T; ++u) {
           const F c = std::exp(-s * F(T - 1 - u));
           const F* ku = row(k, L.k, b, u, h, Dk);
           const F* vu = row(v, L.v, b, u, h, Dv);
@@ -170,7 +184,8 @@ void lightning_bwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* 
         const F* qt = row(q, L.q, b, t, h, Dk);
         const F* dot_ = row(dout, L.dout, b, t, h, Dv);
         F* dqt = row(dq, L.dq, b, t, h, Dk);
-        for (int64_t u = 0; u <= t; ++u) {
+        const int64_t lo = L.doc_start(b, t);
+        for (int64_t u = lo; u <= t; ++u) {
           const F d = std::exp(-s * F(t - u));
           const F* ku = row(k, L.k, b, u, h, Dk);
           const F* vu = row(v, L.v, b, u, h, Dv);
@@ -180,13 +195,14 @@ void lightning_bwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* 
           for (int64_t i = 0; i < Dk; ++i) dqt[i] += dp * ku[i], dku[i] += dp * qt[i];
           for (int64_t j = 0; j < Dv; ++j) dvu[j] += p * dot_[j];
         }
-        if (init) {
+        if (init && lo == 0) {
           const F a = std::exp(-s * F(t + 1));
           for (int64_t i = 0; i < Dk; ++i) dqt[i] += a * dot(init + i * Dv, dot_, Dv);
         }
       }
+      const int64_t last_lo = last_doc_start(L, b);
       if (dsf)
-        for (int64_t u = 0; u < T; ++u) {
+        for (int64_t u = last_lo; u < T; ++u) {
           const F c = std::exp(-s * F(T - 1 - u));
           const F* ku = row(k, L.k, b, u, h, Dk);
           const F* vu = row(v, L.v, b, u, h, Dv);
@@ -198,8 +214,8 @@ void lightning_bwd_quadratic_cpu(const LightningLayout& L, const F* q, const F* 
         }
       if (F* d0 = state_of(ds0, L, b, h)) {
         const F g = std::exp(-s * F(T));
-        for (int64_t e = 0; e < Dk * Dv; ++e) d0[e] = dsf ? g * dsf[e] : F(0);
-        for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < Dk * Dv; ++e) d0[e] = dsf && last_lo == 0 ? g * dsf[e] : F(0);
+        for (int64_t t = 0; t < T && L.doc_start(b, t) == 0; ++t) {
           const F a = std::exp(-s * F(t + 1));
           const F* qt = row(q, L.q, b, t, h, Dk);
           const F* dot_ = row(dout, L.dout, b, t, h, Dv);

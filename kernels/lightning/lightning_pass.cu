@@ -8,6 +8,12 @@
 // scores X Y^T and X St on tensor cores (f32 accumulators); then the scores are masked with the
 // decay in registers, rounded to T into shared memory and multiplied by Z, visiting only the
 // 16-token groups on the causal side of the diagonal.
+// Documents (lightning.h; the kDocs instantiations): the same mask also zeroes the scores of pairs
+// of two documents, and r[i] of rows outside the state's document. Each thread reads the bounds
+// of its two rows: lower, columns j >= st(t0 + i) - t0 and the state term when st(t0 + i) <
+// max(t0, 1); upper, columns j < en(t0 + i) - t0 and the state term when en(t0 + i) > t0 + m - 1.
+#include <type_traits>
+
 #include "lightning/lightning_common.cuh"
 
 namespace linac {
@@ -22,7 +28,7 @@ struct PassCfg {
   static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 5 * kTile;  // X, Y, St, P, Z
 };
 
-template <class T, bool kUpper, bool kStateT>
+template <class T, bool kUpper, bool kStateT, bool kDocs>
 __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __restrict__ x, LightningLayout::Strides xs,
                                                    const T* __restrict__ y, LightningLayout::Strides ys,
                                                    const T* __restrict__ z, LightningLayout::Strides zs,
@@ -68,16 +74,33 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
     sm80::warp_mma<T, false, !kStateT, 8>(acc, X, LD, m0, 0, St, LD, 0, 0, ks);
     __syncthreads();  // the next slice overwrites X, Y, St
   }
+  int bound[2] = {0, 0};  // per row of this thread (hf): the first (lower) or one past the last (upper) column
+  bool carry[2] = {true, true};
+  if constexpr (kDocs) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int i = min(f.row(m0, 2 * hf), m - 1);  // rows past m are never stored
+      const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + i;
+      const int64_t edge = kUpper ? a.doc_end[bt] : a.doc_start[bt];
+      bound[hf] = static_cast<int>(edge - t0);
+      carry[hf] = kUpper ? edge >= t0 + m : edge < max(t0, int64_t{1});
+    }
+  }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = f.row(m0, e), j = f.col(0, nt, e);
-      const float r = kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f)
-                             : __expf(-s * static_cast<float>(i + 1));
-      acc[nt][e] *= r;
+      float r = kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f)
+                       : __expf(-s * static_cast<float>(i + 1));
       const int dist = kUpper ? j - i : i - j;
-      sc[nt][e] = dist >= 0 ? sc[nt][e] * __expf(-s * static_cast<float>(dist)) : 0.f;
+      bool pair = dist >= 0;
+      if constexpr (kDocs) {
+        if (!carry[e >> 1]) r = 0.f;
+        pair = pair && (kUpper ? j < bound[e >> 1] : j >= bound[e >> 1]);
+      }
+      acc[nt][e] *= r;
+      sc[nt][e] = pair ? sc[nt][e] * __expf(-s * static_cast<float>(dist)) : 0.f;
     }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
@@ -98,11 +121,11 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
     }
 }
 
-template <class T, bool kUpper, bool kStateT>
+template <class T, bool kUpper, bool kStateT, bool kDocs>
 void launch(const Ctx& ctx, const Args& a, int B, int Dx, int Dz, const T* x, LightningLayout::Strides xs, const T* y,
             LightningLayout::Strides ys, const T* z, LightningLayout::Strides zs, const T* states, T* out,
             LightningLayout::Strides os) {
-  auto kernel = pass_kernel<T, kUpper, kStateT>;
+  auto kernel = pass_kernel<T, kUpper, kStateT, kDocs>;
   constexpr int smem = PassCfg<T>::kSmem;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(Dz, kW)));
@@ -116,8 +139,12 @@ template <class T>
 void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
                  LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,
                  LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os) {
-  auto fn = upper ? (state_t ? launch<T, true, true> : launch<T, true, false>)
-                  : (state_t ? launch<T, false, true> : launch<T, false, false>);
+  auto pick = [&](auto docs) {
+    constexpr bool kDocs = decltype(docs)::value;
+    return upper ? (state_t ? launch<T, true, true, kDocs> : launch<T, true, false, kDocs>)
+                 : (state_t ? launch<T, false, true, kDocs> : launch<T, false, false, kDocs>);
+  };
+  auto fn = a.doc_start ? pick(std::true_type{}) : pick(std::false_type{});
   fn(ctx, a, B, Dx, Dz, x, xs, y, ys, z, zs, states, out, os);
 }
 

@@ -11,6 +11,11 @@
 //            decay factors applied to the x tile in shared memory (every exponent <= 0).
 //   combine  grid (Dk*Dv/1024, B*H), 256 threads: a thread owns 4 adjacent state elements and
 //            walks the blocks in order (fixed-order f32 sums), loading 8 blocks' U ahead.
+// Documents (lightning.h; the kDocs instantiations): local gives the rows outside the term's
+// document the factor 0, combine walks with g = 0 through the blocks where a document starts.
+// With lim = max(t0, 1) and e the block's last token, a row r is in the term when
+//   forward: en(t0 + r) > e  (its document reaches the next block)
+//   reverse: st(t0 + r) < lim  (it continues the state carried into the block)
 #include "lightning/lightning_common.cuh"
 
 namespace linac {
@@ -25,7 +30,7 @@ struct LocalCfg {
   static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 2 * kTile;
 };
 
-template <class T, bool kRev>
+template <class T, bool kRev, bool kDocs>
 __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, LightningLayout::Strides xs,
                                                     const T* __restrict__ y, LightningLayout::Strides ys,
                                                     float* __restrict__ U, Args a) {
@@ -46,7 +51,12 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
   __syncthreads();
   for (int idx = threadIdx.x; idx < m * kW; idx += 128) {
     const int r = idx / kW, c = idx % kW;
-    const float fr = __expf(-s * static_cast<float>(kRev ? r + 1 : m - 1 - r));
+    float fr = __expf(-s * static_cast<float>(kRev ? r + 1 : m - 1 - r));
+    if constexpr (kDocs) {
+      const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + r;  // token t0 + r of sequence b
+      const bool in_term = kRev ? a.doc_start[bt] < max(n * kC, 1) : a.doc_end[bt] >= n * kC + m;
+      if (!in_term) fr = 0.f;
+    }
     X[r * C::LD + c] = cuda::from_float<T>(fr * cuda::to_float(X[r * C::LD + c]));
   }
   __syncthreads();
@@ -65,7 +75,7 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
 
 constexpr int kCombineThreads = 256, kAhead = 8;
 
-template <class T, bool kRev>
+template <class T, bool kRev, bool kDocs>
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* __restrict__ U,
                                                                   const float* __restrict__ init,
                                                                   T* __restrict__ states,
@@ -73,7 +83,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
   const int64_t SS = static_cast<int64_t>(a.Dk) * a.Dv;
   const int64_t e = 4 * (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x);
   if (e >= SS) return;
-  const int bh = blockIdx.y, h = bh % a.H, N = a.N;
+  const int bh = blockIdx.y, b = bh / a.H, h = bh % a.H, N = a.N;
   const float s = a.decay[h];
   const float g_full = __expf(-s * static_cast<float>(kC)), g_last = __expf(-s * static_cast<float>(a.T - (N - 1) * kC));
   const int64_t base = static_cast<int64_t>(bh) * N * SS + e;
@@ -90,7 +100,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
       const int step = step0 + i, n = kRev ? N - 1 - step : step;
       if (step < N) {
         cuda::store4(states + base + n * SS, cur);
-        const float g = n == N - 1 ? g_last : g_full;
+        float g = n == N - 1 ? g_last : g_full;
+        if constexpr (kDocs) {
+          // A document starting in block n (at its first token too, except token 0) ends the carried one.
+          const int t0 = n * kC, last = min(a.T, t0 + kC) - 1;
+          if (a.doc_start[static_cast<int64_t>(b) * a.T + last] >= max(t0, 1)) g = 0.f;
+        }
         cur = make_float4(fmaf(g, cur.x, u[i].x), fmaf(g, cur.y, u[i].y), fmaf(g, cur.z, u[i].z), fmaf(g, cur.w, u[i].w));
       }
     }
@@ -98,10 +113,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
   if (final_out) cuda::store4(final_out + bh * SS + e, cur);
 }
 
-template <class T, bool kRev>
+template <class T, bool kRev, bool kDocs>
 void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Strides xs, const T* y,
           LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out) {
-  auto local = local_kernel<T, kRev>;
+  auto local = local_kernel<T, kRev, kDocs>;
   constexpr int smem = LocalCfg<T>::kSmem;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(local, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H),
@@ -110,7 +125,7 @@ void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Str
   LINAC_CUDA_LAUNCH_CHECK();
   const int64_t quads = static_cast<int64_t>(a.Dk) * a.Dv / 4;
   const dim3 cgrid(static_cast<unsigned>((quads + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(B * a.H));
-  combine_kernel<T, kRev><<<cgrid, kCombineThreads, 0, cuda::stream_of(ctx)>>>(U, init, states, final_out, a);
+  combine_kernel<T, kRev, kDocs><<<cgrid, kCombineThreads, 0, cuda::stream_of(ctx)>>>(U, init, states, final_out, a);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -119,7 +134,9 @@ void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Str
 template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, LightningLayout::Strides xs, const T* y,
                  LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out) {
-  (rev ? scan<T, true> : scan<T, false>)(ctx, a, B, x, xs, y, ys, init, U, states, final_out);
+  auto fn = a.doc_start ? (rev ? scan<T, true, true> : scan<T, false, true>)
+                        : (rev ? scan<T, true, false> : scan<T, false, false>);
+  fn(ctx, a, B, x, xs, y, ys, init, U, states, final_out);
 }
 
 template void launch_scan<float>(const Ctx&, const Args&, int, bool, const float*, LightningLayout::Strides,

@@ -16,11 +16,12 @@ LrpeLayout::Strides strides_of(const Tensor& t, const LrpeLayout& L, int64_t wid
   return {t.strides[0], t.strides[1]};
 }
 
-LrpeLayout layout(const Tensor& x, const Tensor& theta, int64_t pos0) {
+LrpeLayout layout(const Tensor& x, const Tensor& theta, int64_t pos0, const DocBounds& docs) {
   LINAC_CHECK(x.ndim == 4, "lrpe: x must be [B, T, H, D], got " + x.shape_str());
   LINAC_CHECK(pos0 >= 0, "lrpe: pos0 must be non-negative");
   LrpeLayout L;
   L.B = x.size(0), L.T = x.size(1), L.H = x.size(2), L.D = x.size(3), L.pos0 = pos0;
+  L.doc_start = docs.start;
   L.x = strides_of(x, L, L.D, "x");
   LINAC_CHECK(theta.ndim == 2 && theta.size(0) == L.H && theta.size(1) == L.D && theta.is_contiguous(),
               "lrpe: theta must be [H, D] contiguous, got " + theta.shape_str());
@@ -28,8 +29,9 @@ LrpeLayout layout(const Tensor& x, const Tensor& theta, int64_t pos0) {
 }
 }  // namespace
 
-void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0) {
-  LrpeLayout L = layout(x, theta, pos0);
+void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0,
+              const DocBounds& docs) {
+  LrpeLayout L = layout(x, theta, pos0, docs);
   L.y = strides_of(y, L, 2 * L.D, "y");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
@@ -41,8 +43,8 @@ void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor
 }
 
 void lrpe_bwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& dy, const Tensor& dx,
-              const Tensor& dtheta, int64_t pos0) {
-  LrpeLayout L = layout(x, theta, pos0);
+              const Tensor& dtheta, int64_t pos0, const DocBounds& docs) {
+  LrpeLayout L = layout(x, theta, pos0, docs);
   L.dy = strides_of(dy, L, 2 * L.D, "dy");
   L.dx = strides_of(dx, L, L.D, "dx");
   LINAC_CHECK(dtheta.ndim == 2 && dtheta.size(0) == L.H && dtheta.size(1) == L.D && dtheta.is_contiguous(),

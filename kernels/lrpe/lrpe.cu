@@ -2,7 +2,8 @@
 // walks the (b, t) rows of one slab (grid: column blocks x slabs), keeping theta[c] in a
 // register; consecutive threads touch consecutive channels of a row, so every access is
 // coalesced. The backward writes dx on the way and leaves the slab's dtheta partial sum in
-// ctx.workspace; a second kernel adds the slabs into dtheta in order.
+// ctx.workspace; a second kernel adds the slabs into dtheta in order. Row bt = b T + t also indexes
+// the document bounds (positions t - start[bt]).
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
@@ -24,7 +25,7 @@ __global__ void lrpe_fwd_kernel(const LrpeLayout L, const T* __restrict__ x, con
   for (int64_t bt = r0; bt < r1; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
     float s, co;
-    sincosf(static_cast<float>(L.pos0 + ti) * th, &s, &co);
+    sincosf(static_cast<float>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0)) * th, &s, &co);
     const float v = cuda::to_float(x[bi * L.x.b + ti * L.x.t + c]);
     T* yt = y + bi * L.y.b + ti * L.y.t + hi * 2 * L.D;
     yt[j] = cuda::from_float<T>(v * co);
@@ -46,7 +47,7 @@ __global__ void lrpe_bwd_kernel(const LrpeLayout L, const T* __restrict__ x, con
   float acc = 0.f;
   for (int64_t bt = r0; bt < r1; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
-    const float pos = static_cast<float>(L.pos0 + ti);
+    const float pos = static_cast<float>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
     float s, co;
     sincosf(pos * th, &s, &co);
     const T* dyt = dy + bi * L.dy.b + ti * L.dy.t + hi * 2 * L.D;

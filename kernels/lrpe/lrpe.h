@@ -1,9 +1,11 @@
 // LRPE-d, the learnable relative positional encoding of TransNormerLLM's first layer
-// (docs/transnormer.md §1.3), in its real-valued form. Per head h and channel j, at the absolute
-// position p = pos0 + t of token t, with angle a = theta[h,j] * p:
+// (docs/transnormer.md §1.3), in its real-valued form. Per head h and channel j, at the position
+// p = pos0 + t of token t, or p = pos0 + t - start[b, t] with document bounds (core/doc_bounds.h:
+// positions restart at 0 at every document, as kernels/rope's do), with angle a = theta[h,j] * p:
 //   y[b,t,h,j]     = x[b,t,h,j] * cos(a)          (j < D: the first half of the 2D outputs)
 //   y[b,t,h,D + j] = x[b,t,h,j] * sin(a)
-// so that q'_t . k'_u = sum_j q_t[j] k_u[j] cos(theta_j (t - u)). Backward:
+// so that q'_t . k'_u = sum_j q_t[j] k_u[j] cos(theta_j (t - u)) (within a document the restart
+// changes only the rounding of the angles). Backward:
 //   dx[b,t,h,j]  = dy[b,t,h,j] cos(a) + dy[b,t,h,D + j] sin(a)
 //   dtheta[h,j] += sum_{b,t} p x[b,t,h,j] (-sin(a) dy[b,t,h,j] + cos(a) dy[b,t,h,D + j])
 // The (b, t) rows are split into at most kLrpeMaxSlabs slabs of consecutive rows; the dtheta sum
@@ -28,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -40,6 +43,7 @@ struct LrpeLayout {
     int64_t b = 0, t = 0;
   };
   int64_t B = 0, T = 0, H = 0, D = 0, pos0 = 0;
+  const int32_t* doc_start = nullptr;  // docs.start ([B, T] int32, on x's device) or null
   Strides x, y, dy, dx;
 };
 
@@ -59,10 +63,12 @@ void lrpe_fwd_cuda(const Ctx& ctx, const LrpeLayout& L, const Tensor& x, const T
 void lrpe_bwd_cuda(const Ctx& ctx, const LrpeLayout& L, const Tensor& x, const Tensor& theta, const Tensor& dy,
                    const Tensor& dx, const Tensor& dtheta);
 
-// Entry points: check shapes, dispatch on ctx.device and dtypes.
-void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0);
+// Entry points: check shapes, dispatch on ctx.device and dtypes. docs: x's rows are [B, T] packed
+// documents, positions restart at each one.
+void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0,
+              const DocBounds& docs = {});
 void lrpe_bwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& dy, const Tensor& dx,
-              const Tensor& dtheta, int64_t pos0);
+              const Tensor& dtheta, int64_t pos0, const DocBounds& docs = {});
 // GPU scratch for lrpe_bwd: the dtheta partial sums.
 size_t lrpe_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
 

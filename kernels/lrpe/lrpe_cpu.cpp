@@ -1,5 +1,6 @@
 // CPU reference for LRPE-d (see lrpe.h). The forward and dx run over (b, t) rows in parallel;
 // dtheta over columns (h, j) in parallel, each summing slab partials in the order the GPU does.
+// Row bt = b T + t is token t of sequence b, also in the document bounds.
 #include <cmath>
 
 #include "lrpe/lrpe.h"
@@ -12,7 +13,7 @@ void lrpe_fwd_cpu(const LrpeLayout& L, const T* x, const T* theta, T* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < L.B * L.T; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
-    const T pos = static_cast<T>(L.pos0 + ti);
+    const T pos = static_cast<T>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
     const T* xt = x + bi * L.x.b + ti * L.x.t;
     T* yt = y + bi * L.y.b + ti * L.y.t;
     for (int64_t c = 0; c < hd; ++c) {
@@ -30,7 +31,7 @@ void lrpe_bwd_cpu(const LrpeLayout& L, const T* x, const T* theta, const T* dy, 
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < rows; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
-    const T pos = static_cast<T>(L.pos0 + ti);
+    const T pos = static_cast<T>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
     const T* dyt = dy + bi * L.dy.b + ti * L.dy.t;
     T* dxt = dx + bi * L.dx.b + ti * L.dx.t;
     for (int64_t c = 0; c < hd; ++c) {
@@ -48,7 +49,7 @@ void lrpe_bwd_cpu(const LrpeLayout& L, const T* x, const T* theta, const T* dy, 
       T acc = 0;
       for (int64_t bt = s * per_slab; bt < std::min(rows, (s + 1) * per_slab); ++bt) {
         const int64_t bi = bt / L.T, ti = bt % L.T;
-        const T pos = static_cast<T>(L.pos0 + ti);
+        const T pos = static_cast<T>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
         const T a = pos * theta[c];
         const T* dyt = dy + bi * L.dy.b + ti * L.dy.t + hi * 2 * L.D;
         acc += pos * x[bi * L.x.b + ti * L.x.t + c] * (-std::sin(a) * dyt[j] + std::cos(a) * dyt[L.D + j]);

@@ -123,7 +123,7 @@ RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t 
     if (doc_len > 0) {
       rb.docs.emplace_back(run.ctx.device, B, T, eos);
       docs = rb.docs.back().compute(a->data<int32_t>(), B, T);
-      n_docs += static_cast<int64_t>(std::llround(static_cast<double>(B * T) / mean_doc_length(a->data<int32_t>(), B * T, eos)));
+      n_docs += std::llround(static_cast<double>(B * T) / mean_doc_length(a->data<int32_t>(), B, T, eos));
     }
     rb.micro.push_back({rb.tokens.back().t, rb.targets.back().t, docs});
   }

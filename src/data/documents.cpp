@@ -34,10 +34,11 @@ Tensor DocBoundsBuffer::compute(const int32_t* tokens, int64_t B, int64_t T) {
   return d;
 }
 
-double mean_doc_length(const int32_t* tokens, int64_t n, int32_t eos) {
-  int64_t eos_count = 0;
-  for (int64_t i = 0; i < n; ++i) eos_count += tokens[i] == eos;
-  return static_cast<double>(n) / static_cast<double>(eos_count + 1);
+double mean_doc_length(const int32_t* tokens, int64_t B, int64_t T, int32_t eos) {
+  int64_t starts = B;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) starts += tokens[b * T + t] == eos;
+  return static_cast<double>(B * T) / static_cast<double>(starts);
 }
 
 }  // namespace linac

@@ -32,7 +32,8 @@ class DocBoundsBuffer {
   OwnedTensor host_, dev_;
 };
 
-// Mean document length of windows with document packing: B*T over the number of document starts.
-double mean_doc_length(const int32_t* tokens, int64_t n, int32_t eos);
+// Mean document length of [B, T] windows with document packing: B*T over the number of document
+// starts (each row's first token, and every token after an EOS within the row).
+double mean_doc_length(const int32_t* tokens, int64_t B, int64_t T, int32_t eos);
 
 }  // namespace linac

@@ -2,9 +2,11 @@
 // (double), block sizes 16/64, T not a multiple of them, decays from none to strong, Dk != Dv,
 // H > 1; gradient check of the block backward (initial state included); s = 0 is plain causal
 // linear attention; decode steps == forward; state carry; strong decay over a long T in float.
-// q/k/v are strided views of one fused buffer, as the model passes them.
+// q/k/v are strided views of one fused buffer, as the model passes them. Documents: every form
+// over packed rows equals each document run alone, forward and backward, double and float.
 #include <cmath>
 
+#include "document_checks.h"
 #include "lightning/lightning.h"
 #include "test_util.h"
 
@@ -240,6 +242,93 @@ TEST(LightningCpu, LongStrongDecayStaysFinite) {
     auto od = pd.forward(block_of(64), LightningForm::Recurrent);
     EXPECT_LT(test::rel_error(o, to_doubles(od.o)), 1e-4);
   }
+}
+
+// Documents (lightning.h): each form over rows of packed documents equals every document run
+// alone, forward (o; s_final is the last document's, and s0 continues the first) and backward (dq,
+// dk, dv; ds_final reaches the last document only, ds0 comes from the first). Block 8 and 16 over
+// T = 37: documents of one token, shorter than a block, starting exactly at a block boundary (8,
+// 16), spanning blocks, a row that is one document; decays from none to strong.
+void check_documents_alone(DType dt, double tol) {
+  const std::vector<std::vector<int64_t>> lengths = {{1, 7, 8, 5, 16}, {37}, {3, 1, 1, 3, 9, 20}};
+  const test::PackedWindow w = test::packed_window(lengths, 16, 3);
+  const int32_t* bounds = w.docs->data<int32_t>();
+  Problem p(3, 37, 3, 8, 12, 2.0, dt, 21);
+  const int64_t B = p.B, T = p.T;
+  struct Out {
+    OwnedTensor o, sf, grad, ds0;
+  };
+  auto fresh = [&] {
+    Out r{OwnedTensor(dt, Device::CPU, {B, T, p.H, p.Dv}), OwnedTensor(dt, Device::CPU, {B, p.H, p.Dk, p.Dv}),
+          OwnedTensor(dt, Device::CPU, {B, T, p.W}), OwnedTensor(dt, Device::CPU, {B, p.H, p.Dk, p.Dv})};
+    for (const Tensor* t : {&r.o.t, &r.sf.t, &r.grad.t, &r.ds0.t}) test::poison(*t);
+    return r;
+  };
+  auto values = [&](const Out& r) {
+    std::vector<std::vector<double>> v = {to_doubles(r.o), to_doubles(r.sf)};
+    for (const Tensor& x : {p.q(r.grad), p.k(r.grad), p.v(r.grad)}) v.push_back(test::view_values(x));
+    v.push_back(to_doubles(r.ds0));
+    return v;
+  };
+  const char* names[] = {"o", "s_final", "dq", "dk", "dv", "ds0"};
+  struct FormRun {
+    const char* name;
+    LightningForm form;
+    int64_t block;
+  };
+  for (const FormRun& f : {FormRun{"block 8", LightningForm::Block, 8}, FormRun{"block 16", LightningForm::Block, 16},
+                           FormRun{"recurrent", LightningForm::Recurrent, 8},
+                           FormRun{"quadratic", LightningForm::Quadratic, 8}}) {
+    SCOPED_TRACE(f.name);
+    Out packed = fresh(), alone = fresh();
+    LightningOpts opts = block_of(f.block);
+    opts.docs = {bounds, bounds + B * T};
+    lightning_fwd(Ctx{}, p.q(p.in), p.k(p.in), p.v(p.in), p.decay, packed.o, p.s0, packed.sf, opts, f.form);
+    lightning_bwd(Ctx{}, p.q(p.in), p.k(p.in), p.v(p.in), p.decay, p.u, p.s0, p.dsf, p.q(packed.grad),
+                  p.k(packed.grad), p.v(packed.grad), packed.ds0, opts, f.form);
+    const LightningOpts plain = block_of(f.block);
+    for (int64_t b = 0; b < B; ++b) {
+      const std::vector<int64_t>& row = lengths[static_cast<size_t>(b)];
+      int64_t s = 0;
+      for (size_t d = 0; d < row.size(); ++d) {
+        const int64_t n = row[d];
+        const bool first = d == 0, last = d + 1 == row.size();
+        auto seg = [&](const Tensor& x) { return x.narrow(0, b, 1).narrow(1, s, n); };
+        auto state = [&](const Tensor& x, bool use) { return use ? x.narrow(0, b, 1) : Tensor(); };
+        lightning_fwd(Ctx{}, seg(p.q(p.in)), seg(p.k(p.in)), seg(p.v(p.in)), p.decay, seg(alone.o),
+                      state(p.s0, first), state(alone.sf, last), plain, f.form);
+        lightning_bwd(Ctx{}, seg(p.q(p.in)), seg(p.k(p.in)), seg(p.v(p.in)), p.decay, seg(p.u), state(p.s0, first),
+                      state(p.dsf, last), seg(p.q(alone.grad)), seg(p.k(alone.grad)), seg(p.v(alone.grad)),
+                      state(alone.ds0, first), plain, f.form);
+        s += n;
+      }
+    }
+    const auto got = values(packed), want = values(alone);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(test::all_finite(got[i])) << names[i];
+      EXPECT_LT(test::rel_error(got[i], want[i]), tol) << names[i];
+    }
+  }
+}
+
+TEST(LightningCpu, DocumentsEqualEachDocumentAlone) {
+  {
+    SCOPED_TRACE("double");
+    check_documents_alone(DType::F64, 1e-12);
+  }
+  SCOPED_TRACE("float");
+  check_documents_alone(DType::F32, 2e-6);
+}
+
+// Document bounds need both arrays (the block form reads the ends).
+TEST(LightningCpu, DocumentsNeedBothBounds) {
+  Problem p(1, 5, 1, 4, 4, 1.0);
+  OwnedTensor o(DType::F64, Device::CPU, {1, 5, 1, 4});
+  const int32_t start[5] = {0, 0, 2, 2, 2};
+  LightningOpts opts;
+  opts.docs.start = start;
+  EXPECT_THROW(lightning_fwd(Ctx{}, p.q(p.in), p.k(p.in), p.v(p.in), p.decay, o, Tensor(), Tensor(), opts),
+               Error);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // LRPE-d CPU reference: forward against the formula, backward (dx, accumulated dtheta) against
-// central differences on q/k slices of a fused buffer, near the start and at far positions.
+// central differences on q/k slices of a fused buffer, near the start and at far positions;
+// with document bounds, positions restart at every document.
 #include <cmath>
 
+#include "document_checks.h"
 #include "lrpe/lrpe.h"
 #include "test_util.h"
 
@@ -76,6 +78,54 @@ TEST(LrpeCpu, GradCheckDoubleFarPositions) {
   // Angles around theta * 5000: the central difference in theta is off by ~(p h)^2 / 6 relative.
   grad_check(2, 4, 2, 5, 5000, 1e-5);
   grad_check(3, 1, 2, 6, 4099, 1e-5);  // decoding: one token at a far position
+}
+
+// Documents: positions restart at each document, so a packed window gives y and dx of every
+// document rotated alone from position 0, and dtheta their sum (up to its summation order).
+void check_documents_alone(DType dt, double tol) {
+  const std::vector<std::vector<int64_t>> lengths = {{1, 6, 4, 9}, {20}, {3, 1, 1, 15}};
+  const test::PackedWindow w = test::packed_window(lengths, 16, 4);
+  const int64_t B = 3, T = 20, H = 2, D = 5;
+  const DocBounds docs{w.docs->data<int32_t>(), w.docs->data<int32_t>() + B * T};
+  const OwnedTensor xb = test::random_tensor({B, T, 2, H, D}, dt, 1, -2, 2);
+  const OwnedTensor theta = test::random_tensor({H, D}, dt, 2, 0.01, 1.0);
+  const OwnedTensor dy = test::random_tensor({B, T, H, 2 * D}, dt, 3);
+  const Tensor x = xb.t.select(2, 1);
+  struct Out {
+    OwnedTensor y, dx, dtheta;
+  };
+  auto fresh = [&] {
+    Out r{OwnedTensor(dt, Device::CPU, {B, T, H, 2 * D}), OwnedTensor(dt, Device::CPU, {B, T, H, D}),
+          OwnedTensor(dt, Device::CPU, {H, D})};
+    test::poison(r.y);
+    test::poison(r.dx);
+    zero_tensor(r.dtheta);
+    return r;
+  };
+  Out packed = fresh(), alone = fresh();
+  lrpe_fwd(Ctx{}, x, theta, packed.y, 0, docs);
+  lrpe_bwd(Ctx{}, x, theta, dy, packed.dx, packed.dtheta, 0, docs);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t s = 0;
+    for (int64_t n : lengths[static_cast<size_t>(b)]) {
+      auto seg = [&](const Tensor& t) { return t.narrow(0, b, 1).narrow(1, s, n); };
+      lrpe_fwd(Ctx{}, seg(x), theta, seg(alone.y), 0);
+      lrpe_bwd(Ctx{}, seg(x), theta, seg(dy), seg(alone.dx), alone.dtheta, 0);
+      s += n;
+    }
+  }
+  EXPECT_EQ(test::max_abs_diff(to_doubles(packed.y), to_doubles(alone.y)), 0.0) << "y";
+  EXPECT_EQ(test::max_abs_diff(to_doubles(packed.dx), to_doubles(alone.dx)), 0.0) << "dx";
+  EXPECT_LT(test::rel_error(packed.dtheta, alone.dtheta), tol) << "dtheta";
+  // Without bounds the later documents sit at other positions.
+  Out stream = fresh();
+  lrpe_fwd(Ctx{}, x, theta, stream.y, 0);
+  EXPECT_GT(test::rel_error(stream.y, alone.y), 0.1);
+}
+
+TEST(LrpeCpu, DocumentPositionsRestart) {
+  check_documents_alone(DType::F64, 1e-13);
+  check_documents_alone(DType::F32, 1e-5);
 }
 
 }  // namespace

@@ -17,8 +17,9 @@ namespace linac {
 namespace {
 
 struct TnlState final : MixerState {
-  OwnedTensor S;     // [B, H, Dk, dh]
-  int64_t pos = 0;   // tokens seen (LRPE's absolute position)
+  OwnedTensor S;             // [B, H, Dk, dh]
+  std::vector<int64_t> pos;  // per row: tokens of its current document seen (LRPE's position)
+  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
 };
 
 // ALiBi slopes 2^(-8(h+1)/n) for n a power of two; otherwise those of the largest power of two
@@ -140,14 +141,16 @@ double LightningMixer::flops_per_token(int64_t T) const {
   return 6.0 * (4.0 * E * d + E * d) + 3.0 * static_cast<double>(H_) * (4.0 * Dk * Dv + C * (Dk + Dv));
 }
 
-void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa,
-                            const Tensor& qk) {
-  const Ctx& ctx = env_.ctx;
-  silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
-  if (!lrpe_) return;
+void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk) {
+  silu_fwd(env_.ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
+  if (lrpe_) rotate(qa, qk, B, T, 0, env_.docs);
+}
+
+void LightningMixer::rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64_t T, int64_t pos0,
+                            const DocBounds& docs) {
   const Tensor theta = env_.params->master(theta_);
-  lrpe_fwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(qk, B, T, 0, H_, Dk_), pos0);
-  lrpe_fwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0);
+  lrpe_fwd(env_.ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(qk, B, T, 0, H_, Dk_), pos0, docs);
+  lrpe_fwd(env_.ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0, docs);
 }
 
 void LightningMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
@@ -171,9 +174,9 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
   matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
   Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
-  queries_keys(proj, B, T, 0, qa, qk);
+  queries_keys(proj, B, T, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
-                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block});
+                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs});
   Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
@@ -203,21 +206,22 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
   Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
-  queries_keys(proj, B, T, 0, qa, qk);
+  queries_keys(proj, B, T, qa, qk);
   Tensor dproj = env_.scratch->get("lightning.dproj", env_.act, {N, 3 * E_});
   Tensor dqk = env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_});
   env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
-                bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(), {opt_.block});
+                bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(),
+                {opt_.block, env_.docs});
   Tensor dqa = dqk;
   if (lrpe_) {
     dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});
     const Tensor theta = ps.master(theta_), dtheta = ps.grad(theta_);
     lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_),
-             dtheta, 0);
+             dtheta, 0, env_.docs);
     lrpe_bwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(dqk, B, T, H_ * Dk_, H_, Dk_),
-             bthd(dqa, B, T, E_, H_, dh_), dtheta, 0);
+             bthd(dqa, B, T, E_, H_, dh_), dtheta, 0, env_.docs);
   }
   silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
 
@@ -233,7 +237,14 @@ std::unique_ptr<MixerState> LightningMixer::init_state(int64_t B) {
   auto st = std::make_unique<TnlState>();
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, Dk_, dh_});
   zero_tensor(st->S);
+  st->pos.assign(static_cast<size_t>(B), 0);
   return st;
+}
+
+void LightningMixer::start_document(MixerState& state, int64_t row) {
+  auto& st = dynamic_cast<TnlState&>(state);
+  zero_tensor(env_.ctx, st.S->select(0, row));
+  st.pos[static_cast<size_t>(row)] = 0;
 }
 
 void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
@@ -252,10 +263,18 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor g = env_.scratch->get("lightning.step.g", env_.act, {B, E_});
   matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
   matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
-  queries_keys(proj, B, 1, st.pos, qa, qk);
+  silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);
+  // LRPE at each row's document position: rows at one position (no document started mid-batch)
+  // in one call.
+  if (lrpe_ && st.rows_agree()) {
+    rotate(qa, qk, B, 1, st.pos[0], {});
+  } else if (lrpe_) {
+    for (int64_t b = 0; b < B; ++b)
+      rotate(qa.narrow(0, b, 1), qk.narrow(0, b, 1), 1, 1, st.pos[static_cast<size_t>(b)], {});
+  }
   lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
                  o.view({B, H_, dh_}));
-  ++st.pos;
+  for (int64_t& p : st.pos) ++p;
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
@@ -263,10 +282,15 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
 void LightningMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
   (void)ctx;
   auto& st = dynamic_cast<TnlState&>(state);
-  LINAC_CHECK(st.S->size(0) == x.size(0), "LightningMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(st.pos == 0, "LightningMixer::prefill: the state must be fresh");
+  const int64_t B = x.size(0), T = x.size(1);
+  LINAC_CHECK(st.S->size(0) == B, "LightningMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(std::all_of(st.pos.begin(), st.pos.end(), [](int64_t p) { return p == 0; }),
+              "LightningMixer::prefill: the state must be fresh");
+  // With documents the final state is already that of each row's last document.
   forward_to_state(x, out, st.S);
-  st.pos = x.size(1);
+  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
+  for (int64_t b = 0; b < B; ++b)
+    st.pos[static_cast<size_t>(b)] = T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]);
 }
 
 }  // namespace linac

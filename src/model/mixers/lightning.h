@@ -13,14 +13,19 @@
 // Init (released code): Wqkvu, Wo ~ N(0, init_std); theta[h, j] = 10000^(-2 (h dh + j) / E).
 // Saved for backward: [Qr|Kr|V] [B*T, 3E] and U (act), O [B*T, E] (act), the SRMSNorm rstd [B*T]
 // (f32 on the GPU); SiLU, LRPE, the norm and the gate are recomputed in the backward.
-// Decoding: per sequence H x Dk x dh f32 state (Dk = 2 dh with LRPE) and the position, whatever
-// the length.
+// Documents (mixer.h; docs/transnormer.md §4.5): the lightning kernels restart the state at every
+// document start (also inside a block), LRPE positions restart at 0 there; SRMSNorm, the gate and
+// the channel mixer are per token. start_document zeroes a row's state and position.
+// Decoding: per sequence H x Dk x dh f32 state (Dk = 2 dh with LRPE) and the position within the
+// row's current document, whatever the length; rows at one position run LRPE in one call,
+// otherwise row by row.
 #pragma once
 
 #include <vector>
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "core/doc_bounds.h"
 #include "model/mixer.h"
 
 namespace linac {
@@ -45,6 +50,8 @@ class LightningMixer final : public Mixer {
                  const std::string& path);
   std::string kind() const override { return "lightning"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -53,14 +60,18 @@ class LightningMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
-  // The block forward hands over its final state; LRPE positions of the prompt start at 0.
+  // The block forward hands over its final state (of each row's last document); LRPE positions
+  // of the prompt start at 0 (at each document).
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
   // forward, also writing the final recurrent state into s_final when it is defined.
   void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
-  // Q, K after SiLU (and LRPE at positions pos0..) from the [N, >= 2E] projection into qk [N, 2 Dk H].
-  void queries_keys(const Tensor& proj, int64_t B, int64_t T, int64_t pos0, const Tensor& qa, const Tensor& qk);
+  // Q, K after SiLU into qa [N, 2E] (and LRPE at positions from 0, or from each of env_.docs's
+  // documents, into qk [N, 2 Dk H]) from the [N, >= 2E] projection.
+  void queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk);
+  // LRPE of qa's [B, T] rows into qk at positions pos0.. (restarting at docs' documents).
+  void rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64_t T, int64_t pos0, const DocBounds& docs);
   // n = SRMSNorm(o) into the first half of gu, then g = n * u.
   void norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g);
 
