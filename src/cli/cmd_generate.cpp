@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/buffer.h"
+#include "data/documents.h"
 #include "generate/inference_model.h"
 #include "generate/sampler.h"
 
@@ -106,10 +107,19 @@ int cmd_generate(int argc, char** argv) {
     std::transform(l.begin(), l.end(), host_logits.begin(), [](double x) { return static_cast<float>(x); });
   };
 
+  // A checkpoint trained with document packing decodes as it trained: the prompt's documents apart,
+  // and a new document after every EOS it samples (docs/data.md "Packing").
+  const bool documents = im.cfg.data.packing == "document" && eos >= 0;
+  OwnedTensor docs;
+  if (documents) {
+    OwnedTensor host_docs(DType::I32, Device::CPU, {2, B, T});
+    doc_bounds_from_tokens(host_tokens->data<int32_t>(), B, T, eos, host_docs->data<int32_t>());
+    docs = to(host_docs, dev, DType::I32);
+  }
   Sampler sampler(so);
   Model::DecodeState st = model.init_decode(B);
   const auto t0 = std::chrono::steady_clock::now();
-  model.prefill(st, tokens, logits);
+  model.prefill(st, tokens, logits, documents ? docs.t : Tensor());
   fetch_logits();
   const auto t1 = std::chrono::steady_clock::now();
   const std::vector<float> prompt_logits(host_logits.begin(), host_logits.begin() + V);
@@ -121,6 +131,9 @@ int cmd_generate(int argc, char** argv) {
   const bool stream = !as_json;
   for (int64_t i = 0; i < max_new; ++i) {
     if (i > 0) {
+      if (documents)
+        for (int64_t b = 0; b < B; ++b)
+          if (host_step->data<int32_t>()[b] == eos) model.start_document(st, b);
       copy_tensor(step_tokens, host_step);
       model.decode_step(st, step_tokens, logits);
       fetch_logits();

@@ -227,6 +227,11 @@ TEST(Documents, TrainAndEvalFromTheCli) {
   EXPECT_NE(doc_loss, stream_loss);
   EXPECT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --packing docs", out), 2) << out;
   EXPECT_NE(out.find("--packing must be stream or document"), std::string::npos) << out;
+  // generate decodes a document-trained checkpoint with bounds, restarting after sampled EOS tokens.
+  ASSERT_EQ(test::run_linac("generate --checkpoint " + ckpt + " --prompt 'the cat' --max-new-tokens 40 --batch 2 --json",
+                            out),
+            0)
+      << out;
 
   j["model"]["arch"] = "transformer_vq";
   j["train"]["out_dir"] = dir + "/vq";
