@@ -9,6 +9,7 @@
 #include "data/documents.h"
 #include "model/model.h"
 #include "model_checks.h"
+#include "test_util.h"
 
 namespace linac::test {
 
@@ -48,22 +49,6 @@ struct Pass {
   std::vector<double> losses;               // per token
   std::vector<std::vector<double>> grads;   // per parameter
 };
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
-
-void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double diff = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << " [" << i << "]";
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-  }
-  EXPECT_LE(diff, tol * (1 + max_abs(want))) << what << ": max abs difference " << diff;
-}
 
 }  // namespace
 
@@ -107,7 +92,9 @@ void check_documents_match_separate(const ModelConfig& cfg, const Ctx& ctx, cons
   }
   alone.grads = grads();
   expect_close(packed.losses, alone.losses, tol, "per-token losses");
-  for (int i = 0; i < ps.count(); ++i) expect_close(packed.grads[static_cast<size_t>(i)], alone.grads[static_cast<size_t>(i)], tol, "gradient of " + ps.spec(i).name);
+  for (int i = 0; i < ps.count(); ++i)
+    expect_close(packed.grads[static_cast<size_t>(i)], alone.grads[static_cast<size_t>(i)], tol,
+                 "gradient of " + ps.spec(i).name);
 
   // Without bounds, a document after the first sees its predecessors: some later loss changes,
   // by far more than packed and alone differ.

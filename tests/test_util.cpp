@@ -99,6 +99,15 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
   return m;
 }
 
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  ASSERT_TRUE(all_finite(got)) << what;
+  double scale = 0;
+  for (double x : want) scale = std::max(scale, std::abs(x));
+  const double diff = max_abs_diff(got, want);
+  EXPECT_LE(diff, tol * (1 + scale)) << what << ": max abs difference " << diff;
+}
+
 bool all_finite(const std::vector<double>& a) {
   return std::all_of(a.begin(), a.end(), [](double x) { return std::isfinite(x); });
 }
@@ -146,24 +155,46 @@ ScopedEnv::~ScopedEnv() {
     unsetenv(var_.c_str());
 }
 
+DocBounds doc_view(const Tensor& bounds) {
+  const int32_t* p = bounds.data<int32_t>();
+  return {p, p + bounds.size(1) * bounds.size(2)};
+}
+
+OwnedTensor DocLayout::starts() const {
+  OwnedTensor s(DType::I32, Device::CPU, {bounds->size(1), bounds->size(2)});
+  copy_tensor(s, bounds->select(0, 0));
+  return s;
+}
+
 DocLayout doc_layout(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows, bool gpu_copy) {
-  DocLayout d{OwnedTensor(DType::I32, Device::CPU, {B, T}), OwnedTensor(DType::I32, Device::CPU, {B, T}), {}, {}};
+  DocLayout d{OwnedTensor(DType::I32, Device::CPU, {2, B, T}), {}};
+  int32_t* start = d.bounds->data<int32_t>();
+  int32_t* end = start + B * T;
   for (int64_t b = 0; b < B; ++b) {
     const std::vector<int64_t>& len = rows[static_cast<size_t>(b) % rows.size()];
     for (int64_t t = 0, i = 0; t < T; ++i) {
       const int64_t n = std::min(len[static_cast<size_t>(i) % len.size()], T - t);
+      LINAC_CHECK(n > 0, "doc_layout: empty document");
       for (int64_t j = t; j < t + n; ++j) {
-        d.start.t.data<int32_t>()[b * T + j] = static_cast<int32_t>(t);
-        d.end.t.data<int32_t>()[b * T + j] = static_cast<int32_t>(t + n);
+        start[b * T + j] = static_cast<int32_t>(t);
+        end[b * T + j] = static_cast<int32_t>(t + n);
       }
       t += n;
     }
   }
-  if (gpu_copy) {
-    d.start_gpu = to(d.start, Device::CUDA, DType::I32);
-    d.end_gpu = to(d.end, Device::CUDA, DType::I32);
-  }
+  if (gpu_copy) d.bounds_gpu = to(d.bounds, Device::CUDA, DType::I32);
   return d;
+}
+
+OwnedTensor doc_bounds_of(const std::vector<std::vector<int64_t>>& lengths) {
+  int64_t T = 0;
+  for (int64_t l : lengths.at(0)) T += l;
+  for (const auto& row : lengths) {
+    int64_t sum = 0;
+    for (int64_t l : row) sum += l;
+    LINAC_CHECK(sum == T, "doc_bounds_of: rows of different lengths");
+  }
+  return std::move(doc_layout(static_cast<int64_t>(lengths.size()), T, lengths).bounds);
 }
 
 std::vector<std::vector<int64_t>> rotated_rows(const std::vector<int64_t>& lengths, int64_t n) {

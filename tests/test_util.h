@@ -42,6 +42,8 @@ std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n);
 double rel_error(const std::vector<double>& a, const std::vector<double>& b);
 double rel_error(const Tensor& a, const Tensor& b);
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b);
+// Expects got finite and within tol * (1 + max |want|) of want everywhere; `what` names it.
+void expect_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what);
 bool all_finite(const std::vector<double>& a);
 
 // Central difference d loss / d x[i] with step h; restores x[i].
@@ -53,15 +55,22 @@ double numeric_grad(const std::function<double()>& loss, double* x, size_t i, do
 double check_grad(const std::function<double()>& loss, double* x, const double* analytic, size_t n,
                   size_t n_probe = 64, uint64_t seed = 7, double h = 1e-6);
 
+// The DocBounds of a [2, B, T] int32 bounds tensor (starts, then ends, as data/documents.h writes
+// them; any device).
+DocBounds doc_view(const Tensor& bounds);
 // Document bounds (core/doc_bounds.h) of a [B, T] window whose row b holds documents of the
-// lengths rows[b % rows.size()], cycled until the row is full (the last one cut): host arrays for
-// CPU references and, with gpu_copy, device copies.
+// lengths rows[b % rows.size()], cycled until the row is full (the last one cut): on the host for
+// CPU references and, with gpu_copy, on the device.
 struct DocLayout {
-  OwnedTensor start, end, start_gpu, end_gpu;  // [B, T] int32
-  DocBounds host() const { return {start.t.data<int32_t>(), end.t.data<int32_t>()}; }
-  DocBounds gpu() const { return {start_gpu.t.data<int32_t>(), end_gpu.t.data<int32_t>()}; }
+  OwnedTensor bounds, bounds_gpu;  // [2, B, T] int32
+  DocBounds host() const { return doc_view(bounds); }
+  DocBounds gpu() const { return doc_view(bounds_gpu); }
+  OwnedTensor starts() const;  // a [B, T] copy of the starts
 };
 DocLayout doc_layout(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows, bool gpu_copy = false);
+// The [2, B, T] bounds of rows holding exactly the documents of lengths[b] (every row's lengths
+// summing to the same T).
+OwnedTensor doc_bounds_of(const std::vector<std::vector<int64_t>>& lengths);
 // n rows of `lengths`, row r cycled to start at its r-th entry (so the rows differ).
 std::vector<std::vector<int64_t>> rotated_rows(const std::vector<int64_t>& lengths, int64_t n);
 

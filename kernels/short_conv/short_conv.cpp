@@ -53,6 +53,7 @@ ShortConvLayout make_layout(const Tensor& a, const Tensor& g, const Tensor& h, c
   L.B = a.size(0), L.T = a.size(1), L.C = a.size(2);
   L.W = check_params(h, ba, bg, L.C, a.device);
   L.silu = opts.silu;
+  L.doc_start = opts.docs.start;
   L.a = strides(a), L.g = strides(g);
   return L;
 }
@@ -114,6 +115,7 @@ void short_conv_step(const Ctx& ctx, const Tensor& a_t, const Tensor& g_t, const
   check_bc(a_t, a_t, "a_t");
   check_bc(g_t, a_t, "g_t");
   check_bc(z_t, a_t, "z_t");
+  LINAC_CHECK(!opts.docs.defined(), "short_conv_step: a document starts from a zeroed state, not from bounds");
   ShortConvLayout L;
   L.B = a_t.size(0), L.T = 1, L.C = a_t.size(1);
   L.W = check_params(h, ba, bg, L.C, a_t.device);

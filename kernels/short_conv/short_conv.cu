@@ -3,7 +3,10 @@
 //   dg = act(c) dz,   dc = dz (g + bg) act'(c),   da[s] = sum_j h[j] dc[s+W-1-j]
 //   dh[j] += sum dc[t] ã[t-W+1+j],   dba += sum da,   dbg += sum dg
 // Layout: a, g, z, dz, da, dg [B, T, C] with unit channel stride and free batch/token strides; h [C, W]
-// and the biases f32; the decode state [B, W-1, C] f32.
+// and the biases f32; the decode state [B, W-1, C] f32; document starts [B, T] int32 (optional).
+// Documents: tap i of token t (win[i] = ã[t-i]) is read only when t-i >= start[t]; da[s] takes
+// dc[t] only when start[t] <= s. The window keeps the real inputs and the taps are masked where
+// they are used, so the stream kernels (kDocs = false) are the code they were.
 //
 // A thread owns one channel of a tile of kShortConvTileTokens tokens of one sequence (consecutive
 // threads take consecutive channels, so every load is coalesced) and slides along it with the last
@@ -25,6 +28,7 @@ constexpr int kThreads = 128;
 struct Args {
   int T, C, W, tiles;  // tiles per sequence
   bool silu;
+  const int32_t* doc_start;  // [B, T] or null
   ShortConvLayout::Strides a, g, z, dz, da, dg;
 };
 
@@ -34,6 +38,7 @@ Args make_args(const ShortConvLayout& L) {
   r.T = static_cast<int>(L.T), r.C = static_cast<int>(L.C), r.W = static_cast<int>(L.W);
   r.tiles = static_cast<int>((L.T + kTile - 1) / kTile);
   r.silu = L.silu;
+  r.doc_start = L.doc_start;
   r.a = L.a, r.g = L.g, r.z = L.z, r.dz = L.dz, r.da = L.da, r.dg = L.dg;
   return r;
 }
@@ -68,6 +73,15 @@ __device__ __forceinline__ float conv_window(const float (&hr)[kMaxW], const flo
   return c;
 }
 
+// The same over the taps that stay inside the document: win[i] with i <= n (n = t - start[t]).
+__device__ __forceinline__ float conv_window_doc(const float (&hr)[kMaxW], const float (&win)[kMaxW], int W, int n) {
+  float c = 0.f;
+#pragma unroll
+  for (int i = kMaxW - 1; i >= 0; --i)
+    if (i < W && i <= n) c = fmaf(hr[i], win[i], c);
+  return c;
+}
+
 // The window just before token t0: win[i] = ã[t0-1-i], zero left of the sequence.
 template <class T>
 __device__ __forceinline__ void load_history(const T* a_seq, int64_t stride_t, float ba, int t0, int W,
@@ -79,7 +93,7 @@ __device__ __forceinline__ void load_history(const T* a_seq, int64_t stride_t, f
   }
 }
 
-template <class T>
+template <class T, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, T* __restrict__ z, const Args p) {
@@ -94,15 +108,16 @@ __global__ void __launch_bounds__(kThreads)
   float hr[kMaxW], win[kMaxW];
   load_filter(h, ch, p.W, hr);
   load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
+  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(b) * p.T : nullptr;
   for (int t = t0; t < t1; ++t) {
     push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
-    const float c = conv_window(hr, win, p.W);
+    const float c = kDocs ? conv_window_doc(hr, win, p.W, t - start[t]) : conv_window(hr, win, p.W);
     z_seq[t * p.z.t] = cuda::from_float<T>(activation(c, p.silu) * (cuda::to_float(g_seq[t * p.g.t]) + bias_g));
   }
 }
 
 // Partial sums: rows of W + 2 channel vectors per (sequence, tile): dh[:, 0..W-1], dba, dbg.
-template <class T>
+template <class T, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     bwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, const T* __restrict__ dz, T* __restrict__ da,
@@ -123,12 +138,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < kMaxW; ++j) hf[j] = j < p.W ? h[int64_t{ch} * p.W + j] : 0.f;
   load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
   float dba_sum = 0.f, dbg_sum = 0.f;
+  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(b) * p.T : nullptr;
+  int stw[kMaxW] = {};  // stw[i] = start[t-i] (documents)
   // Tokens past the tile (and past T, where dc = 0) complete the da of the tile's last W-1 tokens.
   for (int t = t0; t < t1 + p.W - 1; ++t) {
     float dc = 0.f;
+    const int lo = kDocs && t < p.T ? start[t] : 0;
     if (t < p.T) {
       push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
-      const float c = conv_window(hr, win, p.W);
+      const float c = kDocs ? conv_window_doc(hr, win, p.W, t - lo) : conv_window(hr, win, p.W);
       const float dzv = cuda::to_float(dz_seq[t * p.dz.t]);
       dc = dzv * (cuda::to_float(g_seq[t * p.g.t]) + bias_g) * activation_grad(c, p.silu);
       if (t < t1) {
@@ -136,17 +154,24 @@ __global__ void __launch_bounds__(kThreads)
         dg_seq[t * p.dg.t] = cuda::from_float<T>(dgv);
         dbg_sum += dgv;
 #pragma unroll
-        for (int i = 0; i < kMaxW; ++i) dh_r[i] = fmaf(dc, win[i], dh_r[i]);
+        for (int i = 0; i < kMaxW; ++i)
+          if (!kDocs || i <= t - lo) dh_r[i] = fmaf(dc, win[i], dh_r[i]);
       }
     }
     push(dcw, dc);  // dcw[i] = dc[t-i]
+    if (kDocs) {
+#pragma unroll
+      for (int i = kMaxW - 1; i > 0; --i) stw[i] = stw[i - 1];
+      stw[0] = lo;
+    }
     const int s = t - p.W + 1;
     if (s >= t0) {
-      // da[s] = sum_j h[j] dc[s+W-1-j] = sum_j h[j] dcw[j], ascending j.
+      // da[s] = sum_j h[j] dc[s+W-1-j] = sum_j h[j] dcw[j], ascending j (documents: the t-j whose
+      // document holds s).
       float acc = 0.f;
 #pragma unroll
       for (int j = 0; j < kMaxW; ++j)
-        if (j < p.W) acc = fmaf(hf[j], dcw[j], acc);
+        if (j < p.W && (!kDocs || stw[j] <= s)) acc = fmaf(hf[j], dcw[j], acc);
       da_seq[s * p.da.t] = cuda::from_float<T>(acc);
       dba_sum += acc;
     }
@@ -228,7 +253,8 @@ void short_conv_fwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   if (L.B * L.T * L.C == 0) return;
   const Args p = make_args(L);
   LINAC_GPU_DISPATCH(a.dtype, T, {
-    fwd_kernel<T><<<tile_grid(p, L.B), kThreads, 0, cuda::stream_of(ctx)>>>(
+    auto kernel = p.doc_start ? fwd_kernel<T, true> : fwd_kernel<T, false>;
+    kernel<<<tile_grid(p, L.B), kThreads, 0, cuda::stream_of(ctx)>>>(
         a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
   });
   LINAC_CUDA_LAUNCH_CHECK();
@@ -247,9 +273,10 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   float* partial = static_cast<float*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(a.dtype, T, {
-    bwd_kernel<T><<<tile_grid(p, L.B), kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
-                                                          ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(),
-                                                          partial, p);
+    auto kernel = p.doc_start ? bwd_kernel<T, true> : bwd_kernel<T, false>;
+    kernel<<<tile_grid(p, L.B), kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
+                                                   ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(),
+                                                   partial, p);
   });
   LINAC_CUDA_LAUNCH_CHECK();
   const dim3 grid(cuda::grid_1d(p.C, 32), static_cast<unsigned>(p.W + 2));

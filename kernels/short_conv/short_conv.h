@@ -9,10 +9,16 @@
 //   dg = act(c) * dz,   dc = dz * (g + bg) * act'(c),   silu'(x) = σ(x) (1 + x (1 - σ(x)))
 //   da[b,s] = sum_j h[j] * dc[b, s+W-1-j]  (terms with s+W-1-j >= T vanish; an anti-causal correlation)
 //   dh[ch,j] += sum_{b,t} dc[b,t] * ã[b,t-W+1+j],   dba[ch] += sum_{b,s} da[b,s],   dbg[ch] += sum_{b,t} dg[b,t]
+// Documents (ShortConvOpts::docs, core/doc_bounds.h): every document is convolved as if it were a
+// sequence of its own. Tap j of token t reads s = t-W+1+j only when s >= start[b,t]; earlier taps
+// read the zero padding (ã = 0, no bias):
+//   c[b,t,ch] = sum_{j: s >= start[b,t]} h[ch,j] * ã[b,s,ch]
+// and the backward drops the same terms: da[b,s] sums dc[b,t] over t = s+W-1-j < T with
+// start[b,t] <= s (t in the document of s), dh sums only the taps that were read.
 // Decode step: the state holds ã of the last W-1 tokens, oldest first; it starts at zero, which is
 // exactly the zero left padding, so stepping token by token reproduces the forward bit for bit on
 // the CPU (same products, same order). One step computes c from the state and ã_t, then shifts
-// the state by one and appends ã_t.
+// the state by one and appends ã_t. A new document starts from a zeroed state (the caller's).
 //
 // Layout: a, g, z, dz, da, dg [B, T, C] with unit channel stride and free batch/token strides (a and
 // g are column ranges of a fused [B*T, P] projection, da/dg of its gradient). h, dh [C, W]
@@ -28,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -39,6 +46,7 @@ constexpr int64_t kShortConvTileTokens = 64;
 
 struct ShortConvOpts {
   bool silu = true;  // act = SiLU; false: identity
+  DocBounds docs;    // defined: no tap reads across a document start (core/doc_bounds.h)
 };
 
 // Shapes and the (batch, token) element strides of every [B, T, C] argument.
@@ -48,6 +56,7 @@ struct ShortConvLayout {
   };
   int64_t B = 0, T = 0, C = 0, W = 0;
   bool silu = true;
+  const int32_t* doc_start = nullptr;  // [B, T] document starts (docs.start), null: one document per row
   Strides a, g, z, dz, da, dg;
 };
 

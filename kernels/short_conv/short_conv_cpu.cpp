@@ -35,11 +35,17 @@ F conv_window(const F* h, const F* window, int64_t W) {
   return c;
 }
 
-// ã[b, s, ch]: the biased input, 0 in the left padding.
+// ã[b, s, ch]: the biased input, 0 in the left padding (s < lo: before the sequence, or before
+// the document of the token that reads it).
 template <class F>
-F biased_input(const ShortConvLayout& L, const F* a, const F* ba, int64_t b, int64_t s, int64_t ch) {
-  if (s < 0) return F(0);
+F biased_input(const ShortConvLayout& L, const F* a, const F* ba, int64_t b, int64_t s, int64_t ch, int64_t lo) {
+  if (s < lo) return F(0);
   return a[b * L.a.b + s * L.a.t + ch] + (ba ? ba[ch] : F(0));
+}
+
+// The first token that token t of row b may read.
+int64_t first_readable(const ShortConvLayout& L, int64_t b, int64_t t) {
+  return L.doc_start ? L.doc_start[b * L.T + t] : 0;
 }
 
 }  // namespace
@@ -49,13 +55,15 @@ void short_conv_fwd_cpu(const ShortConvLayout& L, const F* a, const F* g, const 
   const int64_t W = L.W;
   F window[kShortConvMaxWidth];
   for (int64_t b = 0; b < L.B; ++b)
-    for (int64_t t = 0; t < L.T; ++t)
+    for (int64_t t = 0; t < L.T; ++t) {
+      const int64_t lo = first_readable(L, b, t);
       for (int64_t ch = 0; ch < L.C; ++ch) {
-        for (int64_t j = 0; j < W; ++j) window[j] = biased_input(L, a, ba, b, t - W + 1 + j, ch);
+        for (int64_t j = 0; j < W; ++j) window[j] = biased_input(L, a, ba, b, t - W + 1 + j, ch, lo);
         const F c = conv_window(h + ch * W, window, W);
         const F gate = g[b * L.g.b + t * L.g.t + ch] + (bg ? bg[ch] : F(0));
         z[b * L.z.b + t * L.z.t + ch] = activation(c, L.silu) * gate;
       }
+    }
 }
 
 template <class F>
@@ -65,9 +73,10 @@ void short_conv_bwd_cpu(const ShortConvLayout& L, const F* a, const F* g, const 
   std::vector<F> dc(static_cast<size_t>(T * C));
   F window[kShortConvMaxWidth];
   for (int64_t b = 0; b < L.B; ++b) {
-    for (int64_t t = 0; t < T; ++t)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t lo = first_readable(L, b, t);
       for (int64_t ch = 0; ch < C; ++ch) {
-        for (int64_t j = 0; j < W; ++j) window[j] = biased_input(L, a, ba, b, t - W + 1 + j, ch);
+        for (int64_t j = 0; j < W; ++j) window[j] = biased_input(L, a, ba, b, t - W + 1 + j, ch, lo);
         const F c = conv_window(h + ch * W, window, W);
         const F gate = g[b * L.g.b + t * L.g.t + ch] + (bg ? bg[ch] : F(0));
         const F dzv = dz[b * L.dz.b + t * L.dz.t + ch];
@@ -78,12 +87,14 @@ void short_conv_bwd_cpu(const ShortConvLayout& L, const F* a, const F* g, const 
         for (int64_t j = 0; j < W; ++j) dh[ch * W + j] += dcv * window[j];
         if (dbg) dbg[ch] += dgv;
       }
+    }
+    // Token t reads s through tap j = s - t + W - 1 when s is in its document (start <= s).
     for (int64_t s = 0; s < T; ++s)
       for (int64_t ch = 0; ch < C; ++ch) {
         F acc = 0;
         for (int64_t j = 0; j < W; ++j) {
           const int64_t t = s + W - 1 - j;
-          if (t < T) acc += h[ch * W + j] * dc[t * C + ch];
+          if (t < T && first_readable(L, b, t) <= s) acc += h[ch * W + j] * dc[t * C + ch];
         }
         da[b * L.da.b + s * L.da.t + ch] = acc;
         if (dba) dba[ch] += acc;
@@ -100,7 +111,7 @@ void short_conv_step_cpu(const ShortConvLayout& L, const F* a, const F* g, const
     F* st = state + b * (W - 1) * C;
     for (int64_t ch = 0; ch < C; ++ch) {
       for (int64_t j = 0; j + 1 < W; ++j) window[j] = st[j * C + ch];
-      window[W - 1] = biased_input(L, a, ba, b, 0, ch);
+      window[W - 1] = biased_input(L, a, ba, b, 0, ch, 0);
       const F c = conv_window(h + ch * W, window, W);
       const F gate = g[b * L.g.b + ch] + (bg ? bg[ch] : F(0));
       z[b * L.z.b + ch] = activation(c, L.silu) * gate;

@@ -38,6 +38,7 @@ TaylorAttnLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, 
   LINAC_CHECK(den.device == q.device, "taylor_attn: den is on another device");
   L.chunk = opts.chunk;
   L.eps = opts.eps;
+  L.doc_start = opts.docs.start;
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
   return L;
 }

@@ -24,6 +24,17 @@
 //   recurrence (the same two sweeps token by token), the quadratic one is docs/based.md §6.2; so the
 //   three backward passes check each other.
 //
+// Documents (TaylorAttnOpts::docs, core/doc_bounds.h; st = start[b, t]): every sum above runs over
+// s in [st, t] only, so each document is a sequence of its own (den_t >= (t - st + 1) / 2). The
+// forms restart there: recurrent: S = 0 before a document's first token (the backward's reverse
+// sweep empties dS after it); chunked, for chunk n of tokens [t0, t1]:
+//   intra  pairs (t, s) with st <= s <= t;
+//   inter  row t reads S_n only if st < t0 (S_n holds the document of token t0 - 1);
+//   state  S_n+1 = S_n + the chunk's keys when no document starts in [t0, t1]; otherwise only the
+//          keys s >= start[b, t1], the carried S_n dropped;
+//   reverse (dk, dv) R_n-1 = R_n + the chunk's queries when no document starts in [t0, t1];
+//          otherwise the queries with start < t0 only; key s reads R_n only if s >= start[b, t1].
+// s_final (and so a prefill's state) is the state of the row's last document.
 // Layout: q, k, dq, dk [B, T, H, F]; v, o, dout, dv [B, T, H, Dv]. The last two dims are contiguous
 // (head stride D, unit dim stride); batch and token strides are free (views of a fused projection).
 // den [B, H, T] contiguous: written by the forward (den_t including eps), read by the backward.
@@ -45,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -53,6 +65,7 @@ namespace linac {
 struct TaylorAttnOpts {
   int64_t chunk = 64;  // C: tokens per chunk (chunked form)
   double eps = 1e-12;  // added to the denominator
+  DocBounds docs;      // defined: attention within each document only (core/doc_bounds.h)
 };
 
 enum class TaylorAttnForm { Chunk, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunk
@@ -64,7 +77,10 @@ struct TaylorAttnLayout {
   int64_t B = 0, T = 0, H = 0, F = 0, Dv = 0;
   int64_t chunk = 64;
   double eps = 1e-12;
+  const int32_t* doc_start = nullptr;  // [B, T] document starts (docs.start), null: one document per row
   Strides q, k, v, o, dout, dq, dk, dv;
+  // The first token of the document of token t of row b (0 without documents).
+  int64_t start(int64_t b, int64_t t) const { return doc_start ? doc_start[b * T + t] : 0; }
 };
 
 // Rows of phi (and of a head's state): F^2 + F + 1.

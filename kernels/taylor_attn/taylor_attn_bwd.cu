@@ -5,6 +5,8 @@
 //   chunk   kGradQ: dq from S_n g~ through the feature map plus the intra-chunk dU K^
 //   scan    reverse: R_n = sum over later chunks of phi(q^)^T g~ (into the same buffer)
 //   chunk   kGradK: dk from R_n v~ plus dU^T Q^, and dv = phi(k^) R_n + triu(kappa(U))^T g~
+// Documents: both scans restart where a document starts and every chunk masks by document
+// (taylor_attn.h), so dS flows only within a document.
 #include <algorithm>
 
 #include "taylor_attn/taylor_attn_common.cuh"

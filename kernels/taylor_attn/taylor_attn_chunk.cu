@@ -11,6 +11,12 @@
 //          in registers: each G[t, 16b + j] (b < 16) adds x_j G to dx_b and x_b G to dx_j (times
 //          1/sqrt 2), G[t, 256 + j] adds G to dx_j. Lane-local partials are summed over the four
 //          lanes of a row in a fixed order, so the result is deterministic.
+// Documents (kDocs; taylor_attn.h): the chunk's document starts and a per-row 0/1 weight of the
+// inter-chunk term go to shared memory first. The masked matrix also drops the pairs of two
+// documents; the inter term of a row whose weight is 0 (forward modes: a query whose document
+// starts in the chunk; kGradK: a key before the last document start of the chunk) is removed by
+// zero Phi rows (out) and by the weight in the epilogue (dx); the segment's carry is added only
+// when no document started between the segment's edge and the chunk.
 #include <type_traits>
 
 #include "taylor_attn/taylor_attn_common.cuh"
@@ -25,9 +31,9 @@ constexpr int kSlices = kRows / kSlice;
 
 struct ChunkSmem {
   int ldx, ldv, ldphi, ldm, ldf;
-  int x, xo, y, z, s, phi, m, dx, bytes;  // byte offsets
+  int x, xo, y, z, s, phi, m, dx, doc, bytes;  // byte offsets
   template <class T>
-  __host__ __device__ static ChunkSmem of(int DvP, int mode) {
+  __host__ __device__ static ChunkSmem of(int DvP, int mode, bool docs) {
     ChunkSmem c{};
     const int e = static_cast<int>(sizeof(T));
     c.ldx = ld_of<T>(kF), c.ldv = ld_of<T>(DvP), c.ldphi = ld_of<T>(kSlice), c.ldm = ld_of<T>(kC), c.ldf = kF + 4;
@@ -45,6 +51,7 @@ struct ChunkSmem {
     c.phi = take(mode == kGradQ ? 0 : kC * c.ldphi * e);
     c.m = take(kC * c.ldm * e);
     c.dx = take(mode == kOut ? 0 : kC * c.ldf * 4);
+    c.doc = take(docs ? kC * 8 : 0);  // int starts [kC], then float inter weights [kC]
     c.bytes = off;
     return c;
   }
@@ -55,7 +62,7 @@ struct ChunkSmem {
 template <class T, int kMode, int kNT>
 constexpr int kMinCtas = sizeof(T) == 4 ? 2 : (kNT == kNTSmall ? 4 : 3) - (kMode == kGradK ? 1 : 0);
 
-template <class T, int kMode, int kNT>
+template <class T, int kMode, int kNT, bool kDocs>
 __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
     chunk_kernel(Args a, const T* __restrict__ x, const T* __restrict__ xo, const T* __restrict__ y,
                  const T* __restrict__ z, const T* __restrict__ states, const float* __restrict__ carry,
@@ -65,7 +72,7 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
   using linac::cuda::to_float;
   constexpr bool kUpper = kMode == kGradK, kHasOut = kMode != kGradQ, kHasGrad = kMode != kOut;
   extern __shared__ __align__(16) unsigned char smem[];
-  const ChunkSmem L = ChunkSmem::of<T>(a.DvP, kMode);
+  const ChunkSmem L = ChunkSmem::of<T>(a.DvP, kMode, kDocs);
   T* X = reinterpret_cast<T*>(smem + L.x);
   T* Xo = reinterpret_cast<T*>(smem + L.xo);
   T* Y = reinterpret_cast<T*>(smem + L.y);
@@ -74,6 +81,8 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
   T* Phi = reinterpret_cast<T*>(smem + L.phi);
   T* M = reinterpret_cast<T*>(smem + L.m);
   float* DX = reinterpret_cast<float*>(smem + L.dx);
+  int* Dst = reinterpret_cast<int*>(smem + L.doc);                  // start of each token of the chunk
+  float* Dw = reinterpret_cast<float*>(smem + L.doc + kC * 4);      // 1: the row reads the carried state
   const int n = blockIdx.x, pl = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, m0 = 16 * warp, DvP = a.DvP;
   const int rows = min(kC, a.T - n * kC), ntv = DvP / 8, ksv = DvP / 16;
@@ -81,9 +90,15 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
   const T* Sn = states + (static_cast<int64_t>(pl) * a.N + n) * kRows * DvP;
   // The first segment (forward) / last (reverse) starts from zero: no carry to add.
   const int seg = n / kSegChunks;
-  const float* Cn = (kMode == kGradK ? seg < a.nseg - 1 : seg > 0)
-                        ? carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP
-                        : nullptr;
+  bool use_carry = kMode == kGradK ? seg < a.nseg - 1 : seg > 0;
+  const int32_t* start = kDocs ? a.doc_start + static_cast<int64_t>(b) * a.T : nullptr;
+  if constexpr (kDocs) {
+    // Forward: no document start in [segment start, t0); reverse: none in [t0 + kC, segment end].
+    const int64_t seg_t0 = static_cast<int64_t>(seg) * kSegChunks * kC;
+    const int64_t seg_t1 = min(seg_t0 + kSegChunks * kC, static_cast<int64_t>(a.T)) - 1;
+    if (use_carry) use_carry = kMode == kGradK ? start[seg_t1] < t0 + kC : start[t0 - 1] < seg_t0;
+  }
+  const float* Cn = use_carry ? carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP : nullptr;
   const Frag f;
 
   load_rows<T, 128>(X, L.ldx, x + r0 * kF, kF, kC, kF);
@@ -100,11 +115,24 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
     cp_async_commit();
   };
   for (int sl = 0; sl < kSStages - 1; ++sl) issue_slice(sl);
+  if constexpr (kDocs) {
+    // Padding rows count as documents of their own, so no pair reaches them.
+    const int last = start[t0 + rows - 1];
+    for (int i = tid; i < kC; i += 128) {
+      const int st = i < rows ? start[t0 + i] : static_cast<int>(t0) + i;
+      Dst[i] = st;
+      Dw[i] = (kMode == kGradK ? t0 + i >= last : st < t0) ? 1.f : 0.f;
+    }
+  }
   cp_async_wait<kSStages - 1>();  // the chunk's tiles
   __syncthreads();
 
   // ---- intra-chunk ----
-  auto keep = [&](int r, int c) { return kUpper ? c >= r : c <= r; };
+  auto keep = [&](int r, int c) {
+    if constexpr (kDocs)  // (query, key) = (t0 + r, t0 + c), or (t0 + c, t0 + r) for kGradK
+      return kUpper ? c >= r && Dst[c] <= t0 + r : c <= r && t0 + c >= Dst[r];
+    return kUpper ? c >= r : c <= r;
+  };
   // The masked matrix of this warp's rows into M (only this warp reads them back).
   auto write_m = [&](const float (&v)[8][4]) {
 #pragma unroll
@@ -170,7 +198,8 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
     if (kHasOut)
       for (int idx = tid; idx < kC * kSlice; idx += 128) {
         const int tok = idx / kSlice, c = idx % kSlice;
-        Phi[tok * L.ldphi + c] = from_float<T>(feature(X + tok * L.ldx, (kSlice / 16) * sl + c / 16, c % 16));
+        const float phi = feature(X + tok * L.ldx, (kSlice / 16) * sl + c / 16, c % 16);
+        Phi[tok * L.ldphi + c] = from_float<T>(kDocs ? Dw[tok] * phi : phi);
       }
     T* Ss = Sb + (sl % kSStages) * kSlice * L.ldv;
     if (Cn) {  // segment-local state + the segment's carry
@@ -214,7 +243,7 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
         float v = dxa[ri][i];
         v += __shfl_xor_sync(0xffffffffu, v, 1);
         v += __shfl_xor_sync(0xffffffffu, v, 2);
-        if (f.q == 0) DX[(m0 + f.g + 8 * ri) * L.ldf + i] = kRsqrt2 * v;
+        if (f.q == 0) DX[(m0 + f.g + 8 * ri) * L.ldf + i] = kDocs ? Dw[m0 + f.g + 8 * ri] * (kRsqrt2 * v) : kRsqrt2 * v;
       }
     __syncwarp();
 #pragma unroll
@@ -222,9 +251,13 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
 #pragma unroll
       for (int h8 = 0; h8 < 2; ++h8)
 #pragma unroll
-        for (int ee = 0; ee < 2; ++ee)
-          DX[(m0 + f.g + 8 * ri) * L.ldf + 8 * h8 + 2 * f.q + ee] +=
-              kRsqrt2 * dxb[ri][h8][ee] + dx1[ri][h8][ee] + dxi[h8][2 * ri + ee];
+        for (int ee = 0; ee < 2; ++ee) {
+          float* dxp = DX + (m0 + f.g + 8 * ri) * L.ldf + 8 * h8 + 2 * f.q + ee;
+          if constexpr (kDocs)
+            *dxp += Dw[m0 + f.g + 8 * ri] * (kRsqrt2 * dxb[ri][h8][ee] + dx1[ri][h8][ee]) + dxi[h8][2 * ri + ee];
+          else
+            *dxp += kRsqrt2 * dxb[ri][h8][ee] + dx1[ri][h8][ee] + dxi[h8][2 * ri + ee];
+        }
     __syncwarp();
     T* dxb_ = dx + b * dxs.b + t0 * dxs.t + h * kF;
     for (int idx = lane; idx < 16 * kF / 2; idx += 32) {
@@ -265,13 +298,18 @@ template <class T>
 void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
                   const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs) {
-  const int bytes = ChunkSmem::of<T>(a.DvP, mode).bytes;
-  auto pick = [&](auto nt) {
+  const bool docs = a.doc_start != nullptr;
+  const int bytes = ChunkSmem::of<T>(a.DvP, mode, docs).bytes;
+  auto pick = [&](auto nt, auto doc) {
     constexpr int NT = decltype(nt)::value;
-    return mode == kOut ? chunk_kernel<T, kOut, NT> : mode == kGradQ ? chunk_kernel<T, kGradQ, NT> : chunk_kernel<T, kGradK, NT>;
+    constexpr bool D = decltype(doc)::value;
+    return mode == kOut     ? chunk_kernel<T, kOut, NT, D>
+           : mode == kGradQ ? chunk_kernel<T, kGradQ, NT, D>
+                            : chunk_kernel<T, kGradK, NT, D>;
   };
-  auto kernel = a.DvP / 8 <= kNTSmall ? pick(std::integral_constant<int, kNTSmall>{})
-                                      : pick(std::integral_constant<int, kNTLarge>{});
+  auto by_docs = [&](auto nt) { return docs ? pick(nt, std::true_type{}) : pick(nt, std::false_type{}); };
+  auto kernel = a.DvP / 8 <= kNTSmall ? by_docs(std::integral_constant<int, kNTSmall>{})
+                                      : by_docs(std::integral_constant<int, kNTLarge>{});
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(P));
   kernel<<<grid, 128, bytes, cuda::stream_of(ctx)>>>(a, x, xo, y, z, states, carry, out, os, den, dx, dxs);

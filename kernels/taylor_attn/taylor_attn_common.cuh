@@ -9,6 +9,12 @@
 // Values are padded to DvP = Dv + 16 columns: v~ = [v, 1, 0...] and g~ = [dout/den, c, 0...], so
 // the normaliser rides along as column Dv of every matmul. Rows past T are zero in every
 // chunk-major buffer (also the "1" column), so a ragged last chunk adds nothing to a state.
+// Documents (Args::doc_start, the [B, T] starts; taylor_attn.h has the math): the scans zero their
+// accumulators at a chunk in which a document starts and leave out the rows of the chunk the next
+// state must not hold; the carries restart at a segment in which a document starts, and a chunk
+// adds its segment's carry only when no document started in between; the chunk kernel masks the
+// intra-chunk pairs by document and the inter-chunk term per row. Every kernel has a kDocs = false
+// instance that is the stream code unchanged.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +54,7 @@ struct Args {
   int nseg;              // scan segments of kSegChunks chunks
   int p0;                // first (batch, head) pair of the group
   float eps;
+  const int32_t* doc_start;  // [B, T] document starts, or null
   TaylorAttnLayout::Strides q, k, v, o, dout, dq, dk, dv;
 };
 
@@ -62,6 +69,10 @@ struct Workspace {
   float* carry = nullptr;  // [P, nseg, kRows, DvP]: segment totals, then the sum over the segments before
                            // (forward) or after (reverse) each one, which completes S_n / R_n
 };
+
+// Whether a document starts in chunk n of a row (token range [t0, t1]): start[t1] >= t0. The
+// state carried past such a chunk restarts there, in both directions.
+__device__ __forceinline__ bool chunk_restarts(const int32_t* start, int64_t t0, int64_t t1) { return start[t1] >= t0; }
 
 // Feature jj of block fb of the prescaled row x (f32 arithmetic on the stored values).
 template <class T>

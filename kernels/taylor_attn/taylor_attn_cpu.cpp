@@ -2,6 +2,9 @@
 // step; math in taylor_attn.h. It mirrors the CUDA kernels: per chunk the exclusive state S_n
 // feeds phi(Q^) S_n and the intra-chunk part is the masked C x C matrix; the backward is the two
 // sweeps of docs/based.md §6.4 (forward in time with S_n for dq, backward in time with R_n for dk and dv).
+// Documents (taylor_attn.h): the intra-chunk sums start at the row's document start, a row reads
+// the carried state only when its document began before the chunk, and the state restarts in a
+// chunk where a document starts; the stream path (no bounds) is unchanged.
 // One (batch, head) pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
@@ -73,6 +76,18 @@ void extend(const Fl* v, int64_t Dv, Fl* vt) {
   vt[Dv] = 1;
 }
 
+// Chunk [t0, t0 + len) of row b under documents: whether a document starts in it (the state
+// restarts), and the first of its tokens whose key the state after it keeps.
+struct ChunkDocs {
+  bool restart;
+  int64_t keep_from;
+  ChunkDocs(const TaylorAttnLayout& L, int64_t b, int64_t t0, int64_t len) {
+    const int64_t last = L.start(b, t0 + len - 1);
+    restart = L.doc_start && last >= t0;
+    keep_from = std::max(t0, last);
+  }
+};
+
 }  // namespace
 
 int64_t taylor_attn_state_rows(int64_t F) { return F * F + F + 1; }
@@ -116,9 +131,13 @@ void taylor_attn_fwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl*
       const int64_t len = std::min(C, L.T - t0);
       for (int64_t r = 0; r < len; ++r) {
         const Fl* qr = p.row(q, L.q, t0 + r, F);
+        const int64_t st = L.start(p.b, t0 + r);
         taylor_feature_map_cpu(F, qr, phi.data());
-        read_out(S.data(), phi.data(), ot.data(), R, W);  // inter: the exclusive state S_n
-        for (int64_t s = 0; s <= r; ++s) {                // intra: the masked chunk matrix
+        if (L.doc_start && st >= t0)
+          std::fill(ot.begin(), ot.end(), Fl(0));
+        else
+          read_out(S.data(), phi.data(), ot.data(), R, W);  // inter: the exclusive state S_n
+        for (int64_t s = std::max<int64_t>(0, st - t0); s <= r; ++s) {  // intra: the masked chunk matrix
           const Fl a = kappa(c * c * dot(qr, p.row(k, L.k, t0 + s, F), F));
           extend(p.row(v, L.v, t0 + s, Dv), Dv, vt.data());
           for (int64_t j = 0; j < W; ++j) ot[j] += a * vt[j];
@@ -128,7 +147,9 @@ void taylor_attn_fwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl*
         Fl* orow = p.row(o, L.o, t0 + r, Dv);
         for (int64_t j = 0; j < Dv; ++j) orow[j] = ot[j] / d;
       }
-      for (int64_t s = 0; s < len; ++s) {
+      const ChunkDocs cd(L, p.b, t0, len);
+      if (cd.restart) std::fill(S.begin(), S.end(), Fl(0));
+      for (int64_t s = cd.keep_from - t0; s < len; ++s) {
         taylor_feature_map_cpu(F, p.row(k, L.k, t0 + s, F), phi.data());
         extend(p.row(v, L.v, t0 + s, Dv), Dv, vt.data());
         add_outer(S.data(), phi.data(), vt.data(), R, W);
@@ -161,16 +182,21 @@ void taylor_attn_bwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl*
       for (int64_t r = t0; r < t0 + len; ++r) {
         Fl* dqr = p.row(dq, L.dq, r, F);
         const Fl* qr = p.row(q, L.q, r, F);
+        const int64_t st = L.start(p.b, r);
         std::fill(dqr, dqr + F, Fl(0));
-        apply(S.data(), &gt[r * W], G.data(), R, W);  // dL/dphi(q^_r) from the chunks before
-        taylor_feature_map_grad_cpu(F, qr, G.data(), dqr);
-        for (int64_t s = t0; s <= r; ++s) {
+        if (!L.doc_start || st < t0) {
+          apply(S.data(), &gt[r * W], G.data(), R, W);  // dL/dphi(q^_r) from the chunks before
+          taylor_feature_map_grad_cpu(F, qr, G.data(), dqr);
+        }
+        for (int64_t s = std::max(t0, st); s <= r; ++s) {
           const Fl du = P(r, s) * (1 + u(r, s)) * c;
           const Fl* ks = p.row(k, L.k, s, F);
           for (int64_t i = 0; i < F; ++i) dqr[i] += du * c * ks[i];
         }
       }
-      for (int64_t s = t0; s < t0 + len; ++s) {
+      const ChunkDocs cd(L, p.b, t0, len);
+      if (cd.restart) std::fill(S.begin(), S.end(), Fl(0));
+      for (int64_t s = cd.keep_from; s < t0 + len; ++s) {
         taylor_feature_map_cpu(F, p.row(k, L.k, s, F), phi.data());
         add_outer(S.data(), phi.data(), &vt[s * W], R, W);
       }
@@ -180,15 +206,21 @@ void taylor_attn_bwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl*
     Vec<Fl> dvt(static_cast<size_t>(W));
     for (int64_t t0 = (T - 1) / C * C; t0 >= 0; t0 -= C) {
       const int64_t len = std::min(C, T - t0);
+      const ChunkDocs cd(L, p.b, t0, len);
       for (int64_t s = t0; s < t0 + len; ++s) {
         Fl* dks = p.row(dk, L.dk, s, F);
         const Fl* ks = p.row(k, L.k, s, F);
         std::fill(dks, dks + F, Fl(0));
-        apply(S.data(), &vt[s * W], G.data(), R, W);  // dL/dphi(k^_s) from the chunks after
-        taylor_feature_map_grad_cpu(F, ks, G.data(), dks);
-        taylor_feature_map_cpu(F, ks, phi.data());
-        read_out(S.data(), phi.data(), dvt.data(), R, W);
+        if (s >= cd.keep_from) {  // R_n holds the queries of the document of the chunk's last token
+          apply(S.data(), &vt[s * W], G.data(), R, W);  // dL/dphi(k^_s) from the chunks after
+          taylor_feature_map_grad_cpu(F, ks, G.data(), dks);
+          taylor_feature_map_cpu(F, ks, phi.data());
+          read_out(S.data(), phi.data(), dvt.data(), R, W);
+        } else {
+          std::fill(dvt.begin(), dvt.end(), Fl(0));
+        }
         for (int64_t t = s; t < t0 + len; ++t) {
+          if (L.start(p.b, t) > s) break;  // later queries of the chunk are in later documents
           const Fl uu = u(t, s), du = P(t, s) * (1 + uu) * c, a = kappa(uu);
           const Fl* qt = p.row(q, L.q, t, F);
           for (int64_t i = 0; i < F; ++i) dks[i] += du * c * qt[i];
@@ -196,7 +228,9 @@ void taylor_attn_bwd_chunk_cpu(const TaylorAttnLayout& L, const Fl* q, const Fl*
         }
         std::copy(dvt.begin(), dvt.begin() + Dv, p.row(dv, L.dv, s, Dv));
       }
+      if (cd.restart) std::fill(S.begin(), S.end(), Fl(0));
       for (int64_t t = t0; t < t0 + len; ++t) {
+        if (L.doc_start && L.start(p.b, t) >= t0) break;  // R_n-1 keeps the queries whose document began before the chunk
         taylor_feature_map_cpu(F, p.row(q, L.q, t, F), phi.data());
         add_outer(S.data(), phi.data(), &gt[t * W], R, W);
       }

@@ -2,6 +2,8 @@
 // truths the chunked form and the CUDA kernels are checked against. The quadratic form never
 // builds the feature map (it evaluates kappa(u) directly, docs/based.md §2.4 / §6.2); the recurrent form
 // never builds the T x T matrix (state updates token by token, docs/based.md §7.1, and its derivative).
+// Documents: the quadratic form sums over s in [start, t]; the recurrent one empties its state at
+// every document start (the reverse sweep after it).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -36,13 +38,13 @@ Fl score(const TaylorAttnLayout& L, const Pair& p, const Fl* q, const Fl* k, int
   return dot(p.row(q, L.q, t, L.F), p.row(k, L.k, s, L.F), L.F) / static_cast<Fl>(std::sqrt(static_cast<double>(L.F)));
 }
 
-// Sum over s of phi(k_s) v~_s^T (the state after all tokens), for s_final.
+// Sum over s of phi(k_s) v~_s^T (the state after all tokens of the last document), for s_final.
 template <class Fl>
 void final_state(const TaylorAttnLayout& L, const Pair& p, const Fl* k, const Fl* v, Fl* S) {
   const int64_t R = taylor_attn_state_rows(L.F), W = L.Dv + 1;
   Vec<Fl> phi(static_cast<size_t>(R));
   std::fill(S, S + R * W, Fl(0));
-  for (int64_t s = 0; s < L.T; ++s) {
+  for (int64_t s = L.T > 0 ? L.start(p.b, L.T - 1) : 0; s < L.T; ++s) {
     taylor_feature_map_cpu(L.F, p.row(k, L.k, s, L.F), phi.data());
     const Fl* vs = p.row(v, L.v, s, L.Dv);
     for (int64_t r = 0; r < R; ++r) {
@@ -64,7 +66,7 @@ void taylor_attn_fwd_quadratic_cpu(const TaylorAttnLayout& L, const Fl* q, const
     for (int64_t t = 0; t < L.T; ++t) {
       std::fill(num.begin(), num.end(), Fl(0));
       Fl d = 0;
-      for (int64_t s = 0; s <= t; ++s) {
+      for (int64_t s = L.start(p.b, t); s <= t; ++s) {
         const Fl u = score(L, p, q, k, t, s), a = 1 + u + u * u / 2;
         const Fl* vs = p.row(v, L.v, s, Dv);
         for (int64_t j = 0; j < Dv; ++j) num[j] += a * vs[j];
@@ -94,7 +96,7 @@ void taylor_attn_bwd_quadratic_cpu(const TaylorAttnLayout& L, const Fl* q, const
     Vec<Fl> g(static_cast<size_t>(W));
     for (int64_t t = 0; t < L.T; ++t) {
       taylor_attn_out_grad_cpu(Dv, p.row(o, L.o, t, Dv), den[bh * L.T + t], p.row(dout, L.dout, t, Dv), g.data());
-      for (int64_t s = 0; s <= t; ++s) {
+      for (int64_t s = L.start(p.b, t); s <= t; ++s) {
         const Fl* vs = p.row(v, L.v, s, Dv);
         const Fl u = score(L, p, q, k, t, s), a = 1 + u + u * u / 2;
         const Fl P = dot(g.data(), vs, Dv) + g[Dv];  // g~_t . v~_s
@@ -122,6 +124,7 @@ void taylor_attn_fwd_recurrent_cpu(const TaylorAttnLayout& L, const Fl* q, const
     Vec<Fl> S(static_cast<size_t>(R * W), Fl(0)), phik(static_cast<size_t>(R)), phiq(static_cast<size_t>(R));
     Vec<Fl> ot(static_cast<size_t>(W));
     for (int64_t t = 0; t < L.T; ++t) {
+      if (L.doc_start && L.start(p.b, t) == t) std::fill(S.begin(), S.end(), Fl(0));
       taylor_feature_map_cpu(F, p.row(k, L.k, t, F), phik.data());
       taylor_feature_map_cpu(F, p.row(q, L.q, t, F), phiq.data());
       const Fl* vt = p.row(v, L.v, t, Dv);
@@ -158,6 +161,7 @@ void taylor_attn_bwd_recurrent_cpu(const TaylorAttnLayout& L, const Fl* q, const
       vt[Dv] = 1;
     };
     for (int64_t t = 0; t < L.T; ++t) {
+      if (L.doc_start && L.start(p.b, t) == t) std::fill(S.begin(), S.end(), Fl(0));
       load(t);
       taylor_feature_map_cpu(F, p.row(k, L.k, t, F), phi.data());
       for (int64_t r = 0; r < R; ++r) {
@@ -171,6 +175,7 @@ void taylor_attn_bwd_recurrent_cpu(const TaylorAttnLayout& L, const Fl* q, const
     }
     std::fill(S.begin(), S.end(), Fl(0));
     for (int64_t t = L.T - 1; t >= 0; --t) {
+      if (L.doc_start && t + 1 < L.T && L.start(p.b, t + 1) == t + 1) std::fill(S.begin(), S.end(), Fl(0));
       load(t);
       taylor_feature_map_cpu(F, p.row(q, L.q, t, F), phi.data());
       for (int64_t r = 0; r < R; ++r)

@@ -16,7 +16,10 @@
 //          R_n = sum over later chunks of phi(q^)^T g~ for the backward.
 //   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
+// With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
+// and masks of taylor_attn_common.cuh); prep is the same.
 #include <algorithm>
+#include <type_traits>
 
 #include "taylor_attn/taylor_attn_common.cuh"
 
@@ -100,7 +103,10 @@ struct ScanSmem {
   }
 };
 
-template <class T, bool kRev, int NT>
+// Documents: at a chunk in which a document starts the accumulators restart, and only the rows the
+// next state holds enter it: forward the keys s >= start[t1] (the document of the chunk's last
+// token), reverse the queries with start < t0 (the document of the token before the chunk).
+template <class T, bool kRev, int NT, bool kDocs>
 __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* __restrict__ x, const T* __restrict__ y,
                                                   T* __restrict__ states, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -139,9 +145,26 @@ __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* 
         store2(out + f.row(0, 2 * hf) * DvP + f.col(0, nt, 0), acc[nt][2 * hf], acc[nt][2 * hf + 1]);
     }
     const T* xs = stage_x(s);
-    for (int idx = lane; idx < kC * 16; idx += 32) {
-      const int tok = idx >> 4, jj = idx & 15;
-      phi[tok * L.ldphi + jj] = linac::cuda::from_float<T>(feature(xs + tok * L.ldx, fb, jj));
+    if constexpr (kDocs) {
+      const int64_t t0 = static_cast<int64_t>(chunk(step)) * kC;
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
+      const int32_t* start = a.doc_start + static_cast<int64_t>((a.p0 + pl) / a.H) * a.T;
+      const int last = start[t0 + rows - 1];
+      if (last >= t0)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+      for (int idx = lane; idx < kC * 16; idx += 32) {
+        const int tok = idx >> 4, jj = idx & 15;
+        const bool in = tok < rows && (kRev ? start[t0 + tok] < t0 : t0 + tok >= last);
+        phi[tok * L.ldphi + jj] = linac::cuda::from_float<T>(in ? feature(xs + tok * L.ldx, fb, jj) : 0.f);
+      }
+    } else {
+      for (int idx = lane; idx < kC * 16; idx += 32) {
+        const int tok = idx >> 4, jj = idx & 15;
+        phi[tok * L.ldphi + jj] = linac::cuda::from_float<T>(feature(xs + tok * L.ldx, fb, jj));
+      }
     }
     __syncwarp();
     // state block (16 features x DvP) += phi^T (stored [token][feature]) . Y
@@ -157,8 +180,9 @@ __global__ void __launch_bounds__(32 * kScanWarps) scan_kernel(Args a, const T* 
 }
 
 // Segment totals -> carries in place (exclusive prefix over the segments, in order), a thread per
-// four state elements; the full sum (forward) is the final state.
-template <bool kRev>
+// four state elements; the full sum (forward) is the final state. Documents: the running sum
+// restarts at a segment in which a document starts (its total already restarted there).
+template <bool kRev, bool kDocs>
 __global__ void __launch_bounds__(128) carry_kernel(Args a, float* __restrict__ carry, float* __restrict__ s_final) {
   const int pl = blockIdx.y, e4 = blockIdx.x * 128 + threadIdx.x, n4 = kRows * a.DvP / 4;
   if (e4 >= n4) return;
@@ -168,6 +192,11 @@ __global__ void __launch_bounds__(128) carry_kernel(Args a, float* __restrict__ 
     const int64_t g = kRev ? a.nseg - 1 - i : i;
     const float4 t = c[g * n4];
     c[g * n4] = run;
+    if constexpr (kDocs) {
+      const int64_t first = g * kSegChunks * kC, last = min(first + kSegChunks * kC, static_cast<int64_t>(a.T)) - 1;
+      if (chunk_restarts(a.doc_start + static_cast<int64_t>((a.p0 + pl) / a.H) * a.T, first, last))
+        run = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     run.x += t.x, run.y += t.y, run.z += t.z, run.w += t.w;
   }
   if (!s_final) return;
@@ -196,18 +225,23 @@ template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final) {
   const int bytes = ScanSmem::of<T>(a.DvP).bytes;
-  const bool small = a.DvP / 8 <= kNTSmall;
-  auto kernel = reverse ? (small ? scan_kernel<T, true, kNTSmall> : scan_kernel<T, true, kNTLarge>)
-                        : (small ? scan_kernel<T, false, kNTSmall> : scan_kernel<T, false, kNTLarge>);
+  const bool small = a.DvP / 8 <= kNTSmall, docs = a.doc_start != nullptr;
+  auto pick = [&](auto rev, auto doc) {
+    constexpr bool kRev = decltype(rev)::value, kDocs = decltype(doc)::value;
+    return small ? scan_kernel<T, kRev, kNTSmall, kDocs> : scan_kernel<T, kRev, kNTLarge, kDocs>;
+  };
+  using True = std::true_type;
+  using False = std::false_type;
+  auto kernel = reverse ? (docs ? pick(True{}, True{}) : pick(True{}, False{}))
+                        : (docs ? pick(False{}, True{}) : pick(False{}, False{}));
   set_smem(kernel, bytes);
   const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
   kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
   LINAC_CUDA_LAUNCH_CHECK();
   const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP / 4, 128)), static_cast<unsigned>(P));
-  if (reverse)
-    carry_kernel<true><<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
-  else
-    carry_kernel<false><<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+  auto carry = reverse ? (docs ? carry_kernel<true, true> : carry_kernel<true, false>)
+                       : (docs ? carry_kernel<false, true> : carry_kernel<false, false>);
+  carry<<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -229,6 +263,7 @@ Args make_args(const TaylorAttnLayout& L) {
   a.N = cdiv(a.T, kC);
   a.nseg = cdiv(a.N, kSegChunks);
   a.eps = static_cast<float>(L.eps);
+  a.doc_start = L.doc_start;
   a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;
   return a;
 }

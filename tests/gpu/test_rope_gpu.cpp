@@ -14,7 +14,7 @@ constexpr double kBase = 10000.0;
 // docs.start (host memory) of a [b, t] window: row r holds documents of `lengths` cycled from its
 // r-th entry.
 OwnedTensor doc_starts(int64_t b, int64_t t, const std::vector<int64_t>& lengths) {
-  return std::move(test::doc_layout(b, t, test::rotated_rows(lengths, b)).start);
+  return test::doc_layout(b, t, test::rotated_rows(lengths, b)).starts();
 }
 
 // Rotates the q and k slices of a [B, T, 3, H, D] buffer on both devices and compares the whole

@@ -31,7 +31,7 @@ const Shape kShapes[] = {{77, 3, 200, 5, 64}, {129, 40, 136, 3, 128}, {2048, 2, 
 // docs.start ([n] int32, host memory) of rows that are n / t sequences of t tokens, sequence r
 // holding documents of `lengths` cycled from its r-th entry.
 OwnedTensor doc_starts(int64_t n, int64_t t, const std::vector<int64_t>& lengths) {
-  OwnedTensor start = std::move(test::doc_layout(n / t, t, test::rotated_rows(lengths, n / t)).start);
+  OwnedTensor start = test::doc_layout(n / t, t, test::rotated_rows(lengths, n / t)).starts();
   start.t = start.t.view({n});
   return start;
 }

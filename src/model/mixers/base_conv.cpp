@@ -112,7 +112,7 @@ void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
   const Tensor b_in = ps.master(b_in_);
   matmul(ctx, x.view({N, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_fwd(ctx, btc(proj, B, T, 0, E_), btc(proj, B, T, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
-                 b_in.narrow(0, E_, E_), z.view({B, T, E_}), {opt_.activation == "silu"});
+                 b_in.narrow(0, E_, E_), z.view({B, T, E_}), {opt_.activation == "silu", env_.docs});
   matmul(ctx, z, false, ps.weight(w_out_), true, out.view({N, d_}));
   add_out_bias(out.view({N, d_}), N);
 }
@@ -121,7 +121,7 @@ void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
-  const ShortConvOpts so{opt_.activation == "silu"};
+  const ShortConvOpts so{opt_.activation == "silu", env_.docs};
   Tensor proj = proj_buf_.tensor(env_.act, {N, 2 * E_});
   Tensor a = btc(proj, B, T, 0, E_), g = btc(proj, B, T, E_, E_);
   const Tensor b_in = ps.master(b_in_), db_in = ps.grad(b_in_);
@@ -149,6 +149,41 @@ std::unique_ptr<MixerState> BaseConvMixer::init_state(int64_t B) {
   zero_tensor(st->inputs);
   fill_ones(B);
   return st;
+}
+
+void BaseConvMixer::start_document(MixerState& state, int64_t row) {
+  auto& st = dynamic_cast<BaseConvState&>(state);
+  if (W_ > 1) zero_tensor(env_.ctx, st.inputs->select(0, row));
+}
+
+void BaseConvMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  auto& st = dynamic_cast<BaseConvState&>(state);
+  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  LINAC_CHECK(st.inputs->size(0) == B, "BaseConvMixer::prefill: state was made for another batch size");
+  forward(x, out);
+  if (W_ == 1) return;
+  // The fresh (zero) state takes the last inputs of each row's last document through the decode
+  // step, so it holds exactly what stepping would have left (the step's outputs are discarded).
+  const ParamStore& ps = *env_.params;
+  const Tensor b_in = ps.master(b_in_);
+  const Tensor proj = proj_buf_.tensor(env_.act, {N, 2 * E_});
+  const Tensor a = btc(proj, B, T, 0, E_), g = btc(proj, B, T, E_, E_);
+  Tensor z = env_.scratch->get("conv.step.z", env_.act, {B, E_});
+  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
+  std::vector<int64_t> n(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b)
+    n[static_cast<size_t>(b)] = std::min(W_ - 1, T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]));
+  const ShortConvOpts so{opt_.activation == "silu"};
+  auto push = [&](int64_t b0, int64_t rows, int64_t count) {
+    for (int64_t t = T - count; t < T; ++t)
+      short_conv_step(ctx, a.narrow(0, b0, rows).select(1, t), g.narrow(0, b0, rows).select(1, t), ps.master(filter_),
+                      b_in.narrow(0, 0, E_), b_in.narrow(0, E_, E_), st.inputs->narrow(0, b0, rows),
+                      z.narrow(0, b0, rows), so);
+  };
+  if (std::all_of(n.begin(), n.end(), [&](int64_t c) { return c == n[0]; }))
+    push(0, B, n[0]);
+  else
+    for (int64_t b = 0; b < B; ++b) push(b, 1, n[static_cast<size_t>(b)]);
 }
 
 void BaseConvMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {

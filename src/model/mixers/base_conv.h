@@ -9,7 +9,11 @@
 // h ~ N(0, 1/sqrt(3 W)): the variance of PyTorch's default depthwise Conv1d init,
 // U(-1/sqrt(W), 1/sqrt(W)) (the parameter store draws normals).
 // Saved for backward: [a|g] [B*T, 2E] (act); the gated output is recomputed in the backward.
-// Decoding: the last W-1 conv inputs per channel (f32 on the GPU), whatever the length.
+// Documents (mixer.h): no filter tap reads across a document start (the kernel reads the zero
+// padding there, short_conv.h); start_document zeroes a row's decoding state, which is that padding.
+// Decoding: the last W-1 conv inputs per channel (f32 on the GPU), whatever the length. prefill()
+// runs the forward, then steps each row's last min(W-1, tokens of its last document) tokens into
+// a zeroed state.
 #pragma once
 
 #include "config/config.h"
@@ -29,6 +33,8 @@ class BaseConvMixer final : public Mixer {
   BaseConvMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const BaseConvMixerOptions& opt,
                 const std::string& path);
   std::string kind() const override { return "base_conv"; }
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -37,6 +43,7 @@ class BaseConvMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
   // out [N, d] += ones [N, 1] b_out [1, d] (a K = 1 GEMM: deterministic, no extra kernel).

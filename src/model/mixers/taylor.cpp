@@ -79,7 +79,17 @@ double TaylorMixer::flops_per_token(int64_t T) const {
   return proj + 3.0 * static_cast<double>(H_) * (4.0 * D * (Dv + 1.0) + C * (F + Dv + 1.0));
 }
 
-void TaylorMixer::forward(const Tensor& x, const Tensor& out) {
+TaylorAttnOpts TaylorMixer::attn_opts() const {
+  TaylorAttnOpts ao;
+  ao.chunk = opt_.chunk;
+  ao.eps = opt_.eps;
+  ao.docs = env_.docs;
+  return ao;
+}
+
+void TaylorMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+
+void TaylorMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= B_ * T_, "TaylorMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -88,11 +98,8 @@ void TaylorMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dv_});
   Tensor den = den_buf_.tensor(env_.stat, {B, H_, T});
   matmul(ctx, x.view({N, d_}), false, ps.weight(wqkv_), true, proj);
-  TaylorAttnOpts ao;
-  ao.chunk = opt_.chunk;
-  ao.eps = opt_.eps;
   taylor_attn_fwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
-                  bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, Tensor(), ao);
+                  bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, s_final, attn_opts());
   matmul(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
@@ -110,9 +117,7 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
   matmul(ctx, dy2, true, o.view({N, H_ * Dv_}), false, ps.grad(wo_), 1.f, 1.f);
 
   Tensor dproj = env_.scratch->get("taylor.dproj", env_.act, {N, P_});
-  TaylorAttnOpts ao;
-  ao.chunk = opt_.chunk;
-  ao.eps = opt_.eps;
+  const TaylorAttnOpts ao = attn_opts();
   env_.open_comm_window();
   taylor_attn_bwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, d_o, bthd(dproj, B, T, 0, H_, F_),
@@ -127,6 +132,17 @@ std::unique_ptr<MixerState> TaylorMixer::init_state(int64_t B) {
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, taylor_attn_state_rows(F_), Dv_ + 1});
   zero_tensor(st->S);
   return st;
+}
+
+void TaylorMixer::start_document(MixerState& state, int64_t row) {
+  zero_tensor(env_.ctx, dynamic_cast<TaylorState&>(state).S->select(0, row));
+}
+
+void TaylorMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  (void)ctx;
+  auto& st = dynamic_cast<TaylorState&>(state);
+  LINAC_CHECK(st.S->size(0) == x.size(0), "TaylorMixer::prefill: state was made for another batch size");
+  forward_to_state(x, out, st.S);
 }
 
 void TaylorMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {

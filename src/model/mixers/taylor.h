@@ -9,12 +9,16 @@
 // Init (docs/based.md §1.3): Wqkv ~ N(0, init_std), Wo ~ N(0, init_std / sqrt(2 n_layers)).
 // Saved for backward: the projection [B*T, H (2F + Dv)] (act), o [B*T, H Dv] (act), the
 // denominators [B, H, T] (f32 on the GPU).
+// Documents (mixer.h): the kernels restart the state (and the normaliser's sums) at every document
+// start (taylor_attn.h); no positions. start_document zeroes a row's decoding state.
 // Decoding: a state of H x rows(F) x (Dv + 1) per sequence (f32 on the GPU; 273 x 65 per head at
-// F = 16, Dv = 64), whatever the length.
+// F = 16, Dv = 64), whatever the length. prefill() runs the chunked forward, which hands over its
+// final state (each row's last document's).
 #pragma once
 
 #include "config/config.h"
 #include "model/mixer.h"
+#include "taylor_attn/taylor_attn.h"
 
 namespace linac {
 
@@ -32,6 +36,8 @@ class TaylorMixer final : public Mixer {
   TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt);
   std::string kind() const override { return "taylor"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -40,8 +46,12 @@ class TaylorMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
+  // forward, also writing the final state to s_final when it is defined (prefill).
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
+  TaylorAttnOpts attn_opts() const;
   ModelEnv& env_;
   TaylorMixerOptions opt_;
   int64_t d_, H_, F_, Dv_, P_;

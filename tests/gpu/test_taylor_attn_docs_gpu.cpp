@@ -1,0 +1,138 @@
+// Taylor attention with document bounds, CUDA vs the CPU chunked reference (double, same bounds) on
+// the same rounded inputs, f32 and bf16: forward (o, den, the final state = the last document's)
+// and backward (dq, dk, dv), q/k/v and dq/dk/dv strided views of fused buffers. Documents of one
+// token, shorter than a chunk (64), starting exactly on chunk boundaries and just after them,
+// spanning chunks, a row that is one document; T = 4500 spans three scan segments of 32 chunks:
+// a document starting exactly at a segment's first token, a segment without any start (its carry
+// passes through), starts in a segment's last chunk. Pair groups (a small workspace) give the
+// same bits. The bounds must change the result.
+#include <cstring>
+
+#include "taylor_attn/taylor_attn.h"
+#include "test_util.h"
+
+namespace linac {
+namespace {
+
+constexpr int64_t kF = 16;
+
+struct Case {
+  int64_t H, Dv;
+  std::vector<std::vector<int64_t>> layouts;  // documents per row
+};
+
+std::string name(const Case& c) {
+  int64_t T = 0;
+  for (int64_t l : c.layouts[0]) T += l;
+  return "B=" + std::to_string(c.layouts.size()) + " T=" + std::to_string(T) + " H=" + std::to_string(c.H) +
+         " Dv=" + std::to_string(c.Dv);
+}
+
+const Case kCases[] = {
+    {2, 64, {{1, 63, 64, 5, 67}, {200}, {17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13}, {130, 1, 1, 68}}},
+    {3, 48, {{1, 1, 75}, {64, 1, 12}, {30, 47}}},
+    {1, 128, {{65, 63, 1, 1, 70}, {199, 1}}},
+    // Segments start at 2048 and 4096: row 0 restarts exactly at 2048 and in segment 2's chunks;
+    // row 1's segment 1 holds no start (the carry of segment 0 flows through it), row 2 restarts
+    // in the last chunk of segment 0 and just after 4096.
+    {1, 64, {{1000, 1048, 2000, 400, 52}, {100, 4300, 100}, {2000, 50, 2047, 1, 402}}},
+};
+
+struct Result {
+  OwnedTensor o, den, sf, dqkv;
+};
+
+Result run(const Ctx& ctx, const Case& c, const Tensor& qkv, const Tensor& dout, DType act, DType stat,
+           const DocBounds& docs) {
+  const Device dev = ctx.device;
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  Result r{OwnedTensor(act, dev, {B, T, c.H, c.Dv}), OwnedTensor(stat, dev, {B, c.H, T}),
+           OwnedTensor(stat, dev, {B, c.H, taylor_attn_state_rows(kF), c.Dv + 1}), OwnedTensor(act, dev, qkv.dims())};
+  for (const Tensor* t : {&r.o.t, &r.den.t, &r.sf.t, &r.dqkv.t}) test::poison(*t);
+  TaylorAttnOpts opts;
+  opts.docs = docs;
+  const Tensor q = test::bthd(qkv, 0, c.H, kF), k = test::bthd(qkv, c.H * kF, c.H, kF),
+               v = test::bthd(qkv, 2 * c.H * kF, c.H, c.Dv);
+  taylor_attn_fwd(ctx, q, k, v, r.o, r.den, r.sf, opts);
+  taylor_attn_bwd(ctx, q, k, v, r.o, r.den, dout, test::bthd(r.dqkv, 0, c.H, kF), test::bthd(r.dqkv, c.H * kF, c.H, kF),
+                  test::bthd(r.dqkv, 2 * c.H * kF, c.H, c.Dv), opts);
+  ctx_synchronize(ctx);
+  return r;
+}
+
+struct Inputs {
+  OwnedTensor bounds, bounds_g, qkv, dout;
+  int64_t B, T, W;
+  Inputs(const Case& c, uint64_t seed)
+      : bounds(test::doc_bounds_of(c.layouts)), bounds_g(to(bounds, Device::CUDA, DType::I32)), B(bounds->size(1)),
+        T(bounds->size(2)), W((c.H * (2 * kF + c.Dv) + 7) / 8 * 8 + 8) {
+    qkv = test::random_tensor({B, T, W}, DType::F64, seed, -1.5, 1.5);
+    dout = test::random_tensor({B, T, c.H, c.Dv}, DType::F64, seed + 1);
+  }
+};
+
+void run_parity(DType act, double tol_o, double tol_grad) {
+  GpuContext gctx;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    const Inputs in(c, 1);
+    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+    const Result gr = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+    const OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+    const Result cr = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, test::doc_view(in.bounds));
+    const int64_t HK = c.H * kF, HV = c.H * c.Dv;
+    auto cols = [&](const Result& r, int64_t c0, int64_t n) { return test::columns(r.dqkv, c0, n); };
+    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
+    EXPECT_LT(test::rel_error(gr.den, cr.den), tol_o) << "den";
+    EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol_o) << "final state";
+    EXPECT_LT(test::rel_error(cols(gr, 0, HK), cols(cr, 0, HK)), tol_grad) << "dq";
+    EXPECT_LT(test::rel_error(cols(gr, HK, HK), cols(cr, HK, HK)), tol_grad) << "dk";
+    EXPECT_LT(test::rel_error(cols(gr, 2 * HK, HV), cols(cr, 2 * HK, HV)), tol_grad) << "dv";
+    // The bounds matter, by far more than the tolerances.
+    const Result stream = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, DocBounds{});
+    EXPECT_GT(test::rel_error(stream.o, cr.o), 5 * tol_o) << "o without bounds";
+    EXPECT_GT(test::rel_error(stream.sf, cr.sf), 5 * tol_o) << "final state without bounds";
+    EXPECT_GT(test::rel_error(cols(stream, HK, HK), cols(cr, HK, HK)), 5 * tol_grad) << "dk without bounds";
+  }
+}
+
+TEST(TaylorAttnDocsGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, 1e-5, 1e-5);
+}
+
+TEST(TaylorAttnDocsGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, 1e-2, 2e-2);
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
+  copy_tensor(hx, x);
+  copy_tensor(hy, y);
+  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
+}
+
+// Pairs in groups (a workspace of three pairs; the bounds are read per batch row of each pair)
+// give the bits of one group.
+TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c{3, 64, {{1, 63, 64, 5, 67, 2100}, {2300}, {2047, 1, 1, 251}}};
+  const Inputs in(c, 5);
+  for (DType act : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(act));
+    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+    const Result r1 = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+    Ctx small = gctx.ctx();
+    small.workspace_bytes = taylor_attn_workspace_bytes(1, in.T, 3, kF, c.Dv, act);
+    const Result r2 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+    EXPECT_TRUE(same_bits(r1.o, r2.o));
+    EXPECT_TRUE(same_bits(r1.den, r2.den));
+    EXPECT_TRUE(same_bits(r1.sf, r2.sf));
+    EXPECT_TRUE(same_bits(r1.dqkv, r2.dqkv));
+  }
+}
+
+}  // namespace
+}  // namespace linac
