@@ -51,6 +51,7 @@ LatteLayout make_layout(const Tensor& a, const Tensor& b, const Tensor& v, const
   check_contiguous(lse, {L.B, L.T, L.H, L.L}, b, "lse");
   LINAC_CHECK(opts.chunk >= 1, "latte: chunk must be positive");
   L.chunk = opts.chunk;
+  L.docs = opts.docs;  // [B, T] on the tensors' device (core/doc_bounds.h)
   L.a = strides(a), L.b = strides(b), L.v = strides(v);
   if (L.local) L.local_s = strides(local);
   return L;

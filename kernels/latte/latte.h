@@ -10,6 +10,18 @@
 //             given local state: y_t = pi_{t,0} local_t + sum_{l>=1} pi_{t,l} mu_{t,l-1}
 // Below, pi_{t,l} names the weight of latent l (column l, or l + 1 with a local state).
 //
+// Documents (LatteOpts::docs, core/doc_bounds.h; docs/latte.md "Documents"): every sum over s <= t
+// becomes a sum over start[b,t] <= s <= t, so lse and mu restart at each document start (also
+// inside a chunk): lse_{t,l} = log sum_{start<=s<=t} exp(b_{s,l}), mu likewise, mu_final and the
+// final lse row are the last document's. In the chunked form (below) a row t takes the carried
+// state only when its document began before the chunk (start[b,t] < f), the intra-chunk products
+// only for s >= max(f, start[b,t]), and the factorisation's reference is per row: ref_t = lse at
+// max(f, start[b,t]), the first row of t's document in the chunk (so Qt <= 1 still, and Kt <=
+// exp(growth of its document's lse inside the chunk)); a chunk state moves to the next chunk only
+// when the chunk's last row's document began before the chunk (otherwise it is dropped), and the
+// backward's reverse states likewise only within a document. Positions (VAPOR, RoPE) are the
+// caller's.
+//
 // Three forms compute this (all in the CPU reference; the GPU runs the chunked one):
 //   quadratic  y_t = sum_{s<=t} (sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l})) v_s, every lse from its own
 //              max-shifted sum (the test oracle)
@@ -51,12 +63,14 @@
 // Decode step (recurrent form for one token): a_t [B, H, La], b_t [B, H, L], v_t, local_t, y_t
 // [B, H, Dv] (last two dims contiguous, free batch stride; local_t undefined iff La == L);
 // lse_state [B, H, L] and mu_state [B, H, L, Dv] contiguous, updated in place (f32 on the GPU).
-// latte_state_reset() makes a fresh state: lse = -inf, mu = 0.
+// latte_state_reset() makes a fresh state: lse = -inf, mu = 0; on the row views lse_state[b],
+// mu_state[b] (narrow(0, b, 1)) it starts row b's next token a new document.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -64,6 +78,7 @@ namespace linac {
 
 struct LatteOpts {
   int64_t chunk = 64;  // C: tokens per chunk of the chunked form (CPU; the GPU always uses 64)
+  DocBounds docs;      // defined: the state restarts at every document start (core/doc_bounds.h)
 };
 
 enum class LatteForm { Chunked, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunked
@@ -75,7 +90,10 @@ struct LatteLayout {
   int64_t B = 0, T = 0, H = 0, L = 0, Dv = 0;
   bool local = false;  // Macchiato: a has L + 1 columns, column 0 weighs `local`
   int64_t chunk = 64;
+  DocBounds docs;  // [B, T] bounds on the tensors' device, or undefined (one document per row)
   int64_t La() const { return local ? L + 1 : L; }
+  // The first token of t's document in row b (0 without documents). Host code only on the CPU.
+  int64_t doc_start(int64_t b, int64_t t) const { return docs.defined() ? docs.start[b * T + t] : 0; }
   Strides a, b, v, local_s, y, dy, da, db, dv, dlocal;
 };
 

@@ -11,7 +11,10 @@
 // On tensor cores, with the factor tiles of latte_common.cuh (P = Qe Kt, Qt = pi Qe):
 //   gP = dec * (gy mu^T) + Qe * (M Kt),   U = c^T gy,
 //   db = E * (V R^T - r) + Kt * (M^T Qt - sum_{t>=s} Qt gP),   dv = E R + A^T gy;
-// a chunk whose lse grows too much takes the P terms with exact exponents instead. Operands that
+// a chunk whose lse grows too much takes the P terms with exact exponents instead.
+// Documents (latte_common.cuh): M and A masked to pairs of one document, the carried-state terms
+// (gy.mu_prev, c) only for rows whose document began before the chunk, E only for rows of the last
+// row's document, and the suffix sums of Qt gP segmented at document ends. Operands that
 // feed a difference of nearly equal sums (mu_prev into gP, R into v.R - r, M in the exact-exponent
 // terms) and the f32 states' inputs (c) are split into bf16 parts (store_parts), so they keep f32
 // or near-f32 precision on tensor cores.
@@ -29,6 +32,7 @@ template <class T>
 struct GradPSmem {
   float *lam, *bq, *pi, *gP;
   T *V, *GY, *mu, *M, *Kt;
+  int* sd;
   size_t bytes;
   __host__ __device__ GradPSmem(unsigned char* base, const Args& a) {
     SmemCarve c{base};
@@ -37,20 +41,21 @@ struct GradPSmem {
     V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
     mu = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
     M = c.take<T>(kC * ld_of<T>(kC)), Kt = c.take<T>(parts_of<T>(3) * kC * ld_of<T>(a.Lp));
+    sd = c.take<int>(doc_ints(a));
     bytes = c.bytes;
   }
 };
 
-// M = gy V^T for s <= t (zero above the diagonal) into the tile M[64][ld_of<T>(64)]; with Mlo (a
+// M = gy V^T for first(t) <= s <= t (zero elsewhere) into the tile M[64][ld_of<T>(64)]; with Mlo (a
 // tile of the same shape, bf16 only), M as two parts (store_parts) for the exact-exponent sums.
-template <class T>
-__device__ void form_M(const Args& a, const T* GY, const T* V, T* M, T* Mlo) {
+template <class T, bool kDocs>
+__device__ void form_M(const Args& a, const T* GY, const T* V, const ChunkDocs<kDocs>& dc, T* M, T* Mlo) {
   const int ldd = ld_of<T>(a.Dp), ldc = ld_of<T>(kC);
   for_tiles<2>(kC, kC, [&](int m0, int n0, int ntv) {
     float acc[2][4] = {};
     if (n0 <= m0) warp_mma<T, false, false, 2>(acc, GY, ldd, m0, 0, V, ldd, 0, n0, a.Dp / 16, ntv);
     each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) {
-      x = s <= t ? x : 0.f;
+      x = s <= t && s >= dc.first(t) ? x : 0.f;
       const T hi = cuda::from_float<T>(x);
       M[t * ldc + s] = hi;
       if (Mlo) Mlo[t * ldc + s] = cuda::from_float<T>(x - cuda::to_float(hi));
@@ -64,7 +69,7 @@ __device__ __forceinline__ float m_at(const T* M, const T* Mlo, int t, int s) {
   return Mlo ? cuda::to_float(M[i]) + cuda::to_float(Mlo[i]) : cuda::to_float(M[i]);
 }
 
-template <class T>
+template <class T, bool kDocs>
 __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as,
                                                          const T* __restrict__ b, LatteLayout::Strides bs,
                                                          const T* __restrict__ v, LatteLayout::Strides vs,
@@ -86,11 +91,12 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, mu_parts);
+  const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);
-  const bool direct = factor_tiles<T>(a, rows, sm.lam, sm.bq, sm.pi, nullptr, sm.Kt);
+  const bool direct = factor_tiles<T>(a, rows, sm.lam, sm.bq, sm.pi, dc, nullptr, sm.Kt);
   T* Mlo = direct && sizeof(T) == 2 ? sm.Kt : nullptr;
-  form_M(a, sm.GY, sm.V, sm.M, Mlo);
+  form_M(a, sm.GY, sm.V, dc, sm.M, Mlo);
   if (a.off) {  // gP_{t,0} = gy_t . local_t: a warp per row, lanes over the columns, a fixed-order reduction
     constexpr int kWarps = kThreads / 32, kRW = kC / kWarps, kCL = kMaxDv / 32;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -125,11 +131,12 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
     each_acc2(mu_dot, mk, m0, n0, ntv, [&](int t, int l, float md, float mkv) {
       if (t >= rows || l >= a.L) return;
       const float lt = sm.lam[t * a.L + l];
-      float x = n > 0 ? expf(lam_prev[l] - lt) * md : 0.f;
+      const int t0 = dc.first(t);
+      float x = n > 0 && dc.carried(t) ? expf(lam_prev[l] - lt) * md : 0.f;
       if (!direct) {
-        x = fmaf(expf(sm.lam[l] - lt), mkv, x);
+        x = fmaf(expf(sm.lam[t0 * a.L + l] - lt), mkv, x);
       } else {
-        for (int s = 0; s <= t; ++s) x = fmaf(expf(sm.bq[s * a.L + l] - lt), m_at(sm.M, Mlo, t, s), x);
+        for (int s = t0; s <= t; ++s) x = fmaf(expf(sm.bq[s * a.L + l] - lt), m_at(sm.M, Mlo, t, s), x);
       }
       sm.gP[t * a.La + a.off + l] = x;
     });
@@ -159,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   T* c = sm.Kt;        // Kt is spent: c_{t,l} = exp(lse_{f-1,l} - lse_{t,l}) pi_{t,l} (<= 1) takes its place
   constexpr int c_parts = parts_of<T>(3);
   for_rows(kC, a.Lp, [&](int t, int l) {
-    const bool ok = t < rows && l < a.L;
+    const bool ok = t < rows && l < a.L && dc.carried(t);  // only f - 1's document reaches it
     store_parts(c + t * ldl + l, static_cast<size_t>(kC) * ldl, c_parts,
                 ok ? expf(lam_prev[l] - sm.lam[t * a.L + l]) * sm.pi[t * a.La + a.off + l] : 0.f);
   });
@@ -175,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   });
   for (int l = warp; l < a.L; l += kThreads / 32) {  // r_l = sum_t c_{t,l} gP_{t,l}: a warp per latent
     float r = 0.f;
-    for (int t = lane; t < rows; t += 32)
+    for (int t = lane; t < rows && dc.carried(t); t += 32)
       r = fmaf(expf(lam_prev[l] - sm.lam[t * a.L + l]) * sm.pi[t * a.La + a.off + l], sm.gP[t * a.La + a.off + l], r);
     r = cuda::warp_sum(r);
     if (lane == 0) Un[l * a.Wd + a.Dv] = r;
@@ -189,6 +196,7 @@ template <class T>
 struct GradBvSmem {
   float *lam, *bq, *pi, *gP, *r;
   T *V, *GY, *R, *M, *Mlo, *Qt, *Kt;
+  int* sd;
   size_t bytes;
   __host__ __device__ GradBvSmem(unsigned char* base, const Args& a) {
     SmemCarve c{base};
@@ -198,11 +206,12 @@ struct GradBvSmem {
     R = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
     M = c.take<T>(kC * ld_of<T>(kC)), Mlo = c.take<T>((parts_of<T>(2) - 1) * kC * ld_of<T>(kC));
     Qt = c.take<T>(kC * ld_of<T>(a.Lp)), Kt = c.take<T>(kC * ld_of<T>(a.Lp));
+    sd = c.take<int>(doc_ints(a));
     bytes = c.bytes;
   }
 };
 
-template <class T>
+template <class T, bool kDocs>
 __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as,
                                                           const T* __restrict__ b, LatteLayout::Strides bs,
                                                           const T* __restrict__ v, LatteLayout::Strides vs,
@@ -227,37 +236,54 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
   RowBatch<float, kC, kMaxL + 1>(rows, a.La, gPg, a.Lg, rows, a.La).store_rows(sm.gP, a.La);
   if (threadIdx.x < a.L) sm.r[threadIdx.x] = Sn[threadIdx.x * a.Wd + a.Dv];
+  const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);
   __syncthreads();
-  const bool direct = factor_tiles(a, rows, sm.lam, sm.bq, sm.pi, sm.Qt, sm.Kt);
+  const bool direct = factor_tiles(a, rows, sm.lam, sm.bq, sm.pi, dc, sm.Qt, sm.Kt);
   T* Mlo = direct && sizeof(T) == 2 ? sm.Mlo : nullptr;
-  form_M(a, sm.GY, sm.V, sm.M, Mlo);
+  form_M(a, sm.GY, sm.V, dc, sm.M, Mlo);
   __syncthreads();
-  if (!direct) {  // gP_{t,l} -> sum_{t' >= t} Qt_{t',l} gP_{t',l}, with the Qt values the tensor cores see
+  // gP_{t,l} -> sum over t' >= t in t's document of Qt_{t',l} gP_{t',l}, with the Qt values the tensor cores see
+  if (!direct) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // With documents the scan is segmented: whether rows 2k, 2k + 1 share a document (same) and
+    // whether row 2k + 1's document goes on past the pair (cont); without, both always.
+    const int t1 = 2 * lane + 1, t2 = 2 * lane + 2;
+    const bool same = !kDocs || dc.first(t1) <= t1 - 1;
+    const bool cont = !kDocs || (t2 < kC && dc.first(t2) <= t1);
     for (int l = warp; l < a.L; l += kThreads / 32) {  // a warp per latent, lane k owns rows 2k and 2k + 1
       float x[2];
       for (int i = 0; i < 2; ++i) {
         const int t = 2 * lane + i;
         x[i] = t < rows ? cuda::to_float(sm.Qt[t * ldl + l]) * sm.gP[t * a.La + a.off + l] : 0.f;
       }
-      x[0] += x[1];
-      float suffix = x[0];  // inclusive suffix sum over the lanes' pairs, Kogge-Stone (fixed order)
-      for (int o = 1; o < 32; o <<= 1) {
-        const float y = __shfl_down_sync(0xffffffffu, suffix, o);
-        if (lane + o < 32) suffix += y;
+      // Inclusive segmented suffix sum over the lanes' pairs, Kogge-Stone (fixed order): a lane
+      // holds the sum from its first row to its segment's end or the next lane's rows (stop: ended).
+      float suffix = same ? x[0] + x[1] : x[0];
+      if constexpr (kDocs) {
+        bool stop = !same || !cont;
+        for (int o = 1; o < 32; o <<= 1) {
+          const float y = __shfl_down_sync(0xffffffffu, suffix, o);
+          const bool ys = __shfl_down_sync(0xffffffffu, stop, o);
+          if (lane + o < 32 && !stop) suffix += y, stop = ys;
+        }
+      } else {
+        for (int o = 1; o < 32; o <<= 1) {
+          const float y = __shfl_down_sync(0xffffffffu, suffix, o);
+          if (lane + o < 32) suffix += y;
+        }
       }
-      float after = __shfl_down_sync(0xffffffffu, suffix, 1);  // the sum over later lanes
-      if (lane == 31) after = 0.f;
-      for (int i = 0; i < 2; ++i) {
-        const int t = 2 * lane + i;
-        if (t < rows) sm.gP[t * a.La + a.off + l] = (i == 0 ? x[0] : x[1]) + after;
-      }
+      float after = __shfl_down_sync(0xffffffffu, suffix, 1);  // the sum over later lanes of row 2k + 1's document
+      if (lane == 31 || !cont) after = 0.f;
+      const float s1 = x[1] + after;
+      if (2 * lane < rows) sm.gP[2 * lane * a.La + a.off + l] = same ? (x[0] + x[1]) + after : x[0];
+      if (t1 < rows) sm.gP[t1 * a.La + a.off + l] = s1;
     }
   }
   __syncthreads();
   const float* lam_e = sm.lam + (rows - 1) * a.L;
+  const int s_last = dc.first(rows - 1);  // R, r reach the rows of the last row's document only
   T* dbc = db + bb * dbs.b + static_cast<int64_t>(f) * dbs.t + static_cast<int64_t>(h) * a.L;
   for_tiles<2>(kC, a.Lp, [&](int m0, int n0, int ntv) {
     float vr[2][4] = {}, mq[2][4] = {};
@@ -267,11 +293,11 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
     each_acc2(vr, mq, m0, n0, ntv, [&](int s, int l, float vrv, float mqv) {
       if (s >= rows || l >= a.L) return;
       const float bsl = sm.bq[s * a.L + l];
-      float x = expf(bsl - lam_e[l]) * (vrv - sm.r[l]);
+      float x = s >= s_last ? expf(bsl - lam_e[l]) * (vrv - sm.r[l]) : 0.f;
       if (!direct) {
-        x = fmaf(expf(bsl - sm.lam[l]), mqv - sm.gP[s * a.La + a.off + l], x);
+        x = fmaf(expf(bsl - sm.lam[dc.first(s) * a.L + l]), mqv - sm.gP[s * a.La + a.off + l], x);
       } else {
-        for (int t = s; t < rows; ++t)
+        for (int t = s; t < rows && dc.first(t) <= s; ++t)  // t in s's document
           x = fmaf(sm.pi[t * a.La + a.off + l] * expf(bsl - sm.lam[t * a.L + l]),
                    m_at(sm.M, Mlo, t, s) - sm.gP[t * a.La + a.off + l], x);
       }
@@ -280,11 +306,12 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   });
   __syncthreads();
   T* At = sm.M;  // M is spent
-  form_A(a, rows, direct, sm.Qt, sm.Kt, sm.lam, sm.bq, sm.pi, At);
+  form_A(a, rows, direct, sm.Qt, sm.Kt, sm.lam, sm.bq, sm.pi, dc, At);
   __syncthreads();
-  T* E = sm.Kt;  // Kt is spent: E_{s,l} = exp(b_{s,l} - lse_{e,l}) (<= 1)
+  T* E = sm.Kt;  // Kt is spent: E_{s,l} = exp(b_{s,l} - lse_{e,l}) (<= 1), rows of the last row's document
   for_rows(kC, a.Lp, [&](int s, int l) {
-    E[s * ldl + l] = cuda::from_float<T>(s < rows && l < a.L ? expf(sm.bq[s * a.L + l] - lam_e[l]) : 0.f);
+    E[s * ldl + l] =
+        cuda::from_float<T>(s >= s_last && s < rows && l < a.L ? expf(sm.bq[s * a.L + l] - lam_e[l]) : 0.f);
   });
   __syncthreads();
   T* dvc = dv + bb * dvs.b + static_cast<int64_t>(f) * dvs.t + static_cast<int64_t>(h) * a.Dv;
@@ -309,11 +336,12 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
   for (const Tensor* t : {&b, &v, &local, &dy, &da, &db, &dv, &dlocal})
     LINAC_CHECK(!t->defined() || t->dtype == a.dtype, "latte (GPU): activation dtypes must agree");
   if (L.B * L.T * L.H == 0) return;
-  const Args ar = make_args(L);
+  const Args a0 = make_args(L);
   const int per = group_size(ctx, L);
   const int64_t lse_seq = L.T * L.H * L.L;
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
+    const Args ar = group_args(a0, L, b0);
     const Workspace w = carve(ctx, ar, B);
     float* lsep = lse.data<float>() + b0 * lse_seq;
     const dim3 grid(ar.N, B * ar.H);
@@ -326,21 +354,23 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
       T* dlp = L.local ? at_batch(dlocal.data<T>(), b0, L.dlocal.b) : nullptr;
       launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, false, w.carry, w.U);
       launch_state_scan(ctx, ar, B, false, ar.Dv, w.carry, w.U, w.S, nullptr);
-      const size_t smem_p = GradPSmem<T>(nullptr, ar).bytes;
-      LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_p_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_p)));
-      grad_p_kernel<T><<<grid, kThreads, smem_p, cuda::stream_of(ctx)>>>(
-          ar, ap, L.a, bp, L.b, vp, L.v, lp, L.local_s, lsep, dyp, L.dy, w.S, w.gP, w.U,
-          at_batch(da.data<T>(), b0, L.da.b), L.da, dlp, L.dlocal);
-      LINAC_CUDA_LAUNCH_CHECK();
-      launch_state_scan(ctx, ar, B, true, ar.Dv + 1, w.carry, w.U, w.S, nullptr);
-      const size_t smem_bv = GradBvSmem<T>(nullptr, ar).bytes;
-      LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_bv_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(smem_bv)));
-      grad_bv_kernel<T><<<grid, kThreads, smem_bv, cuda::stream_of(ctx)>>>(
-          ar, ap, L.a, bp, L.b, vp, L.v, lsep, dyp, L.dy, w.S, w.gP, at_batch(db.data<T>(), b0, L.db.b), L.db,
-          at_batch(dv.data<T>(), b0, L.dv.b), L.dv);
-      LINAC_CUDA_LAUNCH_CHECK();
+      const size_t smem_p = GradPSmem<T>(nullptr, ar).bytes, smem_bv = GradBvSmem<T>(nullptr, ar).bytes;
+      with_docs(ar, [&](auto docs) {
+        constexpr bool kD = decltype(docs)::value;
+        LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_p_kernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem_p)));
+        grad_p_kernel<T, kD><<<grid, kThreads, smem_p, cuda::stream_of(ctx)>>>(
+            ar, ap, L.a, bp, L.b, vp, L.v, lp, L.local_s, lsep, dyp, L.dy, w.S, w.gP, w.U,
+            at_batch(da.data<T>(), b0, L.da.b), L.da, dlp, L.dlocal);
+        LINAC_CUDA_LAUNCH_CHECK();
+        launch_state_scan(ctx, ar, B, true, ar.Dv + 1, w.carry, w.U, w.S, nullptr);
+        LINAC_CUDA_CHECK(cudaFuncSetAttribute(grad_bv_kernel<T, kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(smem_bv)));
+        grad_bv_kernel<T, kD><<<grid, kThreads, smem_bv, cuda::stream_of(ctx)>>>(
+            ar, ap, L.a, bp, L.b, vp, L.v, lsep, dyp, L.dy, w.S, w.gP, at_batch(db.data<T>(), b0, L.db.b), L.db,
+            at_batch(dv.data<T>(), b0, L.dv.b), L.dv);
+        LINAC_CUDA_LAUNCH_CHECK();
+      });
     });
   }
 }

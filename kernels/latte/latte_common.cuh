@@ -15,6 +15,15 @@
 // both factors within exp(+-g) where g = max_l lse_{e,l} - lse_{f,l} is the chunk's lse growth. A
 // chunk with g > kMaxGrowth forms those products directly in f32 instead (every exponent <= 0), so
 // no logit range overflows.
+//
+// Documents (Args::ds, latte.h): a chunk kernel reads its rows' document starts into shared memory
+// as offsets sd[t] = start[b, f+t] - f clamped to -1 (ChunkDocs): row t takes the carried state iff
+// sd[t] < 0, its first in-chunk row is max(sd[t], 0) and the factorised products take ref = lse at
+// that row (so g is the largest growth of one document's lse inside the chunk); products of two
+// documents are masked to zero after forming them (finite: Qt <= 1, Kt <= exp(g)). The chunk
+// decays that carry states between chunks are 0 where the chunk's last row's document starts
+// inside the chunk, which stops the forward and the reverse state scans at documents alike.
+// Without documents every row reads as carried and first row 0: the stream arithmetic.
 #pragma once
 
 #include <algorithm>
@@ -43,6 +52,7 @@ struct Args {
   int Lg;      // row length of the backward's gP: La rounded up to kVec
   int off;     // 1 with a local state (column 0 of a), else 0
   int Lp, Dp;  // L and Dv rounded up to 16: tile widths of the matmul operands
+  const int32_t* ds = nullptr;  // document starts [B, T] from the group's first sequence, or null
 };
 
 inline Args make_args(const LatteLayout& L) {
@@ -92,6 +102,53 @@ inline Workspace carve(const Ctx& ctx, const Args& a, int B) {
 template <class P>
 P* at_batch(P* p, int64_t b0, int64_t stride) {
   return p + b0 * stride;
+}
+
+// The Args of the group of sequences from b0: its document starts.
+inline Args group_args(const Args& a, const LatteLayout& L, int64_t b0) {
+  Args g = a;
+  g.ds = L.docs.defined() ? L.docs.start + b0 * L.T : nullptr;
+  return g;
+}
+
+// A chunk's rows' documents (see the top): sd in shared memory. The kernels are compiled apart
+// for kDocs false (the stream form: every row carried, first row 0, no test in any loop) and true.
+template <bool kDocs>
+struct ChunkDocs {
+  const int* sd;
+  // The first row of t's document within the chunk.
+  __device__ __forceinline__ int first(int t) const {
+    if constexpr (kDocs) return max(sd[t], 0);
+    return 0;
+  }
+  // Whether row t's document began before the chunk (so the carried state reaches it; the caller
+  // still checks n > 0).
+  __device__ __forceinline__ bool carried(int t) const {
+    if constexpr (kDocs) return sd[t] < 0;
+    return true;
+  }
+};
+
+// Shared ints a kernel's ChunkDocs takes (none without documents).
+__host__ __device__ inline int doc_ints(const Args& a) { return a.ds ? kC : 0; }
+
+// Fills sd[0..kC) for rows f..f+rows-1 of sequence b (0 past rows); the caller syncs before use.
+template <bool kDocs>
+__device__ __forceinline__ ChunkDocs<kDocs> load_docs(const Args& a, int b, int f, int rows, int* sd) {
+  if constexpr (kDocs) {
+    const int32_t* st = a.ds + static_cast<int64_t>(b) * a.T + f;
+    for (int t = threadIdx.x; t < kC; t += blockDim.x) sd[t] = t < rows ? max(st[t] - f, -1) : 0;
+  }
+  return {sd};
+}
+
+// fn(std::integral_constant<bool, a.ds != nullptr>{}): the launchers' choice of kernel instance.
+template <class Fn>
+void with_docs(const Args& a, Fn&& fn) {
+  if (a.ds)
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
 }
 
 // f(r, c) over a rows x cols block: a row per group of lanes (8, 16 or 32 lanes, the fewest that
@@ -380,37 +437,46 @@ __device__ __forceinline__ void store_pair(T* p, float x, float y, bool vec, boo
   if (two) p[1] = cuda::from_float<T>(y);
 }
 
-// The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_l - lse_{t,l})
-// (when Qt is not null) and Kt_{s,l} = exp(b_{s,l} - ref_l), zero past `rows` and L. lam, bq: the
-// chunk's lse and b rows [64][L], pi [64][La] (softmaxed), all f32. Returns, the same on every
-// thread of the CTA, whether the chunk's lse grows by more than kMaxGrowth: then the tiles are
-// not written and the caller forms the products directly.
-template <class T>
-__device__ bool factor_tiles(const Args& a, int rows, const float* lam, const float* bq, const float* pi, T* Qt,
-                             T* Kt) {
+// The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_{t,l} - lse_{t,l})
+// (when Qt is not null) and Kt_{s,l} = exp(b_{s,l} - ref_{s,l}), zero past `rows` and L; ref_t is the
+// lse at t's first row in the chunk (row 0 without documents). lam, bq: the chunk's lse and b rows
+// [64][L], pi [64][La] (softmaxed), all f32. Returns, the same on every thread of the CTA, whether
+// some document's lse grows by more than kMaxGrowth in the chunk: then the tiles are not written
+// and the caller forms the products directly.
+template <class T, bool kDocs>
+__device__ bool factor_tiles(const Args& a, int rows, const float* lam, const float* bq, const float* pi,
+                             const ChunkDocs<kDocs>& dc, T* Qt, T* Kt) {
   bool big = false;
-  for (int l = threadIdx.x; l < a.L; l += blockDim.x) big |= lam[(rows - 1) * a.L + l] - lam[l] > kMaxGrowth;
+  if constexpr (!kDocs) {  // lse is non-decreasing: the last row grows most
+    for (int l = threadIdx.x; l < a.L; l += blockDim.x) big |= lam[(rows - 1) * a.L + l] - lam[l] > kMaxGrowth;
+  } else {
+    for (int i = threadIdx.x; i < rows * a.L; i += blockDim.x) {
+      const int t = i / a.L, l = i % a.L;
+      big |= lam[i] - lam[dc.first(t) * a.L + l] > kMaxGrowth;
+    }
+  }
   if (__syncthreads_or(big)) return true;
   const int ld = ld_of<T>(a.Lp);
   for_rows(kC, a.Lp, [&](int t, int l) {
     const bool ok = t < rows && l < a.L;
-    if (Qt) Qt[t * ld + l] = cuda::from_float<T>(ok ? pi[t * a.La + a.off + l] * expf(lam[l] - lam[t * a.L + l]) : 0.f);
-    Kt[t * ld + l] = cuda::from_float<T>(ok ? expf(bq[t * a.L + l] - lam[l]) : 0.f);
+    const float ref = ok ? lam[dc.first(t) * a.L + l] : 0.f;
+    if (Qt) Qt[t * ld + l] = cuda::from_float<T>(ok ? pi[t * a.La + a.off + l] * expf(ref - lam[t * a.L + l]) : 0.f);
+    Kt[t * ld + l] = cuda::from_float<T>(ok ? expf(bq[t * a.L + l] - ref) : 0.f);
   });
   return false;
 }
 
-// A_{t,s} = sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l}) for s <= t < rows, else 0, into At[64][ld_of<T>(64)]:
-// Qt Kt^T on tensor cores, or (direct) with exact f32 exponents. Call after a barrier that
-// follows factor_tiles; the caller syncs before reading At.
-template <class T>
+// A_{t,s} = sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l}) for first(t) <= s <= t < rows, else 0, into
+// At[64][ld_of<T>(64)]: Qt Kt^T on tensor cores, or (direct) with exact f32 exponents. Call after a
+// barrier that follows factor_tiles; the caller syncs before reading At.
+template <class T, bool kDocs>
 __device__ void form_A(const Args& a, int rows, bool direct, const T* Qt, const T* Kt, const float* lam,
-                       const float* bq, const float* pi, T* At) {
+                       const float* bq, const float* pi, const ChunkDocs<kDocs>& dc, T* At) {
   const int ld = ld_of<T>(kC), ldl = ld_of<T>(a.Lp);
   if (direct) {
     for_rows(kC, kC, [&](int t, int s) {
       float acc = 0.f;
-      if (s <= t && t < rows)
+      if (s <= t && t < rows && s >= dc.first(t))
         for (int l = 0; l < a.L; ++l) acc = fmaf(pi[t * a.La + a.off + l], expf(bq[s * a.L + l] - lam[t * a.L + l]), acc);
       At[t * ld + s] = cuda::from_float<T>(acc);
     });
@@ -419,7 +485,9 @@ __device__ void form_A(const Args& a, int rows, bool direct, const T* Qt, const 
   for_tiles<2>(kC, kC, [&](int m0, int n0, int ntv) {
     float acc[2][4] = {};
     if (n0 <= m0) warp_mma<T, false, false, 2>(acc, Qt, ldl, m0, 0, Kt, ldl, 0, n0, a.Lp / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) { At[t * ld + s] = cuda::from_float<T>(s <= t ? x : 0.f); });
+    each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) {
+      At[t * ld + s] = cuda::from_float<T>(s <= t && s >= dc.first(t) ? x : 0.f);
+    });
   });
 }
 

@@ -1,5 +1,7 @@
 // Latte CPU references, quadratic and recurrent forms (math in latte.h), forward, backward and the
 // decode step; plain loops, float/double. The chunked form (the GPU's, and what the CPU trains with) is in latte_cpu.cpp.
+// With documents (L.docs) the quadratic sums run over start[b,t] <= s <= t (and t >= s within
+// s's document) and the recurrences restart at every document start.
 #include "latte/latte_cpu_common.h"
 
 namespace linac {
@@ -17,18 +19,19 @@ void latte_fwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const
         softmax_row(row(a, L.a, bb, t, h, La), La, pi.data());
         F* yt = row(y, L.y, bb, t, h, L.Dv);
         for (int64_t j = 0; j < L.Dv; ++j) yt[j] = L.local ? pi[0] * row(local, L.local_s, bb, t, h, L.Dv)[j] : F(0);
+        const int64_t s0 = L.doc_start(bb, t);
         for (int64_t l = 0; l < L.L; ++l) {
           F m = neg_inf<F>();
-          for (int64_t s = 0; s <= t; ++s) m = std::max(m, row(b, L.b, bb, s, h, L.L)[l]);
+          for (int64_t s = s0; s <= t; ++s) m = std::max(m, row(b, L.b, bb, s, h, L.L)[l]);
           F sum = 0;
-          for (int64_t s = 0; s <= t; ++s) sum += std::exp(row(b, L.b, bb, s, h, L.L)[l] - m);
+          for (int64_t s = s0; s <= t; ++s) sum += std::exp(row(b, L.b, bb, s, h, L.L)[l] - m);
           const F lse_tl = m + std::log(sum);
           lse_row(lse, L, bb, t, h)[l] = lse_tl;
           const bool last = t == L.T - 1 && mu_final;
           F* muf = last ? mu_final + ((bb * L.H + h) * L.L + l) * L.Dv : nullptr;
           if (last)
             for (int64_t j = 0; j < L.Dv; ++j) muf[j] = 0;
-          for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t s = s0; s <= t; ++s) {
             const F w = std::exp(row(b, L.b, bb, s, h, L.L)[l] - lse_tl);
             const F* vs = row(v, L.v, bb, s, h, L.Dv);
             for (int64_t j = 0; j < L.Dv; ++j) yt[j] += pi[off + l] * w * vs[j];
@@ -49,10 +52,11 @@ void latte_bwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const
       auto bv = [&](int64_t s, int64_t l) { return row(b, L.b, bb, s, h, L.L)[l]; };
       for (int64_t t = 0; t < T; ++t) {
         softmax_row(row(a, L.a, bb, t, h, La), La, &pi[t * La]);
+        const int64_t s0 = L.doc_start(bb, t);
         for (int64_t l = 0; l < L.L; ++l) {
           F m = neg_inf<F>(), sum = 0;
-          for (int64_t s = 0; s <= t; ++s) m = std::max(m, bv(s, l));
-          for (int64_t s = 0; s <= t; ++s) sum += std::exp(bv(s, l) - m);
+          for (int64_t s = s0; s <= t; ++s) m = std::max(m, bv(s, l));
+          for (int64_t s = s0; s <= t; ++s) sum += std::exp(bv(s, l) - m);
           lam[t * L.L + l] = m + std::log(sum);
         }
       }
@@ -66,7 +70,7 @@ void latte_bwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const
         }
         for (int64_t l = 0; l < L.L; ++l) {
           F s_ = 0;
-          for (int64_t s = 0; s <= t; ++s)
+          for (int64_t s = L.doc_start(bb, t); s <= t; ++s)
             s_ += std::exp(bv(s, l) - lam[t * L.L + l]) * dot(gy, row(v, L.v, bb, s, h, L.Dv), L.Dv);
           gP[t * La + off + l] = s_;
         }
@@ -78,7 +82,7 @@ void latte_bwd_quadratic_cpu(const LatteLayout& L, const F* a, const F* b, const
         F* dbs = row(db, L.db, bb, s, h, L.L);
         for (int64_t j = 0; j < L.Dv; ++j) dvs[j] = 0;
         for (int64_t l = 0; l < L.L; ++l) dbs[l] = 0;
-        for (int64_t t = s; t < T; ++t) {
+        for (int64_t t = s; t < T && L.doc_start(bb, t) <= s; ++t) {  // t in s's document
           const F* gy = row(dy, L.dy, bb, t, h, L.Dv);
           const F gyv = dot(gy, vs, L.Dv);
           for (int64_t l = 0; l < L.L; ++l) {
@@ -124,6 +128,10 @@ void latte_fwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const
       std::fill(lam.begin(), lam.end(), neg_inf<F>());
       std::fill(mu.begin(), mu.end(), F(0));
       for (int64_t t = 0; t < L.T; ++t) {
+        if (t > 0 && L.doc_start(bb, t) == t) {  // a document starts: a fresh state
+          std::fill(lam.begin(), lam.end(), neg_inf<F>());
+          std::fill(mu.begin(), mu.end(), F(0));
+        }
         recurrent_token(L.L, L.Dv, L.local, row(a, L.a, bb, t, h, L.La()), row(b, L.b, bb, t, h, L.L),
                         row(v, L.v, bb, t, h, L.Dv), L.local ? row(local, L.local_s, bb, t, h, L.Dv) : nullptr,
                         lam.data(), mu.data(), row(y, L.y, bb, t, h, L.Dv), pi.data());
@@ -133,7 +141,8 @@ void latte_fwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const
     }
 }
 
-// docs/latte.md §4.1: the forward again (keeping mu_t for gP), then the reverse recurrences
+// docs/latte.md §4.1: the forward again (keeping mu_t for gP), then the reverse recurrences (reset
+// to zero past each document's last token)
 //   G_l <- exp(lse_t - lse_t+1) G_l + pi_{t,l} gy_t,   g_l <- exp(lse_t - lse_t+1) g_l + pi_{t,l} gP_{t,l}
 //   dv_t = sum_l omega_{t,l} G_l,   db_{t,l} = omega_{t,l} (v_t . G_l - g_l).
 template <class F>
@@ -146,6 +155,10 @@ void latte_bwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const
       std::fill(lam_run.begin(), lam_run.end(), neg_inf<F>());
       std::fill(mu_run.begin(), mu_run.end(), F(0));
       for (int64_t t = 0; t < T; ++t) {
+        if (t > 0 && L.doc_start(bb, t) == t) {
+          std::fill(lam_run.begin(), lam_run.end(), neg_inf<F>());
+          std::fill(mu_run.begin(), mu_run.end(), F(0));
+        }
         recurrent_token(L.L, L.Dv, L.local, row(a, L.a, bb, t, h, La), row(b, L.b, bb, t, h, L.L),
                         row(v, L.v, bb, t, h, L.Dv), L.local ? row(local, L.local_s, bb, t, h, L.Dv) : nullptr,
                         lam_run.data(), mu_run.data(), y.data(), &pi[t * La]);
@@ -169,7 +182,9 @@ void latte_bwd_recurrent_cpu(const LatteLayout& L, const F* a, const F* b, const
         F* dbt = row(db, L.db, bb, t, h, L.L);
         for (int64_t j = 0; j < L.Dv; ++j) dvt[j] = 0;
         for (int64_t l = 0; l < L.L; ++l) {
-          const F decay = t == T - 1 ? F(0) : std::exp(lam[t * L.L + l] - lam[(t + 1) * L.L + l]);
+          // The reverse state stays within the document: nothing flows back across a start.
+          const bool last = t == T - 1 || L.doc_start(bb, t + 1) == t + 1;
+          const F decay = last ? F(0) : std::exp(lam[t * L.L + l] - lam[(t + 1) * L.L + l]);
           F* Gl = &G[l * L.Dv];
           for (int64_t j = 0; j < L.Dv; ++j) Gl[j] = decay * Gl[j] + pit[off + l] * gy[j];
           g[l] = decay * g[l] + pit[off + l] * gP[off + l];

@@ -173,7 +173,7 @@ void BaseConvMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, 
   std::vector<int64_t> n(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b)
     n[static_cast<size_t>(b)] = std::min(W_ - 1, T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]));
-  const ShortConvOpts so{opt_.activation == "silu"};
+  const ShortConvOpts so{opt_.activation == "silu", {}};
   auto push = [&](int64_t b0, int64_t rows, int64_t count) {
     for (int64_t t = T - count; t < T; ++t)
       short_conv_step(ctx, a.narrow(0, b0, rows).select(1, t), g.narrow(0, b0, rows).select(1, t), ps.master(filter_),
@@ -197,7 +197,7 @@ void BaseConvMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out
   Tensor z = env_.scratch->get("conv.step.z", env_.act, {B, E_});
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_step(ctx, proj.narrow(1, 0, E_), proj.narrow(1, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
-                  b_in.narrow(0, E_, E_), st.inputs, z, {opt_.activation == "silu"});
+                  b_in.narrow(0, E_, E_), st.inputs, z, {opt_.activation == "silu", {}});
   matmul(ctx, z, false, ps.weight(w_out_), true, out_t.view({B, d_}));
   add_out_bias(out_t.view({B, d_}), B);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "attention/attention.h"
 #include "attention/attention_decode.h"
@@ -21,7 +22,8 @@ struct LatteState final : MixerState {
   OwnedTensor lse, mu;  // [B, H, Lh], [B, H, Lh, Dh]: the latent summaries' log-normalisers and means
   OwnedTensor conv;     // [B, K-1, d]: the last K-1 conv inputs
   OwnedTensor k, v;     // [B, window, H, Dh]: the local attention's ring buffer (post-RoPE keys)
-  int64_t pos = 0;      // tokens seen
+  std::vector<int64_t> pos;  // per row: tokens of its current document seen (the RoPE / VAPOR position)
+  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
 };
 
 }  // namespace
@@ -151,15 +153,37 @@ Tensor LatteMixer::unit_gate(int64_t B, int64_t T) const {
   return g;
 }
 
+ShortConvOpts LatteMixer::conv_opts() const {
+  ShortConvOpts so = step_conv_opts();
+  so.docs = env_.docs;
+  return so;
+}
+
+// A decoding step's: the state holds only the current document's inputs.
+ShortConvOpts LatteMixer::step_conv_opts() {
+  ShortConvOpts so;
+  so.silu = false;
+  return so;
+}
+
+LatteOpts LatteMixer::core_opts() const {
+  LatteOpts lo;
+  lo.chunk = opt_.chunk;
+  lo.docs = env_.docs;
+  return lo;
+}
+
 Tensor LatteMixer::logit_stream(const Tensor& x) {
   if (opt_.conv == 0) return x;
   const int64_t B = x.size(0), T = x.size(1);
   Tensor z = env_.scratch->get("latte.z", env_.act, {B, T, d_});
-  short_conv_fwd(env_.ctx, x, unit_gate(B, T), env_.params->master(conv_), Tensor(), Tensor(), z, {false});
+  short_conv_fwd(env_.ctx, x, unit_gate(B, T), env_.params->master(conv_), Tensor(), Tensor(), z, conv_opts());
   return z;
 }
 
-void LatteMixer::forward(const Tensor& x, const Tensor& out) {
+void LatteMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+
+void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= B_ * T_, "LatteMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -172,19 +196,21 @@ void LatteMixer::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, logit_stream(x).view({N, d_}), false, ps.weight(wab_), true, ab);
   const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
   Tensor local;
+  const DocBounds& docs = env_.docs;  // positions restart at each document (rope.h)
   if (opt_.window > 0) {
     const Tensor q = bthd(xv, B, T, d_, H_, Dh_), k = bthd(xv, B, T, 2 * d_, H_, Dh_);
-    rope_fwd(ctx, q, opt_.rope_base, 0);
-    rope_fwd(ctx, k, opt_.rope_base, 0);
+    rope_fwd(ctx, q, opt_.rope_base, 0, docs);
+    rope_fwd(ctx, k, opt_.rope_base, 0, docs);
     local = oloc_buf_.tensor(env_.act, {B, T, H_, Dh_});
     AttentionOpts ao;
     ao.window = opt_.window;
+    ao.docs = docs;
     attention_fwd(ctx, q, k, v, local, lse_loc_buf_.tensor(env_.stat, {B, H_, T}), ao);
   }
-  if (opt_.vapor) rope_bwd(ctx, v, opt_.rope_base, 0);  // v_s -> R^(-s) v_s, kept for the backward
-  latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, Tensor(),
-            {opt_.chunk});
-  if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0);  // y_t -> R^t y_t
+  if (opt_.vapor) rope_bwd(ctx, v, opt_.rope_base, 0, docs);  // v_s -> R^(-s) v_s, kept for the backward
+  latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, mu_final,
+            core_opts());
+  if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0, docs);  // y_t -> R^t y_t
   matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
@@ -203,15 +229,16 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   matmul(ctx, dy2, true, y, false, ps.grad(wo_), 1.f, 1.f);
   Tensor dY = env_.scratch->get("latte.dy", env_.act, {B, T, H_, Dh_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dY.view({N, d_}));
-  if (opt_.vapor) rope_bwd(ctx, dY, opt_.rope_base, 0);
+  const DocBounds& docs = env_.docs;
+  if (opt_.vapor) rope_bwd(ctx, dY, opt_.rope_base, 0, docs);
 
   Tensor dab = env_.scratch->get("latte.dab", env_.act, {N, Pa_});
   Tensor dV = env_.scratch->get("latte.dv", env_.act, {B, T, H_, Dh_});
   Tensor dlocal = opt_.window > 0 ? env_.scratch->get("latte.dlocal", env_.act, {B, T, H_, Dh_}) : Tensor();
   env_.open_comm_window();
   latte_bwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, lse, dY,
-            bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, {opt_.chunk});
-  if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0);  // the rotation's transpose
+            bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, core_opts());
+  if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0, docs);  // the rotation's transpose
 
   // The logits' path: dz = dAB Wab; through the convolution when there is one.
   const Tensor z = logit_stream(x);
@@ -221,7 +248,7 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     Tensor dgate = env_.scratch->get("latte.dgate", env_.act, {B, T, d_});
     matmul(ctx, dab, false, ps.weight(wab_), false, dz.view({N, d_}));
     short_conv_bwd(ctx, x, unit_gate(B, T), ps.master(conv_), Tensor(), Tensor(), dz, dx, dgate, ps.grad(conv_),
-                   Tensor(), Tensor(), {false});
+                   Tensor(), Tensor(), conv_opts());
   } else {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
   }
@@ -233,10 +260,11 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     const Tensor dq = bthd(dqk, B, T, 0, H_, Dh_), dk = bthd(dqk, B, T, d_, H_, Dh_);
     AttentionOpts ao;
     ao.window = opt_.window;
+    ao.docs = docs;
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
                   lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dv_loc, ao);
-    rope_bwd(ctx, dq, opt_.rope_base, 0);
-    rope_bwd(ctx, dk, opt_.rope_base, 0);
+    rope_bwd(ctx, dq, opt_.rope_base, 0, docs);
+    rope_bwd(ctx, dk, opt_.rope_base, 0, docs);
     add_inplace(ctx, dV, dv_loc, 1.f);
     matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
     matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
@@ -259,7 +287,18 @@ std::unique_ptr<MixerState> LatteMixer::init_state(int64_t B) {
     st->k = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
     st->v = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
   }
+  st->pos.assign(static_cast<size_t>(B), 0);
   return st;
+}
+
+// Row `row` as init_state leaves it: an empty latent state and conv history, position 0 (the ring
+// buffer's old slots are never read again: a step reads the first min(pos + 1, window)).
+void LatteMixer::start_document(MixerState& state, int64_t row) {
+  auto& st = dynamic_cast<LatteState&>(state);
+  const Ctx& ctx = env_.ctx;
+  latte_state_reset(ctx, st.lse->narrow(0, row, 1), st.mu->narrow(0, row, 1));
+  if (opt_.conv > 0) zero_tensor(ctx, st.conv->narrow(0, row, 1));
+  st.pos[static_cast<size_t>(row)] = 0;
 }
 
 void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
@@ -276,25 +315,85 @@ void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
   Tensor z = x2;
   if (opt_.conv > 0) {
     z = env_.scratch->get("latte.step.z", env_.act, {B, d_});
-    short_conv_step(ctx, x2, unit_gate(B, 0), ps.master(conv_), Tensor(), Tensor(), st.conv, z, {false});
+    short_conv_step(ctx, x2, unit_gate(B, 0), ps.master(conv_), Tensor(), Tensor(), st.conv, z, step_conv_opts());
   }
   matmul(ctx, z, false, ps.weight(wab_), true, ab);
-  // One-token [B, 1, H, Dh] views for RoPE at the absolute position.
-  const Tensor v1 = bthd(xv, B, 1, 0, H_, Dh_);
   Tensor local;
-  if (opt_.window > 0) {
-    rope_fwd(ctx, bthd(xv, B, 1, d_, H_, Dh_), opt_.rope_base, st.pos);
-    rope_fwd(ctx, bthd(xv, B, 1, 2 * d_, H_, Dh_), opt_.rope_base, st.pos);
-    attention_cache_write(ctx, bhd(xv, 2 * d_, H_, Dh_), bhd(xv, 0, H_, Dh_), st.k, st.v, st.pos % opt_.window);
-    local = env_.scratch->get("latte.step.local", env_.act, {B, H_, Dh_});
-    attention_decode(ctx, bhd(xv, d_, H_, Dh_), st.k, st.v, std::min(st.pos + 1, opt_.window), local);
+  if (opt_.window > 0) local = env_.scratch->get("latte.step.local", env_.act, {B, H_, Dh_});
+  // Rows [b0, b0 + n) at document position p, before the latent core: the local attention (RoPE,
+  // ring buffer write, window read) and VAPOR's rotation of v; after it, VAPOR's rotation of y.
+  // One-token [n, 1, H, Dh] views for RoPE.
+  auto before = [&](int64_t b0, int64_t n, int64_t p) {
+    const Tensor rows = xv.narrow(0, b0, n);
+    if (opt_.window > 0) {
+      rope_fwd(ctx, bthd(rows, n, 1, d_, H_, Dh_), opt_.rope_base, p);
+      rope_fwd(ctx, bthd(rows, n, 1, 2 * d_, H_, Dh_), opt_.rope_base, p);
+      const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
+      attention_cache_write(ctx, bhd(rows, 2 * d_, H_, Dh_), bhd(rows, 0, H_, Dh_), kc, vc, p % opt_.window);
+      attention_decode(ctx, bhd(rows, d_, H_, Dh_), kc, vc, std::min(p + 1, opt_.window), local.narrow(0, b0, n));
+    }
+    if (opt_.vapor) rope_bwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_base, p);
+  };
+  auto after = [&](int64_t b0, int64_t n, int64_t p) {
+    if (opt_.vapor) rope_fwd(ctx, y.narrow(0, b0, n).view({n, 1, H_, Dh_}), opt_.rope_base, p);
+  };
+  // Rows at one position (no document started mid-batch) go together.
+  const bool agree = st.rows_agree();
+  if (agree) {
+    before(0, B, st.pos[0]);
+  } else {
+    for (int64_t b = 0; b < B; ++b) before(b, 1, st.pos[static_cast<size_t>(b)]);
   }
-  if (opt_.vapor) rope_bwd(ctx, v1, opt_.rope_base, st.pos);
   latte_step(ctx, bhd(ab, 0, H_, La_), bhd(ab, H_ * La_, H_, Lh_), bhd(xv, 0, H_, Dh_), local, st.lse, st.mu,
              y.view({B, H_, Dh_}));
-  if (opt_.vapor) rope_fwd(ctx, y.view({B, 1, H_, Dh_}), opt_.rope_base, st.pos);
-  ++st.pos;
+  if (agree) {
+    after(0, B, st.pos[0]);
+  } else {
+    for (int64_t b = 0; b < B; ++b) after(b, 1, st.pos[static_cast<size_t>(b)]);
+  }
+  for (int64_t& p : st.pos) ++p;
   matmul(ctx, y, false, ps.weight(wo_), true, out_t.view({B, d_}));
+}
+
+// One chunked forward that hands over each row's last document's state: the latent state from
+// the core (mu_final and lse's last row: latte.h), the conv history by stepping the conv over the
+// document's last K-1 inputs from zeros, the ring buffer from the post-RoPE keys and values the
+// forward left in xv.
+void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  auto& st = dynamic_cast<LatteState&>(state);
+  const int64_t B = x.size(0), T = x.size(1);
+  LINAC_CHECK(st.lse->size(0) == B, "LatteMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(std::all_of(st.pos.begin(), st.pos.end(), [](int64_t p) { return p == 0; }),
+              "LatteMixer::prefill: the state must be fresh");
+  forward_to_state(x, out, st.mu);
+  const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
+  const Tensor xv = xv_buf_.tensor(env_.act, {B * T, Px_});
+  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
+  for (int64_t b = 0; b < B; ++b) {
+    copy_tensor(ctx, st.lse->select(0, b), lse.select(0, b).select(0, T - 1));
+    st.pos[static_cast<size_t>(b)] = T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]);
+  }
+  // Rows [b0, b0 + n), whose last document starts at s.
+  auto hand_over = [&](int64_t b0, int64_t n, int64_t s) {
+    if (opt_.conv > 0) {
+      const Tensor conv = st.conv->narrow(0, b0, n);
+      Tensor z = env_.scratch->get("latte.prefill.z", env_.act, {n, d_});
+      for (int64_t t = std::max(s, T - (opt_.conv - 1)); t < T; ++t)
+        short_conv_step(ctx, x.narrow(0, b0, n).select(1, t), unit_gate(n, 0), env_.params->master(conv_), Tensor(),
+                        Tensor(), conv, z, step_conv_opts());
+    }
+    if (opt_.window > 0) {
+      const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
+      const Tensor k = bthd(xv, B, T, 2 * d_, H_, Dh_).narrow(0, b0, n), v = bthd(xv, B, T, 0, H_, Dh_).narrow(0, b0, n);
+      for (int64_t t = std::max(s, T - opt_.window); t < T; ++t)
+        attention_cache_write(ctx, k.select(1, t), v.select(1, t), kc, vc, (t - s) % opt_.window);
+    }
+  };
+  if (st.rows_agree()) {
+    hand_over(0, B, T - st.pos[0]);
+  } else {
+    for (int64_t b = 0; b < B; ++b) hand_over(b, 1, T - st.pos[static_cast<size_t>(b)]);
+  }
 }
 
 }  // namespace linac

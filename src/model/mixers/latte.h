@@ -23,13 +23,22 @@
 // Saved for backward: [V|Ql|Kl] (Ql, Kl after RoPE; V after VAPOR's rotation), [A|Bk], Y (act),
 // the logcumsumexp of Bk [B,T,H,Lh] (f32 on the GPU), and with a window O_loc (act) and its
 // softmax statistics; the conv output is recomputed in the backward.
+// Documents (mixer.h; docs/latte.md "Documents"): the Latte core's lse and mu restart at each
+// document start (kernels/latte), VAPOR's and the local attention's RoPE positions count from it,
+// the local attention sees only its own document's keys and the conv no tap of another document.
 // Decoding: per sequence H Lh (Dh + 1) f32 numbers, the last K-1 conv inputs, and a ring buffer
-// of `window` keys and values: constant memory whatever the length.
+// of `window` keys and values: constant memory whatever the length. Each row keeps its own
+// position (the tokens of its current document): rows at one position step together, otherwise
+// the position-dependent parts (RoPE, the ring buffer) go row by row. start_document empties a
+// row's state; prefill runs the chunked forward once and hands over each row's last document's
+// state (the core's mu_final and last lse row, the conv history, the ring buffer).
 #pragma once
 
 #include "config/config.h"
 #include "core/buffer.h"
+#include "latte/latte.h"
 #include "model/mixer.h"
+#include "short_conv/short_conv.h"
 
 namespace linac {
 
@@ -51,6 +60,8 @@ class LatteMixer final : public Mixer {
              const std::string& path);
   std::string kind() const override { return macchiato_ ? "latte_macchiato" : "latte"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
@@ -59,8 +70,16 @@ class LatteMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
+  // forward(), and with mu_final ([B, H, Lh, Dh], stat dtype) defined the latent state after each
+  // row's last token (prefill).
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final);
+  // The conv's and the core's options: the pass's document bounds (env_.docs).
+  ShortConvOpts conv_opts() const;
+  static ShortConvOpts step_conv_opts();
+  LatteOpts core_opts() const;
   // The latent logits' input stream for [B, T, d] x: x itself, or its convolution (in scratch).
   Tensor logit_stream(const Tensor& x);
   // The conv's gate input: ones [d] seen as [B, T, d] (or [B, d] when T == 0) with zero strides.
