@@ -155,6 +155,13 @@ ScopedEnv::~ScopedEnv() {
     unsetenv(var_.c_str());
 }
 
+Tensor token(const Tensor& x, int64_t t) {
+  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
+           x.device, {x.size(0), x.size(2), x.size(3)});
+  r.strides = {x.strides[0], x.size(3), 1};
+  return r;
+}
+
 DocBounds doc_view(const Tensor& bounds) {
   const int32_t* p = bounds.data<int32_t>();
   return {p, p + bounds.size(1) * bounds.size(2)};

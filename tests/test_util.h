@@ -38,6 +38,9 @@ Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D);
 // The values of columns [col0, col0 + n) of every row of a contiguous [B, T, W] buffer, in order.
 std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n);
 
+// Token t of a [B, T, H, D] view as a [B, H, D] view (one decoding step's rows).
+Tensor token(const Tensor& x, int64_t t);
+
 // ||a - b|| / ||b||.
 double rel_error(const std::vector<double>& a, const std::vector<double>& b);
 double rel_error(const Tensor& a, const Tensor& b);

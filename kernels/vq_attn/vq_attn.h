@@ -22,6 +22,18 @@
 //              block's per-code means, Ubar <- (N Ubar + cnt mean) / max(N + cnt, 1)).
 //              The cache is empty at the start of every sequence (t = 0): there are no truncated
 //              backprop windows and no state carried between calls.
+// Documents (VqAttnOpts::docs, core/doc_bounds.h; docs/transformer_vq.md §3.4): every document is a
+// sequence of its own, so the block grid restarts with it. For query t of the document starting at
+// a = start[b,t], with local blocks n(x) = floor((x - a) / Lb):
+//   window keys   j with max(a, a + (n(t) - 1) Lb) <= j <= t        (khat_j; position term t - j <= Lb)
+//   cache keys    j with a <= j < a + (n(t) - 1) Lb                  (C_{z_j}: the cache restarts empty at a)
+// and no other key (j < a belongs to an earlier document). Distances t - j are unchanged, so rho
+// needs no shift. The output equals that of running [a, end[b,t]) alone as a sequence; gradients
+// likewise (a key sends khat gradient only to its own document's window queries, its value to its
+// own document's caches). The CPU forms run each document as its own sequence; the GPU runs the
+// block form once per document (views of the inputs; the document starts are read on the host, one
+// synchronisation per call) and accumulates du, dvr, drho over them. Undefined docs: one call, the
+// stream form above, unchanged.
 // lse_t = log sum_j exp(s_tj) (f32 on the GPU) is saved for the backward, which also takes o.
 // Backward (docs/transformer_vq.md §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
 //   gs_tj = w_tj (dout_t . v_j - Delta_t)   (window keys),  gs_ts = w_ts (dout_t . Ubar_s - Delta_t)
@@ -54,11 +66,14 @@
 // Decode step (docs/transformer_vq.md §5): one token per sequence against a fixed-size state (VqAttnState):
 // a ring of the last Lb tokens' khat [B,H,Lb,Dk], v [B,H,Lb,Dv], z [B,H,Lb] (slot = pos % Lb),
 // the cache counts [B,H,S] and means [B,H,S,Dv]. Token pos (the same for the whole batch)
-// attends to the ring entries pos-Lb..pos-1 (those >= 0) and itself, all with the position term,
+// attends to the ring entries pos-Lb..pos-1 (those >= 0 and present) and itself, all with the position term,
 // plus the cache; then the token at pos-Lb (now at distance Lb+1 from the next one) moves into
 // the cache (N[z] += 1, Ubar[z] += (v - Ubar[z]) / N[z]) and the new token takes its slot.
 // Equals the block forward token for token; memory does not grow with T. vq_attn_state_reset
-// zeroes the state (a new sequence starts at pos 0). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
+// zeroes the state (a new sequence starts at pos 0). vq_attn_state_start_document(state, b) starts
+// a new document in row b while the batch's pos runs on: it empties the row's cache and marks its
+// ring slots absent (z = -1: no score, never moved into the cache), so the row then decodes as from
+// a fresh state (every term depends only on distances). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
 // stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the GPU (CPU: the dtype of q).
 //
 // GPU support: vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats; the block
@@ -72,6 +87,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -79,6 +95,7 @@ namespace linac {
 
 struct VqAttnOpts {
   int64_t block = 512;  // Lb: block length of the block form and the decode window
+  DocBounds docs;        // defined: each document of a row attends within itself (header comment)
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -89,6 +106,7 @@ struct VqAttnLayout {
   };
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
   Strides q, khat, v, o, dout, dq, dkhat, dv;
+  DocBounds docs;  // CPU forms: host memory
 };
 
 // CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];
@@ -150,6 +168,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
 void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                        const VqAttnState& state, int64_t pos, const Tensor& o);
+void vq_attn_state_start_document_cuda(const Ctx& ctx, const VqAttnState& state, int64_t row);
 void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
                       const Tensor& z, const Tensor& khat, const Tensor& err);
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,
@@ -180,6 +199,7 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
                   const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                   const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
+void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int64_t row);
 
 // GPU scratch (ctx.workspace) that a backward (and so a forward) call of this shape runs best
 // with: per token and head, the packed q, q+u, q+vr, khat (4 Dk) and v, dout (2 Dv) in the

@@ -3,7 +3,9 @@
 // scan over blocks builds the cache (counts and per-code means of v over blocks <= n-2) that block
 // n reads; every query then softmaxes jointly over its window (previous and present block) and
 // the S cache entries. The backward rebuilds the same cache, collects the cache-value gradients
-// per block and returns them to the values with a reverse sweep that lags two blocks.
+// per block and returns them to the values with a reverse sweep that lags two blocks. With
+// document bounds each document [a, e) of a row is such a sequence of its own (blocks counted
+// from a, the cache empty at a).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -19,22 +21,23 @@ using vq_cpu::row;
 
 namespace {
 
-// Counts N^(n) [R, S] and means Ubar^(n) [R, S, Dv] of one (b, h) pair: the state after
-// absorbing blocks 0..n-2, merged block by block as means (never as raw sums of v).
+// Counts N^(n) [R, S] and means Ubar^(n) [R, S, Dv] of one (b, h) pair's sequence [a, a + len):
+// the state after absorbing its blocks 0..n-2, merged block by block as means (never as raw sums
+// of v).
 template <class F>
 struct BlockCache {
   int64_t R, S, Dv;
   std::vector<F> N, U;
 
-  BlockCache(const VqAttnLayout& L, const int32_t* z, const F* v, int64_t b, int64_t h)
-      : R((L.T + L.Lb - 1) / L.Lb), S(L.S), Dv(L.Dv), N(static_cast<size_t>(R * S)), U(static_cast<size_t>(R * S * Dv)) {
+  BlockCache(const VqAttnLayout& L, const int32_t* z, const F* v, int64_t b, int64_t h, int64_t a, int64_t len)
+      : R((len + L.Lb - 1) / L.Lb), S(L.S), Dv(L.Dv), N(static_cast<size_t>(R * S)), U(static_cast<size_t>(R * S * Dv)) {
     std::vector<F> n_run(static_cast<size_t>(S)), u_run(static_cast<size_t>(S * Dv));
     std::vector<F> cnt(static_cast<size_t>(S)), sum(static_cast<size_t>(S * Dv));
     for (int64_t n = 0; n < R; ++n) {
       if (n >= 2) {
         std::fill(cnt.begin(), cnt.end(), F(0));
         std::fill(sum.begin(), sum.end(), F(0));
-        for (int64_t j = (n - 2) * L.Lb; j < (n - 1) * L.Lb; ++j) {
+        for (int64_t j = a + (n - 2) * L.Lb; j < a + (n - 1) * L.Lb; ++j) {
           const int32_t s = z[(b * L.T + j) * L.H + h];
           cnt[s] += 1;
           axpy(F(1), row(v, L.v, b, j, h, Dv), &sum[s * Dv], Dv);
@@ -55,7 +58,8 @@ struct BlockCache {
   const F* means(int64_t n, int64_t s) const { return &U[(n * S + s) * Dv]; }
 };
 
-// The joint score row of query t: window keys j0..t, then the S cache entries (-inf where empty).
+// The joint score row of query t of the sequence starting at a: window keys j0..t, then the S
+// cache entries (-inf where empty).
 template <class F>
 struct BlockRow {
   const VqAttnLayout& L;
@@ -66,9 +70,9 @@ struct BlockRow {
       : L(l), qu(static_cast<size_t>(l.Dk)), qr(static_cast<size_t>(l.Dk)), s(static_cast<size_t>(2 * l.Lb + l.S)) {}
 
   void scores(const F* q, const F* khat, const F* cb, const F* u, const F* vr, const F* rho, const BlockCache<F>& c,
-              int64_t b, int64_t h, int64_t t) {
-    const int64_t n = t / L.Lb;
-    j0 = std::max<int64_t>(0, (n - 1) * L.Lb);
+              int64_t b, int64_t h, int64_t t, int64_t a) {
+    const int64_t n = (t - a) / L.Lb;
+    j0 = a + std::max<int64_t>(0, (n - 1) * L.Lb);
     nw = t - j0 + 1;
     vq_cpu::biased_queries(row(q, L.q, b, t, h, L.Dk), u + h * L.Dk, vr + h * L.Dk, L.Dk, qu.data(), qr.data());
     for (int64_t j = j0; j <= t; ++j) {
@@ -91,20 +95,23 @@ void vq_attn_fwd_block_cpu(const VqAttnLayout& L, const F* q, const F* khat, con
   BlockRow<F> r(L);
   for (int64_t b = 0; b < L.B; ++b)
     for (int64_t h = 0; h < L.H; ++h) {
-      const BlockCache<F> cache(L, z, v, b, h);
       const F* cb = codebook + h * L.S * L.Dk;
-      for (int64_t t = 0; t < L.T; ++t) {
-        r.scores(q, khat, cb, u, vr, rho, cache, b, h, t);
-        const F m = *std::max_element(r.s.begin(), r.s.begin() + r.size());
-        F d = 0;
-        for (int64_t e = 0; e < r.size(); ++e) d += std::exp(r.s[e] - m);
-        F* ot = row(o, L.o, b, t, h, L.Dv);
-        std::fill(ot, ot + L.Dv, F(0));
-        for (int64_t j = r.j0; j <= t; ++j) axpy(std::exp(r.s[j - r.j0] - m) / d, row(v, L.v, b, j, h, L.Dv), ot, L.Dv);
-        for (int64_t e = 0; e < L.S; ++e)
-          if (cache.counts(t / L.Lb)[e] > 0) axpy(std::exp(r.s[r.nw + e] - m) / d, cache.means(t / L.Lb, e), ot, L.Dv);
-        lse[(b * L.T + t) * L.H + h] = m + std::log(d);
-      }
+      vq_cpu::for_each_document(L, b, [&](int64_t a, int64_t t_end) {
+        const BlockCache<F> cache(L, z, v, b, h, a, t_end - a);
+        for (int64_t t = a; t < t_end; ++t) {
+          const int64_t n = (t - a) / L.Lb;
+          r.scores(q, khat, cb, u, vr, rho, cache, b, h, t, a);
+          const F m = *std::max_element(r.s.begin(), r.s.begin() + r.size());
+          F d = 0;
+          for (int64_t e = 0; e < r.size(); ++e) d += std::exp(r.s[e] - m);
+          F* ot = row(o, L.o, b, t, h, L.Dv);
+          std::fill(ot, ot + L.Dv, F(0));
+          for (int64_t j = r.j0; j <= t; ++j) axpy(std::exp(r.s[j - r.j0] - m) / d, row(v, L.v, b, j, h, L.Dv), ot, L.Dv);
+          for (int64_t e = 0; e < L.S; ++e)
+            if (cache.counts(n)[e] > 0) axpy(std::exp(r.s[r.nw + e] - m) / d, cache.means(n, e), ot, L.Dv);
+          lse[(b * L.T + t) * L.H + h] = m + std::log(d);
+        }
+      });
     }
 }
 
@@ -122,55 +129,57 @@ void vq_attn_bwd_block_cpu(const VqAttnLayout& L, const F* q, const F* khat, con
   std::vector<F> g_means(static_cast<size_t>(R * S * Dv)), carry(static_cast<size_t>(S * Dv));
   for (int64_t b = 0; b < L.B; ++b)
     for (int64_t h = 0; h < L.H; ++h) {
-      const BlockCache<F> cache(L, z, v, b, h);
       const F* cb = codebook + h * S * Dk;
       for (int64_t t = 0; t < L.T; ++t) {
         std::fill(row(dkhat, L.dkhat, b, t, h, Dk), row(dkhat, L.dkhat, b, t, h, Dk) + Dk, F(0));
         std::fill(row(dv, L.dv, b, t, h, Dv), row(dv, L.dv, b, t, h, Dv) + Dv, F(0));
       }
-      std::fill(g_means.begin(), g_means.end(), F(0));
-      for (int64_t t = 0; t < L.T; ++t) {
-        const int64_t n = t / L.Lb;
-        r.scores(q, khat, cb, u, vr, rho, cache, b, h, t);
-        const F* do_t = row(dout, L.dout, b, t, h, Dv);
-        const F delta = dot(do_t, row(o, L.o, b, t, h, Dv), Dv);
-        const F lse_t = lse[(b * L.T + t) * L.H + h];
-        std::fill(gqu.begin(), gqu.end(), F(0));
-        std::fill(gqr.begin(), gqr.end(), F(0));
-        for (int64_t j = r.j0; j <= t; ++j) {
-          const F w = std::exp(r.s[j - r.j0] - lse_t);
-          const F gs = w * (dot(do_t, row(v, L.v, b, j, h, Dv), Dv) - delta);
-          axpy(gs, row(khat, L.khat, b, j, h, Dk), gqu.data(), Dk);
-          if (t - j <= L.Lb) {
-            axpy(gs, rho + (h * (L.Lb + 1) + t - j) * Dk, gqr.data(), Dk);
-            axpy(gs, r.qr.data(), drho + (h * (L.Lb + 1) + t - j) * Dk, Dk);
+      vq_cpu::for_each_document(L, b, [&](int64_t a, int64_t t_end) {
+        const BlockCache<F> cache(L, z, v, b, h, a, t_end - a);
+        std::fill(g_means.begin(), g_means.end(), F(0));
+        for (int64_t t = a; t < t_end; ++t) {
+          const int64_t n = (t - a) / L.Lb;
+          r.scores(q, khat, cb, u, vr, rho, cache, b, h, t, a);
+          const F* do_t = row(dout, L.dout, b, t, h, Dv);
+          const F delta = dot(do_t, row(o, L.o, b, t, h, Dv), Dv);
+          const F lse_t = lse[(b * L.T + t) * L.H + h];
+          std::fill(gqu.begin(), gqu.end(), F(0));
+          std::fill(gqr.begin(), gqr.end(), F(0));
+          for (int64_t j = r.j0; j <= t; ++j) {
+            const F w = std::exp(r.s[j - r.j0] - lse_t);
+            const F gs = w * (dot(do_t, row(v, L.v, b, j, h, Dv), Dv) - delta);
+            axpy(gs, row(khat, L.khat, b, j, h, Dk), gqu.data(), Dk);
+            if (t - j <= L.Lb) {
+              axpy(gs, rho + (h * (L.Lb + 1) + t - j) * Dk, gqr.data(), Dk);
+              axpy(gs, r.qr.data(), drho + (h * (L.Lb + 1) + t - j) * Dk, Dk);
+            }
+            axpy(gs, r.qu.data(), row(dkhat, L.dkhat, b, j, h, Dk), Dk);
+            axpy(w, do_t, row(dv, L.dv, b, j, h, Dv), Dv);
           }
-          axpy(gs, r.qu.data(), row(dkhat, L.dkhat, b, j, h, Dk), Dk);
-          axpy(w, do_t, row(dv, L.dv, b, j, h, Dv), Dv);
-        }
-        for (int64_t e = 0; e < S; ++e) {
-          if (!(cache.counts(n)[e] > 0)) continue;
-          const F w = std::exp(r.s[r.nw + e] - lse_t);
-          const F gs = w * (dot(do_t, cache.means(n, e), Dv) - delta);
-          axpy(gs, cb + e * Dk, gqu.data(), Dk);
-          axpy(w, do_t, &g_means[(n * S + e) * Dv], Dv);
-        }
-        F* dqt = row(dq, L.dq, b, t, h, Dk);
-        for (int64_t i = 0; i < Dk; ++i) dqt[i] = gqu[i] + gqr[i];
-        axpy(F(1), gqu.data(), du + h * Dk, Dk);
-        axpy(F(1), gqr.data(), dvr + h * Dk, Dk);
-      }
-      // dv_j += sum_{n >= n(j)+2} g_means^(n)[z_j] / N^(n)[z_j]: carry holds that sum for block m.
-      std::fill(carry.begin(), carry.end(), F(0));
-      for (int64_t m = R - 1; m >= 0; --m) {
-        if (m + 2 < R)
           for (int64_t e = 0; e < S; ++e) {
-            const F N = cache.counts(m + 2)[e];
-            if (N > 0) axpy(F(1) / N, &g_means[((m + 2) * S + e) * Dv], &carry[e * Dv], Dv);
+            if (!(cache.counts(n)[e] > 0)) continue;
+            const F w = std::exp(r.s[r.nw + e] - lse_t);
+            const F gs = w * (dot(do_t, cache.means(n, e), Dv) - delta);
+            axpy(gs, cb + e * Dk, gqu.data(), Dk);
+            axpy(w, do_t, &g_means[(n * S + e) * Dv], Dv);
           }
-        for (int64_t j = m * L.Lb; j < std::min(L.T, (m + 1) * L.Lb); ++j)
-          axpy(F(1), &carry[z[(b * L.T + j) * L.H + h] * Dv], row(dv, L.dv, b, j, h, Dv), Dv);
-      }
+          F* dqt = row(dq, L.dq, b, t, h, Dk);
+          for (int64_t i = 0; i < Dk; ++i) dqt[i] = gqu[i] + gqr[i];
+          axpy(F(1), gqu.data(), du + h * Dk, Dk);
+          axpy(F(1), gqr.data(), dvr + h * Dk, Dk);
+        }
+        // dv_j += sum_{n >= n(j)+2} g_means^(n)[z_j] / N^(n)[z_j]: carry holds that sum for block m.
+        std::fill(carry.begin(), carry.end(), F(0));
+        for (int64_t m = cache.R - 1; m >= 0; --m) {
+          if (m + 2 < cache.R)
+            for (int64_t e = 0; e < S; ++e) {
+              const F N = cache.counts(m + 2)[e];
+              if (N > 0) axpy(F(1) / N, &g_means[((m + 2) * S + e) * Dv], &carry[e * Dv], Dv);
+            }
+          for (int64_t j = a + m * L.Lb; j < std::min(t_end, a + (m + 1) * L.Lb); ++j)
+            axpy(F(1), &carry[z[(b * L.T + j) * L.H + h] * Dv], row(dv, L.dv, b, j, h, Dv), Dv);
+        }
+      });
     }
 }
 
@@ -192,11 +201,14 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
       const F* kt = khat + b * L.khat + h * Dk;
       const F* vt = v + b * L.v + h * Dv;
       vq_cpu::biased_queries(q + b * L.q + h * Dk, u + h * Dk, vr + h * Dk, Dk, qu.data(), qr.data());
-      // s[d] for distance d = 0..n_ring (d = 0: the token itself), then the cache.
+      // s[d] for distance d = 0..n_ring (d = 0: the token itself; -inf for slots emptied by a
+      // document start), then the cache.
       auto key_at = [&](int64_t d) { return d == 0 ? kt : kh_rows + ((pos - d) % Lb) * Dk; };
       auto value_at = [&](int64_t d) { return d == 0 ? vt : v_rows + ((pos - d) % Lb) * Dv; };
+      auto present = [&](int64_t d) { return d == 0 || ring_z[bh * Lb + (pos - d) % Lb] >= 0; };
       for (int64_t d = 0; d <= n_ring; ++d)
-        s[d] = dot(qu.data(), key_at(d), Dk) + dot(qr.data(), rho + (h * (Lb + 1) + d) * Dk, Dk);
+        s[d] = present(d) ? dot(qu.data(), key_at(d), Dk) + dot(qr.data(), rho + (h * (Lb + 1) + d) * Dk, Dk)
+                          : -std::numeric_limits<F>::infinity();
       for (int64_t e = 0; e < S; ++e)
         s[n_ring + 1 + e] =
             N[e] > 0 ? dot(qu.data(), cb + e * Dk, Dk) + std::log(N[e]) : -std::numeric_limits<F>::infinity();
@@ -205,12 +217,13 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
       for (int64_t e = 0; e < n_ring + 1 + S; ++e) den += std::exp(s[e] - m);
       F* ob = o + b * L.o + h * Dv;
       std::fill(ob, ob + Dv, F(0));
-      for (int64_t d = 0; d <= n_ring; ++d) axpy(std::exp(s[d] - m) / den, value_at(d), ob, Dv);
+      for (int64_t d = 0; d <= n_ring; ++d)
+        if (present(d)) axpy(std::exp(s[d] - m) / den, value_at(d), ob, Dv);
       for (int64_t e = 0; e < S; ++e)
         if (N[e] > 0) axpy(std::exp(s[n_ring + 1 + e] - m) / den, U + e * Dv, ob, Dv);
       // The token at pos - Lb leaves the window; the new token takes its slot.
       const int64_t slot = pos % Lb;
-      if (pos >= Lb) {
+      if (pos >= Lb && ring_z[bh * Lb + slot] >= 0) {
         const int32_t ze = ring_z[bh * Lb + slot];
         N[ze] += 1;
         const F* ve = v_rows + slot * Dv;

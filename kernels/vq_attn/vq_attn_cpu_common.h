@@ -25,6 +25,17 @@ void axpy(F a, const F* x, F* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// fn(a, e) for every document [a, e) of row b in order: the whole row without document bounds.
+template <class Fn>
+void for_each_document(const VqAttnLayout& L, int64_t b, Fn fn) {
+  if (!L.docs.defined()) return fn(int64_t{0}, L.T);
+  for (int64_t a = 0; a < L.T;) {
+    const int64_t e = L.docs.end[b * L.T + a];
+    fn(a, e);
+    a = e;
+  }
+}
+
 // The biased queries of one token: qu = q + u, qr = q + vr.
 template <class F>
 void biased_queries(const F* q, const F* u, const F* vr, int64_t Dk, F* qu, F* qr) {

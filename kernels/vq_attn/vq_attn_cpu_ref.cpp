@@ -1,6 +1,8 @@
 // CPU quadratic VQ-attention (docs/transformer_vq.md §2), the test oracle of the block form: every query scores
 // every earlier key; keys more than one block back use the codeword C_{z_j} (a constant: no
 // gradient reaches khat_j from there, docs/transformer_vq.md §4.2), the others khat_j. Math in vq_attn.h.
+// With document bounds a query scores only its own document's keys, blocks counted from the
+// document's first token a: the masks of vq_attn.h written out, key by key.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -16,23 +18,26 @@ using vq_cpu::row;
 
 namespace {
 
-// Scores of query t against keys 0..t, and whether each key is in the uncompressed window.
+// Scores of query t against keys a..t (a: the first token of t's document, 0 without bounds),
+// and whether each key is in the uncompressed window.
 template <class F>
 struct QuadraticRow {
   const VqAttnLayout& L;
-  std::vector<F> qu, qr, s;
+  std::vector<F> qu, qr, s;  // s[j] for j in a..t
+  int64_t a = 0;
 
   explicit QuadraticRow(const VqAttnLayout& l)
       : L(l), qu(static_cast<size_t>(l.Dk)), qr(static_cast<size_t>(l.Dk)), s(static_cast<size_t>(l.T)) {}
 
-  bool in_window(int64_t t, int64_t j) const { return j / L.Lb >= t / L.Lb - 1; }
+  bool in_window(int64_t t, int64_t j) const { return (j - a) / L.Lb >= (t - a) / L.Lb - 1; }
   const F* key(const F* khat, const int32_t* z, const F* cb, int64_t b, int64_t h, int64_t t, int64_t j) const {
     return in_window(t, j) ? row(khat, L.khat, b, j, h, L.Dk) : cb + z[(b * L.T + j) * L.H + h] * L.Dk;
   }
   void scores(const F* q, const F* khat, const int32_t* z, const F* cb, const F* u, const F* vr, const F* rho,
               int64_t b, int64_t h, int64_t t) {
+    a = L.docs.defined() ? L.docs.start[b * L.T + t] : 0;
     vq_cpu::biased_queries(row(q, L.q, b, t, h, L.Dk), u + h * L.Dk, vr + h * L.Dk, L.Dk, qu.data(), qr.data());
-    for (int64_t j = 0; j <= t; ++j) {
+    for (int64_t j = a; j <= t; ++j) {
       s[j] = dot(qu.data(), key(khat, z, cb, b, h, t, j), L.Dk);
       if (t - j <= L.Lb) s[j] += dot(qr.data(), rho + (h * (L.Lb + 1) + t - j) * L.Dk, L.Dk);
     }
@@ -50,12 +55,12 @@ void vq_attn_fwd_quadratic_cpu(const VqAttnLayout& L, const F* q, const F* khat,
       const F* cb = codebook + h * L.S * L.Dk;
       for (int64_t t = 0; t < L.T; ++t) {
         r.scores(q, khat, z, cb, u, vr, rho, b, h, t);
-        const F m = *std::max_element(r.s.begin(), r.s.begin() + t + 1);
+        const F m = *std::max_element(r.s.begin() + r.a, r.s.begin() + t + 1);
         F d = 0;
-        for (int64_t j = 0; j <= t; ++j) d += std::exp(r.s[j] - m);
+        for (int64_t j = r.a; j <= t; ++j) d += std::exp(r.s[j] - m);
         F* ot = row(o, L.o, b, t, h, L.Dv);
         std::fill(ot, ot + L.Dv, F(0));
-        for (int64_t j = 0; j <= t; ++j) axpy(std::exp(r.s[j] - m) / d, row(v, L.v, b, j, h, L.Dv), ot, L.Dv);
+        for (int64_t j = r.a; j <= t; ++j) axpy(std::exp(r.s[j] - m) / d, row(v, L.v, b, j, h, L.Dv), ot, L.Dv);
         lse[(b * L.T + t) * L.H + h] = m + std::log(d);
       }
     }
@@ -87,7 +92,7 @@ void vq_attn_bwd_quadratic_cpu(const VqAttnLayout& L, const F* q, const F* khat,
         const F lse_t = lse[(b * L.T + t) * L.H + h];
         std::fill(gqu.begin(), gqu.end(), F(0));
         std::fill(gqr.begin(), gqr.end(), F(0));
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = r.a; j <= t; ++j) {
           const F w = std::exp(r.s[j] - lse_t);
           const F* vj = row(v, L.v, b, j, h, Dv);
           const F gs = w * (dot(do_t, vj, Dv) - delta);

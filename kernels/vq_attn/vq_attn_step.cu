@@ -3,7 +3,8 @@
 // and itself; distance d uses rho_d) and the S cache entries ((q+u).C_s + log N_s, -inf where
 // empty); a fixed-order block softmax; threads own output dims and walk the entries in order.
 // Then the token at pos-Lb leaves the window for the cache (N[z] += 1, Ubar[z] += (v - Ubar[z]) / N[z])
-// and the new token (its rounded khat and v, in f32) takes its ring slot. State f32.
+// and the new token (its rounded khat and v, in f32) takes its ring slot. State f32. Ring slots
+// with z = -1 (emptied by a document start) score -inf and never enter the cache.
 #include "common/cuda_common.cuh"
 #include "vq_attn/vq_attn.h"
 
@@ -49,9 +50,11 @@ __global__ void __launch_bounds__(kThreads) vq_attn_step_kernel(
       sc = 0;
       if (e == 0) {
         for (int64_t i = 0; i < L.Dk; ++i) sc += qu[i] * to_float(kt[i]) + qr[i] * rd[i];
-      } else {
+      } else if (ring_z[bh * Lb + (pos - e) % Lb] >= 0) {
         const float* kr = kh_rows + ((pos - e) % Lb) * L.Dk;
         for (int64_t i = 0; i < L.Dk; ++i) sc += qu[i] * kr[i] + qr[i] * rd[i];
+      } else {
+        sc = -INFINITY;
       }
     } else {
       const int64_t c = e - n_ring - 1;
@@ -74,8 +77,8 @@ __global__ void __launch_bounds__(kThreads) vq_attn_step_kernel(
   }
   den = cuda::block_sum(den, scratch);  // ends after a barrier: every score is in place
   const int64_t slot = pos % Lb;
-  const int32_t z_out = pos >= Lb ? ring_z[bh * Lb + slot] : 0;
-  const float n_out = pos >= Lb ? N[z_out] + 1 : 0.f;
+  const int32_t z_out = pos >= Lb ? ring_z[bh * Lb + slot] : -1;
+  const float n_out = z_out >= 0 ? N[z_out] + 1 : 0.f;
   for (int64_t d = threadIdx.x; d < L.Dv; d += kThreads) {
     float acc = scores[0] * to_float(vt[d]);
     for (int64_t e = 1; e <= n_ring; ++e) acc += scores[e] * v_rows[((pos - e) % Lb) * L.Dv + d];
@@ -86,17 +89,29 @@ __global__ void __launch_bounds__(kThreads) vq_attn_step_kernel(
   __syncthreads();  // every thread has read the state before it changes
   for (int64_t d = threadIdx.x; d < L.Dv; d += kThreads) {
     float* vs = v_rows + slot * L.Dv + d;
-    if (pos >= Lb) U[z_out * L.Dv + d] += (*vs - U[z_out * L.Dv + d]) / n_out;
+    if (z_out >= 0) U[z_out * L.Dv + d] += (*vs - U[z_out * L.Dv + d]) / n_out;
     *vs = to_float(vt[d]);
   }
   for (int64_t i = threadIdx.x; i < L.Dk; i += kThreads) ring_khat[(bh * Lb + slot) * L.Dk + i] = to_float(kt[i]);
   if (threadIdx.x == 0) {
-    if (pos >= Lb) N[z_out] = n_out;
+    if (z_out >= 0) N[z_out] = n_out;
     ring_z[bh * Lb + slot] = z[bh];
   }
 }
 
 }  // namespace
+
+void vq_attn_state_start_document_cuda(const Ctx& ctx, const VqAttnState& state, int64_t row) {
+  cudaStream_t st = cuda::stream_of(ctx);
+  // Row `row` of a contiguous [B, ...] tensor set bytewise (0xff: every int32 -1, the slot absent).
+  auto set_row = [&](const Tensor& t, int byte) {
+    const size_t bytes = t.nbytes() / static_cast<size_t>(t.size(0));
+    LINAC_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(t.ptr) + static_cast<size_t>(row) * bytes, byte, bytes, st));
+  };
+  set_row(state.counts, 0);
+  set_row(state.means, 0);
+  set_row(state.z, 0xff);
+}
 
 void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,

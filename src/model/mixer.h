@@ -99,6 +99,12 @@ class Mixer {
     throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
   }
   virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out);
+
+ protected:
+  // The default prefill: step token by token; with doc_starts (host_doc_starts of the prompt),
+  // start_document before every token of a row that starts a document after the first.
+  void prefill_by_steps(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out,
+                        const std::vector<int32_t>& doc_starts);
 };
 
 }  // namespace linac

@@ -8,19 +8,15 @@
 #include <cmath>
 #include <string>
 
+#include "document_checks.h"
+#include "elementwise/elementwise.h"
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
 
 namespace linac {
 namespace {
 
-// Token t of a [B,T,H,D] view as a [B,H,D] view.
-Tensor token(const Tensor& x, int64_t t) {
-  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
-           x.device, {x.size(0), x.size(2), x.size(3)});
-  r.strides = {x.strides[0], x.size(3), 1};
-  return r;
-}
+using test::token;
 
 struct Shape {
   int64_t B, T, H, Dk, Dv, S, Lb;
@@ -204,6 +200,141 @@ TEST(VqAttnCpu, DecodeStepsMatchForward) {
     for (double c : counts) total += c;
     EXPECT_EQ(total, static_cast<double>(sh.B * sh.H * std::max<int64_t>(0, sh.T - sh.Lb)));
   }
+}
+
+// Documents (vq_attn.h): both forms over rows of packed documents equal every document run alone
+// as its own sequence, forward (o, lse) and backward (dq, dkhat, dv; du, dvr, drho summed over the
+// documents). T = 37 with Lb 8 and 5: documents of one token, shorter than a block, starting
+// exactly at a block boundary, spanning several blocks (so their caches fill), a row that is one
+// document. khat is moved off the codewords so that the forward, not only dkhat, depends on where
+// a document's blocks begin.
+void check_documents_alone(DType dt, double tol) {
+  const std::vector<std::vector<int64_t>> lengths = {{1, 7, 8, 5, 16}, {37}, {3, 1, 1, 3, 9, 20}};
+  const test::PackedWindow w = test::packed_window(lengths, 16, 3);
+  const int32_t* bounds = w.docs->data<int32_t>();
+  for (const int64_t Lb : {8, 5}) {
+    SCOPED_TRACE("Lb " + std::to_string(Lb));
+    const Shape sh{3, 37, 2, 6, 5, 5, Lb};
+    Problem p(sh, 9);
+    const Tensor kh = p.khat(p.in);
+    const auto noise = test::random_values(static_cast<size_t>(sh.B * sh.T * sh.H * sh.Dk), 31, -0.3, 0.3);
+    for (int64_t bt = 0, i = 0; bt < sh.B * sh.T; ++bt)
+      for (int64_t e = 0; e < sh.H * sh.Dk; ++e) kh.data<double>()[bt * p.W + e] += noise[static_cast<size_t>(i++)];
+    auto cv = [&](const Tensor& x) { return to(x, Device::CPU, dt); };
+    const OwnedTensor in = cv(p.in), cb = cv(p.codebook), u = cv(p.u), vr = cv(p.vr), rho = cv(p.rho), dout = cv(p.dout);
+    struct Out {
+      OwnedTensor o, lse, grad, du, dvr, drho;
+    };
+    auto fresh = [&] {
+      Out r{OwnedTensor(dt, Device::CPU, {sh.B, sh.T, sh.H, sh.Dv}), OwnedTensor(dt, Device::CPU, {sh.B, sh.T, sh.H}),
+            OwnedTensor(dt, Device::CPU, {sh.B, sh.T, p.W}), OwnedTensor(dt, Device::CPU, {sh.H, sh.Dk}),
+            OwnedTensor(dt, Device::CPU, {sh.H, sh.Dk}), OwnedTensor(dt, Device::CPU, {sh.H, sh.Lb + 1, sh.Dk})};
+      for (const Tensor* t : {&r.o.t, &r.lse.t, &r.grad.t}) test::poison(*t);
+      for (const Tensor* t : {&r.du.t, &r.dvr.t, &r.drho.t}) zero_tensor(*t);
+      return r;
+    };
+    auto values = [&](const Out& r) {
+      std::vector<std::vector<double>> v = {to_doubles(r.o), to_doubles(r.lse)};
+      for (const Tensor& x : {p.q(r.grad), p.khat(r.grad), p.v(r.grad)}) v.push_back(test::view_values(x));
+      for (const Tensor* x : {&r.du.t, &r.dvr.t, &r.drho.t}) v.push_back(to_doubles(*x));
+      return v;
+    };
+    const char* names[] = {"o", "lse", "dq", "dkhat", "dv", "du", "dvr", "drho"};
+    for (const VqAttnForm form : {VqAttnForm::Block, VqAttnForm::Quadratic}) {
+      SCOPED_TRACE(form == VqAttnForm::Block ? "block" : "quadratic");
+      Out packed = fresh(), alone = fresh();
+      VqAttnOpts opts = p.opts;
+      opts.docs = {bounds, bounds + sh.B * sh.T};
+      vq_attn_fwd(Ctx{}, p.q(in), p.khat(in), p.z, p.v(in), cb, u, vr, rho, packed.o, packed.lse, opts, form);
+      vq_attn_bwd(Ctx{}, p.q(in), p.khat(in), p.z, p.v(in), cb, u, vr, rho, packed.o, packed.lse, dout,
+                  p.q(packed.grad), p.khat(packed.grad), p.v(packed.grad), packed.du, packed.dvr, packed.drho, opts,
+                  form);
+      OwnedTensor du(dt, Device::CPU, {sh.H, sh.Dk}), dvr(dt, Device::CPU, {sh.H, sh.Dk});
+      OwnedTensor drho(dt, Device::CPU, {sh.H, sh.Lb + 1, sh.Dk});
+      for (int64_t b = 0; b < sh.B; ++b) {
+        int64_t s = 0;
+        for (const int64_t n : lengths[static_cast<size_t>(b)]) {
+          auto seg = [&](const Tensor& x) { return x.narrow(0, b, 1).narrow(1, s, n); };
+          vq_attn_fwd(Ctx{}, seg(p.q(in)), seg(p.khat(in)), seg(p.z), seg(p.v(in)), cb, u, vr, rho, seg(alone.o),
+                      seg(alone.lse), p.opts, form);
+          vq_attn_bwd(Ctx{}, seg(p.q(in)), seg(p.khat(in)), seg(p.z), seg(p.v(in)), cb, u, vr, rho, seg(alone.o),
+                      seg(alone.lse), seg(dout), seg(p.q(alone.grad)), seg(p.khat(alone.grad)),
+                      seg(p.v(alone.grad)), du, dvr, drho, p.opts, form);
+          add_inplace(Ctx{}, alone.du, du, 1.f);
+          add_inplace(Ctx{}, alone.dvr, dvr, 1.f);
+          add_inplace(Ctx{}, alone.drho, drho, 1.f);
+          s += n;
+        }
+      }
+      const auto got = values(packed), want = values(alone);
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(test::all_finite(got[i])) << names[i];
+        EXPECT_LT(test::rel_error(got[i], want[i]), tol) << names[i];
+      }
+      // Without the bounds the later documents see their predecessors.
+      Out stream = fresh();
+      vq_attn_fwd(Ctx{}, p.q(in), p.khat(in), p.z, p.v(in), cb, u, vr, rho, stream.o, stream.lse, p.opts, form);
+      EXPECT_GT(test::rel_error(to_doubles(stream.o), got[0]), 1e-3);
+    }
+  }
+}
+
+TEST(VqAttnCpu, DocumentsEqualEachDocumentAlone) {
+  {
+    SCOPED_TRACE("double");
+    check_documents_alone(DType::F64, 1e-12);
+  }
+  SCOPED_TRACE("float");
+  check_documents_alone(DType::F32, 2e-5);
+}
+
+// Document bounds need both arrays (each document's end is read).
+TEST(VqAttnCpu, DocumentsNeedBothBounds) {
+  Problem p({1, 5, 1, 4, 3, 3, 2});
+  OwnedTensor o(DType::F64, Device::CPU, {1, 5, 1, 3}), lse(DType::F64, Device::CPU, {1, 5, 1});
+  const int32_t start[5] = {0, 0, 2, 2, 2};
+  VqAttnOpts opts = p.opts;
+  opts.docs.start = start;
+  EXPECT_THROW(vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, opts),
+               Error);
+}
+
+// Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb,
+// row 0 continues exactly as the forward of its second document alone (ring slots of the first
+// document absent, cache empty, then refilled), while row 1 decodes on as its one-document forward.
+TEST(VqAttnCpu, DecodeStartDocumentMatchesDocumentAlone) {
+  const Shape sh{2, 23, 2, 6, 5, 4, 4};
+  const int64_t n1 = 7;
+  Problem p(sh);
+  const auto ref = p.forward(VqAttnForm::Block);
+  Problem::Out second{OwnedTensor(DType::F64, Device::CPU, {1, sh.T - n1, sh.H, sh.Dv}),
+                      OwnedTensor(DType::F64, Device::CPU, {1, sh.T - n1, sh.H})};
+  auto seg = [&](const Tensor& x) { return x.narrow(0, 0, 1).narrow(1, n1, sh.T - n1); };
+  vq_attn_fwd(Ctx{}, seg(p.q(p.in)), seg(p.khat(p.in)), seg(p.z), seg(p.v(p.in)), p.codebook, p.u, p.vr, p.rho,
+              second.o, second.lse, p.opts);
+  OwnedTensor rk(DType::F64, Device::CPU, {sh.B, sh.H, sh.Lb, sh.Dk}), rv(DType::F64, Device::CPU, {sh.B, sh.H, sh.Lb, sh.Dv});
+  OwnedTensor rz(DType::I32, Device::CPU, {sh.B, sh.H, sh.Lb}), n(DType::F64, Device::CPU, {sh.B, sh.H, sh.S});
+  OwnedTensor m(DType::F64, Device::CPU, {sh.B, sh.H, sh.S, sh.Dv});
+  const VqAttnState st{rk, rv, rz, n, m};
+  vq_attn_state_reset(Ctx{}, st);
+  OwnedTensor o(DType::F64, Device::CPU, {sh.B, sh.T, sh.H, sh.Dv});
+  test::poison(o);
+  for (int64_t t = 0; t < sh.T; ++t) {
+    if (t == n1) vq_attn_state_start_document(Ctx{}, st, 0);
+    OwnedTensor zc(DType::I32, Device::CPU, {sh.B, sh.H});
+    for (int64_t b = 0; b < sh.B; ++b)
+      for (int64_t h = 0; h < sh.H; ++h) zc->data<int32_t>()[b * sh.H + h] = p.z->data<int32_t>()[(b * sh.T + t) * sh.H + h];
+    vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u,
+                 p.vr, p.rho, st, t, token(o.t, t));
+  }
+  EXPECT_LT(test::rel_error(test::view_values(o->narrow(0, 0, 1).narrow(1, n1, sh.T - n1)), to_doubles(second.o)), 1e-12);
+  EXPECT_LT(test::rel_error(test::view_values(o->narrow(0, 0, 1).narrow(1, 0, n1)),
+                            test::view_values(ref.o->narrow(0, 0, 1).narrow(1, 0, n1))), 1e-12);
+  EXPECT_LT(test::rel_error(test::view_values(o->narrow(0, 1, 1)), test::view_values(ref.o->narrow(0, 1, 1))), 1e-12);
+  // Row 0's cache holds only its second document's tokens older than Lb.
+  double row0 = 0;
+  for (int64_t i = 0; i < sh.H * sh.S; ++i) row0 += n->data<double>()[i];
+  EXPECT_EQ(row0, static_cast<double>(sh.H * (sh.T - n1 - sh.Lb)));
 }
 
 // Squared distance computed directly, for the brute-force checks.

@@ -225,13 +225,7 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
   }
 }
 
-// Token t of a [B,T,H,D] view as a [B,H,D] view.
-Tensor token(const Tensor& x, int64_t t) {
-  Tensor r(static_cast<char*>(x.ptr) + t * x.strides[1] * static_cast<int64_t>(dtype_size(x.dtype)), x.dtype,
-           x.device, {x.size(0), x.size(2), x.size(3)});
-  r.strides = {x.strides[0], x.size(3), 1};
-  return r;
-}
+using test::token;
 
 // Decode steps on the GPU, token after token through the window boundary and into the cache,
 // reproduce the CPU block forward (double) on the same rounded inputs.

@@ -184,7 +184,7 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_fwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
-                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_});
+                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_, env_.docs});
   }
   Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
@@ -229,7 +229,7 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
                 r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
-                dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_});
+                dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_, env_.docs});
   }
   add_inplace(ctx, ps.grad(u_), du, 1.f);
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);
@@ -285,6 +285,14 @@ std::unique_ptr<MixerState> VqGauMixer::init_state(int64_t B) {
   st->means = OwnedTensor(env_.stat, dev, {B, H_, S_, Dvh_});
   vq_attn_state_reset(env_.ctx, st->view());
   return st;
+}
+
+void VqGauMixer::start_document(MixerState& state, int64_t row) {
+  vq_attn_state_start_document(env_.ctx, dynamic_cast<VqGauState&>(state).view(), row);
+}
+
+void VqGauMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+  prefill_by_steps(ctx, state, x, out, host_doc_starts(env_, x.size(0), x.size(1)));
 }
 
 void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {

@@ -27,6 +27,11 @@
 // scaled, khat (act), z (int32), the norms' rstd and lse (f32 on the GPU).
 // Decoding: per sequence a ring of Lb quantized keys and values plus S per-code counts and value
 // means per head: constant memory whatever the length.
+// Documents (docs/transformer_vq.md §3.4): the attention runs each document as a sequence of its
+// own (blocks counted from its first token, the cache empty there); the codebook statistics count
+// every key as before. start_document empties a row's cache and ring (the batch's position runs
+// on: every term depends only on distances); prefill steps token by token and starts the
+// documents of the prompt as it goes.
 #pragma once
 
 #include "config/config.h"
@@ -60,6 +65,9 @@ class VqGauMixer final : public Mixer {
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  bool supports_documents() const override { return true; }
+  void start_document(MixerState& state, int64_t row) override;
+  void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
   // codebook = c_sum / max(c_count, 0.01), into scratch; rho [H, Lb+1, Dk] from Wr, into scratch.

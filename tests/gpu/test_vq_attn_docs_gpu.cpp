@@ -1,0 +1,231 @@
+// VQ-attention with document bounds (vq_attn.h) on the GPU against the CPU block reference (double)
+// on the same rounded inputs, f32 and bf16: forward (o, lse) and backward from the GPU's o and lse
+// (dq, dkhat, dv, and du, dvr, drho summed over the documents), over packed rows with documents of
+// one token, shorter than a block, starting exactly at the block boundaries 64 and 128, spanning
+// several blocks (their caches fill), and a row that is one document; khat off the codewords (the
+// forward then depends on where each document's blocks begin); stream results unchanged by the
+// documents path's existence (bounds of one document per row == no bounds, bit for bit). Decode
+// steps with a document started in one row mid-batch against the CPU steps.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "document_checks.h"
+#include "test_util.h"
+#include "vq_attn/vq_attn.h"
+
+namespace linac {
+namespace {
+
+const std::vector<std::vector<int64_t>> kLayouts = {
+    {1, 63, 64, 5, 67}, {200}, {17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13}, {130, 1, 1, 68}};
+
+struct Case {
+  int64_t H, Dk, Dv, S, Lb;
+};
+
+std::string name(const Case& c) {
+  return "H=" + std::to_string(c.H) + " Dk=" + std::to_string(c.Dk) + " Dv=" + std::to_string(c.Dv) +
+         " S=" + std::to_string(c.S) + " Lb=" + std::to_string(c.Lb);
+}
+
+// Blocks of 64 (documents start on and off block boundaries), of 32 (documents of 67 and 68 fill
+// caches), the paper's single head on a codebook larger than a block's tokens.
+const Case kCases[] = {{2, 64, 64, 37, 64}, {1, 32, 96, 7, 32}, {1, 128, 256, 512, 64}};
+
+// Host f64 inputs: q|khat|v side by side in one [B, T, W] buffer (strided views, as the mixer
+// passes them); khat is the codeword of z plus noise.
+struct Inputs {
+  Case c;
+  test::PackedWindow window;
+  int64_t B, T, W;
+  OwnedTensor qkv, z, codebook, u, vr, rho, dout;
+  explicit Inputs(const Case& cs)
+      : c(cs), window(test::packed_window(kLayouts, 16, 9)), B(window.B), T(window.T),
+        W((cs.H * (2 * cs.Dk + cs.Dv) + 7) / 8 * 8 + 8),
+        qkv(test::random_tensor({B, T, W}, DType::F64, 1, -0.5, 0.5)), z(DType::I32, Device::CPU, {B, T, cs.H}),
+        codebook(test::random_tensor({cs.H, cs.S, cs.Dk}, DType::F64, 2, -0.5, 0.5)),
+        u(test::random_tensor({cs.H, cs.Dk}, DType::F64, 3, -0.2, 0.2)),
+        vr(test::random_tensor({cs.H, cs.Dk}, DType::F64, 4, -0.2, 0.2)),
+        rho(test::random_tensor({cs.H, cs.Lb + 1, cs.Dk}, DType::F64, 5, -0.5, 0.5)),
+        dout(test::random_tensor({B, T, cs.H, cs.Dv}, DType::F64, 6)) {
+    OwnedTensor cb32 = to(codebook, Device::CPU, DType::F32);
+    convert_host(codebook, cb32);
+    const auto r = test::random_values(static_cast<size_t>(B * T * cs.H), 7, 0, static_cast<double>(cs.S));
+    const auto noise = test::random_values(static_cast<size_t>(B * T * cs.H * cs.Dk), 8, -0.1, 0.1);
+    double* buf = qkv->data<double>();
+    for (int64_t bt = 0; bt < B * T; ++bt)
+      for (int64_t h = 0; h < cs.H; ++h) {
+        const int32_t code = std::min(static_cast<int32_t>(r[bt * cs.H + h]), static_cast<int32_t>(cs.S - 1));
+        z->data<int32_t>()[bt * cs.H + h] = code;
+        for (int64_t d = 0; d < cs.Dk; ++d)
+          buf[bt * W + cs.H * cs.Dk + h * cs.Dk + d] = codebook->data<double>()[(h * cs.S + code) * cs.Dk + d] +
+                                                      noise[(bt * cs.H + h) * cs.Dk + d];
+      }
+  }
+  Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
+  Tensor khat(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
+  Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  // The bounds, on the host or copied to the GPU.
+  const int32_t* bounds() const { return window.docs->data<int32_t>(); }
+};
+
+struct Result {
+  OwnedTensor o, lse, grad, du, dvr, drho;  // grad: dq | dkhat | dv in the fused layout
+};
+
+// Forward, then backward from (o_in, lse_in) when given, else from its own forward, on ctx's device;
+// B and T those of qkv.
+Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& z, const Tensor& cb, const Tensor& u,
+           const Tensor& vr, const Tensor& rho, const Tensor& dout, DType act, DType par, const VqAttnOpts& opts,
+           const Tensor& o_in = Tensor(), const Tensor& lse_in = Tensor()) {
+  const Case& c = in.c;
+  const Device dev = ctx.device;
+  const int64_t B = qkv.size(0), T = qkv.size(1);
+  Result r{OwnedTensor(act, dev, {B, T, c.H, c.Dv}), OwnedTensor(par, dev, {B, T, c.H}),
+           OwnedTensor(act, dev, {B, T, in.W}),      OwnedTensor(par, dev, {c.H, c.Dk}),
+           OwnedTensor(par, dev, {c.H, c.Dk}),              OwnedTensor(par, dev, {c.H, c.Lb + 1, c.Dk})};
+  for (const Tensor* t : {&r.o.t, &r.lse.t, &r.grad.t, &r.du.t, &r.dvr.t, &r.drho.t}) test::poison(*t);
+  vq_attn_fwd(ctx, in.q(qkv), in.khat(qkv), z, in.v(qkv), cb, u, vr, rho, r.o, r.lse, opts);
+  const Tensor& o = o_in.defined() ? o_in : r.o.t;
+  const Tensor& lse = lse_in.defined() ? lse_in : r.lse.t;
+  vq_attn_bwd(ctx, in.q(qkv), in.khat(qkv), z, in.v(qkv), cb, u, vr, rho, o, lse, dout, in.q(r.grad),
+              in.khat(r.grad), in.v(r.grad), r.du, r.dvr, r.drho, opts);
+  ctx_synchronize(ctx);
+  return r;
+}
+
+struct Gpu {
+  OwnedTensor qkv, z, cb, u, vr, rho, dout, docs;
+  Gpu(const Inputs& in, DType act)
+      : qkv(to(in.qkv, Device::CUDA, act)), z(to(in.z, Device::CUDA, DType::I32)),
+        cb(to(in.codebook, Device::CUDA, DType::F32)), u(to(in.u, Device::CUDA, DType::F32)),
+        vr(to(in.vr, Device::CUDA, DType::F32)), rho(to(in.rho, Device::CUDA, DType::F32)),
+        dout(to(in.dout, Device::CUDA, act)), docs(to(in.window.docs, Device::CUDA, DType::I32)) {}
+  VqAttnOpts opts(const Inputs& in) const {
+    const int32_t* d = docs->data<int32_t>();
+    return {in.c.Lb, {d, d + in.B * in.T}};
+  }
+};
+
+void run_parity(DType act, double tol_o, double tol_grad) {
+  GpuContext gctx;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name(c));
+    Inputs in(c);
+    const Gpu g(in, act);
+    Result gr = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, act, DType::F32, g.opts(in));
+    OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), dout_r = to(g.dout, Device::CPU, DType::F64);
+    OwnedTensor u_r = to(g.u, Device::CPU, DType::F64), vr_r = to(g.vr, Device::CPU, DType::F64);
+    OwnedTensor rho_r = to(g.rho, Device::CPU, DType::F64);
+    OwnedTensor o_r = to(gr.o, Device::CPU, DType::F64), lse_r = to(gr.lse, Device::CPU, DType::F64);
+    const VqAttnOpts host{c.Lb, {in.bounds(), in.bounds() + in.B * in.T}};
+    Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, host, o_r,
+                    lse_r);
+    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
+    EXPECT_LT(test::rel_error(gr.lse, cr.lse), tol_o) << "lse";
+    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
+    EXPECT_LT(test::rel_error(test::columns(gr.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
+        << "dv";
+    EXPECT_LT(test::rel_error(gr.du, cr.du), tol_grad) << "du";
+    EXPECT_LT(test::rel_error(gr.dvr, cr.dvr), tol_grad) << "dvr";
+    EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
+    // The reference itself differs from the stream form (the bounds are not a no-op).
+    Result sr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64,
+                    VqAttnOpts{c.Lb, {}});
+    EXPECT_GT(test::rel_error(sr.o, cr.o), 1e-2);
+  }
+}
+
+TEST(VqAttnDocsGpu, ParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::F32, 1e-5, 2e-5);
+}
+
+TEST(VqAttnDocsGpu, ParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity(DType::BF16, 1e-2, 2e-2);
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  const OwnedTensor hx = to(x, Device::CPU, x.dtype), hy = to(y, Device::CPU, y.dtype);
+  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
+}
+
+// Bounds of one document per row run the documents path on whole rows: bit for bit the stream
+// results (the same kernels on the same views; du, dvr, drho summed over rows in row order).
+TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c = kCases[0];
+  Inputs in(c);
+  const Gpu g(in, DType::BF16);
+  OwnedTensor whole(DType::I32, Device::CPU, {2, in.B, in.T});
+  for (int64_t i = 0; i < in.B * in.T; ++i) {
+    whole->data<int32_t>()[i] = 0;
+    whole->data<int32_t>()[in.B * in.T + i] = static_cast<int32_t>(in.T);
+  }
+  const OwnedTensor whole_d = to(whole, Device::CUDA, DType::I32);
+  const int32_t* d = whole_d->data<int32_t>();
+  // One row, so the stream call and the documents path's single call see the same shape.
+  auto row0 = [](const Tensor& x) { return x.narrow(0, 0, 1); };
+  const VqAttnOpts docs{c.Lb, {d, d + in.B * in.T}}, stream{c.Lb, {}};  // row 0 of start and of end
+  const Result a = run(gctx.ctx(), in, row0(g.qkv), row0(g.z), g.cb, g.u, g.vr, g.rho, row0(g.dout), DType::BF16,
+                       DType::F32, docs);
+  const Result b = run(gctx.ctx(), in, row0(g.qkv), row0(g.z), g.cb, g.u, g.vr, g.rho, row0(g.dout), DType::BF16,
+                       DType::F32, stream);
+  EXPECT_TRUE(same_bits(a.o, b.o));
+  EXPECT_TRUE(same_bits(a.grad, b.grad));
+  EXPECT_TRUE(same_bits(a.du, b.du) && same_bits(a.dvr, b.dvr) && same_bits(a.drho, b.drho));
+}
+
+using test::token;
+
+// Decode steps on the GPU with row 0 starting a document at token 45 (not a multiple of Lb = 8,
+// after its cache has filled), row 1 decoding on: equal to the same steps on the CPU.
+TEST(VqAttnDocsGpu, DecodeStartDocumentMatchesCpu) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c{2, 64, 96, 7, 8};
+  const int64_t n1 = 45, T = 80;
+  Inputs in(c);
+  for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Gpu g(in, act);
+    const OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), u_r = to(g.u, Device::CPU, DType::F64);
+    const OwnedTensor vr_r = to(g.vr, Device::CPU, DType::F64), rho_r = to(g.rho, Device::CPU, DType::F64);
+    const int64_t B = 2;
+    std::vector<double> outs[2];
+    for (const Device dev : {Device::CPU, Device::CUDA}) {
+      const bool gpu = dev == Device::CUDA;
+      const Ctx ctx = gpu ? gctx.ctx() : Ctx{};
+      const DType st_dt = gpu ? DType::F32 : DType::F64, o_dt = gpu ? act : DType::F64;
+      OwnedTensor rk(st_dt, dev, {B, c.H, c.Lb, c.Dk}), rv(st_dt, dev, {B, c.H, c.Lb, c.Dv});
+      OwnedTensor rz(DType::I32, dev, {B, c.H, c.Lb}), n(st_dt, dev, {B, c.H, c.S}), m(st_dt, dev, {B, c.H, c.S, c.Dv});
+      const VqAttnState st{rk, rv, rz, n, m};
+      vq_attn_state_reset(ctx, st);
+      OwnedTensor o(o_dt, dev, {B, T, c.H, c.Dv});
+      const Tensor qkv = gpu ? g.qkv.t : qkv_r.t;
+      for (int64_t t = 0; t < T; ++t) {
+        if (t == n1) vq_attn_state_start_document(ctx, st, 0);
+        OwnedTensor zc_h(DType::I32, Device::CPU, {B, c.H});
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < c.H; ++h) zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * in.T + t) * c.H + h];
+        const OwnedTensor zc = to(zc_h, dev, DType::I32);
+        auto rows = [&](const Tensor& x) { return token(x.narrow(0, 0, B), t); };
+        vq_attn_step(ctx, rows(in.q(qkv)), rows(in.khat(qkv)), zc, rows(in.v(qkv)), gpu ? g.cb.t : in.codebook.t,
+                     gpu ? g.u.t : u_r.t, gpu ? g.vr.t : vr_r.t, gpu ? g.rho.t : rho_r.t, st, t, token(o.t, t));
+        if (gpu) ctx_synchronize(ctx);
+      }
+      outs[gpu] = to_doubles(o);
+    }
+    EXPECT_LT(test::rel_error(outs[1], outs[0]), act == DType::F32 ? 1e-5 : 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace linac
