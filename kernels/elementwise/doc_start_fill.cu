@@ -25,18 +25,9 @@ void doc_start_fill_cuda(const Ctx& ctx, const Tensor& x, const int32_t* doc_sta
   LINAC_CHECK(x.size(1) < (int64_t{1} << 30), "doc_start_fill (GPU): T too large");
   const int threads = C >= 256 ? 256 : 64;
   const auto T_len = static_cast<int>(x.size(1));
-  switch (x.dtype) {
-    case DType::F32:
-      doc_start_fill_kernel<<<static_cast<unsigned>(rows), threads, 0, cuda::stream_of(ctx)>>>(x.data<float>(), doc_start, T_len,
-                                                                                      C, static_cast<float>(value));
-      break;
-    case DType::BF16:
-      doc_start_fill_kernel<<<static_cast<unsigned>(rows), threads, 0, cuda::stream_of(ctx)>>>(
-          x.data<__nv_bfloat16>(), doc_start, T_len, C, static_cast<float>(value));
-      break;
-    default:
-      LINAC_CHECK(false, "doc_start_fill (GPU): x must be f32 or bf16");
-  }
+  LINAC_GPU_DISPATCH(x.dtype, T,
+                     doc_start_fill_kernel<<<static_cast<unsigned>(rows), threads, 0, cuda::stream_of(ctx)>>>(
+                         x.data<T>(), doc_start, T_len, C, static_cast<float>(value)));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

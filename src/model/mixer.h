@@ -60,6 +60,11 @@ struct MixerState {
 
 // env.docs.start copied to the host ([B*T]; empty without documents), for decoding's bookkeeping.
 std::vector<int32_t> host_doc_starts(const ModelEnv& env, int64_t B, int64_t T);
+// The length of each row's last document in a [B, T] prefill (T for every row without documents):
+// the position a row decodes on from.
+std::vector<int64_t> last_doc_lengths(const ModelEnv& env, int64_t B, int64_t T);
+// Whether every row of a decoding state sits at the same position (then they decode in one call).
+bool rows_agree(const std::vector<int64_t>& pos);
 
 class Mixer {
  public:

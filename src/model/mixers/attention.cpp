@@ -24,7 +24,6 @@ struct AttentionCache final : MixerState {
   // (full attention), or the last `window` of them (sliding window, ring buffer).
   OwnedTensor k, v;
   std::vector<int64_t> pos;  // per row: tokens of its current document seen
-  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
 };
 
 AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
@@ -196,7 +195,7 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
   if (opt_.window == 0) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
   // Rows at one position (no document started mid-batch) decode together.
-  if (st.rows_agree()) {
+  if (rows_agree(st.pos)) {
     step_rows(st, qkv, o, 0, B, st.pos[0]);
   } else {
     for (int64_t b = 0; b < B; ++b) step_rows(st, qkv, o, b, 1, st.pos[static_cast<size_t>(b)]);
@@ -217,13 +216,9 @@ void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x,
   Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
   Tensor k = qkv.select(2, 1), v = qkv.select(2, 2);
   if (opt_.window == 0) reserve_slots(ctx, st, T);  // before the rows' positions: nothing to keep yet
-  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t s = starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)];
-    st.pos[static_cast<size_t>(b)] = T - s;
-  }
+  st.pos = last_doc_lengths(env_, B, T);
   const Tensor kb = k.narrow(0, 0, B), vb = v.narrow(0, 0, B);
-  if (st.rows_agree()) {
+  if (rows_agree(st.pos)) {
     const int64_t s = T - st.pos[0];
     const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
     for (int64_t t = first; t < T; ++t) {

@@ -169,10 +169,8 @@ void BaseConvMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, 
   const Tensor proj = proj_buf_.tensor(env_.act, {N, 2 * E_});
   const Tensor a = btc(proj, B, T, 0, E_), g = btc(proj, B, T, E_, E_);
   Tensor z = env_.scratch->get("conv.step.z", env_.act, {B, E_});
-  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
-  std::vector<int64_t> n(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b)
-    n[static_cast<size_t>(b)] = std::min(W_ - 1, T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]));
+  std::vector<int64_t> n = last_doc_lengths(env_, B, T);
+  for (int64_t& len : n) len = std::min(W_ - 1, len);
   const ShortConvOpts so{opt_.activation == "silu", {}};
   auto push = [&](int64_t b0, int64_t rows, int64_t count) {
     for (int64_t t = T - count; t < T; ++t)

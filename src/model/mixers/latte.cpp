@@ -23,7 +23,6 @@ struct LatteState final : MixerState {
   OwnedTensor conv;     // [B, K-1, d]: the last K-1 conv inputs
   OwnedTensor k, v;     // [B, window, H, Dh]: the local attention's ring buffer (post-RoPE keys)
   std::vector<int64_t> pos;  // per row: tokens of its current document seen (the RoPE / VAPOR position)
-  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
 };
 
 }  // namespace
@@ -338,7 +337,7 @@ void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
     if (opt_.vapor) rope_fwd(ctx, y.narrow(0, b0, n).view({n, 1, H_, Dh_}), opt_.rope_base, p);
   };
   // Rows at one position (no document started mid-batch) go together.
-  const bool agree = st.rows_agree();
+  const bool agree = rows_agree(st.pos);
   if (agree) {
     before(0, B, st.pos[0]);
   } else {
@@ -368,11 +367,8 @@ void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
   forward_to_state(x, out, st.mu);
   const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
   const Tensor xv = xv_buf_.tensor(env_.act, {B * T, Px_});
-  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
-  for (int64_t b = 0; b < B; ++b) {
-    copy_tensor(ctx, st.lse->select(0, b), lse.select(0, b).select(0, T - 1));
-    st.pos[static_cast<size_t>(b)] = T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]);
-  }
+  for (int64_t b = 0; b < B; ++b) copy_tensor(ctx, st.lse->select(0, b), lse.select(0, b).select(0, T - 1));
+  st.pos = last_doc_lengths(env_, B, T);
   // Rows [b0, b0 + n), whose last document starts at s.
   auto hand_over = [&](int64_t b0, int64_t n, int64_t s) {
     if (opt_.conv > 0) {
@@ -389,7 +385,7 @@ void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
         attention_cache_write(ctx, k.select(1, t), v.select(1, t), kc, vc, (t - s) % opt_.window);
     }
   };
-  if (st.rows_agree()) {
+  if (rows_agree(st.pos)) {
     hand_over(0, B, T - st.pos[0]);
   } else {
     for (int64_t b = 0; b < B; ++b) hand_over(b, 1, T - st.pos[static_cast<size_t>(b)]);

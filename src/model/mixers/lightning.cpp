@@ -19,7 +19,6 @@ namespace {
 struct TnlState final : MixerState {
   OwnedTensor S;             // [B, H, Dk, dh]
   std::vector<int64_t> pos;  // per row: tokens of its current document seen (LRPE's position)
-  bool rows_agree() const { return std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; }); }
 };
 
 // ALiBi slopes 2^(-8(h+1)/n) for n a power of two; otherwise those of the largest power of two
@@ -266,7 +265,7 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);
   // LRPE at each row's document position: rows at one position (no document started mid-batch)
   // in one call.
-  if (lrpe_ && st.rows_agree()) {
+  if (lrpe_ && rows_agree(st.pos)) {
     rotate(qa, qk, B, 1, st.pos[0], {});
   } else if (lrpe_) {
     for (int64_t b = 0; b < B; ++b)
@@ -288,9 +287,7 @@ void LightningMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x,
               "LightningMixer::prefill: the state must be fresh");
   // With documents the final state is already that of each row's last document.
   forward_to_state(x, out, st.S);
-  const std::vector<int32_t> starts = host_doc_starts(env_, B, T);
-  for (int64_t b = 0; b < B; ++b)
-    st.pos[static_cast<size_t>(b)] = T - (starts.empty() ? 0 : starts[static_cast<size_t>(b * T + T - 1)]);
+  st.pos = last_doc_lengths(env_, B, T);
 }
 
 }  // namespace linac
