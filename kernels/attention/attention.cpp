@@ -12,23 +12,34 @@ namespace linac {
 
 namespace {
 
-// A [B,T,H,D] argument: same shape as q, head and dim strides fixed, batch/token strides free.
-void check_bthd(const Tensor& x, const Tensor& q, const char* name) {
+// A [B,T,H,D] argument: same shape as `like`, head and dim strides fixed, batch/token strides free.
+void check_bthd(const Tensor& x, const Tensor& like, const char* name) {
   LINAC_CHECK(x.ndim == 4, std::string("attention: ") + name + " must be [B,T,H,D], got " + x.shape_str());
-  LINAC_CHECK_SHAPE(x, q);
+  LINAC_CHECK_SHAPE(x, like);
   LINAC_CHECK(x.strides[3] == 1 && (x.shape[2] == 1 || x.strides[2] == x.shape[3]),
               std::string("attention: ") + name + " must have contiguous [H,D] rows");
-  LINAC_CHECK(x.device == q.device, std::string("attention: ") + name + " is on another device");
+  LINAC_CHECK(x.device == like.device, std::string("attention: ") + name + " is on another device");
+}
+
+// k or v: [B, T, Hk, D] with q's B, T and D, Hk dividing q's H.
+void check_kv(const Tensor& x, const Tensor& q, const char* name) {
+  LINAC_CHECK(x.ndim == 4 && x.size(0) == q.size(0) && x.size(1) == q.size(1) && x.size(3) == q.size(3) &&
+                  x.size(2) > 0 && q.size(2) % x.size(2) == 0,
+              std::string("attention: ") + name + " must be [B,T,Hk,D] with Hk dividing q's heads, got " +
+                  x.shape_str() + " for q " + q.shape_str());
+  Tensor same = q;
+  same.shape[2] = x.size(2);
+  check_bthd(x, same, name);
 }
 
 AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                             const AttentionOpts& opts) {
   check_bthd(q, q, "q");
-  check_bthd(k, q, "k");
-  check_bthd(v, q, "v");
+  check_kv(k, q, "k");
+  check_bthd(v, k, "v");
   check_bthd(o, q, "o");
   AttentionLayout L;
-  L.B = q.size(0), L.T = q.size(1), L.H = q.size(2), L.D = q.size(3);
+  L.B = q.size(0), L.T = q.size(1), L.H = q.size(2), L.D = q.size(3), L.Hk = k.size(2);
   LINAC_CHECK(lse.ndim == 3 && lse.is_contiguous() && lse.size(0) == L.B && lse.size(1) == L.H && lse.size(2) == L.T,
               "attention: lse must be [B,H,T] contiguous, got " + lse.shape_str());
   LINAC_CHECK(opts.window >= 0 && (opts.window == 0 || opts.causal), "attention: a window needs causal attention");
@@ -39,9 +50,9 @@ AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   L.scale = opts.scale != 0 ? opts.scale : 1.0 / std::sqrt(static_cast<double>(L.D));
   L.causal = opts.causal;
   L.window = opts.window;
-  LINAC_CHECK(opts.rope_base >= 0 && (opts.rope_base == 0 || L.D % 2 == 0),
+  LINAC_CHECK(opts.rope.base >= 0 && (!opts.rope.defined() || L.D % 2 == 0),
               "attention: RoPE needs a positive base and an even head dim");
-  L.rope_base = opts.rope_base;
+  L.rope = opts.rope;
   LINAC_CHECK(!opts.docs.defined() || (opts.causal && opts.docs.end), "attention: document bounds need causal "
               "attention and both start and end");
   L.docs = opts.docs;
@@ -68,6 +79,7 @@ void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   const AttentionLayout L = make_layout(q, k, v, o, lse, opts);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(L.Hk == L.H, "attention (GPU): grouped-query attention is not in the GPU kernels yet");
     attention_fwd_cuda(ctx, L, q, k, v, o, lse);
     return;
   }
@@ -82,12 +94,13 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   AttentionLayout L = make_layout(q, k, v, o, lse, opts);
   check_bthd(dout, q, "dout");
   check_bthd(dq, q, "dq");
-  check_bthd(dk, q, "dk");
-  check_bthd(dv, q, "dv");
+  check_bthd(dk, k, "dk");
+  check_bthd(dv, k, "dv");
   auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
   L.dout = strides(dout), L.dq = strides(dq), L.dk = strides(dk), L.dv = strides(dv);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
+    LINAC_CHECK(L.Hk == L.H, "attention (GPU): grouped-query attention is not in the GPU kernels yet");
     attention_bwd_cuda(ctx, L, q, k, v, o, lse, dout, dq, dk, dv);
     return;
   }
@@ -95,9 +108,9 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   LINAC_CPU_DISPATCH(q.dtype, F,
                      attention_bwd_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), o.data<F>(), lse.data<F>(),
                                           dout.data<F>(), dq.data<F>(), dk.data<F>(), dv.data<F>()));
-  if (L.rope_base > 0) {
-    rope_bwd(ctx, dq, L.rope_base, 0, L.docs);
-    rope_bwd(ctx, dk, L.rope_base, 0, L.docs);
+  if (L.rope.defined()) {
+    rope_bwd(ctx, dq, L.rope, 0, L.docs);
+    rope_bwd(ctx, dk, L.rope, 0, L.docs);
   }
 }
 

@@ -5,22 +5,25 @@
 //   allowed(t,s): causal: s <= t (and s > t - window when window > 0); full: every s < T;
 //                 with document bounds (AttentionOpts::docs) also s >= start[b,t]: block-diagonal
 //                 causal masking, tiles wholly outside a query tile's documents skipped
-//   S[t,s] = scale * <q[b,t,h,:], k[b,s,h,:]>          for allowed s, -inf otherwise
+//   S[t,s] = scale * <q[b,t,h,:], k[b,s,g,:]>          for allowed s, -inf otherwise
 //   lse[t] = log sum_s exp(S[t,s]),   P[t,s] = exp(S[t,s] - lse[t])
-//   o[t]   = sum_s P[t,s] v[s]
+//   o[t]   = sum_s P[t,s] v[b,s,g,:]
+// where g = h / (H / Hk) is the key/value head of query head h: grouped-query attention (Ainslie
+// et al. 2023) with Hk key/value heads, Hk dividing H (Hk = H: multi-head; Hk = 1: multi-query).
 // Backward (dO = dout):
 //   dP = dO V^T,  delta[t] = <dO[t], o[t]> (= sum_s P[t,s] dP[t,s]),  dS = P * (dP - delta)
 //   dq = scale * dS K,   dk = scale * dS^T Q,   dv = P^T dO
+// with dk and dv of head g summed over the H / Hk query heads of its group.
 //
-// RoPE (AttentionOpts::rope_base > 0): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
+// RoPE (AttentionOpts::rope defined): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
 // t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e. rope_bwd applied to
 // the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
 // rounding, no extra pass); elsewhere a rope_bwd pass follows.
 //
-// Layout: q, k, v, o, dout, dq, dk, dv are [B, T, H, D] with the last two dims contiguous (head
-// stride D, unit dim stride); batch and token strides are free, since q/k/v (and dq/dk/dv) are
-// views into a fused [B, T, 3, H, D] projection (token stride 3*H*D). lse is [B, H, T]
-// contiguous. dq, dk, dv are overwritten.
+// Layout: q, o, dout, dq are [B, T, H, D] and k, v, dk, dv [B, T, Hk, D], each with the last two
+// dims contiguous (head stride D, unit dim stride); batch and token strides are free, since q/k/v
+// (and dq/dk/dv) are views into a fused [B, T, H + 2 Hk, D] projection (token stride
+// (H + 2 Hk) D). lse is [B, H, T] contiguous. dq, dk, dv are overwritten.
 // Dtypes: CPU: all f32 or all f64, any head dim. GPU: activations all bf16 or all f32, lse f32;
 // head dim 64, 80, 96, 112 or 128 (attention_gpu_head_dim_ok). The GPU backward needs
 // attention_bwd_workspace_bytes() of ctx.workspace, the GPU forward its first 4 bytes (the Hopper
@@ -33,6 +36,7 @@
 #include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
+#include "rope/rope.h"
 
 namespace linac {
 
@@ -40,7 +44,7 @@ struct AttentionOpts {
   float scale = 0;     // softmax scale (> 0); 0 means 1/sqrt(D)
   bool causal = true;
   int64_t window = 0;  // 0: unlimited; > 0: query t sees keys s with t - window < s <= t (needs causal)
-  double rope_base = 0;  // > 0: q and k carry RoPE with this base; the backward returns unrotated dq, dk
+  RopeFreqs rope;        // defined: q and k carry this RoPE; the backward returns unrotated dq, dk
   DocBounds docs;        // defined: causal attention within each document only (core/doc_bounds.h)
 };
 
@@ -50,10 +54,11 @@ struct AttentionLayout {
     int64_t b = 0, t = 0;
   };
   int64_t B = 0, T = 0, H = 0, D = 0;
+  int64_t Hk = 0;    // key/value heads, dividing H
   double scale = 0;  // never 0 here
   bool causal = true;
   int64_t window = 0;
-  double rope_base = 0;
+  RopeFreqs rope;
   DocBounds docs;
   Strides q, k, v, o, dout, dq, dk, dv;
 
@@ -65,6 +70,8 @@ struct AttentionLayout {
     return lo;
   }
   int64_t key_hi(int64_t t) const { return causal ? t : T - 1; }
+  // Query heads per key/value head.
+  int64_t group() const { return H / Hk; }
 };
 
 // Whether the GPU kernels take head dim D: a multiple of 16 from 64 to 128.

@@ -412,7 +412,7 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   for (const Tensor* t : {&k, &v, &o, &dout, &dq, &dk, &dv})
     LINAC_CHECK(t->dtype == q.dtype, "attention (GPU): dtypes must agree");
   if (L.B * L.T * L.H == 0) return;
-  const bool rope = L.rope_base > 0;
+  const bool rope = L.rope.defined();
   const AttentionBwdWorkspace ws = attention_bwd_workspace(L.B, L.T, L.H, L.D, rope);
   LINAC_CHECK(ctx.workspace_bytes >= ws.bytes, "attention (GPU): workspace too small");
   const attn::Args a = attn::make_args(L);
@@ -434,8 +434,8 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   // dq and dk rotated back by -angle, where the kernels did not do it themselves.
   auto rope_pass = [&] {
     if (!rope) return;
-    rope_bwd(ctx, dq, L.rope_base, 0, L.docs);
-    rope_bwd(ctx, dk, L.rope_base, 0, L.docs);
+    rope_bwd(ctx, dq, L.rope, 0, L.docs);
+    rope_bwd(ctx, dk, L.rope, 0, L.docs);
   };
   if (q.dtype == DType::F32) {
     attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,
@@ -452,7 +452,7 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   if (attn::use_sm90(L)) {
     const bool fused = rope && attention_bwd_fuses_rope(L.D);
     float* const table = fused ? reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + ws.rope_table) : nullptr;
-    if (fused) rope_table_cuda(ctx, L.rope_base, L.D, L.T, table);
+    if (fused) rope_table_cuda(ctx, L.rope, L.D, L.T, table);
     attn::bwd_sm90(ctx, a, L, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv, table);
     if (!fused) rope_pass();
     return;

@@ -40,8 +40,14 @@ void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, co
   LINAC_CHECK(o.dtype == q.dtype, "attention_decode: o has another dtype");
   AttentionDecodeLayout L;
   L.B = q.size(0), L.H = q.size(1), L.D = q.size(2);
-  L.S = check_cache(k_cache, q, "attention_decode", "k_cache");
-  LINAC_CHECK(check_cache(v_cache, q, "attention_decode", "v_cache") == L.S,
+  L.Hk = k_cache.ndim == 4 ? k_cache.size(2) : 0;
+  LINAC_CHECK(L.Hk > 0 && L.H % L.Hk == 0, "attention_decode: the caches' heads must divide q's " +
+                                               std::to_string(L.H) + ", got " + k_cache.shape_str());
+  // The caches' [B, Hk, D] rows.
+  Tensor kv_row = q;
+  kv_row.shape[1] = L.Hk;
+  L.S = check_cache(k_cache, kv_row, "attention_decode", "k_cache");
+  LINAC_CHECK(check_cache(v_cache, kv_row, "attention_decode", "v_cache") == L.S,
               "attention_decode: k_cache and v_cache hold different numbers of slots");
   LINAC_CHECK(n_valid >= 1 && n_valid <= L.S,
               "attention_decode: n_valid must be in [1, " + std::to_string(L.S) + "], got " + std::to_string(n_valid));

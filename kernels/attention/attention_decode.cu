@@ -2,8 +2,8 @@
 // kAttentionDecodeSplit cache slots,
 //   S[s] = scale <q, k[s]>,   m = max_s S[s],   l = sum_s exp(S[s] - m),   acc = sum_s exp(S[s] - m) v[s]
 // and o = acc / l once the blocks are combined.
-// Layout: q, o [B, H, D] (free batch stride), k_cache, v_cache [B, S, H, D] contiguous; bf16 or f32,
-// math in f32.
+// Layout: q, o [B, H, D] (free batch stride), k_cache, v_cache [B, S, Hk, D] contiguous (query head
+// h reads key/value head h / (H / Hk)); bf16 or f32, math in f32.
 //
 // A CTA of kWarps warps owns one (batch*head, slot block). A key row is read by a group of G lanes,
 // 8 dims each (G = the power of two >= D/8), so a warp scores 32/G slots at once; the group adds its
@@ -22,7 +22,7 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kSplit = static_cast<int>(kAttentionDecodeSplit);
 
 struct Args {
-  int H, D, S, n_valid, splits;
+  int H, Hk, D, S, n_valid, splits;
   float scale;
   int64_t q_b, o_b;
 };
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads)
   float* s_l = s_m + kGroups;
   float* s_acc = s_l + kGroups;
 
-  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, split = blockIdx.y;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, split = blockIdx.y, g = h / (p.H / p.Hk);
   const int s_begin = split * kSplit, s_end = min(s_begin + kSplit, p.n_valid);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp * kPerWarp + lane / G;
   const int d0 = (lane % G) * 8;
@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kThreads)
   float qf[8] = {}, acc[8] = {};
   if (dims) load8(q + b * p.q_b + h * p.D + d0, qf);
   float m = -INFINITY, l = 0.f;
-  const int64_t slot_stride = int64_t{p.H} * p.D;
-  const int64_t row0 = (int64_t{b} * p.S * p.H + h) * p.D + d0;
+  const int64_t slot_stride = int64_t{p.Hk} * p.D;
+  const int64_t row0 = (int64_t{b} * p.S * p.Hk + g) * p.D + d0;
   // Warp-uniform trip count, so the butterfly's shuffles always see the whole warp.
   for (int base = s_begin + warp * kPerWarp; base < s_end; base += kGroups) {
     const int s = base + lane / G;
@@ -184,7 +184,7 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
   LINAC_CHECK(ctx.workspace_bytes >= attention_decode_workspace_bytes(L.B, L.H, L.D, L.n_valid),
               "attention_decode (GPU): workspace too small");
   Args a{};
-  a.H = static_cast<int>(L.H), a.D = static_cast<int>(L.D), a.S = static_cast<int>(L.S);
+  a.H = static_cast<int>(L.H), a.Hk = static_cast<int>(L.Hk), a.D = static_cast<int>(L.D), a.S = static_cast<int>(L.S);
   a.n_valid = static_cast<int>(L.n_valid);
   a.splits = static_cast<int>((L.n_valid + kSplit - 1) / kSplit);
   a.scale = static_cast<float>(L.scale);

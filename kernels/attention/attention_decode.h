@@ -4,12 +4,14 @@
 // n_valid = min(pos + 1, window): softmax does not depend on the order of the slots. For full
 // attention the cache holds every token and n_valid = pos + 1.
 //
-// For each batch b and head h (scale defaults to 1/sqrt(D)):
-//   S[s] = scale * <q[b,h,:], k_cache[b,s,h,:]>            for s < n_valid
-//   o[b,h,:] = sum_{s < n_valid} exp(S[s] - lse) v_cache[b,s,h,:],   lse = log sum_s exp(S[s])
+// For each batch b and head h (scale defaults to 1/sqrt(D)), with g = h / (H / Hk) the key/value
+// head of h (grouped-query attention, attention.h):
+//   S[s] = scale * <q[b,h,:], k_cache[b,s,g,:]>            for s < n_valid
+//   o[b,h,:] = sum_{s < n_valid} exp(S[s] - lse) v_cache[b,s,g,:],   lse = log sum_s exp(S[s])
 //
-// Layout: q, o, k_t, v_t [B, H, D] with the last two dims contiguous and a free batch stride;
-// k_cache, v_cache [B, S, H, D] contiguous; slots at or past n_valid are never read.
+// Layout: q, o [B, H, D] and k_t, v_t [B, Hk, D], with the last two dims contiguous and a free
+// batch stride; k_cache, v_cache [B, S, Hk, D] contiguous (Hk dividing H); slots at or past
+// n_valid are never read.
 // Dtypes: CPU: all f32 or all f64. GPU: all bf16 or all f32 (math in f32, online softmax with a
 // running max), D a multiple of 8 up to 256, rows aligned to four elements. The GPU splits the slots of a
 // (batch, head) into blocks of kAttentionDecodeSplit, combined in a fixed order through
@@ -29,6 +31,7 @@ constexpr int64_t kAttentionDecodeSplit = 64;
 
 struct AttentionDecodeLayout {
   int64_t B = 0, H = 0, D = 0, S = 0, n_valid = 0;
+  int64_t Hk = 0;            // key/value heads of the cache, dividing H
   double scale = 0;          // never 0 here
   int64_t q_b = 0, o_b = 0;  // batch strides of q and o
 };
@@ -42,10 +45,10 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
 void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot);
 
 // Entry points: check shapes and strides, dispatch on ctx.device and dtypes.
-// q, o [B, H, D]; k_cache, v_cache [B, S, H, D]; 1 <= n_valid <= S; scale 0 means 1/sqrt(D).
+// q, o [B, H, D]; k_cache, v_cache [B, S, Hk, D]; 1 <= n_valid <= S; scale 0 means 1/sqrt(D).
 void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t n_valid,
                       const Tensor& o, float scale = 0);
-// Writes k_t, v_t [B, H, D] (free batch stride) into slot `slot` of the caches.
+// Writes k_t, v_t [B, Hk, D] (free batch stride) into slot `slot` of the caches.
 void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot);
 // Scratch bytes attention_decode needs from ctx.workspace on the GPU (0 when n_valid fits one block).

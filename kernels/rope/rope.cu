@@ -71,30 +71,30 @@ __global__ void rope_table_kernel(float2* __restrict__ cos_sin, int64_t n, int h
   cos_sin[k] = make_float2(c, s);
 }
 
-InvFreq inv_freq(double base, int64_t d) {
+InvFreq inv_freq(const RopeFreqs& freqs, int64_t d) {
   InvFreq freq{};
-  for (int64_t i = 0; i < d / 2; ++i) freq.v[i] = rope_inv_freq_f32(base, d, i);
+  for (int64_t i = 0; i < d / 2; ++i) freq.v[i] = rope_inv_freq_f32(freqs, d, i);
   return freq;
 }
 
 }  // namespace
 
-void rope_table_cuda(const Ctx& ctx, double base, int64_t d, int64_t t, float* cos_sin) {
+void rope_table_cuda(const Ctx& ctx, const RopeFreqs& freqs, int64_t d, int64_t t, float* cos_sin) {
   LINAC_CHECK(d % 2 == 0 && d <= kRopeMaxDim && t <= (int64_t(1) << 24), "rope table (GPU): bad head dim or length");
   const int64_t n = t * (d / 2);
   if (n == 0) return;
   rope_table_kernel<<<cuda::grid_1d(n, 256), 256, 0, cuda::stream_of(ctx)>>>(
-      reinterpret_cast<float2*>(cos_sin), n, static_cast<int>(d / 2), inv_freq(base, d));
+      reinterpret_cast<float2*>(cos_sin), n, static_cast<int>(d / 2), inv_freq(freqs, d));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-void rope_apply_cuda(const Ctx& ctx, const Tensor& x, double base, int64_t pos0, bool inverse,
+void rope_apply_cuda(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, int64_t pos0, bool inverse,
                      const int32_t* doc_start) {
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
   if (b * t == 0 || h * d == 0) return;
   LINAC_CHECK(pos0 + t <= (int64_t(1) << 24), "rope (GPU): positions must be exact in f32 (< 2^24)");
   const int half = static_cast<int>(d / 2);
-  const InvFreq freq = inv_freq(base, d);
+  const InvFreq freq = inv_freq(freqs, d);
   // Four pairs per thread: both halves of every head start 4-aligned (cs too: half % 4 == 0).
   const bool quads = half % 4 == 0 && cuda::vec4_aligned(x) && x.strides[0] % 4 == 0 && x.strides[1] % 4 == 0;
   const int64_t items = kTokensPerBlock * h * half / (quads ? 4 : 1);

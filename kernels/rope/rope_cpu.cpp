@@ -7,13 +7,12 @@
 namespace linac {
 
 template <class T>
-void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t, double base,
-                    int64_t pos0, bool inverse, const int32_t* doc_start) {
+void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t,
+                    const RopeFreqs& freqs, int64_t pos0, bool inverse, const int32_t* doc_start) {
   const int64_t half = d / 2;
   std::vector<T> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
-    inv_freq[static_cast<size_t>(i)] =
-        static_cast<T>(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(d)));
+    inv_freq[static_cast<size_t>(i)] = static_cast<T>(freqs.inv_freq(d, i));
   const T sign = inverse ? T(-1) : T(1);
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < b * t; ++bt) {
@@ -33,9 +32,10 @@ void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t st
   }
 }
 
-template void rope_apply_cpu<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t,
+template void rope_apply_cpu<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const RopeFreqs&, int64_t,
                                     bool, const int32_t*);
-template void rope_apply_cpu<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t,
+template void rope_apply_cpu<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const RopeFreqs&,
+                                     int64_t,
                                      bool, const int32_t*);
 
 }  // namespace linac

@@ -20,7 +20,7 @@ const char* rope_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tenso
 }
 
 void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                     int64_t head_dim, double base, const DocBounds& docs) {
+                     int64_t head_dim, const RopeFreqs& freqs, const DocBounds& docs) {
   LINAC_CHECK(x.ndim == 2 && w.ndim == 2 && y.ndim == 2 && w.size(1) == x.size(1) && y.size(0) == x.size(0) &&
                   y.size(1) == w.size(0),
               "rope_linear_fwd: expected x [N, K], W [M, K], y [N, M], got " + x.shape_str() + ", " + w.shape_str() +
@@ -41,7 +41,7 @@ void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Ten
     FusedGemmProfile prof(ctx, "GEMM with RoPE", "GEMM+RoPE", n, m, x.size(1));
     if (n == 0) return;
     auto* table = static_cast<float*>(ctx.workspace);
-    rope_table_cuda(ctx, base, head_dim, T, table);
+    rope_table_cuda(ctx, freqs, head_dim, T, table);
     rope_linear_fwd_sm90(ctx, x, w, y, T, n_rot, head_dim, table, docs.start);
     return;
 #endif
@@ -51,7 +51,7 @@ void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Ten
   // y's first n_rot columns as [B, T, heads, head_dim] with token stride M.
   Tensor rot(y.ptr, y.dtype, y.device, {n / T, T, n_rot / head_dim, head_dim});
   rot.strides = {T * m, m, head_dim, 1};
-  rope_fwd(ctx, rot, base, 0, docs);
+  rope_fwd(ctx, rot, freqs, 0, docs);
 }
 
 }  // namespace linac

@@ -17,6 +17,7 @@
 #include "core/doc_bounds.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
+#include "rope/rope.h"
 
 namespace linac {
 
@@ -32,6 +33,6 @@ void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, cons
 
 // Entry point: checks shapes, dispatches on ctx.device and the path above.
 void rope_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                     int64_t head_dim, double base, const DocBounds& docs = {});
+                     int64_t head_dim, const RopeFreqs& freqs, const DocBounds& docs = {});
 
 }  // namespace linac

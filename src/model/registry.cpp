@@ -26,18 +26,20 @@ std::string names_of(const std::vector<std::string>& names) {
 const std::vector<MixerKind>& mixer_kinds() {
   static const std::vector<MixerKind> table = {
       {"attention", "causal softmax attention with RoPE (optionally windowed)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         AttentionMixerOptions::parse(s.options, s.path, file, false);
+       [](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) {
+         AttentionMixerOptions::parse(s.options, s.path, file, false, cfg.n_heads);
        },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<AttentionMixer>(env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", false));
+         return std::make_unique<AttentionMixer>(
+             env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", false, cfg.n_heads));
        }},
       {"sliding_window", "causal softmax attention with RoPE in a sliding window (default 64 keys)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         AttentionMixerOptions::parse(s.options, s.path, file, true);
+       [](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) {
+         AttentionMixerOptions::parse(s.options, s.path, file, true, cfg.n_heads);
        },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<AttentionMixer>(env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", true));
+         return std::make_unique<AttentionMixer>(
+             env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", true, cfg.n_heads));
        }},
       {"gla", "gated linear attention, chunkwise (Yang et al. 2023)",
        [](const LayerSpec& s, const ModelConfig&, const std::string& file) { GlaMixerOptions::parse(s.options, s.path, file); },

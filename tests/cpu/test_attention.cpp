@@ -103,19 +103,19 @@ TEST(AttentionCpu, GradCheckDouble) {
   }
 }
 
-// With AttentionOpts::rope_base the backward returns the gradient for q and k before their
+// With AttentionOpts::rope the backward returns the gradient for q and k before their
 // rotation: loss(q, k, v) = sum(attention(rope(q), rope(k), v) * u), by finite differences.
 TEST(AttentionCpu, GradCheckThroughRopeDouble) {
   for (const Case& c : {Case{13, 8, true, 0}, Case{37, 64, true, 5}, Case{13, 8, false, 0}}) {
     AttentionProblem p(c);
-    p.opts.rope_base = 50.0;  // angles of several turns within the sequence
+    p.opts.rope = 50.0;  // angles of several turns within the sequence
     const int64_t B = p.B, H = p.H, T = c.T, D = c.D;
     OwnedTensor rot(DType::F64, Device::CPU, {B, T, 3, H, D});
     OwnedTensor o(DType::F64, Device::CPU, {B, T, H, D}), lse(DType::F64, Device::CPU, {B, H, T});
     auto forward = [&] {
       copy_tensor(rot, p.qkv);
-      rope_fwd(Ctx{}, p.part(rot, 0), p.opts.rope_base, 0);
-      rope_fwd(Ctx{}, p.part(rot, 1), p.opts.rope_base, 0);
+      rope_fwd(Ctx{}, p.part(rot, 0), p.opts.rope, 0);
+      rope_fwd(Ctx{}, p.part(rot, 1), p.opts.rope, 0);
       attention_fwd(Ctx{}, p.part(rot, 0), p.part(rot, 1), p.part(rot, 2), o, lse, p.opts);
     };
     forward();

@@ -53,7 +53,7 @@ struct GpuCase {
   int64_t T, D;
   bool causal;
   int64_t window;
-  double rope = 0;  // AttentionOpts::rope_base
+  double rope = 0;  // AttentionOpts::rope's base
   Docs docs = Docs::kNone;
 };
 
@@ -132,7 +132,7 @@ AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;
   o.causal = c.causal;
   o.window = c.window;
-  o.rope_base = c.rope;
+  o.rope = c.rope;
   o.docs = docs;
   return o;
 }

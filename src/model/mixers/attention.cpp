@@ -20,26 +20,43 @@ constexpr int64_t kInitialCacheSlots = 256;
 }  // namespace
 
 struct AttentionCache final : MixerState {
-  // [B, S, H, Dh] post-RoPE keys and values of each row's current document: every token so far
+  // [B, S, Hk, Dh] post-RoPE keys and values of each row's current document: every token so far
   // (full attention), or the last `window` of them (sliding window, ring buffer).
   OwnedTensor k, v;
   std::vector<int64_t> pos;  // per row: tokens of its current document seen
 };
 
 AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
-                                                   bool sliding) {
+                                                   bool sliding, int64_t n_heads) {
   AttentionMixerOptions opt;
   JsonReader r(o, path, file);
-  opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
+  opt.rope_freqs.base = r.get_double("rope_base", opt.rope_freqs.base, 1.0, 1e12);
+  if (r.present("rope_scaling")) {
+    JsonReader s = r.child("rope_scaling");
+    s.get_choice("type", "llama3", {"llama3"});
+    RopeFreqs& f = opt.rope_freqs;
+    f.factor = s.get_double("factor", 8.0, 1.0, 1e6);
+    f.low_freq_factor = s.get_double("low_freq_factor", f.low_freq_factor, 1e-6, 1e6);
+    f.high_freq_factor = s.get_double("high_freq_factor", f.high_freq_factor, 1e-6, 1e6);
+    f.original_context = static_cast<double>(
+        s.get_int("original_max_position_embeddings", static_cast<int64_t>(f.original_context), 1, int64_t(1) << 40));
+    if (f.high_freq_factor <= f.low_freq_factor)
+      s.fail("high_freq_factor", "must be larger than low_freq_factor (" + std::to_string(f.low_freq_factor) + ")");
+    s.finish();
+  }
   opt.rope = r.get_bool("rope", opt.rope);
   opt.window = r.get_int("window", sliding ? 64 : 0, sliding ? 1 : 0, int64_t(1) << 30);
+  opt.kv_heads = r.get_int("kv_heads", 0, 0, n_heads);
+  if (opt.kv_heads > 0 && n_heads % opt.kv_heads != 0)
+    r.fail("kv_heads", "must divide model.n_heads (" + std::to_string(n_heads) + "), got " +
+                           std::to_string(opt.kv_heads));
   r.finish();
   return opt;
 }
 
 AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
-    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads),
-      Dh_(cfg.head_dim()) {
+    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads), Hk_(opt.kv_heads > 0 ? opt.kv_heads : cfg.n_heads),
+      Dh_(cfg.head_dim()), q_cols_(H_ * Dh_), kv_cols_(Hk_ * Dh_) {
   if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
     throw UserError(
         "config: the GPU attention kernels need a head dim (d_model / n_heads) that is a multiple of 16 from 64 to "
@@ -48,8 +65,8 @@ AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer,
   const std::string p = "layers." + std::to_string(layer) + ".attn.";
   // Residual-branch output projections start smaller (GPT-2): std / sqrt(2 * n_layers).
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
-  wqkv_ = env.params->add({p + "wqkv", {3 * d_, d_}, Init::Normal, cfg.init_std, true});
-  wo_ = env.params->add({p + "wo", {d_, d_}, Init::Normal, out_std, true});
+  wqkv_ = env.params->add({p + "wqkv", {q_cols_ + 2 * kv_cols_, d_}, Init::Normal, cfg.init_std, true});
+  wo_ = env.params->add({p + "wo", {d_, q_cols_}, Init::Normal, out_std, true});
 }
 
 void AttentionMixer::reserve(int64_t B, int64_t T) {
@@ -62,88 +79,96 @@ void AttentionMixer::reserve(int64_t B, int64_t T) {
                       " MiB of GPU workspace for micro-batches of " + std::to_string(B) + "x" + std::to_string(T) +
                       "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch");
   }
-  qkv_buf_ = env_.saved->take(static_cast<size_t>(B * T * 3 * d_) * dtype_size(env_.act));
-  o_buf_ = env_.saved->take(static_cast<size_t>(B * T * d_) * dtype_size(env_.act));
+  qkv_buf_ = env_.saved->take(static_cast<size_t>(B * T * (q_cols_ + 2 * kv_cols_)) * dtype_size(env_.act));
+  o_buf_ = env_.saved->take(static_cast<size_t>(B * T * q_cols_) * dtype_size(env_.act));
   lse_buf_ = env_.saved->take(static_cast<size_t>(B * H_ * T) * dtype_size(env_.stat));
 }
 
-// Keys and values of every past token (2 d T), or of the last `window` ones.
+// Keys and values of every past token (2 Hk Dh T), or of the last `window` ones.
 int64_t AttentionMixer::state_elems(int64_t T) const {
-  return 2 * H_ * Dh_ * (opt_.window > 0 ? std::min(T, opt_.window) : T);
+  return 2 * kv_cols_ * (opt_.window > 0 ? std::min(T, opt_.window) : T);
 }
 
 size_t AttentionMixer::activation_bytes(int64_t B, int64_t T) const {
-  return static_cast<size_t>(B * T) * (4 * static_cast<size_t>(d_) * dtype_size(env_.act) +
-                                       static_cast<size_t>(H_) * dtype_size(env_.stat));
+  return static_cast<size_t>(B * T) *
+         (static_cast<size_t>(2 * q_cols_ + 2 * kv_cols_) * dtype_size(env_.act) +
+          static_cast<size_t>(H_) * dtype_size(env_.stat));
 }
 
 double AttentionMixer::flops_per_token(int64_t T) const {
   const double d = static_cast<double>(d_);
   // Projections: 2 FLOPs per weight per token forward, x3 with the backward.
-  const double proj = 6.0 * 4.0 * d * d;
+  const double proj = 6.0 * d * static_cast<double>(2 * q_cols_ + 2 * kv_cols_);
   // Scores and weighted sum over the keys a query sees (T/2 on average when causal), forward
-  // 4*d per key, x3 with the backward.
+  // 4*d per key (H Dh = d), x3 with the backward.
   double keys = (static_cast<double>(T) + 1.0) / 2.0;
   if (opt_.window > 0 && opt_.window < T) keys = static_cast<double>(opt_.window);
   return proj + 12.0 * d * keys;
 }
 
+// q, k and v: [B, T, heads, Dh] views of the columns of a [B*T, P] projection buffer.
+struct QkvViews {
+  Tensor q, k, v;
+};
+static QkvViews qkv_views(const Tensor& qkv, int64_t B, int64_t T, int64_t H, int64_t Hk, int64_t Dh) {
+  return {bthd(qkv, B, T, 0, H, Dh), bthd(qkv, B, T, H * Dh, Hk, Dh), bthd(qkv, B, T, (H + Hk) * Dh, Hk, Dh)};
+}
+
 void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
-  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, P = q_cols_ + 2 * kv_cols_;
   LINAC_CHECK(B * T <= B_ * T_, "AttentionMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
-  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
+  Tensor qkv = qkv_buf_.tensor(env_.act, {N, P});
   Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dh_});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
-  // q and k side by side: one rotation over 2H heads.
-  rope_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(wqkv_), qkv.view({N, 3 * d_}), T, opt_.rope ? 2 * d_ : 0,
-                  Dh_, opt_.rope_base, env_.docs);
-  Tensor q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  // q and k side by side: one rotation over H + Hk heads.
+  rope_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(wqkv_), qkv, T, opt_.rope ? q_cols_ + kv_cols_ : 0, Dh_,
+                  opt_.rope_freqs, env_.docs);
+  const QkvViews in = qkv_views(qkv, B, T, H_, Hk_, Dh_);
   AttentionOpts ao;
   ao.window = opt_.window;
   ao.docs = env_.docs;
   {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
-    attention_fwd(ctx, q, k, v, o, lse, ao);
+    attention_fwd(ctx, in.q, in.k, in.v, o, lse, ao);
   }
-  matmul(ctx, o.view({N, d_}), false, env_.params->weight(wo_), true, out.view({N, d_}));
+  matmul(ctx, o.view({N, q_cols_}), false, env_.params->weight(wo_), true, out.view({N, d_}));
 }
 
 void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
-  const int64_t B = x.size(0), T = x.size(1), N = B * T;
+  const int64_t B = x.size(0), T = x.size(1), N = B * T, P = q_cols_ + 2 * kv_cols_;
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
-  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
+  const QkvViews in = qkv_views(qkv_buf_.tensor(env_.act, {N, P}), B, T, H_, Hk_, Dh_);
   Tensor o = o_buf_.tensor(env_.act, {B, T, H_, Dh_});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, H_, T});
   Tensor dy2 = dy.view({N, d_});
 
   Tensor d_o = env_.scratch->get("attn.do", env_.act, {B, T, H_, Dh_});
-  matmul(ctx, dy2, false, ps.weight(wo_), false, d_o.view({N, d_}));
-  matmul(ctx, dy2, true, o.view({N, d_}), false, ps.grad(wo_), 1.f, 1.f);
+  matmul(ctx, dy2, false, ps.weight(wo_), false, d_o.view({N, q_cols_}));
+  matmul(ctx, dy2, true, o.view({N, q_cols_}), false, ps.grad(wo_), 1.f, 1.f);
 
-  Tensor dqkv = env_.scratch->get("attn.dqkv", env_.act, {B, T, 3, H_, Dh_});
-  Tensor dq = dqkv.select(2, 0), dk = dqkv.select(2, 1), dv = dqkv.select(2, 2);
+  Tensor dqkv = env_.scratch->get("attn.dqkv", env_.act, {N, P});
+  const QkvViews d = qkv_views(dqkv, B, T, H_, Hk_, Dh_);
   AttentionOpts ao;
   ao.window = opt_.window;
   ao.docs = env_.docs;
-  if (opt_.rope) ao.rope_base = opt_.rope_base;  // dq, dk come back unrotated
+  if (opt_.rope) ao.rope = opt_.rope_freqs;  // dq, dk come back unrotated
   env_.open_comm_window();
   {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
-    attention_bwd(ctx, qkv.select(2, 0), qkv.select(2, 1), qkv.select(2, 2), o, lse, d_o, dq, dk, dv, ao);
+    attention_bwd(ctx, in.q, in.k, in.v, o, lse, d_o, d.q, d.k, d.v, ao);
   }
 
-  Tensor dqkv2 = dqkv.view({N, 3 * d_});
-  matmul(ctx, dqkv2, false, ps.weight(wqkv_), false, dx.view({N, d_}));
-  matmul(ctx, dqkv2, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
+  matmul(ctx, dqkv, false, ps.weight(wqkv_), false, dx.view({N, d_}));
+  matmul(ctx, dqkv, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
 }
 
 std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {
   auto st = std::make_unique<AttentionCache>();
   const int64_t slots = opt_.window > 0 ? opt_.window : kInitialCacheSlots;
-  st->k = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
-  st->v = OwnedTensor(env_.act, env_.device(), {B, slots, H_, Dh_});
+  st->k = OwnedTensor(env_.act, env_.device(), {B, slots, Hk_, Dh_});
+  st->v = OwnedTensor(env_.act, env_.device(), {B, slots, Hk_, Dh_});
   st->pos.assign(static_cast<size_t>(B), 0);
   return st;
 }
@@ -172,14 +197,14 @@ void AttentionMixer::start_document(MixerState& state, int64_t row) {
 void AttentionMixer::step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p) {
   const Ctx& ctx = env_.ctx;
   const Tensor rows = qkv.narrow(0, b0, n);
-  // One-token [n, 1, H, Dh] views for RoPE at the document position.
+  // One-token [n, 1, heads, Dh] views for RoPE at the document position.
   if (opt_.rope) {
-    rope_fwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_base, p);
-    rope_fwd(ctx, bthd(rows, n, 1, d_, H_, Dh_), opt_.rope_base, p);
+    rope_fwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_freqs, p);
+    rope_fwd(ctx, bthd(rows, n, 1, q_cols_, Hk_, Dh_), opt_.rope_freqs, p);
   }
   const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
   const int64_t slot = opt_.window > 0 ? p % opt_.window : p;
-  attention_cache_write(ctx, bhd(rows, d_, H_, Dh_), bhd(rows, 2 * d_, H_, Dh_), kc, vc, slot);
+  attention_cache_write(ctx, bhd(rows, q_cols_, Hk_, Dh_), bhd(rows, q_cols_ + kv_cols_, Hk_, Dh_), kc, vc, slot);
   const int64_t n_valid = opt_.window > 0 ? std::min(p + 1, opt_.window) : p + 1;
   attention_decode(ctx, bhd(rows, 0, H_, Dh_), kc, vc, n_valid, o.narrow(0, b0, n).view({n, H_, Dh_}));
 }
@@ -190,8 +215,8 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::step: state was made for another batch size");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
-  Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, 3 * d_});
-  Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, d_});
+  Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, q_cols_ + 2 * kv_cols_});
+  Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, q_cols_});
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
   if (opt_.window == 0) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
   // Rows at one position (no document started mid-batch) decode together.
@@ -213,8 +238,9 @@ void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x,
   forward(x, out);
   // forward left the post-RoPE keys and values of the prompt in qkv_buf_; each row keeps those of
   // its last document.
-  Tensor qkv = qkv_buf_.tensor(env_.act, {B, T, 3, H_, Dh_});
-  Tensor k = qkv.select(2, 1), v = qkv.select(2, 2);
+  const QkvViews in = qkv_views(qkv_buf_.tensor(env_.act, {B * T, q_cols_ + 2 * kv_cols_}), B, T, H_, Hk_, Dh_);
+  const Tensor& k = in.k;
+  const Tensor& v = in.v;
   if (opt_.window == 0) reserve_slots(ctx, st, T);  // before the rows' positions: nothing to keep yet
   st.pos = last_doc_lengths(env_, B, T);
   const Tensor kb = k.narrow(0, 0, B), vb = v.narrow(0, 0, B);

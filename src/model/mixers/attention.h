@@ -1,14 +1,17 @@
-// Transformer++ token mixer (LLaMA-style multi-head attention, no biases):
-//   [q|k|v] = x Wqkv^T        Wqkv: [3d, d], rows = q heads, then k heads, then v heads
-//   q, k    = RoPE(q), RoPE(k) (rotate-half pairing, base `rope_base`; none with `rope` false,
-//             as the MQAR models of the Based paper, which have no positional encoding at all)
-//   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per head
-//   out    += o Wo^T           Wo: [d, d]
-// Saved for backward: qkv after RoPE [B,T,3,H,Dh], o [B,T,H,Dh], lse [B,H,T].
+// Transformer++ token mixer (LLaMA-style attention, no biases), with H query heads and Hk
+// key/value heads (`kv_heads`, default H; Hk < H is grouped-query attention, Hk = 1 multi-query):
+//   [q|k|v] = x Wqkv^T        Wqkv: [(H + 2 Hk) Dh, d], rows = H q heads, Hk k heads, Hk v heads
+//   q, k    = RoPE(q), RoPE(k) (rotate-half pairing, base `rope_base`, Llama 3 `rope_scaling`;
+//             none with `rope` false, as the MQAR models of the Based paper, which have no
+//             positional encoding at all)
+//   o       = softmax(q k^T / sqrt(Dh) + causal [+ window] mask) v      per query head, with the
+//             keys and values of its group's head (kernels/attention/attention.h)
+//   out    += o Wo^T           Wo: [d, H Dh]
+// Saved for backward: qkv after RoPE [B,T,H+2Hk,Dh], o [B,T,H,Dh], lse [B,H,T].
 // Documents (mixer.h): keys of other documents masked (block-diagonal causal attention, with the
 // kernels skipping tiles wholly outside a query tile's documents), RoPE positions from each
 // document's start.
-// Decoding: a KV cache of post-RoPE keys and values per sequence, RoPE at the position within the
+// Decoding: a KV cache of post-RoPE keys and values per sequence (Hk heads), RoPE at the position within the
 // row's current document. Full attention keeps every token of it (the cache doubles when full); a
 // sliding window keeps a ring buffer of `window` slots, document position p in slot p % window.
 // start_document rewinds a row to slot 0. prefill runs forward and writes each row's last
@@ -18,16 +21,19 @@
 
 #include "config/config.h"
 #include "model/mixer.h"
+#include "rope/rope.h"
 
 namespace linac {
 
 struct AttentionMixerOptions {
-  double rope_base = 10000.0;
+  RopeFreqs rope_freqs{10000.0};  // rope_base and rope_scaling
   bool rope = true;
   int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys (self included)
+  int64_t kv_heads = 0;  // key/value heads; 0: n_heads
   // `path` is the options block's JSON path; `sliding` (the sliding_window kind) makes the window
-  // default to 64 and requires it to be positive.
-  static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding);
+  // default to 64 and requires it to be positive; kv_heads must divide n_heads.
+  static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding,
+                                     int64_t n_heads);
 };
 
 struct AttentionCache;
@@ -53,7 +59,8 @@ class AttentionMixer final : public Mixer {
   void step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p);
   ModelEnv& env_;
   AttentionMixerOptions opt_;
-  int64_t d_, H_, Dh_;
+  int64_t d_, H_, Hk_, Dh_;
+  int64_t q_cols_, kv_cols_;  // H Dh and Hk Dh: the column blocks of the qkv projection
   int wqkv_, wo_;
   SavedBuf qkv_buf_, o_buf_, lse_buf_;
   int64_t B_ = 0, T_ = 0;
