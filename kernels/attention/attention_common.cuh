@@ -23,6 +23,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct Args {
   int T, H, window;
+  int Hk;            // key/value heads; query head h reads head h / (H / Hk)
   bool causal;
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): scores go through exp2
@@ -38,6 +39,7 @@ inline Args make_args(const AttentionLayout& L) {
   LINAC_CHECK(L.T < (int64_t{1} << 30) && L.window < (int64_t{1} << 30), "attention (GPU): T too large");
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.window = static_cast<int>(L.window);
+  a.Hk = static_cast<int>(L.Hk);
   a.causal = L.causal;
   a.scale = static_cast<float>(L.scale);
   a.scale_log2 = static_cast<float>(L.scale * 1.4426950408889634);
