@@ -32,7 +32,7 @@ def cuda_ms(fn, iters, warmup=3):
     return times[len(times) // 2]
 
 
-def bench_attention(heads, head_dim, seq_lens, tokens, window):
+def bench_attention(heads, head_dim, seq_lens, tokens, window, kv_heads):
     flex = None
     if window:
         try:
@@ -41,22 +41,24 @@ def bench_attention(heads, head_dim, seq_lens, tokens, window):
         except Exception as e:  # older torch
             print(f"flex_attention unavailable: {e}")
             return
-    name = f"FlexAttention window {window}" if window else "SDPA causal"
-    print(f"torch {torch.__version__} {name}, {torch.cuda.get_device_name()}, bf16, H={heads}, D={head_dim}, "
-          f"{tokens} tokens per call")
+    kv_heads = kv_heads or heads
+    gqa = kv_heads != heads
+    name = f"FlexAttention window {window}" if window else "SDPA causal" + (" enable_gqa" if gqa else "")
+    print(f"torch {torch.__version__} {name}, {torch.cuda.get_device_name()}, bf16, H={heads}"
+          f"{f' ({kv_heads} KV)' if gqa else ''}, D={head_dim}, {tokens} tokens per call")
     print(f"{'T':>8} {'B':>5} {'fwd ms':>10} {'bwd ms':>10} {'total ms':>10}")
     for T in seq_lens:
         B = max(1, tokens // T)
-        q, k, v = (torch.randn(B, heads, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                   for _ in range(3))
+        q, k, v = (torch.randn(B, h, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for h in (heads, kv_heads, kv_heads))
         dout = torch.randn(B, heads, T, head_dim, device="cuda", dtype=torch.bfloat16)
         if window:
             def mask(b, h, qi, ki):
                 return (qi >= ki) & (qi - ki < window)
             block_mask = create_block_mask(mask, None, None, T, T)
-            attn = lambda: flex(q, k, v, block_mask=block_mask)
+            attn = lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
         else:
-            attn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            attn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         iters = 5 if T >= 32768 else 20
 
         def fwd():
@@ -170,12 +172,13 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--window", type=int, default=0)
+    ap.add_argument("--kv-heads", type=int, default=0, help="key/value heads (0: --heads); fewer: GQA")
     ap.add_argument("--steps", type=int, default=10)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.attention:
         bench_attention(args.heads, args.head_dim, [int(t) for t in args.seq_lens.split(",")], args.tokens,
-                        args.window)
+                        args.window, args.kv_heads)
     if args.model:
         for c in (False, True):
             bench_model(2048, args.tokens, args.steps, c)

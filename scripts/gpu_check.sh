@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|sanitize|docs|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|compare|sanitize|docs|gqa|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -10,7 +10,9 @@
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
-#   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47)
+#   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
+#   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
+#   attention next to SDPA and GQA decoding against multi-head, issue 50)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
 # GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).
 set -uo pipefail
@@ -352,5 +354,35 @@ print(f\"{sys.argv[2]:18s} T={r['seq_len']:5d} {j['packing']:8s} doc_len={r.get(
     done
   done
   [ -f data/brown_4k.h5 ] && bash scripts/doc_packing_brown.sh "$out" 2>&1 | tail -12
+fi
+if [ "$what" = gqa ]; then
+  # Issue 50: the whole GPU suite (the attention kernels changed); linac import of random
+  # LlamaForCausalLM models against transformers' logits; the attention op at 16 query / 4
+  # key-value heads (D 128) through both kernel families next to SDPA with enable_gqa, and
+  # multi-head for reference; decode speed and KV-cache memory of the 125M with 4 KV heads
+  # against 12.
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gqa_tests.log" 2>&1
+  rc=$?
+  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gqa_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|actual|Google Test trace' "$out/gqa_tests.log" | head -60
+  timeout 300 python3 scripts/check_hf_import.py --linac ./build-gpu/linac 2>&1 | tee "$out/hf_import.txt" | tail -20
+  summary+=("hf import check rc=${PIPESTATUS[0]}")
+  for kv in 4 16; do
+    for fam in auto sm80; do
+      LINAC_ATTENTION_KERNELS=$fam ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 \
+        --heads 16 --kv-heads $kv --head-dim 128 2>&1 | tee -a "$out/gqa_bench.txt"
+    done
+    timeout 120 python3 scripts/bench_torch.py --attention --heads 16 --kv-heads $kv --head-dim 128 2>&1 | tail -5 |
+      tee -a "$out/gqa_bench.txt"
+  done
+  ./build-gpu/linac bench --op attention_decode --seq-lens 2048,8192 --tokens 262144 --heads 16 --kv-heads 4 \
+    --head-dim 128 2>&1 | tee -a "$out/gqa_bench.txt"
+  for kv in 4 12; do
+    ./build-gpu/linac info configs/transformer_125m.json --set model.mixer.kv_heads=$kv 2>&1 | grep -iE "param|decod|KV" |
+      tee -a "$out/gqa_bench.txt"
+    ./build-gpu/linac bench --generate configs/transformer_125m.json --set model.mixer.kv_heads=$kv --batch 1,16,128 \
+      --prompt-len 512 --gen-len 1024 2>&1 | tee -a "$out/gqa_bench.txt"
+  done
 fi
 printf '%s\n' "${summary[@]}"

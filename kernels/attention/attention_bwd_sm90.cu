@@ -2,9 +2,13 @@
 // with wgmma on TMA-loaded tiles, a loading warpgroup ahead of two math warpgroups
 // (attention_sm90.cuh). delta = rowsum(dO o) is computed before (attention_bwd.cu).
 //
-// CTA = (batch*head, BC = 128 keys); math warpgroup w owns 64 of them. K and V stay in shared
-// memory, Q/dO tiles of BR = 64 queries stream with their lse and delta (written to shared memory
-// by the loading warp). Per tile:
+// CTA = (batch, key/value head hk, BC = 128 keys); math warpgroup w owns 64 of them. K and V stay
+// in shared memory; the Q/dO tiles of BR = 64 queries stream with their lse and delta (written to
+// shared memory by the loading warp) for each query head h of the group (h = hk * G .. hk * G + G -
+// 1, G = H / Hk) in turn, and per head over the query blocks its keys reach: tile it of the CTA is
+// head hk * G + it / n, query block (first) + it % n, n the query blocks per head (the same for
+// every head: they depend on the row and the keys only). dK and dV accumulate over all of them, so
+// they hold the sums over the group that attention.h asks for and leave once. Per tile:
 //   S^T = K Q^T, dP^T = V dO^T        (SS, both K-major)
 //   P^T = exp2(S^T scale log2e - lse log2e), dS^T = P^T (dP^T - delta)    in registers
 //   dS^T -> shared memory (bf16, swizzled like a TMA tile)
@@ -12,20 +16,27 @@
 //   dQ_part = dS K                    (SS, A = dS^T read MN-major, B = K MN-major), over all 128
 //                                     keys, by warpgroup (tile index % 2)
 // dQ is deterministic without a second pass: the partials of the key blocks reaching a query
-// block are summed in a fixed order, highest key block first, into an f32 tile of the workspace.
+// block of a query head are summed in a fixed order, highest key block first, into an f32 tile of
+// the workspace (one per (batch*head, query block): query heads, not key/value heads).
 // A counter per tile says how many are in; a writer thread (the loading warpgroup's second warp)
 // waits for its turn, then stores (the first) or reduce-adds (the others) the partial that the math
 // warpgroup left in shared memory with one bulk copy, and raises the counter. For the last key
 // block it loads the sum instead; the math warpgroup adds its partial and writes dq in bf16. A
 // query block reached by one key block only is written directly.
-// Why highest first: under a causal mask key block j meets query block i at its tile i - 2j, block
-// j + 1 got there two tiles earlier, so waits are rare. CTAs take (batch*head, key block) from a ticket counter
-// in launch order, highest key block first for every (batch, head), so a CTA only ever waits for
-// CTAs that are already running or done: no deadlock whatever the GPU schedules.
+// Why highest first: under a causal mask key block j has n_j = n_qb - 2j query blocks per head and
+// meets query block i of the group's m-th head at its tile m n_j + i - 2j; block j + 1 got there
+// 2m + 2 tiles earlier, so waits are rare.
+// No deadlock whatever the GPU schedules: the partials a CTA (b, hk, kb) waits for come only from
+// CTAs (b, hk, kb') with kb' > kb (query head h's dQ sums over the key blocks of its own key/value
+// head). CTAs take (batch, key/value head, key block) from a ticket counter in launch order, highest
+// key block first for every (batch, key/value head), so those took earlier tickets: they are
+// resident (running) or done, and a resident CTA keeps its SM until it ends. By induction from the
+// highest key block of each (batch, key/value head), which waits for nobody, every CTA finishes.
 // Documents shorten both sides: a key block's query tiles end at its last key's document, a query
 // block's key blocks (the dQ partials summed) start at its first query's; the two ranges name the
 // same pairs (attention_common.cuh), so the counts above still match.
-// Layout: q/k/v/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
+// Layout: q/dout/dq [B,T,H,D], k/v/dk/dv [B,T,Hk,D], free batch/token strides; lse/delta
+// [B,H,T] f32.
 #include <algorithm>
 #include <type_traits>
 
@@ -106,8 +117,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                     const float* __restrict__ lse, const float* __restrict__ delta, bf16_t* __restrict__ dq,
                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, int* __restrict__ counters,
-                    float* __restrict__ dq_acc, const float* __restrict__ rope_cs, const Args a, const int n_bh,
-                    const int group) {
+                    int* __restrict__ ticket, float* __restrict__ dq_acc, const float* __restrict__ rope_cs,
+                    const Args a, const int n_bhk, const int group) {
   static_assert(!kRope || D == 64, "rotating dq needs its whole head in one chunk");
   using C = BwdSm90Cfg<D>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
@@ -124,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int n_kb = cdiv(a.T, BC), n_qb = cdiv(a.T, BR);
   if (threadIdx.x == 0) {
-    s_ticket = atomicAdd(counters + n_bh * n_qb, 1);
+    s_ticket = atomicAdd(ticket, 1);
     mbar_init(bar_kv, 1);
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_f0 + 8 * s, 32);  // the loading warp's lanes (their lse/delta stores), one with the bytes
@@ -142,18 +153,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
-  // Tickets in launch order, by groups of `group` (batch, head)s: each at the highest key block,
-  // then the next lower, so the CTAs a CTA waits for took earlier tickets and are running or
+  // Tickets in launch order, by groups of `group` (batch, key/value head)s: each at the highest key
+  // block, then the next lower, so the CTAs a CTA waits for took earlier tickets and are running or
   // done. A group's dQ tiles stay open from its first CTA to its last: groups are sized to keep
   // them in L2.
-  const int g0 = s_ticket / (group * n_kb) * group, gn = min(group, n_bh - g0), r = s_ticket - g0 * n_kb;
-  const int kb = n_kb - 1 - r / gn, bh = g0 + r % gn, b = bh / a.H, h = bh % a.H;
+  const int g0 = s_ticket / (group * n_kb) * group, gn = min(group, n_bhk - g0), r = s_ticket - g0 * n_kb;
+  const int kb = n_kb - 1 - r / gn, bhk = g0 + r % gn, b = bhk / a.Hk, hk = bhk % a.Hk;
+  const int heads = a.H / a.Hk;  // query heads of the group: hk * heads .. hk * heads + heads - 1
   const int k0 = kb * BC;
   const int2 qr = query_blocks<kDocs>(a, b, k0, BC, BR);
-  const int n_tiles = qr.y - qr.x + 1;
+  const int head_tiles = qr.y - qr.x + 1, n_tiles = heads * head_tiles;
+  // Tile it: query head hk * heads + it / head_tiles, query block qr.x + it % head_tiles.
+  auto tile_at = [&](int it) {
+    const int j = it / head_tiles;
+    return make_int2(hk * heads + j, qr.x + it - j * head_tiles);
+  };
   const int wg = warpgroup_index();
-  int* const tile_count = counters + int64_t{bh} * n_qb;
-  float* const tile_acc = dq_acc + int64_t{bh} * n_qb * BR * D;
 
   if (wg == 0) {
     regs_dealloc<Regs::kLoad>();
@@ -161,18 +176,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) {
       if (lane == 0) {
         mbar_arrive_expect_tx(bar_kv, 2 * C::kRowsBytes);
-        load_tile<BC, D>(sK, &tm_k, bar_kv, k0, h, b);
-        load_tile<BC, D>(sV, &tm_v, bar_kv, k0, h, b);
+        load_tile<BC, D>(sK, &tm_k, bar_kv, k0, hk, b);
+        load_tile<BC, D>(sV, &tm_v, bar_kv, k0, hk, b);
       }
       for (int it = 0; it < n_tiles; ++it) {
-        const int s = it % S, t0 = (qr.x + it) * BR;
+        const int2 tile = tile_at(it);
+        const int s = it % S, h = tile.x, t0 = tile.y * BR;
+        const int64_t stats = (int64_t{b} * a.H + h) * a.T;  // head h's row of lse and delta
         if (it >= S) mbar_wait(bar_e0 + 8 * s, (it / S - 1) & 1);
         float* st = s_stats + s * 2 * BR;
         for (int i = lane; i < BR; i += 32) {
           const int tt = t0 + i;
           // Padding queries get P = 0 everywhere.
-          st[i] = tt < a.T ? lse[int64_t{bh} * a.T + tt] * kLog2e : INFINITY;
-          st[BR + i] = tt < a.T ? delta[int64_t{bh} * a.T + tt] : 0.f;
+          st[i] = tt < a.T ? lse[stats + tt] * kLog2e : INFINITY;
+          st[BR + i] = tt < a.T ? delta[stats + tt] : 0.f;
         }
         if (lane == 0) {
           mbar_arrive_expect_tx(bar_f0 + 8 * s, 2 * C::kTileBytes);
@@ -183,30 +200,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (threadIdx.x == 32) {
-      // The dQ writer: the partials of the key blocks reaching query block qb go into its f32 tile
-      // highest key block first (kr.y - kb of them before this one, counted by tile_count[qb]).
+      // The dQ writer: the partials of the key blocks reaching query block qb of head h go into its
+      // f32 tile highest key block first (kr.y - kb of them before this one, counted by the tile's
+      // counter).
       // The first stores, the others add; the last (kr.x) instead loads the sum for its math
       // warpgroup, which adds its own partial and writes dq. An add completes (and its count goes
       // up) while the math warpgroups produce the next partial.
       SlotUses uses, ready;  // ready: the partials taken from each slot
-      int pending = -1;      // the query block whose add is in flight
+      int pending = -1;      // the tile (index below) whose add is in flight
       auto finish_pending = [&] {
         if (pending < 0) return;
         bulk_wait<0>();
         fence_proxy_async_global();
-        counter_add_release(tile_count + pending, 1);
+        counter_add_release(counters + pending, 1);
         pending = -1;
       };
       for (int it = 0; it < n_tiles; ++it) {
-        const int sl = it % C::kDqSlots, qb = qr.x + it;
+        const int2 tile = tile_at(it);
+        const int sl = it % C::kDqSlots, qb = tile.y;
         const int2 kr = key_blocks<kDocs>(a, b, qb * BR, BR, BC);
         if (kr.x == kr.y) continue;  // one key block: the math warpgroup writes dq itself
         const uint32_t slot = sDQ0 + sl * C::kDqBytes;
-        float* const acc = tile_acc + int64_t{qb} * BR * D;
+        // The tile's counter and f32 accumulator, per (batch*head, query block) of the query heads.
+        // An int index (at least 16 KiB of workspace per tile: fewer than 2^31 tiles), as a 64-bit
+        // `pending` doubled the spills of the loading warpgroup's 24 registers (with documents).
+        const int index = (b * a.H + tile.x) * n_qb + qb;
+        int* const count = counters + index;
+        float* const acc = dq_acc + int64_t{index} * BR * D;
         if (kb == kr.x) {
           finish_pending();
           if (uses.used(sl)) mbar_wait(bar_qe0 + 8 * sl, uses.last_parity(sl));
-          counter_wait(tile_count + qb, kr.y - kr.x);
+          counter_wait(count, kr.y - kr.x);
           fence_proxy_async_global();
           mbar_arrive_expect_tx(bar_ql0 + 8 * sl, C::kDqBytes);
           bulk_load(slot, acc, C::kDqBytes, bar_ql0 + 8 * sl);
@@ -214,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(bar_qr0 + 8 * sl, ready.parity(sl));
           ready.bump(sl);
           finish_pending();
-          counter_wait(tile_count + qb, kr.y - kb);
+          counter_wait(count, kr.y - kb);
           fence_proxy_async_global();
           if (kb == kr.y)
             bulk_store(acc, slot, C::kDqBytes);
@@ -223,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           bulk_commit();
           bulk_wait_read<0>();
           mbar_arrive(bar_qe0 + 8 * sl, 4);
-          pending = qb;
+          pending = index;
         }
         uses.bump(sl);
       }
@@ -268,7 +292,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
     };
     auto dq_finish = [&](int itq, int c, float(&part)[32]) {
-      const int bf = itq & 1, q0 = (qr.x + itq) * BR;
+      const int2 tile = tile_at(itq);
+      const int bf = itq & 1, h = tile.x, q0 = tile.y * BR;
       const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
       const bool single = kr.x == kr.y, last = kb == kr.x;
       const int sl = itq % C::kDqSlots;
@@ -325,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     for (int it = 0; it < n_tiles; ++it) {
-      const int s = it % S, bf = it & 1, qb = qr.x + it, q0 = qb * BR;
+      const int s = it % S, bf = it & 1, qb = tile_at(it).y, q0 = qb * BR;
       const uint32_t sQ = sQ0 + s * C::kTileBytes, sDO = sDO0 + s * C::kTileBytes, sDS = sDS0 + bf * C::kDsBytes;
       const float* lse_t = s_stats + s * 2 * BR;
       const float* dl_t = lse_t + BR;
@@ -440,10 +465,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
     if constexpr (kRope)
-      store_rows_rope<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
+      store_rows_rope<D>(dk, a.dk, b, hk, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
     else
-      store_rows<D>(dk, a.dk, b, h, a.T, srow0, dk_acc, scale);
-    store_rows<D>(dv, a.dv, b, h, a.T, srow0, dv_acc, one);
+      store_rows<D>(dk, a.dk, b, hk, a.T, srow0, dk_acc, scale);
+    store_rows<D>(dv, a.dv, b, hk, a.T, srow0, dv_acc, one);
   }
 }
 
@@ -453,25 +478,29 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
                      const Tensor& dk, const Tensor& dv, const float* rope_cs) {
   using C = BwdSm90Cfg<D>;
   auto st = cuda::stream_of(ctx);
-  const unsigned n_bh = static_cast<unsigned>(L.B * a.H), n_qb = cdiv(a.T, C::BR), n_kb = cdiv(a.T, C::BC);
+  const unsigned n_bh = static_cast<unsigned>(L.B * a.H), n_bhk = static_cast<unsigned>(L.B * a.Hk),
+                 n_qb = cdiv(a.T, C::BR), n_kb = cdiv(a.T, C::BC);
   const AttentionBwdWorkspace ws = attention_bwd_workspace(L.B, L.T, L.H, L.D);
   char* const wbase = static_cast<char*>(ctx.workspace);
   int* const counters = reinterpret_cast<int*>(wbase + ws.counters);
   float* const dq_acc = reinterpret_cast<float*>(wbase + ws.dq_acc);
+  int* const ticket = counters + size_t{n_bh} * n_qb;
   // The tile counters and the launch ticket start at zero; the accumulator tiles need no clearing
   // (the first partial of each is stored, not added).
   LINAC_CUDA_CHECK(cudaMemsetAsync(counters, 0, (size_t{n_bh} * n_qb + 1) * sizeof(int), st));
   const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_do = rows_map(dout, L, L.dout, C::BR),
                     tm_k = rows_map(k, L, L.k, C::BC), tm_v = rows_map(v, L, L.v, C::BC);
-  // (batch, head)s per ticket group: their open dQ tiles in about 8 MiB of L2 (H200, 16 heads x
-  // 64, T = 2048 / 8192 / 32768: 2 to 16 MiB measure the same, 32 MiB up to 5% slower at D = 128,
-  // one group of all 8-12% slower).
-  const int group = static_cast<int>(std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * C::kDqBytes), 1, n_bh));
+  // (batch, key/value head)s per ticket group: their open dQ tiles, n_qb for each of the H / Hk
+  // query heads of each, in about 8 MiB of L2 (H200, 16 heads x 64 without grouping, T = 2048 /
+  // 8192 / 32768: 2 to 16 MiB measure the same, 32 MiB up to 5% slower at D = 128, one group of
+  // all 8-12% slower).
+  const int group = static_cast<int>(
+      std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * (a.H / a.Hk) * C::kDqBytes), 1, n_bhk));
   auto kernel = bwd_sm90_kernel<D, kRope, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  kernel<<<n_bh * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),
-                                                  dk.data<bf16_t>(), dv.data<bf16_t>(), counters, dq_acc, rope_cs, a,
-                                                  static_cast<int>(n_bh), group);
+  kernel<<<n_bhk * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),
+                                                   dk.data<bf16_t>(), dv.data<bf16_t>(), counters, ticket, dq_acc,
+                                                   rope_cs, a, static_cast<int>(n_bhk), group);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

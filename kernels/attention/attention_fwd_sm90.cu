@@ -5,7 +5,8 @@
 // bf16, head dim 64 or 128. Work item = (batch*head, block of BR = 64 *
 // kMathWGs queries); math warpgroup w owns queries q0 + 64w .. q0 + 64w + 63
 // (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
-// kStages stages of K and V tiles. Per key block and warpgroup:
+// kStages stages of K and V tiles of key/value head h / (H / Hk) (grouped-query
+// attention). Per key block and warpgroup:
 //   S = Q K^T       wgmma, A = Q and B = K from shared memory (both K-major)
 //   online softmax on the S accumulators (f32, exp2 with the scale folded in),
 //   P rounded to bf16
@@ -18,9 +19,11 @@
 // document start or the key tail. Short items (T <= 2048 or a window) run on a
 // persistent grid: one CTA per SM taking items from a ticket counter in
 // ctx.workspace, longest first, with two Q buffers, so the next item's Q and
-// K/V arrive while the math warpgroups finish the current one.
-// Layout: q/k/v/o [B,T,H,D] with free batch/token strides (multiples of 8),
-// lse [B,H,T] f32.
+// K/V arrive while the math warpgroups finish the current one. Items run
+// (batch*head) fastest, so the query heads of one key/value group are adjacent
+// items of the same query block, which share its K/V tiles through L2.
+// Layout: q/o [B,T,H,D], k/v [B,T,Hk,D], free batch/token strides (multiples of
+// 8), lse [B,H,T] f32.
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -110,7 +113,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
         }
         s_item[qb] = idx;
         const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
-        const int b = item.bh / a.H, h = item.bh % a.H;
+        const int b = item.bh / a.H, h = item.bh % a.H, hk = h / (a.H / a.Hk);
         mbar_arrive_expect_tx(bar_q0 + 8 * qb, C::kQBytes);
         load_tile<BR, D>(sQ0 + qb * C::kQBytes, &tm_q, bar_q0 + 8 * qb, item.q0, h, b);
         const int2 kr = key_blocks<kDocs>(a, b, item.q0, BR, BC);
@@ -118,9 +121,9 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
           const int s = gt % S;
           if (gt >= S) mbar_wait(bar_e0 + 8 * s, (gt / S - 1) & 1);
           mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
-          load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, h, b);
+          load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, hk, b);
           mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
-          load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, h, b);
+          load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, hk, b);
         }
       }
     }

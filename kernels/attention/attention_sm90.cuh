@@ -33,9 +33,10 @@ struct RegBudget<3> {
   static constexpr int kLoad = 32, kMath = 160;
 };
 
-// TMA map of a [B,T,H,D] argument with boxes of `rows` tokens.
+// TMA map of a [B,T,heads,D] argument with boxes of `rows` tokens; heads is the argument's own
+// (H for q, o and their gradients, Hk for k, v and theirs).
 inline CUtensorMap rows_map(const Tensor& x, const AttentionLayout& L, const AttentionLayout::Strides& s, int rows) {
-  return head_rows_tensor_map(x.ptr, L.B, L.T, L.H, L.D, s.b, s.t, rows);
+  return head_rows_tensor_map(x.ptr, L.B, L.T, x.size(2), L.D, s.b, s.t, rows);
 }
 
 // Issues the copies of tokens [t0, t0 + ROWS) of head (b, h) into the tile at
@@ -60,8 +61,8 @@ __device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], int kk, uint32
 }
 
 // Writes rows row0 and row0 + 8 (r = 0, 1) of a 64 x D accumulator times
-// `scale` as bf16 to head (b, h) of a [B,T,H,D] tensor; rows at or past T are
-// dropped.
+// `scale` as bf16 to head (b, h) of a [B,T,heads,D] tensor; rows at or past T
+// are dropped.
 template <int D>
 __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Strides& s, int b, int h, int T, int row0,
                                            const float (&acc)[D / 2], const float (&scale)[2]) {

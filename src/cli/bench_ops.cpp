@@ -53,14 +53,15 @@ double time_ms(const Ctx& ctx, int64_t iters, const std::function<void()>& f) {
 
 // doc_len > 0: document packing (AttentionOpts::docs) with geometric document lengths of that mean
 // (each token ends its document with probability 1 / doc_len, as `bench --doc-len`); FLOPs count
-// the keys each query sees in its document.
-OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt, int64_t window,
-                         double doc_len, int64_t iters) {
+// the keys each query sees in its document. Hk < H: grouped-query attention (FLOPs count the H
+// query heads).
+OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Hk, int64_t D, DType dt,
+                         int64_t window, double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
-  OwnedTensor q = random_device({B, T, H, D}, dt, 1), k = random_device({B, T, H, D}, dt, 2);
-  OwnedTensor v = random_device({B, T, H, D}, dt, 3), dout = random_device({B, T, H, D}, dt, 4);
+  OwnedTensor q = random_device({B, T, H, D}, dt, 1), k = random_device({B, T, Hk, D}, dt, 2);
+  OwnedTensor v = random_device({B, T, Hk, D}, dt, 3), dout = random_device({B, T, H, D}, dt, 4);
   OwnedTensor o(dt, Device::CUDA, {B, T, H, D}), lse(DType::F32, Device::CUDA, {B, H, T});
-  OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, H, D}), dv(dt, Device::CUDA, {B, T, H, D});
+  OwnedTensor dq(dt, Device::CUDA, {B, T, H, D}), dk(dt, Device::CUDA, {B, T, Hk, D}), dv(dt, Device::CUDA, {B, T, Hk, D});
   AttentionOpts opts;
   opts.window = window;
   double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
@@ -239,15 +240,16 @@ OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t 
 }
 
 // Decoding one token per sequence over a full KV cache of S = T slots, B = tokens / T sequences
-// (the same cache bytes at every T). No backward; memory bound: reported as GB/s of cache read.
-OpTiming bench_attention_decode(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t D, DType dt,
+// (the same cache bytes at every T), Hk key/value heads. No backward; memory bound: reported as
+// GB/s of cache read.
+OpTiming bench_attention_decode(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Hk, int64_t D, DType dt,
                                 int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
   OwnedTensor q = random_device({B, H, D}, dt, 1), o(dt, Device::CUDA, {B, H, D});
-  OwnedTensor kc = random_device({B, T, H, D}, dt, 2), vc = random_device({B, T, H, D}, dt, 3);
+  OwnedTensor kc = random_device({B, T, Hk, D}, dt, 2), vc = random_device({B, T, Hk, D}, dt, 3);
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { attention_decode(ctx, q, kc, vc, T, o); });
-  r.bytes = 2.0 * static_cast<double>(B * T * H * D) * static_cast<double>(dtype_size(dt));
+  r.bytes = 2.0 * static_cast<double>(B * T * Hk * D) * static_cast<double>(dtype_size(dt));
   return r;
 }
 
@@ -260,6 +262,8 @@ int bench_op(Args& args, const std::string& name) {
   const bool taylor = name == "taylor", lightning = name == "lightning", latte = name == "latte", vq = name == "vq_attn";
   const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : vq ? 1 : 16);
   const int64_t D = gla || conv || vq ? 0 : args.get_int("head-dim", 64);
+  const int64_t Hk = name == "attention" || decode ? args.get_int("kv-heads", H) : H;
+  if (Hk < 1 || H % Hk != 0) throw UserError("--kv-heads must divide --heads (" + std::to_string(H) + ")");
   const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t latents = latte ? args.get_int("latents", 16) : 0;
   const bool macchiato = latte && args.flag("macchiato");
@@ -282,12 +286,12 @@ int bench_op(Args& args, const std::string& name) {
   for (int64_t T : lens)
     rows.push_back(gla      ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
                    : conv   ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
-                   : decode ? bench_attention_decode(g.ctx(), T, tokens, H, D, dt, iters)
+                   : decode ? bench_attention_decode(g.ctx(), T, tokens, H, Hk, D, dt, iters)
                    : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                    : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
                    : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
-                            : bench_attention(g.ctx(), T, tokens, H, D, dt, window, doc_len, iters));
+                            : bench_attention(g.ctx(), T, tokens, H, Hk, D, dt, window, doc_len, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
@@ -297,6 +301,7 @@ int bench_op(Args& args, const std::string& name) {
     if (taylor) j["feature_dim"] = F;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
     if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window, j["doc_len"] = doc_len;
+    if (name == "attention" || decode) j["kv_heads"] = Hk;
     for (const auto& r : rows) {
       const double ms = r.fwd_ms + r.bwd_ms;
       nlohmann::json row = {
@@ -310,6 +315,7 @@ int bench_op(Args& args, const std::string& name) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
+  const std::string kv = Hk != H ? " (" + std::to_string(Hk) + " KV)" : "";
   const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
                            : vq ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) +
                                       ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
@@ -317,9 +323,9 @@ int bench_op(Args& args, const std::string& name) {
                            : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
                            : latte  ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
                                          (macchiato ? ", Macchiato" : "")
-                           : name == "attention" ? "H=" + std::to_string(H) + ", D=" + std::to_string(D) + ", " +
+                           : name == "attention" ? "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D) + ", " +
                                                        attention_gpu_kernels(D) + " kernels"
-                                  : "H=" + std::to_string(H) + ", D=" + std::to_string(D);
+                                  : "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),
               (std::string(window ? ", window " + std::to_string(window) : "") +

@@ -114,10 +114,13 @@ void print_model(const Model& model, const Info& in) {
   const std::string channel = model_channel_mixer(m) == "none"
                                   ? std::string("no channel mixer")
                                   : model_channel_mixer(m) + " " + std::to_string(m.ffn_dim());
-  std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld), %s, vocab %lld, %s embeddings\n",
+  // Grouped-query attention: the primary mixer's key/value heads.
+  const int64_t kv = m.mixer.is_object() && m.mixer.contains("kv_heads") ? m.mixer["kv_heads"].get<int64_t>() : 0;
+  const std::string kv_heads = kv > 0 && kv != m.n_heads ? ", " + std::to_string(kv) + " key/value heads" : "";
+  std::printf("shape       %lld layers, d_model %lld, %lld heads (head dim %lld%s), %s, vocab %lld, %s embeddings\n",
               static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
-              static_cast<long long>(m.head_dim()), channel.c_str(), static_cast<long long>(m.vocab_size),
-              m.tie_embeddings ? "tied" : "untied");
+              static_cast<long long>(m.head_dim()), kv_heads.c_str(), channel.c_str(),
+              static_cast<long long>(m.vocab_size), m.tie_embeddings ? "tied" : "untied");
   std::printf("parameters  %s total, %s non-embedding\n", human_count(n).c_str(),
               human_count(n - static_cast<double>(model.n_embedding_params())).c_str());
   // What data.packing "document" would meet: every token mixer must support it.

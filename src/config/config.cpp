@@ -116,6 +116,7 @@ json Config::to_json() const {
                 {"checkpoint_every", train.checkpoint_every},
                 {"keep_last", train.keep_last},
                 {"out_dir", train.out_dir},
+                {"init_from", train.init_from},
                 {"max_bad_steps", train.max_bad_steps},
                 {"overlap_comm", train.overlap_comm},
                 {"bucket_mb", train.bucket_mb},
@@ -199,6 +200,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.checkpoint_every = t.get_int("checkpoint_every", tr.checkpoint_every, 0, kMaxI);
   tr.keep_last = t.get_int("keep_last", tr.keep_last, 1, 1 << 20);
   tr.out_dir = t.get_string("out_dir", tr.out_dir);
+  tr.init_from = t.get_string("init_from", tr.init_from);
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
   tr.overlap_comm = t.get_bool("overlap_comm", tr.overlap_comm);
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);

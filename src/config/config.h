@@ -75,6 +75,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 1000;
   int64_t keep_last = 3;
   std::string out_dir = "runs/run";
+  // A checkpoint whose weights a fresh run starts from (fine-tuning): not its optimizer moments,
+  // step or data position. "" = a random init. A resumed run ignores it.
+  std::string init_from;
   int64_t max_bad_steps = 5;
   bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
   double bucket_mb = 25;     // gradient bucket size for the all-reduce

@@ -234,7 +234,10 @@ void Trainer::build_model() {
 }
 
 void Trainer::init_fresh() {
-  model_->init_params(tc_.seed);
+  if (!tc_.init_from.empty())
+    init_from_checkpoint();
+  else
+    model_->init_params(tc_.seed);
   stepper_->sync_weights();
   const bool zero = model_->params().sharded();
   log_->info(
@@ -243,6 +246,39 @@ void Trainer::init_fresh() {
       model_->n_params(), gpu_ ? gpu_info().name : "CPU", world_ > 1 ? " per rank" : "", dtype_name(model_->env().act),
       world_, comm_->backend(), zero ? " with ZeRO-" + std::to_string(tc_.zero) : std::string(), n_micro_, B_, T_,
       tc_.recompute != "none" ? ", recompute " + tc_.recompute : std::string());
+}
+
+// The weights must fit this model (load_params names a parameter whose name or shape differs).
+// Model settings without weights (norm_eps, rope_base, rope_scaling, ...) may differ on purpose,
+// a longer context's RoPE for one: each difference is logged. A tokenizer other than the data's
+// would give the ids other meanings, so it is refused.
+void Trainer::init_from_checkpoint() {
+  const std::string where = cfg_.source + ": train.init_from: ";
+  std::error_code ec;
+  if (!fs::is_regular_file(tc_.init_from, ec))
+    throw UserError(where + "'" + tc_.init_from + "' is not a checkpoint file");
+  const CheckpointReader ckpt(tc_.init_from);
+  const json theirs = ckpt.data().config.value("model", json::object()), ours = cfg_.to_json()["model"];
+  const std::string data_tok = data_.tokenizer_bytes(), ckpt_tok = ckpt.data().tokenizer;
+  if (!data_tok.empty() && !ckpt_tok.empty() && data_tok != ckpt_tok)
+    throw UserError(where + ckpt.path() + " has another SentencePiece model than data.path '" + cfg_.data.path +
+                    "': prepare the data with its tokenizer (linac export writes it as tokenizer.model; linac prepare "
+                    "--tokenizer FILE)");
+  try {
+    ckpt.load_params(model_->params(), false);
+  } catch (const UserError& e) {
+    throw UserError(where + e.what());
+  }
+  if (const NonFiniteReport bad = find_nonfinite(ctx_, model_->params(), comm_.get()); !bad.ok())
+    throw UserError(where + ckpt.path() + " holds " + std::to_string(bad.count) + " non-finite weights");
+  auto at = [](const json& j, const json::json_pointer& p) { return j.contains(p) ? j.at(p).dump() : "absent"; };
+  for (const json& d : json::diff(theirs, ours)) {
+    const json::json_pointer p(d.at("path").get<std::string>());
+    log_->info("train.init_from: model{} is {} here, {} in the checkpoint (kept as configured)", p.to_string(),
+               at(ours, p), at(theirs, p));
+  }
+  log_->info("initialised from {} (its step {}): weights only; optimizer, schedule and data order start fresh",
+             ckpt.path(), ckpt.data().state.step);
 }
 
 void Trainer::restore(const CheckpointReader& ckpt) {

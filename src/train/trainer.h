@@ -68,6 +68,8 @@ class Trainer {
   void open_log(const std::vector<Note>& notes);
   void build_model();
   void init_fresh();
+  // init_fresh's start from train.init_from's weights.
+  void init_from_checkpoint();
   void restore(const CheckpointReader& ckpt);
 
   StepStats train_step();

@@ -246,8 +246,14 @@ const std::map<std::string, std::function<void(ArchCases&)>>& arch_entries() {
        [](ArchCases& c) {
          ModelConfig cfg = tiny("transformer", 2, 16, 2, 24), tied = cfg;
          tied.tie_embeddings = true;
-         c.grads = {{"untied", cfg, 2, 7, 24}, {"tied", tied, 2, 7, 24}};
-         c.decodes = {{"", cfg, 2, 21}, {"prefill 13", cfg, 2, 21, 13}};
+         // Grouped-query attention: 4 query heads over 2 key/value heads, Llama 3's RoPE scaling
+         // over a context of 4 (so the 7- and 21-token sequences use all three frequency bands).
+         ModelConfig gqa = tiny("transformer", 2, 16, 4, 24);
+         gqa.mixer = {{"kv_heads", 2},
+                      {"rope_base", 500},
+                      {"rope_scaling", {{"factor", 4}, {"original_max_position_embeddings", 4}}}};
+         c.grads = {{"untied", cfg, 2, 7, 24}, {"tied", tied, 2, 7, 24}, {"GQA 4/2, llama3 RoPE", gqa, 2, 7, 24}};
+         c.decodes = {{"", cfg, 2, 21}, {"prefill 13", cfg, 2, 21, 13}, {"GQA 4/2, prefill 9", gqa, 2, 21, 9}};
          // An induction head: the copy task.
          c.learn = {"copy", test::tiny_model(2, 32, 2, 16, 64), learning_run(300, 3e-3), 16, 16, 7, copy_task16(), 0.3};
        }},

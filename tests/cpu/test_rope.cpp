@@ -96,3 +96,54 @@ TEST(RopeCpu, FloatMatchesDouble) {
 
 }  // namespace
 }  // namespace linac
+
+namespace linac {
+namespace {
+
+// Llama 3's frequency scaling, against its definition (rope.h): wavelengths shorter than
+// C / high_freq_factor keep their frequency, longer than C / low_freq_factor are stretched by
+// `factor`, and the band between blends the two, continuously at both ends. Checked on Llama
+// 3.1's settings (base 500000, D 128, factor 8, factors 1 and 4, C 8192), then through rope_fwd.
+TEST(RopeCpu, Llama3ScalingKeepsHighDividesLowBlendsBetween) {
+  RopeFreqs f(500000.0);
+  f.factor = 8, f.low_freq_factor = 1, f.high_freq_factor = 4, f.original_context = 8192;
+  const int64_t D = 128;
+  const double kPi = 3.14159265358979323846;
+  int kept = 0, divided = 0, blended = 0;
+  for (int64_t i = 0; i < D / 2; ++i) {
+    const double plain = std::pow(500000.0, -2.0 * static_cast<double>(i) / D), wavelen = 2 * kPi / plain;
+    const double scaled = f.inv_freq(D, i);
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_EQ(scaled, plain) << i;
+      ++kept;
+    } else if (wavelen > 8192.0) {
+      EXPECT_DOUBLE_EQ(scaled, plain / 8) << i;
+      ++divided;
+    } else {
+      EXPECT_GT(scaled, plain / 8) << i;
+      EXPECT_LT(scaled, plain) << i;
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
+  // Continuity: just inside the band the blend is (almost) its neighbour's rule.
+  RopeFreqs edge = f;
+  edge.original_context = 2 * kPi / std::pow(500000.0, -2.0 * 40 / D) * 4 * (1 + 1e-9);  // pair 40 at C/h
+  EXPECT_NEAR(edge.inv_freq(D, 40), std::pow(500000.0, -2.0 * 40 / D), 1e-8 * std::pow(500000.0, -2.0 * 40 / D));
+  EXPECT_EQ(RopeFreqs(500000.0).inv_freq(D, 50), std::pow(500000.0, -2.0 * 50 / D));
+
+  // rope_fwd rotates pair i by position * the scaled frequency.
+  for (int64_t i : {int64_t{3}, int64_t{45}, int64_t{60}}) {
+    OwnedTensor x(DType::F64, Device::CPU, {1, 1, 1, D});
+    for (int64_t e = 0; e < D; ++e) x->data<double>()[e] = e == i ? 1.0 : 0.0;
+    rope_fwd(Ctx{}, x, f, 3000);
+    const double angle = 3000.0 * f.inv_freq(D, i);
+    EXPECT_NEAR(x->data<double>()[i], std::cos(angle), 1e-12) << i;
+    EXPECT_NEAR(x->data<double>()[i + D / 2], std::sin(angle), 1e-12) << i;
+  }
+}
+
+}  // namespace
+}  // namespace linac

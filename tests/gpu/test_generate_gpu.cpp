@@ -40,6 +40,15 @@ TEST(GenerateGpu, FullAttentionCacheGrowsPastItsFirstSlots) {
   test::check_model_gpu_decode(cfg, 3, 300, {269, 270, 299}, 1e-4, 270);  // prefill beyond the first slots
 }
 
+// Grouped-query attention: a KV cache of 2 key/value heads for 4 query heads (head dim 64).
+TEST(GenerateGpu, GroupedQueryAttentionDecodesAsItsForward) {
+  LINAC_SKIP_WITHOUT_GPU();
+  ModelConfig cfg = test::tiny_model(2, 256, 4, 1000, 256);
+  cfg.mixer = {{"kv_heads", 2}};
+  test::check_model_gpu_decode(cfg, 2, 300, {0, 1, 63, 255, 256, 299}, 1e-4);
+  test::check_model_gpu_decode(cfg, 2, 300, {100, 101, 299}, 1e-4, 100);
+}
+
 TEST(GenerateGpu, SlidingWindowRingBufferAfterALongPrefill) {
   LINAC_SKIP_WITHOUT_GPU();
   ModelConfig cfg = test::tiny_model(2, 128, 2, 1000, 256);

@@ -71,8 +71,13 @@ const std::map<std::string, std::function<void(GpuCases&)>>& arch_entries() {
          const ModelConfig untied = gpu_model("transformer");  // head dim 64: the tensor-core attention path
          ModelConfig tied = untied;
          tied.tie_embeddings = true;
-         c.fp32 = {{"untied", untied}};
-         c.bf16 = {{"untied", untied}, {"tied embeddings", tied}};
+         // Multi-query attention (2 query heads, 1 key/value head) with Llama 3's RoPE scaling.
+         ModelConfig gqa = untied;
+         gqa.mixer = {{"kv_heads", 1},
+                      {"rope_base", 500000},
+                      {"rope_scaling", {{"factor", 8}, {"original_max_position_embeddings", 32}}}};
+         c.fp32 = {{"untied", untied}, {"multi-query, llama3 RoPE", gqa}};
+         c.bf16 = {{"untied", untied}, {"tied embeddings", tied}, {"multi-query, llama3 RoPE", gqa}};
          c.decode = untied;
        }},
       {"gla",
