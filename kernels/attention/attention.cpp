@@ -79,7 +79,6 @@ void attention_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   const AttentionLayout L = make_layout(q, k, v, o, lse, opts);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    LINAC_CHECK(L.Hk == L.H, "attention (GPU): grouped-query attention is not in the GPU kernels yet");
     attention_fwd_cuda(ctx, L, q, k, v, o, lse);
     return;
   }
@@ -100,7 +99,6 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   L.dout = strides(dout), L.dq = strides(dq), L.dk = strides(dk), L.dv = strides(dv);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    LINAC_CHECK(L.Hk == L.H, "attention (GPU): grouped-query attention is not in the GPU kernels yet");
     attention_bwd_cuda(ctx, L, q, k, v, o, lse, dout, dq, dk, dv);
     return;
   }

@@ -1,9 +1,12 @@
 // CUDA attention backward (math in attention.h), FlashAttention-2 style but deterministic: no
 // atomics (bf16 at D = 64/128 on a Hopper GPU runs attention_bwd_sm90.cu's one-pass kernel after delta).
 // P is recomputed from q, k and the saved lse, and the work is split in two passes:
-//   dq pass:   one CTA per (batch*head, block of BR queries); streams K/V tiles:
+//   dq pass:   one CTA per (batch*head, block of BR queries); streams the K/V tiles of its
+//              key/value head kv_head(h):
 //              S = Q K^T, P = exp(S - lse), dP = dO V^T, dS = P (dP - delta), dQ += dS K
-//   dkdv pass: one CTA per (batch*head, block of BC keys); streams Q/dO tiles:
+//   dkdv pass: one CTA per (batch*key/value head, block of BC keys); streams the Q/dO tiles of
+//              every query head of its group, one head after the other, into the same accumulators
+//              (grouped-query attention sums dK and dV over the group without atomics or scratch):
 //              S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta), dK += dS^T Q
 // With documents a query block's key tiles start at its first query's document and a key block's
 // query tiles end at its last key's document; the document mask runs on tiles that straddle a
@@ -15,7 +18,8 @@
 // delta[b,h,t] = <dO[t], o[t]> (f32, in ctx.workspace) is computed first. Warps own 16 rows; tiles
 // stream through shared memory with cp.async double buffering, P and dS go from the f32
 // accumulators straight into bf16 A fragments of the next mma.
-// Layout: q/k/v/o/dout/dq/dk/dv [B,T,H,D] with free batch/token strides, lse/delta [B,H,T] f32.
+// Layout: q/o/dout/dq [B,T,H,D] and k/v/dk/dv [B,T,Hk,D] with free batch/token strides, lse/delta
+// [B,H,T] f32.
 #include "attention/attention_common.cuh"
 #include "rope/rope.h"
 
@@ -97,8 +101,8 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
   const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
-  const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
-  const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
+  const bf16_t* k_head = head_rows<D>(k, a.k, b, kv_head(a, h));
+  const bf16_t* v_head = head_rows<D>(v, a.v, b, kv_head(a, h));
   auto load_kv = [&](int kb, int buf) {
     load_kv_block<BC, D, NT>(a, sK0 + buf * kTile, sV0 + buf * kTile, k_head, v_head, kb);
   };
@@ -231,29 +235,31 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
   float* s_lse = reinterpret_cast<float*>(smem + 2 * BC * kRowBytes<D> + 4 * kTile);
   float* s_dl = s_lse + 2 * BR;
 
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
+  const int bhk = blockIdx.x, b = bhk / a.Hk, hk = bhk % a.Hk, group = a.H / a.Hk;
   const int k0 = static_cast<int>(blockIdx.y) * BC;  // causal: low key blocks see the most queries; they go first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int2 qr = query_blocks<kDocs>(a, b, k0, BC, BR);
-  const bf16_t* q_head = head_rows<D>(q, a.q, b, h);
-  const bf16_t* dout_head = head_rows<D>(dout, a.dout, b, h);
+  // The query tiles, numbered 0 .. last: query blocks qr.x .. qr.y of the group's first query head,
+  // then of its second, ...: one double-buffered stream, so a head change costs no pipeline drain.
+  const int blocks = qr.y - qr.x + 1, last = group * blocks - 1;
 
-  auto load_queries = [&](int qb, int buf) {
-    const int t0 = qb * BR;
-    load_rows<BR, D, NT>(sQ0 + buf * kTile, q_head, a.q.t, t0, a.T);
-    load_rows<BR, D, NT>(sDO0 + buf * kTile, dout_head, a.dout.t, t0, a.T);
+  auto load_queries = [&](int tile, int buf) {
+    const int member = tile / blocks, h = hk * group + member, t0 = (qr.x + tile - member * blocks) * BR;
+    load_rows<BR, D, NT>(sQ0 + buf * kTile, head_rows<D>(q, a.q, b, h), a.q.t, t0, a.T);
+    load_rows<BR, D, NT>(sDO0 + buf * kTile, head_rows<D>(dout, a.dout, b, h), a.dout.t, t0, a.T);
     cp_async_commit();
     if (threadIdx.x < BR) {
       const int t = t0 + threadIdx.x;
+      const int64_t row = (int64_t{b} * a.H + h) * a.T + t;
       // Padding queries get P = 0 everywhere.
-      s_lse[buf * BR + threadIdx.x] = t < a.T ? lse[int64_t{bh} * a.T + t] * kLog2e : INFINITY;
-      s_dl[buf * BR + threadIdx.x] = t < a.T ? delta[int64_t{bh} * a.T + t] : 0.f;
+      s_lse[buf * BR + threadIdx.x] = t < a.T ? lse[row] * kLog2e : INFINITY;
+      s_dl[buf * BR + threadIdx.x] = t < a.T ? delta[row] : 0.f;
     }
   };
 
-  load_rows<BC, D, NT>(sK, head_rows<D>(k, a.k, b, h), a.k.t, k0, a.T);
-  load_rows<BC, D, NT>(sV, head_rows<D>(v, a.v, b, h), a.v.t, k0, a.T);
-  load_queries(qr.x, 0);
+  load_rows<BC, D, NT>(sK, head_rows<D>(k, a.k, b, hk), a.k.t, k0, a.T);
+  load_rows<BC, D, NT>(sV, head_rows<D>(v, a.v, b, hk), a.v.t, k0, a.T);
+  load_queries(0, 0);
   cp_async_wait<0>();
   __syncthreads();
 
@@ -273,8 +279,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     doc_row[1] = doc_end_of(a, b, srow0 + 8);
   }
 
-  for (int qb = qr.x; qb <= qr.y; ++qb) {
-    const int q0 = qb * BR, buf = double_buffer_step(qb, qr.x, qr.y, load_queries);
+  for (int tile = 0; tile <= last; ++tile) {
+    const int q0 = (qr.x + tile % blocks) * BR, buf = double_buffer_step(tile, 0, last, load_queries);
     const uint32_t sQ = sQ0 + buf * kTile, sDO = sDO0 + buf * kTile;
     const float* lse_t = s_lse + buf * BR;
     const float* dl_t = s_dl + buf * BR;
@@ -352,8 +358,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     }
   }
 
-  bf16_t* dkb = dk + b * a.dk.b + h * D;
-  bf16_t* dvb = dv + b * a.dv.b + h * D;
+  bf16_t* dkb = dk + b * a.dk.b + hk * D;
+  bf16_t* dvb = dv + b * a.dv.b + hk * D;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int s = srow0 + 8 * r;
@@ -392,7 +398,7 @@ void launch_bwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
                   : a.window > 0 ? dkdv_bf16_kernel<D, true, false>
                                  : dkdv_bf16_kernel<D, false, false>;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-    const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BC)));
+    const dim3 grid(static_cast<unsigned>(B * a.Hk), static_cast<unsigned>(cdiv(a.T, C::BC)));
     kernel<<<grid, C::kThreads, C::kSmem, st>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
                                                 dout.data<bf16_t>(), lse, delta, dk.data<bf16_t>(),
                                                 dv.data<bf16_t>(), a);

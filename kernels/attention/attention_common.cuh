@@ -56,6 +56,9 @@ inline void check_bf16_rows(const Tensor& x, const AttentionLayout::Strides& s, 
 
 using cuda::cdiv;
 
+// The key/value head that query head h reads: grouped-query attention's h / (H / Hk).
+__device__ __forceinline__ int kv_head(const Args& a, int h) { return h / (a.H / a.Hk); }
+
 // The first token of token t's document and one past its last, in row b; t is clamped to the
 // row, so padding rows of a tile read the last token's.
 __device__ __forceinline__ int doc_start_of(const Args& a, int b, int t) {

@@ -2,15 +2,18 @@
 // than Hopper, of head dims 80/96/112 and of f32; bf16 at D = 64/128 on a Hopper GPU goes to
 // attention_fwd_sm90.cu instead (attention_gpu_kernels).
 //
-// bf16: one CTA per (batch*head, block of BR = 128 queries), 8 warps of 16 query rows each. Q
-// stays in registers as mma A fragments; K/V tiles of BC keys stream through shared memory with
-// cp.async double buffering. Per tile: S = Q K^T (mma), online softmax in f32 on the
+// bf16: one CTA per (batch, head, block of BR = 128 queries), 8 warps of 16 query rows each; the
+// grid's x is the query head's index in its group, y batch * Hk + key/value head, z the query
+// block, so a group's query heads run side by side on the same K/V tiles (shared through L2) and
+// no CTA divides by the group size (at D = 64, capped at 128 registers, that division cost a
+// spill). Q stays in registers as mma A fragments; K/V tiles of BC keys stream through shared
+// memory with cp.async double buffering. Per tile: S = Q K^T (mma), online softmax in f32 on the
 // accumulators (running max m, running sum l; exp2 with the scale folded in), then O += P V with
 // P reused from the S accumulators as bf16 A fragments. Only lse = m * scale + log l is saved.
 // Key blocks that the causal/window/document mask empties are never visited (with documents a
 // query block starts at its first query's document); the mask itself is applied only on tiles
 // that straddle its edge, a document start or the key tail.
-// Layout: q/k/v/o [B,T,H,D] with free batch/token strides, lse [B,H,T] f32.
+// Layout: q/o [B,T,H,D] and k/v [B,T,Hk,D] with free batch/token strides, lse [B,H,T] f32.
 #include "attention/attention_common.cuh"
 
 namespace linac {
@@ -37,12 +40,13 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = smem_u32(smem), sK0 = sQ + BR * kRowBytes<D>, sV0 = sK0 + 2 * kTile;
 
-  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H;
-  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.y)) * BR;  // longest causal rows first
+  const int bhk = blockIdx.y, b = bhk / a.Hk, hk = bhk % a.Hk;
+  const int h = hk * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+  const int q0 = (cdiv(a.T, BR) - 1 - static_cast<int>(blockIdx.z)) * BR;  // longest causal rows first
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
   const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
-  const bf16_t* k_head = head_rows<D>(k, a.k, b, h);
-  const bf16_t* v_head = head_rows<D>(v, a.v, b, h);
+  const bf16_t* k_head = head_rows<D>(k, a.k, b, hk);
+  const bf16_t* v_head = head_rows<D>(v, a.v, b, hk);
   auto load_kv = [&](int kb, int buf) {
     load_kv_block<BC, D, NT>(a, sK0 + buf * kTile, sV0 + buf * kTile, k_head, v_head, kb);
   };
@@ -163,7 +167,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
       *reinterpret_cast<uint32_t*>(orow + dt * 8) = pack_bf16(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
-    if (tq == 0) lse[int64_t{bh} * a.T + t] = m[r] * a.scale + logf(sum);
+    if (tq == 0) lse[(int64_t{b} * a.H + h) * a.T + t] = m[r] * a.scale + logf(sum);
   }
 }
 
@@ -178,7 +182,9 @@ void launch_fwd_bf16(const Ctx& ctx, const Args& a, int B, const Tensor& q, cons
                 : a.window > 0 ? fwd_bf16_kernel<D, true, false>
                                : fwd_bf16_kernel<D, false, false>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
-  const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.T, C::BR)));
+  LINAC_CHECK(int64_t{B} * a.Hk <= 65535, "attention (GPU): batch * key/value heads must not exceed 65535");
+  const dim3 grid(static_cast<unsigned>(a.H / a.Hk), static_cast<unsigned>(B * a.Hk),
+                  static_cast<unsigned>(cdiv(a.T, C::BR)));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(),
                                                                 o.data<bf16_t>(), lse.data<float>(), a);
   LINAC_CUDA_LAUNCH_CHECK();

@@ -1,7 +1,8 @@
 // Attention decode, CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16:
 // cache sizes 1, 16, 64, 1000 with n_valid < S (the slots past n_valid hold NaN), head dims 64 and
 // 128 plus D = 32, 96, 112 and 256 (groups of lanes that do not fill a warp, or a whole warp per
-// key), one and several slot blocks; q as a strided view; bitwise reruns; the GPU cache write.
+// key), one and several slot blocks; q as a strided view; grouped-query and multi-query caches
+// (Hk < H); bitwise reruns; the GPU cache write.
 #include <limits>
 
 #include "attention/attention_decode.h"
@@ -12,25 +13,29 @@ namespace {
 
 struct Case {
   int64_t B, H, D, S, n_valid;
+  int64_t Hk = 0;  // key/value heads of the caches, dividing H; 0: H
+  int64_t kv_heads() const { return Hk > 0 ? Hk : H; }
 };
 
 std::string name(const Case& c) {
-  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
-         " S=" + std::to_string(c.S) + " n_valid=" + std::to_string(c.n_valid);
+  return "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " Hk=" + std::to_string(c.kv_heads()) +
+         " D=" + std::to_string(c.D) + " S=" + std::to_string(c.S) + " n_valid=" + std::to_string(c.n_valid);
 }
 
-const Case kCases[] = {{3, 2, 64, 1, 1},       {2, 4, 64, 16, 11},     {2, 3, 128, 16, 16}, {3, 2, 128, 64, 50},
-                       {2, 3, 64, 1000, 999},  {1, 2, 128, 1000, 700}, {2, 2, 32, 64, 63},  {1, 3, 96, 200, 130},
-                       {2, 2, 256, 1000, 257}, {1, 1, 128, 64, 1},     {3, 2, 96, 16, 16},  {2, 3, 112, 1000, 777},
-                       {1, 2, 112, 64, 64}};
+const Case kCases[] = {
+    {3, 2, 64, 1, 1},       {2, 4, 64, 16, 11},       {2, 3, 128, 16, 16},    {3, 2, 128, 64, 50},
+    {2, 3, 64, 1000, 999},  {1, 2, 128, 1000, 700},   {2, 2, 32, 64, 63},     {1, 3, 96, 200, 130},
+    {2, 2, 256, 1000, 257}, {1, 1, 128, 64, 1},       {3, 2, 96, 16, 16},     {2, 3, 112, 1000, 777},
+    {1, 2, 112, 64, 64},    {2, 6, 64, 1000, 999, 2}, {3, 4, 128, 64, 50, 1}, {2, 6, 96, 200, 130, 3}};
 
 // The first n_valid slots random, the others NaN (a kernel that reads them fails).
 OwnedTensor make_cache(const Case& c, uint64_t seed) {
-  OwnedTensor x = test::random_tensor({c.B, c.S, c.H, c.D}, DType::F64, seed, -2, 2);
+  const int64_t slot = c.kv_heads() * c.D;
+  OwnedTensor x = test::random_tensor({c.B, c.S, c.kv_heads(), c.D}, DType::F64, seed, -2, 2);
   double* p = x->data<double>();
   for (int64_t b = 0; b < c.B; ++b)
-    for (int64_t i = c.n_valid * c.H * c.D; i < c.S * c.H * c.D; ++i)
-      p[b * c.S * c.H * c.D + i] = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = c.n_valid * slot; i < c.S * slot; ++i)
+      p[b * c.S * slot + i] = std::numeric_limits<double>::quiet_NaN();
   return x;
 }
 

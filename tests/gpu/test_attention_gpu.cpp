@@ -1,6 +1,8 @@
 // Attention CUDA vs the CPU reference (double) on the same rounded inputs, f32 and bf16, head dims
-// 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,3,H,D] buffers; plus bitwise
-// determinism and the head dims the GPU refuses. The bf16 cases run through both kernel families
+// 64 to 128, with q/k/v and dq/dk/dv as strided views of fused [B,T,H+2Hk,D] buffers (q's H heads,
+// then k's and v's Hk each, as the model's mixer lays them out), multi-head (Hk = H) and
+// grouped-query (Hk < H, down to one key/value head); plus bitwise determinism and the head dims
+// the GPU refuses. The bf16 cases run through both kernel families
 // (on a Hopper GPU: the sm90 kernels, then the sm80 ones by LINAC_ATTENTION_KERNELS=sm80).
 // Packed documents (AttentionOpts::docs): the same parity on several layouts, that they change the
 // result, that one document per row equals none, and that short documents cost less.
@@ -55,12 +57,15 @@ struct GpuCase {
   int64_t window;
   double rope = 0;  // AttentionOpts::rope's base
   Docs docs = Docs::kNone;
+  int64_t H = kH;   // query heads
+  int64_t Hk = kH;  // key/value heads, dividing H
 };
 
 std::string name(const GpuCase& c) {
   return "T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + (c.causal ? " causal" : " full") +
          " window=" + std::to_string(c.window) + (c.rope > 0 ? " rope=" + std::to_string(c.rope) : "") +
-         (c.docs != Docs::kNone ? std::string(" docs=") + docs_name(c.docs) : "");
+         (c.docs != Docs::kNone ? std::string(" docs=") + docs_name(c.docs) : "") + " H=" + std::to_string(c.H) +
+         " Hk=" + std::to_string(c.Hk);
 }
 
 DocLayout doc_arrays(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows) {
@@ -128,6 +133,21 @@ const GpuCase kDocCases[] = {
     {2100, 64, true, 0, 500, Docs::kTiles},    {1000, 128, true, 0, 1e4, Docs::kRandom},
     {333, 128, true, 64, 1e4, Docs::kTiles},   {1000, 96, true, 0, 1e4, Docs::kShort}};
 
+// Grouped-query attention: 4 query heads on 2 key/value heads, 6 on 3, and multi-query (6 on 1),
+// through every head dim, causal and full, windows, RoPE and documents, T not a multiple of any
+// tile; the dk/dv sums over each group run inside the kernels.
+const GpuCase kGqaCases[] = {
+    {17, 64, true, 0, 0, Docs::kNone, 4, 2},       {1, 64, true, 0, 0, Docs::kNone, 6, 1},
+    {333, 128, true, 0, 0, Docs::kNone, 6, 1},     {1000, 64, true, 0, 0, Docs::kNone, 6, 3},
+    {1000, 96, true, 0, 0, Docs::kNone, 4, 2},     {200, 128, false, 0, 0, Docs::kNone, 6, 3},
+    {333, 64, false, 0, 0, Docs::kNone, 6, 1},     {1000, 64, true, 100, 0, Docs::kNone, 4, 2},
+    {333, 112, true, 16, 0, Docs::kNone, 6, 1},    {500, 80, true, 0, 0, Docs::kNone, 6, 3},
+    {1000, 128, true, 300, 0, Docs::kNone, 6, 1},  {2100, 64, true, 0, 0, Docs::kNone, 4, 2},
+    {333, 64, true, 37, 1e4, Docs::kNone, 4, 2},   {1000, 128, true, 0, 1e4, Docs::kNone, 6, 3},
+    {1000, 96, true, 0, 1e4, Docs::kNone, 6, 1},   {1000, 64, true, 0, 0, Docs::kMixed, 6, 1},
+    {333, 128, true, 0, 0, Docs::kShort, 4, 2},    {1000, 64, true, 0, 1e4, Docs::kRandom, 6, 3},
+    {333, 96, true, 64, 0, Docs::kTiles, 4, 2}};
+
 AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;
   o.causal = c.causal;
@@ -137,15 +157,31 @@ AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   return o;
 }
 
-Tensor part(const Tensor& fused, int i) { return fused.select(2, i); }
+// Dims of a fused [B,T,H+2Hk,D] buffer of case c.
+std::vector<int64_t> fused_dims(const GpuCase& c) { return {kB, c.T, c.H + 2 * c.Hk, c.D}; }
 
-// Component i (0: q, 1: k, 2: v) of a fused [B,T,3,H,D] buffer.
-std::vector<double> component(const Tensor& fused, int i) {
+// Heads [first, first + count) of part i (0: q, 1: k, 2: v) in a fused buffer of case c.
+struct HeadRange {
+  int64_t first, count;
+};
+HeadRange part_heads(const GpuCase& c, int i) {
+  return i == 0 ? HeadRange{0, c.H} : HeadRange{c.H + (i - 1) * c.Hk, c.Hk};
+}
+
+// Part i as a [B,T,heads,D] view (token stride (H + 2Hk) D).
+Tensor part(const Tensor& fused, const GpuCase& c, int i) {
+  const HeadRange r = part_heads(c, i);
+  return fused.narrow(2, r.first, r.count);
+}
+
+// Part i's values, [B,T,heads,D] in order.
+std::vector<double> component(const Tensor& fused, const GpuCase& c, int i) {
   const std::vector<double> all = to_doubles(fused);
-  const int64_t D = fused.size(4), HD = fused.size(3) * D;
+  const HeadRange r = part_heads(c, i);
+  const int64_t D = fused.size(3), P = fused.size(2);
   std::vector<double> out;
   for (int64_t row = 0; row < fused.size(0) * fused.size(1); ++row)
-    out.insert(out.end(), all.begin() + (row * 3 + i) * HD, all.begin() + (row * 3 + i + 1) * HD);
+    out.insert(out.end(), all.begin() + (row * P + r.first) * D, all.begin() + (row * P + r.first + r.count) * D);
   return out;
 }
 
@@ -156,16 +192,16 @@ struct GpuRun {
 GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, const GpuCase& c,
                DocBounds docs = {}) {
   const int64_t T = c.T, D = c.D;
-  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(kB, T, kH, D, c.rope > 0),
+  LINAC_CHECK(ctx.workspace_bytes >= attention_bwd_workspace_bytes(kB, T, c.H, D, c.rope > 0),
               "test workspace too small");
-  GpuRun r{OwnedTensor(dt, Device::CUDA, {kB, T, kH, D}), OwnedTensor(DType::F32, Device::CUDA, {kB, kH, T}),
-           OwnedTensor(dt, Device::CUDA, {kB, T, 3, kH, D})};
+  GpuRun r{OwnedTensor(dt, Device::CUDA, {kB, T, c.H, D}), OwnedTensor(DType::F32, Device::CUDA, {kB, c.H, T}),
+           OwnedTensor(dt, Device::CUDA, fused_dims(c))};
   test::poison(r.o);
   test::poison(r.lse);
   test::poison(r.dqkv);
-  attention_fwd(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), r.o, r.lse, opts_of(c, docs));
-  attention_bwd(ctx, part(qkv, 0), part(qkv, 1), part(qkv, 2), r.o, r.lse, dout, part(r.dqkv, 0), part(r.dqkv, 1),
-                part(r.dqkv, 2), opts_of(c, docs));
+  attention_fwd(ctx, part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), r.o, r.lse, opts_of(c, docs));
+  attention_bwd(ctx, part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), r.o, r.lse, dout, part(r.dqkv, c, 0),
+                part(r.dqkv, c, 1), part(r.dqkv, c, 2), opts_of(c, docs));
   gpu_synchronize();
   return r;
 }
@@ -179,8 +215,8 @@ void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
     if (sanitizing && c.T > 350) continue;
     SCOPED_TRACE(name(c));
     const int64_t T = c.T, D = c.D;
-    OwnedTensor qkv = test::random_tensor({kB, T, 3, kH, D}, DType::F64, 31, -1.5, 1.5);
-    OwnedTensor dout = test::random_tensor({kB, T, kH, D}, DType::F64, 32);
+    OwnedTensor qkv = test::random_tensor(fused_dims(c), DType::F64, 31, -1.5, 1.5);
+    OwnedTensor dout = test::random_tensor({kB, T, c.H, D}, DType::F64, 32);
     // The GPU sees the inputs rounded to its dtype; the reference uses the same rounded values.
     OwnedTensor qkv_g = to(qkv, Device::CUDA, dt), dout_g = to(dout, Device::CUDA, dt);
     OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
@@ -188,12 +224,12 @@ void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
     const bool packed = c.docs != Docs::kNone;
     GpuRun g = run_gpu(gctx.ctx(), qkv_g, dout_g, dt, c, packed ? docs.gpu() : DocBounds{});
 
-    OwnedTensor o(DType::F64, Device::CPU, {kB, T, kH, D}), lse(DType::F64, Device::CPU, {kB, kH, T});
-    OwnedTensor dqkv(DType::F64, Device::CPU, {kB, T, 3, kH, D});
+    OwnedTensor o(DType::F64, Device::CPU, {kB, T, c.H, D}), lse(DType::F64, Device::CPU, {kB, c.H, T});
+    OwnedTensor dqkv(DType::F64, Device::CPU, fused_dims(c));
     const AttentionOpts ref_opts = opts_of(c, packed ? docs.host() : DocBounds{});
-    attention_fwd(Ctx{}, part(qkv_r, 0), part(qkv_r, 1), part(qkv_r, 2), o, lse, ref_opts);
-    attention_bwd(Ctx{}, part(qkv_r, 0), part(qkv_r, 1), part(qkv_r, 2), o, lse, dout_r, part(dqkv, 0),
-                  part(dqkv, 1), part(dqkv, 2), ref_opts);
+    attention_fwd(Ctx{}, part(qkv_r, c, 0), part(qkv_r, c, 1), part(qkv_r, c, 2), o, lse, ref_opts);
+    attention_bwd(Ctx{}, part(qkv_r, c, 0), part(qkv_r, c, 1), part(qkv_r, c, 2), o, lse, dout_r, part(dqkv, c, 0),
+                  part(dqkv, c, 1), part(dqkv, c, 2), ref_opts);
 
     EXPECT_LT(test::rel_error(g.o, o), tol) << "o";
     EXPECT_LT(test::rel_error(g.lse, lse), tol) << "lse";
@@ -204,7 +240,7 @@ void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
     const double tol_dqk = few_keys ? 4 * tol : tol;
     const char* names[] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; ++i)
-      EXPECT_LT(test::rel_error(component(g.dqkv, i), component(dqkv, i)), i < 2 ? tol_dqk : tol) << names[i];
+      EXPECT_LT(test::rel_error(component(g.dqkv, c, i), component(dqkv, c, i)), i < 2 ? tol_dqk : tol) << names[i];
   }
 }
 
@@ -244,6 +280,13 @@ TEST(AttentionGpu, ParityDocs) {
   run_parity_all(kDocCases);
 }
 
+// Grouped-query and multi-query attention: k/v (and dk/dv, each summed over its group) with fewer
+// heads than q.
+TEST(AttentionGpu, ParityGqa) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity_all(kGqaCases);
+}
+
 // Documents change every output (so the parity above cannot pass by ignoring them), and one
 // document per row gives the values of none.
 TEST(AttentionGpu, DocsMatter) {
@@ -256,15 +299,15 @@ TEST(AttentionGpu, DocsMatter) {
     KernelChoice choice(family);
     for (const GpuCase& c : {GpuCase{1000, 64, true, 0, 1e4}, GpuCase{700, 128, true, 0}, GpuCase{333, 96, true, 64}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
-      OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 71), Device::CUDA, dt);
-      OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 72), Device::CUDA, dt);
+      OwnedTensor qkv = to(test::random_tensor(fused_dims(c), DType::F64, 71), Device::CUDA, dt);
+      OwnedTensor dout = to(test::random_tensor({kB, c.T, c.H, c.D}, DType::F64, 72), Device::CUDA, dt);
       const GpuRun none = run_gpu(gctx.ctx(), qkv, dout, dt, c);
       const GpuRun packed = run_gpu(gctx.ctx(), qkv, dout, dt, c, doc_arrays(c.T, Docs::kTiles).gpu());
       const GpuRun one = run_gpu(gctx.ctx(), qkv, dout, dt, c, doc_arrays(c.T, Docs::kOne).gpu());
       EXPECT_GT(test::rel_error(packed.o, none.o), 0.05);
       EXPECT_GT(test::rel_error(packed.lse, none.lse), 0.05);
       for (int i = 0; i < 3; ++i)
-        EXPECT_GT(test::rel_error(component(packed.dqkv, i), component(none.dqkv, i)), 0.05) << i;
+        EXPECT_GT(test::rel_error(component(packed.dqkv, c, i), component(none.dqkv, c, i)), 0.05) << i;
       EXPECT_EQ(to_doubles(one.o), to_doubles(none.o));
       EXPECT_EQ(to_doubles(one.lse), to_doubles(none.lse));
       EXPECT_EQ(to_doubles(one.dqkv), to_doubles(none.dqkv));
@@ -303,10 +346,12 @@ TEST(AttentionGpu, Deterministic) {
          {GpuCase{1000, 64, true, 0}, GpuCase{777, 128, true, 200}, GpuCase{1000, 96, true, 0},
           GpuCase{777, 112, true, 129}, GpuCase{300, 112, false, 0}, GpuCase{2100, 64, false, 0},
           GpuCase{4100, 64, true, 0}, GpuCase{3000, 128, true, 0}, GpuCase{1000, 64, true, 0, 1e4},
-          GpuCase{4100, 64, true, 0, 1e4, Docs::kRandom}, GpuCase{3000, 128, true, 0, 0, Docs::kMixed}}) {
+          GpuCase{4100, 64, true, 0, 1e4, Docs::kRandom}, GpuCase{3000, 128, true, 0, 0, Docs::kMixed},
+          GpuCase{3000, 64, true, 0, 0, Docs::kNone, 6, 1}, GpuCase{1000, 128, true, 200, 0, Docs::kNone, 4, 2},
+          GpuCase{1000, 96, true, 0, 1e4, Docs::kMixed, 6, 3}}) {
       SCOPED_TRACE(name(c) + " " + dtype_name(dt) + " " + family);
-      OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, c.D}, DType::F64, 41), Device::CUDA, dt);
-      OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, c.D}, DType::F64, 42), Device::CUDA, dt);
+      OwnedTensor qkv = to(test::random_tensor(fused_dims(c), DType::F64, 41), Device::CUDA, dt);
+      OwnedTensor dout = to(test::random_tensor({kB, c.T, c.H, c.D}, DType::F64, 42), Device::CUDA, dt);
       const DocLayout docs = c.docs == Docs::kNone ? DocLayout{} : doc_arrays(c.T, c.docs);
       const DocBounds bounds = c.docs == Docs::kNone ? DocBounds{} : docs.gpu();
       GpuRun r1 = run_gpu(gctx.ctx(), qkv, dout, dt, c, bounds);
@@ -331,13 +376,14 @@ TEST(AttentionGpu, RejectsOtherHeadDims) {
   for (int64_t D : {48, 72, 136}) {
     SCOPED_TRACE("D=" + std::to_string(D));
     const GpuCase c{40, D, true, 0};
-    OwnedTensor qkv = to(test::random_tensor({kB, c.T, 3, kH, D}, DType::F64, 51), Device::CUDA, DType::BF16);
-    OwnedTensor dout = to(test::random_tensor({kB, c.T, kH, D}, DType::F64, 52), Device::CUDA, DType::BF16);
-    OwnedTensor o(DType::BF16, Device::CUDA, {kB, c.T, kH, D}), lse(DType::F32, Device::CUDA, {kB, kH, c.T});
-    OwnedTensor dqkv(DType::BF16, Device::CUDA, {kB, c.T, 3, kH, D});
-    EXPECT_THROW(attention_fwd(gctx.ctx(), part(qkv, 0), part(qkv, 1), part(qkv, 2), o, lse, opts_of(c)), Error);
-    EXPECT_THROW(attention_bwd(gctx.ctx(), part(qkv, 0), part(qkv, 1), part(qkv, 2), o, lse, dout, part(dqkv, 0),
-                               part(dqkv, 1), part(dqkv, 2), opts_of(c)),
+    OwnedTensor qkv = to(test::random_tensor(fused_dims(c), DType::F64, 51), Device::CUDA, DType::BF16);
+    OwnedTensor dout = to(test::random_tensor({kB, c.T, c.H, D}, DType::F64, 52), Device::CUDA, DType::BF16);
+    OwnedTensor o(DType::BF16, Device::CUDA, {kB, c.T, c.H, D}), lse(DType::F32, Device::CUDA, {kB, c.H, c.T});
+    OwnedTensor dqkv(DType::BF16, Device::CUDA, fused_dims(c));
+    EXPECT_THROW(attention_fwd(gctx.ctx(), part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), o, lse, opts_of(c)),
+                 Error);
+    EXPECT_THROW(attention_bwd(gctx.ctx(), part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), o, lse, dout,
+                               part(dqkv, c, 0), part(dqkv, c, 1), part(dqkv, c, 2), opts_of(c)),
                  Error);
   }
 }
