@@ -195,6 +195,11 @@ PY
     ./build-gpu/linac generate --checkpoint "$ckpt" --prompt "The old city" --max-new-tokens 40 --temperature 0.8 \
       --top-k 40 --seed 1 2>&1 | tee -a "$out/generate.txt"
   done
+  python3 scripts/check_hf_import.py --linac ./build-gpu/linac --workdir "$gen/hf_import" \
+    2>"$gen/check_hf_import.err" | tee -a "$out/generate.txt"
+  rc=${PIPESTATUS[0]}
+  summary+=("hf import check rc=$rc")
+  [ $rc -ne 0 ] && tail -5 "$gen/check_hf_import.err" | tee -a "$out/generate.txt"
   for c in transformer_125m gla_340m; do
     ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 \
       2>&1 | tee -a "$out/generate.txt"

@@ -93,7 +93,7 @@ void Args::finish() const {
     if (!o.used) throw UserError("unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
 }
 
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, int64_t min) {
   std::vector<int64_t> out;
   size_t start = 0;
   while (start <= text.size()) {
@@ -101,8 +101,10 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
     const std::string item = text.substr(start, end - start);
     char* stop = nullptr;
     const long long v = std::strtoll(item.c_str(), &stop, 10);
-    if (item.empty() || *stop || v <= 0)
-      throw UserError(option + ": expected positive integers separated by commas, got '" + text + "'");
+    if (item.empty() || *stop || v < min)
+      throw UserError(option + ": expected " +
+                      (min == 1 ? std::string("positive integers") : "integers >= " + std::to_string(min)) +
+                      " separated by commas, got '" + text + "'");
     out.push_back(v);
     start = end + 1;
   }

@@ -42,7 +42,7 @@ class Args {
   bool help_ = false;
 };
 
-// "2048,8192" -> {2048, 8192}; UserError naming `option` unless all are positive integers.
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
+// "2048,8192" -> {2048, 8192}; UserError naming `option` unless all are integers >= min.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, int64_t min = 1);
 
 }  // namespace linac::cli

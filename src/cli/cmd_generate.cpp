@@ -1,6 +1,6 @@
-// linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]
-//                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B] [--stop-at-eos]
-//                [--device auto|cpu|gpu] [--json]
+// linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F | --prompt-ids IDS)
+//                [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B]
+//                [--stop-at-eos] [--device auto|cpu|gpu] [--json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,9 +20,9 @@ namespace linac::cli {
 namespace {
 
 const char* kUsage =
-    "usage: linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N]\n"
-    "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B]\n"
-    "                      [--stop-at-eos] [--device auto|cpu|gpu] [--json]\n\n"
+    "usage: linac generate --checkpoint CKPT (--prompt TEXT | --prompt-file F | --prompt-ids IDS)\n"
+    "                      [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                      [--seed S] [--batch B] [--stop-at-eos] [--device auto|cpu|gpu] [--json]\n\n"
     "Tokenises the prompt with the checkpoint's SentencePiece model (after an end-of-document\n"
     "token, the boundary every training document follows), runs it through the model in one\n"
     "pass (prefill), then samples up to N new tokens (default 128) one at a time and streams the\n"
@@ -32,7 +32,12 @@ const char* kUsage =
     "share the prompt and draw independently. --stop-at-eos ends a sequence at end-of-document.\n"
     "--json prints one object instead: the prompt's token ids, each sequence's ids and text,\n"
     "the log-probability of every generated token, the logits after the prompt (sequence 0)\n"
-    "and timings.\n";
+    "and timings.\n"
+    "--prompt-ids 1,2,3 gives the prompt as token ids (comma-separated, below the model's\n"
+    "vocab_size), used exactly as given (no end-of-document token added) and needing no tokenizer:\n"
+    "for checkpoints without one (imported models with a tokenizer.json), or to compare logits\n"
+    "with another implementation. Without a tokenizer the text printed is the generated ids\n"
+    "separated by spaces, --json's \"text\" is null, and --stop-at-eos is refused.\n";
 
 std::string read_prompt_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -62,6 +67,7 @@ int cmd_generate(int argc, char** argv) {
   const auto ckpt = args.get("checkpoint");
   const auto prompt_arg = args.get("prompt");
   const auto prompt_file = args.get("prompt-file");
+  const auto prompt_id_list = args.get("prompt-ids");
   const int64_t max_new = args.get_int("max-new-tokens", 128), B = args.get_int("batch", 1);
   SamplingOptions so;
   so.temperature = args.get_double("temperature", 1.0);
@@ -72,27 +78,54 @@ int cmd_generate(int argc, char** argv) {
   const bool stop_at_eos = args.flag("stop-at-eos"), as_json = args.flag("json");
   args.finish();
   if (!ckpt) throw UserError("--checkpoint CKPT is required (see --help)");
-  if (prompt_arg.has_value() == prompt_file.has_value()) throw UserError("give exactly one of --prompt and --prompt-file");
+  if (prompt_arg.has_value() + prompt_file.has_value() + prompt_id_list.has_value() != 1)
+    throw UserError("give exactly one of --prompt, --prompt-file and --prompt-ids");
   if (max_new < 0) throw UserError("--max-new-tokens must be >= 0");
   if (B < 1) throw UserError("--batch must be >= 1");
   if (seed < 0) throw UserError("--seed must be >= 0");
   so.seed = static_cast<uint64_t>(seed);
   so.validate();
-  const std::string prompt = prompt_arg ? *prompt_arg : read_prompt_file(*prompt_file);
+  const std::vector<int64_t> given_ids =
+      prompt_id_list ? parse_int_list(*prompt_id_list, "--prompt-ids", 0) : std::vector<int64_t>{};
+  const std::string prompt = prompt_arg ? *prompt_arg : prompt_file ? read_prompt_file(*prompt_file) : "";
 
   InferenceModel im = load_inference_checkpoint(*ckpt, device);
-  if (!im.tokenizer) throw UserError(*ckpt + ": the checkpoint has no embedded tokenizer to encode the prompt with");
-  const Tokenizer& tok = *im.tokenizer;
+  const Tokenizer* tok = im.tokenizer ? &*im.tokenizer : nullptr;
   Model& model = *im.model;
   const int64_t V = im.cfg.model.vocab_size;
-  const int32_t eos = tok.eos_id();
-  std::vector<int32_t> prompt_ids = tok.encode(prompt);
-  if (eos >= 0) prompt_ids.insert(prompt_ids.begin(), eos);
-  if (prompt_ids.empty()) throw UserError("the prompt is empty and the tokenizer has no end-of-document token to start from");
-  for (int32_t id : prompt_ids)
-    if (id < 0 || id >= V)
-      throw UserError(*ckpt + ": the tokenizer's id " + std::to_string(id) + " is outside the model's vocab of " +
-                      std::to_string(V));
+  const int32_t eos = tok ? tok->eos_id() : -1;
+  if (!tok && stop_at_eos) throw UserError("--stop-at-eos: " + *ckpt + " has no tokenizer, so no end-of-document id");
+  std::vector<int32_t> prompt_ids;
+  if (prompt_id_list) {
+    for (int64_t id : given_ids) {
+      if (id >= V)
+        throw UserError("--prompt-ids: id " + std::to_string(id) + " is outside the model's vocab of " +
+                        std::to_string(V) + " (ids 0.." + std::to_string(V - 1) + ")");
+      prompt_ids.push_back(static_cast<int32_t>(id));
+    }
+  } else {
+    if (!tok)
+      throw UserError(*ckpt +
+                      ": the checkpoint has no embedded tokenizer to encode the prompt with (give --prompt-ids)");
+    prompt_ids = tok->encode(prompt);
+    if (eos >= 0) prompt_ids.insert(prompt_ids.begin(), eos);
+    if (prompt_ids.empty())
+      throw UserError("the prompt is empty and the tokenizer has no end-of-document token to start from");
+    for (int32_t id : prompt_ids)
+      if (id < 0 || id >= V)
+        throw UserError(*ckpt + ": the tokenizer's id " + std::to_string(id) + " is outside the model's vocab of " +
+                        std::to_string(V));
+  }
+  // Without a tokenizer the ids stand for the text; each new one appends to it, so it streams alike.
+  const auto text_of = [&](const std::vector<int32_t>& ids) {
+    if (tok) return tok->decode(ids);
+    std::string t;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i > 0) t += ' ';
+      t += std::to_string(ids[i]);
+    }
+    return t;
+  };
   const int64_t T = static_cast<int64_t>(prompt_ids.size());
 
   const Device dev = im.ctx.is_gpu() ? Device::CUDA : Device::CPU;
@@ -153,7 +186,7 @@ int cmd_generate(int argc, char** argv) {
     }
     if (stream && B == 1) {
       // SentencePiece joins pieces context-dependently: print what the whole text added.
-      const std::string text = tok.decode(out[0]);
+      const std::string text = text_of(out[0]);
       if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
         std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
         std::fflush(stdout);
@@ -171,7 +204,8 @@ int cmd_generate(int argc, char** argv) {
   if (as_json) {
     json seqs = json::array();
     for (size_t b = 0; b < out.size(); ++b)
-      seqs.push_back({{"tokens", out[b]}, {"text", tok.decode(out[b])}, {"logprobs", logprobs[b]}});
+      seqs.push_back(
+          {{"tokens", out[b]}, {"text", tok ? json(tok->decode(out[b])) : json(nullptr)}, {"logprobs", logprobs[b]}});
     const json j = {{"checkpoint", *ckpt}, {"device", im.ctx.is_gpu() ? "gpu" : "cpu"},
                     {"prompt_tokens", prompt_ids}, {"prompt_last_logits", prompt_logits},
                     {"sequences", seqs}, {"prefill_seconds", prefill_s}, {"decode_seconds", decode_s}};
@@ -179,9 +213,9 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   if (B == 1) {
-    std::printf("%s\n", tok.decode(out[0]).substr(shown.size()).c_str());
+    std::printf("%s\n", text_of(out[0]).substr(shown.size()).c_str());
   } else {
-    for (size_t b = 0; b < out.size(); ++b) std::printf("[%zu] %s\n", b, tok.decode(out[b]).c_str());
+    for (size_t b = 0; b < out.size(); ++b) std::printf("[%zu] %s\n", b, text_of(out[b]).c_str());
   }
   std::fflush(stdout);  // the text before the timings, when both go to one place
   std::fprintf(stderr, "prompt %lld tokens in %.3f s | %lld new tokens in %.3f s (%.1f tokens/s)\n",

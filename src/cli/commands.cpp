@@ -10,6 +10,7 @@ const std::vector<Command>& commands() {
       {"info", "parameters, layer table and memory plan of a config or checkpoint", cmd_info},
       {"generate", "sample text from a checkpoint (prefill, then KV-cache / recurrent decoding)", cmd_generate},
       {"export", "write a checkpoint's weights as safetensors or a Hugging Face Llama folder", cmd_export},
+      {"import", "read a Hugging Face Llama folder (safetensors) into a linac checkpoint", cmd_import},
       {"bench", "time training steps, generation (prefill/decode tokens/s) or single ops", cmd_bench},
   };
   return table;

@@ -20,5 +20,6 @@ int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_export(int argc, char** argv);
+int cmd_import(int argc, char** argv);
 
 }  // namespace linac::cli

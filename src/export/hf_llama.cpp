@@ -1,6 +1,7 @@
 #include "export/hf_llama.h"
 
 #include "model/layer_plan.h"
+#include "model/mixers/attention.h"
 #include "model/param_store.h"
 #include "model/registry.h"
 
@@ -8,8 +9,17 @@ namespace linac {
 
 namespace {
 
-double rope_base_of(const LayerSpec& spec) {
-  return spec.options.contains("rope_base") ? spec.options.at("rope_base").get<double>() : 10000.0;
+AttentionMixerOptions attention_options(const ModelConfig& cfg, const LayerSpec& l, const std::string& file) {
+  return AttentionMixerOptions::parse(l.options, l.path, file, false, cfg.n_heads);
+}
+
+// The options every layer shares (check_hf_llama_exportable holds them to that).
+AttentionMixerOptions shared_attention_options(const ModelConfig& cfg, const std::string& file) {
+  return attention_options(cfg, resolve_layers(cfg, file).front(), file);
+}
+
+int64_t kv_heads_of(const ModelConfig& cfg, const AttentionMixerOptions& o) {
+  return o.kv_heads > 0 ? o.kv_heads : cfg.n_heads;
 }
 
 }  // namespace
@@ -24,8 +34,12 @@ void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) 
       throw UserError(why + "; layer kind '" + l.name + "' has no Llama equivalent (use --format safetensors)");
     if (l.options.contains("rope") && !l.options.at("rope").get<bool>())
       throw UserError(why + "; layer '" + l.name + "' has no RoPE (Llama always rotates)");
-    if (rope_base_of(l) != rope_base_of(layers.front()))
-      throw UserError(why + "; its layers use different rope_base values");
+    const AttentionMixerOptions o = attention_options(cfg, l, file),
+                                first = attention_options(cfg, layers.front(), file);
+    if (!(o.rope_freqs == first.rope_freqs))
+      throw UserError(why + "; its layers use different rope_base or rope_scaling values (layer '" + l.name + "')");
+    if (kv_heads_of(cfg, o) != kv_heads_of(cfg, first))
+      throw UserError(why + "; its layers use different kv_heads (layer '" + l.name + "')");
   }
   if (model_norm(cfg) != "rmsnorm" || model_channel_mixer(cfg) != "swiglu" || model_embed_scale(cfg) != 1.0)
     throw UserError(why + "; this one changes the norm, channel mixer or embedding scale");
@@ -33,18 +47,18 @@ void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) 
 
 json hf_llama_config(const Config& cfg, int32_t bos_id, int32_t eos_id) {
   const ModelConfig& m = cfg.model;
-  const std::vector<LayerSpec> layers = resolve_layers(m, cfg.source);
+  const AttentionMixerOptions attn = shared_attention_options(m, cfg.source);
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
             {"hidden_size", m.d_model},
             {"intermediate_size", m.ffn_dim()},
             {"num_hidden_layers", m.n_layers},
             {"num_attention_heads", m.n_heads},
-            {"num_key_value_heads", m.n_heads},
+            {"num_key_value_heads", kv_heads_of(m, attn)},
             {"head_dim", m.head_dim()},
             {"vocab_size", m.vocab_size},
             {"rms_norm_eps", m.norm_eps},
-            {"rope_theta", rope_base_of(layers.front())},
+            {"rope_theta", attn.rope_freqs.base},
             {"max_position_embeddings", cfg.data.seq_len},
             {"hidden_act", "silu"},
             {"attention_bias", false},
@@ -52,6 +66,13 @@ json hf_llama_config(const Config& cfg, int32_t bos_id, int32_t eos_id) {
             {"tie_word_embeddings", m.tie_embeddings},
             {"initializer_range", m.init_std},
             {"torch_dtype", "float32"}};
+  const RopeFreqs& f = attn.rope_freqs;
+  if (f.scaled())
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", f.factor},
+                         {"low_freq_factor", f.low_freq_factor},
+                         {"high_freq_factor", f.high_freq_factor},
+                         {"original_max_position_embeddings", static_cast<int64_t>(f.original_context)}};
   if (bos_id >= 0) j["bos_token_id"] = bos_id;
   if (eos_id >= 0) j["eos_token_id"] = eos_id;
   return j;
@@ -61,6 +82,7 @@ std::vector<SafetensorsTensor> hf_llama_tensors(const Model& model) {
   const ParamStore& ps = model.params();
   const ModelConfig& m = model.config();
   const int64_t d = m.d_model, F = m.ffn_dim();
+  const int64_t K = kv_heads_of(m, shared_attention_options(m, "config")) * m.head_dim();
   auto get = [&](const std::string& name) {
     const int id = ps.find(name);
     LINAC_CHECK(id >= 0, "hf export: the model has no parameter " + name);
@@ -75,8 +97,8 @@ std::vector<SafetensorsTensor> hf_llama_tensors(const Model& model) {
     const Tensor wqkv = get(ours + "attn.wqkv"), w13 = get(ours + "mlp.w13");
     out.push_back({hf + "input_layernorm.weight", get(ours + "norm1.weight")});
     out.push_back({hf + "self_attn.q_proj.weight", wqkv.slice0(0, d)});
-    out.push_back({hf + "self_attn.k_proj.weight", wqkv.slice0(d, 2 * d)});
-    out.push_back({hf + "self_attn.v_proj.weight", wqkv.slice0(2 * d, 3 * d)});
+    out.push_back({hf + "self_attn.k_proj.weight", wqkv.slice0(d, d + K)});
+    out.push_back({hf + "self_attn.v_proj.weight", wqkv.slice0(d + K, d + 2 * K)});
     out.push_back({hf + "self_attn.o_proj.weight", get(ours + "attn.wo")});
     out.push_back({hf + "post_attention_layernorm.weight", get(ours + "norm2.weight")});
     out.push_back({hf + "mlp.gate_proj.weight", w13.slice0(0, F)});

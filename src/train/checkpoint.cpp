@@ -152,7 +152,8 @@ herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* ou
 
 void save_checkpoint(const std::string& path, const ParamStore& params, const CheckpointData& data) {
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const std::string dir = fs::path(path).parent_path().string();
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();  // a bare file name: the working directory
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw UserError("cannot write checkpoint " + path + ": cannot create " + dir + ": " + ec.message());
