@@ -1,8 +1,9 @@
-// train.init_from: a fresh run that starts from a checkpoint's weights, and only its weights. The
-// first step's loss is the checkpoint's loss on that step's batch (computed here by an
-// independent model), the schedule and the optimizer are the run's own, and checkpoints that do
-// not fit are refused naming the setting. The model uses grouped-query attention (2 query heads
-// sharing 1 key/value head), so this also trains GQA end to end.
+// train.init_from: a fresh run that starts from a checkpoint's weights (a run's, or one `linac
+// import` made from a Hugging Face folder), and only its weights. The first step's loss is the
+// checkpoint's loss on that step's batch (computed here by an independent model), the schedule and
+// the optimizer are the run's own, and checkpoints that do not fit are refused naming the setting.
+// The model uses grouped-query attention (2 query heads sharing 1 key/value head), so this also
+// trains GQA end to end.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -47,6 +48,21 @@ std::string trained_checkpoint(const std::string& name, json j) {
   return test::latest_checkpoint_path(dir);
 }
 
+// The mean loss of ckpt's weights on the first micro-batch a run of cfg trains on, by a model of
+// our own (the run's forward_backward is not involved).
+double first_batch_loss(const Config& cfg, const std::string& ckpt) {
+  const CheckpointReader reader(ckpt);
+  Model model(cfg.model, Ctx{}, {.precision = "fp32"});
+  reader.load_params(model.params(), false);
+  const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len;
+  const TrainData data = TrainData::open(cfg);
+  const auto batches = data.train_batches(B, T, 0, 1, cfg.train.seed);
+  OwnedTensor tok(DType::I32, Device::CPU, {B, T}), tgt(DType::I32, Device::CPU, {B, T});
+  batches->next(tok->data<int32_t>(), tgt->data<int32_t>());
+  model.reserve(B, T);
+  return model.forward_loss(tok, tgt) / static_cast<double>(B * T);  // forward_loss sums over the targets
+}
+
 std::string error_of(const json& j) {
   try {
     run_training(Config::from_json(j, "cfg.json"), "");
@@ -69,17 +85,7 @@ TEST(InitFrom, FirstStepLossIsTheCheckpointsLossOnItsBatch) {
   const std::vector<json> m = metrics(dir);
   ASSERT_EQ(m.size(), 2u);
 
-  // The checkpoint's weights on the run's first batch, by a model of our own.
-  const CheckpointReader reader(ckpt);
-  Model model(cfg.model, Ctx{}, {.precision = "fp32"});
-  reader.load_params(model.params(), false);
-  const int64_t B = cfg.train.micro_batch, T = cfg.data.seq_len;
-  const TrainData data = TrainData::open(cfg);
-  const auto batches = data.train_batches(B, T, 0, 1, cfg.train.seed);
-  OwnedTensor tok(DType::I32, Device::CPU, {B, T}), tgt(DType::I32, Device::CPU, {B, T});
-  batches->next(tok->data<int32_t>(), tgt->data<int32_t>());
-  model.reserve(B, T);
-  const double loss = model.forward_loss(tok, tgt) / static_cast<double>(B * T);  // a sum over the targets
+  const double loss = first_batch_loss(cfg, ckpt);
   EXPECT_NEAR(m[0]["loss"].get<double>(), loss, 1e-5 * loss);
   // A trained start: well below a random model's log(vocab).
   EXPECT_LT(loss, std::log(300.0) - 0.3);
@@ -102,6 +108,32 @@ TEST(InitFrom, FirstStepLossIsTheCheckpointsLossOnItsBatch) {
   EXPECT_EQ(out.data().state.step, 2);
   EXPECT_EQ(out.data().state.updates, 2);
   EXPECT_EQ(out.data().config["train"]["init_from"], ckpt);
+}
+
+// The fine-tuning path from a Hugging Face folder: a checkpoint exported as LlamaForCausalLM
+// (GQA) and imported back (`linac import`: step 0, no optimizer, no loader state) starts a run
+// whose first loss is the imported weights' loss on its first batch.
+TEST(InitFrom, StartsFromAnImportedHuggingFaceModel) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string ckpt = trained_checkpoint("init_src_hf", gqa_config(""));
+  const std::string dir = test::fresh_dir("init_hf");
+  std::string out;
+  ASSERT_EQ(test::run_linac("export --format hf --checkpoint " + ckpt + " --out " + dir + "/hf", out), 0) << out;
+  ASSERT_EQ(test::run_linac("import --format hf " + dir + "/hf --out " + dir + "/imported.h5", out), 0) << out;
+  json j = one_batch_per_step(gqa_config(dir + "/run"));
+  j["train"]["init_from"] = dir + "/imported.h5";
+  j["train"]["steps"] = 1;
+  j["train"]["eval_every"] = 0;
+  const Config cfg = Config::from_json(j, "hf");
+  ASSERT_EQ(run_training(cfg, ""), 0);
+  const std::vector<json> m = metrics(dir + "/run");
+  ASSERT_EQ(m.size(), 1u);
+
+  const CheckpointReader imported(dir + "/imported.h5");
+  EXPECT_EQ(imported.data().state.step, 0);
+  EXPECT_FALSE(imported.has_optimizer());
+  const double loss = first_batch_loss(cfg, dir + "/imported.h5");
+  EXPECT_NEAR(m[0]["loss"].get<double>(), loss, 1e-5 * loss);
 }
 
 // A resumed run continues from its own checkpoint; init_from only seeds the first start.
