@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -26,12 +27,14 @@ const char* kUsage =
     "Scores every target token of the split once (non-overlapping windows of T, the last one\n"
     "partial) and prints the mean loss (nats/token), perplexity = exp(mean loss) and bits per\n"
     "byte = total loss / ln 2 / UTF-8 bytes of the scored text (documents decoded with the\n"
-    "checkpoint's tokenizer, each end-of-document counted as one byte). --data defaults to the\n"
-    "checkpoint config's data.path; --seq-len to its data.seq_len; --max-tokens limits the\n"
-    "number of scored tokens (default: all); --packing to the checkpoint's data.packing (document:\n"
-    "each token sees only its own document, docs/data.md \"Packing\"). After 5 s, progress (tokens scored, ETA) goes to\n"
-    "stderr every 10 s. Cost: every window is one forward pass; full attention costs O(T^2)\n"
-    "per window, so a very long --seq-len on a CPU can take hours (docs/training.md, \"Evaluation\").\n\n"
+    "checkpoint's tokenizer, else the dataset's, each end-of-document counted as one byte; when\n"
+    "neither has one, data prepared with --token-ids, it is unavailable: null in --json).\n"
+    "--data defaults to the checkpoint config's data.path; --seq-len to its data.seq_len;\n"
+    "--max-tokens limits the number of scored tokens (default: all); --packing to the\n"
+    "checkpoint's data.packing (document: each token sees only its own document, docs/data.md\n"
+    "\"Packing\"). After 5 s, progress (tokens scored, ETA) goes to stderr every 10 s. Cost: every\n"
+    "window is one forward pass; full attention costs O(T^2) per window, so a very long --seq-len\n"
+    "on a CPU can take hours (docs/training.md, \"Evaluation\").\n\n"
     "A checkpoint trained on MQAR (data.type \"mqar\") is scored on its config's test slices\n"
     "(data.mqar.test, generated from data.mqar.test_seed): loss and accuracy (the value is the\n"
     "argmax of the logits) over the queries, pooled and per slice (L = sequence length,\n"
@@ -161,7 +164,13 @@ int cmd_eval(int argc, char** argv) {
   if (data_path.empty()) throw UserError("no dataset: pass --data FILE.h5");
   TokenDataset ds(data_path);
   check_dataset_vocab(ds, cfg.model.vocab_size);
-  const Tokenizer tok = meta.tokenizer.empty() ? ds.tokenizer() : Tokenizer::from_bytes(meta.tokenizer, *ckpt);
+  // The scored text's bytes come from the checkpoint's tokenizer, else the dataset's; a dataset
+  // prepared from token ids, scored with a checkpoint that has none, has no text to count.
+  std::optional<Tokenizer> tok;
+  if (!meta.tokenizer.empty())
+    tok = Tokenizer::from_bytes(meta.tokenizer, *ckpt);
+  else if (ds.has_tokenizer())
+    tok = ds.tokenizer();
 
   // A window never holds more positions than there are targets to score.
   const uint64_t split_targets = ds.size(split) > 0 ? ds.size(split) - 1 : 0;
@@ -182,21 +191,27 @@ int cmd_eval(int argc, char** argv) {
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (r.targets == 0) throw UserError(data_path + ": the " + split_name(split) + " split has no tokens to score");
-  const uint64_t bytes = scored_bytes(ds, split, static_cast<uint64_t>(r.targets), tok);
+  const uint64_t bytes = tok ? scored_bytes(ds, split, static_cast<uint64_t>(r.targets), *tok) : 0;
   const double loss = r.mean_loss(), ppl = std::exp(loss);
   const double bpb = r.loss_sum / std::log(2.0) / static_cast<double>(std::max<uint64_t>(1, bytes));
+  const std::string no_bpb =
+      "no tokenizer to give the tokens' bytes (neither the checkpoint nor " + data_path + " has one: token-id data)";
   if (as_json) {
     json j = {{"checkpoint", *ckpt}, {"data", data_path}, {"split", split_name(split)}, {"seq_len", T},
               {"packing", documents ? "document" : "stream"},
-              {"tokens", r.targets}, {"bytes", bytes}, {"loss", loss}, {"perplexity", ppl},
-              {"bits_per_byte", bpb}, {"seconds", secs}};
+              {"tokens", r.targets}, {"bytes", tok ? json(bytes) : json(nullptr)}, {"loss", loss},
+              {"perplexity", ppl}, {"bits_per_byte", tok ? json(bpb) : json(nullptr)}, {"seconds", secs}};
+    if (!tok) j["bits_per_byte_unavailable"] = no_bpb;
     if (r.aux_sum != 0) j["aux_loss"] = r.mean_aux();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("%s on %s [%s], T=%lld, %s packing\n", ckpt->c_str(), data_path.c_str(), split_name(split),
                 static_cast<long long>(T), documents ? "document" : "stream");
-    std::printf("tokens %lld | loss %.4f | perplexity %.3f | bits/byte %.4f | %.1f s\n",
-                static_cast<long long>(r.targets), loss, ppl, bpb, secs);
+    char bpb_text[32] = "unavailable";
+    if (tok) std::snprintf(bpb_text, sizeof bpb_text, "%.4f", bpb);
+    std::printf("tokens %lld | loss %.4f | perplexity %.3f | bits/byte %s | %.1f s\n",
+                static_cast<long long>(r.targets), loss, ppl, bpb_text, secs);
+    if (!tok) std::printf("bits/byte unavailable: %s\n", no_bpb.c_str());
     // Auxiliary terms (e.g. Transformer-VQ's commitment loss) are not part of the perplexity.
     if (r.aux_sum != 0) std::printf("aux loss %.6f per target (not in the loss above)\n", r.mean_aux());
   }

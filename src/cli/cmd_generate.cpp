@@ -35,9 +35,10 @@ const char* kUsage =
     "and timings.\n"
     "--prompt-ids 1,2,3 gives the prompt as token ids (comma-separated, below the model's\n"
     "vocab_size), used exactly as given (no end-of-document token added) and needing no tokenizer:\n"
-    "for checkpoints without one (imported models with a tokenizer.json), or to compare logits\n"
-    "with another implementation. Without a tokenizer the text printed is the generated ids\n"
-    "separated by spaces, --json's \"text\" is null, and --stop-at-eos is refused.\n";
+    "for checkpoints without one (imported models with a tokenizer.json, runs on data prepared\n"
+    "with --token-ids), or to compare logits with another implementation. Without a tokenizer\n"
+    "the text printed is the generated ids separated by spaces, --json's \"text\" is null, and\n"
+    "--stop-at-eos is refused.\n";
 
 std::string read_prompt_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -21,7 +21,8 @@ const char* kUsage =
     "What linac cannot compute as transformers does (biases, other architectures, RoPE scaling\n"
     "other than llama3, ...) is refused, naming the field or tensor. A SentencePiece\n"
     "DIR/tokenizer.model is embedded; tokenizer.json is not used (linac tokenises with\n"
-    "SentencePiece only): give such a model token ids (generate --prompt-ids). CKPT must not\n"
+    "SentencePiece only): give such a model token ids (generate --prompt-ids; data for eval and\n"
+    "train from scripts/hf_tokenize.py and prepare --token-ids). CKPT must not\n"
     "exist unless --force; it appears only once complete.\n";
 
 }  // namespace
@@ -64,7 +65,8 @@ int cmd_import(int argc, char** argv) {
   if (hf.hf_tokenizer_only)
     std::printf(
         "note: %s has tokenizer.json, which linac does not use (it tokenises with SentencePiece only): "
-        "give this model token ids (generate --prompt-ids)\n",
+        "give this model token ids (generate --prompt-ids; for eval and train, scripts/hf_tokenize.py and "
+        "linac prepare --token-ids: docs/huggingface.md \"Tokenizers\")\n",
         dirs[0].c_str());
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "core/gpu.h"
 #include "data/hdf5_util.h"
 #include "data/mqar.h"
+#include "data/tokenizer.h"
 #include "comm/grad_reducer.h"
 #include "model/model.h"
 #include "model/registry.h"
@@ -27,7 +28,7 @@ const char* kUsage =
     "would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
     "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1), with 2\n"
     "the gradients too (ZeRO-2: a shard each, plus two staging slots of a block's gradients). Given a\n"
-    "checkpoint, uses the config stored in it and also prints its training state.\n";
+    "checkpoint, uses the config stored in it and also prints its training state and tokenizer.\n";
 // What `info` reports, computed once for both outputs.
 struct Info {
   std::string source;
@@ -97,7 +98,8 @@ void print_json(const Model& model, const Info& in) {
   j["layers"] = layers;
   if (in.is_ckpt)
     j["checkpoint"] = {{"step", in.meta.state.step}, {"updates", in.meta.state.updates},
-                       {"tokens_seen", in.meta.state.tokens_seen}, {"world_size", in.meta.state.world_size}};
+                       {"tokens_seen", in.meta.state.tokens_seen}, {"world_size", in.meta.state.world_size},
+                       {"tokenizer", !in.meta.tokenizer.empty()}};
   std::printf("%s\n", j.dump(2).c_str());
 }
 
@@ -110,6 +112,13 @@ void print_model(const Model& model, const Info& in) {
                 static_cast<long long>(in.meta.state.step), static_cast<long long>(in.meta.state.updates),
                 human_count(static_cast<double>(in.meta.state.tokens_seen)).c_str(),
                 static_cast<long long>(in.meta.state.world_size));
+  if (in.is_ckpt) {
+    if (in.meta.tokenizer.empty())
+      std::printf("tokenizer   none (token-id data or an imported tokenizer.json model: generate --prompt-ids)\n");
+    else
+      std::printf("tokenizer   SentencePiece, %lld pieces\n",
+                  static_cast<long long>(Tokenizer::from_bytes(in.meta.tokenizer, in.source).vocab_size()));
+  }
   std::printf("arch        %s — %s\n", m.arch.c_str(), find_architecture(m.arch, in.source).summary.c_str());
   const std::string channel = model_channel_mixer(m) == "none"
                                   ? std::string("no channel mixer")

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/token_dataset.h"
+#include "data/token_ids.h"
 #include "data/tokenizer.h"
 
 namespace linac {
@@ -91,6 +93,10 @@ class TempOutput {
 };
 
 void check_options(const PrepareOptions& o) {
+  if (!o.token_ids.empty() && !o.inputs.empty())
+    throw UserError("give either --input (text to tokenise) or --token-ids (ids already tokenised), not both");
+  if (!o.token_ids.empty() && !o.tokenizer.empty())
+    throw UserError("--tokenizer does not apply to --token-ids: the ids are already tokenised");
   if (o.out.empty()) throw UserError("no output given (use --out data/NAME.h5)");
   if (!(o.val_fraction >= 0 && o.val_fraction <= 0.5))
     throw UserError("--val-fraction must be in [0, 0.5], got " + fmt::format("{}", o.val_fraction));
@@ -195,15 +201,61 @@ std::string source_attr(const std::vector<std::string>& inputs) {
   return j.dump();
 }
 
-}  // namespace
+// The split rule (prepare.h) while streaming: each document waits until the next one arrives,
+// so the last one can still go to a split that would otherwise stay empty.
+class SplitWriter {
+ public:
+  SplitWriter(TokenDatasetWriter& writer, double val_fraction) : writer_(writer), val_fraction_(val_fraction) {}
 
-bool is_val_document(uint64_t doc_index, double val_fraction) {
-  return philox_uniform(kValSplitSeed, stream_id("val_split"), doc_index) < val_fraction;
+  // Takes the document's ids (swapped out of `doc`).
+  void add(std::vector<int32_t>& doc) {
+    if (count_ > 0) writer_.add_document(pending_split_, pending_.data(), pending_.size());
+    pending_.swap(doc);
+    pending_split_ = is_val_document(count_++, val_fraction_) ? Split::Val : Split::Train;
+  }
+  uint64_t documents() const { return count_; }
+
+  // Writes the last document.
+  void finish() {
+    LINAC_CHECK(count_ > 0, "no documents");
+    if (count_ >= 2 && val_fraction_ > 0 && writer_.documents(Split::Val) == 0) pending_split_ = Split::Val;
+    if (count_ == 1 || writer_.documents(Split::Train) == 0) pending_split_ = Split::Train;
+    writer_.add_document(pending_split_, pending_.data(), pending_.size());
+  }
+
+ private:
+  TokenDatasetWriter& writer_;
+  double val_fraction_;
+  std::vector<int32_t> pending_;
+  Split pending_split_ = Split::Train;
+  uint64_t count_ = 0;
+};
+
+// Writes the dataset to a temporary file, `fill` streaming the documents into it, and gives it
+// its final name once complete; fills in the document and token counts.
+void write_dataset(const PrepareOptions& opts, const TokenFileMeta& meta, PrepareStats& st,
+                   const std::function<void(SplitWriter&)>& fill) {
+  TempOutput tmp(opts.out + ".tmp-" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove(tmp.path(), ec);
+  // HDF5 reports a failed write (disk full, ...) at the call that flushes it, possibly finish().
+  try {
+    TokenDatasetWriter writer(tmp.path(), meta);
+    SplitWriter split(writer, opts.val_fraction);
+    fill(split);
+    split.finish();
+    st.documents_train = writer.documents(Split::Train);
+    st.documents_val = writer.documents(Split::Val);
+    st.tokens_train = writer.tokens(Split::Train);
+    st.tokens_val = writer.tokens(Split::Val);
+    writer.finish();
+    tmp.commit(opts.out, opts.force);
+  } catch (const h5::Failure& e) {
+    throw UserError("cannot write " + opts.out + " (temporary " + tmp.path() + ", removed): " + e.reason());
+  }
 }
 
-PrepareStats prepare(const PrepareOptions& opts) {
-  const auto t0 = Clock::now();
-  check_options(opts);
+PrepareStats prepare_text(const PrepareOptions& opts, Clock::time_point t0) {
   const int threads = opts.threads > 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
   TokenizerTrainOptions to;
   to.vocab_size = opts.vocab_size;
@@ -249,22 +301,12 @@ PrepareStats prepare(const PrepareOptions& opts) {
   meta.tokenizer = tok->model_bytes();
   meta.val_fraction = opts.val_fraction;
 
-  TempOutput tmp(opts.out + ".tmp-" + std::to_string(::getpid()));
-  std::error_code ec;
-  fs::remove(tmp.path(), ec);
-  // HDF5 reports a failed write (disk full, ...) at the call that flushes it, possibly finish().
-  try {
-    TokenDatasetWriter writer(tmp.path(), meta);
-
-    const auto t1 = Clock::now();
+  const auto t1 = Clock::now();
+  DocumentReader reader(files, opts.corpus);
+  write_dataset(opts, meta, st, [&](SplitWriter& split) {
     auto last_log = t1;
-    DocumentReader reader(files, opts.corpus);
     std::vector<std::string> docs;
     std::vector<std::vector<int>> ids;
-    std::vector<int> pending;
-    bool has_pending = false;
-    Split pending_split = Split::Train;
-    uint64_t doc_index = 0;
     while (true) {
       size_t n = 0, bytes = 0;
       while (bytes < kBatchBytes && n < kBatchDocs) {
@@ -275,12 +317,7 @@ PrepareStats prepare(const PrepareOptions& opts) {
       if (n == 0) break;
       if (ids.size() < n) ids.resize(n);
       encode_batch(*tok, docs, n, ids, threads);
-      for (size_t i = 0; i < n; ++i, ++doc_index) {
-        if (has_pending) writer.add_document(pending_split, pending.data(), pending.size());
-        pending.swap(ids[i]);
-        pending_split = is_val_document(doc_index, opts.val_fraction) ? Split::Val : Split::Train;
-        has_pending = true;
-      }
+      for (size_t i = 0; i < n; ++i) split.add(ids[i]);
       if (opts.progress && seconds_since(last_log) >= kProgressSeconds) {
         last_log = Clock::now();
         const double done = reader.bytes_read() / 1e6, total = reader.total_bytes() / 1e6, secs = seconds_since(t1);
@@ -289,23 +326,69 @@ PrepareStats prepare(const PrepareOptions& opts) {
                      100.0 * done / std::max(total, 1e-9), rate, (total - done) / std::max(rate, 1e-9));
       }
     }
-    if (!has_pending) throw UserError("no text found in the inputs");
-    if (doc_index >= 2 && opts.val_fraction > 0 && writer.documents(Split::Val) == 0) pending_split = Split::Val;
-    if (doc_index == 1 || writer.documents(Split::Train) == 0) pending_split = Split::Train;
-    writer.add_document(pending_split, pending.data(), pending.size());
+    if (split.documents() == 0) throw UserError("no text found in the inputs");
+  });
+  st.bytes = reader.bytes_read();
+  st.invalid_utf8 = reader.invalid_utf8();
+  st.encode_seconds = seconds_since(t1);
+  return st;
+}
 
-    st.documents_train = writer.documents(Split::Train);
-    st.documents_val = writer.documents(Split::Val);
-    st.tokens_train = writer.tokens(Split::Train);
-    st.tokens_val = writer.tokens(Split::Val);
-    st.bytes = reader.bytes_read();
-    st.invalid_utf8 = reader.invalid_utf8();
-    writer.finish();
-    st.encode_seconds = seconds_since(t1);
-    tmp.commit(opts.out, opts.force);
-  } catch (const h5::Failure& e) {
-    throw UserError("cannot write " + opts.out + " (temporary " + tmp.path() + ", removed): " + e.reason());
-  }
+// The ids are the dataset: checked (token_ids.h) and copied, document by document.
+PrepareStats prepare_token_ids(const PrepareOptions& opts) {
+  if (opts.vocab_size < 1 || opts.vocab_size > (int64_t{1} << 31))
+    throw UserError("--vocab-size must be in [1, 2^31], got " + std::to_string(opts.vocab_size));
+  if (opts.eos_id < 0 || opts.eos_id >= opts.vocab_size)
+    throw UserError("--eos-id " + std::to_string(opts.eos_id) + " is not an id of the vocabulary [0, " +
+                    std::to_string(opts.vocab_size) + ")");
+  if (opts.bos_id < -1 || opts.bos_id >= opts.vocab_size)
+    throw UserError("--bos-id " + std::to_string(opts.bos_id) + " is not an id of the vocabulary [0, " +
+                    std::to_string(opts.vocab_size) + ")");
+  TokenIdReader reader(opts.token_ids, opts.vocab_size, opts.eos_id);
+  PrepareStats st;
+  st.out = opts.out;
+  st.threads = 1;
+  st.vocab_size = opts.vocab_size;
+  st.dtype = h5::type_name(token_type_for_vocab(opts.vocab_size));
+
+  TokenFileMeta meta;
+  meta.vocab_size = opts.vocab_size;
+  meta.eos_id = opts.eos_id;
+  meta.bos_id = opts.bos_id;
+  meta.pad_id = -1;
+  meta.unk_id = -1;
+  meta.source = source_attr(opts.token_ids);
+  meta.val_fraction = opts.val_fraction;
+
+  const auto t1 = Clock::now();
+  write_dataset(opts, meta, st, [&](SplitWriter& split) {
+    auto last_log = t1;
+    std::vector<int32_t> doc;
+    while (reader.next(doc)) {
+      split.add(doc);
+      if (opts.progress && seconds_since(last_log) >= kProgressSeconds) {
+        last_log = Clock::now();
+        spdlog::info("copied {} / {} ids ({:.0f}%)", reader.ids_read(), reader.total_ids(),
+                     100.0 * static_cast<double>(reader.ids_read()) / static_cast<double>(reader.total_ids()));
+      }
+    }
+  });
+  st.bytes = 4 * reader.total_ids();
+  st.eos_added = reader.eos_added();
+  st.encode_seconds = seconds_since(t1);
+  return st;
+}
+
+}  // namespace
+
+bool is_val_document(uint64_t doc_index, double val_fraction) {
+  return philox_uniform(kValSplitSeed, stream_id("val_split"), doc_index) < val_fraction;
+}
+
+PrepareStats prepare(const PrepareOptions& opts) {
+  const auto t0 = Clock::now();
+  check_options(opts);
+  PrepareStats st = opts.token_ids.empty() ? prepare_text(opts, t0) : prepare_token_ids(opts);
   st.total_seconds = seconds_since(t0);
   return st;
 }

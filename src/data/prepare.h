@@ -1,15 +1,18 @@
-// `linac prepare`: text corpus -> tokenizer -> HDF5 token dataset (schema: token_dataset.h).
+// `linac prepare`: text corpus -> tokenizer -> HDF5 token dataset (schema: token_dataset.h), or
+// token ids already tokenised elsewhere -> the same dataset without a tokenizer (token_ids.h).
 //
-// Steps: discover the inputs (corpus.h); train a SentencePiece model on a bounded, seeded
+// Steps for text: discover the inputs (corpus.h); train a SentencePiece model on a bounded, seeded
 // sample of their lines unless one is given; encode every document on `threads` threads
 // (batches of documents, results written in input order, so the output does not depend on
 // the thread count); append each document's tokens plus EOS to /train or /val; embed the
-// model; fsync; rename into place.
+// model; fsync; rename into place. Token ids are checked up front and copied, each document
+// followed by the given EOS id; the dataset then carries no tokenizer.
 //
-// Split rule (deterministic, independent of threads and batching): document i (0-based, in
-// corpus order) goes to val iff philox_uniform(kValSplitSeed, "val_split", i) < val_fraction.
-// If that leaves one split empty while there are >= 2 documents (and val_fraction > 0), the
-// last document goes to the empty split; a single document always goes to train.
+// Split rule (deterministic, independent of threads and batching; the same for text and ids):
+// document i (0-based, in input order) goes to val iff
+// philox_uniform(kValSplitSeed, "val_split", i) < val_fraction. If that leaves one split empty
+// while there are >= 2 documents (and val_fraction > 0), the last document goes to the empty
+// split; a single document always goes to train.
 //
 // Safety: the file is written as OUT.tmp-<pid> and renamed only once complete, so the final
 // name never holds a partial file; an existing OUT is replaced only with --force and only by
@@ -42,6 +45,10 @@ struct PrepareOptions {
   bool progress = true;                 // progress lines on the log
   bool verbose = false;                 // SentencePiece's own training log
   CorpusOptions corpus;
+  // Token-id input instead of `inputs` (token_ids.h): vocab_size is then the model's vocabulary,
+  // eos_id its end-of-document id; bos_id (-1: none) is recorded, never inserted.
+  std::vector<std::string> token_ids;
+  int64_t eos_id = -1, bos_id = -1;
 };
 
 struct PrepareStats {
@@ -49,6 +56,7 @@ struct PrepareStats {
   uint64_t documents_train = 0, documents_val = 0;
   uint64_t tokens_train = 0, tokens_val = 0;   // including one EOS per document
   uint64_t bytes = 0;                          // input bytes read
+  uint64_t eos_added = 0;                      // token ids: files whose last document had no EOS
   uint64_t invalid_utf8 = 0;                   // U+FFFD substitutions
   int64_t vocab_size = 0;
   std::string dtype;

@@ -62,8 +62,10 @@ void TokenDatasetWriter::finish() {
   flush(Split::Train);
   flush(Split::Val);
   const hid_t root = file_.id();
-  auto tok = h5::Dataset::create(root, "tokenizer", h5::Type::U8, {meta_.tokenizer.size()});
-  if (!meta_.tokenizer.empty()) tok.write(meta_.tokenizer.data(), h5::Type::U8);
+  if (!meta_.tokenizer.empty()) {
+    auto tok = h5::Dataset::create(root, "tokenizer", h5::Type::U8, {meta_.tokenizer.size()});
+    tok.write(meta_.tokenizer.data(), h5::Type::U8);
+  }
   h5::set_attr(root, "format_version", kTokenFormatVersion);
   h5::set_attr(root, "vocab_size", meta_.vocab_size);
   h5::set_attr(root, "eos_id", meta_.eos_id);
@@ -75,7 +77,6 @@ void TokenDatasetWriter::finish() {
   h5::set_attr(root, "n_documents_train", static_cast<int64_t>(docs_[0]));
   h5::set_attr(root, "n_documents_val", static_cast<int64_t>(docs_[1]));
   h5::set_attr(root, "val_fraction", meta_.val_fraction);
-  tok.close();
   for (h5::Dataset& d : data_) d.close();
   data_.clear();
   file_.close();
@@ -124,10 +125,11 @@ TokenDataset::TokenDataset(const std::string& path) : path_(path) {
       if (d.dims().size() != 1) throw bad("dataset /" + name + " is not 1-D");
       size_[s == Split::Train ? 0 : 1] = d.size();
     }
-    if (!h5::exists(root, "tokenizer")) throw bad("missing dataset /tokenizer");
-    const h5::Dataset tok = h5::Dataset::open(root, "tokenizer");
-    if (tok.type() != h5::Type::U8 || tok.dims().size() != 1 || tok.size() == 0)
-      throw bad("dataset /tokenizer is not a non-empty 1-D uint8 array");
+    if (h5::exists(root, "tokenizer")) {
+      const h5::Dataset tok = h5::Dataset::open(root, "tokenizer");
+      if (tok.type() != h5::Type::U8 || tok.dims().size() != 1) throw bad("dataset /tokenizer is not a 1-D uint8 array");
+      has_tokenizer_ = tok.size() > 0;
+    }
   } catch (const Error& e) {
     throw bad(std::string("not a readable linac token dataset (truncated or corrupt?): ") + e.what());
   }
@@ -150,6 +152,7 @@ void TokenDataset::read(Split s, uint64_t offset, uint64_t count, int32_t* out) 
 }
 
 std::string TokenDataset::tokenizer_bytes() const {
+  if (!has_tokenizer_) return {};
   try {
     const h5::Dataset tok = h5::Dataset::open(file_.id(), "tokenizer");
     std::string bytes(tok.size(), '\0');
@@ -161,6 +164,8 @@ std::string TokenDataset::tokenizer_bytes() const {
 }
 
 Tokenizer TokenDataset::tokenizer() const {
+  if (!has_tokenizer_)
+    throw UserError(path_ + " has no tokenizer: it was prepared from token ids (linac prepare --token-ids)");
   Tokenizer t = Tokenizer::from_bytes(tokenizer_bytes(), path_ + ":/tokenizer");
   if (t.vocab_size() != vocab_size_)
     throw UserError(path_ + ": the embedded tokenizer has " + std::to_string(t.vocab_size()) +

@@ -2,9 +2,12 @@
 //
 // Schema, format_version 1 (all attributes on the root group):
 //   /train, /val     1-D uint16 (when every id fits: vocab_size <= 65536) or uint32, chunked;
-//                    each document's tokens followed by eos_id; no BOS inside
-//   /tokenizer       1-D uint8: the SentencePiece model bytes (the file is self-contained)
-//   vocab_size, eos_id, bos_id, pad_id, unk_id     int64 (bos/pad may be -1 for user models)
+//                    each document's tokens followed by eos_id; no BOS inside text datasets
+//                    (token-id input keeps the ids as given, a tokenizer's BOS included)
+//   /tokenizer       1-D uint8: the SentencePiece model bytes (the file is self-contained);
+//                    absent (or empty) when prepared from token ids (--token-ids): no linac
+//                    tokenizer then, so nothing decodes the ids to text
+//   vocab_size, eos_id, bos_id, pad_id, unk_id     int64 (bos/pad/unk may be -1: none)
 //   dtype            string, "uint16" | "uint32" (the element type of /train and /val)
 //   source           string, JSON array of the input paths given to prepare
 //   n_documents_train, n_documents_val, format_version     int64
@@ -40,7 +43,7 @@ struct TokenFileMeta {
   int64_t vocab_size = 0;
   int64_t eos_id = kEosId, bos_id = kBosId, pad_id = kPadId, unk_id = kUnkId;
   std::string source = "[]";
-  std::string tokenizer;   // SentencePiece model bytes
+  std::string tokenizer;   // SentencePiece model bytes; empty: no /tokenizer (token-id input)
   double val_fraction = 0;
 };
 
@@ -86,8 +89,10 @@ class TokenDataset {
   // Tokens [offset, offset + count) of a split as int32. Reading past the end is a caller bug
   // (linac::Error); a failed read or an id outside the vocabulary is a UserError.
   void read(Split s, uint64_t offset, uint64_t count, int32_t* out) const;
-  std::string tokenizer_bytes() const;
-  Tokenizer tokenizer() const;
+  // The embedded SentencePiece model; a dataset prepared from token ids has none.
+  bool has_tokenizer() const { return has_tokenizer_; }
+  std::string tokenizer_bytes() const;  // empty without a tokenizer
+  Tokenizer tokenizer() const;          // UserError without a tokenizer
 
  private:
   std::string path_;
@@ -98,6 +103,7 @@ class TokenDataset {
   std::string source_;
   int64_t n_docs_[2] = {0, 0};
   uint64_t size_[2] = {0, 0};
+  bool has_tokenizer_ = false;
 };
 
 // UserError naming both numbers unless the dataset's vocabulary equals the model's.

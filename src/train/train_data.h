@@ -29,7 +29,7 @@ struct TrainData {
   int64_t max_seq_len(int64_t T) const;
   // This rank's micro-batches of B sequences of T tokens, in the order `seed` gives.
   std::unique_ptr<TrainBatches> train_batches(int64_t B, int64_t T, int rank, int world, uint64_t seed) const;
-  // The SentencePiece model that checkpoints carry (empty for MQAR).
+  // The SentencePiece model that checkpoints carry (empty for MQAR and for token-id data).
   std::string tokenizer_bytes() const { return tokens ? tokens->tokenizer_bytes() : std::string(); }
   int32_t eos() const { return tokens ? static_cast<int32_t>(tokens->eos_id()) : -1; }
 };

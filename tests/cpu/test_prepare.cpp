@@ -90,12 +90,6 @@ PrepareOptions quick_options(const std::vector<std::string>& inputs, const std::
   return o;
 }
 
-bool has_temp_files(const TempDir& dir) {
-  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
-    if (e.path().filename().string().find(".tmp-") != std::string::npos) return true;
-  return false;
-}
-
 TEST(Corpus, SanitizeUtf8ReplacesMaximalSubparts) {
   const std::string fffd = "\xEF\xBF\xBD";
   struct Case {
@@ -182,7 +176,7 @@ TEST(Prepare, EndToEndFileMatchesTheCorpus) {
   EXPECT_EQ(st.vocab_size, 400);
   EXPECT_EQ(st.dtype, "uint16");
   EXPECT_EQ(st.invalid_utf8, 0u);
-  EXPECT_FALSE(has_temp_files(dir));
+  EXPECT_FALSE(dir.has_temp_files());
 
   const TokenDataset ds(dir / "out/data.h5");
   EXPECT_EQ(ds.vocab_size(), 400);
@@ -322,7 +316,7 @@ TEST(Prepare, BadInputsFailBeforeWritingAnything) {
     EXPECT_NE(msg.find(c.message), std::string::npos) << c.what << ": " << msg;
     EXPECT_EQ(test::read_file(dir / "existing.h5"), "precious bytes") << c.what;
     EXPECT_FALSE(std::filesystem::exists(dir / "x.h5")) << c.what;
-    EXPECT_FALSE(has_temp_files(dir)) << c.what;
+    EXPECT_FALSE(dir.has_temp_files()) << c.what;
   }
   PrepareOptions force = quick_options({dir / "corpus"}, dir / "existing.h5");
   force.force = true;
@@ -386,7 +380,7 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
     EXPECT_NE(r.err.find(c.message), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(test::read_file(out), keep) << c.message;
-    EXPECT_FALSE(has_temp_files(dir)) << c.message;
+    EXPECT_FALSE(dir.has_temp_files()) << c.message;
   }
 }
 

@@ -40,6 +40,12 @@ class TempDir {
   TempDir& operator=(const TempDir&) = delete;
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
   const fs::path& path() const { return path_; }
+  // Whether a writer left a temp file (`*.tmp-<pid>`) anywhere below.
+  bool has_temp_files() const {
+    for (const auto& e : fs::recursive_directory_iterator(path_))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) return true;
+    return false;
+  }
 
  private:
   fs::path path_;
