@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "core/rng.h"
@@ -41,6 +42,12 @@ std::vector<uint16_t> bf16_bits(const Tensor& t) {
   OwnedTensor c = to(t, Device::CPU, DType::BF16);
   const auto* p = c->data<uint16_t>();
   return std::vector<uint16_t>(p, p + c->numel());
+}
+
+bool same_bits(const Tensor& x, const Tensor& y) {
+  LINAC_CHECK(x.dtype == y.dtype && same_shape(x, y), "same_bits: tensors of another dtype or shape");
+  const OwnedTensor hx = to(x, Device::CPU, x.dtype), hy = to(y, Device::CPU, y.dtype);
+  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
 }
 
 void poison(const Tensor& t) {

@@ -26,6 +26,9 @@ void fill_random(const Tensor& t, uint64_t seed, double lo = -1.0, double hi = 1
 OwnedTensor small_integers(const std::vector<int64_t>& dims, uint64_t seed);
 // The bf16 bit patterns of any tensor's values (converted to bf16 first), for bit-identity checks.
 std::vector<uint16_t> bf16_bits(const Tensor& t);
+// Whether two contiguous tensors (any device) of one dtype and shape hold the same bytes: bitwise
+// reruns of a kernel.
+bool same_bits(const Tensor& x, const Tensor& y);
 // Fills any tensor (CPU or GPU) with NaN, so unwritten outputs are caught.
 void poison(const Tensor& t);
 

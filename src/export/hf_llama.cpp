@@ -18,10 +18,6 @@ AttentionMixerOptions shared_attention_options(const ModelConfig& cfg, const std
   return attention_options(cfg, resolve_layers(cfg, file).front(), file);
 }
 
-int64_t kv_heads_of(const ModelConfig& cfg, const AttentionMixerOptions& o) {
-  return o.kv_heads > 0 ? o.kv_heads : cfg.n_heads;
-}
-
 }  // namespace
 
 void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) {
@@ -38,7 +34,7 @@ void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) 
                                 first = attention_options(cfg, layers.front(), file);
     if (!(o.rope_freqs == first.rope_freqs))
       throw UserError(why + "; its layers use different rope_base or rope_scaling values (layer '" + l.name + "')");
-    if (kv_heads_of(cfg, o) != kv_heads_of(cfg, first))
+    if (o.key_value_heads(cfg.n_heads) != first.key_value_heads(cfg.n_heads))
       throw UserError(why + "; its layers use different kv_heads (layer '" + l.name + "')");
   }
   if (model_norm(cfg) != "rmsnorm" || model_channel_mixer(cfg) != "swiglu" || model_embed_scale(cfg) != 1.0)
@@ -54,7 +50,7 @@ json hf_llama_config(const Config& cfg, int32_t bos_id, int32_t eos_id) {
             {"intermediate_size", m.ffn_dim()},
             {"num_hidden_layers", m.n_layers},
             {"num_attention_heads", m.n_heads},
-            {"num_key_value_heads", kv_heads_of(m, attn)},
+            {"num_key_value_heads", attn.key_value_heads(m.n_heads)},
             {"head_dim", m.head_dim()},
             {"vocab_size", m.vocab_size},
             {"rms_norm_eps", m.norm_eps},
@@ -82,7 +78,7 @@ std::vector<SafetensorsTensor> hf_llama_tensors(const Model& model) {
   const ParamStore& ps = model.params();
   const ModelConfig& m = model.config();
   const int64_t d = m.d_model, F = m.ffn_dim();
-  const int64_t K = kv_heads_of(m, shared_attention_options(m, "config")) * m.head_dim();
+  const int64_t K = shared_attention_options(m, "config").key_value_heads(m.n_heads) * m.head_dim();
   auto get = [&](const std::string& name) {
     const int id = ps.find(name);
     LINAC_CHECK(id >= 0, "hf export: the model has no parameter " + name);

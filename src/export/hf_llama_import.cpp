@@ -56,10 +56,6 @@ void check_shape(const SafetensorsSet& st, const std::string& name, const std::v
                     " (from config.json), got " + shape_text(at.entry->shape));
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 std::string read_bytes(const fs::path& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("cannot read '" + path.string() + "'");
@@ -121,7 +117,7 @@ Config hf_llama_import_config(const json& hf, const std::string& file) {
 void hf_llama_import_tensors(const SafetensorsSet& st, Model& model, const std::string& dir) {
   const auto& found = st.tensors();
   for (const auto& [name, at] : found)
-    if (ends_with(name, ".bias"))
+    if (name.ends_with(".bias"))
       throw UserError(at.file->path() + ": tensor '" + name + "': linac's Llama has no bias terms");
   std::vector<SafetensorsTensor> views = hf_llama_tensors(model);
   std::set<std::string> expected;
@@ -151,7 +147,7 @@ void hf_llama_import_tensors(const SafetensorsSet& st, Model& model, const std::
     expected.insert(head);
   }
   for (const auto& [name, at] : found)
-    if (!expected.count(name) && !ends_with(name, "rotary_emb.inv_freq"))
+    if (!expected.count(name) && !name.ends_with("rotary_emb.inv_freq"))
       throw UserError(at.file->path() + ": unexpected tensor '" + name +
                       "' (LlamaForCausalLM with this config.json has no such weight)");
 }
@@ -175,7 +171,7 @@ HfLlamaImport import_hf_llama(const std::string& dir) {
 
   const fs::path sp = fs::path(dir) / "tokenizer.model";
   if (fs::exists(sp, ec)) {
-    const Tokenizer tok = Tokenizer::from_bytes(read_bytes(sp), sp.string());
+    const Tokenizer tok = Tokenizer::from_file(sp.string());
     if (tok.vocab_size() > out.cfg.model.vocab_size)
       throw UserError(sp.string() + ": " + std::to_string(tok.vocab_size()) +
                       " pieces, more than config.json's vocab_size " + std::to_string(out.cfg.model.vocab_size));

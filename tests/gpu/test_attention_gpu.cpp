@@ -356,15 +356,9 @@ TEST(AttentionGpu, Deterministic) {
       const DocBounds bounds = c.docs == Docs::kNone ? DocBounds{} : docs.gpu();
       GpuRun r1 = run_gpu(gctx.ctx(), qkv, dout, dt, c, bounds);
       GpuRun r2 = run_gpu(gctx.ctx(), qkv, dout, dt, c, bounds);
-      auto same_bits = [](const Tensor& x, const Tensor& y) {
-        OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-        copy_tensor(hx, x);
-        copy_tensor(hy, y);
-        return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-      };
-      EXPECT_TRUE(same_bits(r1.o, r2.o));
-      EXPECT_TRUE(same_bits(r1.lse, r2.lse));
-      EXPECT_TRUE(same_bits(r1.dqkv, r2.dqkv));
+      EXPECT_TRUE(test::same_bits(r1.o, r2.o));
+      EXPECT_TRUE(test::same_bits(r1.lse, r2.lse));
+      EXPECT_TRUE(test::same_bits(r1.dqkv, r2.dqkv));
     }
   }
 }

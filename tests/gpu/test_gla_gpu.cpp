@@ -4,7 +4,6 @@
 // ragged chunks, strong gates on a long sequence, batch groups under a small workspace, saved
 // intermediates, bitwise determinism, and the decode step.
 #include <cmath>
-#include <cstring>
 
 #include "gla/gla.h"
 #include "test_util.h"
@@ -142,13 +141,6 @@ TEST(GlaGpu, StrongGatesLongSequence) {
   EXPECT_LT(test::rel_error(gr.dg, cr.dg), 2e-2);
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bitwise reruns; a workspace that holds only two sequences (so the batch runs in groups) gives
 // the same bits as one group; so do saved intermediates (the backward skips the recomputation),
 // with one group and with groups; too small a workspace or saved buffer is refused. The backward
@@ -183,11 +175,11 @@ TEST(GlaGpu, DeterministicAndGrouped) {
     Result r5 = run(small_saved, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32, saved);
     EXPECT_EQ(reverse_scans, 1) << "saved intermediates, batch groups";
     for (const Result* r : {&r2, &r3, &r4, &r5}) {
-      EXPECT_TRUE(same_bits(r1.o, r->o));
-      EXPECT_TRUE(same_bits(r1.sf, r->sf));
-      EXPECT_TRUE(same_bits(r1.dqkv, r->dqkv));
-      EXPECT_TRUE(same_bits(r1.dg, r->dg));
-      EXPECT_TRUE(same_bits(r1.ds0, r->ds0));
+      EXPECT_TRUE(test::same_bits(r1.o, r->o));
+      EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+      EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+      EXPECT_TRUE(test::same_bits(r1.dg, r->dg));
+      EXPECT_TRUE(test::same_bits(r1.ds0, r->ds0));
     }
     small.workspace_bytes = gla_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
     EXPECT_THROW(run(small, in, qkv_g, g_g, dout_g, s0_g, dsf_g, act, DType::F32), UserError);

@@ -6,7 +6,6 @@
 // ragged last chunk. Logits +-3, documents' logits 400 apart (only the per-document factorisation
 // reference keeps the tensor-core products finite), and +-1000 (exact exponents). The batch in
 // groups (a workspace of two sequences: each group reads its own rows' bounds) gives the same bits.
-#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -147,13 +146,6 @@ TEST(LatteDocsGpu, LargeLogits) {
     }
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bitwise reruns; a workspace of two sequences (groups of rows, each reading its own rows' bounds)
 // gives the bits of one group.
 TEST(LatteDocsGpu, DeterministicAndGrouped) {
@@ -171,10 +163,10 @@ TEST(LatteDocsGpu, DeterministicAndGrouped) {
     small.workspace_bytes = 2 * latte_workspace_bytes_per_seq(I.T, c.H, c.L, c.Dv, act) + 1000;
     const Result r3 = run(small, I, in_g, dy_g, docs_g, DType::F32);
     for (const Result* r : {&r2, &r3}) {
-      EXPECT_TRUE(same_bits(r1.y, r->y));
-      EXPECT_TRUE(same_bits(r1.lse, r->lse));
-      EXPECT_TRUE(same_bits(r1.mu, r->mu));
-      EXPECT_TRUE(same_bits(r1.grad, r->grad));
+      EXPECT_TRUE(test::same_bits(r1.y, r->y));
+      EXPECT_TRUE(test::same_bits(r1.lse, r->lse));
+      EXPECT_TRUE(test::same_bits(r1.mu, r->mu));
+      EXPECT_TRUE(test::same_bits(r1.grad, r->grad));
     }
   }
 }

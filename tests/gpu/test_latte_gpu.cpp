@@ -124,13 +124,6 @@ TEST(LatteGpu, LargeLogits) {
     }
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bitwise reruns, and a workspace that holds only two sequences (so the batch runs in groups)
 // gives the same bits as one group; a workspace too small for one sequence is a user error.
 TEST(LatteGpu, DeterministicAndGrouped) {
@@ -147,10 +140,10 @@ TEST(LatteGpu, DeterministicAndGrouped) {
     small.workspace_bytes = 2 * latte_workspace_bytes_per_seq(c.T, c.H, c.L, c.Dv, act) + 1000;
     Result r3 = run(small, I, in_g, dy_g, DType::F32);
     for (const Result* r : {&r2, &r3}) {
-      EXPECT_TRUE(same_bits(r1.y, r->y));
-      EXPECT_TRUE(same_bits(r1.lse, r->lse));
-      EXPECT_TRUE(same_bits(r1.mu, r->mu));
-      EXPECT_TRUE(same_bits(r1.grad, r->grad));
+      EXPECT_TRUE(test::same_bits(r1.y, r->y));
+      EXPECT_TRUE(test::same_bits(r1.lse, r->lse));
+      EXPECT_TRUE(test::same_bits(r1.mu, r->mu));
+      EXPECT_TRUE(test::same_bits(r1.grad, r->grad));
     }
     small.workspace_bytes = latte_workspace_bytes_per_seq(c.T, c.H, c.L, c.Dv, act) / 2;
     EXPECT_THROW(run(small, I, in_g, dy_g, DType::F32), UserError);

@@ -127,13 +127,6 @@ TEST(LightningDocsGpu, ParityBf16) {
   check_parity(DType::BF16, 1e-2);
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // A workspace of one sequence runs the batch one row at a time: each group must read its own
 // rows of the bounds.
 TEST(LightningDocsGpu, GroupsReadTheirOwnBounds) {
@@ -148,10 +141,10 @@ TEST(LightningDocsGpu, GroupsReadTheirOwnBounds) {
   small.workspace_bytes = lightning_workspace_bytes_per_seq(in.T, c.H, c.Dk, c.Dv, DType::BF16) + 1000;
   const Result grouped =
       run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, d.docs, DType::BF16, DType::F32, LightningForm::Block);
-  EXPECT_TRUE(same_bits(whole.o, grouped.o));
-  EXPECT_TRUE(same_bits(whole.sf, grouped.sf));
-  EXPECT_TRUE(same_bits(whole.dqkv, grouped.dqkv));
-  EXPECT_TRUE(same_bits(whole.ds0, grouped.ds0));
+  EXPECT_TRUE(test::same_bits(whole.o, grouped.o));
+  EXPECT_TRUE(test::same_bits(whole.sf, grouped.sf));
+  EXPECT_TRUE(test::same_bits(whole.dqkv, grouped.dqkv));
+  EXPECT_TRUE(test::same_bits(whole.ds0, grouped.ds0));
 }
 
 // LRPE positions restart at every document: x and dx slices of a fused [B, T, 2, H, D] buffer, dy

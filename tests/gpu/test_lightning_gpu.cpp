@@ -4,7 +4,6 @@
 // blocks, decays from none to strong, a long no-decay / strong-decay run, batch groups under a
 // small workspace, bitwise determinism, and the decode step.
 #include <cmath>
-#include <cstring>
 
 #include "lightning/lightning.h"
 #include "test_util.h"
@@ -137,13 +136,6 @@ TEST(LightningGpu, LongSequenceNoAndStrongDecay) {
   }
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bitwise reruns, and a workspace that holds only two sequences (so the batch runs in groups)
 // gives the same bits as one group.
 TEST(LightningGpu, DeterministicAndGrouped) {
@@ -160,10 +152,10 @@ TEST(LightningGpu, DeterministicAndGrouped) {
     small.workspace_bytes = 2 * lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
     Result r3 = run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
     for (const Result* r : {&r2, &r3}) {
-      EXPECT_TRUE(same_bits(r1.o, r->o));
-      EXPECT_TRUE(same_bits(r1.sf, r->sf));
-      EXPECT_TRUE(same_bits(r1.dqkv, r->dqkv));
-      EXPECT_TRUE(same_bits(r1.ds0, r->ds0));
+      EXPECT_TRUE(test::same_bits(r1.o, r->o));
+      EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+      EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+      EXPECT_TRUE(test::same_bits(r1.ds0, r->ds0));
     }
     small.workspace_bytes = lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
     EXPECT_THROW(run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32), UserError);

@@ -6,7 +6,6 @@
 // a document starting exactly at a segment's first token, a segment without any start (its carry
 // passes through), starts in a segment's last chunk. Pair groups (a small workspace) give the
 // same bits. The bounds must change the result.
-#include <cstring>
 
 #include "taylor_attn/taylor_attn.h"
 #include "test_util.h"
@@ -106,13 +105,6 @@ TEST(TaylorAttnDocsGpu, ParityBf16) {
   run_parity(DType::BF16, 1e-2, 2e-2);
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Pairs in groups (a workspace of three pairs; the bounds are read per batch row of each pair)
 // give the bits of one group.
 TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
@@ -127,10 +119,10 @@ TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
     Ctx small = gctx.ctx();
     small.workspace_bytes = taylor_attn_workspace_bytes(1, in.T, 3, kF, c.Dv, act);
     const Result r2 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
-    EXPECT_TRUE(same_bits(r1.o, r2.o));
-    EXPECT_TRUE(same_bits(r1.den, r2.den));
-    EXPECT_TRUE(same_bits(r1.sf, r2.sf));
-    EXPECT_TRUE(same_bits(r1.dqkv, r2.dqkv));
+    EXPECT_TRUE(test::same_bits(r1.o, r2.o));
+    EXPECT_TRUE(test::same_bits(r1.den, r2.den));
+    EXPECT_TRUE(test::same_bits(r1.sf, r2.sf));
+    EXPECT_TRUE(test::same_bits(r1.dqkv, r2.dqkv));
   }
 }
 

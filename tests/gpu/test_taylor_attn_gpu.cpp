@@ -121,13 +121,6 @@ TEST(TaylorAttnGpu, LongSequence) {
   }
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bitwise reruns, and a workspace that holds only three pairs (so the pairs run in groups) gives
 // the same bits as one group; less than one pair's worth is a UserError. T = 2100 spans two scan
 // segments, so the chunk kernels add carries.
@@ -145,10 +138,10 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
       small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 3, kF, c.Dv, act);
       Result r3 = run(small, in, qkv_g, dout_g, act, DType::F32);
       for (const Result* r : {&r2, &r3}) {
-        EXPECT_TRUE(same_bits(r1.o, r->o));
-        EXPECT_TRUE(same_bits(r1.den, r->den));
-        EXPECT_TRUE(same_bits(r1.sf, r->sf));
-        EXPECT_TRUE(same_bits(r1.dqkv, r->dqkv));
+        EXPECT_TRUE(test::same_bits(r1.o, r->o));
+        EXPECT_TRUE(test::same_bits(r1.den, r->den));
+        EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+        EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
       }
       small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 1, kF, c.Dv, act) / 2;
       EXPECT_THROW(run(small, in, qkv_g, dout_g, act, DType::F32), UserError);

@@ -8,7 +8,6 @@
 // steps with a document started in one row mid-batch against the CPU steps.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -151,11 +150,6 @@ TEST(VqAttnDocsGpu, ParityBf16) {
   run_parity(DType::BF16, 1e-2, 2e-2);
 }
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  const OwnedTensor hx = to(x, Device::CPU, x.dtype), hy = to(y, Device::CPU, y.dtype);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 // Bounds of one document per row run the documents path on whole rows: bit for bit the stream
 // results (the same kernels on the same views; du, dvr, drho summed over rows in row order).
 TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
@@ -178,9 +172,9 @@ TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
                        DType::F32, docs);
   const Result b = run(gctx.ctx(), in, row0(g.qkv), row0(g.z), g.cb, g.u, g.vr, g.rho, row0(g.dout), DType::BF16,
                        DType::F32, stream);
-  EXPECT_TRUE(same_bits(a.o, b.o));
-  EXPECT_TRUE(same_bits(a.grad, b.grad));
-  EXPECT_TRUE(same_bits(a.du, b.du) && same_bits(a.dvr, b.dvr) && same_bits(a.drho, b.drho));
+  EXPECT_TRUE(test::same_bits(a.o, b.o));
+  EXPECT_TRUE(test::same_bits(a.grad, b.grad));
+  EXPECT_TRUE(test::same_bits(a.du, b.du) && test::same_bits(a.dvr, b.dvr) && test::same_bits(a.drho, b.drho));
 }
 
 using test::token;

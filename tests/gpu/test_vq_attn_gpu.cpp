@@ -31,13 +31,6 @@ const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},     {1, 300, 1, 128, 1536, 51
                        {1, 700, 2, 64, 128, 100, 128}, {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
                        {1, 2100, 1, 16, 16, 300, 1024}};
 
-bool same_bits(const Tensor& x, const Tensor& y) {
-  OwnedTensor hx(x.dtype, Device::CPU, x.dims()), hy(y.dtype, Device::CPU, y.dims());
-  copy_tensor(hx, x);
-  copy_tensor(hy, y);
-  return std::memcmp(hx->ptr, hy->ptr, hx->nbytes()) == 0;
-}
-
 OwnedTensor copy_to(const Tensor& t, Device dev) {
   OwnedTensor r(t.dtype, dev, t.dims());
   copy_tensor(r, t);
@@ -166,7 +159,7 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
     const Gpu g(in, act);
     Result r1 = g.run(gctx.ctx(), in, act), r2 = g.run(gctx.ctx(), in, act);
     for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
-      EXPECT_TRUE(same_bits(r1.*m, r2.*m));
+      EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
     const vq_cuda::Geo geo = vq_cuda::geo_of(c.B, c.T, c.H, c.Dk, c.Dv, c.S, c.Lb);
     const double tol = act == DType::BF16 ? 2e-3 : 1e-5;
     for (int64_t cap : {1, 4}) {
@@ -331,8 +324,8 @@ TEST(VqQuantGpu, CodeStatsEmaCodebook) {
     vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums, counts);
     vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums2, counts2);
     ctx_synchronize(gctx.ctx());
-    EXPECT_TRUE(same_bits(sums, sums2));
-    EXPECT_TRUE(same_bits(counts, counts2));
+    EXPECT_TRUE(test::same_bits(sums, sums2));
+    EXPECT_TRUE(test::same_bits(counts, counts2));
     OwnedTensor buf_r = to(buf, Device::CPU, DType::F64);
     OwnedTensor sums_r(DType::F64, Device::CPU, {H, S, Dk}), counts_r(DType::F64, Device::CPU, {H, S});
     vq_code_stats(Ctx{}, test::bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);

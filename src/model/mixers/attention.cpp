@@ -55,7 +55,7 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
 }
 
 AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
-    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads), Hk_(opt.kv_heads > 0 ? opt.kv_heads : cfg.n_heads),
+    : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads), Hk_(opt.key_value_heads(cfg.n_heads)),
       Dh_(cfg.head_dim()), q_cols_(H_ * Dh_), kv_cols_(Hk_ * Dh_) {
   if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
     throw UserError(
