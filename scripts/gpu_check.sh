@@ -12,7 +12,9 @@
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
-#   attention next to SDPA and GQA decoding against multi-head, issue 50)
+#   attention next to SDPA and GQA decoding against multi-head, issue 50; ckpt13b, not part of
+#   all (4 GPUs): sharded asynchronous checkpoints of the 1.3B model and the data-parallel GPU
+#   tests, issue 48)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
 # GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).
 set -uo pipefail
@@ -359,6 +361,36 @@ print(f\"{sys.argv[2]:18s} T={r['seq_len']:5d} {j['packing']:8s} doc_len={r.get(
     done
   done
   [ -f data/brown_4k.h5 ] && bash scripts/doc_packing_brown.sh "$out" 2>&1 | tail -12
+fi
+if [ "$what" = ckpt13b ]; then
+  # Issue 48: sharded asynchronous checkpoints of Transformer++ 1.3B on 4 GPUs under ZeRO-2 (each
+  # rank writes its shard): the step loop's stall, asynchronous and blocking, the write time, the
+  # bytes per rank and the load time of a resume. Random token ids (vocabulary 32000) stand in for
+  # a corpus: the checkpoint does not depend on the data. Then the GPU tests of data parallelism.
+  ck="$out/ckpt13b"
+  rm -rf /tmp/ckpt13b && mkdir -p /tmp/ckpt13b "$ck"
+  python3 -c 'import numpy as np; np.random.default_rng(0).integers(1, 32000, 40_000_000, dtype=np.uint32).tofile("/tmp/ckpt13b/ids.bin")'
+  ./build-gpu/linac prepare --token-ids /tmp/ckpt13b/ids.bin --vocab-size 32000 --eos-id 0 --out /tmp/ckpt13b/tok.h5 \
+    >"$ck/prepare.log" 2>&1
+  run13() {  # name, extra args
+    mpirun -np 4 --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH ./build-gpu/linac train configs/transformer_1.3b.json \
+      --set data.path=/tmp/ckpt13b/tok.h5 --set train.zero=2 --set train.global_batch_tokens=524288 \
+      --set train.log_every=1 --set train.eval_every=0 --set train.keep_last=2 --set train.out_dir=/tmp/ckpt13b/"$1" \
+      "${@:2}" >"$ck/$1.log" 2>&1
+    echo "$1 rc=$?"
+    grep -E "checkpoint /|resumed|fresh run|step (1|5|6|10|11|15|16)/" "$ck/$1.log" | sed 's/^/  /'
+  }
+  run13 async --set train.steps=15 --set train.checkpoint_every=5
+  du -sh /tmp/ckpt13b/async/ckpt/* 2>/dev/null | sed 's/^/  /'
+  ls -l /tmp/ckpt13b/async/ckpt/step_000015/ 2>/dev/null | sed 's/^/  /'
+  run13 async --set train.steps=16 --set train.checkpoint_every=5 --resume auto
+  rm -rf /tmp/ckpt13b/async
+  run13 blocking --set train.steps=10 --set train.checkpoint_every=5 --set train.checkpoint_async=false
+  rm -rf /tmp/ckpt13b
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='*Dist*:*Zero*' \
+    >"$out/gpu_tests_dist.log" 2>&1
+  summary+=("gpu dist/zero tests rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests_dist.log" | tr '\n' ' ')")
 fi
 if [ "$what" = gqa ]; then
   # Issue 50: the whole GPU suite (the attention kernels changed); linac import of random

@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/train_step.h"
 
 namespace linac::test {

@@ -112,20 +112,22 @@ std::vector<std::string> checkpoint_contents(const std::string& path) {
 }
 
 std::vector<float> read_all_f32(const std::string& path, const std::string& group) {
-  const CheckpointReader reader(path);  // verifies the file before the raw reads below
-  h5::File f = h5::File::open(path, false);
+  const CheckpointReader reader(path);
   std::vector<float> out;
   const Config cfg = Config::from_json(reader.data().config, path);
   Model m(cfg.model, Ctx{}, {.precision = "fp32", .allocate = false});
   const bool buffers = group == "buffers";
   const ParamStore& ps = m.params();
   for (int i = 0; i < (buffers ? ps.buffer_count() : ps.count()); ++i) {
-    h5::Dataset ds = h5::Dataset::open(f.id(), group + "/" + (buffers ? ps.buffer_spec(i) : ps.spec(i)).name);
-    std::vector<float> v(ds.size());
-    ds.read_all(v.data(), h5::Type::F32);
+    const std::vector<float> v = reader.read_tensor(group + "/" + (buffers ? ps.buffer_spec(i) : ps.spec(i)).name);
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+std::string checkpoint_at(const std::string& out_dir, int64_t step) {
+  const std::string dir = sharded_checkpoint_path(out_dir, step);
+  return fs::is_directory(dir) ? dir : checkpoint_path(out_dir, step);
 }
 
 void check_resume_is_bit_identical(json cfg, const std::vector<std::string>& extra_groups) {

@@ -28,6 +28,8 @@ std::vector<std::string> checkpoint_contents(const std::string& path);
 // Every fp32 value of a checkpoint group ("params", "optim/m", "optim/v" in parameter order, or
 // "buffers" in buffer order), concatenated.
 std::vector<float> read_all_f32(const std::string& path, const std::string& group);
+// The checkpoint of `step` in out_dir: the sharded directory a multi-rank run writes, else the file.
+std::string checkpoint_at(const std::string& out_dir, int64_t step);
 // Trains `cfg` (6 steps, checkpoints every 3) twice; rolls the second run back to step 3 and
 // resumes it; expects parameters and AdamW moments at step 6 to be identical bit for bit.
 // `extra_groups` are compared too (e.g. "buffers").

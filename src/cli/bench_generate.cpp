@@ -6,6 +6,7 @@
 #include "core/buffer.h"
 #include "core/rng.h"
 #include "generate/inference_model.h"
+#include "train/checkpoint.h"
 
 namespace linac::cli {
 
@@ -27,8 +28,6 @@ OwnedTensor random_ids(const std::vector<int64_t>& dims, int64_t vocab, uint64_t
   return to(h, dev, DType::I32);
 }
 
-bool is_checkpoint(const std::string& path) { return path.size() > 3 && path.substr(path.size() - 3) == ".h5"; }
-
 }  // namespace
 
 int bench_generate(Args& args, const std::string& path) {
@@ -41,10 +40,10 @@ int bench_generate(Args& args, const std::string& path) {
   const bool as_json = args.flag("json");
   args.finish();
   if (gen < 1) throw UserError("--gen-len must be >= 1");
-  if (is_checkpoint(path) && !sets.empty()) throw UserError("--set applies to a CONFIG, not to a checkpoint");
+  if (is_checkpoint_path(path) && !sets.empty()) throw UserError("--set applies to a CONFIG, not to a checkpoint");
 
   const size_t mem0 = gpu_available() ? gpu_bytes_in_use() : 0;
-  InferenceModel im = is_checkpoint(path) ? load_inference_checkpoint(path, device)
+  InferenceModel im = is_checkpoint_path(path) ? load_inference_checkpoint(path, device)
                                           : init_inference_config(load_config(path, sets), device, 1);
   const bool gpu = im.ctx.is_gpu();
   Model& model = *im.model;

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "export/hf_llama_import.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 
 namespace linac::cli {
 

@@ -185,7 +185,7 @@ int cmd_info(int argc, char** argv) {
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
   in.source = pos[0];
 
-  in.is_ckpt = h5::is_hdf5(in.source) || std::filesystem::path(in.source).extension() == ".h5";
+  in.is_ckpt = is_checkpoint_path(in.source);
   if (in.is_ckpt) {
     in.meta = CheckpointReader(in.source).data();
     json doc = in.meta.config;

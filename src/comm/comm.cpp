@@ -70,7 +70,12 @@ std::unique_ptr<Comm> Comm::create(Device device) {
   c->mpi_ = true;
   LINAC_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &c->rank_));
   LINAC_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &c->world_));
-  c->local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", c->rank_));
+  // The rank among this host's processes, from MPI itself rather than a launcher's environment
+  // variable: the same under mpirun and srun --mpi=pmix (which sets no local-rank variable).
+  MPI_Comm node = MPI_COMM_NULL;
+  LINAC_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank_, MPI_INFO_NULL, &node));
+  LINAC_MPI_CHECK(MPI_Comm_rank(node, &c->local_rank_));
+  MPI_Comm_free(&node);
   if (device == Device::CUDA) {
     const int n = gpu_count();
     if (n == 0) throw UserError("rank " + std::to_string(c->rank_) + ": no CUDA device");

@@ -5,7 +5,8 @@
 //   single  world of one; every collective is the identity
 //   mpi     CPU tensors, and GPU tensors when NCCL is unavailable (through host memory)
 //   nccl    GPU tensors; rank 0 creates the ncclUniqueId, MPI broadcasts it
-// Each rank uses GPU local_rank % device_count (local rank from OMPI_COMM_WORLD_LOCAL_RANK).
+// Each rank uses GPU local_rank % device_count (local rank: its rank among the processes of its
+// host, from MPI_Comm_split_type, whatever the launcher).
 // Host-side collectives (scalars, loader states, stop flags) always go through MPI.
 #pragma once
 

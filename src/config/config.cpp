@@ -115,6 +115,7 @@ json Config::to_json() const {
                 {"log_every", train.log_every},
                 {"checkpoint_every", train.checkpoint_every},
                 {"keep_last", train.keep_last},
+                {"checkpoint_async", train.checkpoint_async},
                 {"out_dir", train.out_dir},
                 {"init_from", train.init_from},
                 {"max_bad_steps", train.max_bad_steps},
@@ -199,6 +200,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.log_every = t.get_int("log_every", tr.log_every, 1, kMaxI);
   tr.checkpoint_every = t.get_int("checkpoint_every", tr.checkpoint_every, 0, kMaxI);
   tr.keep_last = t.get_int("keep_last", tr.keep_last, 1, 1 << 20);
+  tr.checkpoint_async = t.get_bool("checkpoint_async", tr.checkpoint_async);
   tr.out_dir = t.get_string("out_dir", tr.out_dir);
   tr.init_from = t.get_string("init_from", tr.init_from);
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);

@@ -74,6 +74,9 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t checkpoint_every = 1000;
   int64_t keep_last = 3;
+  // Checkpoints are written from a host copy on a thread of their own while training goes on
+  // (train/checkpoint_writer.h); false: the step loop waits for each write.
+  bool checkpoint_async = true;
   std::string out_dir = "runs/run";
   // A checkpoint whose weights a fresh run starts from (fine-tuning): not its optimizer moments,
   // step or data position. "" = a random init. A resumed run ignores it.

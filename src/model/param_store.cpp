@@ -1,6 +1,7 @@
 #include "model/param_store.h"
 
 #include <algorithm>
+#include <optional>
 #include <numeric>
 
 #include "core/rng.h"
@@ -172,21 +173,64 @@ Tensor ParamStore::flat_master() const {
 }
 
 void ParamStore::load(ParamPart part, int id, const Tensor& src) {
-  const int64_t o = offset(id), n = numel(id);
+  const int64_t n = numel(id);
   LINAC_CHECK(src.numel() == n, "ParamStore::load: " + spec(id).name + " has " + std::to_string(n) + " elements, got " +
                                     std::to_string(src.numel()));
-  OwnedTensor host = to(src, Device::CPU, master_dt_);
-  const Tensor values = host->view({n});
-  if (part == ParamPart::Master && master_whole()) {
-    copy_tensor(view(master_, master_dt_, id).view({n}), values);
-    return;
-  }
+  write_range(part, offset(id), offset(id) + n, src);
+}
+
+namespace {
+
+// dst = src for contiguous tensors of one size, converting the dtype on the way.
+void copy_converting(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype == src.dtype)
+    copy_tensor(dst, src);
+  else if (dst.device == Device::CPU && src.device == Device::CPU)
+    convert_host(dst, src);
+  else
+    copy_tensor(dst, to(src, dst.device, dst.dtype));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::pair<int64_t, int64_t>, Tensor>> ParamStore::held_views(ParamPart part) const {
+  if (part == ParamPart::Master && master_whole()) return {{{0, flat_n_}, flat(master_, master_dt_)}};
+  std::vector<std::pair<std::pair<int64_t, int64_t>, Tensor>> out;
   for (const OwnedRange& r : owned()) {
-    const int64_t lo = std::max(o, r.lo), hi = std::min(o + n, r.hi);
-    if (lo >= hi) continue;
-    const Tensor& dst = part == ParamPart::Master ? r.master : part == ParamPart::M ? r.m : r.v;
-    LINAC_CHECK(dst.defined(), "ParamStore::load: no optimizer state allocated");
-    copy_tensor(dst.slice0(lo - r.lo, hi - r.lo), values.slice0(lo - o, hi - o));
+    const Tensor& t = part == ParamPart::Master ? r.master : part == ParamPart::M ? r.m : r.v;
+    LINAC_CHECK(t.defined(), "ParamStore: no optimizer state allocated");
+    out.push_back({{r.lo, r.hi}, t});
+  }
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> ParamStore::held(ParamPart part) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& [range, t] : held_views(part)) out.push_back(range);
+  return out;
+}
+
+void ParamStore::read_range(ParamPart part, int64_t lo, int64_t hi, const Tensor& dst) const {
+  LINAC_CHECK(dst.numel() == hi - lo && dst.is_contiguous(), "ParamStore::read_range: a contiguous destination of hi - lo");
+  int64_t covered = 0;
+  for (const auto& [range, t] : held_views(part)) {
+    const int64_t a = std::max(lo, range.first), b = std::min(hi, range.second);
+    if (a >= b) continue;
+    copy_converting(dst.view({hi - lo}).slice0(a - lo, b - lo), t.slice0(a - range.first, b - range.first));
+    covered += b - a;
+  }
+  LINAC_CHECK(covered == hi - lo, "ParamStore::read_range: [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                      ") is not all held by this rank");
+}
+
+void ParamStore::write_range(ParamPart part, int64_t lo, int64_t hi, const Tensor& src) {
+  LINAC_CHECK(src.numel() == hi - lo, "ParamStore::write_range: hi - lo values");
+  std::optional<OwnedTensor> host;  // src converted to the master dtype on the host, once
+  for (const auto& [range, t] : held_views(part)) {
+    const int64_t a = std::max(lo, range.first), b = std::min(hi, range.second);
+    if (a >= b) continue;
+    if (!host) host.emplace(to(src, Device::CPU, master_dt_));
+    copy_tensor(t.slice0(a - range.first, b - range.first), host->t.view({hi - lo}).slice0(a - lo, b - lo));
   }
 }
 

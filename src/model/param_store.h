@@ -81,6 +81,15 @@ class ParamStore {
   // Writes the values of parameter `id` (src: all of them, any device and float dtype) into the
   // part of `part` this rank holds. The compute copy is left to refresh_compute().
   void load(ParamPart part, int id, const Tensor& src);
+  // The flat ranges of `part` this rank holds: all of it, or under ZeRO-1 the replicated group
+  // and its shard (the master stays whole where it is the compute weight).
+  std::vector<std::pair<int64_t, int64_t>> held(ParamPart part) const;
+  // Flat elements [lo, hi) of `part`, which this rank must hold, into `dst` (hi - lo elements,
+  // any device and float dtype).
+  void read_range(ParamPart part, int64_t lo, int64_t hi, const Tensor& dst) const;
+  // Flat elements [lo, hi) of `part` from `src` (hi - lo elements, any device and float dtype):
+  // this rank keeps what it holds of them. The compute copy is left to refresh_compute().
+  void write_range(ParamPart part, int64_t lo, int64_t hi, const Tensor& src);
 
   int count() const { return static_cast<int>(specs_.size()); }
   const ParamSpec& spec(int id) const { return specs_[static_cast<size_t>(id)]; }
@@ -160,6 +169,8 @@ class ParamStore {
 
  private:
   Tensor view(const Buffer& b, DType dt, int id) const;
+  // What this rank holds of `part`: flat ranges and their tensors.
+  std::vector<std::pair<std::pair<int64_t, int64_t>, Tensor>> held_views(ParamPart part) const;
   Tensor flat(const Buffer& b, DType dt) const;
   // Flat offset of this rank's shard.
   int64_t shard_lo() const { return repl_n_ + rank_ * shard_n_; }

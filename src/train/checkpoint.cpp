@@ -1,6 +1,5 @@
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 
 #include "core/error.h"
 #include "data/hdf5_util.h"
+#include "train/checkpoint_file.h"
 #include "train/content_hash.h"
 
 namespace fs = std::filesystem;
@@ -20,253 +20,93 @@ namespace linac {
 
 namespace {
 
-constexpr int64_t kFormatVersion = 2;  // 2: content hashes
-const char* const kStateAttrs[] = {"format_version", "step", "updates", "tokens_seen", "world_size", "seed"};
-
-// 0 or the errno of the failed open/fsync.
-int fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return errno;
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? 0 : err;
-}
-
 std::string shape_str(const std::vector<uint64_t>& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
   return s + "]";
 }
 
-// What the root's content_hash covers: the /state attributes, then each dataset's path, shape
-// and hash in path order.
-uint64_t manifest_hash(const std::vector<int64_t>& state_attrs, const std::map<std::string, std::vector<uint64_t>>& dims,
-                       const std::map<std::string, uint64_t>& hashes) {
-  std::string m;
-  for (size_t i = 0; i < state_attrs.size(); ++i) m += std::string(kStateAttrs[i]) + "=" + std::to_string(state_attrs[i]) + "\n";
-  for (const auto& [path, h] : hashes) m += path + " " + shape_str(dims.at(path)) + " " + std::to_string(h) + "\n";
-  return content_hash(m);
+uint64_t numel_of(const std::vector<uint64_t>& dims) {
+  uint64_t n = 1;
+  for (uint64_t d : dims) n *= d;
+  return n;
 }
 
-void set_hash_attr(hid_t obj, const std::string& name, uint64_t h) {
-  h5::set_attr(obj, name, static_cast<int64_t>(h));
-}
-
-uint64_t hash_attr(hid_t obj, const std::string& name) { return static_cast<uint64_t>(h5::attr_int(obj, name)); }
-
-// A scalar variable-length UTF-8 string dataset: what h5py reads back as a str.
-h5::Id write_string(hid_t loc, const std::string& name, const std::string& s) {
-  h5::Id type(LINAC_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
-  LINAC_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  h5::Id space(LINAC_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
-  h5::Id ds(LINAC_H5_CHECK(H5Dcreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
-            H5Dclose);
-  const char* p = s.c_str();
-  LINAC_H5_CHECK(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p));
-  return ds;
-}
-
-std::string read_string(hid_t loc, const std::string& name) {
-  h5::Id ds(LINAC_H5_CHECK(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)), H5Dclose);
-  h5::Id ftype(LINAC_H5_CHECK(H5Dget_type(ds.get())), H5Tclose);
-  if (H5Tget_class(ftype.get()) != H5T_STRING || LINAC_H5_CHECK(H5Tis_variable_str(ftype.get())) <= 0)
-    throw h5::Failure("/" + name + " is not a variable-length string", "/" + name + " is not a variable-length string");
-  h5::Id type(LINAC_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
-  LINAC_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
-  char* p = nullptr;
-  LINAC_H5_CHECK(H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p));
-  std::string s = p ? p : "";
-  h5::Id space(LINAC_H5_CHECK(H5Dget_space(ds.get())), H5Sclose);
-  H5Dvlen_reclaim(type.get(), space.get(), H5P_DEFAULT, &p);
-  return s;
-}
-
-// Writes datasets and remembers the shape and hash of each for the manifest.
-struct HashedWriter {
-  hid_t root;
-  std::map<std::string, std::vector<uint64_t>> dims;
-  std::map<std::string, uint64_t> hashes;
-
-  void write(const std::string& name, h5::Type type, const std::vector<uint64_t>& shape, const void* bytes) {
-    h5::Dataset ds = h5::Dataset::create(root, name, type, shape);
-    uint64_t n = h5::type_size(type);
-    for (uint64_t d : shape) n *= d;
-    if (n > 0) ds.write(bytes, type);
-    record(ds.id(), name, shape, content_hash(bytes, n));
-  }
-  void write_text(const std::string& name, const std::string& text) {
-    h5::Id ds = write_string(root, name, text);
-    record(ds.get(), name, {}, content_hash(text));
-  }
-  void write_tensor(const std::string& name, const Tensor& t) {
-    // Parameters are stored fp32 whatever the master dtype, so files do not depend on the run.
-    OwnedTensor host = to(t, Device::CPU, DType::F32);
-    write(name, h5::Type::F32, std::vector<uint64_t>(t.shape.begin(), t.shape.begin() + t.ndim), host->ptr);
-  }
-  void record(hid_t ds, const std::string& name, const std::vector<uint64_t>& shape, uint64_t h) {
-    set_hash_attr(ds, "hash", h);
-    dims[name] = shape;
-    hashes[name] = h;
-  }
-};
-
-void write_contents(const h5::File& f, const ParamStore& params, const CheckpointData& data) {
-  HashedWriter w{f.id(), {}, {}};
-  w.write_text("config", data.config.dump(2));
-  for (int i = 0; i < params.count(); ++i) w.write_tensor("params/" + params.spec(i).name, params.master(i));
-  for (int i = 0; i < params.buffer_count(); ++i)
-    w.write_tensor("buffers/" + params.buffer_spec(i).name, params.buffer(i));
-  if (params.has_optimizer()) {
-    for (int i = 0; i < params.count(); ++i) {
-      w.write_tensor("optim/m/" + params.spec(i).name, params.m(i));
-      w.write_tensor("optim/v/" + params.spec(i).name, params.v(i));
-    }
-  }
-  h5::Id st(LINAC_H5_CHECK(H5Gcreate2(f.id(), "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
-  const TrainState& s = data.state;
-  const std::vector<int64_t> attrs = {kFormatVersion, s.step, s.updates, s.tokens_seen, s.world_size,
-                                      static_cast<int64_t>(s.seed)};
-  for (size_t i = 0; i < attrs.size(); ++i) h5::set_attr(st.get(), kStateAttrs[i], attrs[i]);
-  if (!s.loader.empty()) {
-    const size_t k = s.loader[0].size();
-    std::vector<int64_t> flat;
-    for (const auto& r : s.loader) {
-      LINAC_CHECK(r.size() == k, "checkpoint: loader states of different sizes");
-      flat.insert(flat.end(), r.begin(), r.end());
-    }
-    w.write("state/loader", h5::Type::I64, {s.loader.size(), k}, flat.data());
-  }
-  if (!data.tokenizer.empty()) w.write("tokenizer", h5::Type::U8, {data.tokenizer.size()}, data.tokenizer.data());
-  set_hash_attr(f.id(), "content_hash", manifest_hash(attrs, w.dims, w.hashes));
-}
-
-herr_t collect_dataset(hid_t, const char* name, const H5O_info_t* info, void* out) {
-  if (info->type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(out)->push_back(name);
-  return 0;
-}
+// Datasets of a single file that are not tensors.
+bool is_metadata(const std::string& name) { return name == "config" || name == "tokenizer" || name == "state/loader"; }
 
 }  // namespace
 
-void save_checkpoint(const std::string& path, const ParamStore& params, const CheckpointData& data) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const fs::path parent = fs::path(path).parent_path();
-  const std::string dir = parent.empty() ? "." : parent.string();  // a bare file name: the working directory
+CheckpointReader::CheckpointReader(const std::string& path, bool verify_tensors) : path_(path) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw UserError("cannot write checkpoint " + path + ": cannot create " + dir + ": " + ec.message());
-  const auto failed = [&](const std::string& why) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return UserError("cannot write checkpoint " + path + ": " + why);
-  };
-  try {
-    h5::File f = h5::File::create(tmp, true);
-    write_contents(f, params, data);
-    f.close();
-  } catch (const h5::Failure& e) {
-    throw failed(e.reason());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
+  sharded_ = fs::is_directory(path, ec);
+  if (sharded_) {
+    open_sharded();
+  } else {
+    files_.push_back(CheckpointFile::open(path, true));
+    data_ = files_[0].data;
+    for (const auto& [name, entry] : files_[0].datasets)
+      if (!is_metadata(name))
+        tensors_[name] = TensorEntry{entry.dims, {Piece{0, 0, static_cast<int64_t>(numel_of(entry.dims))}}};
   }
-  if (const int err = fsync_path(tmp, false)) throw failed(std::string("fsync: ") + std::strerror(err));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw failed(std::string("rename: ") + std::strerror(errno));
-  if (const int err = fsync_path(dir, true))
-    throw UserError("checkpoint " + path + " written, but syncing its directory failed: " + std::strerror(err));
+  if (verify_tensors) this->verify_tensors(0, 1);
 }
 
-CheckpointReader::CheckpointReader(const std::string& path) : path_(path) {
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) throw UserError("checkpoint '" + path + "' is a directory, not a file");
-  if (!fs::exists(path, ec)) throw UserError("checkpoint '" + path + "' does not exist");
-  if (!h5::is_hdf5(path)) throw UserError(path + ": not an HDF5 checkpoint (unreadable, or its header is damaged)");
-  const auto bad = [&](const std::string& why) { return UserError(path + ": " + why); };
-  const uint64_t file_bytes = fs::file_size(path, ec);
+// manifest.json vouches for the files (their content hashes) and says where each tensor's pieces are.
+void CheckpointReader::open_sharded() {
+  const fs::path dir(path_);
+  const auto bad = [&](const std::string& why) { return UserError(path_ + ": " + why); };
+  std::ifstream f(dir / "manifest.json");
+  if (!f) throw bad("no manifest.json (an incomplete sharded checkpoint)");
+  json m;
   try {
-    file_ = std::make_unique<h5::File>(h5::File::open(path, false));
-    const hid_t root = file_->id();
-    if (!h5::exists(root, "state") || !h5::exists(root, "config") || !h5::exists(root, "params"))
-      throw bad("not a linac checkpoint (needs /config, /params and /state)");
-    h5::Id st(LINAC_H5_CHECK(H5Gopen2(root, "state", H5P_DEFAULT)), H5Gclose);
-    std::vector<int64_t> attrs;
-    for (const char* a : kStateAttrs) {
-      if (!h5::has_attr(st.get(), a)) throw bad(std::string("/state has no attribute '") + a + "'");
-      attrs.push_back(h5::attr_int(st.get(), a));
+    m = json::parse(f);
+    const std::string claimed = m.at("hash").get<std::string>();
+    json rest = m;
+    rest.erase("hash");
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(content_hash(rest.dump())));
+    if (claimed != hex) throw bad("checksum mismatch in manifest.json (the file is corrupted)");
+    if (m.at("format").get<std::string>() != "linac sharded checkpoint" || m.at("version").get<int>() != 1)
+      throw bad("manifest.json is not a version 1 linac sharded checkpoint manifest");
+    const json& shards = m.at("shards");
+    if (!shards.is_array() || shards.empty()) throw bad("manifest.json lists no shard files");
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string name = shards[i].at("file").get<std::string>();
+      if (name.find('/') != std::string::npos) throw bad("manifest.json names a shard outside the directory: " + name);
+      CheckpointFile cf = CheckpointFile::open((dir / name).string(), i == 0);
+      char h[17];
+      std::snprintf(h, sizeof h, "%016llx", static_cast<unsigned long long>(cf.file_hash));
+      if (shards[i].at("content_hash").get<std::string>() != h)
+        throw bad(name + " is not the file manifest.json lists (content hash differs: replaced or corrupted)");
+      if (cf.data.state.step != m.at("step").get<int64_t>())
+        throw bad(name + " holds step " + std::to_string(cf.data.state.step) + ", the manifest step " +
+                  std::to_string(m.at("step").get<int64_t>()));
+      files_.push_back(std::move(cf));
     }
-    if (attrs[0] != kFormatVersion)
-      throw bad("checkpoint format_version " + std::to_string(attrs[0]) + ", this linac reads " +
-                std::to_string(kFormatVersion));
-    if (!h5::has_attr(root, "content_hash")) throw bad("no content_hash attribute (incomplete checkpoint)");
-
-    // The manifest first: it vouches for every dataset's shape and hash attribute.
-    std::vector<std::string> names;
-    LINAC_H5_CHECK(H5Ovisit2(root, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names, H5O_INFO_BASIC));
-    std::map<std::string, std::vector<uint64_t>> dims;
-    std::map<std::string, uint64_t> hashes;
-    for (const std::string& name : names) {
-      if (name == "config") {
-        h5::Id ds(LINAC_H5_CHECK(H5Dopen2(root, "config", H5P_DEFAULT)), H5Dclose);
-        if (!h5::has_attr(ds.get(), "hash")) throw bad("/config has no hash attribute");
-        dims[name] = {};
-        hashes[name] = hash_attr(ds.get(), "hash");
-        continue;
+    data_ = files_[0].data;
+    for (const auto& [name, t] : m.at("tensors").items()) {
+      TensorEntry e;
+      e.dims = t.at("shape").get<std::vector<uint64_t>>();
+      int64_t next = 0;
+      for (const json& p : t.at("pieces")) {
+        const Piece piece{p.at(0).get<size_t>(), p.at(1).get<int64_t>(), p.at(2).get<int64_t>()};
+        if (piece.file >= files_.size() || piece.start != next || piece.count <= 0)
+          throw bad("manifest.json: the pieces of " + name + " do not tile it");
+        const auto it = files_[piece.file].datasets.find(name);
+        if (it == files_[piece.file].datasets.end() ||
+            it->second.dims != std::vector<uint64_t>{static_cast<uint64_t>(piece.count)})
+          throw bad(files_[piece.file].path + " lacks the piece of " + name + " the manifest lists");
+        next += piece.count;
+        e.pieces.push_back(piece);
       }
-      const h5::Dataset ds = h5::Dataset::open(root, name);
-      if (!h5::has_attr(ds.id(), "hash")) throw bad("/" + name + " has no hash attribute");
-      dims[name] = ds.dims();
-      hashes[name] = hash_attr(ds.id(), "hash");
+      if (static_cast<uint64_t>(next) != numel_of(e.dims)) throw bad("manifest.json: the pieces of " + name + " do not tile it");
+      tensors_[name] = std::move(e);
     }
-    if (manifest_hash(attrs, dims, hashes) != hash_attr(root, "content_hash"))
-      throw bad("checksum mismatch in the list of contents or /state (the file is corrupted)");
-    for (const auto& [name, h] : hashes) datasets_[name] = Entry{dims[name], h};
-
-    // Then every dataset's bytes.
-    for (const auto& [name, entry] : datasets_) {
-      if (name == "config") {
-        const std::string text = read_string(root, "config");
-        if (content_hash(text) != entry.hash) throw bad("checksum mismatch in /config (the file is corrupted)");
-        try {
-          data_.config = json::parse(text);
-        } catch (const json::exception& e) {
-          throw bad(std::string("/config is not valid JSON: ") + e.what());
-        }
-        continue;
-      }
-      const h5::Dataset ds = h5::Dataset::open(root, name);
-      uint64_t n = h5::type_size(ds.type());
-      for (uint64_t d : entry.dims) n = d != 0 && n > file_bytes / d ? file_bytes + 1 : n * d;
-      if (n > file_bytes) throw bad("/" + name + " claims more bytes than the file holds (the file is corrupted)");
-      std::vector<unsigned char> bytes(n);
-      ds.read_all(bytes.data(), ds.type());
-      if (content_hash(bytes.data(), n) != entry.hash)
-        throw bad("checksum mismatch in /" + name + " (the file is corrupted)");
-      if (name == "tokenizer") {
-        if (ds.type() != h5::Type::U8) throw bad("/tokenizer is not uint8");
-        data_.tokenizer.assign(bytes.begin(), bytes.end());
-      } else if (name == "state/loader") {
-        if (ds.type() != h5::Type::I64 || entry.dims.size() != 2) throw bad("/state/loader is not a 2-D int64 array");
-        const auto* v = reinterpret_cast<const int64_t*>(bytes.data());
-        for (uint64_t r = 0; r < entry.dims[0]; ++r)
-          data_.state.loader.emplace_back(v + r * entry.dims[1], v + (r + 1) * entry.dims[1]);
-      }
-    }
-    if (!datasets_.count("config")) throw bad("not a linac checkpoint (needs /config)");
-    TrainState& s = data_.state;
-    s.step = attrs[1];
-    s.updates = attrs[2];
-    s.tokens_seen = attrs[3];
-    s.world_size = attrs[4];
-    s.seed = static_cast<uint64_t>(attrs[5]);
   } catch (const UserError&) {
     throw;
-  } catch (const h5::Failure& e) {
-    throw bad("unreadable checkpoint (truncated or corrupted): " + e.reason());
   } catch (const std::exception& e) {
-    throw bad(std::string("unreadable checkpoint (truncated or corrupted): ") + e.what());
+    throw bad(std::string("manifest.json is not a valid manifest: ") + e.what());
   }
 }
 
@@ -275,43 +115,75 @@ CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
 CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
 
 bool CheckpointReader::has_optimizer() const {
-  const auto it = datasets_.lower_bound("optim/");
-  return it != datasets_.end() && it->first.rfind("optim/", 0) == 0;
+  const auto it = tensors_.lower_bound("optim/");
+  return it != tensors_.end() && it->first.rfind("optim/", 0) == 0;
+}
+
+std::vector<std::string> CheckpointReader::tensor_names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : tensors_) out.push_back(name);
+  return out;
+}
+
+std::vector<float> CheckpointReader::read_piece(const std::string& name, const Piece& p) const {
+  return files_[p.file].read_verified(name);
+}
+
+std::vector<float> CheckpointReader::read_tensor(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw UserError(path_ + ": checkpoint has no '" + name + "'");
+  std::vector<float> out;
+  out.reserve(numel_of(it->second.dims));
+  for (const Piece& p : it->second.pieces) {
+    const std::vector<float> v = read_piece(name, p);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+void CheckpointReader::verify_tensors(int part, int parts) const {
+  size_t i = 0;
+  for (const auto& [name, e] : tensors_)
+    for (const Piece& p : e.pieces)
+      if (i++ % static_cast<size_t>(parts) == static_cast<size_t>(part)) read_piece(name, p);
 }
 
 void CheckpointReader::load_params(ParamStore& params, bool with_optimizer) const {
-  // Reads dataset `name` (of shape `dims`) as f32 on the host, verified against its hash.
-  const auto read = [&](const std::string& name, const std::vector<int64_t>& dims) {
-    const auto it = datasets_.find(name);
-    if (it == datasets_.end()) throw UserError(path_ + ": checkpoint has no '" + name + "'");
+  // Loads tensor `name` (of shape `dims`) into flat elements from `offset` of `part`: only the
+  // pieces overlapping what this rank holds are read.
+  const auto load = [&](const std::string& name, const std::vector<int64_t>& dims, int64_t offset, ParamPart part,
+                        const std::function<void(const std::vector<float>&)>& whole) {
+    const auto it = tensors_.find(name);
+    if (it == tensors_.end()) throw UserError(path_ + ": checkpoint has no '" + name + "'");
     const std::vector<uint64_t> want(dims.begin(), dims.end());
     if (it->second.dims != want)
       throw UserError(path_ + ": '" + name + "' has shape " + shape_str(it->second.dims) + " but the model expects " +
                       shape_str(want) + " (the checkpoint was made for a different model config)");
-    OwnedTensor host(DType::F32, Device::CPU, dims);
-    try {
-      const h5::Dataset ds = h5::Dataset::open(file_->id(), name);
-      if (ds.type() != h5::Type::F32) throw UserError(path_ + ": '" + name + "' is not float32");
-      ds.read_all(host->ptr, h5::Type::F32);
-    } catch (const h5::Failure& e) {
-      throw UserError(path_ + ": cannot read '" + name + "': " + e.reason());
+    if (whole) {
+      whole(read_tensor(name));
+      return;
     }
-    if (content_hash(host->ptr, host->nbytes()) != it->second.hash)
-      throw UserError(path_ + ": checksum mismatch in /" + name + " (the file changed or is corrupted)");
-    return host;
+    const auto held = params.held(part);
+    for (const Piece& p : it->second.pieces) {
+      const int64_t lo = offset + p.start, hi = lo + p.count;
+      if (std::none_of(held.begin(), held.end(), [&](const auto& r) { return r.first < hi && lo < r.second; })) continue;
+      std::vector<float> v = read_piece(name, p);
+      params.write_range(part, lo, hi, Tensor(v.data(), DType::F32, Device::CPU, {p.count}));
+    }
   };
-  // Each rank keeps the part it holds (all of it, or under ZeRO-1 its shard).
   for (int i = 0; i < params.count(); ++i)
-    params.load(ParamPart::Master, i, read("params/" + params.spec(i).name, params.spec(i).shape));
+    load("params/" + params.spec(i).name, params.spec(i).shape, params.offset(i), ParamPart::Master, nullptr);
   for (int i = 0; i < params.buffer_count(); ++i) {
     const Tensor b = params.buffer(i);
-    copy_tensor(b, to(read("buffers/" + params.buffer_spec(i).name, b.dims()), b.device, b.dtype));
+    load("buffers/" + params.buffer_spec(i).name, b.dims(), 0, ParamPart::Master, [&](const std::vector<float>& v) {
+      copy_tensor(b, to(Tensor(const_cast<float*>(v.data()), DType::F32, Device::CPU, b.dims()), b.device, b.dtype));
+    });
   }
   if (with_optimizer && params.has_optimizer()) {
     if (!has_optimizer()) throw UserError(path_ + ": checkpoint holds no optimizer state to resume from");
     for (int i = 0; i < params.count(); ++i) {
-      params.load(ParamPart::M, i, read("optim/m/" + params.spec(i).name, params.spec(i).shape));
-      params.load(ParamPart::V, i, read("optim/v/" + params.spec(i).name, params.spec(i).shape));
+      load("optim/m/" + params.spec(i).name, params.spec(i).shape, params.offset(i), ParamPart::M, nullptr);
+      load("optim/v/" + params.spec(i).name, params.spec(i).shape, params.offset(i), ParamPart::V, nullptr);
     }
   }
 }
@@ -322,31 +194,56 @@ std::string checkpoint_path(const std::string& out_dir, int64_t step) {
   return (fs::path(out_dir) / "ckpt" / name).string();
 }
 
+std::string sharded_checkpoint_path(const std::string& out_dir, int64_t step) {
+  char name[64];
+  std::snprintf(name, sizeof name, "step_%06lld", static_cast<long long>(step));
+  return (fs::path(out_dir) / "ckpt" / name).string();
+}
+
 namespace {
 
-// step_*.h5 files of <out_dir>/ckpt, newest first.
-std::vector<fs::path> step_files(const fs::path& dir) {
-  std::vector<fs::path> out;
+// The step of a checkpoint's name (step_NNNNNN.h5 or the directory step_NNNNNN), or -1.
+int64_t step_of(const std::string& name) {
+  std::string digits = name.rfind("step_", 0) == 0 ? name.substr(5) : "";
+  if (digits.size() > 3 && digits.ends_with(".h5")) digits.resize(digits.size() - 3);
+  if (digits.empty() || digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+// The checkpoints of <out_dir>/ckpt (files and directories), newest first.
+std::vector<fs::path> checkpoints_in(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
+  if (!fs::is_directory(dir, ec)) return {};
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (n.rfind("step_", 0) == 0 && e.path().extension() == ".h5") out.push_back(e.path());
+    const bool file = n.ends_with(".h5");
+    if (const int64_t s = step_of(n); s >= 0 && (file ? e.is_regular_file(ec) : e.is_directory(ec)))
+      found.emplace_back(s, e.path());
   }
-  std::sort(out.rbegin(), out.rend());
+  std::sort(found.rbegin(), found.rend());
+  std::vector<fs::path> out;
+  for (auto& [s, p] : found) out.push_back(std::move(p));
   return out;
 }
 
 }  // namespace
 
+bool is_checkpoint_path(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return fs::exists(fs::path(path) / "manifest.json", ec);
+  return fs::path(path).extension() == ".h5" || h5::is_hdf5(path);
+}
+
 bool has_checkpoints(const std::string& out_dir) {
   const fs::path dir = fs::path(out_dir) / "ckpt";
   std::error_code ec;
-  return fs::exists(dir / "latest", ec) || !step_files(dir).empty();
+  return fs::exists(dir / "latest", ec) || !checkpoints_in(dir).empty();
 }
 
 std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& out_dir,
-                                                           const std::function<void(const std::string&)>& warn) {
+                                                           const std::function<void(const std::string&)>& warn,
+                                                           const CheckpointOpener& open) {
   const fs::path dir = fs::path(out_dir) / "ckpt";
   const fs::path latest = dir / "latest";
   std::vector<fs::path> candidates;
@@ -355,12 +252,12 @@ std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& ou
     std::ifstream f(latest);
     std::string name;
     std::getline(f, name);
-    if (!name.empty() && fs::is_regular_file(dir / name, ec))
+    if (step_of(name) >= 0 && fs::exists(dir / name, ec))
       candidates.push_back(dir / name);
     else
       warn(latest.string() + " names '" + name + "', which does not exist; looking for the newest intact checkpoint");
   }
-  for (const fs::path& p : step_files(dir))
+  for (const fs::path& p : checkpoints_in(dir))
     if (candidates.empty() || p != candidates.front()) candidates.push_back(p);
   if (candidates.empty()) {
     if (fs::exists(latest, ec))
@@ -370,7 +267,7 @@ std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& ou
   std::string tried;
   for (const fs::path& p : candidates) {
     try {
-      return std::make_unique<CheckpointReader>(p.string());
+      return open ? open(p.string()) : std::make_unique<CheckpointReader>(p.string());
     } catch (const UserError& e) {
       warn(std::string("skipping checkpoint ") + e.what());
       tried += (tried.empty() ? "" : "; ") + std::string(e.what());
@@ -394,12 +291,12 @@ void publish_checkpoint(const std::string& out_dir, const std::string& path, int
     f.flush();
     if (!f) throw failed(std::strerror(errno));
   }
-  if (const int err = fsync_path(tmp.string(), false)) throw failed(std::strerror(err));
+  if (const int err = sync_path(tmp.string(), false)) throw failed(std::strerror(err));
   if (::rename(tmp.c_str(), (dir / "latest").c_str()) != 0) throw failed(std::strerror(errno));
-  fsync_path(dir.string(), true);
-  const std::vector<fs::path> ckpts = step_files(dir);  // newest first
+  sync_path(dir.string(), true);
+  const std::vector<fs::path> ckpts = checkpoints_in(dir);  // newest first
   std::error_code ec;
-  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep_last, 0)); i < ckpts.size(); ++i) fs::remove(ckpts[i], ec);
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep_last, 0)); i < ckpts.size(); ++i) fs::remove_all(ckpts[i], ec);
 }
 
 }  // namespace linac

@@ -1,18 +1,26 @@
-// Checkpoints (HDF5). Layout, all parameters fp32 in PyTorch's [out, in] convention:
+// Checkpoints (HDF5), in one of two layouts that CheckpointReader reads alike:
+//
+// Single file, <out_dir>/ckpt/step_000123.h5 (a run of one process, linac import):
 //   /config                 JSON of the resolved run config (variable-length string)
-//   /params/<name>          master weights, shapes as in docs/training.md "Parameter names"
+//   /params/<name>          master weights, fp32, shapes as in docs/training.md "Parameter names"
+//   /buffers/<name>         non-gradient model state (Transformer-VQ's codebook statistics)
 //   /optim/m/<name>, /optim/v/<name>   AdamW moments (absent in weights-only files)
 //   /state                  attributes: step, updates, tokens_seen, world_size, seed,
 //                           format_version; dataset /state/loader [world_size, k] int64
 //   /tokenizer              uint8 SentencePiece model bytes (when the run had one)
-// Integrity: every dataset carries an int64 attribute `hash` (content_hash of its stored bytes;
-// of the UTF-8 text for /config), and the root carries `content_hash`, the hash of a manifest
-// listing the /state attributes and every dataset's path, shape and hash. CheckpointReader, the
-// only way to read a checkpoint, verifies all of it before handing anything out, so a damaged,
-// truncated or incomplete file is a UserError naming the file and the reason.
-// save() writes `<path>.tmp-<pid>`, fsyncs it and renames it over `path`, then fsyncs the
-// directory: a crash at any point leaves either the old file or the complete new one. A failed
-// write (disk full, ...) removes the temp file and is a UserError naming the file and the cause.
+//
+// Sharded, the directory <out_dir>/ckpt/step_000123/ (a run of several ranks): rank r wrote
+// rank_0000r.h5 in parallel with the others, holding its piece of the flat parameter layout: under
+// ZeRO the shard it owns, otherwise an equal split (rank 0 also the replicated group, /config,
+// /state/loader, /buffers and /tokenizer). A piece of a tensor is a 1-D dataset under the tensor's
+// name holding its flattened elements [start, start + count). manifest.json, written last, lists
+// the files with their content hashes and, for every tensor, its shape and pieces (file, start,
+// count) in order; its own "hash" covers the rest of it. The directory is renamed into place after
+// the manifest is synced, so a checkpoint directory is complete or absent.
+//
+// Integrity (train/checkpoint_file.h): every dataset carries its content hash and every file a
+// hash over all of them; CheckpointReader verifies all of it, so a damaged, truncated or
+// incomplete checkpoint is a UserError naming the file and the reason.
 #pragma once
 
 #include <cstdint>
@@ -27,9 +35,7 @@
 
 namespace linac {
 
-namespace h5 {
-class File;
-}
+struct CheckpointFile;
 
 struct TrainState {
   int64_t step = 0;         // optimizer steps taken (the next step's index)
@@ -46,51 +52,72 @@ struct CheckpointData {
   std::string tokenizer;  // model bytes, may be empty
 };
 
-void save_checkpoint(const std::string& path, const ParamStore& params, const CheckpointData& data);
-
-// An open checkpoint whose every dataset and /state attribute matched its checksums when it
-// was opened; load_params verifies each tensor again as it reads it.
+// An open checkpoint, a single file or a sharded directory, whose structure (every file's list of
+// contents and /state, the manifest) and small datasets verified when it was opened.
 class CheckpointReader {
  public:
-  // Throws a UserError naming `path` when it is missing, not HDF5, truncated, incomplete or
-  // fails verification.
-  explicit CheckpointReader(const std::string& path);
+  // Throws a UserError naming `path` when it is missing, not a checkpoint, truncated, incomplete
+  // or fails verification. `verify_tensors`: also read every tensor and check its hash (a
+  // multi-rank resume instead splits that work over the ranks: verify_tensors(part, parts)).
+  explicit CheckpointReader(const std::string& path, bool verify_tensors = true);
   ~CheckpointReader();
   CheckpointReader(CheckpointReader&&) noexcept;
   CheckpointReader& operator=(CheckpointReader&&) noexcept;
 
   const std::string& path() const { return path_; }
   const CheckpointData& data() const { return data_; }
+  bool sharded() const { return sharded_; }
   bool has_optimizer() const;
+  // Tensor names ("params/<name>", "optim/m/<name>", "buffers/<name>", ...), sorted.
+  std::vector<std::string> tensor_names() const;
+  // A whole tensor's values (assembled from its pieces), verified against the hashes.
+  std::vector<float> read_tensor(const std::string& name) const;
+  // Checks the bytes of every `parts`-th tensor piece starting at `part` (UserError on a mismatch).
+  void verify_tensors(int part, int parts) const;
 
   // Loads parameters (and the optimizer moments when `with_optimizer` and the store has them)
-  // into `params`, refusing with a UserError when a name or shape differs from the model's. A
-  // ZeRO-1-sharded store keeps the part it holds (files do not depend on the world size); the
-  // compute copy is the caller's (ParamStore::refresh_compute, TrainStep::sync_weights).
+  // into `params`, refusing with a UserError when a name or shape differs from the model's. Each
+  // rank reads only the pieces overlapping what it holds (all of it, or under ZeRO its shard), so
+  // a checkpoint resumes at any world size. The compute copy is the caller's
+  // (ParamStore::refresh_compute, TrainStep::sync_weights).
   void load_params(ParamStore& params, bool with_optimizer) const;
 
  private:
-  struct Entry {
-    std::vector<uint64_t> dims;
-    uint64_t hash = 0;
+  struct Piece {
+    size_t file;
+    int64_t start, count;
   };
+  struct TensorEntry {
+    std::vector<uint64_t> dims;
+    std::vector<Piece> pieces;  // in order, covering [0, numel)
+  };
+  void open_sharded();
+  std::vector<float> read_piece(const std::string& name, const Piece& p) const;
   std::string path_;
-  std::unique_ptr<h5::File> file_;
+  bool sharded_ = false;
+  std::vector<CheckpointFile> files_;
   CheckpointData data_;
-  std::map<std::string, Entry> datasets_;  // verified manifest: path -> shape and hash
+  std::map<std::string, TensorEntry> tensors_;
 };
 
-// Files of a run directory: <out_dir>/ckpt/step_000123.h5 and <out_dir>/ckpt/latest.
+// Paths in a run directory: <out_dir>/ckpt/step_000123.h5 (single file), <out_dir>/ckpt/step_000123
+// (sharded) and <out_dir>/ckpt/latest, which names the newest published one.
 std::string checkpoint_path(const std::string& out_dir, int64_t step);
-// True when <out_dir>/ckpt holds a `latest` file or any step_*.h5 checkpoint.
+std::string sharded_checkpoint_path(const std::string& out_dir, int64_t step);
+// True when `path` looks like a checkpoint: an HDF5 or .h5 file, or a directory with a manifest.json.
+bool is_checkpoint_path(const std::string& path);
+// True when <out_dir>/ckpt holds a `latest` file or any checkpoint.
 bool has_checkpoints(const std::string& out_dir);
-// The newest checkpoint of out_dir that verifies: the file ckpt/latest names when it verifies,
-// else the step_*.h5 files newest first. Each one skipped is passed to `warn` with the reason.
-// Returns null when out_dir holds no checkpoint at all; throws a UserError listing what was
-// tried when it holds some but none verifies.
+// Opens one candidate checkpoint (throws a UserError when it does not verify).
+using CheckpointOpener = std::function<std::unique_ptr<CheckpointReader>(const std::string& path)>;
+// The newest checkpoint of out_dir that verifies: the one ckpt/latest names when it verifies,
+// else the others newest first. Each one skipped is passed to `warn` with the reason. Returns
+// null when out_dir holds no checkpoint at all; throws a UserError listing what was tried when it
+// holds some but none verifies. `open` defaults to a fully verifying CheckpointReader.
 std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& out_dir,
-                                                           const std::function<void(const std::string&)>& warn);
-// Points ckpt/latest at `path` (atomically) and deletes all but the newest `keep_last`.
+                                                           const std::function<void(const std::string&)>& warn,
+                                                           const CheckpointOpener& open = nullptr);
+// Points ckpt/latest at `path` (atomically) and deletes all but the newest `keep_last` checkpoints.
 void publish_checkpoint(const std::string& out_dir, const std::string& path, int64_t keep_last);
 
 }  // namespace linac

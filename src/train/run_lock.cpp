@@ -86,10 +86,17 @@ std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir) {
   for (const auto& e : fs::directory_iterator(ckpt, ec)) {
     const std::string name = e.path().filename().string();
     if (name.find(".tmp-") == std::string::npos) continue;
+    // A file, or the directory of a sharded checkpoint whose ranks were killed while writing it.
+    uint64_t bytes = 0;
     std::error_code size_ec;
-    const uintmax_t bytes = e.is_regular_file(size_ec) ? fs::file_size(e.path(), size_ec) : 0;
+    if (e.is_directory(size_ec)) {
+      for (const auto& f : fs::recursive_directory_iterator(e.path(), size_ec))
+        if (f.is_regular_file(size_ec)) bytes += fs::file_size(f.path(), size_ec);
+    } else if (e.is_regular_file(size_ec)) {
+      bytes = fs::file_size(e.path(), size_ec);
+    }
     std::error_code rm_ec;
-    if (fs::remove(e.path(), rm_ec)) removed.push_back({e.path().string(), size_ec ? 0 : static_cast<uint64_t>(bytes)});
+    if (fs::remove_all(e.path(), rm_ec) > 0) removed.push_back({e.path().string(), size_ec ? 0 : bytes});
   }
   return removed;
 }

@@ -4,8 +4,8 @@
 // stays and records the holder (pid and host) for the refusal message of a second run.
 //
 // Once the lock is held nothing else writes into the directory, so temp files left there by a
-// killed writer (ckpt/*.tmp-PID from an interrupted checkpoint or `latest` update) are stale:
-// remove_stale_temp_files deletes them.
+// killed writer (ckpt/*.tmp-PID: files of an interrupted checkpoint or `latest` update, directories
+// of an interrupted sharded checkpoint) are stale: remove_stale_temp_files deletes them.
 #pragma once
 
 #include <cstdint>
@@ -39,7 +39,7 @@ struct StaleFile {
   uint64_t bytes = 0;
 };
 
-// Deletes <out_dir>/ckpt/*.tmp-* (left by writers killed mid-write) and returns what it
+// Deletes <out_dir>/ckpt/*.tmp-* (files and directories left by writers killed mid-write) and returns what it
 // removed. Only call while holding the directory's RunLock.
 std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir);
 

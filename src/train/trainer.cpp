@@ -17,10 +17,10 @@
 #include "core/duration_text.h"
 #include "comm/comm.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/finite_check.h"
 #include "train/metrics_log.h"
 #include "train/run_lock.h"
-#include "train/zero_gather.h"
 
 namespace fs = std::filesystem;
 
@@ -116,6 +116,10 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
     restore(*ckpt);
   else
     init_fresh();
+  writer_ = std::make_unique<CheckpointWriter>(
+      model_->params(), *comm_,
+      CheckpointWriter::Options{.out_dir = tc_.out_dir, .keep_last = tc_.keep_last, .async = tc_.checkpoint_async},
+      [this](const std::string& line) { log_->info("{}", line); });
   validation_ = std::make_unique<Validation>(data_, tc_, B_, T_, rank_, world_);
   metrics_ = std::make_unique<MetricsLog>(tc_.out_dir, root_, [this](const std::string& w) { log_->warn("{}", w); });
 }
@@ -133,14 +137,18 @@ void Trainer::run() {
       log_->info("step {} | {}", step_, validation_->run(*model_, *comm_, rec));
     }
     metrics_->write(rec);
-    // Every rank stops at the same step when any of them was signalled.
+    // Every rank stops at the same step when any of them was signalled; a checkpoint still being
+    // written is finished first.
     if (const int64_t sig = comm_->max(g_stop_signal.load())) {
       log_->info("signal {} received: checkpointing at step {} and stopping", sig, step_);
       save();
+      writer_->wait();
       return;
     }
     if (step_ == tc_.steps || due(tc_.checkpoint_every)) save();
+    writer_->poll();
   }
+  writer_->wait();
   log_->info("done: {} steps, outputs in {}", step_, tc_.out_dir);
 }
 
@@ -178,9 +186,10 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
 
   std::unique_ptr<CheckpointReader> ckpt;
   if (resume == "auto") {
-    ckpt = newest_intact_checkpoint(tc_.out_dir, [&](const std::string& w) { notes.push_back({true, w}); });
+    ckpt = newest_intact_checkpoint(tc_.out_dir, [&](const std::string& w) { notes.push_back({true, w}); },
+                                    [&](const std::string& path) { return open_checkpoint(path); });
   } else if (!resume.empty()) {
-    ckpt = std::make_unique<CheckpointReader>(resume);
+    ckpt = open_checkpoint(resume);
   } else if (has_checkpoints(tc_.out_dir)) {
     throw UserError("train.out_dir '" + tc_.out_dir +
                     "' already holds checkpoints: pass --resume auto to continue that run, or choose another out_dir");
@@ -194,6 +203,23 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
   }
   open_log(notes);
   return ckpt;
+}
+
+// Every rank opens the checkpoint; the ranks share the reading of its tensors to verify them and
+// agree on the outcome, so all of them resume from the same one or all skip it.
+std::unique_ptr<CheckpointReader> Trainer::open_checkpoint(const std::string& path) {
+  std::unique_ptr<CheckpointReader> reader;
+  std::string error;
+  try {
+    reader = std::make_unique<CheckpointReader>(path, world_ == 1);
+    if (world_ > 1) reader->verify_tensors(rank_, world_);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  const int64_t failed = world_ > 1 ? comm_->max(error.empty() ? 0 : rank_ + 1) : (error.empty() ? 0 : 1);
+  if (failed == 0) return reader;
+  if (!error.empty()) throw UserError(error);
+  throw UserError(path + ": rank " + std::to_string(failed - 1) + " found it damaged (see its warnings)");
 }
 
 void Trainer::open_log(const std::vector<Note>& notes) {
@@ -255,8 +281,8 @@ void Trainer::init_fresh() {
 void Trainer::init_from_checkpoint() {
   const std::string where = cfg_.source + ": train.init_from: ";
   std::error_code ec;
-  if (!fs::is_regular_file(tc_.init_from, ec))
-    throw UserError(where + "'" + tc_.init_from + "' is not a checkpoint file");
+  if (!fs::exists(tc_.init_from, ec) || !is_checkpoint_path(tc_.init_from))
+    throw UserError(where + "'" + tc_.init_from + "' is not a checkpoint (a .h5 file or a sharded checkpoint directory)");
   const CheckpointReader ckpt(tc_.init_from);
   const json theirs = ckpt.data().config.value("model", json::object()), ours = cfg_.to_json()["model"];
   const std::string data_tok = data_.tokenizer_bytes(), ckpt_tok = ckpt.data().tokenizer;
@@ -282,6 +308,7 @@ void Trainer::init_from_checkpoint() {
 }
 
 void Trainer::restore(const CheckpointReader& ckpt) {
+  const auto t0 = std::chrono::steady_clock::now();
   ckpt.load_params(model_->params(), true);
   if (const NonFiniteReport bad = find_nonfinite(ctx_, model_->params(), comm_.get()); !bad.ok())
     throw UserError(ckpt.path() + ": holds " + std::to_string(bad.count) +
@@ -292,7 +319,8 @@ void Trainer::restore(const CheckpointReader& ckpt) {
   tokens_seen_ = st.tokens_seen;
   stepper_->set_updates(st.updates);
   batches_->set_state(resume_loader_state(ckpt));
-  log_->info("resumed from {} at step {}{}", ckpt.path(), step_,
+  log_->info("resumed from {} at step {} (loaded in {:.2f} s){}", ckpt.path(), step_,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
              st.world_size != world_
                  ? fmt::format(" (written by {} rank(s), continued on {}: same data order)", st.world_size, world_)
                  : std::string());
@@ -389,19 +417,13 @@ void Trainer::save() {
         throw Error("rank " + std::to_string(r) + "'s parameters differ from rank 0's at step " + std::to_string(step_) +
                     " (data-parallel ranks diverged)");
   }
-  // Under ZeRO rank 0 gathers the shards first: the file holds whole tensors either way.
-  const ParamStore gathered = ps.sharded() ? gather_sharded_state(ps, *comm_) : ParamStore();
-  const std::string path = checkpoint_path(tc_.out_dir, step_);
-  if (root_) {
-    save_checkpoint(path, ps.sharded() ? gathered : ps, d);
-    publish_checkpoint(tc_.out_dir, path, tc_.keep_last);
-    log_->info("checkpoint {}{}", path, world_ > 1 ? " (all ranks hold identical parameters)" : "");
-  }
+  // Each rank writes its piece (under ZeRO the shard it owns) from a host copy, in the background.
+  const std::string path = writer_->start(ps, d);
   last_good_ = path + " (step " + std::to_string(step_) + ")";
-  comm_->barrier();
 }
 
-Diverged Trainer::diverged(const std::string& why) const {
+Diverged Trainer::diverged(const std::string& why) {
+  writer_->wait();  // every rank gets here at the same step: the checkpoint in flight is the last good one
   const std::string msg = "training diverged at step " + why + "; the last checkpoint with finite values is " +
                           last_good_ + " (lower train.lr or raise train.adam_eps, then resume from it)";
   log_->error("{}", msg);

@@ -3,7 +3,9 @@
 //
 // Run directory (train.out_dir, held by rank 0's RunLock for the whole run): config.json (the
 // resolved config), train.log, metrics.jsonl (one JSON object per logged step),
-// ckpt/step_NNNNNN.h5 and ckpt/latest, .lock.
+// ckpt/step_NNNNNN.h5 (one rank) or the directories ckpt/step_NNNNNN/ (several ranks, one file per rank;
+// train/checkpoint.h), ckpt/latest, .lock. Checkpoints are written in the background
+// (train/checkpoint_writer.h).
 #pragma once
 
 #include <chrono>
@@ -27,6 +29,7 @@ class logger;
 namespace linac {
 
 class CheckpointReader;
+class CheckpointWriter;
 class Comm;
 class RunLock;
 class MetricsLog;
@@ -65,6 +68,7 @@ class Trainer {
 
   void open_ranks();
   std::unique_ptr<CheckpointReader> open_run_dir(const std::string& resume);
+  std::unique_ptr<CheckpointReader> open_checkpoint(const std::string& path);
   void open_log(const std::vector<Note>& notes);
   void build_model();
   void init_fresh();
@@ -77,7 +81,7 @@ class Trainer {
   void check_finite();
   void save();
   bool due(int64_t every) const { return every > 0 && (step_ % every == 0 || step_ == tc_.steps); }
-  Diverged diverged(const std::string& why) const;
+  Diverged diverged(const std::string& why);
   double seconds_since_start() const;
 
   const Config& cfg_;
@@ -96,6 +100,7 @@ class Trainer {
   std::unique_ptr<TrainBatches> batches_;
   std::unique_ptr<Validation> validation_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<CheckpointWriter> writer_;
   std::vector<OwnedTensor> tokens_d_, targets_d_;
   std::vector<MicroBatch> micro_;
   std::vector<DocBoundsBuffer> docs_;  // one per micro-batch (data.packing "document")

@@ -12,6 +12,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 
 namespace fs = std::filesystem;
 

@@ -11,6 +11,7 @@
 #include "model/param_store.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train_fixture.h"
 
 namespace linac {

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/run_lock.h"
 #include "train/trainer.h"
 #include "train_fixture.h"

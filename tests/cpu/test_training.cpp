@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
 

@@ -42,7 +42,7 @@ TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
         << out;
     EXPECT_NE(out.find("via nccl with ZeRO-1"), std::string::npos) << out;
     for (const char* g : {"params", "optim/m", "optim/v"})
-      EXPECT_EQ(test::read_all_f32(checkpoint_path(zero_dir, 6), g), test::read_all_f32(checkpoint_path(dir + "/plain", 6), g))
+      EXPECT_EQ(test::read_all_f32(test::checkpoint_at(zero_dir, 6), g), test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), g))
           << g;
   }
   const std::string one_micro = " --set train.micro_batch=4 --set train.out_dir=" + dir + "/plain_one";
@@ -57,33 +57,33 @@ TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
         << out;
     EXPECT_NE(out.find("via nccl with ZeRO-2"), std::string::npos) << out;
     for (const char* g : {"params", "optim/m", "optim/v"})
-      EXPECT_EQ(test::read_all_f32(checkpoint_path(zero_dir, 6), g),
-                test::read_all_f32(checkpoint_path(dir + "/plain_one", 6), g))
+      EXPECT_EQ(test::read_all_f32(test::checkpoint_at(zero_dir, 6), g),
+                test::read_all_f32(test::checkpoint_at(dir + "/plain_one", 6), g))
           << g;
   }
   const std::string two_micro = dir + "/zero2_two_micro";
   ASSERT_EQ(test::run_shell(mpirun + " --set train.zero=2 --set train.out_dir=" + two_micro, out), 0) << out;
   for (const char* g : {"params", "optim/m"}) {
-    const auto z = test::read_all_f32(checkpoint_path(two_micro, 6), g);
-    const auto p = test::read_all_f32(checkpoint_path(dir + "/plain", 6), g);
+    const auto z = test::read_all_f32(test::checkpoint_at(two_micro, 6), g);
+    const auto p = test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), g);
     EXPECT_LT(test::rel_error(std::vector<double>(z.begin(), z.end()), std::vector<double>(p.begin(), p.end())), 1e-2)
         << g << ": bf16 tolerance";
   }
   // The ZeRO-1 checkpoint at step 3 continues on one GPU (two micro-batches of 2 per step).
   const std::string moved = dir + "/zero_true";
-  std::filesystem::remove(checkpoint_path(moved, 6));
-  publish_checkpoint(moved, checkpoint_path(moved, 3), 5);
+  std::filesystem::remove_all(test::checkpoint_at(moved, 6));
+  publish_checkpoint(moved, test::checkpoint_at(moved, 3), 5);
   ASSERT_EQ(test::run_linac("train " + cfg + " --set train.out_dir=" + moved + " --resume auto", out), 0) << out;
   EXPECT_NE(out.find("written by 2 rank(s), continued on 1: same data order"), std::string::npos) << out;
   // A loader row per rank that wrote the checkpoint, the same on every rank (it counts global
   // samples): the one-GPU continuation's row is each of the two-GPU run's.
-  const auto moved_rows = CheckpointReader(checkpoint_path(moved, 6)).data().state.loader;
-  const auto plain_rows = CheckpointReader(checkpoint_path(dir + "/plain", 6)).data().state.loader;
+  const auto moved_rows = CheckpointReader(test::checkpoint_at(moved, 6)).data().state.loader;
+  const auto plain_rows = CheckpointReader(test::checkpoint_at(dir + "/plain", 6)).data().state.loader;
   ASSERT_EQ(moved_rows.size(), 1u);
   ASSERT_EQ(plain_rows.size(), 2u);
   for (const auto& row : plain_rows) EXPECT_EQ(moved_rows[0], row);
-  const auto a = test::read_all_f32(checkpoint_path(moved, 6), "params");
-  const auto b = test::read_all_f32(checkpoint_path(dir + "/plain", 6), "params");
+  const auto a = test::read_all_f32(test::checkpoint_at(moved, 6), "params");
+  const auto b = test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), "params");
   EXPECT_LT(test::rel_error(std::vector<double>(a.begin(), a.end()), std::vector<double>(b.begin(), b.end())), 1e-2)
       << "bf16 tolerance";
 }

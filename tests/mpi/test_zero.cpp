@@ -14,6 +14,7 @@
 #include "mpi_run.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_writer.h"
 #include "train_fixture.h"
 
 namespace fs = std::filesystem;
@@ -56,7 +57,7 @@ TEST_F(Zero, EqualsPlainDataParallelBitForBitWithoutClipping) {
       << out;
   EXPECT_NE(out.find("with ZeRO-1"), std::string::npos) << out;
   for (const char* g : {"params", "optim/m", "optim/v"})
-    EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/zero", 6), g), test::read_all_f32(checkpoint_path(dir + "/plain", 6), g))
+    EXPECT_EQ(test::read_all_f32(test::checkpoint_at(dir + "/zero", 6), g), test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), g))
         << g;
   // Identical weights give identical losses; the norm is summed from shards, so it agrees to rounding.
   expect_logs_close(dir + "/zero", dir + "/plain", 0.0, 1e-12, "ZeRO-1 vs plain");
@@ -66,8 +67,8 @@ TEST_F(Zero, EqualsPlainDataParallelBitForBitWithoutClipping) {
                       out),
             0)
       << out;
-  EXPECT_EQ(test::read_all_f32(checkpoint_path(dir + "/zero_flat", 6), "params"),
-            test::read_all_f32(checkpoint_path(dir + "/plain", 6), "params"));
+  EXPECT_EQ(test::read_all_f32(test::checkpoint_at(dir + "/zero_flat", 6), "params"),
+            test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), "params"));
 }
 
 TEST_F(Zero, ClippedNormFromShardsMatchesPlainAndOneProcess) {
@@ -87,9 +88,9 @@ TEST_F(Zero, ClippedNormFromShardsMatchesPlainAndOneProcess) {
     expect_logs_close(dir + "/" + zero, dir + "/plain", 1e-12, 1e-12, "ZeRO vs plain");
     expect_logs_close(dir + "/" + zero, dir + "/one", 1e-12, 1e-12, "ZeRO vs one process");
     for (const char* g : {"params", "optim/m", "optim/v"}) {
-      const auto z = test::read_all_f32(checkpoint_path(dir + "/" + zero, 6), g);
-      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/plain", 6), g)), 1e-6) << g;
-      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(checkpoint_path(dir + "/one", 6), g)), 1e-6) << g;
+      const auto z = test::read_all_f32(test::checkpoint_at(dir + "/" + zero, 6), g);
+      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(test::checkpoint_at(dir + "/plain", 6), g)), 1e-6) << g;
+      EXPECT_LT(test::worst_rel_diff(z, test::read_all_f32(test::checkpoint_at(dir + "/one", 6), g)), 1e-6) << g;
     }
   }
 }
@@ -120,8 +121,8 @@ TEST_F(Zero, Zero2EqualsPlainDataParallel) {
       const bool exact = std::string(micro) == "4";
       expect_logs_close(zero, plain, exact ? 0.0 : 1e-12, 1e-12, "ZeRO-2 vs plain");
       for (const char* g : {"params", "optim/m", "optim/v"}) {
-        const auto z = test::read_all_f32(checkpoint_path(zero, 6), g),
-                   p = test::read_all_f32(checkpoint_path(plain, 6), g);
+        const auto z = test::read_all_f32(test::checkpoint_at(zero, 6), g),
+                   p = test::read_all_f32(test::checkpoint_at(plain, 6), g);
         if (exact)
           EXPECT_EQ(z, p) << g;
         else
@@ -143,8 +144,8 @@ TEST_F(Zero, Zero2EqualsPlainDataParallel) {
 
 // Keeps only the checkpoints up to `step` and points `latest` at it, as if the run had stopped there.
 void roll_back(const std::string& out_dir, int64_t step, int64_t last) {
-  for (int64_t s = step + 3; s <= last; s += 3) fs::remove(checkpoint_path(out_dir, s));
-  publish_checkpoint(out_dir, checkpoint_path(out_dir, step), 5);
+  for (int64_t s = step + 3; s <= last; s += 3) fs::remove_all(test::checkpoint_at(out_dir, s));
+  publish_checkpoint(out_dir, test::checkpoint_at(out_dir, step), 5);
 }
 
 // 9 steps on 2 ranks straight vs 3 on 2 ranks, 3 on one process, 3 on 2 ranks with train.zero =
@@ -175,14 +176,14 @@ void check_two_one_two(const std::string& bin_cmd_2, int zero, int zero_after, c
       << out;
   EXPECT_NE(out.find("written by 1 rank(s), continued on 2"), std::string::npos) << out;
   expect_logs_close(moved, dir + "/straight", 1e-5, 1e-5, "2 -> 1 -> 2 ranks vs 2 ranks");
-  const CheckpointData a = CheckpointReader(checkpoint_path(moved, 9)).data();
-  const CheckpointData b = CheckpointReader(checkpoint_path(dir + "/straight", 9)).data();
+  const CheckpointData a = CheckpointReader(test::checkpoint_at(moved, 9)).data();
+  const CheckpointData b = CheckpointReader(test::checkpoint_at(dir + "/straight", 9)).data();
   EXPECT_EQ(a.state.loader, b.state.loader);
   EXPECT_EQ(a.state.tokens_seen, b.state.tokens_seen);
   EXPECT_EQ(a.state.updates, b.state.updates);
   for (const char* g : {"params", "optim/m", "optim/v"})
-    EXPECT_LT(test::worst_rel_diff(test::read_all_f32(checkpoint_path(moved, 9), g),
-                                   test::read_all_f32(checkpoint_path(dir + "/straight", 9), g)),
+    EXPECT_LT(test::worst_rel_diff(test::read_all_f32(test::checkpoint_at(moved, 9), g),
+                                   test::read_all_f32(test::checkpoint_at(dir + "/straight", 9), g)),
               1e-4)
         << g;
 }
@@ -198,7 +199,7 @@ TEST_F(Zero, ResumeRefusesLoaderStatesThatDisagree) {
   const std::string cfg = write_config(dir, j);
   std::string out;
   ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
-  const std::string path = checkpoint_path(dir + "/run", 6);
+  const std::string path = test::checkpoint_at(dir + "/run", 6);
   CheckpointReader r(path);
   CheckpointData d = r.data();
   d.state.loader[1][3] += 2;

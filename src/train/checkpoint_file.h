@@ -1,0 +1,67 @@
+// One HDF5 checkpoint file: a whole single-file checkpoint, or one rank's shard of a sharded
+// checkpoint (train/checkpoint.h has both layouts). Every dataset carries an int64 attribute
+// `hash` (content_hash of its stored bytes; of the UTF-8 text for /config) and the root carries
+// `content_hash`, the hash of a manifest listing the /state attributes and every dataset's path,
+// shape and hash: a file verifies as a whole, and its content_hash stands for all of it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train/checkpoint.h"
+
+namespace linac {
+
+namespace h5 {
+class File;
+}
+
+// A tensor to write: f32 values on the host, stored under `name` with `shape`.
+struct HostTensor {
+  std::string name;
+  std::vector<uint64_t> shape;
+  const float* data = nullptr;
+};
+
+// Writes `path` (created or truncated): the /state attributes of data.state; with `with_meta`
+// also /config, /state/loader and /tokenizer; then `tensors`. Returns the file's content_hash.
+// Large tensors go out in slabs (h5::Dataset::write_rows), so a training loop's HDF5 reads
+// interleave with an asynchronous write. Throws h5::Failure on an HDF5 error.
+uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
+                               const std::vector<HostTensor>& tensors);
+
+// 0, or the errno of a failed open/fsync of a file or directory.
+int sync_path(const std::string& path, bool directory);
+
+// An open checkpoint file whose manifest, /state attributes and small datasets (/config,
+// /state/loader, /tokenizer) verified; tensors are verified when read (read_verified) or by
+// verify_all.
+struct CheckpointFile {
+  struct Entry {
+    std::vector<uint64_t> dims;
+    uint64_t hash = 0;
+  };
+  std::string path;
+  std::unique_ptr<h5::File> file;
+  uint64_t file_hash = 0;  // its content_hash attribute
+  CheckpointData data;  // config (when present), state, tokenizer
+  std::map<std::string, Entry> datasets;  // path -> shape and hash, as the verified manifest lists them
+
+  CheckpointFile();
+  ~CheckpointFile();
+  CheckpointFile(CheckpointFile&&) noexcept;
+  CheckpointFile& operator=(CheckpointFile&&) noexcept;
+
+  // Opens and verifies `path`; `need_config`: a file without /config is not a checkpoint. Throws
+  // a UserError naming the file and what is wrong.
+  static CheckpointFile open(const std::string& path, bool need_config);
+  // Dataset `name` as f32 values (it must be float32), checked against its hash.
+  std::vector<float> read_verified(const std::string& name) const;
+  // Reads every dataset and checks its hash.
+  void verify_all() const;
+};
+
+}  // namespace linac
