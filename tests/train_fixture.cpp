@@ -70,6 +70,17 @@ json tiny_train_config(const std::string& out_dir) {
   return j;
 }
 
+json two_gpu_train_config(const std::string& out_dir) {
+  json j = tiny_train_config(out_dir);
+  j["model"]["d_model"] = 128;
+  j["train"]["device"] = "cuda";
+  j["train"]["precision"] = "bf16";
+  j["train"]["micro_batch"] = 2;
+  j["train"]["grad_clip"] = 0.0;
+  j["train"]["bucket_mb"] = 0.25;
+  return j;
+}
+
 bool have_linac_binary() {
   const char* bin = std::getenv("LINAC_BIN");
   return bin && fs::exists(bin);

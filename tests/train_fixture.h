@@ -20,6 +20,10 @@ json tiny_train_config(const std::string& out_dir);
 // "ulimit -f 100; trap '' XFSZ;" to make large writes fail.
 int run_linac(const std::string& args, std::string& output, const std::string& shell_prefix = "");
 bool have_linac_binary();
+// tiny_train_config on the GPU for the 2-GPU data-parallel tests: d_model 128, bf16, micro-batches
+// of 2, no clipping (a norm summed from shards agrees to rounding only), 0.25 MB buckets (several,
+// one split between two shards).
+json two_gpu_train_config(const std::string& out_dir);
 // The checkpoint `--resume auto` would take in out_dir ("" when there is none).
 std::string latest_checkpoint_path(const std::string& out_dir);
 // The whole content of a checkpoint as CheckpointReader hands it out (config, state, tokenizer,

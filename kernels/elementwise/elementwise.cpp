@@ -1,6 +1,7 @@
 // Elementwise entry points: argument checks and device/dtype dispatch.
 #include "elementwise/elementwise.h"
 
+#include "core/buffer.h"
 #include "core/dispatch.h"
 
 namespace linac {
@@ -29,6 +30,12 @@ void cast(const Ctx& ctx, const Tensor& dst, const Tensor& src) {
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     cast_cuda(ctx, dst, src);
+    return;
+  }
+  // The CPU kernels take f32/f64 only; bf16 (gradients reduced in bf16 on CPU ranks) goes through
+  // the host conversion, which rounds like the GPU.
+  if (dst.dtype == DType::BF16 || src.dtype == DType::BF16) {
+    convert_host(dst, src);
     return;
   }
   LINAC_CPU_DISPATCH(dst.dtype, TD,

@@ -7,7 +7,8 @@
 // Layout: every tensor contiguous; dst and src have the same number of elements (any shape).
 // On the GPU dst and src are f32 or bf16 independently (cast: f32 <-> bf16, or a copy when the
 // dtypes agree); arithmetic is in f32. On the CPU add_inplace and scale_inplace take one dtype
-// (f32 or f64); cast converts between f32 and f64 in either direction.
+// (f32 or f64); cast converts among f32, f64 and bf16 (bf16 through core/buffer.h's host
+// conversion, rounded like the GPU's).
 #pragma once
 
 #include <cstdint>

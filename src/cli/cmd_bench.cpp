@@ -47,7 +47,8 @@ const char* kUsage =
     "less than a causal window's work).\n"
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
-    "(--set train.overlap_comm=false to reduce after the backward instead of during it).\n"
+    "(--set train.overlap_comm=false to reduce after the backward instead of during it,\n"
+    "--set train.reduce_dtype=bf16 to reduce in bf16).\n"
     "Op mode: times one op's forward and backward at --tokens tokens per call (B = tokens / T; attention\n"
     "with --doc-len: packed documents of geometric lengths, TFLOP/s of the keys each query sees);\n"
     "short_conv (memory bound) reports GB/s of activations moved instead of TFLOP/s; attention_decode\n"
@@ -183,6 +184,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
             {"packing", o.doc_len > 0 ? "document" : "stream"},
             {"ranks", run.comm->world()},
             {"overlap_comm", run.cfg.train.overlap_comm},
+            {"reduce_dtype", run.cfg.train.reduce_dtype},
             {"recompute", run.cfg.train.recompute},
             {"zero", run.model->params().sharded() ? run.cfg.train.zero : 0},
             {"params", run.model->n_params()},
@@ -218,6 +220,7 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   } else if (world > 1) {
     dist = ", " + std::string(run.comm->backend()) + ", not overlapped";
   }
+  if (world > 1 && cfg.train.reduce_dtype == "bf16") dist += ", gradients reduced in bf16";
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
               cfg.train.recompute.c_str(),

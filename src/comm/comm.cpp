@@ -126,10 +126,34 @@ ncclDataType_t nccl_type(DType dt) {
 }
 #endif
 
-MPI_Datatype mpi_float_type(DType dt) {
-  LINAC_CHECK(dt == DType::F32 || dt == DType::F64, "MPI reductions take f32/f64 tensors");
-  return dt == DType::F32 ? MPI_FLOAT : MPI_DOUBLE;
+// a[i] + b[i] into b for bf16 elements, rounded to bf16 once per addition as NCCL's bf16 sum
+// rounds its result. The f32 sum of two bf16 values rounded to bf16 is the correctly rounded bf16
+// sum: f32's 24 bits are at least 2 x 8 + 2, where rounding twice cannot differ from once.
+void add_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const bf16* a = static_cast<const bf16*>(in);
+  bf16* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
 }
+
+// The MPI type and sum of a tensor's dtype. MPI has no bf16: its elements travel as 16-bit
+// integers, summed by add_bf16 (an operation created for the call, freed with it).
+struct MpiSum {
+  explicit MpiSum(DType dt) {
+    LINAC_CHECK(dt == DType::F32 || dt == DType::F64 || dt == DType::BF16,
+                "MPI reductions take f32/f64/bf16 tensors");
+    if (dt == DType::F64) type = MPI_DOUBLE;
+    if (dt != DType::BF16) return;
+    type = MPI_UINT16_T;
+    LINAC_MPI_CHECK(MPI_Op_create(&add_bf16, /*commute=*/1, &op));
+  }
+  ~MpiSum() {
+    if (op != MPI_SUM) MPI_Op_free(&op);
+  }
+  MpiSum(const MpiSum&) = delete;
+  MpiSum& operator=(const MpiSum&) = delete;
+  MPI_Datatype type = MPI_FLOAT;
+  MPI_Op op = MPI_SUM;
+};
 
 int mpi_count(int64_t n) {
   LINAC_CHECK(n <= INT32_MAX, "MPI collective of " + std::to_string(n) + " elements: more than an int counts");
@@ -163,8 +187,8 @@ void Comm::allreduce_sum(const Tensor& t, void* stream) {
 #endif
   (void)stream;
   through_host(t, [&](const Tensor& h) {
-    LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h.ptr, mpi_count(h.numel()), mpi_float_type(h.dtype), MPI_SUM,
-                                  MPI_COMM_WORLD));
+    const MpiSum sum(h.dtype);
+    LINAC_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, h.ptr, mpi_count(h.numel()), sum.type, sum.op, MPI_COMM_WORLD));
   });
 }
 
@@ -188,15 +212,15 @@ void Comm::reduce_sum(const Tensor& send, const Tensor& recv, int root, void* st
 #endif
   (void)stream;
   through_host(send, [&](const Tensor& h) {
-    const MPI_Datatype type = mpi_float_type(h.dtype);
+    const MpiSum sum(h.dtype);
     const int n = mpi_count(h.numel());
     if (rank_ != root)
-      LINAC_MPI_CHECK(MPI_Reduce(h.ptr, nullptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
+      LINAC_MPI_CHECK(MPI_Reduce(h.ptr, nullptr, n, sum.type, sum.op, root, MPI_COMM_WORLD));
     else if (in_place)
-      LINAC_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.ptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
+      LINAC_MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, h.ptr, n, sum.type, sum.op, root, MPI_COMM_WORLD));
     else
       through_host(recv, [&](const Tensor& r) {
-        LINAC_MPI_CHECK(MPI_Reduce(h.ptr, r.ptr, n, type, MPI_SUM, root, MPI_COMM_WORLD));
+        LINAC_MPI_CHECK(MPI_Reduce(h.ptr, r.ptr, n, sum.type, sum.op, root, MPI_COMM_WORLD));
       });
   });
 }
@@ -217,8 +241,8 @@ void Comm::reduce_scatter_sum(const Tensor& t, void* stream) {
   (void)stream;
   through_host(t, [&](const Tensor& h) {
     OwnedTensor out(h.dtype, Device::CPU, {chunk});
-    LINAC_MPI_CHECK(MPI_Reduce_scatter_block(h.ptr, out->ptr, mpi_count(chunk), mpi_float_type(h.dtype), MPI_SUM,
-                                             MPI_COMM_WORLD));
+    const MpiSum sum(h.dtype);
+    LINAC_MPI_CHECK(MPI_Reduce_scatter_block(h.ptr, out->ptr, mpi_count(chunk), sum.type, sum.op, MPI_COMM_WORLD));
     copy_tensor(h.slice0(rank_ * chunk, (rank_ + 1) * chunk), out.t);
   });
 }

@@ -34,16 +34,17 @@ class Comm {
   bool is_root() const { return rank_ == 0; }
   const char* backend() const;
 
-  // In-place sum over ranks of a contiguous f32/f64 tensor. GPU tensors: enqueued on `stream`
+  // In-place sum over ranks of a contiguous f32/f64/bf16 tensor. GPU tensors: enqueued on `stream`
   // (a cudaStream_t) for NCCL; the MPI fallback synchronises `stream` first and copies through
-  // the host.
+  // the host. bf16 sums round every addition to bf16, as NCCL does (over MPI in MPI's order of
+  // the ranks: with 2 ranks both give the correctly rounded sum, with more they may differ).
   void allreduce_sum(const Tensor& t, void* stream);
-  // ZeRO's collectives on contiguous tensors, enqueued like allreduce_sum:
-  // reduce_sum: the sum over ranks of `send` lands in `root`'s `recv` (f32/f64; recv may be send,
-  // in place; the others' recv is not written, and in place their send is left undefined).
+  // ZeRO's collectives on contiguous tensors (f32/f64/bf16), enqueued like allreduce_sum:
+  // reduce_sum: the sum over ranks of `send` lands in `root`'s `recv` (recv may be send, in
+  // place; the others' recv is not written, and in place their send is left undefined).
   void reduce_sum(const Tensor& send, const Tensor& recv, int root, void* stream);
   // reduce_scatter_sum, in place: t splits into world equal chunks; rank r's chunk r receives the sum over
-  // ranks of chunk r (f32/f64; the other chunks are left undefined).
+  // ranks of chunk r (the other chunks are left undefined).
   void reduce_scatter_sum(const Tensor& t, void* stream);
   // allgather: every rank's chunk r (of world equal chunks) is copied from rank r (f32/f64/bf16).
   void allgather(const Tensor& t, void* stream);

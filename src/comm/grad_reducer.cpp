@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "elementwise/elementwise.h"
+
 #if LINAC_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -65,8 +67,14 @@ int64_t GradReducer::stage_slot_numel(const ParamStore& params, const std::vecto
 }
 
 GradReducer::GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap,
-                         const std::vector<std::vector<int>>& groups)
-    : params_(params), comm_(comm), ctx_(ctx), overlap_(overlap && comm.world() > 1) {
+                         const std::vector<std::vector<int>>& groups, DType reduce_dtype)
+    : params_(params),
+      comm_(comm),
+      ctx_(ctx),
+      overlap_(overlap && comm.world() > 1),
+      bf16_(reduce_dtype == DType::BF16) {
+  LINAC_CHECK(reduce_dtype == params.master_dtype() || reduce_dtype == DType::BF16,
+              std::string("GradReducer: reduces in the master dtype or bf16, not ") + dtype_name(reduce_dtype));
   groups_ = stage_groups(params, groups);
   group_of_.assign(static_cast<size_t>(params.count()), -1);
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -98,6 +106,11 @@ GradReducer::GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t 
   if (slot_numel_ > 0) {
     acc_ = params.owned().back().grad;
     stage_ = Buffer(static_cast<size_t>(2 * slot_numel_) * dtype_size(params.master_dtype()), ctx.device);
+  }
+  if (bf16_) {
+    int64_t most = slot_numel_;
+    for (size_t b = 0; b < lo_.size(); ++b) most = std::max(most, hi_[b] - lo_[b]);
+    wire_ = Buffer(static_cast<size_t>(most) * dtype_size(DType::BF16), ctx.device);
   }
 #if LINAC_WITH_CUDA
   if (overlap_ && ctx.is_gpu()) {
@@ -161,6 +174,12 @@ void GradReducer::start_micro_batch(bool first, bool last) {
   std::fill(launched_.begin(), launched_.begin() + static_cast<std::ptrdiff_t>(lo_.size()), false);
 }
 
+Ctx GradReducer::on(void* stream) const {
+  Ctx c = ctx_;
+  c.stream = stream;
+  return c;
+}
+
 Tensor GradReducer::slot(int s, int64_t n) const {
   return stage_.tensor(params_.master_dtype(), {n},
                        static_cast<size_t>(s * slot_numel_) * dtype_size(params_.master_dtype()));
@@ -192,9 +211,10 @@ void GradReducer::on_begin(const std::vector<int>& ids) {
   const Tensor stage = slot(s, g.numel);
   zero_tensor(ctx_, stage);
   const int64_t base = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
+  // In bf16 the sums are added to the accumulators after the reduction instead, unrounded.
   for (const Run& r : g.runs) {
     const int64_t a = std::max(r.lo, base), b = std::min(r.hi, base + params_.shard_numel());
-    if (acc_has_sums_ && a < b)
+    if (acc_has_sums_ && !bf16_ && a < b)
       copy_tensor(ctx_, stage.slice0(r.at + a - r.lo, r.at + b - r.lo), acc_.slice0(a - base, b - base));
   }
   for (size_t i = 0; i < g.ids.size(); ++i)
@@ -236,24 +256,48 @@ void GradReducer::start_waiting(int& count) {
 }
 
 void GradReducer::reduce(int64_t lo, int64_t hi, void* stream) {
+  const Tensor g = (params_.grads_sharded() ? params_.replicated_grad() : params_.flat_grad()).slice0(lo, hi);
+  const Tensor w = bf16_ ? wire_.tensor(DType::BF16, {hi - lo}) : g;  // what crosses the wire
+  if (bf16_) cast(on(stream), w, g);
   if (!params_.sharded() || hi <= params_.replicated_numel()) {
-    const Tensor g = params_.grads_sharded() ? params_.replicated_grad() : params_.flat_grad();
-    comm_.allreduce_sum(g.slice0(lo, hi), stream);
+    comm_.allreduce_sum(w, stream);
+    if (bf16_) cast(on(stream), g, w);
     return;
   }
   // ZeRO-1: each shard's part goes to its owner only.
-  const Tensor g = params_.flat_grad();
-  for_each_owner(lo, hi,
-                 [&](int r, int64_t a, int64_t b) { comm_.reduce_sum(g.slice0(a, b), g.slice0(a, b), r, stream); });
+  for_each_owner(lo, hi, [&](int r, int64_t a, int64_t b) {
+    const Tensor part = w.slice0(a - lo, b - lo);
+    comm_.reduce_sum(part, part, r, stream);
+    if (bf16_ && r == params_.shard_rank()) cast(on(stream), g.slice0(a - lo, b - lo), part);
+  });
 }
 
 void GradReducer::reduce_group(const Group& g, void* stream) {
   const Tensor stage = slot(g.slot, g.numel);
-  const int64_t mine = params_.replicated_numel() + params_.shard_rank() * params_.shard_numel();
+  const Tensor w = bf16_ ? wire_.tensor(DType::BF16, {g.numel}) : stage;
+  if (bf16_) cast(on(stream), w, stage);
+  const int me = params_.shard_rank();
+  const int64_t mine = params_.replicated_numel() + me * params_.shard_numel();
   for (const Run& run : g.runs)
     for_each_owner(run.lo, run.hi, [&](int r, int64_t a, int64_t b) {
-      const Tensor send = stage.slice0(run.at + a - run.lo, run.at + b - run.lo);
-      comm_.reduce_sum(send, r == params_.shard_rank() ? acc_.slice0(a - mine, b - mine) : send, r, stream);
+      const int64_t at = run.at + a - run.lo, end = run.at + b - run.lo;
+      if (!bf16_) {
+        const Tensor send = stage.slice0(at, end);
+        comm_.reduce_sum(send, r == me ? acc_.slice0(a - mine, b - mine) : send, r, stream);
+        return;
+      }
+      const Tensor part = w.slice0(at, end);
+      comm_.reduce_sum(part, part, r, stream);
+      if (r != me) return;
+      const Tensor acc = acc_.slice0(a - mine, b - mine);
+      if (!acc_has_sums_) {
+        cast(on(stream), acc, part);
+        return;
+      }
+      // Widened into the slot first (its gradients are in the scratch now): the CPU adds one dtype only.
+      const Tensor sum = stage.slice0(at, end);
+      cast(on(stream), sum, part);
+      add_inplace(on(stream), acc, sum, 1.f);
     });
 }
 
@@ -292,7 +336,10 @@ void GradReducer::finish() {
   for (size_t g = 0; g < groups_.size(); ++g)
     LINAC_CHECK(launched_[lo_.size() + g], "GradReducer: gradient group " + std::to_string(g) + " never completed");
   if (!armed_) {
-    if (!params_.sharded()) {
+    if (bf16_) {
+      // Bucket by bucket: the scratch holds one.
+      for (size_t b = 0; b < lo_.size(); ++b) reduce(lo_[b], hi_[b], ctx_.stream);
+    } else if (!params_.sharded()) {
       comm_.allreduce_sum(params_.flat_grad(), ctx_.stream);
     } else if (params_.grads_sharded()) {
       comm_.allreduce_sum(params_.replicated_grad(), ctx_.stream);

@@ -31,6 +31,14 @@
 // out of place), in every micro-batch, overlapped like a bucket. A slot is reused two groups
 // later, after its reduction (the compute stream waits for it). The accumulators end with
 // acc + the sum over ranks of each micro-batch's gradients.
+//
+// Reduced in bf16 (train.reduce_dtype), a job's f32 gradients are rounded into a bf16 scratch on
+// the job's stream, the scratch is reduced (NCCL sums bf16, rounding each addition), and the sums
+// are widened back: into the gradients (what a rank owns of them, under ZeRO-1), or added to the
+// ZeRO-2 accumulators, which then stay out of the rounding (a later micro-batch does not copy
+// them into the slot). Half the bytes cross the links; accumulation, the norm and the optimizer
+// stay f32. All jobs run in order on one stream, so one scratch, as large as the largest job,
+// serves them all; with overlap off the buckets are reduced one by one after the backward too.
 #pragma once
 
 #include <vector>
@@ -43,8 +51,9 @@ namespace linac {
 class GradReducer {
  public:
   // `groups`: the model's gradient groups in backward order (Model::grad_groups); ZeRO-2 stages them.
+  // `reduce_dtype`: the master dtype, or bf16 to reduce in bf16.
   GradReducer(ParamStore& params, Comm& comm, const Ctx& ctx, size_t bucket_bytes, bool overlap,
-              const std::vector<std::vector<int>>& groups);
+              const std::vector<std::vector<int>>& groups, DType reduce_dtype);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -95,11 +104,13 @@ class GradReducer {
   template <class F>
   void for_each_owner(int64_t lo, int64_t hi, F&& f) const;
   Tensor slot(int s, int64_t n) const;
+  Ctx on(void* stream) const;  // ctx_ on a job's stream
   void wait_for_comm();  // the compute stream waits for everything enqueued on the comm stream
   ParamStore& params_;
   Comm& comm_;
   Ctx ctx_;
-  bool overlap_, armed_ = false;
+  bool overlap_, bf16_, armed_ = false;
+  Buffer wire_;                            // bf16: the scratch a job is reduced in
   std::vector<int64_t> lo_, hi_;           // bucket b covers flat elements [lo_[b], hi_[b])
   std::vector<int> count_, pending_;       // parameters per bucket, not yet final
   std::vector<int> bucket_of_;             // parameter id -> bucket (-1: a ZeRO-2 group's)

@@ -121,6 +121,7 @@ json Config::to_json() const {
                 {"max_bad_steps", train.max_bad_steps},
                 {"overlap_comm", train.overlap_comm},
                 {"bucket_mb", train.bucket_mb},
+                {"reduce_dtype", train.reduce_dtype},
                 {"recompute", train.recompute},
                 {"zero", train.zero},
                 {"threads", train.threads}};
@@ -206,6 +207,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
   tr.overlap_comm = t.get_bool("overlap_comm", tr.overlap_comm);
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
+  tr.reduce_dtype = t.get_choice("reduce_dtype", tr.reduce_dtype, {"f32", "bf16"});
   tr.recompute = t.get_choice("recompute", tr.recompute, {"none", "mixer", "block"});
   tr.zero = t.get_int("zero", tr.zero, 0, 2);
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);

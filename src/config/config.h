@@ -84,6 +84,9 @@ struct TrainConfig {
   int64_t max_bad_steps = 5;
   bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
   double bucket_mb = 25;     // gradient bucket size for the all-reduce
+  // Data parallel: the dtype gradients cross between ranks in, f32 (the master dtype) | bf16 (half
+  // the bytes; rounded before and after the sum, accumulated in f32: comm/grad_reducer.h).
+  std::string reduce_dtype = "f32";
   // Saved activations the backward recomputes instead of keeping: none | mixer | block.
   std::string recompute = "none";
   // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks;

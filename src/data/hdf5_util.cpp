@@ -298,21 +298,6 @@ void Dataset::write(const void* data, Type mem) {
   LINAC_H5_CHECK(H5Dwrite(id_.get(), native_type(mem), H5S_ALL, H5S_ALL, H5P_DEFAULT, data));
 }
 
-void Dataset::write_rows(uint64_t row, uint64_t rows, const void* data, Type mem) {
-  if (rows == 0) return;
-  const std::vector<uint64_t> d = dims();
-  LINAC_CHECK(!d.empty() && row <= d[0] && rows <= d[0] - row,
-              name_ + ": write of rows [" + std::to_string(row) + ", +" + std::to_string(rows) + ") past its end");
-  std::vector<hsize_t> start(d.size(), 0), count(d.begin(), d.end());
-  start[0] = row;
-  count[0] = rows;
-  Id fspace(static_cast<hid_t>(LINAC_H5_CHECK(H5Dget_space(id_.get()))), H5Sclose);
-  LINAC_H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr));
-  Id mspace(static_cast<hid_t>(LINAC_H5_CHECK(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr))),
-            H5Sclose);
-  LINAC_H5_CHECK(H5Dwrite(id_.get(), native_type(mem), mspace.get(), fspace.get(), H5P_DEFAULT, data));
-}
-
 void Dataset::append(const void* data, uint64_t n, Type mem) {
   if (n == 0) return;
   const std::vector<uint64_t> d = dims();

@@ -110,10 +110,6 @@ class Dataset {
   void close() { id_.close(); }
 
   void write(const void* data, Type mem);                 // the whole dataset
-  // Rows [row, row + rows) along the first dimension (elements of a 1-D dataset); `data` holds
-  // them contiguously. Large datasets written in slabs let other threads' HDF5 calls interleave
-  // (a thread-safe HDF5 holds one global lock per call).
-  void write_rows(uint64_t row, uint64_t rows, const void* data, Type mem);
   void append(const void* data, uint64_t n, Type mem);    // 1-D appendable datasets only
   void read_all(void* out, Type mem) const;
   // Elements [offset, offset + count) of a 1-D dataset, converted to `mem`: reads only the

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -18,7 +19,7 @@ namespace {
 
 constexpr int64_t kFormatVersion = 2;  // 2: content hashes
 const char* const kStateAttrs[] = {"format_version", "step", "updates", "tokens_seen", "world_size", "seed"};
-// Rows per slab of an asynchronous write: about 64 MiB, so the writer's hold on HDF5's lock is short.
+// Bytes per pwrite of a tensor's values.
 constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
 
 std::string shape_str(const std::vector<uint64_t>& d) {
@@ -80,16 +81,7 @@ struct HashedWriter {
     h5::Dataset ds = h5::Dataset::create(root, name, type, shape);
     uint64_t n = h5::type_size(type);
     for (uint64_t d : shape) n *= d;
-    if (n > 0) {
-      const uint64_t rows = shape.empty() ? 1 : shape[0], row_bytes = n / std::max<uint64_t>(rows, 1);
-      const uint64_t slab = std::max<uint64_t>(1, kSlabBytes / std::max<uint64_t>(row_bytes, 1));
-      if (shape.empty() || rows <= slab) {
-        ds.write(bytes, type);
-      } else {
-        for (uint64_t r = 0; r < rows; r += slab)
-          ds.write_rows(r, std::min(slab, rows - r), static_cast<const unsigned char*>(bytes) + r * row_bytes, type);
-      }
-    }
+    if (n > 0) ds.write(bytes, type);
     record(ds.id(), name, shape, content_hash(bytes, n));
   }
   void write_text(const std::string& name, const std::string& text) {
@@ -119,17 +111,35 @@ int sync_path(const std::string& path, bool directory) {
   return rc == 0 ? 0 : err;
 }
 
-uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
-                               const std::vector<HostTensor>& tensors) {
+CheckpointFileLayout create_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
+                                            const std::vector<HostTensor>& tensors) {
   h5::File f = h5::File::create(path, true);
   HashedWriter w{f.id(), {}, {}};
   if (with_meta) w.write_text("config", data.config.dump(2));
-  for (const HostTensor& t : tensors) w.write(t.name, h5::Type::F32, t.shape, t.data);
+  CheckpointFileLayout out;
+  out.path = path;
+  // Contiguous storage allocated now, never filled by HDF5: the values go there later.
+  h5::Id dcpl(LINAC_H5_CHECK(H5Pcreate(H5P_DATASET_CREATE)), H5Pclose);
+  LINAC_H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
+  LINAC_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
+  LINAC_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
+  h5::Id lcpl(LINAC_H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
+  LINAC_H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1));
+  for (const HostTensor& t : tensors) {
+    std::vector<hsize_t> d(t.shape.begin(), t.shape.end());
+    h5::Id space(LINAC_H5_CHECK(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr)), H5Sclose);
+    h5::Id ds(LINAC_H5_CHECK(H5Dcreate2(f.id(), t.name.c_str(), H5T_NATIVE_FLOAT, space.get(), lcpl.get(), dcpl.get(),
+                                        H5P_DEFAULT)),
+              H5Dclose);
+    const haddr_t at = H5Dget_offset(ds.get());
+    if (at == HADDR_UNDEF) throw h5::Failure(path + ": no storage for " + t.name, "no storage allocated for " + t.name);
+    out.offsets.push_back(static_cast<uint64_t>(at));
+    out.dims[t.name] = t.shape;
+  }
   h5::Id st(LINAC_H5_CHECK(H5Gcreate2(f.id(), "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
   const TrainState& s = data.state;
-  const std::vector<int64_t> attrs = {kFormatVersion, s.step, s.updates, s.tokens_seen, s.world_size,
-                                      static_cast<int64_t>(s.seed)};
-  for (size_t i = 0; i < attrs.size(); ++i) h5::set_attr(st.get(), kStateAttrs[i], attrs[i]);
+  out.state_attrs = {kFormatVersion, s.step, s.updates, s.tokens_seen, s.world_size, static_cast<int64_t>(s.seed)};
+  for (size_t i = 0; i < out.state_attrs.size(); ++i) h5::set_attr(st.get(), kStateAttrs[i], out.state_attrs[i]);
   if (with_meta && !s.loader.empty()) {
     const size_t k = s.loader[0].size();
     std::vector<int64_t> flat;
@@ -141,11 +151,53 @@ uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& da
   }
   if (with_meta && !data.tokenizer.empty())
     w.write("tokenizer", h5::Type::U8, {data.tokenizer.size()}, data.tokenizer.data());
-  const uint64_t h = manifest_hash(attrs, w.dims, w.hashes);
-  set_hash_attr(f.id(), "content_hash", h);
+  for (const auto& [name, d] : w.dims) out.dims[name] = d;
+  out.hashes = w.hashes;
   st.close();
   f.close();
+  return out;
+}
+
+uint64_t fill_checkpoint_file(const CheckpointFileLayout& layout, const std::vector<HostTensor>& tensors) {
+  LINAC_CHECK(tensors.size() == layout.offsets.size(), "fill_checkpoint_file: not the tensors of the layout");
+  std::map<std::string, uint64_t> hashes = layout.hashes;
+  {
+    const int fd = ::open(layout.path.c_str(), O_WRONLY);
+    if (fd < 0) throw h5::Failure("cannot open " + layout.path, std::strerror(errno));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      uint64_t n = sizeof(float);
+      for (uint64_t d : tensors[i].shape) n *= d;
+      const auto* p = reinterpret_cast<const char*>(tensors[i].data);
+      for (uint64_t done = 0; done < n;) {
+        const ssize_t k = ::pwrite(fd, p + done, std::min<uint64_t>(n - done, kSlabBytes),
+                                   static_cast<off_t>(layout.offsets[i] + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+          const int err = k < 0 ? errno : EIO;
+          ::close(fd);
+          throw h5::Failure("cannot write " + layout.path, std::strerror(err));
+        }
+        done += static_cast<uint64_t>(k);
+      }
+      hashes[tensors[i].name] = content_hash(p, n);
+    }
+    if (::close(fd) != 0) throw h5::Failure("cannot write " + layout.path, std::strerror(errno));
+  }
+  // The hashes last: a short HDF5 call per dataset.
+  h5::File f = h5::File::open(layout.path, true);
+  for (const HostTensor& t : tensors) {
+    h5::Id ds(LINAC_H5_CHECK(H5Dopen2(f.id(), t.name.c_str(), H5P_DEFAULT)), H5Dclose);
+    set_hash_attr(ds.get(), "hash", hashes.at(t.name));
+  }
+  const uint64_t h = manifest_hash(layout.state_attrs, layout.dims, hashes);
+  set_hash_attr(f.id(), "content_hash", h);
+  f.close();
   return h;
+}
+
+uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
+                               const std::vector<HostTensor>& tensors) {
+  return fill_checkpoint_file(create_checkpoint_file(path, data, with_meta, tensors), tensors);
 }
 
 CheckpointFile::CheckpointFile() = default;

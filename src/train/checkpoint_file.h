@@ -26,10 +26,28 @@ struct HostTensor {
   const float* data = nullptr;
 };
 
-// Writes `path` (created or truncated): the /state attributes of data.state; with `with_meta`
-// also /config, /state/loader and /tokenizer; then `tensors`. Returns the file's content_hash.
-// Large tensors go out in slabs (h5::Dataset::write_rows), so a training loop's HDF5 reads
-// interleave with an asynchronous write. Throws h5::Failure on an HDF5 error.
+// A checkpoint file whose datasets exist before their values: `path` is written with every
+// dataset but the tensors' values and hashes, each tensor's storage allocated in one contiguous
+// run at `offsets[i]`. fill_checkpoint_file then writes the values with plain pwrite, outside
+// HDF5: a thread-safe HDF5 serialises every call with one lock, which a training loop's dataset
+// reads share, so a background writer must not hold it for seconds.
+struct CheckpointFileLayout {
+  std::string path;
+  std::vector<int64_t> state_attrs;
+  std::vector<uint64_t> offsets;  // per tensor, in bytes from the start of the file
+  std::map<std::string, std::vector<uint64_t>> dims;
+  std::map<std::string, uint64_t> hashes;  // of the datasets written so far
+};
+
+// Creates (or truncates) `path`: the /state attributes of data.state; with `with_meta` also
+// /config, /state/loader and /tokenizer; the tensors' datasets, allocated but not written.
+CheckpointFileLayout create_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
+                                            const std::vector<HostTensor>& tensors);
+// Writes the tensors' values (the same list create_checkpoint_file laid out), their hashes and the
+// file's content_hash; returns the content_hash. Throws h5::Failure on an HDF5 or I/O error (its
+// reason() the operating system's message, "No space left on device").
+uint64_t fill_checkpoint_file(const CheckpointFileLayout& layout, const std::vector<HostTensor>& tensors);
+// Both, one after the other.
 uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& data, bool with_meta,
                                const std::vector<HostTensor>& tensors);
 

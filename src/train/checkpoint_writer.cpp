@@ -79,33 +79,59 @@ std::vector<Slot> slots_of(const ParamStore& ps) {
   return out;
 }
 
-// Writes a single-file checkpoint through a temp file renamed into place.
-void write_single_file(const std::string& path, const CheckpointData& data, const std::vector<HostTensor>& tensors) {
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const fs::path parent = fs::path(path).parent_path();
-  const std::string dir = parent.empty() ? "." : parent.string();  // a bare file name: the working directory
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw UserError("cannot write checkpoint " + path + ": cannot create " + dir + ": " + ec.message());
-  const auto failed = [&](const std::string& why) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return UserError("cannot write checkpoint " + path + ": " + why);
-  };
-  try {
-    write_checkpoint_file(tmp, data, true, tensors);
-  } catch (const h5::Failure& e) {
-    throw failed(e.reason());
-  } catch (...) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw;
+// One checkpoint file written in two phases: laid out through HDF5 where it is constructed (the
+// step loop's thread), then filled with plain writes and synced by finish() (the writer's thread),
+// and for a single-file checkpoint renamed into place. A failure removes a temp file and is a
+// UserError naming the checkpoint and the cause.
+class FileWrite {
+ public:
+  // `name`: the checkpoint, for messages; `file`: what is written; `final`: where a single-file
+  // checkpoint goes once synced ("": a shard, which stays at `file`).
+  FileWrite(std::string name, std::string file, std::string final, const CheckpointData& data, bool with_meta,
+            const std::vector<HostTensor>& tensors)
+      : name_(std::move(name)), file_(std::move(file)), final_(std::move(final)) {
+    const fs::path parent = fs::path(file_).parent_path();
+    dir_ = parent.empty() ? "." : parent.string();  // a bare file name: the working directory
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw UserError("cannot write checkpoint " + name_ + ": cannot create " + dir_ + ": " + ec.message());
+    guard([&] { layout_ = create_checkpoint_file(file_, data, with_meta, tensors); });
   }
-  if (const int err = sync_path(tmp, false)) throw failed(std::string("fsync: ") + std::strerror(err));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw failed(std::string("rename: ") + std::strerror(errno));
-  if (const int err = sync_path(dir, true))
-    throw UserError("checkpoint " + path + " written, but syncing its directory failed: " + std::strerror(err));
-}
+
+  // Returns the file's content hash.
+  uint64_t finish(const std::vector<HostTensor>& tensors) {
+    uint64_t h = 0;
+    guard([&] { h = fill_checkpoint_file(layout_, tensors); });
+    if (const int err = sync_path(file_, false)) throw failed(std::string("fsync: ") + std::strerror(err));
+    if (final_.empty()) return h;
+    if (::rename(file_.c_str(), final_.c_str()) != 0) throw failed(std::string("rename: ") + std::strerror(errno));
+    if (const int err = sync_path(dir_, true))
+      throw UserError("checkpoint " + final_ + " written, but syncing its directory failed: " + std::strerror(err));
+    return h;
+  }
+  const std::string& path() const { return final_.empty() ? file_ : final_; }
+
+ private:
+  UserError failed(const std::string& why) const {
+    std::error_code ignored;
+    if (!final_.empty()) fs::remove(file_, ignored);
+    return UserError("cannot write checkpoint " + name_ + ": " + why);
+  }
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const h5::Failure& e) {
+      throw failed(e.reason());
+    } catch (...) {
+      std::error_code ignored;
+      if (!final_.empty()) fs::remove(file_, ignored);
+      throw;
+    }
+  }
+  std::string name_, file_, final_, dir_;
+  CheckpointFileLayout layout_;
+};
 
 }  // namespace
 
@@ -166,6 +192,7 @@ struct CheckpointWriter::Job {
   std::string tmp_dir;    // sharded: where the shards and the manifest are written
   CheckpointData data;
   std::vector<HostTensor> tensors;
+  std::unique_ptr<FileWrite> file;  // this rank's file, laid out
   json manifest;          // sharded, rank 0: all but the shards' hashes and its own
   std::thread thread;
   std::atomic<int> state{0};  // 0 writing, 1 written, 2 failed
@@ -191,7 +218,7 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Ch
   staging.take(params, true);
   std::vector<HostTensor> tensors;
   for (const Slot& s : slots_of(params)) tensors.push_back({s.name, s.shape, staging.at(s, s.offset)});
-  write_single_file(path, data, tensors);
+  FileWrite(path, path + ".tmp-" + std::to_string(::getpid()), path, data, true, tensors).finish(tensors);
 }
 
 CheckpointWriter::CheckpointWriter(const ParamStore& ps, Comm& comm, Options opt,
@@ -255,24 +282,19 @@ std::string CheckpointWriter::start(const ParamStore& ps, const CheckpointData& 
                        {"tensors", std::move(tensors)}};
   }
   Job* j = job.get();
-  const std::string file = world == 1 ? j->path : (fs::path(j->tmp_dir) / shard_file_name(rank)).string();
-  j->thread = std::thread([j, file, world, rank, delay = delay_ms_] {
+  if (world == 1)
+    j->file = std::make_unique<FileWrite>(j->path, j->path + ".tmp-" + std::to_string(::getpid()), j->path, j->data,
+                                          true, j->tensors);
+  else
+    j->file = std::make_unique<FileWrite>(j->path, (fs::path(j->tmp_dir) / shard_file_name(rank)).string(), "",
+                                          j->data, rank == 0, j->tensors);
+  j->thread = std::thread([j, delay = delay_ms_] {
     const auto t = Clock::now();
     if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
     try {
-      if (world == 1) {
-        write_single_file(file, j->data, j->tensors);
-      } else {
-        try {
-          j->content_hash = write_checkpoint_file(file, j->data, rank == 0, j->tensors);
-        } catch (const h5::Failure& e) {
-          throw UserError("cannot write checkpoint " + j->path + ": " + e.reason());
-        }
-        if (const int err = sync_path(file, false))
-          throw UserError("cannot write checkpoint " + j->path + ": fsync " + file + ": " + std::strerror(err));
-      }
+      j->content_hash = j->file->finish(j->tensors);
       std::error_code ec;
-      j->bytes = static_cast<int64_t>(fs::file_size(file, ec));
+      j->bytes = static_cast<int64_t>(fs::file_size(j->file->path(), ec));
       j->write_s = seconds_since(t);
       j->state = 1;
     } catch (const std::exception& e) {

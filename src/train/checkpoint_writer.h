@@ -12,10 +12,12 @@
 // moment leaves the previous checkpoints intact, and `--resume auto` takes the newest complete
 // one. Only then is the checkpoint published (ckpt/latest, keep_last).
 //
-// The thread uses HDF5 while the loop reads its dataset through HDF5: the library must be built
-// thread-safe (Debian's and Ubuntu's are; it serialises calls with one lock), and large tensors
-// are written in slabs so the loop's reads interleave. Without a thread-safe HDF5 the writer
-// writes synchronously and says so.
+// The step loop reads its dataset through HDF5, whose thread-safe build serialises every call with
+// one global lock: a thread writing gigabytes through HDF5 would hold it for seconds at a time.
+// So each file is laid out through HDF5 on the loop's thread (the datasets' storage allocated,
+// milliseconds), and the thread writes the values with plain pwrite at the datasets' offsets,
+// then adds the hashes (a short HDF5 call each). The library must still be thread-safe for those;
+// without that the writer writes synchronously and says so.
 #pragma once
 
 #include <atomic>

@@ -12,9 +12,9 @@ TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
   LINAC_CHECK(!model.params().sharded() || (comm_ && comm_->world() == model.params().shard_world()),
               "TrainStep: a ZeRO model needs the communicator of its ranks");
   if (comm_ && comm_->world() > 1) {
-    reducer_ = std::make_unique<GradReducer>(model.params(), *comm_, model.env().ctx,
-                                             static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm,
-                                             model.grad_groups());
+    reducer_ = std::make_unique<GradReducer>(
+        model.params(), *comm_, model.env().ctx, static_cast<size_t>(tc.bucket_mb * 1024 * 1024), tc.overlap_comm,
+        model.grad_groups(), tc.reduce_dtype == "bf16" ? DType::BF16 : model.params().master_dtype());
     model_.set_grad_hooks(
         [this](const std::vector<int>& ids) { reducer_->on_begin(ids); },
         [this](const std::vector<int>& ids, bool window_ahead) { reducer_->on_ready(ids, window_ahead); },

@@ -18,6 +18,7 @@
 #include "comm/comm.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
+#include "train/content_hash.h"
 #include "train/finite_check.h"
 #include "train/metrics_log.h"
 #include "train/run_lock.h"
@@ -73,15 +74,24 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& out_dir, bool roo
   }
 }
 
-// FNV-1a over what every rank holds identically (ParamStore::replica: the master weights, or
-// under ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree.
+// A hash of what every rank holds identically (ParamStore::replica: the master weights, or under
+// ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree. Copied to
+// the host and hashed 256 MiB at a time. For a 1.3B model under ZeRO that is 2.7 GB at every
+// checkpoint: with a byte-at-a-time FNV-1a (0.67 GB/s on the CI machine; content_hash: 6.3 GB/s)
+// the step of each checkpoint took 15-17 s instead of 2.2 s on 4 x H200 (2026-11-28).
 int64_t params_hash(const ParamStore& ps) {
-  uint64_t h = 1469598103934665603ull;
+  constexpr int64_t kChunkBytes = int64_t{256} << 20;
+  uint64_t h = 0;
+  std::vector<unsigned char> host;
   for (const Tensor& t : ps.replica()) {
-    OwnedTensor host(t.dtype, Device::CPU, t.dims());
-    copy_tensor(host.t, t);
-    const auto* p = static_cast<const unsigned char*>(host->ptr);
-    for (size_t i = 0; i < host->nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    const Tensor flat = t.view({t.numel()});
+    const int64_t per = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(dtype_size(t.dtype)));
+    for (int64_t a = 0; a < flat.numel(); a += per) {
+      const Tensor part = flat.slice0(a, std::min(a + per, flat.numel()));
+      host.resize(part.nbytes());
+      copy_tensor(Tensor(host.data(), t.dtype, Device::CPU, {part.numel()}), part);
+      h = content_hash(host.data(), host.size(), h);
+    }
   }
   return static_cast<int64_t>(h >> 1);
 }
@@ -267,10 +277,11 @@ void Trainer::init_fresh() {
   stepper_->sync_weights();
   const bool zero = model_->params().sharded();
   log_->info(
-      "fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}{}, {} micro-batch(es) of {}x{} per rank per "
+      "fresh run: {} parameters on {}{} ({} compute), {} rank(s) via {}{}{}, {} micro-batch(es) of {}x{} per rank per "
       "step{}",
       model_->n_params(), gpu_ ? gpu_info().name : "CPU", world_ > 1 ? " per rank" : "", dtype_name(model_->env().act),
-      world_, comm_->backend(), zero ? " with ZeRO-" + std::to_string(tc_.zero) : std::string(), n_micro_, B_, T_,
+      world_, comm_->backend(), zero ? " with ZeRO-" + std::to_string(tc_.zero) : std::string(),
+      world_ > 1 && tc_.reduce_dtype == "bf16" ? ", gradients reduced in bf16" : "", n_micro_, B_, T_,
       tc_.recompute != "none" ? ", recompute " + tc_.recompute : std::string());
 }
 

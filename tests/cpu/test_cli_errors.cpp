@@ -1,7 +1,7 @@
 // What a new user hits on the command line: every shipped config, truncated and randomly edited,
 // is either still valid or refused in one line with exit 2 (never an internal error or a crash);
-// a directory as CONFIG; `--set` creating missing objects; eval windows no longer than the
-// tokens they score.
+// a directory as CONFIG; `--set` creating missing objects; a train.reduce_dtype it does not take;
+// eval windows no longer than the tokens they score.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -99,6 +99,19 @@ TEST(CliErrors, SetCreatesMissingObjectsAndStillRejectsUnknownKeys) {
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("'model.n_layers' is number, not an object"), std::string::npos) << e.what();
   }
+}
+
+// A value train.reduce_dtype does not take is refused in one line naming the key and the values it
+// takes; bf16 is accepted (also on one rank, where nothing is reduced).
+TEST(CliErrors, ReduceDtypeNamesTheValuesItTakes) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("reduce_dtype");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  std::string out;
+  expect_one_line_user_error(test::run_linac("info " + cfg + " --set train.reduce_dtype=fp16", out), out, "fp16");
+  EXPECT_NE(out.find("train.reduce_dtype: 'fp16' is not one of f32, bf16"), std::string::npos) << out;
+  EXPECT_EQ(test::run_linac("info " + cfg + " --set train.reduce_dtype=bf16", out), 0) << out;
 }
 
 // Every component of a --set path must be a name: a trailing, leading or doubled dot is refused

@@ -38,5 +38,20 @@ TEST(ElementwiseCpu, CastBetweenFloatAndDouble) {
   EXPECT_EQ(to_doubles(copy), to_doubles(d));
 }
 
+// bf16 (gradients reduced in bf16 on CPU ranks) goes through the host conversion: nearest-even.
+TEST(ElementwiseCpu, CastToAndFromBf16Rounds) {
+  OwnedTensor f = test::random_tensor({1001}, DType::F32, 5);
+  OwnedTensor h(DType::BF16, Device::CPU, {1001}), back(DType::F32, Device::CPU, {1001});
+  cast(Ctx{}, h, f);
+  cast(Ctx{}, back, h);
+  int moved = 0;
+  for (int64_t i = 0; i < 1001; ++i) {
+    const float x = f->data<float>()[i];
+    EXPECT_EQ(back->data<float>()[i], round_bf16(x));
+    moved += back->data<float>()[i] != x;
+  }
+  EXPECT_GT(moved, 900);
+}
+
 }  // namespace
 }  // namespace linac

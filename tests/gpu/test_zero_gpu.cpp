@@ -20,13 +20,7 @@ TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   if (!test::have_linac_binary() || !test::have_mpirun()) GTEST_SKIP() << "needs the linac binary and mpirun";
   const std::string dir = test::fresh_dir("zero_gpu");
-  json j = test::tiny_train_config(dir + "/plain");
-  j["model"]["d_model"] = 128;
-  j["train"]["device"] = "cuda";
-  j["train"]["precision"] = "bf16";
-  j["train"]["micro_batch"] = 2;
-  j["train"]["grad_clip"] = 0.0;     // the norm from shards agrees to rounding only
-  j["train"]["bucket_mb"] = 0.25;    // several buckets, one split between the shards
+  json j = test::two_gpu_train_config(dir + "/plain");
   const std::string cfg = test::write_config(dir, j);
   const std::string mpirun = std::string(test::kMpiEnv) + "NCCL_NVLS_ENABLE=0 timeout 300 mpirun -np 2 " +
                              std::getenv("LINAC_BIN") + " train " + cfg;
