@@ -39,8 +39,7 @@ bool is_metadata(const std::string& name) { return name == "config" || name == "
 
 CheckpointReader::CheckpointReader(const std::string& path, bool verify_tensors) : path_(path) {
   std::error_code ec;
-  sharded_ = fs::is_directory(path, ec);
-  if (sharded_) {
+  if (fs::is_directory(path, ec)) {
     open_sharded();
   } else {
     files_.push_back(CheckpointFile::open(path, true));
@@ -117,12 +116,6 @@ CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = def
 bool CheckpointReader::has_optimizer() const {
   const auto it = tensors_.lower_bound("optim/");
   return it != tensors_.end() && it->first.rfind("optim/", 0) == 0;
-}
-
-std::vector<std::string> CheckpointReader::tensor_names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, e] : tensors_) out.push_back(name);
-  return out;
 }
 
 std::vector<float> CheckpointReader::read_piece(const std::string& name, const Piece& p) const {

@@ -66,11 +66,9 @@ class CheckpointReader {
 
   const std::string& path() const { return path_; }
   const CheckpointData& data() const { return data_; }
-  bool sharded() const { return sharded_; }
   bool has_optimizer() const;
-  // Tensor names ("params/<name>", "optim/m/<name>", "buffers/<name>", ...), sorted.
-  std::vector<std::string> tensor_names() const;
-  // A whole tensor's values (assembled from its pieces), verified against the hashes.
+  // A whole tensor's values ("params/<name>", "optim/m/<name>", "buffers/<name>", ...; assembled
+  // from its pieces), verified against the hashes.
   std::vector<float> read_tensor(const std::string& name) const;
   // Checks the bytes of every `parts`-th tensor piece starting at `part` (UserError on a mismatch).
   void verify_tensors(int part, int parts) const;
@@ -94,7 +92,6 @@ class CheckpointReader {
   void open_sharded();
   std::vector<float> read_piece(const std::string& name, const Piece& p) const;
   std::string path_;
-  bool sharded_ = false;
   std::vector<CheckpointFile> files_;
   CheckpointData data_;
   std::map<std::string, TensorEntry> tensors_;

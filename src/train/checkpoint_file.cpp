@@ -326,11 +326,4 @@ std::vector<float> CheckpointFile::read_verified(const std::string& name) const 
   return values;
 }
 
-void CheckpointFile::verify_all() const {
-  for (const auto& [name, entry] : datasets) {
-    if (name == "config" || name == "tokenizer" || name == "state/loader") continue;  // verified at open
-    read_verified(name);
-  }
-}
-
 }  // namespace linac

@@ -55,8 +55,7 @@ uint64_t write_checkpoint_file(const std::string& path, const CheckpointData& da
 int sync_path(const std::string& path, bool directory);
 
 // An open checkpoint file whose manifest, /state attributes and small datasets (/config,
-// /state/loader, /tokenizer) verified; tensors are verified when read (read_verified) or by
-// verify_all.
+// /state/loader, /tokenizer) verified; tensors are verified when read (read_verified).
 struct CheckpointFile {
   struct Entry {
     std::vector<uint64_t> dims;
@@ -78,8 +77,6 @@ struct CheckpointFile {
   static CheckpointFile open(const std::string& path, bool need_config);
   // Dataset `name` as f32 values (it must be float32), checked against its hash.
   std::vector<float> read_verified(const std::string& name) const;
-  // Reads every dataset and checks its hash.
-  void verify_all() const;
 };
 
 }  // namespace linac

@@ -66,8 +66,6 @@ class CheckpointWriter {
   void poll();
   // Blocks until the checkpoint in flight is published. A failed write is a UserError.
   void wait();
-  bool in_flight() const { return job_ != nullptr; }
-  bool async() const { return opt_.async; }
 
  private:
   struct Job;
