@@ -123,12 +123,23 @@ CheckpointFileLayout create_checkpoint_file(const std::string& path, const Check
   LINAC_H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
   LINAC_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
   LINAC_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
-  h5::Id lcpl(LINAC_H5_CHECK(H5Pcreate(H5P_LINK_CREATE)), H5Pclose);
-  LINAC_H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1));
+  // Groups keep their links in their object headers (checksummed) however many they hold: past 8,
+  // HDF5 would move them to a fractal heap, whose blocks carry no checksum, and a damaged link
+  // there crashed HDF5's own iteration (found by the flipped-byte test under ASan).
+  h5::Id gcpl(LINAC_H5_CHECK(H5Pcreate(H5P_GROUP_CREATE)), H5Pclose);
+  LINAC_H5_CHECK(H5Pset_link_phase_change(gcpl.get(), 65535, 65535));
+  const auto group_of = [&](const std::string& name) {
+    for (size_t at = name.find('/'); at != std::string::npos; at = name.find('/', at + 1)) {
+      const std::string g = name.substr(0, at);
+      if (!h5::exists(f.id(), g))
+        h5::Id(LINAC_H5_CHECK(H5Gcreate2(f.id(), g.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT)), H5Gclose);
+    }
+  };
   for (const HostTensor& t : tensors) {
+    group_of(t.name);
     std::vector<hsize_t> d(t.shape.begin(), t.shape.end());
     h5::Id space(LINAC_H5_CHECK(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr)), H5Sclose);
-    h5::Id ds(LINAC_H5_CHECK(H5Dcreate2(f.id(), t.name.c_str(), H5T_NATIVE_FLOAT, space.get(), lcpl.get(), dcpl.get(),
+    h5::Id ds(LINAC_H5_CHECK(H5Dcreate2(f.id(), t.name.c_str(), H5T_NATIVE_FLOAT, space.get(), H5P_DEFAULT, dcpl.get(),
                                         H5P_DEFAULT)),
               H5Dclose);
     const haddr_t at = H5Dget_offset(ds.get());
@@ -136,7 +147,7 @@ CheckpointFileLayout create_checkpoint_file(const std::string& path, const Check
     out.offsets.push_back(static_cast<uint64_t>(at));
     out.dims[t.name] = t.shape;
   }
-  h5::Id st(LINAC_H5_CHECK(H5Gcreate2(f.id(), "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)), H5Gclose);
+  h5::Id st(LINAC_H5_CHECK(H5Gcreate2(f.id(), "state", H5P_DEFAULT, gcpl.get(), H5P_DEFAULT)), H5Gclose);
   const TrainState& s = data.state;
   out.state_attrs = {kFormatVersion, s.step, s.updates, s.tokens_seen, s.world_size, static_cast<int64_t>(s.seed)};
   for (size_t i = 0; i < out.state_attrs.size(); ++i) h5::set_attr(st.get(), kStateAttrs[i], out.state_attrs[i]);

@@ -7,7 +7,7 @@
 // (start() waits for the previous one). With one rank the thread writes step_N.h5 through a temp
 // file renamed into place. With several, every rank writes its shard into
 // ckpt/step_N.tmp-<rank 0's pid>/ at once; poll() and wait(), called by every rank at the same
-// points, exchange the ranks' results (an MPI all-gather of three numbers), and once all are
+// points, exchange the ranks' results (an MPI all-gather of four numbers), and once all are
 // written rank 0 writes manifest.json, syncs it and renames the directory into place: a crash at any
 // moment leaves the previous checkpoints intact, and `--resume auto` takes the newest complete
 // one. Only then is the checkpoint published (ckpt/latest, keep_last).
