@@ -8,14 +8,30 @@ JSON line each.
 
 usage: scripts/bench_hf_generate.py (--model DIR | --linac-config CONFIG.json) [--batch 1,16,128]
                                     [--prompt-len 512] [--gen-len 1024] [--dtype bfloat16] [--attn eager|sdpa]
+                                    [--cache dynamic|static] [--compile]
 --linac-config builds the same LlamaForCausalLM from a Transformer++ config with random weights
 (speed does not depend on the values), for sizes that have no trained checkpoint to export.
+
+--cache dynamic (the default) is generate's DynamicCache, one warm-up generate of 4 tokens per
+batch size. --cache static: generate(cache_implementation="static"), a cache preallocated for
+prompt + gen-len positions, with transformers' own auto-compile of the decode step turned off
+(generation_config.disable_compile), so that without --compile it is the eager static cache; one
+warm-up generate with the timed run's shapes. --compile (with --cache static, as Hugging Face
+documents it): model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True),
+CUDA graphs included; per batch size the compile caches are reset and two warm-up generates with
+the timed run's batch and --gen-len run first, so compilation and graph capture are not timed
+(should the full-graph trace fail, it falls back to fullgraph=False and says so in the JSON line).
+prefill_ms is always the model's uncompiled forward over the prompts, as before: tens of
+milliseconds next to a decode of seconds, so that generate's own (compiled) prefill being a little
+faster moves decode tokens/s, which subtracts it, by about 1% at most.
 """
 import argparse
 import json
+import sys
 import time
 
 import torch
+import torch._dynamo
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 
@@ -39,7 +55,10 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=1024)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--attn", default="eager")
+    ap.add_argument("--attn", default="eager", help="attn_implementation: eager or sdpa")
+    ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile(model.forward, mode='reduce-overhead', fullgraph=True); wants --cache static")
     a = ap.parse_args()
     if (a.model is None) == (a.linac_config is None):
         ap.error("give exactly one of --model and --linac-config")
@@ -50,6 +69,55 @@ def main():
         model = AutoModelForCausalLM.from_config(llama_config_of(a.linac_config), torch_dtype=dtype,
                                                  attn_implementation=a.attn)
     model = model.cuda().eval()
+    eager_forward = model.forward  # the prefill timing's forward, whatever --compile does to model.forward
+    if a.cache == "static":
+        # transformers compiles the decode step of a static cache by itself unless told not to: off, so
+        # that --cache static alone is the eager static cache and --compile is the one compile below
+        model.generation_config.disable_compile = True
+    fullgraph = None
+    if a.compile:
+        if a.cache != "static":
+            print("--compile without --cache static: the dynamic cache changes shape every step and recompiles",
+                  file=sys.stderr)
+        # recompiles: one graph each for prefill and decode per batch size (reset per batch below anyway)
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
+        fullgraph = True
+        model.forward = torch.compile(eager_forward, mode="reduce-overhead", fullgraph=True)
+
+    static_kw = {}  # how this transformers takes cache_implementation: settled on the first generate
+    if a.cache == "static":
+        static_kw = {"cache_implementation": "static"}
+
+    def generate(ids, **kw):
+        nonlocal static_kw
+        try:
+            return model.generate(ids, **kw, **static_kw)
+        except TypeError:
+            if not static_kw:
+                raise
+            # a generate that does not take cache_implementation as an argument reads it from its config
+            print("generate(cache_implementation=...) refused: setting generation_config.cache_implementation",
+                  file=sys.stderr)
+            model.generation_config.cache_implementation = "static"
+            static_kw = {}
+            return model.generate(ids, **kw)
+
+    def warm_generate(ids, **kw):
+        nonlocal fullgraph
+        try:
+            return generate(ids, **kw)
+        except Exception as e:  # a graph break under fullgraph=True: HF's documented call does not trace here
+            if not (a.compile and fullgraph and type(e).__module__.startswith("torch._dynamo")):
+                raise
+            print(f"fullgraph=True trace failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                  "compiling with fullgraph=False", file=sys.stderr)
+            fullgraph = False
+            torch.compiler.reset()
+            model.forward = torch.compile(eager_forward, mode="reduce-overhead", fullgraph=False)
+            return generate(ids, **kw)
+
     V = model.config.vocab_size
     g = torch.Generator(device="cpu").manual_seed(0)
     for B in [int(b) for b in a.batch.split(",")]:
@@ -58,22 +126,38 @@ def main():
         kw = dict(attention_mask=mask, do_sample=False, max_new_tokens=a.gen_len, min_new_tokens=a.gen_len,
                   pad_token_id=0, eos_token_id=None)
         with torch.no_grad():
-            model.generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
+            t0 = time.perf_counter()
+            if a.compile:
+                # fresh graphs for this batch's static shapes; the warm-ups have the timed run's batch,
+                # prompt and gen-len, hence its static cache length: compile and capture happen here
+                torch.compiler.reset()
+                for _ in range(2):
+                    warm_generate(ids, **kw)
+            elif a.cache == "static":
+                generate(ids, **kw)  # allocates the static cache of the timed run's length
+            else:
+                generate(ids, **{**kw, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up
             torch.cuda.synchronize()
+            warm = time.perf_counter() - t0
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            model(ids, attention_mask=mask)
+            (eager_forward if a.compile else model)(ids, attention_mask=mask)
             torch.cuda.synchronize()
             prefill = time.perf_counter() - t0
             t0 = time.perf_counter()
-            out = model.generate(ids, **kw)
+            out = generate(ids, **kw)
             torch.cuda.synchronize()
             total = time.perf_counter() - t0
         new = out.shape[1] - a.prompt_len
-        print(json.dumps({"model": a.model or a.linac_config, "attn": a.attn, "dtype": a.dtype, "batch": B, "prompt_len": a.prompt_len,
-                          "gen_len": new, "prefill_ms": prefill * 1e3, "generate_s": total,
-                          "decode_tokens_per_s": B * new / max(total - prefill, 1e-9),
-                          "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30}), flush=True)
+        line = {"model": a.model or a.linac_config, "attn": a.attn, "dtype": a.dtype, "cache": a.cache,
+                "compile": a.compile, "batch": B, "prompt_len": a.prompt_len, "gen_len": new,
+                "prefill_ms": prefill * 1e3, "generate_s": total,
+                "decode_tokens_per_s": B * new / max(total - prefill, 1e-9),
+                "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "warmup_s": warm}
+        if a.compile:
+            line["compile_mode"] = "reduce-overhead"
+            line["fullgraph"] = fullgraph
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -14,7 +14,9 @@
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
-#   attention next to SDPA and GQA decoding against multi-head, issue 50; ckpt13b, not part of
+#   attention next to SDPA and GQA decoding against multi-head, issue 50; decode and peers, not
+#   part of all: the GPU suite and decoding with and without CUDA graphs, and the 125M step and
+#   its decoding next to the strongest PyTorch and HF peers, issue 49; ckpt13b, not part of
 #   all (4 GPUs): sharded asynchronous checkpoints of the 1.3B model and the data-parallel GPU
 #   tests, issue 48)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
@@ -416,16 +418,17 @@ if [ "$what" = ckpt13b ]; then
     echo "$1 on $2 GPUs rc=$?"
     grep -E "checkpoint /|resumed|fresh run|step [0-9]+/" "$ck/$1_$2.log" | sed 's/^/  /'
   }
-  run13 async 4 --set train.steps=15 --set train.checkpoint_every=5
+  ranks="${CKPT13B_RANKS:-4}"  # 2 on a 2-GPU machine
+  run13 async "$ranks" --set train.steps=15 --set train.checkpoint_every=5
   du -sh /tmp/ckpt13b/async/ckpt/* 2>/dev/null | sed 's/^/  /'
   ls -l /tmp/ckpt13b/async/ckpt/step_000015/ 2>/dev/null | sed 's/^/  /'
   if [[ " $parts " == *" resume "* ]]; then
-    run13 async 4 --set train.steps=16 --set train.checkpoint_every=5 --resume auto
+    run13 async "$ranks" --set train.steps=16 --set train.checkpoint_every=5 --resume auto
     # 4 -> 2 ranks: each of the 2 reads the pieces of its shard from the 4 files.
     run13 async 2 --set train.steps=17 --set train.checkpoint_every=5 --resume auto
   fi
   rm -rf /tmp/ckpt13b/async
-  [[ " $parts " == *" blocking "* ]] && run13 blocking 4 --set train.steps=5 --set train.checkpoint_every=5 --set train.checkpoint_async=false
+  [[ " $parts " == *" blocking "* ]] && run13 blocking "$ranks" --set train.steps=5 --set train.checkpoint_every=5 --set train.checkpoint_async=false
   rm -rf /tmp/ckpt13b
 fi
 if [ "$what" = gqa ]; then
@@ -457,5 +460,37 @@ if [ "$what" = gqa ]; then
     ./build-gpu/linac bench --generate configs/transformer_125m.json --set model.mixer.kv_heads=$kv --batch 1,16,128 \
       --prompt-len 512 --gen-len 1024 2>&1 | tee -a "$out/gqa_bench.txt"
   done
+fi
+if [ "$what" = decode ]; then
+  # Issue 49: the whole GPU suite (the decode step changed for every architecture), then decoding
+  # with and without CUDA graphs for Transformer++ 125M and GLA 340M.
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
+  rc=$?
+  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|actual|Google Test trace' "$out/gpu_tests.log" | head -60
+  for c in transformer_125m gla_340m; do
+    for g in "" --no-graph; do
+      ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 $g \
+        2>&1 | tee -a "$out/decode.txt"
+    done
+  done
+fi
+if [ "$what" = peers ]; then
+  # Issue 49: the PyTorch peers at their strongest next to linac, same call: the Transformer++ 125M
+  # step (bench_torch.py: fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA, fused AdamW,
+  # torch.compile) and decoding (Hugging Face generate, eager with a dynamic cache and SDPA with a
+  # static cache under torch.compile's CUDA graphs).
+  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 20 2>&1 | tee -a "$out/peers.txt"
+  timeout 300 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
+    grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
+  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 --gen-len 1024 \
+    2>&1 | tee -a "$out/peers.txt"
+  for peer in "--attn eager" "--attn sdpa --cache static --compile"; do
+    timeout 200 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16 \
+      --prompt-len 512 --gen-len 1024 $peer 2>>"$out/bench_hf.err" | tee -a "$out/peers.txt"
+  done
+  tail -3 "$out/bench_hf.err"
 fi
 printf '%s\n' "${summary[@]}"

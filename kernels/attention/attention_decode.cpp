@@ -68,6 +68,52 @@ void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, co
                      attention_decode_cpu<F>(L, q.data<F>(), k_cache.data<F>(), v_cache.data<F>(), o.data<F>()));
 }
 
+void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& pos,
+                           const Tensor& k_cache, const Tensor& v_cache, const RopeFreqs& rope, int64_t window,
+                           const Tensor& o) {
+  const char* op = "attention_decode_step";
+  check_bhd(q, q, op, "q");
+  check_bhd(o, q, op, "o");
+  LINAC_CHECK(o.dtype == q.dtype, "attention_decode_step: o has another dtype");
+  check_bhd(k, k, op, "k");
+  check_bhd(v, k, op, "v");
+  LINAC_CHECK(k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(1) >= 1 && q.size(1) % k.size(1) == 0 &&
+                  k.device == q.device,
+              "attention_decode_step: k must be [B, Hk, D] with Hk dividing q's heads, got q " + q.shape_str() +
+                  ", k " + k.shape_str());
+  AttentionDecodeLayout L;
+  L.B = q.size(0), L.H = q.size(1), L.D = q.size(2), L.Hk = k.size(1);
+  L.S = check_cache(k_cache, k, op, "k_cache");
+  LINAC_CHECK(check_cache(v_cache, v, op, "v_cache") == L.S,
+              "attention_decode_step: k_cache and v_cache hold different numbers of slots");
+  LINAC_CHECK(pos.dtype == DType::I32 && pos.ndim == 1 && pos.size(0) == L.B && pos.is_contiguous() &&
+                  pos.device == q.device,
+              "attention_decode_step: pos must be [B] int32 on q's device, got " + pos.shape_str());
+  LINAC_CHECK(window == 0 || window == L.S,
+              "attention_decode_step: a window's ring holds exactly `window` slots, got " + std::to_string(L.S) +
+                  " for window " + std::to_string(window));
+  LINAC_CHECK(L.D > 0 && L.D % 2 == 0, "attention_decode_step: the head dim must be even");
+  L.window = window;
+  L.scale = 1.0 / std::sqrt(static_cast<double>(L.D));
+  L.q_b = q.strides[0], L.o_b = o.strides[0], L.k_b = k.strides[0], L.v_b = v.strides[0];
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+#if LINAC_WITH_CUDA
+    attention_decode_step_cuda(ctx, L, q, k, v, pos, rope, k_cache, v_cache, o);
+#endif
+    return;
+  }
+  for (int64_t b = 0; b < L.B; ++b) {
+    const int32_t p = pos.data<int32_t>()[b];
+    LINAC_CHECK(p >= 0 && (window > 0 || p < L.S), "attention_decode_step: row " + std::to_string(b) +
+                                                       " at position " + std::to_string(p) + " outside the cache's " +
+                                                       std::to_string(L.S) + " slots");
+  }
+  LINAC_CPU_DISPATCH(q.dtype, F,
+                     attention_decode_step_cpu<F>(L, q.data<F>(), k.data<F>(), v.data<F>(), pos.data<int32_t>(), rope,
+                                                  k_cache.data<F>(), v_cache.data<F>(), o.data<F>()));
+}
+
 void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot) {
   check_bhd(k_t, k_t, "attention_cache_write", "k_t");

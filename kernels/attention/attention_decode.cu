@@ -12,8 +12,15 @@
 // states are merged through shared memory in group order; with one slot block the CTA writes o,
 // otherwise it writes (acc, m, l) to ctx.workspace and combine_kernel merges the blocks in block
 // order. Every order is fixed by the shapes, so results are bitwise reproducible.
+//
+// The decoding step (attention_decode_step) reads each row's position on the device: prepare_kernel
+// rotates the row's q and k (rope_math.cuh's rotation, as rope.cu) and writes k and v into the
+// cache; decode_kernel's grid then covers every slot of the cache and the blocks past a row's
+// valid slots return at once (a few microseconds over a graph's replay, against a relaunch per
+// token), so the launches do not depend on the positions.
 #include "attention/attention_decode.h"
 #include "common/cuda_common.cuh"
+#include "rope/rope_math.cuh"
 
 namespace linac {
 namespace {
@@ -22,10 +29,19 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kSplit = static_cast<int>(kAttentionDecodeSplit);
 
 struct Args {
-  int H, Hk, D, S, n_valid, splits;
+  int H, Hk, D, S, n_valid, splits;  // splits: the grid's slot blocks per (batch, head)
   float scale;
   int64_t q_b, o_b;
+  const int32_t* pos;  // the step's positions [B] (then n_valid is per row), or null
+  int window;
 };
+
+// The valid slots of row b.
+__device__ __forceinline__ int valid_slots(const Args& p, int b) {
+  if (!p.pos) return p.n_valid;
+  const int pos = p.pos[b];
+  return p.window > 0 ? min(pos + 1, p.window) : pos + 1;
+}
 
 template <class T>
 __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
@@ -51,7 +67,9 @@ __global__ void __launch_bounds__(kThreads)
   float* s_acc = s_l + kGroups;
 
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, split = blockIdx.y, g = h / (p.H / p.Hk);
-  const int s_begin = split * kSplit, s_end = min(s_begin + kSplit, p.n_valid);
+  const int n_valid = valid_slots(p, b), splits = (n_valid + kSplit - 1) / kSplit;
+  if (split >= splits) return;
+  const int s_begin = split * kSplit, s_end = min(s_begin + kSplit, n_valid);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp * kPerWarp + lane / G;
   const int d0 = (lane % G) * 8;
   const bool dims = d0 < p.D;  // D/8 may be less than G: the group's last lanes then hold no dims
@@ -99,37 +117,85 @@ __global__ void __launch_bounds__(kThreads)
   for (int d = threadIdx.x; d < p.D; d += kThreads) {
     float a = 0.f;
     for (int g = 0; g < kGroups; ++g) a += expf(s_m[g] - m_all) * s_acc[g * p.D + d];
-    if (p.splits == 1)
+    if (splits == 1)
       o[b * p.o_b + h * p.D + d] = cuda::from_float<T>(a / l_all);
     else
       partial[(int64_t{bh} * p.splits + split) * (p.D + 2) + d] = a;
   }
-  if (p.splits > 1 && threadIdx.x == 0) {
+  if (splits > 1 && threadIdx.x == 0) {
     float* tail = partial + (int64_t{bh} * p.splits + split) * (p.D + 2) + p.D;
     tail[0] = m_all, tail[1] = l_all;
   }
 }
 
-// Merges the slot blocks of one (batch, head) in block order.
+// Merges the slot blocks of one (batch, head) in block order (with one block decode_kernel wrote o).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* __restrict__ partial, T* __restrict__ o, const Args p) {
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
+  const int splits = (valid_slots(p, b) + kSplit - 1) / kSplit;
+  if (splits == 1) return;
   const float* rows = partial + int64_t{bh} * p.splits * (p.D + 2);
   float m_all = -INFINITY;
-  for (int sp = 0; sp < p.splits; ++sp) m_all = fmaxf(m_all, rows[sp * (p.D + 2) + p.D]);
+  for (int sp = 0; sp < splits; ++sp) m_all = fmaxf(m_all, rows[sp * (p.D + 2) + p.D]);
   float l_all = 0.f;
-  for (int sp = 0; sp < p.splits; ++sp) {
+  for (int sp = 0; sp < splits; ++sp) {
     const float* tail = rows + sp * (p.D + 2) + p.D;
     l_all += expf(tail[0] - m_all) * tail[1];
   }
   for (int d = threadIdx.x; d < p.D; d += kThreads) {
     float a = 0.f;
-    for (int sp = 0; sp < p.splits; ++sp) {
+    for (int sp = 0; sp < splits; ++sp) {
       const float* row = rows + sp * (p.D + 2);
       a += expf(row[p.D] - m_all) * row[d];
     }
     o[b * p.o_b + h * p.D + d] = cuda::from_float<T>(a / l_all);
+  }
+}
+
+struct PrepareArgs {
+  int H, Hk, D, S, window;
+  int64_t q_b, k_b, v_b;
+  bool rope;
+};
+
+// One CTA per sequence: the (cos, sin) of its position into shared memory, then its q and k heads
+// rotated in place, one pair per thread and pass, the rotated k and the v row written into the
+// cache slot.
+template <class T>
+__global__ void __launch_bounds__(kThreads)
+    prepare_kernel(T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
+                   T* __restrict__ v_cache, const int32_t* __restrict__ positions, const PrepareArgs a,
+                   const __grid_constant__ cuda::RopeInvFreq freq) {
+  extern __shared__ float cs[];  // cos [half], then sin [half]
+  const int b = blockIdx.x, pos = positions[b], half = a.D / 2, row = a.Hk * a.D;
+  const int slot = a.window > 0 ? pos % a.window : pos;
+  T* kc = k_cache + (int64_t{b} * a.S + slot) * row;
+  T* vc = v_cache + (int64_t{b} * a.S + slot) * row;
+  T* qb = q + b * a.q_b;
+  T* kb = k + b * a.k_b;
+  const T* vb = v + b * a.v_b;
+  for (int j = threadIdx.x; j < row; j += blockDim.x) vc[j] = vb[j];
+  if (!a.rope) {
+    for (int j = threadIdx.x; j < row; j += blockDim.x) kc[j] = kb[j];
+    return;
+  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float s, c;
+    sincosf(static_cast<float>(pos) * freq.v[i], &s, &c);
+    cs[i] = c, cs[half + i] = s;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < (a.H + a.Hk) * half; j += blockDim.x) {
+    const int hh = j / half, i = j - hh * half;
+    T* x = hh < a.H ? qb + hh * a.D : kb + (hh - a.H) * a.D;
+    const float2 r = cuda::rope_rotate(cuda::to_float(x[i]), cuda::to_float(x[i + half]), cs[i], cs[half + i]);
+    const T y1 = cuda::from_float<T>(r.x), y2 = cuda::from_float<T>(r.y);
+    x[i] = y1, x[i + half] = y2;
+    if (hh >= a.H) {
+      T* c = kc + (hh - a.H) * a.D;
+      c[i] = y1, c[i + half] = y2;
+    }
   }
 }
 
@@ -166,10 +232,9 @@ void dispatch_group(const Ctx& ctx, const Args& a, int64_t BH, const Tensor& q, 
     launch<T, 32>(ctx, a, BH, q, k, v, o);
 }
 
-}  // namespace
-
-void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k_cache,
-                           const Tensor& v_cache, const Tensor& o) {
+// The checks both entry points share; the kernel arguments for n_valid slots.
+Args decode_args(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k_cache,
+                 const Tensor& v_cache, const Tensor& o, int64_t n_valid) {
   LINAC_CHECK(L.D % 8 == 0 && L.D <= 256,
               "attention_decode (GPU): head dim must be a multiple of 8 up to 256, got " + std::to_string(L.D));
   LINAC_CHECK(k_cache.dtype == q.dtype && v_cache.dtype == q.dtype && o.dtype == q.dtype,
@@ -180,16 +245,48 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
   LINAC_CHECK(L.q_b % 4 == 0 && L.o_b % 4 == 0, "attention_decode (GPU): batch strides must be multiples of 4");
   LINAC_CHECK(L.B * L.S * L.H * L.D < (int64_t{1} << 62) && L.S < (int64_t{1} << 31),
               "attention_decode (GPU): cache too large");
-  if (L.B * L.H == 0) return;
-  LINAC_CHECK(ctx.workspace_bytes >= attention_decode_workspace_bytes(L.B, L.H, L.D, L.n_valid),
+  LINAC_CHECK(ctx.workspace_bytes >= attention_decode_workspace_bytes(L.B, L.H, L.D, n_valid),
               "attention_decode (GPU): workspace too small");
   Args a{};
   a.H = static_cast<int>(L.H), a.Hk = static_cast<int>(L.Hk), a.D = static_cast<int>(L.D), a.S = static_cast<int>(L.S);
-  a.n_valid = static_cast<int>(L.n_valid);
-  a.splits = static_cast<int>((L.n_valid + kSplit - 1) / kSplit);
+  a.n_valid = static_cast<int>(n_valid);
+  a.splits = static_cast<int>((n_valid + kSplit - 1) / kSplit);
   a.scale = static_cast<float>(L.scale);
   a.q_b = L.q_b, a.o_b = L.o_b;
+  return a;
+}
+
+}  // namespace
+
+void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k_cache,
+                           const Tensor& v_cache, const Tensor& o) {
+  const Args a = decode_args(ctx, L, q, k_cache, v_cache, o, L.n_valid);
+  if (L.B * L.H == 0) return;
   LINAC_GPU_DISPATCH(q.dtype, T, dispatch_group<T>(ctx, a, L.B * L.H, q, k_cache, v_cache, o));
+}
+
+void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& pos, const RopeFreqs& rope, const Tensor& k_cache,
+                                const Tensor& v_cache, const Tensor& o) {
+  LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "attention_decode_step (GPU): dtypes must agree");
+  LINAC_CHECK(!rope.defined() || L.D <= kRopeMaxDim, "attention_decode_step (GPU): head dim too large for RoPE");
+  // The grid covers every slot a row may hold: all of them.
+  Args a = decode_args(ctx, L, q, k_cache, v_cache, o, L.S);
+  if (L.B * L.H == 0) return;
+  a.pos = pos.data<int32_t>();
+  a.window = static_cast<int>(L.window);
+  PrepareArgs pa{};
+  pa.H = a.H, pa.Hk = a.Hk, pa.D = a.D, pa.S = a.S, pa.window = a.window;
+  pa.q_b = L.q_b, pa.k_b = L.k_b, pa.v_b = L.v_b;
+  pa.rope = rope.defined();
+  const cuda::RopeInvFreq freq = pa.rope ? cuda::rope_inv_freq_table(rope, L.D) : cuda::RopeInvFreq{};
+  const size_t smem = static_cast<size_t>(L.D) * sizeof(float);
+  LINAC_GPU_DISPATCH(q.dtype, T, {
+    prepare_kernel<T><<<static_cast<unsigned>(L.B), kThreads, smem, cuda::stream_of(ctx)>>>(
+        q.data<T>(), k.data<T>(), v.data<T>(), k_cache.data<T>(), v_cache.data<T>(), a.pos, pa, freq);
+    LINAC_CUDA_LAUNCH_CHECK();
+    dispatch_group<T>(ctx, a, L.B * L.H, q, k_cache, v_cache, o);
+  });
 }
 
 void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot) {

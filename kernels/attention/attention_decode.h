@@ -16,6 +16,16 @@
 // running max), D a multiple of 8 up to 256, rows aligned to four elements. The GPU splits the slots of a
 // (batch, head) into blocks of kAttentionDecodeSplit, combined in a fixed order through
 // attention_decode_workspace_bytes() of ctx.workspace (deterministic, no atomics).
+//
+// attention_decode_step is a whole decoding step of an attention layer for B sequences, each at
+// its own position pos[b] within its current document (int32 [B] on ctx's device):
+//   q[b], k[b] <- RoPE(q[b]), RoPE(k[b]) at position pos[b]     (rope.h; when rope is defined)
+//   slot = window > 0 ? pos[b] % window : pos[b];    k_cache[b, slot], v_cache[b, slot] <- k[b], v[b]
+//   n_valid = window > 0 ? min(pos[b] + 1, window) : pos[b] + 1
+//   o[b] = the attention above over the first n_valid slots of row b
+// Nothing that changes from one step to the next is a launch argument (the positions are read on
+// the device and the GPU's grid covers every slot of the cache), so a CUDA graph captured once
+// replays the step at any position (generate/decode_graph.h). q and k are rotated in place.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +33,7 @@
 
 #include "core/gpu.h"
 #include "core/tensor.h"
+#include "rope/rope.h"
 
 namespace linac {
 
@@ -30,17 +41,25 @@ namespace linac {
 constexpr int64_t kAttentionDecodeSplit = 64;
 
 struct AttentionDecodeLayout {
-  int64_t B = 0, H = 0, D = 0, S = 0, n_valid = 0;
+  int64_t B = 0, H = 0, D = 0, S = 0, n_valid = 0;  // n_valid: attention_decode's (not the step's)
   int64_t Hk = 0;            // key/value heads of the cache, dividing H
   double scale = 0;          // never 0 here
   int64_t q_b = 0, o_b = 0;  // batch strides of q and o
+  int64_t k_b = 0, v_b = 0;  // batch strides of the step's new k and v rows
+  int64_t window = 0;        // the step's sliding window (0: full attention)
 };
 
 template <class F>
 void attention_decode_cpu(const AttentionDecodeLayout& L, const F* q, const F* k_cache, const F* v_cache, F* o);
+template <class F>
+void attention_decode_step_cpu(const AttentionDecodeLayout& L, F* q, F* k, const F* v, const int32_t* pos,
+                               const RopeFreqs& rope, F* k_cache, F* v_cache, F* o);
 
 void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k_cache,
                            const Tensor& v_cache, const Tensor& o);
+void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& pos, const RopeFreqs& rope, const Tensor& k_cache,
+                                const Tensor& v_cache, const Tensor& o);
 // Copies the [B, H, D] rows of x_t into slot `slot` of cache (same dtype), on ctx's stream.
 void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot);
 
@@ -51,7 +70,15 @@ void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, co
 // Writes k_t, v_t [B, Hk, D] (free batch stride) into slot `slot` of the caches.
 void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot);
-// Scratch bytes attention_decode needs from ctx.workspace on the GPU (0 when n_valid fits one block).
+// q, o [B, H, D]; k, v [B, Hk, D] (free batch strides); pos int32 [B] (contiguous, ctx's device);
+// k_cache, v_cache [B, S, Hk, D]; window 0 (then every pos[b] < S: the caller grows the cache)
+// or the ring's size S. rope: undefined for no rotation. On the CPU a position out of range is an
+// error; on the GPU it is the caller's invariant.
+void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& pos,
+                           const Tensor& k_cache, const Tensor& v_cache, const RopeFreqs& rope, int64_t window,
+                           const Tensor& o);
+// Scratch bytes attention_decode needs from ctx.workspace on the GPU (0 when n_valid fits one block);
+// attention_decode_step needs those of n_valid = S.
 size_t attention_decode_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t n_valid);
 
 }  // namespace linac

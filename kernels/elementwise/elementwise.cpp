@@ -52,4 +52,14 @@ void scale_inplace(const Ctx& ctx, const Tensor& x, double s) {
   LINAC_CPU_DISPATCH(x.dtype, T, scale_inplace_cpu<T>(x.data<T>(), s, x.numel()));
 }
 
+void increment_i32(const Ctx& ctx, const Tensor& x) {
+  LINAC_CHECK(x.is_contiguous() && x.dtype == DType::I32, "increment_i32: tensor must be contiguous int32");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    increment_i32_cuda(ctx, x);
+    return;
+  }
+  increment_i32_cpu(x.data<int32_t>(), x.numel());
+}
+
 }  // namespace linac

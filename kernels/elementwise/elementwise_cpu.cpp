@@ -23,6 +23,10 @@ void scale_inplace_cpu(T* x, double s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= c;
 }
 
+void increment_i32_cpu(int32_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) ++x[i];
+}
+
 template void add_inplace_cpu<float>(float*, const float*, double, int64_t);
 template void add_inplace_cpu<double>(double*, const double*, double, int64_t);
 template void cast_cpu<float, float>(float*, const float*, int64_t);

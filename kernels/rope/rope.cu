@@ -19,14 +19,10 @@ namespace {
 constexpr int kMaxThreads = 256;
 constexpr int kTokensPerBlock = 8;
 
-struct InvFreq {
-  float v[kRopeMaxDim / 2];
-};
-
 template <int kPairs, class T>
 __global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int h, int half, int64_t stride_b,
                             int64_t stride_t, int64_t pos0, const int32_t* __restrict__ doc_start, float sign,
-                            const __grid_constant__ InvFreq freq) {
+                            const __grid_constant__ cuda::RopeInvFreq freq) {
   extern __shared__ float cs[];  // per token of the block: cos [half], then sign * sin [half]
   const int64_t tok0 = int64_t{blockIdx.x} * kTokensPerBlock;
   const int n_tok = static_cast<int>(min(int64_t{kTokensPerBlock}, n_tokens - tok0));
@@ -62,19 +58,13 @@ __global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int 
 }
 
 __global__ void rope_table_kernel(float2* __restrict__ cos_sin, int64_t n, int half,
-                                  const __grid_constant__ InvFreq freq) {
+                                  const __grid_constant__ cuda::RopeInvFreq freq) {
   const int64_t k = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const int64_t p = k / half;
   float s, c;
   sincosf(static_cast<float>(p) * freq.v[k - p * half], &s, &c);
   cos_sin[k] = make_float2(c, s);
-}
-
-InvFreq inv_freq(const RopeFreqs& freqs, int64_t d) {
-  InvFreq freq{};
-  for (int64_t i = 0; i < d / 2; ++i) freq.v[i] = rope_inv_freq_f32(freqs, d, i);
-  return freq;
 }
 
 }  // namespace
@@ -84,7 +74,7 @@ void rope_table_cuda(const Ctx& ctx, const RopeFreqs& freqs, int64_t d, int64_t 
   const int64_t n = t * (d / 2);
   if (n == 0) return;
   rope_table_kernel<<<cuda::grid_1d(n, 256), 256, 0, cuda::stream_of(ctx)>>>(
-      reinterpret_cast<float2*>(cos_sin), n, static_cast<int>(d / 2), inv_freq(freqs, d));
+      reinterpret_cast<float2*>(cos_sin), n, static_cast<int>(d / 2), cuda::rope_inv_freq_table(freqs, d));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -94,7 +84,7 @@ void rope_apply_cuda(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, in
   if (b * t == 0 || h * d == 0) return;
   LINAC_CHECK(pos0 + t <= (int64_t(1) << 24), "rope (GPU): positions must be exact in f32 (< 2^24)");
   const int half = static_cast<int>(d / 2);
-  const InvFreq freq = inv_freq(freqs, d);
+  const cuda::RopeInvFreq freq = cuda::rope_inv_freq_table(freqs, d);
   // Four pairs per thread: both halves of every head start 4-aligned (cs too: half % 4 == 0).
   const bool quads = half % 4 == 0 && cuda::vec4_aligned(x) && x.strides[0] % 4 == 0 && x.strides[1] % 4 == 0;
   const int64_t items = kTokensPerBlock * h * half / (quads ? 4 : 1);

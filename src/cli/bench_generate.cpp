@@ -5,6 +5,7 @@
 #include "cli/format.h"
 #include "core/buffer.h"
 #include "core/rng.h"
+#include "generate/decode_graph.h"
 #include "generate/inference_model.h"
 #include "train/checkpoint.h"
 
@@ -18,6 +19,7 @@ struct GenRow {
   int64_t segment, last_steps;  // how many steps first_ms and last_ms time
   double mem_bytes;
   double state_bytes;  // the decode state alone (KV caches or recurrent states) at the last step
+  bool graph;  // the steps replayed a CUDA graph
 };
 
 // Random token ids (never all one id) on the model's device.
@@ -37,7 +39,7 @@ int bench_generate(Args& args, const std::string& path) {
   const int64_t gen = args.get_int("gen-len", 1024);
   const std::string device = args.get_or("device", "auto");
   const auto sets = args.get_all("set");
-  const bool as_json = args.flag("json");
+  const bool as_json = args.flag("json"), graph = !args.flag("no-graph");
   args.finish();
   if (gen < 1) throw UserError("--gen-len must be >= 1");
   if (is_checkpoint_path(path) && !sets.empty()) throw UserError("--set applies to a CONFIG, not to a checkpoint");
@@ -57,23 +59,30 @@ int bench_generate(Args& args, const std::string& path) {
     for (const int64_t B : batches) {
       // Exactly this shape's activations, so the memory column is this row's.
       model.reserve(B, P);
-      OwnedTensor prompt = random_ids({B, P}, V, 1, dev), steps = random_ids({gen, B}, V, 2, dev);
+      // Greedy decoding, each step's ids picked on the device and fed to the next (DecodeGraph).
+      OwnedTensor prompt = random_ids({B, P}, V, 1, dev), tokens(DType::I32, dev, {B});
       OwnedTensor logits(im.logits_dtype(), dev, {B, V});
-      {  // warm-up: kernels, cuBLASLt heuristics, the scratch pool at this shape
-        Model::DecodeState warm = model.init_decode(B);
+      const DecodeGraph::Options opt{.greedy = true, .graph = graph};
+      {  // warm-up: kernels, cuBLASLt heuristics, the scratch pool at this shape, a graph's capture
+        Model::DecodeState warm = model.init_decode(B, P + gen);
+        DecodeGraph steps(model, warm, tokens, logits, opt);
         model.prefill(warm, prompt, logits);
-        for (int64_t i = 0; i < std::min<int64_t>(gen, 4); ++i) model.decode_step(warm, steps->slice0(i, i + 1).view({B}), logits);
+        steps.pick();
+        for (int64_t i = 0; i < std::min<int64_t>(gen, 4); ++i) steps.step();
       }
-      GenRow r{B, P, gen, 0, 0, 0, 0, segment, 0, 0, 0};
+      GenRow r{B, P, gen, 0, 0, 0, 0, segment, 0, 0, 0, false};
       const size_t mem_before_state = gpu ? gpu_bytes_in_use() : 0;
-      Model::DecodeState st = model.init_decode(B);
+      Model::DecodeState st = model.init_decode(B, P + gen);
+      DecodeGraph steps(model, st, tokens, logits, opt);
+      r.graph = steps.graphs();
       Timer timer(im.ctx);
       timer.start();
       model.prefill(st, prompt, logits);
+      steps.pick();
       r.prefill_ms = timer.stop_ms();
       auto run_steps = [&](int64_t from, int64_t to) {
         timer.start();
-        for (int64_t i = from; i < to; ++i) model.decode_step(st, steps->slice0(i, i + 1).view({B}), logits);
+        for (int64_t i = from; i < to; ++i) steps.step();
         return timer.stop_ms();
       };
       const int64_t last_from = std::max(segment, gen - segment);
@@ -98,14 +107,14 @@ int bench_generate(Args& args, const std::string& path) {
                            {"decode_ms", r.decode_ms}, {"decode_tokens_per_s", tps(r.batch * r.gen, r.decode_ms)},
                            {"decode_first_tokens_per_s", tps(r.batch * r.segment, r.first_ms)},
                            {"decode_last_tokens_per_s", tps(r.batch * r.last_steps, r.last_ms)},
-                           {"segment_steps", r.segment}, {"memory_bytes", r.mem_bytes},
+                           {"segment_steps", r.segment}, {"memory_bytes", r.mem_bytes}, {"cuda_graph", r.graph},
                            {"decode_state_bytes", r.state_bytes}});
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("%s on %s (%s), %s parameters: prefill in one pass, then %lld decode steps\n", path.c_str(),
+  std::printf("%s on %s (%s), %s parameters: prefill in one pass, then %lld greedy decode steps%s\n", path.c_str(),
               device_desc.c_str(), im.cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
-              static_cast<long long>(gen));
+              static_cast<long long>(gen), rows.empty() ? "" : rows[0].graph ? " (CUDA graph)" : " (eager)");
   std::printf("%6s %7s %14s %14s %14s %14s %12s %14s\n", "B", "prompt", "prefill tok/s", "decode tok/s", "first steps",
               "last steps", "GPU memory", "of it: state");
   for (const auto& r : rows) {

@@ -31,7 +31,7 @@ const char* kUsage =
     "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
     "                   [--channels C --width W] [--dtype bf16|fp32] [--iters N] [--json]\n"
     "       linac bench --generate CONFIG.json|CKPT.h5 [--batch 1,16,128] [--prompt-len 512,2048] [--gen-len 1024]\n"
-    "                   [--device auto|cpu|gpu] [--set key.path=value]... [--json]\n\n"
+    "                   [--no-graph] [--device auto|cpu|gpu] [--set key.path=value]... [--json]\n\n"
     "Model mode: for each sequence length T, trains steps of --tokens-per-step tokens (default: one\n"
     "micro-batch of train.micro_batch x data.seq_len) split into micro-batches of --micro-tokens\n"
     "(default: the same), on random tokens, after --warmup steps (default 2); reports tokens/s, MFU\n"
@@ -55,7 +55,9 @@ const char* kUsage =
     "times one query per sequence over a full cache of T slots (no backward) and reports GB/s of cache read;\n"
     "vq_attn defaults to Transformer-VQ's head (H 1, Dk 128, Dv 1536, S 512 codes, block 512).\n"
     "Generate mode: for each prompt length and batch, prefills random prompts in one pass and decodes\n"
-    "--gen-len tokens one step at a time (a config's seeded initial weights, or a checkpoint's); reports\n"
+    "--gen-len tokens greedily one step at a time, each step's ids picked on the device and fed to the\n"
+    "next, replayed from a CUDA graph where the mixers allow it (--no-graph: every step launched on its\n"
+    "own), with a config's seeded initial weights or a checkpoint's; reports\n"
     "prefill and decode tokens/s, decode tokens/s over the first and the last tenth of the steps\n"
     "(flat for recurrent states, falling with the KV cache for attention), GPU memory in use and, of it,\n"
     "the decode state (KV caches or recurrent states).\n";
@@ -298,7 +300,7 @@ int bench_model(Args& args, const std::string& path) {
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Args args(argc, argv, kUsage, {"json", "profile", "macchiato"});
+  Args args(argc, argv, kUsage, {"json", "profile", "macchiato", "no-graph"});
   if (args.help()) {
     std::printf("%s", kUsage);
     return 0;

@@ -13,6 +13,7 @@
 #include "core/buffer.h"
 #include "data/documents.h"
 #include "generate/inference_model.h"
+#include "generate/decode_graph.h"
 #include "generate/sampler.h"
 
 namespace linac::cli {
@@ -151,10 +152,24 @@ int cmd_generate(int argc, char** argv) {
     docs = to(host_docs, dev, DType::I32);
   }
   Sampler sampler(so);
-  Model::DecodeState st = model.init_decode(B);
+  Model::DecodeState st = model.init_decode(B, T + max_new);
+  // Greedy decoding picks on the device, inside the step's CUDA graph (generate/decode_graph.h),
+  // and brings back only the ids and their log-probabilities; sampling brings back the logits.
+  const bool greedy = so.temperature == 0;
+  OwnedTensor pick_logprob(DType::F64, dev, {B});
+  DecodeGraph steps(model, st, step_tokens, logits, {.greedy = greedy}, greedy ? pick_logprob.t : Tensor());
+  std::vector<double> picked, picked_logprob;
+  auto fetch_picks = [&] {
+    picked = to_doubles(step_tokens);
+    picked_logprob = to_doubles(pick_logprob);
+  };
   const auto t0 = std::chrono::steady_clock::now();
   model.prefill(st, tokens, logits, documents ? docs.t : Tensor());
   fetch_logits();
+  if (greedy) {
+    steps.pick();
+    fetch_picks();
+  }
   const auto t1 = std::chrono::steady_clock::now();
   const std::vector<float> prompt_logits(host_logits.begin(), host_logits.begin() + V);
 
@@ -168,18 +183,28 @@ int cmd_generate(int argc, char** argv) {
       if (documents)
         for (int64_t b = 0; b < B; ++b)
           if (host_step->data<int32_t>()[b] == eos) model.start_document(st, b);
-      copy_tensor(step_tokens, host_step);
-      model.decode_step(st, step_tokens, logits);
-      fetch_logits();
+      if (greedy) {
+        steps.step();
+        fetch_picks();
+      } else {
+        copy_tensor(step_tokens, host_step);
+        steps.step();
+        fetch_logits();
+      }
     }
     bool all_done = true;
     for (int64_t b = 0; b < B; ++b) {
       const size_t ub = static_cast<size_t>(b);
       int32_t next = eos >= 0 ? eos : 0;
       if (!done[ub]) {
-        next = sampler.sample(host_logits.data() + b * V, V, static_cast<uint64_t>(b), static_cast<uint64_t>(i));
+        if (greedy) {
+          next = static_cast<int32_t>(picked[ub]);
+          logprobs[ub].push_back(picked_logprob[ub]);
+        } else {
+          next = sampler.sample(host_logits.data() + b * V, V, static_cast<uint64_t>(b), static_cast<uint64_t>(i));
+          logprobs[ub].push_back(log_prob(host_logits, ub, V, next));
+        }
         out[ub].push_back(next);
-        logprobs[ub].push_back(log_prob(host_logits, ub, V, next));
         if (stop_at_eos && next == eos) done[ub] = true;
       }
       host_step->data<int32_t>()[b] = next;

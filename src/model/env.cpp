@@ -5,7 +5,10 @@ namespace linac {
 Tensor ScratchPool::get(const std::string& key, DType dt, const std::vector<int64_t>& dims) {
   Tensor probe(nullptr, dt, device_, dims);
   Buffer& b = bufs_[key];
-  if (b.bytes() < probe.nbytes()) b = Buffer(probe.nbytes(), device_);
+  if (b.bytes() < probe.nbytes()) {
+    b = Buffer(probe.nbytes(), device_);
+    ++allocations_;
+  }
   return b.tensor(dt, dims);
 }
 

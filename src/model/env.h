@@ -23,10 +23,13 @@ class ScratchPool {
   explicit ScratchPool(Device d) : device_(d) {}
   Tensor get(const std::string& key, DType dt, const std::vector<int64_t>& dims);
   size_t bytes() const;
+  // How many times get() has (re)allocated a buffer: tensors taken before may have moved since.
+  uint64_t allocations() const { return allocations_; }
 
  private:
   Device device_;
   std::map<std::string, Buffer> bufs_;
+  uint64_t allocations_ = 0;
 };
 
 struct ModelEnv {
@@ -44,6 +47,9 @@ struct ModelEnv {
   // The document bounds of the forward_backward or prefill in progress (mixer.h), on the model's
   // device; undefined for stream packing and while decoding.
   DocBounds docs;
+  // During Model::decode_step: each row's position in its current document (int32 [B], the
+  // model's device), for mixers that rotate or index by position without reading it on the host.
+  Tensor decode_pos;
   // Set by data-parallel training while it reduces gradients during the backward (Model::
   // set_grad_hooks): mixers whose opens_comm_window() is true call open_comm_window() once in
   // backward(), right before their longest kernel made of many short-lived CTAs (attention's

@@ -18,6 +18,13 @@
 //                    dtype, overwritten like forward's out). Mixers without one
 //                    (softmax attention) keep the defaults, which throw a UserError naming them;
 //                    position-wise mixers (SwiGLU) decode through forward on [B, 1, d].
+// graph_safe_step(): step() launches the same kernels with the same arguments at every call
+//                    while step_grows(state) is false: nothing it launches depends on a host-side
+//                    position (positions come from env.decode_pos on the device), it neither
+//                    synchronises nor allocates, and its host-side bookkeeping is advance(state).
+//                    A CUDA graph captured from one step then replays every later one
+//                    (generate/decode_graph.h). reserve_state(state, n) makes room for n tokens
+//                    per row up front, so that no step grows the state.
 // prefill(state, x, out): out = f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
 //                    T calls of step would, starting from a fresh init_state (Model::prefill
 //                    guarantees it). The default runs step token by token, correct for any mixer
@@ -104,6 +111,15 @@ class Mixer {
     throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
   }
   virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out);
+  virtual bool graph_safe_step() const { return false; }
+  // Whether the next step() reallocates the state, moving its buffers.
+  virtual bool step_grows(const MixerState& state) const {
+    (void)state;
+    return false;
+  }
+  virtual void reserve_state(MixerState& state, int64_t tokens) { (void)state, (void)tokens; }
+  // What a step does on the host besides its launches (e.g. advance host-side positions).
+  virtual void advance(MixerState& state) { (void)state; }
 
  protected:
   // The default prefill: step token by token; with doc_starts (host_doc_starts of the prompt),

@@ -109,6 +109,7 @@ void Model::set_recompute(Recompute r) {
 }
 
 void Model::reserve(int64_t B, int64_t T) {
+  ++reserves_;
   B_ = B;
   T_ = T;
   const int64_t N = B * T, d = cfg_.d_model;
@@ -492,18 +493,25 @@ void Model::grads_ready(const std::vector<int>& ids, int next) const {
   if (grad_ready_) grad_ready_(ids, next >= 0 && blocks_[static_cast<size_t>(next)].mixer->opens_comm_window());
 }
 
-Model::DecodeState Model::init_decode(int64_t B) {
+Model::DecodeState Model::init_decode(int64_t B, int64_t capacity) {
   LINAC_CHECK(B >= 1, "Model::init_decode: B must be positive");
+  LINAC_CHECK(capacity >= 0, "Model::init_decode: capacity must be >= 0");
   // The position-wise MLP decodes through its forward on [B, 1, d], within the reserved capacity.
   if (B_ * T_ < B) reserve(B, 1);
   DecodeState st;
   st.B = B;
-  for (auto& b : blocks_) st.layers.push_back(b.mixer->init_state(B));
+  for (auto& b : blocks_) {
+    st.layers.push_back(b.mixer->init_state(B));
+    if (capacity > 0) b.mixer->reserve_state(*st.layers.back(), capacity);
+  }
   const size_t rows = static_cast<size_t>(B), d = static_cast<size_t>(cfg_.d_model);
   st.x = Buffer(rows * d * dtype_size(env_.resid), env_.device());
+  st.x2 = Buffer(rows * d * dtype_size(env_.resid), env_.device());
   st.xn = Buffer(rows * d * dtype_size(env_.act), env_.device());
   st.rstd = Buffer(rows * dtype_size(env_.stat), env_.device());
   st.y = Buffer(rows * d * dtype_size(env_.act), env_.device());
+  st.positions = Buffer(rows * sizeof(int32_t), env_.device());
+  zero_tensor(env_.ctx, st.positions_tensor());
   return st;
 }
 
@@ -513,29 +521,58 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
   LINAC_CHECK(logits_out.ndim == 2 && logits_out.size(0) == B && logits_out.size(1) == cfg_.vocab_size,
               "Model::decode_step: logits must be [B, vocab], got " + logits_out.shape_str());
   const Ctx& ctx = env_.ctx;
-  Tensor x = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
-  Tensor rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
+  Tensor x = st.x.tensor(env_.resid, {B, d}), x_next = st.x2.tensor(env_.resid, {B, d});
+  Tensor xn = st.xn.tensor(env_.act, {B, d}), rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
   embedding_fwd(ctx, tokens_t.view({B}), params_.master(embed_), x);
   if (embed_scale_ != 1) scale_inplace(ctx, x, embed_scale_);
+  env_.decode_pos = st.positions_tensor();
+  // As in the training forward, each norm adds the pending sub-layer output y to the stream in its
+  // own pass (x_next = x + y), so the stream alternates between the two buffers.
+  bool pending = false;
+  auto add_norm = [&](int id) {
+    if (!pending) return norm_fwd(id, x, xn, rstd);
+    norm_fwd(id, x, xn, rstd, y, x_next);
+    std::swap(x, x_next);
+  };
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
-    norm_fwd(b.norm1, x, xn, rstd);
+    add_norm(b.norm1);
     b.mixer->step(*st.layers[l], xn, y);
-    add_inplace(ctx, x, y, 1.f);
+    pending = true;
     if (!b.mlp) continue;
-    norm_fwd(b.norm2, x, xn, rstd);
+    add_norm(b.norm2);
     b.mlp->forward(xn.view({B, 1, d}), y.view({B, 1, d}));
-    add_inplace(ctx, x, y, 1.f);
   }
+  env_.decode_pos = Tensor();
+  increment_i32(ctx, st.positions_tensor());
   ++st.pos;
-  final_norm_fwd(x, xn, rstd);
+  if (pending)
+    final_norm_fwd(x, xn, rstd, y, x_next);
+  else
+    final_norm_fwd(x, xn, rstd);
   head_logits(xn, logits_out);
+}
+
+bool Model::decode_graph_safe() const {
+  return std::all_of(blocks_.begin(), blocks_.end(), [](const Block& b) { return b.mixer->graph_safe_step(); });
+}
+
+bool Model::decode_step_grows(const DecodeState& st) const {
+  for (size_t l = 0; l < blocks_.size(); ++l)
+    if (blocks_[l].mixer->step_grows(*st.layers[l])) return true;
+  return false;
+}
+
+void Model::advance_decode(DecodeState& st) {
+  for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].mixer->advance(*st.layers[l]);
+  ++st.pos;
 }
 
 void Model::start_document(DecodeState& st, int64_t row) {
   LINAC_CHECK(row >= 0 && row < st.B, "Model::start_document: row out of range");
   check_documents();
   for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l].mixer->start_document(*st.layers[l], row);
+  zero_tensor(env_.ctx, st.positions_tensor().narrow(0, row, 1));
 }
 
 void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_last, const Tensor& docs) {
@@ -566,6 +603,10 @@ void Model::prefill(DecodeState& st, const Tensor& tokens, const Tensor& logits_
     add_inplace(ctx, x, y, 1.f);
   }
   st.pos = T;
+  OwnedTensor positions(DType::I32, Device::CPU, {B});
+  const std::vector<int64_t> lengths = last_doc_lengths(env_, B, T);
+  for (int64_t b = 0; b < B; ++b) positions->data<int32_t>()[b] = static_cast<int32_t>(lengths[static_cast<size_t>(b)]);
+  copy_tensor(st.positions_tensor(), positions);
   Tensor x_last = st.x.tensor(env_.resid, {B, d}), xn = st.xn.tensor(env_.act, {B, d});
   for (int64_t i = 0; i < B; ++i) copy_tensor(ctx, x_last.select(0, i), x.select(0, i).select(0, T - 1));
   final_norm_fwd(x_last, xn, st.rstd.tensor(env_.stat, {B}));

@@ -118,17 +118,33 @@ class Model {
 
   // Decoding one token at a time with constant memory, for architectures whose mixer has a
   // recurrent form (the others throw a UserError naming their mixer). The state holds every
-  // layer's mixer state and the [B, d] activations of one step.
+  // layer's mixer state, each row's position and the [B, d] activations of one step.
   struct DecodeState {
     int64_t B = 0;
     int64_t pos = 0;  // tokens consumed
     std::vector<std::unique_ptr<MixerState>> layers;
-    Buffer x, xn, rstd, y;  // residual [B, d], normed [B, d], rstd [B], a sub-layer's output [B, d]
+    // Two residual streams [B, d] (each norm's residual add writes the other), normed [B, d], rstd
+    // [B], a sub-layer's output [B, d].
+    Buffer x, x2, xn, rstd, y;
+    Buffer positions;  // int32 [B] on the model's device: each row's position in its current document
+    Tensor positions_tensor() const { return positions.tensor(DType::I32, {B}); }
   };
-  DecodeState init_decode(int64_t B);
+  // capacity: tokens per row the state holds before a step must grow it (KV caches are sized for
+  // them up front; 0 leaves the mixers' defaults). Decoding past it still works.
+  DecodeState init_decode(int64_t B, int64_t capacity = 0);
   // tokens_t: [B] int32 on the model's device; logits_out: [B, vocab] (f32 on the GPU, the compute
   // dtype on the CPU), overwritten. Advances every layer's state by one token.
   void decode_step(DecodeState& state, const Tensor& tokens_t, const Tensor& logits_out);
+  // Whether every mixer's step is graph-safe (mixer.h), and whether the next step grows the state:
+  // a step captured into a CUDA graph replays while the state has room (generate/decode_graph.h).
+  bool decode_graph_safe() const;
+  bool decode_step_grows(const DecodeState& state) const;
+  // The host side of one decode_step whose launches were replayed from a graph: the state's
+  // token count and the mixers' host bookkeeping (Mixer::advance) move on by one token.
+  void advance_decode(DecodeState& state);
+  // Changes whenever a buffer the model's kernels write may have moved (reserve, a scratch
+  // buffer grown): a captured CUDA graph holds their addresses.
+  uint64_t buffers_epoch() const { return reserves_ + scratch_.allocations(); }
   // Consumes a prompt tokens [B, T] (int32, model's device) in one pass of the training forward
   // (each mixer's prefill), from a fresh state; writes the logits after its last token into
   // logits_last [B, vocab] (dtype as decode_step's). Reserves activations for [B, T] if needed.
@@ -196,6 +212,7 @@ class Model {
   SavedArena saved_;
   ModelEnv env_;
   Recompute recompute_ = Recompute::None;
+  uint64_t reserves_ = 0;  // reserve() calls (buffers_epoch)
   int embed_ = -1, norm_f_ = -1, head_ = -1, head_bias_ = -1;  // norm ids are -1 for SimpleRMSNorm
   bool has_mlp_ = true;  // false: blocks are x += Mixer(Norm(x)) only (channel_mixer "none")
   bool simple_norm_ = false;

@@ -48,6 +48,13 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
         << cfg.arch << " " << precision << " " << cpu.params().spec(i).name;
 }
 
+ModelConfig gpu_tiny_of(const ArchInfo& arch) {
+  ModelConfig c = tiny_model(std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size())), 128, 2, 1000, 256,
+                             arch.name);
+  c.tie_embeddings = true;
+  return c;
+}
+
 void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
                             double tol, int64_t prompt) {
   for (int64_t t : probes) LINAC_CHECK(t >= prompt - 1 && t < T, "check_model_gpu_decode: probe outside the decoded span");

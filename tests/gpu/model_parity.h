@@ -7,8 +7,13 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/registry.h"
 
 namespace linac::test {
+
+// A tiny model of an architecture for the GPU kernels: head dim 64, vocabulary 1000, tied
+// embeddings, at least two layers (every mixer of the pattern once).
+ModelConfig gpu_tiny_of(const ArchInfo& arch);
 
 // Parameters initialised to zero (biases) get random values first so their paths carry
 // gradient. The CPU model starts from the GPU's compute weights (bf16-rounded where the GPU

@@ -2,7 +2,10 @@
 // cache sizes 1, 16, 64, 1000 with n_valid < S (the slots past n_valid hold NaN), head dims 64 and
 // 128 plus D = 32, 96, 112 and 256 (groups of lanes that do not fill a warp, or a whole warp per
 // key), one and several slot blocks; q as a strided view; grouped-query and multi-query caches
-// (Hk < H); bitwise reruns; the GPU cache write.
+// (Hk < H); bitwise reruns; the GPU cache write. The decoding step (attention_decode_step):
+// rows of one call at their own positions around the slot blocks' edges (0, 63, 64, 999 of a
+// 1000-slot cache), a window's ring past its size, RoPE or none, GQA, q/k/v as the strided column
+// blocks of a qkv row; against the CPU step on the same rounded inputs, and bitwise reruns.
 #include <limits>
 
 #include "attention/attention_decode.h"
@@ -99,6 +102,87 @@ TEST(AttentionDecodeGpu, CacheWrite) {
     EXPECT_EQ(to_doubles(kc_r), to_doubles(kc_e));
     EXPECT_EQ(to_doubles(vc_r), to_doubles(vc_e));
   }
+}
+
+struct StepCase {
+  int64_t B, H, Hk, D, S, window;
+  bool rope;
+  std::vector<int32_t> pos;
+};
+
+const StepCase kStepCases[] = {
+    {4, 4, 4, 64, 1000, 0, true, {0, 63, 64, 999}}, {3, 6, 2, 128, 200, 0, true, {130, 1, 199}},
+    {2, 4, 1, 96, 70, 0, false, {69, 5}},           {3, 2, 2, 64, 100, 100, true, {250, 99, 0}},
+    {2, 8, 2, 64, 64, 64, true, {64, 1000}},
+};
+
+void run_step_parity(DType dt, double tol) {
+  GpuContext gctx;
+  const RopeFreqs freqs(10000.0);
+  for (const StepCase& c : kStepCases) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " Hk=" + std::to_string(c.Hk) +
+                 " D=" + std::to_string(c.D) + " S=" + std::to_string(c.S) + " window=" + std::to_string(c.window));
+    const int64_t P = c.H + 2 * c.Hk, KD = c.Hk * c.D;
+    // Inputs rounded to dt once, so the GPU and the CPU (f64) start from the same values.
+    auto rounded = [&](OwnedTensor x) { return to(to(x, Device::CPU, dt), Device::CPU, DType::F64); };
+    OwnedTensor qkv = rounded(test::random_tensor({c.B, P, c.D}, DType::F64, 21, -2, 2));
+    OwnedTensor kc = rounded(test::random_tensor({c.B, c.S, c.Hk, c.D}, DType::F64, 22, -2, 2));
+    OwnedTensor vc = rounded(test::random_tensor({c.B, c.S, c.Hk, c.D}, DType::F64, 23));
+    OwnedTensor pos(DType::I32, Device::CPU, {c.B});
+    for (int64_t b = 0; b < c.B; ++b) {
+      const int32_t p = c.pos[static_cast<size_t>(b)];
+      pos->data<int32_t>()[b] = p;
+      // Slots a row must not read hold NaN: past its position (full attention, or a ring not yet full).
+      if (c.window == 0 || p + 1 < c.window)
+        for (int64_t i = (p + 1) * KD; i < c.S * KD; ++i) {
+          kc->data<double>()[b * c.S * KD + i] = std::numeric_limits<double>::quiet_NaN();
+          vc->data<double>()[b * c.S * KD + i] = std::numeric_limits<double>::quiet_NaN();
+        }
+    }
+    auto views = [&](const Tensor& buf) {
+      return std::tuple{buf.narrow(1, 0, c.H), buf.narrow(1, c.H, c.Hk), buf.narrow(1, c.H + c.Hk, c.Hk)};
+    };
+    auto run_gpu = [&] {
+      OwnedTensor qkv_g = to(qkv, Device::CUDA, dt), kc_g = to(kc, Device::CUDA, dt), vc_g = to(vc, Device::CUDA, dt);
+      OwnedTensor pos_g = to(pos, Device::CUDA, DType::I32), o_g(dt, Device::CUDA, {c.B, c.H, c.D});
+      test::poison(o_g);
+      const auto [q, k, v] = views(qkv_g);
+      attention_decode_step(gctx.ctx(), q, k, v, pos_g, kc_g, vc_g, c.rope ? freqs : RopeFreqs(), c.window, o_g);
+      ctx_synchronize(gctx.ctx());
+      EXPECT_EQ(to_doubles(pos_g), to_doubles(pos)) << "the positions are the caller's to advance";
+      return std::tuple{to(o_g, Device::CPU, DType::F64), to(qkv_g, Device::CPU, DType::F64),
+                        to(kc_g, Device::CPU, DType::F64), to(vc_g, Device::CPU, DType::F64)};
+    };
+    const auto [o_g, qkv_g, kc_g, vc_g] = run_gpu();
+    // The CPU step on copies: the inputs stay for the rerun.
+    OwnedTensor qkv_r = to(qkv, Device::CPU, DType::F64), kc_r = to(kc, Device::CPU, DType::F64),
+                vc_r = to(vc, Device::CPU, DType::F64), o_r(DType::F64, Device::CPU, {c.B, c.H, c.D});
+    const auto [q, k, v] = views(qkv_r);
+    attention_decode_step(Ctx{}, q, k, v, pos, kc_r, vc_r, c.rope ? freqs : RopeFreqs(), c.window, o_r);
+    EXPECT_LT(test::rel_error(o_g, o_r), tol);
+    EXPECT_LT(test::rel_error(qkv_g, qkv_r), tol) << "q and k rotated in place";
+    for (int64_t b = 0; b < c.B; ++b) {
+      const int64_t p = c.pos[static_cast<size_t>(b)], slot = c.window > 0 ? p % c.window : p;
+      const std::vector<double> kg = to_doubles(kc_g->narrow(0, b, 1).narrow(1, slot, 1));
+      const std::vector<double> kr = to_doubles(kc_r->narrow(0, b, 1).narrow(1, slot, 1));
+      EXPECT_LT(test::rel_error(kg, kr), tol) << "row " << b << ": the rotated key in slot " << slot;
+      EXPECT_EQ(to_doubles(vc_g->narrow(0, b, 1).narrow(1, slot, 1)),
+                to_doubles(vc_r->narrow(0, b, 1).narrow(1, slot, 1)))
+          << "row " << b << ": the value in slot " << slot;
+    }
+    const auto [o_g2, qkv_g2, kc_g2, vc_g2] = run_gpu();
+    EXPECT_EQ(to_doubles(o_g), to_doubles(o_g2)) << "not bitwise reproducible";
+  }
+}
+
+TEST(AttentionDecodeGpu, StepParityF32) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_step_parity(DType::F32, 1e-5);
+}
+
+TEST(AttentionDecodeGpu, StepParityBf16) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_step_parity(DType::BF16, 1e-2);
 }
 
 }  // namespace

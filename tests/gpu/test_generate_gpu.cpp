@@ -14,19 +14,11 @@
 namespace linac {
 namespace {
 
-ModelConfig gpu_tiny_of(const ArchInfo& arch) {
-  // head dim 64
-  ModelConfig c = test::tiny_model(std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size())), 128, 2, 1000, 256,
-                                   arch.name);
-  c.tie_embeddings = true;
-  return c;
-}
-
 TEST(GenerateGpu, EveryArchitectureDecodesAsItsForward) {
   LINAC_SKIP_WITHOUT_GPU();
   for (const ArchInfo& arch : architectures()) {
     SCOPED_TRACE(arch.name);
-    const ModelConfig cfg = gpu_tiny_of(arch);
+    const ModelConfig cfg = test::gpu_tiny_of(arch);
     test::check_model_gpu_decode(cfg, 2, 77, {0, 1, 40, 63, 64, 76}, 1e-4);
     test::check_model_gpu_decode(cfg, 2, 77, {64, 65, 70, 76}, 1e-4, 65);  // prefill 65: a chunk and one token
   }

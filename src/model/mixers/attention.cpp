@@ -193,40 +193,36 @@ void AttentionMixer::start_document(MixerState& state, int64_t row) {
   dynamic_cast<AttentionCache&>(state).pos[static_cast<size_t>(row)] = 0;
 }
 
-// Rows [b0, b0 + n) at document position p: RoPE, cache write, attention over the row's document.
-void AttentionMixer::step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p) {
-  const Ctx& ctx = env_.ctx;
-  const Tensor rows = qkv.narrow(0, b0, n);
-  // One-token [n, 1, heads, Dh] views for RoPE at the document position.
-  if (opt_.rope) {
-    rope_fwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_freqs, p);
-    rope_fwd(ctx, bthd(rows, n, 1, q_cols_, Hk_, Dh_), opt_.rope_freqs, p);
-  }
-  const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
-  const int64_t slot = opt_.window > 0 ? p % opt_.window : p;
-  attention_cache_write(ctx, bhd(rows, q_cols_, Hk_, Dh_), bhd(rows, q_cols_ + kv_cols_, Hk_, Dh_), kc, vc, slot);
-  const int64_t n_valid = opt_.window > 0 ? std::min(p + 1, opt_.window) : p + 1;
-  attention_decode(ctx, bhd(rows, 0, H_, Dh_), kc, vc, n_valid, o.narrow(0, b0, n).view({n, H_, Dh_}));
-}
-
 void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   auto& st = dynamic_cast<AttentionCache&>(state);
   const int64_t B = x_t.size(0);
   LINAC_CHECK(st.k->size(0) == B, "AttentionMixer::step: state was made for another batch size");
+  LINAC_CHECK(env_.decode_pos.ptr, "AttentionMixer::step: runs inside Model::decode_step (env.decode_pos)");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, q_cols_ + 2 * kv_cols_});
   Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, q_cols_});
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
-  if (opt_.window == 0) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
-  // Rows at one position (no document started mid-batch) decode together.
-  if (rows_agree(st.pos)) {
-    step_rows(st, qkv, o, 0, B, st.pos[0]);
-  } else {
-    for (int64_t b = 0; b < B; ++b) step_rows(st, qkv, o, b, 1, st.pos[static_cast<size_t>(b)]);
-  }
-  for (int64_t& p : st.pos) ++p;
+  if (step_grows(st)) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
+  // Every row at its own document position, read on the device (env.decode_pos mirrors st.pos).
+  attention_decode_step(ctx, bhd(qkv, 0, H_, Dh_), bhd(qkv, q_cols_, Hk_, Dh_), bhd(qkv, q_cols_ + kv_cols_, Hk_, Dh_),
+                        env_.decode_pos, st.k, st.v, opt_.rope ? opt_.rope_freqs : RopeFreqs(), opt_.window,
+                        o.view({B, H_, Dh_}));
+  advance(st);
   matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}));
+}
+
+bool AttentionMixer::step_grows(const MixerState& state) const {
+  const auto& st = dynamic_cast<const AttentionCache&>(state);
+  return opt_.window == 0 && *std::max_element(st.pos.begin(), st.pos.end()) + 1 > st.k->size(1);
+}
+
+void AttentionMixer::reserve_state(MixerState& state, int64_t tokens) {
+  if (opt_.window == 0) reserve_slots(env_.ctx, dynamic_cast<AttentionCache&>(state), tokens);
+}
+
+void AttentionMixer::advance(MixerState& state) {
+  for (int64_t& p : dynamic_cast<AttentionCache&>(state).pos) ++p;
 }
 
 void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {

@@ -15,8 +15,9 @@
 // row's current document. Full attention keeps every token of it (the cache doubles when full); a
 // sliding window keeps a ring buffer of `window` slots, document position p in slot p % window.
 // start_document rewinds a row to slot 0. prefill runs forward and writes each row's last
-// document's keys and values (the last `window` of them for a window) into the cache. Rows at one
-// position decode in one batched call, otherwise row by row.
+// document's keys and values (the last `window` of them for a window) into the cache. A step
+// decodes every row at its own position in one attention_decode_step, which reads the positions
+// on the device (graph-safe, mixer.h); reserve_state sizes a full cache up front.
 #pragma once
 
 #include "config/config.h"
@@ -55,9 +56,12 @@ class AttentionMixer final : public Mixer {
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
+  bool graph_safe_step() const override { return true; }
+  bool step_grows(const MixerState& state) const override;
+  void reserve_state(MixerState& state, int64_t tokens) override;
+  void advance(MixerState& state) override;
 
  private:
-  void step_rows(AttentionCache& st, const Tensor& qkv, const Tensor& o, int64_t b0, int64_t n, int64_t p);
   ModelEnv& env_;
   AttentionMixerOptions opt_;
   int64_t d_, H_, Hk_, Dh_;

@@ -34,6 +34,7 @@ class BaseConvMixer final : public Mixer {
                 const std::string& path);
   std::string kind() const override { return "base_conv"; }
   bool supports_documents() const override { return true; }
+  bool graph_safe_step() const override { return true; }  // no host-side position
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;

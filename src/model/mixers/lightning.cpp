@@ -246,6 +246,10 @@ void LightningMixer::start_document(MixerState& state, int64_t row) {
   st.pos[static_cast<size_t>(row)] = 0;
 }
 
+void LightningMixer::advance(MixerState& state) {
+  for (int64_t& p : dynamic_cast<TnlState&>(state).pos) ++p;
+}
+
 void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   auto& st = dynamic_cast<TnlState&>(state);
   const int64_t B = x_t.size(0);
@@ -273,7 +277,7 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   }
   lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
                  o.view({B, H_, dh_}));
-  for (int64_t& p : st.pos) ++p;
+  advance(st);
   norm_gate(o, gu, rstd, g);
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }

@@ -51,6 +51,9 @@ class LightningMixer final : public Mixer {
   std::string kind() const override { return "lightning"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   bool supports_documents() const override { return true; }
+  // LRPE rotates at host-side positions; without it a step has none.
+  bool graph_safe_step() const override { return !lrpe_; }
+  void advance(MixerState& state) override;
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;

@@ -37,6 +37,7 @@ class TaylorMixer final : public Mixer {
   std::string kind() const override { return "taylor"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   bool supports_documents() const override { return true; }
+  bool graph_safe_step() const override { return true; }  // no host-side position
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
