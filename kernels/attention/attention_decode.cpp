@@ -70,7 +70,7 @@ void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, co
 
 void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& pos,
                            const Tensor& k_cache, const Tensor& v_cache, const RopeFreqs& rope, int64_t window,
-                           const Tensor& o) {
+                           const Tensor& o, const Tensor& done) {
   const char* op = "attention_decode_step";
   check_bhd(q, q, op, "q");
   check_bhd(o, q, op, "o");
@@ -99,7 +99,7 @@ void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, con
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
 #if LINAC_WITH_CUDA
-    attention_decode_step_cuda(ctx, L, q, k, v, pos, rope, k_cache, v_cache, o);
+    attention_decode_step_cuda(ctx, L, q, k, v, pos, rope, k_cache, v_cache, o, done);
 #endif
     return;
   }

@@ -13,11 +13,12 @@
 // otherwise it writes (acc, m, l) to ctx.workspace and combine_kernel merges the blocks in block
 // order. Every order is fixed by the shapes, so results are bitwise reproducible.
 //
-// The decoding step (attention_decode_step) reads each row's position on the device: prepare_kernel
-// rotates the row's q and k (rope_math.cuh's rotation, as rope.cu) and writes k and v into the
-// cache; decode_kernel's grid then covers every slot of the cache and the blocks past a row's
-// valid slots return at once (a few microseconds over a graph's replay, against a relaunch per
-// token), so the launches do not depend on the positions.
+// The decoding step (attention_decode_step) is one launch that reads each row's position on the
+// device: every CTA rotates its q head and the new key (rope_math.cuh's rotation, as rope.cu) in
+// shared memory and reads the new slot from there, one CTA writes the new key and value into the
+// cache, and the last of a (batch, head)'s blocks to finish merges them (a counter per (batch,
+// head), left at zero). The grid covers every slot of the cache; blocks past a row's valid slots
+// return at once. Nothing launched depends on the positions, so a CUDA graph replays the step.
 #include "attention/attention_decode.h"
 #include "common/cuda_common.cuh"
 #include "rope/rope_math.cuh"
@@ -36,6 +37,16 @@ struct Args {
   int window;
 };
 
+// The decoding step's extras: the new token's k and v rows (unrotated), the rotation, and the
+// counters through which the slot blocks of a (batch, head) find the last of them to finish.
+struct StepArgs {
+  const void* k;
+  const void* v;
+  int64_t k_b, v_b;
+  bool rope;
+  int* done;  // [B*H], zero between steps
+};
+
 // The valid slots of row b.
 __device__ __forceinline__ int valid_slots(const Args& p, int b) {
   if (!p.pos) return p.n_valid;
@@ -49,17 +60,37 @@ __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
+// o = the slot blocks of one (batch, head) merged in block order: rows [splits][D + 2] of
+// (acc, m, l). Read through L2 (another CTA of the step may have written them).
 template <class T>
-__device__ __forceinline__ void store8(T* p, const float (&x)[8], float mul) {
-  cuda::store4(p, make_float4(x[0] * mul, x[1] * mul, x[2] * mul, x[3] * mul));
-  cuda::store4(p + 4, make_float4(x[4] * mul, x[5] * mul, x[6] * mul, x[7] * mul));
+__device__ void merge_blocks(const float* rows, int splits, int D, T* o) {
+  float m_all = -INFINITY;
+  for (int sp = 0; sp < splits; ++sp) m_all = fmaxf(m_all, __ldcg(rows + sp * (D + 2) + D));
+  float l_all = 0.f;
+  for (int sp = 0; sp < splits; ++sp)
+    l_all += expf(__ldcg(rows + sp * (D + 2) + D) - m_all) * __ldcg(rows + sp * (D + 2) + D + 1);
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    float a = 0.f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const float* row = rows + sp * (D + 2);
+      a += expf(__ldcg(row + D) - m_all) * __ldcg(row + d);
+    }
+    o[d] = cuda::from_float<T>(a / l_all);
+  }
 }
 
-// Shared memory: per group its running max and sum, then its D accumulators.
-template <class T, int G>
+// Shared memory: per group its running max and sum, then its D accumulators; the step adds the
+// (cos, sin) of its position [D] (f32) and its rotated q, rotated k and v rows [3 D] (T).
+// kStep: q, k, v are the new token's q (unrotated, a [B, H, D] view of qkv) and the caches; the
+// CTA rotates q and the new k itself, reads the new slot from shared memory rather than from the
+// cache, and the CTA whose block holds that slot, for the first query head of the key/value head,
+// writes it into the cache. The blocks of a (batch, head) count themselves done in StepArgs::done;
+// the last one merges them (merge_blocks, in block order) and zeroes its counter.
+template <class T, int G, bool kStep>
 __global__ void __launch_bounds__(kThreads)
-    decode_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ o,
-                  float* __restrict__ partial, const Args p) {
+    decode_kernel(const T* __restrict__ q, T* __restrict__ k, T* __restrict__ v, T* __restrict__ o,
+                  float* __restrict__ partial, const Args p, const StepArgs st,
+                  const __grid_constant__ cuda::RopeInvFreq freq) {
   constexpr int kPerWarp = 32 / G, kGroups = kWarps * kPerWarp;
   extern __shared__ float smem[];
   float* s_m = smem;
@@ -73,20 +104,59 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, group = warp * kPerWarp + lane / G;
   const int d0 = (lane % G) * 8;
   const bool dims = d0 < p.D;  // D/8 may be less than G: the group's last lanes then hold no dims
-
-  float qf[8] = {}, acc[8] = {};
-  if (dims) load8(q + b * p.q_b + h * p.D + d0, qf);
-  float m = -INFINITY, l = 0.f;
   const int64_t slot_stride = int64_t{p.Hk} * p.D;
   const int64_t row0 = (int64_t{b} * p.S * p.Hk + g) * p.D + d0;
+
+  const T* q_row = q + b * p.q_b + h * p.D;
+  int new_slot = -1;
+  T* q_s = nullptr;
+  T* k_s = nullptr;
+  T* v_s = nullptr;
+  if constexpr (kStep) {
+    const int pos = p.pos[b], half = p.D / 2;
+    new_slot = p.window > 0 ? pos % p.window : pos;
+    float* cs = s_acc + kGroups * p.D;
+    q_s = reinterpret_cast<T*>(cs + p.D);
+    k_s = q_s + p.D;
+    v_s = k_s + p.D;
+    const T* k_new = static_cast<const T*>(st.k) + b * st.k_b + g * p.D;
+    const T* v_new = static_cast<const T*>(st.v) + b * st.v_b + g * p.D;
+    if (st.rope)
+      for (int i = threadIdx.x; i < half; i += kThreads) {
+        float sn, c;
+        sincosf(static_cast<float>(pos) * freq.v[i], &sn, &c);
+        cs[i] = c, cs[half + i] = sn;
+      }
+    __syncthreads();
+    for (int i = threadIdx.x; i < half; i += kThreads) {
+      const float q1 = cuda::to_float(q_row[i]), q2 = cuda::to_float(q_row[i + half]);
+      const float k1 = cuda::to_float(k_new[i]), k2 = cuda::to_float(k_new[i + half]);
+      const float2 qr = st.rope ? cuda::rope_rotate(q1, q2, cs[i], cs[half + i]) : make_float2(q1, q2);
+      const float2 kr = st.rope ? cuda::rope_rotate(k1, k2, cs[i], cs[half + i]) : make_float2(k1, k2);
+      q_s[i] = cuda::from_float<T>(qr.x), q_s[i + half] = cuda::from_float<T>(qr.y);
+      k_s[i] = cuda::from_float<T>(kr.x), k_s[i + half] = cuda::from_float<T>(kr.y);
+    }
+    for (int i = threadIdx.x; i < p.D; i += kThreads) v_s[i] = v_new[i];
+    __syncthreads();
+    if (split == new_slot / kSplit && h % (p.H / p.Hk) == 0) {
+      const int64_t at = (int64_t{b} * p.S + new_slot) * slot_stride + g * p.D;
+      for (int i = threadIdx.x; i < p.D; i += kThreads) k[at + i] = k_s[i], v[at + i] = v_s[i];
+    }
+    q_row = q_s;
+  }
+
+  float qf[8] = {}, acc[8] = {};
+  if (dims) load8(q_row + d0, qf);
+  float m = -INFINITY, l = 0.f;
   // Warp-uniform trip count, so the butterfly's shuffles always see the whole warp.
   for (int base = s_begin + warp * kPerWarp; base < s_end; base += kGroups) {
     const int s = base + lane / G;
     const bool valid = s < s_end;
     float kf[8] = {}, vf[8] = {};
     if (valid && dims) {
-      load8(k + row0 + s * slot_stride, kf);
-      load8(v + row0 + s * slot_stride, vf);
+      const bool fresh = kStep && s == new_slot;  // this step's token: not in the cache yet
+      load8(fresh ? k_s + d0 : k + row0 + s * slot_stride, kf);
+      load8(fresh ? v_s + d0 : v + row0 + s * slot_stride, vf);
     }
     float dot = 0.f;
 #pragma unroll
@@ -114,122 +184,74 @@ __global__ void __launch_bounds__(kThreads)
   for (int g = 0; g < kGroups; ++g) m_all = fmaxf(m_all, s_m[g]);
   float l_all = 0.f;
   for (int g = 0; g < kGroups; ++g) l_all += expf(s_m[g] - m_all) * s_l[g];
+  float* rows = partial + int64_t{bh} * p.splits * (p.D + 2);
   for (int d = threadIdx.x; d < p.D; d += kThreads) {
     float a = 0.f;
     for (int g = 0; g < kGroups; ++g) a += expf(s_m[g] - m_all) * s_acc[g * p.D + d];
     if (splits == 1)
       o[b * p.o_b + h * p.D + d] = cuda::from_float<T>(a / l_all);
     else
-      partial[(int64_t{bh} * p.splits + split) * (p.D + 2) + d] = a;
+      rows[split * (p.D + 2) + d] = a;
   }
-  if (splits > 1 && threadIdx.x == 0) {
-    float* tail = partial + (int64_t{bh} * p.splits + split) * (p.D + 2) + p.D;
-    tail[0] = m_all, tail[1] = l_all;
+  if (splits > 1 && threadIdx.x == 0) rows[split * (p.D + 2) + p.D] = m_all, rows[split * (p.D + 2) + p.D + 1] = l_all;
+  if constexpr (kStep) {
+    if (splits == 1) return;
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(st.done + bh, 1) == splits - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    merge_blocks(rows, splits, p.D, o + b * p.o_b + h * p.D);
+    if (threadIdx.x == 0) st.done[bh] = 0;
   }
 }
 
-// Merges the slot blocks of one (batch, head) in block order (with one block decode_kernel wrote o).
+// attention_decode's merge of the slot blocks of one (batch, head) (with one block decode_kernel wrote o).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const float* __restrict__ partial, T* __restrict__ o, const Args p) {
   const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H;
   const int splits = (valid_slots(p, b) + kSplit - 1) / kSplit;
   if (splits == 1) return;
-  const float* rows = partial + int64_t{bh} * p.splits * (p.D + 2);
-  float m_all = -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) m_all = fmaxf(m_all, rows[sp * (p.D + 2) + p.D]);
-  float l_all = 0.f;
-  for (int sp = 0; sp < splits; ++sp) {
-    const float* tail = rows + sp * (p.D + 2) + p.D;
-    l_all += expf(tail[0] - m_all) * tail[1];
-  }
-  for (int d = threadIdx.x; d < p.D; d += kThreads) {
-    float a = 0.f;
-    for (int sp = 0; sp < splits; ++sp) {
-      const float* row = rows + sp * (p.D + 2);
-      a += expf(row[p.D] - m_all) * row[d];
-    }
-    o[b * p.o_b + h * p.D + d] = cuda::from_float<T>(a / l_all);
-  }
+  merge_blocks(partial + int64_t{bh} * p.splits * (p.D + 2), splits, p.D, o + b * p.o_b + h * p.D);
 }
 
-struct PrepareArgs {
-  int H, Hk, D, S, window;
-  int64_t q_b, k_b, v_b;
-  bool rope;
-};
-
-// One CTA per sequence: the (cos, sin) of its position into shared memory, then its q and k heads
-// rotated in place, one pair per thread and pass, the rotated k and the v row written into the
-// cache slot.
-template <class T>
-__global__ void __launch_bounds__(kThreads)
-    prepare_kernel(T* __restrict__ q, T* __restrict__ k, const T* __restrict__ v, T* __restrict__ k_cache,
-                   T* __restrict__ v_cache, const int32_t* __restrict__ positions, const PrepareArgs a,
-                   const __grid_constant__ cuda::RopeInvFreq freq) {
-  extern __shared__ float cs[];  // cos [half], then sin [half]
-  const int b = blockIdx.x, pos = positions[b], half = a.D / 2, row = a.Hk * a.D;
-  const int slot = a.window > 0 ? pos % a.window : pos;
-  T* kc = k_cache + (int64_t{b} * a.S + slot) * row;
-  T* vc = v_cache + (int64_t{b} * a.S + slot) * row;
-  T* qb = q + b * a.q_b;
-  T* kb = k + b * a.k_b;
-  const T* vb = v + b * a.v_b;
-  for (int j = threadIdx.x; j < row; j += blockDim.x) vc[j] = vb[j];
-  if (!a.rope) {
-    for (int j = threadIdx.x; j < row; j += blockDim.x) kc[j] = kb[j];
-    return;
-  }
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(static_cast<float>(pos) * freq.v[i], &s, &c);
-    cs[i] = c, cs[half + i] = s;
-  }
-  __syncthreads();
-  for (int j = threadIdx.x; j < (a.H + a.Hk) * half; j += blockDim.x) {
-    const int hh = j / half, i = j - hh * half;
-    T* x = hh < a.H ? qb + hh * a.D : kb + (hh - a.H) * a.D;
-    const float2 r = cuda::rope_rotate(cuda::to_float(x[i]), cuda::to_float(x[i + half]), cs[i], cs[half + i]);
-    const T y1 = cuda::from_float<T>(r.x), y2 = cuda::from_float<T>(r.y);
-    x[i] = y1, x[i + half] = y2;
-    if (hh >= a.H) {
-      T* c = kc + (hh - a.H) * a.D;
-      c[i] = y1, c[i + half] = y2;
-    }
-  }
-}
-
-template <class T, int G>
-void launch(const Ctx& ctx, const Args& a, int64_t BH, const Tensor& q, const Tensor& k, const Tensor& v,
-            const Tensor& o) {
+// kStep: q is the new token's q, k and v the caches (StepArgs has the rest).
+template <class T, int G, bool kStep>
+void launch(const Ctx& ctx, const Args& a, const StepArgs& st, const cuda::RopeInvFreq& freq, int64_t BH,
+            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o) {
   constexpr int kGroups = kWarps * 32 / G;
-  const size_t smem = static_cast<size_t>(kGroups) * (a.D + 2) * sizeof(float);
+  size_t smem = static_cast<size_t>(kGroups) * (a.D + 2) * sizeof(float);
+  if (kStep) smem += a.D * sizeof(float) + 3 * a.D * sizeof(T);
   float* partial = static_cast<float*>(ctx.workspace);
-  auto st = cuda::stream_of(ctx);
+  auto stream = cuda::stream_of(ctx);
   const dim3 grid(static_cast<unsigned>(BH), static_cast<unsigned>(a.splits));
-  decode_kernel<T, G><<<grid, kThreads, smem, st>>>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), partial, a);
+  decode_kernel<T, G, kStep><<<grid, kThreads, smem, stream>>>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(),
+                                                               partial, a, st, freq);
   LINAC_CUDA_LAUNCH_CHECK();
-  if (a.splits == 1) return;
-  combine_kernel<T><<<static_cast<unsigned>(BH), kThreads, 0, st>>>(partial, o.data<T>(), a);
+  if (kStep || a.splits == 1) return;
+  combine_kernel<T><<<static_cast<unsigned>(BH), kThreads, 0, stream>>>(partial, o.data<T>(), a);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-template <class T>
-void dispatch_group(const Ctx& ctx, const Args& a, int64_t BH, const Tensor& q, const Tensor& k, const Tensor& v,
-                    const Tensor& o) {
+template <class T, bool kStep>
+void dispatch_group(const Ctx& ctx, const Args& a, const StepArgs& st, const cuda::RopeInvFreq& freq, int64_t BH,
+                    const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o) {
   const int lanes = a.D / 8;
   if (lanes <= 1)
-    launch<T, 1>(ctx, a, BH, q, k, v, o);
+    launch<T, 1, kStep>(ctx, a, st, freq, BH, q, k, v, o);
   else if (lanes <= 2)
-    launch<T, 2>(ctx, a, BH, q, k, v, o);
+    launch<T, 2, kStep>(ctx, a, st, freq, BH, q, k, v, o);
   else if (lanes <= 4)
-    launch<T, 4>(ctx, a, BH, q, k, v, o);
+    launch<T, 4, kStep>(ctx, a, st, freq, BH, q, k, v, o);
   else if (lanes <= 8)
-    launch<T, 8>(ctx, a, BH, q, k, v, o);
+    launch<T, 8, kStep>(ctx, a, st, freq, BH, q, k, v, o);
   else if (lanes <= 16)
-    launch<T, 16>(ctx, a, BH, q, k, v, o);
+    launch<T, 16, kStep>(ctx, a, st, freq, BH, q, k, v, o);
   else
-    launch<T, 32>(ctx, a, BH, q, k, v, o);
+    launch<T, 32, kStep>(ctx, a, st, freq, BH, q, k, v, o);
 }
 
 // The checks both entry points share; the kernel arguments for n_valid slots.
@@ -262,42 +284,25 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
                            const Tensor& v_cache, const Tensor& o) {
   const Args a = decode_args(ctx, L, q, k_cache, v_cache, o, L.n_valid);
   if (L.B * L.H == 0) return;
-  LINAC_GPU_DISPATCH(q.dtype, T, dispatch_group<T>(ctx, a, L.B * L.H, q, k_cache, v_cache, o));
+  LINAC_GPU_DISPATCH(q.dtype, T,
+                     (dispatch_group<T, false>(ctx, a, StepArgs{}, cuda::RopeInvFreq{}, L.B * L.H, q, k_cache, v_cache, o)));
 }
 
 void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& pos, const RopeFreqs& rope, const Tensor& k_cache,
-                                const Tensor& v_cache, const Tensor& o) {
+                                const Tensor& v_cache, const Tensor& o, const Tensor& done) {
   LINAC_CHECK(k.dtype == q.dtype && v.dtype == q.dtype, "attention_decode_step (GPU): dtypes must agree");
   LINAC_CHECK(!rope.defined() || L.D <= kRopeMaxDim, "attention_decode_step (GPU): head dim too large for RoPE");
+  LINAC_CHECK(done.dtype == DType::I32 && done.numel() >= L.B * L.H && done.device == Device::CUDA,
+              "attention_decode_step (GPU): the block counters must be int32 [B, H] on the GPU");
   // The grid covers every slot a row may hold: all of them.
   Args a = decode_args(ctx, L, q, k_cache, v_cache, o, L.S);
   if (L.B * L.H == 0) return;
   a.pos = pos.data<int32_t>();
   a.window = static_cast<int>(L.window);
-  PrepareArgs pa{};
-  pa.H = a.H, pa.Hk = a.Hk, pa.D = a.D, pa.S = a.S, pa.window = a.window;
-  pa.q_b = L.q_b, pa.k_b = L.k_b, pa.v_b = L.v_b;
-  pa.rope = rope.defined();
-  const cuda::RopeInvFreq freq = pa.rope ? cuda::rope_inv_freq_table(rope, L.D) : cuda::RopeInvFreq{};
-  const size_t smem = static_cast<size_t>(L.D) * sizeof(float);
-  LINAC_GPU_DISPATCH(q.dtype, T, {
-    prepare_kernel<T><<<static_cast<unsigned>(L.B), kThreads, smem, cuda::stream_of(ctx)>>>(
-        q.data<T>(), k.data<T>(), v.data<T>(), k_cache.data<T>(), v_cache.data<T>(), a.pos, pa, freq);
-    LINAC_CUDA_LAUNCH_CHECK();
-    dispatch_group<T>(ctx, a, L.B * L.H, q, k_cache, v_cache, o);
-  });
-}
-
-void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot) {
-  const int64_t B = x_t.size(0), S = cache.size(1), row = x_t.size(1) * x_t.size(2);
-  const size_t e = dtype_size(x_t.dtype);
-  if (B * row == 0) return;
-  // One row of H*D elements per sequence: a pitched 2-D copy on the stream.
-  LINAC_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(cache.ptr) + static_cast<size_t>(slot * row) * e,
-                                     static_cast<size_t>(S * row) * e, x_t.ptr, static_cast<size_t>(x_t.strides[0]) * e,
-                                     static_cast<size_t>(row) * e, static_cast<size_t>(B), cudaMemcpyDeviceToDevice,
-                                     cuda::stream_of(ctx)));
+  const StepArgs st{k.ptr, v.ptr, L.k_b, L.v_b, rope.defined(), done.data<int32_t>()};
+  const cuda::RopeInvFreq freq = rope.defined() ? cuda::rope_inv_freq_table(rope, L.D) : cuda::RopeInvFreq{};
+  LINAC_GPU_DISPATCH(q.dtype, T, (dispatch_group<T, true>(ctx, a, st, freq, L.B * L.H, q, k_cache, v_cache, o)));
 }
 
 }  // namespace linac

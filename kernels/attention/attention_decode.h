@@ -25,7 +25,8 @@
 //   o[b] = the attention above over the first n_valid slots of row b
 // Nothing that changes from one step to the next is a launch argument (the positions are read on
 // the device and the GPU's grid covers every slot of the cache), so a CUDA graph captured once
-// replays the step at any position (generate/decode_graph.h). q and k are rotated in place.
+// replays the step at any position (generate/decode_graph.h). On the CPU q and k are rotated in
+// place; on the GPU they are left as they are (the kernel rotates them in shared memory).
 #pragma once
 
 #include <cstddef>
@@ -59,7 +60,7 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
                            const Tensor& v_cache, const Tensor& o);
 void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& pos, const RopeFreqs& rope, const Tensor& k_cache,
-                                const Tensor& v_cache, const Tensor& o);
+                                const Tensor& v_cache, const Tensor& o, const Tensor& done);
 // Copies the [B, H, D] rows of x_t into slot `slot` of cache (same dtype), on ctx's stream.
 void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot);
 
@@ -73,10 +74,12 @@ void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t,
 // q, o [B, H, D]; k, v [B, Hk, D] (free batch strides); pos int32 [B] (contiguous, ctx's device);
 // k_cache, v_cache [B, S, Hk, D]; window 0 (then every pos[b] < S: the caller grows the cache)
 // or the ring's size S. rope: undefined for no rotation. On the CPU a position out of range is an
-// error; on the GPU it is the caller's invariant.
+// error; on the GPU it is the caller's invariant. done: on the GPU, int32 [B, H] zeros that the
+// call leaves zero (the slot blocks of a (row, head) count themselves finished in it; the caller
+// keeps it with the cache); unused on the CPU.
 void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& pos,
                            const Tensor& k_cache, const Tensor& v_cache, const RopeFreqs& rope, int64_t window,
-                           const Tensor& o);
+                           const Tensor& o, const Tensor& done = Tensor());
 // Scratch bytes attention_decode needs from ctx.workspace on the GPU (0 when n_valid fits one block);
 // attention_decode_step needs those of n_valid = S.
 size_t attention_decode_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t n_valid);

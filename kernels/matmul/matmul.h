@@ -14,7 +14,7 @@
 // [batch, rows, cols]; strides[0] is each operand's batch stride (0 broadcasts A or B over the
 // batch; C's batches must not overlap). K >= 1; C must not overlap A or B.
 //
-// Dtypes. GPU (cuBLASLt, fp32 accumulation): A and B both bf16 with C bf16 or f32 (bf16 x bf16
+// Dtypes. GPU (cuBLASLt, or matmul_skinny below for a few rows of A; fp32 accumulation): A and B both bf16 with C bf16 or f32 (bf16 x bf16
 // -> f32 is the weight-gradient / logits path), or A, B, C all f32, computed in true fp32
 // (CUBLAS_COMPUTE_32F) unless GemmProblem::tf32_exact says that every A and B value is exactly a
 // TF32 number (e.g. a bf16 value, or a hi/lo split): then the TF32 tensor cores give the same
@@ -49,6 +49,14 @@ template <class T>
 void matmul_cpu(const GemmProblem& p, const T* a, const T* b, T* c);
 
 void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
+
+// Decoding's products (matmul_skinny.cu): C = alpha A W^T + beta C for at most kSkinnyMaxRows rows
+// of A, bf16 A and W, bf16 or f32 C, K and the row strides multiples of 8, A and W 16-byte aligned,
+// A's rows fitting in shared memory as f32. matmul_cuda sends such problems there: a memory-bound
+// kernel that streams W once at close to the memory bandwidth, where cuBLASLt's tiles do not.
+constexpr int64_t kSkinnyMaxRows = 16;
+bool matmul_skinny_applies(const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
+void matmul_skinny_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 
 // Entry points: check shapes, strides and dtypes, dispatch on ctx.device.
 void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,

@@ -187,6 +187,7 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
               "matmul (GPU): C must be f32, or bf16 with bf16 inputs");
   LINAC_CHECK(p.m <= INT32_MAX && p.n <= INT32_MAX && p.k <= INT32_MAX && p.batch <= INT32_MAX,
               "matmul (GPU): M, N, K and batch must fit in int32");
+  if (matmul_skinny_applies(p, a, b, c)) return matmul_skinny_cuda(ctx, p, a, b, c);
   int device = 0;
   LINAC_CUDA_CHECK(cudaGetDevice(&device));
   const bool batched = p.batch > 1;

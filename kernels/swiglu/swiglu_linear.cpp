@@ -34,7 +34,9 @@ const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Ten
   const bool hopper = hopper_kernels_allowed("LINAC_SWIGLU_KERNELS");
   const bool bf16 =
       x.dtype == DType::BF16 && w.dtype == DType::BF16 && h.dtype == DType::BF16 && y.dtype == DType::BF16;
-  if (LINAC_WITH_SM90A && hopper && bf16 && fused_gemm_operand_ok(x) && fused_gemm_operand_ok(w) &&
+  // A few rows (decoding) go to matmul's skinny kernel, which streams W at memory speed where the
+  // fused kernel's 128-row tiles would read it for mostly empty rows.
+  if (LINAC_WITH_SM90A && hopper && bf16 && x.size(0) > kSkinnyMaxRows && fused_gemm_operand_ok(x) && fused_gemm_operand_ok(w) &&
       fused_gemm_operand_ok(h) && fused_gemm_operand_ok(y) && gpu_compute_capability() == 90)
     return "fused_sm90";
   return "composite";

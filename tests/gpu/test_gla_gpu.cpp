@@ -3,7 +3,9 @@
 // dq/dk/dv as strided views of fused buffers; both state-scan tilings, partial Dk/Dv slices,
 // ragged chunks, strong gates on a long sequence, batch groups under a small workspace, saved
 // intermediates, bitwise determinism, and the decode step.
+#include <array>
 #include <cmath>
+#include <vector>
 
 #include "gla/gla.h"
 #include "test_util.h"
@@ -190,13 +192,15 @@ TEST(GlaGpu, DeterministicAndGrouped) {
   }
 }
 
-// The decode step on the GPU reproduces the CPU step (state f32), token after token.
+// The decode step on the GPU reproduces the CPU step (state f32), token after token; Dk not a
+// multiple of the kernel's 8 row-walking warps and Dv not one of its 32-column blocks, too.
 TEST(GlaGpu, DecodeStep) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  const int64_t B = 3, H = 2, Dk = 32, Dv = 160, T = 9;
-  for (DType act : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(act));
+  const int64_t T = 9;
+  for (const auto& [B, H, Dk, Dv] : std::vector<std::array<int64_t, 4>>{{3, 2, 32, 160}, {2, 3, 20, 70}})
+    for (DType act : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(act) + std::string(" Dk=") + std::to_string(Dk) + " Dv=" + std::to_string(Dv));
     OwnedTensor state_g = to(test::random_tensor({B, H, Dk, Dv}, DType::F64, 3), Device::CUDA, DType::F32);
     OwnedTensor state_c = to(state_g, Device::CPU, DType::F64);
     for (int64_t t = 0; t < T; ++t) {

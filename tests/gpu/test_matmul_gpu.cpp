@@ -1,6 +1,7 @@
-// Matmul cuBLASLt vs the CPU reference (double) on the same rounded inputs: every transpose
-// combination, bf16 -> bf16, bf16 -> f32 accumulation, f32 -> f32, strided rows, batches, odd
-// sizes; nothing outside C's view written; the same call twice is bit-identical.
+// Matmul cuBLASLt (and the skinny kernel for a few rows) vs the CPU reference (double) on the same
+// rounded inputs: every transpose combination, bf16 -> bf16, bf16 -> f32 accumulation, f32 -> f32,
+// strided rows, batches, odd sizes; nothing outside C's view written; the same call twice is
+// bit-identical.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -158,6 +159,35 @@ TEST(MatmulGpu, BatchedBroadcastsZeroBatchStride) {
     EXPECT_LT(test::rel_error(c->select(0, bi), c_ref), 1e-4) << "batch " << bi;
     EXPECT_LT(test::rel_error(cb, c_ref), 1e-4) << "batch " << bi;
   }
+}
+
+// A few rows against a weight, as decoding multiplies (matmul_skinny.cu): M up to 16, K a multiple
+// of 8 but not of the 256 values a warp covers per pass (and past 48 KB of A in shared memory), N
+// not a multiple of a CTA's 4 columns; C bf16 and f32 with alpha and beta; bitwise reruns.
+TEST(MatmulGpu, SkinnyRows) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape& sh : {Shape{1, 129, 264}, Shape{3, 2304, 768}, Shape{8, 5, 2056}, Shape{16, 770, 8},
+                          Shape{16, 300, 1544}, Shape{5, 32000, 768}}) {
+    OwnedTensor a(DType::BF16, Device::CUDA, {sh.m, sh.k}), w(DType::BF16, Device::CUDA, {sh.n, sh.k});
+    OwnedTensor c(DType::F32, Device::CUDA, {sh.m, sh.n});
+    GemmProblem p;
+    p.m = sh.m, p.n = sh.n, p.k = sh.k, p.trans_b = true, p.lda = sh.k, p.ldb = sh.k, p.ldc = sh.n;
+    ASSERT_TRUE(matmul_skinny_applies(p, a, w, c)) << "M=" << sh.m << " N=" << sh.n << " K=" << sh.k;
+    check_case({sh.m, sh.n, sh.k}, DType::BF16, DType::BF16);
+    check_case({sh.m, sh.n, sh.k, 0, 0, 0.5f, 1.f}, DType::BF16, DType::F32);
+    check_case({sh.m, sh.n, sh.k, 0, 0, 2.f, -0.75f}, DType::BF16, DType::BF16);
+  }
+  OwnedTensor a = to(test::random_tensor({3, 768}, DType::F64, 31), Device::CUDA, DType::BF16);
+  OwnedTensor w = to(test::random_tensor({2304, 768}, DType::F64, 32), Device::CUDA, DType::BF16);
+  OwnedTensor c1(DType::BF16, Device::CUDA, {3, 2304}), c2(DType::BF16, Device::CUDA, {3, 2304});
+  matmul(gctx.ctx(), a, false, w, true, c1);
+  matmul(gctx.ctx(), a, false, w, true, c2);
+  gctx.synchronize();
+  EXPECT_EQ(test::bf16_bits(c1), test::bf16_bits(c2));
 }
 
 // Shapes where cuBLASLt is likely to split K (small M x N, deep K) and a large one; the

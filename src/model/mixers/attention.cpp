@@ -24,6 +24,7 @@ struct AttentionCache final : MixerState {
   // (full attention), or the last `window` of them (sliding window, ring buffer).
   OwnedTensor k, v;
   std::vector<int64_t> pos;  // per row: tokens of its current document seen
+  OwnedTensor done;          // [B, H] int32 zeros: attention_decode_step's block counters
 };
 
 AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::string& path, const std::string& file,
@@ -170,6 +171,8 @@ std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {
   st->k = OwnedTensor(env_.act, env_.device(), {B, slots, Hk_, Dh_});
   st->v = OwnedTensor(env_.act, env_.device(), {B, slots, Hk_, Dh_});
   st->pos.assign(static_cast<size_t>(B), 0);
+  st->done = OwnedTensor(DType::I32, env_.device(), {B, H_});
+  zero_tensor(env_.ctx, st->done);
   return st;
 }
 
@@ -207,7 +210,7 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   // Every row at its own document position, read on the device (env.decode_pos mirrors st.pos).
   attention_decode_step(ctx, bhd(qkv, 0, H_, Dh_), bhd(qkv, q_cols_, Hk_, Dh_), bhd(qkv, q_cols_ + kv_cols_, Hk_, Dh_),
                         env_.decode_pos, st.k, st.v, opt_.rope ? opt_.rope_freqs : RopeFreqs(), opt_.window,
-                        o.view({B, H_, Dh_}));
+                        o.view({B, H_, Dh_}), st.done);
   advance(st);
   matmul(ctx, o, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
