@@ -475,6 +475,17 @@ if [ "$what" = decode ]; then
         2>&1 | tee -a "$out/decode.txt"
     done
   done
+  # Where a replayed step's time goes at batch 1 and 16 (kernel timeline, scripts/kernel_trace.cpp).
+  ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" linac_kernel_trace >>"$out/build.log" 2>&1
+  for c in transformer_125m gla_340m; do
+    for b in 1 16; do
+      rm -rf "/tmp/kt_$c$b" && mkdir -p "/tmp/kt_$c$b"
+      KTRACE_DIR="/tmp/kt_$c$b" CUDA_INJECTION64_PATH="$root/build-gpu/liblinac_kernel_trace.so" ./build-gpu/linac bench \
+        --generate configs/$c.json --batch $b --prompt-len 512 --gen-len 128 >/dev/null 2>&1
+      echo "== $c, batch $b, CUDA graph" | tee -a "$out/decode_trace.txt"
+      python3 scripts/kernel_trace.py "/tmp/kt_$c$b" --decode --top 14 2>&1 | tee -a "$out/decode_trace.txt"
+    done
+  done
 fi
 if [ "$what" = peers ]; then
   # Issue 49: the PyTorch peers at their strongest next to linac, same call: the Transformer++ 125M

@@ -5,6 +5,10 @@ last full step, the time the GPU computed, idled and ran NCCL, the NCCL kernels 
 kernels beside each, and the compute kernels' total time by name.
 
     scripts/kernel_trace.py DIR [--top 25] [--beside 6]
+
+With --decode it reads a greedy decoding run instead (`linac bench --generate`, whose steps each
+end with a greedy_pick kernel): the mean GPU time of the last --steps steps from the first kernel
+to that pick, how much of it kernels ran, the kernels per step and their time per step by name.
 """
 import argparse
 import collections
@@ -102,8 +106,30 @@ def summarize(rows, top=25, beside=6):
     return out
 
 
+def summarize_decode(rows, top, steps):
+    """The last `steps` decoding steps of a greedy run: per-step span, busy time and kernels."""
+    ends = [i for i, r in enumerate(rows) if "greedy_pick" in r[4]]
+    if len(ends) < steps + 1:
+        return [f"  only {len(ends)} decoding steps in the trace"]
+    first, last = ends[-steps - 1] + 1, ends[-1]
+    span = sum(rows[e][1] - rows[s + 1][0] for s, e in zip(ends[-steps - 1:-1], ends[-steps:])) / 1e3 / steps
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows[first:last + 1]:
+        t = totals[short(r[4])]
+        t[0] += 1
+        t[1] += (r[1] - r[0]) / 1e3
+    busy = sum(t[1] for t in totals.values()) / steps
+    out = [f"  {steps} steps: {span:.1f} us per step from its first kernel to its pick, kernels busy {busy:.1f} us, "
+           f"{(last + 1 - first) / steps:.1f} kernels per step", "  us/step (calls/step)  kernel"]
+    for name, (calls, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"  {us / steps:9.2f} ({calls / steps:5.1f})  {name}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--decode", action="store_true", help="a greedy decoding run: per-step kernels")
+    ap.add_argument("--steps", type=int, default=20, help="decoding steps summarised (--decode)")
     ap.add_argument("dir")
     ap.add_argument("--top", type=int, default=25, help="compute kernels listed")
     ap.add_argument("--beside", type=int, default=6, help="compute kernels listed beside each NCCL kernel")
@@ -114,7 +140,8 @@ def main():
         return 2
     for f in files:
         print(f"== {os.path.basename(f)}")
-        for line in summarize(load(f), a.top, a.beside):
+        lines = summarize_decode(load(f), a.top, a.steps) if a.decode else summarize(load(f), a.top, a.beside)
+        for line in lines:
             print(line)
     return 0
 
