@@ -305,4 +305,15 @@ void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, 
   LINAC_GPU_DISPATCH(q.dtype, T, (dispatch_group<T, true>(ctx, a, st, freq, L.B * L.H, q, k_cache, v_cache, o)));
 }
 
+void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot) {
+  const int64_t B = x_t.size(0), S = cache.size(1), row = x_t.size(1) * x_t.size(2);
+  const size_t e = dtype_size(x_t.dtype);
+  if (B * row == 0) return;
+  // One row of H*D elements per sequence: a pitched 2-D copy on the stream.
+  LINAC_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(cache.ptr) + static_cast<size_t>(slot * row) * e,
+                                     static_cast<size_t>(S * row) * e, x_t.ptr, static_cast<size_t>(x_t.strides[0]) * e,
+                                     static_cast<size_t>(row) * e, static_cast<size_t>(B), cudaMemcpyDeviceToDevice,
+                                     cuda::stream_of(ctx)));
+}
+
 }  // namespace linac
