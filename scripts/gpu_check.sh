@@ -488,20 +488,29 @@ if [ "$what" = decode ]; then
   done
 fi
 if [ "$what" = peers ]; then
-  # Issue 49: the PyTorch peers at their strongest next to linac, same call: the Transformer++ 125M
-  # step (bench_torch.py: fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA, fused AdamW,
-  # torch.compile) and decoding (Hugging Face generate, eager with a dynamic cache and SDPA with a
-  # static cache under torch.compile's CUDA graphs).
-  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-    --steps 20 2>&1 | tee -a "$out/peers.txt"
-  timeout 300 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
-    grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
-  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 --gen-len 1024 \
+  # Issue 49: the decode and skinny-GEMM GPU tests, then linac next to the PyTorch peers at their
+  # strongest, same call: decoding Transformer++ 125M against Hugging Face generate with a static
+  # cache under torch.compile's CUDA graphs (HF_EAGER=1 adds eager HF with a dynamic cache), and the
+  # 125M training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA,
+  # fused AdamW, torch.compile).
+  t0=$(date +%s)
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 \
+    --gtest_filter='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*' \
+    >"$out/peers_tests.log" 2>&1
+  summary+=("decode gpu tests rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/peers_tests.log" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is' "$out/peers_tests.log" | head -30
+  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 \
     2>&1 | tee -a "$out/peers.txt"
-  for peer in "--attn eager" "--attn sdpa --cache static --compile"; do
-    timeout 200 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16 \
+  peers=("--attn sdpa --cache static --compile")
+  [ "${HF_EAGER:-0}" = 1 ] && peers+=("--attn eager")
+  for peer in "${peers[@]}"; do
+    timeout 170 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16 \
       --prompt-len 512 --gen-len 1024 $peer 2>>"$out/bench_hf.err" | tee -a "$out/peers.txt"
   done
   tail -3 "$out/bench_hf.err"
+  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 20 2>&1 | tee -a "$out/peers.txt"
+  timeout 240 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
+    grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
 fi
 printf '%s\n' "${summary[@]}"

@@ -50,11 +50,13 @@ void matmul_cpu(const GemmProblem& p, const T* a, const T* b, T* c);
 
 void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 
-// Decoding's products (matmul_skinny.cu): C = alpha A W^T + beta C for at most kSkinnyMaxRows rows
-// of A, bf16 A and W, bf16 or f32 C, K and the row strides multiples of 8, A and W 16-byte aligned,
-// A's rows fitting in shared memory as f32. matmul_cuda sends such problems there: a memory-bound
-// kernel that streams W once at close to the memory bandwidth, where cuBLASLt's tiles do not.
-constexpr int64_t kSkinnyMaxRows = 16;
+// Decoding's products at batch 1 and 2 (matmul_skinny.cu): C = alpha A W^T + beta C for at most
+// kSkinnyMaxRows rows of A, bf16 A and W, bf16 or f32 C, K and the row strides multiples of 8, A
+// and W 16-byte aligned, A's rows fitting in shared memory as f32. matmul_cuda sends such problems
+// there: a kernel that streams W once, where cuBLASLt's tiles take longer (H200, 2026-11-28: 4 us
+// against 5.6 per product of Transformer++ 125M's decoding step at batch 1). Past two rows its
+// shared-memory reads of A outgrow W's (16 rows: 23.5 us against cuBLASLt's 5.6), hence the limit.
+constexpr int64_t kSkinnyMaxRows = 2;
 bool matmul_skinny_applies(const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 void matmul_skinny_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 

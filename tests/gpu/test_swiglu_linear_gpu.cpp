@@ -130,7 +130,7 @@ TEST(SwigluLinearGpu, KernelChoice) {
   OwnedTensor x(DType::BF16, Device::CUDA, {24, 64}), w(DType::BF16, Device::CUDA, {128, 64});
   OwnedTensor h(DType::BF16, Device::CUDA, {24, 128}), a(DType::BF16, Device::CUDA, {24, 64});
   OwnedTensor a32(DType::F32, Device::CUDA, {24, 64}), x_odd(DType::BF16, Device::CUDA, {24, 60});
-  OwnedTensor x_decode(DType::BF16, Device::CUDA, {16, 64});
+  OwnedTensor x_decode(DType::BF16, Device::CUDA, {kSkinnyMaxRows, 64});
   test::ScopedEnv unset("LINAC_SWIGLU_KERNELS", nullptr);
   EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x, w, h, a)), hopper ? "fused_sm90" : "composite");
   EXPECT_EQ(std::string(swiglu_linear_gpu_kernel(x_decode, w, h, a)), "composite");  // matmul's skinny kernel
