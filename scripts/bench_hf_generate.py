@@ -14,16 +14,16 @@ usage: scripts/bench_hf_generate.py (--model DIR | --linac-config CONFIG.json) [
 
 --cache dynamic (the default) is generate's DynamicCache, one warm-up generate of 4 tokens per
 batch size. --cache static: generate(cache_implementation="static"), a cache preallocated for
-prompt + gen-len positions, with transformers' own auto-compile of the decode step turned off
-(generation_config.disable_compile), so that without --compile it is the eager static cache; one
-warm-up generate with the timed run's shapes. --compile (with --cache static, as Hugging Face
-documents it): model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True),
-CUDA graphs included; per batch size the compile caches are reset and two warm-up generates with
-the timed run's batch and --gen-len run first, so compilation and graph capture are not timed
-(should the full-graph trace fail, it falls back to fullgraph=False and says so in the JSON line).
-prefill_ms is always the model's uncompiled forward over the prompts, as before: tens of
-milliseconds next to a decode of seconds, so that generate's own (compiled) prefill being a little
-faster moves decode tokens/s, which subtracts it, by about 1% at most.
+prompt + gen-len positions, with transformers' own compile of the decode step turned off
+(generation_config.disable_compile), so that it is the eager static cache; one warm-up generate
+with the timed run's shapes. --compile (with --cache static) leaves that compile on: generate then
+runs its decoding forward under torch.compile with CUDA graphs (generation_config.compile_config,
+transformers' documented path; wrapping model.forward in torch.compile(mode="reduce-overhead")
+by hand fails inside generate, whose cache writes overwrite the graphs' outputs, seen with
+transformers 5.17 / torch 2.11 on 2026-11-28). Per batch size the compile caches are reset and two
+warm-up generates with the timed run's batch and --gen-len run first, so compilation and graph
+capture are not timed. prefill_ms is always the model's forward over the prompts, outside
+generate: tens of milliseconds next to a decode of seconds.
 """
 import argparse
 import json
@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--attn", default="eager", help="attn_implementation: eager or sdpa")
     ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     ap.add_argument("--compile", action="store_true",
-                    help="torch.compile(model.forward, mode='reduce-overhead', fullgraph=True); wants --cache static")
+                    help="with --cache static: generate's own torch.compile of the decode step (CUDA graphs)")
     a = ap.parse_args()
     if (a.model is None) == (a.linac_config is None):
         ap.error("give exactly one of --model and --linac-config")
@@ -69,22 +69,15 @@ def main():
         model = AutoModelForCausalLM.from_config(llama_config_of(a.linac_config), torch_dtype=dtype,
                                                  attn_implementation=a.attn)
     model = model.cuda().eval()
-    eager_forward = model.forward  # the prefill timing's forward, whatever --compile does to model.forward
-    if a.cache == "static":
-        # transformers compiles the decode step of a static cache by itself unless told not to: off, so
-        # that --cache static alone is the eager static cache and --compile is the one compile below
-        model.generation_config.disable_compile = True
-    fullgraph = None
+    if a.compile and a.cache != "static":
+        ap.error("--compile needs --cache static (transformers compiles the decode step of a static cache)")
+    # transformers compiles the decode step of a static cache by itself unless told not to: on only
+    # with --compile
+    model.generation_config.disable_compile = not a.compile
     if a.compile:
-        if a.cache != "static":
-            print("--compile without --cache static: the dynamic cache changes shape every step and recompiles",
-                  file=sys.stderr)
-        # recompiles: one graph each for prefill and decode per batch size (reset per batch below anyway)
-        for name in ("recompile_limit", "cache_size_limit"):
+        for name in ("recompile_limit", "cache_size_limit"):  # a graph per batch size (reset per batch anyway)
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
-        fullgraph = True
-        model.forward = torch.compile(eager_forward, mode="reduce-overhead", fullgraph=True)
 
     static_kw = {}  # how this transformers takes cache_implementation: settled on the first generate
     if a.cache == "static":
@@ -104,20 +97,6 @@ def main():
             static_kw = {}
             return model.generate(ids, **kw)
 
-    def warm_generate(ids, **kw):
-        nonlocal fullgraph
-        try:
-            return generate(ids, **kw)
-        except Exception as e:  # a graph break under fullgraph=True: HF's documented call does not trace here
-            if not (a.compile and fullgraph and type(e).__module__.startswith("torch._dynamo")):
-                raise
-            print(f"fullgraph=True trace failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                  "compiling with fullgraph=False", file=sys.stderr)
-            fullgraph = False
-            torch.compiler.reset()
-            model.forward = torch.compile(eager_forward, mode="reduce-overhead", fullgraph=False)
-            return generate(ids, **kw)
-
     V = model.config.vocab_size
     g = torch.Generator(device="cpu").manual_seed(0)
     for B in [int(b) for b in a.batch.split(",")]:
@@ -132,7 +111,7 @@ def main():
                 # prompt and gen-len, hence its static cache length: compile and capture happen here
                 torch.compiler.reset()
                 for _ in range(2):
-                    warm_generate(ids, **kw)
+                    generate(ids, **kw)
             elif a.cache == "static":
                 generate(ids, **kw)  # allocates the static cache of the timed run's length
             else:
@@ -141,7 +120,7 @@ def main():
             warm = time.perf_counter() - t0
             torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
-            (eager_forward if a.compile else model)(ids, attention_mask=mask)
+            model(ids, attention_mask=mask)
             torch.cuda.synchronize()
             prefill = time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -155,8 +134,7 @@ def main():
                 "decode_tokens_per_s": B * new / max(total - prefill, 1e-9),
                 "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "warmup_s": warm}
         if a.compile:
-            line["compile_mode"] = "reduce-overhead"
-            line["fullgraph"] = fullgraph
+            line["compile_config"] = str(getattr(model.generation_config, "compile_config", None))
         print(json.dumps(line), flush=True)
 
 
