@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """scripts/kernel_trace.py on a hand-made timeline: steps cut at the last of consecutive AdamW
 kernels, the last step's compute, idle and NCCL time, the compute kernels beside each NCCL kernel,
-totals by kernel name, and a directory without traces refused in one line with status 2.
+totals by kernel name, and a directory without traces refused in one line with status 2; with
+--decode, greedy decoding steps cut at each greedy_pick kernel: the last steps' mean span from
+their first kernel to the pick, the kernels' busy time, the kernels per step and their time per
+step by name.
 """
 import os
 import re
@@ -17,6 +20,7 @@ GEMM = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
 ATTN = "_ZN5linac4attn15bwd_sm90_kernelILi64ELb1EEEv14CUtensorMap_st"
 ADAM = "_ZN5linac12adamw_kernelILb1EEEvPfPKf"
 NCCL = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LLv"
+PICK = "_ZN5linac47_GLOBAL__N__d7a87111_14_greedy_pick_cu_83d3b7b618greedy_pick_kernelEPKfiPiPd"
 
 
 def us(t):
@@ -58,6 +62,30 @@ class KernelTrace(unittest.TestCase):
             self.assertEqual(lines[4], "compute kernels, us in the last step (calls):")
             totals = {m[3]: (int(m[1]), int(m[2])) for m in (re.match(r"\s*(\d+) \(\s*(\d+)\)\s+(\S+)", l) for l in lines[5:])}
             self.assertEqual(totals, {GEMM: (650, 2), "bwd_sm90_kernel": (400, 1), "adamw_kernel": (100, 2)})
+
+    def test_decode_steps(self):
+        # Five steps of 200 us: a GEMM (100 us), an attention kernel (50), 10 us idle, the pick (10);
+        # the next step starts 30 us after the pick.
+        rows, t = [], 0
+        for _ in range(5):
+            rows += [(t, t + 100, 7, 8, GEMM), (t + 100, t + 150, 7, 12, ATTN), (t + 160, t + 170, 7, 1, PICK)]
+            t += 200
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "trace.r0.5.csv"), "w") as f:
+                for a, b, s, g, n in rows:
+                    f.write(f"{us(a)},{us(b)},0,{s},{g},{n}\n")
+            r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "3"], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lines = r.stdout.splitlines()
+            self.assertEqual(lines[1], "  3 steps: 170.0 us per step from its first kernel to its pick, kernels busy "
+                                       "160.0 us, 3.0 kernels per step")
+            per_step = {m[3]: (float(m[1]), float(m[2]))
+                        for m in (re.match(r"\s*([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
+            self.assertEqual(per_step, {GEMM: (100.0, 1.0), "bwd_sm90_kernel": (50.0, 1.0), "greedy_pick_kernel": (10.0, 1.0)})
+            r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "5"], capture_output=True, text=True,
+                               timeout=60)
+            self.assertIn("only 5 decoding steps", r.stdout)
 
     def test_no_traces_is_one_line_and_status_2(self):
         with tempfile.TemporaryDirectory() as d:
