@@ -1,6 +1,6 @@
 #include "generate/decode_graph.h"
 
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 
 namespace linac {
 

@@ -23,7 +23,7 @@ namespace linac {
 class DecodeGraph {
  public:
   struct Options {
-    bool greedy = false;  // each step ends with tokens = argmax(logits) (kernels/sampling/greedy_pick.h)
+    bool greedy = false;  // each step ends with tokens = argmax(logits) (kernels/greedy_pick/greedy_pick.h)
     bool graph = true;    // false: every step eager (an A/B switch; `linac bench --generate --no-graph`)
   };
   // tokens [B] int32 and logits [B, vocab]: Model::decode_step's arguments, the same buffers at

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "generate/sampler.h"
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 #include "test_util.h"
 
 namespace linac {

@@ -3,7 +3,7 @@
 // of equal logits, rows with -inf; the log-probabilities to 1e-12; bitwise reruns.
 #include <limits>
 
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 #include "test_util.h"
 
 namespace linac {

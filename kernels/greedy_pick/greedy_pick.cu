@@ -4,7 +4,7 @@
 // each thread sums exp(l - m) over the same ids in double and the CTA adds the sums in a fixed
 // tree. The row's logits (128 KB for 32,000 ids) are read twice, the second time from L2.
 #include "common/cuda_common.cuh"
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 
 namespace linac {
 namespace {

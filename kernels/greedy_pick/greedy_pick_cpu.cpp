@@ -2,7 +2,7 @@
 // log-sum-exp in double from left to right.
 #include <cmath>
 
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 
 namespace linac {
 

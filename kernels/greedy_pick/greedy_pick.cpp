@@ -1,5 +1,5 @@
 // greedy_pick's entry point: argument checks, device/dtype dispatch.
-#include "sampling/greedy_pick.h"
+#include "greedy_pick/greedy_pick.h"
 
 #include "core/dispatch.h"
 
