@@ -43,13 +43,19 @@ echo "build rc=$build_rc in $(( $(date +%s) - t0 )) s"
 if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; fi
 
 summary=()
-if [ "$what" = all ] || [ "$what" = tests ]; then
+# gpu_tests LABEL LOG [GTEST_FILTER]: the GPU tests (all, or a filter) into $out/LOG, their result
+# line in the summary, the failures with their context (SCOPED_TRACE lines name the failing case).
+gpu_tests() {
+  local t0 rc
   t0=$(date +%s)
-  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
+  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 ${3:+--gtest_filter="$3"} \
+    >"$out/$2" 2>&1
   rc=$?
-  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
-  # Failures with their context (the SCOPED_TRACE lines name the failing case).
-  grep -E -A1 '^\[  FAILED|Failure|error:|Expected|Which is|actual|Google Test trace' "$out/gpu_tests.log" | head -80
+  summary+=("$1 rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/$2" | tr '\n' ' ')")
+  grep -E -A1 '^\[  FAILED|Failure|error:|Expected|Which is|actual|Google Test trace' "$out/$2" | head -80
+}
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  gpu_tests "gpu tests" gpu_tests.log
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   ./build-gpu/linac bench --op attention --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
@@ -437,11 +443,7 @@ if [ "$what" = gqa ]; then
   # key-value heads (D 128) through both kernel families next to SDPA with enable_gqa, and
   # multi-head for reference; decode speed and KV-cache memory of the 125M with 4 KV heads
   # against 12.
-  t0=$(date +%s)
-  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gqa_tests.log" 2>&1
-  rc=$?
-  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gqa_tests.log" | tr '\n' ' ')")
-  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|actual|Google Test trace' "$out/gqa_tests.log" | head -60
+  gpu_tests "gpu tests" gqa_tests.log
   timeout 300 python3 scripts/check_hf_import.py --linac ./build-gpu/linac 2>&1 | tee "$out/hf_import.txt" | tail -20
   summary+=("hf import check rc=${PIPESTATUS[0]}")
   for kv in 4 16; do
@@ -464,11 +466,7 @@ fi
 if [ "$what" = decode ]; then
   # Issue 49: the whole GPU suite (the decode step changed for every architecture), then decoding
   # with and without CUDA graphs for Transformer++ 125M and GLA 340M.
-  t0=$(date +%s)
-  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 >"$out/gpu_tests.log" 2>&1
-  rc=$?
-  summary+=("gpu tests rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_tests.log" | tr '\n' ' ')")
-  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is|actual|Google Test trace' "$out/gpu_tests.log" | head -60
+  gpu_tests "gpu tests" gpu_tests.log
   for c in transformer_125m gla_340m; do
     for g in "" --no-graph; do
       ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 $g \
@@ -493,12 +491,8 @@ if [ "$what" = peers ]; then
   # cache under torch.compile's CUDA graphs (HF_EAGER=1 adds eager HF with a dynamic cache), and the
   # 125M training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA,
   # fused AdamW, torch.compile).
-  t0=$(date +%s)
-  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 \
-    --gtest_filter='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*' \
-    >"$out/peers_tests.log" 2>&1
-  summary+=("decode gpu tests rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/peers_tests.log" | tr '\n' ' ')")
-  grep -E -A1 '^\[  FAILED|Failure|Expected|Which is' "$out/peers_tests.log" | head -30
+  gpu_tests "decode gpu tests" peers_tests.log \
+    'MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*'
   ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 \
     2>&1 | tee -a "$out/peers.txt"
   peers=("--attn sdpa --cache static --compile")

@@ -75,6 +75,16 @@ def busy_ns(intervals):
     return total + (cur[1] - cur[0] if cur else 0)
 
 
+def totals_by_name(rows):
+    """{short name: [calls, us]} of the kernels in rows."""
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for r in rows:
+        t = totals[short(r[4])]
+        t[0] += 1
+        t[1] += (r[1] - r[0]) / 1e3
+    return totals
+
+
 def summarize(rows, top=25, beside=6):
     ends = step_ends(rows)
     out = []
@@ -95,11 +105,7 @@ def summarize(rows, top=25, beside=6):
         near = [c for c in comp if c[0] < n[1] and c[1] > n[0]]
         desc = ", ".join(f"{short(c[4])} ({(c[1] - c[0]) / 1e3:.0f})" for c in near[:beside])
         out.append(f"  +{(n[0] - t0) / 1e3:9.0f} us {(n[1] - n[0]) / 1e3:7.0f} us beside: {desc or 'nothing'}")
-    totals = collections.defaultdict(lambda: [0, 0.0])
-    for r in comp:
-        t = totals[short(r[4])]
-        t[0] += 1
-        t[1] += (r[1] - r[0]) / 1e3
+    totals = totals_by_name(comp)
     out.append("compute kernels, us in the last step (calls):")
     for name, (calls, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
         out.append(f"  {us:9.0f} ({calls:4d})  {name}")
@@ -113,11 +119,7 @@ def summarize_decode(rows, top, steps):
         return [f"  only {len(ends)} decoding steps in the trace"]
     first, last = ends[-steps - 1] + 1, ends[-1]
     span = sum(rows[e][1] - rows[s + 1][0] for s, e in zip(ends[-steps - 1:-1], ends[-steps:])) / 1e3 / steps
-    totals = collections.defaultdict(lambda: [0, 0.0])
-    for r in rows[first:last + 1]:
-        t = totals[short(r[4])]
-        t[0] += 1
-        t[1] += (r[1] - r[0]) / 1e3
+    totals = totals_by_name(rows[first:last + 1])
     busy = sum(t[1] for t in totals.values()) / steps
     out = [f"  {steps} steps: {span:.1f} us per step from its first kernel to its pick, kernels busy {busy:.1f} us, "
            f"{(last + 1 - first) / steps:.1f} kernels per step", "  us/step (calls/step)  kernel"]
