@@ -1,11 +1,13 @@
 // Device helpers shared by the CUDA kernels: dtype conversion, warp/block reductions, the
-// stream of a Ctx, row-tiled launches, and a dispatch over the activation dtype (bf16 or f32).
+// stream of a Ctx, dependent launches, row-tiled launches, and a dispatch over the activation
+// dtype (bf16 or f32).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <type_traits>
+#include <utility>
 
 #include "core/cuda_check.h"
 #include "core/gpu.h"
@@ -14,6 +16,43 @@
 namespace linac::cuda {
 
 inline cudaStream_t stream_of(const Ctx& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+
+// Programmatic dependent launches (sm_90+). With ctx.dependent_launches, launch_dependent lets the
+// GPU start a kernel once every CTA of the kernel ahead of it has called dependent_release (or
+// ended), so its launch and its first loads overlap that kernel's tail. Such a kernel:
+//   - before dependent_wait() writes nothing and reads only what the kernel ahead does not write:
+//     weights, or state from earlier kernels (the kernel ahead released only after its own wait,
+//     so everything before it has finished);
+//   - after dependent_wait() sees all the stream's earlier work done;
+//   - calls dependent_release() only after its wait, which keeps the first rule true for the
+//     kernel after it.
+// Without the launch attribute (ctx.dependent_launches off, or a GPU before sm_90) both calls
+// return at once and the launch is an ordinary stream-ordered one.
+__device__ __forceinline__ void dependent_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void dependent_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+template <class... Params, class... Args>
+void launch_dependent(const Ctx& ctx, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                      Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream_of(ctx);
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  if (ctx.dependent_launches) cfg.attrs = &attr, cfg.numAttrs = 1;
+  LINAC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -39,6 +39,15 @@ bool hopper_kernels_allowed(const char* env_var) {
   throw UserError(std::string(env_var) + " must be auto or sm80, got '" + choice + "'");
 }
 
+bool dependent_launches_available() {
+  const char* env = std::getenv("LINAC_DEPENDENT_LAUNCHES");
+  const std::string choice = env ? env : "";
+  if (choice == "off") return false;
+  if (!choice.empty() && choice != "auto")
+    throw UserError("LINAC_DEPENDENT_LAUNCHES must be auto or off, got '" + choice + "'");
+  return gpu_compute_capability() >= 90;
+}
+
 #if LINAC_WITH_CUDA
 
 int gpu_count() {

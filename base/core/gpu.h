@@ -34,6 +34,10 @@ int gpu_compute_capability();  // of the current device: major * 10 + minor (90 
 // (LINAC_<FAMILY>_KERNELS): unset or "auto" -> true (the Hopper kernels may run where the build and
 // the GPU have them), "sm80" -> false; anything else is a UserError naming the variable.
 bool hopper_kernels_allowed(const char* env_var);
+// Whether a GPU context may turn on Ctx::dependent_launches: the current device is sm_90+ and
+// LINAC_DEPENDENT_LAUNCHES is unset or "auto" ("off" turns them off, for comparisons; anything
+// else is a UserError naming the variable).
+bool dependent_launches_available();
 int gpu_sm_count();            // of the current device
 size_t gpu_bytes_in_use();  // device-wide, from cudaMemGetInfo
 
@@ -48,6 +52,10 @@ struct Ctx {
   void* workspace = nullptr;  // cuBLASLt workspace
   size_t workspace_bytes = 0;
   Profiler* profiler = nullptr;  // core/profiler.h; null: nothing is timed
+  // Kernels launched through cuda::launch_dependent may start before the kernel ahead of them on
+  // the stream ends (programmatic dependent launch, sm_90+; cuda_common.cuh). Model::decode_step
+  // turns it on for its launches, where launch latency is most of a kernel's time.
+  bool dependent_launches = false;
   bool is_gpu() const { return device == Device::CUDA; }
 };
 

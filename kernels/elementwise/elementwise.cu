@@ -59,6 +59,8 @@ int64_t vec_groups(int64_t n, const Tensor& a, const Tensor& b) {
 unsigned grid_for(int64_t n, int64_t n4) { return std::min(cuda::grid_1d(n4 > 0 ? n4 : n, kThreads), kMaxBlocks); }
 
 __global__ void increment_i32_kernel(int32_t* __restrict__ x, int64_t n) {
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) ++x[i];
 }
@@ -104,8 +106,7 @@ void scale_inplace_cuda(const Ctx& ctx, const Tensor& x, float s) {
 void increment_i32_cuda(const Ctx& ctx, const Tensor& x) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  increment_i32_kernel<<<grid_for(n, 0), kThreads, 0, cuda::stream_of(ctx)>>>(x.data<int32_t>(), n);
-  LINAC_CUDA_LAUNCH_CHECK();
+  cuda::launch_dependent(ctx, increment_i32_kernel, dim3(grid_for(n, 0)), dim3(kThreads), 0, x.data<int32_t>(), n);
 }
 
 }  // namespace linac

@@ -27,11 +27,30 @@ __global__ void __launch_bounds__(kThreads) gla_step_kernel(GlaStepLayout L, con
   const T* kb = k + b * L.k + h * L.Dk;
   const float* gb = g + b * L.g + h * L.Dk;
   float* Sb = S + bh * L.Dk * L.Dv + j;
+  // The state was written by an earlier step (or reset before this one): its first kPre values
+  // per thread are loaded before the wait (cuda_common.cuh), overlapping the kernels ahead.
+  constexpr int kPre = 16;
+  float s_pre[kPre];
+#pragma unroll
+  for (int t = 0; t < kPre; ++t) {
+    const int64_t i = warp + int64_t{t} * kWarps;
+    s_pre[t] = col && i < L.Dk ? Sb[i * L.Dv] : 0.f;
+  }
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const float vj = col ? cuda::to_float(v[b * L.v + h * L.Dv + j]) : 0.f;
   float acc = 0.f;
   if (col) {
+#pragma unroll
+    for (int t = 0; t < kPre; ++t) {
+      const int64_t i = warp + int64_t{t} * kWarps;
+      if (i >= L.Dk) break;
+      const float s = expf(gb[i]) * s_pre[t] + cuda::to_float(kb[i]) * vj;
+      Sb[i * L.Dv] = s;
+      acc = fmaf(cuda::to_float(qb[i]), s, acc);
+    }
 #pragma unroll 4
-    for (int64_t i = warp; i < L.Dk; i += kWarps) {
+    for (int64_t i = warp + int64_t{kPre} * kWarps; i < L.Dk; i += kWarps) {
       const float s = expf(gb[i]) * Sb[i * L.Dv] + cuda::to_float(kb[i]) * vj;
       Sb[i * L.Dv] = s;
       acc = fmaf(cuda::to_float(qb[i]), s, acc);
@@ -55,10 +74,9 @@ void gla_step_cuda(const Ctx& ctx, const GlaStepLayout& L, const Tensor& q, cons
   if (L.B * L.H == 0) return;
   const dim3 grid(static_cast<unsigned>(L.B * L.H), static_cast<unsigned>((L.Dv + 31) / 32));
   LINAC_GPU_DISPATCH(q.dtype, T, {
-    gla_step_kernel<T><<<grid, kThreads, 0, cuda::stream_of(ctx)>>>(L, q.data<T>(), k.data<T>(), v.data<T>(),
-                                                                   g.data<float>(), state.data<float>(), o.data<T>());
+    cuda::launch_dependent(ctx, gla_step_kernel<T>, grid, dim3(kThreads), 0, L, q.data<T>(), k.data<T>(), v.data<T>(),
+                           g.data<float>(), state.data<float>(), o.data<T>());
   });
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace linac

@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(kThreads)
     greedy_pick_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ ids, double* __restrict__ logprob) {
   __shared__ Best s_best[kWarps];
   __shared__ double s_sum[kWarps];
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const float* row = logits + int64_t{blockIdx.x} * V;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Best b{-INFINITY, V};  // a row of -inf still picks its lowest id
@@ -68,10 +70,9 @@ __global__ void __launch_bounds__(kThreads)
 void greedy_pick_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& id, const Tensor& logprob) {
   const int64_t B = logits.size(0), V = logits.size(1);
   if (B == 0) return;
-  greedy_pick_kernel<<<static_cast<unsigned>(B), kThreads, 0, cuda::stream_of(ctx)>>>(
-      logits.data<float>(), static_cast<int>(V), id.data<int32_t>(),
-      logprob.ptr ? logprob.data<double>() : nullptr);
-  LINAC_CUDA_LAUNCH_CHECK();
+  cuda::launch_dependent(ctx, greedy_pick_kernel, dim3(static_cast<unsigned>(B)), dim3(kThreads), 0,
+                         logits.data<float>(), static_cast<int>(V), id.data<int32_t>(),
+                         logprob.ptr ? logprob.data<double>() : nullptr);
 }
 
 }  // namespace linac

@@ -94,6 +94,8 @@ __global__ void __launch_bounds__(kThreads)
                                float inv_tau, float clamp, bool clamped) {
   __shared__ __align__(16) __nv_bfloat16 su[kRows * R];
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  cuda::dependent_wait();
+  cuda::dependent_release();
   stage_u<R>(u, ldu, row0, n, su);
   const Slot s = slot_of(d);
   if (!s.active) return;
@@ -224,12 +226,11 @@ void loggate_lowrank_fwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, 
   check_gpu(u, w, b, {&g});
   if (n == 0) return;
   with_rank(w.size(1), [&](auto R) {
-    loggate_lowrank_fwd_kernel<decltype(R)::value><<<ctas_for(n), kThreads, 0, cuda::stream_of(ctx)>>>(
-        u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), g.data<float>(),
-        loggate_ld(g), n, static_cast<int>(d), static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp),
-        o.clamped());
+    cuda::launch_dependent(ctx, loggate_lowrank_fwd_kernel<decltype(R)::value>, dim3(ctas_for(n)), dim3(kThreads), 0,
+                           u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(),
+                           g.data<float>(), loggate_ld(g), n, static_cast<int>(d), static_cast<float>(1.0 / o.tau),
+                           static_cast<float>(o.clamp), o.clamped());
   });
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 void loggate_lowrank_bwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, const Tensor& b, const Tensor& dg,

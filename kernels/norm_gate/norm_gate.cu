@@ -23,6 +23,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   constexpr int kDim = 128 * kChunks;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (item >= L.N * L.H) return;
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const int lane = threadIdx.x & 31;
   const int64_t n = item / L.H, h = item % L.H;
   float4 xv[kChunks], pv[kChunks];
@@ -220,9 +222,9 @@ void norm_gate_fwd_cuda(const Ctx& ctx, const NormGateLayout& L, const Tensor& x
   auto st = cuda::stream_of(ctx);
   if (const int chunks = head_chunks(L, four)) {
     LINAC_GPU_DISPATCH(x.dtype, T, cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
-                         norm_gate_fwd_head_kernel<decltype(k)::value, T>
-                             <<<grid, 32 * kWarps, 0, st>>>(L, x.data<T>(), r.data<T>(), br.data<float>(), y.data<T>(),
-                                                            mean.data<float>(), rstd.data<float>());
+                         cuda::launch_dependent(ctx, norm_gate_fwd_head_kernel<decltype(k)::value, T>, dim3(grid),
+                                                dim3(32 * kWarps), 0, L, x.data<T>(), r.data<T>(), br.data<float>(),
+                                                y.data<T>(), mean.data<float>(), rstd.data<float>());
                        }));
     LINAC_CUDA_LAUNCH_CHECK();
     return;

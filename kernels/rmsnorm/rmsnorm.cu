@@ -29,6 +29,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (r >= rows) return;
+  cuda::dependent_wait();
+  cuda::dependent_release();
   float4 v[kChunks];
   float ss = 0.f;
 #pragma unroll
@@ -118,6 +120,8 @@ __global__ void rmsnorm_fwd_kernel(const TX* __restrict__ x, const TY* __restric
                                    TY* __restrict__ y, float* __restrict__ rstd, TX* __restrict__ h, int64_t dim,
                                    float eps) {
   __shared__ float scratch[32];
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const int64_t r = blockIdx.x;
   const TX* xr = add ? h + r * dim : x + r * dim;
   float ss = 0.f;
@@ -191,20 +195,20 @@ void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   LINAC_CHECK(w.dtype == DType::F32 && rstd.dtype == DType::F32, "rmsnorm (GPU): w and rstd must be f32");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
-  auto st = cuda::stream_of(ctx);
   const int chunks = row_chunks(dim, {&x, &add, &w, &y, &h});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
                        const TY* a = add.ptr ? add.data<TY>() : nullptr;
                        TX* hp = h.ptr ? h.data<TX>() : nullptr;
                        if (chunks) {
                          cuda::with_const<kMaxChunks>(chunks, [&](auto k) {
-                           rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY>
-                               <<<warp_row_blocks(rows), kThreads, 0, st>>>(
-                                   x.data<TX>(), a, w.data<float>(), y.data<TY>(), rstd.data<float>(), hp, rows, eps);
+                           cuda::launch_dependent(ctx, rmsnorm_fwd_rows_kernel<decltype(k)::value, TX, TY>,
+                                                  dim3(warp_row_blocks(rows)), dim3(kThreads), 0, x.data<TX>(), a,
+                                                  w.data<float>(), y.data<TY>(), rstd.data<float>(), hp, rows, eps);
                          });
                        } else {
-                         rmsnorm_fwd_kernel<TX, TY><<<static_cast<unsigned>(rows), kThreads, 0, st>>>(
-                             x.data<TX>(), a, w.data<float>(), y.data<TY>(), rstd.data<float>(), hp, dim, eps);
+                         cuda::launch_dependent(ctx, rmsnorm_fwd_kernel<TX, TY>, dim3(static_cast<unsigned>(rows)),
+                                                dim3(kThreads), 0, x.data<TX>(), a, w.data<float>(), y.data<TY>(),
+                                                rstd.data<float>(), hp, dim, eps);
                        }
                      }));
   LINAC_CUDA_LAUNCH_CHECK();

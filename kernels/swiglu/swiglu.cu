@@ -14,6 +14,8 @@ constexpr int kMaxThreads = 256;
 
 template <GluAct kAct, bool kVec, class TH, class TA>
 __global__ void swiglu_fwd_kernel(const TH* __restrict__ h, TA* __restrict__ a, int64_t f) {
+  cuda::dependent_wait();
+  cuda::dependent_release();
   const int64_t r = blockIdx.x;
   const TH* g = h + r * 2 * f;
   const TH* u = g + f;
@@ -70,13 +72,9 @@ void launch_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a) {
   const int64_t n = a.size(0), f = a.size(1);
   const bool vec = f % 4 == 0 && cuda::vec4_aligned(h) && cuda::vec4_aligned(a);
   const int threads = threads_for(vec ? f / 4 : f);
-  auto st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(h.dtype, TH, LINAC_GPU_DISPATCH(a.dtype, TA, {
-    if (vec)
-      swiglu_fwd_kernel<kAct, true, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(), f);
-    else
-      swiglu_fwd_kernel<kAct, false, TH, TA><<<static_cast<unsigned>(n), threads, 0, st>>>(h.data<TH>(), a.data<TA>(),
-                                                                                          f);
+    auto kernel = vec ? swiglu_fwd_kernel<kAct, true, TH, TA> : swiglu_fwd_kernel<kAct, false, TH, TA>;
+    cuda::launch_dependent(ctx, kernel, dim3(static_cast<unsigned>(n)), dim3(threads), 0, h.data<TH>(), a.data<TA>(), f);
   }));
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -13,7 +13,10 @@ DecodeGraph::DecodeGraph(Model& model, Model::DecodeState& state, const Tensor& 
 
 void DecodeGraph::pick() {
   LINAC_CHECK(opt_.greedy, "DecodeGraph::pick: greedy decoding only");
-  greedy_pick(model_.env().ctx, logits_, tokens_, logprob_);
+  // Right after the step's last kernel, as the step's own launches (Model::decode_step).
+  Ctx ctx = model_.env().ctx;
+  ctx.dependent_launches = ctx.is_gpu() && dependent_launches_available();
+  greedy_pick(ctx, logits_, tokens_, logprob_);
 }
 
 void DecodeGraph::eager_step() {

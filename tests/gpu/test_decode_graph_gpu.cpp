@@ -2,7 +2,8 @@
 // architecture, greedy decoding with steps replayed from a CUDA graph gives bitwise the ids,
 // log-probabilities and logits of eager steps, and where the mixers are graph-safe the steps
 // after the first two are replays; a KV cache that grows mid-run (a prompt of 250 tokens in the
-// cache's first 256 slots) and a row that starts a new document mid-run keep the equality.
+// cache's first 256 slots) and a row that starts a new document mid-run keep the equality; the
+// step's dependent launches (Ctx::dependent_launches) change no bit of either.
 #include <gtest/gtest.h>
 
 #include "generate/decode_graph.h"
@@ -59,6 +60,27 @@ TEST(DecodeGraphGpu, ReplaysAreBitwiseEagerSteps) {
     EXPECT_EQ(eager.replays, 0);
     EXPECT_EQ(graphed.values, eager.values);
     if (model.decode_graph_safe()) EXPECT_EQ(graphed.replays, steps - 2) << "the first step eager, the second captured";
+  }
+}
+
+// A kernel of the step that read its inputs before the kernel ahead had written them would
+// differ from the step launched in plain stream order, bit for bit.
+TEST(DecodeGraphGpu, DependentLaunchesChangeNoBits) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext g;
+  for (const ArchInfo& arch : architectures()) {
+    SCOPED_TRACE(arch.name);
+    Model model(test::gpu_tiny_of(arch), g.ctx(), {.precision = "bf16"});
+    model.init_params(5);
+    const int steps = 10;
+    Trace ordered_eager, ordered_graph;
+    {
+      test::ScopedEnv off("LINAC_DEPENDENT_LAUNCHES", "off");
+      ordered_eager = decode(model, 16, 41, steps, false, 0, -1);
+      ordered_graph = decode(model, 16, 41, steps, true, 41 + steps, -1);
+    }
+    EXPECT_EQ(decode(model, 16, 41, steps, false, 0, -1).values, ordered_eager.values);
+    EXPECT_EQ(decode(model, 16, 41, steps, true, 41 + steps, -1).values, ordered_graph.values);
   }
 }
 
