@@ -14,11 +14,11 @@
 // [batch, rows, cols]; strides[0] is each operand's batch stride (0 broadcasts A or B over the
 // batch; C's batches must not overlap). K >= 1; C must not overlap A or B.
 //
-// Dtypes. GPU (cuBLASLt, or matmul_skinny below for a few rows of A; fp32 accumulation): A and B both bf16 with C bf16 or f32 (bf16 x bf16
-// -> f32 is the weight-gradient / logits path), or A, B, C all f32, computed in true fp32
-// (CUBLAS_COMPUTE_32F) unless GemmProblem::tf32_exact says that every A and B value is exactly a
-// TF32 number (e.g. a bf16 value, or a hi/lo split): then the TF32 tensor cores give the same
-// products, accumulated in fp32. CPU: A, B, C all f32 or all f64.
+// Dtypes. GPU (cuBLASLt, or matmul_skinny below for up to 16 rows of A; fp32 accumulation): A
+// and B both bf16 with C bf16 or f32 (bf16 x bf16 -> f32 is the weight-gradient / logits path),
+// or A, B, C all f32, computed in true fp32 (CUBLAS_COMPUTE_32F) unless GemmProblem::tf32_exact
+// says that every A and B value is exactly a TF32 number (e.g. a bf16 value, or a hi/lo split):
+// then the TF32 tensor cores give the same products, accumulated in fp32. CPU: A, B, C all f32 or all f64.
 //
 // Determinism: the CPU sums every C element's K terms in one fixed order whatever the thread
 // count; the GPU uses one cached cuBLASLt algorithm per problem and allows only split-K schemes
@@ -50,15 +50,24 @@ void matmul_cpu(const GemmProblem& p, const T* a, const T* b, T* c);
 
 void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 
-// Decoding's products at batch 1 and 2 (matmul_skinny.cu): C = alpha A W^T + beta C for at most
-// kSkinnyMaxRows rows of A, bf16 A and W, bf16 or f32 C, K and the row strides multiples of 8, A
-// and W 16-byte aligned, A's rows fitting in shared memory as f32. matmul_cuda sends such problems
-// there: a kernel that streams W once, where cuBLASLt's tiles take longer (H200, 2026-11-28: 4 us
-// against 5.6 per product of Transformer++ 125M's decoding step at batch 1). Past two rows its
-// shared-memory reads of A outgrow W's (16 rows: 23.5 us against cuBLASLt's 5.6), hence the limit.
-constexpr int64_t kSkinnyMaxRows = 2;
+// Decoding's products (matmul_skinny.cu): C = alpha A W^T + beta C for at most kSkinnyMaxRows
+// rows of A, bf16 A and W, bf16 or f32 C, K and the row strides multiples of 8, A and W 16-byte
+// aligned, A's rows (padded to 8 or 16) fitting in shared memory. matmul_cuda sends such problems
+// there: a kernel that streams W once on the tensor cores, where cuBLASLt's tiles read it at a
+// fraction of the bandwidth (kernels/matmul/NOTES.md has the measurements).
+constexpr int64_t kSkinnyMaxRows = 16;
 bool matmul_skinny_applies(const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 void matmul_skinny_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
+
+// Decoding's MLP output in one launch (GPU): C = glu(H) W^T for H [M, 2F] bf16, W [N, F], C [M, N]
+// bf16, glu(H) = act(H[:, :F]) * H[:, F:] as swiglu.h defines it, rounded to bf16 as swiglu_fwd
+// rounds it: bitwise swiglu_fwd followed by matmul, for the problems the skinny kernel takes
+// (matmul_skinny_glu_applies; otherwise run those two). Every CTA forms all of glu(H) for itself,
+// so it pays for small batches only: callers use it up to kSkinnyGluMaxRows rows.
+constexpr int64_t kSkinnyGluMaxRows = 4;
+enum class GluAct;  // swiglu/swiglu.h
+bool matmul_skinny_glu_applies(const Tensor& h, const Tensor& w, const Tensor& c);
+void matmul_skinny_glu(const Ctx& ctx, const Tensor& h, const Tensor& w, const Tensor& c, GluAct act);
 
 // Entry points: check shapes, strides and dtypes, dispatch on ctx.device.
 void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,

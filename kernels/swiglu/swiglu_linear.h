@@ -9,8 +9,9 @@
 // to the accumulators rounded to bf16, so a (dh) is bit for bit what swiglu_fwd (swiglu_bwd) gives
 // for the h (da) the kernel computed; the forward saves swiglu_fwd's read of h, the backward never
 // writes da. No split-K: each output element's K terms are summed in one fixed order, so reruns
-// are bit-identical. "composite" (everywhere else, and for at most matmul.h's kSkinnyMaxRows rows of
-// x: decoding at batch 1 and 2, where matmul's skinny kernel streams W faster): matmul, then swiglu_fwd / swiglu_bwd, with da
+// are bit-identical. "composite" (everywhere else, and for at most matmul.h's kSkinnyMaxRows rows
+// of x: decoding, where matmul's skinny kernel streams W faster): matmul, then swiglu_fwd /
+// swiglu_bwd, with da
 // in `da` (which the fused backward does not touch and may be an empty tensor).
 // LINAC_SWIGLU_KERNELS=sm80 keeps Hopper GPUs on the composite path (comparisons and tests); unset
 // or "auto" picks; anything else is an error.

@@ -80,6 +80,9 @@ class Mixer {
   virtual void reserve(int64_t B, int64_t T) = 0;
   virtual void forward(const Tensor& x, const Tensor& out) = 0;
   virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
+  // forward() where no backward follows (a position-wise mixer's part of a decoding step): the
+  // same out, but what only backward() reads need not be kept.
+  virtual void forward_no_grad(const Tensor& x, const Tensor& out) { forward(x, out); }
   // Bytes saved between forward and backward for a [B, T] micro-batch.
   virtual size_t activation_bytes(int64_t B, int64_t T) const = 0;
   // Training FLOPs per token (forward + backward) at sequence length T, for MFU.

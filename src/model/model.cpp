@@ -520,6 +520,13 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
   LINAC_CHECK(tokens_t.dtype == DType::I32 && tokens_t.numel() == B, "Model::decode_step: tokens must be [B] int32");
   LINAC_CHECK(logits_out.ndim == 2 && logits_out.size(0) == B && logits_out.size(1) == cfg_.vocab_size,
               "Model::decode_step: logits must be [B, vocab], got " + logits_out.shape_str());
+  // The step's kernels are short and launched back to back: let those that support it start
+  // before the kernel ahead of them ends (Ctx::dependent_launches), for the step only.
+  struct DependentLaunches {
+    Ctx& ctx;
+    ~DependentLaunches() { ctx.dependent_launches = false; }
+  } dependent{env_.ctx};
+  env_.ctx.dependent_launches = env_.ctx.is_gpu() && dependent_launches_available();
   const Ctx& ctx = env_.ctx;
   Tensor x = st.x.tensor(env_.resid, {B, d}), x_next = st.x2.tensor(env_.resid, {B, d});
   Tensor xn = st.xn.tensor(env_.act, {B, d}), rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
@@ -541,7 +548,7 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
     pending = true;
     if (!b.mlp) continue;
     add_norm(b.norm2);
-    b.mlp->forward(xn.view({B, 1, d}), y.view({B, 1, d}));
+    b.mlp->forward_no_grad(xn.view({B, 1, d}), y.view({B, 1, d}));
   }
   env_.decode_pos = Tensor();
   increment_i32(ctx, st.positions_tensor());

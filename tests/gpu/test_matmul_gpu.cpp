@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "matmul/matmul.h"
+#include "swiglu/swiglu.h"
 #include "test_util.h"
 
 namespace linac {
@@ -161,9 +162,10 @@ TEST(MatmulGpu, BatchedBroadcastsZeroBatchStride) {
   }
 }
 
-// A few rows against a weight, as decoding multiplies (matmul_skinny.cu): M up to kSkinnyMaxRows,
-// K a multiple of 8 but not of the 256 values a warp covers per pass (and past 48 KB of A in
-// shared memory), N not a multiple of a CTA's 4 columns; C bf16 and f32 with alpha and beta;
+// A few rows against a weight, as decoding multiplies (matmul_skinny.cu): M from 1 to
+// kSkinnyMaxRows (8- and 16-row tiles), K a multiple of 8 but not of a warp's 32-value chunk (and
+// A past 100 KB of shared memory), N not a multiple of a tile's 8 columns, with 1, 2 and 4 tiles
+// per CTA; C bf16 and f32 with alpha and beta; A with a row stride past K (NaN between rows);
 // bitwise reruns.
 TEST(MatmulGpu, SkinnyRows) {
   LINAC_SKIP_WITHOUT_GPU();
@@ -172,7 +174,8 @@ TEST(MatmulGpu, SkinnyRows) {
     int64_t m, n, k;
   };
   for (const Shape& sh : {Shape{1, 129, 264}, Shape{2, 2304, 768}, Shape{1, 5, 2056}, Shape{2, 770, 8},
-                          Shape{2, 7, 8200}, Shape{1, 32000, 768}}) {
+                          Shape{2, 7, 8200}, Shape{1, 32000, 768}, Shape{3, 100, 776}, Shape{8, 2304, 768},
+                          Shape{9, 8200, 200}, Shape{12, 33, 40}, Shape{16, 16400, 520}, Shape{16, 770, 5632}}) {
     OwnedTensor a(DType::BF16, Device::CUDA, {sh.m, sh.k}), w(DType::BF16, Device::CUDA, {sh.n, sh.k});
     OwnedTensor c(DType::F32, Device::CUDA, {sh.m, sh.n});
     GemmProblem p;
@@ -182,13 +185,97 @@ TEST(MatmulGpu, SkinnyRows) {
     check_case({sh.m, sh.n, sh.k, 0, 0, 0.5f, 1.f}, DType::BF16, DType::F32);
     check_case({sh.m, sh.n, sh.k, 0, 0, 2.f, -0.75f}, DType::BF16, DType::BF16);
   }
-  OwnedTensor a = to(test::random_tensor({2, 768}, DType::F64, 31), Device::CUDA, DType::BF16);
-  OwnedTensor w = to(test::random_tensor({2304, 768}, DType::F64, 32), Device::CUDA, DType::BF16);
-  OwnedTensor c1(DType::BF16, Device::CUDA, {2, 2304}), c2(DType::BF16, Device::CUDA, {2, 2304});
-  matmul(gctx.ctx(), a, false, w, true, c1);
-  matmul(gctx.ctx(), a, false, w, true, c2);
-  gctx.synchronize();
-  EXPECT_EQ(test::bf16_bits(c1), test::bf16_bits(c2));
+  {
+    // A's rows 8 elements apart past K (still 16-byte aligned, so the skinny kernel takes it),
+    // NaN in the gap: nothing past K may be read.
+    const int64_t m = 11, n = 300, k = 136;
+    OwnedTensor host = test::random_tensor({m, k + 8}, DType::F64, 41);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = k; j < k + 8; ++j) host->data<double>()[r * (k + 8) + j] = std::nan("");
+    OwnedTensor a = to(host, Device::CUDA, DType::BF16);
+    OwnedTensor w = to(test::random_tensor({n, k}, DType::F64, 42), Device::CUDA, DType::BF16);
+    OwnedTensor c(DType::F32, Device::CUDA, {m, n}), c_ref(DType::F64, Device::CPU, {m, n});
+    const Tensor a_view = a->narrow(1, 0, k);
+    GemmProblem p;
+    p.m = m, p.n = n, p.k = k, p.trans_b = true, p.lda = k + 8, p.ldb = k, p.ldc = n;
+    ASSERT_TRUE(matmul_skinny_applies(p, a_view, w, c));
+    matmul(gctx.ctx(), a_view, false, w, true, c);
+    gctx.synchronize();
+    OwnedTensor a_ref = to(a, Device::CPU, DType::F64), w_ref = to(w, Device::CPU, DType::F64);
+    matmul(Ctx{}, a_ref->narrow(1, 0, k), false, w_ref, true, c_ref);
+    EXPECT_LT(test::rel_error(c, c_ref), 1e-4);
+  }
+  for (int64_t m : {2, 16}) {
+    SCOPED_TRACE(::testing::Message() << "rerun, M=" << m);
+    OwnedTensor a = to(test::random_tensor({m, 768}, DType::F64, 31), Device::CUDA, DType::BF16);
+    OwnedTensor w = to(test::random_tensor({2304, 768}, DType::F64, 32), Device::CUDA, DType::BF16);
+    OwnedTensor c1(DType::BF16, Device::CUDA, {m, 2304}), c2(DType::BF16, Device::CUDA, {m, 2304});
+    matmul(gctx.ctx(), a, false, w, true, c1);
+    matmul(gctx.ctx(), a, false, w, true, c2);
+    gctx.synchronize();
+    EXPECT_EQ(test::bf16_bits(c1), test::bf16_bits(c2));
+  }
+}
+
+// Decoding launches the skinny kernel as a dependent launch (Ctx::dependent_launches): it may
+// start while the kernel ahead still writes its A. A chain of products, each reading the one
+// before, must give bitwise what ordinary launches give.
+TEST(MatmulGpu, SkinnyChainUnderDependentLaunches) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  Ctx dependent = gctx.ctx();
+  dependent.dependent_launches = gpu_compute_capability() >= 90;
+  const int64_t m = 5, d = 1024, links = 12;
+  std::vector<OwnedTensor> w;
+  for (int64_t i = 0; i < links; ++i)
+    w.push_back(to(test::random_tensor({d, d}, DType::F64, 50 + static_cast<uint64_t>(i)), Device::CUDA, DType::BF16));
+  auto chain = [&](const Ctx& ctx) {
+    std::vector<OwnedTensor> x;
+    x.push_back(to(test::random_tensor({m, d}, DType::F64, 49), Device::CUDA, DType::BF16));
+    for (int64_t i = 0; i < links; ++i) {
+      x.emplace_back(DType::BF16, Device::CUDA, std::vector<int64_t>{m, d});
+      matmul(ctx, x[i], false, w[i], true, x.back(), 1.0 / 16);
+    }
+    gctx.synchronize();
+    return test::bf16_bits(x.back());
+  };
+  const auto ordered = chain(gctx.ctx());
+  EXPECT_EQ(chain(dependent), ordered);
+  EXPECT_EQ(chain(dependent), ordered);
+}
+
+// Decoding's MLP output in one launch (matmul_skinny_glu) is bitwise swiglu_fwd followed by
+// matmul: both gate activations, 8- and 16-row tiles, F not a multiple of a warp's 32-value chunk,
+// gates far enough out to saturate the sigmoid. Problems it does not take are refused.
+TEST(MatmulGpu, SkinnyGluIsSwigluThenMatmul) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  struct Shape {
+    int64_t m, n, f;
+  };
+  for (GluAct act : {GluAct::Silu, GluAct::Identity})
+    for (const Shape& sh : {Shape{1, 300, 136}, Shape{7, 768, 2048}, Shape{16, 2100, 520}}) {
+      SCOPED_TRACE(::testing::Message() << "M=" << sh.m << " N=" << sh.n << " F=" << sh.f << " silu="
+                                        << (act == GluAct::Silu));
+      OwnedTensor h = to(test::random_tensor({sh.m, 2 * sh.f}, DType::F64, 61, -12, 12), Device::CUDA, DType::BF16);
+      OwnedTensor w = to(test::random_tensor({sh.n, sh.f}, DType::F64, 62), Device::CUDA, DType::BF16);
+      OwnedTensor a(DType::BF16, Device::CUDA, {sh.m, sh.f});
+      OwnedTensor fused(DType::BF16, Device::CUDA, {sh.m, sh.n}), composite(DType::BF16, Device::CUDA, {sh.m, sh.n});
+      ASSERT_TRUE(matmul_skinny_glu_applies(h, w, fused));
+      matmul_skinny_glu(gctx.ctx(), h, w, fused, act);
+      swiglu_fwd(gctx.ctx(), h, a, act);
+      matmul(gctx.ctx(), a, false, w, true, composite);
+      gctx.synchronize();
+      EXPECT_EQ(test::bf16_bits(fused), test::bf16_bits(composite));
+    }
+  OwnedTensor h(DType::BF16, Device::CUDA, {4, 272}), w(DType::BF16, Device::CUDA, {64, 136});
+  OwnedTensor c32(DType::F32, Device::CUDA, {4, 64}), h17(DType::BF16, Device::CUDA, {17, 272});
+  OwnedTensor c17(DType::BF16, Device::CUDA, {17, 64}), w_odd(DType::BF16, Device::CUDA, {64, 135});
+  OwnedTensor h_odd(DType::BF16, Device::CUDA, {4, 270}), c(DType::BF16, Device::CUDA, {4, 64});
+  EXPECT_FALSE(matmul_skinny_glu_applies(h, w, c32)) << "C must be bf16";
+  EXPECT_FALSE(matmul_skinny_glu_applies(h17, w, c17)) << "at most kSkinnyMaxRows rows";
+  EXPECT_FALSE(matmul_skinny_glu_applies(h_odd, w_odd, c)) << "F must be a multiple of 8";
+  EXPECT_TRUE(matmul_skinny_glu_applies(h, w, c));
 }
 
 // Shapes where cuBLASLt is likely to split K (small M x N, deep K) and a large one; the

@@ -39,6 +39,21 @@ void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}));
 }
 
+void SwiGluMlp::forward_no_grad(const Tensor& x, const Tensor& out) {
+#if LINAC_WITH_CUDA
+  const int64_t N = x.size(0) * x.size(1);
+  LINAC_CHECK(N <= capacity_, "SwiGluMlp: batch larger than reserved");
+  Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
+  const Tensor w2 = env_.params->weight(w2_), out2 = out.view({N, d_});
+  if (env_.ctx.is_gpu() && N <= kSkinnyGluMaxRows && matmul_skinny_glu_applies(h, w2, out2)) {
+    matmul(env_.ctx, x.view({N, d_}), false, env_.params->weight(w13_), true, h);
+    matmul_skinny_glu(env_.ctx, h, w2, out2, act_);
+    return;
+  }
+#endif
+  forward(x, out);
+}
+
 void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int64_t N = x.size(0) * x.size(1);
   const Ctx& ctx = env_.ctx;

@@ -22,6 +22,9 @@ class SwiGluMlp final : public Mixer {
   void start_document(MixerState&, int64_t) override {}
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
+  // Up to kSkinnyGluMaxRows rows on the GPU (decoding): a is formed inside the output GEMM
+  // (matmul_skinny_glu) and never stored.
+  void forward_no_grad(const Tensor& x, const Tensor& out) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   double flops_per_token(int64_t T) const override;
