@@ -60,22 +60,50 @@ __device__ __forceinline__ void load8(const T* p, float (&x)[8]) {
   x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w, x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
+// Eight consecutive values of a key or value row as loaded, unconverted (bf16: 4 registers), so
+// that several rows can be in flight per thread.
+template <class T>
+struct Raw8 {
+  using Vec = std::conditional_t<sizeof(T) == 2, uint2, float4>;  // four values
+  Vec v[2];
+};
+template <class T>
+__device__ __forceinline__ void load_raw8(const T* p, Raw8<T>& r) {
+  using Vec = typename Raw8<T>::Vec;
+  r.v[0] = *reinterpret_cast<const Vec*>(p);
+  r.v[1] = *reinterpret_cast<const Vec*>(p + 4);
+}
+template <class T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&x)[8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (sizeof(T) == 2) {
+      const float2 a = cuda::unpack_bf16(r.v[h].x), b = cuda::unpack_bf16(r.v[h].y);
+      x[4 * h] = a.x, x[4 * h + 1] = a.y, x[4 * h + 2] = b.x, x[4 * h + 3] = b.y;
+    } else {
+      x[4 * h] = r.v[h].x, x[4 * h + 1] = r.v[h].y, x[4 * h + 2] = r.v[h].z, x[4 * h + 3] = r.v[h].w;
+    }
+  }
+}
+
 // o = the slot blocks of one (batch, head) merged in block order: rows [splits][D + 2] of
-// (acc, m, l). Read through L2 (another CTA of the step may have written them).
+// (acc, m, l). One pass with a running maximum, so a thread's reads of every block (its acc value,
+// m and l) are independent of each other and in flight together; read through L2 (another CTA of
+// the step may have written them).
 template <class T>
 __device__ void merge_blocks(const float* rows, int splits, int D, T* o) {
-  float m_all = -INFINITY;
-  for (int sp = 0; sp < splits; ++sp) m_all = fmaxf(m_all, __ldcg(rows + sp * (D + 2) + D));
-  float l_all = 0.f;
-  for (int sp = 0; sp < splits; ++sp)
-    l_all += expf(__ldcg(rows + sp * (D + 2) + D) - m_all) * __ldcg(rows + sp * (D + 2) + D + 1);
   for (int d = threadIdx.x; d < D; d += kThreads) {
-    float a = 0.f;
+    float m = -INFINITY, l = 0.f, a = 0.f;
+#pragma unroll 8
     for (int sp = 0; sp < splits; ++sp) {
       const float* row = rows + sp * (D + 2);
-      a += expf(__ldcg(row + D) - m_all) * __ldcg(row + d);
+      const float m_sp = __ldcg(row + D), l_sp = __ldcg(row + D + 1), a_sp = __ldcg(row + d);
+      const float m_new = fmaxf(m, m_sp), c = expf(m - m_new), c_sp = expf(m_sp - m_new);
+      l = fmaf(l, c, l_sp * c_sp);
+      a = fmaf(a, c, a_sp * c_sp);
+      m = m_new;
     }
-    o[d] = cuda::from_float<T>(a / l_all);
+    o[d] = cuda::from_float<T>(a / l);
   }
 }
 
@@ -86,7 +114,7 @@ __device__ void merge_blocks(const float* rows, int splits, int D, T* o) {
 // cache, and the CTA whose block holds that slot, for the first query head of the key/value head,
 // writes it into the cache. The blocks of a (batch, head) count themselves done in StepArgs::done;
 // the last one merges them (merge_blocks, in block order) and zeroes its counter.
-template <class T, int G, bool kStep>
+template <class T, int G, bool kStep, bool kWide>
 __global__ void __launch_bounds__(kThreads)
     decode_kernel(const T* __restrict__ q, T* __restrict__ k, T* __restrict__ v, T* __restrict__ o,
                   float* __restrict__ partial, const Args p, const StepArgs st,
@@ -106,27 +134,50 @@ __global__ void __launch_bounds__(kThreads)
   const bool dims = d0 < p.D;  // D/8 may be less than G: the group's last lanes then hold no dims
   const int64_t slot_stride = int64_t{p.Hk} * p.D;
   const int64_t row0 = (int64_t{b} * p.S * p.Hk + g) * p.D + d0;
+  // The step's new slot is read from shared memory: it is not in the cache yet.
+  const int new_slot = kStep ? (p.window > 0 ? p.pos[b] % p.window : p.pos[b]) : -1;
+
+  // Group `group` visits slots s_begin + group + kGroups * round. kWide (small grids, where each
+  // CTA's latency is the kernel's): the key and value rows of up to 4 rounds are loaded before any
+  // is used, so their latencies overlap; otherwise one round at a time, fewer registers, more CTAs
+  // per SM. The arithmetic is the same either way.
+  constexpr int kRounds = (kSplit + kGroups - 1) / kGroups;
+  constexpr int kBatch = !kWide ? 1 : kRounds < 4 ? kRounds : 4;
+  Raw8<T> kr[kBatch], vr[kBatch];
+  auto load_batch = [&](int round0) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int s = s_begin + group + kGroups * (round0 + j);
+      if (s < s_end && dims && s != new_slot) {
+        load_raw8(k + row0 + s * slot_stride, kr[j]);
+        load_raw8(v + row0 + s * slot_stride, vr[j]);
+      } else {
+        kr[j] = vr[j] = Raw8<T>{};
+      }
+    }
+  };
+  // Before the wait (cuda_common.cuh): the cache's other slots were written by earlier steps.
+  load_batch(0);
 
   const T* q_row = q + b * p.q_b + h * p.D;
-  int new_slot = -1;
-  T* q_s = nullptr;
   T* k_s = nullptr;
   T* v_s = nullptr;
   if constexpr (kStep) {
     const int pos = p.pos[b], half = p.D / 2;
-    new_slot = p.window > 0 ? pos % p.window : pos;
     float* cs = s_acc + kGroups * p.D;
-    q_s = reinterpret_cast<T*>(cs + p.D);
+    T* q_s = reinterpret_cast<T*>(cs + p.D);
     k_s = q_s + p.D;
     v_s = k_s + p.D;
-    const T* k_new = static_cast<const T*>(st.k) + b * st.k_b + g * p.D;
-    const T* v_new = static_cast<const T*>(st.v) + b * st.v_b + g * p.D;
     if (st.rope)
       for (int i = threadIdx.x; i < half; i += kThreads) {
         float sn, c;
         sincosf(static_cast<float>(pos) * freq.v[i], &sn, &c);
         cs[i] = c, cs[half + i] = sn;
       }
+    cuda::dependent_wait();
+    cuda::dependent_release();
+    const T* k_new = static_cast<const T*>(st.k) + b * st.k_b + g * p.D;
+    const T* v_new = static_cast<const T*>(st.v) + b * st.v_b + g * p.D;
     __syncthreads();
     for (int i = threadIdx.x; i < half; i += kThreads) {
       const float q1 = cuda::to_float(q_row[i]), q2 = cuda::to_float(q_row[i + half]);
@@ -143,33 +194,43 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = threadIdx.x; i < p.D; i += kThreads) k[at + i] = k_s[i], v[at + i] = v_s[i];
     }
     q_row = q_s;
+  } else {
+    cuda::dependent_wait();
+    cuda::dependent_release();
   }
 
   float qf[8] = {}, acc[8] = {};
   if (dims) load8(q_row + d0, qf);
   float m = -INFINITY, l = 0.f;
-  // Warp-uniform trip count, so the butterfly's shuffles always see the whole warp.
-  for (int base = s_begin + warp * kPerWarp; base < s_end; base += kGroups) {
-    const int s = base + lane / G;
-    const bool valid = s < s_end;
-    float kf[8] = {}, vf[8] = {};
-    if (valid && dims) {
-      const bool fresh = kStep && s == new_slot;  // this step's token: not in the cache yet
-      load8(fresh ? k_s + d0 : k + row0 + s * slot_stride, kf);
-      load8(fresh ? v_s + d0 : v + row0 + s * slot_stride, vf);
+#pragma unroll
+  for (int round0 = 0; round0 < kRounds; round0 += kBatch) {
+    if (round0 > 0) load_batch(round0);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int s = s_begin + group + kGroups * (round0 + j);
+      const bool valid = s < s_end;
+      float kf[8], vf[8];
+      if (kStep && valid && dims && s == new_slot) {
+        load8(k_s + d0, kf);
+        load8(v_s + d0, vf);
+      } else {
+        unpack8(kr[j], kf);
+        unpack8(vr[j], vf);
+      }
+      // Every lane of the warp reaches the butterfly's shuffles.
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) dot = fmaf(qf[i], kf[i], dot);
+#pragma unroll
+      for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (!valid) continue;
+      const float score = dot * p.scale, m_new = fmaxf(m, score);
+      const float alpha = expf(m - m_new), w = expf(score - m_new);
+      l = l * alpha + w;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, vf[i], acc[i] * alpha);
+      m = m_new;
     }
-    float dot = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) dot = fmaf(qf[i], kf[i], dot);
-#pragma unroll
-    for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-    if (!valid) continue;
-    const float score = dot * p.scale, m_new = fmaxf(m, score);
-    const float alpha = expf(m - m_new), w = expf(score - m_new);
-    l = l * alpha + w;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, vf[i], acc[i] * alpha);
-    m = m_new;
   }
   if (lane % G == 0) s_m[group] = m, s_l[group] = l;
   if (dims) {
@@ -228,9 +289,12 @@ void launch(const Ctx& ctx, const Args& a, const StepArgs& st, const cuda::RopeI
   float* partial = static_cast<float*>(ctx.workspace);
   auto stream = cuda::stream_of(ctx);
   const dim3 grid(static_cast<unsigned>(BH), static_cast<unsigned>(a.splits));
-  decode_kernel<T, G, kStep><<<grid, kThreads, smem, stream>>>(q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(),
-                                                               partial, a, st, freq);
-  LINAC_CUDA_LAUNCH_CHECK();
+  // A grid of a few CTAs per SM (batch 1) keeps several rounds of loads in flight per thread; a
+  // larger one hides latency with more resident CTAs instead.
+  static const int64_t sms = gpu_sm_count();
+  auto kernel = BH * a.splits <= 8 * sms ? decode_kernel<T, G, kStep, true> : decode_kernel<T, G, kStep, false>;
+  cuda::launch_dependent(ctx, kernel, grid, dim3(kThreads), smem, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(),
+                         partial, a, st, freq);
   if (kStep || a.splits == 1) return;
   combine_kernel<T><<<static_cast<unsigned>(BH), kThreads, 0, stream>>>(partial, o.data<T>(), a);
   LINAC_CUDA_LAUNCH_CHECK();
