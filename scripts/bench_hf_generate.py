@@ -8,7 +8,7 @@ JSON line each.
 
 usage: scripts/bench_hf_generate.py (--model DIR | --linac-config CONFIG.json) [--batch 1,16,128]
                                     [--prompt-len 512] [--gen-len 1024] [--dtype bfloat16] [--attn eager|sdpa]
-                                    [--cache dynamic|static] [--compile]
+                                    [--cache dynamic|static] [--compile | --loop]
 --linac-config builds the same LlamaForCausalLM from a Transformer++ config with random weights
 (speed does not depend on the values), for sizes that have no trained checkpoint to export.
 
@@ -22,7 +22,13 @@ transformers' documented path; wrapping model.forward in torch.compile(mode="red
 by hand fails inside generate, whose cache writes overwrite the graphs' outputs, seen with
 transformers 5.17 / torch 2.11 on 2026-11-28). Per batch size the compile caches are reset and two
 warm-up generates with the timed run's batch and --gen-len run first, so compilation and graph
-capture are not timed. prefill_ms is always the model's forward over the prompts, outside
+capture are not timed.
+
+--loop: not generate but the decoding loop of transformers' documentation on static caches and
+torch.compile (as gpt-fast does it): a StaticCache for prompt + gen-len positions, the prompt's
+forward, then per token a torch.compile(mode="reduce-overhead", fullgraph=True) function of the
+model's forward on one token and the argmax, with torch.compiler.cudagraph_mark_step_begin()
+before each call; two warm-up runs, then the timed one (prefill_ms: its prompt forward). prefill_ms is always the model's forward over the prompts, outside
 generate: tens of milliseconds next to a decode of seconds.
 """
 import argparse
@@ -59,6 +65,8 @@ def main():
     ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     ap.add_argument("--compile", action="store_true",
                     help="with --cache static: generate's own torch.compile of the decode step (CUDA graphs)")
+    ap.add_argument("--loop", action="store_true",
+                    help="the documented static-cache decoding loop under torch.compile (not generate)")
     a = ap.parse_args()
     if (a.model is None) == (a.linac_config is None):
         ap.error("give exactly one of --model and --linac-config")
@@ -69,6 +77,8 @@ def main():
         model = AutoModelForCausalLM.from_config(llama_config_of(a.linac_config), torch_dtype=dtype,
                                                  attn_implementation=a.attn)
     model = model.cuda().eval()
+    if a.loop:
+        return static_loop(model, a)
     if a.compile and a.cache != "static":
         ap.error("--compile needs --cache static (transformers compiles the decode step of a static cache)")
     # transformers compiles the decode step of a static cache by itself unless told not to: on only
@@ -136,6 +146,58 @@ def main():
         if a.compile:
             line["compile_config"] = str(getattr(model.generation_config, "compile_config", None))
         print(json.dumps(line), flush=True)
+
+
+def static_loop(model, a):
+    """--loop: the prompt's forward into a StaticCache, then one compiled step per new token."""
+    from transformers import StaticCache
+
+    def decode_one(token, cache_position, cache):
+        logits = model(token, cache_position=cache_position, past_key_values=cache, use_cache=True,
+                       return_dict=False)[0]
+        return torch.argmax(logits[:, -1], dim=-1, keepdim=True)
+
+    step = torch.compile(decode_one, mode="reduce-overhead", fullgraph=True)
+    V, L = model.config.vocab_size, a.prompt_len + a.gen_len
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for B in [int(b) for b in a.batch.split(",")]:
+        ids = torch.randint(0, V, (B, a.prompt_len), generator=g).cuda()
+        torch.compiler.reset()
+        try:
+            cache = StaticCache(config=model.config, max_cache_len=L)
+        except TypeError:  # transformers before 5 also wanted the batch, device and dtype
+            cache = StaticCache(config=model.config, max_batch_size=B, max_cache_len=L, device="cuda",
+                                dtype=model.dtype)
+
+        def run():  # one cache for every run, so the compiled step's guards and graphs hold
+            cache.reset()
+            t0 = time.perf_counter()
+            pos = torch.arange(a.prompt_len, device="cuda")
+            logits = model(ids, cache_position=pos, past_key_values=cache, use_cache=True, return_dict=False)[0]
+            token = torch.argmax(logits[:, -1], dim=-1, keepdim=True)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            out = [token]
+            for i in range(a.gen_len - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                token = step(token, torch.tensor([a.prompt_len + i], device="cuda"), cache).clone()
+                out.append(token)
+            torch.cuda.synchronize()
+            return t1 - t0, time.perf_counter() - t1, len(out)  # new tokens: one by the prompt's forward
+
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            for _ in range(2):
+                run()
+            warm = time.perf_counter() - t0
+            torch.cuda.reset_peak_memory_stats()
+            prefill, decode, new = run()
+        print(json.dumps({"model": a.model or a.linac_config, "attn": a.attn, "dtype": a.dtype, "cache": "static",
+                          "loop": "torch.compile reduce-overhead, fullgraph", "batch": B,
+                          "prompt_len": a.prompt_len, "gen_len": new, "prefill_ms": prefill * 1e3,
+                          "decode_tokens_per_s": B * (new - 1) / decode,
+                          "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30, "warmup_s": warm}),
+              flush=True)
 
 
 if __name__ == "__main__":

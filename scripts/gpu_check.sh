@@ -15,7 +15,8 @@
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
 #   attention next to SDPA and GQA decoding against multi-head, issue 50; decode and peers, not
-#   part of all: the GPU suite and decoding with and without CUDA graphs, and the 125M step and
+#   part of all: the decode tests and decoding with and without CUDA graphs (DECODE_EAGER=0: only
+#   with; DECODE_TRACE=0: no kernel timelines), and the 125M step and
 #   its decoding next to the strongest PyTorch and HF peers, issue 49; ckpt13b, not part of
 #   all (4 GPUs): sharded asynchronous checkpoints of the 1.3B model and the data-parallel GPU
 #   tests, issue 48)
@@ -463,48 +464,63 @@ if [ "$what" = gqa ]; then
       --prompt-len 512 --gen-len 1024 2>&1 | tee -a "$out/gqa_bench.txt"
   done
 fi
+# The tests of decoding and of the kernels its step launches (issue 49).
+decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
+'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
 if [ "$what" = decode ]; then
-  # Issue 49: the whole GPU suite (the decode step changed for every architecture), then decoding
-  # with and without CUDA graphs for Transformer++ 125M and GLA 340M.
-  gpu_tests "gpu tests" gpu_tests.log
+  # Issue 49: the decode tests (the full suite is `tests`), then decoding with and without CUDA
+  # graphs for Transformer++ 125M and GLA 340M, and the 125M at the issue's 256 new tokens.
+  gpu_tests "decode gpu tests" decode_tests.log "$decode_tests"
   for c in transformer_125m gla_340m; do
-    for g in "" --no-graph; do
+    for g in "" $([ "${DECODE_EAGER:-1}" = 1 ] && echo --no-graph); do
       ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 $g \
         2>&1 | tee -a "$out/decode.txt"
     done
   done
-  # Where a replayed step's time goes at batch 1 and 16 (kernel timeline, scripts/kernel_trace.cpp).
-  ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" linac_kernel_trace >>"$out/build.log" 2>&1
-  for c in transformer_125m gla_340m; do
-    for b in 1 16; do
-      rm -rf "/tmp/kt_$c$b" && mkdir -p "/tmp/kt_$c$b"
-      KTRACE_DIR="/tmp/kt_$c$b" CUDA_INJECTION64_PATH="$root/build-gpu/liblinac_kernel_trace.so" ./build-gpu/linac bench \
-        --generate configs/$c.json --batch $b --prompt-len 512 --gen-len 128 >/dev/null 2>&1
-      echo "== $c, batch $b, CUDA graph" | tee -a "$out/decode_trace.txt"
-      python3 scripts/kernel_trace.py "/tmp/kt_$c$b" --decode --top 14 2>&1 | tee -a "$out/decode_trace.txt"
+  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 --gen-len 256 \
+    2>&1 | tee -a "$out/decode.txt"
+  # Where a replayed step's time goes at batch 1 and 16 (kernel timeline, scripts/kernel_trace.cpp;
+  # kernels that start before the one ahead ends, dependent launches, count their waits as busy).
+  if [ "${DECODE_TRACE:-1}" = 1 ]; then
+    ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" linac_kernel_trace >>"$out/build.log" 2>&1
+    for c in transformer_125m gla_340m; do
+      for b in 1 16; do
+        rm -rf "/tmp/kt_$c$b" && mkdir -p "/tmp/kt_$c$b"
+        KTRACE_DIR="/tmp/kt_$c$b" CUDA_INJECTION64_PATH="$root/build-gpu/liblinac_kernel_trace.so" ./build-gpu/linac bench \
+          --generate configs/$c.json --batch $b --prompt-len 512 --gen-len 128 >/dev/null 2>&1
+        echo "== $c, batch $b, CUDA graph" | tee -a "$out/decode_trace.txt"
+        python3 scripts/kernel_trace.py "/tmp/kt_$c$b" --decode --top 14 2>&1 | tee -a "$out/decode_trace.txt"
+      done
     done
-  done
+  fi
 fi
 if [ "$what" = peers ]; then
-  # Issue 49: the decode and skinny-GEMM GPU tests, then linac next to the PyTorch peers at their
-  # strongest, same call: decoding Transformer++ 125M against Hugging Face generate with a static
-  # cache under torch.compile's CUDA graphs (HF_EAGER=1 adds eager HF with a dynamic cache), and the
-  # 125M training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA,
-  # fused AdamW, torch.compile).
-  gpu_tests "decode gpu tests" peers_tests.log \
-    'MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*'
-  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 \
-    2>&1 | tee -a "$out/peers.txt"
-  peers=("--attn sdpa --cache static --compile")
-  [ "${HF_EAGER:-0}" = 1 ] && peers+=("--attn eager")
-  for peer in "${peers[@]}"; do
-    timeout 170 python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json --batch 1,16 \
-      --prompt-len 512 --gen-len 1024 $peer 2>>"$out/bench_hf.err" | tee -a "$out/peers.txt"
-  done
-  tail -3 "$out/bench_hf.err"
-  ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-    --steps 20 2>&1 | tee -a "$out/peers.txt"
-  timeout 240 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
-    grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
+  # Issue 49: the decode tests, then linac next to the PyTorch peers at their strongest, same
+  # call: decoding Transformer++ 125M against transformers' static-cache decoding loop under
+  # torch.compile's CUDA graphs and generate with a static cache and its own compile (HF_EAGER=1
+  # adds eager HF with a dynamic cache), and the 125M
+  # training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA, fused
+  # AdamW, torch.compile). PEERS_PARTS picks among "tests hf train" (default: all three).
+  parts=" ${PEERS_PARTS:-tests hf train} "
+  [[ $parts == *" tests "* ]] && gpu_tests "decode gpu tests" peers_tests.log "$decode_tests"
+  if [[ $parts == *" hf "* ]]; then
+    ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 \
+      --gen-len "${PEERS_GEN_LEN:-1024}" 2>&1 | tee -a "$out/peers.txt"
+    peers=("--attn sdpa --loop" "--attn sdpa --cache static --compile")
+    [ -n "${HF_PEERS:-}" ] && IFS=';' read -r -a peers <<<"$HF_PEERS"
+    [ "${HF_EAGER:-0}" = 1 ] && peers+=("--attn eager")
+    for peer in "${peers[@]}"; do
+      timeout "${HF_TIMEOUT:-170}" python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json \
+        --batch 1,16 --prompt-len 512 --gen-len "${PEERS_GEN_LEN:-1024}" $peer 2>>"$out/bench_hf.err" |
+        tee -a "$out/peers.txt"
+    done
+    tail -3 "$out/bench_hf.err"
+  fi
+  if [[ $parts == *" train "* ]]; then
+    ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 20 2>&1 | tee -a "$out/peers.txt"
+    timeout 240 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
+      grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
+  fi
 fi
 printf '%s\n' "${summary[@]}"
