@@ -206,9 +206,16 @@ void AttentionMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor qkv = env_.scratch->get("attn.step.qkv", env_.act, {B, q_cols_ + 2 * kv_cols_});
   Tensor o = env_.scratch->get("attn.step.o", env_.act, {B, q_cols_});
   matmul(ctx, x_t.view({B, d_}), false, ps.weight(wqkv_), true, qkv);
-  if (step_grows(st)) reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
+  Ctx step_ctx = ctx;
+  if (step_grows(st)) {
+    reserve_slots(ctx, st, *std::max_element(st.pos.begin(), st.pos.end()) + 1);
+    // The step reads cached slots before its dependent-launch wait (cuda_common.cuh); those
+    // loads must not race the copies that just filled the grown cache, whatever form the driver
+    // gives them: this step launches in plain stream order.
+    step_ctx.dependent_launches = false;
+  }
   // Every row at its own document position, read on the device (env.decode_pos mirrors st.pos).
-  attention_decode_step(ctx, bhd(qkv, 0, H_, Dh_), bhd(qkv, q_cols_, Hk_, Dh_), bhd(qkv, q_cols_ + kv_cols_, Hk_, Dh_),
+  attention_decode_step(step_ctx, bhd(qkv, 0, H_, Dh_), bhd(qkv, q_cols_, Hk_, Dh_), bhd(qkv, q_cols_ + kv_cols_, Hk_, Dh_),
                         env_.decode_pos, st.k, st.v, opt_.rope ? opt_.rope_freqs : RopeFreqs(), opt_.window,
                         o.view({B, H_, Dh_}), st.done);
   advance(st);
