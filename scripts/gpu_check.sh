@@ -480,7 +480,7 @@ if [ "$what" = decode ]; then
   ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 --gen-len 256 \
     2>&1 | tee -a "$out/decode.txt"
   # Where a replayed step's time goes at batch 1 and 16 (kernel timeline, scripts/kernel_trace.cpp;
-  # kernels that start before the one ahead ends, dependent launches, count their waits as busy).
+  # with dependent launches, the "on the chain" column is what each kernel adds to the step).
   if [ "${DECODE_TRACE:-1}" = 1 ]; then
     ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" linac_kernel_trace >>"$out/build.log" 2>&1
     for c in transformer_125m gla_340m; do

@@ -8,7 +8,11 @@ kernels beside each, and the compute kernels' total time by name.
 
 With --decode it reads a greedy decoding run instead (`linac bench --generate`, whose steps each
 end with a greedy_pick kernel): the mean GPU time of the last --steps steps from the first kernel
-to that pick, how much of it kernels ran, the kernels per step and their time per step by name.
+to that pick, how much of it kernels ran, the kernels per step and their time per step by name,
+both from each kernel's start and on the chain: from the later of its start and the end of the
+kernels before it. A dependent launch (Ctx::dependent_launches) starts before the kernel ahead
+ends and waits; the first figure counts that wait, the second does not, so the second adds up to
+the step's busy time and says what each kernel adds to the step.
 """
 import argparse
 import collections
@@ -119,12 +123,19 @@ def summarize_decode(rows, top, steps):
         return [f"  only {len(ends)} decoding steps in the trace"]
     first, last = ends[-steps - 1] + 1, ends[-1]
     span = sum(rows[e][1] - rows[s + 1][0] for s, e in zip(ends[-steps - 1:-1], ends[-steps:])) / 1e3 / steps
-    totals = totals_by_name(rows[first:last + 1])
-    busy = sum(t[1] for t in totals.values()) / steps
+    window = rows[first:last + 1]
+    totals = totals_by_name(window)
+    chain, reached = collections.defaultdict(float), window[0][0]
+    for start, end, _, _, name in window:  # by start: what each kernel adds past those before it
+        chain[short(name)] += max(0, end - max(start, reached)) / 1e3
+        reached = max(reached, end)
+    busy = sum(chain.values()) / steps
     out = [f"  {steps} steps: {span:.1f} us per step from its first kernel to its pick, kernels busy {busy:.1f} us, "
-           f"{(last + 1 - first) / steps:.1f} kernels per step", "  us/step (calls/step)  kernel"]
-    for name, (calls, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
-        out.append(f"  {us / steps:9.2f} ({calls / steps:5.1f})  {name}")
+           f"{(last + 1 - first) / steps:.1f} kernels per step",
+           "  us/step  on the chain (calls/step)  kernel"]
+    for name, us in sorted(chain.items(), key=lambda kv: -kv[1])[:top]:
+        calls, from_start = totals[name]
+        out.append(f"  {from_start / steps:9.2f} {us / steps:9.2f} ({calls / steps:5.1f})  {name}")
     return out
 
 

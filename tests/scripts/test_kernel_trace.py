@@ -4,7 +4,8 @@ kernels, the last step's compute, idle and NCCL time, the compute kernels beside
 totals by kernel name, and a directory without traces refused in one line with status 2; with
 --decode, greedy decoding steps cut at each greedy_pick kernel: the last steps' mean span from
 their first kernel to the pick, the kernels' busy time, the kernels per step and their time per
-step by name.
+step by name, from their starts and on the chain (a kernel started before the one ahead ended,
+as a dependent launch does, adds only what runs past that end).
 """
 import os
 import re
@@ -64,11 +65,12 @@ class KernelTrace(unittest.TestCase):
             self.assertEqual(totals, {GEMM: (650, 2), "bwd_sm90_kernel": (400, 1), "adamw_kernel": (100, 2)})
 
     def test_decode_steps(self):
-        # Five steps of 200 us: a GEMM (100 us), an attention kernel (50), 10 us idle, the pick (10);
-        # the next step starts 30 us after the pick.
+        # Five steps of 200 us: a GEMM (100 us), an attention kernel launched 40 us before the GEMM
+        # ends (90 us from its start, 50 past the GEMM), 10 us idle, the pick (10); the next step
+        # starts 30 us after the pick.
         rows, t = [], 0
         for _ in range(5):
-            rows += [(t, t + 100, 7, 8, GEMM), (t + 100, t + 150, 7, 12, ATTN), (t + 160, t + 170, 7, 1, PICK)]
+            rows += [(t, t + 100, 7, 8, GEMM), (t + 60, t + 150, 7, 12, ATTN), (t + 160, t + 170, 7, 1, PICK)]
             t += 200
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "trace.r0.5.csv"), "w") as f:
@@ -80,9 +82,10 @@ class KernelTrace(unittest.TestCase):
             lines = r.stdout.splitlines()
             self.assertEqual(lines[1], "  3 steps: 170.0 us per step from its first kernel to its pick, kernels busy "
                                        "160.0 us, 3.0 kernels per step")
-            per_step = {m[3]: (float(m[1]), float(m[2]))
-                        for m in (re.match(r"\s*([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
-            self.assertEqual(per_step, {GEMM: (100.0, 1.0), "bwd_sm90_kernel": (50.0, 1.0), "greedy_pick_kernel": (10.0, 1.0)})
+            per_step = {m[4]: (float(m[1]), float(m[2]), float(m[3]))
+                        for m in (re.match(r"\s*([\d.]+)\s+([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
+            self.assertEqual(per_step, {GEMM: (100.0, 100.0, 1.0), "bwd_sm90_kernel": (90.0, 50.0, 1.0),
+                                        "greedy_pick_kernel": (10.0, 10.0, 1.0)})
             r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "5"], capture_output=True, text=True,
                                timeout=60)
             self.assertIn("only 5 decoding steps", r.stdout)
