@@ -4,9 +4,11 @@
 // ids sorted by logit (ties by id), cut to the top_k largest (0: all), turned into
 // p = softmax(logit / temperature) in double, then cut to the shortest prefix whose
 // probability reaches top_p (at least one id) and renormalised; the draw walks that prefix
-// with u = philox_uniform(seed, sequence, position). A token is a pure function of (logits,
-// options, seed, sequence, position): a fixed seed gives the same text on the CPU and the GPU
-// whenever the logits agree, and every sequence of a batch draws from its own stream.
+// with u = philox_uniform(seed, sequence, position). Without a cut (top_k 0, top_p 1) the draw
+// walks the ids in id order instead, which draws from the same distribution without sorting the
+// vocabulary; top_p alone sorts only as far as its prefix reaches. A token is a pure function of
+// (logits, options, seed, sequence, position): a fixed seed gives the same text on the CPU and
+// the GPU whenever the logits agree, and every sequence of a batch draws from its own stream.
 #pragma once
 
 #include <cstdint>

@@ -91,6 +91,48 @@ TEST(Sampler, TopPKeepsTheSmallestPrefixReachingP) {
   EXPECT_EQ(histogram(top, logits_of(p), 500).size(), 1u);
 }
 
+// top_p alone sorts its first 1024 candidates and the rest only when its prefix needs them: a
+// flat distribution over 5000 ids whose 0.9-prefix (by logit, ties by id) is far longer. The
+// draws stay inside the prefix the full sort gives, and reach past its first 1024 ids.
+TEST(Sampler, TopPPrefixPastTheFirstSortedCandidates) {
+  const int64_t V = 5000;
+  std::vector<float> l = random_logits(V, 11);
+  for (float& x : l) x *= 0.05f;
+  SamplingOptions o;
+  o.top_p = 0.9;
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  double z = 0;
+  for (float x : l) z += std::exp(static_cast<double>(x) - l[ids[0]]);
+  std::map<int32_t, size_t> rank;
+  double mass = 0;
+  for (size_t i = 0; i < ids.size() && mass < o.top_p; ++i) {
+    rank[ids[i]] = i;
+    mass += std::exp(static_cast<double>(l[ids[i]]) - l[ids[0]]) / z;
+  }
+  ASSERT_GT(rank.size(), 2000u) << "the prefix must outgrow the first sort";
+  Sampler s(o);
+  size_t deep = 0;
+  for (uint64_t i = 0; i < 4000; ++i) {
+    const int32_t t = s.sample(l.data(), V, 0, i);
+    ASSERT_TRUE(rank.count(t)) << "emitted " << t << ", outside the 0.9 prefix";
+    deep += rank.at(t) >= 1024;
+  }
+  EXPECT_GT(deep, 1000u);
+}
+
+TEST(Sampler, NoCutWalksEveryIdWithWeight) {
+  // No cut: the draw walks ids in id order; ids of weight 0 (logit -inf) are never drawn, even
+  // at the end of the walk.
+  std::vector<float> l = {-INFINITY, 0.f, -INFINITY, 1.f, -INFINITY};
+  Sampler s(SamplingOptions{});
+  const auto h = histogram(s, l, 4000);
+  ASSERT_EQ(h.size(), 2u);
+  const double p3 = std::exp(1.0) / (1 + std::exp(1.0));
+  EXPECT_NEAR(h.at(3) / 4000.0, p3, 5 * std::sqrt(p3 * (1 - p3) / 4000));
+}
+
 TEST(Sampler, AFixedSeedRepeatsItsTokens) {
   const std::vector<float> l = random_logits(64, 9);
   auto run = [&](uint64_t seed, uint64_t sequence) {
