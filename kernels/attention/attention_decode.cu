@@ -19,6 +19,9 @@
 // cache, and the last of a (batch, head)'s blocks to finish merges them (a counter per (batch,
 // head), left at zero). The grid covers every slot of the cache; blocks past a row's valid slots
 // return at once. Nothing launched depends on the positions, so a CUDA graph replays the step.
+// As a dependent launch (cuda_common.cuh) a CTA reads the position, computes the sines and loads
+// its first cached rows before dependent_wait(); only the new token's q, k and v, written by the
+// product ahead, wait for it.
 #include "attention/attention_decode.h"
 #include "common/cuda_common.cuh"
 #include "rope/rope_math.cuh"
