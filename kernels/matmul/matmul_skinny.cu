@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(kThreads)
         const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
         uint32_t out[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 g = cuda::unpack_bf16(gw[i]), u = cuda::unpack_bf16(uw[i]);
-          out[i] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(g.x, u.x),
-                                   cuda::swiglu<static_cast<GluAct>(kGlu)>(g.y, u.y));
+        for (int j = 0; j < 4; ++j) {
+          const float2 gate = cuda::unpack_bf16(gw[j]), up = cuda::unpack_bf16(uw[j]);
+          out[j] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.x, up.x),
+                                   cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.y, up.y));
         }
         v = make_uint4(out[0], out[1], out[2], out[3]);
       }
