@@ -18,7 +18,8 @@
 // and B both bf16 with C bf16 or f32 (bf16 x bf16 -> f32 is the weight-gradient / logits path),
 // or A, B, C all f32, computed in true fp32 (CUBLAS_COMPUTE_32F) unless GemmProblem::tf32_exact
 // says that every A and B value is exactly a TF32 number (e.g. a bf16 value, or a hi/lo split):
-// then the TF32 tensor cores give the same products, accumulated in fp32. CPU: A, B, C all f32 or all f64.
+// then the TF32 tensor cores give the same products, accumulated in fp32. CPU: A, B, C all f32
+// or all f64.
 //
 // Determinism: the CPU sums every C element's K terms in one fixed order whatever the thread
 // count; the GPU uses one cached cuBLASLt algorithm per problem and allows only split-K schemes

@@ -226,7 +226,6 @@ void norm_gate_fwd_cuda(const Ctx& ctx, const NormGateLayout& L, const Tensor& x
                                                 dim3(32 * kWarps), 0, L, x.data<T>(), r.data<T>(), br.data<float>(),
                                                 y.data<T>(), mean.data<float>(), rstd.data<float>());
                        }));
-    LINAC_CUDA_LAUNCH_CHECK();
     return;
   }
   LINAC_GPU_DISPATCH(x.dtype, T, {

@@ -211,7 +211,6 @@ void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
                                                 rstd.data<float>(), hp, dim, eps);
                        }
                      }));
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy,

@@ -76,7 +76,6 @@ void launch_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a) {
     auto kernel = vec ? swiglu_fwd_kernel<kAct, true, TH, TA> : swiglu_fwd_kernel<kAct, false, TH, TA>;
     cuda::launch_dependent(ctx, kernel, dim3(static_cast<unsigned>(n)), dim3(threads), 0, h.data<TH>(), a.data<TA>(), f);
   }));
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 template <GluAct kAct>

@@ -11,8 +11,8 @@
 // writes da. No split-K: each output element's K terms are summed in one fixed order, so reruns
 // are bit-identical. "composite" (everywhere else, and for at most matmul.h's kSkinnyMaxRows rows
 // of x: decoding, where matmul's skinny kernel streams W faster): matmul, then swiglu_fwd /
-// swiglu_bwd, with da
-// in `da` (which the fused backward does not touch and may be an empty tensor).
+// swiglu_bwd, with da in `da` (which the fused backward does not touch and may be an empty
+// tensor).
 // LINAC_SWIGLU_KERNELS=sm80 keeps Hopper GPUs on the composite path (comparisons and tests); unset
 // or "auto" picks; anything else is an error.
 // The fused kernels run in clusters of 2 CTAs that take the same weight columns for adjacent row
