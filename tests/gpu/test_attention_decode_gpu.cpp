@@ -6,7 +6,8 @@
 // rows of one call at their own positions around the slot blocks' edges (0, 63, 64, 999 of a
 // 1000-slot cache), a window's ring past its size, RoPE or none, GQA, q/k/v as the strided column
 // blocks of a qkv row; against the CPU step on the same rounded inputs (output, the new slot of
-// each cache), qkv untouched, the block counters left zero, and bitwise reruns.
+// each cache), qkv untouched, the block counters left zero, and bitwise reruns; a row's step
+// bitwise the same in a batch of 64 as alone (the large and small grids' kernel variants).
 #include <limits>
 
 #include "attention/attention_decode.h"
@@ -189,6 +190,48 @@ TEST(AttentionDecodeGpu, StepParityF32) {
 TEST(AttentionDecodeGpu, StepParityBf16) {
   LINAC_SKIP_WITHOUT_GPU();
   run_step_parity(DType::BF16, 1e-2);
+}
+
+// The step's kernel variants (several rounds of cached rows in flight per lane for small grids,
+// one round for large ones) do the same arithmetic: a row's output and cache are bitwise the same
+// whether it runs in a batch of 64 or alone.
+TEST(AttentionDecodeGpu, StepVariantsAgreeBitwise) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const RopeFreqs freqs(10000.0);
+  const int64_t B = 64, H = 12, S = 1100;
+  for (const auto& [dt, D, Hk] : {std::tuple{DType::BF16, 64, 12}, std::tuple{DType::BF16, 128, 4},
+                                  std::tuple{DType::F32, 64, 12}, std::tuple{DType::F32, 128, 6}}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " D=" + std::to_string(D) + " Hk=" + std::to_string(Hk));
+    const int64_t P = H + 2 * Hk;
+    OwnedTensor qkv = to(test::random_tensor({B, P, D}, DType::F32, 31, -2, 2), Device::CUDA, dt);
+    OwnedTensor kc = to(test::random_tensor({B, S, Hk, D}, DType::F32, 32, -2, 2), Device::CUDA, dt);
+    OwnedTensor vc = to(test::random_tensor({B, S, Hk, D}, DType::F32, 33), Device::CUDA, dt);
+    OwnedTensor pos(DType::I32, Device::CPU, {B});
+    for (int64_t b = 0; b < B; ++b) pos->data<int32_t>()[b] = static_cast<int32_t>((b * 397 + 11) % S);
+    // Rows b0 .. b0 + n - 1 of everything, run as a batch of n: the output and both caches.
+    auto run = [&](int64_t b0, int64_t n) {
+      OwnedTensor q_n = to(qkv->narrow(0, b0, n), Device::CUDA, dt), kc_n = to(kc->narrow(0, b0, n), Device::CUDA, dt),
+                  vc_n = to(vc->narrow(0, b0, n), Device::CUDA, dt);
+      OwnedTensor pos_n = to(pos->narrow(0, b0, n), Device::CUDA, DType::I32), o(dt, Device::CUDA, {n, H, D});
+      OwnedTensor done(DType::I32, Device::CUDA, {n, H});
+      zero_tensor(done);
+      test::poison(o);
+      attention_decode_step(gctx.ctx(), q_n->narrow(1, 0, H), q_n->narrow(1, H, Hk), q_n->narrow(1, H + Hk, Hk), pos_n,
+                            kc_n, vc_n, freqs, 0, o, done);
+      ctx_synchronize(gctx.ctx());
+      return std::tuple{to(o, Device::CPU, DType::F64), to(kc_n, Device::CPU, DType::F64),
+                        to(vc_n, Device::CPU, DType::F64)};
+    };
+    const auto [o_all, k_all, v_all] = run(0, B);
+    for (const int64_t b : {int64_t{0}, int64_t{1}, B - 1}) {
+      SCOPED_TRACE("row " + std::to_string(b));
+      const auto [o_1, k_1, v_1] = run(b, 1);
+      EXPECT_EQ(to_doubles(o_all->narrow(0, b, 1)), to_doubles(o_1));
+      EXPECT_EQ(to_doubles(k_all->narrow(0, b, 1)), to_doubles(k_1));
+      EXPECT_EQ(to_doubles(v_all->narrow(0, b, 1)), to_doubles(v_1));
+    }
+  }
 }
 
 }  // namespace
