@@ -58,7 +58,7 @@ inline int64_t smem_bytes(int rows, int64_t k) { return rows * a_ld(static_cast<
 constexpr int kNoGlu = -1;
 
 template <int kRows, int kNT, class TC, int kGlu>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads)
     skinny_kernel(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, TC* __restrict__ c, const SkinnyArgs p) {
   constexpr int kSplit = kWarps / kNT;  // warps per column tile, each taking every kSplit-th chunk
   extern __shared__ uint4 smem[];
@@ -87,49 +87,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   cuda::dependent_wait();
   cuda::dependent_release();
 
-  // A into shared memory, kCopy pieces per thread per round, every load of a round issued before
-  // any store: a round costs one L2 round trip (A was just written by the kernel ahead), so 16
-  // rows of K = 2048 take 3 of them, not 17.
-  constexpr int kCopy = kGlu == kNoGlu ? 7 : 4, kParts = kGlu == kNoGlu ? 1 : 2;  // glu: gate, up
-  const int pieces = ld / 8, total = kRows * pieces;  // 16-byte pieces per row of sa, in all
-  auto has_data = [&](int i, int& r, int& c8) {
-    r = i / pieces, c8 = i - r * pieces;
-    return i < total && r < p.m && c8 * 8 < p.k;
-  };
-  for (int i0 = threadIdx.x; i0 < total; i0 += kThreads * kCopy) {
-    uint4 raw[kCopy][kParts];
-#pragma unroll
-    for (int j = 0; j < kCopy; ++j) {
-      int r, c8;
-      if (!has_data(i0 + j * kThreads, r, c8)) continue;
+  const int pieces = ld / 8;  // 16-byte pieces per row of sa
+  for (int i = threadIdx.x; i < kRows * pieces; i += kThreads) {
+    const int r = i / pieces, c8 = i - r * pieces;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < p.m && c8 * 8 < p.k) {
       const bf16_t* row = a + r * p.lda + c8 * 8;
-      raw[j][0] = *reinterpret_cast<const uint4*>(row);
-      if constexpr (kParts == 2) raw[j][1] = *reinterpret_cast<const uint4*>(row + p.k);
-    }
+      if constexpr (kGlu == kNoGlu) {
+        v = *reinterpret_cast<const uint4*>(row);
+      } else {
+        const uint4 g4 = *reinterpret_cast<const uint4*>(row), u4 = *reinterpret_cast<const uint4*>(row + p.k);
+        const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
+        uint32_t out[4];
 #pragma unroll
-    for (int j = 0; j < kCopy; ++j) {
-      int r, c8;
-      const int i = i0 + j * kThreads;
-      if (i >= total) break;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (has_data(i, r, c8)) {
-        if constexpr (kGlu == kNoGlu) {
-          v = raw[j][0];
-        } else {
-          const uint4 g4 = raw[j][0], u4 = raw[j][1];
-          const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
-          uint32_t out[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float2 gate = cuda::unpack_bf16(gw[e]), up = cuda::unpack_bf16(uw[e]);
-            out[e] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.x, up.x),
-                                     cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.y, up.y));
-          }
-          v = make_uint4(out[0], out[1], out[2], out[3]);
+        for (int j = 0; j < 4; ++j) {
+          const float2 gate = cuda::unpack_bf16(gw[j]), up = cuda::unpack_bf16(uw[j]);
+          out[j] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.x, up.x),
+                                   cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.y, up.y));
         }
+        v = make_uint4(out[0], out[1], out[2], out[3]);
       }
-      reinterpret_cast<uint4*>(sa + r * ld)[c8] = v;
     }
+    reinterpret_cast<uint4*>(sa + r * ld)[c8] = v;
   }
   __syncthreads();
 
