@@ -7,9 +7,9 @@
 Reads each RUN_DIR/metrics.jsonl and draws one figure with two panels: validation loss against
 tokens seen (left) and against wall-clock time (right); --train-loss adds the training loss,
 faintly. --metric picks another validation metric of metrics.jsonl: val_ppl, or val_accuracy for
-MQAR runs (default val_loss). A resumed run appends to the same file and its `time_s` starts again from zero: time is
-made cumulative across such restarts, and a step logged twice (redone after a resume) keeps its
-last record in the token panel. Needs matplotlib (Debian: apt-get install python3-matplotlib,
+MQAR runs (default val_loss). A resumed run appends to the same file (having dropped the records of the steps it
+runs again) and its `time_s` starts again from zero: time is made cumulative across such restarts; a step logged
+twice (a file from before resumes dropped those records) keeps its last record in the token panel. Needs matplotlib (Debian: apt-get install python3-matplotlib,
 then run with /usr/bin/python3). Errors: one line on stderr, exit status 2.
 """
 import argparse

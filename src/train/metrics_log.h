@@ -1,8 +1,14 @@
 // metrics.jsonl: one JSON object per line, appended by rank 0 (other ranks hold a log that
 // writes nothing). Metrics are a convenience: a failed write (a full disk) is reported once
 // through `warn` and training goes on; checkpoints have their own checks.
+//
+// One record per step, whatever the run went through: a run that continues from step S (a fresh
+// run: S = 0) first drops the records of the steps after S, which it is about to run again (a run
+// killed after its last checkpoint, or a resume from an earlier checkpoint), and a line a killed
+// writer left unfinished, by writing what it keeps to a temp file and renaming it over the old one.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -13,10 +19,15 @@ namespace linac {
 
 class MetricsLog {
  public:
-  // Opens out_dir/metrics.jsonl for appending when `writer`; UserError when it cannot.
-  MetricsLog(const std::string& out_dir, bool writer, std::function<void(const std::string&)> warn);
+  // Opens out_dir/metrics.jsonl for appending when `writer`, after keeping only the complete
+  // records of steps up to resume_step; UserError when it cannot.
+  MetricsLog(const std::string& out_dir, bool writer, int64_t resume_step,
+             std::function<void(const std::string&)> warn);
   // Appends `rec` (nothing for a null record) and flushes.
   void write(const json& rec);
+  // Records (lines) dropped when the log was opened.
+  int64_t dropped() const { return dropped_; }
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;
@@ -24,6 +35,7 @@ class MetricsLog {
   std::ofstream file_;
   std::function<void(const std::string&)> warn_;
   bool warned_ = false;
+  int64_t dropped_ = 0;
 };
 
 }  // namespace linac

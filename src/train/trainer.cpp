@@ -131,7 +131,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
       CheckpointWriter::Options{.out_dir = tc_.out_dir, .keep_last = tc_.keep_last, .async = tc_.checkpoint_async},
       [this](const std::string& line) { log_->info("{}", line); });
   validation_ = std::make_unique<Validation>(data_, tc_, B_, T_, rank_, world_);
-  metrics_ = std::make_unique<MetricsLog>(tc_.out_dir, root_, [this](const std::string& w) { log_->warn("{}", w); });
+  metrics_ =
+      std::make_unique<MetricsLog>(tc_.out_dir, root_, step_, [this](const std::string& w) { log_->warn("{}", w); });
+  if (metrics_->dropped() > 0)
+    log_->info("{}: dropped {} record(s) of steps after {} (this run writes them again) or left unfinished",
+               metrics_->path(), metrics_->dropped(), step_);
 }
 
 Trainer::~Trainer() = default;

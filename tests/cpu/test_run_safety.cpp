@@ -1,5 +1,6 @@
 // What protects a run directory and the files in it: one run per out_dir (an advisory lock that
-// a crash releases), stale temp files of killed writers removed, no checkpoint written with a
+// a crash releases), stale temp files of killed writers removed, one metrics record per step
+// across resumes, no checkpoint written with a
 // non-finite value, divergence reported with its own exit status, and AdamW settings that cannot
 // be numerically sound refused before any work.
 #include <signal.h>
@@ -121,6 +122,44 @@ TEST(RunSafety, ResumeRemovesStaleTempFilesAndSaysSo) {
   EXPECT_FALSE(fs::exists(stale));
   const std::string log = read_file(dir + "/train.log");
   EXPECT_NE(log.find("removed " + stale + " (4096 bytes)"), std::string::npos) << log;
+}
+
+// The step of every record of out_dir/metrics.jsonl, in file order.
+std::vector<int64_t> logged_steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::ifstream m(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(m, line);) steps.push_back(json::parse(line).at("step").get<int64_t>());
+  return steps;
+}
+
+// metrics.jsonl holds one record per step whatever the run went through: a resume from an earlier
+// checkpoint drops the records of the steps it runs again (and a line a killed writer left
+// unfinished) and keeps the earlier ones byte for byte; a fresh run into a directory whose run
+// died before its first checkpoint starts the log again. Each drop is logged.
+TEST(RunSafety, MetricsHoldOneRecordPerStepAcrossResumes) {
+  const std::string dir = test::fresh_dir("metrics_resume");
+  json j = test::tiny_train_config(dir);
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  ASSERT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  const std::string first = read_file(dir + "/metrics.jsonl");
+  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << R"({"step": 7, "loss": 4.)";  // killed mid-line
+  std::ofstream(dir + "/metrics.jsonl.tmp-999999") << "stale";
+
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), dir + "/ckpt/step_000003.h5"), 0);
+  EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
+  const std::string second = read_file(dir + "/metrics.jsonl");
+  size_t third_end = 0;
+  for (int i = 0; i < 3; ++i) third_end = first.find('\n', third_end) + 1;
+  EXPECT_EQ(second.substr(0, third_end), first.substr(0, third_end)) << "steps 1-3 kept as written";
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl.tmp-999999"));
+  EXPECT_NE(read_file(dir + "/train.log").find("dropped 4 record(s) of steps after 3"), std::string::npos)
+      << read_file(dir + "/train.log");
+
+  fs::remove_all(dir + "/ckpt");  // as if the first run had died before its first checkpoint
+  j["train"]["steps"] = 2;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(read_file(dir + "/train.log").find("dropped 6 record(s) of steps after 0"), std::string::npos);
 }
 
 pid_t start_linac(const std::vector<std::string>& args, const std::string& log) {
