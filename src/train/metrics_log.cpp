@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
-#include <vector>
 
 #include "core/error.h"
 
@@ -24,13 +23,9 @@ bool keep(const std::string& line, int64_t last) {
   return step != rec.end() && step->is_number_integer() && step->get<int64_t>() <= last;
 }
 
-// Rewrites `path` with only the records keep() accepts; returns how many lines it dropped. The
-// caller holds the run directory's lock, so temp files of this name are a killed rewrite's.
+// Rewrites `path` with only the records keep() accepts (through path.tmp-PID, which a killed
+// rewrite leaves for remove_stale_temp_files); returns how many lines it dropped.
 int64_t trim(const std::string& path, int64_t last) {
-  const fs::path p(path);
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(p.parent_path(), ec))
-    if (e.path().filename().string().rfind(p.filename().string() + ".tmp-", 0) == 0) fs::remove(e.path(), ec);
   std::ifstream in(path, std::ios::binary);
   if (!in) return 0;
   std::stringstream all;

@@ -81,22 +81,24 @@ RunLock::~RunLock() {
 std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir) {
   std::vector<StaleFile> removed;
   std::error_code ec;
-  const fs::path ckpt = fs::path(out_dir) / "ckpt";
-  if (!fs::is_directory(ckpt, ec)) return removed;
-  for (const auto& e : fs::directory_iterator(ckpt, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.find(".tmp-") == std::string::npos) continue;
-    // A file, or the directory of a sharded checkpoint whose ranks were killed while writing it.
-    uint64_t bytes = 0;
-    std::error_code size_ec;
-    if (e.is_directory(size_ec)) {
-      for (const auto& f : fs::recursive_directory_iterator(e.path(), size_ec))
-        if (f.is_regular_file(size_ec)) bytes += fs::file_size(f.path(), size_ec);
-    } else if (e.is_regular_file(size_ec)) {
-      bytes = fs::file_size(e.path(), size_ec);
+  // ckpt/ (checkpoints, `latest`) and out_dir itself (metrics.jsonl's rewrite on resume).
+  for (const fs::path dir : {fs::path(out_dir) / "ckpt", fs::path(out_dir)}) {
+    if (!fs::is_directory(dir, ec)) continue;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.find(".tmp-") == std::string::npos) continue;
+      // A file, or the directory of a sharded checkpoint whose ranks were killed while writing it.
+      uint64_t bytes = 0;
+      std::error_code size_ec;
+      if (e.is_directory(size_ec)) {
+        for (const auto& f : fs::recursive_directory_iterator(e.path(), size_ec))
+          if (f.is_regular_file(size_ec)) bytes += fs::file_size(f.path(), size_ec);
+      } else if (e.is_regular_file(size_ec)) {
+        bytes = fs::file_size(e.path(), size_ec);
+      }
+      std::error_code rm_ec;
+      if (fs::remove_all(e.path(), rm_ec) > 0) removed.push_back({e.path().string(), size_ec ? 0 : bytes});
     }
-    std::error_code rm_ec;
-    if (fs::remove_all(e.path(), rm_ec) > 0) removed.push_back({e.path().string(), size_ec ? 0 : bytes});
   }
   return removed;
 }

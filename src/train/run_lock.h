@@ -5,7 +5,8 @@
 //
 // Once the lock is held nothing else writes into the directory, so temp files left there by a
 // killed writer (ckpt/*.tmp-PID: files of an interrupted checkpoint or `latest` update, directories
-// of an interrupted sharded checkpoint) are stale: remove_stale_temp_files deletes them.
+// of an interrupted sharded checkpoint; metrics.jsonl.tmp-PID: an interrupted rewrite of the
+// metrics on resume) are stale: remove_stale_temp_files deletes them.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +40,8 @@ struct StaleFile {
   uint64_t bytes = 0;
 };
 
-// Deletes <out_dir>/ckpt/*.tmp-* (files and directories left by writers killed mid-write) and returns what it
-// removed. Only call while holding the directory's RunLock.
+// Deletes <out_dir>/ckpt/*.tmp-* and <out_dir>/*.tmp-* (files and directories left by writers
+// killed mid-write) and returns what it removed. Only call while holding the directory's RunLock.
 std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir);
 
 }  // namespace linac

@@ -192,9 +192,12 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
   std::vector<Note> notes;
   if (root_) {
     lock_ = std::make_unique<RunLock>(tc_.out_dir);
-    for (const StaleFile& f : remove_stale_temp_files(tc_.out_dir))
+    for (const StaleFile& f : remove_stale_temp_files(tc_.out_dir)) {
+      const bool ckpt = fs::path(f.path).parent_path().filename() == "ckpt";
       notes.push_back({false, "removed " + f.path + " (" + std::to_string(f.bytes) +
-                                  " bytes): a temp file of a run killed while writing a checkpoint"});
+                                  " bytes): a temp file of a run killed while writing " +
+                                  (ckpt ? "a checkpoint" : "metrics.jsonl")});
+    }
   }
   comm_->barrier();
 

@@ -100,13 +100,17 @@ TEST(RunLock, RemovesStaleTempFilesOnly) {
   std::ofstream(dir + "/ckpt/latest.tmp-4242") << "step_000004.h5";
   std::ofstream(dir + "/ckpt/step_000002.h5") << "kept";
   std::ofstream(dir + "/ckpt/latest") << "step_000002.h5";
+  std::ofstream(dir + "/metrics.jsonl.tmp-4242") << "{}";
+  std::ofstream(dir + "/metrics.jsonl") << "kept";
   const auto removed = remove_stale_temp_files(dir);
-  ASSERT_EQ(removed.size(), 2u);
+  ASSERT_EQ(removed.size(), 3u);
   EXPECT_TRUE(removed[0].bytes == 1000 || removed[1].bytes == 1000);
   EXPECT_FALSE(fs::exists(dir + "/ckpt/step_000004.h5.tmp-4242"));
   EXPECT_FALSE(fs::exists(dir + "/ckpt/latest.tmp-4242"));
   EXPECT_TRUE(fs::exists(dir + "/ckpt/step_000002.h5"));
   EXPECT_TRUE(fs::exists(dir + "/ckpt/latest"));
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl.tmp-4242"));
+  EXPECT_TRUE(fs::exists(dir + "/metrics.jsonl"));
 }
 
 // A resumed run removes what a writer killed mid-checkpoint left, and says so in its log.
