@@ -58,7 +58,7 @@ inline int64_t smem_bytes(int rows, int64_t k) { return rows * a_ld(static_cast<
 constexpr int kNoGlu = -1;
 
 template <int kRows, int kNT, class TC, int kGlu>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     skinny_kernel(const bf16_t* __restrict__ a, const bf16_t* __restrict__ w, TC* __restrict__ c, const SkinnyArgs p) {
   constexpr int kSplit = kWarps / kNT;  // warps per column tile, each taking every kSplit-th chunk
   extern __shared__ uint4 smem[];
@@ -87,28 +87,54 @@ __global__ void __launch_bounds__(kThreads)
   cuda::dependent_wait();
   cuda::dependent_release();
 
+  // A plain copy of 16 rows stores each piece before it loads the next, one load in flight per
+  // thread: at batch 16 (d = 768: 6 pieces per thread) the copy is latency bound. It goes in rounds
+  // of kCopy loads issued before any store, the piece's row and column stepped without divisions
+  // (b16 decode of the 125M model +8%, GLA b16 +3%; NOTES.md). The 8-row tiles (batch <= 8) have
+  // half the pieces, and the GLU copy two loads per piece already: both keep the plain loop.
   const int pieces = ld / 8;  // 16-byte pieces per row of sa
-  for (int i = threadIdx.x; i < kRows * pieces; i += kThreads) {
-    const int r = i / pieces, c8 = i - r * pieces;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < p.m && c8 * 8 < p.k) {
-      const bf16_t* row = a + r * p.lda + c8 * 8;
-      if constexpr (kGlu == kNoGlu) {
-        v = *reinterpret_cast<const uint4*>(row);
-      } else {
-        const uint4 g4 = *reinterpret_cast<const uint4*>(row), u4 = *reinterpret_cast<const uint4*>(row + p.k);
-        const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
-        uint32_t out[4];
+  auto form = [&](const bf16_t* row) {
+    if constexpr (kGlu == kNoGlu) {
+      return *reinterpret_cast<const uint4*>(row);
+    } else {
+      const uint4 g4 = *reinterpret_cast<const uint4*>(row), u4 = *reinterpret_cast<const uint4*>(row + p.k);
+      const uint32_t gw[4] = {g4.x, g4.y, g4.z, g4.w}, uw[4] = {u4.x, u4.y, u4.z, u4.w};
+      uint32_t out[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 gate = cuda::unpack_bf16(gw[j]), up = cuda::unpack_bf16(uw[j]);
-          out[j] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.x, up.x),
-                                   cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.y, up.y));
-        }
-        v = make_uint4(out[0], out[1], out[2], out[3]);
+      for (int j = 0; j < 4; ++j) {
+        const float2 gate = cuda::unpack_bf16(gw[j]), up = cuda::unpack_bf16(uw[j]);
+        out[j] = cuda::pack_bf16(cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.x, up.x),
+                                 cuda::swiglu<static_cast<GluAct>(kGlu)>(gate.y, up.y));
       }
+      return make_uint4(out[0], out[1], out[2], out[3]);
     }
-    reinterpret_cast<uint4*>(sa + r * ld)[c8] = v;
+  };
+  if constexpr (kRows == 16 && kGlu == kNoGlu) {
+    constexpr int kCopy = 7;
+    const int dr = kThreads / pieces, dc = kThreads % pieces;
+    int r = threadIdx.x / pieces, c8 = threadIdx.x % pieces;
+    while (r < kRows) {
+      uint4 raw[kCopy];
+      int rr[kCopy], cc[kCopy];
+#pragma unroll
+      for (int j = 0; j < kCopy; ++j) {
+        rr[j] = r, cc[j] = c8;
+        raw[j] = make_uint4(0, 0, 0, 0);
+        if (r < p.m && c8 * 8 < p.k) raw[j] = *reinterpret_cast<const uint4*>(a + r * p.lda + c8 * 8);
+        r += dr, c8 += dc;
+        if (c8 >= pieces) c8 -= pieces, ++r;
+      }
+#pragma unroll
+      for (int j = 0; j < kCopy; ++j)
+        if (rr[j] < kRows) reinterpret_cast<uint4*>(sa + rr[j] * ld)[cc[j]] = raw[j];
+    }
+  } else {
+    for (int i = threadIdx.x; i < kRows * pieces; i += kThreads) {
+      const int r = i / pieces, c8 = i - r * pieces;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < p.m && c8 * 8 < p.k) v = form(a + r * p.lda + c8 * 8);
+      reinterpret_cast<uint4*>(sa + r * ld)[c8] = v;
+    }
   }
   __syncthreads();
 
