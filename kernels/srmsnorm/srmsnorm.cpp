@@ -26,6 +26,40 @@ SrmsnormLayout layout(const Tensor& x, const Tensor& rstd) {
   L.x = row_stride(x, x, "x");
   return L;
 }
+
+template <class T>
+const T* data_or_null(const Tensor& t) {
+  return t.ptr ? t.data<T>() : nullptr;
+}
+
+void run_fwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
+             const Tensor& add, const Tensor& h, const Tensor& u) {
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, static_cast<float>(eps), add, h, u);
+    return;
+  }
+  LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype && (!u.ptr || u.dtype == x.dtype),
+              "srmsnorm: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T,
+                     srmsnorm_fwd_cpu<T>(L, x.data<T>(), data_or_null<T>(add), data_or_null<T>(u), y.data<T>(),
+                                         rstd.data<T>(), h.ptr ? h.data<T>() : nullptr, eps));
+}
+
+void run_bwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
+             const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du) {
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    srmsnorm_bwd_cuda(ctx, L, x, rstd, dy, dx, accumulate, u, du);
+    return;
+  }
+  LINAC_CHECK(x.dtype == rstd.dtype && x.dtype == dy.dtype && x.dtype == dx.dtype &&
+                  (!u.ptr || (u.dtype == x.dtype && du.dtype == x.dtype)),
+              "srmsnorm: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(x.dtype, T,
+                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), data_or_null<T>(u), rstd.data<T>(), dy.data<T>(),
+                                         dx.data<T>(), du.ptr ? du.data<T>() : nullptr, accumulate));
+}
 }  // namespace
 
 void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps, const Tensor& add,
@@ -38,15 +72,7 @@ void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor
     L.h = row_stride(h, x, "h");
     LINAC_CHECK(add.dtype == y.dtype && h.dtype == x.dtype, "srmsnorm: add must have y's dtype and h x's");
   }
-  if (ctx.is_gpu()) {
-    LINAC_REQUIRE_CUDA();
-    srmsnorm_fwd_cuda(ctx, L, x, y, rstd, static_cast<float>(eps), add, h);
-    return;
-  }
-  LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype, "srmsnorm: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(x.dtype, T,
-                     srmsnorm_fwd_cpu<T>(L, x.data<T>(), add.ptr ? add.data<T>() : nullptr, y.data<T>(), rstd.data<T>(),
-                                         h.ptr ? h.data<T>() : nullptr, eps));
+  run_fwd(ctx, L, x, y, rstd, eps, add, h, Tensor());
 }
 
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
@@ -54,14 +80,27 @@ void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Ten
   SrmsnormLayout L = layout(x, rstd);
   L.dy = row_stride(dy, x, "dy");
   L.dx = row_stride(dx, x, "dx");
-  if (ctx.is_gpu()) {
-    LINAC_REQUIRE_CUDA();
-    srmsnorm_bwd_cuda(ctx, L, x, rstd, dy, dx, accumulate);
-    return;
-  }
-  LINAC_CHECK(x.dtype == rstd.dtype && x.dtype == dy.dtype && x.dtype == dx.dtype, "srmsnorm: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(x.dtype, T,
-                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), rstd.data<T>(), dy.data<T>(), dx.data<T>(), accumulate));
+  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor());
+}
+
+void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
+                       double eps) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.y = row_stride(y, x, "y");
+  L.u = row_stride(u, x, "u");
+  LINAC_CHECK(u.dtype == y.dtype, "srmsnorm: the gate u must have y's dtype");
+  run_fwd(ctx, L, x, y, rstd, eps, Tensor(), Tensor(), u);
+}
+
+void srmsnorm_gate_bwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, const Tensor& du) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.dy = row_stride(dy, x, "dy");
+  L.dx = row_stride(dx, x, "dx");
+  L.u = row_stride(u, x, "u");
+  L.du = row_stride(du, x, "du");
+  LINAC_CHECK(u.dtype == dy.dtype && du.dtype == dx.dtype, "srmsnorm: u must have dy's dtype and du dx's");
+  run_bwd(ctx, L, x, rstd, dy, dx, false, u, du);
 }
 
 }  // namespace linac

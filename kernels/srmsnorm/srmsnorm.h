@@ -11,6 +11,11 @@
 // Optional residual add (pre-norm blocks), in the same pass: with `add` [N, C] (y's dtype), the
 // forward normalises h = x + add instead of x and writes h [N, C] (x's dtype): x is the residual
 // stream before a sub-layer, add that sub-layer's output, h the stream after it.
+// Optional output gate (TransNormerLLM's mixer output, docs/transnormer.md §1.5), in the same pass:
+// with `u` [N, C] the forward writes y = x * rstd * u, and the backward takes the gradient of that
+// y, writes du = dy * x * rstd and dx = rstd * (dy * u - x * rstd * mean_j(x[r,j] * rstd * dy[r,j] * u[r,j])),
+// which saves the normalised rows' round trip through memory and the gate's own launches. u has y's
+// dtype in the forward and dy's in the backward; du has dx's; dx is overwritten.
 // Dtypes: GPU: x and y each f32 or bf16, dy and dx each f32 or bf16, independently (the block
 // norm reads the f32 residual stream and writes bf16; the norm inside the mixer reads and writes
 // bf16); rstd f32; math in f32. CPU: every tensor one dtype (f32 or f64).
@@ -28,23 +33,30 @@ constexpr int64_t kSrmsnormMaxDim = 16384;
 // Row strides (in elements) of the [N, C] operands.
 struct SrmsnormLayout {
   int64_t N = 0, C = 0;
-  int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0;
+  int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0, u = 0, du = 0;
 };
 
+// Pointers the variant does not use (add and h, u and du) are null.
 template <class T>
-void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, T* y, T* rstd, T* h, double eps);
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, const T* u, T* y, T* rstd, T* h, double eps);
 template <class T>
-void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const T* dy, T* dx, bool accumulate);
+void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* u, const T* rstd, const T* dy, T* dx, T* du,
+                      bool accumulate);
 
 void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
-                       float eps, const Tensor& add, const Tensor& h);
+                       float eps, const Tensor& add, const Tensor& h, const Tensor& u);
 void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
-                       const Tensor& dx, bool accumulate);
+                       const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
                   const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                   bool accumulate);
+// The gated variant: y = srmsnorm(x) * u; its backward writes dx and du.
+void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
+                       double eps);
+void srmsnorm_gate_bwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& rstd, const Tensor& dy,
+                       const Tensor& dx, const Tensor& du);
 
 }  // namespace linac

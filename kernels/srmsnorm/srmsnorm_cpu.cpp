@@ -6,7 +6,7 @@
 namespace linac {
 
 template <class T>
-void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, T* y, T* rstd, T* h, double eps) {
+void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, const T* u, T* y, T* rstd, T* h, double eps) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.N; ++r) {
     const T* xr = x + r * L.x;
@@ -18,34 +18,39 @@ void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, T* y, T
     for (int64_t j = 0; j < L.C; ++j) ss += xr[j] * xr[j];
     const T rs = T(1) / std::sqrt(ss / T(L.C) + T(eps));
     rstd[r] = rs;
-    for (int64_t j = 0; j < L.C; ++j) y[r * L.y + j] = xr[j] * rs;
+    for (int64_t j = 0; j < L.C; ++j) y[r * L.y + j] = xr[j] * rs * (u ? u[r * L.u + j] : T(1));
   }
 }
 
 template <class T>
-void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* rstd, const T* dy, T* dx, bool accumulate) {
+void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* u, const T* rstd, const T* dy, T* dx, T* du,
+                      bool accumulate) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < L.N; ++r) {
     const T* xr = x + r * L.x;
     const T* dyr = dy + r * L.dy;
     T* dxr = dx + r * L.dx;
     const T rs = rstd[r];
-    T dot = 0;  // sum_j y_j dy_j
-    for (int64_t j = 0; j < L.C; ++j) dot += xr[j] * rs * dyr[j];
+    // dn: the gradient of the normalised row (dy, times the gate where there is one).
+    auto dn = [&](int64_t j) { return u ? dyr[j] * u[r * L.u + j] : dyr[j]; };
+    T dot = 0;  // sum_j n_j dn_j
+    for (int64_t j = 0; j < L.C; ++j) dot += xr[j] * rs * dn(j);
     const T m = dot / T(L.C);
     for (int64_t j = 0; j < L.C; ++j) {
-      const T g = rs * (dyr[j] - xr[j] * rs * m);
+      const T g = rs * (dn(j) - xr[j] * rs * m);
       dxr[j] = accumulate ? dxr[j] + g : g;
+      if (du) du[r * L.du + j] = dyr[j] * xr[j] * rs;
     }
   }
 }
 
-template void srmsnorm_fwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, float*, float*, float*,
-                                      double);
-template void srmsnorm_fwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, double*, double*, double*,
-                                       double);
-template void srmsnorm_bwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, const float*, float*, bool);
-template void srmsnorm_bwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, const double*, double*,
-                                       bool);
+template void srmsnorm_fwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, const float*, float*, float*,
+                                      float*, double);
+template void srmsnorm_fwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, const double*, double*,
+                                       double*, double*, double);
+template void srmsnorm_bwd_cpu<float>(const SrmsnormLayout&, const float*, const float*, const float*, const float*,
+                                      float*, float*, bool);
+template void srmsnorm_bwd_cpu<double>(const SrmsnormLayout&, const double*, const double*, const double*,
+                                       const double*, double*, double*, bool);
 
 }  // namespace linac

@@ -1,5 +1,6 @@
 // SimpleRMSNorm CPU reference: forward against the formula, backward against central
-// differences (overwriting and accumulating), on rows that are column ranges of wider buffers.
+// differences (overwriting and accumulating; with the output gate, dx and du), on rows that are
+// column ranges of wider buffers.
 #include <cmath>
 
 #include "srmsnorm/srmsnorm.h"
@@ -97,6 +98,55 @@ TEST(SrmsnormCpu, GradCheckDouble) {
       EXPECT_LT(test::check_grad(loss, p.xb->data<double>(), g.data(), g.size(), 256), 1e-6)
           << "C " << c << " accumulate " << accumulate;
     }
+  }
+}
+
+// The gated norm y = srmsnorm(x) * u: the forward is the plain norm times u, and the backward's dx
+// and du are the gradients of sum(y * w) for a fixed random w (x, u, dx, du strided views).
+TEST(SrmsnormCpu, GateGradCheckDouble) {
+  for (int64_t c : {3, 37, 130}) {
+    const int64_t n = 4, w = c + kPad;
+    SrmsnormProblem p(n, c);  // x, and p.u as the loss's weights w
+    OwnedTensor ub = test::random_tensor({n, w}, DType::F64, 21, -1.5, 1.5);
+    const Tensor u = ub.t.narrow(1, 1, c);
+    auto gated = [&](const Tensor& y, const Tensor& rstd) { srmsnorm_gate_fwd(Ctx{}, p.x(), u, y, rstd, kEps); };
+    OwnedTensor y(DType::F64, Device::CPU, {n, c}), rstd(DType::F64, Device::CPU, {n});
+    OwnedTensor plain(DType::F64, Device::CPU, {n, c}), rstd0(DType::F64, Device::CPU, {n});
+    gated(y, rstd);
+    srmsnorm_fwd(Ctx{}, p.x(), plain, rstd0, kEps);
+    const std::vector<double> uv = test::view_values(u), yv = to_doubles(y), pv = to_doubles(plain);
+    for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], pv[i] * uv[i], 1e-12);
+    EXPECT_EQ(to_doubles(rstd), to_doubles(rstd0));
+
+    OwnedTensor dxb(DType::F64, Device::CPU, {n, w}), dub(DType::F64, Device::CPU, {n, w});
+    test::poison(dxb);
+    test::poison(dub);
+    srmsnorm_gate_bwd(Ctx{}, p.x(), u, rstd, p.u, dxb.t.narrow(1, 2, c), dub.t.narrow(1, 1, c));
+    // Analytic gradients over the whole buffers (zero outside the views, which stay NaN).
+    auto whole = [&](const OwnedTensor& b, int64_t first) {
+      std::vector<double> g = to_doubles(b);
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < w; ++j) {
+          double& v = g[static_cast<size_t>(r * w + j)];
+          if (j < first || j >= first + c) {
+            EXPECT_TRUE(std::isnan(v)) << "written outside the view, column " << j;
+            v = 0;
+          }
+        }
+      EXPECT_TRUE(test::all_finite(g));
+      return g;
+    };
+    const std::vector<double> gx = whole(dxb, 2), gu = whole(dub, 1);
+    auto loss = [&] {
+      OwnedTensor yy(DType::F64, Device::CPU, {n, c}), rr(DType::F64, Device::CPU, {n});
+      gated(yy, rr);
+      const std::vector<double> a = to_doubles(yy), b = to_doubles(p.u);
+      double l = 0;
+      for (size_t i = 0; i < a.size(); ++i) l += a[i] * b[i];
+      return l;
+    };
+    EXPECT_LT(test::check_grad(loss, p.xb->data<double>(), gx.data(), gx.size(), 256), 1e-6) << "dx, C " << c;
+    EXPECT_LT(test::check_grad(loss, ub->data<double>(), gu.data(), gu.size(), 256), 1e-6) << "du, C " << c;
   }
 }
 

@@ -1,5 +1,6 @@
 // SimpleRMSNorm CUDA vs the CPU reference (double) on column ranges of wider buffers: f32, bf16
-// and the mixed dtypes of the block norm, backward overwriting and accumulating.
+// and the mixed dtypes of the block norm, backward overwriting and accumulating; the gated norm
+// (TransNormerLLM's mixer output) forward and backward.
 #include <cmath>
 
 #include "srmsnorm/srmsnorm.h"
@@ -94,6 +95,47 @@ TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
   run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 777, true);
   // The other pairings compile too and are exercised once each.
   run_parity({DType::BF16, DType::F32, DType::F32, DType::BF16}, 333, false);
+}
+
+// y = srmsnorm(x) * u and its backward (dx, du), warp-per-row and block-per-row widths, against
+// the reference on the same rounded inputs; nothing written outside the views.
+void run_gate_parity(DType dt, int64_t c) {
+  SCOPED_TRACE("gate, C " + std::to_string(c));
+  const int64_t n = 257, w = c + kPad;
+  auto view = [c](const Tensor& t) { return t.narrow(1, 1, c); };
+  GpuContext gctx;
+  OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 31, -2, 2), Device::CUDA, dt);
+  OwnedTensor ug = to(test::random_tensor({n, w}, DType::F64, 32, -1.5, 1.5), Device::CUDA, dt);
+  OwnedTensor dyg = to(test::random_tensor({n, w}, DType::F64, 33), Device::CUDA, dt);
+  OwnedTensor yg(dt, Device::CUDA, {n, w}), dxg(dt, Device::CUDA, {n, w}), dug(dt, Device::CUDA, {n, w});
+  OwnedTensor rsg(DType::F32, Device::CUDA, {n});
+  for (const OwnedTensor* t : {&yg, &dxg, &dug, &rsg}) test::poison(*t);
+  srmsnorm_gate_fwd(gctx.ctx(), view(xg), view(ug), view(yg), rsg, kEps);
+  srmsnorm_gate_bwd(gctx.ctx(), view(xg), view(ug), rsg, view(dyg), view(dxg), view(dug));
+  gctx.synchronize();
+
+  OwnedTensor xr = to(xg, Device::CPU, DType::F64), ur = to(ug, Device::CPU, DType::F64);
+  OwnedTensor dyr = to(dyg, Device::CPU, DType::F64);
+  OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
+  OwnedTensor dxr(DType::F64, Device::CPU, {n, c}), dur(DType::F64, Device::CPU, {n, c});
+  srmsnorm_gate_fwd(Ctx{}, view(xr), view(ur), yr, rsr, kEps);
+  srmsnorm_gate_bwd(Ctx{}, view(xr), view(ur), rsr, view(dyr), dxr, dur);
+  EXPECT_LT(test::rel_error(test::view_values(view(yg)), to_doubles(yr)), tolerance(dt));
+  EXPECT_LT(test::rel_error(rsg, rsr), 1e-5);
+  EXPECT_LT(test::rel_error(test::view_values(view(dxg)), to_doubles(dxr)), tolerance(dt));
+  EXPECT_LT(test::rel_error(test::view_values(view(dug)), to_doubles(dur)), tolerance(dt));
+  for (const OwnedTensor* t : {&yg, &dxg, &dug}) {
+    const std::vector<double> all = to_doubles(*t);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j : {int64_t(0), c + 1, c + 2})
+        ASSERT_TRUE(std::isnan(all[static_cast<size_t>(r * w + j)])) << "written outside the view, row " << r;
+  }
+}
+
+TEST(SrmsnormGpu, GateParity) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (int64_t c : {37, 1000, 2050}) run_gate_parity(DType::BF16, c);
+  run_gate_parity(DType::F32, 777);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "srmsnorm/srmsnorm.h"
-#include "swiglu/swiglu.h"
 
 namespace linac {
 
@@ -113,8 +112,7 @@ void LightningMixer::reserve(int64_t B, int64_t T) {
   }
   capacity_ = B * T;
   const size_t N = static_cast<size_t>(capacity_), E = static_cast<size_t>(E_), act = dtype_size(env_.act);
-  proj_buf_ = env_.saved->take(N * 3 * E * act);
-  gu_buf_ = env_.saved->take(N * 2 * E * act);
+  proj_buf_ = env_.saved->take(N * 4 * E * act);
   o_buf_ = env_.saved->take(N * E * act);
   rstd_buf_ = env_.saved->take(N * dtype_size(env_.stat));
 }
@@ -127,7 +125,7 @@ int64_t LightningMixer::state_elems(int64_t T) const {
 
 size_t LightningMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
-  return N * (6 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
+  return N * (5 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
 }
 
 double LightningMixer::flops_per_token(int64_t T) const {
@@ -152,11 +150,6 @@ void LightningMixer::rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64
   lrpe_fwd(env_.ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0, docs);
 }
 
-void LightningMixer::norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g) {
-  srmsnorm_fwd(env_.ctx, o, gu.narrow(1, 0, E_), rstd, opt_.norm_eps);
-  swiglu_fwd(env_.ctx, gu, g, GluAct::Identity);
-}
-
 void LightningMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
 
 void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
@@ -165,19 +158,17 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvu_), x2 = x.view({N, d_});
-  Tensor proj = proj_buf_.tensor(env_.act, {N, 3 * E_});
-  Tensor gu = gu_buf_.tensor(env_.act, {N, 2 * E_});
+  Tensor proj = proj_buf_.tensor(env_.act, {N, 4 * E_});
   Tensor o = o_buf_.tensor(env_.act, {N, E_});
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
-  matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
-  matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
+  matmul(ctx, x2, false, W, true, proj);
   Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs});
   Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
-  norm_gate(o, gu, rstd, g);
+  srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
@@ -186,27 +177,26 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvu_), dW = ps.grad(wqkvu_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
-  Tensor proj = proj_buf_.tensor(env_.act, {N, 3 * E_});
-  Tensor gu = gu_buf_.tensor(env_.act, {N, 2 * E_});
+  Tensor proj = proj_buf_.tensor(env_.act, {N, 4 * E_});
   Tensor o = o_buf_.tensor(env_.act, {N, E_});
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
+  const Tensor u = proj.narrow(1, 3 * E_, E_);
 
-  // Output projection and gate: g = SRMSNorm(o) * u again, then its gradients.
+  // Output projection and gate: g = SRMSNorm(o) * u again, then the gradients of o and of U (the
+  // last quarter of d[Qr|Kr|V|U]).
   Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
-  norm_gate(o, gu, rstd, g);
+  srmsnorm_gate_fwd(ctx, o, u, g, rstd, opt_.norm_eps);
   matmul(ctx, dy2, true, g, false, ps.grad(wo_), 1.f, 1.f);
   Tensor dg = env_.scratch->get("lightning.dg", env_.act, {N, E_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dg);
-  Tensor dgu = env_.scratch->get("lightning.dgu", env_.act, {N, 2 * E_});
-  swiglu_bwd(ctx, gu, dg, dgu, GluAct::Identity);
+  Tensor dproj = env_.scratch->get("lightning.dproj", env_.act, {N, 4 * E_});
   Tensor d_o = env_.scratch->get("lightning.do", env_.act, {N, E_});
-  srmsnorm_bwd(ctx, o, rstd, dgu.narrow(1, 0, E_), d_o, /*accumulate=*/false);
+  srmsnorm_gate_bwd(ctx, o, u, rstd, dg, d_o, dproj.narrow(1, 3 * E_, E_));
 
   // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
   Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, qa, qk);
-  Tensor dproj = env_.scratch->get("lightning.dproj", env_.act, {N, 3 * E_});
   Tensor dqk = env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_});
   env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
@@ -224,12 +214,9 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   }
   silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
 
-  // Input projections: [Qr|Kr|V] from rows [0, 3E) of Wqkvu, U from rows [3E, 4E).
-  const Tensor du = dgu.narrow(1, E_, E_);
-  matmul(ctx, dproj, false, W.slice0(0, 3 * E_), false, dx.view({N, d_}));
-  matmul(ctx, du, false, W.slice0(3 * E_, 4 * E_), false, dx.view({N, d_}), 1.f, 1.f);
-  matmul(ctx, dproj, true, x2, false, dW.slice0(0, 3 * E_), 1.f, 1.f);
-  matmul(ctx, du, true, x2, false, dW.slice0(3 * E_, 4 * E_), 1.f, 1.f);
+  // The input projection [Qr|Kr|V|U] = x Wqkvu^T.
+  matmul(ctx, dproj, false, W, false, dx.view({N, d_}));
+  matmul(ctx, dproj, true, x2, false, dW, 1.f, 1.f);
 }
 
 std::unique_ptr<MixerState> LightningMixer::init_state(int64_t B) {
@@ -257,15 +244,13 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvu_), x2 = x_t.view({B, d_});
-  Tensor proj = env_.scratch->get("lightning.step.proj", env_.act, {B, 3 * E_});
-  Tensor gu = env_.scratch->get("lightning.step.gu", env_.act, {B, 2 * E_});
+  Tensor proj = env_.scratch->get("lightning.step.proj", env_.act, {B, 4 * E_});
   Tensor qa = env_.scratch->get("lightning.step.qa", env_.act, {B, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.step.qk", env_.act, {B, 2 * H_ * Dk_}) : qa;
   Tensor o = env_.scratch->get("lightning.step.o", env_.act, {B, E_});
   Tensor rstd = env_.scratch->get("lightning.step.rstd", env_.stat, {B});
   Tensor g = env_.scratch->get("lightning.step.g", env_.act, {B, E_});
-  matmul(ctx, x2, false, W.slice0(0, 3 * E_), true, proj);
-  matmul(ctx, x2, false, W.slice0(3 * E_, 4 * E_), true, gu.narrow(1, E_, E_));
+  matmul(ctx, x2, false, W, true, proj);
   silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);
   // LRPE at each row's document position: rows at one position (no document started mid-batch)
   // in one call.
@@ -278,7 +263,7 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
                  o.view({B, H_, dh_}));
   advance(st);
-  norm_gate(o, gu, rstd, g);
+  srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 

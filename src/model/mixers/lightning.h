@@ -75,8 +75,6 @@ class LightningMixer final : public Mixer {
   void queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk);
   // LRPE of qa's [B, T] rows into qk at positions pos0.. (restarting at docs' documents).
   void rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64_t T, int64_t pos0, const DocBounds& docs);
-  // n = SRMSNorm(o) into the first half of gu, then g = n * u.
-  void norm_gate(const Tensor& o, const Tensor& gu, const Tensor& rstd, const Tensor& g);
 
   ModelEnv& env_;
   LightningMixerOptions opt_;
@@ -84,7 +82,7 @@ class LightningMixer final : public Mixer {
   bool lrpe_;
   int wqkvu_, wo_, theta_ = -1;
   OwnedTensor decay_;  // [H] rates s_h (stat dtype, on the model's device)
-  SavedBuf proj_buf_, gu_buf_, o_buf_, rstd_buf_;
+  SavedBuf proj_buf_, o_buf_, rstd_buf_;  // proj: [Qr | Kr | V | U], one product with Wqkvu
   int64_t capacity_ = 0;
 };
 
