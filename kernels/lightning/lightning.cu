@@ -22,6 +22,7 @@ Args make_args(const LightningLayout& L, const Tensor& decay) {
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.Dk = static_cast<int>(L.Dk), a.Dv = static_cast<int>(L.Dv);
   a.N = cdiv(a.T, kC);
+  a.walk = L.B * L.H * cdiv(a.Dk, kW) * cdiv(a.Dv, kW) >= kWalkMinTiles;
   a.decay = decay.data<float>();
   a.doc_start = L.docs.start;
   a.doc_end = L.docs.end;

@@ -4,13 +4,20 @@
 // over the blocks of one sequence (m = tokens in the block; the ragged last block uses its own m).
 // Layout: x [B, T, H, Dk], y [B, T, H, Dv] (free batch/token strides); U [B*H, N, Dk, Dv] f32;
 // states [B*H, N, Dk, Dv] in T.
-// Two launches, so the serial part is a cheap elementwise walk and the matmuls run in parallel
-// over all blocks (a scan holding the state in one CTA per 64x64 tile leaves most SMs idle when
-// B*H is small, e.g. one sequence of 32768 tokens):
-//   local    grid (N, B*H, Dk/64 * Dv/64), 128 threads: U_n of one 64x64 tile on tensor cores, the
-//            decay factors applied to the x tile in shared memory (every exponent <= 0).
-//   combine  grid (Dk*Dv/1024, B*H), 256 threads: a thread owns 4 adjacent state elements and
-//            walks the blocks in order (fixed-order f32 sums), loading 8 blocks' U ahead.
+// Two ways, by the batch's number of 64x64 state tiles (a.walk, kWalkMinTiles):
+//   walk     grid (B*H, Dk/64 * Dv/64), 128 threads, when the tiles fill the GPU: a CTA holds one
+//            state tile in registers (f32, the fragments of its U_n) and walks the blocks in
+//            order, the next block's x and y tiles loading (cp.async) while it computes U_n of
+//            this one on tensor cores, stores S_n and adds: one pass over x and y, the states
+//            written once, no U in memory.
+//   local + combine, when there are few tiles (one CTA per tile would leave most SMs idle, e.g.
+//            one sequence of 32768 tokens): the matmuls in parallel over all blocks, then the
+//            serial part as a cheap elementwise walk.
+//     local    grid (N, B*H, Dk/64 * Dv/64), 128 threads: U_n of one 64x64 tile on tensor cores,
+//              the decay factors applied to the x tile in shared memory (every exponent <= 0).
+//     combine  grid (Dk*Dv/1024, B*H), 256 threads: a thread owns 4 adjacent state elements and
+//              walks the blocks in order (fixed-order f32 sums), loading 8 blocks' U ahead.
+// Both compute U_n = (f * x)^T y from the same rounded tiles and S_n+1 = fmaf(g, S_n, U_n) in f32.
 // Documents (lightning.h; the kDocs instantiations): local gives the rows outside the term's
 // document the factor 0, combine walks with g = 0 through the blocks where a document starts.
 // With lim = max(t0, 1) and e the block's last token, a row r is in the term when
@@ -29,6 +36,49 @@ template <class T>
 struct LocalCfg {
   static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 2 * kTile;
 };
+
+// f[r] x_r for the m rows of block n of the tile X (shared memory): the decay factor of each row,
+// 0 for rows outside the term's document.
+template <class T, bool kRev, bool kDocs>
+__device__ __forceinline__ void apply_decay(T* X, int LD, int n, int m, int b, float s, const Args& a) {
+  const int64_t t0 = static_cast<int64_t>(n) * kC;
+  for (int idx = threadIdx.x; idx < m * kW; idx += 128) {
+    const int r = idx / kW, c = idx % kW;
+    float fr = __expf(-s * static_cast<float>(kRev ? r + 1 : m - 1 - r));
+    if constexpr (kDocs) {
+      const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + r;  // token t0 + r of sequence b
+      const bool in_term = kRev ? a.doc_start[bt] < max(n * kC, 1) : a.doc_end[bt] >= n * kC + m;
+      if (!in_term) fr = 0.f;
+    }
+    X[r * LD + c] = cuda::from_float<T>(fr * cuda::to_float(X[r * LD + c]));
+  }
+}
+
+// The decay g of the state carried across block n: 0 where a document starts in it (at its first
+// token too, except token 0).
+template <bool kDocs>
+__device__ __forceinline__ float carry_decay(int n, int b, float g_full, float g_last, const Args& a) {
+  float g = n == a.N - 1 ? g_last : g_full;
+  if constexpr (kDocs) {
+    const int t0 = n * kC, last = min(a.T, t0 + kC) - 1;
+    if (a.doc_start[static_cast<int64_t>(b) * a.T + last] >= max(t0, 1)) g = 0.f;
+  }
+  return g;
+}
+
+// A warp's 16 x 64 fragments of a 64x64 tile (rows m0.., sm80::Frag's layout) into out (row
+// length ld), the valid vk x vv corner only.
+template <class P>
+__device__ __forceinline__ void store_tile(P* out, int64_t ld, const float (&v)[8][4], int m0, int vk, int vv) {
+  const sm80::Frag f;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+      if (r < vk && c < vv) sm80::store2(out + r * ld + c, v[nt][2 * hf], v[nt][2 * hf + 1]);
+    }
+}
 
 template <class T, bool kRev, bool kDocs>
 __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, LightningLayout::Strides xs,
@@ -49,28 +99,11 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
   sm80::cp_async_commit();
   sm80::cp_async_wait<0>();
   __syncthreads();
-  for (int idx = threadIdx.x; idx < m * kW; idx += 128) {
-    const int r = idx / kW, c = idx % kW;
-    float fr = __expf(-s * static_cast<float>(kRev ? r + 1 : m - 1 - r));
-    if constexpr (kDocs) {
-      const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + r;  // token t0 + r of sequence b
-      const bool in_term = kRev ? a.doc_start[bt] < max(n * kC, 1) : a.doc_end[bt] >= n * kC + m;
-      if (!in_term) fr = 0.f;
-    }
-    X[r * C::LD + c] = cuda::from_float<T>(fr * cuda::to_float(X[r * C::LD + c]));
-  }
+  apply_decay<T, kRev, kDocs>(X, C::LD, n, m, b, s, a);
   __syncthreads();
   float acc[8][4] = {};
   sm80::warp_mma<T, true, true, 8>(acc, X, C::LD, m0, 0, Y, C::LD, 0, 0, cdiv(m, 16));
-  float* out = U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0;
-  const sm80::Frag f;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-      if (r < vk && c < vv) sm80::store2(out + static_cast<int64_t>(r) * a.Dv + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-    }
+  store_tile(U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0, a.Dv, acc, m0, vk, vv);
 }
 
 constexpr int kCombineThreads = 256, kAhead = 8;
@@ -100,12 +133,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
       const int step = step0 + i, n = kRev ? N - 1 - step : step;
       if (step < N) {
         cuda::store4(states + base + n * SS, cur);
-        float g = n == N - 1 ? g_last : g_full;
-        if constexpr (kDocs) {
-          // A document starting in block n (at its first token too, except token 0) ends the carried one.
-          const int t0 = n * kC, last = min(a.T, t0 + kC) - 1;
-          if (a.doc_start[static_cast<int64_t>(b) * a.T + last] >= max(t0, 1)) g = 0.f;
-        }
+        const float g = carry_decay<kDocs>(n, b, g_full, g_last, a);
         cur = make_float4(fmaf(g, cur.x, u[i].x), fmaf(g, cur.y, u[i].y), fmaf(g, cur.z, u[i].z), fmaf(g, cur.w, u[i].w));
       }
     }
@@ -113,14 +141,88 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
   if (final_out) cuda::store4(final_out + bh * SS + e, cur);
 }
 
+template <class T>
+struct WalkCfg {
+  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 4 * kTile;  // X, Y twice
+};
+
+template <class T, bool kRev, bool kDocs>
+__global__ void __launch_bounds__(128) walk_kernel(const T* __restrict__ x, LightningLayout::Strides xs,
+                                                   const T* __restrict__ y, LightningLayout::Strides ys,
+                                                   const float* __restrict__ init, T* __restrict__ states,
+                                                   float* __restrict__ final_out, Args a) {
+  using C = WalkCfg<T>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, N = a.N;
+  const int tiles_v = cdiv(a.Dv, kW), i0 = (blockIdx.y / tiles_v) * kW, j0 = (blockIdx.y % tiles_v) * kW;
+  const int vk = min(kW, a.Dk - i0), vv = min(kW, a.Dv - j0);
+  const int warp = threadIdx.x >> 5, m0 = 16 * warp;
+  const float s = a.decay[h];
+  const float g_full = __expf(-s * static_cast<float>(kC)), g_last = __expf(-s * static_cast<float>(a.T - (N - 1) * kC));
+  const int64_t SS = static_cast<int64_t>(a.Dk) * a.Dv, tile0 = static_cast<int64_t>(i0) * a.Dv + j0;
+  const sm80::Frag f;
+  auto X = [&](int buf) { return reinterpret_cast<T*>(smem + 2 * buf * C::kTile); };
+  auto Y = [&](int buf) { return reinterpret_cast<T*>(smem + (2 * buf + 1) * C::kTile); };
+  auto block_of = [&](int step) { return kRev ? N - 1 - step : step; };
+  auto load = [&](int step) {
+    const int n = block_of(step);
+    const int64_t t0 = static_cast<int64_t>(n) * kC;
+    const int m = min(kC, a.T - n * kC);
+    sm80::load_tile<T, kC, kW, 128>(X(step & 1), C::LD, x + b * xs.b + t0 * xs.t + h * a.Dk + i0, xs.t, m, vk);
+    sm80::load_tile<T, kC, kW, 128>(Y(step & 1), C::LD, y + b * ys.b + t0 * ys.t + h * a.Dv + j0, ys.t, m, vv);
+    sm80::cp_async_commit();
+  };
+
+  float cur[8][4];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = f.row(m0, e), c = f.col(0, nt, e);
+      cur[nt][e] = init && r < vk && c < vv ? init[bh * SS + tile0 + static_cast<int64_t>(r) * a.Dv + c] : 0.f;
+    }
+  load(0);
+  for (int step = 0; step < N; ++step) {
+    const int n = block_of(step), m = min(kC, a.T - n * kC);
+    if (step + 1 < N) {
+      load(step + 1);
+      sm80::cp_async_wait<1>();
+    } else {
+      sm80::cp_async_wait<0>();
+    }
+    __syncthreads();
+    apply_decay<T, kRev, kDocs>(X(step & 1), C::LD, n, m, b, s, a);
+    __syncthreads();
+    float acc[8][4] = {};
+    sm80::warp_mma<T, true, true, 8>(acc, X(step & 1), C::LD, m0, 0, Y(step & 1), C::LD, 0, 0, cdiv(m, 16));
+    store_tile(states + (static_cast<int64_t>(bh) * N + n) * SS + tile0, a.Dv, cur, m0, vk, vv);
+    const float g = carry_decay<kDocs>(n, b, g_full, g_last, a);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) cur[nt][e] = fmaf(g, cur[nt][e], acc[nt][e]);
+    __syncthreads();  // the load two steps on refills this step's buffers
+  }
+  if (final_out) store_tile(final_out + bh * SS + tile0, a.Dv, cur, m0, vk, vv);
+}
+
 template <class T, bool kRev, bool kDocs>
 void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Strides xs, const T* y,
           LightningLayout::Strides ys, const float* init, float* U, T* states, float* final_out) {
+  const int tiles = cdiv(a.Dk, kW) * cdiv(a.Dv, kW);
+  if (a.walk) {
+    auto walk = walk_kernel<T, kRev, kDocs>;
+    constexpr int smem = WalkCfg<T>::kSmem;
+    LINAC_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(tiles));
+    walk<<<grid, 128, smem, cuda::stream_of(ctx)>>>(x, xs, y, ys, init, states, final_out, a);
+    LINAC_CUDA_LAUNCH_CHECK();
+    return;
+  }
   auto local = local_kernel<T, kRev, kDocs>;
   constexpr int smem = LocalCfg<T>::kSmem;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(local, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H),
-                  static_cast<unsigned>(cdiv(a.Dk, kW) * cdiv(a.Dv, kW)));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(tiles));
   local<<<grid, 128, smem, cuda::stream_of(ctx)>>>(x, xs, y, ys, U, a);
   LINAC_CUDA_LAUNCH_CHECK();
   const int64_t quads = static_cast<int64_t>(a.Dk) * a.Dv / 4;

@@ -4,7 +4,8 @@
 // CPU recurrence (which restarts token by token, independently of the block masks), over packed
 // rows with documents of one token, shorter than a block, starting exactly at the block
 // boundaries 64 and 128, spanning blocks, and a row that is one document; Dk/Dv of the LRPE layer
-// (128/64), ragged 64-wide head-dim slices (80/48), and a batch run in groups of one sequence
+// (128/64), ragged 64-wide head-dim slices (80/48), both scans (few state tiles: the two-launch
+// scan; many: the one-kernel walk), and a batch run in groups of one sequence
 // (each group reads its own rows of the bounds), bit for bit equal to one group. LRPE: y, dx and
 // dtheta with positions restarting at every document.
 #include <gtest/gtest.h>
@@ -30,8 +31,11 @@ struct Case {
   double smax;  // decay rates spread over [0, smax] across the heads
 };
 
-const Case kCases[] = {
-    {kLayouts, 2, 128, 64, 1.0}, {kLayouts, 3, 80, 48, 3.0}, {{{13, 51, 13}, {64, 13}, {1, 1, 75}}, 2, 64, 64, 0.05}};
+// The last case has enough 64x64 state tiles (4 x 48 x 2) for the one-kernel scan (kWalkMinTiles).
+const Case kCases[] = {{kLayouts, 2, 128, 64, 1.0},
+                       {kLayouts, 3, 80, 48, 3.0},
+                       {{{13, 51, 13}, {64, 13}, {1, 1, 75}}, 2, 64, 64, 0.05},
+                       {kLayouts, 48, 80, 48, 2.0}};
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.lengths.size()) + " H=" + std::to_string(c.H) + " Dk=" + std::to_string(c.Dk) +

@@ -1,8 +1,9 @@
 // Lightning Attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32
 // and bf16, forward (o, final state) and backward (dq, dk, dv, initial-state gradient), with
 // q/k/v and dq/dk/dv as strided views of fused buffers; Dk != Dv (256/128, 80/48), ragged last
-// blocks, decays from none to strong, a long no-decay / strong-decay run, batch groups under a
-// small workspace, bitwise determinism, and the decode step.
+// blocks, decays from none to strong, both scans (the two-launch one for few state tiles, the
+// one-kernel walk for many), a long no-decay / strong-decay run, batch groups under a small
+// workspace, bitwise determinism, and the decode step.
 #include <cmath>
 
 #include "lightning/lightning.h"
@@ -26,7 +27,10 @@ std::string name(const Case& c) {
 const Case kCases[] = {{2, 1, 2, 16, 32, true, 3.0},     {2, 77, 3, 80, 48, true, 0.5},
                        {1, 200, 2, 64, 64, false, 3.0},  {2, 130, 2, 256, 128, true, 0.2},
                        {1, 1000, 1, 32, 96, true, 0.0},  {3, 300, 4, 64, 64, true, 1.0},
-                       {1, 129, 3, 128, 128, true, 0.05}};
+                       {1, 129, 3, 128, 128, true, 0.05},
+                       // Enough 64x64 state tiles for the one-kernel scan (kWalkMinTiles): 4 x 16 x 4
+                       // and 3 x 48 x 2 (Dk 80: a 16-row tile; T 77: a ragged last block).
+                       {4, 130, 16, 128, 128, true, 0.5},     {3, 77, 48, 80, 48, true, 2.0}};
 
 OwnedTensor decays(int64_t H, double smax) {
   OwnedTensor s(DType::F64, Device::CPU, {H});
@@ -141,24 +145,26 @@ TEST(LightningGpu, LongSequenceNoAndStrongDecay) {
 TEST(LightningGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  for (DType act : {DType::BF16, DType::F32}) {
-    SCOPED_TRACE(dtype_name(act));
-    const Case c{5, 300, 2, 64, 128, true, 1.0};
-    Inputs in(c, 11);
-    Device_ d = upload(in, act);
-    Result r1 = run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
-    Result r2 = run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
-    Ctx small = gctx.ctx();
-    small.workspace_bytes = 2 * lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
-    Result r3 = run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
-    for (const Result* r : {&r2, &r3}) {
-      EXPECT_TRUE(test::same_bits(r1.o, r->o));
-      EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
-      EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
-      EXPECT_TRUE(test::same_bits(r1.ds0, r->ds0));
+  // Two-launch scan and one-kernel walk (5 x 32 x 2 state tiles).
+  for (const Case& c : {Case{5, 300, 2, 64, 128, true, 1.0}, Case{5, 300, 32, 64, 128, true, 1.0}}) {
+    for (DType act : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
+      Inputs in(c, 11);
+      Device_ d = upload(in, act);
+      Result r1 = run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
+      Result r2 = run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
+      Ctx small = gctx.ctx();
+      small.workspace_bytes = 2 * lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
+      Result r3 = run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
+      for (const Result* r : {&r2, &r3}) {
+        EXPECT_TRUE(test::same_bits(r1.o, r->o));
+        EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+        EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+        EXPECT_TRUE(test::same_bits(r1.ds0, r->ds0));
+      }
+      small.workspace_bytes = lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
+      EXPECT_THROW(run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32), UserError);
     }
-    small.workspace_bytes = lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
-    EXPECT_THROW(run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32), UserError);
   }
 }
 
