@@ -11,8 +11,8 @@
 // for H not a power of two), lambda = exp(-s): the released code's schedule (`decay: "code"`); the
 // paper's eq. 10, s = 8(h+1)/H (1 - l/L), with `decay: "paper"` (docs/transnormer.md §1.4).
 // Init (released code): Wqkvu, Wo ~ N(0, init_std); theta[h, j] = 10000^(-2 (h dh + j) / E).
-// Saved for backward: [Qr|Kr|V] [B*T, 3E] and U (act), O [B*T, E] (act), the SRMSNorm rstd [B*T]
-// (f32 on the GPU); SiLU, LRPE, the norm and the gate are recomputed in the backward.
+// Saved for backward: [Qr|Kr|V|U] [B*T, 4E] (act, one product with Wqkvu), O [B*T, E] (act), the
+// SRMSNorm rstd [B*T] (f32 on the GPU); SiLU, LRPE and the gated norm are recomputed in the backward.
 // Documents (mixer.h; docs/transnormer.md §4.5): the lightning kernels restart the state at every
 // document start (also inside a block), LRPE positions restart at 0 there; SRMSNorm, the gate and
 // the channel mixer are per token. start_document zeroes a row's state and position.
