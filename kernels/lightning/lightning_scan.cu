@@ -141,17 +141,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const float* _
   if (final_out) cuda::store4(final_out + bh * SS + e, cur);
 }
 
-template <class T>
-struct WalkCfg {
-  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 4 * kTile;  // X, Y twice
-};
-
 template <class T, bool kRev, bool kDocs>
 __global__ void __launch_bounds__(128) walk_kernel(const T* __restrict__ x, LightningLayout::Strides xs,
                                                    const T* __restrict__ y, LightningLayout::Strides ys,
                                                    const float* __restrict__ init, T* __restrict__ states,
                                                    float* __restrict__ final_out, Args a) {
-  using C = WalkCfg<T>;
+  using C = LocalCfg<T>;  // the same X and Y tiles, twice (double-buffered)
   extern __shared__ __align__(16) unsigned char smem[];
   const int bh = blockIdx.x, b = bh / a.H, h = bh % a.H, N = a.N;
   const int tiles_v = cdiv(a.Dv, kW), i0 = (blockIdx.y / tiles_v) * kW, j0 = (blockIdx.y % tiles_v) * kW;
@@ -212,7 +207,7 @@ void scan(const Ctx& ctx, const Args& a, int B, const T* x, LightningLayout::Str
   const int tiles = cdiv(a.Dk, kW) * cdiv(a.Dv, kW);
   if (a.walk) {
     auto walk = walk_kernel<T, kRev, kDocs>;
-    constexpr int smem = WalkCfg<T>::kSmem;
+    constexpr int smem = 2 * LocalCfg<T>::kSmem;
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(walk, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const dim3 grid(static_cast<unsigned>(B * a.H), static_cast<unsigned>(tiles));
     walk<<<grid, 128, smem, cuda::stream_of(ctx)>>>(x, xs, y, ys, init, states, final_out, a);

@@ -27,11 +27,6 @@ SrmsnormLayout layout(const Tensor& x, const Tensor& rstd) {
   return L;
 }
 
-template <class T>
-const T* data_or_null(const Tensor& t) {
-  return t.ptr ? t.data<T>() : nullptr;
-}
-
 void run_fwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
              const Tensor& add, const Tensor& h, const Tensor& u) {
   if (ctx.is_gpu()) {
@@ -42,8 +37,8 @@ void run_fwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Ten
   LINAC_CHECK(x.dtype == y.dtype && x.dtype == rstd.dtype && (!u.ptr || u.dtype == x.dtype),
               "srmsnorm: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T,
-                     srmsnorm_fwd_cpu<T>(L, x.data<T>(), data_or_null<T>(add), data_or_null<T>(u), y.data<T>(),
-                                         rstd.data<T>(), h.ptr ? h.data<T>() : nullptr, eps));
+                     srmsnorm_fwd_cpu<T>(L, x.data<T>(), ptr_or_null<T>(add), ptr_or_null<T>(u), y.data<T>(),
+                                         rstd.data<T>(), ptr_or_null<T>(h), eps));
 }
 
 void run_bwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
@@ -57,8 +52,8 @@ void run_bwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Ten
                   (!u.ptr || (u.dtype == x.dtype && du.dtype == x.dtype)),
               "srmsnorm: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T,
-                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), data_or_null<T>(u), rstd.data<T>(), dy.data<T>(),
-                                         dx.data<T>(), du.ptr ? du.data<T>() : nullptr, accumulate));
+                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), ptr_or_null<T>(u), rstd.data<T>(), dy.data<T>(),
+                                         dx.data<T>(), ptr_or_null<T>(du), accumulate));
 }
 }  // namespace
 

@@ -1,8 +1,8 @@
-// CUDA SimpleRMSNorm, with the optional residual add or output gate (math in srmsnorm.h). Rows of at most kWarpRowMax columns: a warp per row
-// (kMaxThreads / 32 rows per block, a warp reduction, no block barrier); wider rows: a block per
-// row with a fixed-order block reduction. Either reduces (sum of squares forward, sum of y * dy
-// backward) and then makes a second pass over the row, which comes from L1/L2 (rows are at
-// most kSrmsnormMaxDim wide).
+// CUDA SimpleRMSNorm, with the optional residual add or output gate (math in srmsnorm.h). Rows of
+// at most kWarpRowMax columns: a warp per row (kMaxThreads / 32 rows per block, a warp reduction,
+// no block barrier); wider rows: a block per row with a fixed-order block reduction. Either
+// reduces (sum of squares forward, sum of y * dy backward) and then makes a second pass over the
+// row, which comes from L1/L2 (rows are at most kSrmsnormMaxDim wide).
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
@@ -140,9 +140,9 @@ void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
-                       const TY* a = add.ptr ? add.data<TY>() : nullptr;
-                       const TY* g = u.ptr ? u.data<TY>() : nullptr;
-                       TX* hp = h.ptr ? h.data<TX>() : nullptr;
+                       const TY* a = ptr_or_null<TY>(add);
+                       const TY* g = ptr_or_null<TY>(u);
+                       TX* hp = ptr_or_null<TX>(h);
                        if (L.C <= kWarpRowMax)
                          srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
                              x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, eps);
@@ -159,8 +159,8 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
-    const TDY* g = u.ptr ? u.data<TDY>() : nullptr;
-    TDX* dg = du.ptr ? du.data<TDX>() : nullptr;
+    const TDY* g = ptr_or_null<TDY>(u);
+    TDX* dg = ptr_or_null<TDX>(du);
     if (L.C <= kWarpRowMax)
       srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
           x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
