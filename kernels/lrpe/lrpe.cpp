@@ -27,11 +27,8 @@ LrpeLayout layout(const Tensor& x, const Tensor& theta, int64_t pos0, const DocB
               "lrpe: theta must be [H, D] contiguous, got " + theta.shape_str());
   return L;
 }
-}  // namespace
 
-void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0,
-              const DocBounds& docs) {
-  LrpeLayout L = layout(x, theta, pos0, docs);
+void run_fwd(const Ctx& ctx, LrpeLayout& L, const Tensor& x, const Tensor& theta, const Tensor& y) {
   L.y = strides_of(y, L, 2 * L.D, "y");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
@@ -40,6 +37,22 @@ void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor
   }
   LINAC_CHECK(x.dtype == theta.dtype && x.dtype == y.dtype, "lrpe: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T, lrpe_fwd_cpu<T>(L, x.data<T>(), theta.data<T>(), y.data<T>()));
+}
+}  // namespace
+
+void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, int64_t pos0,
+              const DocBounds& docs) {
+  LrpeLayout L = layout(x, theta, pos0, docs);
+  run_fwd(ctx, L, x, theta, y);
+}
+
+void lrpe_fwd_at(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, const Tensor& positions) {
+  LrpeLayout L = layout(x, theta, 0, {});
+  LINAC_CHECK(positions.dtype == DType::I32 && positions.ndim == 1 && positions.size(0) == L.B &&
+                  positions.is_contiguous() && positions.device == x.device,
+              "lrpe: positions must be [" + std::to_string(L.B) + "] int32 on x's device, got " + positions.shape_str());
+  L.row_pos = positions.data<int32_t>();
+  run_fwd(ctx, L, x, theta, y);
 }
 
 void lrpe_bwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& dy, const Tensor& dx,

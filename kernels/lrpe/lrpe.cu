@@ -3,7 +3,7 @@
 // register; consecutive threads touch consecutive channels of a row, so every access is
 // coalesced. The backward writes dx on the way and leaves the slab's dtheta partial sum in
 // ctx.workspace; a second kernel adds the slabs into dtheta in order. Row bt = b T + t also indexes
-// the document bounds (positions t - start[bt]).
+// the document bounds (positions t - start[bt]); lrpe_fwd_at's rows start at row_pos[b].
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
@@ -25,7 +25,8 @@ __global__ void lrpe_fwd_kernel(const LrpeLayout L, const T* __restrict__ x, con
   for (int64_t bt = r0; bt < r1; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
     float s, co;
-    sincosf(static_cast<float>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0)) * th, &s, &co);
+    const int64_t p0 = L.pos0 + (L.row_pos ? L.row_pos[bi] : 0);
+    sincosf(static_cast<float>(p0 + ti - (L.doc_start ? L.doc_start[bt] : 0)) * th, &s, &co);
     const float v = cuda::to_float(x[bi * L.x.b + ti * L.x.t + c]);
     T* yt = y + bi * L.y.b + ti * L.y.t + hi * 2 * L.D;
     yt[j] = cuda::from_float<T>(v * co);

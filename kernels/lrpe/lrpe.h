@@ -44,6 +44,7 @@ struct LrpeLayout {
   };
   int64_t B = 0, T = 0, H = 0, D = 0, pos0 = 0;
   const int32_t* doc_start = nullptr;  // docs.start ([B, T] int32, on x's device) or null
+  const int32_t* row_pos = nullptr;    // lrpe_fwd_at's positions ([B] int32, on x's device) or null
   Strides x, y, dy, dx;
 };
 
@@ -69,6 +70,10 @@ void lrpe_fwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor
               const DocBounds& docs = {});
 void lrpe_bwd(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& dy, const Tensor& dx,
               const Tensor& dtheta, int64_t pos0, const DocBounds& docs = {});
+// The forward with each row at its own position, read on the device (decoding: a CUDA graph replays
+// the same launch at every step): token t of row b at positions[b] + t, positions [B] int32 on x's
+// device, each below 2^24 - T.
+void lrpe_fwd_at(const Ctx& ctx, const Tensor& x, const Tensor& theta, const Tensor& y, const Tensor& positions);
 // GPU scratch for lrpe_bwd: the dtheta partial sums.
 size_t lrpe_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D);
 

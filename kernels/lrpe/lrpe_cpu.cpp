@@ -13,7 +13,8 @@ void lrpe_fwd_cpu(const LrpeLayout& L, const T* x, const T* theta, T* y) {
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < L.B * L.T; ++bt) {
     const int64_t bi = bt / L.T, ti = bt % L.T;
-    const T pos = static_cast<T>(L.pos0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
+    const int64_t p0 = L.pos0 + (L.row_pos ? L.row_pos[bi] : 0);
+    const T pos = static_cast<T>(p0 + ti - (L.doc_start ? L.doc_start[bt] : 0));
     const T* xt = x + bi * L.x.b + ti * L.x.t;
     T* yt = y + bi * L.y.b + ti * L.y.t;
     for (int64_t c = 0; c < hd; ++c) {

@@ -1,6 +1,8 @@
 // LRPE-d CPU reference: forward against the formula, backward (dx, accumulated dtheta) against
 // central differences on q/k slices of a fused buffer, near the start and at far positions;
-// with document bounds, positions restart at every document.
+// with document bounds, positions restart at every document; each row at its own position
+// (lrpe_fwd_at, decoding) equals the row alone at that pos0, bit for bit.
+#include <algorithm>
 #include <cmath>
 
 #include "document_checks.h"
@@ -121,6 +123,26 @@ void check_documents_alone(DType dt, double tol) {
   Out stream = fresh();
   lrpe_fwd(Ctx{}, x, theta, stream.y, 0);
   EXPECT_GT(test::rel_error(stream.y, alone.y), 0.1);
+}
+
+TEST(LrpeCpu, RowPositionsEqualEachRowAtItsPos0) {
+  for (DType dt : {DType::F64, DType::F32}) {
+    LrpeProblem p(4, 2, 3, 6, 0);
+    const OwnedTensor x = to(p.xb, Device::CPU, dt), theta = to(p.theta, Device::CPU, dt);
+    const std::vector<int32_t> pos = {0, 5, 4093, 17};
+    OwnedTensor positions(DType::I32, Device::CPU, {4});
+    std::copy(pos.begin(), pos.end(), positions->data<int32_t>());
+    OwnedTensor y(dt, Device::CPU, {4, 2, 3, 12}), y1(dt, Device::CPU, {1, 2, 3, 12});
+    test::poison(y);
+    lrpe_fwd_at(Ctx{}, x->select(2, 1), theta, y, positions);
+    for (int64_t b = 0; b < 4; ++b) {
+      lrpe_fwd(Ctx{}, x->select(2, 1).narrow(0, b, 1), theta, y1, pos[static_cast<size_t>(b)]);
+      EXPECT_EQ(test::view_values(y->narrow(0, b, 1)), to_doubles(y1)) << "row " << b;
+    }
+  }
+  LrpeProblem p(2, 1, 1, 4, 0);
+  OwnedTensor y(DType::F64, Device::CPU, {2, 1, 1, 8}), wrong(DType::I32, Device::CPU, {3});
+  EXPECT_THROW(lrpe_fwd_at(Ctx{}, p.x(), p.theta, y, wrong), Error);
 }
 
 TEST(LrpeCpu, DocumentPositionsRestart) {

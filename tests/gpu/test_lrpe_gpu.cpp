@@ -2,7 +2,8 @@
 // [B, T, 2, H, D] buffer, dy a slice of a fused [B, T, 2, H, 2D] one. Near the start the
 // reference runs in double; at far positions (t ~ 4096+) it runs in f32, whose angles are
 // rounded exactly as the GPU's (lrpe.h), so any other difference shows. dtheta accumulates
-// and is reduced deterministically.
+// and is reduced deterministically. Decoding's rows each at their own position (lrpe_fwd_at).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -63,6 +64,30 @@ TEST(LrpeGpu, ParityFarPositions) {
     run_parity(dt, DType::F32, {2, 64, 4, 96, 4096});
     run_parity(dt, DType::F32, {1, 300, 2, 36, 130000});
     run_parity(dt, DType::F32, {3, 1, 4, 128, 5000});  // decoding: one token at its position
+  }
+}
+
+TEST(LrpeGpu, RowPositionsParity) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t B = 5, H = 4, D = 64;
+  const std::vector<int32_t> pos = {0, 1, 77, 4096, 130001};
+  OwnedTensor positions(DType::I32, Device::CPU, {B});
+  std::copy(pos.begin(), pos.end(), positions->data<int32_t>());
+  const OwnedTensor pos_g = to(positions, Device::CUDA, DType::I32);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    OwnedTensor xg = to(test::random_tensor({B, 1, 2, H, D}, DType::F64, 5, -2, 2), Device::CUDA, dt);
+    OwnedTensor thg = to(test::random_tensor({H, D}, DType::F64, 6, 1e-4, 1.0), Device::CUDA, DType::F32);
+    OwnedTensor yg(dt, Device::CUDA, {B, 1, H, 2 * D});
+    test::poison(yg);
+    lrpe_fwd_at(gctx.ctx(), xg->select(2, 1), thg, yg, pos_g);
+    gctx.synchronize();
+    // The f32 reference rounds the angles as the GPU does (lrpe.h).
+    OwnedTensor xr = to(xg, Device::CPU, DType::F32), thr = to(thg, Device::CPU, DType::F32);
+    OwnedTensor yr(DType::F32, Device::CPU, {B, 1, H, 2 * D});
+    lrpe_fwd_at(Ctx{}, xr->select(2, 1), thr, yr, positions);
+    EXPECT_LT(test::rel_error(yg, yr), dt == DType::BF16 ? 1e-2 : 1e-5);
   }
 }
 

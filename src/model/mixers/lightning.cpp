@@ -16,8 +16,7 @@ namespace linac {
 namespace {
 
 struct TnlState final : MixerState {
-  OwnedTensor S;             // [B, H, Dk, dh]
-  std::vector<int64_t> pos;  // per row: tokens of its current document seen (LRPE's position)
+  OwnedTensor S;  // [B, H, Dk, dh]; LRPE's positions are the model's (env.decode_pos)
 };
 
 // ALiBi slopes 2^(-8(h+1)/n) for n a power of two; otherwise those of the largest power of two
@@ -223,18 +222,12 @@ std::unique_ptr<MixerState> LightningMixer::init_state(int64_t B) {
   auto st = std::make_unique<TnlState>();
   st->S = OwnedTensor(env_.stat, env_.device(), {B, H_, Dk_, dh_});
   zero_tensor(st->S);
-  st->pos.assign(static_cast<size_t>(B), 0);
   return st;
 }
 
 void LightningMixer::start_document(MixerState& state, int64_t row) {
   auto& st = dynamic_cast<TnlState&>(state);
   zero_tensor(env_.ctx, st.S->select(0, row));
-  st.pos[static_cast<size_t>(row)] = 0;
-}
-
-void LightningMixer::advance(MixerState& state) {
-  for (int64_t& p : dynamic_cast<TnlState&>(state).pos) ++p;
 }
 
 void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
@@ -252,17 +245,16 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor g = env_.scratch->get("lightning.step.g", env_.act, {B, E_});
   matmul(ctx, x2, false, W, true, proj);
   silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);
-  // LRPE at each row's document position: rows at one position (no document started mid-batch)
-  // in one call.
-  if (lrpe_ && rows_agree(st.pos)) {
-    rotate(qa, qk, B, 1, st.pos[0], {});
-  } else if (lrpe_) {
-    for (int64_t b = 0; b < B; ++b)
-      rotate(qa.narrow(0, b, 1), qk.narrow(0, b, 1), 1, 1, st.pos[static_cast<size_t>(b)], {});
+  // LRPE at each row's document position, read on the device (env.decode_pos), so that a CUDA graph
+  // of this step replays every later one.
+  if (lrpe_) {
+    LINAC_CHECK(env_.decode_pos.ptr, "LightningMixer::step: runs inside Model::decode_step (env.decode_pos)");
+    const Tensor theta = ps.master(theta_);
+    lrpe_fwd_at(ctx, bthd(qa, B, 1, 0, H_, dh_), theta, bthd(qk, B, 1, 0, H_, Dk_), env_.decode_pos);
+    lrpe_fwd_at(ctx, bthd(qa, B, 1, E_, H_, dh_), theta, bthd(qk, B, 1, H_ * Dk_, H_, Dk_), env_.decode_pos);
   }
   lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
                  o.view({B, H_, dh_}));
-  advance(st);
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
@@ -270,13 +262,9 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
 void LightningMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
   (void)ctx;
   auto& st = dynamic_cast<TnlState&>(state);
-  const int64_t B = x.size(0), T = x.size(1);
-  LINAC_CHECK(st.S->size(0) == B, "LightningMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(std::all_of(st.pos.begin(), st.pos.end(), [](int64_t p) { return p == 0; }),
-              "LightningMixer::prefill: the state must be fresh");
+  LINAC_CHECK(st.S->size(0) == x.size(0), "LightningMixer::prefill: state was made for another batch size");
   // With documents the final state is already that of each row's last document.
   forward_to_state(x, out, st.S);
-  st.pos = last_doc_lengths(env_, B, T);
 }
 
 }  // namespace linac

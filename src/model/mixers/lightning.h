@@ -15,10 +15,10 @@
 // SRMSNorm rstd [B*T] (f32 on the GPU); SiLU, LRPE and the gated norm are recomputed in the backward.
 // Documents (mixer.h; docs/transnormer.md §4.5): the lightning kernels restart the state at every
 // document start (also inside a block), LRPE positions restart at 0 there; SRMSNorm, the gate and
-// the channel mixer are per token. start_document zeroes a row's state and position.
-// Decoding: per sequence H x Dk x dh f32 state (Dk = 2 dh with LRPE) and the position within the
-// row's current document, whatever the length; rows at one position run LRPE in one call,
-// otherwise row by row.
+// the channel mixer are per token. start_document zeroes a row's state.
+// Decoding: per sequence H x Dk x dh f32 state (Dk = 2 dh with LRPE), whatever the length; LRPE
+// reads each row's position within its current document from env.decode_pos on the device, so
+// every step is graph-safe (mixer.h).
 #pragma once
 
 #include <vector>
@@ -51,9 +51,7 @@ class LightningMixer final : public Mixer {
   std::string kind() const override { return "lightning"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   bool supports_documents() const override { return true; }
-  // LRPE rotates at host-side positions; without it a step has none.
-  bool graph_safe_step() const override { return !lrpe_; }
-  void advance(MixerState& state) override;
+  bool graph_safe_step() const override { return true; }  // LRPE's positions from env.decode_pos
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
   void forward(const Tensor& x, const Tensor& out) override;
