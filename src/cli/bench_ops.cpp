@@ -262,8 +262,9 @@ int bench_op(Args& args, const std::string& name) {
   const bool taylor = name == "taylor", lightning = name == "lightning", latte = name == "latte", vq = name == "vq_attn";
   const int64_t H = conv ? 0 : args.get_int("heads", gla ? 4 : vq ? 1 : 16);
   const int64_t D = gla || conv || vq ? 0 : args.get_int("head-dim", 64);
-  const int64_t Hk = name == "attention" || decode ? args.get_int("kv-heads", H) : H;
-  if (Hk < 1 || H % Hk != 0) throw UserError("--kv-heads must divide --heads (" + std::to_string(H) + ")");
+  const bool grouped = name == "attention" || decode;
+  const int64_t Hk = grouped ? args.get_int("kv-heads", H) : H;
+  if (grouped && (Hk < 1 || H % Hk != 0)) throw UserError("--kv-heads must divide --heads (" + std::to_string(H) + ")");
   const int64_t F = taylor ? args.get_int("feature-dim", 16) : 0;
   const int64_t latents = latte ? args.get_int("latents", 16) : 0;
   const bool macchiato = latte && args.flag("macchiato");

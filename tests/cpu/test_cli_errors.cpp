@@ -1,11 +1,12 @@
 // What a new user hits on the command line: every shipped config, truncated and randomly edited,
 // is either still valid or refused in one line with exit 2 (never an internal error or a crash);
 // a directory as CONFIG; `--set` creating missing objects; a train.reduce_dtype it does not take;
-// eval windows no longer than the tokens they score.
+// eval windows no longer than the tokens they score; every `bench --op` passes its option checks.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "core/gpu.h"
 #include "core/rng.h"
 #include "test_util.h"
 #include "train/trainer.h"
@@ -77,6 +78,19 @@ TEST(CliErrors, DirectoryAsConfigIsAUserError) {
     std::string out;
     expect_one_line_user_error(test::run_linac(cmd + dir, out), out, cmd);
     EXPECT_NE(out.find("is a directory"), std::string::npos) << out;
+  }
+}
+
+// Every op of `bench --op` takes its defaults: without a GPU the one error is the missing device,
+// never an option check that an op without heads (short_conv) once failed.
+TEST(CliErrors, BenchOpDefaultsPassTheOptionChecks) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  if (gpu_available()) GTEST_SKIP() << "a GPU would run the benchmarks";
+  for (const std::string op : {"attention", "attention_decode", "gla", "latte", "lightning", "short_conv", "taylor",
+                               "vq_attn"}) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("bench --op " + op, out), out, op);
+    EXPECT_NE(out.find("bench --op needs a CUDA device"), std::string::npos) << op << ": " << out;
   }
 }
 
