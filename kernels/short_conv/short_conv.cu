@@ -4,17 +4,23 @@
 //   dh[j] += sum dc[t] ã[t-W+1+j],   dba += sum da,   dbg += sum dg
 // Layout: a, g, z, dz, da, dg [B, T, C] with unit channel stride and free batch/token strides; h [C, W]
 // and the biases f32; the decode state [B, W-1, C] f32; document starts [B, T] int32 (optional).
-// Documents: tap i of token t (win[i] = ã[t-i]) is read only when t-i >= start[t]; da[s] takes
-// dc[t] only when start[t] <= s. The window keeps the real inputs and the taps are masked where
-// they are used, so the stream kernels (kDocs = false) are the code they were.
+// Documents: tap j of token t (ã[t-W+1+j]) is read only when t-W+1+j >= start[t]; da[s] takes
+// dc[t] only when start[t] <= s. The stream kernels (kDocs = false) have no masks.
 //
-// A thread owns one channel of a tile of kShortConvTileTokens tokens of one sequence (consecutive
-// threads take consecutive channels, so every load is coalesced) and slides along it with the last
-// W biased inputs in registers: win[i] = ã[t-i], so the width W stays a runtime value while every
-// register index is static. The sums run oldest input first, as on the CPU.
-// The backward recomputes c and also visits the W-1 tokens after its tile, whose dc the tile's da
-// needs; each thread writes its tile's partial sums of dh/dba/dbg to ctx.workspace, and a second
-// kernel adds the tiles of each channel in a fixed order (deterministic, no atomics).
+// The op streams memory, so the forward and backward kernels are built for bandwidth: a CTA covers
+// a tile of kShortConvTileTokens tokens of one sequence and kGroups x V channels; each thread owns V
+// consecutive channels (one 16-byte f32 or 8-byte bf16 access when the tensors allow it, else
+// V = 1) and every kRows-th token of the tile, each token independent of the last, so a thread has
+// many loads in flight. Every token reads the W inputs of its window itself: the neighbours' reads
+// of the same rows hit L1, and no sequential window limits the memory parallelism. The filter of
+// the CTA's channels sits in shared memory. The sums run in ascending tap order, as on the CPU.
+// The window's loads are issued unconditionally (clamped rows, masked where used), so they leave
+// together. The backward computes each dc once, for the tile and the W-1 tokens after it, into
+// shared memory, where the tile's da reads it (recomputing c at the W tokens each da needs was
+// slower: 0.89 against 0.55 ms, kernels/short_conv/NOTES.md); each CTA adds its threads'
+// dh/dba/dbg in a fixed order and writes one row of partial sums per tile to ctx.workspace, and a
+// second kernel adds the tiles of each channel in a fixed order (deterministic, no atomics). The
+// decode step keeps the old inputs in a register window.
 #include "common/cuda_common.cuh"
 #include "short_conv/short_conv.h"
 
@@ -23,10 +29,16 @@ namespace {
 
 constexpr int kMaxW = static_cast<int>(kShortConvMaxWidth);
 constexpr int kTile = static_cast<int>(kShortConvTileTokens);
-constexpr int kThreads = 128;
+constexpr int kGroups = 16;  // channel groups of a CTA (consecutive threads, consecutive groups)
+constexpr int kRows = 16;    // token rows of a CTA: a thread takes tokens t0 + row, t0 + row + kRows, ...
+constexpr int kThreads = kGroups * kRows;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxChannels = 4 * kGroups;  // channels of a CTA at V = 4
+static_assert(kTile % kRows == 0 && kRows % 2 == 0 && kGroups == 16, "two token rows per warp");
 
 struct Args {
   int T, C, W, tiles;  // tiles per sequence
+  int cblocks;         // channel blocks (kGroups x V channels) per tile: the fastest grid index
   bool silu;
   const int32_t* doc_start;  // [B, T] or null
   ShortConvLayout::Strides a, g, z, dz, da, dg;
@@ -51,137 +63,211 @@ __device__ __forceinline__ float activation_grad(float c, bool silu) {
   return s * (1.f + c * (1.f - s));
 }
 
-// The filter of channel ch reversed to match the window: hr[i] = h[ch, W-1-i] (0 past W).
-__device__ __forceinline__ void load_filter(const float* h, int ch, int W, float (&hr)[kMaxW]) {
-#pragma unroll
-  for (int i = 0; i < kMaxW; ++i) hr[i] = i < W ? h[int64_t{ch} * W + (W - 1 - i)] : 0.f;
+// The CTAs of a tile's channel blocks are consecutive, so the CTAs running at once read whole token
+// rows, and the grid is one-dimensional (no 65,535 limit on either count).
+__device__ __forceinline__ int tile_of(const Args& p) { return static_cast<int>(blockIdx.x) / p.cblocks; }
+__device__ __forceinline__ int cblock_of(const Args& p) { return static_cast<int>(blockIdx.x) % p.cblocks; }
+
+// A thread's share of the tile: sequence b, tokens [t0, t1) from t0 + row in steps of kRows, V
+// channels from ch (cl within the CTA); active: those channels exist.
+template <int V>
+struct Slot {
+  int b, t0, t1, row, cl, ch;
+  bool active;
+};
+template <int V>
+__device__ __forceinline__ Slot<V> slot_of(const Args& p) {
+  Slot<V> s;
+  const int tile = tile_of(p);
+  s.b = tile / p.tiles;
+  s.t0 = (tile % p.tiles) * kTile;
+  s.t1 = min(s.t0 + kTile, p.T);
+  s.row = static_cast<int>(threadIdx.x) / kGroups;
+  s.cl = (static_cast<int>(threadIdx.x) % kGroups) * V;
+  s.ch = cblock_of(p) * kGroups * V + s.cl;
+  s.active = s.ch < p.C;  // V divides C when V > 1
+  return s;
 }
 
-// Shifts the window by one token and inserts ã[t] = x as win[0].
-__device__ __forceinline__ void push(float (&win)[kMaxW], float x) {
-#pragma unroll
-  for (int i = kMaxW - 1; i > 0; --i) win[i] = win[i - 1];
-  win[0] = x;
+// hs[j][c] = h[ch, j] for the CTA's kGroups x V channels (0 past C); ends with a barrier.
+template <int V>
+__device__ __forceinline__ void load_filter_tile(const float* h, const Args& p, float (&hs)[kMaxW][kMaxChannels]) {
+  constexpr int n = kGroups * V;
+  const int ch0 = cblock_of(p) * n;
+  for (int i = static_cast<int>(threadIdx.x); i < p.W * n; i += kThreads) {
+    const int j = i / n, c = i % n;
+    hs[j][c] = ch0 + c < p.C ? h[int64_t{ch0 + c} * p.W + j] : 0.f;
+  }
+  __syncthreads();
 }
 
-// c = sum over the window, oldest input first.
-__device__ __forceinline__ float conv_window(const float (&hr)[kMaxW], const float (&win)[kMaxW], int W) {
-  float c = 0.f;
+template <int V>
+__device__ __forceinline__ void load_bias(const float* bias, int ch, float (&v)[V]) {
 #pragma unroll
-  for (int i = kMaxW - 1; i >= 0; --i)
-    if (i < W) c = fmaf(hr[i], win[i], c);
-  return c;
+  for (int i = 0; i < V; ++i) v[i] = bias ? bias[ch + i] : 0.f;
 }
 
-// The same over the taps that stay inside the document: win[i] with i <= n (n = t - start[t]).
-__device__ __forceinline__ float conv_window_doc(const float (&hr)[kMaxW], const float (&win)[kMaxW], int W, int n) {
-  float c = 0.f;
-#pragma unroll
-  for (int i = kMaxW - 1; i >= 0; --i)
-    if (i < W && i <= n) c = fmaf(hr[i], win[i], c);
-  return c;
+// Rows of a [T, ...] sequence at row index r clamped into [0, T): every load of a token's window
+// is issued unconditionally (the masks below drop the clamped ones), so a thread's loads leave
+// together instead of one guarded load after another.
+template <int V, class T>
+__device__ __forceinline__ void load_row(const T* seq, int64_t stride_t, int r, int len, float (&v)[V]) {
+  cuda::load_vals<V>(seq + static_cast<int64_t>(min(max(r, 0), len - 1)) * stride_t, v);
 }
 
-// The window just before token t0: win[i] = ã[t0-1-i], zero left of the sequence.
-template <class T>
-__device__ __forceinline__ void load_history(const T* a_seq, int64_t stride_t, float ba, int t0, int W,
-                                             float (&win)[kMaxW]) {
+// c = sum_j h[j] ã[t-W+1+j] over the taps at or after lo (0, or t's document start), ascending j;
+// xa[i] = a[t-i] (raw, clamped loads), so tap j is window entry i = W-1-j. kTaps >= W.
+template <int kTaps, int V>
+__device__ __forceinline__ void conv_window(const float (&xa)[kTaps][V], int t, int lo, int W,
+                                            const float (&hs)[kMaxW][kMaxChannels], int cl, const float (&ba)[V],
+                                            float (&c)[V]) {
 #pragma unroll
-  for (int i = 0; i < kMaxW; ++i) {
-    const int s = t0 - 1 - i;
-    win[i] = i < W - 1 && s >= 0 ? cuda::to_float(a_seq[s * stride_t]) + ba : 0.f;
+  for (int i = 0; i < V; ++i) c[i] = 0.f;
+#pragma unroll
+  for (int i = kTaps - 1; i >= 0; --i) {
+    const bool read = i < W && t - i >= lo;
+    const float* h = hs[max(W - 1 - i, 0)] + cl;
+#pragma unroll
+    for (int v = 0; v < V; ++v) c[v] = fmaf(h[v], read ? xa[i][v] + ba[v] : 0.f, c[v]);
   }
 }
 
-template <class T, bool kDocs>
+template <class T, int V, int kTaps, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, T* __restrict__ z, const Args p) {
-  const int ch = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
-  if (ch >= p.C) return;
-  const int b = static_cast<int>(blockIdx.x) / p.tiles, t0 = (static_cast<int>(blockIdx.x) % p.tiles) * kTile;
-  const int t1 = min(t0 + kTile, p.T);
-  const T* a_seq = a + b * p.a.b + ch;
-  const T* g_seq = g + b * p.g.b + ch;
-  T* z_seq = z + b * p.z.b + ch;
-  const float bias_a = ba ? ba[ch] : 0.f, bias_g = bg ? bg[ch] : 0.f;
-  float hr[kMaxW], win[kMaxW];
-  load_filter(h, ch, p.W, hr);
-  load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
-  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(b) * p.T : nullptr;
-  for (int t = t0; t < t1; ++t) {
-    push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
-    const float c = kDocs ? conv_window_doc(hr, win, p.W, t - start[t]) : conv_window(hr, win, p.W);
-    z_seq[t * p.z.t] = cuda::from_float<T>(activation(c, p.silu) * (cuda::to_float(g_seq[t * p.g.t]) + bias_g));
+  __shared__ float hs[kMaxW][kMaxChannels];
+  const Slot<V> s = slot_of<V>(p);
+  load_filter_tile<V>(h, p, hs);
+  if (!s.active) return;
+  const T* a_seq = a + s.b * p.a.b + s.ch;
+  const T* g_seq = g + s.b * p.g.b + s.ch;
+  T* z_seq = z + s.b * p.z.b + s.ch;
+  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(s.b) * p.T : nullptr;
+  float bias_a[V], bias_g[V];
+  load_bias<V>(ba, s.ch, bias_a);
+  load_bias<V>(bg, s.ch, bias_g);
+  for (int t = s.t0 + s.row; t < s.t1; t += kRows) {
+    float xa[kTaps][V], gv[V], c[V], zv[V];
+#pragma unroll
+    for (int i = 0; i < kTaps; ++i) load_row<V>(a_seq, p.a.t, t - i, p.T, xa[i]);
+    cuda::load_vals<V>(g_seq + t * p.g.t, gv);
+    conv_window<kTaps, V>(xa, t, kDocs ? start[t] : 0, p.W, hs, s.cl, bias_a, c);
+#pragma unroll
+    for (int i = 0; i < V; ++i) zv[i] = activation(c[i], p.silu) * (gv[i] + bias_g[i]);
+    cuda::store_vals<V>(z_seq + t * p.z.t, zv);
   }
 }
 
-// Partial sums: rows of W + 2 channel vectors per (sequence, tile): dh[:, 0..W-1], dba, dbg.
-template <class T, bool kDocs>
-__global__ void __launch_bounds__(kThreads)
+// The CTA's sums of dh/dba/dbg into its tile's row of partial sums: the two token rows of a warp
+// (lanes l and l + 16 hold the same channels), then the warps in order. Accumulator k < kTaps is
+// window entry k, the filter's tap W-1-k (row W-1-k of W + 2), then dba (row W) and dbg (W + 1).
+template <int V, int kTaps>
+__device__ __forceinline__ void write_partials(const float (&dh_acc)[kTaps][V], const float (&dba_acc)[V],
+                                               const float (&dbg_acc)[V], float (*sums)[kMaxW + 2][kMaxChannels],
+                                               float* __restrict__ partial, const Args& p, const Slot<V>& s) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+#pragma unroll
+  for (int k = 0; k < kTaps + 2; ++k) {
+    const int row = k < kTaps ? (k < p.W ? p.W - 1 - k : -1) : p.W + (k - kTaps);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      float v = k < kTaps ? dh_acc[k][i] : k == kTaps ? dba_acc[i] : dbg_acc[i];
+      v += __shfl_xor_sync(0xffffffffu, v, 16);
+      if (lane < 16 && row >= 0) sums[warp][row][s.cl + i] = v;
+    }
+  }
+  __syncthreads();
+  constexpr int n = kGroups * V;
+  const int64_t row0 = static_cast<int64_t>(tile_of(p)) * (p.W + 2);
+  for (int idx = static_cast<int>(threadIdx.x); idx < (p.W + 2) * n; idx += kThreads) {
+    const int k = idx / n, c = idx % n, ch = cblock_of(p) * n + c;
+    if (ch >= p.C) continue;
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += sums[w][k][c];
+    partial[(row0 + k) * p.C + ch] = total;
+  }
+}
+
+// Partial sums: rows of W + 2 channel vectors per (sequence, tile): dh[:, 0..W-1], dba, dbg. First
+// every token of the tile and the W-1 after it computes its c and dc (dg and the filter taps for
+// the tile's own tokens) and leaves dc in shared memory, then every tile token adds its da from there.
+template <class T, int V, int kTaps, bool kDocs>
+__global__ void __launch_bounds__(kThreads, 2)
     bwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, const T* __restrict__ dz, T* __restrict__ da,
                T* __restrict__ dg, float* __restrict__ partial, const Args p) {
-  const int ch = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
-  if (ch >= p.C) return;
-  const int b = static_cast<int>(blockIdx.x) / p.tiles, t0 = (static_cast<int>(blockIdx.x) % p.tiles) * kTile;
-  const int t1 = min(t0 + kTile, p.T);
-  const T* a_seq = a + b * p.a.b + ch;
-  const T* g_seq = g + b * p.g.b + ch;
-  const T* dz_seq = dz + b * p.dz.b + ch;
-  T* da_seq = da + b * p.da.b + ch;
-  T* dg_seq = dg + b * p.dg.b + ch;
-  const float bias_a = ba ? ba[ch] : 0.f, bias_g = bg ? bg[ch] : 0.f;
-  float hr[kMaxW], hf[kMaxW], win[kMaxW], dcw[kMaxW] = {}, dh_r[kMaxW] = {};
-  load_filter(h, ch, p.W, hr);
+  constexpr int kRowsDc = kTile + kMaxW - 1;
+  static_assert(kRowsDc * kMaxChannels >= kWarps * (kMaxW + 2) * kMaxChannels, "sums alias dc");
+  __shared__ float hs[kMaxW][kMaxChannels];
+  __shared__ float dcs[kRowsDc][kMaxChannels];  // dc of token t0 + r; later the CTA's sums
+  const Slot<V> s = slot_of<V>(p);
+  load_filter_tile<V>(h, p, hs);
+  float dh_acc[kTaps][V] = {}, dba_acc[V] = {}, dbg_acc[V] = {};
+  const T* a_seq = a + s.b * p.a.b + s.ch;
+  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(s.b) * p.T : nullptr;
+  float bias_a[V], bias_g[V];
+  if (s.active) {
+    load_bias<V>(ba, s.ch, bias_a);
+    load_bias<V>(bg, s.ch, bias_g);
+    const T* g_seq = g + s.b * p.g.b + s.ch;
+    const T* dz_seq = dz + s.b * p.dz.b + s.ch;
+    T* dg_seq = dg + s.b * p.dg.b + s.ch;
+    const int t_end = min(s.t1 + p.W - 1, p.T);
+    for (int t = s.t0 + s.row; t < t_end; t += kRows) {
+      float xa[kTaps][V], dzv[V], gv[V], c[V], dc[V];
 #pragma unroll
-  for (int j = 0; j < kMaxW; ++j) hf[j] = j < p.W ? h[int64_t{ch} * p.W + j] : 0.f;
-  load_history(a_seq, p.a.t, bias_a, t0, p.W, win);
-  float dba_sum = 0.f, dbg_sum = 0.f;
-  const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(b) * p.T : nullptr;
-  int stw[kMaxW] = {};  // stw[i] = start[t-i] (documents)
-  // Tokens past the tile (and past T, where dc = 0) complete the da of the tile's last W-1 tokens.
-  for (int t = t0; t < t1 + p.W - 1; ++t) {
-    float dc = 0.f;
-    const int lo = kDocs && t < p.T ? start[t] : 0;
-    if (t < p.T) {
-      push(win, cuda::to_float(a_seq[t * p.a.t]) + bias_a);
-      const float c = kDocs ? conv_window_doc(hr, win, p.W, t - lo) : conv_window(hr, win, p.W);
-      const float dzv = cuda::to_float(dz_seq[t * p.dz.t]);
-      dc = dzv * (cuda::to_float(g_seq[t * p.g.t]) + bias_g) * activation_grad(c, p.silu);
-      if (t < t1) {
-        const float dgv = activation(c, p.silu) * dzv;
-        dg_seq[t * p.dg.t] = cuda::from_float<T>(dgv);
-        dbg_sum += dgv;
+      for (int i = 0; i < kTaps; ++i) load_row<V>(a_seq, p.a.t, t - i, p.T, xa[i]);
+      cuda::load_vals<V>(dz_seq + t * p.dz.t, dzv);
+      cuda::load_vals<V>(g_seq + t * p.g.t, gv);
+      const int lo = kDocs ? start[t] : 0;
+      conv_window<kTaps, V>(xa, t, lo, p.W, hs, s.cl, bias_a, c);
 #pragma unroll
-        for (int i = 0; i < kMaxW; ++i)
-          if (!kDocs || i <= t - lo) dh_r[i] = fmaf(dc, win[i], dh_r[i]);
+      for (int i = 0; i < V; ++i) {
+        dc[i] = dzv[i] * (gv[i] + bias_g[i]) * activation_grad(c[i], p.silu);
+        dcs[t - s.t0][s.cl + i] = dc[i];
+      }
+      if (t < s.t1) {
+        float dgv[V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          dgv[i] = activation(c[i], p.silu) * dzv[i];
+          dbg_acc[i] += dgv[i];
+        }
+        cuda::store_vals<V>(dg_seq + t * p.dg.t, dgv);
+#pragma unroll
+        for (int i = 0; i < kTaps; ++i) {
+          const bool read = i < p.W && t - i >= lo;
+#pragma unroll
+          for (int v = 0; v < V; ++v) dh_acc[i][v] = fmaf(dc[v], read ? xa[i][v] + bias_a[v] : 0.f, dh_acc[i][v]);
+        }
       }
     }
-    push(dcw, dc);  // dcw[i] = dc[t-i]
-    if (kDocs) {
+  }
+  __syncthreads();
+  if (s.active) {
+    T* da_seq = da + s.b * p.da.b + s.ch;
+    for (int u = s.t0 + s.row; u < s.t1; u += kRows) {
+      // da[u] = sum_j h[j] dc[u + d], d = W-1-j, ascending j (descending d); rows past T or (with
+      // documents) in a document that starts after u dropped.
+      float dav[V] = {};
 #pragma unroll
-      for (int i = kMaxW - 1; i > 0; --i) stw[i] = stw[i - 1];
-      stw[0] = lo;
-    }
-    const int s = t - p.W + 1;
-    if (s >= t0) {
-      // da[s] = sum_j h[j] dc[s+W-1-j] = sum_j h[j] dcw[j], ascending j (documents: the t-j whose
-      // document holds s).
-      float acc = 0.f;
+      for (int d = kTaps - 1; d >= 0; --d) {
+        const int t = u + d;
+        const bool used = d < p.W && t < p.T && (!kDocs || start[min(t, p.T - 1)] <= u);
+        const float* hj = hs[max(p.W - 1 - d, 0)] + s.cl;
 #pragma unroll
-      for (int j = 0; j < kMaxW; ++j)
-        if (j < p.W && (!kDocs || stw[j] <= s)) acc = fmaf(hf[j], dcw[j], acc);
-      da_seq[s * p.da.t] = cuda::from_float<T>(acc);
-      dba_sum += acc;
+        for (int i = 0; i < V; ++i) dav[i] = fmaf(hj[i], used ? dcs[t - s.t0][s.cl + i] : 0.f, dav[i]);
+      }
+      cuda::store_vals<V>(da_seq + u * p.da.t, dav);
+#pragma unroll
+      for (int i = 0; i < V; ++i) dba_acc[i] += dav[i];
     }
   }
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (p.W + 2);
-#pragma unroll
-  for (int i = 0; i < kMaxW; ++i)
-    if (i < p.W) partial[(row + p.W - 1 - i) * p.C + ch] = dh_r[i];
-  partial[(row + p.W) * p.C + ch] = dba_sum;
-  partial[(row + p.W + 1) * p.C + ch] = dbg_sum;
+  __syncthreads();  // dcs becomes the CTA's sums
+  write_partials<V, kTaps>(dh_acc, dba_acc, dbg_acc, reinterpret_cast<float(*)[kMaxW + 2][kMaxChannels]>(&dcs[0][0]),
+                           partial, p, s);
 }
 
 // Adds the tiles' partial sums into dh, dba, dbg: blockIdx.y picks the row k of W + 2; kRowGroups
@@ -210,22 +296,26 @@ __global__ void __launch_bounds__(32 * kRowGroups)
     dbg[ch] += total;
 }
 
-// One thread per (sequence, channel); the state holds ã of the last W-1 tokens, oldest first.
+// Decode step: one thread per (sequence, channel); the state holds ã of the last W-1 tokens,
+// oldest first, read into a window win[i] = ã[t-i] with the filter reversed to match (hr[i] =
+// h[W-1-i]), summed oldest input first.
 template <class T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(128)
     step_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                 const float* __restrict__ ba, const float* __restrict__ bg, float* __restrict__ state,
                 T* __restrict__ z, const Args p) {
-  const int ch = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x);
+  const int ch = static_cast<int>(blockIdx.y) * 128 + static_cast<int>(threadIdx.x);
   if (ch >= p.C) return;
   const int64_t b = blockIdx.x;
   float* st = state + b * (p.W - 1) * p.C + ch;
-  float hr[kMaxW], win[kMaxW];
-  load_filter(h, ch, p.W, hr);
+  float win[kMaxW];
 #pragma unroll
-  for (int i = 0; i < kMaxW; ++i) win[i] = i < p.W - 1 ? st[int64_t{p.W - 2 - i} * p.C] : 0.f;
-  push(win, cuda::to_float(a[b * p.a.b + ch]) + (ba ? ba[ch] : 0.f));
-  const float c = conv_window(hr, win, p.W);
+  for (int i = 1; i < kMaxW; ++i) win[i] = i < p.W ? st[int64_t{p.W - 1 - i} * p.C] : 0.f;
+  win[0] = cuda::to_float(a[b * p.a.b + ch]) + (ba ? ba[ch] : 0.f);
+  float c = 0.f;
+#pragma unroll
+  for (int i = kMaxW - 1; i >= 0; --i)
+    if (i < p.W) c = fmaf(h[int64_t{ch} * p.W + (p.W - 1 - i)], win[i], c);
   const float gate = cuda::to_float(g[b * p.g.b + ch]) + (bg ? bg[ch] : 0.f);
   z[b * p.z.b + ch] = cuda::from_float<T>(activation(c, p.silu) * gate);
 #pragma unroll
@@ -233,15 +323,36 @@ __global__ void __launch_bounds__(kThreads)
     if (i < p.W - 1) st[int64_t{p.W - 2 - i} * p.C] = win[i];
 }
 
-
 void check_f32(std::initializer_list<const Tensor*> ts, const char* what) {
   for (const Tensor* t : ts)
     LINAC_CHECK(!t->defined() || t->dtype == DType::F32, std::string("short_conv (GPU): ") + what + " must be f32");
 }
 
-dim3 tile_grid(const Args& p, int64_t B) {
-  LINAC_CHECK(B * p.tiles < (int64_t{1} << 31), "short_conv (GPU): too many tokens");
-  return dim3(static_cast<unsigned>(B * p.tiles), cuda::grid_1d(p.C, kThreads));
+// Whether every token row of every tensor starts on a 4-element boundary (and C is a multiple of
+// 4), so that a thread may own 4 channels with one access.
+bool four_channels(int64_t C, std::initializer_list<std::pair<const Tensor*, ShortConvLayout::Strides>> ts) {
+  if (C % 4 != 0) return false;
+  for (const auto& [t, st] : ts)
+    if (!cuda::vec4_aligned(*t) || st.b % 4 != 0 || st.t % 4 != 0) return false;
+  return true;
+}
+
+// The grid of a forward or backward launch (sets p.cblocks for V channels per thread).
+unsigned tile_grid(Args& p, int64_t B, int V) {
+  p.cblocks = static_cast<int>(cuda::grid_1d(p.C, kGroups * V));
+  LINAC_CHECK(B * p.tiles * p.cblocks < (int64_t{1} << 31), "short_conv (GPU): too many tokens");
+  return static_cast<unsigned>(B * p.tiles * p.cblocks);
+}
+
+// Calls launch(std::integral_constant<int, V>{}, grid) with V = 4 channels per thread when `four`
+// (four_channels), else 1, and the grid for that V.
+template <class Fn>
+void launch_tiles(Args& p, int64_t B, bool four, Fn&& launch) {
+  if (four)
+    launch(std::integral_constant<int, 4>{}, tile_grid(p, B, 4));
+  else
+    launch(std::integral_constant<int, 1>{}, tile_grid(p, B, 1));
+  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -251,13 +362,17 @@ void short_conv_fwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   LINAC_CHECK(g.dtype == a.dtype && z.dtype == a.dtype, "short_conv (GPU): a, g, z dtypes must agree");
   check_f32({&h, &ba, &bg}, "h and the biases");
   if (L.B * L.T * L.C == 0) return;
-  const Args p = make_args(L);
-  LINAC_GPU_DISPATCH(a.dtype, T, {
-    auto kernel = p.doc_start ? fwd_kernel<T, true> : fwd_kernel<T, false>;
-    kernel<<<tile_grid(p, L.B), kThreads, 0, cuda::stream_of(ctx)>>>(
-        a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
+  Args p = make_args(L);
+  const bool four = four_channels(L.C, {{&a, L.a}, {&g, L.g}, {&z, L.z}});
+  launch_tiles(p, L.B, four, [&](auto v, unsigned grid) {
+    constexpr int V = decltype(v)::value;
+    LINAC_GPU_DISPATCH(a.dtype, T, {
+      auto kernel = p.W <= 4 ? (p.doc_start ? fwd_kernel<T, V, 4, true> : fwd_kernel<T, V, 4, false>)
+                             : (p.doc_start ? fwd_kernel<T, V, kMaxW, true> : fwd_kernel<T, V, kMaxW, false>);
+      kernel<<<grid, kThreads, 0, cuda::stream_of(ctx)>>>(
+          a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
+    });
   });
-  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor& a, const Tensor& g, const Tensor& h,
@@ -269,16 +384,19 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   if (L.B * L.T * L.C == 0) return;
   LINAC_CHECK(ctx.workspace_bytes >= short_conv_bwd_workspace_bytes(L.B, L.T, L.C, L.W),
               "short_conv (GPU): workspace too small");
-  const Args p = make_args(L);
+  Args p = make_args(L);
   float* partial = static_cast<float*>(ctx.workspace);
   auto st = cuda::stream_of(ctx);
-  LINAC_GPU_DISPATCH(a.dtype, T, {
-    auto kernel = p.doc_start ? bwd_kernel<T, true> : bwd_kernel<T, false>;
-    kernel<<<tile_grid(p, L.B), kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
-                                                   ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(),
-                                                   partial, p);
+  const bool four = four_channels(L.C, {{&a, L.a}, {&g, L.g}, {&dz, L.dz}, {&da, L.da}, {&dg, L.dg}});
+  launch_tiles(p, L.B, four, [&](auto v, unsigned grid) {
+    constexpr int V = decltype(v)::value;
+    LINAC_GPU_DISPATCH(a.dtype, T, {
+      auto kernel = p.W <= 4 ? (p.doc_start ? bwd_kernel<T, V, 4, true> : bwd_kernel<T, V, 4, false>)
+                             : (p.doc_start ? bwd_kernel<T, V, kMaxW, true> : bwd_kernel<T, V, kMaxW, false>);
+      kernel<<<grid, kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
+                                        ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(), partial, p);
+    });
   });
-  LINAC_CUDA_LAUNCH_CHECK();
   const dim3 grid(cuda::grid_1d(p.C, 32), static_cast<unsigned>(p.W + 2));
   reduce_partials_kernel<<<grid, dim3(32, kRowGroups), 0, st>>>(partial, L.B * p.tiles, p.W, p.C, dh.data<float>(),
                                                                 ptr_or_null<float>(dba), ptr_or_null<float>(dbg));
@@ -291,11 +409,11 @@ void short_conv_step_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor
   check_f32({&h, &ba, &bg, &state}, "h, the biases and the state");
   if (L.B * L.C == 0) return;
   const Args p = make_args(L);
-  const dim3 grid(static_cast<unsigned>(L.B), cuda::grid_1d(p.C, kThreads));
+  const dim3 grid(static_cast<unsigned>(L.B), cuda::grid_1d(p.C, 128));
   LINAC_GPU_DISPATCH(a.dtype, T, {
-    step_kernel<T><<<grid, kThreads, 0, cuda::stream_of(ctx)>>>(a.data<T>(), g.data<T>(), h.data<float>(),
-                                                                ptr_or_null<float>(ba), ptr_or_null<float>(bg), ptr_or_null<float>(state),
-                                                                z.data<T>(), p);
+    step_kernel<T><<<grid, 128, 0, cuda::stream_of(ctx)>>>(a.data<T>(), g.data<T>(), h.data<float>(),
+                                                           ptr_or_null<float>(ba), ptr_or_null<float>(bg),
+                                                           ptr_or_null<float>(state), z.data<T>(), p);
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -41,8 +41,8 @@
 namespace linac {
 
 constexpr int64_t kShortConvMaxWidth = 8;
-// The GPU kernels give each thread one channel of a run of this many tokens of one sequence.
-constexpr int64_t kShortConvTileTokens = 64;
+// The GPU kernels give each CTA a tile of this many tokens of one sequence.
+constexpr int64_t kShortConvTileTokens = 128;
 
 struct ShortConvOpts {
   bool silu = true;  // act = SiLU; false: identity

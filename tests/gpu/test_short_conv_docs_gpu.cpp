@@ -1,9 +1,10 @@
 // Short gated convolution with document bounds, CUDA vs the CPU reference (double, with the same
 // bounds) on the same rounded inputs, f32 and bf16: forward, backward (da, dg, and dh/dba/dbg
 // accumulated onto nonzero values), a and g as strided views of a fused buffer. Documents of one
-// token and shorter than the filter, starting exactly on the 64-token tile boundaries and just
-// after them (a tile's history then belongs to another document), crossing tiles, a row that is one
-// document; widths 1, 2, 3, 4, 8; C past one block of threads. The bounds must change the result.
+// token and shorter than the filter, starting exactly on the 128-token tile boundaries (and at 64)
+// and just after them (a tile's history then belongs to another document), crossing tiles, a row
+// that is one document; widths 1, 2, 3, 4, 8; C past one CTA's channels, with rows that take four
+// channels per thread (C % 4 == 0) and rows that take one. The bounds must change the result.
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 

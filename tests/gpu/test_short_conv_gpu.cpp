@@ -11,16 +11,23 @@ namespace {
 struct Case {
   int64_t B, T, C, W;
   bool silu, biases;
+  int64_t pad = 5;  // columns after a | g in the fused buffer: 5 leaves rows unaligned (one channel per thread)
 };
 
 std::string name(const Case& c) {
   return "B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) +
-         " W=" + std::to_string(c.W) + (c.silu ? " silu" : " identity") + (c.biases ? "" : " no biases");
+         " W=" + std::to_string(c.W) + (c.silu ? " silu" : " identity") + (c.biases ? "" : " no biases") +
+         " pad=" + std::to_string(c.pad);
 }
 
-// T = 1, short sequences, tiles with ragged ends (kShortConvTileTokens = 64), C past one block of threads.
-const Case kCases[] = {{2, 1, 7, 3, true, true},      {3, 37, 130, 3, true, true}, {2, 200, 300, 4, false, true},
-                       {1, 129, 257, 8, true, false}, {4, 64, 96, 1, true, true},  {2, 300, 2048, 3, true, true}};
+// T = 1, short sequences, tiles with ragged ends (kShortConvTileTokens = 128), C past one CTA's
+// channels and not a multiple of them; unaligned rows (one channel per thread) and, with a pad that
+// keeps every row 4-aligned and C % 4 == 0, four channels per thread.
+const Case kCases[] = {
+    {2, 1, 7, 3, true, true},         {3, 37, 130, 3, true, true},    {2, 200, 300, 4, false, true},
+    {1, 129, 257, 8, true, false},    {4, 64, 96, 1, true, true},     {2, 300, 2048, 3, true, true},
+    {2, 1, 8, 3, true, true, 4},      {3, 37, 132, 3, true, true, 4}, {2, 300, 300, 4, false, true, 8},
+    {1, 129, 256, 8, true, false, 0}, {4, 64, 96, 1, true, true, 4},  {2, 300, 2048, 3, true, true, 0}};
 
 // A [B, T, C] view of columns [col0, col0 + C) of a contiguous [B, T, P] buffer.
 Tensor btc(const Tensor& buf, int64_t col0, int64_t C) {
@@ -48,7 +55,7 @@ struct Inputs {
   OwnedTensor proj, dz, h, ba, bg, dh0, dba0, dbg0;
   explicit Inputs(const Case& cs)
       : c(cs),
-        P(2 * cs.C + 5),
+        P(2 * cs.C + cs.pad),
         proj(test::random_tensor({cs.B, cs.T, P}, DType::F64, 1, -2, 2)),
         dz(test::random_tensor({cs.B, cs.T, cs.C}, DType::F64, 2)),
         h(test::random_tensor({cs.C, cs.W}, DType::F64, 3)),
@@ -129,15 +136,18 @@ TEST(ShortConvGpu, ParityBf16) {
 TEST(ShortConvGpu, BackwardIsDeterministic) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  const Case c{3, 1000, 640, 3, true, true};
-  Inputs in(c);
-  OwnedTensor proj = to(in.proj, Device::CUDA, DType::BF16), dz = to(in.dz, Device::CUDA, DType::BF16);
-  Result r1 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
-  Result r2 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
-  EXPECT_EQ(part(r1.dproj, 0, 2 * c.C), part(r2.dproj, 0, 2 * c.C));  // the pad columns stay NaN
-  EXPECT_EQ(to_doubles(r1.dh), to_doubles(r2.dh));
-  EXPECT_EQ(to_doubles(r1.dba), to_doubles(r2.dba));
-  EXPECT_EQ(to_doubles(r1.dbg), to_doubles(r2.dbg));
+  for (const int64_t pad : {5, 0}) {
+    SCOPED_TRACE("pad=" + std::to_string(pad));
+    const Case c{3, 1000, 640, 3, true, true, pad};
+    Inputs in(c);
+    OwnedTensor proj = to(in.proj, Device::CUDA, DType::BF16), dz = to(in.dz, Device::CUDA, DType::BF16);
+    Result r1 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
+    Result r2 = run(gctx.ctx(), in, proj, dz, DType::BF16, DType::F32);
+    EXPECT_EQ(part(r1.dproj, 0, 2 * c.C), part(r2.dproj, 0, 2 * c.C));  // the pad columns stay NaN
+    EXPECT_EQ(to_doubles(r1.dh), to_doubles(r2.dh));
+    EXPECT_EQ(to_doubles(r1.dba), to_doubles(r2.dba));
+    EXPECT_EQ(to_doubles(r1.dbg), to_doubles(r2.dbg));
+  }
 }
 
 // Token-by-token decode on the GPU (f32 state) against the GPU forward on the same inputs.
@@ -146,7 +156,7 @@ void check_steps(DType act, double tol) {
   const Ctx& ctx = gctx.ctx();
   for (int64_t W : {1, 3, 8}) {
     SCOPED_TRACE("W=" + std::to_string(W));
-    const Case c{3, 13, 200, W, true, true};
+    const Case c{3, 13, 200, W, true, true, 0};
     Inputs in(c);
     OwnedTensor proj = to(in.proj, Device::CUDA, act);
     OwnedTensor h = to(in.h, Device::CUDA, DType::F32), ba = to(in.ba, Device::CUDA, DType::F32),
