@@ -48,6 +48,8 @@ bool dependent_launches_available() {
   return gpu_compute_capability() >= 90;
 }
 
+bool dependent_launches_available(const Ctx& ctx) { return ctx.is_gpu() && dependent_launches_available(); }
+
 #if LINAC_WITH_CUDA
 
 int gpu_count() {

@@ -58,6 +58,8 @@ struct Ctx {
   bool dependent_launches = false;
   bool is_gpu() const { return device == Device::CUDA; }
 };
+// Whether ctx may turn dependent launches on: a GPU context where dependent_launches_available().
+bool dependent_launches_available(const Ctx& ctx);
 
 // Stream-ordered on ctx's stream (what kernels between launches use).
 void gpu_memcpy_async(const Ctx& ctx, void* dst, const void* src, size_t bytes);

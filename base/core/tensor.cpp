@@ -30,7 +30,10 @@ bool Tensor::is_contiguous() const {
 
 std::string Tensor::shape_str() const {
   std::string s = "[";
-  for (int i = 0; i < ndim; ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  for (int i = 0; i < ndim; ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);  // not ("," + to_string): GCC 12 warns falsely (-Wrestrict) on that
+  }
   return s + "]";
 }
 

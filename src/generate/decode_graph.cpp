@@ -15,7 +15,7 @@ void DecodeGraph::pick() {
   LINAC_CHECK(opt_.greedy, "DecodeGraph::pick: greedy decoding only");
   // Right after the step's last kernel, as the step's own launches (Model::decode_step).
   Ctx ctx = model_.env().ctx;
-  ctx.dependent_launches = ctx.is_gpu() && dependent_launches_available();
+  ctx.dependent_launches = dependent_launches_available(ctx);
   greedy_pick(ctx, logits_, tokens_, logprob_);
 }
 

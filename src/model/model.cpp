@@ -526,7 +526,7 @@ void Model::decode_step(DecodeState& st, const Tensor& tokens_t, const Tensor& l
     Ctx& ctx;
     ~DependentLaunches() { ctx.dependent_launches = false; }
   } dependent{env_.ctx};
-  env_.ctx.dependent_launches = env_.ctx.is_gpu() && dependent_launches_available();
+  env_.ctx.dependent_launches = dependent_launches_available(env_.ctx);
   const Ctx& ctx = env_.ctx;
   Tensor x = st.x.tensor(env_.resid, {B, d}), x_next = st.x2.tensor(env_.resid, {B, d});
   Tensor xn = st.xn.tensor(env_.act, {B, d}), rstd = st.rstd.tensor(env_.stat, {B}), y = st.y.tensor(env_.act, {B, d});
