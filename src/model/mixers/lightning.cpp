@@ -24,7 +24,8 @@ struct TnlState final : MixerState {
 std::vector<double> alibi_slopes(int64_t n) {
   auto pow2 = [](int64_t m) {
     std::vector<double> s;
-    for (int64_t h = 0; h < m; ++h) s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(m)));
+    for (int64_t h = 0; h < m; ++h)
+      s.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(m)));
     return s;
   };
   int64_t p = 1;
@@ -41,7 +42,8 @@ std::vector<double> lightning_decay_rates(const std::string& schedule, int64_t h
   const double l = static_cast<double>(layer), L = static_cast<double>(n_layers);
   std::vector<double> s;
   if (schedule == "paper") {
-    for (int64_t h = 0; h < heads; ++h) s.push_back(8.0 * static_cast<double>(h + 1) / static_cast<double>(heads) * (1.0 - l / L));
+    for (int64_t h = 0; h < heads; ++h)
+      s.push_back(8.0 * static_cast<double>(h + 1) / static_cast<double>(heads) * (1.0 - l / L));
     return s;
   }
   // l / (L - 1) runs from 0 (the first layer: the full slopes) to 1 (the last: almost no decay).
@@ -137,16 +139,18 @@ double LightningMixer::flops_per_token(int64_t T) const {
   return 6.0 * (4.0 * E * d + E * d) + 3.0 * static_cast<double>(H_) * (4.0 * Dk * Dv + C * (Dk + Dv));
 }
 
-void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk) {
+void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk,
+                                  const Tensor& positions) {
   silu_fwd(env_.ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
-  if (lrpe_) rotate(qa, qk, B, T, 0, env_.docs);
-}
-
-void LightningMixer::rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64_t T, int64_t pos0,
-                            const DocBounds& docs) {
+  if (!lrpe_) return;
   const Tensor theta = env_.params->master(theta_);
-  lrpe_fwd(env_.ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(qk, B, T, 0, H_, Dk_), pos0, docs);
-  lrpe_fwd(env_.ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(qk, B, T, H_ * Dk_, H_, Dk_), pos0, docs);
+  for (const int64_t half : {0, 1}) {  // queries, then keys
+    const Tensor in = bthd(qa, B, T, half * E_, H_, dh_), out = bthd(qk, B, T, half * H_ * Dk_, H_, Dk_);
+    if (positions.ptr)
+      lrpe_fwd_at(env_.ctx, in, theta, out, positions);
+    else
+      lrpe_fwd(env_.ctx, in, theta, out, 0, env_.docs);
+  }
 }
 
 void LightningMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
@@ -206,10 +210,10 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   if (lrpe_) {
     dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});
     const Tensor theta = ps.master(theta_), dtheta = ps.grad(theta_);
-    lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_),
+    lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_), dtheta,
+             0, env_.docs);
+    lrpe_bwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dqa, B, T, E_, H_, dh_),
              dtheta, 0, env_.docs);
-    lrpe_bwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(dqk, B, T, H_ * Dk_, H_, Dk_),
-             bthd(dqa, B, T, E_, H_, dh_), dtheta, 0, env_.docs);
   }
   silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
 
@@ -244,15 +248,10 @@ void LightningMixer::step(MixerState& state, const Tensor& x_t, const Tensor& ou
   Tensor rstd = env_.scratch->get("lightning.step.rstd", env_.stat, {B});
   Tensor g = env_.scratch->get("lightning.step.g", env_.act, {B, E_});
   matmul(ctx, x2, false, W, true, proj);
-  silu_fwd(ctx, proj.narrow(1, 0, 2 * E_), qa);
   // LRPE at each row's document position, read on the device (env.decode_pos), so that a CUDA graph
   // of this step replays every later one.
-  if (lrpe_) {
-    LINAC_CHECK(env_.decode_pos.ptr, "LightningMixer::step: runs inside Model::decode_step (env.decode_pos)");
-    const Tensor theta = ps.master(theta_);
-    lrpe_fwd_at(ctx, bthd(qa, B, 1, 0, H_, dh_), theta, bthd(qk, B, 1, 0, H_, Dk_), env_.decode_pos);
-    lrpe_fwd_at(ctx, bthd(qa, B, 1, E_, H_, dh_), theta, bthd(qk, B, 1, H_ * Dk_, H_, Dk_), env_.decode_pos);
-  }
+  LINAC_CHECK(!lrpe_ || env_.decode_pos.ptr, "LightningMixer::step: runs inside Model::decode_step (env.decode_pos)");
+  queries_keys(proj, B, 1, qa, qk, env_.decode_pos);
   lightning_step(ctx, bhd(qk, 0, H_, Dk_), bhd(qk, H_ * Dk_, H_, Dk_), bhd(proj, 2 * E_, H_, dh_), decay_, st.S,
                  o.view({B, H_, dh_}));
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);

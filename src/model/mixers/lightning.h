@@ -31,11 +31,11 @@
 namespace linac {
 
 struct LightningMixerOptions {
-  int64_t heads = 0;            // 0: model.n_heads
-  std::string lrpe = "first";   // first | all | none: which layers use LRPE-d
-  std::string decay = "code";   // code | paper: the decay schedule (see above)
-  double norm_eps = 1e-6;       // SRMSNorm over the heads' output
-  int64_t block = 64;           // block length of the CPU's block form
+  int64_t heads = 0;           // 0: model.n_heads
+  std::string lrpe = "first";  // first | all | none: which layers use LRPE-d
+  std::string decay = "code";  // code | paper: the decay schedule (see above)
+  double norm_eps = 1e-6;      // SRMSNorm over the heads' output
+  int64_t block = 64;          // block length of the CPU's block form
   static LightningMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 
@@ -68,18 +68,18 @@ class LightningMixer final : public Mixer {
  private:
   // forward, also writing the final recurrent state into s_final when it is defined.
   void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
-  // Q, K after SiLU into qa [N, 2E] (and LRPE at positions from 0, or from each of env_.docs's
-  // documents, into qk [N, 2 Dk H]) from the [N, >= 2E] projection.
-  void queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk);
-  // LRPE of qa's [B, T] rows into qk at positions pos0.. (restarting at docs' documents).
-  void rotate(const Tensor& qa, const Tensor& qk, int64_t B, int64_t T, int64_t pos0, const DocBounds& docs);
+  // Q, K after SiLU into qa [N, 2E] (and LRPE into qk [N, 2 Dk H]) from the [N, >= 2E]
+  // projection. LRPE's positions: from 0, or from each of env_.docs's documents; with `positions`
+  // ([B] int32 on the device, decoding) row b from positions[b].
+  void queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk,
+                    const Tensor& positions = Tensor());
 
   ModelEnv& env_;
   LightningMixerOptions opt_;
   int64_t d_, H_, dh_, E_, Dk_;
   bool lrpe_;
   int wqkvu_, wo_, theta_ = -1;
-  OwnedTensor decay_;  // [H] rates s_h (stat dtype, on the model's device)
+  OwnedTensor decay_;                     // [H] rates s_h (stat dtype, on the model's device)
   SavedBuf proj_buf_, o_buf_, rstd_buf_;  // proj: [Qr | Kr | V | U], one product with Wqkvu
   int64_t capacity_ = 0;
 };
