@@ -24,7 +24,10 @@ constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
 
 std::string shape_str(const std::vector<uint64_t>& d) {
   std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(d[i]);  // as Tensor::shape_str: ("," + to_string) draws GCC 12's false -Wrestrict
+  }
   return s + "]";
 }
 
