@@ -1,9 +1,14 @@
-// CUDA SimpleRMSNorm, with the optional residual add or output gate (math in srmsnorm.h). Rows of
-// at most kWarpRowMax columns: a warp per row (kMaxThreads / 32 rows per block, a warp reduction,
-// no block barrier); wider rows: a block per row with a fixed-order block reduction. Either
-// reduces (sum of squares forward, sum of y * dy backward) and then makes a second pass over the
-// row, which comes from L1/L2 (rows are at most kSrmsnormMaxDim wide).
+// CUDA SimpleRMSNorm, with the optional residual add or output gate (math in srmsnorm.h).
+// Rows of 128 k <= kWarpRowMax columns whose operand rows all start 4-aligned (every TransNormerLLM
+// width in configs/): a warp per row, lane l holding columns 128 c + 4 l .. 128 c + 4 l + 3 of
+// each chunk c in registers, so each operand row is read once with 8- (bf16) or 16-byte (f32)
+// accesses and written once, after a warp reduction (as kernels/rmsnorm). Other rows of at most
+// kWarpRowMax columns: a warp per row with one element per lane per access; wider rows: a block
+// per row with a fixed-order block reduction. These two reduce (sum of squares forward, sum of
+// y * dy backward) and then make a second pass over the row, which comes from L1/L2.
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 
 #include "common/cuda_common.cuh"
 #include "srmsnorm/srmsnorm.h"
@@ -35,6 +40,92 @@ __device__ __forceinline__ float sum_squares(const TX* __restrict__ xr, const TY
 template <class TY>
 __device__ __forceinline__ float gated(float n, const TY* __restrict__ ur, int64_t j) {
   return ur ? n * cuda::to_float(ur[j]) : n;
+}
+
+// Register rows: up to kMaxChunks chunks of 128 columns; `chunks` is uniform over the grid and the
+// loops are unrolled to kMaxChunks with constant indices, so the row stays in registers.
+constexpr int kMaxChunks = static_cast<int>(kWarpRowMax / 128);
+
+template <class TX, class TY>
+__global__ void __launch_bounds__(kMaxThreads)
+    srmsnorm_fwd_vec_kernel(const TX* __restrict__ x, const TY* __restrict__ add, const TY* __restrict__ u,
+                            TY* __restrict__ y, float* __restrict__ rstd, TX* __restrict__ h, SrmsnormLayout L,
+                            int chunks, float eps) {
+  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= L.N) return;
+  float4 v[kMaxChunks];
+  float ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= chunks) break;
+    const int64_t j = 128 * c + 4 * lane;
+    v[c] = cuda::load4(x + r * L.x + j);
+    if (add) {
+      const float4 a = cuda::load4(add + r * L.add + j);
+      v[c] = make_float4(cuda::rounded<TX>(v[c].x + a.x), cuda::rounded<TX>(v[c].y + a.y),
+                         cuda::rounded<TX>(v[c].z + a.z), cuda::rounded<TX>(v[c].w + a.w));
+      cuda::store4(h + r * L.h + j, v[c]);
+    }
+    ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
+  }
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps);
+  if (lane == 0) rstd[r] = rs;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= chunks) break;
+    const int64_t j = 128 * c + 4 * lane;
+    float4 n = make_float4(v[c].x * rs, v[c].y * rs, v[c].z * rs, v[c].w * rs);
+    if (u) {
+      const float4 g = cuda::load4(u + r * L.u + j);
+      n = make_float4(n.x * g.x, n.y * g.y, n.z * g.z, n.w * g.w);
+    }
+    cuda::store4(y + r * L.y + j, n);
+  }
+}
+
+// x, dy, the gate u and the dx being added to are all loaded before the row's reduction: one
+// memory round trip per row.
+template <class TX, class TDY, class TDX>
+__global__ void __launch_bounds__(kMaxThreads)
+    srmsnorm_bwd_vec_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const float* __restrict__ rstd,
+                            const TDY* __restrict__ dy, TDX* __restrict__ dx, TDX* __restrict__ du, SrmsnormLayout L,
+                            int chunks, bool accumulate) {
+  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= L.N) return;
+  const float rs = rstd[r];
+  float4 n[kMaxChunks], d[kMaxChunks], o[kMaxChunks];  // x * rs, dy, and the dx being added to
+  float dot = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= chunks) break;
+    const int64_t j = 128 * c + 4 * lane;
+    const float4 xv = cuda::load4(x + r * L.x + j);
+    n[c] = make_float4(xv.x * rs, xv.y * rs, xv.z * rs, xv.w * rs);
+    d[c] = cuda::load4(dy + r * L.dy + j);
+    if (accumulate) o[c] = cuda::load4(dx + r * L.dx + j);
+    float4 dn = d[c];
+    if (u) {
+      const float4 g = cuda::load4(u + r * L.u + j);
+      dn = make_float4(dn.x * g.x, dn.y * g.y, dn.z * g.z, dn.w * g.w);
+      if (du)
+        cuda::store4(du + r * L.du + j,
+                     make_float4(d[c].x * n[c].x, d[c].y * n[c].y, d[c].z * n[c].z, d[c].w * n[c].w));
+      d[c] = dn;
+    }
+    dot += n[c].x * dn.x + n[c].y * dn.y + n[c].z * dn.z + n[c].w * dn.w;
+  }
+  const float m = cuda::warp_sum(dot) / static_cast<float>(L.C);
+#pragma unroll
+  for (int c = 0; c < kMaxChunks; ++c) {
+    if (c >= chunks) break;
+    const int64_t j = 128 * c + 4 * lane;
+    float4 g = make_float4(rs * (d[c].x - n[c].x * m), rs * (d[c].y - n[c].y * m), rs * (d[c].z - n[c].z * m),
+                           rs * (d[c].w - n[c].w * m));
+    if (accumulate) g = make_float4(o[c].x + g.x, o[c].y + g.y, o[c].z + g.z, o[c].w + g.w);
+    cuda::store4(dx + r * L.dx + j, g);
+  }
 }
 
 // Warp per row.
@@ -129,6 +220,15 @@ __global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const TDY* __restr
                    accumulate);
 }
 
+// The register-row kernels' chunk count, or 0 where they do not apply: C = 128 k <= kWarpRowMax and
+// every operand's rows (pointer, row stride) 4-aligned.
+int vec_chunks(const SrmsnormLayout& L, std::initializer_list<std::pair<const Tensor*, int64_t>> operands) {
+  if (L.C % 128 != 0 || L.C > kWarpRowMax) return 0;
+  for (const auto& [t, ld] : operands)
+    if (t->ptr && !cuda::rows_vec4(t->ptr, dtype_size(t->dtype), ld)) return 0;
+  return static_cast<int>(L.C / 128);
+}
+
 // Threads per row: enough for one pass over the row, up to kMaxThreads.
 int threads_for(int64_t c) { return static_cast<int>(std::clamp<int64_t>((c + 31) / 32 * 32, 32, kMaxThreads)); }
 
@@ -139,11 +239,15 @@ void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
+  const int chunks = vec_chunks(L, {{&x, L.x}, {&y, L.y}, {&add, L.add}, {&h, L.h}, {&u, L.u}});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
                        const TY* a = ptr_or_null<TY>(add);
                        const TY* g = ptr_or_null<TY>(u);
                        TX* hp = ptr_or_null<TX>(h);
-                       if (L.C <= kWarpRowMax)
+                       if (chunks)
+                         srmsnorm_fwd_vec_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+                             x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, chunks, eps);
+                       else if (L.C <= kWarpRowMax)
                          srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
                              x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, eps);
                        else
@@ -158,16 +262,23 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
-  LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
-    const TDY* g = ptr_or_null<TDY>(u);
-    TDX* dg = ptr_or_null<TDX>(du);
-    if (L.C <= kWarpRowMax)
-      srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-          x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
-    else
-      srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
-          x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
-  })));
+  const int chunks = vec_chunks(L, {{&x, L.x}, {&dy, L.dy}, {&dx, L.dx}, {&u, L.u}, {&du, L.du}});
+  LINAC_GPU_DISPATCH(
+      x.dtype, TX,
+      LINAC_GPU_DISPATCH(
+          dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
+            const TDY* g = ptr_or_null<TDY>(u);
+            TDX* dg = ptr_or_null<TDX>(du);
+            if (chunks)
+              srmsnorm_bwd_vec_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, chunks, accumulate);
+            else if (L.C <= kWarpRowMax)
+              srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
+                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
+            else
+              srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
+                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
+          })));
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,7 +1,10 @@
 // SimpleRMSNorm CUDA vs the CPU reference (double) on column ranges of wider buffers: f32, bf16
 // and the mixed dtypes of the block norm, backward overwriting and accumulating; the gated norm
-// (TransNormerLLM's mixer output) forward and backward.
+// (TransNormerLLM's mixer output) forward and backward. Views starting at column 1 take the
+// scalar kernels; views starting at column 4 of rows a multiple of 4 wide, with C = 128 k <= 1024,
+// the register-row kernels.
 #include <cmath>
+#include <vector>
 
 #include "srmsnorm/srmsnorm.h"
 #include "test_util.h"
@@ -9,7 +12,10 @@
 namespace linac {
 namespace {
 
-constexpr int64_t kPad = 3;  // columns [1, 1 + C) of [N, C + kPad] buffers are the operands
+// The operands are columns [col0, col0 + C) of [N, w] buffers, w = col0 + C + 2 rounded up to 4.
+int64_t buffer_width(int64_t col0, int64_t c) { return (col0 + c + 2 + 3) / 4 * 4; }
+// Columns outside the view that must stay as they were.
+std::vector<int64_t> outside(int64_t col0, int64_t c) { return {col0 - 1, col0 + c, col0 + c + 1}; }
 constexpr float kEps = 1e-6f;
 
 struct Dtypes {
@@ -18,10 +24,11 @@ struct Dtypes {
 
 double tolerance(DType out) { return out == DType::BF16 ? 1e-2 : 1e-5; }
 
-void run_parity(const Dtypes& dt, int64_t c, bool accumulate) {
-  SCOPED_TRACE("C " + std::to_string(c) + (accumulate ? " accumulate" : " overwrite"));
-  const int64_t n = 300, w = c + kPad;
-  auto view = [c](const Tensor& t) { return t.narrow(1, 1, c); };
+void run_parity(const Dtypes& dt, int64_t c, bool accumulate, int64_t col0 = 1) {
+  SCOPED_TRACE("C " + std::to_string(c) + " from column " + std::to_string(col0) +
+               (accumulate ? " accumulate" : " overwrite"));
+  const int64_t n = 300, w = buffer_width(col0, c);
+  auto view = [c, col0](const Tensor& t) { return t.narrow(1, col0, c); };
   GpuContext gctx;
   OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 11, -2, 2), Device::CUDA, dt.x);
   OwnedTensor dyg = to(test::random_tensor({n, w}, DType::F64, 13), Device::CUDA, dt.dy);
@@ -52,7 +59,7 @@ void run_parity(const Dtypes& dt, int64_t c, bool accumulate) {
   EXPECT_LT(test::rel_error(rshg, rsh), 1e-5);
   const std::vector<double> h_all = to_doubles(hg);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t j : {int64_t(0), c + 1, c + 2})
+    for (int64_t j : outside(col0, c))
       ASSERT_TRUE(std::isnan(h_all[static_cast<size_t>(r * w + j)])) << "h written outside its view";
 
   OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
@@ -64,7 +71,7 @@ void run_parity(const Dtypes& dt, int64_t c, bool accumulate) {
   // Columns outside the views are untouched: y's still NaN, dx's as they started.
   const std::vector<double> y_all = to_doubles(yg), dx_all = to_doubles(dxg), dx_ref = to_doubles(dxr);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t j : {int64_t(0), c + 1, c + 2}) {
+    for (int64_t j : outside(col0, c)) {
       const size_t i = static_cast<size_t>(r * w + j);
       ASSERT_TRUE(std::isnan(y_all[i])) << "y written outside its view, row " << r << " column " << j;
       if (accumulate)
@@ -79,6 +86,8 @@ TEST(SrmsnormGpu, ParityF32) {
   const Dtypes f32{DType::F32, DType::F32, DType::F32, DType::F32};
   for (int64_t c : {37, 777, 16384})
     for (bool accumulate : {false, true}) run_parity(f32, c, accumulate);
+  for (int64_t c : {128, 1024})
+    for (bool accumulate : {false, true}) run_parity(f32, c, accumulate, /*col0=*/4);
 }
 
 TEST(SrmsnormGpu, ParityBf16) {
@@ -86,6 +95,7 @@ TEST(SrmsnormGpu, ParityBf16) {
   const Dtypes bf16{DType::BF16, DType::BF16, DType::BF16, DType::BF16};
   for (int64_t c : {777, 2048})
     for (bool accumulate : {false, true}) run_parity(bf16, c, accumulate);
+  for (bool accumulate : {false, true}) run_parity(bf16, 640, accumulate, /*col0=*/4);
 }
 
 TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
@@ -93,16 +103,17 @@ TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
   // The block norm: f32 residual stream in, bf16 activations out; bf16 gradient in, added into the
   // f32 residual gradient.
   run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 777, true);
+  run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 1024, true, /*col0=*/4);
   // The other pairings compile too and are exercised once each.
   run_parity({DType::BF16, DType::F32, DType::F32, DType::BF16}, 333, false);
 }
 
 // y = srmsnorm(x) * u and its backward (dx, du), warp-per-row and block-per-row widths, against
 // the reference on the same rounded inputs; nothing written outside the views.
-void run_gate_parity(DType dt, int64_t c) {
-  SCOPED_TRACE("gate, C " + std::to_string(c));
-  const int64_t n = 257, w = c + kPad;
-  auto view = [c](const Tensor& t) { return t.narrow(1, 1, c); };
+void run_gate_parity(DType dt, int64_t c, int64_t col0 = 1) {
+  SCOPED_TRACE("gate, C " + std::to_string(c) + " from column " + std::to_string(col0));
+  const int64_t n = 257, w = buffer_width(col0, c);
+  auto view = [c, col0](const Tensor& t) { return t.narrow(1, col0, c); };
   GpuContext gctx;
   OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 31, -2, 2), Device::CUDA, dt);
   OwnedTensor ug = to(test::random_tensor({n, w}, DType::F64, 32, -1.5, 1.5), Device::CUDA, dt);
@@ -127,7 +138,7 @@ void run_gate_parity(DType dt, int64_t c) {
   for (const OwnedTensor* t : {&yg, &dxg, &dug}) {
     const std::vector<double> all = to_doubles(*t);
     for (int64_t r = 0; r < n; ++r)
-      for (int64_t j : {int64_t(0), c + 1, c + 2})
+      for (int64_t j : outside(col0, c))
         ASSERT_TRUE(std::isnan(all[static_cast<size_t>(r * w + j)])) << "written outside the view, row " << r;
   }
 }
@@ -136,6 +147,8 @@ TEST(SrmsnormGpu, GateParity) {
   LINAC_SKIP_WITHOUT_GPU();
   for (int64_t c : {37, 1000, 2050}) run_gate_parity(DType::BF16, c);
   run_gate_parity(DType::F32, 777);
+  run_gate_parity(DType::BF16, 1024, /*col0=*/4);
+  run_gate_parity(DType::F32, 384, /*col0=*/4);
 }
 
 }  // namespace
