@@ -45,7 +45,8 @@ BaseConvMixer::BaseConvMixer(ModelEnv& env, const ModelConfig& cfg, int layer, c
   ParamStore& ps = *env.params;
   w_in_ = ps.add({p + "w_in", {2 * E_, d_}, Init::Normal, cfg.init_std, true});
   b_in_ = ps.add({p + "b_in", {2 * E_}, Init::Zeros, 0, false, {}, true});
-  filter_ = ps.add({p + "filter", {E_, W_}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(W_)), true, {}, true});
+  filter_ =
+      ps.add({p + "filter", {E_, W_}, Init::Normal, 1.0 / std::sqrt(3.0 * static_cast<double>(W_)), true, {}, true});
   w_out_ = ps.add({p + "w_out", {d_, E_}, Init::Normal, out_std, true});
   b_out_ = ps.add({p + "b_out", {d_}, Init::Zeros, 0, false, {}, true});
 }
@@ -70,6 +71,7 @@ void BaseConvMixer::reserve(int64_t B, int64_t T) {
   }
   capacity_ = B * T;
   proj_buf_ = env_.saved->take(static_cast<size_t>(capacity_ * 2 * E_) * dtype_size(env_.act));
+  z_buf_ = env_.saved->take(static_cast<size_t>(capacity_ * E_) * dtype_size(env_.act));
   fill_ones(capacity_);
 }
 
@@ -80,7 +82,7 @@ int64_t BaseConvMixer::state_elems(int64_t T) const {
 }
 
 size_t BaseConvMixer::activation_bytes(int64_t B, int64_t T) const {
-  return static_cast<size_t>(B * T * 2 * E_) * dtype_size(env_.act);
+  return static_cast<size_t>(B * T * 3 * E_) * dtype_size(env_.act);
 }
 
 double BaseConvMixer::flops_per_token(int64_t) const {
@@ -108,7 +110,7 @@ void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   Tensor proj = proj_buf_.tensor(env_.act, {N, 2 * E_});
-  Tensor z = env_.scratch->get("conv.z", env_.act, {N, E_});
+  Tensor z = z_buf_.tensor(env_.act, {N, E_});
   const Tensor b_in = ps.master(b_in_);
   matmul(ctx, x.view({N, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_fwd(ctx, btc(proj, B, T, 0, E_), btc(proj, B, T, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
@@ -127,9 +129,7 @@ void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx
   const Tensor b_in = ps.master(b_in_), db_in = ps.grad(b_in_);
   Tensor dy2 = dy.view({N, d_});
 
-  // The gated output again (cheaper than keeping it), for Wout's gradient.
-  Tensor z = env_.scratch->get("conv.z", env_.act, {N, E_});
-  short_conv_fwd(ctx, a, g, ps.master(filter_), b_in.narrow(0, 0, E_), b_in.narrow(0, E_, E_), z.view({B, T, E_}), so);
+  Tensor z = z_buf_.tensor(env_.act, {N, E_});
   matmul(ctx, dy2, true, z, false, ps.grad(w_out_), 1.f, 1.f);
   matmul(ctx, ones_act_.tensor(env_.act, {1, N}), false, dy2, false, ps.grad(b_out_).view({1, d_}), 1.f, 1.f);
   Tensor dz = env_.scratch->get("conv.dz", env_.act, {N, E_});

@@ -8,7 +8,8 @@
 // Init (docs/based.md §1.3): Win ~ N(0, init_std), Wout ~ N(0, init_std / sqrt(2 n_layers)), biases 0;
 // h ~ N(0, 1/sqrt(3 W)): the variance of PyTorch's default depthwise Conv1d init,
 // U(-1/sqrt(W), 1/sqrt(W)) (the parameter store draws normals).
-// Saved for backward: [a|g] [B*T, 2E] (act); the gated output is recomputed in the backward.
+// Saved for backward: [a|g] [B*T, 2E] and the gated output z = act(c) * g [B*T, E] (act), which
+// Wout's gradient needs: keeping it costs E values per token and saves a convolution pass.
 // Documents (mixer.h): no filter tap reads across a document start (the kernel reads the zero
 // padding there, short_conv.h); start_document zeroes a row's decoding state, which is that padding.
 // Decoding: the last W-1 conv inputs per channel (f32 on the GPU), whatever the length. prefill()
@@ -22,8 +23,8 @@
 namespace linac {
 
 struct BaseConvMixerOptions {
-  double expand = 4;         // in_proj width / d_model (both branches together)
-  int64_t kernel_size = 3;   // W
+  double expand = 4;                // in_proj width / d_model (both branches together)
+  int64_t kernel_size = 3;          // W
   std::string activation = "silu";  // of the conv branch: silu | none
   static BaseConvMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
@@ -55,7 +56,7 @@ class BaseConvMixer final : public Mixer {
   BaseConvMixerOptions opt_;
   int64_t d_, E_, W_;
   int w_in_, b_in_, filter_, w_out_, b_out_;
-  SavedBuf proj_buf_;
+  SavedBuf proj_buf_, z_buf_;
   Buffer ones_act_;
   int64_t capacity_ = 0, ones_n_ = 0;
 };
