@@ -4,10 +4,12 @@
 // Layout: X, Y [B, T, H, Dx], Z, out [B, T, H, Dz] (free batch/token strides); states
 // [B*H, N, Dk, Dv] in T, read as [Dx][Dz] or (state_t) [Dz][Dx].
 // Grid (N, B*H, Dz/64), 128 threads: warp w owns the 16 rows 16w.. of the block and a 64-wide
-// slice of out. Per 64-wide slice of Dx the CTA loads X, Y and the state slice and accumulates the
-// scores X Y^T and X St on tensor cores (f32 accumulators); then the scores are masked with the
-// decay in registers, rounded to T into shared memory and multiplied by Z, visiting only the
-// 16-token groups on the causal side of the diagonal.
+// slice of out. Per 64-wide slice of Dx the CTA accumulates the scores X Y^T and X St on tensor
+// cores (f32 accumulators) while the next slice's X, Y and state tiles load into the other of two
+// shared-memory sets (cp.async); the last slice's spare set takes Z, then P. The scores are masked
+// with the decay in registers, rounded to T into shared memory and multiplied by Z, visiting only
+// the 16-token groups on the causal side of the diagonal. In bf16, 6 tiles (55 KB) and at most 128
+// registers keep four CTAs on an SM (f32, for tests, fits two).
 // Documents (lightning.h; the kDocs instantiations): the same mask also zeroes the scores of pairs
 // of two documents, and r[i] of rows outside the state's document. Each thread reads the bounds
 // of its two rows: lower, columns j >= st(t0 + i) - t0 and the state term when st(t0 + i) <
@@ -25,23 +27,20 @@ using sm80::tile_bytes;
 
 template <class T>
 struct PassCfg {
-  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 5 * kTile;  // X, Y, St, P, Z
+  // Two sets of X, Y, St tiles; Z and P take the set the last slice leaves free.
+  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 6 * kTile;
 };
 
 template <class T, bool kUpper, bool kStateT, bool kDocs>
-__global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __restrict__ x, LightningLayout::Strides xs,
-                                                   const T* __restrict__ y, LightningLayout::Strides ys,
-                                                   const T* __restrict__ z, LightningLayout::Strides zs,
-                                                   const T* __restrict__ states, T* __restrict__ out,
-                                                   LightningLayout::Strides os, Args a) {
+__global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
+    pass_kernel(int Dx, int Dz, const T* __restrict__ x, LightningLayout::Strides xs, const T* __restrict__ y,
+                LightningLayout::Strides ys, const T* __restrict__ z, LightningLayout::Strides zs,
+                const T* __restrict__ states, T* __restrict__ out, LightningLayout::Strides os, Args a) {
   using C = PassCfg<T>;
   constexpr int LD = C::LD;
   extern __shared__ __align__(16) unsigned char smem[];
-  T* X = reinterpret_cast<T*>(smem);
-  T* Y = reinterpret_cast<T*>(smem + C::kTile);
-  T* St = reinterpret_cast<T*>(smem + 2 * C::kTile);
-  T* P = reinterpret_cast<T*>(smem + 3 * C::kTile);
-  T* Z = reinterpret_cast<T*>(smem + 4 * C::kTile);
+  // Tile `which` (0: X or Z, 1: Y or P, 2: St) of set i.
+  auto tile = [&](int i, int which) { return reinterpret_cast<T*>(smem + (3 * i + which) * C::kTile); };
   const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
   const int z0 = blockIdx.z * kW, vz = min(kW, Dz - z0);
   const int64_t t0 = static_cast<int64_t>(n) * kC;
@@ -57,24 +56,38 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
     for (int e = 0; e < 4; ++e) sc[nt][e] = acc[nt][e] = 0.f;
   // Lower mask: this warp's rows see keys 0 .. 16w+15 only.
   const int score_tiles = kUpper ? 8 : 2 * (warp + 1);
-  sm80::load_tile<T, kC, kW, 128>(Z, LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
-  for (int d0 = 0; d0 < Dx; d0 += kW) {
+  auto load_slice = [&](int d0, T* Xs, T* Ys, T* Sts) {
     const int vd = min(kW, Dx - d0);
-    sm80::load_tile<T, kC, kW, 128>(X, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
-    sm80::load_tile<T, kC, kW, 128>(Y, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
+    sm80::load_tile<T, kC, kW, 128>(Xs, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
+    sm80::load_tile<T, kC, kW, 128>(Ys, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
     if constexpr (kStateT)
-      sm80::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
+      sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
     else
-      sm80::load_tile<T, kW, kW, 128>(St, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
+      sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
+  };
+  // Slice sl + 1 loads while slice sl multiplies; the last iteration loads Z into the free set.
+  const int ns = cdiv(Dx, kW);
+  load_slice(0, tile(0, 0), tile(0, 1), tile(0, 2));
+  sm80::cp_async_commit();
+  for (int sl = 0; sl < ns; ++sl) {
+    const int nb = (sl + 1) & 1;
+    if (sl + 1 < ns)
+      load_slice((sl + 1) * kW, tile(nb, 0), tile(nb, 1), tile(nb, 2));
+    else
+      sm80::load_tile<T, kC, kW, 128>(tile(nb, 0), LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
     sm80::cp_async_commit();
-    sm80::cp_async_wait<0>();
+    sm80::cp_async_wait<1>();
     __syncthreads();
-    const int ks = cdiv(vd, 16);
-    sm80::warp_mma<T, false, false, 8>(sc, X, LD, m0, 0, Y, LD, 0, 0, ks, score_tiles);
-    sm80::warp_mma<T, false, !kStateT, 8>(acc, X, LD, m0, 0, St, LD, 0, 0, ks);
-    __syncthreads();  // the next slice overwrites X, Y, St
+    const int ks = cdiv(min(kW, Dx - sl * kW), 16);
+    sm80::warp_mma<T, false, false, 8>(sc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 1), LD, 0, 0, ks, score_tiles);
+    sm80::warp_mma<T, false, !kStateT, 8>(acc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 2), LD, 0, 0, ks);
+    __syncthreads();  // the next iteration loads into the other set
   }
-  int bound[2] = {0, 0};  // per row of this thread (hf): the first (lower) or one past the last (upper) column
+  sm80::cp_async_wait<0>();
+  __syncthreads();
+  T* Z = tile(ns & 1, 0);
+  T* P = tile(ns & 1, 1);  // this set's Y was last read before the previous barrier
+  int bound[2] = {0, 0};   // per row of this thread (hf): the first (lower) or one past the last (upper) column
   bool carry[2] = {true, true};
   if constexpr (kDocs) {
 #pragma unroll
@@ -91,8 +104,8 @@ __global__ void __launch_bounds__(128) pass_kernel(int Dx, int Dz, const T* __re
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = f.row(m0, e), j = f.col(0, nt, e);
-      float r = kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f)
-                       : __expf(-s * static_cast<float>(i + 1));
+      float r =
+          kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f) : __expf(-s * static_cast<float>(i + 1));
       const int dist = kUpper ? j - i : i - j;
       bool pair = dist >= 0;
       if constexpr (kDocs) {
