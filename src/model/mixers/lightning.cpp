@@ -116,6 +116,8 @@ void LightningMixer::reserve(int64_t B, int64_t T) {
   proj_buf_ = env_.saved->take(N * 4 * E * act);
   o_buf_ = env_.saved->take(N * E * act);
   rstd_buf_ = env_.saved->take(N * dtype_size(env_.stat));
+  qa_buf_ = env_.saved->take(N * 2 * E * act);
+  g_buf_ = env_.saved->take(N * E * act);
 }
 
 // One Dk x Dh matrix per head.
@@ -126,7 +128,7 @@ int64_t LightningMixer::state_elems(int64_t T) const {
 
 size_t LightningMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
-  return N * (5 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
+  return N * (8 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
 }
 
 double LightningMixer::flops_per_token(int64_t T) const {
@@ -142,6 +144,10 @@ double LightningMixer::flops_per_token(int64_t T) const {
 void LightningMixer::queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk,
                                   const Tensor& positions) {
   silu_fwd(env_.ctx, proj.narrow(1, 0, 2 * E_), qa);  // [SiLU(Qr) | SiLU(Kr)]
+  rotate(B, T, qa, qk, positions);
+}
+
+void LightningMixer::rotate(int64_t B, int64_t T, const Tensor& qa, const Tensor& qk, const Tensor& positions) {
   if (!lrpe_) return;
   const Tensor theta = env_.params->master(theta_);
   for (const int64_t half : {0, 1}) {  // queries, then keys
@@ -165,12 +171,12 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
   Tensor o = o_buf_.tensor(env_.act, {N, E_});
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
   matmul(ctx, x2, false, W, true, proj);
-  Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
+  Tensor qa = qa_buf_.tensor(env_.act, {N, 2 * E_});
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs});
-  Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
+  Tensor g = g_buf_.tensor(env_.act, {N, E_});
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
 }
@@ -185,10 +191,9 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
   const Tensor u = proj.narrow(1, 3 * E_, E_);
 
-  // Output projection and gate: g = SRMSNorm(o) * u again, then the gradients of o and of U (the
-  // last quarter of d[Qr|Kr|V|U]).
-  Tensor g = env_.scratch->get("lightning.g", env_.act, {N, E_});
-  srmsnorm_gate_fwd(ctx, o, u, g, rstd, opt_.norm_eps);
+  // Output projection and gate: the gradients of Wo, of o and of U (the last quarter of
+  // d[Qr|Kr|V|U]).
+  const Tensor g = g_buf_.tensor(env_.act, {N, E_});
   matmul(ctx, dy2, true, g, false, ps.grad(wo_), 1.f, 1.f);
   Tensor dg = env_.scratch->get("lightning.dg", env_.act, {N, E_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dg);
@@ -197,9 +202,9 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   srmsnorm_gate_bwd(ctx, o, u, rstd, dg, d_o, dproj.narrow(1, 3 * E_, E_));
 
   // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
-  Tensor qa = env_.scratch->get("lightning.qa", env_.act, {N, 2 * E_});
-  Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
-  queries_keys(proj, B, T, qa, qk);
+  const Tensor qa = qa_buf_.tensor(env_.act, {N, 2 * E_});
+  const Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
+  rotate(B, T, qa, qk);  // LRPE's output is not kept: the LRPE layer rotates again
   Tensor dqk = env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_});
   env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),

@@ -11,8 +11,9 @@
 // for H not a power of two), lambda = exp(-s): the released code's schedule (`decay: "code"`); the
 // paper's eq. 10, s = 8(h+1)/H (1 - l/L), with `decay: "paper"` (docs/transnormer.md §1.4).
 // Init (released code): Wqkvu, Wo ~ N(0, init_std); theta[h, j] = 10000^(-2 (h dh + j) / E).
-// Saved for backward: [Qr|Kr|V|U] [B*T, 4E] (act, one product with Wqkvu), O [B*T, E] (act), the
-// SRMSNorm rstd [B*T] (f32 on the GPU); SiLU, LRPE and the gated norm are recomputed in the backward.
+// Saved for backward: [Qr|Kr|V|U] [B*T, 4E] (act, one product with Wqkvu), [Q|K] after SiLU
+// [B*T, 2E], O [B*T, E], the gated norm's output [B*T, E] (act) and its rstd [B*T] (f32 on the GPU):
+// 8E values per token, which spares the backward a SiLU and a gated-norm pass; LRPE is recomputed.
 // Documents (mixer.h; docs/transnormer.md §4.5): the lightning kernels restart the state at every
 // document start (also inside a block), LRPE positions restart at 0 there; SRMSNorm, the gate and
 // the channel mixer are per token. start_document zeroes a row's state.
@@ -73,6 +74,8 @@ class LightningMixer final : public Mixer {
   // ([B] int32 on the device, decoding) row b from positions[b].
   void queries_keys(const Tensor& proj, int64_t B, int64_t T, const Tensor& qa, const Tensor& qk,
                     const Tensor& positions = Tensor());
+  // Its LRPE half: qk from qa (nothing without LRPE).
+  void rotate(int64_t B, int64_t T, const Tensor& qa, const Tensor& qk, const Tensor& positions = Tensor());
 
   ModelEnv& env_;
   LightningMixerOptions opt_;
@@ -81,6 +84,7 @@ class LightningMixer final : public Mixer {
   int wqkvu_, wo_, theta_ = -1;
   OwnedTensor decay_;                     // [H] rates s_h (stat dtype, on the model's device)
   SavedBuf proj_buf_, o_buf_, rstd_buf_;  // proj: [Qr | Kr | V | U], one product with Wqkvu
+  SavedBuf qa_buf_, g_buf_;               // [SiLU(Qr) | SiLU(Kr)] and the gated norm's output
   int64_t capacity_ = 0;
 };
 
