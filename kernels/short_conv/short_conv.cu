@@ -21,6 +21,7 @@
 // dh/dba/dbg in a fixed order and writes one row of partial sums per tile to ctx.workspace, and a
 // second kernel adds the tiles of each channel in a fixed order (deterministic, no atomics). The
 // decode step keeps the old inputs in a register window.
+#include "activation/sigmoid.cuh"
 #include "common/cuda_common.cuh"
 #include "short_conv/short_conv.h"
 
@@ -55,13 +56,8 @@ Args make_args(const ShortConvLayout& L) {
   return r;
 }
 
-__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
-__device__ __forceinline__ float activation(float c, bool silu) { return silu ? c * sigmoid(c) : c; }
-__device__ __forceinline__ float activation_grad(float c, bool silu) {
-  if (!silu) return 1.f;
-  const float s = sigmoid(c);
-  return s * (1.f + c * (1.f - s));
-}
+__device__ __forceinline__ float activation(float c, bool silu) { return silu ? c * cuda::sigmoid(c) : c; }
+__device__ __forceinline__ float activation_grad(float c, bool silu) { return silu ? cuda::silu_grad(c) : 1.f; }
 
 // The CTAs of a tile's channel blocks are consecutive, so the CTAs running at once read whole token
 // rows, and the grid is one-dimensional (no 65,535 limit on either count).

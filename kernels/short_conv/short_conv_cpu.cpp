@@ -4,16 +4,12 @@
 #include <cmath>
 #include <vector>
 
+#include "activation/sigmoid.h"
 #include "short_conv/short_conv.h"
 
 namespace linac {
 
 namespace {
-
-template <class F>
-F sigmoid(F x) {
-  return F(1) / (F(1) + std::exp(-x));
-}
 
 template <class F>
 F activation(F c, bool silu) {
@@ -22,9 +18,7 @@ F activation(F c, bool silu) {
 
 template <class F>
 F activation_grad(F c, bool silu) {
-  if (!silu) return F(1);
-  const F s = sigmoid(c);
-  return s * (F(1) + c * (F(1) - s));
+  return silu ? silu_grad(c) : F(1);
 }
 
 // c = sum_j h[j] * window[j] in ascending j (window[W-1] is the current token).
