@@ -267,28 +267,8 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
   }
   if (kHasOut) {
     float d[2] = {1.f, 1.f};
-    if (kMode == kOut) {
-      const int ntd = a.Dv / 8;  // the normaliser column Dv is element 0 (row g) / 2 (row g + 8) of lane q = 0
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        if (nt == ntd) d[0] = acc[nt][0], d[1] = acc[nt][2];
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) d[ri] = __shfl_sync(0xffffffffu, d[ri], lane & ~3) + a.eps;
-      if (f.q == 0)
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          const int r = m0 + f.g + 8 * ri;
-          if (r < rows) den[static_cast<int64_t>(pair) * a.T + t0 + r] = d[ri];
-        }
-    }
-    T* ob = out + b * os.b + t0 * os.t + h * a.Dv;
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-        if (c < a.Dv && r < rows) store2(ob + r * os.t + c, acc[nt][2 * hf] / d[hf], acc[nt][2 * hf + 1] / d[hf]);
-      }
+    if (kMode == kOut) strip_den(acc, a, pair, t0, m0, rows, den, d);
+    store_strip(acc, d, m0, rows, a.Dv, out + b * os.b + t0 * os.t + h * a.Dv, os.t);
   }
 }
 

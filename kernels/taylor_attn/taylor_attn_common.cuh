@@ -83,6 +83,42 @@ __device__ __forceinline__ float feature(const T* x, int fb, int jj) {
   return fb == kF + 1 && jj == 0 ? 1.f : 0.f;
 }
 
+// den of this lane's rows g, g + 8 of the 16-row strip at m0 of o~ (acc): o~[Dv] + eps. Column Dv is
+// element 0 (row g) / 2 (row g + 8) of n-tile Dv / 8 in lane q = 0, shared with the row's lanes;
+// lane q = 0 writes den [pairs, T] for rows < rows.
+template <int NT>
+__device__ __forceinline__ void strip_den(const float (&acc)[NT][4], const Args& a, int pair, int64_t t0, int m0,
+                                          int rows, float* den, float (&d)[2]) {
+  const Frag f;
+  const int ntd = a.Dv / 8, lane = static_cast<int>(threadIdx.x) & 31;
+  d[0] = d[1] = 1.f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    if (nt == ntd) d[0] = acc[nt][0], d[1] = acc[nt][2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) d[ri] = __shfl_sync(0xffffffffu, d[ri], lane & ~3) + a.eps;
+  if (f.q == 0)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = m0 + f.g + 8 * ri;
+      if (r < rows) den[static_cast<int64_t>(pair) * a.T + t0 + r] = d[ri];
+    }
+}
+
+// The strip's first Dv columns divided by d (per row g, g + 8) into out (row stride ot), rows < rows.
+template <class T, int NT>
+__device__ __forceinline__ void store_strip(const float (&acc)[NT][4], const float (&d)[2], int m0, int rows, int Dv,
+                                            T* out, int64_t ot) {
+  const Frag f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+      if (c < Dv && r < rows) store2(out + r * ot + c, acc[nt][2 * hf] / d[hf], acc[nt][2 * hf + 1] / d[hf]);
+    }
+}
+
 // All NT threads copy `rows` x `cols` (multiple of 16 bytes) from src (row stride `stride`) into
 // dst (row length ld).
 template <class T, int NT>
@@ -110,10 +146,21 @@ void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, c
 // sum of phi(X)^T Y over the chunks of n's segment before n (forward) or after n (reverse); x = k^ or
 // q^, y = v~ or g~; then the carry of every segment (the state its first chunk starts from) goes
 // to w.carry, and the whole sum to s_final (forward only, may be null: the exported layout
-// [pairs, 273, Dv + 1] f32). The exclusive state of chunk n is states[n] + carry[segment of n].
+// [pairs, 273, Dv + 1] f32). The exclusive state of chunk n is states[n] + carry[segment of n]; with
+// one segment and no s_final the carries are not formed (nothing reads them).
 template <class T>
 void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x, const T* y, const Workspace<T>& w,
                  float* s_final);
+
+// carry: segment totals in `carry` -> each segment's starting state (exclusive prefix over the
+// segments in scan order); forward: the whole sum to s_final (may be null).
+void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* carry, float* s_final);
+
+// The fused forward (taylor_attn_fwd_fused.cu): scan and output in one kernel, for bf16, Dv <= 64 and
+// no document bounds (fwd_fused_applies); it groups pairs by its own workspace (the carries only).
+bool fwd_fused_applies(const Args& a, DType act);
+void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+               bf16_t* o, float* den, float* s_final);
 
 // The per-chunk kernel's modes (taylor_attn_chunk.cu), with states = the exclusive states:
 //   kOut    out = o (= o~ / den, den = o~[Dv] + eps written to den [pairs, T]),

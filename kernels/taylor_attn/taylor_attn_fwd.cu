@@ -17,7 +17,8 @@
 //   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 // With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
-// and masks of taylor_attn_common.cuh); prep is the same.
+// and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 without
+// bounds runs the fused kernel of taylor_attn_fwd_fused.cu instead of these three launches.
 #include <algorithm>
 #include <type_traits>
 
@@ -238,10 +239,16 @@ void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x,
   const dim3 grid(kBlocks / kScanWarps, static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
   kernel<<<grid, 32 * kScanWarps, bytes, cuda::stream_of(ctx)>>>(a, x, y, w.S, w.carry);
   LINAC_CUDA_LAUNCH_CHECK();
-  const dim3 cgrid(static_cast<unsigned>(cdiv(kRows * a.DvP / 4, 128)), static_cast<unsigned>(P));
-  auto carry = reverse ? (docs ? carry_kernel<true, true> : carry_kernel<true, false>)
-                       : (docs ? carry_kernel<false, true> : carry_kernel<false, false>);
-  carry<<<cgrid, 128, 0, cuda::stream_of(ctx)>>>(a, w.carry, s_final);
+  // With one segment the chunk kernels add no carry: only the final state needs the pass.
+  if (a.nseg > 1 || s_final) launch_carry(ctx, a, P, reverse, w.carry, s_final);
+}
+
+void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* carry, float* s_final) {
+  const bool docs = a.doc_start != nullptr;
+  const dim3 grid(static_cast<unsigned>(cdiv(kRows * a.DvP / 4, 128)), static_cast<unsigned>(P));
+  auto kernel = reverse ? (docs ? carry_kernel<true, true> : carry_kernel<true, false>)
+                        : (docs ? carry_kernel<false, true> : carry_kernel<false, false>);
+  kernel<<<grid, 128, 0, cuda::stream_of(ctx)>>>(a, carry, s_final);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -325,6 +332,11 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
   check_rows16(k, L.k, "k");
   check_rows16(v, L.v, "v");
   check_rows16(o, L.o, "o");
+  float* sf = s_final.defined() ? s_final.data<float>() : nullptr;
+  if (fwd_fused_applies(a, q.dtype)) {
+    fwd_fused(ctx, L, a, q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(), o.data<bf16_t>(), den.data<float>(), sf);
+    return;
+  }
   const int per = group_size(ctx, L, q.dtype);
   for (int64_t p0 = 0; p0 < L.B * L.H; p0 += per) {
     const int P = static_cast<int>(std::min<int64_t>(per, L.B * L.H - p0));
@@ -332,7 +344,7 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
     LINAC_GPU_DISPATCH(q.dtype, T, {
       const Workspace<T> w = carve<T>(ctx, a, P);
       launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, false);
-      launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, s_final.defined() ? s_final.data<float>() : nullptr);
+      launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, sf);
       launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(), nullptr,
                       {});
     });

@@ -126,5 +126,34 @@ TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
   }
 }
 
+// One document per row is the stream. Without bounds the bf16 forward at Dv <= 64 is the fused
+// kernel (taylor_attn_fwd_fused.cu); with them it is the prep + scan + chunk launches. Both sum in
+// the same order, so with one scan segment (T <= 2048) o, den and the final state are the same bits;
+// with more the carries enter in another order, so they agree to rounding.
+TEST(TaylorAttnDocsGpu, OneDocumentIsTheStream) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case cases[] = {
+      {2, 64, {{1000}, {1000}}}, {3, 48, {{2048}}}, {1, 16, {{130}, {130}, {130}}}, {2, 64, {{2500}, {2500}}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name(c));
+    const Inputs in(c, 9);
+    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, DType::BF16), dout_g = to(in.dout, Device::CUDA, DType::BF16);
+    const Result docs = run(gctx.ctx(), c, qkv_g, dout_g, DType::BF16, DType::F32, test::doc_view(in.bounds_g));
+    const Result stream = run(gctx.ctx(), c, qkv_g, dout_g, DType::BF16, DType::F32, DocBounds{});
+    if (in.T <= 2048) {
+      EXPECT_TRUE(test::same_bits(docs.o, stream.o)) << "o";
+      EXPECT_TRUE(test::same_bits(docs.den, stream.den)) << "den";
+      EXPECT_TRUE(test::same_bits(docs.sf, stream.sf)) << "final state";
+    } else {
+      EXPECT_LT(test::rel_error(docs.o, stream.o), 1e-2) << "o";
+      EXPECT_LT(test::rel_error(docs.den, stream.den), 1e-2) << "den";
+      EXPECT_LT(test::rel_error(docs.sf, stream.sf), 1e-5) << "final state";
+    }
+    const int64_t n = c.H * (2 * kF + c.Dv);  // the q|k|v columns (the pad stays poisoned)
+    EXPECT_LT(test::rel_error(test::columns(docs.dqkv, 0, n), test::columns(stream.dqkv, 0, n)), 2e-2) << "dq, dk, dv";
+  }
+}
+
 }  // namespace
 }  // namespace linac
