@@ -46,7 +46,7 @@
 // GPU limits: F = 16, chunk 64, Dv a multiple of 16 up to 128, any T and B*H, rows of the
 // activation tensors 16-byte aligned; scratch from ctx.workspace (the entry points run the
 // (batch, head) pairs in groups that fit). Feature tiles (phi padded to 288 rows) only ever live
-// in shared memory.
+// on chip (shared memory or registers).
 //
 // Decode step (recurrent form for one token): q, k [B, H, F], v, o [B, H, Dv] (last two dims
 // contiguous, free batch stride), state [B, H, R, Dv + 1] contiguous, zero-initialised by the
