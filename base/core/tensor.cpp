@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/dims_text.h"
+
 namespace linac {
 
 Tensor::Tensor(void* p, DType dt, Device dev, const std::vector<int64_t>& dims)
@@ -28,14 +30,7 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
-std::string Tensor::shape_str() const {
-  std::string s = "[";
-  for (int i = 0; i < ndim; ++i) {
-    if (i) s += ',';
-    s += std::to_string(shape[i]);  // not ("," + to_string): GCC 12 warns falsely (-Wrestrict) on that
-  }
-  return s + "]";
-}
+std::string Tensor::shape_str() const { return dims_text(shape.data(), static_cast<size_t>(ndim)); }
 
 Tensor Tensor::view(const std::vector<int64_t>& dims) const {
   LINAC_CHECK(is_contiguous(), "view of a non-contiguous tensor");

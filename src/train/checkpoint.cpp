@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/dims_text.h"
 #include "core/error.h"
 #include "data/hdf5_util.h"
 #include "train/checkpoint_file.h"
@@ -19,12 +20,6 @@ namespace fs = std::filesystem;
 namespace linac {
 
 namespace {
-
-std::string shape_str(const std::vector<uint64_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
-  return s + "]";
-}
 
 uint64_t numel_of(const std::vector<uint64_t>& dims) {
   uint64_t n = 1;
@@ -150,8 +145,9 @@ void CheckpointReader::load_params(ParamStore& params, bool with_optimizer) cons
     if (it == tensors_.end()) throw UserError(path_ + ": checkpoint has no '" + name + "'");
     const std::vector<uint64_t> want(dims.begin(), dims.end());
     if (it->second.dims != want)
-      throw UserError(path_ + ": '" + name + "' has shape " + shape_str(it->second.dims) + " but the model expects " +
-                      shape_str(want) + " (the checkpoint was made for a different model config)");
+      throw UserError(path_ + ": '" + name + "' has shape " +
+                      dims_text(it->second.dims.data(), it->second.dims.size()) + " but the model expects " +
+                      dims_text(want.data(), want.size()) + " (the checkpoint was made for a different model config)");
     if (whole) {
       whole(read_tensor(name));
       return;

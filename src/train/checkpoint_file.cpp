@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/dims_text.h"
 #include "core/error.h"
 #include "data/hdf5_util.h"
 #include "train/content_hash.h"
@@ -22,22 +23,14 @@ const char* const kStateAttrs[] = {"format_version", "step", "updates", "tokens_
 // Bytes per pwrite of a tensor's values.
 constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
 
-std::string shape_str(const std::vector<uint64_t>& d) {
-  std::string s = "[";
-  for (size_t i = 0; i < d.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(d[i]);  // as Tensor::shape_str: ("," + to_string) draws GCC 12's false -Wrestrict
-  }
-  return s + "]";
-}
-
 // What the root's content_hash covers: the /state attributes, then each dataset's path, shape
 // and hash in path order.
 uint64_t manifest_hash(const std::vector<int64_t>& state_attrs, const std::map<std::string, std::vector<uint64_t>>& dims,
                        const std::map<std::string, uint64_t>& hashes) {
   std::string m;
   for (size_t i = 0; i < state_attrs.size(); ++i) m += std::string(kStateAttrs[i]) + "=" + std::to_string(state_attrs[i]) + "\n";
-  for (const auto& [path, h] : hashes) m += path + " " + shape_str(dims.at(path)) + " " + std::to_string(h) + "\n";
+  for (const auto& [path, h] : hashes)
+    m += path + " " + dims_text(dims.at(path).data(), dims.at(path).size()) + " " + std::to_string(h) + "\n";
   return content_hash(m);
 }
 
