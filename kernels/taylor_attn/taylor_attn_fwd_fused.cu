@@ -74,9 +74,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto state_buf = [&](int step) { return reinterpret_cast<bf16_t*>(smem + L::s + (step & 1) * L::s_bytes); };
   auto barrier = [] { sm90::named_barrier_sync(1, kThreads); };
 
-  // v~'s padding columns Dv + 1 .. DvP - 1 stay zero in every stage; column Dv is set per chunk.
-  for (int idx = tid; idx < kStages * kC * 16; idx += kThreads)
-    tile(idx / (kC * 16), L::v)[(idx / 16) % kC * L::ldv + Dv + idx % 16] = bf16_t(0.f);
+  // v~'s padding columns Dv + 1 .. DvP - 1 stay zero in every stage. Column Dv is issue()'s alone:
+  // a zero written here by another thread before the first barrier could land after its 1.
+  for (int idx = tid; idx < kStages * kC * 15; idx += kThreads)
+    tile(idx / (kC * 15), L::v)[(idx / 15) % kC * L::ldv + Dv + 1 + idx % 15] = bf16_t(0.f);
   // Chunk `step` of the segment into stage step % kStages: q and k rows are two 16-byte pieces,
   // v rows Dv / 8; rows past T read as zero (v~'s "1" too). A group per step, empty past the end.
   auto issue = [&](int step) {
