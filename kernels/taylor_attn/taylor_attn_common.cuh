@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "common/mma_sm80.cuh"
 #include "taylor_attn/taylor_attn.h"
@@ -133,6 +134,8 @@ __device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, int64_t 
 
 // Pairs per group that fit in ctx.workspace (UserError when not even one does), and the carve.
 int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act);
+// The same for any workspace need: bytes(P) for P pairs, nondecreasing in P.
+int balanced_group(const Ctx& ctx, const TaylorAttnLayout& L, const std::function<size_t(int64_t)>& bytes);
 template <class T>
 Workspace<T> carve(const Ctx& ctx, const Args& a, int P);
 Args make_args(const TaylorAttnLayout& L);

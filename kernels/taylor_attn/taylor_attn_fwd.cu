@@ -282,14 +282,18 @@ void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const cha
 }
 
 int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act) {
-  const size_t per = taylor_attn_workspace_bytes(1, L.T, 1, L.F, L.Dv, act);
+  return balanced_group(ctx, L, [&](int64_t P) { return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act); });
+}
+
+int balanced_group(const Ctx& ctx, const TaylorAttnLayout& L, const std::function<size_t(int64_t)>& bytes) {
+  const size_t per = bytes(1);
   if (per > ctx.workspace_bytes)
     throw UserError("taylor_attn: one (batch, head) pair of " + std::to_string(L.T) + " tokens needs " +
                     std::to_string((per >> 20) + 1) + " MiB of GPU workspace, more than the " +
                     std::to_string(ctx.workspace_bytes >> 20) + " MiB there are; set LINAC_WORKSPACE_MB");
   const int64_t BH = L.B * L.H;
-  int64_t P = std::min<int64_t>(BH, static_cast<int64_t>(ctx.workspace_bytes / per));
-  while (P > 1 && taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act) > ctx.workspace_bytes) --P;
+  int64_t P = per ? std::min<int64_t>(BH, static_cast<int64_t>(ctx.workspace_bytes / per)) : BH;
+  while (P > 1 && bytes(P) > ctx.workspace_bytes) --P;
   const int64_t groups = (BH + P - 1) / P;  // balanced, so no group is a small remainder
   return static_cast<int>((BH + groups - 1) / groups);
 }

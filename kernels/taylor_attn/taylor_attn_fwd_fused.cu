@@ -19,7 +19,6 @@
 // to the carry buffer, the forward carry kernel turns the sums into the segments' starting states
 // and the final state, and the output launch starts each segment's accumulators from its carry.
 #include <algorithm>
-#include <string>
 
 #include "common/sm90.cuh"
 #include "taylor_attn/taylor_attn_common.cuh"
@@ -67,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   using L = Smem;
   const int pl = blockIdx.x, seg = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, Dv = a.Dv, DvP = a.DvP, ntv = DvP / 8;
+  const int tid = threadIdx.x, warp = tid >> 5, Dv = a.Dv, DvP = a.DvP, ntv = DvP / 8;
   const int c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);
   const Frag f;
   auto tile = [&](int s, int off) { return reinterpret_cast<bf16_t*>(smem + s * L::stage + off); };
@@ -289,13 +288,7 @@ void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* 
                bf16_t* o, float* den, float* s_final) {
   // Workspace: the f32 segment carries only, none with one segment.
   const size_t per = a.nseg > 1 ? static_cast<size_t>(a.nseg) * kRows * a.DvP * 4 : 0;
-  const int64_t BH = L.B * L.H;
-  if (per > ctx.workspace_bytes)
-    throw UserError("taylor_attn: one (batch, head) pair of " + std::to_string(L.T) + " tokens needs " +
-                    std::to_string((per >> 20) + 1) + " MiB of GPU workspace, more than the " +
-                    std::to_string(ctx.workspace_bytes >> 20) + " MiB there are; set LINAC_WORKSPACE_MB");
-  const int64_t cap = per ? std::min<int64_t>(BH, static_cast<int64_t>(ctx.workspace_bytes / per)) : BH;
-  const int64_t groups = (BH + cap - 1) / cap, size = (BH + groups - 1) / groups;
+  const int64_t BH = L.B * L.H, size = balanced_group(ctx, L, [&](int64_t P) { return P * per; });
   float* carry = static_cast<float*>(ctx.workspace);
   for (int64_t p0 = 0; p0 < BH; p0 += size) {
     const int P = static_cast<int>(std::min(size, BH - p0));
