@@ -103,6 +103,25 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Fragments of one 16 x 16 tile, for kernels that schedule their own mmas: A at (m0, k0) of A stored
+// [m][k] (a0..a3 as mma_bf16 takes them); B at (k0, n0) of B stored [k][n] or [n][k] (b0, b1: n-tile
+// n0, b2, b3: n-tile n0 + 8).
+template <class T>
+__device__ __forceinline__ void ldsm_a_mk(const T* A, int lda, int m0, int k0, uint32_t (&a)[4]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  ldsm_x4(A + (m0 + (lane & 15)) * lda + k0 + (lane >> 4) * 8, a);
+}
+template <class T>
+__device__ __forceinline__ void ldsm_b_kn(const T* B, int ldb, int k0, int n0, uint32_t (&b)[4]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  ldsm_x4_trans(B + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8, b);
+}
+template <class T>
+__device__ __forceinline__ void ldsm_b_nk(const T* B, int ldb, int k0, int n0, uint32_t (&b)[4]) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  ldsm_x4(B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + k0 + ((lane >> 3) & 1) * 8, b);
+}
+
 // acc[nt] += A[am0 .. am0+15][ak0 + 16 ks ..] * B[bk0 + 16 ks ..][bn0 + 8 nt ..] for ks < ksteps and
 // nt < nt_valid (even; NT even). kAKM: A stored [k][m] (element (m,k) at A[k*lda + m]), else [m][k].
 // kBKN: B stored [k][n] (element (k,n) at B[k*ldb + n]), else [n][k]. All 32 lanes take part.
@@ -119,7 +138,7 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* A, int ld
         const int j = lane >> 3;
         ldsm_x4_trans(A + (ka + (lane & 7) + (j >> 1) * 8) * lda + am0 + (j & 1) * 8, a);
       } else {
-        ldsm_x4(A + (am0 + (lane & 15)) * lda + ka + (lane >> 4) * 8, a);
+        ldsm_a_mk(A, lda, am0, ka, a);
       }
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
@@ -127,9 +146,9 @@ __device__ __forceinline__ void warp_mma(float (&acc)[NT][4], const T* A, int ld
         const int n0 = bn0 + 16 * np;
         uint32_t b[4];
         if constexpr (kBKN)
-          ldsm_x4_trans(B + (kb + (lane & 7) + ((lane >> 3) & 1) * 8) * ldb + n0 + (lane >> 4) * 8, b);
+          ldsm_b_kn(B, ldb, kb, n0, b);
         else
-          ldsm_x4(B + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ldb + kb + ((lane >> 3) & 1) * 8, b);
+          ldsm_b_nk(B, ldb, kb, n0, b);
         mma_bf16(acc[2 * np], a, b[0], b[1]);
         mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
       }

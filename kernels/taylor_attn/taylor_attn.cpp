@@ -139,16 +139,20 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
                                               o.data<Fl>()));
 }
 
-size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act) {
+size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
   constexpr int64_t C = 64;  // the GPU chunk
   const int64_t N = (T + C - 1) / C, P = B * H, rows = F * F + 2 * F, W = Dv + 16;
-  const size_t e = dtype_size(act);
+  const int64_t e = static_cast<int64_t>(dtype_size(act));
   auto align = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
   const int64_t nseg = (N + 31) / 32;  // kSegChunks
-  // q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; f32 segment carries
-  // [P, nseg, F*F+2F, Dv+16] (the carve in taylor_attn_fwd.cu).
-  return 2 * align(P * N * C * F * static_cast<int64_t>(e)) + 2 * align(P * N * C * W * static_cast<int64_t>(e)) +
-         align(P * N * rows * W * static_cast<int64_t>(e)) + align(P * nseg * rows * W * 4);
+  // Fused (bwd_fused in taylor_attn_fused.cu): g~ [P, N*C, Dv+16], then f32 segment carries
+  // [P, nseg, F*F+2F, Dv+16] when there is more than one segment.
+  if (act == DType::BF16 && !docs && Dv <= 64)
+    return align(P * N * C * W * e) + static_cast<size_t>(nseg > 1 ? P * nseg * rows * W * 4 : 0);
+  // Launches: q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries
+  // (the carve in taylor_attn_fwd.cu).
+  return 2 * align(P * N * C * F * e) + 2 * align(P * N * C * W * e) + align(P * N * rows * W * e) +
+         align(P * nseg * rows * W * 4);
 }
 
 }  // namespace linac

@@ -144,8 +144,11 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
                       const Tensor& o, double eps = 1e-12);
 
 // GPU scratch (ctx.workspace) that B x H (batch, head) pairs of T tokens need to run in one group
-// (the backward; the forward needs less); `act` is the dtype of q/k/v. With less workspace the
-// entry points run the pairs in groups that fit (at least one pair must).
-size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16);
+// (the backward; the forward needs less); `act` is the dtype of q/k/v and `docs` whether document
+// bounds are given: both pick the kernels (bf16 at Dv <= 64 without bounds runs the fused ones,
+// which keep only g~ and the segment carries). With less workspace the entry points run the pairs
+// in groups that fit (at least one pair must).
+size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16,
+                                   bool docs = false);
 
 }  // namespace linac

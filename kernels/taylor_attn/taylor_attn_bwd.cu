@@ -6,7 +6,8 @@
 //   scan    reverse: R_n = sum over later chunks of phi(q^)^T g~ (into the same buffer)
 //   chunk   kGradK: dk from R_n v~ plus dU^T Q^, and dv = phi(k^) R_n + triu(kappa(U))^T g~
 // Documents: both scans restart where a document starts and every chunk masks by document
-// (taylor_attn.h), so dS flows only within a document.
+// (taylor_attn.h), so dS flows only within a document. The bf16 backward at Dv <= 64 without
+// bounds runs the fused sweeps of taylor_attn_fused.cu instead (scan and chunk in one kernel each).
 #include <algorithm>
 
 #include "taylor_attn/taylor_attn_common.cuh"
@@ -30,6 +31,11 @@ void taylor_attn_bwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
   check_rows16(dq, L.dq, "dq");
   check_rows16(dk, L.dk, "dk");
   check_rows16(dv, L.dv, "dv");
+  if (fused_applies(a, q.dtype)) {
+    bwd_fused(ctx, L, a, q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(), o.data<bf16_t>(), den.data<float>(),
+              dout.data<bf16_t>(), dq.data<bf16_t>(), dk.data<bf16_t>(), dv.data<bf16_t>());
+    return;
+  }
   const int per = group_size(ctx, L, q.dtype);
   for (int64_t p0 = 0; p0 < L.B * L.H; p0 += per) {
     const int P = static_cast<int>(std::min<int64_t>(per, L.B * L.H - p0));
@@ -37,7 +43,7 @@ void taylor_attn_bwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
     LINAC_GPU_DISPATCH(q.dtype, T, {
       const Workspace<T> w = carve<T>(ctx, a, P);
       launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), dout.data<T>(),
-                     den.data<float>(), w, true);
+                     den.data<float>(), w, kPrepQKV | kPrepG);
       launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, nullptr);
       launch_chunk<T>(ctx, a, P, kGradQ, w.xq, w.xk, w.gt, w.vt, w.S, w.carry, nullptr, {}, nullptr, dq.data<T>(),
                       a.dq);

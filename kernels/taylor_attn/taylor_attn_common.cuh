@@ -141,10 +141,12 @@ Workspace<T> carve(const Ctx& ctx, const Args& a, int P);
 Args make_args(const TaylorAttnLayout& L);
 void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const char* name);
 
-// prep: q^, k^, v~ and (grad) g~ of P pairs into the workspace. o, dout, den only with grad.
+// prep: q^, k^, v~ (kPrepQKV) and g~ (kPrepG) of P pairs into the workspace; q, k, v only with
+// kPrepQKV, o, dout, den only with kPrepG.
+enum PrepParts : int { kPrepQKV = 1, kPrepG = 2 };
 template <class T>
 void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, const T* v, const T* o,
-                 const T* dout, const float* den, const Workspace<T>& w, bool grad);
+                 const T* dout, const float* den, const Workspace<T>& w, int parts);
 // scan: the sequence is cut into segments of kSegChunks chunks that run in parallel. states[n] =
 // sum of phi(X)^T Y over the chunks of n's segment before n (forward) or after n (reverse); x = k^ or
 // q^, y = v~ or g~; then the carry of every segment (the state its first chunk starts from) goes
@@ -159,11 +161,14 @@ void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x,
 // segments in scan order); forward: the whole sum to s_final (may be null).
 void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* carry, float* s_final);
 
-// The fused forward (taylor_attn_fwd_fused.cu): scan and output in one kernel, for bf16, Dv <= 64 and
-// no document bounds (fwd_fused_applies); it groups pairs by its own workspace (the carries only).
-bool fwd_fused_applies(const Args& a, DType act);
+// The fused kernels (taylor_attn_fused.cu): scan and per-chunk products in one pass, for bf16, Dv <= 64
+// and no document bounds (fused_applies). The forward is one pass, the backward a g~ prep and two
+// (dq; dk and dv); both group pairs by their own workspace (the carries, and g~ for the backward).
+bool fused_applies(const Args& a, DType act);
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                bf16_t* o, float* den, float* s_final);
+void bwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+               const bf16_t* o, const float* den, const bf16_t* dout, bf16_t* dq, bf16_t* dk, bf16_t* dv);
 
 // The per-chunk kernel's modes (taylor_attn_chunk.cu), with states = the exclusive states:
 //   kOut    out = o (= o~ / den, den = o~[Dv] + eps written to den [pairs, T]),

@@ -18,7 +18,7 @@
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 // With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
 // and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 without
-// bounds runs the fused kernel of taylor_attn_fwd_fused.cu instead of these three launches.
+// bounds runs the fused kernel of taylor_attn_fused.cu instead of these three launches.
 #include <algorithm>
 #include <type_traits>
 
@@ -36,7 +36,7 @@ template <class T>
 __global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__ q, const T* __restrict__ k,
                                                    const T* __restrict__ v, const T* __restrict__ o,
                                                    const T* __restrict__ dout, const float* __restrict__ den,
-                                                   Workspace<T> w, bool grad) {
+                                                   Workspace<T> w, int parts) {
   using linac::cuda::load4;
   using linac::cuda::store4;
   const int n = blockIdx.x, pl = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
@@ -45,19 +45,19 @@ __global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__
   const float scale = 0.5f;  // F^(-1/4) at F = 16
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f), one = make_float4(1.f, 0.f, 0.f, 0.f);
   auto scaled = [&](float4 x) { return make_float4(scale * x.x, scale * x.y, scale * x.z, scale * x.w); };
-  for (int idx = tid; idx < kC * kF / 4; idx += 128) {
+  for (int idx = tid; idx < (parts & kPrepQKV ? kC * kF / 4 : 0); idx += 128) {
     const int r = idx / (kF / 4), i = 4 * (idx % (kF / 4));
     const bool ok = r < rows;
     store4(w.xq + r0 * kF + 4 * idx, ok ? scaled(load4(q + b * a.q.b + (t0 + r) * a.q.t + h * kF + i)) : zero);
     store4(w.xk + r0 * kF + 4 * idx, ok ? scaled(load4(k + b * a.k.b + (t0 + r) * a.k.t + h * kF + i)) : zero);
   }
-  for (int idx = tid; idx < kC * DvP / 4; idx += 128) {
+  for (int idx = tid; idx < (parts & kPrepQKV ? kC * DvP / 4 : 0); idx += 128) {
     const int r = idx / (DvP / 4), j = 4 * (idx % (DvP / 4));
     float4 val = zero;
     if (r < rows) val = j < Dv ? load4(v + b * a.v.b + (t0 + r) * a.v.t + h * Dv + j) : j == Dv ? one : zero;
     store4(w.vt + r0 * DvP + 4 * idx, val);
   }
-  if (!grad) return;
+  if (!(parts & kPrepG)) return;
   // g~: a warp per row (fixed-order dot product dout . o).
   const int warp = tid >> 5, lane = tid & 31;
   for (int r = warp; r < kC; r += 4) {
@@ -216,9 +216,9 @@ void set_smem(K kernel, int bytes) {
 
 template <class T>
 void launch_prep(const Ctx& ctx, const Args& a, int P, const T* q, const T* k, const T* v, const T* o,
-                 const T* dout, const float* den, const Workspace<T>& w, bool grad) {
+                 const T* dout, const float* den, const Workspace<T>& w, int parts) {
   prep_kernel<T><<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(P)), 128, 0, cuda::stream_of(ctx)>>>(
-      a, q, k, v, o, dout, den, w, grad);
+      a, q, k, v, o, dout, den, w, parts);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -254,7 +254,7 @@ void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* car
 
 #define LINAC_TAYLOR_LAUNCHERS(T)                                                                                    \
   template void launch_prep<T>(const Ctx&, const Args&, int, const T*, const T*, const T*, const T*, const T*,     \
-                               const float*, const Workspace<T>&, bool);                                           \
+                               const float*, const Workspace<T>&, int);                                            \
   template void launch_scan<T>(const Ctx&, const Args&, int, bool, const T*, const T*, const Workspace<T>&, float*);
 LINAC_TAYLOR_LAUNCHERS(float)
 LINAC_TAYLOR_LAUNCHERS(bf16_t)
@@ -282,7 +282,9 @@ void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const cha
 }
 
 int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act) {
-  return balanced_group(ctx, L, [&](int64_t P) { return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act); });
+  // The launches' need: what the call with document bounds takes.
+  return balanced_group(ctx, L,
+                        [&](int64_t P) { return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act, true); });
 }
 
 int balanced_group(const Ctx& ctx, const TaylorAttnLayout& L, const std::function<size_t(int64_t)>& bytes) {
@@ -337,7 +339,7 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
   check_rows16(v, L.v, "v");
   check_rows16(o, L.o, "o");
   float* sf = s_final.defined() ? s_final.data<float>() : nullptr;
-  if (fwd_fused_applies(a, q.dtype)) {
+  if (fused_applies(a, q.dtype)) {
     fwd_fused(ctx, L, a, q.data<bf16_t>(), k.data<bf16_t>(), v.data<bf16_t>(), o.data<bf16_t>(), den.data<float>(), sf);
     return;
   }
@@ -347,7 +349,7 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
     a.p0 = static_cast<int>(p0);
     LINAC_GPU_DISPATCH(q.dtype, T, {
       const Workspace<T> w = carve<T>(ctx, a, P);
-      launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, false);
+      launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, kPrepQKV);
       launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, sf);
       launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(), nullptr,
                       {});
