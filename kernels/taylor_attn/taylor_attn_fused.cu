@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   const int ow = warp - kStateWarps, m0 = 16 * ow, npt = ntv / 2, ksv = DvP / 16;
-  bf16_t* M = reinterpret_cast<bf16_t*>(smem + L::m) + m0 * L::ldm;  // this warp's rows of the intra matrix
-  float* DX = reinterpret_cast<float*>(smem + L::dx) + m0 * L::ldf;  // this warp's dx rows (gradient modes)
+  bf16_t* M = reinterpret_cast<bf16_t*>(smem + L::m) + m0 * L::ldm;    // this warp's rows of the intra matrix
+  float* DX = reinterpret_cast<float*>(smem + L::dx) + m0 * L::ldf;    // this warp's dx rows (gradient modes)
   float* DXI = reinterpret_cast<float*>(smem + L::dxi) + m0 * L::ldf;  // and their intra-chunk terms
   // Key blocks the causal mask leaves for this warp's rows: k-steps [k0, k0 + ks) of 16. Rows are
   // queries (lower triangle) or, in kGradK, keys (upper).
@@ -245,7 +245,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // Intra-chunk: U = X^ Xo^^T is the product of the stored rows times 1/4 (exact); each pass forms
     // its own (one k-step), so U holds no registers through the other pass.
-    auto intra_u = [&](float(&U)[8][4]) { warp_mma<bf16_t, false, false, 8>(U, Xs, L::ldx, m0, 0, Xo, L::ldx, 0, 0, 1); };
+    auto intra_u = [&](float(&U)[8][4]) {
+      warp_mma<bf16_t, false, false, 8>(U, Xs, L::ldx, m0, 0, Xo, L::ldx, 0, 0, 1);
+    };
     // The masked matrix of this warp's rows into M (only this warp reads it back).
     auto write_m = [&](auto&& entry) {
 #pragma unroll
@@ -394,8 +396,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int kMode, bool kTotals>
-void launch(const Ctx& ctx, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-            const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
+void launch(const Ctx& ctx, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* gt,
+            float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
   auto kernel = fused_kernel<kMode, kTotals>;
   constexpr int bytes = Smem<kMode != kOut>::bytes;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
@@ -408,7 +410,9 @@ size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
-bool fused_applies(const Args& a, DType act) { return act == DType::BF16 && a.doc_start == nullptr && a.DvP <= 8 * kNT; }
+bool fused_applies(const Args& a, DType act) {
+  return act == DType::BF16 && a.doc_start == nullptr && a.DvP <= 8 * kNT;
+}
 
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                bf16_t* o, float* den, float* s_final) {
@@ -432,9 +436,8 @@ void bwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* 
   // Workspace (taylor_attn_workspace_bytes): g~ chunk-major, then the f32 segment carries (none with
   // one segment), which the two sweeps use in turn.
   const size_t g_per = static_cast<size_t>(a.N) * kC * a.DvP * sizeof(bf16_t);
-  const int64_t BH = L.B * L.H, size = balanced_group(ctx, L, [&](int64_t P) {
-    return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, DType::BF16);
-  });
+  auto need = [&](int64_t P) { return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, DType::BF16); };
+  const int64_t BH = L.B * L.H, size = balanced_group(ctx, L, need);
   for (int64_t p0 = 0; p0 < BH; p0 += size) {
     const int P = static_cast<int>(std::min(size, BH - p0));
     a.p0 = static_cast<int>(p0);
