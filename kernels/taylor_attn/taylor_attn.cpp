@@ -147,7 +147,7 @@ size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, i
   const int64_t nseg = (N + 31) / 32;  // kSegChunks
   // Fused (bwd_fused in taylor_attn_fused.cu): g~ [P, N*C, Dv+16], then f32 segment carries
   // [P, nseg, F*F+2F, Dv+16] when there is more than one segment.
-  if (act == DType::BF16 && !docs && Dv <= 64)
+  if (taylor_attn_fused_case(act, docs, Dv))
     return align(P * N * C * W * e) + static_cast<size_t>(nseg > 1 ? P * nseg * rows * W * 4 : 0);
   // Launches: q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries
   // (the carve in taylor_attn_fwd.cu).

@@ -143,6 +143,10 @@ void taylor_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Ten
 void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& state,
                       const Tensor& o, double eps = 1e-12);
 
+// Whether a GPU call runs the fused kernels (scan and per-chunk products in one pass): bf16, Dv <= 64,
+// no document bounds. Other calls run the scan + chunk launches.
+inline bool taylor_attn_fused_case(DType act, bool docs, int64_t Dv) { return act == DType::BF16 && !docs && Dv <= 64; }
+
 // GPU scratch (ctx.workspace) that B x H (batch, head) pairs of T tokens need to run in one group
 // (the backward; the forward needs less); `act` is the dtype of q/k/v and `docs` whether document
 // bounds are given: both pick the kernels (bf16 at Dv <= 64 without bounds runs the fused ones,

@@ -411,7 +411,8 @@ size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 }  // namespace
 
 bool fused_applies(const Args& a, DType act) {
-  return act == DType::BF16 && a.doc_start == nullptr && a.DvP <= 8 * kNT;
+  static_assert(8 * kNT == 64 + 16, "the fused kernels' value tiles hold Dv <= 64");
+  return taylor_attn_fused_case(act, a.doc_start != nullptr, a.Dv);
 }
 
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
