@@ -5,7 +5,7 @@
 #include "activation/activation.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_activation {
 namespace {
 
 TEST(SiluCpu, ForwardMatchesFormula) {
@@ -64,4 +64,4 @@ TEST(SiluCpu, LargeInputsStayFinite) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_activation

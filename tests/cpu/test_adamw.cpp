@@ -5,7 +5,7 @@
 #include "adamw/adamw.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_adamw {
 namespace {
 
 // torch.optim.AdamW's single-tensor step, written out in double.
@@ -96,4 +96,4 @@ TEST(AdamwCpu, FloatMatchesDouble) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_adamw

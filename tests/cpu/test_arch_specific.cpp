@@ -17,7 +17,7 @@
 #include "test_util.h"
 #include "train/train_step.h"
 
-namespace linac {
+namespace linac::test_arch_specific {
 namespace {
 
 // ---- GLA ----
@@ -175,4 +175,4 @@ TEST(VqModelCpu, CommitmentLossAndEmaFollowTheFormulas) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_arch_specific

@@ -7,7 +7,7 @@
 #include "rope/rope.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention {
 namespace {
 
 struct Case {
@@ -153,4 +153,4 @@ TEST(AttentionCpu, RejectsWindowWithoutCausal) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention

@@ -9,7 +9,7 @@
 #include "attention/attention_decode.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention_decode {
 namespace {
 
 struct Seq {
@@ -110,4 +110,4 @@ TEST(AttentionDecode, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention_decode

@@ -11,7 +11,7 @@
 #include "rope/rope.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention_decode_step {
 namespace {
 
 struct StepCase {
@@ -132,4 +132,4 @@ TEST(AttentionDecodeStep, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention_decode_step

@@ -13,7 +13,7 @@
 #include "rope/rope.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention_gqa {
 namespace {
 
 struct GqaCase {
@@ -174,4 +174,4 @@ TEST(AttentionGqaCpu, RefusesHeadsThatDoNotDivide) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention_gqa

@@ -7,7 +7,7 @@
 #include "model/model.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_based_config {
 namespace {
 
 Config shipped(const std::string& name) { return load_config(std::string(LINAC_TEST_SOURCE_DIR) + "/configs/" + name); }
@@ -49,4 +49,4 @@ TEST(BasedConfigs, QuickstartUsesEveryLayerKind) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_based_config

@@ -16,7 +16,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_checkpoint_compat {
 namespace {
 
 const fs::path kDir = fs::path(LINAC_TEST_SOURCE_DIR) / "tests" / "data" / "compat";
@@ -76,4 +76,4 @@ TEST(CheckpointCompat, OlderCheckpointsLoadAndGiveTheirLoss) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_checkpoint_compat

@@ -19,7 +19,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_checkpoint_integrity {
 namespace {
 
 std::string read_bytes(const std::string& path) {
@@ -290,4 +290,4 @@ TEST(CheckpointIntegrity, FullDiskIsCleanAndKeepsTheOldCheckpoints) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_checkpoint_integrity

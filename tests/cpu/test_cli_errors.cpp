@@ -14,7 +14,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_cli_errors {
 namespace {
 
 void expect_one_line_user_error(int rc, const std::string& out, const std::string& what) {
@@ -178,4 +178,4 @@ TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_cli_errors

@@ -22,7 +22,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_cli_generate {
 namespace {
 
 // A checkpoint of the tiny transformer after 3 steps (once per process and tying).
@@ -342,4 +342,4 @@ TEST(Safetensors, WriterRoundTripsDtypesShapesAndMetadata) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_cli_generate

@@ -7,7 +7,7 @@
 #include "cross_entropy/cross_entropy.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_cross_entropy {
 namespace {
 
 OwnedTensor make_targets(const std::vector<int32_t>& ids) {
@@ -136,4 +136,4 @@ TEST(CrossEntropyCpu, LargeLogitsAreShiftInvariant) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_cross_entropy

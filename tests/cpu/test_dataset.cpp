@@ -7,7 +7,7 @@
 #include "data/test_fixtures.h"
 #include "data/token_dataset.h"
 
-namespace linac {
+namespace linac::test_dataset {
 namespace {
 
 std::vector<int32_t> pattern(size_t n, int64_t vocab, int32_t salt) {
@@ -231,4 +231,4 @@ TEST(Hdf5Util, ErrorsCarryTheLibraryMessage) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_dataset

@@ -22,7 +22,7 @@
 #include "test_util.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_documents {
 namespace {
 
 std::vector<int32_t> row(const Tensor& t, int64_t part, int64_t b, int64_t T) {
@@ -226,4 +226,4 @@ TEST(Documents, TrainAndEvalFromTheCli) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents

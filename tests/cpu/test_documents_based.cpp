@@ -19,7 +19,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_based {
 namespace {
 
 // T = 21: documents of one token, shorter than a chunk, starting at the chunk boundaries 8 and
@@ -124,4 +124,4 @@ TEST(DocumentsBased, PrefillLeavesEachRowItsLastDocument) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_based

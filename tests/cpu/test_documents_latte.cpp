@@ -16,7 +16,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_latte {
 namespace {
 
 // T = 21: documents of one token, shorter than a chunk (4), starting exactly at chunk boundaries
@@ -59,4 +59,4 @@ INSTANTIATE_TEST_SUITE_P(Latte, LatteDocuments, ::testing::Values("vapor", "conv
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_latte

@@ -13,7 +13,7 @@
 #include "document_checks.h"
 #include "model_checks.h"
 
-namespace linac {
+namespace linac::test_documents_transformer_vq {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {{1, 7, 4, 9}, {21}, {3, 1, 1, 3, 8, 5}};
@@ -62,4 +62,4 @@ TEST(DocumentsTransformerVq, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_transformer_vq

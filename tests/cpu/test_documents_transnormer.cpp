@@ -12,7 +12,7 @@
 #include "document_checks.h"
 #include "model_checks.h"
 
-namespace linac {
+namespace linac::test_documents_transnormer {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {{1, 7, 5, 8}, {21}, {3, 1, 1, 3, 8, 5}};
@@ -56,4 +56,4 @@ TEST(DocumentsTransnormer, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_transnormer

@@ -2,7 +2,7 @@
 #include "elementwise/elementwise.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_elementwise {
 namespace {
 
 TEST(ElementwiseCpu, AddInplace) {
@@ -54,4 +54,4 @@ TEST(ElementwiseCpu, CastToAndFromBf16Rounds) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_elementwise

@@ -6,7 +6,7 @@
 #include "embedding/embedding.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_embedding {
 namespace {
 
 OwnedTensor make_tokens(const std::vector<int32_t>& ids) {
@@ -86,4 +86,4 @@ TEST(EmbeddingCpu, OutOfRangeTokenThrowsBeforeWriting) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_embedding

@@ -8,7 +8,7 @@
 #include "gla/gla.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_gla {
 namespace {
 
 enum class Gates { Mild, Strong, Zero, Mixed };
@@ -289,4 +289,4 @@ TEST(GlaCpu, DecodeStepMatchesChunkwise) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_gla

@@ -7,7 +7,7 @@
 #include "core/gpu.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_gpu_env {
 namespace {
 
 TEST(GpuEnv, DependentLaunchesSwitch) {
@@ -32,4 +32,4 @@ TEST(GpuEnv, DependentLaunchesSwitch) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_gpu_env

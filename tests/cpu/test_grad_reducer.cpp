@@ -11,7 +11,7 @@
 #include "comm/grad_reducer.h"
 #include "model/param_store.h"
 
-namespace linac {
+namespace linac::test_grad_reducer {
 namespace {
 
 class GradReducerStaging : public ::testing::TestWithParam<DType> {};
@@ -75,4 +75,4 @@ INSTANTIATE_TEST_SUITE_P(ReduceDtype, GradReducerStaging, ::testing::Values(DTyp
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_grad_reducer

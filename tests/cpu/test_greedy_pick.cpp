@@ -8,7 +8,7 @@
 #include "greedy_pick/greedy_pick.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_greedy_pick {
 namespace {
 
 // Rows of V logits: random, with the maximum planted twice in row 1, all equal in row 2 and
@@ -73,4 +73,4 @@ TEST(GreedyPick, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_greedy_pick

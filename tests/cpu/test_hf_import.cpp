@@ -28,7 +28,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_hf_import {
 namespace {
 
 void expect_one_line_user_error(const std::string& args) {
@@ -596,4 +596,4 @@ TEST(HfImport, CliExitCodesAndGenerateFromIds) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_hf_import

@@ -17,7 +17,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_init_from {
 namespace {
 
 json gqa_config(const std::string& out_dir) {
@@ -193,4 +193,4 @@ TEST(InitFrom, RefusesWhatDoesNotFit) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_init_from

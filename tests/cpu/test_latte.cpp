@@ -10,7 +10,7 @@
 #include "latte/latte.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_latte {
 namespace {
 
 // [B,H,X] view of token t of a [B,T,H,X] view.
@@ -267,4 +267,4 @@ TEST(LatteCpu, DecodeStepsMatchForward) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_latte

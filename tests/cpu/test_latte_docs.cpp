@@ -14,7 +14,7 @@
 #include "latte/latte.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_latte_docs {
 namespace {
 
 struct DocProblem {
@@ -167,4 +167,4 @@ TEST(LatteDocs, BoundsMatter) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_latte_docs

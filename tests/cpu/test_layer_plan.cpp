@@ -7,7 +7,7 @@
 #include "model/model.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_layer_plan {
 namespace {
 
 json doc_with(const json& model) {
@@ -122,4 +122,4 @@ TEST(LayerPlan, HybridModelBuildsOneMixerPerLayer) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_layer_plan

@@ -10,7 +10,7 @@
 #include "lightning/lightning.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_lightning {
 namespace {
 
 // Decay rates per head: a spread from none to strong, or one value for every head.
@@ -332,4 +332,4 @@ TEST(LightningCpu, DocumentsNeedBothBounds) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_lightning

@@ -9,7 +9,7 @@
 #include "data/loader.h"
 #include "data/test_fixtures.h"
 
-namespace linac {
+namespace linac::test_loader {
 namespace {
 
 constexpr int64_t kVocab = 65536;
@@ -188,4 +188,4 @@ TEST_F(LoaderFixture, EvalCanStopAfterMaxTargets) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_loader

@@ -9,7 +9,7 @@
 #include "matmul/matmul.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_loggate {
 namespace {
 
 double ref_gate(double x, double tau, double clamp) {
@@ -120,4 +120,4 @@ TEST(LogGateLowRankCpu, GradCheckDouble) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_loggate

@@ -9,7 +9,7 @@
 #include "lrpe/lrpe.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_lrpe {
 namespace {
 
 // x is the k slice of a fused [B, T, 2, H, D] buffer (free batch and token strides);
@@ -151,4 +151,4 @@ TEST(LrpeCpu, DocumentPositionsRestart) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_lrpe

@@ -9,7 +9,7 @@
 #include "matmul/matmul.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_matmul {
 namespace {
 
 // A stored [rows, cols] matrix (or [batch, rows, cols]) viewed inside a random buffer `pad`
@@ -218,4 +218,4 @@ TEST(MatmulCpu, FlopCount) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_matmul

@@ -32,7 +32,7 @@
 #include "test_util.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_model {
 namespace {
 
 struct GradCase {
@@ -435,4 +435,4 @@ INSTANTIATE_TEST_SUITE_P(, ModelCpu, ::testing::ValuesIn(arch_names()), [](const
 });
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_model

@@ -10,7 +10,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_model_constants {
 namespace {
 
 double fp64_loss(const ModelConfig& cfg) {
@@ -85,4 +85,4 @@ TEST(ModelConstants, NullMeansTheArchitecturesChoice) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_model_constants

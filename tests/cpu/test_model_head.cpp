@@ -8,7 +8,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_model_head {
 namespace {
 
 ModelConfig bare_gla() {
@@ -60,4 +60,4 @@ TEST(ModelHead, DecodeStepsMatchFullSequence) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_model_head

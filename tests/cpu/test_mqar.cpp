@@ -18,7 +18,7 @@
 #include "model_checks.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_mqar {
 namespace {
 
 struct Example {
@@ -385,4 +385,4 @@ TEST(MqarTraining, TinyAttentionModelLearnsRecall) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_mqar

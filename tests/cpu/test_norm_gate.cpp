@@ -5,7 +5,7 @@
 #include "norm_gate/norm_gate.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_norm_gate {
 namespace {
 
 constexpr int64_t kN = 5, kH = 3, kD = 7;
@@ -56,4 +56,4 @@ TEST(NormGateCpu, GradCheckDouble) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_norm_gate

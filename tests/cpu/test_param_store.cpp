@@ -14,7 +14,7 @@
 #include "train/checkpoint_writer.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_param_store {
 namespace {
 
 ParamStore store_with_buffers(bool with_buffers) {
@@ -94,4 +94,4 @@ TEST(ParamStoreLayout, AdjacentRowsStackConsecutiveMatrices) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_param_store

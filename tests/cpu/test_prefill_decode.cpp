@@ -7,7 +7,7 @@
 #include "model/registry.h"
 #include "model_checks.h"
 
-namespace linac {
+namespace linac::test_prefill_decode {
 namespace {
 
 TEST(PrefillDecodeCpu, EveryArchitectureDecodesAsItsForward) {
@@ -51,4 +51,4 @@ TEST(PrefillDecodeCpu, SlidingWindowRingBufferAcrossTheWindowBoundary) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_prefill_decode

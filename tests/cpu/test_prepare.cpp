@@ -15,7 +15,7 @@
 #include "data/test_fixtures.h"
 #include "data/token_dataset.h"
 
-namespace linac {
+namespace linac::test_prepare {
 namespace {
 
 using test::TempDir;
@@ -422,4 +422,4 @@ TEST(PrepareCli, InterruptLeavesNoPartialFile) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_prepare

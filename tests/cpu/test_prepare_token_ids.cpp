@@ -16,7 +16,7 @@
 #include "train/trainer.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_prepare_token_ids {
 namespace {
 
 using test::TempDir;
@@ -308,4 +308,4 @@ TEST(PrepareTokenIds, TrainWithDocumentPackingThenEvalWithoutBitsPerByte) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_prepare_token_ids

@@ -14,7 +14,7 @@
 #include "model_checks.h"
 #include "train/train_step.h"
 
-namespace linac {
+namespace linac::test_profiler {
 namespace {
 
 const Profiler::Total* find(const std::vector<Profiler::Total>& ts, const std::string& name, Profiler::Level level) {
@@ -139,4 +139,4 @@ TEST(Profiler, ATrainingStepsPhasesAndOps) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_profiler

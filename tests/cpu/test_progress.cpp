@@ -6,7 +6,7 @@
 #include "cli/progress.h"
 #include "test_util.h"
 
-namespace linac::cli {
+namespace linac::cli::test_progress {
 namespace {
 
 TEST(Progress, LineShowsCountShareAndEta) {
@@ -32,4 +32,4 @@ TEST(Progress, QuietForShortWorkThenPeriodic) {
 }
 
 }  // namespace
-}  // namespace linac::cli
+}  // namespace linac::cli::test_progress

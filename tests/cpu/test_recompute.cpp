@@ -9,7 +9,7 @@
 #include "test_util.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_recompute {
 namespace {
 
 // Every registered architecture at its default layer pattern (hybrids included), 3 layers at least
@@ -70,4 +70,4 @@ TEST(RecomputeCpu, BenchPeakMemoryFalls) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_recompute

@@ -5,7 +5,7 @@
 #include "reduce/reduce.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_reduce {
 namespace {
 
 TEST(ReduceCpu, MatchesDirectSums) {
@@ -81,4 +81,4 @@ TEST(ReduceCpu, CountsNonFinite) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_reduce

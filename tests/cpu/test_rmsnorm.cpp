@@ -5,7 +5,7 @@
 #include "rmsnorm/rmsnorm.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rmsnorm {
 namespace {
 
 // loss = sum(y * u) for a fixed random u, so every output element carries gradient.
@@ -90,4 +90,4 @@ TEST(RmsnormCpu, ResidualAddAndCopy) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rmsnorm

@@ -4,7 +4,7 @@
 #include "rope/rope.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rope {
 namespace {
 
 constexpr double kBase = 10000.0;
@@ -95,9 +95,9 @@ TEST(RopeCpu, FloatMatchesDouble) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rope
 
-namespace linac {
+namespace linac::test_rope {
 namespace {
 
 // Llama 3's frequency scaling, against its definition (rope.h): wavelengths shorter than
@@ -146,4 +146,4 @@ TEST(RopeCpu, Llama3ScalingKeepsHighDividesLowBlendsBetween) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rope

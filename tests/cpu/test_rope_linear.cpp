@@ -6,7 +6,7 @@
 #include "rope/rope_linear.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rope_linear {
 namespace {
 
 constexpr double kBase = 500.0;
@@ -58,4 +58,4 @@ TEST(RopeLinearCpu, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rope_linear

@@ -25,7 +25,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_run_safety {
 namespace {
 
 std::string read_file(const fs::path& p) {
@@ -362,4 +362,4 @@ TEST(RunSafety, UnsoundAdamSettingsAreRefused) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_run_safety

@@ -11,7 +11,7 @@
 #include "core/rng.h"
 #include "generate/sampler.h"
 
-namespace linac {
+namespace linac::test_sampler {
 namespace {
 
 std::vector<float> random_logits(int64_t V, uint64_t seed) {
@@ -170,4 +170,4 @@ TEST(Sampler, OptionsOutOfRangeAreUserErrors) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_sampler

@@ -9,7 +9,7 @@
 #include "test_util.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_scale_configs {
 namespace {
 
 const std::string kConfigs = std::string(LINAC_TEST_SOURCE_DIR) + "/configs/";
@@ -91,4 +91,4 @@ TEST(ScaleConfigs, InfoPlansTheHeadChunkAndWorkspace) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_scale_configs

@@ -9,7 +9,7 @@
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_short_conv {
 namespace {
 
 // A [B, T, C] view of columns [col0, col0 + C) of a contiguous [B, T, P]
@@ -195,4 +195,4 @@ TEST(ShortConv, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_short_conv

@@ -9,7 +9,7 @@
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_short_conv_docs {
 namespace {
 
 // T = 21 per row: documents of 1 and 2 tokens (shorter than most filters), a row that is one
@@ -109,4 +109,4 @@ TEST(ShortConvDocs, StepRefusesBounds) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_short_conv_docs

@@ -16,7 +16,7 @@
 #include "train/checkpoint.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_soak {
 namespace {
 
 constexpr int64_t kSteps = 60;
@@ -103,4 +103,4 @@ TEST(Soak, KilledAndResumedTrainingEndsBitIdentical) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_soak

@@ -6,7 +6,7 @@
 #include "srmsnorm/srmsnorm.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_srmsnorm {
 namespace {
 
 constexpr int64_t kPad = 5;  // extra columns around the [N, C] views
@@ -151,4 +151,4 @@ TEST(SrmsnormCpu, GateGradCheckDouble) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_srmsnorm

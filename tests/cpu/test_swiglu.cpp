@@ -6,7 +6,7 @@
 #include "swiglu/swiglu_linear.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_swiglu {
 namespace {
 
 TEST(SwigluCpu, ForwardMatchesFormula) {
@@ -120,4 +120,4 @@ TEST(SwigluCpu, LinearRejectsMismatchedShapes) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_swiglu

@@ -9,7 +9,7 @@
 #include "taylor_attn/taylor_attn.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_taylor_attn {
 namespace {
 
 struct Problem {
@@ -242,4 +242,4 @@ TEST(TaylorAttnCpu, LargeScoresStayFinite) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_taylor_attn

@@ -11,7 +11,7 @@
 #include "taylor_attn/taylor_attn.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_taylor_attn_docs {
 namespace {
 
 // T = 21 per row; starts {0, 1, 8, 13}, {0}, {0, 3, 4, 5, 8, 16}: on the boundaries of chunks of
@@ -167,4 +167,4 @@ TEST(TaylorAttnDocs, DocumentsDoNotSeeEachOther) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_taylor_attn_docs

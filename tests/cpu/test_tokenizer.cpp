@@ -6,7 +6,7 @@
 #include "data/test_fixtures.h"
 #include "data/tokenizer.h"
 
-namespace linac {
+namespace linac::test_tokenizer {
 namespace {
 
 std::function<bool(std::string&)> feed(const std::vector<std::string>& docs) {
@@ -121,4 +121,4 @@ TEST(Tokenizer, BadOptionsAndModelsAreUserErrors) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_tokenizer

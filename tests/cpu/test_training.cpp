@@ -19,7 +19,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_training {
 namespace {
 
 using test::read_all_f32;
@@ -181,4 +181,4 @@ TEST(Training, ConfigErrorsExitWithOneLine) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_training

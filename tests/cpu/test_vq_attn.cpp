@@ -13,7 +13,7 @@
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
 
-namespace linac {
+namespace linac::test_vq_attn {
 namespace {
 
 using test::token;
@@ -431,4 +431,4 @@ TEST(VqAttnCpu, RejectsBadShapes) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_vq_attn

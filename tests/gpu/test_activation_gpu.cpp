@@ -6,7 +6,7 @@
 #include "activation/activation.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_activation_gpu {
 namespace {
 
 // x is columns [off, off + C) of a fused [N, C + 2 off] projection; y and dx are column ranges
@@ -54,4 +54,4 @@ TEST(SiluGpu, ParityBf16) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_activation_gpu

@@ -5,7 +5,7 @@
 #include "adamw/adamw.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_adamw_gpu {
 namespace {
 
 // param, grad, m, v (and the copy) live at element `offset` of larger buffers, so offset 1
@@ -60,4 +60,4 @@ TEST(AdamwGpu, ParityMisalignedScalarPath) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_adamw_gpu

@@ -13,7 +13,7 @@
 #include "attention/attention_decode.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention_decode_gpu {
 namespace {
 
 struct Case {
@@ -235,4 +235,4 @@ TEST(AttentionDecodeGpu, StepVariantsAgreeBitwise) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention_decode_gpu

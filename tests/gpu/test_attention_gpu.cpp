@@ -16,7 +16,7 @@
 #include "attention/attention.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_attention_gpu {
 namespace {
 
 using test::DocLayout;
@@ -383,4 +383,4 @@ TEST(AttentionGpu, RejectsOtherHeadDims) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_attention_gpu

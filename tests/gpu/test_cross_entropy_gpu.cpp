@@ -12,7 +12,7 @@
 #include "cross_entropy/cross_entropy.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_cross_entropy_gpu {
 namespace {
 
 // The kernel families every case runs through on this GPU (cross_entropy_gpu_kernel).
@@ -203,4 +203,4 @@ TEST(CrossEntropyGpu, TargetOutsideVocabularyGivesNanLoss) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_cross_entropy_gpu

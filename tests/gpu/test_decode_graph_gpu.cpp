@@ -12,7 +12,7 @@
 #include "model_parity.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_decode_graph_gpu {
 namespace {
 
 struct Trace {
@@ -102,4 +102,4 @@ TEST(DecodeGraphGpu, CacheGrowthAndNewDocumentsMidRun) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_decode_graph_gpu

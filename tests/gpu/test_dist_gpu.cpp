@@ -7,7 +7,7 @@
 #include "train/checkpoint.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_dist_gpu {
 namespace {
 
 TEST(DistGpu, TwoGpusMatchOneGpuWithDoubleAccumulation) {
@@ -48,4 +48,4 @@ TEST(DistGpu, TwoGpusMatchOneGpuWithDoubleAccumulation) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_dist_gpu

@@ -13,7 +13,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_based_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -49,4 +49,4 @@ TEST(DocumentsBasedGpu, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_based_gpu

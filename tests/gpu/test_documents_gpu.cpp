@@ -13,7 +13,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -65,4 +65,4 @@ TEST(DocumentsGpu, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_gpu

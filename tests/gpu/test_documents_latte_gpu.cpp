@@ -14,7 +14,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_latte_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -56,4 +56,4 @@ INSTANTIATE_TEST_SUITE_P(Latte, LatteDocumentsGpu, ::testing::Values("vapor", "c
                          [](const auto& info) { return info.param; });
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_latte_gpu

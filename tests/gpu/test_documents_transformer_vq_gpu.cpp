@@ -14,7 +14,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_transformer_vq_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -69,4 +69,4 @@ TEST(DocumentsTransformerVqGpu, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_transformer_vq_gpu

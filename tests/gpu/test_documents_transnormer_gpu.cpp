@@ -13,7 +13,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_documents_transnormer_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -45,4 +45,4 @@ TEST(DocumentsTransnormerGpu, DecodingAfterABoundaryStartsFresh) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_documents_transnormer_gpu

@@ -5,7 +5,7 @@
 #include "elementwise/elementwise.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_elementwise_gpu {
 namespace {
 
 constexpr int64_t kN = 1000003;
@@ -85,4 +85,4 @@ TEST(ElementwiseGpu, ScaleInplace) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_elementwise_gpu

@@ -7,7 +7,7 @@
 #include "embedding/embedding.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_embedding_gpu {
 namespace {
 
 constexpr int64_t kN = 4096, kV = 1000;
@@ -144,4 +144,4 @@ TEST(EmbeddingGpu, OutOfRangeIdsAreSkipped) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_embedding_gpu

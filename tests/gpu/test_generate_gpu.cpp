@@ -11,7 +11,7 @@
 #include "train/trainer.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_generate_gpu {
 namespace {
 
 TEST(GenerateGpu, EveryArchitectureDecodesAsItsForward) {
@@ -69,4 +69,4 @@ TEST(GenerateGpu, GreedyTextIsTheCpuText) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_generate_gpu

@@ -10,7 +10,7 @@
 #include "gla/gla.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_gla_gpu {
 namespace {
 
 struct Case {
@@ -221,4 +221,4 @@ TEST(GlaGpu, DecodeStep) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_gla_gpu

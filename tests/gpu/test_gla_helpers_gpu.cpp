@@ -10,7 +10,7 @@
 #include "norm_gate/norm_gate.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_gla_helpers_gpu {
 namespace {
 
 TEST(LogGateGpu, MatchesCpu) {
@@ -133,4 +133,4 @@ TEST(NormGateGpu, MatchesCpu) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_gla_helpers_gpu

@@ -6,7 +6,7 @@
 #include "greedy_pick/greedy_pick.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_greedy_pick_gpu {
 namespace {
 
 TEST(GreedyPickGpu, ParityWithTheCpu) {
@@ -38,4 +38,4 @@ TEST(GreedyPickGpu, ParityWithTheCpu) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_greedy_pick_gpu

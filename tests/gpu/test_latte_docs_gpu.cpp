@@ -13,7 +13,7 @@
 #include "latte/latte.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_latte_docs_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -172,4 +172,4 @@ TEST(LatteDocsGpu, DeterministicAndGrouped) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_latte_docs_gpu

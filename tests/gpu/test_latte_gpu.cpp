@@ -8,7 +8,7 @@
 #include "latte/latte.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_latte_gpu {
 namespace {
 
 struct Case {
@@ -193,4 +193,4 @@ TEST(LatteGpu, DecodeStep) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_latte_gpu

@@ -19,7 +19,7 @@
 #include "lrpe/lrpe.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_lightning_docs_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -190,4 +190,4 @@ TEST(LightningDocsGpu, LrpeParity) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_lightning_docs_gpu

@@ -9,7 +9,7 @@
 #include "lightning/lightning.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_lightning_gpu {
 namespace {
 
 struct Case {
@@ -196,4 +196,4 @@ TEST(LightningGpu, DecodeStep) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_lightning_gpu

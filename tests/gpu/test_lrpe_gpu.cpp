@@ -10,7 +10,7 @@
 #include "lrpe/lrpe.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_lrpe_gpu {
 namespace {
 
 struct Shape {
@@ -115,4 +115,4 @@ TEST(LrpeGpu, DthetaIsDeterministic) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_lrpe_gpu

@@ -10,7 +10,7 @@
 #include "swiglu/swiglu.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_matmul_gpu {
 namespace {
 
 // A stored [rows, cols] matrix (or [batch, rows, cols]) viewed inside a buffer `pad` columns
@@ -325,4 +325,4 @@ TEST(MatmulGpu, RejectsUnsupportedDtypes) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_matmul_gpu

@@ -22,7 +22,7 @@
 #include "model_parity.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_model_gpu {
 namespace {
 
 struct ParityCase {
@@ -188,4 +188,4 @@ INSTANTIATE_TEST_SUITE_P(, ModelGpu, ::testing::ValuesIn(arch_names()), [](const
 });
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_model_gpu

@@ -9,7 +9,7 @@
 #include "test_util.h"
 #include "train/train_step.h"
 
-namespace linac {
+namespace linac::test_profiler_gpu {
 namespace {
 
 TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
@@ -61,4 +61,4 @@ TEST(ProfilerGpu, ATrainingStepsPhasesFitInTheStep) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_profiler_gpu

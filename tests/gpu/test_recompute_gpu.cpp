@@ -4,7 +4,7 @@
 #include "model_checks.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_recompute_gpu {
 namespace {
 
 ModelConfig gpu_config(const std::string& arch) {
@@ -44,4 +44,4 @@ TEST(RecomputeGpu, SameGradientsBitForBit) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_recompute_gpu

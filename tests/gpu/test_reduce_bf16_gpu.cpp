@@ -9,7 +9,7 @@
 #include "train/checkpoint.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_reduce_bf16_gpu {
 namespace {
 
 std::vector<double> doubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
@@ -61,4 +61,4 @@ TEST(ReduceBf16Gpu, ZeroAndNetworkTransportEqualPlainBitForBitCloseToF32) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_reduce_bf16_gpu

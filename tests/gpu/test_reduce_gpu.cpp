@@ -6,7 +6,7 @@
 #include "reduce/reduce.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_reduce_gpu {
 namespace {
 
 // x is n elements at `offset` of a larger buffer (offset 1 takes the scalar path).
@@ -123,4 +123,4 @@ TEST(ReduceGpu, StreamOrderedReadBack) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_reduce_gpu

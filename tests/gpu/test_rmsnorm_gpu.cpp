@@ -3,7 +3,7 @@
 #include "rmsnorm/rmsnorm.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rmsnorm_gpu {
 namespace {
 
 // Widths of 128 * k up to 1024 take the warp-per-row kernels, the others a block per row; both
@@ -77,4 +77,4 @@ TEST(RmsnormGpu, ParityF32ResidualBf16Output) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rmsnorm_gpu

@@ -6,7 +6,7 @@
 #include "rope/rope.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rope_gpu {
 namespace {
 
 constexpr double kBase = 10000.0;
@@ -104,4 +104,4 @@ TEST(RopeGpu, ParityF32FarPositions) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rope_gpu

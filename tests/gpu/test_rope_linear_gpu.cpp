@@ -18,7 +18,7 @@
 #include "rope/rope_linear.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_rope_linear_gpu {
 namespace {
 
 constexpr double kBase = 10000.0;
@@ -147,4 +147,4 @@ TEST(RopeLinearGpu, KernelChoice) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_rope_linear_gpu

@@ -8,7 +8,7 @@
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_short_conv_docs_gpu {
 namespace {
 
 struct Case {
@@ -112,4 +112,4 @@ TEST(ShortConvDocsGpu, ParityBf16) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_short_conv_docs_gpu

@@ -5,7 +5,7 @@
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_short_conv_gpu {
 namespace {
 
 struct Case {
@@ -185,4 +185,4 @@ TEST(ShortConvGpu, StepsMatchForwardBf16) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_short_conv_gpu

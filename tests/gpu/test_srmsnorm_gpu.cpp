@@ -9,7 +9,7 @@
 #include "srmsnorm/srmsnorm.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_srmsnorm_gpu {
 namespace {
 
 // The operands are columns [col0, col0 + C) of [N, w] buffers, w = col0 + C + 2 rounded up to 4.
@@ -152,4 +152,4 @@ TEST(SrmsnormGpu, GateParity) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_srmsnorm_gpu

@@ -3,7 +3,7 @@
 #include "swiglu/swiglu.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_swiglu_gpu {
 namespace {
 
 void run_parity(DType h_dt, DType a_dt, DType g_dt, int64_t f, GluAct act, double tol) {
@@ -49,4 +49,4 @@ TEST(SwigluGpu, ParityBf16InputF32Outputs) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_swiglu_gpu

@@ -12,7 +12,7 @@
 #include "swiglu/swiglu_linear.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_swiglu_linear_gpu {
 namespace {
 
 struct Shape {
@@ -155,4 +155,4 @@ TEST(SwigluLinearGpu, KernelChoice) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_swiglu_linear_gpu

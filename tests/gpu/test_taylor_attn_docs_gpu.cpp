@@ -10,7 +10,7 @@
 #include "taylor_attn/taylor_attn.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_taylor_attn_docs_gpu {
 namespace {
 
 constexpr int64_t kF = 16;
@@ -161,4 +161,4 @@ TEST(TaylorAttnDocsGpu, OneDocumentIsTheStream) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_taylor_attn_docs_gpu

@@ -9,7 +9,7 @@
 #include "taylor_attn/taylor_attn.h"
 #include "test_util.h"
 
-namespace linac {
+namespace linac::test_taylor_attn_gpu {
 namespace {
 
 constexpr int64_t kF = 16;
@@ -177,4 +177,4 @@ TEST(TaylorAttnGpu, DecodeStep) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_taylor_attn_gpu

@@ -3,7 +3,7 @@
 #include "test_util.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_training_gpu {
 namespace {
 
 TEST(TrainingGpu, ResumeIsBitIdenticalBf16) {
@@ -16,4 +16,4 @@ TEST(TrainingGpu, ResumeIsBitIdenticalBf16) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_training_gpu

@@ -15,7 +15,7 @@
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
 
-namespace linac {
+namespace linac::test_vq_attn_docs_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
@@ -222,4 +222,4 @@ TEST(VqAttnDocsGpu, DecodeStartDocumentMatchesCpu) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_vq_attn_docs_gpu

@@ -10,7 +10,7 @@
 #include "vq_attn/vq_attn.h"
 #include "vq_attn/vq_packed.h"
 
-namespace linac {
+namespace linac::test_vq_attn_gpu {
 namespace {
 
 struct Case {
@@ -106,7 +106,7 @@ struct Gpu {
         u(to(in.u, Device::CUDA, DType::F32)), vr(to(in.vr, Device::CUDA, DType::F32)),
         rho(to(in.rho, Device::CUDA, DType::F32)), dout(to(in.dout, Device::CUDA, act)) {}
   Result run(const Ctx& ctx, const Inputs& in, DType act) const {
-    return linac::run(ctx, in, qkv, z, cb, u, vr, rho, dout, act, DType::F32);
+    return test_vq_attn_gpu::run(ctx, in, qkv, z, cb, u, vr, rho, dout, act, DType::F32);
   }
 };
 
@@ -370,4 +370,4 @@ TEST(VqQuantGpu, CodeStatsEmaCodebook) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_vq_attn_gpu

@@ -12,7 +12,7 @@
 #include "train/checkpoint.h"
 #include "train_fixture.h"
 
-namespace linac {
+namespace linac::test_zero_gpu {
 namespace {
 
 TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
@@ -83,4 +83,4 @@ TEST(ZeroGpu, TwoGpusEqualPlainDataParallelAndResumeOnOne) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_zero_gpu

@@ -15,7 +15,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_dist {
 namespace {
 
 using test::kMpiEnv;
@@ -235,4 +235,4 @@ TEST_F(Dist, AJobIntoAHeldDirectoryIsRefused) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_dist

@@ -20,7 +20,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_reduce_bf16 {
 namespace {
 
 using test::kMpiEnv;
@@ -184,4 +184,4 @@ TEST_F(ReduceBf16Train, CloseToF32AndZeroEqualsPlainBitForBit) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_reduce_bf16

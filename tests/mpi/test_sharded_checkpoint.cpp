@@ -28,7 +28,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_sharded_checkpoint {
 namespace {
 
 using test::run_shell;
@@ -311,4 +311,4 @@ TEST_F(ShardedCheckpoint, ResumesAcrossWorldSizes) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_sharded_checkpoint

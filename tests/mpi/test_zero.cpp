@@ -19,7 +19,7 @@
 
 namespace fs = std::filesystem;
 
-namespace linac {
+namespace linac::test_zero {
 namespace {
 
 using test::run_shell;
@@ -216,4 +216,4 @@ TEST_F(Zero, ResumeRefusesLoaderStatesThatDisagree) {
 }
 
 }  // namespace
-}  // namespace linac
+}  // namespace linac::test_zero
