@@ -8,7 +8,8 @@
 // cores (f32 accumulators) while the next slice's X, Y and state tiles load into the other of two
 // shared-memory sets (cp.async); the last slice's spare set takes Z, then P. The scores are masked
 // with the decay in registers, rounded to T into shared memory and multiplied by Z, visiting only
-// the 16-token groups on the causal side of the diagonal. In bf16, 6 tiles (55 KB) and at most 128
+// the 16-token groups on the causal side of the diagonal (the decay factors from two 64-entry
+// tables the CTA fills first). In bf16, 6 tiles and the tables (55.8 KB) and at most 128
 // registers keep four CTAs on an SM (f32, for tests, fits two).
 // Documents (lightning.h; the kDocs instantiations): the same mask also zeroes the scores of pairs
 // of two documents, and r[i] of rows outside the state's document. Each thread reads the bounds
@@ -28,7 +29,9 @@ using sm80::tile_bytes;
 template <class T>
 struct PassCfg {
   // Two sets of X, Y, St tiles; Z and P take the set the last slice leaves free.
-  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW), kSmem = 6 * kTile;
+  static constexpr int LD = ld_of<T>(kW), kTile = tile_bytes<T>(kC, kW);
+  // After the tiles, the block's decay factors: exp(-s d) for the distances d < 64 and r[i].
+  static constexpr int kTables = 2 * kC * sizeof(float), kSmem = 6 * kTile + kTables;
 };
 
 template <class T, bool kUpper, bool kStateT, bool kDocs>
@@ -48,6 +51,18 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
   const float s = a.decay[h];
   const T* state = states + (static_cast<int64_t>(bh) * a.N + n) * a.Dk * a.Dv;
   const sm80::Frag f;
+  // The epilogue's decay factors, one exp per thread instead of two per score element (the
+  // exps cost about what the block's matmuls do); the slice loop's barriers publish them.
+  float* dist_decay = reinterpret_cast<float*>(smem + 6 * C::kTile);  // [d] = exp(-s d)
+  float* row_decay = dist_decay + kC;                                 // [i] = r[i]
+  {
+    const int i = threadIdx.x & (kC - 1);
+    if (threadIdx.x < kC)
+      dist_decay[i] = __expf(-s * static_cast<float>(i));
+    else
+      row_decay[i] =
+          kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f) : __expf(-s * static_cast<float>(i + 1));
+  }
 
   float sc[8][4], acc[8][4];
 #pragma unroll
@@ -104,8 +119,7 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = f.row(m0, e), j = f.col(0, nt, e);
-      float r =
-          kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f) : __expf(-s * static_cast<float>(i + 1));
+      float r = row_decay[i];
       const int dist = kUpper ? j - i : i - j;
       bool pair = dist >= 0;
       if constexpr (kDocs) {
@@ -113,7 +127,7 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
         pair = pair && (kUpper ? j < bound[e >> 1] : j >= bound[e >> 1]);
       }
       acc[nt][e] *= r;
-      sc[nt][e] = pair ? sc[nt][e] * __expf(-s * static_cast<float>(dist)) : 0.f;
+      sc[nt][e] = pair ? sc[nt][e] * dist_decay[pair ? dist : 0] : 0.f;
     }
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
