@@ -72,6 +72,17 @@ bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+void check_saved_buffer(const Tensor& saved, const Tensor& like, size_t need, const char* op) {
+  if (!saved.defined()) return;
+  const std::string name(op);
+  LINAC_CHECK(saved.device == like.device && like.device != Device::CPU,
+              name + ": saved intermediates are for the GPU only");
+  LINAC_CHECK(saved.is_contiguous() && reinterpret_cast<uintptr_t>(saved.ptr) % 256 == 0,
+              name + ": saved must be contiguous and 256-byte aligned");
+  LINAC_CHECK(saved.nbytes() >= need, name + ": saved holds " + std::to_string(saved.nbytes()) + " bytes, needs " +
+                                          std::to_string(need));
+}
+
 Tensor adjacent_rows(std::initializer_list<Tensor> parts) {
   const Tensor& first = *parts.begin();
   if (first.ndim != 2) return Tensor();

@@ -57,6 +57,11 @@ bool same_shape(const Tensor& a, const Tensor& b);
 // one GEMM; undefined when they do not.
 Tensor adjacent_rows(std::initializer_list<Tensor> parts);
 
+// An op's buffer of intermediates its forward keeps for its backward (GLA, Lightning): undefined,
+// or on `like`'s device, which is a GPU, contiguous, 256-byte aligned and at least `need` bytes.
+// `op` names the op in the error.
+void check_saved_buffer(const Tensor& saved, const Tensor& like, size_t need, const char* op);
+
 // t's data, or null for an undefined tensor (an optional input or output of a kernel).
 template <class T>
 T* ptr_or_null(const Tensor& t) {

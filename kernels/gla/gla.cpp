@@ -29,13 +29,7 @@ void check_state(const Tensor& s, const GlaLayout& L, const Tensor& q, const cha
 }
 
 void check_saved(const Tensor& saved, const GlaLayout& L, const Tensor& q) {
-  if (!saved.defined()) return;
-  LINAC_CHECK(saved.device == q.device && q.device != Device::CPU, "gla: saved intermediates are for the GPU only");
-  LINAC_CHECK(saved.is_contiguous() && reinterpret_cast<uintptr_t>(saved.ptr) % 256 == 0,
-              "gla: saved must be contiguous and 256-byte aligned");
-  const size_t need = gla_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype);
-  LINAC_CHECK(saved.nbytes() >= need, "gla: saved holds " + std::to_string(saved.nbytes()) + " bytes, needs " +
-                                          std::to_string(need));
+  if (saved.defined()) check_saved_buffer(saved, q, gla_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype), "gla");
 }
 
 GlaLayout::Strides strides(const Tensor& x) { return {x.strides[0], x.strides[1]}; }

@@ -57,6 +57,11 @@ LightningLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   return L;
 }
 
+void check_saved(const Tensor& saved, const LightningLayout& L, const Tensor& q) {
+  if (saved.defined())
+    check_saved_buffer(saved, q, lightning_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype), "lightning");
+}
+
 void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
   const DType dt = (*ts.begin())->dtype;
   for (const Tensor* t : ts)
@@ -67,17 +72,18 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
 
 void lightning_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                    const Tensor& o, const Tensor& s0, const Tensor& s_final, const LightningOpts& opts,
-                   LightningForm form) {
+                   LightningForm form, const Tensor& saved) {
   LightningLayout L = make_layout(q, k, v, decay, opts);
   check_bthd(o, q, L.Dv, "o");
   L.o = strides(o);
   check_state(s0, L.B, L.H, L.Dk, L.Dv, q, "s0");
   check_state(s_final, L.B, L.H, L.Dk, L.Dv, q, "s_final");
+  check_saved(saved, L, q);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == LightningForm::Block, "lightning: the GPU runs the block form only");
 #if LINAC_WITH_CUDA
-    lightning_fwd_cuda(ctx, L, q, k, v, decay, s0, o, s_final);
+    lightning_fwd_cuda(ctx, L, q, k, v, decay, s0, o, s_final, saved);
 #endif
     return;
   }
@@ -93,7 +99,8 @@ void lightning_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
 
 void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                    const Tensor& dout, const Tensor& s0, const Tensor& ds_final, const Tensor& dq, const Tensor& dk,
-                   const Tensor& dv, const Tensor& ds0, const LightningOpts& opts, LightningForm form) {
+                   const Tensor& dv, const Tensor& ds0, const LightningOpts& opts, LightningForm form,
+                   const Tensor& saved) {
   LightningLayout L = make_layout(q, k, v, decay, opts);
   check_bthd(dout, q, L.Dv, "dout");
   check_bthd(dq, q, L.Dk, "dq");
@@ -103,11 +110,12 @@ void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   check_state(s0, L.B, L.H, L.Dk, L.Dv, q, "s0");
   check_state(ds_final, L.B, L.H, L.Dk, L.Dv, q, "ds_final");
   check_state(ds0, L.B, L.H, L.Dk, L.Dv, q, "ds0");
+  check_saved(saved, L, q);
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == LightningForm::Block, "lightning: the GPU runs the block form only");
 #if LINAC_WITH_CUDA
-    lightning_bwd_cuda(ctx, L, q, k, v, decay, s0, dout, ds_final, dq, dk, dv, ds0);
+    lightning_bwd_cuda(ctx, L, q, k, v, decay, s0, dout, ds_final, dq, dk, dv, ds0, saved);
 #endif
     return;
   }
@@ -162,6 +170,11 @@ size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const size_t n = static_cast<size_t>(H * N * Dk * Dv);
   return 2 * align(n * dtype_size(act)) + align(n * 4);
+}
+
+size_t lightning_saved_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
+  constexpr int64_t C = 64;
+  return static_cast<size_t>(B * H * ((T + C - 1) / C) * Dk * Dv) * dtype_size(act);
 }
 
 }  // namespace linac

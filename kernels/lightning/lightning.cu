@@ -2,7 +2,7 @@
 // group of sequences (as many as ctx.workspace holds), built from the scan and the block pass
 // (lightning_common.cuh):
 //   forward   scan(k, v; s0) -> S_n, s_final;   pass o  = lower(q, k, v; S)
-//   backward  scan(k, v; s0) -> S_n;  reverse scan(q, do; ds_final) -> R_n, ds0;
+//   backward  scan(k, v; s0) -> S_n (skipped with saved states);  reverse scan(q, do; ds_final) -> R_n, ds0;
 //             pass dq = lower(do, v, k; S^T),  dv = upper(k, q, do; R),  dk = upper(v, do, q; R^T)
 // Each state is rounded to the activation dtype once (it only feeds tensor-core matmuls); the scans
 // themselves run in f32. Documents (lightning.h) change no launch: the scan and pass kernels mask
@@ -74,6 +74,14 @@ P* at_batch(P* p, int64_t b0, int64_t stride) {
   return p + b0 * stride;
 }
 
+// The forward states of the group from b0 on: in the saved tensor (lightning.h) when there is
+// one, else in the group's workspace.
+template <class T>
+T* forward_states(const Tensor& saved, const Args& a, int64_t b0, const Workspace<T>& w) {
+  if (!saved.defined()) return w.S;
+  return static_cast<T*>(saved.ptr) + b0 * a.H * a.N * static_cast<int64_t>(a.Dk) * a.Dv;
+}
+
 // The arguments of the group of sequences from b0 on: its document bounds start at row b0.
 Args group_args(Args a, int64_t b0) {
   if (a.doc_start) {
@@ -87,7 +95,8 @@ Args group_args(Args a, int64_t b0) {
 }  // namespace lightning_cuda
 
 void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& decay, const Tensor& s0, const Tensor& o, const Tensor& s_final) {
+                        const Tensor& decay, const Tensor& s0, const Tensor& o, const Tensor& s_final,
+                        const Tensor& saved) {
   using namespace lightning_cuda;
   check_dtypes(q, {&k, &v, &o}, {&decay, &s0, &s_final});
   if (L.B * L.T * L.H == 0) return;
@@ -108,8 +117,9 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
       const T* qp = at_batch(q.data<T>(), b0, L.q.b);
       const T* kp = at_batch(k.data<T>(), b0, L.k.b);
       const T* vp = at_batch(v.data<T>(), b0, L.v.b);
-      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, w.S, sfp);
-      launch_pass<T>(ctx, a, B, false, false, a.Dk, a.Dv, qp, L.q, kp, L.k, vp, L.v, w.S, at_batch(o.data<T>(), b0, L.o.b),
+      T* S = forward_states(saved, a, b0, w);
+      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, S, sfp);
+      launch_pass<T>(ctx, a, B, false, false, a.Dk, a.Dv, qp, L.q, kp, L.k, vp, L.v, S, at_batch(o.data<T>(), b0, L.o.b),
                      L.o);
     });
   }
@@ -117,7 +127,7 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
 
 void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& decay, const Tensor& s0, const Tensor& dout, const Tensor& ds_final,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0) {
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved) {
   using namespace lightning_cuda;
   check_dtypes(q, {&k, &v, &dout, &dq, &dk, &dv}, {&decay, &s0, &ds_final, &ds0});
   if (L.B * L.H == 0) return;
@@ -153,9 +163,10 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
       const T* kp = at_batch(k.data<T>(), b0, L.k.b);
       const T* vp = at_batch(v.data<T>(), b0, L.v.b);
       const T* dop = at_batch(dout.data<T>(), b0, L.dout.b);
-      launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, w.S, nullptr);
+      T* S = forward_states(saved, a, b0, w);
+      if (!saved.defined()) launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, S, nullptr);
       launch_scan<T>(ctx, a, B, true, qp, L.q, dop, L.dout, dsfp, w.U, w.R, ds0p);
-      launch_pass<T>(ctx, a, B, false, true, a.Dv, a.Dk, dop, L.dout, vp, L.v, kp, L.k, w.S,
+      launch_pass<T>(ctx, a, B, false, true, a.Dv, a.Dk, dop, L.dout, vp, L.v, kp, L.k, S,
                      at_batch(dq.data<T>(), b0, L.dq.b), L.dq);
       launch_pass<T>(ctx, a, B, true, false, a.Dk, a.Dv, kp, L.k, qp, L.q, dop, L.dout, w.R,
                      at_batch(dv.data<T>(), b0, L.dv.b), L.dv);

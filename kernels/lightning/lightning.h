@@ -55,6 +55,11 @@
 // walk the head dims in 64-wide slices; tested up to 256), 16-byte aligned rows, any T and B*H, and
 // lightning_workspace_bytes_per_seq() of ctx.workspace for at least one sequence (the batch runs
 // in groups that fit). Deterministic: no atomics, fixed-order sums.
+// Saved states (GPU only, optional): the backward first reruns the forward's state scan (the
+// states S_n before each block, the input of its dq pass). A `saved` tensor of at least
+// lightning_saved_bytes() (any dtype, contiguous, 256-byte aligned) handed to lightning_fwd keeps
+// them there; handing the same tensor, untouched, to lightning_bwd with the same inputs skips the
+// scan (bit-identical results). The CPU takes no `saved`.
 //
 // Decode step (recurrent form for one token): q, k [B, H, Dk], v, o [B, H, Dv] (last two dims
 // contiguous, free batch stride), state [B, H, Dk, Dv] contiguous, updated in place:
@@ -123,21 +128,22 @@ void lightning_step_cpu(const LightningStepLayout& L, const F* q, const F* k, co
                         F* o);
 
 void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const Tensor& decay, const Tensor& s0, const Tensor& o, const Tensor& s_final);
+                        const Tensor& decay, const Tensor& s0, const Tensor& o, const Tensor& s_final,
+                        const Tensor& saved);
 void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& decay, const Tensor& s0, const Tensor& dout, const Tensor& ds_final,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0);
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved);
 void lightning_step_cuda(const Ctx& ctx, const LightningStepLayout& L, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& decay, const Tensor& state, const Tensor& o);
 
 // Entry points: check shapes and strides, dispatch on ctx.device, dtypes and (CPU) the form.
 void lightning_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                    const Tensor& o, const Tensor& s0, const Tensor& s_final, const LightningOpts& opts,
-                   LightningForm form = LightningForm::Block);
+                   LightningForm form = LightningForm::Block, const Tensor& saved = Tensor());
 void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                    const Tensor& dout, const Tensor& s0, const Tensor& ds_final, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv, const Tensor& ds0, const LightningOpts& opts,
-                   LightningForm form = LightningForm::Block);
+                   LightningForm form = LightningForm::Block, const Tensor& saved = Tensor());
 void lightning_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
                     const Tensor& state, const Tensor& o);
 
@@ -145,5 +151,7 @@ void lightning_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tens
 // (act) and the per-block scan terms (f32), 8 H ceil(T/64) Dk Dv bytes in bf16 (12 in f32); `act` is
 // the dtype of q/k/v. The entry points split the batch into groups that fit.
 size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act);
+// Bytes of the saved states of B sequences (see above): H ceil(T/64) Dk Dv per sequence in `act`.
+size_t lightning_saved_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act);
 
 }  // namespace linac

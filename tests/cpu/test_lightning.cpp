@@ -331,5 +331,15 @@ TEST(LightningCpu, DocumentsNeedBothBounds) {
                Error);
 }
 
+// The forward's states kept for the backward are a GPU buffer: the CPU refuses one.
+TEST(LightningCpu, SavedStatesAreForTheGpuOnly) {
+  Problem p(1, 5, 1, 4, 4, 1.0);
+  OwnedTensor o(DType::F64, Device::CPU, {1, 5, 1, 4});
+  OwnedTensor saved(DType::F64, Device::CPU, {64});
+  EXPECT_THROW(lightning_fwd(Ctx{}, p.q(p.in), p.k(p.in), p.v(p.in), p.decay, o, Tensor(), Tensor(), LightningOpts{},
+                             LightningForm::Block, saved),
+               Error);
+}
+
 }  // namespace
 }  // namespace linac::test_lightning

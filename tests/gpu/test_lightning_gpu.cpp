@@ -58,8 +58,9 @@ struct Result {
 };
 
 // Runs forward + backward on ctx's device with activations of dtype `act` (decay/states f32 on the GPU).
+// `saved`: the forward's block states kept for the backward (lightning.h).
 Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& decay, const Tensor& dout,
-           const Tensor& s0, const Tensor& dsf, DType act, DType state_dt) {
+           const Tensor& s0, const Tensor& dsf, DType act, DType state_dt, const Tensor& saved = Tensor()) {
   const Case& c = in.c;
   const Device dev = ctx.device;
   Result r{OwnedTensor(act, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(state_dt, dev, {c.B, c.H, c.Dk, c.Dv}),
@@ -67,9 +68,9 @@ Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& de
   for (const Tensor* t : {&r.o.t, &r.sf.t, &r.dqkv.t, &r.ds0.t}) test::poison(*t);
   const Tensor s0v = c.states ? s0 : Tensor(), dsfv = c.states ? dsf : Tensor();
   const LightningOpts opts;
-  lightning_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), decay, r.o, s0v, r.sf, opts);
+  lightning_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), decay, r.o, s0v, r.sf, opts, LightningForm::Block, saved);
   lightning_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), decay, dout, s0v, dsfv, in.q(r.dqkv), in.k(r.dqkv),
-                in.v(r.dqkv), r.ds0, opts);
+                in.v(r.dqkv), r.ds0, opts, LightningForm::Block, saved);
   ctx_synchronize(ctx);
   return r;
 }
@@ -141,7 +142,8 @@ TEST(LightningGpu, LongSequenceNoAndStrongDecay) {
 }
 
 // Bitwise reruns, and a workspace that holds only two sequences (so the batch runs in groups)
-// gives the same bits as one group.
+// gives the same bits as one group; so do the forward's states kept for the backward (which then
+// skips its forward scan), with one group and with groups; a short saved buffer is refused.
 TEST(LightningGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -156,7 +158,13 @@ TEST(LightningGpu, DeterministicAndGrouped) {
       Ctx small = gctx.ctx();
       small.workspace_bytes = 2 * lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) + 1000;
       Result r3 = run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32);
-      for (const Result* r : {&r2, &r3}) {
+      const size_t saved_bytes = lightning_saved_bytes(c.B, c.T, c.H, c.Dk, c.Dv, act);
+      OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(saved_bytes / 4)});
+      test::poison(saved);
+      Result r4 = run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32, saved);
+      test::poison(saved);
+      Result r5 = run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32, saved);
+      for (const Result* r : {&r2, &r3, &r4, &r5}) {
         EXPECT_TRUE(test::same_bits(r1.o, r->o));
         EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
         EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
@@ -164,6 +172,8 @@ TEST(LightningGpu, DeterministicAndGrouped) {
       }
       small.workspace_bytes = lightning_workspace_bytes_per_seq(c.T, c.H, c.Dk, c.Dv, act) / 2;
       EXPECT_THROW(run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32), UserError);
+      Tensor short_saved = saved->slice0(0, saved->numel() - 64);
+      EXPECT_ANY_THROW(run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32, short_saved));
     }
   }
 }

@@ -118,6 +118,17 @@ void LightningMixer::reserve(int64_t B, int64_t T) {
   rstd_buf_ = env_.saved->take(N * dtype_size(env_.stat));
   qa_buf_ = env_.saved->take(N * 2 * E * act);
   g_buf_ = env_.saved->take(N * E * act);
+  states_buf_ = env_.saved->take(core_saved_bytes(B, T));
+}
+
+size_t LightningMixer::core_saved_bytes(int64_t B, int64_t T) const {
+  return env_.ctx.is_gpu() ? lightning_saved_bytes(B, T, H_, Dk_, dh_, env_.act) : 0;
+}
+
+Tensor LightningMixer::core_saved(int64_t B, int64_t T) const {
+  const size_t need = core_saved_bytes(B, T);
+  if (need == 0 || need > states_buf_.bytes()) return Tensor();
+  return states_buf_.tensor(DType::U32, {static_cast<int64_t>(need / 4)});
 }
 
 // One Dk x Dh matrix per head.
@@ -128,7 +139,7 @@ int64_t LightningMixer::state_elems(int64_t T) const {
 
 size_t LightningMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
-  return N * (8 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat));
+  return N * (8 * static_cast<size_t>(E_) * dtype_size(env_.act) + dtype_size(env_.stat)) + core_saved_bytes(B, T);
 }
 
 double LightningMixer::flops_per_token(int64_t T) const {
@@ -175,7 +186,8 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
-                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs});
+                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs}, LightningForm::Block,
+                core_saved(B, T));
   Tensor g = g_buf_.tensor(env_.act, {N, E_});
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
@@ -210,7 +222,7 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
                 bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(),
-                {opt_.block, env_.docs});
+                {opt_.block, env_.docs}, LightningForm::Block, core_saved(B, T));
   Tensor dqa = dqk;
   if (lrpe_) {
     dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});

@@ -76,6 +76,11 @@ class LightningMixer final : public Mixer {
                     const Tensor& positions = Tensor());
   // Its LRPE half: qk from qa (nothing without LRPE).
   void rotate(int64_t B, int64_t T, const Tensor& qa, const Tensor& qk, const Tensor& positions = Tensor());
+  // The lightning forward's block states, kept for the backward on the GPU (lightning.h's
+  // `saved`; the CPU recomputes them): its bytes, and the buffer as lightning_fwd/bwd take it
+  // (undefined on the CPU or beyond the reserved batch).
+  size_t core_saved_bytes(int64_t B, int64_t T) const;
+  Tensor core_saved(int64_t B, int64_t T) const;
 
   ModelEnv& env_;
   LightningMixerOptions opt_;
@@ -85,6 +90,7 @@ class LightningMixer final : public Mixer {
   OwnedTensor decay_;                     // [H] rates s_h (stat dtype, on the model's device)
   SavedBuf proj_buf_, o_buf_, rstd_buf_;  // proj: [Qr | Kr | V | U], one product with Wqkvu
   SavedBuf qa_buf_, g_buf_;               // [SiLU(Qr) | SiLU(Kr)] and the gated norm's output
+  SavedBuf states_buf_;                   // core_saved
   int64_t capacity_ = 0;
 };
 
