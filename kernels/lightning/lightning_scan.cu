@@ -15,10 +15,11 @@
 //            one sequence of 32768 tokens): the matmuls in parallel over all blocks, then the
 //            serial part as a cheap elementwise walk.
 //     local    grid (N, B*H, Dk/64 * Dv/64), 128 threads: U_n of one 64x64 tile on tensor cores,
-//              the decay factors applied to the x tile in shared memory (every exponent <= 0).
+//              the decay factors (every exponent <= 0) applied as the walk applies them.
 //     combine  grid (Dk*Dv/1024, B*H), 256 threads: a thread owns 4 adjacent state elements and
 //              walks the blocks in order (fixed-order f32 sums), loading 8 blocks' U ahead.
-// Both compute U_n = (f * x)^T y from the same rounded tiles and S_n+1 = fmaf(g, S_n, U_n) in f32.
+// Both compute U_n = (f * x)^T y with f * x rounded to the activation dtype (block_term: bf16 scales
+// the mma fragments, f32 the tile in shared memory) and S_n+1 = fmaf(g, S_n, U_n) in f32.
 // Documents (lightning.h; the kDocs instantiations): local gives the rows outside the term's
 // document the factor 0, combine walks with g = 0 through the blocks where a document starts.
 // With lim = max(t0, 1) and e the block's last token, a row r is in the term when
