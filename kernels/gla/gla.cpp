@@ -29,7 +29,7 @@ void check_state(const Tensor& s, const GlaLayout& L, const Tensor& q, const cha
 }
 
 void check_saved(const Tensor& saved, const GlaLayout& L, const Tensor& q) {
-  if (saved.defined()) check_saved_buffer(saved, q, gla_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype), "gla");
+  check_saved_buffer(saved, q, gla_saved_bytes(L.B, L.T, L.H, L.Dk, L.Dv, q.dtype), "gla");
 }
 
 GlaLayout::Strides strides(const Tensor& x) { return {x.strides[0], x.strides[1]}; }
