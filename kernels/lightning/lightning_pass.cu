@@ -3,14 +3,16 @@
 // The forward runs it once (o), the backward three times (dq, dk, dv), see lightning.cu.
 // Layout: X, Y [B, T, H, Dx], Z, out [B, T, H, Dz] (free batch/token strides); states
 // [B*H, N, Dk, Dv] in T, read as [Dx][Dz] or (state_t) [Dz][Dx].
-// Grid (N, B*H, Dz/64), 128 threads: warp w owns the 16 rows 16w.. of the block and a 64-wide
-// slice of out. Per 64-wide slice of Dx the CTA accumulates the scores X Y^T and X St on tensor
-// cores (f32 accumulators) while the next slice's X, Y and state tiles load into the other of two
-// shared-memory sets (cp.async); the last slice's spare set takes Z, then P. The scores are masked
-// with the decay in registers, rounded to T into shared memory and multiplied by Z, visiting only
-// the 16-token groups on the causal side of the diagonal (the decay factors from two 64-entry
-// tables the CTA fills first). In bf16, 6 tiles and the tables (55.8 KB) and at most 128
-// registers keep four CTAs on an SM (f32, for tests, fits two).
+// Grid (N, B*H), 128 threads: warp w owns the 16 rows 16w.. of the block. The CTA makes the
+// 64-wide slices of out one after another. For the first, per 64-wide slice of Dx it accumulates
+// the scores X Y^T and X St on tensor cores (f32 accumulators) while the next slice's X, Y and
+// state tiles load into the other of two shared-memory sets (cp.async); the last slice's spare set
+// takes Z, then P. The scores are masked with the decay in registers, rounded to T into shared
+// memory and multiplied by Z, visiting only the 16-token groups on the causal side of the diagonal
+// (the decay factors from two 64-entry tables the CTA fills first). Later slices of out (Dz = 128)
+// load only X, St and Z and reuse P: one CTA per slice would compute the scores once per slice.
+// In bf16, 6 tiles and the tables (55.8 KB) and at most 128 registers keep four CTAs on an SM
+// (f32, for tests, fits two).
 // Documents (lightning.h; the kDocs instantiations): the same mask also zeroes the scores of pairs
 // of two documents, and r[i] of rows outside the state's document. Each thread reads the bounds
 // of its two rows: lower, columns j >= st(t0 + i) - t0 and the state term when st(t0 + i) <
@@ -45,7 +47,6 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
   // Tile `which` (0: X or Z, 1: Y or P, 2: St) of set i.
   auto tile = [&](int i, int which) { return reinterpret_cast<T*>(smem + (3 * i + which) * C::kTile); };
   const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
-  const int z0 = blockIdx.z * kW, vz = min(kW, Dz - z0);
   const int64_t t0 = static_cast<int64_t>(n) * kC;
   const int m = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, m0 = 16 * warp;
   const float s = a.decay[h];
@@ -64,88 +65,104 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
           kUpper ? (i < m ? __expf(-s * static_cast<float>(m - 1 - i)) : 0.f) : __expf(-s * static_cast<float>(i + 1));
   }
 
-  float sc[8][4], acc[8][4];
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[nt][e] = acc[nt][e] = 0.f;
   // Lower mask: this warp's rows see keys 0 .. 16w+15 only.
   const int score_tiles = kUpper ? 8 : 2 * (warp + 1);
-  auto load_slice = [&](int d0, T* Xs, T* Ys, T* Sts) {
-    const int vd = min(kW, Dx - d0);
-    sm80::load_tile<T, kC, kW, 128>(Xs, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
-    sm80::load_tile<T, kC, kW, 128>(Ys, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
-    if constexpr (kStateT)
-      sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
-    else
-      sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
-  };
-  // Slice sl + 1 loads while slice sl multiplies; the last iteration loads Z into the free set.
   const int ns = cdiv(Dx, kW);
-  load_slice(0, tile(0, 0), tile(0, 1), tile(0, 2));
-  sm80::cp_async_commit();
-  for (int sl = 0; sl < ns; ++sl) {
-    const int nb = (sl + 1) & 1;
-    if (sl + 1 < ns)
-      load_slice((sl + 1) * kW, tile(nb, 0), tile(nb, 1), tile(nb, 2));
-    else
-      sm80::load_tile<T, kC, kW, 128>(tile(nb, 0), LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
+  T* P = tile(ns & 1, 1);  // the masked scores, once the first slice of out has made them
+  // The 64-wide slices of out one after another: the first makes the scores (and P) along with its
+  // state term, the others only their state terms. Each slice's loop pipelines over Dx as above.
+  auto out_slice = [&](auto with_scores, int z0) {
+    constexpr bool scores = decltype(with_scores)::value;
+    const int vz = min(kW, Dz - z0);
+    float sc[8][4], acc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[nt][e] = acc[nt][e] = 0.f;
+    auto load_slice = [&](int d0, T* Xs, T* Ys, T* Sts) {
+      const int vd = min(kW, Dx - d0);
+      sm80::load_tile<T, kC, kW, 128>(Xs, LD, x + b * xs.b + t0 * xs.t + h * Dx + d0, xs.t, m, vd);
+      if constexpr (scores)
+        sm80::load_tile<T, kC, kW, 128>(Ys, LD, y + b * ys.b + t0 * ys.t + h * Dx + d0, ys.t, m, vd);
+      if constexpr (kStateT)
+        sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(z0) * Dx + d0, Dx, vz, vd);
+      else
+        sm80::load_tile<T, kW, kW, 128>(Sts, LD, state + static_cast<int64_t>(d0) * Dz + z0, Dz, vd, vz);
+    };
+    // Slice sl + 1 loads while slice sl multiplies; the last iteration loads Z into the free set.
+    load_slice(0, tile(0, 0), tile(0, 1), tile(0, 2));
     sm80::cp_async_commit();
-    sm80::cp_async_wait<1>();
+    for (int sl = 0; sl < ns; ++sl) {
+      const int nb = (sl + 1) & 1;
+      if (sl + 1 < ns)
+        load_slice((sl + 1) * kW, tile(nb, 0), tile(nb, 1), tile(nb, 2));
+      else
+        sm80::load_tile<T, kC, kW, 128>(tile(nb, 0), LD, z + b * zs.b + t0 * zs.t + h * Dz + z0, zs.t, m, vz);
+      sm80::cp_async_commit();
+      sm80::cp_async_wait<1>();
+      __syncthreads();
+      const int ks = cdiv(min(kW, Dx - sl * kW), 16);
+      if constexpr (scores)
+        sm80::warp_mma<T, false, false, 8>(sc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 1), LD, 0, 0, ks, score_tiles);
+      sm80::warp_mma<T, false, !kStateT, 8>(acc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 2), LD, 0, 0, ks);
+      __syncthreads();  // the next iteration loads into the other set
+    }
+    sm80::cp_async_wait<0>();
     __syncthreads();
-    const int ks = cdiv(min(kW, Dx - sl * kW), 16);
-    sm80::warp_mma<T, false, false, 8>(sc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 1), LD, 0, 0, ks, score_tiles);
-    sm80::warp_mma<T, false, !kStateT, 8>(acc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 2), LD, 0, 0, ks);
-    __syncthreads();  // the next iteration loads into the other set
-  }
-  sm80::cp_async_wait<0>();
-  __syncthreads();
-  T* Z = tile(ns & 1, 0);
-  T* P = tile(ns & 1, 1);  // this set's Y was last read before the previous barrier
-  int bound[2] = {0, 0};   // per row of this thread (hf): the first (lower) or one past the last (upper) column
-  bool carry[2] = {true, true};
-  if constexpr (kDocs) {
+    T* Z = tile(ns & 1, 0);
+    int bound[2] = {0, 0};  // per row of this thread (hf): the first (lower) or one past the last (upper) column
+    bool carry[2] = {true, true};
+    if constexpr (kDocs) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = min(f.row(m0, 2 * hf), m - 1);  // rows past m are never stored
-      const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + i;
-      const int64_t edge = kUpper ? a.doc_end[bt] : a.doc_start[bt];
-      bound[hf] = static_cast<int>(edge - t0);
-      carry[hf] = kUpper ? edge >= t0 + m : edge < max(t0, int64_t{1});
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = f.row(m0, e), j = f.col(0, nt, e);
-      float r = row_decay[i];
-      const int dist = kUpper ? j - i : i - j;
-      bool pair = dist >= 0;
-      if constexpr (kDocs) {
-        if (!carry[e >> 1]) r = 0.f;
-        pair = pair && (kUpper ? j < bound[e >> 1] : j >= bound[e >> 1]);
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = min(f.row(m0, 2 * hf), m - 1);  // rows past m are never stored
+        const int64_t bt = static_cast<int64_t>(b) * a.T + t0 + i;
+        const int64_t edge = kUpper ? a.doc_end[bt] : a.doc_start[bt];
+        bound[hf] = static_cast<int>(edge - t0);
+        carry[hf] = kUpper ? edge >= t0 + m : edge < max(t0, int64_t{1});
       }
-      acc[nt][e] *= r;
-      sc[nt][e] = pair ? sc[nt][e] * dist_decay[pair ? dist : 0] : 0.f;
     }
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+    for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-      sm80::store2(P + f.row(m0, 2 * hf) * LD + f.col(0, nt, 0), sc[nt][2 * hf], sc[nt][2 * hf + 1]);
-  __syncwarp();  // each warp reads back only its own 16 rows of P
-  // Causal side of the diagonal: keys 0 .. 16w+15 (lower) or 16w .. 63 (upper).
-  const int k0 = kUpper ? m0 : 0, ksteps = kUpper ? 4 - warp : warp + 1;
-  sm80::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
-  T* ob = out + b * os.b + t0 * os.t + h * Dz + z0;
+      for (int e = 0; e < 4; ++e) {
+        const int i = f.row(m0, e), j = f.col(0, nt, e);
+        float r = row_decay[i];
+        if constexpr (kDocs)
+          if (!carry[e >> 1]) r = 0.f;
+        acc[nt][e] *= r;
+        if constexpr (!scores) continue;
+        const int dist = kUpper ? j - i : i - j;
+        bool pair = dist >= 0;
+        if constexpr (kDocs) pair = pair && (kUpper ? j < bound[e >> 1] : j >= bound[e >> 1]);
+        sc[nt][e] = pair ? sc[nt][e] * dist_decay[pair ? dist : 0] : 0.f;
+      }
+    if constexpr (scores) {
+      // The later slices' loops load no Y, so P (the Y tile of the set they leave last) stays.
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-      if (i < m && c < vz) sm80::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+        for (int hf = 0; hf < 2; ++hf)
+          sm80::store2(P + f.row(m0, 2 * hf) * LD + f.col(0, nt, 0), sc[nt][2 * hf], sc[nt][2 * hf + 1]);
+      __syncwarp();  // each warp reads back only its own 16 rows of P
     }
+    // Causal side of the diagonal: keys 0 .. 16w+15 (lower) or 16w .. 63 (upper).
+    const int k0 = kUpper ? m0 : 0, ksteps = kUpper ? 4 - warp : warp + 1;
+    sm80::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
+    T* ob = out + b * os.b + t0 * os.t + h * Dz + z0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+        if (i < m && c < vz) sm80::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      }
+  };
+  out_slice(std::true_type{}, 0);
+  for (int z0 = kW; z0 < Dz; z0 += kW) {
+    __syncthreads();  // every warp has read Z before the next slice loads over it
+    out_slice(std::false_type{}, z0);
+  }
 }
 
 template <class T, bool kUpper, bool kStateT, bool kDocs>
@@ -155,7 +172,7 @@ void launch(const Ctx& ctx, const Args& a, int B, int Dx, int Dz, const T* x, Li
   auto kernel = pass_kernel<T, kUpper, kStateT, kDocs>;
   constexpr int smem = PassCfg<T>::kSmem;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(Dz, kW)));
+  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H));
   kernel<<<grid, 128, smem, cuda::stream_of(ctx)>>>(Dx, Dz, x, xs, y, ys, z, zs, states, out, os, a);
   LINAC_CUDA_LAUNCH_CHECK();
 }
