@@ -67,6 +67,12 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
     LINAC_CHECK(!t->defined() || t->dtype == dt, "lightning: CPU dtypes must agree");
 }
 
+// The GPU kernels' blocks of a sequence of T tokens (C = 64, lightning_common.cuh's kC).
+int64_t gpu_blocks(int64_t T) {
+  constexpr int64_t C = 64;
+  return (T + C - 1) / C;
+}
+
 }  // namespace
 
 void lightning_fwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& decay,
@@ -162,8 +168,7 @@ void lightning_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tens
 }
 
 size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
-  constexpr int64_t C = 64;
-  const int64_t N = (T + C - 1) / C;
+  const int64_t N = gpu_blocks(T);
   // The forward states S_n and the reverse states R_n, N of each, in the activation dtype (they
   // only feed tensor-core matmuls), and the per-block scan terms in f32: the carve in lightning.cu.
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
@@ -172,8 +177,7 @@ size_t lightning_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t Dk, int64
 }
 
 size_t lightning_saved_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, DType act) {
-  constexpr int64_t C = 64;
-  return static_cast<size_t>(B * H * ((T + C - 1) / C) * Dk * Dv) * dtype_size(act);
+  return static_cast<size_t>(B * H * gpu_blocks(T) * Dk * Dv) * dtype_size(act);
 }
 
 }  // namespace linac
