@@ -2,6 +2,7 @@
 // device/dtype/form dispatch.
 #include <string>
 
+#include "activation/activation.h"
 #include "core/dispatch.h"
 #include "lightning/lightning.h"
 
@@ -67,6 +68,16 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
     LINAC_CHECK(!t->defined() || t->dtype == dt, "lightning: CPU dtypes must agree");
 }
 
+// The SiLU feature map's derivative on the CPU (lightning.h): g (dq or dk) becomes g * silu'(pre),
+// sequence by sequence (rows of H * D elements at the token stride).
+template <class F>
+void silu_grad_cpu(const LightningLayout& L, int64_t D, const Tensor& pre, const LightningLayout::Strides& ps, F* g,
+                   const LightningLayout::Strides& gs) {
+  SiluLayout S;
+  S.N = L.T, S.C = L.H * D, S.x = ps.t, S.dy = gs.t, S.dx = gs.t;
+  for (int64_t b = 0; b < L.B; ++b) silu_bwd_cpu<F>(S, pre.data<F>() + b * ps.b, g + b * gs.b, g + b * gs.b);
+}
+
 // The GPU kernels' blocks of a sequence of T tokens (C = 64, lightning_common.cuh's kC).
 int64_t gpu_blocks(int64_t T) {
   constexpr int64_t C = 64;
@@ -116,21 +127,31 @@ void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   check_state(ds_final, L.B, L.H, L.Dk, L.Dv, q, "ds_final");
   check_state(ds0, L.B, L.H, L.Dk, L.Dv, q, "ds0");
   check_saved(saved, L, q);
+  if (opts.q_pre.defined()) {
+    check_bthd(opts.q_pre, q, L.Dk, "q_pre");
+    L.q_pre = strides(opts.q_pre);
+  }
+  if (opts.k_pre.defined()) {
+    check_bthd(opts.k_pre, q, L.Dk, "k_pre");
+    L.k_pre = strides(opts.k_pre);
+  }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == LightningForm::Block, "lightning: the GPU runs the block form only");
 #if LINAC_WITH_CUDA
-    lightning_bwd_cuda(ctx, L, q, k, v, decay, s0, dout, ds_final, dq, dk, dv, ds0, saved);
+    lightning_bwd_cuda(ctx, L, q, k, v, decay, s0, dout, ds_final, dq, dk, dv, ds0, saved, opts.q_pre, opts.k_pre);
 #endif
     return;
   }
-  check_cpu_dtypes({&q, &k, &v, &decay, &dout, &s0, &ds_final, &dq, &dk, &dv, &ds0});
+  check_cpu_dtypes({&q, &k, &v, &decay, &dout, &s0, &ds_final, &dq, &dk, &dv, &ds0, &opts.q_pre, &opts.k_pre});
   LINAC_CPU_DISPATCH(q.dtype, F, {
     auto fn = form == LightningForm::Block       ? lightning_bwd_block_cpu<F>
               : form == LightningForm::Recurrent ? lightning_bwd_recurrent_cpu<F>
                                                  : lightning_bwd_quadratic_cpu<F>;
     fn(L, q.data<F>(), k.data<F>(), v.data<F>(), decay.data<F>(), ptr_or_null<F>(s0), dout.data<F>(),
        ptr_or_null<F>(ds_final), dq.data<F>(), dk.data<F>(), dv.data<F>(), ptr_or_null<F>(ds0));
+    if (opts.q_pre.defined()) silu_grad_cpu<F>(L, L.Dk, opts.q_pre, L.q_pre, dq.data<F>(), L.dq);
+    if (opts.k_pre.defined()) silu_grad_cpu<F>(L, L.Dk, opts.k_pre, L.k_pre, dk.data<F>(), L.dk);
   });
 }
 

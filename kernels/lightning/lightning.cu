@@ -4,6 +4,7 @@
 //   forward   scan(k, v; s0) -> S_n, s_final;   pass o  = lower(q, k, v; S)
 //   backward  scan(k, v; s0) -> S_n (skipped with saved states);  reverse scan(q, do; ds_final) -> R_n, ds0;
 //             pass dq = lower(do, v, k; S^T),  dv = upper(k, q, do; R),  dk = upper(v, do, q; R^T)
+//             (the dq and dk passes apply the SiLU feature map's derivative as they store, when given)
 // Each state is rounded to the activation dtype once (it only feeds tensor-core matmuls); the scans
 // themselves run in f32. Documents (lightning.h) change no launch: the scan and pass kernels mask
 // by the bounds (their kDocs instantiations), with each group's bounds offset to its first row.
@@ -127,9 +128,12 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
 
 void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& decay, const Tensor& s0, const Tensor& dout, const Tensor& ds_final,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved) {
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved,
+                        const Tensor& q_pre, const Tensor& k_pre) {
   using namespace lightning_cuda;
   check_dtypes(q, {&k, &v, &dout, &dq, &dk, &dv}, {&decay, &s0, &ds_final, &ds0});
+  for (const Tensor* t : {&q_pre, &k_pre})
+    LINAC_CHECK(!t->defined() || t->dtype == q.dtype, "lightning (GPU): activation dtypes must agree");
   if (L.B * L.H == 0) return;
   const int64_t SS = L.H * L.Dk * L.Dv;
   if (L.T == 0) {  // nothing to scan: the initial-state gradient is the final-state one
@@ -150,6 +154,8 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
   check_rows16(dq, L.dq, "dq");
   check_rows16(dk, L.dk, "dk");
   check_rows16(dv, L.dv, "dv");
+  if (q_pre.defined()) check_rows16(q_pre, L.q_pre, "q_pre");
+  if (k_pre.defined()) check_rows16(k_pre, L.k_pre, "k_pre");
   const int per = group_size(ctx, L, q.dtype);
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
@@ -166,12 +172,14 @@ void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
       T* S = forward_states(saved, a, b0, w);
       if (!saved.defined()) launch_scan<T>(ctx, a, B, false, kp, L.k, vp, L.v, s0p, w.U, S, nullptr);
       launch_scan<T>(ctx, a, B, true, qp, L.q, dop, L.dout, dsfp, w.U, w.R, ds0p);
+      const T* qpre = q_pre.defined() ? at_batch(q_pre.data<T>(), b0, L.q_pre.b) : nullptr;
+      const T* kpre = k_pre.defined() ? at_batch(k_pre.data<T>(), b0, L.k_pre.b) : nullptr;
       launch_pass<T>(ctx, a, B, false, true, a.Dv, a.Dk, dop, L.dout, vp, L.v, kp, L.k, S,
-                     at_batch(dq.data<T>(), b0, L.dq.b), L.dq);
+                     at_batch(dq.data<T>(), b0, L.dq.b), L.dq, qpre, L.q_pre);
       launch_pass<T>(ctx, a, B, true, false, a.Dk, a.Dv, kp, L.k, qp, L.q, dop, L.dout, w.R,
                      at_batch(dv.data<T>(), b0, L.dv.b), L.dv);
       launch_pass<T>(ctx, a, B, true, true, a.Dv, a.Dk, vp, L.v, dop, L.dout, qp, L.q, w.R,
-                     at_batch(dk.data<T>(), b0, L.dk.b), L.dk);
+                     at_batch(dk.data<T>(), b0, L.dk.b), L.dk, kpre, L.k_pre);
     });
   }
 }

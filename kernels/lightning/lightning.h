@@ -61,6 +61,13 @@
 // them there; handing the same tensor, untouched, to lightning_bwd with the same inputs skips the
 // scan (bit-identical results). The CPU takes no `saved`.
 //
+// SiLU feature map (TransNormerLLM's q = SiLU(q_pre), k = SiLU(k_pre), docs/transnormer.md §1.2), in
+// the backward only: with LightningOpts::q_pre (k_pre) given, [B,T,H,Dk] like q, lightning_bwd writes
+// into dq (dk) the gradient of q_pre (k_pre), dq * silu'(q_pre) (activation.h), instead of the
+// gradient of q. The GPU rounds dq to the activation dtype first, so it writes the bits that
+// lightning_bwd followed by silu_bwd write, without dq's round trip through memory. The pre-
+// activations must not overlap dq, dk or dv.
+//
 // Decode step (recurrent form for one token): q, k [B, H, Dk], v, o [B, H, Dv] (last two dims
 // contiguous, free batch stride), state [B, H, Dk, Dv] contiguous, updated in place:
 // state = lambda * state + k^T v, o = q state. GPU: q/k/v/o bf16 or f32, decay and state f32.
@@ -79,6 +86,7 @@ namespace linac {
 struct LightningOpts {
   int64_t block = 64;  // C: tokens per block of the block form (CPU; the GPU always uses 64)
   DocBounds docs;      // defined: the recurrence restarts at every document (start and end needed)
+  Tensor q_pre, k_pre;  // lightning_bwd: the SiLU feature map's pre-activations (above), or undefined
 };
 
 enum class LightningForm { Block, Recurrent, Quadratic };  // the CPU runs any; the GPU always Block
@@ -90,7 +98,7 @@ struct LightningLayout {
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0;
   int64_t block = 64;
   DocBounds docs;
-  Strides q, k, v, o, dout, dq, dk, dv;
+  Strides q, k, v, o, dout, dq, dk, dv, q_pre, k_pre;
 
   // st(b, t) and en(b, t) of the Documents paragraph: without documents a row is one document.
   // Host code only (docs must be host memory to call them with documents).
@@ -132,7 +140,8 @@ void lightning_fwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& 
                         const Tensor& saved);
 void lightning_bwd_cuda(const Ctx& ctx, const LightningLayout& L, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& decay, const Tensor& s0, const Tensor& dout, const Tensor& ds_final,
-                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved);
+                        const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& ds0, const Tensor& saved,
+                        const Tensor& q_pre, const Tensor& k_pre);
 void lightning_step_cuda(const Ctx& ctx, const LightningStepLayout& L, const Tensor& q, const Tensor& k,
                          const Tensor& v, const Tensor& decay, const Tensor& state, const Tensor& o);
 

@@ -48,10 +48,12 @@ void launch_scan(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, Lig
 // of width Dx and Z, out of width Dz; M(i,j) = exp(-s|i-j|) for j <= i (upper = false, r = a) or
 // j >= i (upper = true, r = c), else 0. St_n = states[n] read [Dx][Dz] or, when state_t, [Dz][Dx].
 // With documents M(i,j) is also 0 for pairs of two documents, and r[i] for rows outside the
-// state's document (lightning.h).
+// state's document (lightning.h). pre (null, or [B, T, H, Dz] with strides ps): out is stored as
+// rounded(out) * silu'(pre), the gradient through a SiLU feature map (LightningOpts::q_pre).
 template <class T>
 void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
                  LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,
-                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os);
+                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os,
+                 const T* pre = nullptr, LightningLayout::Strides ps = {});
 
 }  // namespace linac::lightning_cuda

@@ -17,8 +17,14 @@
 // of two documents, and r[i] of rows outside the state's document. Each thread reads the bounds
 // of its two rows: lower, columns j >= st(t0 + i) - t0 and the state term when st(t0 + i) <
 // max(t0, 1); upper, columns j < en(t0 + i) - t0 and the state term when en(t0 + i) > t0 + m - 1.
+// With `pre` (the dq and dk passes under a SiLU feature map, lightning.h) each output is rounded to
+// T and multiplied by silu'(pre) before it is stored: what silu_bwd would make of the stored dq or
+// dk, without their round trip through memory. The pre tile arrives by cp.async in the tile set the
+// slice leaves free, while the scores are masked and multiplied: read from global memory in the
+// store loop, its latency stalled the epilogue (the fused step ran 1% slower than the separate pass).
 #include <type_traits>
 
+#include "activation/sigmoid.cuh"
 #include "lightning/lightning_common.cuh"
 
 namespace linac {
@@ -36,11 +42,12 @@ struct PassCfg {
   static constexpr int kTables = 2 * kC * sizeof(float), kSmem = 6 * kTile + kTables;
 };
 
-template <class T, bool kUpper, bool kStateT, bool kDocs>
+template <class T, bool kUpper, bool kStateT, bool kDocs, bool kSilu>
 __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
     pass_kernel(int Dx, int Dz, const T* __restrict__ x, LightningLayout::Strides xs, const T* __restrict__ y,
                 LightningLayout::Strides ys, const T* __restrict__ z, LightningLayout::Strides zs,
-                const T* __restrict__ states, T* __restrict__ out, LightningLayout::Strides os, Args a) {
+                const T* __restrict__ states, T* __restrict__ out, LightningLayout::Strides os,
+                const T* __restrict__ pre, LightningLayout::Strides ps, Args a) {
   using C = PassCfg<T>;
   constexpr int LD = C::LD;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -107,7 +114,16 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
       sm80::warp_mma<T, false, !kStateT, 8>(acc, tile(sl & 1, 0), LD, m0, 0, tile(sl & 1, 2), LD, 0, 0, ks);
       __syncthreads();  // the next iteration loads into the other set
     }
-    sm80::cp_async_wait<0>();
+    // The SiLU pre-activations of the outputs load into the set left free (Z and P take the other)
+    // while the scores are masked and multiplied by Z.
+    T* pre_tile = tile((ns + 1) & 1, 0);
+    if constexpr (kSilu) {
+      sm80::load_tile<T, kC, kW, 128>(pre_tile, LD, pre + b * ps.b + t0 * ps.t + h * Dz + z0, ps.t, m, vz);
+      sm80::cp_async_commit();
+      sm80::cp_async_wait<1>();
+    } else {
+      sm80::cp_async_wait<0>();
+    }
     __syncthreads();
     T* Z = tile(ns & 1, 0);
     int bound[2] = {0, 0};  // per row of this thread (hf): the first (lower) or one past the last (upper) column
@@ -150,12 +166,23 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
     const int k0 = kUpper ? m0 : 0, ksteps = kUpper ? 4 - warp : warp + 1;
     sm80::warp_mma<T, false, true, 8>(acc, P, LD, m0, k0, Z, LD, k0, 0, ksteps);
     T* ob = out + b * os.b + t0 * os.t + h * Dz + z0;
+    if constexpr (kSilu) {
+      sm80::cp_async_wait<0>();
+      __syncthreads();
+    }
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-        if (i < m && c < vz) sm80::store2(ob + i * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+        if (i >= m || c >= vz) continue;
+        float o0 = acc[nt][2 * hf], o1 = acc[nt][2 * hf + 1];
+        if constexpr (kSilu) {
+          const float2 p = sm80::load2f(pre_tile + i * LD + c);
+          o0 = cuda::rounded<T>(o0) * cuda::silu_grad(p.x);
+          o1 = cuda::rounded<T>(o1) * cuda::silu_grad(p.y);
+        }
+        sm80::store2(ob + i * os.t + c, o0, o1);
       }
   };
   out_slice(std::true_type{}, 0);
@@ -165,15 +192,15 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
   }
 }
 
-template <class T, bool kUpper, bool kStateT, bool kDocs>
+template <class T, bool kUpper, bool kStateT, bool kDocs, bool kSilu>
 void launch(const Ctx& ctx, const Args& a, int B, int Dx, int Dz, const T* x, LightningLayout::Strides xs, const T* y,
             LightningLayout::Strides ys, const T* z, LightningLayout::Strides zs, const T* states, T* out,
-            LightningLayout::Strides os) {
-  auto kernel = pass_kernel<T, kUpper, kStateT, kDocs>;
+            LightningLayout::Strides os, const T* pre, LightningLayout::Strides ps) {
+  auto kernel = pass_kernel<T, kUpper, kStateT, kDocs, kSilu>;
   constexpr int smem = PassCfg<T>::kSmem;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H));
-  kernel<<<grid, 128, smem, cuda::stream_of(ctx)>>>(Dx, Dz, x, xs, y, ys, z, zs, states, out, os, a);
+  kernel<<<grid, 128, smem, cuda::stream_of(ctx)>>>(Dx, Dz, x, xs, y, ys, z, zs, states, out, os, pre, ps, a);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -182,22 +209,29 @@ void launch(const Ctx& ctx, const Args& a, int B, int Dx, int Dz, const T* x, Li
 template <class T>
 void launch_pass(const Ctx& ctx, const Args& a, int B, bool upper, bool state_t, int Dx, int Dz, const T* x,
                  LightningLayout::Strides xs, const T* y, LightningLayout::Strides ys, const T* z,
-                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os) {
+                 LightningLayout::Strides zs, const T* states, T* out, LightningLayout::Strides os, const T* pre,
+                 LightningLayout::Strides ps) {
+  // Only the dq and dk passes (the transposed states) ever take the SiLU derivative.
+  LINAC_CHECK(!pre || state_t, "lightning (GPU): the SiLU derivative is for the dq and dk passes");
   auto pick = [&](auto docs) {
     constexpr bool kDocs = decltype(docs)::value;
-    return upper ? (state_t ? launch<T, true, true, kDocs> : launch<T, true, false, kDocs>)
-                 : (state_t ? launch<T, false, true, kDocs> : launch<T, false, false, kDocs>);
+    if (state_t)
+      return upper ? (pre ? launch<T, true, true, kDocs, true> : launch<T, true, true, kDocs, false>)
+                   : (pre ? launch<T, false, true, kDocs, true> : launch<T, false, true, kDocs, false>);
+    return upper ? launch<T, true, false, kDocs, false> : launch<T, false, false, kDocs, false>;
   };
   auto fn = a.doc_start ? pick(std::true_type{}) : pick(std::false_type{});
-  fn(ctx, a, B, Dx, Dz, x, xs, y, ys, z, zs, states, out, os);
+  fn(ctx, a, B, Dx, Dz, x, xs, y, ys, z, zs, states, out, os, pre, ps);
 }
 
 template void launch_pass<float>(const Ctx&, const Args&, int, bool, bool, int, int, const float*,
                                  LightningLayout::Strides, const float*, LightningLayout::Strides, const float*,
-                                 LightningLayout::Strides, const float*, float*, LightningLayout::Strides);
+                                 LightningLayout::Strides, const float*, float*, LightningLayout::Strides,
+                                 const float*, LightningLayout::Strides);
 template void launch_pass<bf16_t>(const Ctx&, const Args&, int, bool, bool, int, int, const bf16_t*,
                                   LightningLayout::Strides, const bf16_t*, LightningLayout::Strides, const bf16_t*,
-                                  LightningLayout::Strides, const bf16_t*, bf16_t*, LightningLayout::Strides);
+                                  LightningLayout::Strides, const bf16_t*, bf16_t*, LightningLayout::Strides,
+                                  const bf16_t*, LightningLayout::Strides);
 
 }  // namespace lightning_cuda
 }  // namespace linac

@@ -1,7 +1,8 @@
 // Lightning Attention CPU reference: recurrent == quadratic == block, forward and backward
 // (double), block sizes 16/64, T not a multiple of them, decays from none to strong, Dk != Dv,
 // H > 1; gradient check of the block backward (initial state included); s = 0 is plain causal
-// linear attention; decode steps == forward; state carry; strong decay over a long T in float.
+// linear attention; decode steps == forward; state carry; strong decay over a long T in float;
+// the SiLU feature map's derivative in the backward (gradient check in every form).
 // q/k/v are strided views of one fused buffer, as the model passes them. Documents: every form
 // over packed rows equals each document run alone, forward and backward, double and float.
 #include <cmath>
@@ -146,6 +147,64 @@ TEST(LightningCpu, BlockGradCheckDouble) {
     const auto ds0v = to_doubles(ds0);
     EXPECT_LT(test::check_grad(loss, p.s0->data<double>(), ds0v.data(), ds0v.size(), 30, 4, 1e-5), 1e-6);
   }
+}
+
+// The SiLU feature map in the backward (LightningOpts::q_pre, k_pre): with q = SiLU(q_pre) and
+// k = SiLU(k_pre), dq and dk are the gradients of q_pre and k_pre; checked against finite
+// differences of the loss through SiLU, in every form, with documents too.
+TEST(LightningCpu, SiluFeatureGradCheckDouble) {
+  for (const LightningForm form : {LightningForm::Block, LightningForm::Recurrent, LightningForm::Quadratic}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    Problem p(2, 37, 2, 6, 5, 1.5, DType::F64, 13);
+    const LightningOpts o = block_of(16);
+    const int64_t HK = p.H * p.Dk;
+    // `in` holds [q_pre | k_pre | v]; `act` the same with SiLU applied to the q and k columns.
+    OwnedTensor act(DType::F64, Device::CPU, {p.B, p.T, p.W});
+    auto activate = [&] {
+      const double* x = p.in->data<double>();
+      double* y = act->data<double>();
+      for (int64_t r = 0; r < p.B * p.T; ++r)
+        for (int64_t j = 0; j < p.W; ++j) {
+          const double v = x[r * p.W + j];
+          y[r * p.W + j] = j < 2 * HK ? v / (1 + std::exp(-v)) : v;
+        }
+    };
+    activate();
+    LightningOpts og = o;
+    og.q_pre = p.q(p.in);
+    og.k_pre = p.k(p.in);
+    OwnedTensor ds0(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
+    test::poison(p.grad);
+    lightning_bwd(Ctx{}, p.q(act), p.k(act), p.v(act), p.decay, p.u, p.s0, p.dsf, p.q(p.grad), p.k(p.grad), p.v(p.grad),
+                  ds0, og, form);
+    std::vector<double> analytic = to_doubles(p.grad);
+    const int64_t n = p.in->numel();
+    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;  // the pad column
+    auto loss = [&] {
+      activate();
+      OwnedTensor out(DType::F64, Device::CPU, {p.B, p.T, p.H, p.Dv}),
+          sf(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
+      lightning_fwd(Ctx{}, p.q(act), p.k(act), p.v(act), p.decay, out, p.s0, sf, o, form);
+      double l = 0;
+      const auto ov = to_doubles(out), uu = to_doubles(p.u), sv = to_doubles(sf), d = to_doubles(p.dsf);
+      for (size_t i = 0; i < ov.size(); ++i) l += ov[i] * uu[i];
+      for (size_t i = 0; i < sv.size(); ++i) l += sv[i] * d[i];
+      return l;
+    };
+    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 160, 3, 1e-5),
+              1e-6);
+  }
+}
+
+// The pre-activations must have q's shape.
+TEST(LightningCpu, SiluFeatureNeedsQShape) {
+  Problem p(1, 5, 1, 4, 4, 1.0);
+  OwnedTensor ds0(DType::F64, Device::CPU, {1, 1, 4, 4});
+  LightningOpts opts;
+  opts.q_pre = p.q(p.in).narrow(1, 0, 4);  // T = 4 against 5
+  EXPECT_THROW(lightning_bwd(Ctx{}, p.q(p.in), p.k(p.in), p.v(p.in), p.decay, p.u, Tensor(), Tensor(), p.q(p.grad),
+                             p.k(p.grad), p.v(p.grad), ds0, opts),
+               Error);
 }
 
 // s = 0: o_t = sum_{u<=t} (q_t . k_u) v_u, written out directly; the hand check of docs/transnormer.md §2.3 too.

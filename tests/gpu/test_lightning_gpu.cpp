@@ -3,9 +3,11 @@
 // q/k/v and dq/dk/dv as strided views of fused buffers; Dk != Dv (256/128, 80/48), ragged last
 // blocks, decays from none to strong, both scans (the two-launch one for few state tiles, the
 // one-kernel walk for many), a long no-decay / strong-decay run, batch groups under a small
-// workspace, bitwise determinism, and the decode step.
+// workspace, bitwise determinism, the SiLU feature map's derivative in the backward, and the
+// decode step.
 #include <cmath>
 
+#include "activation/activation.h"
 #include "lightning/lightning.h"
 #include "test_util.h"
 
@@ -174,6 +176,50 @@ TEST(LightningGpu, DeterministicAndGrouped) {
       EXPECT_THROW(run(small, in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32), UserError);
       Tensor short_saved = saved->slice0(0, saved->numel() - 64);
       EXPECT_ANY_THROW(run(gctx.ctx(), in, d.qkv, d.decay, d.dout, d.s0, d.dsf, act, DType::F32, short_saved));
+    }
+  }
+}
+
+// The SiLU feature map's derivative in the dq and dk passes (LightningOpts::q_pre, k_pre) gives the
+// bits of lightning_bwd followed by silu_bwd, with both scans (few and many state tiles), a ragged
+// last block and Dk != Dv, in bf16 and f32; dv and ds0 are unchanged.
+TEST(LightningGpu, SiluFeatureGradEqualsSiluBwd) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Ctx& ctx = gctx.ctx();
+  for (const Case& c : {Case{2, 77, 3, 80, 48, true, 0.5}, Case{4, 130, 16, 128, 128, true, 0.5}}) {
+    for (DType act : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
+      Inputs in(c, 21);
+      Device_ d = upload(in, act);  // d.qkv: [q_pre | k_pre | v]
+      const int64_t HK = c.H * c.Dk;
+      auto qk_cols = [&](const Tensor& t) { return t.view({c.B * c.T, in.W}).narrow(1, 0, 2 * HK); };
+      OwnedTensor qkv(act, Device::CUDA, {c.B, c.T, in.W});  // [SiLU(q_pre) | SiLU(k_pre) | v]
+      copy_tensor(ctx, qkv, d.qkv);
+      silu_fwd(ctx, qk_cols(d.qkv), qk_cols(qkv));
+      auto backward = [&](bool fused) {
+        OwnedTensor g(act, Device::CUDA, {c.B, c.T, in.W}), ds0(DType::F32, Device::CUDA, {c.B, c.H, c.Dk, c.Dv});
+        test::poison(g);
+        test::poison(ds0);
+        LightningOpts opts;
+        if (fused) {
+          opts.q_pre = in.q(d.qkv);
+          opts.k_pre = in.k(d.qkv);
+        }
+        lightning_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), d.decay, d.dout, d.s0, d.dsf, in.q(g), in.k(g), in.v(g),
+                      ds0, opts);
+        if (!fused) {
+          OwnedTensor raw = to(g, Device::CUDA, act);
+          silu_bwd(ctx, qk_cols(d.qkv), qk_cols(raw), qk_cols(g));
+        }
+        ctx_synchronize(ctx);
+        return std::pair{std::move(g), std::move(ds0)};
+      };
+      const auto [fused, fused_ds0] = backward(true);
+      const auto [ref, ref_ds0] = backward(false);
+      const int64_t n = 2 * HK + c.H * c.Dv;  // q, k, v (not the pad columns, left poisoned)
+      EXPECT_EQ(test::columns(fused, 0, n), test::columns(ref, 0, n));
+      EXPECT_TRUE(test::same_bits(fused_ds0, ref_ds0));
     }
   }
 }

@@ -186,8 +186,8 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
   Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   queries_keys(proj, B, T, qa, qk);
   lightning_fwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
-                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs}, LightningForm::Block,
-                core_saved(B, T));
+                decay_, o.view({B, T, H_, dh_}), Tensor(), s_final, {opt_.block, env_.docs, {}, {}},
+                LightningForm::Block, core_saved(B, T));
   Tensor g = g_buf_.tensor(env_.act, {N, E_});
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
   matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
@@ -213,26 +213,31 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   Tensor d_o = env_.scratch->get("lightning.do", env_.act, {N, E_});
   srmsnorm_gate_bwd(ctx, o, u, rstd, dg, d_o, dproj.narrow(1, 3 * E_, E_));
 
-  // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V].
+  // Lightning attention, LRPE and SiLU backward into d[Qr|Kr|V]. Without LRPE the attention's
+  // backward applies SiLU's derivative itself (LightningOpts::q_pre) and writes d[Qr|Kr] directly.
   const Tensor qa = qa_buf_.tensor(env_.act, {N, 2 * E_});
   const Tensor qk = lrpe_ ? env_.scratch->get("lightning.qk", env_.act, {N, 2 * H_ * Dk_}) : qa;
   rotate(B, T, qa, qk);  // LRPE's output is not kept: the LRPE layer rotates again
-  Tensor dqk = env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_});
+  LightningOpts lo{opt_.block, env_.docs, {}, {}};
+  if (!lrpe_) {
+    lo.q_pre = bthd(proj, B, T, 0, H_, dh_);
+    lo.k_pre = bthd(proj, B, T, E_, H_, dh_);
+  }
+  const Tensor dqk = lrpe_ ? env_.scratch->get("lightning.dqk", env_.act, {N, 2 * H_ * Dk_}) : dproj;
   env_.open_comm_window();
   lightning_bwd(ctx, bthd(qk, B, T, 0, H_, Dk_), bthd(qk, B, T, H_ * Dk_, H_, Dk_), bthd(proj, B, T, 2 * E_, H_, dh_),
                 decay_, d_o.view({B, T, H_, dh_}), Tensor(), Tensor(), bthd(dqk, B, T, 0, H_, Dk_),
-                bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(),
-                {opt_.block, env_.docs}, LightningForm::Block, core_saved(B, T));
-  Tensor dqa = dqk;
+                bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dproj, B, T, 2 * E_, H_, dh_), Tensor(), lo,
+                LightningForm::Block, core_saved(B, T));
   if (lrpe_) {
-    dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});
+    Tensor dqa = env_.scratch->get("lightning.dqa", env_.act, {N, 2 * E_});
     const Tensor theta = ps.master(theta_), dtheta = ps.grad(theta_);
     lrpe_bwd(ctx, bthd(qa, B, T, 0, H_, dh_), theta, bthd(dqk, B, T, 0, H_, Dk_), bthd(dqa, B, T, 0, H_, dh_), dtheta,
              0, env_.docs);
     lrpe_bwd(ctx, bthd(qa, B, T, E_, H_, dh_), theta, bthd(dqk, B, T, H_ * Dk_, H_, Dk_), bthd(dqa, B, T, E_, H_, dh_),
              dtheta, 0, env_.docs);
+    silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
   }
-  silu_bwd(ctx, proj.narrow(1, 0, 2 * E_), dqa, dproj.narrow(1, 0, 2 * E_));
 
   // The input projection [Qr|Kr|V|U] = x Wqkvu^T.
   matmul(ctx, dproj, false, W, false, dx.view({N, d_}));
