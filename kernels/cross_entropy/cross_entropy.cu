@@ -2,8 +2,7 @@
 // Rows of up to 32768 logits in groups of four (the 32000, 4096 and 256 vocabularies of
 // configs/; not 50264 or 64000) are held in registers (cross_entropy_rows.cuh; on Hopper GPUs
 // streamed through shared memory by cross_entropy_sm90.cu). Other rows take two passes over
-// global memory (two_pass_row in cross_entropy_rows.cuh; on Hopper GPUs rows up to
-// kMaxLongRowBytes are read once, into shared memory, and make their two passes there).
+// global memory (two_pass_row in cross_entropy_rows.cuh), the second mostly from L2.
 // logits/dlogits are deliberately not __restrict__: the gradient may overwrite the logits.
 #include <algorithm>
 #include <cfloat>
@@ -53,8 +52,7 @@ const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits
   const int64_t v = logits.size(1);
   const bool vec = v % 4 == 0 && cuda::vec4_aligned(logits) && cuda::vec4_aligned(dlogits);
   if (vec && v / 4 <= int64_t{kRowGroups} * kMaxThreads)
-    return hopper && xent::rows_sm90_fit(logits, kMaxRowBytes) ? "rows_sm90" : "rows";
-  if (vec && hopper && xent::rows_sm90_fit(logits, kMaxLongRowBytes)) return "long_rows_sm90";
+    return hopper && xent::rows_sm90_fit(logits) ? "rows_sm90" : "rows";
   return "two_pass";
 }
 
@@ -68,8 +66,6 @@ void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tens
   const std::string_view kernel = cross_entropy_gpu_kernel(logits, dlogits);
 #if LINAC_WITH_SM90A
   if (kernel == "rows_sm90") return xent::rows_sm90(ctx, logits, targets, dlogits, losses, hits_ptr, grad_scale);
-  if (kernel == "long_rows_sm90")
-    return xent::long_rows_sm90(ctx, logits, targets, dlogits, losses, hits_ptr, grad_scale);
 #endif
   const bool vec = v % 4 == 0 && cuda::vec4_aligned(logits) && cuda::vec4_aligned(dlogits);
   const int64_t items = vec ? v / 4 : v;

@@ -35,8 +35,7 @@ void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogi
 
 // Which GPU kernel takes these logits: "rows_sm90" (a Hopper GPU in a build for sm_90: register
 // rows streamed through shared memory, cross_entropy_sm90.cu), "rows" (register rows read from
-// global memory), "long_rows_sm90" (Hopper, rows longer than 32768 whose bytes fit in shared
-// memory: two passes there) or "two_pass" (other rows: two passes over global memory).
+// global memory) or "two_pass" (longer rows: two passes over global memory).
 // LINAC_CROSS_ENTROPY_KERNELS=sm80 keeps Hopper GPUs on "rows" (comparisons and tests); unset or
 // "auto" picks; anything else is an error.
 const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits);

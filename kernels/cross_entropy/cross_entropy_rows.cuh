@@ -9,8 +9,7 @@
 // Two passes, for longer rows: pass 1 keeps a running max m and sum s = sum exp(x - m) per thread
 // (rescaling s only when the max grows, so one exponential per logit) and the block merges them
 // likewise (add_to_stats, row_stats); pass 2 re-reads the row and writes the gradient
-// (write_gradient). two_pass_row makes both over a row in global memory; the Hopper kernel for
-// long rows makes them chunk by chunk as the row arrives in shared memory.
+// (write_gradient). two_pass_row makes both over a row in global memory.
 // Each thread writes only elements it has itself read, and the target logit is read before the
 // block reductions' barriers, so the gradient may overwrite the logits.
 // hits (optional): the target is the first index holding the row max when its logit equals the
@@ -214,16 +213,10 @@ inline int row_threads(int64_t items) {
 
 // ---- Hopper (cross_entropy_sm90.cu, sm_90a): rows streamed through shared memory ----------------
 constexpr int64_t kMaxRowBytes = int64_t{4} * kRowGroups * kMaxThreads * sizeof(float);
-// Longer rows make their two passes in shared memory: a block holds one row in the 227 KiB an
-// H100/H200 block may have, less 1 KiB for the kernel's own variables: up to 57,856 f32 logits.
-constexpr int64_t kMaxLongRowBytes = int64_t{227} * 1024 - 1024;
-constexpr int kMaxLongRowChunks = 16;
-// Whether rows_sm90 (register rows, kMaxRowBytes) or long_rows_sm90 (kMaxLongRowBytes) takes
-// these logits: a row a whole number of 16-byte units, 16-byte aligned.
-bool rows_sm90_fit(const Tensor& logits, int64_t max_row_bytes);
+// Whether rows_sm90 takes these logits: a row of at most kMaxRowBytes, a whole number of 16-byte
+// units, 16-byte aligned.
+bool rows_sm90_fit(const Tensor& logits);
 void rows_sm90(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits, const Tensor& losses,
                float* hits, float grad_scale);
-void long_rows_sm90(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
-                    const Tensor& losses, float* hits, float grad_scale);
 
 }  // namespace linac::xent
