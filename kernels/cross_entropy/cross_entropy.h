@@ -13,8 +13,7 @@
 // very memory of logits (in place, same dtype): every row is read in full before any of it is
 // written. GPU: logits and dlogits f32 or bf16, losses f32; a row is held in a block's registers
 // up to V = 32768 (V a multiple of 4; one read per logit; cross_entropy_gpu_kernel), else one pass
-// for the running max and sum (online softmax) and a second for the writes, on a Hopper GPU over
-// the row held in shared memory (up to 231,424 bytes: 57,856 f32 logits). CPU: one dtype (f32 or
+// for the running max and sum (online softmax) and a second for the writes. CPU: one dtype (f32 or
 // f64).
 // A target >= V is a caller bug: the CPU throws linac::Error; the GPU, which cannot see the
 // targets from the host, reads nothing out of bounds and writes a NaN loss for that row

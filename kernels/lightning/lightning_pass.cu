@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(128, sizeof(T) == 2 ? 4 : 2)
     }
     __syncthreads();
     T* Z = tile(ns & 1, 0);
-    int bound[2] = {0, 0};  // per row of this thread (hf): the first (lower) or one past the last (upper) column
-    bool carry[2] = {true, true};
+    // Documents, per row of this thread (hf): the first (lower) or one past the last (upper) column.
+    [[maybe_unused]] int bound[2] = {0, 0};
+    [[maybe_unused]] bool carry[2] = {true, true};
     if constexpr (kDocs) {
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {

@@ -82,7 +82,7 @@ std::vector<StaleFile> remove_stale_temp_files(const std::string& out_dir) {
   std::vector<StaleFile> removed;
   std::error_code ec;
   // ckpt/ (checkpoints, `latest`) and out_dir itself (metrics.jsonl's rewrite on resume).
-  for (const fs::path dir : {fs::path(out_dir) / "ckpt", fs::path(out_dir)}) {
+  for (const fs::path& dir : {fs::path(out_dir) / "ckpt", fs::path(out_dir)}) {
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
