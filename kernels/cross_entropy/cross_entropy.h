@@ -13,8 +13,7 @@
 // very memory of logits (in place, same dtype): every row is read in full before any of it is
 // written. GPU: logits and dlogits f32 or bf16, losses f32; a row is held in a block's registers
 // up to V = 32768 (V a multiple of 4; one read per logit; cross_entropy_gpu_kernel), else one pass
-// for the running max and sum (online softmax) and a second for the writes. CPU: one dtype (f32 or
-// f64).
+// for the running max and sum (online softmax) and a second for the writes. CPU: one dtype (f32 or f64).
 // A target >= V is a caller bug: the CPU throws linac::Error; the GPU, which cannot see the
 // targets from the host, reads nothing out of bounds and writes a NaN loss for that row
 // (its gradient row is then softmax * grad_scale), which a non-finite-loss check catches.
@@ -34,7 +33,7 @@ void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogi
 
 // Which GPU kernel takes these logits: "rows_sm90" (a Hopper GPU in a build for sm_90: register
 // rows streamed through shared memory, cross_entropy_sm90.cu), "rows" (register rows read from
-// global memory) or "two_pass" (longer rows: two passes over global memory).
+// global memory) or "two_pass" (rows longer than 32768 or not a multiple of 4).
 // LINAC_CROSS_ENTROPY_KERNELS=sm80 keeps Hopper GPUs on "rows" (comparisons and tests); unset or
 // "auto" picks; anything else is an error.
 const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits);

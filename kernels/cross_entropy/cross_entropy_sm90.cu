@@ -1,16 +1,14 @@
-// Hopper cross-entropy (math in cross_entropy.h, row math in cross_entropy_rows.cuh):
-// persistent blocks, each taking rows blockIdx.x, + gridDim.x, ...; a row's logits arrive in
-// shared memory by bulk copies (cp.async.bulk, completing on mbarriers) issued before the
-// math and the gradient writes of the block's previous row, so the copy engine keeps reading
-// while the threads reduce and write. The kernels that read their rows straight from global
-// memory (cross_entropy.cu) cannot load the next row meanwhile.
-// The register rows (rows_sm90, up to kMaxRowBytes): the threads move their groups into registers
-// and the one row buffer takes the next row at once. (Longer rows held in shared memory, one row
-// per SM, ran slower than the two-pass kernel: kernels/cross_entropy/NOTES.md.)
+// Hopper cross-entropy for register rows (math in cross_entropy.h, row math in
+// cross_entropy_rows.cuh): persistent blocks, each taking rows blockIdx.x, + gridDim.x, ...; a
+// row's logits arrive in shared memory by one bulk copy (cp.async.bulk, completing on an
+// mbarrier), the threads move their groups into registers, and the copy of the block's next row
+// is issued before the math and the gradient writes of this one. The kernel that reads its row
+// straight from global memory (cross_entropy.cu) holds half an SM's registers per row and
+// cannot load the next row while it reduces and writes; here the copy engine keeps reading.
 // In place (dlogits = logits) stays safe: a block writes only its current row, and the copy in
 // flight reads another.
 // Layout: logits, dlogits [N, V] contiguous, V * sizeof(logit) a multiple of 16 bytes (the bulk
-// copy's unit).
+// copy's unit) and at most kMaxRowBytes.
 #include "common/mma_sm80.cuh"
 #include "common/sm90.cuh"
 #include "cross_entropy/cross_entropy_rows.cuh"

@@ -2,9 +2,8 @@
 // kernels (swiglu.cu) and the Hopper GEMMs that apply it in their epilogues
 // (swiglu_linear_*_sm90.cu), so both give the same bits for the same inputs.
 //
-// The sigmoid is activation/sigmoid.cuh's (four instructions; the GEMM epilogues
-// run this on a few warps per SM, where each instruction and the dependent latency of each element
-// count).
+// The sigmoid is activation/sigmoid.cuh's (four instructions: the GEMM epilogues run this on a
+// few warps per SM, where each instruction and the dependent latency of each element count).
 #pragma once
 
 #include <cuda_runtime.h>
