@@ -42,6 +42,11 @@ const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Ten
   return "composite";
 }
 
+bool swiglu_linear_bwd_writes_da(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h,
+                                 const Tensor& dh) {
+  return !fused(ctx, dy, w_out, h, dh);
+}
+
 int swiglu_linear_cluster() {
   const char* env = std::getenv("LINAC_SWIGLU_CLUSTER");
   const std::string choice = env ? env : "";

@@ -31,6 +31,11 @@ namespace linac {
 // forward's x, W_in, a or the backward's dy, W_out, dh.
 const char* swiglu_linear_gpu_kernel(const Tensor& x, const Tensor& w, const Tensor& h, const Tensor& y);
 
+// Whether swiglu_linear_bwd with these operands writes da (the composite path): callers need a
+// buffer for da only then.
+bool swiglu_linear_bwd_writes_da(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h,
+                                 const Tensor& dh);
+
 // CTAs per cluster of the fused kernels (1 or 2, from LINAC_SWIGLU_CLUSTER).
 int swiglu_linear_cluster();
 

@@ -1,7 +1,6 @@
 #include "model/channel/swiglu_mlp.h"
 
 #include <cmath>
-#include <string_view>
 
 #include "matmul/matmul.h"
 #include "swiglu/swiglu_linear.h"
@@ -62,10 +61,9 @@ void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
   Tensor dy2 = dy.view({N, d_});
   Tensor dh = env_.scratch->get("mlp.dh", env_.act, {N, 2 * F_});
-  // The fused kernel never writes da: no scratch for it.
-  const bool fused =
-      ctx.is_gpu() && std::string_view(swiglu_linear_gpu_kernel(dy2, ps.weight(w2_), h, dh)) == "fused_sm90";
-  Tensor da = fused ? Tensor() : env_.scratch->get("mlp.da", env_.act, {N, F_});
+  const Tensor da = swiglu_linear_bwd_writes_da(ctx, dy2, ps.weight(w2_), h, dh)
+                        ? env_.scratch->get("mlp.da", env_.act, {N, F_})
+                        : Tensor();
   swiglu_linear_bwd(ctx, dy2, ps.weight(w2_), h, da, dh, act_);
   matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
   matmul(ctx, dh, false, ps.weight(w13_), false, dx.view({N, d_}));
