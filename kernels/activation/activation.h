@@ -28,6 +28,11 @@ template <class T>
 void silu_fwd_cpu(const SiluLayout& L, const T* x, T* y);
 template <class T>
 void silu_bwd_cpu(const SiluLayout& L, const T* x, const T* dy, T* dx);
+// silu_bwd_cpu in place over B sequences of `rows` rows of C elements: g <- g * silu'(pre), each with
+// its own batch and token strides (the [B, T, H, D] views of ops whose features are SiLU(pre)).
+template <class T>
+void silu_grad_inplace_cpu(int64_t B, int64_t rows, int64_t C, const T* pre, int64_t pre_b, int64_t pre_t, T* g,
+                           int64_t g_b, int64_t g_t);
 
 void silu_fwd_cuda(const Ctx& ctx, const SiluLayout& L, const Tensor& x, const Tensor& y);
 void silu_bwd_cuda(const Ctx& ctx, const SiluLayout& L, const Tensor& x, const Tensor& dy, const Tensor& dx);

@@ -68,16 +68,6 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
     LINAC_CHECK(!t->defined() || t->dtype == dt, "lightning: CPU dtypes must agree");
 }
 
-// The SiLU feature map's derivative on the CPU (lightning.h): g (dq or dk) becomes g * silu'(pre),
-// sequence by sequence (rows of H * D elements at the token stride).
-template <class F>
-void silu_grad_cpu(const LightningLayout& L, int64_t D, const Tensor& pre, const LightningLayout::Strides& ps, F* g,
-                   const LightningLayout::Strides& gs) {
-  SiluLayout S;
-  S.N = L.T, S.C = L.H * D, S.x = ps.t, S.dy = gs.t, S.dx = gs.t;
-  for (int64_t b = 0; b < L.B; ++b) silu_bwd_cpu<F>(S, pre.data<F>() + b * ps.b, g + b * gs.b, g + b * gs.b);
-}
-
 // The GPU kernels' blocks of a sequence of T tokens (C = 64, lightning_common.cuh's kC).
 int64_t gpu_blocks(int64_t T) {
   constexpr int64_t C = 64;
@@ -150,8 +140,13 @@ void lightning_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
                                                  : lightning_bwd_quadratic_cpu<F>;
     fn(L, q.data<F>(), k.data<F>(), v.data<F>(), decay.data<F>(), ptr_or_null<F>(s0), dout.data<F>(),
        ptr_or_null<F>(ds_final), dq.data<F>(), dk.data<F>(), dv.data<F>(), ptr_or_null<F>(ds0));
-    if (opts.q_pre.defined()) silu_grad_cpu<F>(L, L.Dk, opts.q_pre, L.q_pre, dq.data<F>(), L.dq);
-    if (opts.k_pre.defined()) silu_grad_cpu<F>(L, L.Dk, opts.k_pre, L.k_pre, dk.data<F>(), L.dk);
+    // The SiLU feature map's derivative (lightning.h): dq, dk become the gradients of the pre-activations.
+    if (opts.q_pre.defined())
+      silu_grad_inplace_cpu<F>(L.B, L.T, L.H * L.Dk, opts.q_pre.data<F>(), L.q_pre.b, L.q_pre.t, dq.data<F>(), L.dq.b,
+                               L.dq.t);
+    if (opts.k_pre.defined())
+      silu_grad_inplace_cpu<F>(L.B, L.T, L.H * L.Dk, opts.k_pre.data<F>(), L.k_pre.b, L.k_pre.t, dk.data<F>(), L.dk.b,
+                               L.dk.t);
   });
 }
 
