@@ -1,6 +1,6 @@
 // Device sigmoid and SiLU' shared by the gated-activation kernels (activation, swiglu, norm_gate,
-// short_conv, the lightning passes); the math is in sigmoid.h, whose host versions (exact, from
-// exp(-|x|)) the CPU references use.
+// short_conv, the lightning passes, the VQ-attention gradient store); the math is in sigmoid.h,
+// whose host versions (exact, from exp(-|x|)) the CPU references use.
 //
 // The sigmoid is 1 / (1 + 2^(-x log2 e)) in the hardware's approximate exp2 and reciprocal,
 // flushing subnormals (relative error ~1e-7, far below the bf16 rounding of the results): four

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "activation/activation.h"
 #include "core/buffer.h"
 #include "core/dispatch.h"
 #include "elementwise/elementwise.h"
@@ -247,16 +248,21 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
   check_dense(dvr, q, {L.H, L.Dk}, "dvr");
   check_dense(drho, q, {L.H, L.Lb + 1, L.Dk}, "drho");
   L.o = strides(o), L.dout = strides(dout), L.dq = strides(dq), L.dkhat = strides(dkhat), L.dv = strides(dv);
+  const Tensor& v_pre = opts.v_pre;
+  if (v_pre.defined()) {
+    check_bthd(v_pre, q, L.Dv, "v_pre");
+    L.v_pre = strides(v_pre);
+  }
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
     LINAC_CHECK(form == VqAttnForm::Block, "vq_attn_bwd: the GPU runs the block form only");
     check_float_act(q, "q");
-    check_same_dtype("activation", {&q, &khat, &v, &o, &dout, &dq, &dkhat, &dv});
+    check_same_dtype("activation", {&q, &khat, &v, &o, &dout, &dq, &dkhat, &dv, &v_pre});
     check_same_dtype("f32", {&codebook, &u, &vr, &rho, &lse, &du, &dvr, &drho});
     LINAC_CHECK(codebook.dtype == DType::F32, "vq_attn_bwd: codebook, u, vr, rho, lse, du, dvr, drho must be f32");
 #if LINAC_WITH_CUDA
     if (!L.docs.defined()) {
-      vq_attn_bwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho);
+      vq_attn_bwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho, v_pre);
       return;
     }
     // The first document writes du, dvr, drho; each later one writes its own into the end of the
@@ -273,7 +279,8 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
     for (const DocSpan& d : doc_spans(L)) {
       vq_attn_bwd_cuda(c, part(L, d), part(q, d), part(khat, d), part(z, d), part(v, d), codebook, u, vr, rho,
                        part(o, d), part(lse, d), part(dout, d), part(dq, d), part(dkhat, d), part(dv, d),
-                       first ? du : du_d, first ? dvr : dvr_d, first ? drho : drho_d);
+                       first ? du : du_d, first ? dvr : dvr_d, first ? drho : drho_d,
+                       v_pre.defined() ? part(v_pre, d) : Tensor());
       if (!first) {
         add_inplace(ctx, du, du_d, 1.f);
         add_inplace(ctx, dvr, dvr_d, 1.f);
@@ -284,12 +291,16 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
 #endif
     return;
   }
-  check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse, &dout, &dq, &dkhat, &dv, &du, &dvr, &drho});
+  check_same_dtype(
+      "CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &lse, &dout, &dq, &dkhat, &dv, &du, &dvr, &drho, &v_pre});
   LINAC_CPU_DISPATCH(q.dtype, F, {
     auto fn = form == VqAttnForm::Block ? vq_attn_bwd_block_cpu<F> : vq_attn_bwd_quadratic_cpu<F>;
     fn(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(), codebook.data<F>(), u.data<F>(),
        vr.data<F>(), rho.data<F>(), o.data<F>(), lse.data<F>(), dout.data<F>(), dq.data<F>(), dkhat.data<F>(),
        dv.data<F>(), du.data<F>(), dvr.data<F>(), drho.data<F>());
+    if (v_pre.defined())
+      silu_grad_inplace_cpu<F>(L.B, L.T, L.H * L.Dv, v_pre.data<F>(), L.v_pre.b, L.v_pre.t, dv.data<F>(), L.dv.b,
+                               L.dv.t);
   });
 }
 

@@ -96,6 +96,10 @@ namespace linac {
 struct VqAttnOpts {
   int64_t block = 512;  // Lb: block length of the block form and the decode window
   DocBounds docs;        // defined: each document of a row attends within itself (header comment)
+  // Backward only. Defined: v = SiLU(v_pre) (the caller's feature map, [B,T,H,Dv] like v), and dv
+  // receives the gradient of v_pre: dv * silu'(v_pre), on the GPU with dv rounded to its dtype
+  // first, so the bits of vq_attn_bwd followed by silu_bwd (activation.h) without that pass.
+  Tensor v_pre;
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -105,7 +109,7 @@ struct VqAttnLayout {
     int64_t b = 0, t = 0;
   };
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
-  Strides q, khat, v, o, dout, dq, dkhat, dv;
+  Strides q, khat, v, o, dout, dq, dkhat, dv, v_pre;
   DocBounds docs;  // CPU forms: host memory
 };
 
@@ -164,7 +168,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
 void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                       const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
-                      const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho);
+                      const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho, const Tensor& v_pre);
 void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                        const VqAttnState& state, int64_t pos, const Tensor& o);

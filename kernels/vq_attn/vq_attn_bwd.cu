@@ -17,6 +17,7 @@
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
 
+#include "activation/sigmoid.cuh"
 #include "vq_attn/vq_common.cuh"
 
 namespace linac {
@@ -82,14 +83,16 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   }
 }
 
-// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t]. Four
-// dims per access where the outputs' rows are 4-aligned.
+// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t], times
+// silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's bits). Four
+// dims per access where the rows are 4-aligned.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z,
                                                                   T* __restrict__ dq, VqAttnLayout::Strides dqs,
                                                                   T* __restrict__ dkhat, VqAttnLayout::Strides dks,
                                                                   T* __restrict__ dv, VqAttnLayout::Strides dvs,
-                                                                  int log_tpr) {
+                                                                  const T* __restrict__ v_pre,
+                                                                  VqAttnLayout::Strides vps, int log_tpr) {
   const cuda::RowSlot rs = cuda::row_slot(log_tpr);
   if (rs.row >= g.P * g.T) return;
   const uint32_t pt = static_cast<uint32_t>(rs.row), p = pt / static_cast<uint32_t>(g.T);
@@ -100,6 +103,7 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
   T* dqo = dq + b * dqs.b + t * dqs.t + int64_t{h} * Dk;
   T* dko = dkhat + b * dks.b + t * dks.t + int64_t{h} * Dk;
   T* dvo = dv + b * dvs.b + t * dvs.t + int64_t{h} * Dv;
+  const T* pre = v_pre ? v_pre + b * vps.b + t * vps.t + int64_t{h} * Dv : nullptr;
   const float* qu = w.dqu + row * Dk;
   const float* qr = w.dqr + row * Dk;
   const float* kk = w.dk + row * Dk;
@@ -113,14 +117,23 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
     }
     for (int d = 4 * rs.lane; d < Dv; d += 4 * rs.lanes) {
       const float4 a = cuda::load4(vp + d), c = cuda::load4(cache + d);
-      cuda::store4(dvo + d, make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w));
+      float4 x = make_float4(a.x + c.x, a.y + c.y, a.z + c.z, a.w + c.w);
+      if (pre) {
+        const float4 p = cuda::load4(pre + d);
+        x = make_float4(cuda::rounded<T>(x.x) * cuda::silu_grad(p.x), cuda::rounded<T>(x.y) * cuda::silu_grad(p.y),
+                        cuda::rounded<T>(x.z) * cuda::silu_grad(p.z), cuda::rounded<T>(x.w) * cuda::silu_grad(p.w));
+      }
+      cuda::store4(dvo + d, x);
     }
   } else {
     for (int d = rs.lane; d < Dk; d += rs.lanes) {
       dqo[d] = from_float<T>(qu[d] + qr[d]);
       dko[d] = from_float<T>(kk[d]);
     }
-    for (int d = rs.lane; d < Dv; d += rs.lanes) dvo[d] = from_float<T>(vp[d] + cache[d]);
+    for (int d = rs.lane; d < Dv; d += rs.lanes) {
+      const float x = vp[d] + cache[d];
+      dvo[d] = from_float<T>(pre ? cuda::rounded<T>(x) * cuda::silu_grad(to_float(pre[d])) : x);
+    }
   }
 }
 
@@ -129,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
 void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                       const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
-                      const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho) {
+                      const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho, const Tensor& v_pre) {
   if (L.B * L.T * L.H == 0) return;
   const Geo g = vq_cuda::geo_of(L);
   Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), true, "vq_attn_bwd");
@@ -187,16 +200,13 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     auto rows_ok = [&](const Tensor& x, VqAttnLayout::Strides s) {
       return cuda::rows_vec4(x.ptr, sizeof(T), s.t) && s.b % 4 == 0;
     };
-    const bool vec = Dk % 4 == 0 && Dv % 4 == 0 && rows_ok(dq, L.dq) && rows_ok(dkhat, L.dkhat) && rows_ok(dv, L.dv);
+    const T* pre = v_pre.defined() ? v_pre.data<T>() : nullptr;
+    const bool vec = Dk % 4 == 0 && Dv % 4 == 0 && rows_ok(dq, L.dq) && rows_ok(dkhat, L.dkhat) && rows_ok(dv, L.dv) &&
+                     (!pre || rows_ok(v_pre, L.v_pre));
     const cuda::RowTiling rt = cuda::row_tiling(g.P * g.T, std::max(Dk, Dv) / (vec ? 4 : 1), kThreads);
-    if (vec)
-      vq_store_grads_kernel<true, T><<<rt.blocks, kThreads, 0, st>>>(g, w, z.data<int32_t>(), dq.data<T>(), L.dq,
-                                                                   dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv,
-                                                                   rt.log_tpr);
-    else
-      vq_store_grads_kernel<false, T><<<rt.blocks, kThreads, 0, st>>>(g, w, z.data<int32_t>(), dq.data<T>(), L.dq,
-                                                                    dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv,
-                                                                    rt.log_tpr);
+    auto kernel = vec ? vq_store_grads_kernel<true, T> : vq_store_grads_kernel<false, T>;
+    kernel<<<rt.blocks, kThreads, 0, st>>>(g, w, z.data<int32_t>(), dq.data<T>(), L.dq, dkhat.data<T>(), L.dkhat,
+                                           dv.data<T>(), L.dv, pre, L.v_pre, rt.log_tpr);
     LINAC_CUDA_LAUNCH_CHECK();
     for (int64_t h = 0; h < g.H; ++h)
       gpu_memcpy_async(ctx, drho.data<float>() + h * (Lb + 1) * Dk, w.drho + h * g.ldp * Dk,

@@ -159,6 +159,66 @@ TEST(VqAttnCpu, BlockGradCheckDouble) {
   }
 }
 
+// VqAttnOpts::v_pre: with v = SiLU(v_pre) the backward writes d/dv_pre into dv, in both forms;
+// checked against central differences through the SiLU (fails if its derivative is skipped).
+TEST(VqAttnCpu, SiluValueGradCheckDouble) {
+  for (const VqAttnForm form : {VqAttnForm::Block, VqAttnForm::Quadratic}) {
+    SCOPED_TRACE(static_cast<int>(form));
+    Problem p({2, 23, 2, 6, 5, 4, 4}, 17);
+    // `in` holds q | khat | v_pre; `act` the same with SiLU applied to the v columns.
+    OwnedTensor act(DType::F64, Device::CPU, {p.s.B, p.s.T, p.W});
+    const int64_t v0 = 2 * p.s.H * p.s.Dk, v1 = v0 + p.s.H * p.s.Dv;
+    auto activate = [&] {
+      const double* x = p.in->data<double>();
+      double* y = act->data<double>();
+      for (int64_t r = 0; r < p.s.B * p.s.T; ++r)
+        for (int64_t j = 0; j < p.W; ++j) {
+          const double v = x[r * p.W + j];
+          y[r * p.W + j] = j >= v0 && j < v1 ? v / (1 + std::exp(-v)) : v;
+        }
+    };
+    auto forward = [&] {
+      activate();
+      Problem::Out r{OwnedTensor(DType::F64, Device::CPU, {p.s.B, p.s.T, p.s.H, p.s.Dv}),
+                     OwnedTensor(DType::F64, Device::CPU, {p.s.B, p.s.T, p.s.H})};
+      vq_attn_fwd(Ctx{}, p.q(act), p.khat(act), p.z, p.v(act), p.codebook, p.u, p.vr, p.rho, r.o, r.lse, p.opts, form);
+      return r;
+    };
+    const Problem::Out f = forward();
+    OwnedTensor du(DType::F64, Device::CPU, {p.s.H, p.s.Dk}), dvr(DType::F64, Device::CPU, {p.s.H, p.s.Dk});
+    OwnedTensor drho(DType::F64, Device::CPU, {p.s.H, p.s.Lb + 1, p.s.Dk});
+    VqAttnOpts og = p.opts;
+    og.v_pre = p.v(p.in);
+    test::poison(p.grad);
+    vq_attn_bwd(Ctx{}, p.q(act), p.khat(act), p.z, p.v(act), p.codebook, p.u, p.vr, p.rho, f.o, f.lse, p.dout,
+                p.q(p.grad), p.khat(p.grad), p.v(p.grad), du, dvr, drho, og, form);
+    std::vector<double> analytic = to_doubles(p.grad);
+    const int64_t n = p.in->numel();
+    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;  // the pad column
+    auto loss = [&] {
+      const auto o = to_doubles(forward().o), d = to_doubles(p.dout);
+      double l = 0;
+      for (size_t i = 0; i < o.size(); ++i) l += o[i] * d[i];
+      return l;
+    };
+    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 200, 3, 1e-5),
+              1e-6);
+  }
+}
+
+// The pre-activations must have v's shape.
+TEST(VqAttnCpu, SiluValueNeedsVShape) {
+  Problem p({1, 9, 1, 4, 5, 3, 4});
+  const Problem::Out f = p.forward(VqAttnForm::Block);
+  OwnedTensor du(DType::F64, Device::CPU, {1, 4}), dvr(DType::F64, Device::CPU, {1, 4}),
+      drho(DType::F64, Device::CPU, {1, 5, 4});
+  VqAttnOpts opts = p.opts;
+  opts.v_pre = p.v(p.in).narrow(1, 0, 8);  // T = 8 against 9
+  EXPECT_THROW(vq_attn_bwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, f.o, f.lse,
+                           p.dout, p.q(p.grad), p.khat(p.grad), p.v(p.grad), du, dvr, drho, opts),
+               Error);
+}
+
 TEST(VqAttnCpu, FloatMatchesDouble) {
   const Shape sh{2, 41, 2, 8, 12, 7, 6};
   Problem p(sh);

@@ -105,7 +105,7 @@ struct Gpu {
         dout(to(in.dout, Device::CUDA, act)), docs(to(in.window.docs, Device::CUDA, DType::I32)) {}
   VqAttnOpts opts(const Inputs& in) const {
     const int32_t* d = docs->data<int32_t>();
-    return {in.c.Lb, {d, d + in.B * in.T}};
+    return {in.c.Lb, {d, d + in.B * in.T}, {}};
   }
 };
 
@@ -120,7 +120,7 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     OwnedTensor u_r = to(g.u, Device::CPU, DType::F64), vr_r = to(g.vr, Device::CPU, DType::F64);
     OwnedTensor rho_r = to(g.rho, Device::CPU, DType::F64);
     OwnedTensor o_r = to(gr.o, Device::CPU, DType::F64), lse_r = to(gr.lse, Device::CPU, DType::F64);
-    const VqAttnOpts host{c.Lb, {in.bounds(), in.bounds() + in.B * in.T}};
+    const VqAttnOpts host{c.Lb, {in.bounds(), in.bounds() + in.B * in.T}, {}};
     Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, host, o_r,
                     lse_r);
     EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
@@ -135,7 +135,7 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
     // The reference itself differs from the stream form (the bounds are not a no-op).
     Result sr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64,
-                    VqAttnOpts{c.Lb, {}});
+                    VqAttnOpts{c.Lb, {}, {}});
     EXPECT_GT(test::rel_error(sr.o, cr.o), 1e-2);
   }
 }
