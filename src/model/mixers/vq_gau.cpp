@@ -13,6 +13,7 @@
 #include "reduce/reduce.h"
 #include "srmsnorm/srmsnorm.h"
 #include "swiglu/swiglu.h"
+#include "swiglu/swiglu_linear.h"
 #include "vq_attn/vq_attn.h"
 
 namespace linac {
@@ -77,6 +78,7 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   acc_sums_ = OwnedTensor(env.stat, env.device(), {H_, S_, Dk_});
   acc_counts_ = OwnedTensor(env.stat, env.device(), {H_, S_});
   err_sum_ = OwnedTensor(env.stat, env.device(), {1});
+  rho_ = OwnedTensor(env.stat, env.device(), {H_, Lb_ + 1, Dk_});
   zero_tensor(err_sum_);
   zero_tensor(acc_sums_);
   zero_tensor(acc_counts_);
@@ -103,6 +105,8 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
   q_buf_ = env_.saved->take(N * HDk * act);
   k_buf_ = env_.saved->take(N * HDk * act);
   khat_buf_ = env_.saved->take(N * HDk * act);
+  v_buf_ = env_.saved->take(N * static_cast<size_t>(Dv_) * act);
+  gated_buf_ = env_.saved->take(N * static_cast<size_t>(Dv_) * act);
   z_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * sizeof(int32_t));
   rstd_buf_ = env_.saved->take(N * 2 * static_cast<size_t>(H_) * stat);
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
@@ -118,7 +122,7 @@ int64_t VqGauMixer::state_elems(int64_t T) const {
 
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
-  return N * ((static_cast<size_t>(Pqkv_ + 2 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
+  return N * ((static_cast<size_t>(Pqkv_ + 4 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
               static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat)));
 }
 
@@ -141,10 +145,9 @@ Tensor VqGauMixer::codebook() {
 
 Tensor VqGauMixer::rho() {
   const Tensor wr = env_.params->master(wr_);
-  Tensor r = env_.scratch->get("gau.rho", env_.stat, {H_, Lb_ + 1, Dk_});
   for (int64_t h = 0; h < H_; ++h)
-    matmul(env_.ctx, sinusoids_, false, wr.slice0(h * Dk_, (h + 1) * Dk_), true, r.select(0, h));
-  return r;
+    matmul(env_.ctx, sinusoids_, false, wr.slice0(h * Dk_, (h + 1) * Dk_), true, rho_->select(0, h));
+  return rho_;
 }
 
 void VqGauMixer::queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd) {
@@ -178,15 +181,15 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
     ProfileScope prof(ctx, "VQ quantizer", Profiler::Level::Op);
     vq_quantize(ctx, k.view({B, T, H_, Dk_}), C, z, khat, err);
   }
-  Tensor v = env_.scratch->get("gau.v", env_.act, {N, Dv_});
+  Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
   silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
   const Tensor r = rho();
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_fwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
-                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_, env_.docs});
+                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_, env_.docs, {}});
   }
-  Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
+  Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
   matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}));
   sum(ctx, err, err_sum_);
@@ -207,29 +210,31 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const Tensor rstd = rstd_buf_.tensor(env_.stat, {2 * H_ * N});
   const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_});
 
-  // Output projection and gate.
-  Tensor gated = env_.scratch->get("gau.gated", env_.act, {N, Dv_});
-  swiglu_fwd(ctx, go, gated, GluAct::Silu);
+  // Output projection and gate: the gate's backward in the epilogue of d(o * g) = dy Wo where the
+  // GPU allows (swiglu_linear.h), as the channel mixer's.
+  const Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
   matmul(ctx, dy2, true, gated, false, ps.grad(wo_), 1.f, 1.f);
-  Tensor dgated = env_.scratch->get("gau.dgated", env_.act, {N, Dv_});
-  matmul(ctx, dy2, false, ps.weight(wo_), false, dgated);
   Tensor dgo = env_.scratch->get("gau.dgo", env_.act, {N, 2 * Dv_});
-  swiglu_bwd(ctx, go, dgated, dgo, GluAct::Silu);
+  const Tensor dgated = swiglu_linear_bwd_writes_da(ctx, dy2, ps.weight(wo_), go, dgo)
+                            ? env_.scratch->get("gau.dgated", env_.act, {N, Dv_})
+                            : Tensor();
+  swiglu_linear_bwd(ctx, dy2, ps.weight(wo_), go, dgated, dgo, GluAct::Silu);
 
   // VQ-attention backward; straight-through keys plus the commitment term 2 beta (k - khat).
-  Tensor v = env_.scratch->get("gau.v", env_.act, {N, Dv_});
-  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
+  const Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
   const Tensor C = codebook();
   Tensor dq = env_.scratch->get("gau.dq", env_.act, {N, HDk}), dk = env_.scratch->get("gau.dk", env_.act, {N, HDk});
-  Tensor dv = env_.scratch->get("gau.dv", env_.act, {N, Dv_});
+  // The op takes SiLU's derivative itself (v_pre) and writes dV' into the projection's gradient.
+  Tensor dproj = env_.scratch->get("gau.dproj", env_.act, {N, Pqkv_});
   Tensor du = env_.scratch->get("gau.du", env_.stat, {H_, Dk_}), dvr = env_.scratch->get("gau.dvr", env_.stat, {H_, Dk_});
   Tensor drho = env_.scratch->get("gau.drho", env_.stat, {H_, Lb_ + 1, Dk_});
-  const Tensor r = rho();
+  const Tensor r = rho_;  // this step's forward made it from the same Wr
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
-    vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_),
-                r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
-                dk.view({B, T, H_, Dk_}), dv.view({B, T, H_, Dvh_}), du, dvr, drho, {Lb_, env_.docs});
+    vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
+                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_),
+                dq.view({B, T, H_, Dk_}), dk.view({B, T, H_, Dk_}), bthd(dproj, B, T, 2 * HDk, H_, Dvh_), du, dvr, drho,
+                {Lb_, env_.docs, bthd(proj, B, T, 2 * HDk, H_, Dvh_)});
   }
   add_inplace(ctx, ps.grad(u_), du, 1.f);
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);
@@ -251,14 +256,12 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   add_inplace(ctx, acc_sums_, sums, 1.f);
   add_inplace(ctx, acc_counts_, counts, 1.f);
 
-  // Normalisations and activations back into d[Qr|Kr|V'] and dG'.
+  // Normalisations back into d[Qr|Kr] (dV' and dG' are in place).
   scale_inplace(ctx, dq, qk_scale_);
   scale_inplace(ctx, dk, qk_scale_);
-  Tensor dproj = env_.scratch->get("gau.dproj", env_.act, {N, Pqkv_});
   for (int64_t i = 0; i < 2 * H_; ++i)
     srmsnorm_bwd(ctx, proj.narrow(1, i * Dk_, Dk_), rstd.narrow(0, i * N, N),
                  (i < H_ ? dq : dk).narrow(1, (i % H_) * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), /*accumulate=*/false);
-  silu_bwd(ctx, proj.narrow(1, 2 * HDk, Dv_), dv, dproj.narrow(1, 2 * HDk, Dv_));
   const Tensor dg = dgo.narrow(1, 0, Dv_);
   matmul(ctx, dproj, false, W.slice0(0, Pqkv_), false, dx.view({N, d_}));
   matmul(ctx, dg, false, W.slice0(Pqkv_, Pqkv_ + Dv_), false, dx.view({N, d_}), 1.f, 1.f);

@@ -24,7 +24,8 @@
 // resume bit for bit); and truncated-backprop windows with a state carried between windows (the
 // cache starts empty in every sequence; docs/transformer_vq.md).
 // Saved for backward: [Qr|Kr|V'] raw projections (act), [G'|o] (act), q and k normalised and
-// scaled, khat (act), z (int32), the norms' rstd and lse (f32 on the GPU).
+// scaled, khat (act), v and the gated o * g (act: the backward reads them instead of recomputing
+// SiLU and the gate), z (int32), the norms' rstd and lse (f32 on the GPU); rho per layer.
 // Decoding: per sequence a ring of Lb quantized keys and values plus S per-code counts and value
 // means per head: constant memory whatever the length.
 // Documents (docs/transformer_vq.md §3.4): the attention runs each document as a sequence of its
@@ -70,7 +71,7 @@ class VqGauMixer final : public Mixer {
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
-  // codebook = c_sum / max(c_count, 0.01), into scratch; rho [H, Lb+1, Dk] from Wr, into scratch.
+  // codebook = c_sum / max(c_count, 0.01), into scratch; rho [H, Lb+1, Dk] from Wr, into rho_.
   Tensor codebook();
   Tensor rho();
   // env_.ctx with the VQ-attention kernels' scratch as its workspace (GPU).
@@ -85,11 +86,13 @@ class VqGauMixer final : public Mixer {
   int wqkvg_, wr_, u_, vr_, wo_, c_sum_, c_count_;
   OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
-  SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
+  SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, v_buf_, gated_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
   int64_t capacity_ = 0;
   // The last forward's sum of ||k - khat||^2 on the device, read only when aux_loss_sum asks: a
   // read-back per layer would stall the stream in every forward.
   OwnedTensor err_sum_;
+  // rho of the last forward (or decode step): the backward reads it rather than repeat the GEMM.
+  OwnedTensor rho_;
 };
 
 }  // namespace linac
