@@ -28,7 +28,7 @@
 namespace linac::vq_cuda {
 
 inline constexpr size_t kBlasBytes = size_t{32} << 20;        // cuBLASLt's share of the workspace
-inline constexpr size_t kChunkBytesGoal = size_t{256} << 20;  // chunk scratch vq_attn_workspace_bytes asks for
+inline constexpr size_t kChunkBytesGoal = size_t{1} << 30;    // chunk scratch vq_attn_workspace_bytes asks for
 
 struct Geo {
   int64_t B, T, H, Dk, Dv, S, Lb;
