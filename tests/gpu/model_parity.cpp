@@ -55,6 +55,30 @@ ModelConfig gpu_tiny_of(const ArchInfo& arch) {
   return c;
 }
 
+ModelConfig gpu_config_of(const std::string& arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.n_layers = 3;
+  c.d_model = 128;
+  c.n_heads = 2;  // head dim 64 (attention, windows, Latte), GLA Dk 32 / Dv 64, TNL dh 64
+  c.vocab_size = 1000;
+  c.ffn_hidden = 352;
+  if (arch == "based") {
+    c.layers = {"base_conv", "taylor", "sliding_window"};
+    c.mixers = {{"taylor", {{"feature_dim", 16}}}, {"sliding_window", {{"window", 16}}}};
+  }
+  if (arch == "transnormer") c.norm_eps = 1e-6;
+  if (arch == "latte") c.mixer = {{"latents", 32}};
+  if (arch == "latte_macchiato") c.mixer = {{"latents", 32}, {"window", 33}};
+  if (arch == "transformer_vq") {
+    c.n_heads = 1;
+    c.final_norm = false;
+    c.head_bias = true;
+    c.mixer = {{"dk", 64}, {"dv", 256}, {"codebook", 32}, {"block", 16}, {"beta", 0.01}};
+  }
+  return c;
+}
+
 void check_model_gpu_decode(const ModelConfig& cfg, int64_t B, int64_t T, const std::vector<int64_t>& probes,
                             double tol, int64_t prompt) {
   for (int64_t t : probes) LINAC_CHECK(t >= prompt - 1 && t < T, "check_model_gpu_decode: probe outside the decoded span");

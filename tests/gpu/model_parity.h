@@ -15,6 +15,14 @@ namespace linac::test {
 // embeddings, at least two layers (every mixer of the pattern once).
 ModelConfig gpu_tiny_of(const ArchInfo& arch);
 
+// Three layers of d 128 of each architecture in kGpuConfigArchs with mixer options its GPU kernels
+// take at small sizes (Based's three mixers, windows, Latte's latents, Transformer-VQ's blocks of
+// 16 and a codebook of 32): for whole-step checks such as recompute and step graphs.
+ModelConfig gpu_config_of(const std::string& arch);
+inline const std::vector<std::string> kGpuConfigArchs = {"transformer", "gla",           "based",
+                                                          "transnormer", "latte",         "latte_macchiato",
+                                                          "transformer_vq"};
+
 // Parameters initialised to zero (biases) get random values first so their paths carry
 // gradient. The CPU model starts from the GPU's compute weights (bf16-rounded where the GPU
 // reads bf16; f32 masters for norms, biases and the embedding gather).
