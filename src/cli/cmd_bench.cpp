@@ -25,7 +25,8 @@ namespace {
 
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
-    "                   [--steps N] [--warmup N] [--doc-len L] [--profile] [--set key.path=value]... [--json]\n"
+    "                   [--steps N] [--warmup N] [--doc-len L] [--profile] [--no-graph] [--set key.path=value]...\n"
+    "                   [--json]\n"
     "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn [--seq-lens ...]\n"
     "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F] [--window W] [--doc-len L]\n"
     "                   [--latents L (latte, per head; default 16) --macchiato] [--codes S --block Lb (vq_attn)]\n"
@@ -41,10 +42,12 @@ const char* kUsage =
     "CPU path, prints no MFU and reports peak host memory. --profile then runs --steps more steps\n"
     "with every phase (embedding, norms, each token mixer's forward and backward, channel mixers, LM\n"
     "head and loss, gradient all-reduce, optimizer) and op family (GEMM, attention, cross-entropy)\n"
-    "timed by device events, and prints where a step's time goes. --doc-len L times document packing\n"
-    "(data.packing \"document\", which then needs it): every token is an EOS with probability 1/L, so\n"
-    "document lengths are geometric with mean L; MFU is not reported then (a document's attention does\n"
-    "less than a causal window's work).\n"
+    "timed by device events (each kernel launched on its own), and prints where a step's time goes.\n"
+    "On one GPU the timed steps replay each micro-batch's forward and backward from a CUDA graph where\n"
+    "the mixers allow it (train.cuda_graph); --no-graph launches every kernel on its own.\n"
+    "--doc-len L times document packing (data.packing \"document\", which then needs it): every token\n"
+    "is an EOS with probability 1/L, so document lengths are geometric with mean L; MFU is not reported\n"
+    "then (a document's attention does less than a causal window's work).\n"
     "Under mpirun every rank runs --tokens-per-step tokens per step (weak scaling) and rank 0\n"
     "reports the job's total tokens/s; gradients are all-reduced as in training\n"
     "(--set train.overlap_comm=false to reduce after the backward instead of during it,\n"
@@ -75,6 +78,7 @@ struct BenchOptions {
   int64_t micro_tokens, step_tokens, steps, warmup;
   double doc_len = 0;  // > 0: document packing with this mean document length
   bool as_json, profile;
+  bool graph = true;  // --no-graph: train.cuda_graph off
 };
 
 // What one rank runs: the model, its optimizer step and the device, as `linac train` builds them.
@@ -188,6 +192,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
             {"overlap_comm", run.cfg.train.overlap_comm},
             {"reduce_dtype", run.cfg.train.reduce_dtype},
             {"recompute", run.cfg.train.recompute},
+            {"cuda_graph_replays", run.stepper->graph_replays()},
             {"zero", run.model->params().sharded() ? run.cfg.train.zero : 0},
             {"params", run.model->n_params()},
             {"buckets", red ? static_cast<int64_t>(red->buckets()) : 0},
@@ -223,6 +228,7 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
     dist = ", " + std::string(run.comm->backend()) + ", not overlapped";
   }
   if (world > 1 && cfg.train.reduce_dtype == "bf16") dist += ", gradients reduced in bf16";
+  if (run.stepper->graph_replays() > 0) dist += ", micro-batches replayed from CUDA graphs";
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
               cfg.train.recompute.c_str(),
@@ -259,6 +265,7 @@ int bench_model(Args& args, const std::string& path) {
   o.warmup = args.get_int("warmup", 2);
   o.as_json = args.flag("json");
   o.profile = args.flag("profile");
+  o.graph = !args.flag("no-graph");
   if (args.get("doc-len")) {
     o.doc_len = args.get_double("doc-len", 0);
     if (!(o.doc_len >= 1)) throw UserError("--doc-len must be at least 1 (a mean document length in tokens)");
@@ -284,6 +291,7 @@ int bench_model(Args& args, const std::string& path) {
   run.model->init_params(cfg.train.seed);
   run.tc = cfg.train;
   run.tc.steps = o.warmup + o.steps;
+  run.tc.cuda_graph = run.tc.cuda_graph && o.graph;
   run.stepper = std::make_unique<TrainStep>(*run.model, run.tc, run.comm.get());
   run.stepper->sync_weights();
 

@@ -119,6 +119,7 @@ json Config::to_json() const {
                 {"out_dir", train.out_dir},
                 {"init_from", train.init_from},
                 {"max_bad_steps", train.max_bad_steps},
+                {"cuda_graph", train.cuda_graph},
                 {"overlap_comm", train.overlap_comm},
                 {"bucket_mb", train.bucket_mb},
                 {"reduce_dtype", train.reduce_dtype},
@@ -205,6 +206,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.out_dir = t.get_string("out_dir", tr.out_dir);
   tr.init_from = t.get_string("init_from", tr.init_from);
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
+  tr.cuda_graph = t.get_bool("cuda_graph", tr.cuda_graph);
   tr.overlap_comm = t.get_bool("overlap_comm", tr.overlap_comm);
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
   tr.reduce_dtype = t.get_choice("reduce_dtype", tr.reduce_dtype, {"f32", "bf16"});

@@ -82,6 +82,8 @@ struct TrainConfig {
   // step or data position. "" = a random init. A resumed run ignores it.
   std::string init_from;
   int64_t max_bad_steps = 5;
+  // One GPU: each micro-batch's forward and backward replayed from a CUDA graph (train/train_step.h).
+  bool cuda_graph = true;
   bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
   double bucket_mb = 25;     // gradient bucket size for the all-reduce
   // Data parallel: the dtype gradients cross between ranks in, f32 (the master dtype) | bf16 (half

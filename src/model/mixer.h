@@ -25,6 +25,12 @@
 //                    A CUDA graph captured from one step then replays every later one
 //                    (generate/decode_graph.h). reserve_state(state, n) makes room for n tokens
 //                    per row up front, so that no step grows the state.
+// graph_safe_training(documents): forward() and backward() of a training micro-batch (with
+//                    document bounds or without) neither synchronise with the host nor read
+//                    anything on it, and launch the same kernels with the same arguments for
+//                    the same inputs, buffers and grad_scale: a training step's forward and
+//                    backward then replay from a CUDA graph (train/train_step.h). True unless
+//                    a mixer says otherwise.
 // prefill(state, x, out): out = f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
 //                    T calls of step would, starting from a fresh init_state (Model::prefill
 //                    guarantees it). The default runs step token by token, correct for any mixer
@@ -115,6 +121,10 @@ class Mixer {
   }
   virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out);
   virtual bool graph_safe_step() const { return false; }
+  virtual bool graph_safe_training(bool documents) const {
+    (void)documents;
+    return true;
+  }
   // Whether the next step() reallocates the state, moving its buffers.
   virtual bool step_grows(const MixerState& state) const {
     (void)state;

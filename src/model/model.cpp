@@ -349,6 +349,24 @@ class Model::DocScope {
 
 double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
                                const Tensor& docs) {
+  run_forward_backward(tokens, targets, grad_scale, hits, docs);
+  return read_loss_sum();
+}
+
+void Model::launch_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, const Tensor& docs) {
+  run_forward_backward(tokens, targets, grad_scale, nullptr, docs);
+}
+
+double Model::read_loss_sum() { return to_doubles(env_.ctx, scratch_.get("model.loss_sum", env_.stat, {1}))[0]; }
+
+bool Model::training_graph_safe(bool documents) const {
+  return std::all_of(blocks_.begin(), blocks_.end(), [documents](const Block& b) {
+    return b.mixer->graph_safe_training(documents) && (!b.mlp || b.mlp->graph_safe_training(documents));
+  });
+}
+
+void Model::run_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
+                                 const Tensor& docs) {
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");
@@ -416,7 +434,7 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
       *hits = to_doubles(ctx, hit_sum)[0];
     }
   }
-  if (!backward) return to_doubles(ctx, loss_sum)[0];
+  if (!backward) return;
 
   // Backward: dr holds dL/dR[i] as i walks down; norms add their input gradient into it. The
   // sub-layers read it as dy, in the activation dtype: a copy each norm's backward writes.
@@ -468,7 +486,6 @@ double Model::forward_backward(const Tensor& tokens, const Tensor& targets, floa
     embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   }
   grads_ready({embed_}, -1);
-  return to_doubles(ctx, loss_sum)[0];
 }
 
 std::vector<double> Model::token_losses() const {

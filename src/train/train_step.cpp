@@ -32,6 +32,37 @@ void TrainStep::sync_weights() {
   if (ps.sharded()) comm_->allgather(ps.sharded_weights(), model_.env().ctx.stream);
 }
 
+bool TrainStep::graphs_allowed(const MicroBatch& mb) const {
+  const Ctx& ctx = model_.env().ctx;
+  return tc_.cuda_graph && ctx.is_gpu() && !reducer_ && !ctx.profiler && model_.training_graph_safe(mb.docs.defined());
+}
+
+double TrainStep::forward_backward(size_t i, const MicroBatch& mb, float grad_scale) {
+  if (!graphs_allowed(mb)) return model_.forward_backward(mb.tokens, mb.targets, grad_scale, nullptr, mb.docs);
+  while (graphs_.size() <= i) graphs_.push_back(std::make_unique<MicroGraph>());
+  MicroGraph& g = *graphs_[i];
+  const GraphKey key{mb.tokens.ptr,     mb.targets.ptr, mb.docs.ptr,           mb.tokens.size(0),
+                     mb.tokens.size(1), grad_scale,     model_.buffers_epoch()};
+  const Ctx& ctx = model_.env().ctx;
+  if (!(g.graph.captured() && g.key == key)) {
+    g.graph.reset();
+    if (!(g.warm && g.warm_key == key)) {
+      // First sight of this key: run eagerly (scratch buffers take their sizes) and capture next time.
+      const double loss = model_.forward_backward(mb.tokens, mb.targets, grad_scale, nullptr, mb.docs);
+      g.warm_key = key;
+      g.warm_key.epoch = model_.buffers_epoch();
+      g.warm = true;
+      return loss;
+    }
+    g.graph.capture(ctx, [&] { model_.launch_forward_backward(mb.tokens, mb.targets, grad_scale, mb.docs); });
+    g.key = key;
+    LINAC_CHECK(model_.buffers_epoch() == key.epoch, "TrainStep: a buffer moved while the step was captured");
+  }
+  g.graph.launch(ctx);
+  ++graph_replays_;
+  return model_.read_loss_sum();
+}
+
 StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count) {
   const Ctx& ctx = model_.env().ctx;
   ParamStore& ps = model_.params();
@@ -45,7 +76,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (reducer_) reducer_->start_micro_batch(i == 0, i + 1 == micro.size());
-    loss_sum += model_.forward_backward(micro[i].tokens, micro[i].targets, scale, nullptr, micro[i].docs);
+    loss_sum += forward_backward(i, micro[i], scale);
     aux_sum += model_.aux_loss_sum();
   }
   if (reducer_) {

@@ -5,6 +5,14 @@
 // ZeRO-1/2 (the model's ParamStore sharded): gradients are reduced to the rank owning them (under
 // ZeRO-2 in every micro-batch, GradReducer), each rank updates its shard (and the replicated group), then the compute
 // weights are all-gathered.
+// CUDA graphs (train.cuda_graph, on by default): on one GPU without a profiler, where every mixer
+// allows it (Mixer::graph_safe_training), each micro-batch's forward and backward (thousands of
+// launches for some architectures) is captured once and then replayed with a single launch. A
+// micro-batch is captured when the one at its index in the step before had the same key (token,
+// target and document buffers, shape, grad_scale, Model::buffers_epoch) and ran eagerly; its graph
+// replays while the key stays. So a run whose grad_scale changes every step (a varying count of
+// scored targets) stays eager rather than capturing each step. A replay launches the same kernels
+// on the same buffers as the eager micro-batch: the same bits.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +21,7 @@
 
 #include "config/config.h"
 #include "comm/comm.h"
+#include "core/cuda_graph.h"
 #include "comm/grad_reducer.h"
 #include "model/model.h"
 #include "train/optimizer.h"
@@ -49,14 +58,36 @@ class TrainStep {
   void set_updates(int64_t n) { updates_ = n; }
   // The gradient reduction over ranks (null with one rank).
   const GradReducer* reducer() const { return reducer_.get(); }
+  // Micro-batches run from a captured CUDA graph so far (the capture's own run included).
+  int64_t graph_replays() const { return graph_replays_; }
 
  private:
+  // What a micro-batch's captured launches depend on beyond the model's weights.
+  struct GraphKey {
+    const void *tokens = nullptr, *targets = nullptr, *docs = nullptr;
+    int64_t B = 0, T = 0;
+    float grad_scale = 0;
+    uint64_t epoch = 0;  // Model::buffers_epoch
+    bool operator==(const GraphKey&) const = default;
+  };
+  struct MicroGraph {
+    CudaGraph graph;
+    GraphKey key;       // of the captured graph
+    GraphKey warm_key;  // of the last eager run at this index (valid: warm)
+    bool warm = false;
+  };
+  // One micro-batch's forward and backward: eagerly or from its graph; returns its loss sum.
+  double forward_backward(size_t i, const MicroBatch& mb, float grad_scale);
+  bool graphs_allowed(const MicroBatch& mb) const;
+
   Model& model_;
   const TrainConfig& tc_;
   AdamW adamw_;
   Comm* comm_;
   std::unique_ptr<GradReducer> reducer_;
   int64_t updates_ = 0;
+  std::vector<std::unique_ptr<MicroGraph>> graphs_;  // by micro-batch index
+  int64_t graph_replays_ = 0;
 };
 
 }  // namespace linac

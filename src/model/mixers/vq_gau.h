@@ -67,6 +67,8 @@ class VqGauMixer final : public Mixer {
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
   bool supports_documents() const override { return true; }
+  // With documents the op reads their bounds on the host (kernels/vq_attn/vq_attn.h).
+  bool graph_safe_training(bool documents) const override { return !documents; }
   void start_document(MixerState& state, int64_t row) override;
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
