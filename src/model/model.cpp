@@ -349,12 +349,8 @@ class Model::DocScope {
 
 double Model::forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
                                const Tensor& docs) {
-  run_forward_backward(tokens, targets, grad_scale, hits, docs);
+  launch_forward_backward(tokens, targets, grad_scale, docs, hits);
   return read_loss_sum();
-}
-
-void Model::launch_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, const Tensor& docs) {
-  run_forward_backward(tokens, targets, grad_scale, nullptr, docs);
 }
 
 double Model::read_loss_sum() { return to_doubles(env_.ctx, scratch_.get("model.loss_sum", env_.stat, {1}))[0]; }
@@ -365,8 +361,8 @@ bool Model::training_graph_safe(bool documents) const {
   });
 }
 
-void Model::run_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
-                                 const Tensor& docs) {
+void Model::launch_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, const Tensor& docs,
+                                    double* hits) {
   const int64_t B = tokens.size(0), T = tokens.size(1), N = B * T, d = cfg_.d_model;
   LINAC_CHECK(B <= B_ && T <= T_ && N <= B_ * T_, "Model: reserve() a larger batch first");
   LINAC_CHECK(tokens.dtype == DType::I32 && targets.dtype == DType::I32, "Model: tokens must be i32");

@@ -89,9 +89,10 @@ class Model {
     return forward_backward(tokens, targets, 0.f, hits, docs);
   }
   // forward_backward in two halves, for a step replayed from a CUDA graph (train/train_step.h):
-  // the launches only, then the read-back of their loss sum (which synchronises).
-  void launch_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale,
-                               const Tensor& docs = Tensor());
+  // the launches (hits, when given, are read back inside), then the read-back of their loss sum
+  // (which synchronises).
+  void launch_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, const Tensor& docs,
+                               double* hits = nullptr);
   double read_loss_sum();
   // Whether every mixer's training forward and backward may be captured into a CUDA graph
   // (Mixer::graph_safe_training), with document bounds or without.
@@ -188,9 +189,6 @@ class Model {
     std::vector<int> param_ids;  // every parameter registered by this block
     std::string mixer_fwd, mixer_bwd;  // profile region names: "token mixer forward (<kind>)"
   };
-  // forward_backward's launches (and, for hits, its accuracy read-back); the loss sum stays on the device.
-  void run_forward_backward(const Tensor& tokens, const Tensor& targets, float grad_scale, double* hits,
-                            const Tensor& docs);
   // The ready hook, for `next` the block whose backward comes next (-1: none).
   void grads_ready(const std::vector<int>& ids, int next) const;
   std::vector<int> head_grad_group() const;  // the final norm's and the LM head's parameters
