@@ -20,7 +20,8 @@ CUtensorMap bf16_tensor_map(const void* base, const int64_t (&dims)[4], const in
 // dim stride; batch and token strides in elements, multiples of 8): a box is
 // `box_rows` consecutive tokens x 64 columns of one head, written to shared
 // memory as 128-byte rows with the 128-byte swizzle. Coordinates (innermost
-// first): (column, token, head, batch); tokens past T read as zero.
+// first): (column, token, head, batch); tokens past T and columns past D
+// (D a multiple of 8, not necessarily of 64) read as zero.
 CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
                                  int64_t stride_t, int box_rows);
 

@@ -46,7 +46,9 @@ CUtensorMap bf16_tensor_map(const void* base, const int64_t (&dims)[4], const in
 
 CUtensorMap head_rows_tensor_map(const void* base, int64_t B, int64_t T, int64_t H, int64_t D, int64_t stride_b,
                                  int64_t stride_t, int box_rows) {
-  LINAC_CHECK(D % 64 == 0, "TMA: head rows must hold a multiple of 64 columns");
+  LINAC_CHECK(D % 8 == 0, "TMA: head rows must be 16-byte multiples");
+  // Boxes are 64 columns wide: where D is not a multiple of 64 the last box reaches past the row,
+  // and the copy engine fills those columns with zeros instead of reading the next head.
   // A batch of one never moves along its stride, which may then be anything
   // (also 0).
   const int64_t sb = B == 1 ? T * stride_t : stride_b;

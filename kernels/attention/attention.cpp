@@ -70,7 +70,7 @@ void check_cpu_dtypes(std::initializer_list<const Tensor*> ts) {
 
 const char* attention_gpu_kernels(int64_t D) {
   const bool hopper = hopper_kernels_allowed("LINAC_ATTENTION_KERNELS");
-  if (LINAC_WITH_SM90A && hopper && (D == 64 || D == 128) && gpu_compute_capability() == 90) return "sm90";
+  if (LINAC_WITH_SM90A && hopper && attention_gpu_head_dim_ok(D) && gpu_compute_capability() == 90) return "sm90";
   return "sm80";
 }
 
@@ -123,7 +123,7 @@ AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, i
     w.counters = w.bytes;
     w.bytes += aligned((tiles + 1) * 4);
     w.dq_acc = w.bytes;
-    w.bytes += aligned(tiles * kAttentionDqTile * D * 4);
+    w.bytes += aligned(tiles * kAttentionDqTile * attention_sm90_tile_cols(D) * 4);
   }
   if (rope && attention_bwd_fuses_rope(D)) {
     w.rope_table = w.bytes;

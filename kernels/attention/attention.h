@@ -78,9 +78,9 @@ struct AttentionLayout {
 inline bool attention_gpu_head_dim_ok(int64_t D) { return D % 16 == 0 && D >= 64 && D <= 128; }
 
 // Which bf16 GPU kernels run for head dim D on the current device: "sm90" (wgmma + TMA, FA3
-// style: a build for sm_90 on a compute capability 9.0 GPU, D = 64 or 128) or "sm80" (mma.sync,
-// FA2 style: every other GPU and head dim). LINAC_ATTENTION_KERNELS=sm80 forces the latter (for
-// comparisons); unset or "auto" picks; anything else is an error.
+// style: a build for sm_90 on a compute capability 9.0 GPU; head dims past 64 on 128-column tiles)
+// or "sm80" (mma.sync, FA2 style: every other GPU). LINAC_ATTENTION_KERNELS=sm80 forces the
+// latter (for comparisons); unset or "auto" picks; anything else is an error.
 const char* attention_gpu_kernels(int64_t D);
 
 template <class F>
@@ -103,10 +103,13 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
                    const AttentionOpts& opts);
 // Scratch attention_bwd takes from ctx.workspace on the GPU (byte offsets, 256-aligned): delta,
 // [B, H, T] f32; where the Hopper kernels run (attention_gpu_kernels) also the dQ accumulator,
-// one f32 tile of kAttentionDqTile query rows x D per (batch*head, query block), and one int32
+// one f32 tile of kAttentionDqTile query rows x D per (batch*head, query block) (D rounded up to
+// 64 or 128, the kernel's tile), and one int32
 // counter per tile plus a launch ticket; with RoPE rotated by the Hopper kernels (D = 64), the
 // rope_table_cuda of positions 0 .. T-1 (8 * T * D/2 bytes).
 constexpr int64_t kAttentionDqTile = 64;
+// Columns of the Hopper kernels' tiles for head dim D: 64, or 128 for 64 < D <= 128.
+constexpr int attention_sm90_tile_cols(int64_t D) { return D <= 64 ? 64 : 128; }
 struct AttentionBwdWorkspace {
   size_t delta = 0, counters = 0, dq_acc = 0, rope_table = 0, bytes = 0;
 };

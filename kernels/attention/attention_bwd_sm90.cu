@@ -35,6 +35,8 @@
 // Documents shorten both sides: a key block's query tiles end at its last key's document, a query
 // block's key blocks (the dQ partials summed) start at its first query's; the two ranges name the
 // same pairs (attention_common.cuh), so the counts above still match.
+// Head dims 64 to 128 on tiles of DP = 64 or 128 columns (attention_sm90.cuh); the dQ tiles of the
+// workspace are DP wide.
 // Layout: q/dout/dq [B,T,H,D], k/v/dk/dv [B,T,Hk,D], free batch/token strides; lse/delta
 // [B,H,T] f32.
 #include <algorithm>
@@ -52,17 +54,17 @@ constexpr int kMathWGs = 2, kStages = 2;
 constexpr int kThreads = 128 * (kMathWGs + 1);
 using Regs = RegBudget<kMathWGs>;
 
-template <int D>
+template <int DP>
 struct BwdSm90Cfg {
   static constexpr int BC = 64 * kMathWGs;                        // keys per CTA
   static constexpr int BR = static_cast<int>(kAttentionDqTile);  // queries per tile
-  static constexpr uint32_t kRowsBytes = tile_bytes<BC, D>, kTileBytes = tile_bytes<BR, D>;
+  static constexpr uint32_t kRowsBytes = tile_bytes<BC, DP>, kTileBytes = tile_bytes<BR, DP>;
   static constexpr uint32_t kDsBytes = BC * BR * 2;  // dS^T [BC keys, BR queries] bf16, a swizzled tile
-  static constexpr uint32_t kDqBytes = BR * D * 4;   // a dQ tile, f32 in register order
+  static constexpr uint32_t kDqBytes = BR * DP * 4;   // a dQ tile, f32 in register order
   // dQ slots: tile it's partial goes to slot it % kDqSlots, so warpgroup w (the tiles with it % 2 =
   // w) has kDqSlots / 2 of them. Two each at D = 64 let a warpgroup leave a partial while the
   // writer still reads its previous one; D = 128 has room for one.
-  static constexpr int kDqSlots = D == 64 ? 4 : 2;
+  static constexpr int kDqSlots = DP == 64 ? 4 : 2;
   // K, V, Q stages, dO stages, two dS^T buffers, the dQ slots, lse/delta stages (f32), then the
   // barriers: K/V full; per stage full, empty; per dS^T buffer bf (the tiles with it % 2 = bf)
   // full, free; per dQ slot ready (a partial written), free, loaded (the sum of the others).
@@ -83,35 +85,35 @@ struct SlotUses {
   __device__ void bump(int s) { bits = (bits ^ (1u << s)) | (1u << (8 + s)); }
 };
 
-// A 64 x D f32 accumulator in shared memory in register order: thread t of the warpgroup keeps its
-// four values of column block j at float4 (warp * D / 8 + j) * 32 + lane, so the warpgroup's
+// A 64 x N f32 accumulator in shared memory in register order: thread t of the warpgroup keeps its
+// four values of column block j at float4 (warp * N / 8 + j) * 32 + lane, so the warpgroup's
 // 16-byte accesses are contiguous (no bank conflicts) and a bulk copy moves the tile as it is. A dQ
-// tile is D / 64 of these (64 x 64 each), one per column chunk.
-template <int D>
+// tile is DP / 64 of these (64 x 64 each), one per column chunk.
+template <int N>
 __device__ __forceinline__ int acc_slot() {
   const int t = threadIdx.x & 127;
-  return (t >> 5) * (D / 8) * 32 + (t & 31);
+  return (t >> 5) * (N / 8) * 32 + (t & 31);
 }
-template <int D>
-__device__ __forceinline__ void acc_store(float* tile, const float (&acc)[D / 2]) {
-  float4* p = reinterpret_cast<float4*>(tile) + acc_slot<D>();
+template <int N>
+__device__ __forceinline__ void acc_store(float* tile, const float (&acc)[N / 2]) {
+  float4* p = reinterpret_cast<float4*>(tile) + acc_slot<N>();
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) p[32 * j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
+  for (int j = 0; j < N / 8; ++j) p[32 * j] = make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]);
 }
-template <int D>
-__device__ __forceinline__ void acc_add(float (&acc)[D / 2], const float* tile) {
-  const float4* p = reinterpret_cast<const float4*>(tile) + acc_slot<D>();
+template <int N>
+__device__ __forceinline__ void acc_add(float (&acc)[N / 2], const float* tile) {
+  const float4* p = reinterpret_cast<const float4*>(tile) + acc_slot<N>();
 #pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
+  for (int j = 0; j < N / 8; ++j) {
     const float4 v = p[32 * j];
     acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
   }
 }
 
-// kRope: dq and dk leave rotated back by their RoPE angles (rope_cs, store_rows_rope); D = 64,
+// kRope: dq and dk leave rotated back by their RoPE angles (rope_cs, store_rows_rope); D = DP = 64,
 // where a thread's accumulators hold both ends of each pair (dQ is one 64-column chunk). kDocs:
 // document bounds (positions restart at each document).
-template <int D, bool kRope, bool kDocs>
+template <int DP, bool kRope, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
@@ -119,8 +121,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, int* __restrict__ counters,
                     int* __restrict__ ticket, float* __restrict__ dq_acc, const float* __restrict__ rope_cs,
                     const Args a, const int n_bhk, const int group) {
-  static_assert(!kRope || D == 64, "rotating dq needs its whole head in one chunk");
-  using C = BwdSm90Cfg<D>;
+  static_assert(!kRope || DP == 64, "rotating dq needs its whole head in one chunk");
+  using C = BwdSm90Cfg<DP>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
   extern __shared__ unsigned char smem[];
   __shared__ int s_ticket;
@@ -176,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x < 32) {
       if (lane == 0) {
         mbar_arrive_expect_tx(bar_kv, 2 * C::kRowsBytes);
-        load_tile<BC, D>(sK, &tm_k, bar_kv, k0, hk, b);
-        load_tile<BC, D>(sV, &tm_v, bar_kv, k0, hk, b);
+        load_tile<BC, DP>(sK, &tm_k, bar_kv, k0, hk, b);
+        load_tile<BC, DP>(sV, &tm_v, bar_kv, k0, hk, b);
       }
       for (int it = 0; it < n_tiles; ++it) {
         const int2 tile = tile_at(it);
@@ -193,8 +195,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         if (lane == 0) {
           mbar_arrive_expect_tx(bar_f0 + 8 * s, 2 * C::kTileBytes);
-          load_tile<BR, D>(sQ0 + s * C::kTileBytes, &tm_q, bar_f0 + 8 * s, t0, h, b);
-          load_tile<BR, D>(sDO0 + s * C::kTileBytes, &tm_do, bar_f0 + 8 * s, t0, h, b);
+          load_tile<BR, DP>(sQ0 + s * C::kTileBytes, &tm_q, bar_f0 + 8 * s, t0, h, b);
+          load_tile<BR, DP>(sDO0 + s * C::kTileBytes, &tm_do, bar_f0 + 8 * s, t0, h, b);
         } else {
           mbar_arrive(bar_f0 + 8 * s);
         }
@@ -226,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // `pending` doubled the spills of the loading warpgroup's 24 registers (with documents).
         const int index = (b * a.H + tile.x) * n_qb + qb;
         int* const count = counters + index;
-        float* const acc = dq_acc + int64_t{index} * BR * D;
+        float* const acc = dq_acc + int64_t{index} * BR * DP;
         if (kb == kr.x) {
           finish_pending();
           if (uses.used(sl)) mbar_wait(bar_qe0 + 8 * sl, uses.last_parity(sl));
@@ -269,9 +271,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     const int32_t* const rope_starts = kDocs ? a.doc_start + int64_t{b} * a.T : nullptr;
     float* const slots = reinterpret_cast<float*>(base + C::kDqOffset);
-    float dk_acc[D / 2], dv_acc[D / 2];
+    float dk_acc[DP / 2], dv_acc[DP / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk_acc[i] = 0.f, dv_acc[i] = 0.f;
+    for (int i = 0; i < DP / 2; ++i) dk_acc[i] = 0.f, dv_acc[i] = 0.f;
     SlotUses uses, loaded;  // of this warpgroup's dQ slots
     mbar_wait(bar_kv, 0);
 
@@ -297,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int2 kr = key_blocks<kDocs>(a, b, q0, BR, BC);
       const bool single = kr.x == kr.y, last = kb == kr.x;
       const int sl = itq % C::kDqSlots;
-      if (c == D / 64 - 1) {
+      if (c == DP / 64 - 1) {
         __syncwarp();
         if (lane == 0) mbar_arrive(bar_dse0 + 8 * bf);
       }
@@ -314,13 +316,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
         if constexpr (kRope)
-          store_rows_rope<64>(dq + h * D, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
+          store_rows_rope<64>(dq + h * 64, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
         else
-          store_rows<64>(dq + h * D + 64 * c, a.dq, b, 0, a.T, q0 + 16 * warp + g, part, scale);
+          store_rows<64>(dq + h * a.D + 64 * c, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, a.D - 64 * c);
       } else {
         acc_store<64>(chunk, part);
       }
-      if (c == D / 64 - 1 && !single) {
+      if (c == DP / 64 - 1 && !single) {
         if (!last) fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) mbar_arrive(last ? bar_qe0 + 8 * sl : bar_qr0 + 8 * sl);
@@ -336,17 +338,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto dq_tile = [&](int itq) {
       float part[32];
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
+      for (int c = 0; c < DP / 64; ++c) {
         dq_issue(itq, c, part);
         wgmma_wait<0>();
         fence_regs(part);
         dq_finish(itq, c, part);
       }
     };
-    constexpr bool kDqUnderSoftmax = D == 64;
+    constexpr bool kDqUnderSoftmax = DP == 64;
     auto dv_issue = [&](const uint32_t(&pa)[BR / 16][4], uint32_t sDO) {
 #pragma unroll
-      for (int kk = 0; kk < BR / 16; ++kk) Wgmma<D>::template rs<1>(dv_acc, pa[kk], desc_mn_major(sDO, BR, kk), 1);
+      for (int kk = 0; kk < BR / 16; ++kk) Wgmma<DP>::template rs<1>(dv_acc, pa[kk], desc_mn_major(sDO, BR, kk), 1);
     };
 
     for (int it = 0; it < n_tiles; ++it) {
@@ -363,10 +365,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         float st[BR / 2];
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
+        for (int kk = 0; kk < DP / 16; ++kk)
           Wgmma<BR>::template ss<0, 0>(st, desc_k_major(sK, BC, 64 * w, kk), desc_k_major(sQ, BR, 0, kk), kk);
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
+        for (int kk = 0; kk < DP / 16; ++kk)
           Wgmma<BR>::template ss<0, 0>(dst, desc_k_major(sV, BC, 64 * w, kk), desc_k_major(sDO, BR, 0, kk), kk);
         wgmma_commit();
         if (kDqUnderSoftmax && dq_prev) {
@@ -453,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if constexpr (kDqUnderSoftmax) dv_issue(pa, sDO);
 #pragma unroll
         for (int kk = 0; kk < BR / 16; ++kk)
-          Wgmma<D>::template ss<0, 1>(dk_acc, desc_k_major(sDS, BC, 64 * w, kk), desc_mn_major(sQ, BR, kk), 1);
+          Wgmma<DP>::template ss<0, 1>(dk_acc, desc_k_major(sDS, BC, 64 * w, kk), desc_mn_major(sQ, BR, kk), 1);
         wgmma_commit();
         wgmma_wait<0>();
         fence_regs(dv_acc);
@@ -465,18 +467,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
     if constexpr (kRope)
-      store_rows_rope<D>(dk, a.dk, b, hk, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
+      store_rows_rope<DP>(dk + hk * DP, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
     else
-      store_rows<D>(dk, a.dk, b, hk, a.T, srow0, dk_acc, scale);
-    store_rows<D>(dv, a.dv, b, hk, a.T, srow0, dv_acc, one);
+      store_rows<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, a.D);
+    store_rows<DP>(dv + hk * a.D, a.dv, b, a.T, srow0, dv_acc, one, a.D);
   }
 }
 
-template <int D, bool kRope, bool kDocs>
+template <int DP, bool kRope, bool kDocs>
 void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                      const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
                      const Tensor& dk, const Tensor& dv, const float* rope_cs) {
-  using C = BwdSm90Cfg<D>;
+  using C = BwdSm90Cfg<DP>;
   auto st = cuda::stream_of(ctx);
   const unsigned n_bh = static_cast<unsigned>(L.B * a.H), n_bhk = static_cast<unsigned>(L.B * a.Hk),
                  n_qb = cdiv(a.T, C::BR), n_kb = cdiv(a.T, C::BC);
@@ -496,7 +498,7 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
   // all 8-12% slower).
   const int group = static_cast<int>(
       std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * (a.H / a.Hk) * C::kDqBytes), 1, n_bhk));
-  auto kernel = bwd_sm90_kernel<D, kRope, kDocs>;
+  auto kernel = bwd_sm90_kernel<DP, kRope, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<n_bhk * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),
                                                    dk.data<bf16_t>(), dv.data<bf16_t>(), counters, ticket, dq_acc,
@@ -514,7 +516,7 @@ void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Ten
     constexpr bool kDocs = decltype(docs)::value;
     if (L.D == 64 && rope_cs)
       launch_bwd_sm90<64, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
-    else if (L.D == 64)
+    else if (attention_sm90_tile_cols(a.D) == 64)
       launch_bwd_sm90<64, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
     else
       launch_bwd_sm90<128, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);

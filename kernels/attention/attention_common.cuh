@@ -23,6 +23,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct Args {
   int T, H, window;
+  int D;             // head dim of the tensors (the Hopper kernels' tiles may be wider)
   int Hk;            // key/value heads; query head h reads head h / (H / Hk)
   bool causal;
   float scale;       // softmax scale
@@ -40,6 +41,7 @@ inline Args make_args(const AttentionLayout& L) {
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.window = static_cast<int>(L.window);
   a.Hk = static_cast<int>(L.Hk);
+  a.D = static_cast<int>(L.D);
   a.causal = L.causal;
   a.scale = static_cast<float>(L.scale);
   a.scale_log2 = static_cast<float>(L.scale * 1.4426950408889634);

@@ -2,9 +2,9 @@
 // style: wgmma on tiles that TMA brings into shared memory, a loading warpgroup
 // ahead of the math warpgroups.
 //
-// bf16, head dim 64 or 128. Work item = (batch*head, block of BR = 64 *
-// kMathWGs queries); math warpgroup w owns queries q0 + 64w .. q0 + 64w + 63
-// (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
+// bf16, head dims 64 to 128 on tiles of DP = 64 or 128 columns (attention_sm90.cuh).
+// Work item = (batch*head, block of BR = 64 * kMathWGs queries); math warpgroup
+// w owns queries q0 + 64w .. q0 + 64w + 63 (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
 // kStages stages of K and V tiles of key/value head h / (H / Hk) (grouped-query
 // attention). Per key block and warpgroup:
 //   S = Q K^T       wgmma, A = Q and B = K from shared memory (both K-major)
@@ -36,7 +36,7 @@ namespace {
 
 using namespace sm90k;
 
-template <int D, int WGS, bool kPersistent>
+template <int DP, int WGS, bool kPersistent>
 struct FwdSm90Cfg {
   static constexpr int kMathWGs = WGS;
   static constexpr int kThreads = 128 * (kMathWGs + 1);
@@ -44,7 +44,7 @@ struct FwdSm90Cfg {
   static constexpr int BC = 128;            // keys per tile
   static constexpr int kStages = 2;
   static constexpr int kQBufs = kPersistent ? 2 : 1;
-  static constexpr uint32_t kQBytes = tile_bytes<BR, D>, kTileBytes = tile_bytes<BC, D>;
+  static constexpr uint32_t kQBytes = tile_bytes<BR, DP>, kTileBytes = tile_bytes<BC, DP>;
   // Q buffers, K and V stages, then the barriers: Q full and Q empty per buffer (two slots each),
   // K full, V full, stage empty.
   static constexpr uint32_t kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
@@ -59,14 +59,14 @@ __device__ __forceinline__ FwdItem fwd_item(int i, int n_bh, int n_qb, int BR) {
   return {i % n_bh, (n_qb - 1 - i / n_bh) * BR};
 }
 
-template <int D, int WGS, bool kPersistent, bool kDocs>
-__global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
+template <int DP, int WGS, bool kPersistent, bool kDocs>
+__global__ void __launch_bounds__(FwdSm90Cfg<DP, WGS, kPersistent>::kThreads, 1)
     fwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                     const __grid_constant__ CUtensorMap tm_v, bf16_t* __restrict__ o, float* __restrict__ lse,
                     const Args a, const int n_bh, int* __restrict__ ticket) {
   // kPersistent: items from the ticket counter; otherwise one item per CTA, blockIdx.x, compiled
   // without the item loop and with one Q buffer. kDocs: document bounds.
-  using C = FwdSm90Cfg<D, WGS, kPersistent>;
+  using C = FwdSm90Cfg<DP, WGS, kPersistent>;
   constexpr int kItemsPerCta = kPersistent ? INT_MAX : 1;
   constexpr int BR = C::BR, BC = C::BC, S = C::kStages;
   extern __shared__ unsigned char smem[];
@@ -115,15 +115,15 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
         const FwdItem item = fwd_item(idx, n_bh, n_qb, BR);
         const int b = item.bh / a.H, h = item.bh % a.H, hk = h / (a.H / a.Hk);
         mbar_arrive_expect_tx(bar_q0 + 8 * qb, C::kQBytes);
-        load_tile<BR, D>(sQ0 + qb * C::kQBytes, &tm_q, bar_q0 + 8 * qb, item.q0, h, b);
+        load_tile<BR, DP>(sQ0 + qb * C::kQBytes, &tm_q, bar_q0 + 8 * qb, item.q0, h, b);
         const int2 kr = key_blocks<kDocs>(a, b, item.q0, BR, BC);
         for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
           const int s = gt % S;
           if (gt >= S) mbar_wait(bar_e0 + 8 * s, (gt / S - 1) & 1);
           mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
-          load_tile<BC, D>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, hk, b);
+          load_tile<BC, DP>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, hk, b);
           mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
-          load_tile<BC, D>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, hk, b);
+          load_tile<BC, DP>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, hk, b);
         }
       }
     }
@@ -150,9 +150,9 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
         doc_row[0] = doc_start_of(a, b, row0);
         doc_row[1] = doc_start_of(a, b, row0 + 8);
       }
-      float acc[D / 2];
+      float acc[DP / 2];
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+      for (int i = 0; i < DP / 2; ++i) acc[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
       for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
           float sc[BC / 2];
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk)
+          for (int kk = 0; kk < DP / 16; ++kk)
             Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
           wgmma_commit();
           wgmma_wait<0>();
@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
             }
             l[r] = l[r] * alpha + sum;
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
+            for (int j = 0; j < DP / 8; ++j) {
               acc[4 * j + 2 * r] *= alpha;
               acc[4 * j + 2 * r + 1] *= alpha;
             }
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
           for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
           wgmma_fence();
 #pragma unroll
-          for (int kk = 0; kk < BC / 16; ++kk) Wgmma<D>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
+          for (int kk = 0; kk < BC / 16; ++kk) Wgmma<DP>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
           wgmma_commit();
           wgmma_wait<0>();
           fence_regs(acc);
@@ -234,28 +234,28 @@ __global__ void __launch_bounds__(FwdSm90Cfg<D, WGS, kPersistent>::kThreads, 1)
         const int tt = row0 + 8 * r;
         if (tq == 0 && tt < a.T) lse[int64_t{item.bh} * a.T + tt] = m[r] * a.scale + logf(sum);
       }
-      store_rows<D>(o, a.o, b, h, a.T, row0, acc, inv);
+      store_rows<DP>(o + h * a.D, a.o, b, a.T, row0, acc, inv, a.D);
     }
   }
 }
 
-template <int D, int WGS, bool kPersistent, bool kDocs>
+template <int DP, int WGS, bool kPersistent, bool kDocs>
 void launch_fwd_sm90_grid(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& o, const Tensor& lse, int n_bh, unsigned grid, int* ticket) {
-  using C = FwdSm90Cfg<D, WGS, kPersistent>;
+  using C = FwdSm90Cfg<DP, WGS, kPersistent>;
   const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
                     tm_v = rows_map(v, L, L.v, C::BC);
-  auto kernel = fwd_sm90_kernel<D, WGS, kPersistent, kDocs>;
+  auto kernel = fwd_sm90_kernel<DP, WGS, kPersistent, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<grid, C::kThreads, C::kSmem, cuda::stream_of(ctx)>>>(tm_q, tm_k, tm_v, o.data<bf16_t>(), lse.data<float>(),
                                                                 a, n_bh, ticket);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-template <int D, int WGS>
+template <int DP, int WGS>
 void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                      const Tensor& v, const Tensor& o, const Tensor& lse) {
-  constexpr int BR = FwdSm90Cfg<D, WGS, true>::BR, BC = FwdSm90Cfg<D, WGS, true>::BC;
+  constexpr int BR = FwdSm90Cfg<DP, WGS, true>::BR, BC = FwdSm90Cfg<DP, WGS, true>::BC;
   const int n_bh = static_cast<int>(L.B * a.H);
   const int64_t n_items = int64_t{n_bh} * cdiv(a.T, BR);
   // Items of up to 16 key tiles (T <= 2048, or a window) run on a persistent grid, which hides
@@ -271,9 +271,9 @@ void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
       int* ticket = static_cast<int*>(ctx.workspace);
       LINAC_CUDA_CHECK(cudaMemsetAsync(ticket, 0, sizeof(int), cuda::stream_of(ctx)));
       const auto grid = static_cast<unsigned>(std::min<int64_t>(n_items, gpu_sm_count()));
-      launch_fwd_sm90_grid<D, WGS, true, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, grid, ticket);
+      launch_fwd_sm90_grid<DP, WGS, true, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, grid, ticket);
     } else {
-      launch_fwd_sm90_grid<D, WGS, false, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, static_cast<unsigned>(n_items),
+      launch_fwd_sm90_grid<DP, WGS, false, kDocs>(ctx, a, L, q, k, v, o, lse, n_bh, static_cast<unsigned>(n_items),
                                                  nullptr);
     }
   };
@@ -287,9 +287,9 @@ void launch_fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
 
 void fwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const Tensor& o, const Tensor& lse) {
-  // Three math warpgroups at D = 64 (0.48 ms against 0.57 with two at T = 2048, H200); D = 128 needs
-  // two to fit its registers.
-  if (L.D == 64)
+  // Three math warpgroups at D = 64 (0.48 ms against 0.57 with two at T = 2048, H200); 128-column
+  // tiles need two to fit their registers.
+  if (attention_sm90_tile_cols(a.D) == 64)
     launch_fwd_sm90<64, 3>(ctx, a, L, q, k, v, o, lse);
   else
     launch_fwd_sm90<128, 2>(ctx, a, L, q, k, v, o, lse);

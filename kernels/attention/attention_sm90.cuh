@@ -7,8 +7,13 @@
 // 64 rows each. Streamed tiles rotate through kStages shared-memory stages
 // guarded by mbarriers: "full" (the copies of a stage have landed) and "empty"
 // (every math warp is done with it), so loads run ahead of the math without any
-// CTA-wide barrier. Tiles are [rows, D] bf16 as D / 64 column chunks of
-// 128-byte swizzled rows (common/sm90.cuh).
+// CTA-wide barrier. Tiles are [rows, DP] bf16 as DP / 64 column chunks of
+// 128-byte swizzled rows (common/sm90.cuh), DP = attention_sm90_tile_cols(D) the head dim
+// rounded up to 64 or 128: the copy engine fills the columns past D with zeros,
+// so every product over them adds nothing and the accumulators' columns past D
+// stay zero; they are never written out. (Head dims 80, 96, 112 thus run the
+// 128-column kernels, paying for the padding, at about twice the mma.sync
+// kernels' speed.)
 #pragma once
 
 #include "attention/attention_common.cuh"
@@ -60,22 +65,23 @@ __device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], int kk, uint32
   a[3] = pack_bf16(c[8 * kk + 6], c[8 * kk + 7]);
 }
 
-// Writes rows row0 and row0 + 8 (r = 0, 1) of a 64 x D accumulator times
-// `scale` as bf16 to head (b, h) of a [B,T,heads,D] tensor; rows at or past T
-// are dropped.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Strides& s, int b, int h, int T, int row0,
-                                           const float (&acc)[D / 2], const float (&scale)[2]) {
+// Writes rows row0 and row0 + 8 (r = 0, 1) of a 64 x N accumulator times `scale` as bf16, its
+// first `cols` columns (a multiple of 8), to the head whose first column is x of a
+// [B,T,heads,D] tensor; rows at or past T are dropped.
+template <int N>
+__device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Strides& s, int b, int T, int row0,
+                                           const float (&acc)[N / 2], const float (&scale)[2], int cols) {
   const int tq = threadIdx.x & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int t = row0 + 8 * r;
     if (t >= T) continue;
-    bf16_t* row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
+    bf16_t* row = x + b * s.b + int64_t{t} * s.t + 2 * tq;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(row + 8 * j) =
-          pack_bf16(acc[4 * j + 2 * r] * scale[r], acc[4 * j + 2 * r + 1] * scale[r]);
+    for (int j = 0; j < N / 8; ++j)
+      if (8 * j < cols)
+        *reinterpret_cast<uint32_t*>(row + 8 * j) =
+            pack_bf16(acc[4 * j + 2 * r] * scale[r], acc[4 * j + 2 * r + 1] * scale[r]);
   }
 }
 
@@ -84,10 +90,10 @@ __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Str
 // the bf16 rounding. The thread's columns 8j + 2tq + e (j < D/16) pair with those of j + D/16, so
 // both ends of every pair are in its registers; cos_sin is rope_table_cuda's [T][D/2] of
 // (cos, sin), read 16 bytes (columns c and c + 1) at a time. starts: null, or row b's document
-// starts ([T] int32), which make the position t - starts[t].
+// starts ([T] int32), which make the position t - starts[t]. x: the head's first column.
 template <int D>
-__device__ __forceinline__ void store_rows_rope(bf16_t* x, const AttentionLayout::Strides& s, int b, int h, int T,
-                                                int row0, const float (&acc)[D / 2], const float (&scale)[2],
+__device__ __forceinline__ void store_rows_rope(bf16_t* x, const AttentionLayout::Strides& s, int b, int T, int row0,
+                                                const float (&acc)[D / 2], const float (&scale)[2],
                                                 const float* __restrict__ cos_sin,
                                                 const int32_t* __restrict__ starts) {
   const int tq = threadIdx.x & 3;
@@ -95,7 +101,7 @@ __device__ __forceinline__ void store_rows_rope(bf16_t* x, const AttentionLayout
   for (int r = 0; r < 2; ++r) {
     const int t = row0 + 8 * r;
     if (t >= T) continue;
-    bf16_t* row = x + b * s.b + int64_t{t} * s.t + h * D + 2 * tq;
+    bf16_t* row = x + b * s.b + int64_t{t} * s.t + 2 * tq;
     const int pos = starts ? t - __ldg(starts + t) : t;
     const float4* cs = reinterpret_cast<const float4*>(cos_sin + int64_t{pos} * D + 4 * tq);
 #pragma unroll

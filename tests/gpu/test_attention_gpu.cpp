@@ -97,19 +97,17 @@ DocLayout doc_arrays(int64_t T, Docs layout) {
 // Windows of 1, 16 and 64 (Based's) exercise the per-warp skipping of key/query groups outside the
 // band, with T not a multiple of any tile. Head dims 80, 96 (Latte-Macchiato's window) and 112
 // (based_1.3b's) use padded rather than swizzled tile rows and tiles that do not split evenly
-// among the threads.
-const GpuCase kCases[] = {{1, 64, true, 0},      {17, 128, true, 0},   {64, 64, true, 0},
-                          {200, 64, true, 37},   {200, 128, false, 0}, {1000, 64, true, 0},
-                          {1000, 128, true, 300}, {1000, 64, true, 100}, {333, 64, true, 16},
-                          {333, 128, true, 64},  {150, 64, true, 1},   {700, 64, true, 64},
-                          {1, 96, true, 0},      {300, 96, false, 0},  {1000, 96, true, 0},
-                          {150, 96, true, 1},    {333, 96, true, 16},  {700, 96, true, 64},
-                          {1000, 96, true, 129}, {17, 112, true, 0},   {200, 112, false, 0},
-                          {1000, 112, true, 0},  {150, 112, true, 1},  {333, 112, true, 16},
-                          {700, 112, true, 64},  {1000, 112, true, 129}, {500, 80, true, 0},
-                          {130, 80, false, 0},   {257, 80, true, 129},  {2100, 64, true, 0},
-                          {1500, 128, false, 0}, {2100, 64, true, 700}, {385, 128, true, 0},
-                          {191, 64, false, 0},   {193, 64, true, 0},    {2100, 128, true, 0}};
+// among the threads in the sm80 family; in the sm90 one, 128-column tiles whose columns past D
+// must read as zeros (the next head's columns lie there in the fused buffer) and are not written.
+const GpuCase kCases[] = {
+    {1, 64, true, 0},       {17, 128, true, 0},     {64, 64, true, 0},     {200, 64, true, 37},   {200, 128, false, 0},
+    {1000, 64, true, 0},    {1000, 128, true, 300}, {1000, 64, true, 100}, {333, 64, true, 16},   {333, 128, true, 64},
+    {150, 64, true, 1},     {700, 64, true, 64},    {1, 96, true, 0},      {300, 96, false, 0},   {1000, 96, true, 0},
+    {150, 96, true, 1},     {333, 96, true, 16},    {700, 96, true, 64},   {1000, 96, true, 129}, {17, 112, true, 0},
+    {200, 112, false, 0},   {1000, 112, true, 0},   {150, 112, true, 1},   {333, 112, true, 16},  {700, 112, true, 64},
+    {1000, 112, true, 129}, {500, 80, true, 0},     {130, 80, false, 0},   {257, 80, true, 129},  {2100, 64, true, 0},
+    {1500, 128, false, 0},  {2100, 64, true, 700},  {385, 128, true, 0},   {191, 64, false, 0},   {193, 64, true, 0},
+    {2100, 128, true, 0},   {2100, 96, true, 0}};
 
 // The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel (positions past a tile
 // boundary, padding rows, a window, full attention), D = 128 and the sm80 family follow with a
@@ -315,15 +313,14 @@ TEST(AttentionGpu, DocsMatter) {
   }
 }
 
-// On a Hopper GPU in a build for sm_90 the head dims 64 and 128 take the wgmma kernels (a silent
-// fall back to the older ones would pass every parity test); the others and the override do not.
+// On a Hopper GPU in a build for sm_90 every head dim takes the wgmma kernels (a silent fall back
+// to the older ones would pass every parity test); the override does not.
 TEST(AttentionGpu, KernelChoice) {
   LINAC_SKIP_WITHOUT_GPU();
   KernelChoice unset(nullptr);
   const bool hopper = LINAC_WITH_SM90A && gpu_compute_capability() == 90;
-  EXPECT_EQ(std::string(attention_gpu_kernels(64)), hopper ? "sm90" : "sm80");
-  EXPECT_EQ(std::string(attention_gpu_kernels(128)), hopper ? "sm90" : "sm80");
-  EXPECT_EQ(std::string(attention_gpu_kernels(96)), "sm80");
+  for (int64_t D : {64, 80, 96, 112, 128})
+    EXPECT_EQ(std::string(attention_gpu_kernels(D)), hopper ? "sm90" : "sm80") << D;
   {
     KernelChoice forced("sm80");
     EXPECT_EQ(std::string(attention_gpu_kernels(64)), "sm80");
