@@ -198,8 +198,7 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   const DocBounds& docs = env_.docs;  // positions restart at each document (rope.h)
   if (opt_.window > 0) {
     const Tensor q = bthd(xv, B, T, d_, H_, Dh_), k = bthd(xv, B, T, 2 * d_, H_, Dh_);
-    rope_fwd(ctx, q, opt_.rope_base, 0, docs);
-    rope_fwd(ctx, k, opt_.rope_base, 0, docs);
+    rope_fwd(ctx, bthd(xv, B, T, d_, 2 * H_, Dh_), opt_.rope_base, 0, docs);  // q and k: adjacent columns
     local = oloc_buf_.tensor(env_.act, {B, T, H_, Dh_});
     AttentionOpts ao;
     ao.window = opt_.window;
@@ -262,8 +261,7 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     ao.docs = docs;
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
                   lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dv_loc, ao);
-    rope_bwd(ctx, dq, opt_.rope_base, 0, docs);
-    rope_bwd(ctx, dk, opt_.rope_base, 0, docs);
+    rope_bwd(ctx, bthd(dqk, B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0, docs);  // dq and dk
     add_inplace(ctx, dV, dv_loc, 1.f);
     matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
     matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
@@ -325,8 +323,7 @@ void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
   auto before = [&](int64_t b0, int64_t n, int64_t p) {
     const Tensor rows = xv.narrow(0, b0, n);
     if (opt_.window > 0) {
-      rope_fwd(ctx, bthd(rows, n, 1, d_, H_, Dh_), opt_.rope_base, p);
-      rope_fwd(ctx, bthd(rows, n, 1, 2 * d_, H_, Dh_), opt_.rope_base, p);
+      rope_fwd(ctx, bthd(rows, n, 1, d_, 2 * H_, Dh_), opt_.rope_base, p);  // q and k
       const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
       attention_cache_write(ctx, bhd(rows, 2 * d_, H_, Dh_), bhd(rows, 0, H_, Dh_), kc, vc, p % opt_.window);
       attention_decode(ctx, bhd(rows, d_, H_, Dh_), kc, vc, std::min(p + 1, opt_.window), local.narrow(0, b0, n));
