@@ -89,8 +89,11 @@ void short_conv_bwd(const Ctx& ctx, const Tensor& a, const Tensor& g, const Tens
   ShortConvLayout L = make_layout(a, g, h, ba, bg, opts);
   check_btc(dz, a, "dz");
   check_btc(da, a, "da");
-  check_btc(dg, a, "dg");
-  L.dz = strides(dz), L.da = strides(da), L.dg = strides(dg);
+  if (dg.defined()) {
+    check_btc(dg, a, "dg");
+    L.dg = strides(dg);
+  }
+  L.dz = strides(dz), L.da = strides(da);
   LINAC_CHECK(dh.ndim == 2 && dh.is_contiguous() && same_shape(dh, h) && dh.device == a.device,
               "short_conv: dh must be shaped like h, contiguous, got " + dh.shape_str());
   LINAC_CHECK(ba.defined() || !dba.defined(), "short_conv: dba given without ba");
@@ -106,8 +109,8 @@ void short_conv_bwd(const Ctx& ctx, const Tensor& a, const Tensor& g, const Tens
   check_cpu_dtypes({&a, &g, &h, &ba, &bg, &dz, &da, &dg, &dh, &dba, &dbg});
   LINAC_CPU_DISPATCH(a.dtype, F,
                      short_conv_bwd_cpu<F>(L, a.data<F>(), g.data<F>(), h.data<F>(), ptr_or_null<F>(ba),
-                                           ptr_or_null<F>(bg), dz.data<F>(), da.data<F>(), dg.data<F>(), dh.data<F>(),
-                                           ptr_or_null<F>(dba), ptr_or_null<F>(dbg)));
+                                           ptr_or_null<F>(bg), dz.data<F>(), da.data<F>(), ptr_or_null<F>(dg),
+                                           dh.data<F>(), ptr_or_null<F>(dba), ptr_or_null<F>(dbg)));
 }
 
 void short_conv_step(const Ctx& ctx, const Tensor& a_t, const Tensor& g_t, const Tensor& h, const Tensor& ba,

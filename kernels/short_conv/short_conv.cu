@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_bias<V>(bg, s.ch, bias_g);
     const T* g_seq = g + s.b * p.g.b + s.ch;
     const T* dz_seq = dz + s.b * p.dz.b + s.ch;
-    T* dg_seq = dg + s.b * p.dg.b + s.ch;
+    T* dg_seq = dg ? dg + s.b * p.dg.b + s.ch : nullptr;  // null: the gate's gradient not wanted
     const int t_end = min(s.t1 + p.W - 1, p.T);
     for (int t = s.t0 + s.row; t < t_end; t += kRows) {
       float xa[kTaps][V], dzv[V], gv[V], c[V], dc[V];
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           dgv[i] = activation(c[i], p.silu) * dzv[i];
           dbg_acc[i] += dgv[i];
         }
-        cuda::store_vals<V>(dg_seq + t * p.dg.t, dgv);
+        if (dg_seq) cuda::store_vals<V>(dg_seq + t * p.dg.t, dgv);
 #pragma unroll
         for (int i = 0; i < kTaps; ++i) {
           const bool read = i < p.W && t - i >= lo;
@@ -329,7 +329,7 @@ void check_f32(std::initializer_list<const Tensor*> ts, const char* what) {
 bool four_channels(int64_t C, std::initializer_list<std::pair<const Tensor*, ShortConvLayout::Strides>> ts) {
   if (C % 4 != 0) return false;
   for (const auto& [t, st] : ts)
-    if (!cuda::vec4_aligned(*t) || st.b % 4 != 0 || st.t % 4 != 0) return false;
+    if (t->defined() && (!cuda::vec4_aligned(*t) || st.b % 4 != 0 || st.t % 4 != 0)) return false;
   return true;
 }
 
@@ -375,7 +375,7 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
                          const Tensor& ba, const Tensor& bg, const Tensor& dz, const Tensor& da, const Tensor& dg,
                          const Tensor& dh, const Tensor& dba, const Tensor& dbg) {
   for (const Tensor* t : {&g, &dz, &da, &dg})
-    LINAC_CHECK(t->dtype == a.dtype, "short_conv (GPU): a, g, dz, da, dg dtypes must agree");
+    LINAC_CHECK(!t->defined() || t->dtype == a.dtype, "short_conv (GPU): a, g, dz, da, dg dtypes must agree");
   check_f32({&h, &ba, &bg, &dh, &dba, &dbg}, "h, the biases and their gradients");
   if (L.B * L.T * L.C == 0) return;
   LINAC_CHECK(ctx.workspace_bytes >= short_conv_bwd_workspace_bytes(L.B, L.T, L.C, L.W),
@@ -390,7 +390,7 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
       auto kernel = p.W <= 4 ? (p.doc_start ? bwd_kernel<T, V, 4, true> : bwd_kernel<T, V, 4, false>)
                              : (p.doc_start ? bwd_kernel<T, V, kMaxW, true> : bwd_kernel<T, V, kMaxW, false>);
       kernel<<<grid, kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
-                                        ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), dg.data<T>(), partial, p);
+                                        ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), ptr_or_null<T>(dg), partial, p);
     });
   });
   const dim3 grid(cuda::grid_1d(p.C, 32), static_cast<unsigned>(p.W + 2));

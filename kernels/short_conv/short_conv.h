@@ -25,7 +25,8 @@
 // contiguous; ba, bg, dba, dbg [C]. Each bias is optional (an undefined Tensor: no bias, and then its
 // gradient must be undefined too); a bias gradient may also be left undefined to skip it. Step:
 // a_t, g_t, z_t [B, C] (unit channel stride, free batch stride), state [B, W-1, C] contiguous. da, dg
-// are overwritten; dh, dba, dbg are ACCUMULATED.
+// are overwritten; dh, dba, dbg are ACCUMULATED. dg may be left undefined: the gate's gradient is
+// then not written (Latte's gate is a constant; dbg, if given, is still summed).
 // Dtypes: CPU: every tensor f32 or every tensor f64. GPU: a, g, z, dz, da, dg (a_t, g_t, z_t) all
 // bf16 or all f32; h, ba, bg, dh, dba, dbg and the state f32. The GPU backward reduces dh/dba/dbg in
 // a fixed order through short_conv_bwd_workspace_bytes() of ctx.workspace (deterministic).

@@ -76,7 +76,7 @@ void short_conv_bwd_cpu(const ShortConvLayout& L, const F* a, const F* g, const 
         const F dzv = dz[b * L.dz.b + t * L.dz.t + ch];
         const F dgv = activation(c, L.silu) * dzv;
         const F dcv = dzv * gate * activation_grad(c, L.silu);
-        dg[b * L.dg.b + t * L.dg.t + ch] = dgv;
+        if (dg) dg[b * L.dg.b + t * L.dg.t + ch] = dgv;
         dc[t * C + ch] = dcv;
         for (int64_t j = 0; j < W; ++j) dh[ch * W + j] += dcv * window[j];
         if (dbg) dbg[ch] += dgv;

@@ -2,8 +2,8 @@
 // padding, bias not on the padding), gradient check in double of every input
 // and parameter (a, g, h, ba, bg) with a and g as strided views of a fused
 // projection buffer and da/dg of its gradient, parameter gradients accumulated,
-// both activations, with and without biases, and the decode step reproducing
-// the forward bit for bit in f32 and f64.
+// both activations, with and without biases, the backward without dg, and the
+// decode step reproducing the forward bit for bit in f32 and f64.
 #include <cmath>
 
 #include "short_conv/short_conv.h"
@@ -155,6 +155,34 @@ INSTANTIATE_TEST_SUITE_P(Cases, ShortConvGrad, ::testing::ValuesIn(grad_cases())
   return "T" + std::to_string(c.T) + "_W" + std::to_string(c.W) + (c.silu ? "_silu" : "_id") +
          (c.biases ? "" : "_nobias") + "_B" + std::to_string(c.B);
 });
+
+// Without dg (Latte's constant gate) the backward writes da, dh, dba and dbg exactly as with it and
+// leaves dg's memory alone.
+TEST(ShortConv, GateGradientIsOptional) {
+  for (const bool silu : {true, false}) {
+    SCOPED_TRACE(silu ? "silu" : "identity");
+    const int64_t B = 2, T = 37, C = 7, W = 3;
+    const Problem p(B, T, C, W, DType::F64, 9);
+    struct Grads {
+      OwnedTensor dproj, dh, dba, dbg;
+    };
+    auto backward = [&](bool want_dg) {
+      Grads r{OwnedTensor(DType::F64, Device::CPU, {B, T, 2 * C + 1}), test::random_tensor({C, W}, DType::F64, 20),
+              test::random_tensor({C}, DType::F64, 21), test::random_tensor({C}, DType::F64, 22)};
+      test::poison(r.dproj);
+      short_conv_bwd(Ctx{}, p.a(p.proj), p.g(p.proj), p.h, p.ba, p.bg, p.u, p.a(r.dproj),
+                     want_dg ? p.g(r.dproj) : Tensor(), r.dh, r.dba, r.dbg, {silu});
+      return r;
+    };
+    const Grads with = backward(true), without = backward(false);
+    EXPECT_EQ(gather(p.a(without.dproj)), gather(p.a(with.dproj)));
+    EXPECT_EQ(to_doubles(without.dh), to_doubles(with.dh));
+    EXPECT_EQ(to_doubles(without.dba), to_doubles(with.dba));
+    EXPECT_EQ(to_doubles(without.dbg), to_doubles(with.dbg));
+    for (const double v : gather(p.g(without.dproj))) ASSERT_TRUE(std::isnan(v)) << "dg written";
+    for (const double v : gather(p.g(with.dproj))) ASSERT_FALSE(std::isnan(v));
+  }
+}
 
 // Stepping token by token from a zero state gives the forward's outputs
 // exactly.

@@ -1,7 +1,10 @@
 // Short gated convolution, CUDA vs the CPU reference (double) on the same rounded inputs, f32 and
 // bf16: forward, backward (da, dg, and dh/dba/dbg accumulated onto nonzero values), a and g as
 // strided views of a fused buffer, several token tiles per sequence, both activations, without
-// biases; bitwise determinism of the backward; the decode step against the forward.
+// biases; bitwise determinism of the backward; the backward without dg; the decode step against
+// the forward.
+#include <cmath>
+
 #include "short_conv/short_conv.h"
 #include "test_util.h"
 
@@ -147,6 +150,39 @@ TEST(ShortConvGpu, BackwardIsDeterministic) {
     EXPECT_EQ(to_doubles(r1.dh), to_doubles(r2.dh));
     EXPECT_EQ(to_doubles(r1.dba), to_doubles(r2.dba));
     EXPECT_EQ(to_doubles(r1.dbg), to_doubles(r2.dbg));
+  }
+}
+
+// Without dg (Latte's constant gate) the backward writes da, dh, dba and dbg bit for bit as with it
+// and leaves dg's memory alone, with one (pad 5) and four (pad 0) channels per thread.
+TEST(ShortConvGpu, GateGradientIsOptional) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Ctx& ctx = gctx.ctx();
+  for (const int64_t pad : {5, 0}) {
+    SCOPED_TRACE("pad=" + std::to_string(pad));
+    const Case c{2, 300, 256, 3, false, true, pad};
+    Inputs in(c);
+    OwnedTensor proj = to(in.proj, Device::CUDA, DType::BF16), dz = to(in.dz, Device::CUDA, DType::BF16);
+    OwnedTensor h = to(in.h, Device::CUDA, DType::F32), ba = to(in.ba, Device::CUDA, DType::F32),
+                bg = to(in.bg, Device::CUDA, DType::F32);
+    auto backward = [&](bool want_dg) {
+      Result r{OwnedTensor(DType::BF16, Device::CUDA, {c.B, c.T, c.C}),
+               OwnedTensor(DType::BF16, Device::CUDA, {c.B, c.T, in.P}), to(in.dh0, Device::CUDA, DType::F32),
+               to(in.dba0, Device::CUDA, DType::F32), to(in.dbg0, Device::CUDA, DType::F32)};
+      test::poison(r.dproj);
+      short_conv_bwd(ctx, btc(proj, 0, c.C), btc(proj, c.C, c.C), h, ba, bg, dz, btc(r.dproj, 0, c.C),
+                     want_dg ? btc(r.dproj, c.C, c.C) : Tensor(), r.dh, r.dba, r.dbg, {c.silu});
+      ctx_synchronize(ctx);
+      return r;
+    };
+    const Result with = backward(true), without = backward(false);
+    EXPECT_EQ(part(without.dproj, 0, c.C), part(with.dproj, 0, c.C));
+    EXPECT_EQ(to_doubles(without.dh), to_doubles(with.dh));
+    EXPECT_EQ(to_doubles(without.dba), to_doubles(with.dba));
+    EXPECT_EQ(to_doubles(without.dbg), to_doubles(with.dbg));
+    for (const double v : part(without.dproj, c.C, c.C)) ASSERT_TRUE(std::isnan(v)) << "dg written";
+    for (const double v : part(with.dproj, c.C, c.C)) ASSERT_FALSE(std::isnan(v));
   }
 }
 
