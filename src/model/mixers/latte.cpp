@@ -106,6 +106,7 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
   ab_buf_ = env_.saved->take(N * static_cast<size_t>(Pa_) * act);
   y_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(opt_.latents) * stat);
+  if (opt_.conv > 0) z_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
   if (opt_.window > 0) {
     oloc_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
     lse_loc_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
@@ -124,7 +125,8 @@ int64_t LatteMixer::state_elems(int64_t T) const {
 size_t LatteMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   const size_t local = opt_.window > 0 ? N * (static_cast<size_t>(d_) * act + static_cast<size_t>(H_) * stat) : 0;
-  return N * (static_cast<size_t>(Px_ + Pa_ + d_) * act + static_cast<size_t>(opt_.latents) * stat) + local;
+  const size_t conv = opt_.conv > 0 ? N * static_cast<size_t>(d_) * act : 0;
+  return N * (static_cast<size_t>(Px_ + Pa_ + d_) * act + static_cast<size_t>(opt_.latents) * stat) + local + conv;
 }
 
 double LatteMixer::flops_per_token(int64_t T) const {
@@ -172,14 +174,6 @@ LatteOpts LatteMixer::core_opts() const {
   return lo;
 }
 
-Tensor LatteMixer::logit_stream(const Tensor& x) {
-  if (opt_.conv == 0) return x;
-  const int64_t B = x.size(0), T = x.size(1);
-  Tensor z = env_.scratch->get("latte.z", env_.act, {B, T, d_});
-  short_conv_fwd(env_.ctx, x, unit_gate(B, T), env_.params->master(conv_), Tensor(), Tensor(), z, conv_opts());
-  return z;
-}
-
 void LatteMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
 
 void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final) {
@@ -192,7 +186,12 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   Tensor y = y_buf_.tensor(env_.act, {B, T, H_, Dh_});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
   matmul(ctx, x.view({N, d_}), false, ps.weight(wx_), true, xv);
-  matmul(ctx, logit_stream(x).view({N, d_}), false, ps.weight(wab_), true, ab);
+  Tensor z = x;  // the latent logits' input stream: x, or its convolution (kept for the backward)
+  if (opt_.conv > 0) {
+    z = z_buf_.tensor(env_.act, {B, T, d_});
+    short_conv_fwd(ctx, x, unit_gate(B, T), ps.master(conv_), Tensor(), Tensor(), z, conv_opts());
+  }
+  matmul(ctx, z.view({N, d_}), false, ps.weight(wab_), true, ab);
   const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
   Tensor local;
   const DocBounds& docs = env_.docs;  // positions restart at each document (rope.h)
@@ -239,13 +238,12 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0, docs);  // the rotation's transpose
 
   // The logits' path: dz = dAB Wab; through the convolution when there is one.
-  const Tensor z = logit_stream(x);
+  const Tensor z = opt_.conv > 0 ? z_buf_.tensor(env_.act, {B, T, d_}) : x;
   matmul(ctx, dab, true, z.view({N, d_}), false, ps.grad(wab_), 1.f, 1.f);
   if (opt_.conv > 0) {
     Tensor dz = env_.scratch->get("latte.dz", env_.act, {B, T, d_});
-    Tensor dgate = env_.scratch->get("latte.dgate", env_.act, {B, T, d_});
     matmul(ctx, dab, false, ps.weight(wab_), false, dz.view({N, d_}));
-    short_conv_bwd(ctx, x, unit_gate(B, T), ps.master(conv_), Tensor(), Tensor(), dz, dx, dgate, ps.grad(conv_),
+    short_conv_bwd(ctx, x, unit_gate(B, T), ps.master(conv_), Tensor(), Tensor(), dz, dx, Tensor(), ps.grad(conv_),
                    Tensor(), Tensor(), conv_opts());
   } else {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));

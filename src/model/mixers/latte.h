@@ -80,8 +80,6 @@ class LatteMixer final : public Mixer {
   ShortConvOpts conv_opts() const;
   static ShortConvOpts step_conv_opts();
   LatteOpts core_opts() const;
-  // The latent logits' input stream for [B, T, d] x: x itself, or its convolution (in scratch).
-  Tensor logit_stream(const Tensor& x);
   // The conv's gate input: ones [d] seen as [B, T, d] (or [B, d] when T == 0) with zero strides.
   Tensor unit_gate(int64_t B, int64_t T) const;
 
@@ -90,7 +88,7 @@ class LatteMixer final : public Mixer {
   bool macchiato_;
   int64_t d_, H_, Dh_, Lh_, La_, Px_, Pa_;
   int wx_, wab_, wo_, conv_ = -1;
-  SavedBuf xv_buf_, ab_buf_, y_buf_, lse_buf_, oloc_buf_, lse_loc_buf_;
+  SavedBuf xv_buf_, ab_buf_, y_buf_, lse_buf_, oloc_buf_, lse_loc_buf_, z_buf_;
   OwnedTensor ones_;  // [d] ones in the activation dtype (the conv gate)
   int64_t B_ = 0, T_ = 0;
 };
