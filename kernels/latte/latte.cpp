@@ -52,6 +52,12 @@ LatteLayout make_layout(const Tensor& a, const Tensor& b, const Tensor& v, const
   LINAC_CHECK(opts.chunk >= 1, "latte: chunk must be positive");
   L.chunk = opts.chunk;
   L.docs = opts.docs;  // [B, T] on the tensors' device (core/doc_bounds.h)
+  if (const Tensor& s = opts.saved_states; s.defined()) {
+    LINAC_CHECK(s.device == b.device && s.dtype == DType::F32 && s.is_contiguous() &&
+                    static_cast<size_t>(s.numel()) * 4 >= latte_saved_state_bytes(L.B, L.T, L.H, L.L, L.Dv),
+                "latte: saved_states must be contiguous f32 on the tensors' device, of latte_saved_state_bytes()");
+    if (b.device != Device::CPU) L.saved_states = s.data<float>();
+  }
   L.a = strides(a), L.b = strides(b), L.v = strides(v);
   if (L.local) L.local_s = strides(local);
   return L;
@@ -170,6 +176,11 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
     std::fill_n(lse_state.data<F>(), lse_state.numel(), -std::numeric_limits<F>::infinity());
     std::fill_n(mu_state.data<F>(), mu_state.numel(), F(0));
   });
+}
+
+size_t latte_saved_state_bytes(int64_t B, int64_t T, int64_t H, int64_t L, int64_t Dv) {
+  const int64_t N = (T + 63) / 64, Wd = (Dv + 4) / 4 * 4;  // as Args (latte_common.cuh)
+  return 4 * static_cast<size_t>(B * H * N * L * (Wd + 1));
 }
 
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType) {

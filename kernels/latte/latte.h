@@ -79,6 +79,10 @@ namespace linac {
 struct LatteOpts {
   int64_t chunk = 64;  // C: tokens per chunk of the chunked form (CPU; the GPU always uses 64)
   DocBounds docs;      // defined: the state restarts at every document start (core/doc_bounds.h)
+  // GPU, optional: f32 storage of at least latte_saved_state_bytes() where the forward leaves its
+  // chunk states and decays, and the backward of the same inputs reads them instead of running the
+  // chunk terms and the state scan again (it overwrites them). The CPU forms ignore it.
+  Tensor saved_states;
 };
 
 enum class LatteForm { Chunked, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunked
@@ -91,6 +95,7 @@ struct LatteLayout {
   bool local = false;  // Macchiato: a has L + 1 columns, column 0 weighs `local`
   int64_t chunk = 64;
   DocBounds docs;  // [B, T] bounds on the tensors' device, or undefined (one document per row)
+  float* saved_states = nullptr;  // GPU: LatteOpts::saved_states, or null
   int64_t La() const { return local ? L + 1 : L; }
   // The first token of t's document in row b (0 without documents). Host code only on the CPU.
   int64_t doc_start(int64_t b, int64_t t) const { return docs.defined() ? docs.start[b * T + t] : 0; }
@@ -152,5 +157,8 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
 // [H, ceil(T/64), L] and the backward's gP [H, T, L + 1 rounded up to 4].
 // The entry points split the batch into groups that fit.
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType act);
+// LatteOpts::saved_states for a [B, T] batch: the chunk states f32 [B, H, ceil(T/64), L, Wd], then
+// the chunk decays f32 [B, H, ceil(T/64), L].
+size_t latte_saved_state_bytes(int64_t B, int64_t T, int64_t H, int64_t L, int64_t Dv);
 
 }  // namespace linac

@@ -342,7 +342,8 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
     const Args ar = group_args(a0, L, b0);
-    const Workspace w = carve(ctx, ar, B);
+    Workspace w = carve(ctx, ar, B);
+    use_saved_states(w, L, ar, b0);
     float* lsep = lse.data<float>() + b0 * lse_seq;
     const dim3 grid(ar.N, B * ar.H);
     LINAC_GPU_DISPATCH(a.dtype, T, {
@@ -352,8 +353,10 @@ void latte_bwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
       const T* dyp = at_batch(dy.data<T>(), b0, L.dy.b);
       const T* lp = L.local ? at_batch(local.data<T>(), b0, L.local_s.b) : nullptr;
       T* dlp = L.local ? at_batch(dlocal.data<T>(), b0, L.dlocal.b) : nullptr;
-      launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, false, w.carry, w.U);
-      launch_state_scan(ctx, ar, B, false, ar.Dv, w.carry, w.U, w.S, nullptr);
+      if (!L.saved_states) {  // else the forward's chunk states and decays are there
+        launch_chunk_terms<T>(ctx, ar, B, bp, L.b, vp, L.v, lsep, false, w.carry, w.U);
+        launch_state_scan(ctx, ar, B, false, ar.Dv, w.carry, w.U, w.S, nullptr);
+      }
       const size_t smem_p = GradPSmem<T>(nullptr, ar).bytes, smem_bv = GradBvSmem<T>(nullptr, ar).bytes;
       with_docs(ar, [&](auto docs) {
         constexpr bool kD = decltype(docs)::value;

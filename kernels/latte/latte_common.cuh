@@ -99,6 +99,15 @@ inline Workspace carve(const Ctx& ctx, const Args& a, int B) {
           reinterpret_cast<float*>(p + 2 * st + cr)};
 }
 
+// With LatteLayout::saved_states, the group's (sequences from b0) chunk states and decays live
+// there instead of in the workspace: the forward leaves them for the backward.
+inline void use_saved_states(Workspace& w, const LatteLayout& L, const Args& a, int64_t b0) {
+  if (!L.saved_states) return;
+  const int64_t per_seq = int64_t{a.H} * a.N * a.L;  // chunk decays of one sequence
+  w.S = L.saved_states + b0 * per_seq * a.Wd;
+  w.carry = L.saved_states + L.B * per_seq * a.Wd + b0 * per_seq;
+}
+
 template <class P>
 P* at_batch(P* p, int64_t b0, int64_t stride) {
   return p + b0 * stride;

@@ -97,7 +97,8 @@ void latte_fwd_cuda(const Ctx& ctx, const LatteLayout& L, const Tensor& a, const
   for (int64_t b0 = 0; b0 < L.B; b0 += per) {
     const int B = static_cast<int>(std::min<int64_t>(per, L.B - b0));
     const Args ar = group_args(a0, L, b0);
-    const Workspace w = carve(ctx, ar, B);
+    Workspace w = carve(ctx, ar, B);
+    use_saved_states(w, L, ar, b0);
     float* lsep = lse.data<float>() + b0 * lse_seq;
     float* mufp = mu_final.defined() ? mu_final.data<float>() + b0 * mu_seq : nullptr;
     LINAC_GPU_DISPATCH(a.dtype, T, {

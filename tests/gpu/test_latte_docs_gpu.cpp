@@ -5,7 +5,8 @@
 // 64 and 128, runs of 17-token documents (several per chunk), a row that is one document and a
 // ragged last chunk. Logits +-3, documents' logits 400 apart (only the per-document factorisation
 // reference keeps the tensor-core products finite), and +-1000 (exact exponents). The batch in
-// groups (a workspace of two sequences: each group reads its own rows' bounds) gives the same bits.
+// groups (a workspace of two sequences: each group reads its own rows' bounds) gives the same bits,
+// and so does keeping the forward's chunk states for the backward (LatteOpts::saved_states).
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,8 +69,10 @@ struct Result {
   OwnedTensor y, lse, mu, grad;
 };
 
-// Forward + backward on ctx's device with the bounds `docs` ([2, B, T] on that device).
-Result run(const Ctx& ctx, const Inputs& I, const Tensor& in, const Tensor& dy, const Tensor& docs, DType state_dt) {
+// Forward + backward on ctx's device with the bounds `docs` ([2, B, T] on that device); saved:
+// LatteOpts::saved_states.
+Result run(const Ctx& ctx, const Inputs& I, const Tensor& in, const Tensor& dy, const Tensor& docs, DType state_dt,
+           const Tensor& saved = Tensor()) {
   const Device dev = ctx.device;
   const int64_t B = I.B, T = I.T, H = I.c.H, L = I.c.L, Dv = I.c.Dv;
   Result r{OwnedTensor(in.dtype, dev, {B, T, H, Dv}), OwnedTensor(state_dt, dev, {B, T, H, L}),
@@ -77,6 +80,7 @@ Result run(const Ctx& ctx, const Inputs& I, const Tensor& in, const Tensor& dy, 
   for (const Tensor* t : {&r.y.t, &r.lse.t, &r.mu.t, &r.grad.t}) test::poison(*t);
   LatteOpts opts;
   opts.docs = test::doc_view(docs);
+  opts.saved_states = saved;
   latte_fwd(ctx, I.a(in), I.b(in), I.v(in), I.local(in), r.y, r.lse, r.mu, opts);
   latte_bwd(ctx, I.a(in), I.b(in), I.v(in), I.local(in), r.lse, dy, I.a(r.grad), I.b(r.grad), I.v(r.grad),
             I.local(r.grad), opts);
@@ -147,7 +151,7 @@ TEST(LatteDocsGpu, LargeLogits) {
 }
 
 // Bitwise reruns; a workspace of two sequences (groups of rows, each reading its own rows' bounds)
-// gives the bits of one group.
+// gives the bits of one group; the forward's chunk states kept for the backward change no bit.
 TEST(LatteDocsGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -162,7 +166,12 @@ TEST(LatteDocsGpu, DeterministicAndGrouped) {
     Ctx small = gctx.ctx();
     small.workspace_bytes = 2 * latte_workspace_bytes_per_seq(I.T, c.H, c.L, c.Dv, act) + 1000;
     const Result r3 = run(small, I, in_g, dy_g, docs_g, DType::F32);
-    for (const Result* r : {&r2, &r3}) {
+    OwnedTensor states(DType::F32, Device::CUDA,
+                       {static_cast<int64_t>(latte_saved_state_bytes(I.B, I.T, c.H, c.L, c.Dv) / 4)});
+    test::poison(states);
+    const Result r4 = run(gctx.ctx(), I, in_g, dy_g, docs_g, DType::F32, states);
+    const Result r5 = run(small, I, in_g, dy_g, docs_g, DType::F32, states);
+    for (const Result* r : {&r2, &r3, &r4, &r5}) {
       EXPECT_TRUE(test::same_bits(r1.y, r->y));
       EXPECT_TRUE(test::same_bits(r1.lse, r->lse));
       EXPECT_TRUE(test::same_bits(r1.mu, r->mu));

@@ -2,7 +2,8 @@
 // forward (y, lse, mu_final) and backward (da, db, dv, dlocal) with a, b, v, local and their
 // gradients as strided views of fused buffers; plain and Macchiato, L = 1/16/64, Dv = 64/96/128,
 // ragged last chunks, logits up to +-1000; bitwise determinism, batch groups under a small
-// workspace, and the decode step (plain and Macchiato).
+// workspace, the forward's chunk states kept for the backward, and the decode step (plain and
+// Macchiato).
 #include <cstring>
 
 #include "latte/latte.h"
@@ -53,14 +54,17 @@ struct Result {
   OwnedTensor y, lse, mu, grad;  // grad: same layout as the inputs' buffer
 };
 
-// Forward + backward on ctx's device; activations of `in`'s dtype, lse / mu_final `state_dt`.
-Result run(const Ctx& ctx, const Inputs& I, const Tensor& in, const Tensor& dy, DType state_dt) {
+// Forward + backward on ctx's device; activations of `in`'s dtype, lse / mu_final `state_dt`;
+// saved: LatteOpts::saved_states.
+Result run(const Ctx& ctx, const Inputs& I, const Tensor& in, const Tensor& dy, DType state_dt,
+           const Tensor& saved = Tensor()) {
   const Case& c = I.c;
   const Device dev = ctx.device;
   Result r{OwnedTensor(in.dtype, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(state_dt, dev, {c.B, c.T, c.H, c.L}),
            OwnedTensor(state_dt, dev, {c.B, c.H, c.L, c.Dv}), OwnedTensor(in.dtype, dev, {c.B, c.T, I.W})};
   for (const Tensor* t : {&r.y.t, &r.lse.t, &r.mu.t, &r.grad.t}) test::poison(*t);
-  const LatteOpts opts;
+  LatteOpts opts;
+  opts.saved_states = saved;
   latte_fwd(ctx, I.a(in), I.b(in), I.v(in), I.local(in), r.y, r.lse, r.mu, opts);
   latte_bwd(ctx, I.a(in), I.b(in), I.v(in), I.local(in), r.lse, dy, I.a(r.grad), I.b(r.grad), I.v(r.grad),
             I.local(r.grad), opts);
@@ -148,6 +152,37 @@ TEST(LatteGpu, DeterministicAndGrouped) {
     small.workspace_bytes = latte_workspace_bytes_per_seq(c.T, c.H, c.L, c.Dv, act) / 2;
     EXPECT_THROW(run(small, I, in_g, dy_g, DType::F32), UserError);
   }
+}
+
+// With the forward's chunk states kept for the backward (LatteOpts::saved_states: the backward
+// skips the chunk terms and the state scan) every output and gradient has the bits it has
+// without, in one group and in groups of two sequences (each group's slice of the buffer); a
+// buffer too small is refused.
+TEST(LatteGpu, SavedStatesChangeNoBit) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (DType act : {DType::BF16, DType::F32})
+    for (bool mac : {true, false}) {
+      const Case c{5, 300, 2, 16, 96, mac, 3.0};
+      SCOPED_TRACE(name(c) + " " + dtype_name(act));
+      Inputs I(c, 13);
+      OwnedTensor in_g = to(I.in, Device::CUDA, act), dy_g = to(I.dy, Device::CUDA, act);
+      const auto n = static_cast<int64_t>(latte_saved_state_bytes(c.B, c.T, c.H, c.L, c.Dv) / 4);
+      OwnedTensor states(DType::F32, Device::CUDA, {n}), short_states(DType::F32, Device::CUDA, {n - 1});
+      test::poison(states);
+      Ctx small = gctx.ctx();
+      small.workspace_bytes = 2 * latte_workspace_bytes_per_seq(c.T, c.H, c.L, c.Dv, act) + 1000;
+      const Result base = run(gctx.ctx(), I, in_g, dy_g, DType::F32);
+      const Ctx* const ctxs[] = {&gctx.ctx(), &small};
+      for (const Ctx* ctx : ctxs) {
+        const Result r = run(*ctx, I, in_g, dy_g, DType::F32, states);
+        EXPECT_TRUE(test::same_bits(base.y, r.y));
+        EXPECT_TRUE(test::same_bits(base.lse, r.lse));
+        EXPECT_TRUE(test::same_bits(base.mu, r.mu));
+        EXPECT_TRUE(test::same_bits(base.grad, r.grad));
+      }
+      EXPECT_ANY_THROW(run(gctx.ctx(), I, in_g, dy_g, DType::F32, short_states));
+    }
 }
 
 // GPU decode steps from a reset state reproduce the CPU steps token after token, and end at the

@@ -107,6 +107,7 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
   y_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(opt_.latents) * stat);
   if (opt_.conv > 0) z_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
+  if (env_.ctx.is_gpu()) states_buf_ = env_.saved->take(latte_saved_state_bytes(B, T, H_, Lh_, Dh_));
   if (opt_.window > 0) {
     oloc_buf_ = env_.saved->take(N * static_cast<size_t>(d_) * act);
     lse_loc_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
@@ -126,7 +127,9 @@ size_t LatteMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), act = dtype_size(env_.act), stat = dtype_size(env_.stat);
   const size_t local = opt_.window > 0 ? N * (static_cast<size_t>(d_) * act + static_cast<size_t>(H_) * stat) : 0;
   const size_t conv = opt_.conv > 0 ? N * static_cast<size_t>(d_) * act : 0;
-  return N * (static_cast<size_t>(Px_ + Pa_ + d_) * act + static_cast<size_t>(opt_.latents) * stat) + local + conv;
+  const size_t states = env_.ctx.is_gpu() ? latte_saved_state_bytes(B, T, H_, Lh_, Dh_) : 0;
+  return N * (static_cast<size_t>(Px_ + Pa_ + d_) * act + static_cast<size_t>(opt_.latents) * stat) + local + conv +
+         states;
 }
 
 double LatteMixer::flops_per_token(int64_t T) const {
@@ -167,10 +170,14 @@ ShortConvOpts LatteMixer::step_conv_opts() {
   return so;
 }
 
-LatteOpts LatteMixer::core_opts() const {
+LatteOpts LatteMixer::core_opts(int64_t B, int64_t T) const {
   LatteOpts lo;
   lo.chunk = opt_.chunk;
   lo.docs = env_.docs;
+  // The same B, T in a step's forward and backward: both use the saved chunk states, or neither.
+  const size_t states = latte_saved_state_bytes(B, T, H_, Lh_, Dh_);
+  if (states > 0 && states <= states_buf_.bytes())
+    lo.saved_states = states_buf_.tensor(DType::F32, {static_cast<int64_t>(states / 4)});
   return lo;
 }
 
@@ -206,7 +213,7 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   }
   if (opt_.vapor) rope_bwd(ctx, v, opt_.rope_base, 0, docs);  // v_s -> R^(-s) v_s, kept for the backward
   latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, mu_final,
-            core_opts());
+            core_opts(B, T));
   if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0, docs);  // y_t -> R^t y_t
   matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
@@ -234,7 +241,7 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor dlocal = opt_.window > 0 ? env_.scratch->get("latte.dlocal", env_.act, {B, T, H_, Dh_}) : Tensor();
   env_.open_comm_window();
   latte_bwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, lse, dY,
-            bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, core_opts());
+            bthd(dab, B, T, 0, H_, La_), bthd(dab, B, T, H_ * La_, H_, Lh_), dV, dlocal, core_opts(B, T));
   if (opt_.vapor) rope_fwd(ctx, dV, opt_.rope_base, 0, docs);  // the rotation's transpose
 
   // The logits' path: dz = dAB Wab; through the convolution when there is one.

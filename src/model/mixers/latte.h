@@ -79,7 +79,8 @@ class LatteMixer final : public Mixer {
   // The conv's and the core's options: the pass's document bounds (env_.docs).
   ShortConvOpts conv_opts() const;
   static ShortConvOpts step_conv_opts();
-  LatteOpts core_opts() const;
+  // The core's options for a [B, T] pass; on the GPU with the saved chunk states when they fit.
+  LatteOpts core_opts(int64_t B, int64_t T) const;
   // The conv's gate input: ones [d] seen as [B, T, d] (or [B, d] when T == 0) with zero strides.
   Tensor unit_gate(int64_t B, int64_t T) const;
 
@@ -89,6 +90,7 @@ class LatteMixer final : public Mixer {
   int64_t d_, H_, Dh_, Lh_, La_, Px_, Pa_;
   int wx_, wab_, wo_, conv_ = -1;
   SavedBuf xv_buf_, ab_buf_, y_buf_, lse_buf_, oloc_buf_, lse_loc_buf_, z_buf_;
+  SavedBuf states_buf_;  // GPU: the core's chunk states and decays, from the forward to the backward
   OwnedTensor ones_;  // [d] ones in the activation dtype (the conv gate)
   int64_t B_ = 0, T_ = 0;
 };
