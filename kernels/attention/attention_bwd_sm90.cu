@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
         if constexpr (kRope)
-          store_rows_rope<64>(dq + h * 64, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
+          store_rows_rope<64>(dq + h * a.D, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
         else
           store_rows<64>(dq + h * a.D + 64 * c, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, a.D - 64 * c);
       } else {
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
     if constexpr (kRope)
-      store_rows_rope<DP>(dk + hk * DP, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
+      store_rows_rope<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
     else
       store_rows<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, a.D);
     store_rows<DP>(dv + hk * a.D, a.dv, b, a.T, srow0, dv_acc, one, a.D);

@@ -4,9 +4,9 @@
 //
 // bf16, head dims 64 to 128 on tiles of DP = 64 or 128 columns (attention_sm90.cuh).
 // Work item = (batch*head, block of BR = 64 * kMathWGs queries); math warpgroup
-// w owns queries q0 + 64w .. q0 + 64w + 63 (its Q rows stay in shared memory). Key blocks of BC = 128 stream through
-// kStages stages of K and V tiles of key/value head h / (H / Hk) (grouped-query
-// attention). Per key block and warpgroup:
+// w owns queries q0 + 64w .. q0 + 64w + 63 (its Q rows stay in shared memory).
+// Key blocks of BC = 128 stream through kStages stages of K and V tiles of
+// key/value head h / (H / Hk) (grouped-query attention). Per key block and warpgroup:
 //   S = Q K^T       wgmma, A = Q and B = K from shared memory (both K-major)
 //   online softmax on the S accumulators (f32, exp2 with the scale folded in),
 //   P rounded to bf16

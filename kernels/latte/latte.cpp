@@ -179,8 +179,8 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
 }
 
 size_t latte_saved_state_bytes(int64_t B, int64_t T, int64_t H, int64_t L, int64_t Dv) {
-  const int64_t N = (T + 63) / 64, Wd = (Dv + 4) / 4 * 4;  // as Args (latte_common.cuh)
-  return 4 * static_cast<size_t>(B * H * N * L * (Wd + 1));
+  const int64_t N = (T + 63) / 64;  // GPU chunks of 64 tokens
+  return 4 * static_cast<size_t>(B * H * N * L * (latte_state_row(Dv) + 1));
 }
 
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType) {
@@ -190,7 +190,7 @@ size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv
   // carries [H, N, L] and the backward's gP [H, T, Lg], all f32 (Wd = Dv + 1 and Lg = L + 1 rounded
   // up to 4: aligned rows); plus the 256-byte alignment of each of the four, so that a group of B
   // sequences fits in B times this.
-  const int64_t Wd = (Dv + 4) / 4 * 4, Lg = (L + 4) / 4 * 4;
+  const int64_t Wd = latte_state_row(Dv), Lg = (L + 4) / 4 * 4;
   return 4 * static_cast<size_t>(2 * H * N * L * Wd + H * N * L + H * T * Lg) + 4 * 256;
 }
 

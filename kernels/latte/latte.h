@@ -157,6 +157,8 @@ void latte_state_reset(const Ctx& ctx, const Tensor& lse_state, const Tensor& mu
 // [H, ceil(T/64), L] and the backward's gP [H, T, L + 1 rounded up to 4].
 // The entry points split the batch into groups that fit.
 size_t latte_workspace_bytes_per_seq(int64_t T, int64_t H, int64_t L, int64_t Dv, DType act);
+// Row length of the GPU's f32 chunk states: Dv + 1 (the backward's scalar state r) rounded up to 4.
+constexpr int64_t latte_state_row(int64_t Dv) { return (Dv + 4) / 4 * 4; }
 // LatteOpts::saved_states for a [B, T] batch: the chunk states f32 [B, H, ceil(T/64), L, Wd], then
 // the chunk decays f32 [B, H, ceil(T/64), L].
 size_t latte_saved_state_bytes(int64_t B, int64_t T, int64_t H, int64_t L, int64_t Dv);

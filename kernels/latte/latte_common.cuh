@@ -65,7 +65,7 @@ inline Args make_args(const LatteLayout& L) {
     LINAC_CHECK(s->t >= 0 && s->t * kC < (int64_t{1} << 31), "latte (GPU): token stride too large");
   Args a{};
   a.T = static_cast<int>(L.T), a.H = static_cast<int>(L.H), a.L = static_cast<int>(L.L);
-  a.La = static_cast<int>(L.La()), a.Dv = static_cast<int>(L.Dv), a.Wd = (a.Dv + 4) / 4 * 4;
+  a.La = static_cast<int>(L.La()), a.Dv = static_cast<int>(L.Dv), a.Wd = static_cast<int>(latte_state_row(L.Dv));
   a.Lg = (a.La + 3) / 4 * 4;
   a.N = (a.T + kC - 1) / kC, a.off = L.local ? 1 : 0;
   a.Lp = (a.L + 15) / 16 * 16, a.Dp = (a.Dv + 15) / 16 * 16;
