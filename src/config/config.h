@@ -89,6 +89,11 @@ struct TrainConfig {
   // Data parallel: the dtype gradients cross between ranks in, f32 (the master dtype) | bf16 (half
   // the bytes; rounded before and after the sum, accumulated in f32: comm/grad_reducer.h).
   std::string reduce_dtype = "f32";
+  // The LM head's logits under bf16 precision on the GPU: f32 (the loss and its gradient from
+  // the GEMM's f32 output) | bf16 (rounded once, the softmax still in f32, the gradient written
+  // over them: 6 bytes of memory traffic per logit instead of 10). `linac eval` and decoding
+  // keep f32.
+  std::string logits_dtype = "f32";
   // Saved activations the backward recomputes instead of keeping: none | mixer | block.
   std::string recompute = "none";
   // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks;

@@ -40,7 +40,8 @@ ModelOptions ModelOptions::for_training(const TrainConfig& tc, int rank, int wor
           .with_optimizer = true,
           .zero_world = zero ? world : 1,
           .zero_rank = zero ? rank : 0,
-          .zero_grads = zero && tc.zero == 2};
+          .zero_grads = zero && tc.zero == 2,
+          .bf16_logits = tc.logits_dtype == "bf16"};
 }
 
 Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
@@ -51,6 +52,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
   env_.act = p.act;
   env_.resid = p.resid;
   env_.stat = p.stat;
+  bf16_logits_ = opts.bf16_logits && p.act == DType::BF16;
   env_.scratch = &scratch_;
   env_.saved = &saved_;
 
@@ -145,7 +147,7 @@ void Model::reserve(int64_t B, int64_t T) {
     resid_[per_layer * (l + 1)] = saved_.take(resid_bytes);
   }
   if (head_bias_ >= 0) {
-    const DType logit_dt = logit_dtype();
+    const DType logit_dt = decode_logit_dtype();
     OwnedTensor host(DType::F64, Device::CPU, {N});
     std::fill_n(host->data<double>(), N, 1.0);
     ones_logit_ = Buffer(static_cast<size_t>(N) * dtype_size(logit_dt), dev);
@@ -183,8 +185,10 @@ size_t Model::activation_bytes(int64_t B, int64_t T) const {
   return keep + shared;
 }
 
-// Logits in f32 under bf16 compute (bf16 x bf16 -> f32 GEMM), so the loss sees full-precision logits.
-DType Model::logit_dtype() const { return env_.act == DType::BF16 ? DType::F32 : env_.act; }
+// Logits in f32 under bf16 compute (bf16 x bf16 -> f32 GEMM), so the loss sees full-precision logits,
+// unless train.logits_dtype asks for bf16. Decoding's logits are f32 either way (decode_logit_dtype).
+DType Model::logit_dtype() const { return bf16_logits_ ? env_.act : decode_logit_dtype(); }
+DType Model::decode_logit_dtype() const { return env_.act == DType::BF16 ? DType::F32 : env_.act; }
 
 int64_t Model::head_chunk_rows(int64_t N) const {
   return std::max<int64_t>(1, std::min<int64_t>(N, kHeadChunkElems / cfg_.vocab_size));
@@ -281,9 +285,18 @@ void Model::final_norm_fwd(const Tensor& x, const Tensor& y, const Tensor& rstd,
 void Model::head_logits(const Tensor& x, const Tensor& logits) {
   const double s = cfg_.logit_scale;
   matmul(env_.ctx, x, false, params_.weight(head_ >= 0 ? head_ : embed_), true, logits, s);
-  if (head_bias_ >= 0)
-    matmul(env_.ctx, ones_logit_.tensor(logits.dtype, {logits.size(0), 1}), false,
-           params_.master(head_bias_).view({1, cfg_.vocab_size}), false, logits, s, 1.f);
+  if (head_bias_ < 0) return;
+  Tensor bias = params_.master(head_bias_).view({1, cfg_.vocab_size});
+  const bool act_logits = logits.dtype == env_.act;
+  if (bias.dtype != logits.dtype) {  // bf16 logits: the GEMM's operands share their dtype
+    const Tensor b = scratch_.get("head.bias", logits.dtype, {1, cfg_.vocab_size});
+    cast(env_.ctx, b, bias);
+    bias = b;
+  }
+  // ones^T stored [1, n], as the bias gradient's GEMM reads them (a leading dimension of n rather
+  // than 1 for the bf16 GEMMs); with K = 1 each element's sum is a single product either way.
+  matmul(env_.ctx, (act_logits ? ones_act_ : ones_logit_).tensor(logits.dtype, {1, logits.size(0)}), true, bias, false,
+         logits, s, 1.f);
 }
 
 void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, const Tensor& dxf,

@@ -8,7 +8,7 @@
 // pass (which reads R[i] and the output, and writes R[i+1] and its normed copy).
 // The LM head runs in row chunks (logits of at most kHeadChunkElems elements at a time), so
 // the full [B*T, vocab] logits never exist; the cross-entropy kernel turns each chunk of
-// logits into its gradient in one pass.
+// logits (f32, or bf16 with ModelOptions::bf16_logits) into its gradient in one pass.
 //
 // The block norm is RMSNorm with a weight, or SimpleRMSNorm (no parameters) for model.norm
 // "srmsnorm"; the channel mixer SwiGLU or SGLU; the embedding output is multiplied by
@@ -48,8 +48,9 @@ struct ModelOptions {
   int zero_world = 1;              // > 1: ZeRO-1 over that many ranks (ParamStore::shard) ...
   int zero_rank = 0;               // ... this process being zero_rank
   bool zero_grads = false;         // ZeRO-2: the gradients sharded too
-  // train.precision with the optimizer; train.zero over `world` ranks as `rank` (no sharding
-  // with one rank).
+  bool bf16_logits = false;        // train.logits_dtype bf16: the LM head's logits in bf16 under bf16 compute
+  // train.precision and train.logits_dtype with the optimizer; train.zero over `world` ranks as
+  // `rank` (no sharding with one rank).
   static ModelOptions for_training(const TrainConfig& tc, int rank, int world);
 };
 
@@ -212,7 +213,8 @@ class Model {
   // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
   // without touching the next block's input.
   void recompute_block(int l, int64_t B, int64_t T);
-  DType logit_dtype() const;
+  DType logit_dtype() const;                 // the training and evaluation head's logits
+  DType decode_logit_dtype() const;          // decode_step's and prefill's logits
   int64_t head_chunk_rows(int64_t N) const;  // rows of logits per LM head chunk
 
   ModelConfig cfg_;
@@ -225,11 +227,12 @@ class Model {
   int embed_ = -1, norm_f_ = -1, head_ = -1, head_bias_ = -1;  // norm ids are -1 for SimpleRMSNorm
   bool has_mlp_ = true;  // false: blocks are x += Mixer(Norm(x)) only (channel_mixer "none")
   bool simple_norm_ = false;
+  bool bf16_logits_ = false;  // ModelOptions::bf16_logits under bf16 compute
   double embed_scale_ = 1;  // applied in the model's precision (f32 on the GPU)
   std::vector<Block> blocks_;
   std::vector<SavedBuf> resid_;  // R[0..2L] (R[2l+2] is R[2l+1] without channel mixers)
   SavedBuf xf_, rstd_f_, losses_;
-  Buffer ones_logit_, ones_act_;  // [B*T] ones in the logits' and the activations' dtypes (head bias GEMMs)
+  Buffer ones_logit_, ones_act_;  // [B*T] ones in decoding's logits' and the activations' dtypes (head bias GEMMs)
   std::function<void(const std::vector<int>&)> grad_begin_;
   std::function<void(const std::vector<int>&, bool)> grad_ready_;
   int64_t B_ = 0, T_ = 0;

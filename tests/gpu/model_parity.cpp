@@ -48,6 +48,40 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
         << cfg.arch << " " << precision << " " << cpu.params().spec(i).name;
 }
 
+void check_bf16_logits(const ModelConfig& cfg, int64_t B, int64_t T, double loss_tol, double grad_tol) {
+  OwnedTensor tokens = random_tokens(B, T, cfg.vocab_size, 1), targets = random_tokens(B, T, cfg.vocab_size, 2);
+  GpuContext g;
+  OwnedTensor tok_d = to(tokens, Device::CUDA, DType::I32), tgt_d = to(targets, Device::CUDA, DType::I32);
+  const float scale = 1.f / static_cast<float>(B * T);
+  auto step = [&](Model& m) {
+    m.params().zero_grad(g.ctx());
+    const double loss = m.forward_backward(tok_d, tgt_d, scale) / static_cast<double>(B * T);
+    g.synchronize();
+    return loss;
+  };
+  Model f32(cfg, g.ctx(), {.precision = "bf16"}), bf16(cfg, g.ctx(), {.precision = "bf16", .bf16_logits = true});
+  for (Model* m : {&f32, &bf16}) {
+    m->init_params(11);
+    ParamStore& ps = m->params();
+    for (int i = 0; i < ps.count(); ++i)  // zero-initialised parameters (biases) random, so they carry gradient
+      if (ps.spec(i).init == Init::Zeros)
+        copy_tensor(ps.master(i),
+                    to(random_tensor(ps.master(i).dims(), DType::F64, 50 + static_cast<uint64_t>(i), -0.5, 0.5),
+                       Device::CUDA, DType::F32));
+    ps.refresh_compute(g.ctx());
+    m->reserve(B, T);
+  }
+  const double lf = step(f32), lb = step(bf16);
+  EXPECT_NE(lb, lf) << cfg.arch << ": the bf16 logits gave the f32 logits' loss to the bit";
+  EXPECT_NEAR(lb, lf, loss_tol * lf) << cfg.arch;
+  for (int i = 0; i < f32.params().count(); ++i)
+    EXPECT_LT(rel_error(bf16.params().grad(i), f32.params().grad(i)), grad_tol)
+        << cfg.arch << " " << f32.params().spec(i).name;
+  OwnedTensor first = to(bf16.params().grad(0), Device::CPU, DType::F64);
+  EXPECT_EQ(step(bf16), lb) << cfg.arch << ": a repeated step";
+  EXPECT_EQ(rel_error(bf16.params().grad(0), first), 0.0) << cfg.arch << ": a repeated step";
+}
+
 ModelConfig gpu_tiny_of(const ArchInfo& arch) {
   ModelConfig c = tiny_model(std::max<int64_t>(2, static_cast<int64_t>(arch.pattern.size())), 128, 2, 1000, 256,
                              arch.name);

@@ -29,6 +29,11 @@ inline const std::vector<std::string> kGpuConfigArchs = {"transformer", "gla",  
 void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
                             double loss_tol, double grad_tol);
 
+// train.logits_dtype bf16 against f32 on the GPU, both in bf16 precision from the same weights
+// and batch: the loss differs (the option took effect) by at most loss_tol relative, every
+// gradient by at most grad_tol; a repeated step gives the same bits.
+void check_bf16_logits(const ModelConfig& cfg, int64_t B, int64_t T, double loss_tol, double grad_tol);
+
 // GPU decoding token by token (fp32) against the GPU's full-sequence forward: the negative
 // log-likelihood of the targets at `probes` (positions < T) for B sequences of T tokens; the
 // largest absolute difference must stay under tol. With prompt > 0 the first `prompt` tokens go

@@ -3,6 +3,7 @@
 // all by being registered.
 //   MatchesCpuFp32, MatchesCpuBf16  loss and every parameter gradient against the CPU reference
 //                                   (double) for identical weights and batch (model_parity.h)
+//   Bf16LogitsMatchF32Logits        train.logits_dtype bf16 against f32, both bf16 precision (model_parity.h)
 //   DecodeStepsMatchFullSequence    GPU decoding token by token (fp32) against the GPU's full forward
 // What each runs on: arch_entries() below. An architecture without an entry gets a 2-layer model
 // of d_model 128 and 2 heads (head dim 64: the tensor-core paths), tied embeddings, T = 77 (ragged
@@ -170,6 +171,15 @@ TEST_P(ModelGpu, MatchesCpuBf16) {
   for (const ParityCase& p : c.bf16) {
     SCOPED_TRACE(p.what);
     test::check_model_gpu_parity(p.cfg, "bf16", 2, 77, 1e-2, 5e-2);
+  }
+}
+
+// Every fp32 case (Transformer-VQ has no bf16 parity case but has the head bias).
+TEST_P(ModelGpu, Bf16LogitsMatchF32Logits) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const ParityCase& p : cases_of(GetParam()).fp32) {
+    SCOPED_TRACE(p.what);
+    test::check_bf16_logits(p.cfg, 2, 77, 2e-3, 3e-2);
   }
 }
 
