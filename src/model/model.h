@@ -6,7 +6,7 @@
 //   R[2l+2] = R[2l+1] + SwiGLU_l(RMSNorm(R[2l+1]))
 // Sub-layers write their output in the activation dtype; each add happens inside the next norm's
 // pass (which reads R[i] and the output, and writes R[i+1] and its normed copy).
-// The LM head runs in row chunks (logits of at most kHeadChunkElems elements at a time), so
+// The LM head (model_head.cpp) runs in row chunks (at most kHeadChunkElems logits at a time), so
 // the full [B*T, vocab] logits never exist; the cross-entropy kernel turns each chunk of
 // logits (f32, or bf16 with ModelOptions::bf16_logits) into its gradient in one pass.
 //
