@@ -37,6 +37,7 @@ struct Info {
   CheckpointData meta;
   Config cfg;
   Precision prec{};
+  DType logits = DType::F32;  // the LM head's logits (train.logits_dtype under bf16 compute)
   // Bytes per rank.
   double master = 0, copy = 0, grads = 0, optim = 0, buffers = 0, acts = 0, head = 0, workspace = 0, total = 0;
   double flops = 0;
@@ -63,6 +64,7 @@ void plan_memory(const Model& model, Info& in) {
   in.acts = static_cast<double>(model.activation_bytes(in.B, in.T));
   in.buffers = static_cast<double>(ps.buffer_numel()) * msize;
   in.head = static_cast<double>(model.head_scratch_bytes(in.B * in.T));
+  in.logits = model.logit_dtype();
   in.workspace = in.gpu ? static_cast<double>(GpuContext::default_workspace_bytes()) : 0.0;
   in.total = in.master + in.copy + in.grads + in.optim + in.buffers + in.acts + in.head + in.workspace;
 }
@@ -79,6 +81,7 @@ void print_json(const Model& model, const Info& in) {
             {"zero", in.zero ? in.cfg.train.zero : 0},
             {"recompute", in.cfg.train.recompute},
             {"packing", in.cfg.data.packing},
+            {"logits_dtype", dtype_name(in.logits)},
             {"documents_supported", in.documents_ok.empty()},
             {"bytes",
              {{"params", in.master + in.copy},
@@ -156,7 +159,8 @@ void print_plan(const Info& in) {
   if (in.buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(in.buffers).c_str());
   std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(in.acts).c_str(),
               human_bytes(in.acts / static_cast<double>(in.B * in.T)).c_str());
-  std::printf("  %-34s %12s\n", "LM head logits chunk", human_bytes(in.head).c_str());
+  std::printf("  %-34s %12s\n", (std::string("LM head logits chunk, ") + dtype_name(in.logits)).c_str(),
+              human_bytes(in.head).c_str());
   if (in.workspace > 0) std::printf("  %-34s %12s\n", "kernel workspace", human_bytes(in.workspace).c_str());
   std::printf("  %-34s %12s\n", "total (plus other scratch)", human_bytes(in.total).c_str());
   std::printf("\ntraining FLOPs per token at T=%lld: %s (forward + backward)\n", static_cast<long long>(in.T),

@@ -171,6 +171,7 @@ class Model {
   // The LM head's scratch for a micro-batch of N tokens: one chunk of logits and, where its dtype
   // differs from theirs, of their gradient.
   size_t head_scratch_bytes(int64_t N) const;
+  DType logit_dtype() const;  // the training and evaluation head's logits
   // Elements of one sequence's decoding state after T tokens, over all layers (Mixer::state_elems).
   int64_t state_elems(int64_t T) const;
   double flops_per_token(int64_t T) const;  // training (fwd+bwd) model FLOPs
@@ -213,7 +214,6 @@ class Model {
   // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
   // without touching the next block's input.
   void recompute_block(int l, int64_t B, int64_t T);
-  DType logit_dtype() const;                 // the training and evaluation head's logits
   DType decode_logit_dtype() const;          // decode_step's and prefill's logits
   int64_t head_chunk_rows(int64_t N) const;  // rows of logits per LM head chunk
 
