@@ -8,6 +8,21 @@
 #include "test_util.h"
 
 namespace linac::test {
+namespace {
+
+// Parameters initialised to zero (biases) get random values, so their paths carry gradient; then
+// the compute copies are refreshed.
+void randomize_zero_init(ParamStore& ps, const Ctx& ctx) {
+  for (int i = 0; i < ps.count(); ++i)
+    if (ps.spec(i).init == Init::Zeros) {
+      OwnedTensor r = to(random_tensor(ps.master(i).dims(), DType::F64, 50 + static_cast<uint64_t>(i), -0.5, 0.5),
+                         Device::CUDA, DType::F32);
+      copy_tensor(ps.master(i), r);
+    }
+  ps.refresh_compute(ctx);
+}
+
+}  // namespace
 
 void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision, int64_t B, int64_t T,
                             double loss_tol, double grad_tol) {
@@ -19,13 +34,7 @@ void check_model_gpu_parity(const ModelConfig& cfg, const std::string& precision
   Model gpu(cfg, g.ctx(), {.precision = precision});
   gpu.init_params(11);
   ParamStore& gp = gpu.params();
-  for (int i = 0; i < gp.count(); ++i)
-    if (gp.spec(i).init == Init::Zeros) {
-      OwnedTensor r = to(random_tensor(gp.master(i).dims(), DType::F64, 50 + static_cast<uint64_t>(i), -0.5, 0.5),
-                         Device::CUDA, DType::F32);
-      copy_tensor(gp.master(i), r);
-    }
-  gp.refresh_compute(g.ctx());
+  randomize_zero_init(gp, g.ctx());
   gpu.reserve(B, T);
   for (int i = 0; i < gp.count(); ++i) {
     // Norm weights and biases are read as f32 masters on the GPU; the embedding gather too
@@ -62,13 +71,7 @@ void check_bf16_logits(const ModelConfig& cfg, int64_t B, int64_t T, double loss
   Model f32(cfg, g.ctx(), {.precision = "bf16"}), bf16(cfg, g.ctx(), {.precision = "bf16", .bf16_logits = true});
   for (Model* m : {&f32, &bf16}) {
     m->init_params(11);
-    ParamStore& ps = m->params();
-    for (int i = 0; i < ps.count(); ++i)  // zero-initialised parameters (biases) random, so they carry gradient
-      if (ps.spec(i).init == Init::Zeros)
-        copy_tensor(ps.master(i),
-                    to(random_tensor(ps.master(i).dims(), DType::F64, 50 + static_cast<uint64_t>(i), -0.5, 0.5),
-                       Device::CUDA, DType::F32));
-    ps.refresh_compute(g.ctx());
+    randomize_zero_init(m->params(), g.ctx());
     m->reserve(B, T);
   }
   const double lf = step(f32), lb = step(bf16);
