@@ -182,11 +182,6 @@ BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   return r;
 }
 
-// train.logits_dtype bf16 where it applies: bf16 compute on the GPU (the CPU computes in fp32).
-bool bf16_logits(const BenchRun& run) {
-  return run.gpu && run.cfg.train.precision == "bf16" && run.cfg.train.logits_dtype == "bf16";
-}
-
 void print_json(const BenchRun& run, const std::string& path, const BenchOptions& o, const std::vector<BenchRow>& rows) {
   const GradReducer* red = run.stepper->reducer();
   json j = {{"config", path},
@@ -196,7 +191,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
             {"ranks", run.comm->world()},
             {"overlap_comm", run.cfg.train.overlap_comm},
             {"reduce_dtype", run.cfg.train.reduce_dtype},
-            {"logits_dtype", bf16_logits(run) ? "bf16" : "f32"},
+            {"logits_dtype", dtype_name(run.model->logit_dtype())},
             {"recompute", run.cfg.train.recompute},
             {"cuda_graph_replays", run.stepper->graph_replays()},
             {"zero", run.model->params().sharded() ? run.cfg.train.zero : 0},
@@ -235,7 +230,7 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   }
   if (world > 1 && cfg.train.reduce_dtype == "bf16") dist += ", gradients reduced in bf16";
   if (run.stepper->graph_replays() > 0) dist += ", micro-batches replayed from CUDA graphs";
-  if (bf16_logits(run)) dist += ", bf16 logits";
+  if (run.model->logit_dtype() == DType::BF16) dist += ", bf16 logits";
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
               cfg.train.recompute.c_str(),
