@@ -72,6 +72,13 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
   L.q = strides(q), L.khat = strides(khat), L.v = strides(v);
   LINAC_CHECK(!opts.docs.defined() || opts.docs.end, "vq_attn: document bounds need both start and end");
   L.docs = opts.docs;
+  if (const Tensor& c = opts.saved_cache; c.defined()) {
+    LINAC_CHECK(!opts.docs.defined(), "vq_attn: saved_cache does not go with documents");
+    LINAC_CHECK(c.device == q.device && c.is_contiguous() &&
+                    c.nbytes() >= vq_attn_saved_cache_bytes(L.B, L.T, L.H, L.Dv, L.S, L.Lb, q.dtype),
+                "vq_attn: saved_cache must be contiguous on the inputs' device, of vq_attn_saved_cache_bytes()");
+    if (q.device != Device::CPU) L.saved_cache = c.ptr;
+  }
   return L;
 }
 

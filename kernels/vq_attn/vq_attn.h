@@ -43,7 +43,8 @@
 //             gUbar^(n)_s = sum_{t in block n} w_ts dout_t         (reverse sweep, 2-block delay)
 //   du   = sum_t (sum_j gs_tj khat_j + sum_s gs_ts C_s),   dvr = sum_t sum_{t-j<=Lb} gs_tj rho_{t-j}
 //   drho_d = sum_{t-j=d} gs_tj (q_t + vr)        (sums over tokens in a fixed order)
-// The block backward recomputes the per-block cache means (nothing of size R x S x Dv is saved).
+// The block backward recomputes the per-block cache means unless the forward saved them
+// (VqAttnOpts::saved_cache, GPU).
 //
 // Layout: q, khat, dq, dkhat [B, T, H, Dk]; v, o, dout, dv [B, T, H, Dv]: last two dims
 // contiguous (head stride D, unit dim stride), batch and token strides free (views of a fused
@@ -100,6 +101,11 @@ struct VqAttnOpts {
   // receives the gradient of v_pre: dv * silu'(v_pre), on the GPU with dv rounded to its dtype
   // first, so the bits of vq_attn_bwd followed by silu_bwd (activation.h) without that pass.
   Tensor v_pre;
+  // GPU, optional, without documents: storage of at least vq_attn_saved_cache_bytes() (contiguous,
+  // any dtype) where the forward leaves the per-block cache (counts and means), and the backward of
+  // the same inputs reads it instead of sorting the codes and scanning the values again (the same
+  // bits). The CPU forms ignore it.
+  Tensor saved_cache;
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -111,6 +117,7 @@ struct VqAttnLayout {
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
   Strides q, khat, v, o, dout, dq, dkhat, dv, v_pre;
   DocBounds docs;  // CPU forms: host memory
+  void* saved_cache = nullptr;  // GPU: VqAttnOpts::saved_cache, or null
 };
 
 // CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];
@@ -214,5 +221,8 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // one below a single block's chunk is refused in one line. CUDA builds only.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
                                DType act);
+// VqAttnOpts::saved_cache for a [B, T] call: per head, sequence and block the cache means
+// [S, Dv] in the activation dtype, then the counts [S] f32.
+size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act);
 
 }  // namespace linac

@@ -1,8 +1,9 @@
 // CUDA VQ-attention backward, block form (math in vq_attn.h, docs/transformer_vq.md §4), on the packed
 // layout of vq_common.cuh with tensor-core GEMMs (cuBLASLt, f32 accumulation, fixed order: the
-// result is deterministic). Nothing of the forward is saved but o and lse.
-//   prepare    as the forward (packed q, khat, v; cache; tables), plus q+u, q+vr, dout packed and
-//              delta_t = dout_t . o_t
+// result is deterministic). The forward saves o and lse, and its cache where VqAttnOpts::saved_cache
+// is given.
+//   prepare    as the forward (packed q, khat, v; the cache, or the forward's; tables), plus q+u,
+//              q+vr, dout packed (or read in place at its row stride) and delta_t = dout_t . o_t
 //   per head, per chunk of blocks i (queries of block n):
 //     scores   recomputed (swin, scache, pos)
 //     dp       dpwin_i = dout_i [v_{n-1}; v_n]^T, dpcache_i = dout_i ubar_i^T
@@ -152,23 +153,28 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
   auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
   LINAC_GPU_DISPATCH(act, T, {
     vq_cuda::prepare<T>(ctx, g, L, w, q.data<T>(), khat.data<T>(), z.data<int32_t>(), v.data<T>(),
-                        codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>());
+                        codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>(), true);
     vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, u.data<float>(), static_cast<T*>(w.qu));
     vq_cuda::pack<T>(ctx, g, q.data<T>(), L.q, g.Dk, vr.data<float>(), static_cast<T*>(w.qr));
-    if (vq_cuda::is_packed(g, L.dout, g.Dv))
+    // dout is read in place when its rows are the packed rows at some row stride (the mixer's dout
+    // is a column slice of the gate's and output's fused gradient).
+    int64_t ldo = vq_cuda::packed_row_stride(g, L.dout, g.Dv);
+    if (ldo > 0) {
       w.dop = dout.ptr;  // read only
-    else
+    } else {
       vq_cuda::pack<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, static_cast<T*>(w.dop));
+      ldo = g.Dv;
+    }
     vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
     const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
-        const void* dop_i = at(w.dop, i0 * Lb * Dv);
+        const void* dop_i = at(w.dop, i0 * Lb * ldo);
         const void* qu_i = at(w.qu, i0 * Lb * Dk);
         vq_cuda::chunk_scores(g, w, act, h, i0, c);
-        vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, Dv, Lb * Dv, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw, 0.f);
-        vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, Dv, Lb * Dv, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
+        vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw, 0.f);
+        vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, ldo, Lb * ldo, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
                       w.dpcache, lds, Lb * lds, 0.f);
         vq_grad_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
@@ -183,15 +189,15 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // chunk's first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},
                       w.dk + i0 * Lb * Dk, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, c, {at(w.pwin, Lb), ldw, Lb * ldw, true}, {dop_i, Dv, Lb * Dv, false},
+        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, c, {at(w.pwin, Lb), ldw, Lb * ldw, true}, {dop_i, ldo, Lb * ldo, false},
                       w.dvp + i0 * Lb * Dv, Dv, Lb * Dv, 0.f);
         const int64_t j0 = std::max<int64_t>(i0, 1), cp = i0 + c - j0;  // blocks with a block before them
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, cp, {at(w.gswin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
                       {at(w.qu, j0 * Lb * Dk), Dk, Lb * Dk, false}, w.dk + (j0 - 1) * Lb * Dk, Dk, Lb * Dk, 1.f);
         vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, cp, {at(w.pwin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
-                      {at(w.dop, j0 * Lb * Dv), Dv, Lb * Dv, false}, w.dvp + (j0 - 1) * Lb * Dv, Dv, Lb * Dv, 1.f);
+                      {at(w.dop, j0 * Lb * ldo), ldo, Lb * ldo, false}, w.dvp + (j0 - 1) * Lb * Dv, Dv, Lb * Dv, 1.f);
         // The cache means' gradients of each block (swept below), and drho.
-        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {w.pcache, lds, Lb * lds, true}, {dop_i, Dv, Lb * Dv, false},
+        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {w.pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
                       w.gcache + i0 * S * Dv, Dv, S * Dv, 0.f);
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);

@@ -124,7 +124,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
   auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
   LINAC_GPU_DISPATCH(q.dtype, T, {
     vq_cuda::prepare<T>(ctx, g, L, w, q.data<T>(), khat.data<T>(), z.data<int32_t>(), v.data<T>(),
-                        codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>());
+                        codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>(), false);
     const int64_t Lb = g.Lb, Dv = g.Dv;
     const bool vec = Dv % 4 == 0 && cuda::rows_vec4(o.ptr, sizeof(T), L.o.t) && L.o.b % 4 == 0;
     // Scores kept on chip when a CTA's rows take at most kKeptBytes (three CTAs per SM).

@@ -44,12 +44,16 @@ void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Oper
 
 // Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
 // packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and
-// the backward alike (vq_prepare.cu).
+// the backward alike (vq_prepare.cu). With L.saved_cache the cache lives there: the forward
+// writes it, the backward reads it.
 template <class T>
 void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T* q, const T* khat, const int32_t* z,
-             const T* v, const float* codebook, const float* u, const float* vr, const float* rho);
+             const T* v, const float* codebook, const float* u, const float* vr, const float* rho, bool backward);
 // Whether a [B, T, H, D] input with strides s is the packed layout itself ([P Tp, D] rows).
 bool is_packed(const Geo& g, VqAttnLayout::Strides s, int64_t D);
+// The row stride (>= D) at which such an input holds the packed rows, each row's D values
+// contiguous (one head, T a multiple of Lb, rows at one stride across sequences); 0 if it does not.
+int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D);
 // The batched GEMM over blocks [i0, i0 + c) with the window of block i (rows (i-1) Lb ..
 // (i+1) Lb of the packed [*, D] matrix x) as B: on the N side (C_i [Lb, 2 Lb] = A_i [Lb, D]
 // window_i^T, the scores) or on the K side (C_i [Lb, D] = A_i [Lb, 2 Lb] window_i). Block 0 has

@@ -73,7 +73,20 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   return off;
 }
 
+SavedCache saved_cache(const Geo& g, size_t act_bytes, void* base) {
+  const size_t means = (static_cast<size_t>(g.NB * g.S * g.Dv) * act_bytes + 255) / 256 * 256;
+  SavedCache c;
+  c.ubar = base;
+  c.counts = base ? reinterpret_cast<float*>(static_cast<char*>(base) + means) : nullptr;
+  c.bytes = means + static_cast<size_t>(g.NB * g.S) * sizeof(float);
+  return c;
+}
+
 }  // namespace vq_cuda
+
+size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act) {
+  return vq_cuda::saved_cache(vq_cuda::geo_of(B, T, H, 1, Dv, S, Lb), dtype_size(act), nullptr).bytes;
+}
 
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
                                DType act) {

@@ -76,6 +76,15 @@ struct Ws {
   Ctx blas;  // ctx with the workspace's last kBlasBytes, for the GEMMs
 };
 
+// VqAttnOpts::saved_cache laid out from `base` (nullptr: sizes only): the means ubar [NB, S, Dv]
+// (act), then the counts [NB, S] (f32), as the workspace's.
+struct SavedCache {
+  void *ubar = nullptr;
+  float *counts = nullptr;
+  size_t bytes = 0;
+};
+SavedCache saved_cache(const Geo &g, size_t act_bytes, void *base);
+
 // Scratch of code_lists (vq_code_lists.cu) for segments of Ls tokens.
 size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls);
 

@@ -191,13 +191,16 @@ void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-bool is_packed(const Geo& g, VqAttnLayout::Strides s, int64_t D) {
-  return g.H == 1 && g.T == g.Tp && s.t == D && (g.B == 1 || s.b == g.T * D);
+int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D) {
+  const bool packed = g.H == 1 && g.T == g.Tp && s.t >= D && (g.B == 1 || s.b == g.T * s.t);
+  return packed ? s.t : 0;
 }
+
+bool is_packed(const Geo& g, VqAttnLayout::Strides s, int64_t D) { return packed_row_stride(g, s, D) == D; }
 
 template <class T>
 void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T* q, const T* khat, const int32_t* z,
-             const T* v, const float* codebook, const float* u, const float* vr, const float* rho) {
+             const T* v, const float* codebook, const float* u, const float* vr, const float* rho, bool backward) {
   cudaStream_t st = cuda::stream_of(ctx);
   const bool split = sizeof(T) == 2;
   auto place = [&](const T* x, VqAttnLayout::Strides s, int64_t D, void*& dst) {
@@ -216,8 +219,15 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
   table_kernel<T><<<cuda::grid_1d(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rho_hi), split ? static_cast<T*>(w.rho_lo) : nullptr);
   LINAC_CUDA_LAUNCH_CHECK();
-  const CodeLists lists = code_lists(ctx, z, g.B, g.T, g.H, g.S, g.Lb, w.lists, w.lists_bytes, "vq_attn");
-  cache_scan<T>(ctx, g, v, L.v, lists, w.counts, static_cast<T*>(w.ubar));
+  if (L.saved_cache) {
+    const SavedCache saved = saved_cache(g, sizeof(T), L.saved_cache);
+    w.ubar = saved.ubar;
+    w.counts = saved.counts;
+  }
+  if (!backward || !L.saved_cache) {
+    const CodeLists lists = code_lists(ctx, z, g.B, g.T, g.H, g.S, g.Lb, w.lists, w.lists_bytes, "vq_attn");
+    cache_scan<T>(ctx, g, v, L.v, lists, w.counts, static_cast<T*>(w.ubar));
+  }
   if (w.ones) {
     fill_kernel<<<cuda::grid_1d(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
     LINAC_CUDA_LAUNCH_CHECK();
@@ -261,7 +271,7 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
 
 #define LINAC_VQ_PREPARE(T)                                                                                            \
   template void prepare<T>(const Ctx&, const Geo&, const VqAttnLayout&, Ws&, const T*, const T*, const int32_t*,      \
-                           const T*, const float*, const float*, const float*, const float*);                          \
+                           const T*, const float*, const float*, const float*, const float*, bool);                    \
   template void pack<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, T*);          \
   template void row_dots<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, const T*, \
                             VqAttnLayout::Strides, float*);

@@ -359,6 +359,30 @@ TEST(VqAttnCpu, DocumentsNeedBothBounds) {
                Error);
 }
 
+// A saved cache (VqAttnOpts::saved_cache) smaller than vq_attn_saved_cache_bytes, or given with
+// documents, is refused; one of that size is accepted (the CPU forms do not use it).
+TEST(VqAttnCpu, SavedCacheChecks) {
+  Problem p({2, 9, 1, 4, 3, 3, 4});
+  OwnedTensor o(DType::F64, Device::CPU, {2, 9, 1, 3}), lse(DType::F64, Device::CPU, {2, 9, 1});
+  const size_t bytes = vq_attn_saved_cache_bytes(2, 9, 1, 3, 3, 4, DType::F64);
+  EXPECT_EQ(bytes, (2 * 3 * 3 * 3 * 8 + 255) / 256 * 256 + 2 * 3 * 3 * 4);  // 3 blocks per sequence
+  OwnedTensor cache(DType::U16, Device::CPU, {static_cast<int64_t>(bytes / 2)});
+  auto fwd = [&](const VqAttnOpts& opts) {
+    vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, opts);
+  };
+  VqAttnOpts opts = p.opts;
+  opts.saved_cache = cache;
+  EXPECT_NO_THROW(fwd(opts));
+  opts.saved_cache = cache->narrow(0, 0, static_cast<int64_t>(bytes / 2) - 1);
+  EXPECT_THROW(fwd(opts), Error);
+  const int32_t start[18] = {}, end[18] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
+  opts.saved_cache = cache;
+  opts.docs = {start, end};
+  EXPECT_THROW(fwd(opts), Error);
+  opts.saved_cache = Tensor();
+  EXPECT_NO_THROW(fwd(opts));
+}
+
 // Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb,
 // row 0 continues exactly as the forward of its second document alone (ring slots of the first
 // document absent, cache empty, then refilled), while row 1 decodes on as its one-document forward.

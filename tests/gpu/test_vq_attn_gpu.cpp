@@ -1,7 +1,8 @@
 // VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16:
 // forward (o, lse) and backward from the GPU's o and lse (dq, dkhat, dv, du, dvr, drho), with
 // q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
-// multi-head Dk = Dv = 64; bitwise determinism and smaller chunks under a small workspace; decode
+// multi-head Dk = Dv = 64; bitwise determinism and smaller chunks under a small workspace; the
+// forward's cache saved for the backward; strided dout read in place; decode
 // steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
 #include <cmath>
 #include <cstring>
@@ -68,9 +69,11 @@ struct Inputs {
   Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
   Tensor khat(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
   Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
+  Tensor saved_cache;  // VqAttnOpts::saved_cache of every call, if defined
   VqAttnOpts opts() const {
     VqAttnOpts o;
     o.block = c.Lb;
+    o.saved_cache = saved_cache;
     return o;
   }
 };
@@ -182,6 +185,37 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
   }
 }
 
+// VqAttnOpts::saved_cache: the forward leaves the cache there and the backward reads it instead of
+// sorting and scanning again, and every output and gradient keeps its bits (the paper's head over
+// five blocks, two heads with a ragged T). The backward does read it: with an emptied cache dq changes.
+TEST(VqAttnGpu, SavedCacheChangesNoBit) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Ctx& ctx = gctx.ctx();
+  for (const Case& c : {Case{2, 1100, 1, 128, 1536, 512, 256}, Case{3, 200, 2, 64, 64, 50, 32}}) {
+    for (DType act : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
+      Inputs in(c, 31);
+      const Gpu g(in, act);
+      const Result plain = g.run(ctx, in, act);
+      const size_t bytes = vq_attn_saved_cache_bytes(c.B, c.T, c.H, c.Dv, c.S, c.Lb, act);
+      OwnedTensor cache(DType::F32, Device::CUDA, {static_cast<int64_t>(bytes / 4)});
+      test::poison(cache);
+      in.saved_cache = cache;
+      const Result saved = g.run(ctx, in, act);
+      for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
+        EXPECT_TRUE(test::same_bits(plain.*m, saved.*m));
+      gpu_memset_zero_async(ctx, cache->ptr, cache->nbytes());  // every code's count 0: no cache
+      OwnedTensor grad(act, Device::CUDA, {c.B, c.T, in.W}), du(DType::F32, Device::CUDA, {c.H, c.Dk}),
+          dvr(DType::F32, Device::CUDA, {c.H, c.Dk}), drho(DType::F32, Device::CUDA, {c.H, c.Lb + 1, c.Dk});
+      vq_attn_bwd(ctx, in.q(g.qkv), in.khat(g.qkv), g.z, in.v(g.qkv), g.cb, g.u, g.vr, g.rho, saved.o, saved.lse,
+                  g.dout, in.q(grad), in.khat(grad), in.v(grad), du, dvr, drho, in.opts());
+      ctx_synchronize(ctx);
+      EXPECT_GT(test::rel_error(test::columns(grad, 0, c.H * c.Dk), test::columns(plain.grad, 0, c.H * c.Dk)), 1e-2);
+    }
+  }
+}
+
 // VqAttnOpts::v_pre: the gradient store's SiLU' gives the bits of the backward followed by
 // silu_bwd, on the vector path (the paper's head) and the one-element path (odd head dims).
 TEST(VqAttnGpu, SiluValueGradEqualsSiluBwd) {
@@ -224,6 +258,7 @@ TEST(VqAttnGpu, SiluValueGradEqualsSiluBwd) {
 
 // Inputs that already are in the packed layout (one head, T a multiple of the block, contiguous
 // rows) are read in place: the same results as from the same values in a fused buffer (packed).
+// dout is read in place at a row stride too.
 TEST(VqAttnGpu, InputsInPackedLayout) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -256,6 +291,28 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
     EXPECT_LT(test::rel_error(du, fused.du), tol) << "du";
     EXPECT_LT(test::rel_error(dvr, fused.dvr), tol) << "dvr";
     EXPECT_LT(test::rel_error(drho, fused.drho), tol) << "drho";
+    // dout as the model passes it: columns [Dv, 2 Dv) of a [B, T, 2 Dv] buffer, read in place at
+    // that row stride. The other columns are NaN, so a read at the wrong stride shows.
+    OwnedTensor wide_h(DType::F64, Device::CPU, {c.B, c.T, 2 * c.Dv});
+    const std::vector<double> dv_vals = test::view_values(g.dout);
+    for (int64_t r = 0; r < c.B * c.T; ++r)
+      for (int64_t d = 0; d < c.Dv; ++d) {
+        wide_h->data<double>()[r * 2 * c.Dv + d] = std::nan("");
+        wide_h->data<double>()[r * 2 * c.Dv + c.Dv + d] = dv_vals[static_cast<size_t>(r * c.Dv + d)];
+      }
+    const OwnedTensor wide = to(wide_h, Device::CUDA, act);
+    OwnedTensor dq2(act, Device::CUDA, {c.B, c.T, 1, c.Dk}), dk2(act, Device::CUDA, {c.B, c.T, 1, c.Dk});
+    OwnedTensor dv2(act, Device::CUDA, {c.B, c.T, 1, c.Dv}), du2(DType::F32, Device::CUDA, {1, c.Dk});
+    OwnedTensor dvr2(DType::F32, Device::CUDA, {1, c.Dk}), drho2(DType::F32, Device::CUDA, {1, c.Lb + 1, c.Dk});
+    vq_attn_bwd(gctx.ctx(), q, kh, g.z, v, g.cb, g.u, g.vr, g.rho, o, lse, test::bthd(wide, c.Dv, 1, c.Dv), dq2, dk2,
+                dv2, du2, dvr2, drho2, in.opts());
+    ctx_synchronize(gctx.ctx());
+    EXPECT_LT(test::rel_error(dq2, dq), tol) << "dq, strided dout";
+    EXPECT_LT(test::rel_error(dk2, dk), tol) << "dkhat, strided dout";
+    EXPECT_LT(test::rel_error(dv2, dv), tol) << "dv, strided dout";
+    EXPECT_LT(test::rel_error(du2, du), tol) << "du, strided dout";
+    EXPECT_LT(test::rel_error(dvr2, dvr), tol) << "dvr, strided dout";
+    EXPECT_LT(test::rel_error(drho2, drho), tol) << "drho, strided dout";
   }
 }
 

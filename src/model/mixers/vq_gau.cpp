@@ -111,6 +111,18 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
   rstd_buf_ = env_.saved->take(N * 2 * static_cast<size_t>(H_) * stat);
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   err_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
+  if (env_.ctx.is_gpu()) cache_buf_ = env_.saved->take(vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
+}
+
+VqAttnOpts VqGauMixer::attn_opts(int64_t B, int64_t T) const {
+  VqAttnOpts o;
+  o.block = Lb_;
+  o.docs = env_.docs;
+  // The same B, T and documents in a step's forward and backward: both use the saved cache, or neither.
+  const size_t bytes = vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act);
+  if (!env_.docs.defined() && bytes <= cache_buf_.bytes())
+    o.saved_cache = cache_buf_.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))});
+  return o;
 }
 
 // Per head: the current block's quantized keys and values, and the compressive cache (per code
@@ -122,8 +134,10 @@ int64_t VqGauMixer::state_elems(int64_t T) const {
 
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
+  const size_t cache = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) : 0;
   return N * ((static_cast<size_t>(Pqkv_ + 4 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
-              static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat)));
+              static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat))) +
+         cache;
 }
 
 double VqGauMixer::flops_per_token(int64_t T) const {
@@ -187,7 +201,7 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_fwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
-                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, {Lb_, env_.docs, {}});
+                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, attn_opts(B, T));
   }
   Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
@@ -229,12 +243,14 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor du = env_.scratch->get("gau.du", env_.stat, {H_, Dk_}), dvr = env_.scratch->get("gau.dvr", env_.stat, {H_, Dk_});
   Tensor drho = env_.scratch->get("gau.drho", env_.stat, {H_, Lb_ + 1, Dk_});
   const Tensor r = rho_;  // this step's forward made it from the same Wr
+  VqAttnOpts opts = attn_opts(B, T);
+  opts.v_pre = bthd(proj, B, T, 2 * HDk, H_, Dvh_);
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
                 ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_),
                 dq.view({B, T, H_, Dk_}), dk.view({B, T, H_, Dk_}), bthd(dproj, B, T, 2 * HDk, H_, Dvh_), du, dvr, drho,
-                {Lb_, env_.docs, bthd(proj, B, T, 2 * HDk, H_, Dvh_)});
+                opts);
   }
   add_inplace(ctx, ps.grad(u_), du, 1.f);
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);

@@ -38,6 +38,7 @@
 #include "config/config.h"
 #include "core/buffer.h"
 #include "model/mixer.h"
+#include "vq_attn/vq_attn.h"
 
 namespace linac {
 
@@ -78,6 +79,9 @@ class VqGauMixer final : public Mixer {
   Tensor rho();
   // env_.ctx with the VQ-attention kernels' scratch as its workspace (GPU).
   Ctx attn_ctx(int64_t B, int64_t T) const;
+  // The op's options for a [B, T] pass; on the GPU without documents with the forward's cache saved
+  // for the backward.
+  VqAttnOpts attn_opts(int64_t B, int64_t T) const;
   // Normalised, scaled q and k [N, H Dk] of the raw projections proj [N, >= 2 H Dk].
   void queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd);
 
@@ -89,6 +93,7 @@ class VqGauMixer final : public Mixer {
   OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
   SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, v_buf_, gated_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
+  SavedBuf cache_buf_;  // GPU: VqAttnOpts::saved_cache
   int64_t capacity_ = 0;
   // The last forward's sum of ||k - khat||^2 on the device, read only when aux_loss_sum asks: a
   // read-back per layer would stall the stream in every forward.
