@@ -78,6 +78,23 @@ void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Ten
   run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor());
 }
 
+void srmsnorm_scaled_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
+                         double scale) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.y = row_stride(y, x, "y");
+  L.scale = scale;
+  run_fwd(ctx, L, x, y, rstd, eps, Tensor(), Tensor(), Tensor());
+}
+
+void srmsnorm_scaled_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                         double scale, bool accumulate) {
+  SrmsnormLayout L = layout(x, rstd);
+  L.dy = row_stride(dy, x, "dy");
+  L.dx = row_stride(dx, x, "dx");
+  L.scale = scale;
+  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor());
+}
+
 void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
                        double eps) {
   SrmsnormLayout L = layout(x, rstd);

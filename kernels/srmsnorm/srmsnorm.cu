@@ -69,13 +69,13 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
   }
-  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps);
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps), ry = rs * static_cast<float>(L.scale);
   if (lane == 0) rstd[r] = rs;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     if (c >= chunks) break;
     const int64_t j = 128 * c + 4 * lane;
-    float4 n = make_float4(v[c].x * rs, v[c].y * rs, v[c].z * rs, v[c].w * rs);
+    float4 n = make_float4(v[c].x * ry, v[c].y * ry, v[c].z * ry, v[c].w * ry);
     if (u) {
       const float4 g = cuda::load4(u + r * L.u + j);
       n = make_float4(n.x * g.x, n.y * g.y, n.z * g.z, n.w * g.w);
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= L.N) return;
-  const float rs = rstd[r];
-  float4 n[kMaxChunks], d[kMaxChunks], o[kMaxChunks];  // x * rs, dy, and the dx being added to
+  const float rs = rstd[r], sc = static_cast<float>(L.scale);
+  float4 n[kMaxChunks], d[kMaxChunks], o[kMaxChunks];  // x * rs, dy * scale, and the dx being added to
   float dot = 0.f;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float4 xv = cuda::load4(x + r * L.x + j);
     n[c] = make_float4(xv.x * rs, xv.y * rs, xv.z * rs, xv.w * rs);
     d[c] = cuda::load4(dy + r * L.dy + j);
+    d[c] = make_float4(d[c].x * sc, d[c].y * sc, d[c].z * sc, d[c].w * sc);
     if (accumulate) o[c] = cuda::load4(dx + r * L.dx + j);
     float4 dn = d[c];
     if (u) {
@@ -141,33 +142,33 @@ __global__ void __launch_bounds__(kMaxThreads)
   TX* hr = add ? h + r * L.h : nullptr;
   const TY* ur = u ? u + r * L.u : nullptr;
   const float ss = sum_squares(xr, add ? add + r * L.add : nullptr, hr, lane, L.C, 32);
-  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps);
+  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps), ry = rs * static_cast<float>(L.scale);
   if (lane == 0) rstd[r] = rs;
   if (hr) xr = hr;
-  for (int64_t j = lane; j < L.C; j += 32)
-    y[r * L.y + j] = cuda::from_float<TY>(gated(cuda::to_float(xr[j]) * rs, ur, j));
+  for (int64_t j = lane; j < L.C; j += 32) y[r * L.y + j] = cuda::from_float<TY>(gated(cuda::to_float(xr[j]) * ry, ur, j));
 }
 
 // The backward's second pass over a row, after the reduction m = mean_j(n_j * dn_j).
 template <class TX, class TDY, class TDX>
 __device__ __forceinline__ void srmsnorm_bwd_row(const TX* __restrict__ xr, const TDY* __restrict__ ur,
                                                  const TDY* __restrict__ dyr, TDX* __restrict__ dxr,
-                                                 TDX* __restrict__ dur, float rs, float m, int64_t j0, int64_t c,
-                                                 int64_t step, bool accumulate) {
+                                                 TDX* __restrict__ dur, float rs, float sc, float m, int64_t j0,
+                                                 int64_t c, int64_t step, bool accumulate) {
   for (int64_t j = j0; j < c; j += step) {
-    const float n = cuda::to_float(xr[j]) * rs, dy = cuda::to_float(dyr[j]);
+    const float n = cuda::to_float(xr[j]) * rs, dy = cuda::to_float(dyr[j]) * sc;
     const float g = rs * (gated(dy, ur, j) - n * m);
     dxr[j] = cuda::from_float<TDX>(accumulate ? cuda::to_float(dxr[j]) + g : g);
     if (dur) dur[j] = cuda::from_float<TDX>(dy * n);
   }
 }
 
-// sum_j n_j * dn_j over this thread's columns (dn = dy, times the gate where there is one).
+// sum_j n_j * dn_j over this thread's columns (dn = dy * scale, times the gate where there is one).
 template <class TX, class TDY>
 __device__ __forceinline__ float bwd_dot(const TX* __restrict__ xr, const TDY* __restrict__ ur,
-                                         const TDY* __restrict__ dyr, float rs, int64_t j0, int64_t c, int64_t step) {
+                                         const TDY* __restrict__ dyr, float rs, float sc, int64_t j0, int64_t c,
+                                         int64_t step) {
   float dot = 0.f;
-  for (int64_t j = j0; j < c; j += step) dot += cuda::to_float(xr[j]) * rs * gated(cuda::to_float(dyr[j]), ur, j);
+  for (int64_t j = j0; j < c; j += step) dot += cuda::to_float(xr[j]) * rs * gated(cuda::to_float(dyr[j]) * sc, ur, j);
   return dot;
 }
 
@@ -182,9 +183,9 @@ __global__ void __launch_bounds__(kMaxThreads)
   const TX* xr = x + r * L.x;
   const TDY* ur = u ? u + r * L.u : nullptr;
   const TDY* dyr = dy + r * L.dy;
-  const float rs = rstd[r];
-  const float m = cuda::warp_sum(bwd_dot(xr, ur, dyr, rs, lane, L.C, 32)) / static_cast<float>(L.C);
-  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, m, lane, L.C, 32, accumulate);
+  const float rs = rstd[r], sc = static_cast<float>(L.scale);
+  const float m = cuda::warp_sum(bwd_dot(xr, ur, dyr, rs, sc, lane, L.C, 32)) / static_cast<float>(L.C);
+  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, sc, m, lane, L.C, 32, accumulate);
 }
 
 template <class TX, class TY>
@@ -198,10 +199,11 @@ __global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, const TY* __restri
   const TY* ur = u ? u + r * L.u : nullptr;
   const float ss = sum_squares(xr, add ? add + r * L.add : nullptr, hr, threadIdx.x, L.C, blockDim.x);
   const float rs = rsqrtf(cuda::block_sum(ss, scratch) / static_cast<float>(L.C) + eps);
+  const float ry = rs * static_cast<float>(L.scale);
   if (threadIdx.x == 0) rstd[r] = rs;
   if (hr) xr = hr;
   for (int64_t j = threadIdx.x; j < L.C; j += blockDim.x)
-    y[r * L.y + j] = cuda::from_float<TY>(gated(cuda::to_float(xr[j]) * rs, ur, j));
+    y[r * L.y + j] = cuda::from_float<TY>(gated(cuda::to_float(xr[j]) * ry, ur, j));
 }
 
 template <class TX, class TDY, class TDX>
@@ -213,10 +215,10 @@ __global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const TDY* __restr
   const TX* xr = x + r * L.x;
   const TDY* ur = u ? u + r * L.u : nullptr;
   const TDY* dyr = dy + r * L.dy;
-  const float rs = rstd[r];
+  const float rs = rstd[r], sc = static_cast<float>(L.scale);
   const float m =
-      cuda::block_sum(bwd_dot(xr, ur, dyr, rs, threadIdx.x, L.C, blockDim.x), scratch) / static_cast<float>(L.C);
-  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, m, threadIdx.x, L.C, blockDim.x,
+      cuda::block_sum(bwd_dot(xr, ur, dyr, rs, sc, threadIdx.x, L.C, blockDim.x), scratch) / static_cast<float>(L.C);
+  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, sc, m, threadIdx.x, L.C, blockDim.x,
                    accumulate);
 }
 

@@ -16,6 +16,9 @@
 // y, writes du = dy * x * rstd and dx = rstd * (dy * u - x * rstd * mean_j(x[r,j] * rstd * dy[r,j] * u[r,j])),
 // which saves the normalised rows' round trip through memory and the gate's own launches. u has y's
 // dtype in the forward and dy's in the backward; du has dx's; dx is overwritten.
+// Optional constant factor (Transformer-VQ's queries and keys, scaled by Dk^-1/4, docs/transformer_vq.md
+// §4.6), in the same pass: y = x * rstd * scale; the backward takes dy * scale as the gradient of the
+// normalised row (rstd is that of x alone either way).
 // Dtypes: GPU: x and y each f32 or bf16, dy and dx each f32 or bf16, independently (the block
 // norm reads the f32 residual stream and writes bf16; the norm inside the mixer reads and writes
 // bf16); rstd f32; math in f32. CPU: every tensor one dtype (f32 or f64).
@@ -34,6 +37,7 @@ constexpr int64_t kSrmsnormMaxDim = 16384;
 struct SrmsnormLayout {
   int64_t N = 0, C = 0;
   int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0, u = 0, du = 0;
+  double scale = 1;  // y's constant factor (srmsnorm_scaled_*)
 };
 
 // Pointers the variant does not use (add and h, u and du) are null.
@@ -53,6 +57,11 @@ void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor
                   const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                   bool accumulate);
+// The scaled variant: y = srmsnorm(x) * scale.
+void srmsnorm_scaled_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
+                         double scale);
+void srmsnorm_scaled_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
+                         double scale, bool accumulate);
 // The gated variant: y = srmsnorm(x) * u; its backward writes dx and du.
 void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
                        double eps);

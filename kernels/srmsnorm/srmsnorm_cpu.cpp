@@ -18,7 +18,8 @@ void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, const T
     for (int64_t j = 0; j < L.C; ++j) ss += xr[j] * xr[j];
     const T rs = T(1) / std::sqrt(ss / T(L.C) + T(eps));
     rstd[r] = rs;
-    for (int64_t j = 0; j < L.C; ++j) y[r * L.y + j] = xr[j] * rs * (u ? u[r * L.u + j] : T(1));
+    const T ry = rs * T(L.scale);
+    for (int64_t j = 0; j < L.C; ++j) y[r * L.y + j] = xr[j] * ry * (u ? u[r * L.u + j] : T(1));
   }
 }
 
@@ -31,15 +32,16 @@ void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* u, const T* 
     const T* dyr = dy + r * L.dy;
     T* dxr = dx + r * L.dx;
     const T rs = rstd[r];
-    // dn: the gradient of the normalised row (dy, times the gate where there is one).
-    auto dn = [&](int64_t j) { return u ? dyr[j] * u[r * L.u + j] : dyr[j]; };
+    // dn: the gradient of the normalised row (dy * scale, times the gate where there is one).
+    const T sc = T(L.scale);
+    auto dn = [&](int64_t j) { return u ? dyr[j] * sc * u[r * L.u + j] : dyr[j] * sc; };
     T dot = 0;  // sum_j n_j dn_j
     for (int64_t j = 0; j < L.C; ++j) dot += xr[j] * rs * dn(j);
     const T m = dot / T(L.C);
     for (int64_t j = 0; j < L.C; ++j) {
       const T g = rs * (dn(j) - xr[j] * rs * m);
       dxr[j] = accumulate ? dxr[j] + g : g;
-      if (du) du[r * L.du + j] = dyr[j] * xr[j] * rs;
+      if (du) du[r * L.du + j] = dyr[j] * sc * xr[j] * rs;
     }
   }
 }

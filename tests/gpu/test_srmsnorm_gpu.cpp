@@ -1,8 +1,8 @@
 // SimpleRMSNorm CUDA vs the CPU reference (double) on column ranges of wider buffers: f32, bf16
 // and the mixed dtypes of the block norm, backward overwriting and accumulating; the gated norm
-// (TransNormerLLM's mixer output) forward and backward. Views starting at column 1 take the
-// scalar kernels; views starting at column 4 of rows a multiple of 4 wide, with C = 128 k <= 1024,
-// the register-row kernels.
+// (TransNormerLLM's mixer output) forward and backward; the scaled norm (Transformer-VQ's q and k).
+// Views starting at column 1 take the scalar kernels; views starting at column 4 of rows a multiple
+// of 4 wide, with C = 128 k <= 1024, the register-row kernels.
 #include <cmath>
 #include <vector>
 
@@ -106,6 +106,37 @@ TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
   run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 1024, true, /*col0=*/4);
   // The other pairings compile too and are exercised once each.
   run_parity({DType::BF16, DType::F32, DType::F32, DType::BF16}, 333, false);
+}
+
+// y = srmsnorm(x) * scale and its backward (dx overwritten or accumulated), on each kernel: warp
+// per row (C 37), register rows (C 128 from column 4), block per row (C 2048), against the reference
+// on the same rounded inputs.
+TEST(SrmsnormGpu, ScaledParity) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const double scale = 0.2973017787506803;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (auto [c, col0] : {std::pair<int64_t, int64_t>{37, 1}, {128, 4}, {2048, 1}})
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " C " + std::to_string(c) + (accumulate ? " accumulate" : ""));
+        const int64_t n = 300, w = buffer_width(col0, c);
+        auto view = [c, col0](const Tensor& t) { return t.narrow(1, col0, c); };
+        OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 31, -2, 2), Device::CUDA, dt);
+        OwnedTensor dyg = to(test::random_tensor({n, w}, DType::F64, 32), Device::CUDA, dt);
+        OwnedTensor dxg = to(test::random_tensor({n, w}, DType::F64, 33), Device::CUDA, dt);
+        OwnedTensor yg(dt, Device::CUDA, {n, c}), rsg(DType::F32, Device::CUDA, {n});
+        OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
+        OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
+        srmsnorm_scaled_fwd(gctx.ctx(), view(xg), yg, rsg, kEps, scale);
+        srmsnorm_scaled_bwd(gctx.ctx(), view(xg), rsg, view(dyg), view(dxg), scale, accumulate);
+        gctx.synchronize();
+        OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
+        srmsnorm_scaled_fwd(Ctx{}, view(xr), yr, rsr, kEps, scale);
+        srmsnorm_scaled_bwd(Ctx{}, view(xr), rsr, view(dyr), view(dxr), scale, accumulate);
+        EXPECT_LT(test::rel_error(yg, yr), tolerance(dt));
+        EXPECT_LT(test::rel_error(rsg, rsr), 1e-5);
+        EXPECT_LT(test::rel_error(test::view_values(view(dxg)), test::view_values(view(dxr))), tolerance(dt));
+      }
 }
 
 // y = srmsnorm(x) * u and its backward (dx, du), warp-per-row and block-per-row widths, against

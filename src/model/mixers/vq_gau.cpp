@@ -167,10 +167,8 @@ Tensor VqGauMixer::rho() {
 void VqGauMixer::queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd) {
   const int64_t N = proj.size(0);
   for (int64_t i = 0; i < 2 * H_; ++i)
-    srmsnorm_fwd(env_.ctx, proj.narrow(1, i * Dk_, Dk_), (i < H_ ? q : k).narrow(1, (i % H_) * Dk_, Dk_),
-                 rstd.narrow(0, i * N, N), kNormEps);
-  scale_inplace(env_.ctx, q, qk_scale_);
-  scale_inplace(env_.ctx, k, qk_scale_);
+    srmsnorm_scaled_fwd(env_.ctx, proj.narrow(1, i * Dk_, Dk_), (i < H_ ? q : k).narrow(1, (i % H_) * Dk_, Dk_),
+                        rstd.narrow(0, i * N, N), kNormEps, qk_scale_);
 }
 
 void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
@@ -273,11 +271,10 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   add_inplace(ctx, acc_counts_, counts, 1.f);
 
   // Normalisations back into d[Qr|Kr] (dV' and dG' are in place).
-  scale_inplace(ctx, dq, qk_scale_);
-  scale_inplace(ctx, dk, qk_scale_);
   for (int64_t i = 0; i < 2 * H_; ++i)
-    srmsnorm_bwd(ctx, proj.narrow(1, i * Dk_, Dk_), rstd.narrow(0, i * N, N),
-                 (i < H_ ? dq : dk).narrow(1, (i % H_) * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), /*accumulate=*/false);
+    srmsnorm_scaled_bwd(ctx, proj.narrow(1, i * Dk_, Dk_), rstd.narrow(0, i * N, N),
+                        (i < H_ ? dq : dk).narrow(1, (i % H_) * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), qk_scale_,
+                        /*accumulate=*/false);
   const Tensor dg = dgo.narrow(1, 0, Dv_);
   matmul(ctx, dproj, false, W.slice0(0, Pqkv_), false, dx.view({N, d_}));
   matmul(ctx, dg, false, W.slice0(Pqkv_, Pqkv_ + Dv_), false, dx.view({N, d_}), 1.f, 1.f);

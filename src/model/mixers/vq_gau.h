@@ -88,7 +88,7 @@ class VqGauMixer final : public Mixer {
   ModelEnv& env_;
   VqGauMixerOptions opt_;
   int64_t d_, H_, Dk_, Dv_, Dvh_, S_, Lb_, Pqkv_;
-  double qk_scale_;  // Dk^-1/4, in the model's precision
+  double qk_scale_;  // Dk^-1/4, folded into the q and k norms (srmsnorm_scaled_*)
   int wqkvg_, wr_, u_, vr_, wo_, c_sum_, c_count_;
   OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
