@@ -12,7 +12,8 @@
 //     dq       dqu = gswin_i [khat_{n-1}; khat_n] + gscache C,  dqr = gpos rho   (f32)
 //     dkhat    present keys of block n, then the previous block's (accumulated):
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
-//     dv       the same with pwin and dout; the cache part gcache_i = pcache_i^T dout_i
+//     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
+//              key-major weights (vq_packed.h); the cache part gcache_i = pcache_i^T dout_i
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
 //   then       gcache swept in reverse (cache_grad_sweep), dv_j += gcache^(n(j))[z_j];
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
@@ -41,14 +42,29 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   if (r >= rows) return;
   const Row row = vq_cuda::row_of(g, i0, r);
   const int W = static_cast<int>(2 * g.Lb), S = static_cast<int>(g.S), ldp = static_cast<int>(g.ldp);
-  T* pwin = static_cast<T*>(w.pwin) + r * g.ldw;
+  const int Lb = static_cast<int>(g.Lb);
+  // The weights go key-major (vq_packed.h): entry e >= Lb to this block's slot, row l, column
+  // e - Lb; entry e < Lb to the previous block's slot, row Lb + l, column e.
+  T* present = static_cast<T*>(w.pwin) + (row.i - i0 + 1) * vq_cuda::key_slot_elems(g) + row.l * g.ldkey;
+  T* previous = present - vq_cuda::key_slot_elems(g) + Lb * g.ldkey;
+  auto weight_at = [&](int e) { return e < Lb ? previous + e : present + (e - Lb); };
+  auto store_p = [&](int e, float4 p) {
+    if (Lb % 4 == 0) {  // the four entries sit in one block
+      cuda::store4(weight_at(e), p);
+    } else {
+      vq_cuda::map4(p, [&](float x, int k) {
+        if (e + k < W) *weight_at(e + k) = from_float<T>(x);
+        return x;
+      });
+    }
+  };
   T* gswin = static_cast<T*>(w.gswin) + r * g.ldw;
   T* pcache = static_cast<T*>(w.pcache) + r * g.lds;
   T* gscache = static_cast<T*>(w.gscache) + r * g.lds;
   T* gpos = static_cast<T*>(w.gpos) + r * g.ldp;
   const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row.t >= g.T) {
-    for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, zero4), cuda::store4(gswin + e, zero4);
+    for (int e = 4 * lane; e < W; e += 128) store_p(e, zero4), cuda::store4(gswin + e, zero4);
     for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, zero4), cuda::store4(gscache + s, zero4);
     for (int d = lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
     return;
@@ -68,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   for (int e = 4 * lane; e < W; e += 128) {
     const float4 s = sc.window4(e), p = vq_cuda::map4(s, weight);
     const float4 gs = score_grad(s, p, *reinterpret_cast<const float4*>(dpwin + e));
-    cuda::store4(pwin + e, p);
+    store_p(e, p);
     cuda::store4(gswin + e, gs);
     // Every distance 0..Lb once: entry e has distance hi - e where l <= e <= hi.
     vq_cuda::map4(gs, [&](float x, int k) {
@@ -185,17 +201,24 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                             at(w.c_lo, h * S * Dk), false, dqu, Dk, 1.f);
         vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rho_hi, h * g.ldp * Dk),
                             at(w.rho_lo, h * g.ldp * Dk), false, w.dqr + i0 * Lb * Dk, Dk, 0.f);
-        // dkhat and dv of the present block, then of the previous one (into the block before; the
-        // chunk's first block adds to the previous chunk's last, already written).
+        // dkhat of the present block, then of the previous one (into the block before; the chunk's
+        // first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},
                       w.dk + i0 * Lb * Dk, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, c, {at(w.pwin, Lb), ldw, Lb * ldw, true}, {dop_i, ldo, Lb * ldo, false},
-                      w.dvp + i0 * Lb * Dv, Dv, Lb * Dv, 0.f);
         const int64_t j0 = std::max<int64_t>(i0, 1), cp = i0 + c - j0;  // blocks with a block before them
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, cp, {at(w.gswin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
                       {at(w.qu, j0 * Lb * Dk), Dk, Lb * Dk, false}, w.dk + (j0 - 1) * Lb * Dk, Dk, Lb * Dk, 1.f);
-        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, cp, {at(w.pwin, (j0 - i0) * Lb * ldw), ldw, Lb * ldw, true},
-                      {at(w.dop, j0 * Lb * ldo), ldo, Lb * ldo, false}, w.dvp + (j0 - 1) * Lb * Dv, Dv, Lb * Dv, 1.f);
+        // dv of block m's keys from the queries of blocks m and m + 1 in one GEMM over the key-major
+        // weights (vq_packed.h), for the chunk's blocks but its last: that one takes its own
+        // queries, and the next chunk adds block i0 + c's (slot 0) unless a pair starts there.
+        const int64_t ks = vq_cuda::key_slot_elems(g), ldkey = g.ldkey, last = i0 + c - 1;
+        vq_cuda::gemm(w.blas, act, Lb, Dv, 2 * Lb, c - 1, {at(w.pwin, ks), ldkey, ks, true}, {dop_i, ldo, Lb * ldo, false},
+                      w.dvp + i0 * Lb * Dv, Dv, Lb * Dv, 0.f);
+        vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, c * ks), ldkey, 0, true},
+                      {at(w.dop, last * Lb * ldo), ldo, 0, false}, w.dvp + last * Lb * Dv, Dv, 0, 0.f);
+        if (i0 % g.R != 0)
+          vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
+                        w.dvp + (i0 - 1) * Lb * Dv, Dv, 0, 1.f);
         // The cache means' gradients of each block (swept below), and drho.
         vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {w.pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
                       w.gcache + i0 * S * Dv, Dv, S * Dv, 0.f);

@@ -52,7 +52,7 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.swin = f32(cr * g.ldw);
   w.scache = f32(cr * g.lds);
   w.pos = f32(cr * g.ldp);
-  w.pwin = act(cr * g.ldw);
+  w.pwin = act(backward ? (cap + 1) * key_slot_elems(g) : cr * g.ldw);
   w.pcache = act(cr * g.lds);
   if (backward) {
     w.dpwin = f32(cr * g.ldw);

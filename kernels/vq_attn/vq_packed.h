@@ -34,12 +34,13 @@ struct Geo {
   int64_t B, T, H, Dk, Dv, S, Lb;
   int64_t R, Tp, P, NB;  // blocks per sequence, padded length, pairs, blocks in all
   int64_t ldw, lds, ldp;  // row strides of the window [.., 2Lb], cache [.., S] and distance [.., Lb+1] matrices
+  int64_t ldkey;          // row stride of the backward's key-major window weights [.., Lb] (Ws::pwin)
 };
 
 inline int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
 inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb) {
-  Geo g{B, T, H, Dk, Dv, S, Lb, 0, 0, 0, 0, 0, 0, 0};
+  Geo g{B, T, H, Dk, Dv, S, Lb, 0, 0, 0, 0, 0, 0, 0, 0};
   g.R = (T + Lb - 1) / Lb;
   g.Tp = g.R * Lb;
   g.P = H * B;
@@ -47,6 +48,7 @@ inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64
   g.ldw = round8(2 * Lb);
   g.lds = round8(S);
   g.ldp = round8(Lb + 1);
+  g.ldkey = round8(Lb);
   return g;
 }
 inline Geo geo_of(const VqAttnLayout& L) { return geo_of(L.B, L.T, L.H, L.Dk, L.Dv, L.S, L.Lb); }
@@ -68,7 +70,7 @@ struct Ws {
   float* drho;                  // [H, ldp, Dk]
   // One chunk of `cap` blocks (rows = cap Lb).
   float *swin, *scache, *pos;   // scores q.k, q.C, q.rho: [rows, ldw], [rows, lds], [rows, ldp]
-  void *pwin, *pcache;          // act: softmax weights
+  void *pwin, *pcache;          // act: softmax weights; the backward's pwin is key-major (below)
   float *ochunk;                // forward: output rows [rows, Dv]
   float *dpwin, *dpcache;       // backward: dout.value
   void *gswin, *gscache, *gpos; // act, backward: score gradients; gpos by distance [rows, ldp] (zero past Lb)
@@ -84,6 +86,13 @@ struct SavedCache {
   size_t bytes = 0;
 };
 SavedCache saved_cache(const Geo &g, size_t act_bytes, void *base);
+
+// The backward's window weights, key-major: slot s = i - i0 + 1 of a chunk [i0, i0 + c) is
+// [2 Lb, ldkey], rows 0..Lb the weights of block i's queries for block i's keys (present), rows
+// Lb..2 Lb those of block i+1's queries for block i's keys (previous), so the value gradient of
+// block i's keys is one GEMM over 2 Lb queries. Slot 0 holds block i0 - 1's previous rows.
+// constexpr: device code calls it too (--expt-relaxed-constexpr).
+constexpr int64_t key_slot_elems(const Geo &g) { return 2 * g.Lb * g.ldkey; }
 
 // Scratch of code_lists (vq_code_lists.cu) for segments of Ls tokens.
 size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls);
