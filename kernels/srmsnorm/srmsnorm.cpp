@@ -42,18 +42,18 @@ void run_fwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Ten
 }
 
 void run_bwd(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
-             const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du) {
+             const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du, const Tensor& t) {
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
-    srmsnorm_bwd_cuda(ctx, L, x, rstd, dy, dx, accumulate, u, du);
+    srmsnorm_bwd_cuda(ctx, L, x, rstd, dy, dx, accumulate, u, du, t);
     return;
   }
   LINAC_CHECK(x.dtype == rstd.dtype && x.dtype == dy.dtype && x.dtype == dx.dtype &&
-                  (!u.ptr || (u.dtype == x.dtype && du.dtype == x.dtype)),
+                  (!u.ptr || (u.dtype == x.dtype && du.dtype == x.dtype)) && (!t.ptr || t.dtype == x.dtype),
               "srmsnorm: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(x.dtype, T,
-                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), ptr_or_null<T>(u), rstd.data<T>(), dy.data<T>(),
-                                         dx.data<T>(), ptr_or_null<T>(du), accumulate));
+                     srmsnorm_bwd_cpu<T>(L, x.data<T>(), ptr_or_null<T>(u), ptr_or_null<T>(t), rstd.data<T>(),
+                                         dy.data<T>(), dx.data<T>(), ptr_or_null<T>(du), accumulate));
 }
 }  // namespace
 
@@ -75,7 +75,7 @@ void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Ten
   SrmsnormLayout L = layout(x, rstd);
   L.dy = row_stride(dy, x, "dy");
   L.dx = row_stride(dx, x, "dx");
-  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor());
+  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor(), Tensor());
 }
 
 void srmsnorm_scaled_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
@@ -87,12 +87,17 @@ void srmsnorm_scaled_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const
 }
 
 void srmsnorm_scaled_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                         double scale, bool accumulate) {
+                         double scale, bool accumulate, const Tensor& target, double pull) {
   SrmsnormLayout L = layout(x, rstd);
   L.dy = row_stride(dy, x, "dy");
   L.dx = row_stride(dx, x, "dx");
   L.scale = scale;
-  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor());
+  if (target.ptr) {
+    L.t = row_stride(target, x, "target");
+    L.pull = pull;
+    LINAC_CHECK(target.dtype == dy.dtype, "srmsnorm: the target must have dy's dtype");
+  }
+  run_bwd(ctx, L, x, rstd, dy, dx, accumulate, Tensor(), Tensor(), target);
 }
 
 void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
@@ -112,7 +117,7 @@ void srmsnorm_gate_bwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const T
   L.u = row_stride(u, x, "u");
   L.du = row_stride(du, x, "du");
   LINAC_CHECK(u.dtype == dy.dtype && du.dtype == dx.dtype, "srmsnorm: u must have dy's dtype and du dx's");
-  run_bwd(ctx, L, x, rstd, dy, dx, false, u, du);
+  run_bwd(ctx, L, x, rstd, dy, dx, false, u, du, Tensor());
 }
 
 }  // namespace linac

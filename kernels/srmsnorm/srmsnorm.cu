@@ -5,7 +5,8 @@
 // accesses and written once, after a warp reduction (as kernels/rmsnorm). Other rows of at most
 // kWarpRowMax columns: a warp per row with one element per lane per access; wider rows: a block
 // per row with a fixed-order block reduction. These two reduce (sum of squares forward, sum of
-// y * dy backward) and then make a second pass over the row, which comes from L1/L2.
+// y * dy backward) and then make a second pass over the row, which comes from L1/L2. The backward's
+// target (the pull term) is read with dy, in the same pass.
 #include <algorithm>
 #include <initializer_list>
 #include <utility>
@@ -88,13 +89,13 @@ __global__ void __launch_bounds__(kMaxThreads)
 // memory round trip per row.
 template <class TX, class TDY, class TDX>
 __global__ void __launch_bounds__(kMaxThreads)
-    srmsnorm_bwd_vec_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const float* __restrict__ rstd,
-                            const TDY* __restrict__ dy, TDX* __restrict__ dx, TDX* __restrict__ du, SrmsnormLayout L,
-                            int chunks, bool accumulate) {
+    srmsnorm_bwd_vec_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const TDY* __restrict__ t,
+                            const float* __restrict__ rstd, const TDY* __restrict__ dy, TDX* __restrict__ dx,
+                            TDX* __restrict__ du, SrmsnormLayout L, int chunks, bool accumulate) {
   const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= L.N) return;
-  const float rs = rstd[r], sc = static_cast<float>(L.scale);
+  const float rs = rstd[r], sc = static_cast<float>(L.scale), pull = static_cast<float>(L.pull);
   float4 n[kMaxChunks], d[kMaxChunks], o[kMaxChunks];  // x * rs, dy * scale, and the dx being added to
   float dot = 0.f;
 #pragma unroll
@@ -104,6 +105,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     const float4 xv = cuda::load4(x + r * L.x + j);
     n[c] = make_float4(xv.x * rs, xv.y * rs, xv.z * rs, xv.w * rs);
     d[c] = cuda::load4(dy + r * L.dy + j);
+    if (t) {
+      const float4 tv = cuda::load4(t + r * L.t + j);
+      d[c] = make_float4(d[c].x + pull * (n[c].x * sc - tv.x), d[c].y + pull * (n[c].y * sc - tv.y),
+                         d[c].z + pull * (n[c].z * sc - tv.z), d[c].w + pull * (n[c].w * sc - tv.w));
+    }
     d[c] = make_float4(d[c].x * sc, d[c].y * sc, d[c].z * sc, d[c].w * sc);
     if (accumulate) o[c] = cuda::load4(dx + r * L.dx + j);
     float4 dn = d[c];
@@ -148,44 +154,59 @@ __global__ void __launch_bounds__(kMaxThreads)
   for (int64_t j = lane; j < L.C; j += 32) y[r * L.y + j] = cuda::from_float<TY>(gated(cuda::to_float(xr[j]) * ry, ur, j));
 }
 
+// The gradient of y at column j (dy, plus the pull toward the target where there is one), times
+// the scale: that of the normalised row n before the gate.
+template <class TDY>
+__device__ __forceinline__ float scaled_grad(const TDY* __restrict__ dyr, const TDY* __restrict__ tr, float n,
+                                             const SrmsnormLayout& L, int64_t j) {
+  const float sc = static_cast<float>(L.scale);
+  float g = cuda::to_float(dyr[j]);
+  if (tr) g += static_cast<float>(L.pull) * (n * sc - cuda::to_float(tr[j]));
+  return g * sc;
+}
+
 // The backward's second pass over a row, after the reduction m = mean_j(n_j * dn_j).
 template <class TX, class TDY, class TDX>
 __device__ __forceinline__ void srmsnorm_bwd_row(const TX* __restrict__ xr, const TDY* __restrict__ ur,
-                                                 const TDY* __restrict__ dyr, TDX* __restrict__ dxr,
-                                                 TDX* __restrict__ dur, float rs, float sc, float m, int64_t j0,
-                                                 int64_t c, int64_t step, bool accumulate) {
-  for (int64_t j = j0; j < c; j += step) {
-    const float n = cuda::to_float(xr[j]) * rs, dy = cuda::to_float(dyr[j]) * sc;
+                                                 const TDY* __restrict__ tr, const TDY* __restrict__ dyr,
+                                                 TDX* __restrict__ dxr, TDX* __restrict__ dur, const SrmsnormLayout& L,
+                                                 float rs, float m, int64_t j0, int64_t step, bool accumulate) {
+  for (int64_t j = j0; j < L.C; j += step) {
+    const float n = cuda::to_float(xr[j]) * rs, dy = scaled_grad(dyr, tr, n, L, j);
     const float g = rs * (gated(dy, ur, j) - n * m);
     dxr[j] = cuda::from_float<TDX>(accumulate ? cuda::to_float(dxr[j]) + g : g);
     if (dur) dur[j] = cuda::from_float<TDX>(dy * n);
   }
 }
 
-// sum_j n_j * dn_j over this thread's columns (dn = dy * scale, times the gate where there is one).
+// sum_j n_j * dn_j over this thread's columns (dn = scaled_grad, times the gate where there is one).
 template <class TX, class TDY>
 __device__ __forceinline__ float bwd_dot(const TX* __restrict__ xr, const TDY* __restrict__ ur,
-                                         const TDY* __restrict__ dyr, float rs, float sc, int64_t j0, int64_t c,
-                                         int64_t step) {
+                                         const TDY* __restrict__ tr, const TDY* __restrict__ dyr,
+                                         const SrmsnormLayout& L, float rs, int64_t j0, int64_t step) {
   float dot = 0.f;
-  for (int64_t j = j0; j < c; j += step) dot += cuda::to_float(xr[j]) * rs * gated(cuda::to_float(dyr[j]) * sc, ur, j);
+  for (int64_t j = j0; j < L.C; j += step) {
+    const float n = cuda::to_float(xr[j]) * rs;
+    dot += n * gated(scaled_grad(dyr, tr, n, L, j), ur, j);
+  }
   return dot;
 }
 
 template <class TX, class TDY, class TDX>
 __global__ void __launch_bounds__(kMaxThreads)
-    srmsnorm_bwd_rows_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const float* __restrict__ rstd,
-                             const TDY* __restrict__ dy, TDX* __restrict__ dx, TDX* __restrict__ du, SrmsnormLayout L,
-                             bool accumulate) {
+    srmsnorm_bwd_rows_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const TDY* __restrict__ t,
+                             const float* __restrict__ rstd, const TDY* __restrict__ dy, TDX* __restrict__ dx,
+                             TDX* __restrict__ du, SrmsnormLayout L, bool accumulate) {
   const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= L.N) return;
   const TX* xr = x + r * L.x;
   const TDY* ur = u ? u + r * L.u : nullptr;
+  const TDY* tr = t ? t + r * L.t : nullptr;
   const TDY* dyr = dy + r * L.dy;
-  const float rs = rstd[r], sc = static_cast<float>(L.scale);
-  const float m = cuda::warp_sum(bwd_dot(xr, ur, dyr, rs, sc, lane, L.C, 32)) / static_cast<float>(L.C);
-  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, sc, m, lane, L.C, 32, accumulate);
+  const float rs = rstd[r];
+  const float m = cuda::warp_sum(bwd_dot(xr, ur, tr, dyr, L, rs, lane, 32)) / static_cast<float>(L.C);
+  srmsnorm_bwd_row(xr, ur, tr, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, L, rs, m, lane, 32, accumulate);
 }
 
 template <class TX, class TY>
@@ -207,18 +228,19 @@ __global__ void srmsnorm_fwd_kernel(const TX* __restrict__ x, const TY* __restri
 }
 
 template <class TX, class TDY, class TDX>
-__global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const float* __restrict__ rstd,
-                                    const TDY* __restrict__ dy, TDX* __restrict__ dx, TDX* __restrict__ du,
-                                    SrmsnormLayout L, bool accumulate) {
+__global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const TDY* __restrict__ t,
+                                    const float* __restrict__ rstd, const TDY* __restrict__ dy, TDX* __restrict__ dx,
+                                    TDX* __restrict__ du, SrmsnormLayout L, bool accumulate) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const TX* xr = x + r * L.x;
   const TDY* ur = u ? u + r * L.u : nullptr;
+  const TDY* tr = t ? t + r * L.t : nullptr;
   const TDY* dyr = dy + r * L.dy;
-  const float rs = rstd[r], sc = static_cast<float>(L.scale);
+  const float rs = rstd[r];
   const float m =
-      cuda::block_sum(bwd_dot(xr, ur, dyr, rs, sc, threadIdx.x, L.C, blockDim.x), scratch) / static_cast<float>(L.C);
-  srmsnorm_bwd_row(xr, ur, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, rs, sc, m, threadIdx.x, L.C, blockDim.x,
+      cuda::block_sum(bwd_dot(xr, ur, tr, dyr, L, rs, threadIdx.x, blockDim.x), scratch) / static_cast<float>(L.C);
+  srmsnorm_bwd_row(xr, ur, tr, dyr, dx + r * L.dx, du ? du + r * L.du : nullptr, L, rs, m, threadIdx.x, blockDim.x,
                    accumulate);
 }
 
@@ -260,26 +282,27 @@ void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
 }
 
 void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
-                       const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du) {
+                       const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du, const Tensor& t) {
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
-  const int chunks = vec_chunks(L, {{&x, L.x}, {&dy, L.dy}, {&dx, L.dx}, {&u, L.u}, {&du, L.du}});
+  const int chunks = vec_chunks(L, {{&x, L.x}, {&dy, L.dy}, {&dx, L.dx}, {&u, L.u}, {&du, L.du}, {&t, L.t}});
   LINAC_GPU_DISPATCH(
       x.dtype, TX,
       LINAC_GPU_DISPATCH(
           dy.dtype, TDY, LINAC_GPU_DISPATCH(dx.dtype, TDX, {
             const TDY* g = ptr_or_null<TDY>(u);
+            const TDY* tg = ptr_or_null<TDY>(t);
             TDX* dg = ptr_or_null<TDX>(du);
             if (chunks)
               srmsnorm_bwd_vec_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, chunks, accumulate);
+                  x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, chunks, accumulate);
             else if (L.C <= kWarpRowMax)
               srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
+                  x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
             else
               srmsnorm_bwd_kernel<TX, TDY, TDX><<<static_cast<unsigned>(L.N), threads_for(L.C), 0, st>>>(
-                  x.data<TX>(), g, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
+                  x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);
           })));
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -19,6 +19,10 @@
 // Optional constant factor (Transformer-VQ's queries and keys, scaled by Dk^-1/4, docs/transformer_vq.md
 // §4.6), in the same pass: y = x * rstd * scale; the backward takes dy * scale as the gradient of the
 // normalised row (rstd is that of x alone either way).
+// Optional pull toward a target in the scaled backward (Transformer-VQ's commitment term on its keys,
+// docs/transformer_vq.md §4.5), in the same pass: with `t` [N, C] (dy's dtype) and a factor `pull`, the
+// gradient of y is dy + pull * (y - t), which adds the gradient of (pull / 2) ||y - t||^2; y is
+// recomputed from x and rstd in f32, not read back.
 // Dtypes: GPU: x and y each f32 or bf16, dy and dx each f32 or bf16, independently (the block
 // norm reads the f32 residual stream and writes bf16; the norm inside the mixer reads and writes
 // bf16); rstd f32; math in f32. CPU: every tensor one dtype (f32 or f64).
@@ -36,32 +40,34 @@ constexpr int64_t kSrmsnormMaxDim = 16384;
 // Row strides (in elements) of the [N, C] operands.
 struct SrmsnormLayout {
   int64_t N = 0, C = 0;
-  int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0, u = 0, du = 0;
+  int64_t x = 0, y = 0, dy = 0, dx = 0, add = 0, h = 0, u = 0, du = 0, t = 0;
   double scale = 1;  // y's constant factor (srmsnorm_scaled_*)
+  double pull = 0;   // the target's factor (srmsnorm_scaled_bwd with a target)
 };
 
-// Pointers the variant does not use (add and h, u and du) are null.
+// Pointers the variant does not use (add and h, u and du, t) are null.
 template <class T>
 void srmsnorm_fwd_cpu(const SrmsnormLayout& L, const T* x, const T* add, const T* u, T* y, T* rstd, T* h, double eps);
 template <class T>
-void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* u, const T* rstd, const T* dy, T* dx, T* du,
-                      bool accumulate);
+void srmsnorm_bwd_cpu(const SrmsnormLayout& L, const T* x, const T* u, const T* t, const T* rstd, const T* dy, T* dx,
+                      T* du, bool accumulate);
 
 void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& y, const Tensor& rstd,
                        float eps, const Tensor& add, const Tensor& h, const Tensor& u);
 void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x, const Tensor& rstd, const Tensor& dy,
-                       const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du);
+                       const Tensor& dx, bool accumulate, const Tensor& u, const Tensor& du, const Tensor& t);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void srmsnorm_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
                   const Tensor& add = Tensor(), const Tensor& h = Tensor());
 void srmsnorm_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                   bool accumulate);
-// The scaled variant: y = srmsnorm(x) * scale.
+// The scaled variant: y = srmsnorm(x) * scale; its backward optionally pulls y toward `target`
+// (the gradient of y is then dy + pull * (y - target)).
 void srmsnorm_scaled_fwd(const Ctx& ctx, const Tensor& x, const Tensor& y, const Tensor& rstd, double eps,
                          double scale);
 void srmsnorm_scaled_bwd(const Ctx& ctx, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                         double scale, bool accumulate);
+                         double scale, bool accumulate, const Tensor& target = Tensor(), double pull = 0);
 // The gated variant: y = srmsnorm(x) * u; its backward writes dx and du.
 void srmsnorm_gate_fwd(const Ctx& ctx, const Tensor& x, const Tensor& u, const Tensor& y, const Tensor& rstd,
                        double eps);

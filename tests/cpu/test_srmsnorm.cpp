@@ -103,43 +103,50 @@ TEST(SrmsnormCpu, GradCheckDouble) {
 }
 
 // The scaled norm y = srmsnorm(x) * scale: the forward is the plain norm times scale with the same
-// rstd, and the backward's dx (overwritten or accumulated) is the gradient of sum(y * w).
+// rstd, and the backward's dx (overwritten or accumulated) is the gradient of sum(y * w), plus
+// (pull / 2) ||y - t||^2 for a target t (a strided view) where the backward is given one.
 TEST(SrmsnormCpu, ScaledGradCheckDouble) {
   const double scale = 0.2973017787506803;  // 128^-1/4, Transformer-VQ's
   for (int64_t c : {3, 130}) {
     for (bool accumulate : {false, true}) {
-      const int64_t n = 4;
-      SrmsnormProblem p(n, c);
-      OwnedTensor y(DType::F64, Device::CPU, {n, c}), rstd(DType::F64, Device::CPU, {n});
-      OwnedTensor plain(DType::F64, Device::CPU, {n, c}), rstd0(DType::F64, Device::CPU, {n});
-      srmsnorm_scaled_fwd(Ctx{}, p.x(), y, rstd, kEps, scale);
-      srmsnorm_fwd(Ctx{}, p.x(), plain, rstd0, kEps);
-      const std::vector<double> yv = to_doubles(y), pv = to_doubles(plain);
-      for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], pv[i] * scale, 1e-12);
-      EXPECT_EQ(to_doubles(rstd), to_doubles(rstd0));
-      OwnedTensor dx = test::random_tensor({n, c}, DType::F64, 9);
-      const std::vector<double> dx0 = to_doubles(dx);
-      if (!accumulate) test::poison(dx);
-      srmsnorm_scaled_bwd(Ctx{}, p.x(), rstd, p.u, dx, scale, accumulate);
-      std::vector<double> g = to_doubles(dx);
-      if (accumulate)
-        for (size_t i = 0; i < g.size(); ++i) g[i] -= dx0[i];
-      ASSERT_TRUE(test::all_finite(g));
-      // Central differences over the view's columns of x's buffer.
-      std::vector<double> gb(static_cast<size_t>(n * (c + kPad)), 0.0);
-      for (int64_t r = 0; r < n; ++r)
-        for (int64_t j = 0; j < c; ++j)
-          gb[static_cast<size_t>(r * (c + kPad) + 2 + j)] = g[static_cast<size_t>(r * c + j)];
-      auto loss = [&] {
-        OwnedTensor yy(DType::F64, Device::CPU, {n, c}), rr(DType::F64, Device::CPU, {n});
-        srmsnorm_scaled_fwd(Ctx{}, p.x(), yy, rr, kEps, scale);
-        const std::vector<double> a = to_doubles(yy), b = to_doubles(p.u);
-        double l = 0;
-        for (size_t i = 0; i < a.size(); ++i) l += a[i] * b[i];
-        return l;
-      };
-      EXPECT_LT(test::check_grad(loss, p.xb->data<double>(), gb.data(), gb.size(), 256), 1e-6)
-          << "C " << c << " accumulate " << accumulate;
+      for (double pull : {0.0, 0.7}) {
+        const int64_t n = 4;
+        SrmsnormProblem p(n, c);
+        OwnedTensor tb = test::random_tensor({n, c + kPad}, DType::F64, 11, -0.5, 0.5);
+        const Tensor t = pull > 0 ? tb.t.narrow(1, 3, c) : Tensor();
+        OwnedTensor y(DType::F64, Device::CPU, {n, c}), rstd(DType::F64, Device::CPU, {n});
+        OwnedTensor plain(DType::F64, Device::CPU, {n, c}), rstd0(DType::F64, Device::CPU, {n});
+        srmsnorm_scaled_fwd(Ctx{}, p.x(), y, rstd, kEps, scale);
+        srmsnorm_fwd(Ctx{}, p.x(), plain, rstd0, kEps);
+        const std::vector<double> yv = to_doubles(y), pv = to_doubles(plain);
+        for (size_t i = 0; i < yv.size(); ++i) ASSERT_NEAR(yv[i], pv[i] * scale, 1e-12);
+        EXPECT_EQ(to_doubles(rstd), to_doubles(rstd0));
+        OwnedTensor dx = test::random_tensor({n, c}, DType::F64, 9);
+        const std::vector<double> dx0 = to_doubles(dx);
+        if (!accumulate) test::poison(dx);
+        srmsnorm_scaled_bwd(Ctx{}, p.x(), rstd, p.u, dx, scale, accumulate, t, pull);
+        std::vector<double> g = to_doubles(dx);
+        if (accumulate)
+          for (size_t i = 0; i < g.size(); ++i) g[i] -= dx0[i];
+        ASSERT_TRUE(test::all_finite(g));
+        // Central differences over the view's columns of x's buffer.
+        std::vector<double> gb(static_cast<size_t>(n * (c + kPad)), 0.0);
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t j = 0; j < c; ++j)
+            gb[static_cast<size_t>(r * (c + kPad) + 2 + j)] = g[static_cast<size_t>(r * c + j)];
+        const std::vector<double> tv = pull > 0 ? test::view_values(t) : std::vector<double>();
+        auto loss = [&] {
+          OwnedTensor yy(DType::F64, Device::CPU, {n, c}), rr(DType::F64, Device::CPU, {n});
+          srmsnorm_scaled_fwd(Ctx{}, p.x(), yy, rr, kEps, scale);
+          const std::vector<double> a = to_doubles(yy), b = to_doubles(p.u);
+          double l = 0;
+          for (size_t i = 0; i < a.size(); ++i)
+            l += a[i] * b[i] + (pull > 0 ? 0.5 * pull * (a[i] - tv[i]) * (a[i] - tv[i]) : 0);
+          return l;
+        };
+        EXPECT_LT(test::check_grad(loss, p.xb->data<double>(), gb.data(), gb.size(), 256), 1e-6)
+            << "C " << c << " accumulate " << accumulate << " pull " << pull;
+      }
     }
   }
 }

@@ -108,35 +108,39 @@ TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
   run_parity({DType::BF16, DType::F32, DType::F32, DType::BF16}, 333, false);
 }
 
-// y = srmsnorm(x) * scale and its backward (dx overwritten or accumulated), on each kernel: warp
-// per row (C 37), register rows (C 128 from column 4), block per row (C 2048), against the reference
-// on the same rounded inputs.
+// y = srmsnorm(x) * scale and its backward (dx overwritten or accumulated, with and without the pull
+// toward a target), on each kernel: warp per row (C 37), register rows (C 128 from column 4), block
+// per row (C 2048), against the reference on the same rounded inputs.
 TEST(SrmsnormGpu, ScaledParity) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   const double scale = 0.2973017787506803;
   for (DType dt : {DType::F32, DType::BF16})
     for (auto [c, col0] : {std::pair<int64_t, int64_t>{37, 1}, {128, 4}, {2048, 1}})
-      for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(std::string(dtype_name(dt)) + " C " + std::to_string(c) + (accumulate ? " accumulate" : ""));
-        const int64_t n = 300, w = buffer_width(col0, c);
-        auto view = [c, col0](const Tensor& t) { return t.narrow(1, col0, c); };
-        OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 31, -2, 2), Device::CUDA, dt);
-        OwnedTensor dyg = to(test::random_tensor({n, w}, DType::F64, 32), Device::CUDA, dt);
-        OwnedTensor dxg = to(test::random_tensor({n, w}, DType::F64, 33), Device::CUDA, dt);
-        OwnedTensor yg(dt, Device::CUDA, {n, c}), rsg(DType::F32, Device::CUDA, {n});
-        OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
-        OwnedTensor dxr = to(dxg, Device::CPU, DType::F64);
-        srmsnorm_scaled_fwd(gctx.ctx(), view(xg), yg, rsg, kEps, scale);
-        srmsnorm_scaled_bwd(gctx.ctx(), view(xg), rsg, view(dyg), view(dxg), scale, accumulate);
-        gctx.synchronize();
-        OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
-        srmsnorm_scaled_fwd(Ctx{}, view(xr), yr, rsr, kEps, scale);
-        srmsnorm_scaled_bwd(Ctx{}, view(xr), rsr, view(dyr), view(dxr), scale, accumulate);
-        EXPECT_LT(test::rel_error(yg, yr), tolerance(dt));
-        EXPECT_LT(test::rel_error(rsg, rsr), 1e-5);
-        EXPECT_LT(test::rel_error(test::view_values(view(dxg)), test::view_values(view(dxr))), tolerance(dt));
-      }
+      for (bool accumulate : {false, true})
+        for (double pull : {0.0, 0.7}) {
+          SCOPED_TRACE(std::string(dtype_name(dt)) + " C " + std::to_string(c) + (accumulate ? " accumulate" : "") +
+                       " pull " + std::to_string(pull));
+          const int64_t n = 300, w = buffer_width(col0, c);
+          auto view = [c, col0](const Tensor& t) { return t.narrow(1, col0, c); };
+          OwnedTensor xg = to(test::random_tensor({n, w}, DType::F64, 31, -2, 2), Device::CUDA, dt);
+          OwnedTensor dyg = to(test::random_tensor({n, w}, DType::F64, 32), Device::CUDA, dt);
+          OwnedTensor dxg = to(test::random_tensor({n, w}, DType::F64, 33), Device::CUDA, dt);
+          OwnedTensor tg = to(test::random_tensor({n, w}, DType::F64, 34, -0.5, 0.5), Device::CUDA, dt);
+          OwnedTensor yg(dt, Device::CUDA, {n, c}), rsg(DType::F32, Device::CUDA, {n});
+          OwnedTensor xr = to(xg, Device::CPU, DType::F64), dyr = to(dyg, Device::CPU, DType::F64);
+          OwnedTensor dxr = to(dxg, Device::CPU, DType::F64), tr = to(tg, Device::CPU, DType::F64);
+          auto target = [&](const OwnedTensor& t) { return pull > 0 ? view(t) : Tensor(); };
+          srmsnorm_scaled_fwd(gctx.ctx(), view(xg), yg, rsg, kEps, scale);
+          srmsnorm_scaled_bwd(gctx.ctx(), view(xg), rsg, view(dyg), view(dxg), scale, accumulate, target(tg), pull);
+          gctx.synchronize();
+          OwnedTensor yr(DType::F64, Device::CPU, {n, c}), rsr(DType::F64, Device::CPU, {n});
+          srmsnorm_scaled_fwd(Ctx{}, view(xr), yr, rsr, kEps, scale);
+          srmsnorm_scaled_bwd(Ctx{}, view(xr), rsr, view(dyr), view(dxr), scale, accumulate, target(tr), pull);
+          EXPECT_LT(test::rel_error(yg, yr), tolerance(dt));
+          EXPECT_LT(test::rel_error(rsg, rsr), 1e-5);
+          EXPECT_LT(test::rel_error(test::view_values(view(dxg)), test::view_values(view(dxr))), tolerance(dt));
+        }
 }
 
 // y = srmsnorm(x) * u and its backward (dx, du), warp-per-row and block-per-row widths, against

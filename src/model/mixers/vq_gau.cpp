@@ -232,7 +232,7 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
                             : Tensor();
   swiglu_linear_bwd(ctx, dy2, ps.weight(wo_), go, dgated, dgo, GluAct::Silu);
 
-  // VQ-attention backward; straight-through keys plus the commitment term 2 beta (k - khat).
+  // VQ-attention backward; straight-through keys (the commitment term joins dk in the keys' norm, below).
   const Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
   const Tensor C = codebook();
   Tensor dq = env_.scratch->get("gau.dq", env_.act, {N, HDk}), dk = env_.scratch->get("gau.dk", env_.act, {N, HDk});
@@ -254,11 +254,6 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);
   for (int64_t h = 0; h < H_; ++h)
     matmul(ctx, drho.select(0, h), true, sinusoids_, false, ps.grad(wr_).slice0(h * Dk_, (h + 1) * Dk_), 1.f, 1.f);
-  if (opt_.beta > 0) {
-    const float c = static_cast<float>(2.0 * opt_.beta) * env_.grad_scale;
-    add_inplace(ctx, dk, k, c);
-    add_inplace(ctx, dk, khat.view({N, HDk}), -c);
-  }
 
   // This step's codebook statistics (the backward runs only in training steps).
   Tensor sums = env_.scratch->get("gau.sums", env_.stat, {H_, S_, Dk_});
@@ -270,11 +265,16 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   add_inplace(ctx, acc_sums_, sums, 1.f);
   add_inplace(ctx, acc_counts_, counts, 1.f);
 
-  // Normalisations back into d[Qr|Kr] (dV' and dG' are in place).
-  for (int64_t i = 0; i < 2 * H_; ++i)
+  // Normalisations back into d[Qr|Kr] (dV' and dG' are in place). The keys' norm adds the
+  // commitment term's gradient 2 beta (k - khat) to dk as it reads it (srmsnorm.h's pull).
+  const double pull = 2.0 * opt_.beta * env_.grad_scale;
+  for (int64_t i = 0; i < 2 * H_; ++i) {
+    const int64_t h = i % H_;
+    const Tensor target = i >= H_ && pull > 0 ? khat.view({N, HDk}).narrow(1, h * Dk_, Dk_) : Tensor();
     srmsnorm_scaled_bwd(ctx, proj.narrow(1, i * Dk_, Dk_), rstd.narrow(0, i * N, N),
-                        (i < H_ ? dq : dk).narrow(1, (i % H_) * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), qk_scale_,
-                        /*accumulate=*/false);
+                        (i < H_ ? dq : dk).narrow(1, h * Dk_, Dk_), dproj.narrow(1, i * Dk_, Dk_), qk_scale_,
+                        /*accumulate=*/false, target, pull);
+  }
   const Tensor dg = dgo.narrow(1, 0, Dv_);
   matmul(ctx, dproj, false, W.slice0(0, Pqkv_), false, dx.view({N, d_}));
   matmul(ctx, dg, false, W.slice0(Pqkv_, Pqkv_ + Dv_), false, dx.view({N, d_}), 1.f, 1.f);
