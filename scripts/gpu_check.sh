@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -17,7 +17,8 @@
 #   attention next to SDPA and GQA decoding against multi-head, issue 50; decode and peers, not
 #   part of all: the decode tests and decoding with and without CUDA graphs (DECODE_EAGER=0: only
 #   with; DECODE_TRACE=0: no kernel timelines), and the 125M step and
-#   its decoding next to the strongest PyTorch and HF peers, issue 49; ckpt13b, not part of
+#   its decoding next to the strongest PyTorch and HF peers, issue 49; logits, not part of all:
+#   f32 against bf16 logits trained on Brown (scripts/logits_dtype_brown.sh), issue 49; ckpt13b, not part of
 #   all (4 GPUs): sharded asynchronous checkpoints of the 1.3B model and the data-parallel GPU
 #   tests, issue 48)
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
@@ -398,6 +399,11 @@ print(f\"{sys.argv[2]:18s} T={r['seq_len']:5d} {j['packing']:8s} doc_len={r.get(
     done
   done
   [ -f data/brown_4k.h5 ] && bash scripts/doc_packing_brown.sh "$out" 2>&1 | tail -12
+fi
+if [ "$what" = logits ]; then
+  # Issue 49: does train.logits_dtype bf16 train as well as f32? Needs data/brown_32k.h5 and
+  # data/brown_50k.h5 (carry them: the GPU machine has no network).
+  bash scripts/logits_dtype_brown.sh "$out" 2>&1 | tail -12
 fi
 if [ "$what" = ckpt13b ]; then
   parts="${CKPT13B_PARTS:-tests async resume blocking}"
