@@ -56,6 +56,7 @@ AttentionLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, c
   LINAC_CHECK(!opts.docs.defined() || (opts.causal && opts.docs.end), "attention: document bounds need causal "
               "attention and both start and end");
   L.docs = opts.docs;
+  L.accumulate_dv = opts.accumulate_dv;
   auto strides = [](const Tensor& x) { return AttentionLayout::Strides{x.strides[0], x.strides[1]}; };
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
   return L;

@@ -16,14 +16,15 @@
 // with dk and dv of head g summed over the H / Hk query heads of its group.
 //
 // RoPE (AttentionOpts::rope defined): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
-// t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e. rope_bwd applied to
-// the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
+// t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e.
+// rope_bwd applied to the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
 // rounding, no extra pass); elsewhere a rope_bwd pass follows.
 //
 // Layout: q, o, dout, dq are [B, T, H, D] and k, v, dk, dv [B, T, Hk, D], each with the last two
 // dims contiguous (head stride D, unit dim stride); batch and token strides are free, since q/k/v
 // (and dq/dk/dv) are views into a fused [B, T, H + 2 Hk, D] projection (token stride
-// (H + 2 Hk) D). lse is [B, H, T] contiguous. dq, dk, dv are overwritten.
+// (H + 2 Hk) D). lse is [B, H, T] contiguous. dq and dk are overwritten; dv is too, or added to with
+// AttentionOpts::accumulate_dv (v has another consumer whose gradient is already in dv).
 // Dtypes: CPU: all f32 or all f64, any head dim. GPU: activations all bf16 or all f32, lse f32;
 // head dim 64, 80, 96, 112 or 128 (attention_gpu_head_dim_ok). The GPU backward needs
 // attention_bwd_workspace_bytes() of ctx.workspace, the GPU forward its first 4 bytes (the Hopper
@@ -46,6 +47,7 @@ struct AttentionOpts {
   int64_t window = 0;  // 0: unlimited; > 0: query t sees keys s with t - window < s <= t (needs causal)
   RopeFreqs rope;        // defined: q and k carry this RoPE; the backward returns unrotated dq, dk
   DocBounds docs;        // defined: causal attention within each document only (core/doc_bounds.h)
+  bool accumulate_dv = false;  // backward: dv += P^T dO (rounded once, after the sum) instead of dv =
 };
 
 // Shapes, resolved options and the (batch, token) element strides of every [B,T,H,D] argument.
@@ -60,6 +62,7 @@ struct AttentionLayout {
   int64_t window = 0;
   RopeFreqs rope;
   DocBounds docs;
+  bool accumulate_dv = false;
   Strides q, k, v, o, dout, dq, dk, dv;
 
   // Keys [lo, hi] that query t of row b may attend to (hi < lo never happens for t < T). Host

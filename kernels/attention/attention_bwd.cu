@@ -370,7 +370,12 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(krow + dt * 8) =
           pack_bf16(dk_acc[dt][2 * r] * a.scale, dk_acc[dt][2 * r + 1] * a.scale);
-      *reinterpret_cast<uint32_t*>(vrow + dt * 8) = pack_bf16(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+      float v0 = dv_acc[dt][2 * r], v1 = dv_acc[dt][2 * r + 1];
+      if (a.accumulate_dv) {
+        const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vrow + dt * 8));
+        v0 += old.x, v1 += old.y;
+      }
+      *reinterpret_cast<uint32_t*>(vrow + dt * 8) = pack_bf16(v0, v1);
     }
   }
 }

@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       store_rows_rope<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
     else
       store_rows<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, a.D);
-    store_rows<DP>(dv + hk * a.D, a.dv, b, a.T, srow0, dv_acc, one, a.D);
+    store_rows<DP>(dv + hk * a.D, a.dv, b, a.T, srow0, dv_acc, one, a.D, a.accumulate_dv);
   }
 }
 

@@ -26,6 +26,7 @@ struct Args {
   int D;             // head dim of the tensors (the Hopper kernels' tiles may be wider)
   int Hk;            // key/value heads; query head h reads head h / (H / Hk)
   bool causal;
+  bool accumulate_dv;  // the backward adds its dv to the tensor's (AttentionOpts::accumulate_dv)
   float scale;       // softmax scale
   float scale_log2;  // scale * log2(e): scores go through exp2
   AttentionLayout::Strides q, k, v, o, dout, dq, dk, dv;
@@ -43,6 +44,7 @@ inline Args make_args(const AttentionLayout& L) {
   a.Hk = static_cast<int>(L.Hk);
   a.D = static_cast<int>(L.D);
   a.causal = L.causal;
+  a.accumulate_dv = L.accumulate_dv;
   a.scale = static_cast<float>(L.scale);
   a.scale_log2 = static_cast<float>(L.scale * 1.4426950408889634);
   a.q = L.q, a.k = L.k, a.v = L.v, a.o = L.o, a.dout = L.dout, a.dq = L.dq, a.dk = L.dk, a.dv = L.dv;

@@ -65,7 +65,7 @@ void attention_bwd_cpu(const AttentionLayout& L, const F* q, const F* k, const F
     const int64_t b = bg / Hk, g = bg % Hk;
     for (int64_t s = 0; s < T; ++s) {
       std::fill_n(dk + b * L.dk.b + s * L.dk.t + g * D, D, F(0));
-      std::fill_n(dv + b * L.dv.b + s * L.dv.t + g * D, D, F(0));
+      if (!L.accumulate_dv) std::fill_n(dv + b * L.dv.b + s * L.dv.t + g * D, D, F(0));
     }
     for (int64_t h = g * G; h < (g + 1) * G; ++h) {
       for (int64_t t = 0; t < T; ++t) {

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < kLaneDims<D>; ++i) {
     if (!lane_owns<D>(lane, i)) continue;
     krow[lane + 32 * i] = dk_acc[i] * a.scale;
-    vrow[lane + 32 * i] = dv_acc[i];
+    vrow[lane + 32 * i] = a.accumulate_dv ? vrow[lane + 32 * i] + dv_acc[i] : dv_acc[i];
   }
 }
 

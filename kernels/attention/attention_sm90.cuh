@@ -67,10 +67,12 @@ __device__ __forceinline__ void acc_to_a(const float (&c)[N / 2], int kk, uint32
 
 // Writes rows row0 and row0 + 8 (r = 0, 1) of a 64 x N accumulator times `scale` as bf16, its
 // first `cols` columns (a multiple of 8), to the head whose first column is x of a
-// [B,T,heads,D] tensor; rows at or past T are dropped.
+// [B,T,heads,D] tensor (added to what is there with `accumulate`, in f32, rounded once); rows at
+// or past T are dropped.
 template <int N>
 __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Strides& s, int b, int T, int row0,
-                                           const float (&acc)[N / 2], const float (&scale)[2], int cols) {
+                                           const float (&acc)[N / 2], const float (&scale)[2], int cols,
+                                           bool accumulate = false) {
   const int tq = threadIdx.x & 3;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -79,9 +81,14 @@ __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Str
     bf16_t* row = x + b * s.b + int64_t{t} * s.t + 2 * tq;
 #pragma unroll
     for (int j = 0; j < N / 8; ++j)
-      if (8 * j < cols)
-        *reinterpret_cast<uint32_t*>(row + 8 * j) =
-            pack_bf16(acc[4 * j + 2 * r] * scale[r], acc[4 * j + 2 * r + 1] * scale[r]);
+      if (8 * j < cols) {
+        float v0 = acc[4 * j + 2 * r] * scale[r], v1 = acc[4 * j + 2 * r + 1] * scale[r];
+        if (accumulate) {
+          const float2 old = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + 8 * j));
+          v0 += old.x, v1 += old.y;
+        }
+        *reinterpret_cast<uint32_t*>(row + 8 * j) = pack_bf16(v0, v1);
+      }
   }
 }
 

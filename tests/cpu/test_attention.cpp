@@ -103,6 +103,32 @@ TEST(AttentionCpu, GradCheckDouble) {
   }
 }
 
+// AttentionOpts::accumulate_dv: dv is what was there plus the gradient the plain backward writes;
+// dq and dk are unchanged (grouped-query attention, so dv's rows sum over a group).
+TEST(AttentionCpu, AccumulateDvAddsToDv) {
+  const int64_t B = 2, T = 37, H = 4, Hk = 2, D = 8;
+  OwnedTensor q = test::random_tensor({B, T, H, D}, DType::F64, 41),
+              k = test::random_tensor({B, T, Hk, D}, DType::F64, 42);
+  OwnedTensor v = test::random_tensor({B, T, Hk, D}, DType::F64, 43),
+              dout = test::random_tensor({B, T, H, D}, DType::F64, 44);
+  OwnedTensor o(DType::F64, Device::CPU, {B, T, H, D}), lse(DType::F64, Device::CPU, {B, H, T});
+  AttentionOpts opts;
+  opts.window = 5;
+  attention_fwd(Ctx{}, q, k, v, o, lse, opts);
+  OwnedTensor dq(DType::F64, Device::CPU, {B, T, H, D}), dk(DType::F64, Device::CPU, {B, T, Hk, D});
+  OwnedTensor dv(DType::F64, Device::CPU, {B, T, Hk, D});
+  attention_bwd(Ctx{}, q, k, v, o, lse, dout, dq, dk, dv, opts);
+  OwnedTensor dq2(DType::F64, Device::CPU, {B, T, H, D}), dk2(DType::F64, Device::CPU, {B, T, Hk, D});
+  OwnedTensor dv2 = test::random_tensor({B, T, Hk, D}, DType::F64, 45);
+  const std::vector<double> before = to_doubles(dv2);
+  opts.accumulate_dv = true;
+  attention_bwd(Ctx{}, q, k, v, o, lse, dout, dq2, dk2, dv2, opts);
+  EXPECT_EQ(to_doubles(dq2), to_doubles(dq));
+  EXPECT_EQ(to_doubles(dk2), to_doubles(dk));
+  const std::vector<double> plain = to_doubles(dv), added = to_doubles(dv2);
+  for (size_t i = 0; i < plain.size(); ++i) ASSERT_NEAR(added[i], before[i] + plain[i], 1e-12) << i;
+}
+
 // With AttentionOpts::rope the backward returns the gradient for q and k before their
 // rotation: loss(q, k, v) = sum(attention(rope(q), rope(k), v) * u), by finite differences.
 TEST(AttentionCpu, GradCheckThroughRopeDouble) {

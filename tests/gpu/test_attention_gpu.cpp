@@ -5,7 +5,8 @@
 // the GPU refuses. The bf16 cases run through both kernel families
 // (on a Hopper GPU: the sm90 kernels, then the sm80 ones by LINAC_ATTENTION_KERNELS=sm80).
 // Packed documents (AttentionOpts::docs): the same parity on several layouts, that they change the
-// result, that one document per row equals none, and that short documents cost less.
+// result, that one document per row equals none, and that short documents cost less. dv added to
+// (AttentionOpts::accumulate_dv) from a random start, through every kernel path.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,13 +60,14 @@ struct GpuCase {
   Docs docs = Docs::kNone;
   int64_t H = kH;   // query heads
   int64_t Hk = kH;  // key/value heads, dividing H
+  bool accumulate_dv = false;  // dv starts random and the backward adds to it
 };
 
 std::string name(const GpuCase& c) {
   return "T=" + std::to_string(c.T) + " D=" + std::to_string(c.D) + (c.causal ? " causal" : " full") +
          " window=" + std::to_string(c.window) + (c.rope > 0 ? " rope=" + std::to_string(c.rope) : "") +
          (c.docs != Docs::kNone ? std::string(" docs=") + docs_name(c.docs) : "") + " H=" + std::to_string(c.H) +
-         " Hk=" + std::to_string(c.Hk);
+         " Hk=" + std::to_string(c.Hk) + (c.accumulate_dv ? " accumulate_dv" : "");
 }
 
 DocLayout doc_arrays(int64_t B, int64_t T, const std::vector<std::vector<int64_t>>& rows) {
@@ -146,17 +148,29 @@ const GpuCase kGqaCases[] = {
     {333, 128, true, 0, 0, Docs::kShort, 4, 2},    {1000, 64, true, 0, 1e4, Docs::kRandom, 6, 3},
     {333, 96, true, 64, 0, Docs::kTiles, 4, 2}};
 
+// AttentionOpts::accumulate_dv: Latte-Macchiato's window (D = 96, window 129) and every other kernel
+// path (D = 64 with RoPE, D = 128, grouped-query heads, documents, full attention).
+const GpuCase kAccumulateCases[] = {
+    {1000, 96, true, 129, 0, Docs::kNone, kH, kH, true}, {333, 64, true, 37, 1e4, Docs::kNone, kH, kH, true},
+    {2100, 128, true, 0, 0, Docs::kNone, kH, kH, true},  {1000, 64, true, 0, 0, Docs::kNone, 6, 1, true},
+    {1000, 96, true, 0, 0, Docs::kMixed, 4, 2, true},    {200, 112, false, 0, 0, Docs::kNone, kH, kH, true}};
+
 AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;
   o.causal = c.causal;
   o.window = c.window;
   o.rope = c.rope;
   o.docs = docs;
+  o.accumulate_dv = c.accumulate_dv;
   return o;
 }
 
 // Dims of a fused [B,T,H+2Hk,D] buffer of case c.
 std::vector<int64_t> fused_dims(const GpuCase& c) { return {kB, c.T, c.H + 2 * c.Hk, c.D}; }
+
+// The fused gradient buffer a case that accumulates starts from: random, so dv's start shows in the
+// result and dq, dk must be overwritten.
+OwnedTensor dqkv_start(const GpuCase& c) { return test::random_tensor(fused_dims(c), DType::F64, 33); }
 
 // Heads [first, first + count) of part i (0: q, 1: k, 2: v) in a fused buffer of case c.
 struct HeadRange {
@@ -197,6 +211,7 @@ GpuRun run_gpu(const Ctx& ctx, const Tensor& qkv, const Tensor& dout, DType dt, 
   test::poison(r.o);
   test::poison(r.lse);
   test::poison(r.dqkv);
+  if (c.accumulate_dv) copy_tensor(r.dqkv, to(dqkv_start(c), Device::CUDA, dt));
   attention_fwd(ctx, part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), r.o, r.lse, opts_of(c, docs));
   attention_bwd(ctx, part(qkv, c, 0), part(qkv, c, 1), part(qkv, c, 2), r.o, r.lse, dout, part(r.dqkv, c, 0),
                 part(r.dqkv, c, 1), part(r.dqkv, c, 2), opts_of(c, docs));
@@ -224,6 +239,7 @@ void run_parity(DType dt, double tol, std::span<const GpuCase> cases = kCases) {
 
     OwnedTensor o(DType::F64, Device::CPU, {kB, T, c.H, D}), lse(DType::F64, Device::CPU, {kB, c.H, T});
     OwnedTensor dqkv(DType::F64, Device::CPU, fused_dims(c));
+    if (c.accumulate_dv) copy_tensor(dqkv, to(to(dqkv_start(c), Device::CPU, dt), Device::CPU, DType::F64));
     const AttentionOpts ref_opts = opts_of(c, packed ? docs.host() : DocBounds{});
     attention_fwd(Ctx{}, part(qkv_r, c, 0), part(qkv_r, c, 1), part(qkv_r, c, 2), o, lse, ref_opts);
     attention_bwd(Ctx{}, part(qkv_r, c, 0), part(qkv_r, c, 1), part(qkv_r, c, 2), o, lse, dout_r, part(dqkv, c, 0),
@@ -283,6 +299,11 @@ TEST(AttentionGpu, ParityDocs) {
 TEST(AttentionGpu, ParityGqa) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity_all(kGqaCases);
+}
+
+TEST(AttentionGpu, ParityAccumulateDv) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity_all(kAccumulateCases);
 }
 
 // Documents change every output (so the parity above cannot pass by ignoring them), and one

@@ -7,7 +7,6 @@
 #include "attention/attention.h"
 #include "attention/attention_decode.h"
 #include "config/json_reader.h"
-#include "elementwise/elementwise.h"
 #include "latte/latte.h"
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
@@ -256,18 +255,17 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
   }
 
-  // The local path: attention backward into dQl, dKl and a second share of dV.
+  // The local path: attention backward into dQl, dKl and, added to dV, the values' second share.
   if (opt_.window > 0) {
     Tensor dqk = env_.scratch->get("latte.dqk", env_.act, {N, 2 * d_});
-    Tensor dv_loc = env_.scratch->get("latte.dv_loc", env_.act, {B, T, H_, Dh_});
     const Tensor dq = bthd(dqk, B, T, 0, H_, Dh_), dk = bthd(dqk, B, T, d_, H_, Dh_);
     AttentionOpts ao;
     ao.window = opt_.window;
     ao.docs = docs;
+    ao.accumulate_dv = true;
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
-                  lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dv_loc, ao);
+                  lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dV, ao);
     rope_bwd(ctx, bthd(dqk, B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0, docs);  // dq and dk
-    add_inplace(ctx, dV, dv_loc, 1.f);
     matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
     matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
   }
