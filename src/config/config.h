@@ -91,9 +91,9 @@ struct TrainConfig {
   std::string reduce_dtype = "f32";
   // The LM head's logits under bf16 precision on the GPU: f32 (the loss and its gradient from
   // the GEMM's f32 output) | bf16 (rounded once, the softmax still in f32, the gradient written
-  // over them: 6 bytes of memory traffic per logit instead of 10). `linac eval` and decoding
-  // keep f32.
-  std::string logits_dtype = "f32";
+  // over them: 6 bytes of memory traffic per logit instead of 10) | auto (bf16 under bf16
+  // precision, else f32). `linac eval` and decoding keep f32.
+  std::string logits_dtype = "auto";
   // Saved activations the backward recomputes instead of keeping: none | mixer | block.
   std::string recompute = "none";
   // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks;

@@ -31,7 +31,7 @@ ModelOptions ModelOptions::for_training(const TrainConfig& tc, int rank, int wor
           .zero_world = zero ? world : 1,
           .zero_rank = zero ? rank : 0,
           .zero_grads = zero && tc.zero == 2,
-          .bf16_logits = tc.logits_dtype == "bf16"};
+          .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16")};
 }
 
 Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)

@@ -48,7 +48,7 @@ struct ModelOptions {
   int zero_world = 1;              // > 1: ZeRO-1 over that many ranks (ParamStore::shard) ...
   int zero_rank = 0;               // ... this process being zero_rank
   bool zero_grads = false;         // ZeRO-2: the gradients sharded too
-  bool bf16_logits = false;        // train.logits_dtype bf16: the LM head's logits in bf16 under bf16 compute
+  bool bf16_logits = false;        // train.logits_dtype bf16 (or auto): the LM head's logits in bf16 under bf16 compute
   // train.precision and train.logits_dtype with the optimizer; train.zero over `world` ranks as
   // `rank` (no sharding with one rank).
   static ModelOptions for_training(const TrainConfig& tc, int rank, int world);

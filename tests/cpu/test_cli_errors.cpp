@@ -129,8 +129,9 @@ TEST(CliErrors, ReduceDtypeNamesTheValuesItTakes) {
   EXPECT_EQ(test::run_linac("info " + cfg + " --set train.reduce_dtype=bf16", out), 0) << out;
 }
 
-// train.logits_dtype takes f32 or bf16, and bf16 only under bf16 precision (the logits are bf16
-// because the head's GEMM reads bf16 operands), each refusal one line naming the key.
+// train.logits_dtype takes auto, f32 or bf16, and bf16 only under bf16 precision (the logits are
+// bf16 because the head's GEMM reads bf16 operands; auto is f32 there), each refusal one line
+// naming the key.
 TEST(CliErrors, LogitsDtypeNeedsBf16Precision) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("logits_dtype");
@@ -138,13 +139,14 @@ TEST(CliErrors, LogitsDtypeNeedsBf16Precision) {
   std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
   std::string out;
   expect_one_line_user_error(test::run_linac("info " + cfg + " --set train.logits_dtype=fp16", out), out, "fp16");
-  EXPECT_NE(out.find("train.logits_dtype: 'fp16' is not one of f32, bf16"), std::string::npos) << out;
+  EXPECT_NE(out.find("train.logits_dtype: 'fp16' is not one of auto, f32, bf16"), std::string::npos) << out;
   expect_one_line_user_error(
       test::run_linac("info " + cfg + " --set train.logits_dtype=bf16 --set train.precision=fp32", out), out,
       "train.logits_dtype");
   EXPECT_NE(out.find("bf16 needs train.precision bf16, got fp32"), std::string::npos) << out;
   EXPECT_EQ(test::run_linac("info " + cfg + " --set train.logits_dtype=bf16 --set train.precision=bf16", out), 0)
       << out;
+  EXPECT_EQ(test::run_linac("info " + cfg + " --set train.precision=fp32", out), 0) << out;
 }
 
 // Every component of a --set path must be a name: a trailing, leading or doubled dot is refused

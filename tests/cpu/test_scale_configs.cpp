@@ -78,25 +78,30 @@ TEST(ScaleConfigs, InfoPlansTheHeadChunkAndWorkspace) {
            b["buffers"].get<double>() + b["activations"].get<double>() + b["head_scratch"].get<double>() +
            b["workspace"].get<double>();
   };
-  const json cpu = info("");  // f32 logits, their gradient in place; no workspace
+  const json cpu = info("");  // fp32 compute: f32 logits, their gradient in place; no workspace
   EXPECT_EQ(cpu["logits_dtype"], "f32");
   EXPECT_DOUBLE_EQ(cpu["bytes"]["head_scratch"].get<double>(), 4 * logits);
   EXPECT_DOUBLE_EQ(cpu["bytes"]["workspace"].get<double>(), 0.0);
   EXPECT_DOUBLE_EQ(cpu["bytes"]["total"].get<double>(), sum(cpu["bytes"]));
-  // On a GPU (planned, none needed): f32 logits and a bf16 gradient, and LINAC_WORKSPACE_MB's
-  // workspace (the default 512 MiB; none in a build without CUDA).
-  const json gpu = info("--set train.recompute=block", "cuda");
+  // On a GPU (planned, none needed) with train.logits_dtype f32: f32 logits and a bf16 gradient,
+  // and LINAC_WORKSPACE_MB's workspace (the default 512 MiB; none in a build without CUDA).
+  const json gpu = info("--set train.recompute=block --set train.logits_dtype=f32", "cuda");
   EXPECT_EQ(gpu["logits_dtype"], "f32");
   EXPECT_DOUBLE_EQ(gpu["bytes"]["head_scratch"].get<double>(), 6 * logits);
   EXPECT_DOUBLE_EQ(gpu["bytes"]["workspace"].get<double>(), static_cast<double>(GpuContext::default_workspace_bytes()));
   EXPECT_DOUBLE_EQ(gpu["bytes"]["total"].get<double>(), sum(gpu["bytes"]));
-  // train.logits_dtype bf16: bf16 logits with their gradient in place, 1 GiB less; on the CPU
-  // (fp32 compute) nothing changes.
-  const json gpu16 = info("--set train.recompute=block --set train.logits_dtype=bf16", "cuda");
-  EXPECT_EQ(gpu16["logits_dtype"], "bf16");
-  EXPECT_DOUBLE_EQ(gpu16["bytes"]["head_scratch"].get<double>(), 2 * logits);
-  EXPECT_DOUBLE_EQ(gpu16["bytes"]["total"].get<double>(), gpu["bytes"]["total"].get<double>() - 4 * logits);
+  // bf16 logits, the default under bf16 precision (auto) and asked for: their gradient in place,
+  // 1 GiB less; on the CPU (fp32 compute) nothing changes.
+  for (const char* set : {"", " --set train.logits_dtype=bf16"}) {
+    const json gpu16 = info(std::string("--set train.recompute=block") + set, "cuda");
+    EXPECT_EQ(gpu16["logits_dtype"], "bf16") << set;
+    EXPECT_DOUBLE_EQ(gpu16["bytes"]["head_scratch"].get<double>(), 2 * logits) << set;
+    EXPECT_DOUBLE_EQ(gpu16["bytes"]["total"].get<double>(), gpu["bytes"]["total"].get<double>() - 4 * logits) << set;
+  }
   EXPECT_EQ(info("--set train.logits_dtype=bf16")["bytes"], cpu["bytes"]);
+  EXPECT_EQ(info("--set train.logits_dtype=f32")["bytes"], cpu["bytes"]);
+  // Under fp32 precision auto means f32 logits.
+  EXPECT_EQ(info("--set train.precision=fp32", "cuda")["logits_dtype"], "f32");
 }
 
 }  // namespace
