@@ -18,7 +18,8 @@ steps=${LOGITS_STEPS:-300}
 common=(--set data.seq_len=1024 --set train.micro_batch=16 --set train.global_batch_tokens=16384
         --set train.steps=$steps --set train.warmup_steps=$(( steps / 10 )) --set train.eval_every=$steps
         --set train.eval_tokens=1000000 --set train.checkpoint_every=$steps --set train.log_every=10)
-printf '%-16s %-6s %4s %10s %14s %14s\n' model logits seed train "val(own dtype)" "val(f32 eval)" | tee "$out/logits_dtype.txt"
+printf '%-16s %-6s %4s %10s %14s %14s\n' model logits seed train "val(own dtype)" "val(f32 eval)" |
+  tee "$out/logits_dtype.txt"
 for spec in ${LOGITS_MODELS:-transformer_125m:brown_32k:32000 latte_macchiato_153m:brown_50k:50264}; do
   IFS=: read -r cfg data vocab <<<"$spec"
   for seed in ${LOGITS_SEEDS:-1 2}; do
@@ -30,7 +31,8 @@ for spec in ${LOGITS_MODELS:-transformer_125m:brown_32k:32000 latte_macchiato_15
       train=$(grep -oE "step $steps/$steps \| loss [0-9.]+" "$run.log" | awk '{print $NF}')
       val=$(grep -oE "step $steps \| val loss [0-9.]+" "$run.log" | awk '{print $NF}')
       ckpt="$(ls "$run"/ckpt/step_*.h5 | tail -1)"
-      ev=$("$linac" eval --checkpoint "$ckpt" --json 2>>"$run.log" | python3 -c 'import json,sys; print(json.load(sys.stdin)["loss"])')
+      ev=$("$linac" eval --checkpoint "$ckpt" --json 2>>"$run.log" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["loss"])')
       printf '%-16s %-6s %4s %10.4f %14.4f %14.4f\n' "${cfg}" "$dtype" "$seed" "$train" "$val" "$ev" |
         tee -a "$out/logits_dtype.txt"
       rm -rf "$run/ckpt"
