@@ -3,16 +3,17 @@
 //   prep, state (forward: S_0..S_N), intra (P), recomputed unless the forward kept these chunk
 //   buffers (saved intermediates, gla.h); state (reverse: dS_n+1 per chunk and dS_0), out
 //   (dv = kd dS_n+1 + P^T do), then
-//   dqk     grid (N, B*H, Dk/64), 8 warps, two CTAs per SM: streams do, v, S_n, dS_n+1 and S_n+1
-//           in 32-wide Dv slices (double-buffered cp.async) into three accumulators: do S_n^T, v dS_n+1^T and
-//           dP = do v^T (tiles above the diagonal skipped), and the row sums of dS_n+1 * S_n+1.
-//           Epilogue in shared memory, f32: dq' = (do S_n^T) exp(B), dk = (v dS^T) exp(bn - B);
-//           the intra-chunk terms from dP, off-diagonal sub-chunk blocks on tensor cores (dq
-//           referenced to the first row of the query sub-chunk, dk to the last row of the key
-//           sub-chunk: every factor <= 1), diagonal blocks pairwise in f32; then dq = scale dq',
-//           dk, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of
-//           q*dq - k*dk (from the f32 values) plus rowsum(dS_n+1 * S_n+1). No gate-gradient sum
-//           runs along the sequence, so its rounding error does not grow with T.
+//   dqk     grid (N * Dk/64, B*H), 8 warps, two CTAs per SM: streams do, v, S_n and dS_n+1 in
+//           32-wide Dv slices (three cp.async stages) into three accumulators: do S_n^T,
+//           v dS_n+1^T and dP = do v^T (tiles above the diagonal skipped), and the row sums of
+//           dS_n+1 * S_n. Epilogue in shared memory, f32: dq' = (do S_n^T) exp(B),
+//           dk = (v dS^T) exp(bn - B); the intra-chunk terms from dP, off-diagonal sub-chunk blocks
+//           on tensor cores (dq referenced to the first row of the query sub-chunk, dk to the last
+//           row of the key sub-chunk: every factor <= 1), diagonal blocks pairwise in f32; then
+//           dq = scale dq', dk, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's
+//           reverse cumsum of q*dq - k*dk (from the f32 values) plus rowsum(dS_n+1 * S_n+1), formed
+//           as exp(bn) rowsum(dS_n+1 * S_n) + colsum(k * dk_inter), so S_n+1 is never read. No
+//           gate-gradient sum runs along the sequence, so its rounding error does not grow with T.
 #include <algorithm>
 
 #include "gla/gla_common.cuh"
@@ -24,15 +25,18 @@ namespace {
 template <class T>
 struct DqkCfg {
   static constexpr int kWV = 32;  // width of the streamed Dv slices
+  // Three stages (two slices in flight while one is multiplied) cost no shared memory in bf16:
+  // the epilogue's buffers, which reuse the stage region, are larger.
+  static constexpr int kStages = 3;
   static constexpr int LD = ld_of<T>(kW), LDV = ld_of<T>(kWV), LDB = ld_of<float>(kW), LDF = ld_of<float>(kW);
   static constexpr int kT = tile_bytes<T>(kC, kW), kTV = tile_bytes<T>(kC, kWV), kB = tile_bytes<float>(kC, kW);
   static constexpr int kF = tile_bytes<float>(kC, kW), kOps = tile_bytes<T>(96, kW);
-  static constexpr int kStage = 5 * kTV;  // do, v, S_n, dS_n+1, S_n+1
+  static constexpr int kStage = 4 * kTV;  // do, v, S_n, dS_n+1
   // Epilogue: dq, dk (f32), dP (T), then dP (f32) for the diagonal phase, whose space the
   // off-diagonal operands (Ks for dq, Qs for dk) take over afterwards.
   static constexpr int kEpi = 2 * kF + kT + (kF > 2 * kOps ? kF : 2 * kOps);
-  static constexpr int kRegion = 2 * kStage > kEpi ? 2 * kStage : kEpi;
-  static constexpr int kSmem = 2 * kT + kB + 256 + kRegion;  // q, k, cumsums, row sums + the region
+  static constexpr int kRegion = kStages * kStage > kEpi ? kStages * kStage : kEpi;
+  static constexpr int kSmem = 2 * kT + kB + 5 * 256 + kRegion;  // q, k, cumsums, the dg carry terms + the region
 };
 
 // Row offset of the dk operand block of key sub-chunk J = 0..2: queries >= 16 (J + 1). (The dq
@@ -45,15 +49,18 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
                const float* __restrict__ bc, const T* __restrict__ S, const T* __restrict__ dS, T* __restrict__ dq,
                T* __restrict__ dk, float* __restrict__ dg, Args a) {
   using C = DqkCfg<T>;
-  constexpr int WV = C::kWV;
+  constexpr int WV = C::kWV, kStages = C::kStages;
   extern __shared__ __align__(16) unsigned char smem[];
   T* Q = reinterpret_cast<T*>(smem);
   T* K = reinterpret_cast<T*>(smem + C::kT);
   float* Bc = reinterpret_cast<float*>(smem + 2 * C::kT);
-  float* carry = reinterpret_cast<float*>(smem + 2 * C::kT + C::kB);  // [64] rowsum(dS_n+1 * S_n+1)
-  unsigned char* region = smem + 2 * C::kT + C::kB + 256;
-  const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
-  const int i0 = blockIdx.z * kW, vk = min(kW, a.Dk - i0);
+  // dg's carry rowsum(dS_n+1 * S_n+1) = exp(bn) rowsum(dS_n+1 * S_n) + colsum(k * dk_inter): the
+  // first term per key column, then the second's four 16-row partial sums (docs/gla.md §4.3).
+  float* carry = reinterpret_cast<float*>(smem + 2 * C::kT + C::kB);  // [64]
+  float* kcarry = carry + kW;                                         // [4][64]
+  unsigned char* region = smem + 2 * C::kT + C::kB + 5 * 256;
+  const int nz = cdiv(a.Dk, kW), n = blockIdx.x / nz, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
+  const int i0 = blockIdx.x % nz * kW, vk = min(kW, a.Dk - i0);
   const int64_t t0 = static_cast<int64_t>(n) * kC;
   const int rows = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, tid = threadIdx.x;
   const int wm = warp >> 1, m0 = 16 * wm, n0 = 32 * (warp & 1);
@@ -83,7 +90,6 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     p_s[p] = S + s0 + static_cast<int64_t>(r) * a.Dv + c;
     p_ds[p] = dS + ds0 + static_cast<int64_t>(r) * a.Dv + c;
   }
-  const int64_t next_state = int64_t{a.Dk} * a.Dv;  // S_n+1 - S_n
   auto issue = [&](int jt, int s) {
     const int j0 = jt * WV;
 #pragma unroll
@@ -93,39 +99,38 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
       cp_async16(stage(s, 1) + p_dst[p], t_ok ? p_v[p] + j0 : v, t_ok);
       cp_async16(stage(s, 2) + p_dst[p], k_ok ? p_s[p] + j0 : S, k_ok);
       cp_async16(stage(s, 3) + p_dst[p], k_ok ? p_ds[p] + j0 : dS, k_ok);
-      cp_async16(stage(s, 4) + p_dst[p], k_ok ? p_s[p] + next_state + j0 : S, k_ok);
     }
   };
   load_tile<T, kC, kW, 256>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
   load_tile<T, kC, kW, 256>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
   load_tile<float, kC, kW, 256>(Bc, C::LDB, bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0, a.Dk, kC, vk);
-  issue(0, 0);
-  cp_async_commit();
-
-  float aq[4][4] = {}, ak[4][4] = {}, ap[4][4] = {}, rs = 0.f;  // rs: row tid/4, slice columns (tid%4)*8 + 0..7
   const int jslices = cdiv(a.Dv, WV);
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < jslices) issue(s, s);
+    cp_async_commit();  // empty groups past the end keep the count uniform
+  }
+
+  // rs: rowsum(dS_n+1 * S_n), row tid/4, slice columns (tid%4)*8 + 0..7
+  float aq[4][4] = {}, ak[4][4] = {}, ap[4][4] = {}, rs = 0.f;
   for (int jt = 0; jt < jslices; ++jt) {
-    const int s = jt & 1;
-    if (jt + 1 < jslices) {
-      issue(jt + 1, s ^ 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int s = jt % kStages;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // slice jt landed; every warp is done with the stage refilled next
+    if (jt + kStages - 1 < jslices) issue(jt + kStages - 1, (jt + kStages - 1) % kStages);
+    cp_async_commit();
     const T *DO = stage(s, 0), *V = stage(s, 1), *Sn = stage(s, 2), *dSn = stage(s, 3);
     warp_mma<T, false, false, 4>(aq, DO, C::LDV, m0, 0, Sn, C::LDV, 0, n0, WV / 16);      // do S^T
     warp_mma<T, false, false, 4>(ak, V, C::LDV, m0, 0, dSn, C::LDV, 0, n0, WV / 16);      // v dS^T
     warp_mma<T, false, false, 4>(ap, DO, C::LDV, m0, 0, V, C::LDV, 0, n0, WV / 16, ntp);  // do v^T
-    const T *dr = dSn + (tid >> 2) * C::LDV + (tid & 3) * 8, *sr = stage(s, 4) + (tid >> 2) * C::LDV + (tid & 3) * 8;
+    const T *dr = dSn + (tid >> 2) * C::LDV + (tid & 3) * 8, *sr = Sn + (tid >> 2) * C::LDV + (tid & 3) * 8;
 #pragma unroll
     for (int j = 0; j < 8; j += 4) {
       const float4 d4 = cuda::load4(dr + j), s4 = cuda::load4(sr + j);
       rs = fmaf(d4.w, s4.w, fmaf(d4.z, s4.z, fmaf(d4.y, s4.y, fmaf(d4.x, s4.x, rs))));
     }
-    __syncthreads();
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the stages become the epilogue's buffers
   rs += __shfl_xor_sync(0xffffffffu, rs, 1);
   rs += __shfl_xor_sync(0xffffffffu, rs, 2);
   if ((tid & 3) == 0) carry[tid >> 2] = rs;
@@ -169,11 +174,15 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
         dqa[rl] = fmaf(e, kv[sl], dqa[rl]);
         dka[sl] = fmaf(e, qv[rl], dka[sl]);
       }
+    float kc = 0.f;  // this block's share of colsum(k * dk_inter), from sDK before the diagonal terms
 #pragma unroll
     for (int l = 0; l < 16; ++l) {
       sDQ[(base + l) * C::LDF + i] += dqa[l];
-      sDK[(base + l) * C::LDF + i] += dka[l];
+      const float dki = sDK[(base + l) * C::LDF + i];
+      kc = fmaf(kv[l], dki, kc);
+      sDK[(base + l) * C::LDF + i] = dki + dka[l];
     }
+    kcarry[I * kW + i] = kc;
   }
   __syncthreads();  // f32 dP is dead: its space becomes the operands
   {  // Operands of the off-diagonal blocks (gla_common.cuh): dq's are k[s] * exp(B[16 I] - B[s])
@@ -240,7 +249,8 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     for (int r = 16 * p + 15; r >= 16 * p; --r) sum += term(r);
     part[p * kW + i] = sum;
     __syncthreads();
-    float acc = carry[i];
+    float acc = gexp<T>(Bc[(kC - 1) * C::LDB + i]) * carry[i];
+    for (int pp = 0; pp < 4; ++pp) acc += kcarry[pp * kW + i];
     for (int pp = 3; pp > p; --pp) acc += part[pp * kW + i];
     float* dgb = dg + b * a.dg.b + t0 * a.dg.t + h * a.Dk + i0 + i;
     for (int r = 16 * p + 15; r >= 16 * p; --r) {
@@ -264,7 +274,8 @@ void bwd_group(const Ctx& ctx, const Args& a, int B, const Workspace<T>& w, bool
   launch_out<T>(ctx, a, B, true, w.kd, w.dS, a.N, w.P, dout, a.dout, dv, a.dv);
   auto kernel = dqk_kernel<T>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DqkCfg<T>::kSmem));
-  const dim3 grid(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H), static_cast<unsigned>(cdiv(a.Dk, kW)));
+  // The Dk slices of a chunk are adjacent in launch order: all but the first read do and v from L2.
+  const dim3 grid(static_cast<unsigned>(a.N * cdiv(a.Dk, kW)), static_cast<unsigned>(B * a.H));
   kernel<<<grid, 256, DqkCfg<T>::kSmem, cuda::stream_of(ctx)>>>(q, k, v, dout, w.bc, w.S, w.dS, dq, dk, dg, a);
   LINAC_CUDA_LAUNCH_CHECK();
 }

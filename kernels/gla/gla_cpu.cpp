@@ -4,7 +4,8 @@
 // referenced to the first row of the query sub-chunk for P and dq, to the last row of the key
 // sub-chunk for dk; diagonal blocks with exact pairwise exponents), the reverse state scan for
 // dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
-// rowsum(dS_n+1 * S_n+1), so no rounding error is carried along the sequence. One (batch, head)
+// rowsum(dS_n+1 * S_n+1), formed from S_n as the kernel does, so no rounding error is carried along
+// the sequence. One (batch, head)
 // pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
@@ -141,10 +142,10 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
 #pragma omp parallel for schedule(dynamic) if (L.B * L.H * L.T * (SS + C * (Dk + Dv)) > kParallelWork)
   for (int64_t bh = 0; bh < L.B * L.H; ++bh) {
     const int64_t b = bh / L.H, h = bh % L.H;
-    // Forward states S_0 .. S_N (S_n = before chunk n), recomputed.
-    Vec<F> S(static_cast<size_t>((N + 1) * SS), F(0));
+    // Forward states S_0 .. S_N-1 (S_n = before chunk n), recomputed (S_0 kept when T = 0).
+    Vec<F> S(static_cast<size_t>(std::max<int64_t>(N, 1) * SS), F(0));
     if (s0) std::copy(s0 + bh * SS, s0 + (bh + 1) * SS, S.begin());
-    for (int64_t n = 0; n < N; ++n) {
+    for (int64_t n = 0; n + 1 < N; ++n) {
       std::copy(S.begin() + n * SS, S.begin() + (n + 1) * SS, S.begin() + (n + 1) * SS);
       state_step(Chunk<F>(L, b, h, n * C, g), k, v, S.data() + (n + 1) * SS);
     }
@@ -176,6 +177,7 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
       // dP = do v^T (causal) and the inter-chunk parts of dq' (= dq / scale), dk, dv.
       Vec<F> dP(static_cast<size_t>(len * len), F(0)), dqs(static_cast<size_t>(len * Dk), F(0));
       Vec<F> dks(static_cast<size_t>(len * Dk), F(0)), kd(static_cast<size_t>(len * Dk));
+      Vec<F> kcarry(static_cast<size_t>(Dk), F(0));  // colsum(k * dk_inter), the new keys' share of the carry
       for (int64_t r = 0; r < len; ++r) {
         const F *dor = c.row(dout, L.dout, r, Dv), *vr = c.row(v, L.v, r, Dv), *kr = c.row(k, L.k, r, Dk);
         for (int64_t s = 0; s <= r; ++s) {
@@ -194,6 +196,7 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
           dqs[r * Dk + i] = aq * std::exp(c.cum(r, i));
           dks[r * Dk + i] = ak * dec;
           kd[r * Dk + i] = kr[i] * dec;
+          kcarry[i] += kr[i] * dks[r * Dk + i];
         }
         F* dvr = c.row(dv, L.dv, r, Dv);
         for (int64_t j = 0; j < Dv; ++j) dvr[j] = 0;
@@ -242,12 +245,12 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
           }
         }
       }
-      // Write dq, dk; dg = the chunk-local reverse cumsum of q*dq - k*dk plus rowsum(dS_n+1 * S_n+1):
-      // the later chunks' share, from the state after this chunk and its gradient (docs/gla.md §4.3).
-      const F* Sn1 = S.data() + (n + 1) * SS;
+      // Write dq, dk; dg = the chunk-local reverse cumsum of q*dq - k*dk plus rowsum(dS_n+1 * S_n+1),
+      // the later chunks' share, as exp(bn) rowsum(dS_n+1 * S_n) + colsum(k * dk_inter) (docs/gla.md §4.3).
       for (int64_t i = 0; i < Dk; ++i) {
         F acc = 0;
-        for (int64_t j = 0; j < Dv; ++j) acc += dSn1[i * Dv + j] * Sn1[i * Dv + j];
+        for (int64_t j = 0; j < Dv; ++j) acc += dSn1[i * Dv + j] * Sn[i * Dv + j];
+        acc = std::exp(c.total(i)) * acc + kcarry[i];
         for (int64_t r = len - 1; r >= 0; --r) {
           const F dqv = scale * dqs[r * Dk + i], dkv = dks[r * Dk + i];
           c.row(dq, L.dq, r, Dk)[i] = dqv;
