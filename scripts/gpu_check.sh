@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|gla|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -11,6 +11,8 @@
 #   gradients reduced in f32 and in bf16, issue 48;
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
+#   gla, not part of all: the GLA op and the 340M step, and Nsight Compute's per-kernel table of
+#   one 340M layer (kernels/gla/NOTES.md);
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
@@ -99,6 +101,19 @@ if [ "$what" = gemms ]; then
     ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
     --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gemms.csv" 2>"$out/ncu_gemms.err"
   python3 scripts/ncu_summary.py "$out/ncu_gemms.csv" 2>&1 | tee -a "$out/gemms.txt"
+fi
+if [ "$what" = gla ]; then
+  # The GLA core at the 340M model's head shape, the 340M step, then one layer's kernels (the
+  # second layer of a 2-layer step: its forward and the backward that reads the saved buffers).
+  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
+    2>&1 | tee -a "$out/gla.txt"
+  ./build-gpu/linac bench configs/gla_340m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 10 2>&1 | tee -a "$out/gla.txt"
+  ncu --clock-control none -k 'regex:dqk_kernel|out_kernel|intra_kernel|prep_kernel|state_' --launch-skip 4 \
+    --launch-count 7 --section SpeedOfLight --section Occupancy --section LaunchStats --csv --page details \
+    ./build-gpu/linac bench configs/gla_340m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gla.csv" 2>"$out/ncu_gla.err"
+  python3 scripts/ncu_summary.py "$out/ncu_gla.csv" 2>&1 | tee -a "$out/gla.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model

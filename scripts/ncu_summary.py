@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """One line per kernel launch of an `ncu --csv --page details` report: duration, the SM, L2 and
-DRAM throughputs (% of peak), grid and cluster size, and the kernel's name, shortened."""
+DRAM throughputs (% of peak), grid and cluster size, achieved warps per SM and registers per thread
+(where the report has the Occupancy and LaunchStats sections), and the kernel's name, shortened."""
 import csv
 import sys
 from collections import OrderedDict
@@ -12,7 +13,11 @@ WANT = OrderedDict([
     ("DRAM Throughput", "DRAM%"),
     ("Grid Size", "grid"),
     ("Cluster Size", "cluster"),
+    ("Achieved Active Warps Per SM", "warps"),
+    ("Registers Per Thread", "regs"),
 ])
+# Column format by position: the duration, three percentages, then grid, cluster, warps, regs.
+FORMATS = ["%9.1f", "%6.1f", "%6.1f", "%6.1f", "%7d", "%7d", "%6.1f", "%5d"]
 
 
 def main(path):
@@ -37,14 +42,12 @@ def main(path):
             if metric == "Duration":
                 v *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}.get(unit, 1.0)
             entry[metric] = v
-    print("%5s %9s %6s %6s %6s %7s %7s  %s" % ("id", *WANT.values(), "kernel"))
+    widths = [len(fmt % 0) for fmt in FORMATS]
+    print("%5s %s  %s" % ("id", " ".join("%*s" % (w, n) for w, n in zip(widths, WANT.values())), "kernel"))
     for key, e in launches.items():
-        vals = [e.get(m) for m in WANT]
-        cells = ["%9.1f" % vals[0] if vals[0] is not None else "%9s" % "-"]
-        cells += ["%6.1f" % v if v is not None else "%6s" % "-" for v in vals[1:4]]
-        cells += ["%7d" % v if v is not None else "%7s" % "-" for v in vals[4:6]]
+        cells = [fmt % e[m] if e.get(m) is not None else "%*s" % (w, "-")
+                 for fmt, w, m in zip(FORMATS, widths, WANT)]
         print("%5s %s  %s" % (key, " ".join(cells), e["name"][:110]))
-
 
 if __name__ == "__main__":
     main(sys.argv[1])
