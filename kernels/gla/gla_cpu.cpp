@@ -5,8 +5,7 @@
 // sub-chunk for dk; diagonal blocks with exact pairwise exponents), the reverse state scan for
 // dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
 // rowsum(dS_n+1 * S_n+1), formed from S_n as the kernel does, so no rounding error is carried along
-// the sequence. One (batch, head)
-// pair per OpenMP task; results do not depend on the thread count.
+// the sequence. One (batch, head) pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
