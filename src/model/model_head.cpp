@@ -18,8 +18,9 @@ namespace {
 constexpr int64_t kHeadChunkElems = int64_t(256) << 20;
 }  // namespace
 
-// Logits in f32 under bf16 compute (bf16 x bf16 -> f32 GEMM), so the loss sees full-precision logits,
-// unless train.logits_dtype asks for bf16. Decoding's logits are f32 either way (decode_logit_dtype).
+// Logits in bf16 under bf16 compute when ModelOptions::bf16_logits (train.logits_dtype auto, the
+// default, or bf16; the softmax still sums in f32), else f32 (bf16 x bf16 -> f32 GEMM). Decoding's
+// logits are f32 either way (decode_logit_dtype).
 DType Model::logit_dtype() const { return bf16_logits_ ? env_.act : decode_logit_dtype(); }
 DType Model::decode_logit_dtype() const { return env_.act == DType::BF16 ? DType::F32 : env_.act; }
 
