@@ -18,8 +18,10 @@
 //              P[r,s] = scale sum_i q[r,i] k[s,i] exp(B[r,i] - B[s,i]) (s <= r) is built from
 //              sub-chunks of c tokens: off-diagonal blocks (I > J) as a matmul of
 //              q_I * exp(B_I - B[Ic]) and k_J * exp(B[Ic] - B_J), every factor <= 1; diagonal
-//              blocks with exact pairwise exponents in full precision. No exponent is ever
-//              positive, so no gate strength overflows.
+//              blocks in full precision, factorised the same way (reference: the sub-chunk's
+//              first row) where a key column decays by at most kGlaFactorSpan across the
+//              sub-chunk, with exact pairwise exponents where it decays by more (P decides per
+//              64-column slice of Dk, dq and dk per column). No gate strength overflows.
 // Backward (docs/gla.md §4; dS_n = gradient of the state after chunk n-1, scanned in reverse):
 //   dS_n = exp(bn) dS_n+1 + scale (q * exp(B))^T do_n,     dS_N = dS_final,  dS_0 -> d initial state
 //   dq = scale [(do S_n^T) * exp(B) + intra],   dk = (v dS_n+1^T) * exp(bn - B) + intra,
@@ -64,6 +66,11 @@
 #include "core/tensor.h"
 
 namespace linac {
+
+// The largest decay B[first] - B[last] across a sub-chunk (per key column) for which a diagonal
+// block is formed from per-row factors exp(B[r] - B[first]) and exp(B[first] - B[s]) instead of
+// one exponential per pair (docs/gla.md §3.2); both factors then stay within exp(+-60).
+inline constexpr double kGlaFactorSpan = 60.0;
 
 struct GlaOpts {
   double scale = 1.0;      // multiplies every q.k product

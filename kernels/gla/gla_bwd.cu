@@ -9,7 +9,9 @@
 //           dS_n+1 * S_n. Epilogue in shared memory, f32: dq' = (do S_n^T) exp(B),
 //           dk = (v dS^T) exp(bn - B); the intra-chunk terms from dP, off-diagonal sub-chunk blocks
 //           on tensor cores (dq referenced to the first row of the query sub-chunk, dk to the last
-//           row of the key sub-chunk: every factor <= 1), diagonal blocks pairwise in f32; then
+//           row of the key sub-chunk: every factor <= 1), diagonal blocks in f32 per key column,
+//           from per-row factors where the column decays by at most kGlaFactorSpan across the
+//           block and pairwise exponents where it decays by more; then
 //           dq = scale dq', dk, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's
 //           reverse cumsum of q*dq - k*dk (from the f32 values) plus rowsum(dS_n+1 * S_n+1), formed
 //           as exp(bn) rowsum(dS_n+1 * S_n) + colsum(k * dk_inter), so S_n+1 is never read. No
@@ -156,7 +158,10 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     const int r = idx / kW, c = idx % kW;
     dPb[r * C::LD + c] = cuda::from_float<T>(sDP[r * C::LDF + c]);
   }
-  {  // diagonal sub-chunk blocks, exact pairwise exponents in f32: thread = (block I, column i)
+  {  // Diagonal sub-chunk blocks in f32, thread = (block I, column i). Where the column's decay
+     // across the block is at most kGlaFactorSpan, exp(B_r - B_s) = ea_r eb_s with ea = exp(B - B_0)
+     // <= 1 and eb = exp(B_0 - B) (B_0 the block's first row): 32 exponentials instead of 136, and
+     // each (r, s) pair costs two fmas (docs/gla.md §3.2). Beyond it, exact pairwise exponents.
     const int I = tid >> 6, i = tid & 63, base = 16 * I;
     float qv[16], kv[16], bv[16], dqa[16], dka[16];
 #pragma unroll
@@ -166,23 +171,53 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
       bv[l] = Bc[(base + l) * C::LDB + i];
       dqa[l] = dka[l] = 0.f;
     }
-#pragma unroll
-    for (int rl = 0; rl < 16; ++rl)
-#pragma unroll
-      for (int sl = 0; sl <= rl; ++sl) {
-        const float e = gexp<T>(bv[rl] - bv[sl]) * sDP[(base + rl) * C::LDF + base + sl];
-        dqa[rl] = fmaf(e, kv[sl], dqa[rl]);
-        dka[sl] = fmaf(e, qv[rl], dka[sl]);
-      }
     float kc = 0.f;  // this block's share of colsum(k * dk_inter), from sDK before the diagonal terms
+#pragma unroll
+    for (int l = 0; l < 16; ++l) kc = fmaf(kv[l], sDK[(base + l) * C::LDF + i], kc);
+    kcarry[I * kW + i] = kc;
+    const float* dp = sDP + base * C::LDF + base;  // 16-byte aligned rows
+    if (bv[0] - bv[15] <= static_cast<float>(kGlaFactorSpan)) {
+      float ea[16], eb[16];
+#pragma unroll
+      for (int l = 0; l < 16; ++l) {
+        ea[l] = gexp<T>(bv[l] - bv[0]);
+        eb[l] = gexp<T>(bv[0] - bv[l]);
+        qv[l] *= ea[l];
+        kv[l] *= eb[l];
+      }
+#pragma unroll
+      for (int rl = 0; rl < 16; ++rl)
+#pragma unroll
+        for (int s4 = 0; s4 <= rl; s4 += 4) {
+          const float4 d = *reinterpret_cast<const float4*>(dp + rl * C::LDF + s4);
+          const float dd[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (s4 + e <= rl) {
+              dqa[rl] = fmaf(dd[e], kv[s4 + e], dqa[rl]);
+              dka[s4 + e] = fmaf(dd[e], qv[rl], dka[s4 + e]);
+            }
+        }
+#pragma unroll
+      for (int l = 0; l < 16; ++l) {
+        dqa[l] *= ea[l];
+        dka[l] *= eb[l];
+      }
+    } else {
+#pragma unroll
+      for (int rl = 0; rl < 16; ++rl)
+#pragma unroll
+        for (int sl = 0; sl <= rl; ++sl) {
+          const float e = gexp<T>(bv[rl] - bv[sl]) * dp[rl * C::LDF + sl];
+          dqa[rl] = fmaf(e, kv[sl], dqa[rl]);
+          dka[sl] = fmaf(e, qv[rl], dka[sl]);
+        }
+    }
 #pragma unroll
     for (int l = 0; l < 16; ++l) {
       sDQ[(base + l) * C::LDF + i] += dqa[l];
-      const float dki = sDK[(base + l) * C::LDF + i];
-      kc = fmaf(kv[l], dki, kc);
-      sDK[(base + l) * C::LDF + i] = dki + dka[l];
+      sDK[(base + l) * C::LDF + i] += dka[l];
     }
-    kcarry[I * kW + i] = kc;
   }
   __syncthreads();  // f32 dP is dead: its space becomes the operands
   {  // Operands of the off-diagonal blocks (gla_common.cuh): dq's are k[s] * exp(B[16 I] - B[s])
@@ -195,7 +230,7 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
       bJ[u] = load2f(Bc + (16 * u + 15) * C::LDB + c);
     }
     key_block_operands<T, 256>(Ks, K, Bc, C::LD, C::LDB, c, p, bI);
-    for_48_rows<256, 16>(p, [&](int r, auto rb) {
+    for_rows<256, 16, 48>(p, [&](int r, auto rb) {
       const float2 qv = load2f(Q + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
 #pragma unroll
       for (int J = 0; J < decltype(rb)::value; ++J)

@@ -61,16 +61,16 @@ using sm80::warp_mma;
 // Key rows K_{<I} scaled for query sub-chunk I start at this row of the key operand buffer.
 __host__ __device__ constexpr int ks_off(int I) { return 16 * I * (I - 1) / 2; }
 
-// Calls fn(row, sub-chunk) for the rows R0 + p + G j (G = NT/32 row groups, p < G) of the 48 rows
-// from R0 (a multiple of 16); rows R0 + G j .. R0 + G j + G - 1 share a sub-chunk, a compile-time
-// constant (G divides 16).
-template <int NT, int R0, class Fn>
-__device__ __forceinline__ void for_48_rows(int p, Fn&& fn) {
+// Calls fn(row, sub-chunk) for the rows R0 + p + G j (G = NT/32 row groups, p < G) of the ROWS
+// rows from R0 (a multiple of 16); rows R0 + G j .. R0 + G j + G - 1 share a sub-chunk, a
+// compile-time constant (G divides 16).
+template <int NT, int R0, int ROWS, class Fn>
+__device__ __forceinline__ void for_rows(int p, Fn&& fn) {
   constexpr int G = NT / 32;
-  static_assert(16 % G == 0 && R0 % 16 == 0, "row groups must tile the sub-chunks");
+  static_assert(16 % G == 0 && R0 % 16 == 0 && ROWS % G == 0, "row groups must tile the sub-chunks");
   [&]<int... J>(std::integer_sequence<int, J...>) {
     (fn(R0 + p + G * J, std::integral_constant<int, (R0 + G * J) / 16>{}), ...);
-  }(std::make_integer_sequence<int, 48 / G>{});
+  }(std::make_integer_sequence<int, ROWS / G>{});
 }
 
 // Ks rows ks_off(I) + s = k[s] * exp(B[16 I] - B[s]) for I = 1..3 and keys s < 16 I (96 rows);
@@ -78,7 +78,7 @@ __device__ __forceinline__ void for_48_rows(int p, Fn&& fn) {
 template <class T, int NT>
 __device__ __forceinline__ void key_block_operands(T* Ks, const T* K, const float* Bc, int ld, int ldb, int c, int p,
                                                    const float2 (&bI)[3]) {
-  for_48_rows<NT, 0>(p, [&](int s, auto sb) {
+  for_rows<NT, 0, 48>(p, [&](int s, auto sb) {
     const float2 kv = load2f(K + s * ld + c), bs = load2f(Bc + s * ldb + c);
 #pragma unroll
     for (int I = decltype(sb)::value + 1; I <= 3; ++I)

@@ -2,7 +2,9 @@
 // the CUDA kernels step for step: chunk-local inclusive cumsums B, the exclusive state S_n in the
 // inter-chunk term, sub-chunks of c tokens with the same reference points (off-diagonal blocks
 // referenced to the first row of the query sub-chunk for P and dq, to the last row of the key
-// sub-chunk for dk; diagonal blocks with exact pairwise exponents), the reverse state scan for
+// sub-chunk for dk; diagonal blocks factorised at the sub-chunk's first row in key columns whose
+// decay across it is at most kGlaFactorSpan, exact pairwise exponents in the others), the reverse
+// state scan for
 // dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
 // rowsum(dS_n+1 * S_n+1), formed from S_n as the kernel does, so no rounding error is carried along
 // the sequence. One (batch, head) pair per OpenMP task; results do not depend on the thread count.
@@ -39,6 +41,8 @@ struct Chunk {
   }
   F cum(int64_t r, int64_t i) const { return B[r * L.Dk + i]; }
   F total(int64_t i) const { return cum(len - 1, i); }  // bn
+  // Whether key column i of the sub-chunk [lo, hi) decays too much for a factorised diagonal block.
+  bool wide(int64_t lo, int64_t hi, int64_t i) const { return cum(lo, i) - cum(hi - 1, i) > F(kGlaFactorSpan); }
   // First row of sub-chunk I and one past its last row.
   int64_t sub_lo(int64_t I) const { return I * L.sub_chunk; }
   int64_t sub_hi(int64_t I) const { return std::min(len, (I + 1) * L.sub_chunk); }
@@ -53,13 +57,23 @@ Vec<F> intra_p(const Chunk<F>& c, const F* q, const F* k) {
   const F scale = static_cast<F>(L.scale);
   Vec<F> P(static_cast<size_t>(n * n), F(0));
   Vec<F> qs(static_cast<size_t>(L.sub_chunk * Dk)), ks(static_cast<size_t>(n * Dk));
+  std::vector<char> wide(static_cast<size_t>(Dk));
   for (int64_t I = 0; I < c.n_sub(); ++I) {
     const int64_t r0 = c.sub_lo(I), r1 = c.sub_hi(I);
-    // Off-diagonal blocks referenced to row r0: q_I * exp(B_I - B[r0]) and k_<I * exp(B[r0] - B), both <= 1.
+    // A column takes exact exponents when any column of its 64-wide slice is wide (the GPU's
+    // intra kernel decides per slice; its dq/dk kernel per column, as the backward below).
+    for (int64_t i0 = 0; i0 < Dk; i0 += 64) {
+      bool any = false;
+      for (int64_t i = i0; i < std::min(Dk, i0 + 64); ++i) any = any || c.wide(r0, r1, i);
+      std::fill(wide.begin() + i0, wide.begin() + std::min(Dk, i0 + 64), static_cast<char>(any));
+    }
+    // Referenced to row r0: q_I * exp(B_I - B[r0]) <= 1 and k * exp(B[r0] - B), <= 1 for the keys of
+    // earlier sub-chunks, within exp(kGlaFactorSpan) for those of I (factorised columns only).
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t i = 0; i < Dk; ++i) qs[(r - r0) * Dk + i] = c.row(q, L.q, r, Dk)[i] * std::exp(c.cum(r, i) - c.cum(r0, i));
-    for (int64_t s = 0; s < r0; ++s)
-      for (int64_t i = 0; i < Dk; ++i) ks[s * Dk + i] = c.row(k, L.k, s, Dk)[i] * std::exp(c.cum(r0, i) - c.cum(s, i));
+    for (int64_t s = 0; s < r1; ++s)
+      for (int64_t i = 0; i < Dk; ++i)
+        ks[s * Dk + i] = s >= r0 && wide[i] ? F(0) : c.row(k, L.k, s, Dk)[i] * std::exp(c.cum(r0, i) - c.cum(s, i));
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t s = 0; s < r0; ++s) {
         F acc = 0;
@@ -67,10 +81,11 @@ Vec<F> intra_p(const Chunk<F>& c, const F* q, const F* k) {
         P[r * n + s] = scale * acc;
       }
       const F* qr = c.row(q, L.q, r, Dk);
-      for (int64_t s = r0; s <= r; ++s) {  // diagonal block: exact pairwise exponents
+      for (int64_t s = r0; s <= r; ++s) {  // diagonal block
         const F* kr = c.row(k, L.k, s, Dk);
         F acc = 0;
-        for (int64_t i = 0; i < Dk; ++i) acc += qr[i] * kr[i] * std::exp(c.cum(r, i) - c.cum(s, i));
+        for (int64_t i = 0; i < Dk; ++i)
+          acc += wide[i] ? qr[i] * kr[i] * std::exp(c.cum(r, i) - c.cum(s, i)) : qs[(r - r0) * Dk + i] * ks[s * Dk + i];
         P[r * n + s] = scale * acc;
       }
     }
@@ -209,6 +224,8 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
       }
       // Intra-chunk parts of dq' and dk, sub-chunk by sub-chunk.
       Vec<F> ref(static_cast<size_t>(len * Dk)), acc(static_cast<size_t>(Dk));
+      const size_t c_sub = static_cast<size_t>(L.sub_chunk);
+      Vec<F> ea(c_sub), eb(c_sub), qq(c_sub), kk(c_sub), dqa(c_sub), dka(c_sub);
       for (int64_t I = 0; I < c.n_sub(); ++I) {
         const int64_t lo = c.sub_lo(I), hi = c.sub_hi(I);
         // dq'[r in I] from the keys of earlier sub-chunks, referenced to the first row of I.
@@ -230,17 +247,29 @@ void gla_bwd_chunk_cpu(const GlaLayout& L, const F* q, const F* k, const F* v, c
             for (int64_t i = 0; i < Dk; ++i) acc[i] += dP[r * len + s] * ref[r * Dk + i];
           for (int64_t i = 0; i < Dk; ++i) dks[s * Dk + i] += std::exp(c.cum(hi - 1, i) - c.cum(s, i)) * acc[i];
         }
-        // Diagonal block, exact pairwise exponents.
-        for (int64_t r = lo; r < hi; ++r) {
-          const F* qr = c.row(q, L.q, r, Dk);
-          for (int64_t s = lo; s <= r; ++s) {
-            const F* ks = c.row(k, L.k, s, Dk);
-            const F d = dP[r * len + s];
-            for (int64_t i = 0; i < Dk; ++i) {
-              const F e = std::exp(c.cum(r, i) - c.cum(s, i)) * d;
-              dqs[r * Dk + i] += e * ks[i];
-              dks[s * Dk + i] += e * scale * qr[i];
+        // Diagonal block. Factorised columns: exp(B_r - B_s) = ea_r eb_s with ea = exp(B - B[lo]),
+        // eb = exp(B[lo] - B); the sums over dP take k eb and scale q ea, and ea, eb multiply them
+        // after. Wide columns: exact pairwise exponents.
+        for (int64_t i = 0; i < Dk; ++i) {
+          const int64_t m = hi - lo;
+          const bool exact = c.wide(lo, hi, i);
+          for (int64_t l = 0; l < m; ++l) {
+            ea[l] = exact ? F(1) : std::exp(c.cum(lo + l, i) - c.cum(lo, i));
+            eb[l] = exact ? F(1) : std::exp(c.cum(lo, i) - c.cum(lo + l, i));
+            qq[l] = scale * c.row(q, L.q, lo + l, Dk)[i] * ea[l];
+            kk[l] = c.row(k, L.k, lo + l, Dk)[i] * eb[l];
+            dqa[l] = dka[l] = 0;
+          }
+          for (int64_t rl = 0; rl < m; ++rl)
+            for (int64_t sl = 0; sl <= rl; ++sl) {
+              F d = dP[(lo + rl) * len + lo + sl];
+              if (exact) d *= std::exp(c.cum(lo + rl, i) - c.cum(lo + sl, i));
+              dqa[rl] += d * kk[sl];
+              dka[sl] += d * qq[rl];
             }
+          for (int64_t l = 0; l < m; ++l) {
+            dqs[(lo + l) * Dk + i] += ea[l] * dqa[l];
+            dks[(lo + l) * Dk + i] += eb[l] * dka[l];
           }
         }
       }

@@ -16,7 +16,9 @@
 //           direction scans dS = exp(bn) dS + qd^T do for the backward.
 //   intra   grid (N, B*H): P (64x64 per chunk) from 16-row sub-chunks: the 6 off-diagonal blocks
 //           as tensor-core matmuls of q*exp(B - B[16I]) and k*exp(B[16I] - B) (all factors <= 1),
-//           the 4 diagonal blocks with exact pairwise exponents in f32.
+//           the 4 diagonal blocks in f32 as dot products of the same factors referenced to the
+//           block's first row (those of k within exp(kGlaFactorSpan)), or with exact pairwise
+//           exponents where a column of the 64-wide Dk slice decays by more across the block.
 //   out     grid (N * Dv/64, B*H): o = qd S_n + P v, both on tensor cores, the causal P v visiting
 //           only the sub-chunks at or below the diagonal. The backward runs it as
 //           dv = kd dS_n+1 + P^T do.
@@ -188,13 +190,16 @@ struct IntraCfg {
   static constexpr int LD = ld_of<T>(kW), LDB = ld_of<float>(kW);
   static constexpr int kQ = tile_bytes<T>(kC, kW), kB = tile_bytes<float>(kC, kW);
   static constexpr int kQs = tile_bytes<T>(48, kW), kKs = tile_bytes<T>(96, kW);
-  static constexpr int kSmem = 2 * kQ + kB + kQs + kKs;
-  static constexpr int kItems = 4 * 136, kPerThread = (kItems + 127) / 128;  // diagonal (r, s) pairs
+  // + the diagonal blocks' f32 operands Qf, Kf and a flag per sub-chunk. 8 warps and two CTAs per
+  // SM (bf16) took a 340M layer's P from 134 to 116 us against 4 warps.
+  static constexpr int kSmem = 2 * kQ + kB + kQs + kKs + 2 * kB + 16;
+  static constexpr int kThreads = 256, kItems = 4 * 136, kPerThread = (kItems + kThreads - 1) / kThreads;
 };
 
 template <class T>
-__global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, const T* __restrict__ k,
-                                                    const float* __restrict__ bc, T* __restrict__ P, Args a) {
+__global__ void __launch_bounds__(IntraCfg<T>::kThreads, sizeof(T) == 2 ? 2 : 1)
+    intra_kernel(const T* __restrict__ q, const T* __restrict__ k, const float* __restrict__ bc, T* __restrict__ P,
+                 Args a) {
   using C = IntraCfg<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   T* Q = reinterpret_cast<T*>(smem);
@@ -202,6 +207,9 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
   float* Bc = reinterpret_cast<float*>(smem + 2 * C::kQ);
   T* Qs = reinterpret_cast<T*>(smem + 2 * C::kQ + C::kB);
   T* Ks = reinterpret_cast<T*>(smem + 2 * C::kQ + C::kB + C::kQs);
+  float* Qf = reinterpret_cast<float*>(smem + 2 * C::kQ + C::kB + C::kQs + C::kKs);
+  float* Kf = Qf + kC * C::LDB;
+  int* wide = reinterpret_cast<int*>(Kf + kC * C::LDB);  // [4]: sub-chunk I takes exact exponents
   const int n = blockIdx.x, bh = blockIdx.y, b = bh / a.H, h = bh % a.H;
   const int64_t t0 = static_cast<int64_t>(n) * kC;
   const int rows = min(kC, a.T - n * kC), warp = threadIdx.x >> 5;
@@ -212,7 +220,7 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
   float dacc[C::kPerThread];
 #pragma unroll
   for (int u = 0; u < C::kPerThread; ++u) {
-    const int it = threadIdx.x + 128 * u;
+    const int it = threadIdx.x + C::kThreads * u;
     int idx = it % 136, r = 0;
     while (idx > r) idx -= ++r;
     ir[u] = it < C::kItems ? 16 * (it / 136) + r : -1;
@@ -223,46 +231,75 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
 
   for (int kt = 0; kt < cdiv(a.Dk, kW); ++kt) {
     const int i0 = kt * kW, vk = min(kW, a.Dk - i0);
-    load_tile<T, kC, kW, 128>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
-    load_tile<T, kC, kW, 128>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
-    load_tile<float, kC, kW, 128>(Bc, C::LDB, bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0, a.Dk, kC,
-                                  vk);
+    load_tile<T, kC, kW, C::kThreads>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
+    load_tile<T, kC, kW, C::kThreads>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
+    const float* bcn = bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0;
+    load_tile<float, kC, kW, C::kThreads>(Bc, C::LDB, bcn, a.Dk, kC, vk);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    {  // Off-diagonal operands referenced to the first row of each query sub-chunk I = 1..3
-       // (gla_common.cuh): q[r] * exp(B[r] - B[16 I]) and k[s] * exp(B[16 I] - B[s]).
+    {  // Operands referenced to the first row of each sub-chunk I (gla_common.cuh): Qf = q[r] *
+       // exp(B[r] - B[16 I]) for r in I (f32; in bf16 as Qs for I >= 1, the off-diagonal blocks),
+       // Kf = k[s] * exp(B[16 I] - B[s]) for s in I (f32, the diagonal block), and k[s] * exp(B[16 I]
+       // - B[s]) for keys s < 16 I (bf16 Ks). Sub-chunk I = warp is wide (exact exponents in its
+       // diagonal block) when a column decays by more than kGlaFactorSpan across it.
       const int c = 2 * (threadIdx.x & 31), p = threadIdx.x >> 5;
-      float2 bI[3];
+      if (warp < 4) {
+        const int lane = threadIdx.x & 31, w0 = 16 * warp;
+        const float span = static_cast<float>(kGlaFactorSpan);
+        const bool far = Bc[w0 * C::LDB + lane] - Bc[(w0 + 15) * C::LDB + lane] > span ||
+                         Bc[w0 * C::LDB + lane + 32] - Bc[(w0 + 15) * C::LDB + lane + 32] > span;
+        const bool any_far = __any_sync(0xffffffffu, far);
+        if (lane == 0) wide[warp] = any_far;
+      }
+      float2 bI[4];
 #pragma unroll
-      for (int u = 0; u < 3; ++u) bI[u] = load2f(Bc + 16 * (u + 1) * C::LDB + c);
-      for_48_rows<128, 16>(p, [&](int r, auto rb) {
-        const float2 qv = load2f(Q + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
-        const float2 b0 = bI[decltype(rb)::value - 1];
-        store2(Qs + (r - 16) * C::LD + c, qv.x * gexp<T>(br.x - b0.x), qv.y * gexp<T>(br.y - b0.y));
+      for (int u = 0; u < 4; ++u) bI[u] = load2f(Bc + 16 * u * C::LDB + c);
+      for_rows<C::kThreads, 0, 64>(p, [&](int r, auto rb) {
+        constexpr int I = decltype(rb)::value;
+        const float2 qv = load2f(Q + r * C::LD + c), kv = load2f(K + r * C::LD + c), br = load2f(Bc + r * C::LDB + c);
+        const float2 qf = make_float2(qv.x * gexp<T>(br.x - bI[I].x), qv.y * gexp<T>(br.y - bI[I].y));
+        *reinterpret_cast<float2*>(Qf + r * C::LDB + c) = qf;
+        *reinterpret_cast<float2*>(Kf + r * C::LDB + c) =
+            make_float2(kv.x * gexp<T>(bI[I].x - br.x), kv.y * gexp<T>(bI[I].y - br.y));
+        if constexpr (I >= 1) store2(Qs + (r - 16) * C::LD + c, qf.x, qf.y);
       });
-      key_block_operands<T, 128>(Ks, K, Bc, C::LD, C::LDB, c, p, bI);
+      const float2 bI3[3] = {bI[1], bI[2], bI[3]};
+      key_block_operands<T, C::kThreads>(Ks, K, Bc, C::LD, C::LDB, c, p, bI3);
     }
     __syncthreads();
-    if (warp > 0)  // warp I computes P[I block rows][keys < 16 I]
+    if (warp > 0 && warp < 4)  // warp I computes P[I block rows][keys < 16 I]; all take diagonal items
       warp_mma<T, false, false, 6>(acc, Qs, C::LD, 16 * (warp - 1), 0, Ks + ks_off(warp) * C::LD, C::LD, 0, 0,
                                    kW / 16, 2 * warp);
 #pragma unroll
     for (int u = 0; u < C::kPerThread; ++u) {
       if (ir[u] < 0) continue;
-      const T* qr = Q + ir[u] * C::LD;
-      const T* ks = K + is[u] * C::LD;
-      const float* br = Bc + ir[u] * C::LDB;
-      const float* bs = Bc + is[u] * C::LDB;
       float sum = 0.f;
+      if (!wide[ir[u] >> 4]) {  // exp(B[r] - B[s]) = exp(B[r] - B[16 I]) exp(B[16 I] - B[s])
+        const float* qr = Qf + ir[u] * C::LDB;
+        const float* ks = Kf + is[u] * C::LDB;
 #pragma unroll 4
-      for (int i = 0; i < kW; i += 4) {
-        const float4 qv = cuda::load4(qr + i), kv = cuda::load4(ks + i);
-        const float4 b1 = cuda::load4(br + i), b2 = cuda::load4(bs + i);
-        sum = fmaf(qv.x * kv.x, gexp<T>(b1.x - b2.x), sum);
-        sum = fmaf(qv.y * kv.y, gexp<T>(b1.y - b2.y), sum);
-        sum = fmaf(qv.z * kv.z, gexp<T>(b1.z - b2.z), sum);
-        sum = fmaf(qv.w * kv.w, gexp<T>(b1.w - b2.w), sum);
+        for (int i = 0; i < kW; i += 4) {
+          const float4 qv = cuda::load4(qr + i), kv = cuda::load4(ks + i);
+          sum = fmaf(qv.x, kv.x, sum);
+          sum = fmaf(qv.y, kv.y, sum);
+          sum = fmaf(qv.z, kv.z, sum);
+          sum = fmaf(qv.w, kv.w, sum);
+        }
+      } else {
+        const T* qr = Q + ir[u] * C::LD;
+        const T* ks = K + is[u] * C::LD;
+        const float* br = Bc + ir[u] * C::LDB;
+        const float* bs = Bc + is[u] * C::LDB;
+#pragma unroll 4
+        for (int i = 0; i < kW; i += 4) {
+          const float4 qv = cuda::load4(qr + i), kv = cuda::load4(ks + i);
+          const float4 b1 = cuda::load4(br + i), b2 = cuda::load4(bs + i);
+          sum = fmaf(qv.x * kv.x, gexp<T>(b1.x - b2.x), sum);
+          sum = fmaf(qv.y * kv.y, gexp<T>(b1.y - b2.y), sum);
+          sum = fmaf(qv.z * kv.z, gexp<T>(b1.z - b2.z), sum);
+          sum = fmaf(qv.w * kv.w, gexp<T>(b1.w - b2.w), sum);
+        }
       }
       dacc[u] += sum;
     }
@@ -270,9 +307,9 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
   }
 
   float* Ps = Bc;  // [64][LDB] f32, reusing the cumsum tile
-  for (int idx = threadIdx.x; idx < kC * C::LDB; idx += 128) Ps[idx] = 0.f;
+  for (int idx = threadIdx.x; idx < kC * C::LDB; idx += C::kThreads) Ps[idx] = 0.f;
   __syncthreads();
-  if (warp > 0)
+  if (warp > 0 && warp < 4)
 #pragma unroll
     for (int nt = 0; nt < 6; ++nt)
 #pragma unroll
@@ -283,7 +320,8 @@ __global__ void __launch_bounds__(128) intra_kernel(const T* __restrict__ q, con
     if (ir[u] >= 0) Ps[ir[u] * C::LDB + is[u]] = a.scale * dacc[u];
   __syncthreads();
   T* Pg = P + (static_cast<int64_t>(bh) * a.N + n) * kC * kC;
-  for (int idx = threadIdx.x; idx < kC * kC; idx += 128) Pg[idx] = cuda::from_float<T>(Ps[(idx / kC) * C::LDB + idx % kC]);
+  for (int idx = threadIdx.x; idx < kC * kC; idx += C::kThreads)
+    Pg[idx] = cuda::from_float<T>(Ps[(idx / kC) * C::LDB + idx % kC]);
 }
 
 // ---- chunk output (forward o; backward dv) -----------------------------------------------
@@ -397,9 +435,10 @@ void launch_state(const Ctx& ctx, const Args& a, int B, bool rev, const T* x, co
 
 template <class T>
 void launch_intra(const Ctx& ctx, const Args& a, int B, const T* q, const T* k, const float* bc, T* P) {
+  using C = IntraCfg<T>;
   auto kernel = intra_kernel<T>;
-  set_smem(kernel, IntraCfg<T>::kSmem);
-  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H)), 128, IntraCfg<T>::kSmem,
+  set_smem(kernel, C::kSmem);
+  kernel<<<dim3(static_cast<unsigned>(a.N), static_cast<unsigned>(B * a.H)), C::kThreads, C::kSmem,
            cuda::stream_of(ctx)>>>(q, k, bc, P, a);
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -11,7 +11,7 @@
 namespace linac::test_gla {
 namespace {
 
-enum class Gates { Mild, Strong, Zero, Mixed };
+enum class Gates { Mild, Strong, Zero, Mixed, Wide };
 
 struct Problem {
   int64_t B, T, H, Dk, Dv, W;
@@ -25,7 +25,9 @@ struct Problem {
         s0(test::random_tensor({b, h, dk, dv}, d, seed + 1)), dsf(test::random_tensor({b, h, dk, dv}, d, seed + 2)),
         u(test::random_tensor({b, t, h, dv}, d, seed + 3)) {
     // Gates: mild = logsigmoid(z)/16 for z in [-6, 6] (the model's range, about -0.4 .. -0.002);
-    // strong = uniform in [-3, 0] (the clamp); mixed = strong on half the key dims.
+    // strong = uniform in [-3, 0] (the clamp); mixed = strong on half the key dims; wide = uniform
+    // in [-8, 0] on half the key dims (a 16-token sub-chunk decays by about 60 = kGlaFactorSpan, so
+    // both forms of the chunkwise diagonal blocks run), mild on the others.
     const auto z = test::random_values(static_cast<size_t>(b * t * h * dk), seed + 4, -6, 6);
     const auto s = test::random_values(static_cast<size_t>(b * t * h * dk), seed + 5, -3, 0);
     OwnedTensor host(DType::F64, Device::CPU, {b, t, W});
@@ -34,8 +36,11 @@ struct Problem {
     for (int64_t bt = 0; bt < b * t; ++bt)
       for (int64_t e = 0; e < h * dk; ++e, ++n) {
         const double mild = (std::min(z[n], 0.0) - std::log1p(std::exp(-std::fabs(z[n])))) / 16;
-        double val = gates == Gates::Mild ? mild : gates == Gates::Strong ? s[n] : gates == Gates::Zero ? 0.0
-                                                                                  : ((e % dk) % 2 ? s[n] : mild);
+        const double strong = gates == Gates::Wide ? 8 * s[n] / 3 : s[n];
+        double val = gates == Gates::Mild     ? mild
+                     : gates == Gates::Strong ? s[n]
+                     : gates == Gates::Zero   ? 0.0
+                                              : ((e % dk) % 2 ? strong : mild);
         host->data<double>()[bt * W + h * (2 * dk + dv) + e] = val;
       }
     convert_host(in, host);
@@ -87,9 +92,10 @@ struct FormCase {
   Gates gates;
 };
 
-const FormCase kForms[] = {{1, 16, 16, Gates::Mild},   {7, 16, 4, Gates::Strong},   {40, 16, 16, Gates::Mixed},
-                           {40, 16, 4, Gates::Strong}, {129, 64, 16, Gates::Mild},  {100, 64, 16, Gates::Strong},
-                           {64, 64, 16, Gates::Mixed}, {150, 64, 16, Gates::Zero}};
+const FormCase kForms[] = {{1, 16, 16, Gates::Mild},   {7, 16, 4, Gates::Strong},  {40, 16, 16, Gates::Mixed},
+                           {40, 16, 4, Gates::Strong}, {129, 64, 16, Gates::Mild}, {100, 64, 16, Gates::Strong},
+                           {64, 64, 16, Gates::Mixed}, {150, 64, 16, Gates::Zero}, {100, 64, 16, Gates::Wide},
+                           {45, 16, 16, Gates::Wide}};
 
 std::string name(const FormCase& c) {
   return "T=" + std::to_string(c.T) + " C=" + std::to_string(c.chunk) + " c=" + std::to_string(c.sub) +
@@ -143,7 +149,7 @@ TEST(GlaCpu, BackwardFormsAgree) {
 
 TEST(GlaCpu, ChunkwiseGradCheckDouble) {
   for (const FormCase& c : {FormCase{37, 16, 4, Gates::Mixed}, FormCase{70, 64, 16, Gates::Strong},
-                            FormCase{21, 16, 16, Gates::Mild}}) {
+                            FormCase{21, 16, 16, Gates::Mild}, FormCase{50, 64, 16, Gates::Wide}}) {
     SCOPED_TRACE(name(c));
     Problem p(1, c.T, 2, 6, 5, c.gates, DType::F64, 9);
     const GlaOpts o = opts_of(c.chunk, c.sub);
