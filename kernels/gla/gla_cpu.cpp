@@ -4,10 +4,9 @@
 // referenced to the first row of the query sub-chunk for P and dq, to the last row of the key
 // sub-chunk for dk; diagonal blocks factorised at the sub-chunk's first row in key columns whose
 // decay across it is at most kGlaFactorSpan, exact pairwise exponents in the others), the reverse
-// state scan for
-// dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum of q*dq - k*dk plus
-// rowsum(dS_n+1 * S_n+1), formed from S_n as the kernel does, so no rounding error is carried along
-// the sequence. One (batch, head) pair per OpenMP task; results do not depend on the thread count.
+// state scan for dS, and dg in the chunk-local form of docs/gla.md §4.3: the chunk's reverse cumsum
+// of q*dq - k*dk plus rowsum(dS_n+1 * S_n+1), formed from S_n as the kernel does, so no rounding
+// error is carried along the sequence. One (batch, head) pair per OpenMP task; results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <vector>
