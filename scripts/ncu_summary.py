@@ -49,5 +49,6 @@ def main(path):
                  for fmt, w, m in zip(FORMATS, widths, WANT)]
         print("%5s %s  %s" % (key, " ".join(cells), e["name"][:110]))
 
+
 if __name__ == "__main__":
     main(sys.argv[1])
