@@ -92,6 +92,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads of the CTA (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Sum over the whole block; every thread gets the result. `scratch` holds >= 32 floats.
 // Fixed reduction order, so the result is deterministic.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {

@@ -28,6 +28,8 @@
 
 #include <cstdint>
 
+#include "common/cuda_common.cuh"
+
 namespace linac::sm90 {
 
 // ---- mbarriers
@@ -221,10 +223,7 @@ __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads of the CTA.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+using cuda::named_barrier_sync;
 
 // ---- wgmma
 // -----------------------------------------------------------------------------------

@@ -1,18 +1,23 @@
 // RMSNorm CUDA vs the CPU reference (double), f32 and bf16 activations, with the fused residual
 // add and gradient copy.
+#include <utility>
+
 #include "rmsnorm/rmsnorm.h"
 #include "test_util.h"
 
 namespace linac::test_rmsnorm_gpu {
 namespace {
 
-// Widths of 128 * k up to 1024 take the warp-per-row kernels, the others a block per row; both
-// do the residual add (h: x + add, summed in f32 and rounded to x's dtype, bit for bit; the norm
-// is h's) and write dx_copy (the updated dx in dy's dtype).
+// Widths of 128 * k up to 1024 take the warp-per-row kernels, 1792 and 2048 rows of two warps,
+// 2560 rows of four, the others (777, 1152, 2304) a block per row; all do the residual add (h:
+// x + add, summed in f32 and rounded to x's dtype, bit for bit; the norm is h's) and write dx_copy
+// (the updated dx in dy's dtype). 1100 rows give the backward's row groups (at most 1024 / warps)
+// several rows each.
 void run_parity(DType x_dt, DType y_dt, double tol) {
-  for (int64_t dim : {777, 768, 128, 1024, 1152}) {
-    SCOPED_TRACE("dim=" + std::to_string(dim));
-    const int64_t rows = 300;
+  const std::pair<int64_t, int64_t> shapes[] = {{777, 300},  {768, 300},   {128, 300},  {1024, 1100}, {1152, 300},
+                                                {1792, 300}, {2048, 1100}, {2304, 300}, {2560, 1100}};
+  for (const auto& [dim, rows] : shapes) {
+    SCOPED_TRACE("dim=" + std::to_string(dim) + " rows=" + std::to_string(rows));
     OwnedTensor x = test::random_tensor({rows, dim}, DType::F64, 11, -2, 2);
     OwnedTensor w = test::random_tensor({dim}, DType::F64, 12, 0.5, 1.5);
     OwnedTensor dy = test::random_tensor({rows, dim}, DType::F64, 13);
@@ -42,7 +47,13 @@ void run_parity(DType x_dt, DType y_dt, double tol) {
     rmsnorm_fwd(gctx.ctx(), xg, wg, yg, rsg, 1e-5f);
     rmsnorm_fwd(gctx.ctx(), xg, wg, yhg, rshg, 1e-5f, addg, hg);
     rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg, dwg, dx_copy);
+    // A second backward from the same inputs: bit-identical dx and dw (fixed reduction orders).
+    OwnedTensor dxg2 = to(dx0, Device::CUDA, x_dt), dwg2(DType::F32, Device::CUDA, {dim});
+    zero_tensor(dwg2);
+    rmsnorm_bwd(gctx.ctx(), xg, wg, rsg, dyg, dxg2, dwg2);
     gctx.synchronize();
+    EXPECT_EQ(to_doubles(dxg2), to_doubles(dxg));
+    EXPECT_EQ(to_doubles(dwg2), to_doubles(dwg));
 
     OwnedTensor y(DType::F64, Device::CPU, {rows, dim}), rs(DType::F64, Device::CPU, {rows});
     OwnedTensor dw(DType::F64, Device::CPU, {dim});
