@@ -115,6 +115,7 @@ void convert_host(const Tensor& dst, const Tensor& src) {
     return;
   }
   const int64_t n = src.numel();
+#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 20))
   for (int64_t i = 0; i < n; ++i) write_elem(dst, i, read_elem(src, i));
 }
 

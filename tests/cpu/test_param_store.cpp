@@ -4,6 +4,7 @@
 // buffer the model has is refused with a user error. Consecutive matrices stack into one
 // (adjacent_rows).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <filesystem>
 
@@ -63,6 +64,28 @@ TEST(ParamStoreBuffers, CheckpointRoundTripIsExact) {
   save_checkpoint(plain, store_with_buffers(false), data);
   ParamStore c = store_with_buffers(true);
   EXPECT_THROW(CheckpointReader(plain).load_params(c, false), UserError);
+}
+
+// Initial values are drawn by several threads (a 1.3B model takes about a minute on one): each
+// value depends on its index alone, so any thread count gives the same bits.
+TEST(ParamStoreInit, ValuesDoNotDependOnTheThreadCount) {
+  auto init_with = [](int threads) {
+    ParamStore ps;
+    ps.add({"big", {512, 300}, Init::Normal, 0.02, true});
+    ps.add({"small", {7, 9}, Init::Normal, 1.0, true});
+    ps.allocate(Device::CPU, DType::F32, DType::F32, true);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    ps.init(11, Ctx{});
+    omp_set_num_threads(before);
+    return to_doubles(ps.flat_master());
+  };
+  const std::vector<double> one = init_with(1);
+  EXPECT_EQ(init_with(2), one);
+  EXPECT_EQ(init_with(3), one);
+  double sq = 0;
+  for (size_t j = 0; j < 512 * 300; ++j) sq += one[j] * one[j];
+  EXPECT_NEAR(sq / (512 * 300), 0.02 * 0.02, 0.02 * 0.02 * 0.05);  // N(0, 0.02^2) draws, not zeros
 }
 
 // Parameters registered one after another (whole multiples of the 64-element alignment) stack
