@@ -2,12 +2,13 @@
 // walks the (b, t) rows of one slab (grid: column blocks x slabs), keeping theta[c] in a
 // register; consecutive threads touch consecutive channels of a row, so every access is
 // coalesced. The backward writes dx on the way and leaves the slab's dtheta partial sum in
-// ctx.workspace; a second kernel adds the slabs into dtheta in order. Row bt = b T + t also indexes
+// ctx.workspace; add_slab_sums_cuda adds the slabs into dtheta in order. Row bt = b T + t also indexes
 // the document bounds (positions t - start[bt]); lrpe_fwd_at's rows start at row_pos[b].
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
 #include "lrpe/lrpe.h"
+#include "reduce/reduce.h"
 
 namespace linac {
 namespace {
@@ -59,15 +60,6 @@ __global__ void lrpe_bwd_kernel(const LrpeLayout L, const T* __restrict__ x, con
   partial[blockIdx.y * hd + c] = acc;
 }
 
-__global__ void sum_slabs_kernel(const float* __restrict__ partial, float* __restrict__ dtheta, int64_t slabs,
-                                 int64_t hd) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= hd) return;
-  float total = 0.f;
-  for (int64_t s = 0; s < slabs; ++s) total += partial[s * hd + c];
-  dtheta[c] += total;
-}
-
 int threads_for(int64_t hd) { return static_cast<int>(std::clamp<int64_t>((hd + 31) / 32 * 32, 32, kMaxThreads)); }
 
 void check_gpu_args(const LrpeLayout& L, const Tensor& theta) {
@@ -109,8 +101,7 @@ void lrpe_bwd_cuda(const Ctx& ctx, const LrpeLayout& L, const Tensor& x, const T
                                                  partial, rows, lrpe_rows_per_slab(rows));
   });
   LINAC_CUDA_LAUNCH_CHECK();
-  sum_slabs_kernel<<<cuda::grid_1d(hd, threads), threads, 0, st>>>(partial, dtheta.data<float>(), slabs, hd);
-  LINAC_CUDA_LAUNCH_CHECK();
+  add_slab_sums_cuda(ctx, partial, slabs, hd, dtheta.data<float>());
 }
 
 }  // namespace linac

@@ -67,7 +67,30 @@ void reduce_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
+// out[j] += sum_s partial[s, j]: a block per 32 columns, its 8 warps take every eighth slab and
+// their sums are added in warp order (a fixed order: deterministic).
+__global__ void add_slab_sums_kernel(const float* __restrict__ partial, float* __restrict__ out, int64_t slabs,
+                                     int64_t dim) {
+  __shared__ float part[kThreads / 32][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + lane;
+  float acc = 0.f;
+  if (j < dim)
+    for (int64_t s = warp; s < slabs; s += kThreads / 32) acc += partial[s * dim + j];
+  part[warp][lane] = acc;
+  __syncthreads();
+  if (warp != 0 || j >= dim) return;
+  for (int i = 1; i < kThreads / 32; ++i) acc += part[i][lane];
+  out[j] += acc;
+}
+
 }  // namespace
+
+void add_slab_sums_cuda(const Ctx& ctx, const float* partial, int64_t slabs, int64_t dim, float* out) {
+  if (dim == 0) return;
+  add_slab_sums_kernel<<<cuda::grid_1d(dim, 32), kThreads, 0, cuda::stream_of(ctx)>>>(partial, out, slabs, dim);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
 
 void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   reduce_cuda<Reduction::SumSquares>(ctx, x, out);

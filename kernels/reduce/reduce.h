@@ -30,6 +30,12 @@ void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void count_nonfinite_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 
+// Column sums of per-slab partials, the last stage of the parameter-gradient reductions that
+// kernels keep in slabs (rmsnorm's dw, lrpe's dtheta):
+//   out[j] += sum_s partial[s * dim + j],   s < slabs, j < dim   (f32, device pointers)
+// The slabs are added in a fixed order (deterministic), on ctx's stream.
+void add_slab_sums_cuda(const Ctx& ctx, const float* partial, int64_t slabs, int64_t dim, float* out);
+
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void sum_squares(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum(const Ctx& ctx, const Tensor& x, const Tensor& out);

@@ -13,6 +13,7 @@
 
 #include "common/cuda_common.cuh"
 #include "elementwise/elementwise.h"
+#include "reduce/reduce.h"
 #include "rmsnorm/rmsnorm.h"
 
 namespace linac {
@@ -225,23 +226,6 @@ __global__ void rmsnorm_bwd_dw_partial_kernel(const TX* __restrict__ x, const fl
   partial[s * dim + j] = acc;
 }
 
-// out[j] += sum_s partial[s, j]: a block per 32 columns, its 8 warps take every eighth slab and
-// their sums are added in warp order (a fixed order: deterministic).
-__global__ void sum_slabs_kernel(const float* __restrict__ partial, float* __restrict__ out, int64_t slabs,
-                                 int64_t dim) {
-  __shared__ float part[kThreads / 32][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * 32 + lane;
-  float acc = 0.f;
-  if (j < dim)
-    for (int64_t s = warp; s < slabs; s += kThreads / 32) acc += partial[s * dim + j];
-  part[warp][lane] = acc;
-  __syncthreads();
-  if (warp != 0 || j >= dim) return;
-  for (int i = 1; i < kThreads / 32; ++i) acc += part[i][lane];
-  out[j] += acc;
-}
-
 }  // namespace
 
 void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& rstd, float eps,
@@ -305,8 +289,7 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
     }
   }));
   LINAC_CUDA_LAUNCH_CHECK();
-  sum_slabs_kernel<<<cuda::grid_1d(dim, 32), kThreads, 0, st>>>(partial, dw.data<float>(), slabs, dim);
-  LINAC_CUDA_LAUNCH_CHECK();
+  add_slab_sums_cuda(ctx, partial, slabs, dim, dw.data<float>());
   if (dx_copy.ptr && !split.warps) cast(ctx, dx_copy, dx);
 }
 
