@@ -1,10 +1,12 @@
 // The GLA helper families on the GPU vs their CPU references (double) on the same rounded inputs:
 // the log-space gate (f32 z / bf16 z, with and without the clamp) and the per-head norm + swish
 // gate (f32 and bf16, strided r/dr views); each with 4-aligned rows (the kernels' groups of four)
-// and without (their one-element path); the norm gate also with heads of 256 and 384 values (its
-// kernels that keep a head in registers). The low-rank gate (u W^T inside the gate) against its
+// and without (their one-element path); the norm gate also with heads of 256, 384 and 512 values
+// (its kernels that keep a head in registers). The low-rank gate (u W^T inside the gate) against its
 // CPU reference on the same bf16 u and W, at the ranks and widths its kernels take, with a row
 // count that leaves the last CTA part full, a strided u, and the bias gradient accumulated.
+#include <tuple>
+
 #include "loggate/loggate.h"
 #include "loggate/loggate_lowrank.h"
 #include "norm_gate/norm_gate.h"
@@ -94,13 +96,18 @@ TEST(LogGateLowRankGpu, MatchesCpu) {
   EXPECT_TRUE(loggate_lowrank_gpu_ok(Ctx{}, 98, 24, DType::F64));
 }
 
+// Head dims 256, 384 and 512 (GLA 1.3B's) take the register kernels, 80 the streaming kernel in
+// groups of four, 78 one value at a time; H = 3 and 6 leave (row, head) items of one row in two
+// blocks of 8 warps.
 TEST(NormGateGpu, MatchesCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext g;
-  const int64_t N = 301, H = 4;
-  for (int64_t D : {80, 78, 256, 384})
+  const std::tuple<int64_t, int64_t, int64_t> shapes[] = {{301, 4, 80},  {301, 4, 78},   {301, 4, 256},
+                                                          {301, 4, 384}, {5000, 3, 256}, {1001, 6, 512}};
+  for (const auto& [N, H, D] : shapes)
     for (DType dt : {DType::F32, DType::BF16}) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " D " + std::to_string(D));
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " N " + std::to_string(N) + " H " + std::to_string(H) + " D " +
+                   std::to_string(D));
       const int64_t W = H * D;
       OwnedTensor x = to(test::random_tensor({N, W}, DType::F64, 1, -1, 2), Device::CUDA, dt);
       OwnedTensor rw = to(test::random_tensor({N, W + 8}, DType::F64, 2, -4, 4), Device::CUDA, dt);
