@@ -225,12 +225,15 @@ void ParamStore::read_range(ParamPart part, int64_t lo, int64_t hi, const Tensor
 
 void ParamStore::write_range(ParamPart part, int64_t lo, int64_t hi, const Tensor& src) {
   LINAC_CHECK(src.numel() == hi - lo, "ParamStore::write_range: hi - lo values");
-  std::optional<OwnedTensor> host;  // src converted to the master dtype on the host, once
+  // src converted to the master dtype on the host, once, unless it is that already.
+  const bool ready = src.device == Device::CPU && src.dtype == master_dt_ && src.is_contiguous();
+  std::optional<OwnedTensor> host;
   for (const auto& [range, t] : held_views(part)) {
     const int64_t a = std::max(lo, range.first), b = std::min(hi, range.second);
     if (a >= b) continue;
-    if (!host) host.emplace(to(src, Device::CPU, master_dt_));
-    copy_tensor(t.slice0(a - range.first, b - range.first), host->t.view({hi - lo}).slice0(a - lo, b - lo));
+    if (!ready && !host) host.emplace(to(src, Device::CPU, master_dt_));
+    const Tensor vals = (ready ? src : host->t).view({hi - lo});
+    copy_tensor(t.slice0(a - range.first, b - range.first), vals.slice0(a - lo, b - lo));
   }
 }
 
@@ -284,40 +287,55 @@ void ParamStore::zero_optimizer_state() {
 
 namespace {
 
-// Draws spec's initial values (its own Philox stream, named after it) into h[0, numel). Each
-// value depends on its index alone (a counter-based generator), so the threads' split does not
-// change them; one thread would take about a minute for a 1.3B model.
-void draw_init(const ParamSpec& s, uint64_t seed, double* h) {
-  const int64_t n = std::accumulate(s.shape.begin(), s.shape.end(), int64_t(1), std::multiplies<>());
+// Draws values [j0, j1) of spec's initial values (its own Philox stream, named after it) into
+// h[0, j1 - j0). Each value depends on its index alone (a counter-based generator), so neither the
+// threads' split nor the chunks change them; one thread would take about a minute for a 1.3B model.
+void draw_init(const ParamSpec& s, uint64_t seed, int64_t j0, int64_t j1, double* h) {
   const uint64_t stream = stream_id(s.name.c_str());
-#pragma omp parallel for schedule(static) if (n > (int64_t{1} << 16))
-  for (int64_t j = 0; j < n; ++j) {
+#pragma omp parallel for schedule(static) if (j1 - j0 > (int64_t{1} << 16))
+  for (int64_t j = j0; j < j1; ++j) {
+    double& out = h[j - j0];
     switch (s.init) {
-      case Init::Normal: h[j] = s.std * philox_normal(seed, stream, static_cast<uint64_t>(j)); break;
-      case Init::Ones: h[j] = 1.0; break;
-      case Init::Zeros: h[j] = 0.0; break;
-      case Init::Values: h[j] = s.values[static_cast<size_t>(j)]; break;
+      case Init::Normal:
+        out = s.std * philox_normal(seed, stream, static_cast<uint64_t>(j));
+        break;
+      case Init::Ones:
+        out = 1.0;
+        break;
+      case Init::Zeros:
+        out = 0.0;
+        break;
+      case Init::Values:
+        out = s.values[static_cast<size_t>(j)];
+        break;
     }
   }
 }
 
 }  // namespace
 
-void ParamStore::init(uint64_t seed, const Ctx& ctx) {
-  OwnedTensor host(DType::F64, Device::CPU, {flat_n_});
-  double* h = host->data<double>();
-  std::fill_n(h, flat_n_, 0.0);
-  for (int i = 0; i < count(); ++i) draw_init(spec(i), seed, h + offset_[static_cast<size_t>(i)]);
-  OwnedTensor conv(master_dt_, Device::CPU, {flat_n_});
-  convert_host(conv.t, host.t);
-  if (master_whole())
-    copy_tensor(flat_master(), conv.t);
-  else
-    for (const OwnedRange& r : owned()) copy_tensor(r.master, conv->slice0(r.lo, r.hi));
+void ParamStore::init(uint64_t seed, const Ctx& ctx, int64_t chunk) {
+  LINAC_CHECK(chunk > 0, "ParamStore::init: chunk must be positive");
+  // A chunk of the flat layout at a time: the host holds ~12 bytes per element of one chunk (the
+  // draws in double, then the master dtype), not per parameter of the model (16 GB at 1.3B).
+  const int64_t n = std::min(chunk, flat_n_);
+  OwnedTensor host(DType::F64, Device::CPU, {n}), conv(master_dt_, Device::CPU, {n});
+  for (int64_t lo = 0; lo < flat_n_; lo += chunk) {
+    const int64_t hi = std::min(flat_n_, lo + chunk);
+    double* h = host->data<double>();
+    std::fill_n(h, hi - lo, 0.0);  // the alignment padding between parameters
+    for (int i = 0; i < count(); ++i) {
+      const int64_t a = std::max(lo, offset(i)), b = std::min(hi, offset(i) + numel(i));
+      if (a < b) draw_init(spec(i), seed, a - offset(i), b - offset(i), h + (a - lo));
+    }
+    const Tensor vals = conv->slice0(0, hi - lo);
+    convert_host(vals, host->slice0(0, hi - lo));
+    write_range(ParamPart::Master, lo, hi, vals);
+  }
   for (int i = 0; i < buffer_count(); ++i) {
     const Tensor b = buffer(i);
     OwnedTensor bh(DType::F64, Device::CPU, b.dims());
-    draw_init(buffer_spec(i), seed, bh->data<double>());
+    draw_init(buffer_spec(i), seed, 0, b.numel(), bh->data<double>());
     copy_tensor(b, to(bh, Device::CPU, master_dt_));
   }
   refresh_compute(ctx);

@@ -75,9 +75,11 @@ class ParamStore {
   // Allocates the flat buffers (after computing the layout). `master_dtype` is f32 (or f64 on CPU); `compute_dtype` bf16 adds a
   // bf16 copy; `with_optimizer` allocates the AdamW moments.
   void allocate(Device device, DType master_dtype, DType compute_dtype, bool with_optimizer);
-  // Draws initial values (seeded) and uploads the part this rank holds; refreshes the compute
-  // copy of what it owns (under ZeRO-1 the trainer then all-gathers sharded_weights()).
-  void init(uint64_t seed, const Ctx& ctx);
+  // Draws initial values (seeded) and uploads the part this rank holds, `chunk` flat elements at
+  // a time (the host memory it takes: 12 bytes each; the values do not depend on it); refreshes
+  // the compute copy of what it owns (under ZeRO-1 the trainer then all-gathers sharded_weights()).
+  static constexpr int64_t kInitChunk = int64_t{1} << 25;
+  void init(uint64_t seed, const Ctx& ctx, int64_t chunk = kInitChunk);
   // Writes the values of parameter `id` (src: all of them, any device and float dtype) into the
   // part of `part` this rank holds. The compute copy is left to refresh_compute().
   void load(ParamPart part, int id, const Tensor& src);

@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include <filesystem>
+#include <memory>
 
 #include "core/error.h"
 #include "model/param_store.h"
@@ -66,26 +67,49 @@ TEST(ParamStoreBuffers, CheckpointRoundTripIsExact) {
   EXPECT_THROW(CheckpointReader(plain).load_params(c, false), UserError);
 }
 
-// Initial values are drawn by several threads (a 1.3B model takes about a minute on one): each
-// value depends on its index alone, so any thread count gives the same bits.
-TEST(ParamStoreInit, ValuesDoNotDependOnTheThreadCount) {
-  auto init_with = [](int threads) {
-    ParamStore ps;
-    ps.add({"big", {512, 300}, Init::Normal, 0.02, true});
-    ps.add({"small", {7, 9}, Init::Normal, 1.0, true});
-    ps.allocate(Device::CPU, DType::F32, DType::F32, true);
+// Initial values are drawn by several threads, a chunk of the flat layout at a time (a 1.3B model
+// took about a minute on one thread and 16 GB of host memory at once): each value depends on its
+// index alone, so any thread count and chunk size give the same bits, and so does each rank's
+// part of a sharded master (ZeRO-1 with a bf16 compute copy: the master is not whole).
+TEST(ParamStoreInit, ValuesDoNotDependOnThreadsChunksOrShards) {
+  auto store = [](int rank, int world) {
+    auto ps = std::make_unique<ParamStore>();
+    ps->add({"big", {512, 300}, Init::Normal, 0.02, true});
+    ps->add({"ones", {37}, Init::Ones, 0, true});
+    ps->add({"small", {7, 9}, Init::Normal, 1.0, true});
+    if (world > 1) ps->shard(rank, world);
+    ps->allocate(Device::CPU, DType::F32, world > 1 ? DType::BF16 : DType::F32, true);
+    return ps;
+  };
+  auto init_with = [&](int threads, int64_t chunk) {
+    auto ps = store(0, 1);
     const int before = omp_get_max_threads();
     omp_set_num_threads(threads);
-    ps.init(11, Ctx{});
+    ps->init(11, Ctx{}, chunk);
     omp_set_num_threads(before);
-    return to_doubles(ps.flat_master());
+    return to_doubles(ps->flat_master());
   };
-  const std::vector<double> one = init_with(1);
-  EXPECT_EQ(init_with(2), one);
-  EXPECT_EQ(init_with(3), one);
+  const std::vector<double> one = init_with(1, ParamStore::kInitChunk);
+  EXPECT_EQ(init_with(2, ParamStore::kInitChunk), one);
+  EXPECT_EQ(init_with(3, 1000), one);  // chunks that end inside parameters and inside the padding
+  EXPECT_EQ(init_with(2, 64), one);
   double sq = 0;
   for (size_t j = 0; j < 512 * 300; ++j) sq += one[j] * one[j];
   EXPECT_NEAR(sq / (512 * 300), 0.02 * 0.02, 0.02 * 0.02 * 0.05);  // N(0, 0.02^2) draws, not zeros
+  for (int rank = 0; rank < 3; ++rank) {
+    auto ps = store(rank, 3);
+    ASSERT_FALSE(ps->master_whole());
+    ps->init(11, Ctx{}, 777);
+    for (const auto& [lo, hi] : ps->held(ParamPart::Master)) {
+      OwnedTensor part(DType::F64, Device::CPU, {hi - lo});
+      ps->read_range(ParamPart::Master, lo, hi, part);
+      // The sharded layout pads the last shard past the whole one's end: zeros there.
+      std::vector<double> want(static_cast<size_t>(hi - lo), 0.0);
+      for (int64_t j = lo; j < std::min<int64_t>(hi, static_cast<int64_t>(one.size())); ++j)
+        want[static_cast<size_t>(j - lo)] = one[static_cast<size_t>(j)];
+      EXPECT_EQ(to_doubles(part), want) << rank << " " << lo;
+    }
+  }
 }
 
 // Parameters registered one after another (whole multiples of the 64-element alignment) stack
