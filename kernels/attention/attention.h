@@ -108,8 +108,8 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
 // [B, H, T] f32; where the Hopper kernels run (attention_gpu_kernels) also the dQ accumulator,
 // one f32 tile of kAttentionDqTile query rows x D per (batch*head, query block) (D rounded up to
 // 64 or 128, the kernel's tile), and one int32
-// counter per tile plus a launch ticket; with RoPE rotated by the Hopper kernels (D = 64), the
-// rope_table_cuda of positions 0 .. T-1 (8 * T * D/2 bytes).
+// counter per tile plus a launch ticket; with RoPE rotated by the Hopper kernels (D = 64, 128),
+// the rope_table_cuda of positions 0 .. T-1 (8 * T * D/2 bytes).
 constexpr int64_t kAttentionDqTile = 64;
 // Columns of the Hopper kernels' tiles for head dim D: 64, or 128 for 64 < D <= 128.
 constexpr int attention_sm90_tile_cols(int64_t D) { return D <= 64 ? 64 : 128; }
@@ -120,7 +120,10 @@ AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, i
 inline size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t D, bool rope = false) {
   return attention_bwd_workspace(B, T, H, D, rope).bytes;
 }
-// Whether the GPU backward rotates dq and dk inside its kernel (the Hopper kernels at D = 64).
+// Whether the GPU backward rotates RoPE gradients inside its kernel (the Hopper kernels: dq and dk
+// at D = 64, dk at D = 128, where dQ leaves in two 64-column chunks that split every pair), and
+// whether that includes dq.
 bool attention_bwd_fuses_rope(int64_t D);
+inline bool attention_bwd_fuses_rope_dq(int64_t D) { return D == 64 && attention_bwd_fuses_rope(D); }
 
 }  // namespace linac

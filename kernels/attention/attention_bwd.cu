@@ -443,15 +443,15 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
   }
   LINAC_CUDA_LAUNCH_CHECK();
   // dq and dk rotated back by -angle, where the kernels did not do it themselves.
-  auto rope_pass = [&] {
+  auto rope_pass = [&](bool dq_done, bool dk_done) {
     if (!rope) return;
-    rope_bwd(ctx, dq, L.rope, 0, L.docs);
-    rope_bwd(ctx, dk, L.rope, 0, L.docs);
+    if (!dq_done) rope_bwd(ctx, dq, L.rope, 0, L.docs);
+    if (!dk_done) rope_bwd(ctx, dk, L.rope, 0, L.docs);
   };
   if (q.dtype == DType::F32) {
     attn::bwd_f32(ctx, a, B, D, q.data<float>(), k.data<float>(), v.data<float>(), lse.data<float>(), delta,
                   dout.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>());
-    return rope_pass();
+    return rope_pass(false, false);
   }
   attn::check_bf16_rows(q, L.q, "q");
   attn::check_bf16_rows(k, L.k, "k");
@@ -465,14 +465,14 @@ void attention_bwd_cuda(const Ctx& ctx, const AttentionLayout& L, const Tensor& 
     float* const table = fused ? reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + ws.rope_table) : nullptr;
     if (fused) rope_table_cuda(ctx, L.rope, L.D, L.T, table);
     attn::bwd_sm90(ctx, a, L, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv, table);
-    if (!fused) rope_pass();
+    rope_pass(fused && attention_bwd_fuses_rope_dq(L.D), fused);
     return;
   }
 #endif
   attn::with_head_dim(D, [&](auto d) {
     attn::launch_bwd_bf16<decltype(d)::value>(ctx, a, B, q, k, v, lse.data<float>(), delta, dout, dq, dk, dv);
   });
-  rope_pass();
+  rope_pass(false, false);
 }
 
 }  // namespace linac

@@ -110,9 +110,10 @@ __device__ __forceinline__ void acc_add(float (&acc)[N / 2], const float* tile) 
   }
 }
 
-// kRope: dq and dk leave rotated back by their RoPE angles (rope_cs, store_rows_rope); D = DP = 64,
-// where a thread's accumulators hold both ends of each pair (dQ is one 64-column chunk). kDocs:
-// document bounds (positions restart at each document).
+// kRope: dk (and at D = DP = 64 dq) leaves rotated back by its RoPE angles (rope_cs,
+// store_rows_rope): a thread's dK accumulators hold both ends of each pair (columns c and c + D/2);
+// at D = 128 dQ leaves in two 64-column chunks, which split every pair, so dq is rotated by a pass
+// after the kernel. kRope needs D = DP. kDocs: document bounds (positions restart at each document).
 template <int DP, bool kRope, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     bf16_t* __restrict__ dk, bf16_t* __restrict__ dv, int* __restrict__ counters,
                     int* __restrict__ ticket, float* __restrict__ dq_acc, const float* __restrict__ rope_cs,
                     const Args a, const int n_bhk, const int group) {
-  static_assert(!kRope || DP == 64, "rotating dq needs its whole head in one chunk");
+  constexpr bool kRopeDq = kRope && DP == 64;  // rotating dq needs its whole head in one chunk
   using C = BwdSm90Cfg<DP>;
   constexpr int BR = C::BR, BC = C::BC, S = kStages;
   extern __shared__ unsigned char smem[];
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (single || last) {
         if (last && !single) acc_add<64>(part, chunk);
         const float scale[2] = {a.scale, a.scale};
-        if constexpr (kRope)
+        if constexpr (kRopeDq)
           store_rows_rope<64>(dq + h * a.D, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, rope_cs, rope_starts);
         else
           store_rows<64>(dq + h * a.D + 64 * c, a.dq, b, a.T, q0 + 16 * warp + g, part, scale, a.D - 64 * c);
@@ -511,11 +512,14 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
 void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, const float* rope_cs) {
-  LINAC_CHECK(!rope_cs || L.D == 64, "attention (GPU): the Hopper backward rotates RoPE gradients at head dim 64 only");
+  LINAC_CHECK(!rope_cs || L.D == 64 || L.D == 128,
+              "attention (GPU): the Hopper backward rotates RoPE gradients at head dims 64 and 128 only");
   auto launch = [&](auto docs) {
     constexpr bool kDocs = decltype(docs)::value;
     if (L.D == 64 && rope_cs)
       launch_bwd_sm90<64, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
+    else if (L.D == 128 && rope_cs)
+      launch_bwd_sm90<128, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
     else if (attention_sm90_tile_cols(a.D) == 64)
       launch_bwd_sm90<64, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);
     else

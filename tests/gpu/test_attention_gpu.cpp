@@ -111,16 +111,19 @@ const GpuCase kCases[] = {
     {1500, 128, false, 0},  {2100, 64, true, 700},  {385, 128, true, 0},   {191, 64, false, 0},   {193, 64, true, 0},
     {2100, 128, true, 0},   {2100, 96, true, 0}};
 
-// The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel (positions past a tile
-// boundary, padding rows, a window, full attention), D = 128 and the sm80 family follow with a
-// rope_bwd pass; bases 10000 and 500 (angles of many turns by T = 2100).
-const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4}, {1000, 64, true, 0, 1e4}, {191, 64, false, 0, 1e4},
-                              {2100, 64, true, 0, 500}, {150, 64, true, 1, 1e4},  {333, 128, true, 64, 1e4},
-                              {385, 128, true, 0, 500}, {17, 64, true, 0, 1e4}};
+// The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel, D = 128 dk inside it and dq
+// by a rope_bwd pass (positions past a tile boundary, padding rows, a window, full attention); D =
+// 96 and the sm80 family rotate both by the pass; bases 10000 and 500 (angles of many turns by T =
+// 2100).
+const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4},  {1000, 64, true, 0, 1e4}, {191, 64, false, 0, 1e4},
+                              {2100, 64, true, 0, 500},  {150, 64, true, 1, 1e4},  {333, 128, true, 64, 1e4},
+                              {385, 128, true, 0, 500},  {17, 64, true, 0, 1e4},   {2100, 128, true, 0, 500},
+                              {191, 128, false, 0, 1e4}, {150, 128, true, 1, 1e4}, {333, 96, true, 0, 1e4}};
 
 // Documents are packed in the window: every document case below. T = 2100 without a window takes
-// the Hopper forward's one-CTA-per-item grid, the others its persistent one; D = 64 with RoPE the
-// Hopper backward's in-kernel rotation (positions from document starts), the rest a rope_bwd pass.
+// the Hopper forward's one-CTA-per-item grid, the others its persistent one; with RoPE the Hopper
+// backward rotates in-kernel (positions from document starts) dq and dk at D = 64 and dk at D = 128,
+// a rope_bwd pass the rest.
 const GpuCase kDocCases[] = {
     {333, 64, true, 0, 0, Docs::kShort},       {333, 128, true, 0, 0, Docs::kTiles},
     {1000, 64, true, 0, 0, Docs::kMixed},      {1000, 128, true, 0, 0, Docs::kRandom},
