@@ -125,6 +125,13 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// Integer sums wrap mod 2^64 (exact in any order: hashes of summed terms).
+__device__ __forceinline__ uint64_t warp_sum(uint64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // block_sum in double (final stages of long reductions); `scratch` holds >= 32 doubles.
 __device__ __forceinline__ double block_sum(double v, double* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;

@@ -7,11 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define LINAC_HD __host__ __device__ __forceinline__
-#else
-#define LINAC_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace linac {
 

@@ -45,4 +45,14 @@ void count_nonfinite(const Ctx& ctx, const Tensor& x, const Tensor& out) {
   LINAC_CPU_DISPATCH(x.dtype, T, count_nonfinite_cpu<T>(x.data<T>(), out.data<T>(), x.numel()));
 }
 
+uint64_t hash_words(const Ctx& ctx, const Tensor& x, uint64_t seed) {
+  LINAC_CHECK(x.is_contiguous(), "hash_words: x must be contiguous, got " + x.shape_str());
+  LINAC_CHECK(x.device == ctx.device, "hash_words: x must be on the context's device");
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    return hash_words_cuda(ctx, x, seed);
+  }
+  return hash_words_cpu(x.ptr, static_cast<int64_t>(x.nbytes()), seed);
+}
+
 }  // namespace linac

@@ -1,9 +1,11 @@
 // CUDA full reductions (math in reduce.h). Two deterministic stages: a grid of at most
 // kMaxBlocks blocks, each summing a fixed grid-stride share of x in double into a partial in
-// ctx.workspace; then one block adding the partials in a fixed order.
+// ctx.workspace; then one block adding the partials in a fixed order. hash_words sums integers
+// (mod 2^64, exact in any order), so its blocks add theirs atomically.
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
+#include "reduce/hash_words_math.h"
 #include "reduce/reduce.h"
 
 namespace linac {
@@ -84,7 +86,54 @@ __global__ void add_slab_sums_kernel(const float* __restrict__ partial, float* _
   out[j] += acc;
 }
 
+// Words two at a time (16-byte loads) while x is 16-byte aligned (pairs = 0 otherwise), then the
+// remaining whole words, then the zero-padded tail (bytes past the last whole word) by thread 0.
+__global__ void hash_words_kernel(const unsigned char* __restrict__ x, int64_t nbytes, int64_t pairs, uint64_t seed,
+                                  unsigned long long* __restrict__ out) {
+  __shared__ uint64_t scratch[32];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t full = nbytes / 8;
+  const auto* w = reinterpret_cast<const uint64_t*>(x);
+  uint64_t acc = 0;
+  for (int64_t i = t; i < pairs; i += stride) {
+    const ulonglong2 v = __ldg(reinterpret_cast<const ulonglong2*>(x) + i);
+    acc += hash_word_term(v.x, static_cast<uint64_t>(2 * i), seed);
+    acc += hash_word_term(v.y, static_cast<uint64_t>(2 * i + 1), seed);
+  }
+  for (int64_t i = 2 * pairs + t; i < full; i += stride) acc += hash_word_term(__ldg(w + i), static_cast<uint64_t>(i), seed);
+  if (t == 0 && nbytes % 8) {
+    uint64_t v = 0;
+    for (int64_t b = 0; b < nbytes % 8; ++b) v |= static_cast<uint64_t>(x[8 * full + b]) << (8 * b);
+    acc += hash_word_term(v, static_cast<uint64_t>(full), seed);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  acc = cuda::warp_sum(acc);
+  if (lane == 0) scratch[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int i = 1; i < static_cast<int>(blockDim.x >> 5); ++i) acc += scratch[i];
+  atomicAdd(out, static_cast<unsigned long long>(acc));
+}
+
 }  // namespace
+
+uint64_t hash_words_cuda(const Ctx& ctx, const Tensor& x, uint64_t seed) {
+  const int64_t nbytes = static_cast<int64_t>(x.nbytes());
+  LINAC_CHECK(reinterpret_cast<uintptr_t>(x.ptr) % 8 == 0, "hash_words (GPU): x must be 8-byte aligned");
+  LINAC_CHECK(ctx.workspace_bytes >= sizeof(unsigned long long), "hash_words (GPU): workspace too small");
+  const int64_t pairs = reinterpret_cast<uintptr_t>(x.ptr) % 16 == 0 ? nbytes / 16 : 0;
+  auto* sum = static_cast<unsigned long long*>(ctx.workspace);
+  auto st = cuda::stream_of(ctx);
+  LINAC_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(*sum), st));
+  const unsigned blocks = std::clamp(cuda::grid_1d(std::max<int64_t>(pairs, nbytes / 8), kThreads), 1u, kMaxBlocks);
+  hash_words_kernel<<<blocks, kThreads, 0, st>>>(static_cast<const unsigned char*>(x.ptr), nbytes, pairs, seed, sum);
+  LINAC_CUDA_LAUNCH_CHECK();
+  unsigned long long host = 0;
+  LINAC_CUDA_CHECK(cudaMemcpyAsync(&host, sum, sizeof(host), cudaMemcpyDeviceToHost, st));
+  LINAC_CUDA_CHECK(cudaStreamSynchronize(st));
+  return hash_words_total(host, static_cast<uint64_t>(nbytes), seed);
+}
 
 void add_slab_sums_cuda(const Ctx& ctx, const float* partial, int64_t slabs, int64_t dim, float* out) {
   if (dim == 0) return;

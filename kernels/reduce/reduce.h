@@ -36,9 +36,22 @@ void count_nonfinite_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 // The slabs are added in a fixed order (deterministic), on ctx's stream.
 void add_slab_sums_cuda(const Ctx& ctx, const float* partial, int64_t slabs, int64_t dim, float* out);
 
+// hash_words: a 64-bit hash of x's bytes, by which the data-parallel ranks check that they hold
+// the same parameters (not cryptographic; train/content_hash.h, the checkpoints' hash, is one
+// sequential chain and would need the bytes on the host). With w_i the i-th little-endian 8-byte
+// word of x (the last one zero-padded) and n its byte count:
+//   hash = mix(sum_i mix(w_i ^ (seed + (i + 1) K1)) + n K3 + seed K2)   (mod 2^64)
+// mix (core/mix64.h) is a bijection, so a change in any one word always changes the hash; the sum
+// is exact and order-free, so both devices and any thread or block count give the same bits.
+// x contiguous; on the GPU 8-byte aligned (a buffer's start or a parameter's), its blocks' sums
+// added atomically into ctx.workspace, read back to the host (a sync of ctx's stream).
+uint64_t hash_words_cpu(const void* x, int64_t nbytes, uint64_t seed);
+uint64_t hash_words_cuda(const Ctx& ctx, const Tensor& x, uint64_t seed);
+
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void sum_squares(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void count_nonfinite(const Ctx& ctx, const Tensor& x, const Tensor& out);
+uint64_t hash_words(const Ctx& ctx, const Tensor& x, uint64_t seed = 0);
 
 }  // namespace linac

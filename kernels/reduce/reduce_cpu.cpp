@@ -1,9 +1,12 @@
 // CPU reference for the full reductions (see reduce.h): fixed pieces summed in parallel into
 // double partials, then the partials in order.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "reduce/hash_words_math.h"
 #include "reduce/reduce.h"
 
 namespace linac {
@@ -48,6 +51,26 @@ void sum_cpu(const T* x, T* out, int64_t n) {
 template <class T>
 void count_nonfinite_cpu(const T* x, T* out, int64_t n) {
   out[0] = static_cast<T>(reduce_double<Reduction::CountNonFinite>(x, n));
+}
+
+static_assert(std::endian::native == std::endian::little, "hash_words reads words little-endian, as the GPU does");
+
+uint64_t hash_words_cpu(const void* x, int64_t nbytes, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(x);
+  const int64_t full = nbytes / 8;
+  uint64_t sum = 0;  // wraps mod 2^64: exact in any order
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (int64_t i = 0; i < full; ++i) {
+    uint64_t w;
+    std::memcpy(&w, p + 8 * i, 8);
+    sum += hash_word_term(w, static_cast<uint64_t>(i), seed);
+  }
+  if (nbytes % 8) {
+    uint64_t w = 0;
+    std::memcpy(&w, p + 8 * full, static_cast<size_t>(nbytes % 8));  // little-endian: zeros on top
+    sum += hash_word_term(w, static_cast<uint64_t>(full), seed);
+  }
+  return hash_words_total(sum, static_cast<uint64_t>(nbytes), seed);
 }
 
 template void sum_squares_cpu<float>(const float*, float*, int64_t);

@@ -1,7 +1,11 @@
 // Full reductions, CPU reference, against a long-double direct sum.
+#include <omp.h>
+
 #include <cmath>
+#include <cstring>
 #include <limits>
 
+#include "core/mix64.h"
 #include "reduce/reduce.h"
 #include "test_util.h"
 
@@ -78,6 +82,71 @@ TEST(ReduceCpu, CountsNonFinite) {
       EXPECT_EQ(to_doubles(out)[0], static_cast<double>(expect)) << "n " << n;
     }
   }
+}
+
+std::vector<unsigned char> random_bytes(size_t n, uint64_t seed) {
+  std::vector<unsigned char> b(n);
+  const std::vector<double> v = test::random_values(n, seed, 0.0, 256.0);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<unsigned char>(v[i]);
+  return b;
+}
+
+// reduce.h's formula, one word at a time.
+uint64_t hash_by_formula(const std::vector<unsigned char>& b, uint64_t seed) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i * 8 < b.size(); ++i) {
+    uint64_t w = 0;
+    for (size_t k = 0; k < 8 && 8 * i + k < b.size(); ++k) w |= static_cast<uint64_t>(b[8 * i + k]) << (8 * k);
+    sum += mix64(w ^ (seed + (i + 1) * kMixOdd1));
+  }
+  return mix64(sum + b.size() * kMixOdd3 + seed * kMixOdd2);
+}
+
+uint64_t hash_of(const std::vector<unsigned char>& b, uint64_t seed = 0) {
+  return hash_words_cpu(b.data(), static_cast<int64_t>(b.size()), seed);
+}
+
+// The replica hash is its formula at every length (whole words, a tail of 1..7 bytes) whatever
+// the thread count, and through the entry point on a tensor of any dtype.
+TEST(HashWordsCpu, IsItsFormulaOnAnyThreadCount) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{100}, size_t{100003}}) {
+    const std::vector<unsigned char> b = random_bytes(n, n + 3);
+    for (uint64_t seed : {uint64_t{0}, uint64_t{12345}}) {
+      const uint64_t want = hash_by_formula(b, seed);
+      const int before = omp_get_max_threads();
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        EXPECT_EQ(hash_of(b, seed), want) << "n " << n << " threads " << threads;
+      }
+      omp_set_num_threads(before);
+    }
+  }
+  OwnedTensor x = test::random_tensor({37, 3}, DType::F32, 9);
+  std::vector<unsigned char> b(x->nbytes());
+  std::memcpy(b.data(), x->ptr, b.size());
+  EXPECT_EQ(hash_words(Ctx{}, x, 77), hash_by_formula(b, 77));
+}
+
+// Any one flipped bit changes the hash, and so do the length (zero bytes appended), the seed and
+// the order of two words.
+TEST(HashWordsCpu, SeesEveryBitTheLengthAndTheOrder) {
+  for (size_t n : {size_t{1}, size_t{8}, size_t{13}, size_t{40}}) {
+    const std::vector<unsigned char> b = random_bytes(n, n);
+    const uint64_t h = hash_of(b);
+    for (size_t i = 0; i < n; ++i)
+      for (int bit = 0; bit < 8; ++bit) {
+        std::vector<unsigned char> f = b;
+        f[i] = static_cast<unsigned char>(f[i] ^ (1 << bit));
+        EXPECT_NE(hash_of(f), h) << "n " << n << " byte " << i << " bit " << bit;
+      }
+    EXPECT_NE(hash_of(b, 1), h) << n;
+  }
+  EXPECT_NE(hash_of(std::vector<unsigned char>(16, 0)), hash_of(std::vector<unsigned char>(17, 0)));
+  EXPECT_NE(hash_of(std::vector<unsigned char>(16, 0)), hash_of(std::vector<unsigned char>(24, 0)));
+  std::vector<unsigned char> b = random_bytes(32, 5), swapped = b;
+  std::swap_ranges(swapped.begin(), swapped.begin() + 8, swapped.begin() + 24);
+  ASSERT_NE(b, swapped);
+  EXPECT_NE(hash_of(swapped), hash_of(b));
 }
 
 }  // namespace

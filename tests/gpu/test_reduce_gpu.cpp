@@ -122,5 +122,29 @@ TEST(ReduceGpu, StreamOrderedReadBack) {
   }
 }
 
+// The replica hash on the GPU is the CPU's to the bit: 16-byte aligned (paired loads) and only
+// 8-byte aligned data, tails of 2, 4 and 6 bytes, sizes from one element to past a full grid's
+// stride, reruns, and a seed chained over two tensors as the trainer chains the replica's parts.
+TEST(ReduceGpu, HashWordsMatchesCpuBitForBit) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{7}, int64_t{1001}, int64_t{(33 << 20) + 5}}) {
+    for (int64_t offset : {0, 4}) {  // U16 elements: offset 4 is 8 bytes, so not 16-byte aligned
+      OwnedTensor buf(DType::U16, Device::CUDA, {n + offset});
+      const Tensor x = buf.t.narrow(0, offset, n);
+      OwnedTensor host(DType::U16, Device::CPU, {n});
+      const std::vector<double> v = test::random_values(static_cast<size_t>(n), static_cast<uint64_t>(n), 0, 65536);
+      for (int64_t i = 0; i < n; ++i) host->data<uint16_t>()[i] = static_cast<uint16_t>(v[static_cast<size_t>(i)]);
+      copy_tensor(x, host);
+      const uint64_t want = hash_words(Ctx{}, host, 3);
+      EXPECT_EQ(hash_words(gctx.ctx(), x, 3), want) << "n " << n << " offset " << offset;
+      EXPECT_EQ(hash_words(gctx.ctx(), x, 3), want) << "rerun, n " << n << " offset " << offset;
+      EXPECT_EQ(hash_words(gctx.ctx(), x, hash_words(gctx.ctx(), x, 0)),
+                hash_words(Ctx{}, host, hash_words(Ctx{}, host, 0)))
+          << "chained, n " << n << " offset " << offset;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace linac::test_reduce_gpu
