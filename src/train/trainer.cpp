@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <omp.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -12,13 +13,11 @@
 #include <filesystem>
 #include <fstream>
 
-#include <omp.h>
-
-#include "core/duration_text.h"
 #include "comm/comm.h"
+#include "core/duration_text.h"
+#include "reduce/reduce.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
-#include "train/content_hash.h"
 #include "train/finite_check.h"
 #include "train/metrics_log.h"
 #include "train/run_lock.h"
@@ -75,24 +74,12 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& out_dir, bool roo
 }
 
 // A hash of what every rank holds identically (ParamStore::replica: the master weights, or under
-// ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree. Copied to
-// the host and hashed 256 MiB at a time. For a 1.3B model under ZeRO that is 2.7 GB at every
-// checkpoint: with a byte-at-a-time FNV-1a (0.67 GB/s on the CI machine; content_hash: 6.3 GB/s)
-// the step of each checkpoint took 15-17 s instead of 2.2 s on 4 x H200 (2026-11-28).
-int64_t params_hash(const ParamStore& ps) {
-  constexpr int64_t kChunkBytes = int64_t{256} << 20;
+// ZeRO-1 the compute weights and the replicated masters): ranks of one job must agree. Hashed
+// where it lives (hash_words). Before, copying it to the host and hashing it there stalled every
+// multi-rank checkpoint of a 1.3B model 1.1 s (2.7 GB per rank, 2 x H200, 2026-12-01).
+int64_t params_hash(const Ctx& ctx, const ParamStore& ps) {
   uint64_t h = 0;
-  std::vector<unsigned char> host;
-  for (const Tensor& t : ps.replica()) {
-    const Tensor flat = t.view({t.numel()});
-    const int64_t per = std::max<int64_t>(1, kChunkBytes / static_cast<int64_t>(dtype_size(t.dtype)));
-    for (int64_t a = 0; a < flat.numel(); a += per) {
-      const Tensor part = flat.slice0(a, std::min(a + per, flat.numel()));
-      host.resize(part.nbytes());
-      copy_tensor(Tensor(host.data(), t.dtype, Device::CPU, {part.numel()}), part);
-      h = content_hash(host.data(), host.size(), h);
-    }
-  }
+  for (const Tensor& t : ps.replica()) h = hash_words(ctx, t, h);
   return static_cast<int64_t>(h >> 1);
 }
 
@@ -429,7 +416,7 @@ void Trainer::save() {
   ctx_synchronize(ctx_);
   const ParamStore& ps = model_->params();
   if (world_ > 1) {
-    const auto hashes = comm_->allgather({params_hash(ps)});
+    const auto hashes = comm_->allgather({params_hash(ctx_, ps)});
     for (int r = 1; r < world_; ++r)
       if (hashes[static_cast<size_t>(r)] != hashes[0])
         throw Error("rank " + std::to_string(r) + "'s parameters differ from rank 0's at step " + std::to_string(step_) +

@@ -197,6 +197,26 @@ TEST_F(Dist, FailingRankEndsTheJobNamingIt) {
   EXPECT_NE(out.find("/nonexistent/rank1.h5"), std::string::npos) << out;
 }
 
+// Ranks whose parameters differ (here rank 1 initialised from another seed) are caught at the
+// first checkpoint by the replica hash, on every rank, before anything is written.
+TEST_F(Dist, DivergedRanksWriteNoCheckpoint) {
+  const std::string dir = test::fresh_dir("dp_diverged");
+  json j = test::tiny_train_config(dir + "/run");
+  j["train"]["micro_batch"] = 2;
+  const std::string cfg = write_config(dir, j);
+  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ +
+                          " train " + cfg + " $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo --set train.seed=999 )'";
+  std::string out;
+  const int rc = run_shell(cmd, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  EXPECT_NE(out.find("rank 1's parameters differ from rank 0's at step " +
+                     std::to_string(j["train"]["checkpoint_every"].get<int64_t>())),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(test::latest_checkpoint_path(dir + "/run").empty()) << out;
+}
+
 TEST_F(Dist, KilledRankEndsTheJob) {
   const std::string dir = test::fresh_dir("dp_kill");
   json j = test::tiny_train_config(dir + "/run");
