@@ -109,6 +109,22 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   return warp_sum(t);
 }
 
+// The sum of v over the group of `warps` consecutive warps (1, 2, 4 or 8, dividing the block's
+// warp count) the calling warp belongs to; every lane of the group gets it, added in the same
+// order in every warp. Groups of several warps meet at named barrier 1 + their index in the block
+// and leave their warp sums in slots[warp] (>= the block's warp count): a caller that sums again
+// before every warp of its group has read the slots alternates between two slot arrays.
+__device__ __forceinline__ float group_sum(float v, int warps, float* slots) {
+  v = warp_sum(v);
+  if (warps == 1) return v;
+  const int warp = threadIdx.x >> 5, first = warp - warp % warps;
+  if ((threadIdx.x & 31) == 0) slots[warp] = v;
+  named_barrier_sync(1 + warp / warps, 32 * warps);
+  float sum = 0.f;
+  for (int q = 0; q < warps; ++q) sum += slots[first + q];
+  return sum;
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
   v = warp_max(v);
@@ -191,6 +207,21 @@ inline bool vec4_aligned(const Tensor& t) {
 // Whether every row of a matrix at p with row stride ld (elements) starts 4-aligned.
 inline bool rows_vec4(const void* p, size_t elem_bytes, int64_t ld) {
   return reinterpret_cast<uintptr_t>(p) % (4 * elem_bytes) == 0 && ld % 4 == 0;
+}
+
+// How the row kernels that hold a row in registers (kernels/rmsnorm, kernels/srmsnorm) spread a
+// row of `cols` columns over a group of warps, each lane keeping 4 columns of each of the warp's
+// chunks of 128: the fewest warps (1, 2, 4, ... up to max_warps) that split the chunks evenly with
+// at most max_chunks per warp; {0, 0} when none does (cols not 128 k, or too wide).
+struct RowGroupSplit {
+  int warps = 0, chunks = 0;
+};
+inline RowGroupSplit row_group_split(int64_t cols, int max_chunks, int max_warps) {
+  if (cols % 128 != 0) return {};
+  for (int warps = 1; warps <= max_warps; warps *= 2)
+    if (cols <= int64_t{128} * max_chunks * warps && cols % (128 * warps) == 0)
+      return {warps, static_cast<int>(cols / (128 * warps))};
+  return {};
 }
 
 // Row-tiled launches for row-wise elementwise work: a CTA of `threads` covers threads / tpr

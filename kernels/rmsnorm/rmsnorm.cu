@@ -25,24 +25,12 @@ constexpr int kMaxChunks = 8;        // register rows: up to 8 chunks of 128 col
 constexpr int kMaxGroupWarps = 4;    // and up to 4 warps per row
 constexpr int64_t kRowWarps = 1024;  // the register-row backward's warps, at most
 
-// The sum of v over the row group of kWarps warps the calling warp belongs to (every lane of the
-// group gets it). Groups of several warps meet at named barrier 1 + their index in the block and
-// leave their warp sums in slots[parity]: a loop over rows alternates the parity, so a warp that
-// is one row ahead cannot overwrite a slot its group still reads, and one barrier per row suffices.
+// The sum of v over the row group of kWarps warps the calling warp belongs to (cuda::group_sum):
+// a loop over rows alternates `parity`, so a warp that is one row ahead cannot overwrite a slot its
+// group still reads, and one barrier per row suffices.
 template <int kWarps>
 __device__ __forceinline__ float row_sum(float v, float (*slots)[kThreads / 32], int parity) {
-  v = cuda::warp_sum(v);
-  if constexpr (kWarps == 1) {
-    return v;
-  } else {
-    const int warp = threadIdx.x >> 5, first = warp - warp % kWarps;
-    if ((threadIdx.x & 31) == 0) slots[parity][warp] = v;
-    cuda::named_barrier_sync(1 + warp / kWarps, 32 * kWarps);
-    float sum = 0.f;
-#pragma unroll
-    for (int q = 0; q < kWarps; ++q) sum += slots[parity][first + q];  // the same order in every warp
-    return sum;
-  }
+  return cuda::group_sum(v, kWarps, slots[parity]);
 }
 
 // Element offset, within a row, of the first of lane's four columns in chunk c of the group's warp.
@@ -139,25 +127,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = 0; c < kChunks; ++c) cuda::store4(partial + slab * kDim + row_column<kWarps, kChunks>(c), dw[c]);
 }
 
-// How the register-row kernels hold rows of `dim` columns: warps per row and chunks per warp (the
-// fewest warps that keep a warp at 8 chunks or fewer), or {0, 0} where they do not apply.
-struct RowSplit {
-  int warps = 0, chunks = 0;
-};
-RowSplit row_split(int64_t dim, std::initializer_list<const Tensor*> ts) {
+// How the register-row kernels hold rows of `dim` columns (cuda::row_group_split), or {0, 0}
+// where they do not apply (also: an operand not 4-aligned).
+cuda::RowGroupSplit row_split(int64_t dim, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->ptr && !cuda::vec4_aligned(*t)) return {};
-  if (dim % 128 != 0) return {};
-  for (int warps = 1; warps <= kMaxGroupWarps; warps *= 2)
-    if (dim <= int64_t{128} * kMaxChunks * warps && dim % (128 * warps) == 0)
-      return {warps, static_cast<int>(dim / (128 * warps))};
-  return {};
+  return cuda::row_group_split(dim, kMaxChunks, kMaxGroupWarps);
 }
 
 // Calls fn(integral_constant warps, integral_constant chunks) for a split row_split returned
 // (groups of several warps exist only where one warp would need more than 8 chunks: 5 to 8 each).
 template <class Fn>
-void with_split(RowSplit s, Fn&& fn) {
+void with_split(cuda::RowGroupSplit s, Fn&& fn) {
   switch (s.warps) {
     case 1: cuda::with_const<kMaxChunks>(s.chunks, [&](auto k) { fn(std::integral_constant<int, 1>{}, k); }); break;
     case 2: cuda::with_const<kMaxChunks, 5>(s.chunks, [&](auto k) { fn(std::integral_constant<int, 2>{}, k); }); break;
@@ -233,7 +214,7 @@ void rmsnorm_fwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   LINAC_CHECK(w.dtype == DType::F32 && rstd.dtype == DType::F32, "rmsnorm (GPU): w and rstd must be f32");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
-  const RowSplit split = row_split(dim, {&x, &add, &w, &y, &h});
+  const cuda::RowGroupSplit split = row_split(dim, {&x, &add, &w, &y, &h});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
                        const TY* a = add.ptr ? add.data<TY>() : nullptr;
                        TX* hp = h.ptr ? h.data<TX>() : nullptr;
@@ -259,7 +240,7 @@ void rmsnorm_bwd_cuda(const Ctx& ctx, const Tensor& x, const Tensor& w, const Te
   LINAC_CHECK(dx.dtype == x.dtype && dy.dtype != DType::F64, "rmsnorm (GPU): dx must have x's dtype");
   const int64_t rows = x.size(0), dim = x.size(1);
   if (rows == 0) return;
-  const RowSplit split = row_split(dim, {&x, &w, &dy, &dx, &dx_copy});
+  const cuda::RowGroupSplit split = row_split(dim, {&x, &w, &dy, &dx, &dx_copy});
   // Register rows: a fixed number of row groups (whole blocks, independent of the GPU, so the dw
   // sums keep their order everywhere) each take every slabs-th row and keep their dw slab in
   // registers.

@@ -1,10 +1,12 @@
 // CUDA SimpleRMSNorm, with the optional residual add or output gate (math in srmsnorm.h).
-// Rows of 128 k <= kWarpRowMax columns whose operand rows all start 4-aligned (every TransNormerLLM
-// width in configs/): a warp per row, lane l holding columns 128 c + 4 l .. 128 c + 4 l + 3 of
-// each chunk c in registers, so each operand row is read once with 8- (bf16) or 16-byte (f32)
-// accesses and written once, after a warp reduction (as kernels/rmsnorm). Other rows of at most
-// kWarpRowMax columns: a warp per row with one element per lane per access; wider rows: a block
-// per row with a fixed-order block reduction. These two reduce (sum of squares forward, sum of
+// Rows of 128 k <= 4096 columns whose operand rows all start 4-aligned (every TransNormerLLM width
+// in configs/): a row group of 1, 2 or 4 warps per row (as kernels/rmsnorm), lane l of the group's
+// warp q holding columns 128 c + 4 l .. 128 c + 4 l + 3 of its chunks c = q k, ..., q k + k - 1
+// (k <= 8) in registers, so each operand row is read once with 8- (bf16) or 16-byte (f32)
+// accesses and written once, after the group's reduction (warp shuffles, then the warp sums
+// through shared memory under the group's named barrier). Other rows of at most kWarpRowMax
+// columns: a warp per row with one element per lane per access; wider rows: a block per row with a
+// fixed-order block reduction. These two reduce (sum of squares forward, sum of
 // y * dy backward) and then make a second pass over the row, which comes from L1/L2. The backward's
 // target (the pull term) is read with dy, in the same pass.
 #include <algorithm>
@@ -19,6 +21,7 @@ namespace {
 
 constexpr int kMaxThreads = 256;
 constexpr int64_t kWarpRowMax = 1024;
+constexpr int kMaxGroupWarps = 4;
 
 // The row's first pass: x (or h = x + add, written here) and its sum of squares. The second
 // pass reads back what this thread wrote: the same columns.
@@ -43,24 +46,36 @@ __device__ __forceinline__ float gated(float n, const TY* __restrict__ ur, int64
   return ur ? n * cuda::to_float(ur[j]) : n;
 }
 
-// Register rows: up to kMaxChunks chunks of 128 columns; `chunks` is uniform over the grid and the
-// loops are unrolled to kMaxChunks with constant indices, so the row stays in registers.
-constexpr int kMaxChunks = static_cast<int>(kWarpRowMax / 128);
+// Register rows: up to kMaxChunks chunks of 128 columns per warp, `warps` warps per row; both are
+// uniform over the grid (kernel arguments: no instantiation per width) and the loops are unrolled
+// to kMaxChunks with constant indices, so the row stays in registers.
+constexpr int kMaxChunks = 8;
+
+// This thread's register row: the row, and the first column of chunk c is col0 + 128 c.
+struct RowSlot {
+  int64_t r;
+  int col0;
+};
+__device__ __forceinline__ RowSlot row_slot(int warps, int chunks) {
+  const int q = static_cast<int>(threadIdx.x / 32) % warps;
+  return {(blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / (32 * warps),
+          128 * q * chunks + 4 * static_cast<int>(threadIdx.x % 32)};
+}
 
 template <class TX, class TY>
 __global__ void __launch_bounds__(kMaxThreads)
     srmsnorm_fwd_vec_kernel(const TX* __restrict__ x, const TY* __restrict__ add, const TY* __restrict__ u,
                             TY* __restrict__ y, float* __restrict__ rstd, TX* __restrict__ h, SrmsnormLayout L,
-                            int chunks, float eps) {
-  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (r >= L.N) return;
+                            int warps, int chunks, float eps) {
+  __shared__ float slots[kMaxThreads / 32];
+  const auto [r, col0] = row_slot(warps, chunks);
+  if (r >= L.N) return;  // the whole group: its warps share r
   float4 v[kMaxChunks];
   float ss = 0.f;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     if (c >= chunks) break;
-    const int64_t j = 128 * c + 4 * lane;
+    const int64_t j = col0 + 128 * c;
     v[c] = cuda::load4(x + r * L.x + j);
     if (add) {
       const float4 a = cuda::load4(add + r * L.add + j);
@@ -70,12 +85,13 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     ss += v[c].x * v[c].x + v[c].y * v[c].y + v[c].z * v[c].z + v[c].w * v[c].w;
   }
-  const float rs = rsqrtf(cuda::warp_sum(ss) / static_cast<float>(L.C) + eps), ry = rs * static_cast<float>(L.scale);
-  if (lane == 0) rstd[r] = rs;
+  const float rs = rsqrtf(cuda::group_sum(ss, warps, slots) / static_cast<float>(L.C) + eps);
+  const float ry = rs * static_cast<float>(L.scale);
+  if (threadIdx.x % (32 * warps) == 0) rstd[r] = rs;
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     if (c >= chunks) break;
-    const int64_t j = 128 * c + 4 * lane;
+    const int64_t j = col0 + 128 * c;
     float4 n = make_float4(v[c].x * ry, v[c].y * ry, v[c].z * ry, v[c].w * ry);
     if (u) {
       const float4 g = cuda::load4(u + r * L.u + j);
@@ -91,9 +107,9 @@ template <class TX, class TDY, class TDX>
 __global__ void __launch_bounds__(kMaxThreads)
     srmsnorm_bwd_vec_kernel(const TX* __restrict__ x, const TDY* __restrict__ u, const TDY* __restrict__ t,
                             const float* __restrict__ rstd, const TDY* __restrict__ dy, TDX* __restrict__ dx,
-                            TDX* __restrict__ du, SrmsnormLayout L, int chunks, bool accumulate) {
-  const int64_t r = (blockIdx.x * int64_t{kMaxThreads} + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
+                            TDX* __restrict__ du, SrmsnormLayout L, int warps, int chunks, bool accumulate) {
+  __shared__ float slots[kMaxThreads / 32];
+  const auto [r, col0] = row_slot(warps, chunks);
   if (r >= L.N) return;
   const float rs = rstd[r], sc = static_cast<float>(L.scale), pull = static_cast<float>(L.pull);
   float4 n[kMaxChunks], d[kMaxChunks], o[kMaxChunks];  // x * rs, dy * scale, and the dx being added to
@@ -101,7 +117,7 @@ __global__ void __launch_bounds__(kMaxThreads)
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     if (c >= chunks) break;
-    const int64_t j = 128 * c + 4 * lane;
+    const int64_t j = col0 + 128 * c;
     const float4 xv = cuda::load4(x + r * L.x + j);
     n[c] = make_float4(xv.x * rs, xv.y * rs, xv.z * rs, xv.w * rs);
     d[c] = cuda::load4(dy + r * L.dy + j);
@@ -123,11 +139,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     dot += n[c].x * dn.x + n[c].y * dn.y + n[c].z * dn.z + n[c].w * dn.w;
   }
-  const float m = cuda::warp_sum(dot) / static_cast<float>(L.C);
+  const float m = cuda::group_sum(dot, warps, slots) / static_cast<float>(L.C);
 #pragma unroll
   for (int c = 0; c < kMaxChunks; ++c) {
     if (c >= chunks) break;
-    const int64_t j = 128 * c + 4 * lane;
+    const int64_t j = col0 + 128 * c;
     float4 g = make_float4(rs * (d[c].x - n[c].x * m), rs * (d[c].y - n[c].y * m), rs * (d[c].z - n[c].z * m),
                            rs * (d[c].w - n[c].w * m));
     if (accumulate) g = make_float4(o[c].x + g.x, o[c].y + g.y, o[c].z + g.z, o[c].w + g.w);
@@ -244,13 +260,13 @@ __global__ void srmsnorm_bwd_kernel(const TX* __restrict__ x, const TDY* __restr
                    accumulate);
 }
 
-// The register-row kernels' chunk count, or 0 where they do not apply: C = 128 k <= kWarpRowMax and
-// every operand's rows (pointer, row stride) 4-aligned.
-int vec_chunks(const SrmsnormLayout& L, std::initializer_list<std::pair<const Tensor*, int64_t>> operands) {
-  if (L.C % 128 != 0 || L.C > kWarpRowMax) return 0;
+// How the register-row kernels hold a row (cuda::row_group_split), or {0, 0} where they do not
+// apply (also: an operand's rows, pointer and row stride, not 4-aligned).
+cuda::RowGroupSplit vec_split(const SrmsnormLayout& L,
+                              std::initializer_list<std::pair<const Tensor*, int64_t>> operands) {
   for (const auto& [t, ld] : operands)
-    if (t->ptr && !cuda::rows_vec4(t->ptr, dtype_size(t->dtype), ld)) return 0;
-  return static_cast<int>(L.C / 128);
+    if (t->ptr && !cuda::rows_vec4(t->ptr, dtype_size(t->dtype), ld)) return {};
+  return cuda::row_group_split(L.C, kMaxChunks, kMaxGroupWarps);
 }
 
 // Threads per row: enough for one pass over the row, up to kMaxThreads.
@@ -263,14 +279,15 @@ void srmsnorm_fwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
-  const int chunks = vec_chunks(L, {{&x, L.x}, {&y, L.y}, {&add, L.add}, {&h, L.h}, {&u, L.u}});
+  const cuda::RowGroupSplit vs = vec_split(L, {{&x, L.x}, {&y, L.y}, {&add, L.add}, {&h, L.h}, {&u, L.u}});
   LINAC_GPU_DISPATCH(x.dtype, TX, LINAC_GPU_DISPATCH(y.dtype, TY, {
                        const TY* a = ptr_or_null<TY>(add);
                        const TY* g = ptr_or_null<TY>(u);
                        TX* hp = ptr_or_null<TX>(h);
-                       if (chunks)
-                         srmsnorm_fwd_vec_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-                             x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, chunks, eps);
+                       if (vs.warps)
+                         srmsnorm_fwd_vec_kernel<TX, TY>
+                             <<<cuda::grid_1d(L.N * 32 * vs.warps, kMaxThreads), kMaxThreads, 0, st>>>(
+                                 x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, vs.warps, vs.chunks, eps);
                        else if (L.C <= kWarpRowMax)
                          srmsnorm_fwd_rows_kernel<TX, TY><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
                              x.data<TX>(), a, g, y.data<TY>(), rstd.data<float>(), hp, L, eps);
@@ -286,7 +303,7 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
   LINAC_CHECK(rstd.dtype == DType::F32, "srmsnorm (GPU): rstd must be f32");
   if (L.N == 0) return;
   cudaStream_t st = cuda::stream_of(ctx);
-  const int chunks = vec_chunks(L, {{&x, L.x}, {&dy, L.dy}, {&dx, L.dx}, {&u, L.u}, {&du, L.du}, {&t, L.t}});
+  const cuda::RowGroupSplit vs = vec_split(L, {{&x, L.x}, {&dy, L.dy}, {&dx, L.dx}, {&u, L.u}, {&du, L.du}, {&t, L.t}});
   LINAC_GPU_DISPATCH(
       x.dtype, TX,
       LINAC_GPU_DISPATCH(
@@ -294,9 +311,11 @@ void srmsnorm_bwd_cuda(const Ctx& ctx, const SrmsnormLayout& L, const Tensor& x,
             const TDY* g = ptr_or_null<TDY>(u);
             const TDY* tg = ptr_or_null<TDY>(t);
             TDX* dg = ptr_or_null<TDX>(du);
-            if (chunks)
-              srmsnorm_bwd_vec_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
-                  x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, chunks, accumulate);
+            if (vs.warps)
+              srmsnorm_bwd_vec_kernel<TX, TDY, TDX>
+                  <<<cuda::grid_1d(L.N * 32 * vs.warps, kMaxThreads), kMaxThreads, 0, st>>>(
+                      x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, vs.warps,
+                      vs.chunks, accumulate);
             else if (L.C <= kWarpRowMax)
               srmsnorm_bwd_rows_kernel<TX, TDY, TDX><<<cuda::grid_1d(L.N * 32, kMaxThreads), kMaxThreads, 0, st>>>(
                   x.data<TX>(), g, tg, rstd.data<float>(), dy.data<TDY>(), dx.data<TDX>(), dg, L, accumulate);

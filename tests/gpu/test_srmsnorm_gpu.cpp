@@ -2,7 +2,8 @@
 // and the mixed dtypes of the block norm, backward overwriting and accumulating; the gated norm
 // (TransNormerLLM's mixer output) forward and backward; the scaled norm (Transformer-VQ's q and k).
 // Views starting at column 1 take the scalar kernels; views starting at column 4 of rows a multiple
-// of 4 wide, with C = 128 k <= 1024, the register-row kernels.
+// of 4 wide, with C = 128 k <= 4096 split evenly over 1, 2 or 4 warps, the register-row kernels
+// (C 1280: two warps of 5 chunks; 2048: two of 8; 3072: four of 6).
 #include <cmath>
 #include <vector>
 
@@ -86,7 +87,7 @@ TEST(SrmsnormGpu, ParityF32) {
   const Dtypes f32{DType::F32, DType::F32, DType::F32, DType::F32};
   for (int64_t c : {37, 777, 16384})
     for (bool accumulate : {false, true}) run_parity(f32, c, accumulate);
-  for (int64_t c : {128, 1024})
+  for (int64_t c : {128, 1024, 1280, 3072})
     for (bool accumulate : {false, true}) run_parity(f32, c, accumulate, /*col0=*/4);
 }
 
@@ -95,7 +96,8 @@ TEST(SrmsnormGpu, ParityBf16) {
   const Dtypes bf16{DType::BF16, DType::BF16, DType::BF16, DType::BF16};
   for (int64_t c : {777, 2048})
     for (bool accumulate : {false, true}) run_parity(bf16, c, accumulate);
-  for (bool accumulate : {false, true}) run_parity(bf16, 640, accumulate, /*col0=*/4);
+  for (int64_t c : {640, 2048})
+    for (bool accumulate : {false, true}) run_parity(bf16, c, accumulate, /*col0=*/4);
 }
 
 TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
@@ -104,19 +106,21 @@ TEST(SrmsnormGpu, ParityBlockNormMixedDtypes) {
   // f32 residual gradient.
   run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 777, true);
   run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 1024, true, /*col0=*/4);
+  run_parity({DType::F32, DType::BF16, DType::BF16, DType::F32}, 2048, true, /*col0=*/4);  // TransNormerLLM 1B
   // The other pairings compile too and are exercised once each.
   run_parity({DType::BF16, DType::F32, DType::F32, DType::BF16}, 333, false);
 }
 
 // y = srmsnorm(x) * scale and its backward (dx overwritten or accumulated, with and without the pull
-// toward a target), on each kernel: warp per row (C 37), register rows (C 128 from column 4), block
-// per row (C 2048), against the reference on the same rounded inputs.
+// toward a target), on each kernel: warp per row (C 37), register rows (C 128 and, two warps a row,
+// 2048 from column 4), block per row (C 2048 from column 1), against the reference on the same
+// rounded inputs.
 TEST(SrmsnormGpu, ScaledParity) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   const double scale = 0.2973017787506803;
   for (DType dt : {DType::F32, DType::BF16})
-    for (auto [c, col0] : {std::pair<int64_t, int64_t>{37, 1}, {128, 4}, {2048, 1}})
+    for (auto [c, col0] : {std::pair<int64_t, int64_t>{37, 1}, {128, 4}, {2048, 4}, {2048, 1}})
       for (bool accumulate : {false, true})
         for (double pull : {0.0, 0.7}) {
           SCOPED_TRACE(std::string(dtype_name(dt)) + " C " + std::to_string(c) + (accumulate ? " accumulate" : "") +
@@ -143,8 +147,9 @@ TEST(SrmsnormGpu, ScaledParity) {
         }
 }
 
-// y = srmsnorm(x) * u and its backward (dx, du), warp-per-row and block-per-row widths, against
-// the reference on the same rounded inputs; nothing written outside the views.
+// y = srmsnorm(x) * u and its backward (dx, du), warp-per-row, register-row and block-per-row
+// widths, against the reference on the same rounded inputs (257 rows: the last block of two-warp
+// rows half empty); nothing written outside the views.
 void run_gate_parity(DType dt, int64_t c, int64_t col0 = 1) {
   SCOPED_TRACE("gate, C " + std::to_string(c) + " from column " + std::to_string(col0));
   const int64_t n = 257, w = buffer_width(col0, c);
@@ -183,6 +188,7 @@ TEST(SrmsnormGpu, GateParity) {
   for (int64_t c : {37, 1000, 2050}) run_gate_parity(DType::BF16, c);
   run_gate_parity(DType::F32, 777);
   run_gate_parity(DType::BF16, 1024, /*col0=*/4);
+  run_gate_parity(DType::BF16, 2048, /*col0=*/4);
   run_gate_parity(DType::F32, 384, /*col0=*/4);
 }
 
