@@ -5,6 +5,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "reduce/reduce.h"
 #include "train/checkpoint.h"
 #include "train/checkpoint_writer.h"
+#include "train/content_hash.h"
 #include "train/finite_check.h"
 #include "train/metrics_log.h"
 #include "train/run_lock.h"
@@ -107,12 +109,14 @@ int run_training(const Config& cfg, const std::string& resume) {
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(cfg.train) {
   open_ranks();
   data_ = TrainData::open(cfg_);
+  check_configs_agree();
   const std::unique_ptr<CheckpointReader> ckpt = open_run_dir(resume);
   build_model();
   if (ckpt)
     restore(*ckpt);
   else
     init_fresh();
+  check_replicas_agree(true);
   writer_ = std::make_unique<CheckpointWriter>(
       model_->params(), *comm_,
       CheckpointWriter::Options{.out_dir = tc_.out_dir, .keep_last = tc_.keep_last, .async = tc_.checkpoint_async},
@@ -414,17 +418,57 @@ void Trainer::save() {
   d.state.loader = comm_->allgather(batches_->state().to_vector());
   d.tokenizer = data_.tokenizer_bytes();
   ctx_synchronize(ctx_);
+  check_replicas_agree(false);
   const ParamStore& ps = model_->params();
-  if (world_ > 1) {
-    const auto hashes = comm_->allgather({params_hash(ctx_, ps)});
-    for (int r = 1; r < world_; ++r)
-      if (hashes[static_cast<size_t>(r)] != hashes[0])
-        throw Error("rank " + std::to_string(r) + "'s parameters differ from rank 0's at step " + std::to_string(step_) +
-                    " (data-parallel ranks diverged)");
-  }
   // Each rank writes its piece (under ZeRO the shard it owns) from a host copy, in the background.
   const std::string path = writer_->start(ps, d);
   last_good_ = path + " (step " + std::to_string(step_) + ")";
+}
+
+// Every rank of a job must run the same configuration (file and --set overrides): a rank with
+// another seed would start from other weights, one with another lr or schedule would drift from
+// the others, one with another step count would wait at a collective the others never reach. The
+// ranks compare a hash of each setting (leaves of Config::to_json, whose keys are the same on
+// every rank) and name the first that differs.
+void Trainer::check_configs_agree() {
+  if (world_ == 1) return;
+  const json flat = cfg_.to_json().flatten();
+  std::vector<int64_t> hashes;
+  for (const auto& [key, value] : flat.items())
+    hashes.push_back(static_cast<int64_t>(content_hash(key + "=" + value.dump()) >> 1));
+  const auto all = comm_->allgather({static_cast<int64_t>(content_hash(flat.dump()) >> 1)});
+  int other = 0;
+  for (int r = 1; r < world_ && !other; ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) other = r;
+  if (!other) return;
+  const auto per_key = comm_->allgather(hashes);  // the same number of keys on every rank
+  auto it = flat.items().begin();
+  for (size_t i = 0; i < hashes.size(); ++i, ++it)
+    if (per_key[static_cast<size_t>(other)][i] != per_key[0][i]) {
+      std::string key = it.key().substr(1);
+      std::replace(key.begin(), key.end(), '/', '.');
+      throw UserError(cfg_.source + ": " + key + " differs between rank 0 and rank " + std::to_string(other) +
+                      ": every rank of a job must run the same configuration and --set overrides");
+    }
+  throw UserError(cfg_.source + ": the configurations of rank 0 and rank " + std::to_string(other) + " differ");
+}
+
+// The parameters every rank holds alike (params_hash) must agree: when the run starts (after
+// init or resume: ranks resumed from different checkpoints, or initialised from different files
+// at one path on different hosts) and at every checkpoint (ranks that drifted apart), where a
+// mismatch ends the run before anything is written.
+void Trainer::check_replicas_agree(bool at_start) {
+  if (world_ == 1) return;
+  ctx_synchronize(ctx_);
+  const auto hashes = comm_->allgather({params_hash(ctx_, model_->params())});
+  for (int r = 1; r < world_; ++r) {
+    if (hashes[static_cast<size_t>(r)] == hashes[0]) continue;
+    const std::string what = "rank " + std::to_string(r) + "'s parameters differ from rank 0's";
+    if (at_start)
+      throw UserError(what + " when the run starts (step " + std::to_string(step_) +
+                      "): every rank must start from the same weights (the same init_from or --resume checkpoint)");
+    throw Error(what + " at step " + std::to_string(step_) + " (data-parallel ranks diverged)");
+  }
 }
 
 Diverged Trainer::diverged(const std::string& why) {

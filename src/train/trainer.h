@@ -78,6 +78,8 @@ class Trainer {
 
   StepStats train_step();
   json account(const StepStats& st);
+  void check_configs_agree();
+  void check_replicas_agree(bool at_start);
   void check_finite();
   void save();
   bool due(int64_t every) const { return every > 0 && (step_ % every == 0 || step_ == tc_.steps); }

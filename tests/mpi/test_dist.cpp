@@ -197,10 +197,10 @@ TEST_F(Dist, FailingRankEndsTheJobNamingIt) {
   EXPECT_NE(out.find("/nonexistent/rank1.h5"), std::string::npos) << out;
 }
 
-// Ranks whose parameters differ (here rank 1 initialised from another seed) are caught at the
-// first checkpoint by the replica hash, on every rank, before anything is written.
-TEST_F(Dist, DivergedRanksWriteNoCheckpoint) {
-  const std::string dir = test::fresh_dir("dp_diverged");
+// A rank run with another setting (here --set train.seed on rank 1 only) is refused before
+// anything is trained, the setting named, on every rank; nothing is written to out_dir.
+TEST_F(Dist, RanksWithDifferentConfigsAreRefused) {
+  const std::string dir = test::fresh_dir("dp_configs");
   json j = test::tiny_train_config(dir + "/run");
   j["train"]["micro_batch"] = 2;
   const std::string cfg = write_config(dir, j);
@@ -210,11 +210,35 @@ TEST_F(Dist, DivergedRanksWriteNoCheckpoint) {
   const int rc = run_shell(cmd, out);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
-  EXPECT_NE(out.find("rank 1's parameters differ from rank 0's at step " +
-                     std::to_string(j["train"]["checkpoint_every"].get<int64_t>())),
-            std::string::npos)
-      << out;
+  EXPECT_NE(out.find("train.seed differs between rank 0 and rank 1"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
   EXPECT_TRUE(test::latest_checkpoint_path(dir + "/run").empty()) << out;
+}
+
+// Ranks that would start from different weights (each resumed from another run's checkpoint, the
+// configuration the same) are refused when the run starts, by the hash of their parameters, before
+// anything is trained or written.
+TEST_F(Dist, RanksStartingFromDifferentWeightsAreRefused) {
+  const std::string dir = test::fresh_dir("dp_weights");
+  json j = test::tiny_train_config(dir + "/a");
+  j["train"]["micro_batch"] = 2;
+  j["train"]["steps"] = 3;
+  const std::string cfg = write_config(dir, j);
+  std::string out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg), out), 0) << out;
+  ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.out_dir=" + dir + "/b --set train.seed=7"), out), 0)
+      << out;
+  const std::string a = test::checkpoint_at(dir + "/a", 3), b = test::checkpoint_at(dir + "/b", 3);
+  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ +
+                          " train " + cfg + " --set train.steps=6 --set train.out_dir=" + dir +
+                          "/c --resume $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo " + b + " || echo " + a + " )'";
+  const int rc = run_shell(cmd, out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  EXPECT_NE(out.find("rank 1's parameters differ from rank 0's when the run starts (step 3)"), std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(dir + "/c/metrics.jsonl")) << out;
+  EXPECT_TRUE(test::latest_checkpoint_path(dir + "/c").empty()) << out;
 }
 
 TEST_F(Dist, KilledRankEndsTheJob) {
