@@ -60,4 +60,9 @@ std::string MpiTest::mpirun(int np, const std::string& args) const {
   return std::string(kMpiEnv) + "timeout 300 mpirun -np " + std::to_string(np) + " --oversubscribe " + bin_ + " " + args;
 }
 
+std::string MpiTest::mpirun_rank1(const std::string& args, const std::string& rank1, const std::string& rank0) const {
+  return std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ + " " + args +
+         " $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo " + rank1 + " || echo " + rank0 + " )'";
+}
+
 }  // namespace linac::test

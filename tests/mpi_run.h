@@ -31,6 +31,9 @@ class MpiTest : public ::testing::Test {
  protected:
   void SetUp() override;
   std::string mpirun(int np, const std::string& args) const;
+  // A 2-rank job whose rank 1 runs `args rank1` and rank 0 `args rank0` (a shell per rank; 120 s,
+  // for jobs that must end by themselves).
+  std::string mpirun_rank1(const std::string& args, const std::string& rank1, const std::string& rank0 = "") const;
   std::string bin_;
 };
 

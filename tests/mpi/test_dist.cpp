@@ -181,18 +181,20 @@ TEST_F(Dist, ResumeWithTwoRanksIsBitIdentical) {
             test::read_all_f32(test::checkpoint_at(dir + "/b", 6), "optim/v"));
 }
 
+// A job that must fail by itself: not 0, and not the 120 s timeout of mpirun_rank1.
+void expect_failed_job(int rc, const std::string& out) {
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+}
+
 TEST_F(Dist, FailingRankEndsTheJobNamingIt) {
   const std::string dir = test::fresh_dir("dp_fail");
   json j = test::tiny_train_config(dir + "/run");
   j["train"]["micro_batch"] = 2;
   const std::string cfg = write_config(dir, j);
   // Rank 1 is given a dataset that does not exist; rank 0 would wait for it forever.
-  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ + " train " +
-                          cfg + " $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo --set data.path=/nonexistent/rank1.h5 )'";
   std::string out;
-  const int rc = run_shell(cmd, out);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  expect_failed_job(run_shell(mpirun_rank1("train " + cfg, "--set data.path=/nonexistent/rank1.h5"), out), out);
   EXPECT_NE(out.find("(rank 1): error:"), std::string::npos) << out;
   EXPECT_NE(out.find("/nonexistent/rank1.h5"), std::string::npos) << out;
 }
@@ -204,12 +206,8 @@ TEST_F(Dist, RanksWithDifferentConfigsAreRefused) {
   json j = test::tiny_train_config(dir + "/run");
   j["train"]["micro_batch"] = 2;
   const std::string cfg = write_config(dir, j);
-  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ +
-                          " train " + cfg + " $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo --set train.seed=999 )'";
   std::string out;
-  const int rc = run_shell(cmd, out);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  expect_failed_job(run_shell(mpirun_rank1("train " + cfg, "--set train.seed=999"), out), out);
   EXPECT_NE(out.find("train.seed differs between rank 0 and rank 1"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
   EXPECT_TRUE(test::latest_checkpoint_path(dir + "/run").empty()) << out;
@@ -229,12 +227,8 @@ TEST_F(Dist, RanksStartingFromDifferentWeightsAreRefused) {
   ASSERT_EQ(run_shell(mpirun(2, "train " + cfg + " --set train.out_dir=" + dir + "/b --set train.seed=7"), out), 0)
       << out;
   const std::string a = test::checkpoint_at(dir + "/a", 3), b = test::checkpoint_at(dir + "/b", 3);
-  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" + bin_ +
-                          " train " + cfg + " --set train.steps=6 --set train.out_dir=" + dir +
-                          "/c --resume $( [ $OMPI_COMM_WORLD_RANK = 1 ] && echo " + b + " || echo " + a + " )'";
-  const int rc = run_shell(cmd, out);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  const std::string args = "train " + cfg + " --set train.steps=6 --set train.out_dir=" + dir + "/c --resume";
+  expect_failed_job(run_shell(mpirun_rank1(args, b, a), out), out);
   EXPECT_NE(out.find("rank 1's parameters differ from rank 0's when the run starts (step 3)"), std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(dir + "/c/metrics.jsonl")) << out;
@@ -253,9 +247,7 @@ TEST_F(Dist, KilledRankEndsTheJob) {
   const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" +
                           "[ $OMPI_COMM_WORLD_RANK = 1 ] && (sleep 3; kill -9 $$) & exec " + bin_ + " train " + cfg + "'";
   std::string out;
-  const int rc = run_shell(cmd, out);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(rc, 124) << "the job hung until timeout: " << out;
+  expect_failed_job(run_shell(cmd, out), out);
   EXPECT_NE(out.find("rank 1"), std::string::npos) << out;
 }
 
