@@ -429,19 +429,25 @@ void Trainer::save() {
 // another seed would start from other weights, one with another lr or schedule would drift from
 // the others, one with another step count would wait at a collective the others never reach. The
 // ranks compare a hash of each setting (leaves of Config::to_json, whose keys are the same on
-// every rank) and name the first that differs.
+// every rank when the counts agree) and name the first that differs.
 void Trainer::check_configs_agree() {
   if (world_ == 1) return;
   const json flat = cfg_.to_json().flatten();
   std::vector<int64_t> hashes;
   for (const auto& [key, value] : flat.items())
     hashes.push_back(static_cast<int64_t>(content_hash(key + "=" + value.dump()) >> 1));
-  const auto all = comm_->allgather({static_cast<int64_t>(content_hash(flat.dump()) >> 1)});
+  const auto all =
+      comm_->allgather({static_cast<int64_t>(hashes.size()), static_cast<int64_t>(content_hash(flat.dump()) >> 1)});
   int other = 0;
   for (int r = 1; r < world_ && !other; ++r)
     if (all[static_cast<size_t>(r)] != all[0]) other = r;
   if (!other) return;
-  const auto per_key = comm_->allgather(hashes);  // the same number of keys on every rank
+  // Optional settings (model.layers, a mixer's keys) make the key lists differ: then no key-by-key
+  // comparison (allgather needs one length).
+  if (all[static_cast<size_t>(other)][0] != all[0][0])
+    throw UserError(cfg_.source + ": rank 0 and rank " + std::to_string(other) +
+                    " set different settings: every rank of a job must run the same configuration and --set overrides");
+  const auto per_key = comm_->allgather(hashes);
   auto it = flat.items().begin();
   for (size_t i = 0; i < hashes.size(); ++i, ++it)
     if (per_key[static_cast<size_t>(other)][i] != per_key[0][i]) {

@@ -200,7 +200,8 @@ TEST_F(Dist, FailingRankEndsTheJobNamingIt) {
 }
 
 // A rank run with another setting (here --set train.seed on rank 1 only) is refused before
-// anything is trained, the setting named, on every rank; nothing is written to out_dir.
+// anything is trained, the setting named, on every rank; nothing is written to out_dir. So is one
+// with a setting the others lack.
 TEST_F(Dist, RanksWithDifferentConfigsAreRefused) {
   const std::string dir = test::fresh_dir("dp_configs");
   json j = test::tiny_train_config(dir + "/run");
@@ -211,6 +212,11 @@ TEST_F(Dist, RanksWithDifferentConfigsAreRefused) {
   EXPECT_NE(out.find("train.seed differs between rank 0 and rank 1"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
   EXPECT_TRUE(test::latest_checkpoint_path(dir + "/run").empty()) << out;
+  // An optional setting on rank 1 only (the default stack spelled out): the ranks' lists of
+  // settings differ in length, so none is named, and nothing hangs.
+  expect_failed_job(run_shell(mpirun_rank1("train " + cfg, "--set model.layer_pattern=[\\\"attention\\\"]"), out), out);
+  EXPECT_NE(out.find("rank 0 and rank 1 set different settings"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
 }
 
 // Ranks that would start from different weights (each resumed from another run's checkpoint, the
