@@ -181,4 +181,40 @@ struct Frag {
   __device__ int col(int n0, int nt, int e) const { return n0 + 8 * nt + 2 * q + (e & 1); }
 };
 
+// Row g (hf = 0) or g + 8 (hf = 1) of four adjacent bf16 n-tiles nt0..nt0+3 as 8 contiguous columns
+// per lane: lane q receives n-tile nt0 + q, columns 8 (nt0 + q) + 0..7 (a 4x4 transpose of the
+// quad's packed pairs in two xor shuffles). One 16-byte store per lane then writes whole 32-byte
+// sectors, where the accumulators' own pairs would be 4-byte stores into half sectors. Every lane
+// of the warp must call it.
+template <int NT>
+__device__ __forceinline__ uint4 quad_rows_bf16(const float (&acc)[NT][4], int nt0, int hf) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(acc[nt0 + j][2 * hf], acc[nt0 + j][2 * hf + 1]);
+    w[j] = *reinterpret_cast<const uint32_t*>(&p);
+  }
+  const int q = static_cast<int>(threadIdx.x) & 3;
+  const bool hi = q & 2, odd = q & 1;
+  // Swap the off-diagonal 2x2 blocks with lane q ^ 2, then transpose each block with lane q ^ 1.
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2), r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  if (hi) {
+    w[0] = r0;
+    w[1] = r1;
+  } else {
+    w[2] = r0;
+    w[3] = r1;
+  }
+  r0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[1], 1);
+  r1 = __shfl_xor_sync(0xffffffffu, odd ? w[2] : w[3], 1);
+  if (odd) {
+    w[0] = r0;
+    w[2] = r1;
+  } else {
+    w[1] = r0;
+    w[3] = r1;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 }  // namespace linac::sm80
