@@ -25,6 +25,8 @@
 // With lim = max(t0, 1) and e the block's last token, a row r is in the term when
 //   forward: en(t0 + r) > e  (its document reaches the next block)
 //   reverse: st(t0 + r) < lim  (it continues the state carried into the block)
+#include <type_traits>
+
 #include "lightning/lightning_common.cuh"
 
 namespace linac {
@@ -70,17 +72,29 @@ __device__ __forceinline__ float carry_decay(int n, int b, float g_full, float g
 }
 
 // A warp's 16 x 64 fragments of a 64x64 tile (rows m0.., sm80::Frag's layout) into out (row
-// length ld), the valid vk x vv corner only.
+// length ld), the valid vk x vv corner only. bf16 tiles go out in 16-byte pieces of rows (ld and
+// vv are multiples of 16), whole sectors where the fragments' pairs would write half sectors.
 template <class P>
 __device__ __forceinline__ void store_tile(P* out, int64_t ld, const float (&v)[8][4], int m0, int vk, int vv) {
   const sm80::Frag f;
+  if constexpr (std::is_same_v<P, sm80::bf16_t>) {
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+    for (int hf = 0; hf < 2; ++hf)
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-      if (r < vk && c < vv) sm80::store2(out + r * ld + c, v[nt][2 * hf], v[nt][2 * hf + 1]);
-    }
+      for (int nt0 = 0; nt0 < 8; nt0 += 4) {
+        const uint4 w = sm80::quad_rows_bf16(v, nt0, hf);
+        const int r = f.row(m0, 2 * hf), c = 8 * (nt0 + f.q);
+        if (r < vk && c < vv) *reinterpret_cast<uint4*>(out + r * ld + c) = w;
+      }
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
+        if (r < vk && c < vv) sm80::store2(out + r * ld + c, v[nt][2 * hf], v[nt][2 * hf + 1]);
+      }
+  }
 }
 
 // Blocks in flight in the walk: each block's x and y tiles start loading two blocks ahead, so
