@@ -217,4 +217,22 @@ __device__ __forceinline__ uint4 quad_rows_bf16(const float (&acc)[NT][4], int n
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The rows < `rows`, columns < `cols` corner of a warp's 16-row strip of f32 accumulators (rows
+// m0.., n-tiles from column n0) into bf16 `out` (row length ld; rows 16-byte aligned, cols a
+// multiple of 8) in 16-byte pieces of rows, through quad_rows_bf16.
+template <int NT>
+__device__ __forceinline__ void store_strip_bf16(bf16_t* out, int64_t ld, const float (&acc)[NT][4], int m0, int n0,
+                                                 int rows, int cols) {
+  static_assert(NT % 4 == 0, "whole quads of n-tiles");
+  const Frag f;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+    for (int nt0 = 0; nt0 < NT; nt0 += 4) {
+      const uint4 w = quad_rows_bf16(acc, nt0, hf);
+      const int r = f.row(m0, 2 * hf), c = n0 + 8 * (nt0 + f.q);
+      if (r < rows && c < cols) *reinterpret_cast<uint4*>(out + r * ld + c) = w;
+    }
+}
+
 }  // namespace linac::sm80

@@ -120,14 +120,7 @@ __device__ __forceinline__ void state_scan(const T* __restrict__ x, const T* __r
     if constexpr (sizeof(T) == 2 && C::NT % 4 == 0) {
       // 16-byte pieces of rows (Dv is a multiple of 16): the forward scan of a 1.3B layer took
       // 234 -> 182 us against the fragments' 4-byte pair stores (NOTES.md).
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-        for (int nt0 = 0; nt0 < C::NT; nt0 += 4) {
-          const uint4 w = quad_rows_bf16(acc, nt0, hf);
-          const int r = f.row(m0, 2 * hf), c = n0 + 8 * (nt0 + f.q);
-          if (r < vk && c < vv) *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * a.Dv + c) = w;
-        }
+      store_strip_bf16(out, a.Dv, acc, m0, n0, vk, vv);
     } else {
 #pragma unroll
       for (int nt = 0; nt < C::NT; ++nt)
@@ -180,7 +173,7 @@ __device__ __forceinline__ void state_scan(const T* __restrict__ x, const T* __r
 
 // Two kernels, as the register bounds differ: the reverse scan is held to 128 registers (left
 // alone it took 168: three CTAs per SM, and a 340M layer's 512 CTAs of 64x64 tiles then ran in
-// two waves); the forward one takes 112 unbounded (124 with the 4-byte stores, which spilled
+// two waves); the forward one takes 110 unbounded (124 with the 4-byte stores, which spilled
 // under the same bound).
 template <class T, int BK, int BV>
 __global__ void __launch_bounds__(128)
@@ -393,14 +386,7 @@ __global__ void __launch_bounds__(128)
 
   T* ob = out + b * os.b + t0 * os.t + h * a.Dv + j0;
   if constexpr (sizeof(T) == 2) {  // 16-byte pieces of rows, as the state scan stores
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int nt0 = 0; nt0 < 8; nt0 += 4) {
-        const uint4 w = quad_rows_bf16(acc, nt0, hf);
-        const int r = f.row(16 * warp, 2 * hf), c = 8 * (nt0 + f.q);
-        if (r < rows && c < vv) *reinterpret_cast<uint4*>(ob + r * os.t + c) = w;
-      }
+    store_strip_bf16(ob, os.t, acc, 16 * warp, 0, rows, vv);
   } else {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)

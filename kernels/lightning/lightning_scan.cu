@@ -78,14 +78,7 @@ template <class P>
 __device__ __forceinline__ void store_tile(P* out, int64_t ld, const float (&v)[8][4], int m0, int vk, int vv) {
   const sm80::Frag f;
   if constexpr (std::is_same_v<P, sm80::bf16_t>) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf)
-#pragma unroll
-      for (int nt0 = 0; nt0 < 8; nt0 += 4) {
-        const uint4 w = sm80::quad_rows_bf16(v, nt0, hf);
-        const int r = f.row(m0, 2 * hf), c = 8 * (nt0 + f.q);
-        if (r < vk && c < vv) *reinterpret_cast<uint4*>(out + r * ld + c) = w;
-      }
+    sm80::store_strip_bf16(out, ld, v, m0, 0, vk, vv);
   } else {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
