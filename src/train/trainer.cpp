@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
   else
     init_fresh();
   check_replicas_agree(true);
+  if (const char* d = std::getenv("LINAC_TEST_DRIFT_AT_STEP")) drift_at_step_ = std::atoll(d);
   writer_ = std::make_unique<CheckpointWriter>(
       model_->params(), *comm_,
       CheckpointWriter::Options{.out_dir = tc_.out_dir, .keep_last = tc_.keep_last, .async = tc_.checkpoint_async},
@@ -418,6 +420,8 @@ void Trainer::save() {
   d.state.loader = comm_->allgather(batches_->state().to_vector());
   d.tokenizer = data_.tokenizer_bytes();
   ctx_synchronize(ctx_);
+  if (step_ == drift_at_step_)  // for tests only: this rank's replica drifts, the check must catch it
+    zero_tensor(ctx_, model_->params().replica().front());
   check_replicas_agree(false);
   const ParamStore& ps = model_->params();
   // Each rank writes its piece (under ZeRO the shard it owns) from a host copy, in the background.

@@ -92,6 +92,7 @@ class Trainer {
   int rank_ = 0, world_ = 1;
   bool root_ = true, gpu_ = false;
   int64_t B_ = 0, T_ = 0, n_micro_ = 0;
+  int64_t drift_at_step_ = -1;  // LINAC_TEST_DRIFT_AT_STEP (docs/cli.md)
   TrainData data_;
   std::unique_ptr<RunLock> lock_;
   std::shared_ptr<spdlog::logger> log_;

@@ -241,6 +241,28 @@ TEST_F(Dist, RanksStartingFromDifferentWeightsAreRefused) {
   EXPECT_TRUE(test::latest_checkpoint_path(dir + "/c").empty()) << out;
 }
 
+// Ranks whose parameters drift apart during a run (here rank 1's zeroed by the test hook just
+// before the step-6 checkpoint) end the run at that checkpoint, naming the rank, with nothing of
+// step 6 written: the step-3 checkpoint stays the latest.
+TEST_F(Dist, RanksThatDriftApartStopAtTheNextCheckpoint) {
+  const std::string dir = test::fresh_dir("dp_drift");
+  json j = test::tiny_train_config(dir + "/run");
+  j["train"]["micro_batch"] = 2;
+  j["train"]["steps"] = 9;
+  j["train"]["checkpoint_every"] = 3;
+  const std::string cfg = write_config(dir, j);
+  const std::string cmd = std::string(kMpiEnv) + "timeout 120 mpirun -np 2 --oversubscribe bash -c '" +
+                          "[ $OMPI_COMM_WORLD_RANK = 1 ] && export LINAC_TEST_DRIFT_AT_STEP=6; exec " + bin_ +
+                          " train " + cfg + "'";
+  std::string out;
+  expect_failed_job(run_shell(cmd, out), out);
+  EXPECT_NE(out.find("rank 1's parameters differ from rank 0's at step 6 (data-parallel ranks diverged)"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::latest_checkpoint_path(dir + "/run"), test::checkpoint_at(dir + "/run", 3)) << out;
+  EXPECT_FALSE(fs::exists(test::checkpoint_at(dir + "/run", 6))) << out;
+}
+
 TEST_F(Dist, KilledRankEndsTheJob) {
   const std::string dir = test::fresh_dir("dp_kill");
   json j = test::tiny_train_config(dir + "/run");
