@@ -197,7 +197,8 @@ __device__ __forceinline__ uint4 quad_rows_bf16(const float (&acc)[NT][4], int n
   const int q = static_cast<int>(threadIdx.x) & 3;
   const bool hi = q & 2, odd = q & 1;
   // Swap the off-diagonal 2x2 blocks with lane q ^ 2, then transpose each block with lane q ^ 1.
-  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2), r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+  uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
   if (hi) {
     w[0] = r0;
     w[1] = r1;

@@ -125,7 +125,8 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
     warp_mma<T, false, false, 4>(aq, DO, C::LDV, m0, 0, Sn, C::LDV, 0, n0, WV / 16);      // do S^T
     warp_mma<T, false, false, 4>(ak, V, C::LDV, m0, 0, dSn, C::LDV, 0, n0, WV / 16);      // v dS^T
     warp_mma<T, false, false, 4>(ap, DO, C::LDV, m0, 0, V, C::LDV, 0, n0, WV / 16, ntp);  // do v^T
-    const T *dr = dSn + (tid >> 2) * C::LDV + (tid & 3) * (WV / 4), *sr = Sn + (tid >> 2) * C::LDV + (tid & 3) * (WV / 4);
+    const int rs_at = (tid >> 2) * C::LDV + (tid & 3) * (WV / 4);
+    const T *dr = dSn + rs_at, *sr = Sn + rs_at;
 #pragma unroll
     for (int j = 0; j < WV / 4; j += 4) {
       const float4 d4 = cuda::load4(dr + j), s4 = cuda::load4(sr + j);

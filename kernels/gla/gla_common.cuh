@@ -45,10 +45,10 @@ using sm80::ldsm_x4;
 using sm80::ldsm_x4_trans;
 using sm80::load2f;
 using sm80::load_tile;
-using sm80::store_strip_bf16;
 using sm80::mma_bf16;
 using sm80::smem_u32;
 using sm80::store2;
+using sm80::store_strip_bf16;
 using sm80::tile_bytes;
 using sm80::warp_mma;
 

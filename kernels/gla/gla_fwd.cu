@@ -9,11 +9,11 @@
 //   state   grid (Dk/BK * Dv/BV tiles, B*H), sequential over the chunks of one sequence: the f32
 //           state tile lives in mma accumulators; per chunk it is stored (S_n, rounded to the
 //           activation dtype: it only feeds tensor-core matmuls; in 16-byte pieces of rows),
-//           decayed by exp(bn) and updated by kd^T v on tensor cores. A multi-stage cp.async pipeline keeps chunks in flight, so a
-//           step costs its matmul, not a memory round trip. 64x64 tiles (3 stages), or 32x32 tiles
-//           (8 stages) when 64x64 would leave SMs idle (few sequences*heads, e.g. B = 1 at
-//           T = 32768). The reverse
-//           direction scans dS = exp(bn) dS + qd^T do for the backward.
+//           decayed by exp(bn) and updated by kd^T v on tensor cores. A multi-stage cp.async
+//           pipeline keeps chunks in flight, so a step costs its matmul, not a memory round trip.
+//           64x64 tiles (3 stages), or 32x32 tiles (8 stages) when 64x64 would leave SMs idle
+//           (few sequences*heads, e.g. B = 1 at T = 32768). The reverse direction scans
+//           dS = exp(bn) dS + qd^T do for the backward.
 //   intra   grid (N, B*H): P (64x64 per chunk) from 16-row sub-chunks: the 6 off-diagonal blocks
 //           as tensor-core matmuls of q*exp(B - B[16I]) and k*exp(B[16I] - B) (all factors <= 1),
 //           the 4 diagonal blocks in f32 as dot products of the same factors referenced to the
