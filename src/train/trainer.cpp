@@ -477,14 +477,18 @@ void Trainer::check_replicas_agree(bool at_start) {
     if (at_start)
       throw UserError(what + " when the run starts (step " + std::to_string(step_) +
                       "): every rank must start from the same weights (the same init_from or --resume checkpoint)");
-    throw Error(what + " at step " + std::to_string(step_) + " (data-parallel ranks diverged)");
+    // Every rank sees the same hashes, so all of them end here, after the checkpoint in flight
+    // (its ranks agreed when it was taken).
+    throw diverged(
+        std::to_string(step_) + ": " + what + " (data-parallel ranks drifted apart), so no checkpoint was written",
+        "where the ranks agreed", "resume from it; a drift that recurs points at a faulty GPU or a bug");
   }
 }
 
-Diverged Trainer::diverged(const std::string& why) {
+Diverged Trainer::diverged(const std::string& why, const std::string& good, const std::string& advice) {
   writer_->wait();  // every rank gets here at the same step: the checkpoint in flight is the last good one
-  const std::string msg = "training diverged at step " + why + "; the last checkpoint with finite values is " +
-                          last_good_ + " (lower train.lr or raise train.adam_eps, then resume from it)";
+  const std::string msg =
+      "training diverged at step " + why + "; the last checkpoint " + good + " is " + last_good_ + " (" + advice + ")";
   log_->error("{}", msg);
   return Diverged(msg);
 }

@@ -83,7 +83,10 @@ class Trainer {
   void check_finite();
   void save();
   bool due(int64_t every) const { return every > 0 && (step_ % every == 0 || step_ == tc_.steps); }
-  Diverged diverged(const std::string& why);
+  // The run's end when training cannot go on: the checkpoint in flight finished, `good` says what
+  // makes the last checkpoint good ("with finite values"), `advice` what to do.
+  Diverged diverged(const std::string& why, const std::string& good = "with finite values",
+                    const std::string& advice = "lower train.lr or raise train.adam_eps, then resume from it");
   double seconds_since_start() const;
 
   const Config& cfg_;
