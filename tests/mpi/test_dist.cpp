@@ -253,10 +253,10 @@ TEST_F(Dist, RanksThatDriftApartStopAtTheNextCheckpoint) {
   j["train"]["checkpoint_every"] = 3;
   const std::string cfg = write_config(dir, j);
   // Each checkpoint write waits 2 s, so the step-3 one is still in flight at step 6.
-  const std::string cmd =
-      std::string(kMpiEnv) + "LINAC_TEST_CHECKPOINT_DELAY_MS=2000 timeout 120 mpirun -np 2 " +
-      "--oversubscribe bash -c '[ $OMPI_COMM_WORLD_RANK = 1 ] && export LINAC_TEST_DRIFT_AT_STEP=6; " + "exec " + bin_ +
-      " train " + cfg + "'";
+  const std::string cmd = std::string(kMpiEnv) +
+                          "LINAC_TEST_CHECKPOINT_DELAY_MS=2000 timeout 120 mpirun -np 2 --oversubscribe bash -c '"
+                          "[ $OMPI_COMM_WORLD_RANK = 1 ] && export LINAC_TEST_DRIFT_AT_STEP=6; exec " +
+                          bin_ + " train " + cfg + "'";
   std::string out;
   EXPECT_EQ(run_shell(cmd, out), kExitDiverged) << out;
   EXPECT_NE(out.find("training diverged at step 6: rank 1's parameters differ from rank 0's"), std::string::npos)
