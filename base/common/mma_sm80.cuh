@@ -1,6 +1,7 @@
 // The sm_80+ tensor-core toolkit shared by the mma.sync kernels (attention, GLA, Latte, Lightning,
-// Taylor): cp.async tile loads into padded shared memory, ldmatrix, mma.sync m16n8k16 bf16 -> f32,
-// and a warp-level matmul over shared-memory tiles in either storage order.
+// Taylor): cp.async tile loads into padded shared memory (short_conv stages its rows with it too),
+// ldmatrix, mma.sync m16n8k16 bf16 -> f32, and a warp-level matmul over shared-memory tiles in
+// either storage order.
 //
 // Tiles live in shared memory row-major with rows padded by 16 bytes (ld_of), so the 8 row
 // addresses of an ldmatrix phase and of the cp.async stores land in 8 different bank groups.
@@ -56,6 +57,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) { cp_async16(smem_u32(dst), src, valid); }
+// kBytes = 4, 8 or 16 bytes global -> shared through L1 (.ca: the only form for 4 and 8 bytes).
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(void* dst, const void* src) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(smem_u32(dst)), "l"(src), "n"(kBytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -10,19 +10,23 @@
 // The op streams memory, so the forward and backward kernels are built for bandwidth: a CTA covers
 // a tile of kShortConvTileTokens tokens of one sequence and kGroups x V channels; each thread owns V
 // consecutive channels (one 16-byte f32 or 8-byte bf16 access when the tensors allow it, else
-// V = 1) and every kRows-th token of the tile, each token independent of the last, so a thread has
-// many loads in flight. Every token reads the W inputs of its window itself: the neighbours' reads
-// of the same rows hit L1, and no sequential window limits the memory parallelism. The filter of
-// the CTA's channels sits in shared memory. The sums run in ascending tap order, as on the CPU.
-// The window's loads are issued unconditionally (clamped rows, masked where used), so they leave
-// together. The backward computes each dc once, for the tile and the W-1 tokens after it, into
-// shared memory, where the tile's da reads it (recomputing c at the W tokens each da needs was
-// slower: 0.89 against 0.55 ms, kernels/short_conv/NOTES.md); each CTA adds its threads'
-// dh/dba/dbg in a fixed order and writes one row of partial sums per tile to ctx.workspace, and a
-// second kernel adds the tiles of each channel in a fixed order (deterministic, no atomics). The
-// decode step keeps the old inputs in a register window.
+// V = 1) and every kRows-th token of the tile. The CTA first copies every row it will read (a from
+// the W-1 tokens before the tile, g and in the backward dz; the backward's rows run W-1 tokens past
+// the tile) into shared memory with cp.async, all copies in flight at once, and each token then
+// reads its window from there. (Loading each token's window from global memory, the neighbours'
+// rows from L1, kept only 12-20 KB per SM in flight: the backward took 0.44 against 0.38 ms,
+// NOTES.md.) The filter of the CTA's channels sits in shared memory. The sums run in ascending tap
+// order, as on the CPU. The backward computes each dc once, for the tile and the W-1 tokens after
+// it, into shared memory, where the tile's da reads it (recomputing c at the W tokens each da needs
+// was slower: 0.89 against 0.55 ms, NOTES.md); each CTA adds its threads' dh/dba/dbg in a fixed
+// order and writes one row of partial sums per tile to ctx.workspace, and a second kernel adds the
+// tiles of each channel in a fixed order (deterministic, no atomics). The decode step keeps the old
+// inputs in a register window.
+#include <type_traits>
+
 #include "activation/sigmoid.cuh"
 #include "common/cuda_common.cuh"
+#include "common/mma_sm80.cuh"
 #include "short_conv/short_conv.h"
 
 namespace linac {
@@ -103,14 +107,6 @@ __device__ __forceinline__ void load_bias(const float* bias, int ch, float (&v)[
   for (int i = 0; i < V; ++i) v[i] = bias ? bias[ch + i] : 0.f;
 }
 
-// Rows of a [T, ...] sequence at row index r clamped into [0, T): every load of a token's window
-// is issued unconditionally (the masks below drop the clamped ones), so a thread's loads leave
-// together instead of one guarded load after another.
-template <int V, class T>
-__device__ __forceinline__ void load_row(const T* seq, int64_t stride_t, int r, int len, float (&v)[V]) {
-  cuda::load_vals<V>(seq + static_cast<int64_t>(min(max(r, 0), len - 1)) * stride_t, v);
-}
-
 // c = sum_j h[j] ã[t-W+1+j] over the taps at or after lo (0, or t's document start), ascending j;
 // xa[i] = a[t-i] (raw, clamped loads), so tap j is window entry i = W-1-j. kTaps >= W.
 template <int kTaps, int V>
@@ -128,26 +124,69 @@ __device__ __forceinline__ void conv_window(const float (&xa)[kTaps][V], int t, 
   }
 }
 
+// The rows a CTA reads, staged in shared memory before any is used: a from token t0 - kHalo (the
+// window of the tile's first token), g and, in the backward, dz from t0; the backward's rows run
+// W - 1 tokens past the tile. Each row holds the CTA's kGroups x V channels.
+template <class T, int V, int kTaps, bool kBwd>
+struct Staging {
+  static constexpr int kN = kGroups * V;  // row pitch
+  static constexpr int kHalo = kTaps - 1;
+  static constexpr int kAfter = kBwd ? kTaps - 1 : 0;
+  static constexpr int kRowsA = kTile + kHalo + kAfter, kRowsG = kTile + kAfter;
+  static constexpr int kBytes = static_cast<int>(sizeof(T)) * kN * (kRowsA + (kBwd ? 2 : 1) * kRowsG);
+};
+
+template <int V, class T>
+__device__ __forceinline__ void copy_vals_async(T* dst, const T* src) {
+  constexpr int kBytes = V * static_cast<int>(sizeof(T));
+  if constexpr (kBytes >= 4)
+    sm80::cp_async_ca<kBytes>(dst, src);
+  else
+    *dst = *src;  // one bf16 channel: below cp.async's 4 bytes
+}
+
+// Rows first + r of seq for r in [0, n) into dst's row r: this thread's V channels (cl) of rows
+// row, row + kRows, ... Source rows are clamped into [0, len): the taps they feed outside the
+// sequence are masked where they are summed, so no copy needs a condition. Every copy is issued
+// before any completes: a CTA has its whole tile in flight.
+template <int V, class T>
+__device__ __forceinline__ void stage_rows(T* dst, const T* seq, int64_t stride_t, int first, int n, int len, int row,
+                                           int cl) {
+  for (int r = row; r < n; r += kRows)
+    copy_vals_async<V>(dst + r * (kGroups * V) + cl,
+                       seq + static_cast<int64_t>(min(max(first + r, 0), len - 1)) * stride_t);
+}
+
 template <class T, int V, int kTaps, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, T* __restrict__ z, const Args p) {
+  using S = Staging<T, V, kTaps, false>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* As = reinterpret_cast<T*>(smem);  // a of token t0 - kHalo + r
+  T* Gs = As + S::kRowsA * S::kN;      // g of token t0 + r
   __shared__ float hs[kMaxW][kMaxChannels];
   const Slot<V> s = slot_of<V>(p);
+  if (s.active) {
+    stage_rows<V>(As, a + s.b * p.a.b + s.ch, p.a.t, s.t0 - S::kHalo, s.t1 - s.t0 + S::kHalo, p.T, s.row, s.cl);
+    stage_rows<V>(Gs, g + s.b * p.g.b + s.ch, p.g.t, s.t0, s.t1 - s.t0, p.T, s.row, s.cl);
+  }
+  sm80::cp_async_commit();
   load_filter_tile<V>(h, p, hs);
+  sm80::cp_async_wait<0>();
+  __syncthreads();
   if (!s.active) return;
-  const T* a_seq = a + s.b * p.a.b + s.ch;
-  const T* g_seq = g + s.b * p.g.b + s.ch;
   T* z_seq = z + s.b * p.z.b + s.ch;
   const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(s.b) * p.T : nullptr;
   float bias_a[V], bias_g[V];
   load_bias<V>(ba, s.ch, bias_a);
   load_bias<V>(bg, s.ch, bias_g);
   for (int t = s.t0 + s.row; t < s.t1; t += kRows) {
+    const int r = t - s.t0;
     float xa[kTaps][V], gv[V], c[V], zv[V];
 #pragma unroll
-    for (int i = 0; i < kTaps; ++i) load_row<V>(a_seq, p.a.t, t - i, p.T, xa[i]);
-    cuda::load_vals<V>(g_seq + t * p.g.t, gv);
+    for (int i = 0; i < kTaps; ++i) cuda::load_vals<V>(As + (r + S::kHalo - i) * S::kN + s.cl, xa[i]);
+    cuda::load_vals<V>(Gs + r * S::kN + s.cl, gv);
     conv_window<kTaps, V>(xa, t, kDocs ? start[t] : 0, p.W, hs, s.cl, bias_a, c);
 #pragma unroll
     for (int i = 0; i < V; ++i) zv[i] = activation(c[i], p.silu) * (gv[i] + bias_g[i]);
@@ -194,35 +233,46 @@ __global__ void __launch_bounds__(kThreads, 2)
     bwd_kernel(const T* __restrict__ a, const T* __restrict__ g, const float* __restrict__ h,
                const float* __restrict__ ba, const float* __restrict__ bg, const T* __restrict__ dz, T* __restrict__ da,
                T* __restrict__ dg, float* __restrict__ partial, const Args p) {
+  using S = Staging<T, V, kTaps, true>;
   constexpr int kRowsDc = kTile + kMaxW - 1;
   static_assert(kRowsDc * kMaxChannels >= kWarps * (kMaxW + 2) * kMaxChannels, "sums alias dc");
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* As = reinterpret_cast<T*>(smem);  // a of token t0 - kHalo + r
+  T* Gs = As + S::kRowsA * S::kN;      // g of token t0 + r
+  T* DZs = Gs + S::kRowsG * S::kN;     // dz of token t0 + r
   __shared__ float hs[kMaxW][kMaxChannels];
   __shared__ float dcs[kRowsDc][kMaxChannels];  // dc of token t0 + r; later the CTA's sums
   const Slot<V> s = slot_of<V>(p);
+  const int t_end = min(s.t1 + p.W - 1, p.T);
+  if (s.active) {
+    stage_rows<V>(As, a + s.b * p.a.b + s.ch, p.a.t, s.t0 - S::kHalo, t_end - s.t0 + S::kHalo, p.T, s.row, s.cl);
+    stage_rows<V>(Gs, g + s.b * p.g.b + s.ch, p.g.t, s.t0, t_end - s.t0, p.T, s.row, s.cl);
+    stage_rows<V>(DZs, dz + s.b * p.dz.b + s.ch, p.dz.t, s.t0, t_end - s.t0, p.T, s.row, s.cl);
+  }
+  sm80::cp_async_commit();
   load_filter_tile<V>(h, p, hs);
+  sm80::cp_async_wait<0>();
+  __syncthreads();
   float dh_acc[kTaps][V] = {}, dba_acc[V] = {}, dbg_acc[V] = {};
-  const T* a_seq = a + s.b * p.a.b + s.ch;
   const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(s.b) * p.T : nullptr;
   float bias_a[V], bias_g[V];
   if (s.active) {
     load_bias<V>(ba, s.ch, bias_a);
     load_bias<V>(bg, s.ch, bias_g);
-    const T* g_seq = g + s.b * p.g.b + s.ch;
-    const T* dz_seq = dz + s.b * p.dz.b + s.ch;
     T* dg_seq = dg ? dg + s.b * p.dg.b + s.ch : nullptr;  // null: the gate's gradient not wanted
-    const int t_end = min(s.t1 + p.W - 1, p.T);
     for (int t = s.t0 + s.row; t < t_end; t += kRows) {
+      const int r = t - s.t0;
       float xa[kTaps][V], dzv[V], gv[V], c[V], dc[V];
 #pragma unroll
-      for (int i = 0; i < kTaps; ++i) load_row<V>(a_seq, p.a.t, t - i, p.T, xa[i]);
-      cuda::load_vals<V>(dz_seq + t * p.dz.t, dzv);
-      cuda::load_vals<V>(g_seq + t * p.g.t, gv);
+      for (int i = 0; i < kTaps; ++i) cuda::load_vals<V>(As + (r + S::kHalo - i) * S::kN + s.cl, xa[i]);
+      cuda::load_vals<V>(DZs + r * S::kN + s.cl, dzv);
+      cuda::load_vals<V>(Gs + r * S::kN + s.cl, gv);
       const int lo = kDocs ? start[t] : 0;
       conv_window<kTaps, V>(xa, t, lo, p.W, hs, s.cl, bias_a, c);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         dc[i] = dzv[i] * (gv[i] + bias_g[i]) * activation_grad(c[i], p.silu);
-        dcs[t - s.t0][s.cl + i] = dc[i];
+        dcs[r][s.cl + i] = dc[i];
       }
       if (t < s.t1) {
         float dgv[V];
@@ -340,6 +390,18 @@ unsigned tile_grid(Args& p, int64_t B, int V) {
   return static_cast<unsigned>(B * p.tiles * p.cblocks);
 }
 
+// Calls launch(integral_constant kTaps, integral_constant kDocs): 4 taps for W <= 4, else 8; the
+// documents instance where bounds are given.
+template <class Fn>
+void with_taps(const Args& p, Fn&& launch) {
+  using Four = std::integral_constant<int, 4>;
+  using Eight = std::integral_constant<int, kMaxW>;
+  if (p.W <= 4)
+    p.doc_start ? launch(Four{}, std::true_type{}) : launch(Four{}, std::false_type{});
+  else
+    p.doc_start ? launch(Eight{}, std::true_type{}) : launch(Eight{}, std::false_type{});
+}
+
 // Calls launch(std::integral_constant<int, V>{}, grid) with V = 4 channels per thread when `four`
 // (four_channels), else 1, and the grid for that V.
 template <class Fn>
@@ -363,10 +425,15 @@ void short_conv_fwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   launch_tiles(p, L.B, four, [&](auto v, unsigned grid) {
     constexpr int V = decltype(v)::value;
     LINAC_GPU_DISPATCH(a.dtype, T, {
-      auto kernel = p.W <= 4 ? (p.doc_start ? fwd_kernel<T, V, 4, true> : fwd_kernel<T, V, 4, false>)
-                             : (p.doc_start ? fwd_kernel<T, V, kMaxW, true> : fwd_kernel<T, V, kMaxW, false>);
-      kernel<<<grid, kThreads, 0, cuda::stream_of(ctx)>>>(
-          a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
+      auto launch = [&](auto taps, auto docs) {
+        constexpr int kTaps = decltype(taps)::value;
+        auto kernel = fwd_kernel<T, V, kTaps, decltype(docs)::value>;
+        constexpr int kBytes = Staging<T, V, kTaps, false>::kBytes;
+        LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+        kernel<<<grid, kThreads, kBytes, cuda::stream_of(ctx)>>>(
+            a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba), ptr_or_null<float>(bg), z.data<T>(), p);
+      };
+      with_taps(p, launch);
     });
   });
 }
@@ -387,10 +454,16 @@ void short_conv_bwd_cuda(const Ctx& ctx, const ShortConvLayout& L, const Tensor&
   launch_tiles(p, L.B, four, [&](auto v, unsigned grid) {
     constexpr int V = decltype(v)::value;
     LINAC_GPU_DISPATCH(a.dtype, T, {
-      auto kernel = p.W <= 4 ? (p.doc_start ? bwd_kernel<T, V, 4, true> : bwd_kernel<T, V, 4, false>)
-                             : (p.doc_start ? bwd_kernel<T, V, kMaxW, true> : bwd_kernel<T, V, kMaxW, false>);
-      kernel<<<grid, kThreads, 0, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
-                                        ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), ptr_or_null<T>(dg), partial, p);
+      auto launch = [&](auto taps, auto docs) {
+        constexpr int kTaps = decltype(taps)::value;
+        auto kernel = bwd_kernel<T, V, kTaps, decltype(docs)::value>;
+        constexpr int kBytes = Staging<T, V, kTaps, true>::kBytes;
+        LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+        kernel<<<grid, kThreads, kBytes, st>>>(a.data<T>(), g.data<T>(), h.data<float>(), ptr_or_null<float>(ba),
+                                               ptr_or_null<float>(bg), dz.data<T>(), da.data<T>(), ptr_or_null<T>(dg),
+                                               partial, p);
+      };
+      with_taps(p, launch);
     });
   });
   const dim3 grid(cuda::grid_1d(p.C, 32), static_cast<unsigned>(p.W + 2));
