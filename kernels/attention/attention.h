@@ -17,8 +17,8 @@
 //
 // RoPE (AttentionOpts::rope defined): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
 // t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e.
-// rope_bwd applied to the gradients above. The Hopper kernels at D = 64 rotate dq and dk as they write them (one bf16
-// rounding, no extra pass); elsewhere a rope_bwd pass follows.
+// rope_bwd applied to the gradients above. The Hopper backward rotates dq and dk as it writes them at D = 64, and dk
+// at D = 128 (one bf16 rounding, no extra pass); every other gradient gets a rope_bwd pass after the kernel.
 //
 // Layout: q, o, dout, dq are [B, T, H, D] and k, v, dk, dv [B, T, Hk, D], each with the last two
 // dims contiguous (head stride D, unit dim stride); batch and token strides are free, since q/k/v
