@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda_common.cuh"
 
@@ -241,6 +242,25 @@ __device__ __forceinline__ void store_strip_bf16(bf16_t* out, int64_t ld, const 
       const int r = f.row(m0, 2 * hf), c = n0 + 8 * (nt0 + f.q);
       if (r < rows && c < cols) *reinterpret_cast<uint4*>(out + r * ld + c) = w;
     }
+}
+
+// The same corner in either activation dtype: bf16 (whole quads of n-tiles) through
+// store_strip_bf16, f32 as the fragments' own pairs.
+template <class T, int NT>
+__device__ __forceinline__ void store_strip(T* out, int64_t ld, const float (&acc)[NT][4], int m0, int n0, int rows,
+                                            int cols) {
+  if constexpr (std::is_same_v<T, bf16_t> && NT % 4 == 0) {
+    store_strip_bf16(out, ld, acc, m0, n0, rows, cols);
+  } else {
+    const Frag f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = f.row(m0, 2 * hf), c = f.col(n0, nt, 0);
+        if (r < rows && c < cols) store2(out + r * ld + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
+      }
+  }
 }
 
 }  // namespace linac::sm80

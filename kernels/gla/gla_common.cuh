@@ -48,7 +48,7 @@ using sm80::load_tile;
 using sm80::mma_bf16;
 using sm80::smem_u32;
 using sm80::store2;
-using sm80::store_strip_bf16;
+using sm80::store_strip;
 using sm80::tile_bytes;
 using sm80::warp_mma;
 

@@ -117,19 +117,9 @@ __device__ __forceinline__ void state_scan(const T* __restrict__ x, const T* __r
   };
   auto store = [&](int n, const float (&acc)[C::NT][4]) {
     T* out = states + ((static_cast<int64_t>(bh) * n_states + n) * a.Dk + i0) * a.Dv + j0;
-    if constexpr (sizeof(T) == 2 && C::NT % 4 == 0) {
-      // 16-byte pieces of rows (Dv is a multiple of 16): the forward scan of a 1.3B layer took
-      // 234 -> 182 us against the fragments' 4-byte pair stores (NOTES.md).
-      store_strip_bf16(out, a.Dv, acc, m0, n0, vk, vv);
-    } else {
-#pragma unroll
-      for (int nt = 0; nt < C::NT; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = f.row(m0, 2 * hf), c = f.col(n0, nt, 0);
-          if (r < vk && c < vv) store2(out + static_cast<int64_t>(r) * a.Dv + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-        }
-    }
+    // bf16 in 16-byte pieces of rows (Dv is a multiple of 16): the forward scan of a 1.3B layer
+    // took 234 -> 182 us against the fragments' 4-byte pair stores (NOTES.md).
+    store_strip(out, a.Dv, acc, m0, n0, vk, vv);
   };
 
   float acc[C::NT][4];
@@ -349,7 +339,6 @@ __global__ void __launch_bounds__(128)
   const int j0 = blockIdx.x % nz * kW, vv = min(kW, a.Dv - j0);
   const int64_t t0 = static_cast<int64_t>(n) * kC, c0 = static_cast<int64_t>(bh) * a.N + n;
   const int rows = min(kC, a.T - n * kC), warp = threadIdx.x >> 5, kslices = cdiv(a.Dk, kW);
-  const Frag f;
   auto stage_x = [&](int s) { return reinterpret_cast<T*>(smem + s * C::kStage); };
   auto stage_s = [&](int s) { return reinterpret_cast<T*>(smem + s * C::kStage + C::kT); };
   T* Pm = reinterpret_cast<T*>(smem + 2 * C::kStage);
@@ -385,17 +374,7 @@ __global__ void __launch_bounds__(128)
     warp_mma<T, false, true, 8>(acc, Pm, C::LD, 16 * warp, 0, Y, C::LD, 0, 0, warp + 1);
 
   T* ob = out + b * os.b + t0 * os.t + h * a.Dv + j0;
-  if constexpr (sizeof(T) == 2) {  // 16-byte pieces of rows, as the state scan stores
-    store_strip_bf16(ob, os.t, acc, 16 * warp, 0, rows, vv);
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = f.row(16 * warp, 2 * hf), c = f.col(0, nt, 0);
-        if (r < rows && c < vv) store2(ob + r * os.t + c, acc[nt][2 * hf], acc[nt][2 * hf + 1]);
-      }
-  }
+  store_strip(ob, os.t, acc, 16 * warp, 0, rows, vv);  // bf16 in 16-byte pieces of rows, as the state scan
 }
 
 template <class K>

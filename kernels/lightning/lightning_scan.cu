@@ -25,8 +25,6 @@
 // With lim = max(t0, 1) and e the block's last token, a row r is in the term when
 //   forward: en(t0 + r) > e  (its document reaches the next block)
 //   reverse: st(t0 + r) < lim  (it continues the state carried into the block)
-#include <type_traits>
-
 #include "lightning/lightning_common.cuh"
 
 namespace linac {
@@ -69,25 +67,6 @@ __device__ __forceinline__ float carry_decay(int n, int b, float g_full, float g
     if (a.doc_start[static_cast<int64_t>(b) * a.T + last] >= max(t0, 1)) g = 0.f;
   }
   return g;
-}
-
-// A warp's 16 x 64 fragments of a 64x64 tile (rows m0.., sm80::Frag's layout) into out (row
-// length ld), the valid vk x vv corner only. bf16 tiles go out in 16-byte pieces of rows (ld and
-// vv are multiples of 16), whole sectors where the fragments' pairs would write half sectors.
-template <class P>
-__device__ __forceinline__ void store_tile(P* out, int64_t ld, const float (&v)[8][4], int m0, int vk, int vv) {
-  const sm80::Frag f;
-  if constexpr (std::is_same_v<P, sm80::bf16_t>) {
-    sm80::store_strip_bf16(out, ld, v, m0, 0, vk, vv);
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = f.row(m0, 2 * hf), c = f.col(0, nt, 0);
-        if (r < vk && c < vv) sm80::store2(out + r * ld + c, v[nt][2 * hf], v[nt][2 * hf + 1]);
-      }
-  }
 }
 
 // Blocks in flight in the walk: each block's x and y tiles start loading two blocks ahead, so
@@ -190,7 +169,7 @@ __global__ void __launch_bounds__(128) local_kernel(const T* __restrict__ x, Lig
   bool fac_full = false;
   float acc[8][4] = {};
   block_term<T, kRev, kDocs>(acc, X, Y, m0, n, m, b, s, a, fac, fac_full);
-  store_tile(U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0, a.Dv, acc, m0, vk, vv);
+  sm80::store_strip(U + ((static_cast<int64_t>(bh) * a.N + n) * a.Dk + i0) * a.Dv + j0, a.Dv, acc, m0, 0, vk, vv);
 }
 
 constexpr int kCombineThreads = 256, kAhead = 8;
@@ -279,14 +258,14 @@ __global__ void __launch_bounds__(128, 4) walk_kernel(const T* __restrict__ x, L
     load(step + kWalkStages - 1);
     float acc[8][4] = {};
     block_term<T, kRev, kDocs>(acc, X(step), Y(step), m0, n, m, b, s, a, fac, fac_full);
-    store_tile(states + (static_cast<int64_t>(bh) * N + n) * SS + tile0, a.Dv, cur, m0, vk, vv);
+    sm80::store_strip(states + (static_cast<int64_t>(bh) * N + n) * SS + tile0, a.Dv, cur, m0, 0, vk, vv);
     const float g = carry_decay<kDocs>(n, b, g_full, g_last, a);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) cur[nt][e] = fmaf(g, cur[nt][e], acc[nt][e]);
   }
-  if (final_out) store_tile(final_out + bh * SS + tile0, a.Dv, cur, m0, vk, vv);
+  if (final_out) sm80::store_strip(final_out + bh * SS + tile0, a.Dv, cur, m0, 0, vk, vv);
 }
 
 template <class T, bool kRev, bool kDocs>
