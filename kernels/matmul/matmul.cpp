@@ -89,7 +89,10 @@ void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b,
     return;
   }
   LINAC_CHECK(a.dtype == c.dtype && b.dtype == c.dtype, "matmul: CPU dtypes must agree");
-  LINAC_CPU_DISPATCH(c.dtype, T, matmul_cpu<T>(p, a.data<T>(), b.data<T>(), c.data<T>()));
+  LINAC_CPU_DISPATCH(c.dtype, T, {
+    matmul_cpu<T>(p, a.data<T>(), b.data<T>(), c.data<T>());
+    if (p.bias) add_bias_rows_cpu<T>(p, static_cast<const T*>(p.bias), c.data<T>());
+  });
 }
 
 }  // namespace
@@ -102,6 +105,17 @@ void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool
 void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                     double alpha, double beta) {
   run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, true), a, b, c);
+}
+
+void matmul_bias(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                 const Tensor& c) {
+  GemmProblem p = problem_of(ctx, a, trans_a, b, trans_b, c, 1, 0, false);
+  LINAC_CHECK(bias.device == ctx.device && bias.dtype == c.dtype && bias.is_contiguous() && bias.numel() == p.n,
+              "matmul_bias: bias must be a contiguous [" + std::to_string(p.n) + "] vector in C's dtype, got " +
+                  bias.shape_str());
+  LINAC_CHECK(reinterpret_cast<uintptr_t>(bias.ptr) % 16 == 0, "matmul_bias: bias must be 16-byte aligned");
+  p.bias = bias.ptr;
+  run(ctx, p, a, b, c);
 }
 
 }  // namespace linac

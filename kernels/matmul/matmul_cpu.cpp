@@ -218,4 +218,14 @@ void matmul_cpu(const GemmProblem& pr, const T* a, const T* b, T* c) {
 template void matmul_cpu<float>(const GemmProblem&, const float*, const float*, float*);
 template void matmul_cpu<double>(const GemmProblem&, const double*, const double*, double*);
 
+template <class T>
+void add_bias_rows_cpu(const GemmProblem& p, const T* bias, T* c) {
+#pragma omp parallel for schedule(static) if (static_cast <double>(p.m) * static_cast <double>(p.n) >= kParallelMinMacs)
+  for (int64_t i = 0; i < p.m; ++i)
+    for (int64_t j = 0; j < p.n; ++j) c[i * p.ldc + j] += bias[j];
+}
+
+template void add_bias_rows_cpu<float>(const GemmProblem&, const float*, float*);
+template void add_bias_rows_cpu<double>(const GemmProblem&, const double*, double*);
+
 }  // namespace linac

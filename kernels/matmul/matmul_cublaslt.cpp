@@ -52,7 +52,7 @@ struct PlanKey {
   size_t workspace_bytes;
   uint32_t align_a, align_b, align_c;
   DType ab, c;
-  bool trans_a, trans_b, tf32;
+  bool trans_a, trans_b, tf32, bias;
   bool operator==(const PlanKey&) const = default;
 };
 
@@ -66,7 +66,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(k.device));
     mix((uint64_t(k.align_a) << 32) | (uint64_t(k.align_b) << 16) | k.align_c);
     mix((uint64_t(k.ab) << 8) | uint64_t(k.c));
-    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.tf32) << 2);
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.tf32) << 2 | uint64_t(k.bias) << 3);
     return h;
   }
 };
@@ -132,8 +132,8 @@ std::string describe(const PlanKey& k) {
          " batch=" + std::to_string(k.batch) + " trans_a=" + std::to_string(k.trans_a) +
          " trans_b=" + std::to_string(k.trans_b) + " A/B " + dtype_name(k.ab) + " C " + dtype_name(k.c) +
          " lda=" + std::to_string(k.lda) + " ldb=" + std::to_string(k.ldb) + " ldc=" + std::to_string(k.ldc) +
-         " align A/B/C=" + std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" + std::to_string(k.align_c) +
-         (k.tf32 ? " tf32" : "");
+         " align A/B/C=" + std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" +
+         std::to_string(k.align_c) + (k.tf32 ? " tf32" : "") + (k.bias ? " bias" : "");
 }
 
 std::unique_ptr<Plan> build_plan(const PlanKey& k) {
@@ -144,6 +144,10 @@ std::unique_ptr<Plan> build_plan(const PlanKey& k) {
   const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (k.bias) {  // a bias per row of cuBLASLt's column-major D, i.e. per column of our C
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  }
   // Stored shapes: B is [K,N] or [N,K], A is [M,K] or [K,M], C is [M,N].
   plan->la = make_layout(k.ab, k.trans_b ? k.n : k.k, k.trans_b ? k.k : k.n, k.ldb, k.batch, k.stride_b);
   plan->lb = make_layout(k.ab, k.trans_a ? k.k : k.m, k.trans_a ? k.m : k.k, k.lda, k.batch, k.stride_a);
@@ -187,7 +191,7 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
               "matmul (GPU): C must be f32, or bf16 with bf16 inputs");
   LINAC_CHECK(p.m <= INT32_MAX && p.n <= INT32_MAX && p.k <= INT32_MAX && p.batch <= INT32_MAX,
               "matmul (GPU): M, N, K and batch must fit in int32");
-  if (matmul_skinny_applies(p, a, b, c)) return matmul_skinny_cuda(ctx, p, a, b, c);
+  if (!p.bias && matmul_skinny_applies(p, a, b, c)) return matmul_skinny_cuda(ctx, p, a, b, c);
   int device = 0;
   LINAC_CUDA_CHECK(cudaGetDevice(&device));
   const bool batched = p.batch > 1;
@@ -213,7 +217,14 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   key.trans_a = p.trans_a;
   key.trans_b = p.trans_b;
   key.tf32 = p.tf32_exact && a.dtype == DType::F32;
+  key.bias = p.bias != nullptr;
   const Plan& plan = plan_for(key);
+  if (p.bias) {
+    // The pointer is an attribute of the cached descriptor; cublasLtMatmul reads it as it enqueues,
+    // and a plan serves one handle, which one thread drives at a time.
+    const void* bias = p.bias;
+    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
                                     plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, &plan.algo, ctx.workspace,

@@ -118,6 +118,33 @@ TEST(MatmulCpu, StridedRowViews) {
   check_case({50, 33, 260, 0, 5, 1.f, 1.f});
 }
 
+TEST(MatmulCpu, BiasIsAddedToEveryRow) {
+  // matmul_bias == naive product + bias[j] on every row, for both transposes of A and a strided C
+  // (C's padding columns untouched).
+  for (bool ta : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "ta=" << ta);
+    const int64_t m = 37, n = 19, k = 29;
+    Operand a = make_operand(0, ta ? k : m, ta ? m : k, 0, DType::F64, 11);
+    Operand b = make_operand(0, n, k, 0, DType::F64, 12);
+    Operand c = make_operand(0, m, n, 3, DType::F64, 13);
+    OwnedTensor bias = test::random_tensor({n}, DType::F64, 14);
+    const std::vector<double> c0 = gather(c.view), full0 = to_doubles(c.full);
+    matmul_bias(Ctx{}, a.view, ta, b.view, true, bias, c.view);
+    std::vector<double> want = naive(a.view, ta, b.view, true, c0, 1.f, 0.f);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) want[static_cast<size_t>(i * n + j)] += bias->data<double>()[j];
+    EXPECT_LT(test::rel_error(gather(c.view), want), 1e-12);
+    const std::vector<double> full = to_doubles(c.full);
+    for (size_t i = 0; i < full.size(); ++i) {
+      const int64_t col = static_cast<int64_t>(i) % (n + 3);
+      if (col < c.off || col >= c.off + n) ASSERT_EQ(std::memcmp(&full[i], &full0[i], sizeof(double)), 0);
+    }
+  }
+  OwnedTensor x = test::random_tensor({4, 5}, DType::F64, 1), w = test::random_tensor({3, 5}, DType::F64, 2);
+  OwnedTensor y(DType::F64, Device::CPU, {4, 3}), short_bias(DType::F64, Device::CPU, {2});
+  EXPECT_THROW(matmul_bias(Ctx{}, x, false, w, true, short_bias, y), Error);
+}
+
 TEST(MatmulCpu, Batched) {
   check_case({7, 129, 37, 3});
   check_case({19, 20, 21, 4, 2, 0.5f, 1.f});

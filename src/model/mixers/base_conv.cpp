@@ -92,16 +92,18 @@ double BaseConvMixer::flops_per_token(int64_t) const {
   return 6.0 * (2.0 * E * d + E * d) + 3.0 * E * (2.0 * W + 2.0);
 }
 
-void BaseConvMixer::add_out_bias(const Tensor& out, int64_t N) {
-  // out += 1 b^T in the activation dtype (a one-column GEMM): the master bias rounded like the
-  // output it is added to.
+Tensor BaseConvMixer::out_bias() {
+  // The master bias rounded like the output it is added to.
   Tensor b = env_.params->master(b_out_);
-  if (b.dtype != env_.act) {
-    const Tensor rounded = env_.scratch->get("conv.b_out", env_.act, {d_});
-    cast(env_.ctx, rounded, b);
-    b = rounded;
-  }
-  matmul(env_.ctx, ones_act_.tensor(env_.act, {N, 1}), false, b.view({1, d_}), false, out, 1.f, 1.f);
+  if (b.dtype == env_.act) return b;
+  const Tensor rounded = env_.scratch->get("conv.b_out", env_.act, {d_});
+  cast(env_.ctx, rounded, b);
+  return rounded;
+}
+
+void BaseConvMixer::add_out_bias(const Tensor& out, int64_t N) {
+  // out += 1 b^T (a one-column GEMM): decoding's few rows, which the skinny GEMM takes without a bias.
+  matmul(env_.ctx, ones_act_.tensor(env_.act, {N, 1}), false, out_bias().view({1, d_}), false, out, 1.f, 1.f);
 }
 
 void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
@@ -115,8 +117,7 @@ void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, x.view({N, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_fwd(ctx, btc(proj, B, T, 0, E_), btc(proj, B, T, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
                  b_in.narrow(0, E_, E_), z.view({B, T, E_}), {opt_.activation == "silu", env_.docs});
-  matmul(ctx, z, false, ps.weight(w_out_), true, out.view({N, d_}));
-  add_out_bias(out.view({N, d_}), N);
+  matmul_bias(ctx, z, false, ps.weight(w_out_), true, out_bias(), out.view({N, d_}));
 }
 
 void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

@@ -49,6 +49,7 @@ class BaseConvMixer final : public Mixer {
 
  private:
   // out [N, d] += ones [N, 1] b_out [1, d] (a K = 1 GEMM: deterministic, no extra kernel).
+  Tensor out_bias();
   void add_out_bias(const Tensor& out, int64_t N);
   void fill_ones(int64_t N);
 
