@@ -59,6 +59,8 @@ TEST(RopeGpu, ParityF32) {
   for (bool inverse : {false, true}) {
     run_parity(DType::F32, 2, 77, 4, 64, 3, inverse, 1e-5);
     run_parity(DType::F32, 3, 13, 3, 10, 0, inverse, 1e-5);
+    // Many heads: each thread rotates several batches of pair groups, the last one partial.
+    run_parity(DType::F32, 1, 45, 24, 128, 0, inverse, 1e-5);
   }
 }
 
@@ -67,6 +69,8 @@ TEST(RopeGpu, ParityBf16) {
   for (bool inverse : {false, true}) {
     run_parity(DType::BF16, 2, 77, 4, 64, 3, inverse, 1e-2);
     run_parity(DType::BF16, 3, 13, 3, 10, 0, inverse, 1e-2);
+    run_parity(DType::BF16, 2, 37, 16, 96, 5, inverse, 1e-2);  // Latte-Macchiato's q and k heads
+    run_parity(DType::BF16, 1, 45, 24, 128, 0, inverse, 1e-2);
   }
 }
 
