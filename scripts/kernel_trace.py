@@ -13,6 +13,12 @@ both from each kernel's start and on the chain: from the later of its start and 
 kernels before it. A dependent launch (Ctx::dependent_launches) starts before the kernel ahead
 ends and waits; the first figure counts that wait, the second does not, so the second adds up to
 the step's busy time and says what each kernel adds to the step.
+
+With --whole it reads a run that has no training steps (`linac bench --op ...`): the whole
+timeline's span and busy time and every kernel's total by name, divided by --calls (the op calls
+the run made, so that each figure is per call).
+
+    scripts/kernel_trace.py DIR --whole [--calls N]
 """
 import argparse
 import collections
@@ -139,21 +145,44 @@ def summarize_decode(rows, top, steps):
     return out
 
 
+def summarize_whole(rows, top, calls):
+    """Every kernel of the timeline, per call: span, busy time and the totals by name."""
+    span = (max(r[1] for r in rows) - rows[0][0]) / 1e3 / calls
+    busy = busy_ns([(r[0], r[1]) for r in rows]) / 1e3 / calls
+    out = [f"  per call ({calls}): span {span:.1f} us, kernels busy {busy:.1f} us, {len(rows) / calls:.1f} kernels",
+           "  us/call (calls/call)  kernel"]
+    totals = totals_by_name(rows)
+    for name, (n, us) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"  {us / calls:9.1f} ({n / calls:6.1f})  {name}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--decode", action="store_true", help="a greedy decoding run: per-step kernels")
     ap.add_argument("--steps", type=int, default=20, help="decoding steps summarised (--decode)")
+    ap.add_argument("--whole", action="store_true", help="no training steps: every kernel, per --calls")
+    ap.add_argument("--calls", type=int, default=1, help="op calls in the run (--whole): figures per call")
     ap.add_argument("dir")
     ap.add_argument("--top", type=int, default=25, help="compute kernels listed")
     ap.add_argument("--beside", type=int, default=6, help="compute kernels listed beside each NCCL kernel")
     a = ap.parse_args()
+    if a.calls < 1:
+        print(f"kernel_trace.py: --calls must be at least 1, got {a.calls}", file=sys.stderr)
+        return 2
     files = sorted(f for f in glob.glob(os.path.join(a.dir, "trace.r*.csv")) if os.path.getsize(f) > 0)
     if not files:
         print(f"kernel_trace.py: no trace.r*.csv with kernels in {a.dir}", file=sys.stderr)
         return 2
     for f in files:
         print(f"== {os.path.basename(f)}")
-        lines = summarize_decode(load(f), a.top, a.steps) if a.decode else summarize(load(f), a.top, a.beside)
+        rows = load(f)
+        if a.whole:
+            lines = summarize_whole(rows, a.top, a.calls)
+        elif a.decode:
+            lines = summarize_decode(rows, a.top, a.steps)
+        else:
+            lines = summarize(rows, a.top, a.beside)
         for line in lines:
             print(line)
     return 0

@@ -5,7 +5,9 @@ totals by kernel name, and a directory without traces refused in one line with s
 --decode, greedy decoding steps cut at each greedy_pick kernel: the last steps' mean span from
 their first kernel to the pick, the kernels' busy time, the kernels per step and their time per
 step by name, from their starts and on the chain (a kernel started before the one ahead ended,
-as a dependent launch does, adds only what runs past that end).
+as a dependent launch does, adds only what runs past that end); with --whole, a run without
+training steps: its span, busy time and totals by kernel name per op call, and --calls below 1
+refused.
 """
 import os
 import re
@@ -89,6 +91,27 @@ class KernelTrace(unittest.TestCase):
             r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "5"], capture_output=True, text=True,
                                timeout=60)
             self.assertIn("only 5 decoding steps", r.stdout)
+
+    def test_whole_timeline_per_call(self):
+        # Two op calls of a GEMM (100 us) and an attention kernel (50 us) 25 us after it, the second
+        # call 100 us after the first ends: 450 us from the first start to the last end, 300 busy.
+        rows = [(0, 100, 7, 8, GEMM), (125, 175, 7, 12, ATTN), (275, 375, 7, 8, GEMM), (400, 450, 7, 12, ATTN)]
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "trace.r0.7.csv"), "w") as f:
+                for a, b, s, g, n in rows:
+                    f.write(f"{us(a)},{us(b)},0,{s},{g},{n}\n")
+            r = subprocess.run([sys.executable, SCRIPT, d, "--whole", "--calls", "2"], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            lines = r.stdout.splitlines()
+            self.assertEqual(lines[1], "  per call (2): span 225.0 us, kernels busy 150.0 us, 2.0 kernels")
+            per_call = {m[3]: (float(m[1]), float(m[2]))
+                        for m in (re.match(r"\s*([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
+            self.assertEqual(per_call, {GEMM: (100.0, 1.0), "bwd_sm90_kernel": (50.0, 1.0)})
+            r = subprocess.run([sys.executable, SCRIPT, d, "--whole", "--calls", "0"], capture_output=True, text=True,
+                               timeout=60)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--calls", r.stderr)
 
     def test_no_traces_is_one_line_and_status_2(self):
         with tempfile.TemporaryDirectory() as d:
