@@ -7,8 +7,9 @@
 // Each distinct problem gets a plan: descriptors plus the heuristic's best algorithm, built once
 // and cached for the life of the process. The key holds everything the choice depends on:
 // handle and device (an algorithm is only valid where it was chosen), shape, transposes,
-// dtypes, strides, pointer alignment and workspace size. Not alpha and beta: the heuristic never
-// sees them, and an algorithm serves any values.
+// dtypes, strides, pointer alignment, workspace size and whether the bias epilogue is on (its
+// pointer is set per call). Not alpha and beta: the heuristic never sees them, and an algorithm
+// serves any values.
 //
 // Determinism. For a fixed algorithm cuBLAS gives bit-identical results run to run on the same
 // GPU model and toolkit, provided the workspace it is handed is not shared with concurrent work
