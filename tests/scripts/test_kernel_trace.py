@@ -45,15 +45,20 @@ def timeline():
     return [(us(a), us(b), s, g, n) for a, b, s, g, n in rows]
 
 
+def write_trace(path, rows):
+    """rows of (start, end, stream, grid, name), times in ns, as kernel_trace.cpp writes them."""
+    with open(path, "w") as f:
+        for a, b, s, g, n in rows:
+            f.write(f"{a},{b},0,{s},{g},{n}\n")
+
+
 class KernelTrace(unittest.TestCase):
-    def run_script(self, d):
-        return subprocess.run([sys.executable, SCRIPT, d], capture_output=True, text=True, timeout=60)
+    def run_script(self, d, *args):
+        return subprocess.run([sys.executable, SCRIPT, d, *args], capture_output=True, text=True, timeout=60)
 
     def test_steps_nccl_and_totals(self):
         with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "trace.r0.123.csv"), "w") as f:
-                for a, b, s, g, n in timeline():
-                    f.write(f"{a},{b},0,{s},{g},{n}\n")
+            write_trace(os.path.join(d, "trace.r0.123.csv"), timeline())
             open(os.path.join(d, "trace.r0.99.csv"), "w").close()  # mpirun's own, empty: skipped
             r = self.run_script(d)
             self.assertEqual(r.returncode, 0, r.stderr)
@@ -75,11 +80,8 @@ class KernelTrace(unittest.TestCase):
             rows += [(t, t + 100, 7, 8, GEMM), (t + 60, t + 150, 7, 12, ATTN), (t + 160, t + 170, 7, 1, PICK)]
             t += 200
         with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "trace.r0.5.csv"), "w") as f:
-                for a, b, s, g, n in rows:
-                    f.write(f"{us(a)},{us(b)},0,{s},{g},{n}\n")
-            r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "3"], capture_output=True, text=True,
-                               timeout=60)
+            write_trace(os.path.join(d, "trace.r0.5.csv"), [(us(a), us(b), s, g, n) for a, b, s, g, n in rows])
+            r = self.run_script(d, "--decode", "--steps", "3")
             self.assertEqual(r.returncode, 0, r.stderr)
             lines = r.stdout.splitlines()
             self.assertEqual(lines[1], "  3 steps: 170.0 us per step from its first kernel to its pick, kernels busy "
@@ -88,8 +90,7 @@ class KernelTrace(unittest.TestCase):
                         for m in (re.match(r"\s*([\d.]+)\s+([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
             self.assertEqual(per_step, {GEMM: (100.0, 100.0, 1.0), "bwd_sm90_kernel": (90.0, 50.0, 1.0),
                                         "greedy_pick_kernel": (10.0, 10.0, 1.0)})
-            r = subprocess.run([sys.executable, SCRIPT, d, "--decode", "--steps", "5"], capture_output=True, text=True,
-                               timeout=60)
+            r = self.run_script(d, "--decode", "--steps", "5")
             self.assertIn("only 5 decoding steps", r.stdout)
 
     def test_whole_timeline_per_call(self):
@@ -97,19 +98,15 @@ class KernelTrace(unittest.TestCase):
         # call 100 us after the first ends: 450 us from the first start to the last end, 300 busy.
         rows = [(0, 100, 7, 8, GEMM), (125, 175, 7, 12, ATTN), (275, 375, 7, 8, GEMM), (400, 450, 7, 12, ATTN)]
         with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "trace.r0.7.csv"), "w") as f:
-                for a, b, s, g, n in rows:
-                    f.write(f"{us(a)},{us(b)},0,{s},{g},{n}\n")
-            r = subprocess.run([sys.executable, SCRIPT, d, "--whole", "--calls", "2"], capture_output=True, text=True,
-                               timeout=60)
+            write_trace(os.path.join(d, "trace.r0.7.csv"), [(us(a), us(b), s, g, n) for a, b, s, g, n in rows])
+            r = self.run_script(d, "--whole", "--calls", "2")
             self.assertEqual(r.returncode, 0, r.stderr)
             lines = r.stdout.splitlines()
             self.assertEqual(lines[1], "  per call (2): span 225.0 us, kernels busy 150.0 us, 2.0 kernels")
             per_call = {m[3]: (float(m[1]), float(m[2]))
                         for m in (re.match(r"\s*([\d.]+) \(\s*([\d.]+)\)\s+(\S+)", l) for l in lines[3:])}
             self.assertEqual(per_call, {GEMM: (100.0, 1.0), "bwd_sm90_kernel": (50.0, 1.0)})
-            r = subprocess.run([sys.executable, SCRIPT, d, "--whole", "--calls", "0"], capture_output=True, text=True,
-                               timeout=60)
+            r = self.run_script(d, "--whole", "--calls", "0")
             self.assertEqual(r.returncode, 2)
             self.assertIn("--calls", r.stderr)
 
