@@ -220,7 +220,8 @@ template void matmul_cpu<double>(const GemmProblem&, const double*, const double
 
 template <class T>
 void add_bias_rows_cpu(const GemmProblem& p, const T* bias, T* c) {
-#pragma omp parallel for schedule(static) if (static_cast <double>(p.m) * static_cast <double>(p.n) >= kParallelMinMacs)
+  const bool parallel = static_cast<double>(p.m) * static_cast<double>(p.n) >= kParallelMinMacs;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t i = 0; i < p.m; ++i)
     for (int64_t j = 0; j < p.n; ++j) c[i * p.ldc + j] += bias[j];
 }
