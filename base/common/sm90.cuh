@@ -252,6 +252,15 @@ __device__ __forceinline__ uint64_t desc_k_major_sw64(uint32_t tile, int r0, int
   return uint64_t{(addr & 0x3FFFFu) >> 4} | uint64_t{1} << 16 | uint64_t{512u >> 4} << 32 | uint64_t{2} << 62;
 }
 
+// Operand without swizzle: 8 x 8 "core matrices" of 16-byte rows, each 128 contiguous bytes, at
+// any strides: `k_stride` bytes between core matrices adjacent along k, `mn_stride` along m or n
+// (the same for K-major and MN-major operands; the transpose bit says which way a core matrix's
+// rows run). Any multiple of 8 columns fits, at the price of no bank spreading beyond the core.
+__device__ __forceinline__ uint64_t desc_no_swizzle(uint32_t addr, uint32_t k_stride, uint32_t mn_stride) {
+  return uint64_t{(addr & 0x3FFFFu) >> 4} | uint64_t{(k_stride >> 4) & 0x3FFFu} << 16 |
+         uint64_t{(mn_stride >> 4) & 0x3FFFu} << 32;
+}
+
 // Orders register writes by ordinary instructions (accumulators, A fragments)
 // before the wgmmas that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -268,6 +277,11 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for A fragments a wgmma in flight still reads: live, unchanged, until here.
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 // d (+)= A B over one k-step of 16, m64nNk16: A [64, 16] and B [16, N] bf16, d
 // f32 (accumulate = 0: d = A B). ss: A from shared memory; rs: A from
@@ -275,6 +289,32 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 // K-major (0).
 template <int N>
 struct Wgmma;
+
+template <>
+struct Wgmma<16> {
+  template <int kTransB>
+  static __device__ __forceinline__ void rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+  }
+};
+
+template <>
+struct Wgmma<80> {
+  template <int kTransB>
+  static __device__ __forceinline__ void rs(float (&d)[40], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
+        "{%40, %41, %42, %43}, %44, p, 1, 1, %46;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(kTransB));
+  }
+};
 
 template <>
 struct Wgmma<64> {

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/dispatch.h"
+#include "core/gpu.h"
 #include "taylor_attn/taylor_attn.h"
 
 namespace linac {
@@ -137,6 +138,11 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
   LINAC_CPU_DISPATCH(q.dtype, Fl,
                      taylor_attn_step_cpu<Fl>(L, q.data<Fl>(), k.data<Fl>(), v.data<Fl>(), state.data<Fl>(),
                                               o.data<Fl>()));
+}
+
+const char* taylor_attn_gpu_kernels() {
+  const bool hopper = hopper_kernels_allowed("LINAC_TAYLOR_KERNELS");
+  return LINAC_WITH_SM90A && hopper && gpu_compute_capability() == 90 ? "sm90" : "sm80";
 }
 
 size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {

@@ -146,6 +146,10 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
 // Whether a GPU call runs the fused kernels (scan and per-chunk products in one pass): bf16, Dv <= 64,
 // no document bounds. Other calls run the scan + chunk launches.
 inline bool taylor_attn_fused_case(DType act, bool docs, int64_t Dv) { return act == DType::BF16 && !docs && Dv <= 64; }
+// The fused kernels' walks over the state: "sm90" (warpgroup wgmma; compute capability 9.0 in a
+// build whose CUDA architectures include 90, unless LINAC_TAYLOR_KERNELS=sm80) or "sm80" (mma.sync).
+// The two round differently, each deterministically.
+const char* taylor_attn_gpu_kernels();
 
 // GPU scratch (ctx.workspace) that B x H (batch, head) pairs of T tokens need to run in one group
 // (the backward; the forward needs less); `act` is the dtype of q/k/v and `docs` whether document

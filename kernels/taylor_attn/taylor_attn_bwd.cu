@@ -7,7 +7,7 @@
 //   chunk   kGradK: dk from R_n v~ plus dU^T Q^, and dv = phi(k^) R_n + triu(kappa(U))^T g~
 // Documents: both scans restart where a document starts and every chunk masks by document
 // (taylor_attn.h), so dS flows only within a document. The bf16 backward at Dv <= 64 without
-// bounds runs the fused sweeps of taylor_attn_fused.cu instead (scan and chunk in one kernel each).
+// bounds runs the fused sweeps of taylor_attn_fused.cuh instead (scan and chunk in one kernel each).
 #include <algorithm>
 
 #include "taylor_attn/taylor_attn_common.cuh"

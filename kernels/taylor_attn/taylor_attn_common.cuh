@@ -161,7 +161,7 @@ void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x,
 // segments in scan order); forward: the whole sum to s_final (may be null).
 void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* carry, float* s_final);
 
-// The fused kernels (taylor_attn_fused.cu): scan and per-chunk products in one pass, for bf16, Dv <= 64
+// The fused kernels (taylor_attn_fused.cuh): scan and per-chunk products in one pass, for bf16, Dv <= 64
 // and no document bounds (fused_applies). The forward is one pass, the backward a g~ prep and two
 // (dq; dk and dv); both group pairs by their own workspace (the carries, and g~ for the backward).
 bool fused_applies(const Args& a, DType act);

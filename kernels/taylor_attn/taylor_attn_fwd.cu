@@ -18,7 +18,7 @@
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 // With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
 // and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 without
-// bounds runs the fused kernel of taylor_attn_fused.cu instead of these three launches.
+// bounds runs the fused kernel of taylor_attn_fused.cuh instead of these three launches.
 #include <algorithm>
 #include <type_traits>
 

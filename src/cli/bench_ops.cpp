@@ -299,7 +299,7 @@ int bench_op(Args& args, const std::string& name) {
     if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
     if (vq) j["codes"] = codes, j["block"] = block;
     if (conv) j["channels"] = C, j["width"] = W;
-    if (taylor) j["feature_dim"] = F;
+    if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_attn_gpu_kernels();
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
     if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window, j["doc_len"] = doc_len;
     if (name == "attention" || decode) j["kv_heads"] = Hk;
@@ -317,16 +317,18 @@ int bench_op(Args& args, const std::string& name) {
     return 0;
   }
   const std::string kv = Hk != H ? " (" + std::to_string(Hk) + " KV)" : "";
-  const std::string dims = gla ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
-                           : vq ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) +
-                                      ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
-                           : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
-                           : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D)
-                           : latte  ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
-                                         (macchiato ? ", Macchiato" : "")
-                           : name == "attention" ? "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D) + ", " +
-                                                       attention_gpu_kernels(D) + " kernels"
-                                  : "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D);
+  const std::string dims =
+      gla  ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
+      : vq ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) +
+                 ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
+      : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
+      : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D) + ", " +
+                     taylor_attn_gpu_kernels() + " kernels"
+      : latte ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
+                    (macchiato ? ", Macchiato" : "")
+      : name == "attention"
+          ? "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D) + ", " + attention_gpu_kernels(D) + " kernels"
+          : "H=" + std::to_string(H) + kv + ", D=" + std::to_string(D);
   std::printf("%s fwd+bwd on %s, %s, %lld tokens per call, %s%s\n", name.c_str(), gpu.c_str(), dtype_name(dt),
               static_cast<long long>(tokens), dims.c_str(),
               (std::string(window ? ", window " + std::to_string(window) : "") +

@@ -2,7 +2,8 @@
 // bf16: forward (o, den, final state) and backward (dq, dk, dv), with q/k/v and dq/dk/dv as
 // strided views of fused buffers; Dv 16/32/48/64/112/128, ragged chunks, one token, a long
 // sequence; bitwise determinism of reruns and of pair groups under a small workspace; the
-// decode step.
+// decode step. The bf16 checks run through each family of the fused kernels this GPU has (on a
+// Hopper GPU the wgmma walks, then the mma.sync ones by LINAC_TAYLOR_KERNELS=sm80).
 #include <cmath>
 #include <cstring>
 
@@ -43,6 +44,14 @@ struct Result {
   OwnedTensor o, den, sf, dqkv;
 };
 
+// LINAC_TAYLOR_KERNELS values that pick each fused kernel family of this GPU ("auto" first where
+// it means the wgmma walks); f32 calls have one family.
+std::vector<const char*> families(DType act) {
+  std::vector<const char*> f{"sm80"};
+  if (act == DType::BF16 && std::string(taylor_attn_gpu_kernels()) == "sm90") f.insert(f.begin(), "auto");
+  return f;
+}
+
 // Forward + backward on ctx's device with activations of dtype `act` (den and state in `stat`).
 Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& dout, DType act, DType stat) {
   const Case& c = in.c;
@@ -65,29 +74,31 @@ struct Tols {
 
 void run_parity(DType act, const Tols& tol) {
   GpuContext gctx;
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
-    Inputs in(c);
-    OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
-    Result gr = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
-    // The reference sees the GPU's rounded inputs.
-    OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
-    Result cr = run(Ctx{}, in, qkv_r, dout_r, DType::F64, DType::F64);
+  for (const char* family : families(act))
+    for (const Case& c : kCases) {
+      const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+      SCOPED_TRACE(name(c) + " LINAC_TAYLOR_KERNELS=" + family);
+      Inputs in(c);
+      OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+      Result gr = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
+      // The reference sees the GPU's rounded inputs.
+      OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+      Result cr = run(Ctx{}, in, qkv_r, dout_r, DType::F64, DType::F64);
 
-    EXPECT_LT(test::rel_error(gr.o, cr.o), tol.o) << "o";
-    EXPECT_LT(test::rel_error(gr.den, cr.den), tol.o) << "den";
-    EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol.o) << "final state";
-    const int64_t HK = c.H * kF, HV = c.H * c.Dv;
-    if (c.T == 1) {  // o = v whatever q and k are: dq = dk = 0 up to rounding
-      EXPECT_LT(test::max_abs_diff(test::columns(gr.dqkv, 0, 2 * HK), test::columns(cr.dqkv, 0, 2 * HK)), tol.grad)
-          << "dq, dk";
-    } else {
-      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, HK), test::columns(cr.dqkv, 0, HK)), tol.grad) << "dq";
-      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, HK, HK), test::columns(cr.dqkv, HK, HK)), tol.grad) << "dk";
+      EXPECT_LT(test::rel_error(gr.o, cr.o), tol.o) << "o";
+      EXPECT_LT(test::rel_error(gr.den, cr.den), tol.o) << "den";
+      EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol.o) << "final state";
+      const int64_t HK = c.H * kF, HV = c.H * c.Dv;
+      if (c.T == 1) {  // o = v whatever q and k are: dq = dk = 0 up to rounding
+        EXPECT_LT(test::max_abs_diff(test::columns(gr.dqkv, 0, 2 * HK), test::columns(cr.dqkv, 0, 2 * HK)), tol.grad)
+            << "dq, dk";
+      } else {
+        EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, HK), test::columns(cr.dqkv, 0, HK)), tol.grad) << "dq";
+        EXPECT_LT(test::rel_error(test::columns(gr.dqkv, HK, HK), test::columns(cr.dqkv, HK, HK)), tol.grad) << "dk";
+      }
+      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 2 * HK, HV), test::columns(cr.dqkv, 2 * HK, HV)), tol.grad)
+          << "dv";
     }
-    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 2 * HK, HV), test::columns(cr.dqkv, 2 * HK, HV)), tol.grad)
-        << "dv";
-  }
 }
 
 TEST(TaylorAttnGpu, ParityF32) {
@@ -106,19 +117,21 @@ TEST(TaylorAttnGpu, LongSequence) {
   GpuContext gctx;
   const Case c{1, 4100, 2, 64};
   Inputs in(c, 7);
-  for (DType act : {DType::BF16, DType::F32}) {
-    SCOPED_TRACE(dtype_name(act));
-    OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
-    Result gr = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
-    const int64_t n = c.H * (2 * kF + c.Dv);  // the q|k|v columns (the pad stays poisoned)
-    ASSERT_TRUE(test::all_finite(test::columns(gr.dqkv, 0, n)));
-    OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
-    Result cr = run(Ctx{}, in, qkv_r, dout_r, DType::F64, DType::F64);
-    const bool bf = act == DType::BF16;
-    EXPECT_LT(test::rel_error(gr.o, cr.o), bf ? 1e-2 : 1e-5);
-    EXPECT_LT(test::rel_error(gr.sf, cr.sf), bf ? 1e-2 : 1e-5);
-    EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, n), test::columns(cr.dqkv, 0, n)), bf ? 2e-2 : 1e-5);
-  }
+  for (DType act : {DType::BF16, DType::F32})
+    for (const char* family : families(act)) {
+      const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+      SCOPED_TRACE(std::string(dtype_name(act)) + " LINAC_TAYLOR_KERNELS=" + family);
+      OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+      Result gr = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
+      const int64_t n = c.H * (2 * kF + c.Dv);  // the q|k|v columns (the pad stays poisoned)
+      ASSERT_TRUE(test::all_finite(test::columns(gr.dqkv, 0, n)));
+      OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+      Result cr = run(Ctx{}, in, qkv_r, dout_r, DType::F64, DType::F64);
+      const bool bf = act == DType::BF16;
+      EXPECT_LT(test::rel_error(gr.o, cr.o), bf ? 1e-2 : 1e-5);
+      EXPECT_LT(test::rel_error(gr.sf, cr.sf), bf ? 1e-2 : 1e-5);
+      EXPECT_LT(test::rel_error(test::columns(gr.dqkv, 0, n), test::columns(cr.dqkv, 0, n)), bf ? 2e-2 : 1e-5);
+    }
 }
 
 // Bitwise reruns, and a workspace that holds only three pairs (so the pairs run in groups) gives
@@ -128,24 +141,26 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   for (const Case c : {Case{5, 300, 2, 64}, Case{2, 2100, 2, 64}}) {
-    for (DType act : {DType::BF16, DType::F32}) {
-      SCOPED_TRACE(std::string(dtype_name(act)) + " T=" + std::to_string(c.T));
-      Inputs in(c, 11);
-      OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
-      Result r1 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
-      Result r2 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
-      Ctx small = gctx.ctx();
-      small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 3, kF, c.Dv, act);
-      Result r3 = run(small, in, qkv_g, dout_g, act, DType::F32);
-      for (const Result* r : {&r2, &r3}) {
-        EXPECT_TRUE(test::same_bits(r1.o, r->o));
-        EXPECT_TRUE(test::same_bits(r1.den, r->den));
-        EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
-        EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+    for (DType act : {DType::BF16, DType::F32})
+      for (const char* family : families(act)) {
+        const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+        SCOPED_TRACE(std::string(dtype_name(act)) + " T=" + std::to_string(c.T) + " LINAC_TAYLOR_KERNELS=" + family);
+        Inputs in(c, 11);
+        OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+        Result r1 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
+        Result r2 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
+        Ctx small = gctx.ctx();
+        small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 3, kF, c.Dv, act);
+        Result r3 = run(small, in, qkv_g, dout_g, act, DType::F32);
+        for (const Result* r : {&r2, &r3}) {
+          EXPECT_TRUE(test::same_bits(r1.o, r->o));
+          EXPECT_TRUE(test::same_bits(r1.den, r->den));
+          EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+          EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+        }
+        small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 1, kF, c.Dv, act) / 2;
+        EXPECT_THROW(run(small, in, qkv_g, dout_g, act, DType::F32), UserError);
       }
-      small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 1, kF, c.Dv, act) / 2;
-      EXPECT_THROW(run(small, in, qkv_g, dout_g, act, DType::F32), UserError);
-    }
   }
 }
 
