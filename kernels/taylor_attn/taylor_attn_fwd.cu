@@ -58,29 +58,27 @@ __global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__
     store4(w.vt + r0 * DvP + 4 * idx, val);
   }
   if (!(parts & kPrepG)) return;
-  // g~: a warp per row (fixed-order dot product dout . o).
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int r = warp; r < kC; r += 4) {
+  // g~: `lanes` lanes per row (16 when Dv <= 64, so a warp does two rows at a time), a fixed-order
+  // dot product dout . o (the order of a warp_sum whose other 16 lanes hold zero).
+  const int lanes = Dv <= 64 ? 16 : 32, warp = tid >> 5, lane = tid & 31, l = lane % lanes;
+  for (int r = warp * (32 / lanes) + lane / lanes; r < kC; r += 4 * (32 / lanes)) {
     T* g = w.gt + (r0 + r) * DvP;
-    if (r >= rows) {
-      for (int j = 4 * lane; j < DvP; j += 128) store4(g + j, zero);
-      continue;
-    }
+    const bool ok = r < rows;
     const T* orow = o + b * a.o.b + (t0 + r) * a.o.t + h * Dv;
     const T* drow = dout + b * a.dout.b + (t0 + r) * a.dout.t + h * Dv;
+    const float inv = ok ? 1.f / den[static_cast<int64_t>(pair) * a.T + t0 + r] : 0.f;
     float dot = 0.f;
-    for (int j = 4 * lane; j < Dv; j += 128) {
+    for (int j = 4 * l; ok && j < Dv; j += 4 * lanes) {
       const float4 d = load4(drow + j), x = load4(orow + j);
       dot += d.x * x.x + d.y * x.y + d.z * x.z + d.w * x.w;
     }
-    dot = linac::cuda::warp_sum(dot);
-    const float inv = 1.f / den[static_cast<int64_t>(pair) * a.T + t0 + r];
-    for (int j = 4 * lane; j < DvP; j += 128) {
+    for (int off = lanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    for (int j = 4 * l; j < DvP; j += 4 * lanes) {
       float4 val = zero;
-      if (j < Dv) {
+      if (ok && j < Dv) {
         const float4 d = load4(drow + j);
         val = make_float4(d.x * inv, d.y * inv, d.z * inv, d.w * inv);
-      } else if (j == Dv) {
+      } else if (ok && j == Dv) {
         val.x = -dot * inv;
       }
       store4(g + j, val);
