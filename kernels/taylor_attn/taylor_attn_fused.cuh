@@ -28,7 +28,7 @@
 // The state is double-buffered and q, k, v (and g~) come through a 3-stage cp.async ring straight
 // from the strided inputs (v~'s "1" column written beside them), so a chunk costs one barrier. The
 // products and sums run in the order of the scan + chunk kernels, so with one segment (T <= 2048)
-// the results are those kernels' bits (a GPU test demands it). With several segments a first
+// the mma.sync walks give those kernels' bits (a GPU test demands it). With several segments a first
 // launch (kTotals: the state warps alone) writes each segment's sum to the carry buffer, the carry
 // kernel turns the sums into the segments' starting states (and the forward's final state), and
 // the main launch starts each segment's accumulators from its carry.
