@@ -48,8 +48,10 @@ class BaseConvMixer final : public Mixer {
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
-  // out [N, d] += ones [N, 1] b_out [1, d] (a K = 1 GEMM: deterministic, no extra kernel).
+  // b_out in the activation dtype (the forward's matmul_bias epilogue adds it).
   Tensor out_bias();
+  // out [N, d] += ones [N, 1] b_out [1, d] (a K = 1 GEMM: deterministic, no extra kernel), for
+  // decoding's few rows, whose skinny GEMM has no bias epilogue.
   void add_out_bias(const Tensor& out, int64_t N);
   void fill_ones(int64_t N);
 
