@@ -80,17 +80,24 @@ __device__ __forceinline__ float rounded(float x) {
   return to_float(from_float<T>(x));
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+// The sum (max) of v over the aligned group of G lanes (a power of two up to 32) the calling lane
+// belongs to, every lane of the group getting it; butterfly order, so the same bits in every group.
+// All 32 lanes of the warp must call it.
+template <int G>
+__device__ __forceinline__ float lanes_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <int G>
+__device__ __forceinline__ float lanes_max(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return lanes_sum<32>(v); }
+__device__ __forceinline__ float warp_max(float v) { return lanes_max<32>(v); }
 
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads of the CTA (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

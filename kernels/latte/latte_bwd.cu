@@ -85,9 +85,9 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   const int f = n * kC, rows = min(kC, a.T - f);
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   constexpr int mu_parts = parts_of<T>(2);
-  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
-  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
-  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  store_lse_rows(lse, a, bb, h, f, rows, sm.lam);  // one RowBatch at a time (latte_fwd.cu)
+  store_head_rows<kMaxL>(b, bs, bb, h, f, rows, a.L, sm.bq);
+  store_head_rows<kMaxL + 1>(av, as, bb, h, f, rows, a.La, sm.pi);
   rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, mu_parts);
@@ -97,28 +97,17 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   const bool direct = factor_tiles<T>(a, rows, sm.lam, sm.bq, sm.pi, dc, nullptr, sm.Kt);
   T* Mlo = direct && sizeof(T) == 2 ? sm.Kt : nullptr;
   form_M(a, sm.GY, sm.V, dc, sm.M, Mlo);
-  if (a.off) {  // gP_{t,0} = gy_t . local_t: a warp per row, lanes over the columns, a fixed-order reduction
-    constexpr int kWarps = kThreads / 32, kRW = kC / kWarps, kCL = kMaxDv / 32;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const T* lf = local + bb * ls.b + static_cast<int64_t>(f) * ls.t + static_cast<int64_t>(h) * a.Dv;
-    float x[kRW][kCL];
-#pragma unroll
-    for (int k = 0; k < kRW; ++k)
-#pragma unroll
-      for (int j = 0; j < kCL; ++j) {
-        const int t = warp + kWarps * k, c = lane + 32 * j;
-        x[k][j] = t < rows && c < a.Dv ? cuda::to_float(lf[t * ls.t + c]) : 0.f;  // all loads in flight at once
-      }
-#pragma unroll
-    for (int k = 0; k < kRW; ++k) {
-      const int t = warp + kWarps * k;
+  if (a.off) {  // gP_{t,0} = gy_t . local_t: a warp per row, a slot of kVec columns per lane
+    auto local_rows = rows_of<kMaxDv>(local, ls, bb, h, f, rows, a.Dv);
+    static_assert(decltype(local_rows)::G == 32, "a row's slots must lie in one warp");
+    local_rows.each([&](Slot<T>& x, int t, int c, bool in) {
       float acc = 0.f;
+      if (in)
 #pragma unroll
-      for (int j = 0; j < kCL; ++j)
-        if (lane + 32 * j < a.Dv) acc = fmaf(cuda::to_float(sm.GY[t * ldd + lane + 32 * j]), x[k][j], acc);
-      acc = cuda::warp_sum(acc);
-      if (lane == 0 && t < rows) sm.gP[t * a.La] = acc;
-    }
+        for (int e = 0; e < kVec; ++e) acc = fmaf(cuda::to_float(sm.GY[t * ldd + c + e]), x.at(e), acc);
+      acc = cuda::warp_sum(acc);  // every lane of the warp is at the same slot of the same row
+      if ((threadIdx.x & 31) == 0 && t < rows) sm.gP[t * a.La] = acc;
+    });
   }
   __syncthreads();
   const float* lam_prev = lse + ((static_cast<int64_t>(bb) * a.T + f - 1) * a.H + h) * a.L;  // valid for n > 0
@@ -144,22 +133,40 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
-  for (int t = warp; t < rows; t += kThreads / 32) {  // da = pi (gP - pi . gP): a warp per row
+  // da = pi (gP - pi . gP): kRowLanes lanes per row (softmax_rows' layout)
+  constexpr int kRowsPerWarp = 32 / kRowLanes;
+  T* const da_c = da + bb * das.b + static_cast<int64_t>(f) * das.t + static_cast<int64_t>(h) * a.La;
+  for (int t0 = warp * kRowsPerWarp; t0 < rows; t0 += kThreads / 32 * kRowsPerWarp) {
+    const int t = t0 + lane / kRowLanes, cols = t < rows ? a.La : 0;
     const float* p = sm.pi + t * a.La;
     const float* g = sm.gP + t * a.La;
     float dot = 0.f;
-    for (int c = lane; c < a.La; c += 32) dot = fmaf(p[c], g[c], dot);
-    dot = cuda::warp_sum(dot);
-    T* dat = da + bb * das.b + static_cast<int64_t>(f + t) * das.t + static_cast<int64_t>(h) * a.La;
-    for (int c = lane; c < a.La; c += 32) {
+    for (int c = lane % kRowLanes; c < cols; c += kRowLanes) dot = fmaf(p[c], g[c], dot);
+    dot = cuda::lanes_sum<kRowLanes>(dot);
+    T* dat = da_c + t * static_cast<int>(das.t);
+    for (int c = lane % kRowLanes; c < cols; c += kRowLanes) {
       dat[c] = cuda::from_float<T>(p[c] * (g[c] - dot));
       gPg[t * a.Lg + c] = g[c];
     }
   }
-  if (a.off) {
+  if (a.off) {  // dlocal = pi_0 gy, kVec columns at a time (Dv % kVec == 0)
     T* dl = dlocal + bb * dls.b + static_cast<int64_t>(f) * dls.t + static_cast<int64_t>(h) * a.Dv;
-    for_rows(rows, a.Dv, [&](int t, int j) {
-      dl[t * dls.t + j] = cuda::from_float<T>(sm.pi[t * a.La] * cuda::to_float(sm.GY[t * ldd + j]));
+    const bool vdl = vec_rows(dl, dls.t);
+    for_rows(rows, a.Dv / kVec, [&](int t, int q) {
+      const int j = kVec * q;
+      Slot<T> gy;
+      gy.load(sm.GY + t * ldd + j);
+      const float p0 = sm.pi[t * a.La];
+      float x[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) x[e] = p0 * gy.at(e);
+      T* d = dl + t * static_cast<int>(dls.t) + j;
+      if (vdl) {
+        store_vec(d, x);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) d[e] = cuda::from_float<T>(x[e]);
+      }
     });
   }
   if (n == 0) return;  // the reverse scan never reads chunk 0's terms
@@ -227,14 +234,14 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   const float* Sn = S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd;
   constexpr int r_parts = parts_of<T>(2);
-  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);  // one RowBatch at a time (latte_fwd.cu)
-  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
-  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  store_lse_rows(lse, a, bb, h, f, rows, sm.lam);  // one RowBatch at a time (latte_fwd.cu)
+  store_head_rows<kMaxL>(b, bs, bb, h, f, rows, a.L, sm.bq);
+  store_head_rows<kMaxL + 1>(av, as, bb, h, f, rows, a.La, sm.pi);
   rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(Sn, a), sm.R, ldd, a, r_parts);
   const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
-  RowBatch<float, kC, kMaxL + 1>(rows, a.La, gPg, a.Lg, rows, a.La).store_rows(sm.gP, a.La);
+  store_latent_rows<kMaxL + 1>(rows, a.La, gPg, a.Lg, sm.gP);
   if (threadIdx.x < a.L) sm.r[threadIdx.x] = Sn[threadIdx.x * a.Wd + a.Dv];
   const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);
   __syncthreads();

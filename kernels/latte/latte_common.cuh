@@ -309,19 +309,50 @@ __device__ __forceinline__ RowBatch<float, kC, kMaxL> lse_rows_of(const float* l
                                     a.H * a.L, rows, a.L);
 }
 
-// pi[rows][La] = softmax of each row of logits[rows][La], in place: a warp per row, fixed-order
-// butterfly reductions.
+// The chunk's rows of a per-latent array (lse, b, a, gP: L or La <= kMaxCols columns X, rows at
+// base + r * ld) into the f32 tile dst [rows][X], through a batch of 8 lanes a row when X <=
+// kNarrow (X is known at run time only): the kMaxL-wide batch gives a row 16 or 32 lanes, most of
+// them idle at L = 16, and each thread 2-4 times the loads to issue.
+constexpr int kNarrow = 32;
+template <int kMaxCols, class T>
+__device__ __forceinline__ void store_latent_rows(int rows, int X, const T* base, int64_t ld, float* dst) {
+  if (X <= kNarrow)
+    RowBatch<T, kC, kNarrow>(rows, X, base, ld, rows, X).store_rows(dst, X);
+  else
+    RowBatch<T, kC, kMaxCols>(rows, X, base, ld, rows, X).store_rows(dst, X);
+}
+// ... of head h of sequence b from rows_of's source,
+template <int kMaxCols, class T>
+__device__ __forceinline__ void store_head_rows(const T* src, LatteLayout::Strides s, int b, int h, int f, int rows,
+                                                int X, float* dst) {
+  store_latent_rows<kMaxCols>(rows, X, src + b * s.b + static_cast<int64_t>(f) * s.t + static_cast<int64_t>(h) * X,
+                              s.t, dst);
+}
+// ... and of lse_rows_of's.
+__device__ __forceinline__ void store_lse_rows(const float* lse, const Args& a, int b, int h, int f, int rows,
+                                               float* dst) {
+  store_latent_rows<kMaxL>(rows, a.L, lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L, a.H * a.L, dst);
+}
+
+// pi[rows][La] = softmax of each row of logits[rows][La], in place: a group of kRowLanes lanes per
+// row (La <= kMaxL + 1: at most 9 columns a lane), fixed-order butterfly reductions. A warp per
+// row left 15 of its lanes idle at La = 17 and ran its ten shuffles once per row; ncu put this
+// loop at a sixth to a third of the backward kernels' issue slots (kernels/latte/NOTES.md).
+constexpr int kRowLanes = 8;
 __device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  for (int r = warp; r < rows; r += static_cast<int>(blockDim.x) >> 5) {
+  const int per_warp = 32 / kRowLanes, step = (static_cast<int>(blockDim.x) >> 5) * per_warp;
+  const int g = lane % kRowLanes;
+  for (int r0 = warp * per_warp; r0 < rows; r0 += step) {  // uniform over the warp: the shuffles need all lanes
+    const int r = r0 + lane / kRowLanes, cols = r < rows ? La : 0;
     float* p = pi + r * La;
     float m = -INFINITY;
-    for (int j = lane; j < La; j += 32) m = fmaxf(m, p[j]);
-    m = cuda::warp_max(m);
+    for (int j = g; j < cols; j += kRowLanes) m = fmaxf(m, p[j]);
+    m = cuda::lanes_max<kRowLanes>(m);
     float sum = 0.f;
-    for (int j = lane; j < La; j += 32) sum += p[j] = expf(p[j] - m);
-    const float inv = 1.f / cuda::warp_sum(sum);
-    for (int j = lane; j < La; j += 32) p[j] *= inv;
+    for (int j = g; j < cols; j += kRowLanes) sum += p[j] = expf(p[j] - m);
+    const float inv = 1.f / cuda::lanes_sum<kRowLanes>(sum);
+    for (int j = g; j < cols; j += kRowLanes) p[j] *= inv;
   }
 }
 

@@ -43,9 +43,9 @@ __global__ void __launch_bounds__(kThreads) output_kernel(Args a, const T* __res
   const int ldd = ld_of<T>(a.Dp), ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
   // One RowBatch at a time: each is one memory round trip, and several in flight at once would
   // cost the registers that keep three CTAs on an SM (measured slower).
-  lse_rows_of(lse, a, bb, h, f, rows).store_rows(sm.lam, a.L);
-  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
-  rows_of<kMaxL + 1>(av, as, bb, h, f, rows, a.La).store_rows(sm.pi, a.La);
+  store_lse_rows(lse, a, bb, h, f, rows, sm.lam);
+  store_head_rows<kMaxL>(b, bs, bb, h, f, rows, a.L, sm.bq);
+  store_head_rows<kMaxL + 1>(av, as, bb, h, f, rows, a.La, sm.pi);
   rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   store_state(state_of(S + (static_cast<int64_t>(bh) * a.N + n) * a.L * a.Wd, a), sm.mu, ldd, a, 1);
   const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);

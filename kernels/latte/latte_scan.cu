@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kThreads) lse_local_kernel(Args a, const T* __
   __shared__ int sd[kDocs ? kC : 1];
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H, l = threadIdx.x;
   const int f = n * kC, rows = min(kC, a.T - f);
-  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(bq, a.L);
+  store_head_rows<kMaxL>(b, bs, bb, h, f, rows, a.L, bq);
   load_docs<kDocs>(a, bb, f, rows, sd);
   __syncthreads();
   if (l >= a.L) return;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) chunk_terms_kernel(Args a, const T* 
     if (finalise) lse_f[static_cast<int64_t>(r) * a.H * a.L + l] = x;
     sm.lam[r * a.L + l] = x;
   });
-  rows_of<kMaxL>(b, bs, bb, h, f, rows, a.L).store_rows(sm.bq, a.L);
+  store_head_rows<kMaxL>(b, bs, bb, h, f, rows, a.L, sm.bq);
   rows_of<kMaxDv>(v, vs, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.V, ldd);
   __syncthreads();
   const float* lam_e = sm.lam + (rows - 1) * a.L;
