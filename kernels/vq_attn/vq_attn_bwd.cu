@@ -197,10 +197,10 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.c_hi, h * S * Dk),
-                            at(w.c_lo, h * S * Dk), false, dqu, Dk, 1.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rho_hi, h * g.ldp * Dk),
-                            at(w.rho_lo, h * g.ldp * Dk), false, w.dqr + i0 * Lb * Dk, Dk, 0.f);
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.ctab, h * S * w.ldt), w.ldt,
+                            false, dqu, Dk, 1.f);
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
+                            w.ldt, false, w.dqr + i0 * Lb * Dk, Dk, 0.f);
         // dkhat of the present block, then of the previous one (into the block before; the chunk's
         // first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},

@@ -5,7 +5,11 @@
 //     scores  swin_i = q_i [khat_{n-1}; khat_n]^T, scache = q C^T, pos = q rho^T
 //     softmax warp per query row: scores plus the f32 bias terms, masks, lse (f32, saved),
 //             weights p in the activation dtype
-//     output  o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i (f32), then to o's dtype and layout
+//     output  o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i (f32), then to o's dtype and layout;
+//             where o's rows are the packed rows (one head, T a multiple of Lb: the paper's
+//             model), straight into o: the cache part first, rounded to o's dtype, then the
+//             window part added to it in f32 and rounded (one more rounding of the cache part
+//             than through the f32 rows, which cost a read and a write of them and a store pass)
 // Padded rows (t >= T) get zero weights and are not written out.
 #include <algorithm>
 
@@ -19,6 +23,7 @@ using cuda::to_float;
 using cuda::warp_max;
 using cuda::warp_sum;
 using vq_cuda::Geo;
+using vq_cuda::Operand;
 using vq_cuda::Row;
 using vq_cuda::Ws;
 
@@ -125,7 +130,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
   LINAC_GPU_DISPATCH(q.dtype, T, {
     vq_cuda::prepare<T>(ctx, g, L, w, q.data<T>(), khat.data<T>(), z.data<int32_t>(), v.data<T>(),
                         codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>(), false);
-    const int64_t Lb = g.Lb, Dv = g.Dv;
+    const int64_t Lb = g.Lb, Dv = g.Dv, ldo = vq_cuda::packed_row_stride(g, L.o, Dv);
     const bool vec = Dv % 4 == 0 && cuda::rows_vec4(o.ptr, sizeof(T), L.o.t) && L.o.b % 4 == 0;
     // Scores kept on chip when a CTA's rows take at most kKeptBytes (three CTAs per SM).
     const size_t row_bytes = static_cast<size_t>(g.ldw + g.lds) * sizeof(float);
@@ -144,11 +149,17 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
           vq_softmax_rows_kernel<false, T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(
               g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
+        const Operand pwin{w.pwin, g.ldw, Lb * g.ldw, false}, pcache{w.pcache, g.lds, Lb * g.lds, false};
+        const Operand ubar{at(w.ubar, i0 * g.S * Dv), Dv, g.S * Dv, false};
         // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i
-        vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, {w.pwin, g.ldw, Lb * g.ldw, false}, w.vp, Dv, w.ochunk, Dv,
-                             Lb * Dv, 0.f);
-        vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, {w.pcache, g.lds, Lb * g.lds, false},
-                      {at(w.ubar, i0 * g.S * Dv), Dv, g.S * Dv, false}, w.ochunk, Dv, Lb * Dv, 1.f);
+        if (ldo > 0) {  // o's rows are the packed rows: the cache part into o, then the window part added
+          T* oi = o.data<T>() + i0 * Lb * ldo;
+          vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, pcache, ubar, oi, ldo, Lb * ldo, 0.f, false, q.dtype);
+          vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, pwin, w.vp, Dv, oi, ldo, Lb * ldo, 1.f, q.dtype);
+          continue;
+        }
+        vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, pwin, w.vp, Dv, w.ochunk, Dv, Lb * Dv, 0.f);
+        vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, pcache, ubar, w.ochunk, Dv, Lb * Dv, 1.f);
         const cuda::RowTiling rt = cuda::row_tiling(rows, vec ? Dv / 4 : Dv, kThreads);
         if (vec)
           vq_store_o_kernel<true, T><<<rt.blocks, kThreads, 0, st>>>(g, i0, rows, w.ochunk, o.data<T>(), L.o, rt.log_tpr);

@@ -27,20 +27,21 @@ inline Ctx blas_tail(const Ctx& ctx) {
   return blas;
 }
 
-// C (f32) = A @ B (+ beta C) over `batch` matrices at the given element strides; A and B of dtype
-// ab (bf16 or f32) on the GPU, stored row-major with transposes as in matmul.h.
+// C = A @ B (+ beta C) over `batch` matrices at the given element strides; A and B of dtype ab
+// (bf16 or f32) on the GPU, stored row-major with transposes as in matmul.h; C f32, or of dtype
+// ab (cd).
 struct Operand {
   const void* p;
   int64_t ld, stride;
   bool trans;
 };
 // tf32_exact: f32 operands whose values are all exact in TF32 (GemmProblem::tf32_exact).
-void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
-          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false);
-// The same GEMM with the f32 table t (codebook or rho, [rows, Dk] per head) as B: hi part, then
-// the lo part accumulated when ab is bf16.
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* hi,
-                const void* lo, bool trans_b, float* c, int64_t ldc, float beta);
+void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, void* c,
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false, DType cd = DType::F32);
+// The same GEMM with an f32 table (codebook or rho, Ws::ctab / rtab: one head's [rows, ldt]) as
+// B: its hi part, then in bf16 its lo part (the columns beside it) accumulated.
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
+                bool trans_b, float* c, int64_t ldc, float beta);
 
 // Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
 // packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and
@@ -58,14 +59,16 @@ int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D);
 // (i+1) Lb of the packed [*, D] matrix x) as B: on the N side (C_i [Lb, 2 Lb] = A_i [Lb, D]
 // window_i^T, the scores) or on the K side (C_i [Lb, D] = A_i [Lb, 2 Lb] window_i). Block 0 has
 // no block before it: its GEMM takes only the present half (columns Lb.. of C, or of A); on the
-// N side the first Lb columns of its C are left unwritten.
+// N side the first Lb columns of its C are left unwritten. C is f32, or of dtype act (cd).
 void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
-                 int64_t D, float* cc, int64_t ldc, int64_t stride_c, float beta);
+                 int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd = DType::F32);
 // The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos.
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
-// Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T.
+// Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T;
+// with copies > 1 each row `copies` times side by side (dst rows copies * D wide).
 template <class T>
-void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst);
+void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst,
+          int copies = 1);
 // Per packed row: out[p Tp + t] = x(b,t,h,:) . (vec[h,:] if y is null, else y(b,t,h,:)), 0 for t >= T.
 template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,

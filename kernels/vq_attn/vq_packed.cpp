@@ -21,10 +21,11 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.kp = act(rows * Dk);
   w.vp = act(rows * Dv);
   w.ubar = act(g.NB * S * Dv);
-  w.c_hi = act(H * S * Dk);
-  w.c_lo = act(H * S * Dk);
-  w.rho_hi = act(H * g.ldp * Dk);
-  w.rho_lo = act(H * g.ldp * Dk);
+  const bool split = act_bytes == 2;  // bf16: the f32 tables as hi + lo parts
+  w.ldt = split ? 2 * Dk : Dk;
+  w.ctab = act(H * S * w.ldt);
+  w.rtab = act(H * g.ldp * w.ldt);
+  w.qq = split ? act(rows * 2 * Dk) : nullptr;
   w.counts = f32(g.NB * S);
   w.ub = f32(rows);
   w.ucb = f32(H * S);

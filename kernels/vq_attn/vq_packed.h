@@ -16,7 +16,10 @@
 // position term rho_{t-j} for t - j <= Lb) and cache s = 0..S-1 (valid where N_s > 0).
 // Scores are q.k (GEMM on the exact inputs) plus f32 bias terms (u.k, vr.rho_d): rounding q+u
 // to bf16 would move every score by ~|q||k| 2^-9, which exp amplifies. The f32 codebook and rho
-// enter the bf16 GEMMs as hi + lo bf16 parts for the same reason.
+// enter the bf16 GEMMs as hi + lo bf16 parts for the same reason, side by side in each table row
+// ([hi | lo], 2 Dk wide), so that q.C = [q | q] . [hi | lo] is one GEMM over K = 2 Dk against a
+// copy of q with each row twice (Ws::qq): one pass over the f32 score matrix instead of a second
+// GEMM that reads it back to add the lo part.
 #pragma once
 
 #include <cstddef>
@@ -56,13 +59,15 @@ inline Geo geo_of(const VqAttnLayout& L) { return geo_of(L.B, L.T, L.H, L.Dk, L.
 // Workspace pointers. `act` pointers hold the activation dtype (bf16 or f32), the rest f32.
 struct Ws {
   // Whole call: packed inputs, the cache, the bias tables.
-  void *qp, *kp, *vp, *ubar;    // act: [P Tp, Dk] (q, khat), [P Tp, Dv], [NB, S, Dv]; prepare may point
-                                //  qp, kp, vp at the inputs themselves
-  void *c_hi, *c_lo;            // act: codebook [H, S, Dk] as hi + lo parts (lo unused in f32)
-  void *rho_hi, *rho_lo;        // act: [H, ldp, Dk], rows past Lb zero (ldp: even GEMM dimensions)
-  float *counts, *ub;           // [NB, S]; u.khat_j per packed row
-  float *ucb, *vrho;            // u.C_s [H, S]; vr.rho_d [H, Lb+1]
-  void* lists;                  // scratch of the tokens' lists by (block, code), code_lists_bytes
+  void *qp, *kp, *vp, *ubar;  // act: [P Tp, Dk] (q, khat), [P Tp, Dv], [NB, S, Dv]; prepare may point
+                              //  qp, kp, vp at the inputs themselves
+  void *ctab, *rtab;          // act: codebook [H, S, ldt], rho [H, ldp, ldt] (rows past Lb zero; ldp:
+                              //  even GEMM dimensions); a row is [hi | lo] in bf16, the value in f32
+  int64_t ldt = 0;            // the tables' row stride: 2 Dk in bf16, Dk in f32
+  void *qq;                   // act, bf16 only: [P Tp, 2 Dk], packed q with each row twice (null in f32)
+  float *counts, *ub;         // [NB, S]; u.khat_j per packed row
+  float *ucb, *vrho;          // u.C_s [H, S]; vr.rho_d [H, Lb+1]
+  void *lists;                // scratch of the tokens' lists by (block, code), code_lists_bytes
   size_t lists_bytes;
   // Whole call, backward only.
   void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv] (or dout itself)

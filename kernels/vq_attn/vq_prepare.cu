@@ -32,17 +32,18 @@ __device__ __forceinline__ PackedRow packed_row(const Geo& g, uint32_t row) {
 }
 
 // Row-tiled over the packed rows; four columns per access where every row involved is 4-aligned.
+// Each row is written `copies` times side by side (dst rows copies * D wide).
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kThreads) pack_kernel(Geo g, const T* __restrict__ src, VqAttnLayout::Strides s,
                                                         int D, const float* __restrict__ add, T* __restrict__ dst,
-                                                        int log_tpr) {
+                                                        int copies, int log_tpr) {
   const cuda::RowSlot rs = cuda::row_slot(log_tpr);
   if (rs.row >= g.P * g.Tp) return;
   const PackedRow w = packed_row(g, static_cast<uint32_t>(rs.row));
-  T* out = dst + rs.row * D;
+  T* out = dst + rs.row * D * copies;
   const int step = kVec ? 4 * rs.lanes : rs.lanes;
   if (w.t >= g.T) {
-    for (int d = (kVec ? 4 : 1) * rs.lane; d < D; d += step) {
+    for (int d = (kVec ? 4 : 1) * rs.lane; d < D * copies; d += step) {
       if constexpr (kVec)
         cuda::store4(out + d, make_float4(0.f, 0.f, 0.f, 0.f));
       else
@@ -59,10 +60,13 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(Geo g, const T* __restri
         const float4 y = cuda::load4(a + d);
         x = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
       }
-      cuda::store4(out + d, x);
+      for (int c = 0; c < copies; ++c) cuda::store4(out + c * D + d, x);
     }
   } else {
-    for (int d = rs.lane; d < D; d += step) out[d] = a ? from_float<T>(to_float(in[d]) + a[d]) : in[d];
+    for (int d = rs.lane; d < D; d += step) {
+      const T x = a ? from_float<T>(to_float(in[d]) + a[d]) : in[d];
+      for (int c = 0; c < copies; ++c) out[c * D + d] = x;
+    }
   }
 }
 
@@ -93,12 +97,13 @@ __global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::St
   if (lane == 0) out[row] = acc;
 }
 
-// Warp per row of an f32 table X [H, rows, Dk]: dot[h, r] = vec[h] . X[h, r]; hi = X rounded to
-// T, lo = (X - hi) rounded (bf16 only), both [H, rows_out, Dk] with zero rows past `rows`.
+// Warp per row of an f32 table X [H, rows, Dk]: dot[h, r] = vec[h] . X[h, r]; tab [H, rows_out,
+// ldt] with zero rows past `rows`: X rounded to T (hi), and with `split` (bf16) the rest rounded
+// (lo) beside it, columns Dk .. 2 Dk.
 template <class T>
 __global__ void table_kernel(int64_t H, int64_t rows, int64_t rows_out, int64_t Dk, const float* __restrict__ X,
-                             const float* __restrict__ vec, float* __restrict__ dot, T* __restrict__ hi,
-                             T* __restrict__ lo) {
+                             const float* __restrict__ vec, float* __restrict__ dot, T* __restrict__ tab, int64_t ldt,
+                             bool split) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (i >= H * rows_out) return;
   const int64_t h = i / rows_out, r = i % rows_out;
@@ -107,8 +112,8 @@ __global__ void table_kernel(int64_t H, int64_t rows, int64_t rows_out, int64_t 
     const float x = r < rows ? X[(h * rows + r) * Dk + d] : 0.f;
     acc += x * vec[h * Dk + d];
     const T xh = from_float<T>(x);
-    hi[i * Dk + d] = xh;
-    if (lo) lo[i * Dk + d] = from_float<T>(x - to_float(xh));
+    tab[i * ldt + d] = xh;
+    if (split) tab[i * ldt + Dk + d] = from_float<T>(x - to_float(xh));
   }
   acc = warp_sum(acc);
   if (lane == 0 && r < rows) dot[h * rows + r] = acc;
@@ -142,8 +147,8 @@ Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const ch
   return w;
 }
 
-void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, float* c,
-          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact) {
+void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, void* c,
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact, DType cd) {
   if (m == 0 || n == 0 || k == 0 || batch == 0) return;
   GemmProblem pr;
   pr.m = m, pr.n = n, pr.k = k, pr.batch = batch;
@@ -153,27 +158,30 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   pr.alpha = 1, pr.beta = beta;
   pr.tf32_exact = tf32_exact;
   const Tensor ta(const_cast<void*>(a.p), ab, Device::CUDA, {1}), tb(const_cast<void*>(b.p), ab, Device::CUDA, {1});
-  const Tensor tc(c, DType::F32, Device::CUDA, {1});
+  const Tensor tc(c, cd, Device::CUDA, {1});
   matmul_cuda(blas, pr, ta, tb, tc);
 }
 
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* hi,
-                const void* lo, bool trans_b, float* c, int64_t ldc, float beta) {
-  const int64_t ldb = trans_b ? k : n;
-  gemm(blas, ab, m, n, k, 1, a, {hi, ldb, 0, trans_b}, c, ldc, 0, beta);
-  if (ab == DType::BF16) gemm(blas, ab, m, n, k, 1, a, {lo, ldb, 0, trans_b}, c, ldc, 0, 1.f);
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
+                bool trans_b, float* c, int64_t ldc, float beta) {
+  gemm(blas, ab, m, n, k, 1, a, {tab, ldt, 0, trans_b}, c, ldc, 0, beta);
+  if (ab == DType::BF16) {
+    const void* lo = static_cast<const char*>(tab) + (trans_b ? k : n) * static_cast<int64_t>(dtype_size(ab));
+    gemm(blas, ab, m, n, k, 1, a, {lo, ldt, 0, trans_b}, c, ldc, 0, 1.f);
+  }
 }
 
 template <class T>
-void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst) {
+void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst,
+          int copies) {
   const bool vec = D % 4 == 0 && cuda::rows_vec4(src, sizeof(T), s.t) && s.b % 4 == 0 &&
                    (!add || cuda::rows_vec4(add, sizeof(float), D)) && cuda::rows_vec4(dst, sizeof(T), D);
-  const cuda::RowTiling rt = cuda::row_tiling(g.P * g.Tp, vec ? D / 4 : D, kThreads);
+  const cuda::RowTiling rt = cuda::row_tiling(g.P * g.Tp, (vec ? D / 4 : D) * copies, kThreads);
   const int d = static_cast<int>(D);
   if (vec)
-    pack_kernel<true, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, rt.log_tpr);
+    pack_kernel<true, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, copies, rt.log_tpr);
   else
-    pack_kernel<false, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, rt.log_tpr);
+    pack_kernel<false, T><<<rt.blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, src, s, d, add, dst, copies, rt.log_tpr);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
@@ -210,14 +218,15 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
       pack<T>(ctx, g, x, s, D, nullptr, static_cast<T*>(dst));
   };
   place(q, L.q, g.Dk, w.qp);
+  if (w.qq) pack<T>(ctx, g, q, L.q, g.Dk, nullptr, static_cast<T*>(w.qq), 2);
   place(khat, L.khat, g.Dk, w.kp);
   place(v, L.v, g.Dv, w.vp);
   row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
   table_kernel<T><<<cuda::grid_1d(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
-      g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.c_hi), split ? static_cast<T*>(w.c_lo) : nullptr);
+      g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.ctab), w.ldt, split);
   LINAC_CUDA_LAUNCH_CHECK();
   table_kernel<T><<<cuda::grid_1d(g.H * g.ldp * 32, kThreads), kThreads, 0, st>>>(
-      g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rho_hi), split ? static_cast<T*>(w.rho_lo) : nullptr);
+      g.H, g.Lb + 1, g.ldp, g.Dk, rho, vr, w.vrho, static_cast<T*>(w.rtab), w.ldt, split);
   LINAC_CUDA_LAUNCH_CHECK();
   if (L.saved_cache) {
     const SavedCache saved = saved_cache(g, sizeof(T), L.saved_cache);
@@ -235,24 +244,27 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
 }
 
 void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
-                 int64_t D, float* cc, int64_t ldc, int64_t stride_c, float beta) {
+                 int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd) {
   const size_t es = dtype_size(act);
   auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };
+  auto at_c = [&](int64_t elems) { return static_cast<char*>(cc) + elems * static_cast<int64_t>(dtype_size(cd)); };
   const int64_t Lb = g.Lb;
   if (i0 == 0 && c > 0) {
     if (n_side)
-      gemm(w.blas, act, Lb, Lb, D, 1, a, {x, D, 0, true}, cc + Lb, ldc, 0, beta);
+      gemm(w.blas, act, Lb, Lb, D, 1, a, {x, D, 0, true}, at_c(Lb), ldc, 0, beta, false, cd);
     else
-      gemm(w.blas, act, Lb, D, Lb, 1, {at(a.p, Lb), a.ld, 0, a.trans}, {x, D, 0, false}, cc, ldc, 0, beta);
+      gemm(w.blas, act, Lb, D, Lb, 1, {at(a.p, Lb), a.ld, 0, a.trans}, {x, D, 0, false}, cc, ldc, 0, beta, false, cd);
     a.p = at(a.p, a.stride);
-    cc += stride_c;
+    cc = at_c(stride_c);
     i0 = 1;
     --c;
   }
   if (n_side)
-    gemm(w.blas, act, Lb, 2 * Lb, D, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, true}, cc, ldc, stride_c, beta);
+    gemm(w.blas, act, Lb, 2 * Lb, D, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, true}, cc, ldc, stride_c, beta, false,
+         cd);
   else
-    gemm(w.blas, act, Lb, D, 2 * Lb, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, false}, cc, ldc, stride_c, beta);
+    gemm(w.blas, act, Lb, D, 2 * Lb, c, a, {at(x, (i0 - 1) * Lb * D), D, Lb * D, false}, cc, ldc, stride_c, beta, false,
+         cd);
 }
 
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c) {
@@ -262,17 +274,20 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
   const Operand qa{at(w.qp, i0 * Lb * Dk), Dk, Lb * Dk, false};
   // swin[i] = q_i [Lb, Dk] @ (keys (i-1) Lb .. (i+1) Lb)^T
   window_gemm(g, w, act, i0, c, true, qa, w.kp, Dk, w.swin, g.ldw, Lb * g.ldw, 0.f);
-  gemm_table(w.blas, act, rows, g.S, Dk, qa, at(w.c_hi, h * g.S * Dk), at(w.c_lo, h * g.S * Dk), true, w.scache, g.lds,
-             0.f);
-  // all ldp distances (rho's padding rows are zero): a GEMM dimension of Lb + 1 is odd
-  gemm_table(w.blas, act, rows, g.ldp, Dk, qa, at(w.rho_hi, h * g.ldp * Dk), at(w.rho_lo, h * g.ldp * Dk), true, w.pos,
-             g.ldp, 0.f);
+  const void* ctab = at(w.ctab, h * g.S * w.ldt);
+  const void* rtab = at(w.rtab, h * g.ldp * w.ldt);  // all ldp distances (padding rows are zero):
+                                                     // a GEMM dimension of Lb + 1 is odd
+  // bf16: [q | q] . [hi | lo], both parts in one product (vq_packed.h); f32: q . C
+  const Operand qt = w.qq ? Operand{at(w.qq, i0 * Lb * 2 * Dk), 2 * Dk, 0, false} : qa;
+  const int64_t kt = w.qq ? 2 * Dk : Dk;
+  gemm(w.blas, act, rows, g.S, kt, 1, qt, {ctab, w.ldt, 0, true}, w.scache, g.lds, 0, 0.f);
+  gemm(w.blas, act, rows, g.ldp, kt, 1, qt, {rtab, w.ldt, 0, true}, w.pos, g.ldp, 0, 0.f);
 }
 
 #define LINAC_VQ_PREPARE(T)                                                                                            \
   template void prepare<T>(const Ctx&, const Geo&, const VqAttnLayout&, Ws&, const T*, const T*, const int32_t*,      \
                            const T*, const float*, const float*, const float*, const float*, bool);                    \
-  template void pack<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, T*);          \
+  template void pack<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, T*, int);     \
   template void row_dots<T>(const Ctx&, const Geo&, const T*, VqAttnLayout::Strides, int64_t, const float*, const T*, \
                             VqAttnLayout::Strides, float*);
 LINAC_VQ_PREPARE(float)

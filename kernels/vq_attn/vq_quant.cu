@@ -5,8 +5,9 @@
 //                argmin on (distance, code), so ties go to the lowest code (equal codewords give
 //                equal distances). khat = C_z rounded to k's dtype. bf16 keys are exact TF32
 //                numbers, so with C = C_hi + C_lo (both TF32, |C - C_hi - C_lo| <= 2^-22 |C|) the
-//                product is two TF32 tensor-core GEMMs with f32 accumulation; f32 keys take one
-//                true-fp32 GEMM.
+//                product is one TF32 tensor-core GEMM with f32 accumulation over K = 2 Dk, [k | k]
+//                against [C_hi | C_lo] (the keys' rows and the codewords' rows hold both parts
+//                side by side); f32 keys take one true-fp32 GEMM.
 //   code stats   per head, the tokens' one-hot code rows [tokens, S] (in ctx.workspace, chunks
 //                of tokens if it is small) and sums = onehot^T k as GEMMs (bf16 operands are
 //                exact, f32 accumulation, a fixed algorithm: bitwise reproducible); the counts
@@ -36,28 +37,30 @@ __device__ __forceinline__ float to_tf32(float x) {
   return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
 }
 
-// Warp per (head, code): cc = ||C_s||^2; with hi (and lo), the codeword's TF32 split.
+// Warp per (head, code): cc = ||C_s||^2; with `split` (null otherwise), the codeword's TF32 split
+// as a row [hi | lo] of split [HS, 2 Dk].
 __global__ void vq_code_norms_kernel(int64_t HS, int64_t Dk, const float* __restrict__ codebook,
-                                     float* __restrict__ cc, float* __restrict__ hi, float* __restrict__ lo) {
+                                     float* __restrict__ cc, float* __restrict__ split) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (i >= HS) return;
   float acc = 0;
   for (int64_t d = lane; d < Dk; d += 32) {
     const float c = codebook[i * Dk + d];
     acc += c * c;
-    if (hi) {
+    if (split) {
       const float h = to_tf32(c);
-      hi[i * Dk + d] = h;
-      lo[i * Dk + d] = to_tf32(c - h);
+      split[i * 2 * Dk + d] = h;
+      split[i * 2 * Dk + Dk + d] = to_tf32(c - h);
     }
   }
   acc = warp_sum(acc);
   if (lane == 0) cc[i] = acc;
 }
 
-// Warp per (head, token of the chunk): kf [H, n, Dk] f32 and kk = ||k||^2.
+// Warp per (head, token of the chunk): kf [H, n, kw] f32 (kw = 2 Dk: the key twice, [k | k]) and
+// kk = ||k||^2.
 template <class T>
-__global__ void vq_pack_keys_kernel(VqQuantLayout L, int64_t tok0, int64_t n, const T* __restrict__ k,
+__global__ void vq_pack_keys_kernel(VqQuantLayout L, int64_t tok0, int64_t n, const T* __restrict__ k, int64_t kw,
                                     float* __restrict__ kf, float* __restrict__ kk) {
   const int64_t i = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32, lane = threadIdx.x % 32;
   if (i >= L.H * n) return;
@@ -66,7 +69,7 @@ __global__ void vq_pack_keys_kernel(VqQuantLayout L, int64_t tok0, int64_t n, co
   float acc = 0;
   for (int64_t d = lane; d < L.Dk; d += 32) {
     const float x = to_float(kt[d]);
-    kf[i * L.Dk + d] = x;
+    for (int64_t c = 0; c < kw; c += L.Dk) kf[i * kw + c + d] = x;
     acc += x * x;
   }
   acc = warp_sum(acc);
@@ -76,7 +79,7 @@ __global__ void vq_pack_keys_kernel(VqQuantLayout L, int64_t tok0, int64_t n, co
 // Warp per (head, token of the chunk): z = argmin_s max(kk - 2 k.C_s + cc_s, 0), ties to the
 // lowest code; khat = C_z rounded; err = ||k - C_z||^2.
 template <class T>
-__global__ void vq_nearest_code_kernel(VqQuantLayout L, int64_t tok0, int64_t n, const float* __restrict__ kf,
+__global__ void vq_nearest_code_kernel(VqQuantLayout L, int64_t tok0, int64_t n, int64_t kw, const float* __restrict__ kf,
                                        const float* __restrict__ kk, const float* __restrict__ kc,
                                        const float* __restrict__ cc, const float* __restrict__ codebook,
                                        int32_t* __restrict__ z, T* __restrict__ khat, float* __restrict__ err) {
@@ -97,7 +100,7 @@ __global__ void vq_nearest_code_kernel(VqQuantLayout L, int64_t tok0, int64_t n,
     if (od < best_d || (od == best_d && os < best)) best_d = od, best = os;
   }
   const float* c = codebook + (h * L.S + best) * L.Dk;
-  const float* key = kf + i * L.Dk;
+  const float* key = kf + i * kw;
   T* out = khat + b * L.khat.b + t * L.khat.t + h * L.Dk;
   float e = 0;
   for (int64_t d = lane; d < L.Dk; d += 32) {
@@ -152,44 +155,43 @@ void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, c
                       const Tensor& z, const Tensor& khat, const Tensor& err) {
   const int64_t n_tok = L.B * L.T;
   if (n_tok * L.H == 0) return;
-  // ctx.workspace: cc [H, S], the codebook's TF32 split [2, H, S, Dk] (bf16 keys), then per token
-  // and head kf [Dk], kk, kc [S] (f32), and cuBLASLt's share.
+  // ctx.workspace: cc [H, S], the codebook's TF32 split [H, S, 2 Dk] (bf16 keys), then per token
+  // and head kf [kw], kk, kc [S] (f32), and cuBLASLt's share.
   const bool split = k.dtype == DType::BF16;
+  const int64_t kw = split ? 2 * L.Dk : L.Dk;
   auto align = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t split_bytes = split ? align(static_cast<size_t>(2 * L.H * L.S * L.Dk) * sizeof(float)) : 0;
   const size_t fixed = static_cast<size_t>(L.H * L.S) * sizeof(float) + 2 * 256 + split_bytes + vq_cuda::kBlasBytes;
-  const size_t per_tok = static_cast<size_t>(L.H * (L.Dk + 1 + L.S)) * sizeof(float);
+  const size_t per_tok = static_cast<size_t>(L.H * (kw + 1 + L.S)) * sizeof(float);
   LINAC_CHECK(ctx.workspace_bytes >= fixed + 3 * 256 + per_tok,
               "vq_quantize: ctx.workspace has " + std::to_string(ctx.workspace_bytes) + " bytes, need at least " +
                   std::to_string(fixed + 3 * 256 + per_tok));
   const int64_t chunk = std::min<int64_t>(n_tok, static_cast<int64_t>((ctx.workspace_bytes - fixed - 3 * 256) / per_tok));
   char* base = static_cast<char*>(ctx.workspace);
   float* cc = reinterpret_cast<float*>(base);
-  float* c_hi = split ? reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float))) : nullptr;
-  float* c_lo = split ? c_hi + L.H * L.S * L.Dk : nullptr;
+  float* csplit = split ? reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float))) : nullptr;
   float* kf = reinterpret_cast<float*>(base + align(static_cast<size_t>(L.H * L.S) * sizeof(float)) + split_bytes);
-  float* kk = kf + align(static_cast<size_t>(L.H * chunk * L.Dk) * sizeof(float)) / sizeof(float);
+  float* kk = kf + align(static_cast<size_t>(L.H * chunk * kw) * sizeof(float)) / sizeof(float);
   float* kc = kk + align(static_cast<size_t>(L.H * chunk) * sizeof(float)) / sizeof(float);
   const Ctx blas = vq_cuda::blas_tail(ctx);
   cudaStream_t st = cuda::stream_of(ctx);
   const float* cb = codebook.data<float>();
-  vq_code_norms_kernel<<<cuda::grid_1d(L.H * L.S * 32, 256), 256, 0, st>>>(L.H * L.S, L.Dk, cb, cc, c_hi, c_lo);
+  vq_code_norms_kernel<<<cuda::grid_1d(L.H * L.S * 32, 256), 256, 0, st>>>(L.H * L.S, L.Dk, cb, cc, csplit);
   LINAC_CUDA_LAUNCH_CHECK();
   LINAC_GPU_DISPATCH(k.dtype, T, {
     for (int64_t tok0 = 0; tok0 < n_tok; tok0 += chunk) {
       const int64_t n = std::min(chunk, n_tok - tok0);
-      vq_pack_keys_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(L, tok0, n, k.data<T>(), kf, kk);
+      vq_pack_keys_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(L, tok0, n, k.data<T>(), kw, kf, kk);
       LINAC_CUDA_LAUNCH_CHECK();
-      // kc[h] = kf[h] C[h]^T with f32 accuracy: the distances decide the codes
-      const vq_cuda::Operand kfa{kf, L.Dk, n * L.Dk, false};
+      // kc[h] = kf[h] C[h]^T with f32 accumulation: the distances decide the codes
+      const vq_cuda::Operand kfa{kf, kw, n * kw, false};
       if (split) {
-        vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {c_hi, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 0.f, true);
-        vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {c_lo, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 1.f, true);
+        vq_cuda::gemm(blas, DType::F32, n, L.S, kw, L.H, kfa, {csplit, kw, L.S * kw, true}, kc, L.S, n * L.S, 0.f, true);
       } else {
         vq_cuda::gemm(blas, DType::F32, n, L.S, L.Dk, L.H, kfa, {cb, L.Dk, L.S * L.Dk, true}, kc, L.S, n * L.S, 0.f);
       }
       vq_nearest_code_kernel<T><<<cuda::grid_1d(L.H * n * 32, 256), 256, 0, st>>>(
-          L, tok0, n, kf, kk, kc, cc, cb, z.data<int32_t>(), khat.data<T>(), err.defined() ? err.data<float>() : nullptr);
+          L, tok0, n, kw, kf, kk, kc, cc, cb, z.data<int32_t>(), khat.data<T>(), err.defined() ? err.data<float>() : nullptr);
       LINAC_CUDA_LAUNCH_CHECK();
     }
   });

@@ -1,8 +1,9 @@
 // VQ-attention CUDA vs the CPU block reference (double) on the same rounded inputs, f32 and bf16:
 // forward (o, lse) and backward from the GPU's o and lse (dq, dkhat, dv, du, dvr, drho), with
 // q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
-// multi-head Dk = Dv = 64; bitwise determinism and smaller chunks under a small workspace; the
-// forward's cache saved for the backward; strided dout read in place; decode
+// multi-head Dk = Dv = 64, o written by the output GEMMs themselves (one head, T a multiple of the
+// block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
+// saved for the backward; strided dout read and strided o written in place; decode
 // steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
 #include <cmath>
 #include <cstring>
@@ -29,10 +30,11 @@ std::string name(const Case& c) {
 // (Dk 128, Dv 1536, S 512) on a short sequence; multi-head Dk = Dv = 64; head dims that are not
 // multiples of four (the kernels' one-element paths); blocks of 1024 (rows too long for the
 // forward to keep their scores in shared memory); blocks of 6 (rows of window weights that do
-// not split into groups of four).
+// not split into groups of four); one head with T a multiple of the block (o's rows are the
+// packed rows: the output GEMMs write o).
 const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},      {1, 300, 1, 128, 1536, 512, 64}, {2, 130, 2, 32, 96, 7, 32},
                        {1, 700, 2, 64, 128, 100, 128},  {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
-                       {1, 2100, 1, 16, 16, 300, 1024}, {2, 50, 2, 16, 24, 6, 6}};
+                       {1, 2100, 1, 16, 16, 300, 1024}, {2, 50, 2, 16, 24, 6, 6},        {2, 192, 1, 32, 40, 24, 64}};
 
 OwnedTensor copy_to(const Tensor& t, Device dev) {
   OwnedTensor r(t.dtype, dev, t.dims());
@@ -154,12 +156,15 @@ TEST(VqAttnGpu, ParityBf16) {
 // Bitwise reruns; workspaces that hold chunks of one and of four blocks (chunk boundaries inside
 // a sequence, between sequences and between heads, where the previous block's key and value
 // gradients are accumulated across chunks) agree closely; a workspace below one block is refused.
+// Two heads with a ragged T, and one head whose o the output GEMMs write chunk by chunk.
 TEST(VqAttnGpu, DeterministicAndChunked) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  for (DType act : {DType::BF16, DType::F32}) {
-    SCOPED_TRACE(dtype_name(act));
-    const Case c{3, 200, 2, 64, 64, 50, 32};  // 7 blocks per sequence, 21 per head
+  for (auto [act, c] : {std::pair{DType::BF16, Case{3, 200, 2, 64, 64, 50, 32}},  // 7 blocks per sequence, 21 per head
+                        std::pair{DType::F32, Case{3, 200, 2, 64, 64, 50, 32}},
+                        std::pair{DType::BF16, Case{3, 192, 1, 64, 64, 50, 32}},  // 6 per sequence
+                        std::pair{DType::F32, Case{3, 192, 1, 64, 64, 50, 32}}}) {
+    SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
     Inputs in(c, 11);
     const Gpu g(in, act);
     Result r1 = g.run(gctx.ctx(), in, act), r2 = g.run(gctx.ctx(), in, act);
@@ -314,6 +319,14 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
     EXPECT_LT(test::rel_error(du2, du), tol) << "du, strided dout";
     EXPECT_LT(test::rel_error(dvr2, dvr), tol) << "dvr, strided dout";
     EXPECT_LT(test::rel_error(drho2, drho), tol) << "drho, strided dout";
+    // o as the model passes it: columns [Dv, 2 Dv) of a [B, T, 2 Dv] buffer, written by the output
+    // GEMMs at that row stride; the other columns keep their NaN.
+    const OwnedTensor wide_o = to(wide_h, Device::CUDA, act);
+    OwnedTensor lse2(DType::F32, Device::CUDA, {c.B, c.T, 1});
+    vq_attn_fwd(gctx.ctx(), q, kh, g.z, v, g.cb, g.u, g.vr, g.rho, test::bthd(wide_o, c.Dv, 1, c.Dv), lse2, in.opts());
+    ctx_synchronize(gctx.ctx());
+    EXPECT_EQ(test::columns(wide_o, c.Dv, c.Dv), to_doubles(o)) << "o, strided";
+    for (double x : test::columns(wide_o, 0, c.Dv)) ASSERT_TRUE(std::isnan(x)) << "o's neighbour columns";
   }
 }
 
