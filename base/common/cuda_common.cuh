@@ -82,9 +82,9 @@ __device__ __forceinline__ float rounded(float x) {
 
 // The sum (max) of v over the aligned group of G lanes (a power of two up to 32) the calling lane
 // belongs to, every lane of the group getting it; butterfly order, so the same bits in every group.
-// All 32 lanes of the warp must call it.
-template <int G>
-__device__ __forceinline__ float lanes_sum(float v) {
+// All 32 lanes of the warp must call it. lanes_sum takes float or double.
+template <int G, class V>
+__device__ __forceinline__ V lanes_sum(V v) {
 #pragma unroll
   for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

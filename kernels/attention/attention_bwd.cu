@@ -52,9 +52,7 @@ __global__ void delta_bf16_kernel(const bf16_t* __restrict__ o, const bf16_t* __
       }
     }
   }
-  acc += __shfl_xor_sync(0xffffffffu, acc, 4);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-  acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+  acc = cuda::lanes_sum<8>(acc);
   if (r < rows && sub == 0) delta[(b * a.H + h) * a.T + t] = acc;
 }
 

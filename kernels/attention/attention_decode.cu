@@ -224,8 +224,7 @@ __global__ void __launch_bounds__(kThreads)
       float dot = 0.f;
 #pragma unroll
       for (int i = 0; i < 8; ++i) dot = fmaf(qf[i], kf[i], dot);
-#pragma unroll
-      for (int off = G / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      dot = cuda::lanes_sum<G>(dot);
       if (!valid) continue;
       const float score = dot * p.scale, m_new = fmaxf(m, score);
       const float alpha = expf(m - m_new), w = expf(score - m_new);

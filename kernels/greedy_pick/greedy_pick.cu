@@ -29,12 +29,6 @@ __device__ __forceinline__ Best warp_best(Best x) {
   return x;
 }
 
-__device__ __forceinline__ double warp_sum(double x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
-
 __global__ void __launch_bounds__(kThreads)
     greedy_pick_kernel(const float* __restrict__ logits, int V, int32_t* __restrict__ ids, double* __restrict__ logprob) {
   __shared__ Best s_best[kWarps];
@@ -55,7 +49,7 @@ __global__ void __launch_bounds__(kThreads)
   const double m = b.v;
   double z = 0;
   for (int v = threadIdx.x; v < V; v += kThreads) z += exp(static_cast<double>(row[v]) - m);
-  z = warp_sum(z);
+  z = cuda::lanes_sum<32>(z);
   if (lane == 0) s_sum[warp] = z;
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(128) prep_kernel(Args a, const T* __restrict__
       const float4 d = load4(drow + j), x = load4(orow + j);
       dot += d.x * x.x + d.y * x.y + d.z * x.z + d.w * x.w;
     }
-    for (int off = lanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    dot = lanes == 16 ? cuda::lanes_sum<16>(dot) : cuda::lanes_sum<32>(dot);
     for (int j = 4 * l; j < DvP; j += 4 * lanes) {
       float4 val = zero;
       if (ok && j < Dv) {
