@@ -79,6 +79,13 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
                 "vq_attn: saved_cache must be contiguous on the inputs' device, of vq_attn_saved_cache_bytes()");
     if (q.device != Device::CPU) L.saved_cache = c.ptr;
   }
+  if (const Tensor& sw = opts.saved_weights; sw.defined()) {
+    LINAC_CHECK(!opts.docs.defined(), "vq_attn: saved_weights does not go with documents");
+    LINAC_CHECK(sw.device == q.device && sw.is_contiguous() &&
+                    sw.nbytes() >= vq_attn_saved_weights_bytes(L.B, L.T, L.H, L.S, L.Lb, q.dtype),
+                "vq_attn: saved_weights must be contiguous on the inputs' device, of vq_attn_saved_weights_bytes()");
+    if (q.device != Device::CPU) L.saved_weights = sw.ptr;
+  }
   return L;
 }
 

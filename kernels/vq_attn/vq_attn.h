@@ -44,7 +44,8 @@
 //   du   = sum_t (sum_j gs_tj khat_j + sum_s gs_ts C_s),   dvr = sum_t sum_{t-j<=Lb} gs_tj rho_{t-j}
 //   drho_d = sum_{t-j=d} gs_tj (q_t + vr)        (sums over tokens in a fixed order)
 // The block backward recomputes the per-block cache means unless the forward saved them
-// (VqAttnOpts::saved_cache, GPU).
+// (VqAttnOpts::saved_cache, GPU), and the weights w unless the forward saved those
+// (VqAttnOpts::saved_weights, GPU: then w is the forward's, in the activation dtype).
 //
 // Layout: q, khat, dq, dkhat [B, T, H, Dk]; v, o, dout, dv [B, T, H, Dv]: last two dims
 // contiguous (head stride D, unit dim stride), batch and token strides free (views of a fused
@@ -106,6 +107,11 @@ struct VqAttnOpts {
   // the same inputs reads it instead of sorting the codes and scanning the values again (the same
   // bits). The CPU forms ignore it.
   Tensor saved_cache;
+  // GPU, optional, without documents: storage of at least vq_attn_saved_weights_bytes() where the
+  // forward leaves its softmax weights (activation dtype), and the backward of the same inputs
+  // takes them instead of recomputing the scores (it then needs neither lse's nor the scores'
+  // products). In bf16 the gradients so see the weights rounded once, as the output products did.
+  Tensor saved_weights;
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -117,7 +123,8 @@ struct VqAttnLayout {
   int64_t B = 0, T = 0, H = 0, Dk = 0, Dv = 0, S = 0, Lb = 0;
   Strides q, khat, v, o, dout, dq, dkhat, dv, v_pre;
   DocBounds docs;  // CPU forms: host memory
-  void* saved_cache = nullptr;  // GPU: VqAttnOpts::saved_cache, or null
+  void* saved_cache = nullptr;    // GPU: VqAttnOpts::saved_cache, or null
+  void* saved_weights = nullptr;  // GPU: VqAttnOpts::saved_weights, or null
 };
 
 // CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];
@@ -224,5 +231,9 @@ size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
 // VqAttnOpts::saved_cache for a [B, T] call: per head, sequence and block the cache means
 // [S, Dv] in the activation dtype, then the counts [S] f32.
 size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act);
+// VqAttnOpts::saved_weights for a [B, T] call: per head and sequence, every query's weights over
+// its window (2 Lb entries) and the cache (S), in the activation dtype: about 2 (2 Lb + S) bytes
+// per token and head in bf16 (3 KiB for the paper's head: 100 MiB per layer at 32,768 tokens).
+size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act);
 
 }  // namespace linac

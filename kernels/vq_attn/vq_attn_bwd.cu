@@ -5,10 +5,10 @@
 //   prepare    as the forward (packed q, khat, v; the cache, or the forward's; tables), plus q+u,
 //              q+vr, dout packed (or read in place at its row stride) and delta_t = dout_t . o_t
 //   per head, per chunk of blocks i (queries of block n):
-//     scores   recomputed (swin, scache, pos)
 //     dp       dpwin_i = dout_i [v_{n-1}; v_n]^T, dpcache_i = dout_i ubar_i^T
-//     rows     warp per query: p = exp(s - lse), gs = p (dp - delta); p and gs in the activation
-//              dtype, gs also by distance (gpos[t, d] for the key at t - d)
+//     rows     warp per query: p the forward's weights (VqAttnOpts::saved_weights) or exp(s - lse)
+//              of the scores recomputed (swin, scache, pos), gs = p (dp - delta); p and gs in the
+//              activation dtype, gs also by distance (gpos[t, d] for the key at t - d)
 //     dq       dqu = gswin_i [khat_{n-1}; khat_n] + gscache C,  dqr = gpos rho   (f32)
 //     dkhat    present keys of block n, then the previous block's (accumulated):
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
@@ -33,10 +33,15 @@ using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
 
-// Warp per row of the chunk, four entries per lane access (vq_cuda::RowScores).
-template <class T>
+// Warp per row of the chunk, four entries per lane access. The weights p: kSaved, the forward's
+// (the chunk's rows of VqAttnOpts::saved_weights: sp_win, sp_cache, whose cache part the dv
+// GEMMs read in place); otherwise exp(s - lse) of the recomputed scores (vq_cuda::RowScores),
+// written to w.pcache. Masked entries have p = 0, and so gs = 0 whatever dp holds there.
+template <bool kSaved, class T>
 __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i0, int64_t rows, Ws w,
-                                                                const float* __restrict__ lse) {
+                                                                const float* __restrict__ lse,
+                                                                const T* __restrict__ sp_win,
+                                                                const T* __restrict__ sp_cache) {
   const int64_t r = (blockIdx.x * int64_t{kThreads} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -65,38 +70,49 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row.t >= g.T) {
     for (int e = 4 * lane; e < W; e += 128) store_p(e, zero4), cuda::store4(gswin + e, zero4);
-    for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, zero4), cuda::store4(gscache + s, zero4);
+    for (int s = 4 * lane; s < S; s += 128) {
+      if (!kSaved) cuda::store4(pcache + s, zero4);
+      cuda::store4(gscache + s, zero4);
+    }
     for (int d = lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
     return;
   }
   // gpos's padding past Lb: the dq GEMM reads it.
-  for (int d = static_cast<int>(g.Lb) + 1 + lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
-  const float l = lse[(row.b * g.T + row.t) * g.H + row.h], delta = w.delta[row.p * g.Tp + row.t];
+  for (int d = Lb + 1 + lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
+  const float delta = w.delta[row.p * g.Tp + row.t];
   const vq_cuda::RowScores sc(g, row, r, w);
-  auto weight = [l](float s, int) { return s == -INFINITY ? 0.f : expf(s - l); };
-  // gs = p (dp - delta), 0 where masked: dp there may never have been written (block 0's
+  const float lse_t = kSaved ? 0.f : lse[(row.b * g.T + row.t) * g.H + row.h];
+  auto weight = [lse_t](float s, int) { return s == -INFINITY ? 0.f : expf(s - lse_t); };
+  auto window_p = [&](int e) {
+    return kSaved ? cuda::load4(sp_win + r * g.ldw + e) : vq_cuda::map4(sc.window4(e), weight);
+  };
+  auto cache_p = [&](int s) {
+    return kSaved ? cuda::load4(sp_cache + r * g.lds + s) : vq_cuda::map4(sc.cache4(s), weight);
+  };
+  // gs = p (dp - delta), 0 where p is: dp may never have been written where masked (block 0's
   // missing previous block, the rows' padding).
-  auto score_grad = [delta](float4 s, float4 p, float4 dp) {
-    auto one = [delta](float si, float pi, float dpi) { return si == -INFINITY ? 0.f : pi * (dpi - delta); };
-    return make_float4(one(s.x, p.x, dp.x), one(s.y, p.y, dp.y), one(s.z, p.z, dp.z), one(s.w, p.w, dp.w));
+  auto score_grad = [delta](float4 p, float4 dp) {
+    auto one = [delta](float pi, float dpi) { return pi == 0.f ? 0.f : pi * (dpi - delta); };
+    return make_float4(one(p.x, dp.x), one(p.y, dp.y), one(p.z, dp.z), one(p.w, dp.w));
   };
   const float* dpwin = w.dpwin + r * g.ldw;
+  const int l = static_cast<int>(row.l), hi = Lb + l;  // entry e has distance hi - e; <= Lb where e >= l
   for (int e = 4 * lane; e < W; e += 128) {
-    const float4 s = sc.window4(e), p = vq_cuda::map4(s, weight);
-    const float4 gs = score_grad(s, p, *reinterpret_cast<const float4*>(dpwin + e));
+    const float4 p = window_p(e);
+    const float4 gs = score_grad(p, *reinterpret_cast<const float4*>(dpwin + e));
     store_p(e, p);
     cuda::store4(gswin + e, gs);
-    // Every distance 0..Lb once: entry e has distance hi - e where l <= e <= hi.
+    // Every distance 0..Lb once.
     vq_cuda::map4(gs, [&](float x, int k) {
-      if (e + k >= sc.l && e + k <= sc.hi) gpos[sc.hi - e - k] = from_float<T>(x);
+      if (e + k >= l && e + k <= hi) gpos[hi - e - k] = from_float<T>(x);
       return x;
     });
   }
   const float* dpcache = w.dpcache + r * g.lds;
   for (int s = 4 * lane; s < S; s += 128) {
-    const float4 x = sc.cache4(s), p = vq_cuda::map4(x, weight);
-    cuda::store4(pcache + s, p);
-    cuda::store4(gscache + s, score_grad(x, p, *reinterpret_cast<const float4*>(dpcache + s)));
+    const float4 p = cache_p(s);
+    if (!kSaved) cuda::store4(pcache + s, p);
+    cuda::store4(gscache + s, score_grad(p, *reinterpret_cast<const float4*>(dpcache + s)));
   }
 }
 
@@ -183,24 +199,34 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     }
     vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
     const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
+    const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
         const void* dop_i = at(w.dop, i0 * Lb * ldo);
         const void* qu_i = at(w.qu, i0 * Lb * Dk);
-        vq_cuda::chunk_scores(g, w, act, h, i0, c);
         vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw, 0.f);
         vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, ldo, Lb * ldo, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
                       w.dpcache, lds, Lb * lds, 0.f);
-        vq_grad_rows_kernel<T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>());
+        const unsigned blocks = cuda::grid_1d(rows * 32, kThreads);
+        const void* pcache = w.pcache;  // the cache weights the gcache GEMM reads
+        if (saved.pwin) {
+          const T* sp_win = static_cast<const T*>(saved.pwin) + i0 * Lb * ldw;
+          const T* sp_cache = static_cast<const T*>(saved.pcache) + i0 * Lb * lds;
+          vq_grad_rows_kernel<true, T><<<blocks, kThreads, 0, st>>>(g, i0, rows, w, nullptr, sp_win, sp_cache);
+          pcache = sp_cache;
+        } else {
+          vq_cuda::chunk_scores(g, w, act, h, i0, c);
+          vq_grad_rows_kernel<false, T><<<blocks, kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>(), nullptr, nullptr);
+        }
         LINAC_CUDA_LAUNCH_CHECK();
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.ctab, h * S * w.ldt), w.ldt,
-                            false, dqu, Dk, 1.f);
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.ctab, h * S * w.ldt), w.ldt, dqu,
+                            Dk, 1.f);
         vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
-                            w.ldt, false, w.dqr + i0 * Lb * Dk, Dk, 0.f);
+                            w.ldt, w.dqr + i0 * Lb * Dk, Dk, 0.f);
         // dkhat of the present block, then of the previous one (into the block before; the chunk's
         // first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},
@@ -220,7 +246,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
           vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
                         w.dvp + (i0 - 1) * Lb * Dv, Dv, 0, 1.f);
         // The cache means' gradients of each block (swept below), and drho.
-        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {w.pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
+        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
                       w.gcache + i0 * S * Dv, Dv, S * Dv, 0.f);
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);

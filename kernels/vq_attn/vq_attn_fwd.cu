@@ -4,7 +4,8 @@
 //   per head, per chunk of blocks i (queries of block n, rows of Lb):
 //     scores  swin_i = q_i [khat_{n-1}; khat_n]^T, scache = q C^T, pos = q rho^T
 //     softmax warp per query row: scores plus the f32 bias terms, masks, lse (f32, saved),
-//             weights p in the activation dtype
+//             weights p in the activation dtype (into VqAttnOpts::saved_weights where given, for
+//             the backward)
 //     output  o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i (f32), then to o's dtype and layout;
 //             where o's rows are the packed rows (one head, T a multiple of Lb: the paper's
 //             model), straight into o: the cache part first, rounded to o's dtype, then the
@@ -138,9 +139,14 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     if (kept_bytes > 0)
       LINAC_CUDA_CHECK(cudaFuncSetAttribute(vq_softmax_rows_kernel<true, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(kept_bytes)));
+    const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
+        if (saved.pwin) {
+          w.pwin = static_cast<char*>(saved.pwin) + i0 * Lb * g.ldw * static_cast<int64_t>(es);
+          w.pcache = static_cast<char*>(saved.pcache) + i0 * Lb * g.lds * static_cast<int64_t>(es);
+        }
         vq_cuda::chunk_scores(g, w, q.dtype, h, i0, c);
         if (kept_bytes > 0)
           vq_softmax_rows_kernel<true, T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, kept_bytes, st>>>(

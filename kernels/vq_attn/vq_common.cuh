@@ -41,12 +41,12 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
 // The same GEMM with an f32 table (codebook or rho, Ws::ctab / rtab: one head's [rows, ldt]) as
 // B: its hi part, then in bf16 its lo part (the columns beside it) accumulated.
 void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                bool trans_b, float* c, int64_t ldc, float beta);
+                float* c, int64_t ldc, float beta);
 
 // Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
 // packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and
 // the backward alike (vq_prepare.cu). With L.saved_cache the cache lives there: the forward
-// writes it, the backward reads it.
+// writes it, the backward reads it. A backward with L.saved_weights skips what only the scores read.
 template <class T>
 void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T* q, const T* khat, const int32_t* z,
              const T* v, const float* codebook, const float* u, const float* vr, const float* rho, bool backward);

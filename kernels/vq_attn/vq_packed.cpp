@@ -83,7 +83,20 @@ SavedCache saved_cache(const Geo& g, size_t act_bytes, void* base) {
   return c;
 }
 
+SavedWeights saved_weights(const Geo& g, size_t act_bytes, void* base) {
+  const size_t rows = static_cast<size_t>(g.P * g.Tp), win = (rows * g.ldw * act_bytes + 255) / 256 * 256;
+  SavedWeights s;
+  s.pwin = base;
+  s.pcache = base ? static_cast<char*>(base) + win : nullptr;
+  s.bytes = win + rows * g.lds * act_bytes;
+  return s;
+}
+
 }  // namespace vq_cuda
+
+size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act) {
+  return vq_cuda::saved_weights(vq_cuda::geo_of(B, T, H, 1, 1, S, Lb), dtype_size(act), nullptr).bytes;
+}
 
 size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act) {
   return vq_cuda::saved_cache(vq_cuda::geo_of(B, T, H, 1, Dv, S, Lb), dtype_size(act), nullptr).bytes;

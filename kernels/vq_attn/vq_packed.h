@@ -92,6 +92,15 @@ struct SavedCache {
 };
 SavedCache saved_cache(const Geo &g, size_t act_bytes, void *base);
 
+// VqAttnOpts::saved_weights laid out from `base` (nullptr: sizes only): the window weights
+// [P Tp, ldw], then the cache weights [P Tp, lds] (act), query-major as the forward's chunks
+// (Ws::pwin, Ws::pcache) at the packed rows: the chunk of blocks from i0 starts at row i0 Lb.
+struct SavedWeights {
+  void *pwin = nullptr, *pcache = nullptr;
+  size_t bytes = 0;
+};
+SavedWeights saved_weights(const Geo &g, size_t act_bytes, void *base);
+
 // The backward's window weights, key-major: slot s = i - i0 + 1 of a chunk [i0, i0 + c) is
 // [2 Lb, ldkey], rows 0..Lb the weights of block i's queries for block i's keys (present), rows
 // Lb..2 Lb those of block i+1's queries for block i's keys (previous), so the value gradient of

@@ -163,11 +163,11 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
 }
 
 void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                bool trans_b, float* c, int64_t ldc, float beta) {
-  gemm(blas, ab, m, n, k, 1, a, {tab, ldt, 0, trans_b}, c, ldc, 0, beta);
+                float* c, int64_t ldc, float beta) {
+  gemm(blas, ab, m, n, k, 1, a, {tab, ldt, 0, false}, c, ldc, 0, beta);
   if (ab == DType::BF16) {
-    const void* lo = static_cast<const char*>(tab) + (trans_b ? k : n) * static_cast<int64_t>(dtype_size(ab));
-    gemm(blas, ab, m, n, k, 1, a, {lo, ldt, 0, trans_b}, c, ldc, 0, 1.f);
+    const void* lo = static_cast<const char*>(tab) + n * static_cast<int64_t>(dtype_size(ab));
+    gemm(blas, ab, m, n, k, 1, a, {lo, ldt, 0, false}, c, ldc, 0, 1.f);
   }
 }
 
@@ -217,11 +217,16 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
     else
       pack<T>(ctx, g, x, s, D, nullptr, static_cast<T*>(dst));
   };
-  place(q, L.q, g.Dk, w.qp);
-  if (w.qq) pack<T>(ctx, g, q, L.q, g.Dk, nullptr, static_cast<T*>(w.qq), 2);
+  // What only the scores read (packed q, its doubled copy, u.khat): not for a backward that has
+  // the forward's weights.
+  const bool scores = !backward || !L.saved_weights;
+  if (scores) {
+    place(q, L.q, g.Dk, w.qp);
+    if (w.qq) pack<T>(ctx, g, q, L.q, g.Dk, nullptr, static_cast<T*>(w.qq), 2);
+    row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
+  }
   place(khat, L.khat, g.Dk, w.kp);
   place(v, L.v, g.Dv, w.vp);
-  row_dots<T>(ctx, g, khat, L.khat, g.Dk, u, nullptr, {}, w.ub);
   table_kernel<T><<<cuda::grid_1d(g.H * g.S * 32, kThreads), kThreads, 0, st>>>(
       g.H, g.S, g.S, g.Dk, codebook, u, w.ucb, static_cast<T*>(w.ctab), w.ldt, split);
   LINAC_CUDA_LAUNCH_CHECK();

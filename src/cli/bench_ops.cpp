@@ -209,7 +209,8 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
 // as the block algorithm needs them: forward 2 (1.5 Lb + S) (Dk + Dv) (scores and weighted values
 // over the window, on average half the present block and all of the previous one, and the S cache
 // entries), backward twice that. The kernels get the scratch they ask for (vq_attn_workspace_bytes)
-// as their context's workspace, as the vq_gau mixer gives it.
+// as their context's workspace, and the forward saves its cache and weights for the backward, as
+// the vq_gau mixer has them.
 OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
                        int64_t Lb, DType dt, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
@@ -227,8 +228,15 @@ OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t 
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dkhat(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
   OwnedTensor du(DType::F32, Device::CUDA, {H, Dk}), dvr(DType::F32, Device::CUDA, {H, Dk});
   OwnedTensor drho(DType::F32, Device::CUDA, {H, Lb + 1, Dk});
+  const Buffer saved_cache(vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt), Device::CUDA);
+  const Buffer saved_weights(vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt), Device::CUDA);
   VqAttnOpts opts;
   opts.block = Lb;
+  auto words = [](const Buffer& b) {
+    return Tensor(b.data(), DType::F32, Device::CUDA, {static_cast<int64_t>(b.bytes() / 4)});
+  };
+  opts.saved_cache = words(saved_cache);
+  opts.saved_weights = words(saved_weights);
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { vq_attn_fwd(ctx, q, khat, z, v, codebook, u, vr, rho, o, lse, opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] {

@@ -359,28 +359,37 @@ TEST(VqAttnCpu, DocumentsNeedBothBounds) {
                Error);
 }
 
-// A saved cache (VqAttnOpts::saved_cache) smaller than vq_attn_saved_cache_bytes, or given with
-// documents, is refused; one of that size is accepted (the CPU forms do not use it).
-TEST(VqAttnCpu, SavedCacheChecks) {
+// A saved cache or saved weights (VqAttnOpts::saved_cache, saved_weights) smaller than their
+// vq_attn_saved_*_bytes, or given with documents, are refused; of that size they are accepted (the
+// CPU forms do not use them).
+TEST(VqAttnCpu, SavedBufferChecks) {
   Problem p({2, 9, 1, 4, 3, 3, 4});
   OwnedTensor o(DType::F64, Device::CPU, {2, 9, 1, 3}), lse(DType::F64, Device::CPU, {2, 9, 1});
-  const size_t bytes = vq_attn_saved_cache_bytes(2, 9, 1, 3, 3, 4, DType::F64);
-  EXPECT_EQ(bytes, (2 * 3 * 3 * 3 * 8 + 255) / 256 * 256 + 2 * 3 * 3 * 4);  // 3 blocks per sequence
-  OwnedTensor cache(DType::U16, Device::CPU, {static_cast<int64_t>(bytes / 2)});
+  const size_t cache_bytes = vq_attn_saved_cache_bytes(2, 9, 1, 3, 3, 4, DType::F64);
+  EXPECT_EQ(cache_bytes, (2 * 3 * 3 * 3 * 8 + 255) / 256 * 256 + 2 * 3 * 3 * 4);  // 3 blocks per sequence
+  // Per padded row (12 per sequence) a window of 2 Lb and S cache entries, each rounded up to 8.
+  const size_t weight_bytes = vq_attn_saved_weights_bytes(2, 9, 1, 3, 4, DType::F64);
+  EXPECT_EQ(weight_bytes, 2 * 12 * 8 * 8 + 2 * 12 * 8 * 8);
+  EXPECT_EQ(vq_attn_saved_weights_bytes(16, 2048, 1, 512, 512, DType::BF16), size_t{32768} * (1024 + 512) * 2);
   auto fwd = [&](const VqAttnOpts& opts) {
     vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, opts);
   };
-  VqAttnOpts opts = p.opts;
-  opts.saved_cache = cache;
-  EXPECT_NO_THROW(fwd(opts));
-  opts.saved_cache = cache->narrow(0, 0, static_cast<int64_t>(bytes / 2) - 1);
-  EXPECT_THROW(fwd(opts), Error);
   const int32_t start[18] = {}, end[18] = {9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9};
-  opts.saved_cache = cache;
-  opts.docs = {start, end};
-  EXPECT_THROW(fwd(opts), Error);
-  opts.saved_cache = Tensor();
-  EXPECT_NO_THROW(fwd(opts));
+  for (auto [field, bytes] :
+       {std::pair{&VqAttnOpts::saved_cache, cache_bytes}, std::pair{&VqAttnOpts::saved_weights, weight_bytes}}) {
+    SCOPED_TRACE(field == &VqAttnOpts::saved_cache ? "saved_cache" : "saved_weights");
+    OwnedTensor buf(DType::U16, Device::CPU, {static_cast<int64_t>(bytes / 2)});
+    VqAttnOpts opts = p.opts;
+    opts.*field = buf;
+    EXPECT_NO_THROW(fwd(opts));
+    opts.*field = buf->narrow(0, 0, static_cast<int64_t>(bytes / 2) - 1);
+    EXPECT_THROW(fwd(opts), Error);
+    opts.*field = buf;
+    opts.docs = {start, end};
+    EXPECT_THROW(fwd(opts), Error);
+    opts.*field = Tensor();
+    EXPECT_NO_THROW(fwd(opts));
+  }
 }
 
 // Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb,

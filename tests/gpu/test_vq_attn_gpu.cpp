@@ -3,10 +3,11 @@
 // q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
 // multi-head Dk = Dv = 64, o written by the output GEMMs themselves (one head, T a multiple of the
 // block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
-// saved for the backward; strided dout read and strided o written in place; decode
+// and weights saved for the backward; strided dout read and strided o written in place; decode
 // steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "activation/activation.h"
 #include "test_util.h"
@@ -72,12 +73,28 @@ struct Inputs {
   Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
   Tensor khat(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
   Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
-  Tensor saved_cache;  // VqAttnOpts::saved_cache of every call, if defined
+  Tensor saved_cache, saved_weights;  // VqAttnOpts::saved_cache, saved_weights of every call, if defined
   VqAttnOpts opts() const {
     VqAttnOpts o;
     o.block = c.Lb;
     o.saved_cache = saved_cache;
+    o.saved_weights = saved_weights;
     return o;
+  }
+};
+
+// Storage for VqAttnOpts::saved_cache and saved_weights (poisoned), as the model passes them.
+struct Saved {
+  OwnedTensor cache, weights;
+  Saved(Inputs& in, DType act) {
+    const Case& c = in.c;
+    const auto f32s = [](size_t bytes) { return std::vector<int64_t>{static_cast<int64_t>(bytes / 4)}; };
+    cache = OwnedTensor(DType::F32, Device::CUDA, f32s(vq_attn_saved_cache_bytes(c.B, c.T, c.H, c.Dv, c.S, c.Lb, act)));
+    weights = OwnedTensor(DType::F32, Device::CUDA, f32s(vq_attn_saved_weights_bytes(c.B, c.T, c.H, c.S, c.Lb, act)));
+    test::poison(cache);
+    test::poison(weights);
+    in.saved_cache = cache;
+    in.saved_weights = weights;
   }
 };
 
@@ -117,6 +134,19 @@ struct Gpu {
   }
 };
 
+// Both backwards: scores recomputed, and the forward's cache and weights saved (the model's call).
+// The backward alone from (o, lse) with in's options: dq | dkhat | dv in the fused layout.
+OwnedTensor backward_grad(const Ctx& ctx, const Inputs& in, const Gpu& g, DType act, const Tensor& o,
+                          const Tensor& lse) {
+  const Case& c = in.c;
+  OwnedTensor grad(act, Device::CUDA, {c.B, c.T, in.W}), du(DType::F32, Device::CUDA, {c.H, c.Dk}),
+      dvr(DType::F32, Device::CUDA, {c.H, c.Dk}), drho(DType::F32, Device::CUDA, {c.H, c.Lb + 1, c.Dk});
+  vq_attn_bwd(ctx, in.q(g.qkv), in.khat(g.qkv), g.z, in.v(g.qkv), g.cb, g.u, g.vr, g.rho, o, lse, g.dout, in.q(grad),
+              in.khat(grad), in.v(grad), du, dvr, drho, in.opts());
+  ctx_synchronize(ctx);
+  return grad;
+}
+
 void run_parity(DType act, double tol_o, double tol_grad) {
   GpuContext gctx;
   for (const Case& c : kCases) {
@@ -130,16 +160,22 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     OwnedTensor rho_r = to(g.rho, Device::CPU, DType::F64);
     OwnedTensor o_r = to(gr.o, Device::CPU, DType::F64), lse_r = to(gr.lse, Device::CPU, DType::F64);
     Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, o_r, lse_r);
-    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
-    EXPECT_LT(test::rel_error(gr.lse, cr.lse), tol_o) << "lse";
-    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
-        << "dv";
-    EXPECT_LT(test::rel_error(gr.du, cr.du), tol_grad) << "du";
-    EXPECT_LT(test::rel_error(gr.dvr, cr.dvr), tol_grad) << "dvr";
-    EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
+    auto check = [&](const Result& r) {
+      EXPECT_LT(test::rel_error(r.o, cr.o), tol_o) << "o";
+      EXPECT_LT(test::rel_error(r.lse, cr.lse), tol_o) << "lse";
+      const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
+      EXPECT_LT(test::rel_error(test::columns(r.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
+      EXPECT_LT(test::rel_error(test::columns(r.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
+      EXPECT_LT(test::rel_error(test::columns(r.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
+          << "dv";
+      EXPECT_LT(test::rel_error(r.du, cr.du), tol_grad) << "du";
+      EXPECT_LT(test::rel_error(r.dvr, cr.dvr), tol_grad) << "dvr";
+      EXPECT_LT(test::rel_error(r.drho, cr.drho), tol_grad) << "drho";
+    };
+    check(gr);
+    SCOPED_TRACE("saved cache and weights");
+    const Saved saved(in, act);
+    check(g.run(gctx.ctx(), in, act));
   }
 }
 
@@ -156,7 +192,8 @@ TEST(VqAttnGpu, ParityBf16) {
 // Bitwise reruns; workspaces that hold chunks of one and of four blocks (chunk boundaries inside
 // a sequence, between sequences and between heads, where the previous block's key and value
 // gradients are accumulated across chunks) agree closely; a workspace below one block is refused.
-// Two heads with a ragged T, and one head whose o the output GEMMs write chunk by chunk.
+// Two heads with a ragged T, and one head whose o the output GEMMs write chunk by chunk; the
+// backward recomputing the weights, and taking the forward's saved cache and weights.
 TEST(VqAttnGpu, DeterministicAndChunked) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -167,34 +204,43 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
     SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
     Inputs in(c, 11);
     const Gpu g(in, act);
-    Result r1 = g.run(gctx.ctx(), in, act), r2 = g.run(gctx.ctx(), in, act);
-    for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
-      EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
-    const vq_cuda::Geo geo = vq_cuda::geo_of(c.B, c.T, c.H, c.Dk, c.Dv, c.S, c.Lb);
-    const double tol = act == DType::BF16 ? 2e-3 : 1e-5;
-    for (int64_t cap : {1, 4}) {
-      SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
-      Ctx small = gctx.ctx();
-      small.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
-      ASSERT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
-      Result r3 = g.run(small, in, act);
-      EXPECT_LT(test::rel_error(r3.o, r1.o), tol);
-      EXPECT_LT(test::rel_error(r3.lse, r1.lse), 1e-6);
-      const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;  // the fused buffer's padding columns are never written
-      for (auto [c0, n] : {std::pair{int64_t{0}, 2 * HK}, std::pair{2 * HK, HV}})
-        EXPECT_LT(test::rel_error(test::columns(r3.grad, c0, n), test::columns(r1.grad, c0, n)), tol);
-      for (auto m : {&Result::du, &Result::dvr, &Result::drho}) EXPECT_LT(test::rel_error(r3.*m, r1.*m), tol);
+    for (bool keep : {false, true}) {
+      SCOPED_TRACE(keep ? "saved cache and weights" : "recomputed");
+      std::optional<Saved> saved;
+      if (keep) saved.emplace(in, act);
+      Result r1 = g.run(gctx.ctx(), in, act), r2 = g.run(gctx.ctx(), in, act);
+      for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
+        EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
+      const vq_cuda::Geo geo = vq_cuda::geo_of(c.B, c.T, c.H, c.Dk, c.Dv, c.S, c.Lb);
+      const double tol = act == DType::BF16 ? 2e-3 : 1e-5;
+      for (int64_t cap : {1, 4}) {
+        SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
+        Ctx small = gctx.ctx();
+        small.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
+        ASSERT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
+        Result r3 = g.run(small, in, act);
+        EXPECT_LT(test::rel_error(r3.o, r1.o), tol);
+        EXPECT_LT(test::rel_error(r3.lse, r1.lse), 1e-6);
+        const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;  // the fused buffer's padding columns are never written
+        for (auto [c0, n] : {std::pair{int64_t{0}, 2 * HK}, std::pair{2 * HK, HV}})
+          EXPECT_LT(test::rel_error(test::columns(r3.grad, c0, n), test::columns(r1.grad, c0, n)), tol);
+        for (auto m : {&Result::du, &Result::dvr, &Result::drho}) EXPECT_LT(test::rel_error(r3.*m, r1.*m), tol);
+      }
+      Ctx tiny = gctx.ctx();
+      tiny.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, 1, nullptr, nullptr) - 1;
+      EXPECT_ANY_THROW(g.run(tiny, in, act));
     }
-    Ctx tiny = gctx.ctx();
-    tiny.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, 1, nullptr, nullptr) - 1;
-    EXPECT_ANY_THROW(g.run(tiny, in, act));
   }
 }
 
-// VqAttnOpts::saved_cache: the forward leaves the cache there and the backward reads it instead of
-// sorting and scanning again, and every output and gradient keeps its bits (the paper's head over
-// five blocks, two heads with a ragged T). The backward does read it: with an emptied cache dq changes.
-TEST(VqAttnGpu, SavedCacheChangesNoBit) {
+// VqAttnOpts::saved_cache and saved_weights (the paper's head over five blocks, two heads with a
+// ragged T). The saved cache: the backward reads it instead of sorting and scanning again, and
+// every output and gradient keeps its bits; it does read it: with an emptied cache dq changes. The
+// saved weights: the forward's outputs keep their bits (the weights only go elsewhere), the
+// backward that takes them is deterministic and close to the one that recomputes them (the parity
+// tests hold both to the reference), and it reads them: with the weights zeroed every score
+// gradient is 0, so dq is too.
+TEST(VqAttnGpu, SavedCacheAndWeights) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   const Ctx& ctx = gctx.ctx();
@@ -212,12 +258,25 @@ TEST(VqAttnGpu, SavedCacheChangesNoBit) {
       for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
         EXPECT_TRUE(test::same_bits(plain.*m, saved.*m));
       gpu_memset_zero_async(ctx, cache->ptr, cache->nbytes());  // every code's count 0: no cache
-      OwnedTensor grad(act, Device::CUDA, {c.B, c.T, in.W}), du(DType::F32, Device::CUDA, {c.H, c.Dk}),
-          dvr(DType::F32, Device::CUDA, {c.H, c.Dk}), drho(DType::F32, Device::CUDA, {c.H, c.Lb + 1, c.Dk});
-      vq_attn_bwd(ctx, in.q(g.qkv), in.khat(g.qkv), g.z, in.v(g.qkv), g.cb, g.u, g.vr, g.rho, saved.o, saved.lse,
-                  g.dout, in.q(grad), in.khat(grad), in.v(grad), du, dvr, drho, in.opts());
-      ctx_synchronize(ctx);
-      EXPECT_GT(test::rel_error(test::columns(grad, 0, c.H * c.Dk), test::columns(plain.grad, 0, c.H * c.Dk)), 1e-2);
+      const OwnedTensor no_cache = backward_grad(ctx, in, g, act, saved.o, saved.lse);
+      const int64_t HK = c.H * c.Dk;
+      EXPECT_GT(test::rel_error(test::columns(no_cache, 0, HK), test::columns(plain.grad, 0, HK)), 1e-2);
+
+      SCOPED_TRACE("saved weights");
+      const Saved both(in, act);
+      const Result r1 = g.run(ctx, in, act), r2 = g.run(ctx, in, act);
+      EXPECT_TRUE(test::same_bits(plain.o, r1.o));
+      EXPECT_TRUE(test::same_bits(plain.lse, r1.lse));
+      const double tol = act == DType::BF16 ? 1e-2 : 1e-5;
+      const int64_t written = c.H * (2 * c.Dk + c.Dv);  // the fused buffer's padding columns are never written
+      EXPECT_LT(test::rel_error(test::columns(r1.grad, 0, written), test::columns(plain.grad, 0, written)), tol);
+      for (auto m : {&Result::grad, &Result::du, &Result::dvr, &Result::drho})
+        EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
+      for (auto m : {&Result::du, &Result::dvr, &Result::drho}) EXPECT_LT(test::rel_error(r1.*m, plain.*m), tol);
+      gpu_memset_zero_async(ctx, both.weights->ptr, both.weights->nbytes());
+      const OwnedTensor no_weights = backward_grad(ctx, in, g, act, r1.o, r1.lse);
+      for (double x : test::columns(no_weights, 0, HK)) ASSERT_EQ(x, 0.0) << "dq with the weights zeroed";
+      EXPECT_GT(test::rel_error(test::columns(plain.grad, 0, HK), test::columns(no_weights, 0, HK)), 0.5);
     }
   }
 }

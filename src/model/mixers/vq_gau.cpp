@@ -111,17 +111,24 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
   rstd_buf_ = env_.saved->take(N * 2 * static_cast<size_t>(H_) * stat);
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   err_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
-  if (env_.ctx.is_gpu()) cache_buf_ = env_.saved->take(vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
+  if (env_.ctx.is_gpu()) {
+    cache_buf_ = env_.saved->take(vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
+    weights_buf_ = env_.saved->take(vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act));
+  }
 }
 
 VqAttnOpts VqGauMixer::attn_opts(int64_t B, int64_t T) const {
   VqAttnOpts o;
   o.block = Lb_;
   o.docs = env_.docs;
-  // The same B, T and documents in a step's forward and backward: both use the saved cache, or neither.
-  const size_t bytes = vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act);
-  if (!env_.docs.defined() && bytes <= cache_buf_.bytes())
-    o.saved_cache = cache_buf_.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))});
+  // The same B, T and documents in a step's forward and backward: both use the saved cache and
+  // weights, or neither.
+  if (env_.docs.defined()) return o;
+  auto view = [](const SavedBuf& buf, size_t bytes) {
+    return bytes <= buf.bytes() ? buf.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))}) : Tensor();
+  };
+  o.saved_cache = view(cache_buf_, vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
+  o.saved_weights = view(weights_buf_, vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act));
   return o;
 }
 
@@ -134,7 +141,9 @@ int64_t VqGauMixer::state_elems(int64_t T) const {
 
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
-  const size_t cache = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) : 0;
+  const size_t cache = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) +
+                                               vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act)
+                                         : 0;
   return N * ((static_cast<size_t>(Pqkv_ + 4 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
               static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat))) +
          cache;

@@ -93,7 +93,8 @@ class VqGauMixer final : public Mixer {
   OwnedTensor sinusoids_;             // [Lb+1, d] f32 (master dtype on the CPU)
   OwnedTensor acc_sums_, acc_counts_;  // this step's codebook statistics, [H, S, Dk] and [H, S]
   SavedBuf proj_buf_, go_buf_, q_buf_, k_buf_, khat_buf_, v_buf_, gated_buf_, z_buf_, rstd_buf_, lse_buf_, err_buf_;
-  SavedBuf cache_buf_;  // GPU: VqAttnOpts::saved_cache
+  SavedBuf cache_buf_;    // GPU: VqAttnOpts::saved_cache
+  SavedBuf weights_buf_;  // GPU: VqAttnOpts::saved_weights
   int64_t capacity_ = 0;
   // The last forward's sum of ||k - khat||^2 on the device, read only when aux_loss_sum asks: a
   // read-back per layer would stall the stream in every forward.
