@@ -133,22 +133,20 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
-  // da = pi (gP - pi . gP): kRowLanes lanes per row (softmax_rows' layout)
-  constexpr int kRowsPerWarp = 32 / kRowLanes;
+  // da = pi (gP - pi . gP), softmax_rows' layout
   T* const da_c = da + bb * das.b + static_cast<int64_t>(f) * das.t + static_cast<int64_t>(h) * a.La;
-  for (int t0 = warp * kRowsPerWarp; t0 < rows; t0 += kThreads / 32 * kRowsPerWarp) {
-    const int t = t0 + lane / kRowLanes, cols = t < rows ? a.La : 0;
+  for_row_groups(rows, a.La, [&](int t, int c0, int cols) {
     const float* p = sm.pi + t * a.La;
     const float* g = sm.gP + t * a.La;
     float dot = 0.f;
-    for (int c = lane % kRowLanes; c < cols; c += kRowLanes) dot = fmaf(p[c], g[c], dot);
+    for (int c = c0; c < cols; c += kRowLanes) dot = fmaf(p[c], g[c], dot);
     dot = cuda::lanes_sum<kRowLanes>(dot);
     T* dat = da_c + t * static_cast<int>(das.t);
-    for (int c = lane % kRowLanes; c < cols; c += kRowLanes) {
+    for (int c = c0; c < cols; c += kRowLanes) {
       dat[c] = cuda::from_float<T>(p[c] * (g[c] - dot));
       gPg[t * a.Lg + c] = g[c];
     }
-  }
+  });
   if (a.off) {  // dlocal = pi_0 gy, kVec columns at a time (Dv % kVec == 0)
     T* dl = dlocal + bb * dls.b + static_cast<int64_t>(f) * dls.t + static_cast<int64_t>(h) * a.Dv;
     const bool vdl = vec_rows(dl, dls.t);

@@ -302,11 +302,15 @@ __device__ __forceinline__ RowBatch<T, kC, kMaxCols> rows_of(const T* src, Latte
                                    rows, X);
 }
 
-// lse rows f..f+rows-1 of (b, h) (contiguous [B, T, H, L]).
+// Row f of (b, h) in lse (contiguous [B, T, H, L]): the next row is H L further.
+template <class F>
+__device__ __forceinline__ F* lse_row(F* lse, const Args& a, int b, int h, int f) {
+  return lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L;
+}
+// lse rows f..f+rows-1 of (b, h).
 __device__ __forceinline__ RowBatch<float, kC, kMaxL> lse_rows_of(const float* lse, const Args& a, int b, int h, int f,
                                                                   int rows) {
-  return RowBatch<float, kC, kMaxL>(rows, a.L, lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L,
-                                    a.H * a.L, rows, a.L);
+  return RowBatch<float, kC, kMaxL>(rows, a.L, lse_row(lse, a, b, h, f), a.H * a.L, rows, a.L);
 }
 
 // The chunk's rows of a per-latent array (lse, b, a, gP: L or La <= kMaxCols columns X, rows at
@@ -331,20 +335,30 @@ __device__ __forceinline__ void store_head_rows(const T* src, LatteLayout::Strid
 // ... and of lse_rows_of's.
 __device__ __forceinline__ void store_lse_rows(const float* lse, const Args& a, int b, int h, int f, int rows,
                                                float* dst) {
-  store_latent_rows<kMaxL>(rows, a.L, lse + ((static_cast<int64_t>(b) * a.T + f) * a.H + h) * a.L, a.H * a.L, dst);
+  store_latent_rows<kMaxL>(rows, a.L, lse_row(lse, a, b, h, f), a.H * a.L, dst);
 }
 
-// pi[rows][La] = softmax of each row of logits[rows][La], in place: a group of kRowLanes lanes per
-// row (La <= kMaxL + 1: at most 9 columns a lane), fixed-order butterfly reductions. A warp per
-// row left 15 of its lanes idle at La = 17 and ran its ten shuffles once per row; ncu put this
-// loop at a sixth to a third of the backward kernels' issue slots (kernels/latte/NOTES.md).
+// Rows of a tile through groups of kRowLanes lanes, a row per group: f(row, the lane's first
+// column g, columns) with columns g, g + kRowLanes, ... < columns its share. Every lane of a warp
+// makes the same calls (f's butterfly reductions need all of them): rows past `rows` get 0 columns.
+// A warp per row left 15 of its lanes idle at La = 17 and ran its ten shuffles once per row; ncu
+// put the softmax and da loops at a sixth to a third of the backward kernels' issue slots
+// (kernels/latte/NOTES.md).
 constexpr int kRowLanes = 8;
-__device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
+template <class F>
+__device__ __forceinline__ void for_row_groups(int rows, int cols, F&& f) {
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int per_warp = 32 / kRowLanes, step = (static_cast<int>(blockDim.x) >> 5) * per_warp;
-  const int g = lane % kRowLanes;
-  for (int r0 = warp * per_warp; r0 < rows; r0 += step) {  // uniform over the warp: the shuffles need all lanes
-    const int r = r0 + lane / kRowLanes, cols = r < rows ? La : 0;
+  for (int r0 = warp * per_warp; r0 < rows; r0 += step) {  // uniform over the warp
+    const int r = r0 + lane / kRowLanes;
+    f(r, lane % kRowLanes, r < rows ? cols : 0);
+  }
+}
+
+// pi[rows][La] = softmax of each row of logits[rows][La], in place (La <= kMaxL + 1: at most 9
+// columns a lane), fixed-order butterfly reductions.
+__device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
+  for_row_groups(rows, La, [&](int r, int g, int cols) {
     float* p = pi + r * La;
     float m = -INFINITY;
     for (int j = g; j < cols; j += kRowLanes) m = fmaxf(m, p[j]);
@@ -353,7 +367,7 @@ __device__ __forceinline__ void softmax_rows(float* pi, int rows, int La) {
     for (int j = g; j < cols; j += kRowLanes) sum += p[j] = expf(p[j] - m);
     const float inv = 1.f / cuda::lanes_sum<kRowLanes>(sum);
     for (int j = g; j < cols; j += kRowLanes) p[j] *= inv;
-  }
+  });
 }
 
 // -inf-safe log(exp(x) + exp(y)) (docs/latte.md §8.3).

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) chunk_terms_kernel(Args a, const T* 
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H;
   const int f = n * kC, rows = min(kC, a.T - f);
   const int ldl = ld_of<T>(a.Lp), ldd = ld_of<T>(a.Dp);
-  float* lse_f = lse + ((static_cast<int64_t>(bb) * a.T + f) * a.H + h) * a.L;
+  float* lse_f = lse_row(lse, a, bb, h, f);
   float* carry_n = carry + (static_cast<int64_t>(bh) * a.N + n) * a.L;
   const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);
   if constexpr (kDocs) __syncthreads();  // sd before the lse rows read it
