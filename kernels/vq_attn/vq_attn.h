@@ -222,9 +222,9 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // GPU scratch (ctx.workspace) that a backward (and so a forward) call of this shape runs best
 // with: per token and head, the packed q, q+u, q+vr, khat (4 Dk) and v, dout (2 Dv) in the
 // activation dtype and the f32 gradient buffers (3 Dk + Dv); per block and head, the cache means
-// (S Dv, activation dtype) and their f32 gradients; the tokens' lists by (block, code) for the
-// cache; score chunks of up to 1 GiB (one head's blocks at the 190M model's shape: fewer,
-// larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs in smaller chunks;
+// (S Dv, activation dtype), their f32 gradients and those swept (activation dtype); the tokens'
+// lists by (block, code) for the cache; score chunks of up to 1 GiB (one head's blocks at the 190M
+// model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs in smaller chunks;
 // one below a single block's chunk is refused in one line. CUDA builds only.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
                                DType act);

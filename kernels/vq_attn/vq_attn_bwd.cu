@@ -15,7 +15,8 @@
 //     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
 //              key-major weights (vq_packed.h); the cache part gcache_i = pcache_i^T dout_i
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
-//   then       gcache swept in reverse (cache_grad_sweep), dv_j += gcache^(n(j))[z_j];
+//   then       gcache swept in reverse into the activation dtype (cache_grad_sweep),
+//              dv_j += swept^(n(j))[z_j];
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
 
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   }
 }
 
-// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + gcache^(n(t))[z_t], times
+// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + swept^(n(t))[z_t], times
 // silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's bits). Four
 // dims per access where the rows are 4-aligned.
 template <bool kVec, class T>
@@ -141,7 +142,8 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
   const float* qr = w.dqr + row * Dk;
   const float* kk = w.dk + row * Dk;
   const float* vp = w.dvp + row * Dv;
-  const float* cache = w.gcache + ((int64_t{p} * g.R + t / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
+  const T* cache = static_cast<const T*>(w.gswept) +
+                   ((int64_t{p} * g.R + t / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
   if constexpr (kVec) {
     for (int d = 4 * rs.lane; d < Dk; d += 4 * rs.lanes) {
       const float4 a = cuda::load4(qu + d), c = cuda::load4(qr + d);
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
       dko[d] = from_float<T>(kk[d]);
     }
     for (int d = rs.lane; d < Dv; d += rs.lanes) {
-      const float x = vp[d] + cache[d];
+      const float x = vp[d] + to_float(cache[d]);
       dvo[d] = from_float<T>(pre ? cuda::rounded<T>(x) * cuda::silu_grad(to_float(pre[d])) : x);
     }
   }
@@ -251,7 +253,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
       }
-    vq_cuda::cache_grad_sweep(ctx, g, w.counts, w.gcache);
+    vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, w.gcache, static_cast<T*>(w.gswept));
     auto rows_ok = [&](const Tensor& x, VqAttnLayout::Strides s) {
       return cuda::rows_vec4(x.ptr, sizeof(T), s.t) && s.b % 4 == 0;
     };

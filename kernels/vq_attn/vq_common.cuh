@@ -29,7 +29,7 @@ inline Ctx blas_tail(const Ctx& ctx) {
 
 // C = A @ B (+ beta C) over `batch` matrices at the given element strides; A and B of dtype ab
 // (bf16 or f32) on the GPU, stored row-major with transposes as in matmul.h; C f32, or of dtype
-// ab (cd).
+// ab (cd). bias (f32 C, beta 0, 16-byte aligned): [n] added to every row in the epilogue.
 struct Operand {
   const void* p;
   int64_t ld, stride;
@@ -37,7 +37,8 @@ struct Operand {
 };
 // tf32_exact: f32 operands whose values are all exact in TF32 (GemmProblem::tf32_exact).
 void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, void* c,
-          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false, DType cd = DType::F32);
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false, DType cd = DType::F32,
+          const float* bias = nullptr);
 // The same GEMM with an f32 table (codebook or rho, Ws::ctab / rtab: one head's [rows, ldt]) as
 // B: its hi part, then in bf16 its lo part (the columns beside it) accumulated.
 void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
@@ -62,7 +63,7 @@ int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D);
 // N side the first Lb columns of its C are left unwritten. C is f32, or of dtype act (cd).
 void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
                  int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd = DType::F32);
-// The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos.
+// The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos (with vr.rho_d added).
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
 // Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T;
 // with copies > 1 each row `copies` times side by side (dst rows copies * D wide).
@@ -90,8 +91,10 @@ CodeLists code_lists(const Ctx& ctx, const int32_t* z, int64_t B, int64_t T, int
 template <class T>
 void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, CodeLists lists, float* counts,
                 T* ubar);
-// gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n) (0 where N = 0), in place; vq_cache_scan.cu.
-void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, float* gcache);
+// out^(m) = sum_{n >= m+2} gcache^(n) / N^(n) (0 where N = 0), [NB, S, Dv] in T (out may be
+// gcache itself where T is float); vq_cache_scan.cu.
+template <class T>
+void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, const float* gcache, T* out);
 
 // Row r of a chunk starting at block i0, as block, pair, token and head (32-bit divisions:
 // carve checks that the packed rows fit).
@@ -116,47 +119,49 @@ __host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
 // The scores of row r of a chunk (row w), everything but the GEMM terms resolved once per row
 // so an entry costs 32-bit index math and its loads. Window entry e is key j = (n-1) Lb + e:
 // valid for lo <= e <= hi (lo = Lb at a pair's first block: no block before it; hi = Lb + l:
-// j <= t); distance t - j = hi - e, with a position term where it is <= Lb (e >= l). Cache entry
-// s is valid where s < S and its count N_s > 0. Masked entries are -inf.
-// Entries go in groups of four (one 16-byte load of the GEMM scores): the score rows are padded
-// to ldw = round8(2 Lb) and lds = round8(S), so a group that starts inside a row ends inside its
-// padding, whose entries come out masked.
+// j <= t); distance t - j = hi - e, with a position term (pos, vr.rho_d included) where it is
+// <= Lb (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked). Masked entries are -inf.
+// Entries go in groups of four (one 16-byte load of the GEMM scores, and of the key biases ub
+// where Lb % 4 == 0: a group then lies in one block): the score rows are padded to ldw =
+// round8(2 Lb) and lds = round8(S), so a group that starts inside a row ends inside its padding,
+// whose entries come out masked.
 struct RowScores {
-  const float *swin, *scache, *pos, *ub, *vrho, *ucb, *counts;
-  int lo, hi, l, Lb, S;
+  const float *swin, *scache, *pos, *ub, *cbias;
+  int lo, hi, l, Lb;
   __device__ __forceinline__ RowScores(const Geo& g, const Row& w, int64_t r, const Ws& ws) {
     swin = ws.swin + r * g.ldw;
     scache = ws.scache + r * g.lds;
     pos = ws.pos + r * g.ldp;
     ub = ws.ub + w.p * g.Tp + w.n * g.Lb;  // the present block's key biases: entry e's is ub[e - Lb]
-    vrho = ws.vrho + w.h * (g.Lb + 1);
-    ucb = ws.ucb + w.h * g.S;
-    counts = ws.counts + w.i * g.S;
+    cbias = ws.cbias + w.i * g.lds;
     l = static_cast<int>(w.l);
     Lb = static_cast<int>(g.Lb);
-    S = static_cast<int>(g.S);
     lo = w.n == 0 ? Lb : 0;
     hi = Lb + l;
   }
-  __device__ __forceinline__ float window(int e, float qk) const {
+  __device__ __forceinline__ float window(int e, float qk, float uk) const {
     if (e < lo || e > hi) return -INFINITY;
-    float s = qk + ub[e - Lb];
-    if (e >= l) s += pos[hi - e] + vrho[hi - e];
+    float s = qk + uk;
+    if (e >= l) s += pos[hi - e];
     return s;
-  }
-  __device__ __forceinline__ float cache(int s, float qc) const {
-    if (s >= S) return -INFINITY;
-    const float N = counts[s];
-    return N > 0 ? qc + ucb[s] + logf(N) : -INFINITY;
   }
   // Entries e0 .. e0 + 3 (e0 a multiple of 4).
   __device__ __forceinline__ float4 window4(int e0) const {
     const float4 q = *reinterpret_cast<const float4*>(swin + e0);
-    return make_float4(window(e0, q.x), window(e0 + 1, q.y), window(e0 + 2, q.z), window(e0 + 3, q.w));
+    const float* u = ub + (e0 - Lb);
+    if (Lb % 4 != 0)
+      return make_float4(window(e0, q.x, e0 >= lo && e0 <= hi ? u[0] : 0.f),
+                         window(e0 + 1, q.y, e0 + 1 >= lo && e0 + 1 <= hi ? u[1] : 0.f),
+                         window(e0 + 2, q.z, e0 + 2 >= lo && e0 + 2 <= hi ? u[2] : 0.f),
+                         window(e0 + 3, q.w, e0 + 3 >= lo && e0 + 3 <= hi ? u[3] : 0.f));
+    if (e0 + 3 < lo || e0 > hi) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    const float4 uk = *reinterpret_cast<const float4*>(u);
+    return make_float4(window(e0, q.x, uk.x), window(e0 + 1, q.y, uk.y), window(e0 + 2, q.z, uk.z),
+                       window(e0 + 3, q.w, uk.w));
   }
   __device__ __forceinline__ float4 cache4(int s0) const {
-    const float4 q = *reinterpret_cast<const float4*>(scache + s0);
-    return make_float4(cache(s0, q.x), cache(s0 + 1, q.y), cache(s0 + 2, q.z), cache(s0 + 3, q.w));
+    const float4 q = *reinterpret_cast<const float4*>(scache + s0), b = *reinterpret_cast<const float4*>(cbias + s0);
+    return make_float4(q.x + b.x, q.y + b.y, q.z + b.z, q.w + b.w);
   }
 };
 

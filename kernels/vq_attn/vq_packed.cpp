@@ -16,7 +16,7 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   auto act = [&](int64_t elems) -> void* { return take(elems, act_bytes); };
   auto f32 = [&](int64_t elems) -> float* { return reinterpret_cast<float*>(take(elems, sizeof(float))); };
   Ws w{};
-  const int64_t rows = g.P * g.Tp, H = g.H, S = g.S, Dk = g.Dk, Dv = g.Dv, L1 = g.Lb + 1;
+  const int64_t rows = g.P * g.Tp, H = g.H, S = g.S, Dk = g.Dk, Dv = g.Dv;
   w.qp = act(rows * Dk);
   w.kp = act(rows * Dk);
   w.vp = act(rows * Dv);
@@ -29,7 +29,8 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.counts = f32(g.NB * S);
   w.ub = f32(rows);
   w.ucb = f32(H * S);
-  w.vrho = f32(H * L1);
+  w.vrho = f32(H * g.ldp);
+  w.cbias = f32(g.NB * g.lds);
 #if LINAC_WITH_CUDA
   w.lists_bytes = code_lists_bytes(g.B, g.T, g.H, g.S, g.Lb);
 #else
@@ -46,6 +47,7 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
     w.dk = f32(rows * Dk);
     w.dvp = f32(rows * Dv);
     w.gcache = f32(g.NB * S * Dv);
+    w.gswept = act_bytes == sizeof(float) ? static_cast<void*>(w.gcache) : act(g.NB * S * Dv);
     w.ones = f32(g.B * g.Tp);
     w.drho = f32(H * g.ldp * Dk);
   }

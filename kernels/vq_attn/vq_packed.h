@@ -66,12 +66,15 @@ struct Ws {
   int64_t ldt = 0;            // the tables' row stride: 2 Dk in bf16, Dk in f32
   void *qq;                   // act, bf16 only: [P Tp, 2 Dk], packed q with each row twice (null in f32)
   float *counts, *ub;         // [NB, S]; u.khat_j per packed row
-  float *ucb, *vrho;          // u.C_s [H, S]; vr.rho_d [H, Lb+1]
+  float *ucb, *vrho;          // u.C_s [H, S]; vr.rho_d [H, ldp] (zero past Lb: the pos GEMM's bias)
+  float *cbias;               // [NB, lds]: u.C_s + log N_s of the cache block i reads, -inf where
+                              //  N_s = 0 and past S (the cache scores' every term but q.C)
   void *lists;                // scratch of the tokens' lists by (block, code), code_lists_bytes
   size_t lists_bytes;
   // Whole call, backward only.
   void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv] (or dout itself)
   float *delta, *dqu, *dqr, *dk, *dvp, *gcache, *ones;  // dout.o; dq's two parts, dkhat, dv [P Tp, *]; [NB, S, Dv]; [B Tp]
+  void *gswept;                 // act: the swept cache gradients [NB, S, Dv] (gcache itself in f32)
   float* drho;                  // [H, ldp, Dk]
   // One chunk of `cap` blocks (rows = cap Lb).
   float *swin, *scache, *pos;   // scores q.k, q.C, q.rho: [rows, ldw], [rows, lds], [rows, ldp]

@@ -97,9 +97,9 @@ __global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::St
   if (lane == 0) out[row] = acc;
 }
 
-// Warp per row of an f32 table X [H, rows, Dk]: dot[h, r] = vec[h] . X[h, r]; tab [H, rows_out,
-// ldt] with zero rows past `rows`: X rounded to T (hi), and with `split` (bf16) the rest rounded
-// (lo) beside it, columns Dk .. 2 Dk.
+// Warp per row of an f32 table X [H, rows, Dk]: dot [H, rows_out] = vec[h] . X[h, r]; tab [H,
+// rows_out, ldt]: X rounded to T (hi), and with `split` (bf16) the rest rounded (lo) beside it,
+// columns Dk .. 2 Dk; both zero past `rows`.
 template <class T>
 __global__ void table_kernel(int64_t H, int64_t rows, int64_t rows_out, int64_t Dk, const float* __restrict__ X,
                              const float* __restrict__ vec, float* __restrict__ dot, T* __restrict__ tab, int64_t ldt,
@@ -116,7 +116,17 @@ __global__ void table_kernel(int64_t H, int64_t rows, int64_t rows_out, int64_t 
     if (split) tab[i * ldt + Dk + d] = from_float<T>(x - to_float(xh));
   }
   acc = warp_sum(acc);
-  if (lane == 0 && r < rows) dot[h * rows + r] = acc;
+  if (lane == 0) dot[i] = acc;
+}
+
+// cbias[i, s] = ucb[h(i), s] + log N^(i)_s, -inf where N = 0 and for s >= S (Ws::cbias).
+__global__ void cache_bias_kernel(Geo g, const float* __restrict__ counts, const float* __restrict__ ucb,
+                                  float* __restrict__ cbias) {
+  const int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (e >= g.NB * g.lds) return;
+  const int64_t i = e / g.lds, s = e - i * g.lds, h = i / g.R / g.B;
+  const float N = s < g.S ? counts[i * g.S + s] : 0.f;
+  cbias[e] = N > 0 ? ucb[h * g.S + s] + logf(N) : -INFINITY;
 }
 
 __global__ void fill_kernel(float* __restrict__ x, int64_t n, float value) {
@@ -148,7 +158,7 @@ Ws carve(const Ctx& ctx, const Geo& g, size_t act_bytes, bool backward, const ch
 }
 
 void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, Operand b, void* c,
-          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact, DType cd) {
+          int64_t ldc, int64_t stride_c, float beta, bool tf32_exact, DType cd, const float* bias) {
   if (m == 0 || n == 0 || k == 0 || batch == 0) return;
   GemmProblem pr;
   pr.m = m, pr.n = n, pr.k = k, pr.batch = batch;
@@ -157,6 +167,7 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   pr.batch_stride_a = a.stride, pr.batch_stride_b = b.stride, pr.batch_stride_c = stride_c;
   pr.alpha = 1, pr.beta = beta;
   pr.tf32_exact = tf32_exact;
+  pr.bias = bias;
   const Tensor ta(const_cast<void*>(a.p), ab, Device::CUDA, {1}), tb(const_cast<void*>(b.p), ab, Device::CUDA, {1});
   const Tensor tc(c, cd, Device::CUDA, {1});
   matmul_cuda(blas, pr, ta, tb, tc);
@@ -242,6 +253,10 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
     const CodeLists lists = code_lists(ctx, z, g.B, g.T, g.H, g.S, g.Lb, w.lists, w.lists_bytes, "vq_attn");
     cache_scan<T>(ctx, g, v, L.v, lists, w.counts, static_cast<T*>(w.ubar));
   }
+  if (scores) {
+    cache_bias_kernel<<<cuda::grid_1d(g.NB * g.lds, kThreads), kThreads, 0, st>>>(g, w.counts, w.ucb, w.cbias);
+    LINAC_CUDA_LAUNCH_CHECK();
+  }
   if (w.ones) {
     fill_kernel<<<cuda::grid_1d(g.B * g.Tp, kThreads), kThreads, 0, st>>>(w.ones, g.B * g.Tp, 1.f);
     LINAC_CUDA_LAUNCH_CHECK();
@@ -286,7 +301,8 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
   const Operand qt = w.qq ? Operand{at(w.qq, i0 * Lb * 2 * Dk), 2 * Dk, 0, false} : qa;
   const int64_t kt = w.qq ? 2 * Dk : Dk;
   gemm(w.blas, act, rows, g.S, kt, 1, qt, {ctab, w.ldt, 0, true}, w.scache, g.lds, 0, 0.f);
-  gemm(w.blas, act, rows, g.ldp, kt, 1, qt, {rtab, w.ldt, 0, true}, w.pos, g.ldp, 0, 0.f);
+  gemm(w.blas, act, rows, g.ldp, kt, 1, qt, {rtab, w.ldt, 0, true}, w.pos, g.ldp, 0, 0.f, false, DType::F32,
+       w.vrho + h * g.ldp);  // + vr.rho_d in the epilogue
 }
 
 #define LINAC_VQ_PREPARE(T)                                                                                            \
