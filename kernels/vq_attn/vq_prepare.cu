@@ -1,7 +1,8 @@
 // The packed form of VQ-attention's block algorithm (layout in vq_packed.h): the workspace
 // carve, the GEMM helper, packing of the inputs into [P Tp, D] rows, the bias tables
-// (u.khat_j, u.C_s, vr.rho_d, all f32) with the hi/lo bf16 parts of the codebook and rho, and
-// the three score GEMMs of a chunk of blocks. Shared by the forward and the backward.
+// (u.khat_j, u.C_s, vr.rho_d, and per block u.C_s + log N_s; all f32) with the hi/lo bf16 parts
+// of the codebook and rho, and the three score GEMMs of a chunk of blocks. Shared by the forward
+// and the backward.
 #include <algorithm>
 #include <string>
 
