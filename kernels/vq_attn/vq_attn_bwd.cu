@@ -35,8 +35,8 @@ using vq_cuda::Ws;
 constexpr int kThreads = 256;
 
 // Warp per row of the chunk, four entries per lane access. The weights p: kSaved, the forward's
-// (the chunk's rows of VqAttnOpts::saved_weights: sp_win, sp_cache, whose cache part the dv
-// GEMMs read in place); otherwise exp(s - lse) of the recomputed scores (vq_cuda::RowScores),
+// (the chunk's rows of VqAttnOpts::saved_weights: sp_win, and sp_cache, which the gcache GEMM
+// reads in place); otherwise exp(s - lse) of the recomputed scores (vq_cuda::RowScores),
 // written to w.pcache. Masked entries have p = 0, and so gs = 0 whatever dp holds there.
 template <bool kSaved, class T>
 __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i0, int64_t rows, Ws w,
