@@ -10,18 +10,13 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "common/cpu_dot.h"
 
 namespace linac {
 
 namespace {
 constexpr int64_t kParallelWork = int64_t{1} << 22;  // multiply-adds below which one thread is faster
 
-template <class F>
-F dot(const F* a, const F* b, int64_t n) {
-  F acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
 }  // namespace
 
 template <class F>

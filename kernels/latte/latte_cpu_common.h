@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/cpu_dot.h"
 #include "latte/latte.h"
 
 namespace linac::latte_cpu {
@@ -51,13 +52,6 @@ void softmax_bwd_row(const F* pi, const F* gP, int64_t La, F* da) {
   F dot = 0;
   for (int64_t j = 0; j < La; ++j) dot += pi[j] * gP[j];
   for (int64_t j = 0; j < La; ++j) da[j] = pi[j] * (gP[j] - dot);
-}
-
-template <class F>
-F dot(const F* x, const F* y, int64_t n) {
-  F s = 0;
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-  return s;
 }
 
 }  // namespace linac::latte_cpu

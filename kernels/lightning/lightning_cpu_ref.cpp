@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cpu_dot.h"
 #include "lightning/lightning.h"
 
 namespace linac {
@@ -27,13 +28,6 @@ bool restarts(const LightningLayout& L, int64_t b, int64_t t) { return t > 0 && 
 
 // The first token of the row's last document (0 for an empty row).
 int64_t last_doc_start(const LightningLayout& L, int64_t b) { return L.T > 0 ? L.doc_start(b, L.T - 1) : 0; }
-
-template <class F>
-F dot(const F* x, const F* y, int64_t n) {
-  F acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += x[i] * y[i];
-  return acc;
-}
 
 }  // namespace
 

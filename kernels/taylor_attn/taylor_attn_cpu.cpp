@@ -10,7 +10,9 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cpu_dot.h"
 #include "taylor_attn/taylor_attn.h"
+#include "taylor_attn/taylor_attn_cpu_common.h"
 
 namespace linac {
 
@@ -31,21 +33,7 @@ Fl kappa(Fl u) {
   return 1 + u + u * u / 2;
 }
 
-// One (b, h) pair's rows: row(x, s, t, D) is token t of tensor x.
-struct Pair {
-  int64_t b, h;
-  template <class P>
-  P* row(P* base, const TaylorAttnLayout::Strides& s, int64_t t, int64_t D) const {
-    return base + b * s.b + t * s.t + h * D;
-  }
-};
-
-template <class Fl>
-Fl dot(const Fl* a, const Fl* b, int64_t n) {
-  Fl acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
+using taylor_cpu::Pair;
 
 // S (R x W) += phi x^T for one feature vector phi (R) and row x (W values; x[W-1] the v~ "1"
 // unless given explicitly).

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cpu_dot.h"
 #include "taylor_attn/taylor_attn.h"
+#include "taylor_attn/taylor_attn_cpu_common.h"
 
 namespace linac {
 
@@ -17,20 +19,7 @@ namespace {
 template <class Fl>
 using Vec = std::vector<Fl>;
 
-struct Pair {
-  int64_t b, h;
-  template <class P>
-  P* row(P* base, const TaylorAttnLayout::Strides& s, int64_t t, int64_t D) const {
-    return base + b * s.b + t * s.t + h * D;
-  }
-};
-
-template <class Fl>
-Fl dot(const Fl* a, const Fl* b, int64_t n) {
-  Fl acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
+using taylor_cpu::Pair;
 
 // u_ts = (q_t . k_s) / sqrt(F) on raw q, k.
 template <class Fl>

@@ -16,7 +16,6 @@
 namespace linac {
 
 using vq_cpu::axpy;
-using vq_cpu::dot;
 using vq_cpu::row;
 
 namespace {

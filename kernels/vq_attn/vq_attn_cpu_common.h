@@ -1,9 +1,10 @@
-// Small helpers shared by the VQ-attention CPU references (rows of strided [B,T,H,D] tensors,
-// dot products and the score of one query against one key).
+// Small helpers shared by the VQ-attention CPU references (rows of strided [B,T,H,D] tensors and
+// the score of one query against one key).
 #pragma once
 
 #include <cstdint>
 
+#include "common/cpu_dot.h"
 #include "vq_attn/vq_attn.h"
 
 namespace linac::vq_cpu {
@@ -11,13 +12,6 @@ namespace linac::vq_cpu {
 template <class P>
 P* row(P* base, const VqAttnLayout::Strides& s, int64_t b, int64_t t, int64_t h, int64_t D) {
   return base + b * s.b + t * s.t + h * D;
-}
-
-template <class F>
-F dot(const F* a, const F* b, int64_t n) {
-  F acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
 }
 
 template <class F>

@@ -7,7 +7,6 @@
 
 namespace linac {
 
-using vq_cpu::dot;
 using vq_cpu::row;
 
 template <class F>
