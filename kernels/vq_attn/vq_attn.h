@@ -224,8 +224,8 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // activation dtype and the f32 gradient buffers (3 Dk + Dv); per block and head, the cache means
 // (S Dv, activation dtype), their f32 gradients and those swept (activation dtype); the tokens'
 // lists by (block, code) for the cache; score chunks of up to 1 GiB (one head's blocks at the 190M
-// model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs in smaller chunks;
-// one below a single block's chunk is refused in one line. CUDA builds only.
+// model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs
+// in smaller chunks; one below a single block's chunk is refused in one line. CUDA builds only.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
                                DType act);
 // VqAttnOpts::saved_cache for a [B, T] call: per head, sequence and block the cache means

@@ -141,12 +141,13 @@ int64_t VqGauMixer::state_elems(int64_t T) const {
 
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
-  const size_t cache = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) +
+  // GPU: the op's saved cache and weights (VqAttnOpts), besides the unit's own activations.
+  const size_t saved = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) +
                                                vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act)
                                          : 0;
   return N * ((static_cast<size_t>(Pqkv_ + 4 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
               static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat))) +
-         cache;
+         saved;
 }
 
 double VqGauMixer::flops_per_token(int64_t T) const {
