@@ -41,6 +41,13 @@ TaylorAttnLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, 
   L.eps = opts.eps;
   L.doc_start = opts.docs.start;
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
+  if (const Tensor& c = opts.saved_carries; c.defined()) {
+    const size_t need = taylor_attn_saved_carries_bytes(L.B, L.T, L.H, L.F, L.Dv, q.dtype, opts.docs.defined());
+    LINAC_CHECK(c.is_contiguous() && c.device == q.device && c.nbytes() >= need,
+                "taylor_attn: saved_carries must be contiguous on the inputs' device, of "
+                "taylor_attn_saved_carries_bytes()");
+    if (q.device != Device::CPU && need > 0) L.saved_carries = static_cast<float*>(c.ptr);
+  }
   return L;
 }
 
@@ -159,6 +166,12 @@ size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, i
   // (the carve in taylor_attn_fwd.cu).
   return 2 * align(P * N * C * F * e) + 2 * align(P * N * C * W * e) + align(P * N * rows * W * e) +
          align(P * nseg * rows * W * 4);
+}
+
+size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
+  const int64_t nseg = (T + 2047) / 2048;  // kSegChunks chunks of 64
+  if (!taylor_attn_fused_case(act, docs, Dv) || nseg < 2) return 0;
+  return static_cast<size_t>(B * H * nseg * (F * F + 2 * F) * (Dv + 16)) * sizeof(float);
 }
 
 }  // namespace linac

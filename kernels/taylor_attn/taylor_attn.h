@@ -66,6 +66,11 @@ struct TaylorAttnOpts {
   int64_t chunk = 64;  // C: tokens per chunk (chunked form)
   double eps = 1e-12;  // added to the denominator
   DocBounds docs;      // defined: attention within each document only (core/doc_bounds.h)
+  // GPU, optional: storage of at least taylor_attn_saved_carries_bytes() (contiguous, any dtype)
+  // where the forward leaves the state it starts each scan segment from, and the backward of the
+  // same inputs reads it instead of forming those states again (the same bits). Only calls that
+  // run the fused kernels over more than one segment keep carries (T > 2048); others ignore it.
+  Tensor saved_carries;
 };
 
 enum class TaylorAttnForm { Chunk, Recurrent, Quadratic };  // the CPU runs any; the GPU always Chunk
@@ -78,6 +83,7 @@ struct TaylorAttnLayout {
   int64_t chunk = 64;
   double eps = 1e-12;
   const int32_t* doc_start = nullptr;  // [B, T] document starts (docs.start), null: one document per row
+  float* saved_carries = nullptr;      // GPU: TaylorAttnOpts::saved_carries where the call keeps carries, or null
   Strides q, k, v, o, dout, dq, dk, dv;
   // The first token of the document of token t of row b (0 without documents).
   int64_t start(int64_t b, int64_t t) const { return doc_start ? doc_start[b * T + t] : 0; }
@@ -158,5 +164,9 @@ const char* taylor_attn_gpu_kernels();
 // in groups that fit (at least one pair must).
 size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16,
                                    bool docs = false);
+// TaylorAttnOpts::saved_carries for a [B, T] call: f32 [B*H, segments of 2048 tokens,
+// F*F+2F, Dv+16] where the call runs the fused kernels over more than one segment, else 0.
+size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16,
+                                       bool docs = false);
 
 }  // namespace linac

@@ -158,8 +158,15 @@ void launch_scan(const Ctx& ctx, const Args& a, int P, bool reverse, const T* x,
                  float* s_final);
 
 // carry: segment totals in `carry` -> each segment's starting state (exclusive prefix over the
-// segments in scan order); forward: the whole sum to s_final (may be null).
+// segments in scan order); forward: the whole sum to s_final (may be null; without it the last
+// segment's total in scan order is not read).
 void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* carry, float* s_final);
+
+// totals (taylor_attn_totals.cu, for the fused kernels' cases): each segment's sum of phi(X^)^T Y
+// into `carry`, x = k and y = v (forward, strided) or x = q and y = g~ (reverse, the group's
+// chunk-major workspace); all: also the last segment in scan order, which only the final state reads.
+void launch_totals(const Ctx& ctx, const Args& a, int P, bool reverse, const bf16_t* x, const bf16_t* y, float* carry,
+                   bool all);
 
 // The fused kernels (taylor_attn_fused.cuh): scan and per-chunk products in one pass, for bf16, Dv <= 64
 // and no document bounds (fused_applies). The forward is one pass, the backward a g~ prep and two

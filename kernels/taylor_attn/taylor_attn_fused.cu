@@ -14,15 +14,14 @@ size_t round256(size_t n) { return (n + 255) / 256 * 256; }
 
 bool use_wgmma() { return std::string_view(taylor_attn_gpu_kernels()) == "sm90"; }
 
-// One launch of the fused kernel for the pairs a.p0 .. a.p0 + P - 1 in `mode`; totals: the pass of
-// the state warps alone that writes each segment's sum.
-void launch_fused(const Ctx& ctx, bool wg, Mode mode, bool totals, const Args& a, int P, const bf16_t* q,
-                  const bf16_t* k, const bf16_t* v, const bf16_t* gt, float* carry, bf16_t* out, float* den,
-                  float* s_final, bf16_t* dx) {
+// One launch of the fused kernel for the pairs a.p0 .. a.p0 + P - 1 in `mode`.
+void launch_fused(const Ctx& ctx, bool wg, Mode mode, const Args& a, int P, const bf16_t* q, const bf16_t* k,
+                  const bf16_t* v, const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final,
+                  bf16_t* dx) {
 #if LINAC_WITH_SM90A
-  if (wg) return fused::launch_sm90(ctx, mode, totals, a, P, q, k, v, gt, carry, out, den, s_final, dx);
+  if (wg) return fused::launch_sm90(ctx, mode, a, P, q, k, v, gt, carry, out, den, s_final, dx);
 #endif
-  fused::launch_mode<false>(ctx, mode, totals, a, P, q, k, v, gt, carry, out, den, s_final, dx);
+  fused::launch_mode<false>(ctx, mode, a, P, q, k, v, gt, carry, out, den, s_final, dx);
 }
 
 }  // namespace
@@ -35,18 +34,21 @@ bool fused_applies(const Args& a, DType act) {
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                bf16_t* o, float* den, float* s_final) {
   const bool wg = use_wgmma();
-  // Workspace: the f32 segment carries only, none with one segment.
-  const size_t per = a.nseg > 1 ? static_cast<size_t>(a.nseg) * kRows * a.DvP * 4 : 0;
-  const int64_t BH = L.B * L.H, size = balanced_group(ctx, L, [&](int64_t P) { return P * per; });
-  float* carry = static_cast<float*>(ctx.workspace);
+  // Workspace: the f32 segment carries only, none with one segment or with saved carries (set
+  // only above one segment: every pair's carries stay there for the backward).
+  const size_t per = static_cast<size_t>(a.nseg) * kRows * a.DvP;
+  const bool saved = L.saved_carries != nullptr;
+  const int64_t BH = L.B * L.H;
+  const int64_t size = balanced_group(ctx, L, [&](int64_t P) { return a.nseg > 1 && !saved ? P * per * 4 : 0; });
   for (int64_t p0 = 0; p0 < BH; p0 += size) {
     const int P = static_cast<int>(std::min(size, BH - p0));
     a.p0 = static_cast<int>(p0);
+    float* carry = saved ? L.saved_carries + p0 * per : static_cast<float*>(ctx.workspace);
     if (a.nseg > 1) {
-      launch_fused(ctx, wg, kOut, true, a, P, q, k, v, nullptr, carry, o, den, s_final, nullptr);
+      launch_totals(ctx, a, P, false, k, v, carry, s_final != nullptr);
       launch_carry(ctx, a, P, false, carry, s_final);
     }
-    launch_fused(ctx, wg, kOut, false, a, P, q, k, v, nullptr, carry, o, den, s_final, nullptr);
+    launch_fused(ctx, wg, kOut, a, P, q, k, v, nullptr, carry, o, den, s_final, nullptr);
   }
 }
 
@@ -65,16 +67,18 @@ void bwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* 
     w.gt = static_cast<bf16_t*>(ctx.workspace);
     float* carry = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + round256(P * g_per));
     launch_prep<bf16_t>(ctx, a, P, nullptr, nullptr, nullptr, o, dout, den, w, kPrepG);
-    if (a.nseg > 1) {  // the forward state's carries: the forward's totals pass
-      launch_fused(ctx, wg, kOut, true, a, P, q, k, v, nullptr, carry, nullptr, nullptr, nullptr, nullptr);
+    // The forward state's carries: the forward's, or formed again as the forward formed them.
+    float* fwd_carry = L.saved_carries ? L.saved_carries + p0 * a.nseg * kRows * a.DvP : carry;
+    if (a.nseg > 1 && !L.saved_carries) {
+      launch_totals(ctx, a, P, false, k, v, carry, false);
       launch_carry(ctx, a, P, false, carry, nullptr);
     }
-    launch_fused(ctx, wg, kGradQ, false, a, P, q, k, v, w.gt, carry, nullptr, nullptr, nullptr, dq);
+    launch_fused(ctx, wg, kGradQ, a, P, q, k, v, w.gt, fwd_carry, nullptr, nullptr, nullptr, dq);
     if (a.nseg > 1) {
-      launch_fused(ctx, wg, kGradK, true, a, P, q, k, v, w.gt, carry, nullptr, nullptr, nullptr, nullptr);
+      launch_totals(ctx, a, P, true, q, w.gt, carry, false);
       launch_carry(ctx, a, P, true, carry, nullptr);
     }
-    launch_fused(ctx, wg, kGradK, false, a, P, q, k, v, w.gt, carry, dv, nullptr, nullptr, dk);
+    launch_fused(ctx, wg, kGradK, a, P, q, k, v, w.gt, carry, dv, nullptr, nullptr, dk);
   }
 }
 

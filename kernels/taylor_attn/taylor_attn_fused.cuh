@@ -28,16 +28,16 @@
 // The state is double-buffered and q, k, v (and g~) come through a 3-stage cp.async ring straight
 // from the strided inputs (v~'s "1" column written beside them), so a chunk costs one barrier. The
 // products and sums run in the order of the scan + chunk kernels, so with one segment (T <= 2048)
-// the mma.sync walks give those kernels' bits (a GPU test demands it). With several segments a first
-// launch (kTotals: the state warps alone) writes each segment's sum to the carry buffer, the carry
-// kernel turns the sums into the segments' starting states (and the forward's final state), and
-// the main launch starts each segment's accumulators from its carry.
+// the mma.sync walks give those kernels' bits (a GPU test demands it). With several segments the
+// totals kernel (taylor_attn_totals.cu, the state warps' update alone) first writes each segment's
+// sum to the carry buffer, the carry kernel turns the sums into the segments' starting states (and
+// the forward's final state), and this kernel starts each segment's accumulators from its carry.
 // The wgmma walks sum each product's k-steps inside the tensor core in an order of its own, so their
 // bits differ from the mma.sync walks' (by rounding; GPU tests compare both to the references).
 #pragma once
 
 #include "common/sm90.cuh"
-#include "taylor_attn/taylor_attn_common.cuh"
+#include "taylor_attn/taylor_attn_state.cuh"
 
 namespace linac::taylor_cuda::fused {
 
@@ -76,18 +76,7 @@ struct Smem {
   static constexpr int bytes = dxi + (kG ? kC * ldf * 4 : 0);
 };
 
-// Feature jj of block fb of a row whose prescaled values are xf = x[fb] and xj = x[jj] (first: jj == 0),
-// the same f32 arithmetic as feature() in taylor_attn_common.cuh.
-__device__ __forceinline__ float phi_of(int fb, float xf, float xj, bool first) {
-  if (fb < kF) return xf * xj * kRsqrt2;
-  if (fb == kF) return xj;
-  return fb == kF + 1 && first ? 1.f : 0.f;
-}
-
-// x^ = x / 2 (F^(-1/4) at F = 16, exact), as prep stores it.
-__device__ __forceinline__ float scaled(bf16_t x) { return 0.5f * to_float(x); }
-
-template <int kMode, bool kTotals, bool kWg>
+template <int kMode, bool kWg>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_kernel(Args a, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                  const bf16_t* __restrict__ gt, float* __restrict__ carry, bf16_t* __restrict__ out,
@@ -159,79 +148,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kOutWarps) {
     const int fb0 = 2 * (warp - kOutWarps);
     float S[2][kNT][4] = {};
-    // fn(element, state row, state column) over this warp's accumulator elements within DvP.
-    auto each = [&](auto&& fn) {
+    auto each = [&](auto&& fn) { each_state_element(S, fb0, ntv, fn); };
+    float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
+    if (a.nseg > 1) each([&](float& x, int r, int c) { x = seg_carry[r * DvP + c]; });
+    const bool final_state = kMode == kOut && a.nseg == 1 && s_final;
+    for (int step = 0; step < N; ++step) {
+      bf16_t* Sn = state_buf(step);
 #pragma unroll
       for (int bl = 0; bl < 2; ++bl)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (nt < ntv) fn(S[bl][nt][e], 16 * (fb0 + bl) + f.row(0, e), f.col(0, nt, e));
-    };
-    float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-    if (!kTotals && a.nseg > 1) each([&](float& x, int r, int c) { x = seg_carry[r * DvP + c]; });
-    const bool final_state = kMode == kOut && !kTotals && a.nseg == 1 && s_final;
-    for (int step = 0; step < N; ++step) {
-      if (!kTotals) {
-        bf16_t* Sn = state_buf(step);
-#pragma unroll
-        for (int bl = 0; bl < 2; ++bl)
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf)
-              if (nt < ntv)
-                store2(Sn + L::s_at(16 * (fb0 + bl) + f.row(0, 2 * hf), f.col(0, nt, 0)), S[bl][nt][2 * hf],
-                       S[bl][nt][2 * hf + 1]);
-        if constexpr (kWg) sm90::fence_proxy_async_shared();  // the output warps' wgmmas read it
-      }
+          for (int hf = 0; hf < 2; ++hf)
+            if (nt < ntv)
+              store2(Sn + L::s_at(16 * (fb0 + bl) + f.row(0, 2 * hf), f.col(0, nt, 0)), S[bl][nt][2 * hf],
+                     S[bl][nt][2 * hf + 1]);
+      if constexpr (kWg) sm90::fence_proxy_async_shared();  // the output warps' wgmmas read it
       cp_async_wait<kStages - 2>();
       barrier();
       issue(step + kStages - 1);
-      if (!kTotals && step == N - 1 && !final_state) break;  // that update would feed nothing
-      // S += phi(X^)^T Y, a k-step per 16 tokens: lane holds tokens tb, tb + 1, tb + 8, tb + 9 of
-      // feature rows g and g + 8 of each of its two blocks.
-      const bf16_t* Xs = tile(step % kStages, kRev ? L::q : L::k);
-      const bf16_t* Ys = tile(step % kStages, kRev ? L::g : L::v);
-#pragma unroll
-      for (int kstep = 0; kstep < kC / 16; ++kstep) {
-        const int tb = 16 * kstep + 2 * f.q;
-        float xg[4], xg8[4], xf[2][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bf16_t* row = Xs + (tb + (i & 1) + 8 * (i >> 1)) * L::ldx;
-          xg[i] = scaled(row[f.g]);
-          xg8[i] = scaled(row[f.g + 8]);
-#pragma unroll
-          for (int bl = 0; bl < 2; ++bl) xf[bl][i] = fb0 + bl < kF ? scaled(row[fb0 + bl]) : 0.f;
-        }
-        uint32_t A[2][4];
-#pragma unroll
-        for (int bl = 0; bl < 2; ++bl) {
-          const int fb = fb0 + bl;
-          const bool first = f.g == 0;
-          A[bl][0] = pack_bf16(phi_of(fb, xf[bl][0], xg[0], first), phi_of(fb, xf[bl][1], xg[1], first));
-          A[bl][1] = pack_bf16(phi_of(fb, xf[bl][0], xg8[0], false), phi_of(fb, xf[bl][1], xg8[1], false));
-          A[bl][2] = pack_bf16(phi_of(fb, xf[bl][2], xg[2], first), phi_of(fb, xf[bl][3], xg[3], first));
-          A[bl][3] = pack_bf16(phi_of(fb, xf[bl][2], xg8[2], false), phi_of(fb, xf[bl][3], xg8[3], false));
-        }
-#pragma unroll
-        for (int np = 0; np < kKV; ++np) {
-          if (2 * np >= ntv) break;
-          uint32_t B[4];
-          ldsm_b_kn(Ys, L::ldv, 16 * kstep, 16 * np, B);
-#pragma unroll
-          for (int bl = 0; bl < 2; ++bl) {
-            mma_bf16(S[bl][2 * np], A[bl], B[0], B[1]);
-            mma_bf16(S[bl][2 * np + 1], A[bl], B[2], B[3]);
-          }
-        }
-      }
+      if (step == N - 1 && !final_state) break;  // that update would feed nothing
+      state_add_chunk(S, tile(step % kStages, kRev ? L::q : L::k), L::ldx, tile(step % kStages, kRev ? L::g : L::v),
+                      L::ldv, fb0, ntv);
     }
-    if (kTotals) {
-      each([&](float& x, int r, int c) { seg_carry[r * DvP + c] = x; });
-    } else if (final_state) {  // the exported layout [pairs, 273, Dv + 1]
+    if (final_state) {  // the exported layout [pairs, 273, Dv + 1]
       const int R = kF * kF + kF + 1, W = Dv + 1;
       float* sf = s_final + static_cast<int64_t>(pair) * R * W;
       each([&](float& x, int r, int c) {
@@ -253,7 +193,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_wait<kStages - 2>();
     barrier();
     issue(step + kStages - 1);
-    if (kTotals) continue;
     const int s = step % kStages;
     // The warp's rows X and the other side Xo; Y pairs with X's rows, Z with Xo's (the chunk kernel's
     // operands, taylor_attn_common.cuh).
@@ -490,10 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int kMode, bool kTotals, bool kWg>
+template <int kMode, bool kWg>
 void launch(const Ctx& ctx, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* gt,
             float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
-  auto kernel = fused_kernel<kMode, kTotals, kWg>;
+  auto kernel = fused_kernel<kMode, kWg>;
   constexpr int bytes = Smem<kMode != kOut, kWg>::bytes;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
@@ -501,23 +440,21 @@ void launch(const Ctx& ctx, const Args& a, int P, const bf16_t* q, const bf16_t*
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-// The launch of `mode` (totals: the state warps' pass alone) with the walks of family kWg.
+// The launch of `mode` with the walks of family kWg.
 template <bool kWg>
-void launch_mode(const Ctx& ctx, Mode mode, bool totals, const Args& a, int P, const bf16_t* q, const bf16_t* k,
-                 const bf16_t* v, const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final,
-                 bf16_t* dx) {
+void launch_mode(const Ctx& ctx, Mode mode, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                 const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
   const auto go = [&](auto kernel_launch) { kernel_launch(ctx, a, P, q, k, v, gt, carry, out, den, s_final, dx); };
   if (mode == kOut)
-    totals ? go(launch<kOut, true, kWg>) : go(launch<kOut, false, kWg>);
+    go(launch<kOut, kWg>);
   else if (mode == kGradQ)
-    go(launch<kGradQ, false, kWg>);
+    go(launch<kGradQ, kWg>);
   else
-    totals ? go(launch<kGradK, true, kWg>) : go(launch<kGradK, false, kWg>);
+    go(launch<kGradK, kWg>);
 }
 
 // launch_mode<true> (taylor_attn_fused_sm90.cu, in sm_90a builds only).
-void launch_sm90(const Ctx& ctx, Mode mode, bool totals, const Args& a, int P, const bf16_t* q, const bf16_t* k,
-                 const bf16_t* v, const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final,
-                 bf16_t* dx);
+void launch_sm90(const Ctx& ctx, Mode mode, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                 const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx);
 
 }  // namespace linac::taylor_cuda::fused

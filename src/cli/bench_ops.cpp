@@ -194,7 +194,11 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
   OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dout = random_device({B, T, H, Dv}, dt, 4);
   OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), den(DType::F32, Device::CUDA, {B, H, T});
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, F}), dk(dt, Device::CUDA, {B, T, H, F}), dv(dt, Device::CUDA, {B, T, H, Dv});
-  const TaylorAttnOpts opts;
+  // The forward keeps its segment carries for the backward, as the Based layer has it.
+  const size_t carries = taylor_attn_saved_carries_bytes(B, T, H, F, Dv, dt);
+  OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(carries / sizeof(float))});
+  TaylorAttnOpts opts;
+  if (carries > 0) opts.saved_carries = saved;
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { taylor_attn_fwd(ctx, q, k, v, o, den, Tensor(), opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] { taylor_attn_bwd(ctx, q, k, v, o, den, dout, dq, dk, dv, opts); });

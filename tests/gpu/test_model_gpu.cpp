@@ -190,6 +190,19 @@ TEST_P(ModelGpu, DecodeStepsMatchFullSequence) {
 }
 
 // The parameter's name is the architecture's (gtest takes letters, digits and '_').
+// Past 2048 tokens the Taylor op runs more than one scan segment and the Based layer keeps the
+// forward's segment carries for its backward (TaylorAttnOpts::saved_carries): the step still
+// matches the CPU model in bf16.
+TEST(ModelGpuBased, TwoScanSegmentsKeepCarries) {
+  LINAC_SKIP_WITHOUT_GPU();
+  ModelConfig cfg = gpu_model("based", 3);
+  cfg.ffn_hidden = 256;
+  cfg.tie_embeddings = true;
+  cfg.layers = {"base_conv", "taylor", "sliding_window"};
+  cfg.mixers = {{"taylor", {{"feature_dim", 16}}}, {"sliding_window", {{"window", 16}}}};
+  test::check_model_gpu_parity(cfg, "bf16", 1, 2100, 1e-2, 5e-2);
+}
+
 INSTANTIATE_TEST_SUITE_P(, ModelGpu, ::testing::ValuesIn(arch_names()), [](const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   for (char& ch : s)

@@ -4,6 +4,7 @@
 // sequence; bitwise determinism of reruns and of pair groups under a small workspace; the
 // decode step. The bf16 checks run through each family of the fused kernels this GPU has (on a
 // Hopper GPU the wgmma walks, then the mma.sync ones by LINAC_TAYLOR_KERNELS=sm80).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -52,16 +53,19 @@ std::vector<const char*> families(DType act) {
   return f;
 }
 
-// Forward + backward on ctx's device with activations of dtype `act` (den and state in `stat`).
-Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& dout, DType act, DType stat) {
+// Forward + backward on ctx's device with activations of dtype `act` (den and state in `stat`);
+// without final_state the forward is asked for no final state (sf stays poisoned).
+Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& dout, DType act, DType stat,
+           bool final_state = true, const Tensor& saved_carries = Tensor()) {
   const Case& c = in.c;
   const Device dev = ctx.device;
   Result r{OwnedTensor(act, dev, {c.B, c.T, c.H, c.Dv}), OwnedTensor(stat, dev, {c.B, c.H, c.T}),
            OwnedTensor(stat, dev, {c.B, c.H, taylor_attn_state_rows(kF), c.Dv + 1}),
            OwnedTensor(act, dev, {c.B, c.T, in.W})};
   for (const Tensor* t : {&r.o.t, &r.den.t, &r.sf.t, &r.dqkv.t}) test::poison(*t);
-  const TaylorAttnOpts opts;
-  taylor_attn_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), r.o, r.den, r.sf, opts);
+  TaylorAttnOpts opts;
+  opts.saved_carries = saved_carries;
+  taylor_attn_fwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), r.o, r.den, final_state ? r.sf.t : Tensor{}, opts);
   taylor_attn_bwd(ctx, in.q(qkv), in.k(qkv), in.v(qkv), r.o, r.den, dout, in.q(r.dqkv), in.k(r.dqkv), in.v(r.dqkv),
                   opts);
   ctx_synchronize(ctx);
@@ -136,7 +140,9 @@ TEST(TaylorAttnGpu, LongSequence) {
 
 // Bitwise reruns, and a workspace that holds only three pairs (so the pairs run in groups) gives
 // the same bits as one group; less than one pair's worth is a UserError. T = 2100 spans two scan
-// segments, so the chunk kernels add carries.
+// segments, so the chunk kernels add carries; a forward asked for no final state (which then skips
+// the last segment's total) gives the same bits, and so does a backward that takes the forward's
+// saved carries (grouped, so each group finds its pairs' carries), poisoned before the forward.
 TEST(TaylorAttnGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -152,10 +158,16 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
         Ctx small = gctx.ctx();
         small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 3, kF, c.Dv, act);
         Result r3 = run(small, in, qkv_g, dout_g, act, DType::F32);
-        for (const Result* r : {&r2, &r3}) {
+        Result r4 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32, false);
+        const size_t carries = taylor_attn_saved_carries_bytes(c.B, c.T, c.H, kF, c.Dv, act);
+        EXPECT_EQ(carries > 0, act == DType::BF16 && c.T > 2048);
+        OwnedTensor saved(DType::F32, Device::CUDA, {std::max<int64_t>(1, carries / sizeof(float))});
+        test::poison(saved);
+        Result r5 = run(small, in, qkv_g, dout_g, act, DType::F32, true, saved);
+        for (const Result* r : {&r2, &r3, &r4, &r5}) {
           EXPECT_TRUE(test::same_bits(r1.o, r->o));
           EXPECT_TRUE(test::same_bits(r1.den, r->den));
-          EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+          if (r != &r4) EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
           EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
         }
         small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 1, kF, c.Dv, act) / 2;

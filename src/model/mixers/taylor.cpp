@@ -53,6 +53,7 @@ void TaylorMixer::reserve(int64_t B, int64_t T) {
   proj_buf_ = env_.saved->take(N * static_cast<size_t>(P_) * act);
   o_buf_ = env_.saved->take(N * static_cast<size_t>(H_ * Dv_) * act);
   den_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * dtype_size(env_.stat));
+  if (env_.ctx.is_gpu()) carries_buf_ = env_.saved->take(taylor_attn_saved_carries_bytes(B, T, H_, F_, Dv_, env_.act));
 }
 
 // The paper's count (docs/based.md §7.4): per head, a (Dv + 1) x D_sym state with D_sym = 1 + F +
@@ -64,7 +65,11 @@ int64_t TaylorMixer::state_elems(int64_t T) const {
 
 size_t TaylorMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T);
-  return N * (static_cast<size_t>(P_ + H_ * Dv_) * dtype_size(env_.act) + static_cast<size_t>(H_) * dtype_size(env_.stat));
+  // GPU: the op's saved carries (TaylorAttnOpts; T > 2048 only), besides the unit's own activations.
+  const size_t carries = env_.ctx.is_gpu() ? taylor_attn_saved_carries_bytes(B, T, H_, F_, Dv_, env_.act) : 0;
+  return N * (static_cast<size_t>(P_ + H_ * Dv_) * dtype_size(env_.act) +
+              static_cast<size_t>(H_) * dtype_size(env_.stat)) +
+         carries;
 }
 
 double TaylorMixer::flops_per_token(int64_t T) const {
@@ -79,11 +84,16 @@ double TaylorMixer::flops_per_token(int64_t T) const {
   return proj + 3.0 * static_cast<double>(H_) * (4.0 * D * (Dv + 1.0) + C * (F + Dv + 1.0));
 }
 
-TaylorAttnOpts TaylorMixer::attn_opts() const {
+TaylorAttnOpts TaylorMixer::attn_opts(int64_t B, int64_t T) const {
   TaylorAttnOpts ao;
   ao.chunk = opt_.chunk;
   ao.eps = opt_.eps;
   ao.docs = env_.docs;
+  // The same B, T and documents in a step's forward and backward: both use the saved carries, or
+  // neither (a call larger than reserve()'s in carries, or one with documents, keeps none).
+  const size_t bytes = taylor_attn_saved_carries_bytes(B, T, H_, F_, Dv_, env_.act, env_.docs.defined());
+  if (bytes > 0 && bytes <= carries_buf_.bytes())
+    ao.saved_carries = carries_buf_.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))});
   return ao;
 }
 
@@ -99,7 +109,7 @@ void TaylorMixer::forward_to_state(const Tensor& x, const Tensor& out, const Ten
   Tensor den = den_buf_.tensor(env_.stat, {B, H_, T});
   matmul(ctx, x.view({N, d_}), false, ps.weight(wqkv_), true, proj);
   taylor_attn_fwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
-                  bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, s_final, attn_opts());
+                  bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, s_final, attn_opts(B, T));
   matmul(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, out.view({N, d_}));
 }
 
@@ -117,7 +127,7 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
   matmul(ctx, dy2, true, o.view({N, H_ * Dv_}), false, ps.grad(wo_), 1.f, 1.f);
 
   Tensor dproj = env_.scratch->get("taylor.dproj", env_.act, {N, P_});
-  const TaylorAttnOpts ao = attn_opts();
+  const TaylorAttnOpts ao = attn_opts(B, T);
   env_.open_comm_window();
   taylor_attn_bwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, d_o, bthd(dproj, B, T, 0, H_, F_),

@@ -52,12 +52,12 @@ class TaylorMixer final : public Mixer {
  private:
   // forward, also writing the final state to s_final when it is defined (prefill).
   void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
-  TaylorAttnOpts attn_opts() const;
+  TaylorAttnOpts attn_opts(int64_t B, int64_t T) const;
   ModelEnv& env_;
   TaylorMixerOptions opt_;
   int64_t d_, H_, F_, Dv_, P_;
   int wqkv_, wo_;
-  SavedBuf proj_buf_, o_buf_, den_buf_;
+  SavedBuf proj_buf_, o_buf_, den_buf_, carries_buf_;
   int64_t B_ = 0, T_ = 0;
 };
 

@@ -1,0 +1,82 @@
+// The state warps' chunk update, shared by the fused kernels (taylor_attn_fused.cuh) and the segment
+// totals kernel (taylor_attn_totals.cu), so both sum a chunk's products in the same order and a
+// segment's total carries the bits the fused pass would have reached:
+//   S += phi(X^)^T Y   over the kC rows of one chunk, for the two feature blocks fb0, fb0 + 1 a warp
+//                      holds (S: their 32 rows x DvP columns of the f32 state, mma accumulators).
+// X is the chunk's [kC, kF] rows as stored (x^ = x / 2), Y its [kC, >= DvP] value rows (v~ or g~);
+// phi(X^)^T is built straight into mma A fragments (feature order: taylor_attn_common.cuh).
+#pragma once
+
+#include "taylor_attn/taylor_attn_common.cuh"
+
+namespace linac::taylor_cuda {
+
+// Feature jj of block fb of a row whose prescaled values are xf = x[fb] and xj = x[jj] (first: jj == 0),
+// the same f32 arithmetic as feature().
+__device__ __forceinline__ float phi_of(int fb, float xf, float xj, bool first) {
+  if (fb < kF) return xf * xj * kRsqrt2;
+  if (fb == kF) return xj;
+  return fb == kF + 1 && first ? 1.f : 0.f;
+}
+
+// x^ = x / 2 (F^(-1/4) at F = 16, exact), as prep stores it.
+__device__ __forceinline__ float scaled(bf16_t x) { return 0.5f * linac::cuda::to_float(x); }
+
+// A k-step per 16 tokens: the lane holds tokens tb, tb + 1, tb + 8, tb + 9 of feature rows g and
+// g + 8 of each of its two blocks. ntv = DvP / 8 value n-tiles are summed (those past it untouched
+// but for the pair that straddles it, whose columns past DvP read Y's zero padding).
+template <int NB, int NT>
+__device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
+                                                int ldy, int fb0, int ntv) {
+  using linac::cuda::pack_bf16;
+  const Frag f;
+#pragma unroll
+  for (int kstep = 0; kstep < kC / 16; ++kstep) {
+    const int tb = 16 * kstep + 2 * f.q;
+    float xg[4], xg8[4], xf[NB][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const bf16_t* row = Xs + (tb + (i & 1) + 8 * (i >> 1)) * ldx;
+      xg[i] = scaled(row[f.g]);
+      xg8[i] = scaled(row[f.g + 8]);
+#pragma unroll
+      for (int bl = 0; bl < NB; ++bl) xf[bl][i] = fb0 + bl < kF ? scaled(row[fb0 + bl]) : 0.f;
+    }
+    uint32_t A[NB][4];
+#pragma unroll
+    for (int bl = 0; bl < NB; ++bl) {
+      const int fb = fb0 + bl;
+      const bool first = f.g == 0;
+      A[bl][0] = pack_bf16(phi_of(fb, xf[bl][0], xg[0], first), phi_of(fb, xf[bl][1], xg[1], first));
+      A[bl][1] = pack_bf16(phi_of(fb, xf[bl][0], xg8[0], false), phi_of(fb, xf[bl][1], xg8[1], false));
+      A[bl][2] = pack_bf16(phi_of(fb, xf[bl][2], xg[2], first), phi_of(fb, xf[bl][3], xg[3], first));
+      A[bl][3] = pack_bf16(phi_of(fb, xf[bl][2], xg8[2], false), phi_of(fb, xf[bl][3], xg8[3], false));
+    }
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      if (2 * np >= ntv) break;
+      uint32_t B[4];
+      sm80::ldsm_b_kn(Ys, ldy, 16 * kstep, 16 * np, B);
+#pragma unroll
+      for (int bl = 0; bl < NB; ++bl) {
+        sm80::mma_bf16(S[bl][2 * np], A[bl], B[0], B[1]);
+        sm80::mma_bf16(S[bl][2 * np + 1], A[bl], B[2], B[3]);
+      }
+    }
+  }
+}
+
+// fn(element, state row, state column) over a state warp's accumulator elements within DvP.
+template <int NB, int NT, class Fn>
+__device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], int fb0, int ntv, Fn&& fn) {
+  const Frag f;
+#pragma unroll
+  for (int bl = 0; bl < NB; ++bl)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (nt < ntv) fn(S[bl][nt][e], 16 * (fb0 + bl) + f.row(0, e), f.col(0, nt, e));
+}
+
+}  // namespace linac::taylor_cuda

@@ -1,0 +1,100 @@
+// Segment totals for the fused Taylor kernels (bf16, Dv <= 64, no documents): with several scan
+// segments, each segment's sum of the chunk updates,
+//   total[seg] = sum over the chunks of seg of phi(X^)^T Y      (X, Y = k^, v~; reverse: q^, g~),
+// into carry [P, nseg, kRows, DvP] f32, which the carry kernel turns into the segments' starting
+// states. The fused kernels' state warps alone (taylor_attn_state.cuh: same products, same order,
+// so a total is the fused pass's bits), in a CTA that holds nothing else: no state buffers, no
+// output warps. Grid (P, segments, halves): the segment the carries never read (the last in scan
+// order) is left out unless the forward's final state needs it. Two shapes: nine warps of two
+// feature blocks each (one CTA an SM: 128 registers), or, when the CTAs would run a second,
+// mostly empty wave that way, the feature blocks split over two CTAs of nine one-block warps
+// (three CTAs an SM at 72 registers). Both deliver about the same totals per SM and second on an
+// H200 (NOTES.md), so the split shape only pays where it ends the pass in one wave.
+#include "taylor_attn/taylor_attn_state.cuh"
+
+namespace linac::taylor_cuda {
+namespace {
+
+constexpr int kWarps = kBlocks / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
+
+struct TotalsSmem {
+  static constexpr int ldx = ld_of<bf16_t>(kF), ldy = ld_of<bf16_t>(8 * kNT);
+  static constexpr int y = kC * ldx * 2, stage = y + kC * ldy * 2, bytes = kStages * stage;
+};
+
+// x: k (forward) or q (reverse), strided; y: v (forward, strided; v~'s "1" column added here) or
+// g~ (reverse, the chunk-major workspace of the group, rows past T zero). kNB: feature blocks per
+// warp (2: blockIdx.z = 0 holds all 18; 1: blockIdx.z picks the first or last 9).
+template <bool kRev, int kNB>
+__global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
+    totals_kernel(Args a, const bf16_t* __restrict__ x, const bf16_t* __restrict__ y, float* __restrict__ carry) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  using L = TotalsSmem;
+  const int pl = blockIdx.x, seg = blockIdx.y + (kRev ? a.nseg - static_cast<int>(gridDim.y) : 0);
+  const int pair = a.p0 + pl, b = pair / a.H, h = pair % a.H, tid = threadIdx.x, warp = tid >> 5;
+  const int Dv = a.Dv, DvP = a.DvP, ntv = DvP / 8, c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);
+  auto tile = [&](int s, int off) { return reinterpret_cast<bf16_t*>(smem + s * L::stage + off); };
+
+  // Y's columns past its data stay zero in every stage (v~: Dv + 1 on; Dv is issue()'s, see the
+  // fused kernel; g~: DvP on).
+  const int first_pad = kRev ? DvP : Dv + 1, pad = 8 * kNT - first_pad;
+  for (int idx = tid; idx < kStages * kC * pad; idx += kThreads)
+    tile(idx / (kC * pad), L::y)[(idx / pad) % kC * L::ldy + first_pad + idx % pad] = bf16_t(0.f);
+  // Chunk `step` of the segment (in scan order) into stage step % kStages; rows past T read as zero.
+  auto issue = [&](int step) {
+    if (step < N) {
+      const int s = step % kStages, ny = (kRev ? DvP : Dv) / 8, per_row = 2 + ny;
+      const int64_t t0 = static_cast<int64_t>(c0 + (kRev ? N - 1 - step : step)) * kC;
+      const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
+      const TaylorAttnLayout::Strides& xs = kRev ? a.q : a.k;
+      const bf16_t* xr = x + b * xs.b + t0 * xs.t + h * kF;
+      const int64_t yt = kRev ? DvP : a.v.t;
+      const bf16_t* yr = kRev ? y + (static_cast<int64_t>(pl) * a.N * kC + t0) * DvP : y + b * a.v.b + t0 * yt + h * Dv;
+      for (int idx = tid; idx < kC * per_row; idx += kThreads) {
+        const int r = idx / per_row, c = idx % per_row;
+        const bool ok = kRev || r < rows;
+        if (c < 2)
+          cp_async16(tile(s, 0) + r * L::ldx + 8 * c, r < rows ? xr + r * xs.t + 8 * c : xr, r < rows);
+        else
+          cp_async16(tile(s, L::y) + r * L::ldy + 8 * (c - 2), ok ? yr + r * yt + 8 * (c - 2) : yr, ok);
+      }
+      if (!kRev && tid < kC) tile(s, L::y)[tid * L::ldy + Dv] = bf16_t(tid < rows ? 1.f : 0.f);
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+  const int fb0 = kNB == 2 ? 2 * warp : kWarps * blockIdx.z + warp;
+  float S[kNB][kNT][4] = {};
+  for (int step = 0; step < N; ++step) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // the step's tiles are in; every warp is done with the stage issue() refills
+    issue(step + kStages - 1);
+    state_add_chunk(S, tile(step % kStages, 0), L::ldx, tile(step % kStages, L::y), L::ldy, fb0, ntv);
+  }
+  float* total = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
+  each_state_element(S, fb0, ntv, [&](float& v, int r, int c) { total[r * DvP + c] = v; });
+}
+
+}  // namespace
+
+void launch_totals(const Ctx& ctx, const Args& a, int P, bool reverse, const bf16_t* x, const bf16_t* y, float* carry,
+                   bool all) {
+  const int segs = all && !reverse ? a.nseg : a.nseg - 1, ctas = P * segs, sms = gpu_sm_count();
+  auto whole = reverse ? totals_kernel<true, 2> : totals_kernel<false, 2>;
+  auto split = reverse ? totals_kernel<true, 1> : totals_kernel<false, 1>;
+  static const int per_sm = [&] {
+    int n = 0;
+    LINAC_CUDA_CHECK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, TotalsSmem::bytes));
+    LINAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split, kThreads, TotalsSmem::bytes));
+    return n;
+  }();
+  const bool halves = ctas > sms && 2 * ctas <= per_sm * sms;
+  auto kernel = halves ? split : whole;
+  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TotalsSmem::bytes));
+  const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(segs), halves ? 2 : 1);
+  kernel<<<grid, kThreads, TotalsSmem::bytes, cuda::stream_of(ctx)>>>(a, x, y, carry);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace linac::taylor_cuda
