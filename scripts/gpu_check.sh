@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|gla|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|gla|taylor|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -12,7 +12,8 @@
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
 #   gla, not part of all: the GLA op and the 340M step, and Nsight Compute's per-kernel table of
-#   one 340M layer (kernels/gla/NOTES.md);
+#   one 340M layer (kernels/gla/NOTES.md); taylor, not part of all: the Taylor op and Nsight
+#   Compute's view of its kernels at T = 8192, warp states included (kernels/taylor_attn/NOTES.md);
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
@@ -114,6 +115,19 @@ if [ "$what" = gla ]; then
     ./build-gpu/linac bench configs/gla_340m.json --set model.n_layers=2 --seq-lens 2048 \
     --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gla.csv" 2>"$out/ncu_gla.err"
   python3 scripts/ncu_summary.py "$out/ncu_gla.csv" 2>&1 | tee -a "$out/gla.txt"
+fi
+if [ "$what" = taylor ]; then
+  # The Taylor op (issue 49): the bench at three lengths, then the kernels of one forward and one
+  # backward at T = 8192 (segment totals, carries, the fused passes, the g~ prep) under Nsight
+  # Compute with their warp states (kernels/taylor_attn/NOTES.md: what holds the segment totals;
+  # $OUT/ncu_taylor.csv keeps every metric).
+  ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+    2>&1 | tee -a "$out/taylor.txt"
+  ncu --clock-control none -k 'regex:totals_kernel|carry_kernel|fused_kernel|prep_kernel' --launch-skip 9 \
+    --launch-count 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --csv --page details ./build-gpu/linac bench --op taylor --seq-lens 8192 \
+    --tokens 32768 --heads 16 --head-dim 64 --iters 1 >"$out/ncu_taylor.csv" 2>"$out/ncu_taylor.err"
+  python3 scripts/ncu_summary.py "$out/ncu_taylor.csv" 2>&1 | tee -a "$out/taylor.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model
