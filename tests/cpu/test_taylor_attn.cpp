@@ -1,8 +1,9 @@
 // Taylor attention CPU reference: the feature-map identity (docs/based.md §2.2); quadratic == recurrent ==
 // chunked forward (o, den, final state) and backward in double for T around the chunk sizes 16/64,
 // several F, H > 1 and Dv not a power of two; gradient checks of each form against central
-// differences; decode steps == forward, prefill + decode == a longer forward; causality; large |u|.
-// q/k/v are strided views of one fused buffer, as the model passes them.
+// differences; decode steps == forward, prefill + decode == a longer forward; causality; large |u|;
+// the size and checks of the saved carries. q/k/v are strided views of one fused buffer, as the
+// model passes them.
 #include <cmath>
 #include <cstring>
 
@@ -239,6 +240,50 @@ TEST(TaylorAttnCpu, LargeScoresStayFinite) {
       EXPECT_TRUE(test::all_finite(to_doubles(r.den)));
       EXPECT_TRUE(test::all_finite(p.backward(opts_of(64), f)));
     }
+}
+
+// TaylorAttnOpts::saved_carries: its size is the f32 carries of the calls that keep them (bf16, Dv
+// <= 64, no documents, more than one 2048-token segment) and zero otherwise; the CPU forms ignore
+// it (the same bits with and without); a buffer smaller than a call needs is refused.
+TEST(TaylorAttnCpu, SavedCarries) {
+  const int64_t R = 16 * 16 + 2 * 16;  // the GPU's padded feature rows
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(2, 2049, 3, 16, 64), static_cast<size_t>(2 * 3 * 2 * R * 80 * 4));
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 48), static_cast<size_t>(1 * 2 * 4 * R * 64 * 4));
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(2, 2048, 3, 16, 64), 0u);                     // one segment
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 64, DType::F32), 0u);         // not the fused kernels
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 80), 0u);                     // Dv > 64
+  EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 64, DType::BF16, true), 0u);  // documents
+
+  Problem p(1, 70, 2, 16, 8);
+  const auto plain = p.forward(opts_of(64), TaylorAttnForm::Chunk);
+  TaylorAttnOpts opts = opts_of(64);
+  OwnedTensor saved(DType::F32, Device::CPU, {4});
+  test::poison(saved);
+  opts.saved_carries = saved;
+  const auto with = p.forward(opts, TaylorAttnForm::Chunk);
+  EXPECT_TRUE(test::same_bits(plain.o, with.o));
+  EXPECT_TRUE(test::same_bits(plain.den, with.den));
+  EXPECT_TRUE(test::same_bits(plain.sf, with.sf));
+
+  // A bf16 call of two segments needs 2 x 288 x 80 f32 per (batch, head) pair: one float short is
+  // refused for it; the full size passes that check (the CPU then refuses bf16 itself).
+  const int64_t T = 2100, need = 2 * R * 80;
+  OwnedTensor q(DType::BF16, Device::CPU, {1, T, 1, 16}), v(DType::BF16, Device::CPU, {1, T, 1, 64});
+  OwnedTensor o(DType::BF16, Device::CPU, {1, T, 1, 64}), den(DType::F32, Device::CPU, {1, 1, T});
+  auto refusal = [&](int64_t floats) {
+    OwnedTensor buf(DType::F32, Device::CPU, {floats});
+    opts.saved_carries = buf;
+    try {
+      taylor_attn_fwd(Ctx{}, q, q, v, o, den, Tensor(), opts);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal(need - 1).find("saved_carries"), std::string::npos);
+  const std::string full = refusal(need);
+  EXPECT_FALSE(full.empty());
+  EXPECT_EQ(full.find("saved_carries"), std::string::npos) << full;
 }
 
 }  // namespace
