@@ -97,11 +97,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // v~'s padding columns Dv + 1 .. 8 kNT - 1 and g~'s DvP .. 8 kNT - 1 stay zero in every stage.
   // Column Dv is issue()'s alone: a zero written here by another thread before the first barrier
   // could land after its 1.
-  const int vpad = 8 * kNT - 1 - Dv, gpad = kG ? 8 * kNT - DvP : 0;
+  const int vpad = 8 * kNT - 1 - Dv;
   for (int idx = tid; idx < kStages * kC * vpad; idx += kThreads)
     tile(idx / (kC * vpad), L::v)[(idx / vpad) % kC * L::ldv + Dv + 1 + idx % vpad] = bf16_t(0.f);
-  for (int idx = tid; idx < kStages * kC * gpad; idx += kThreads)
-    tile(idx / (kC * gpad), L::g)[(idx / gpad) % kC * L::ldv + DvP + idx % gpad] = bf16_t(0.f);
+  if constexpr (kG) {
+    const int gpad = 8 * kNT - DvP;
+    for (int idx = tid; idx < kStages * kC * gpad; idx += kThreads)
+      tile(idx / (kC * gpad), L::g)[(idx / gpad) % kC * L::ldv + DvP + idx % gpad] = bf16_t(0.f);
+  }
   // Chunk `step` of the segment into stage step % kStages: q and k rows are two 16-byte pieces, v
   // rows Dv / 8, g~ rows DvP / 8 (dense in the workspace, zero past T); q, k, v rows past T read as
   // zero (v~'s "1" too). A group per step, empty past the end.
