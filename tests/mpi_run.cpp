@@ -1,5 +1,7 @@
 #include "mpi_run.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,8 +12,17 @@ namespace linac::test {
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
-const char* const kMpiEnv =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive ";
+namespace {
+std::string ompi_base() { return "/tmp/linac_ompi_" + std::to_string(getpid()); }
+// Removes the base, empty once OpenMPI has cleaned up after its jobs, when the test process ends.
+const struct RemoveOmpiBase {
+  ~RemoveOmpiBase() { rmdir(ompi_base().c_str()); }
+} remove_ompi_base;
+}  // namespace
+
+const std::string kMpiEnv = "mkdir -p " + ompi_base() + " && OMPI_MCA_orte_tmpdir_base=" + ompi_base() +
+                            " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1"
+                            " OMP_WAIT_POLICY=passive ";
 
 int run_shell(const std::string& cmd, std::string& out) {
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");

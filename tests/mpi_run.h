@@ -13,8 +13,11 @@
 namespace linac::test {
 
 bool have_mpirun();
-// OpenMPI refuses root without these (CI runs as root); one OpenMP thread per rank.
-extern const char* const kMpiEnv;
+// The environment of a test's mpirun, a shell prefix: OpenMPI refuses root without the first two
+// (CI runs as root); one OpenMP thread per rank; and OpenMPI's session directories under a base of
+// this test process's own, since tests run in parallel and one job's cleanup of the shared
+// /tmp/ompi.<host>.<uid> could remove it while another job's mpirun was creating its directory there.
+extern const std::string kMpiEnv;
 // Runs a shell command; returns its exit status (128 + signal when killed), stdout+stderr in out.
 int run_shell(const std::string& cmd, std::string& out);
 // Writes j as dir/cfg.json and returns the path.
