@@ -14,6 +14,7 @@
 #include "document_checks.h"
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
+#include "vq_attn_checks.h"
 
 namespace linac::test_vq_attn_docs_gpu {
 namespace {
@@ -71,9 +72,7 @@ struct Inputs {
   const int32_t* bounds() const { return window.docs->data<int32_t>(); }
 };
 
-struct Result {
-  OwnedTensor o, lse, grad, du, dvr, drho;  // grad: dq | dkhat | dv in the fused layout
-};
+using Result = test::VqResult;
 
 // Forward, then backward from (o_in, lse_in) when given, else from its own forward, on ctx's device;
 // B and T those of qkv.
@@ -123,16 +122,7 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     const VqAttnOpts host{c.Lb, {in.bounds(), in.bounds() + in.B * in.T}, {}};
     Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, host, o_r,
                     lse_r);
-    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
-    EXPECT_LT(test::rel_error(gr.lse, cr.lse), tol_o) << "lse";
-    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
-    EXPECT_LT(test::rel_error(test::columns(gr.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
-        << "dv";
-    EXPECT_LT(test::rel_error(gr.du, cr.du), tol_grad) << "du";
-    EXPECT_LT(test::rel_error(gr.dvr, cr.dvr), tol_grad) << "dvr";
-    EXPECT_LT(test::rel_error(gr.drho, cr.drho), tol_grad) << "drho";
+    test::expect_vq_close(gr, cr, c.H * c.Dk, c.H * c.Dv, tol_o, tol_grad);
     // The reference itself differs from the stream form (the bounds are not a no-op).
     Result sr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64,
                     VqAttnOpts{c.Lb, {}, {}});

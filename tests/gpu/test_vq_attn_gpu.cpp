@@ -13,6 +13,7 @@
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
 #include "vq_attn/vq_packed.h"
+#include "vq_attn_checks.h"
 
 namespace linac::test_vq_attn_gpu {
 namespace {
@@ -98,9 +99,7 @@ struct Saved {
   }
 };
 
-struct Result {
-  OwnedTensor o, lse, grad, du, dvr, drho;  // grad: dq | dkhat | dv in the fused layout
-};
+using Result = test::VqResult;
 
 // Forward, then backward from (o_in, lse_in) when given (the reference's backward takes the GPU's
 // rounded o and its lse, as the GPU's does), else from its own forward; on ctx's device. act:
@@ -160,22 +159,11 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     OwnedTensor rho_r = to(g.rho, Device::CPU, DType::F64);
     OwnedTensor o_r = to(gr.o, Device::CPU, DType::F64), lse_r = to(gr.lse, Device::CPU, DType::F64);
     Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, o_r, lse_r);
-    auto check = [&](const Result& r) {
-      EXPECT_LT(test::rel_error(r.o, cr.o), tol_o) << "o";
-      EXPECT_LT(test::rel_error(r.lse, cr.lse), tol_o) << "lse";
-      const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
-      EXPECT_LT(test::rel_error(test::columns(r.grad, 0, HK), test::columns(cr.grad, 0, HK)), tol_grad) << "dq";
-      EXPECT_LT(test::rel_error(test::columns(r.grad, HK, HK), test::columns(cr.grad, HK, HK)), tol_grad) << "dkhat";
-      EXPECT_LT(test::rel_error(test::columns(r.grad, 2 * HK, HV), test::columns(cr.grad, 2 * HK, HV)), tol_grad)
-          << "dv";
-      EXPECT_LT(test::rel_error(r.du, cr.du), tol_grad) << "du";
-      EXPECT_LT(test::rel_error(r.dvr, cr.dvr), tol_grad) << "dvr";
-      EXPECT_LT(test::rel_error(r.drho, cr.drho), tol_grad) << "drho";
-    };
-    check(gr);
+    const int64_t HK = c.H * c.Dk, HV = c.H * c.Dv;
+    test::expect_vq_close(gr, cr, HK, HV, tol_o, tol_grad);
     SCOPED_TRACE("saved cache and weights");
     const Saved saved(in, act);
-    check(g.run(gctx.ctx(), in, act));
+    test::expect_vq_close(g.run(gctx.ctx(), in, act), cr, HK, HV, tol_o, tol_grad);
   }
 }
 
