@@ -107,27 +107,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // Chunk `step` of the segment into stage step % kStages: q and k rows are two 16-byte pieces, v
   // rows Dv / 8, g~ rows DvP / 8 (dense in the workspace, zero past T); q, k, v rows past T read as
-  // zero (v~'s "1" too). A group per step, empty past the end.
+  // zero (v~'s "1" too). A group per step, empty past the end. The pieces are one index space of
+  // fixed spans (q, k, then v rows of 8 pieces and g~ rows of kNT, those past a row's data skipped):
+  // each span a whole number of warps and every division by a constant, so a warp takes one branch
+  // and a piece costs a few instructions (a division by a per-call piece count and a four-way
+  // branch inside warps cost several times that: NOTES.md).
   auto issue = [&](int step) {
     if (step < N) {
-      const int s = step % kStages, nv = Dv / 8, per_row = 4 + nv + (kG ? DvP / 8 : 0);
+      constexpr int kQEnd = 2 * kC, kKEnd = kQEnd + 2 * kC, kVEnd = kKEnd + 8 * kC, kEnd = kVEnd + (kG ? kNT * kC : 0);
+      static_assert(kQEnd % 32 == 0 && kKEnd % 32 == 0 && kVEnd % 32 == 0, "spans of whole warps");
+      const int s = step % kStages, nv = Dv / 8, ng = DvP / 8;
       const int64_t t0 = static_cast<int64_t>(chunk(step)) * kC;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
-      const bf16_t* qs = q + b * a.q.b + t0 * a.q.t + h * kF;
-      const bf16_t* ks = k + b * a.k.b + t0 * a.k.t + h * kF;
-      const bf16_t* vs = v + b * a.v.b + t0 * a.v.t + h * Dv;
-      const bf16_t* gs = kG ? gt + (static_cast<int64_t>(pl) * a.N * kC + t0) * DvP : nullptr;
-      for (int idx = tid; idx < kC * per_row; idx += kThreads) {
-        const int r = idx / per_row, c = idx % per_row;
-        const bool ok = r < rows;
-        if (c < 2)
-          cp_async16(tile(s, L::q) + r * L::ldx + 8 * c, ok ? qs + r * a.q.t + 8 * c : qs, ok);
-        else if (c < 4)
-          cp_async16(tile(s, L::k) + r * L::ldx + 8 * (c - 2), ok ? ks + r * a.k.t + 8 * (c - 2) : ks, ok);
-        else if (c < 4 + nv)
-          cp_async16(tile(s, L::v) + r * L::ldv + 8 * (c - 4), ok ? vs + r * a.v.t + 8 * (c - 4) : vs, ok);
-        else
-          cp_async16(tile(s, L::g) + r * L::ldv + 8 * (c - 4 - nv), gs + r * DvP + 8 * (c - 4 - nv), true);
+      // A row's source (rows past T: the row's base, not read), from the kernel's parameters.
+      auto src = [&](const bf16_t* x, const TaylorAttnLayout::Strides& st, int col0, int r, int c) {
+        return x + b * st.b + (t0 + (r < rows ? r : 0)) * st.t + col0 + c;
+      };
+      for (int idx = tid; idx < kEnd; idx += kThreads) {
+        if (idx < kKEnd) {
+          const bool is_q = idx < kQEnd;
+          const int i = is_q ? idx : idx - kQEnd, r = i >> 1, c = 8 * (i & 1);
+          cp_async16(tile(s, is_q ? L::q : L::k) + r * L::ldx + c,
+                     is_q ? src(q, a.q, h * kF, r, c) : src(k, a.k, h * kF, r, c), r < rows);
+        } else if (idx < kVEnd) {
+          const int i = idx - kKEnd, r = i >> 3, c = 8 * (i & 7);
+          if (c < 8 * nv) cp_async16(tile(s, L::v) + r * L::ldv + c, src(v, a.v, h * Dv, r, c), r < rows);
+        } else {
+          const int i = idx - kVEnd, r = i / kNT, c = 8 * (i % kNT);
+          if (c < 8 * ng)
+            cp_async16(tile(s, L::g) + r * L::ldv + c, gt + (static_cast<int64_t>(pl) * a.N * kC + t0 + r) * DvP + c, true);
+        }
       }
       if (tid < kC) tile(s, L::v)[tid * L::ldv + Dv] = bf16_t(tid < rows ? 1.f : 0.f);
     }

@@ -22,14 +22,27 @@ __device__ __forceinline__ float phi_of(int fb, float xf, float xj, bool first) 
 // x^ = x / 2 (F^(-1/4) at F = 16, exact), as prep stores it.
 __device__ __forceinline__ float scaled(bf16_t x) { return 0.5f * linac::cuda::to_float(x); }
 
+// The quadratic features x^_f x^_j / sqrt 2 straight from the stored x (x^ = x / 2): x_f x_j is
+// exact in f32 (bf16 significands) and powers of two scale exactly, so x_f x_j kQuadScale rounds to
+// phi_of's value without the two scalings.
+constexpr float kQuadScale = 0.25f * kRsqrt2;
+
 // A k-step per 16 tokens: the lane holds tokens tb, tb + 1, tb + 8, tb + 9 of feature rows g and
 // g + 8 of each of its two blocks. ntv = DvP / 8 value n-tiles are summed (those past it untouched
-// but for the pair that straddles it, whose columns past DvP read Y's zero padding).
-template <int NB, int NT>
-__device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                int ldy, int fb0, int ntv) {
+// but for the pair that straddles it, whose columns past DvP read Y's zero padding). kQuad: the
+// warp's blocks are all quadratic (fb0 + NB <= kF): no selects, no scalings (NOTES.md: these
+// instructions, not the tensor pipe, bound the state warps and the totals kernel).
+template <bool kQuad, int NB, int NT>
+__device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
+                                                   int ldy, int fb0, int ntv) {
   using linac::cuda::pack_bf16;
+  using linac::cuda::to_float;
   const Frag f;
+  const bool first = f.g == 0;
+  auto phi = [&](int fb, float xf, float xj, bool first_row) {
+    return kQuad ? xf * xj * kQuadScale : phi_of(fb, xf, xj, first_row);
+  };
+  auto load = [](bf16_t x) { return kQuad ? to_float(x) : scaled(x); };
 #pragma unroll
   for (int kstep = 0; kstep < kC / 16; ++kstep) {
     const int tb = 16 * kstep + 2 * f.q;
@@ -37,20 +50,19 @@ __device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf1
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const bf16_t* row = Xs + (tb + (i & 1) + 8 * (i >> 1)) * ldx;
-      xg[i] = scaled(row[f.g]);
-      xg8[i] = scaled(row[f.g + 8]);
+      xg[i] = load(row[f.g]);
+      xg8[i] = load(row[f.g + 8]);
 #pragma unroll
-      for (int bl = 0; bl < NB; ++bl) xf[bl][i] = fb0 + bl < kF ? scaled(row[fb0 + bl]) : 0.f;
+      for (int bl = 0; bl < NB; ++bl) xf[bl][i] = kQuad || fb0 + bl < kF ? load(row[fb0 + bl]) : 0.f;
     }
     uint32_t A[NB][4];
 #pragma unroll
     for (int bl = 0; bl < NB; ++bl) {
       const int fb = fb0 + bl;
-      const bool first = f.g == 0;
-      A[bl][0] = pack_bf16(phi_of(fb, xf[bl][0], xg[0], first), phi_of(fb, xf[bl][1], xg[1], first));
-      A[bl][1] = pack_bf16(phi_of(fb, xf[bl][0], xg8[0], false), phi_of(fb, xf[bl][1], xg8[1], false));
-      A[bl][2] = pack_bf16(phi_of(fb, xf[bl][2], xg[2], first), phi_of(fb, xf[bl][3], xg[3], first));
-      A[bl][3] = pack_bf16(phi_of(fb, xf[bl][2], xg8[2], false), phi_of(fb, xf[bl][3], xg8[3], false));
+      A[bl][0] = pack_bf16(phi(fb, xf[bl][0], xg[0], first), phi(fb, xf[bl][1], xg[1], first));
+      A[bl][1] = pack_bf16(phi(fb, xf[bl][0], xg8[0], false), phi(fb, xf[bl][1], xg8[1], false));
+      A[bl][2] = pack_bf16(phi(fb, xf[bl][2], xg[2], first), phi(fb, xf[bl][3], xg[3], first));
+      A[bl][3] = pack_bf16(phi(fb, xf[bl][2], xg8[2], false), phi(fb, xf[bl][3], xg8[3], false));
     }
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
@@ -64,6 +76,15 @@ __device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf1
       }
     }
   }
+}
+
+template <int NB, int NT>
+__device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
+                                                int ldy, int fb0, int ntv) {
+  if (fb0 + NB <= kF)  // warp-uniform
+    state_add_chunk_as<true>(S, Xs, ldx, Ys, ldy, fb0, ntv);
+  else
+    state_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, fb0, ntv);
 }
 
 // fn(element, state row, state column) over a state warp's accumulator elements within DvP.

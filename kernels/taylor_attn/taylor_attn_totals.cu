@@ -41,22 +41,29 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
   for (int idx = tid; idx < kStages * kC * pad; idx += kThreads)
     tile(idx / (kC * pad), L::y)[(idx / pad) % kC * L::ldy + first_pad + idx % pad] = bf16_t(0.f);
   // Chunk `step` of the segment (in scan order) into stage step % kStages; rows past T read as zero.
+  // The pieces as in the fused kernel's issue(): X rows of 2, then Y rows of kNT (those past the
+  // row's data skipped), spans of whole warps.
   auto issue = [&](int step) {
     if (step < N) {
-      const int s = step % kStages, ny = (kRev ? DvP : Dv) / 8, per_row = 2 + ny;
+      constexpr int kXEnd = 2 * kC, kEnd = kXEnd + kNT * kC;
+      static_assert(kXEnd % 32 == 0, "spans of whole warps");
+      const int s = step % kStages, ny = (kRev ? DvP : Dv) / 8;
       const int64_t t0 = static_cast<int64_t>(c0 + (kRev ? N - 1 - step : step)) * kC;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
       const TaylorAttnLayout::Strides& xs = kRev ? a.q : a.k;
       const bf16_t* xr = x + b * xs.b + t0 * xs.t + h * kF;
       const int64_t yt = kRev ? DvP : a.v.t;
       const bf16_t* yr = kRev ? y + (static_cast<int64_t>(pl) * a.N * kC + t0) * DvP : y + b * a.v.b + t0 * yt + h * Dv;
-      for (int idx = tid; idx < kC * per_row; idx += kThreads) {
-        const int r = idx / per_row, c = idx % per_row;
-        const bool ok = kRev || r < rows;
-        if (c < 2)
-          cp_async16(tile(s, 0) + r * L::ldx + 8 * c, r < rows ? xr + r * xs.t + 8 * c : xr, r < rows);
-        else
-          cp_async16(tile(s, L::y) + r * L::ldy + 8 * (c - 2), ok ? yr + r * yt + 8 * (c - 2) : yr, ok);
+      for (int idx = tid; idx < kEnd; idx += kThreads) {
+        if (idx < kXEnd) {
+          const int r = idx >> 1, c = 8 * (idx & 1);
+          const bool ok = r < rows;
+          cp_async16(tile(s, 0) + r * L::ldx + c, ok ? xr + r * xs.t + c : xr, ok);
+        } else {
+          const int i = idx - kXEnd, r = i / kNT, c = 8 * (i % kNT);
+          const bool ok = kRev || r < rows;
+          if (c < 8 * ny) cp_async16(tile(s, L::y) + r * L::ldy + c, ok ? yr + r * yt + c : yr, ok);
+        }
       }
       if (!kRev && tid < kC) tile(s, L::y)[tid * L::ldy + Dv] = bf16_t(tid < rows ? 1.f : 0.f);
     }
