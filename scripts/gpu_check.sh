@@ -13,7 +13,8 @@
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
 #   gla, not part of all: the GLA op and the 340M step, and Nsight Compute's per-kernel table of
 #   one 340M layer (kernels/gla/NOTES.md); taylor, not part of all: the Taylor op and Nsight
-#   Compute's view of its kernels at T = 8192, warp states included (kernels/taylor_attn/NOTES.md);
+#   Compute's view of its kernels at T = 8192, warp states and instruction counts included, and
+#   their SASS loops (scripts/sass_mix.py; kernels/taylor_attn/NOTES.md);
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
@@ -125,9 +126,16 @@ if [ "$what" = taylor ]; then
     2>&1 | tee -a "$out/taylor.txt"
   ncu --clock-control none -k 'regex:totals_kernel|carry_kernel|fused_kernel|prep_kernel' --launch-skip 9 \
     --launch-count 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SchedulerStats --csv --page details ./build-gpu/linac bench --op taylor --seq-lens 8192 \
-    --tokens 32768 --heads 16 --head-dim 64 --iters 1 >"$out/ncu_taylor.csv" 2>"$out/ncu_taylor.err"
+    --section SchedulerStats --section InstructionStats --csv --page details \
+    ./build-gpu/linac bench --op taylor --seq-lens 8192 --tokens 32768 --heads 16 --head-dim 64 --iters 1 \
+    >"$out/ncu_taylor.csv" 2>"$out/ncu_taylor.err"
   python3 scripts/ncu_summary.py "$out/ncu_taylor.csv" 2>&1 | tee -a "$out/taylor.txt"
+  # Their SASS: each kernel's loops and what they issue ($OUT/taylor.sass keeps the listing).
+  for o in linac_kernels.dir/kernels/taylor_attn/taylor_attn_totals.cu.o \
+    linac_kernels_sm90a.dir/kernels/taylor_attn/taylor_attn_fused_sm90.cu.o; do
+    "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass "build-gpu/CMakeFiles/$o"
+  done >"$out/taylor.sass" 2>&1
+  python3 scripts/sass_mix.py --kernel 'totals_kernel|fused_kernel' "$out/taylor.sass" 2>&1 | tee -a "$out/taylor.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model

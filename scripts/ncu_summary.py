@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """One line per kernel launch of an `ncu --csv --page details` report: duration, the SM, L2 and
 DRAM throughputs (% of peak), grid and cluster size, achieved warps per SM and registers per thread
-(where the report has the Occupancy and LaunchStats sections), and the kernel's name, shortened."""
+(where the report has the Occupancy and LaunchStats sections), warp instructions issued per
+scheduler and cycle and millions executed (SchedulerStats, InstructionStats), and the kernel's
+name, shortened."""
 import csv
 import sys
 from collections import OrderedDict
@@ -15,9 +17,12 @@ WANT = OrderedDict([
     ("Cluster Size", "cluster"),
     ("Achieved Active Warps Per SM", "warps"),
     ("Registers Per Thread", "regs"),
+    ("Issued Warp Per Scheduler", "issue"),
+    ("Executed Instructions", "Minst"),
 ])
-# Column format by position: the duration, three percentages, then grid, cluster, warps, regs.
-FORMATS = ["%9.1f", "%6.1f", "%6.1f", "%6.1f", "%7d", "%7d", "%6.1f", "%5d"]
+# Column format by position: the duration, three percentages, then grid, cluster, warps, regs,
+# the issue rate and the instructions.
+FORMATS = ["%9.1f", "%6.1f", "%6.1f", "%6.1f", "%7d", "%7d", "%6.1f", "%5d", "%5.2f", "%7.1f"]
 
 
 def main(path):
@@ -41,6 +46,8 @@ def main(path):
                 continue
             if metric == "Duration":
                 v *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}.get(unit, 1.0)
+            elif metric == "Executed Instructions":
+                v *= 1e-6
             entry[metric] = v
     widths = [len(fmt % 0) for fmt in FORMATS]
     print("%5s %s  %s" % ("id", " ".join("%*s" % (w, n) for w, n in zip(widths, WANT.values())), "kernel"))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """scripts/ncu_summary.py on a hand-made `ncu --csv --page details` report: one line per launch in
 report order, durations in us whatever unit ncu printed them in, thousands separators read, the
-warps and registers columns where the report has them and '-' where it does not, the lines before
-the header (ncu's own messages, the program's output) skipped.
+warps, registers, issue-rate and instruction columns where the report has them and '-' where it
+does not, the lines before the header (ncu's own messages, the program's output) skipped.
 """
 import os
 import subprocess
@@ -32,7 +32,9 @@ def report():
               row(0, dqk, "Launch Statistics", "Grid Size", "", "4,096"),
               row(0, dqk, "Launch Statistics", "Cluster Size", "", "0"),
               row(0, dqk, "Launch Statistics", "Registers Per Thread", "register/thread", "122"),
-              row(0, dqk, "Occupancy", "Achieved Active Warps Per SM", "warp", "15.67")]
+              row(0, dqk, "Occupancy", "Achieved Active Warps Per SM", "warp", "15.67"),
+              row(0, dqk, "Scheduler Statistics", "Issued Warp Per Scheduler", "", "0.62"),
+              row(0, dqk, "Instruction Statistics", "Executed Instructions", "inst", "75,223,296")]
     gemm = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"  # no Occupancy / LaunchStats sections
     lines += [row(1, gemm, "GPU Speed Of Light Throughput", "Duration", "msecond", "1.25"),
               row(1, gemm, "GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "80.1")]
@@ -50,11 +52,12 @@ class NcuSummary(unittest.TestCase):
     def test_one_line_per_launch(self):
         lines = self.run_on(report()).splitlines()
         self.assertEqual(lines[0].split(), ["id", "us", "SM%", "L2%", "DRAM%", "grid", "cluster", "warps", "regs",
-                                            "kernel"])
+                                            "issue", "Minst", "kernel"])
         self.assertEqual(len(lines), 3)
-        self.assertEqual(lines[1].split()[:9], ["0", "396.9", "51.4", "52.2", "34.7", "4096", "0", "15.7", "122"])
+        self.assertEqual(lines[1].split()[:11],
+                         ["0", "396.9", "51.4", "52.2", "34.7", "4096", "0", "15.7", "122", "0.62", "75.2"])
         self.assertIn("dqk_kernel", lines[1])
-        self.assertEqual(lines[2].split()[:9], ["1", "1250.0", "80.1", "-", "-", "-", "-", "-", "-"])
+        self.assertEqual(lines[2].split()[:11], ["1", "1250.0", "80.1", "-", "-", "-", "-", "-", "-", "-", "-"])
         self.assertIn("nvjet_sm90", lines[2])
 
 
