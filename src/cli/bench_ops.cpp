@@ -51,9 +51,20 @@ double time_ms(const Ctx& ctx, int64_t iters, const std::function<void()>& f) {
   return t[t.size() / 2];
 }
 
-// doc_len > 0: document packing (AttentionOpts::docs) with geometric document lengths of that mean
-// (each token ends its document with probability 1 / doc_len, as `bench --doc-len`); FLOPs count
-// the keys each query sees in its document. Hk < H: grouped-query attention (FLOPs count the H
+// Document bounds [2, B, T] (starts, ends; core/doc_bounds.h) on the host for `--doc-len`: each token
+// ends its document with probability 1 / doc_len, so lengths are geometric with that mean (as
+// `bench CONFIG --doc-len` packs them).
+OwnedTensor random_doc_bounds(int64_t B, int64_t T, double doc_len) {
+  constexpr int32_t kEos = 1;
+  std::vector<int32_t> ends(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < ends.size(); ++i) ends[i] = philox_uniform(6, 0x0d, i) < 1.0 / doc_len ? kEos : 0;
+  OwnedTensor host(DType::I32, Device::CPU, {2, B, T});
+  doc_bounds_from_tokens(ends.data(), B, T, kEos, host->data<int32_t>());
+  return host;
+}
+
+// doc_len > 0: document packing (AttentionOpts::docs, random_doc_bounds); FLOPs count the keys each
+// query sees in its document. Hk < H: grouped-query attention (FLOPs count the H
 // query heads).
 OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t Hk, int64_t D, DType dt,
                          int64_t window, double doc_len, int64_t iters) {
@@ -67,11 +78,7 @@ OpTiming bench_attention(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, i
   double keys = window > 0 && window < T ? static_cast<double>(window) : (static_cast<double>(T) + 1) / 2;
   OwnedTensor bounds;
   if (doc_len > 0) {
-    constexpr int32_t kEos = 1;
-    std::vector<int32_t> ends(static_cast<size_t>(B * T));
-    for (size_t i = 0; i < ends.size(); ++i) ends[i] = philox_uniform(6, 0x0d, i) < 1.0 / doc_len ? kEos : 0;
-    OwnedTensor host(DType::I32, Device::CPU, {2, B, T});
-    doc_bounds_from_tokens(ends.data(), B, T, kEos, host->data<int32_t>());
+    OwnedTensor host = random_doc_bounds(B, T, doc_len);
     double seen = 0;
     for (int64_t i = 0; i < B * T; ++i) {
       const int64_t n = i % T - host->data<int32_t>()[i] + 1;
@@ -188,16 +195,21 @@ OpTiming bench_short_conv(const Ctx& ctx, int64_t T, int64_t tokens, int64_t C, 
 // and inter-chunk readout over R = F^2 + F + 1 features) + C (F + Dv + 1) (causal halves of Q K^T
 // and kappa(U) V~), backward twice that.
 OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int64_t F, int64_t Dv, DType dt,
-                      int64_t iters) {
+                      double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
   OwnedTensor q = random_device({B, T, H, F}, dt, 1), k = random_device({B, T, H, F}, dt, 2);
   OwnedTensor v = random_device({B, T, H, Dv}, dt, 3), dout = random_device({B, T, H, Dv}, dt, 4);
   OwnedTensor o(dt, Device::CUDA, {B, T, H, Dv}), den(DType::F32, Device::CUDA, {B, H, T});
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, F}), dk(dt, Device::CUDA, {B, T, H, F}), dv(dt, Device::CUDA, {B, T, H, Dv});
-  // The forward keeps its segment carries for the backward, as the Based layer has it.
-  const size_t carries = taylor_attn_saved_carries_bytes(B, T, H, F, Dv, dt);
-  OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(carries / sizeof(float))});
   TaylorAttnOpts opts;
+  OwnedTensor bounds;
+  if (doc_len > 0) {
+    bounds = to(random_doc_bounds(B, T, doc_len), Device::CUDA, DType::I32);
+    opts.docs = {bounds->data<int32_t>(), bounds->data<int32_t>() + B * T};
+  }
+  // The forward keeps its segment carries for the backward, as the Based layer has it.
+  const size_t carries = taylor_attn_saved_carries_bytes(B, T, H, F, Dv, dt, opts.docs.defined());
+  OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(carries / sizeof(float))});
   if (carries > 0) opts.saved_carries = saved;
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { taylor_attn_fwd(ctx, q, k, v, o, den, Tensor(), opts); });
@@ -284,7 +296,7 @@ int bench_op(Args& args, const std::string& name) {
   const int64_t codes = vq ? args.get_int("codes", 512) : 0, block = vq ? args.get_int("block", 512) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
   const int64_t window = gla || conv || decode || taylor || lightning || latte || vq ? 0 : args.get_int("window", 0);
-  const double doc_len = name == "attention" ? args.get_double("doc-len", 0) : 0;
+  const double doc_len = name == "attention" || taylor ? args.get_double("doc-len", 0) : 0;
   if (doc_len < 0 || (doc_len > 0 && doc_len < 1)) throw UserError("--doc-len must be at least 1 (a mean document length)");
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
@@ -297,21 +309,21 @@ int bench_op(Args& args, const std::string& name) {
   GpuContext g;
   std::vector<OpTiming> rows;
   for (int64_t T : lens)
-    rows.push_back(gla      ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
-                   : conv   ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
-                   : decode ? bench_attention_decode(g.ctx(), T, tokens, H, Hk, D, dt, iters)
-                   : taylor ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, iters)
+    rows.push_back(gla         ? bench_gla(g.ctx(), T, tokens, H, Dk, Dv, dt, iters)
+                   : conv      ? bench_short_conv(g.ctx(), T, tokens, C, W, dt, iters)
+                   : decode    ? bench_attention_decode(g.ctx(), T, tokens, H, Hk, D, dt, iters)
+                   : taylor    ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, doc_len, iters)
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                    : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
                    : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
-                            : bench_attention(g.ctx(), T, tokens, H, Hk, D, dt, window, doc_len, iters));
+                               : bench_attention(g.ctx(), T, tokens, H, Hk, D, dt, window, doc_len, iters));
   const std::string gpu = gpu_info().name;
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
     if (vq) j["codes"] = codes, j["block"] = block;
     if (conv) j["channels"] = C, j["width"] = W;
-    if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_attn_gpu_kernels();
+    if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_attn_gpu_kernels(), j["doc_len"] = doc_len;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
     if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window, j["doc_len"] = doc_len;
     if (name == "attention" || decode) j["kv_heads"] = Hk;
