@@ -1,10 +1,11 @@
 // Taylor attention entry points: argument checks, the layout (shapes, batch/token strides),
 // device/dtype/form dispatch, and the GPU workspace size.
+#include "taylor_attn/taylor_attn.h"
+
 #include <string>
 
 #include "core/dispatch.h"
 #include "core/gpu.h"
-#include "taylor_attn/taylor_attn.h"
 
 namespace linac {
 
@@ -142,9 +143,9 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
     return;
   }
   check_cpu_dtypes({&q, &k, &v, &state, &o});
-  LINAC_CPU_DISPATCH(q.dtype, Fl,
-                     taylor_attn_step_cpu<Fl>(L, q.data<Fl>(), k.data<Fl>(), v.data<Fl>(), state.data<Fl>(),
-                                              o.data<Fl>()));
+  LINAC_CPU_DISPATCH(
+      q.dtype, Fl,
+      taylor_attn_step_cpu<Fl>(L, q.data<Fl>(), k.data<Fl>(), v.data<Fl>(), state.data<Fl>(), o.data<Fl>()));
 }
 
 const char* taylor_attn_gpu_kernels() {
@@ -152,26 +153,35 @@ const char* taylor_attn_gpu_kernels() {
   return LINAC_WITH_SM90A && hopper && gpu_compute_capability() == 90 ? "sm90" : "sm80";
 }
 
+namespace {
+
+// The GPU kernels' chunk (kC) and scan segment (kSegChunks chunks), as taylor_attn_common.cuh sets them.
+constexpr int64_t kGpuChunk = 64, kGpuSegChunks = 32;
+
+// f32 segment carries of P pairs, [P, segments, F*F+2F, Dv+16]; none with one segment.
+size_t carries_bytes(int64_t P, int64_t T, int64_t F, int64_t Dv) {
+  const int64_t nseg = ((T + kGpuChunk - 1) / kGpuChunk + kGpuSegChunks - 1) / kGpuSegChunks;
+  return nseg > 1 ? static_cast<size_t>(P * nseg * (F * F + 2 * F) * (Dv + 16)) * sizeof(float) : 0;
+}
+
+}  // namespace
+
 size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
-  constexpr int64_t C = 64;  // the GPU chunk
+  constexpr int64_t C = kGpuChunk;
   const int64_t N = (T + C - 1) / C, P = B * H, rows = F * F + 2 * F, W = Dv + 16;
   const int64_t e = static_cast<int64_t>(dtype_size(act));
   auto align = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
-  const int64_t nseg = (N + 31) / 32;  // kSegChunks
-  // Fused (bwd_fused in taylor_attn_fused.cu): g~ [P, N*C, Dv+16], then f32 segment carries
-  // [P, nseg, F*F+2F, Dv+16] when there is more than one segment.
-  if (taylor_attn_fused_case(act, docs, Dv))
-    return align(P * N * C * W * e) + static_cast<size_t>(nseg > 1 ? P * nseg * rows * W * 4 : 0);
-  // Launches: q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries
-  // (the carve in taylor_attn_fwd.cu).
+  // Fused (bwd_fused in taylor_attn_fused.cu): g~ [P, N*C, Dv+16], then the segment carries.
+  if (taylor_attn_fused_case(act, docs, Dv)) return align(P * N * C * W * e) + carries_bytes(P, T, F, Dv);
+  // Launches: q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries,
+  // one segment's included (the carve in taylor_attn_fwd.cu).
+  const int64_t nseg = (N + kGpuSegChunks - 1) / kGpuSegChunks;
   return 2 * align(P * N * C * F * e) + 2 * align(P * N * C * W * e) + align(P * N * rows * W * e) +
          align(P * nseg * rows * W * 4);
 }
 
 size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
-  const int64_t nseg = (T + 2047) / 2048;  // kSegChunks chunks of 64
-  if (!taylor_attn_fused_case(act, docs, Dv) || nseg < 2) return 0;
-  return static_cast<size_t>(B * H * nseg * (F * F + 2 * F) * (Dv + 16)) * sizeof(float);
+  return taylor_attn_fused_case(act, docs, Dv) ? carries_bytes(B * H, T, F, Dv) : 0;
 }
 
 }  // namespace linac

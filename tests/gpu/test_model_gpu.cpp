@@ -189,7 +189,6 @@ TEST_P(ModelGpu, DecodeStepsMatchFullSequence) {
   test::check_model_gpu_decode(c.decode, 2, 70, c.probes, 1e-4);
 }
 
-// The parameter's name is the architecture's (gtest takes letters, digits and '_').
 // Past 2048 tokens the Taylor op runs more than one scan segment and the Based layer keeps the
 // forward's segment carries for its backward (TaylorAttnOpts::saved_carries): the step still
 // matches the CPU model in bf16.
@@ -203,6 +202,7 @@ TEST(ModelGpuBased, TwoScanSegmentsKeepCarries) {
   test::check_model_gpu_parity(cfg, "bf16", 1, 2100, 1e-2, 5e-2);
 }
 
+// The parameter's name is the architecture's (gtest takes letters, digits and '_').
 INSTANTIATE_TEST_SUITE_P(, ModelGpu, ::testing::ValuesIn(arch_names()), [](const ::testing::TestParamInfo<std::string>& info) {
   std::string s = info.param;
   for (char& ch : s)
