@@ -2,6 +2,7 @@
 // device/dtype/form dispatch, and the GPU workspace size.
 #include "taylor_attn/taylor_attn.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "core/dispatch.h"
@@ -43,7 +44,7 @@ TaylorAttnLayout make_layout(const Tensor& q, const Tensor& k, const Tensor& v, 
   L.doc_start = opts.docs.start;
   L.q = strides(q), L.k = strides(k), L.v = strides(v), L.o = strides(o);
   if (const Tensor& c = opts.saved_carries; c.defined()) {
-    const size_t need = taylor_attn_saved_carries_bytes(L.B, L.T, L.H, L.F, L.Dv, q.dtype, opts.docs.defined());
+    const size_t need = taylor_attn_saved_carries_bytes(L.B, L.T, L.H, L.F, L.Dv, q.dtype);
     LINAC_CHECK(c.is_contiguous() && c.device == q.device && c.nbytes() >= need,
                 "taylor_attn: saved_carries must be contiguous on the inputs' device, of "
                 "taylor_attn_saved_carries_bytes()");
@@ -149,14 +150,20 @@ void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Te
 }
 
 const char* taylor_attn_gpu_kernels() {
-  const bool hopper = hopper_kernels_allowed("LINAC_TAYLOR_KERNELS");
-  return LINAC_WITH_SM90A && hopper && gpu_compute_capability() == 90 ? "sm90" : "sm80";
+  const char* env = std::getenv("LINAC_TAYLOR_KERNELS");
+  const std::string choice = env ? env : "";
+  if (choice == "chunk") return "chunk";
+  if (!choice.empty() && choice != "auto" && choice != "sm80")
+    throw UserError("LINAC_TAYLOR_KERNELS must be auto, sm80 or chunk, got '" + choice + "'");
+  return LINAC_WITH_SM90A && choice != "sm80" && gpu_compute_capability() == 90 ? "sm90" : "sm80";
 }
 
 namespace {
 
 // The GPU kernels' chunk (kC) and scan segment (kSegChunks chunks), as taylor_attn_common.cuh sets them.
 constexpr int64_t kGpuChunk = 64, kGpuSegChunks = 32;
+
+size_t align256(int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); }
 
 // f32 segment carries of P pairs, [P, segments, F*F+2F, Dv+16]; none with one segment.
 size_t carries_bytes(int64_t P, int64_t T, int64_t F, int64_t Dv) {
@@ -166,22 +173,25 @@ size_t carries_bytes(int64_t P, int64_t T, int64_t F, int64_t Dv) {
 
 }  // namespace
 
-size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
-  constexpr int64_t C = kGpuChunk;
-  const int64_t N = (T + C - 1) / C, P = B * H, rows = F * F + 2 * F, W = Dv + 16;
-  const int64_t e = static_cast<int64_t>(dtype_size(act));
-  auto align = [](int64_t x) { return static_cast<size_t>((x + 255) / 256 * 256); };
+size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act) {
+  if (!taylor_attn_fused_case(act, Dv)) return taylor_attn_launches_workspace_bytes(B, T, H, F, Dv, act);
   // Fused (bwd_fused in taylor_attn_fused.cu): g~ [P, N*C, Dv+16], then the segment carries.
-  if (taylor_attn_fused_case(act, docs, Dv)) return align(P * N * C * W * e) + carries_bytes(P, T, F, Dv);
-  // Launches: q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries,
-  // one segment's included (the carve in taylor_attn_fwd.cu).
-  const int64_t nseg = (N + kGpuSegChunks - 1) / kGpuSegChunks;
-  return 2 * align(P * N * C * F * e) + 2 * align(P * N * C * W * e) + align(P * N * rows * W * e) +
-         align(P * nseg * rows * W * 4);
+  const int64_t N = (T + kGpuChunk - 1) / kGpuChunk, P = B * H;
+  return align256(P * N * kGpuChunk * (Dv + 16) * static_cast<int64_t>(dtype_size(act))) + carries_bytes(P, T, F, Dv);
 }
 
-size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act, bool docs) {
-  return taylor_attn_fused_case(act, docs, Dv) ? carries_bytes(B * H, T, F, Dv) : 0;
+size_t taylor_attn_launches_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act) {
+  // q^, k^ [P, N*C, F]; v~, g~ [P, N*C, Dv+16]; states [P, N, F*F+2F, Dv+16]; the carries, one
+  // segment's included (the carve in taylor_attn_fwd.cu).
+  constexpr int64_t C = kGpuChunk;
+  const int64_t N = (T + C - 1) / C, P = B * H, rows = F * F + 2 * F, W = Dv + 16;
+  const int64_t e = static_cast<int64_t>(dtype_size(act)), nseg = (N + kGpuSegChunks - 1) / kGpuSegChunks;
+  return 2 * align256(P * N * C * F * e) + 2 * align256(P * N * C * W * e) + align256(P * N * rows * W * e) +
+         align256(P * nseg * rows * W * 4);
+}
+
+size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act) {
+  return taylor_attn_fused_case(act, Dv) ? carries_bytes(B * H, T, F, Dv) : 0;
 }
 
 }  // namespace linac

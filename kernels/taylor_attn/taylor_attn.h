@@ -149,24 +149,29 @@ void taylor_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Ten
 void taylor_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& state,
                       const Tensor& o, double eps = 1e-12);
 
-// Whether a GPU call runs the fused kernels (scan and per-chunk products in one pass): bf16, Dv <= 64,
-// no document bounds. Other calls run the scan + chunk launches.
-inline bool taylor_attn_fused_case(DType act, bool docs, int64_t Dv) { return act == DType::BF16 && !docs && Dv <= 64; }
-// The fused kernels' walks over the state: "sm90" (warpgroup wgmma; compute capability 9.0 in a
-// build whose CUDA architectures include 90, unless LINAC_TAYLOR_KERNELS=sm80) or "sm80" (mma.sync).
-// The two round differently, each deterministically.
+// Whether a GPU call runs the fused kernels (scan and per-chunk products in one pass): bf16 and
+// Dv <= 64, with or without document bounds (unless LINAC_TAYLOR_KERNELS=chunk). Other calls run the
+// prep + scan + chunk launches.
+inline bool taylor_attn_fused_case(DType act, int64_t Dv) { return act == DType::BF16 && Dv <= 64; }
+// What the fused cases run, by LINAC_TAYLOR_KERNELS (auto, sm80 or chunk; UserError otherwise):
+// "sm90", the fused kernels with their walks over the state on warpgroup wgmma (compute capability
+// 9.0 in a build whose CUDA architectures include 90; auto), "sm80", their mma.sync walks (auto on
+// other GPUs, or asked for), or "chunk", the launches every other call runs. The three round
+// differently, each deterministically; at one scan segment the last two give the same bits.
 const char* taylor_attn_gpu_kernels();
 
 // GPU scratch (ctx.workspace) that B x H (batch, head) pairs of T tokens need to run in one group
-// (the backward; the forward needs less); `act` is the dtype of q/k/v and `docs` whether document
-// bounds are given: both pick the kernels (bf16 at Dv <= 64 without bounds runs the fused ones,
-// which keep only g~ and the segment carries). With less workspace the entry points run the pairs
-// in groups that fit (at least one pair must).
-size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16,
-                                   bool docs = false);
+// (the backward; the forward needs less); `act`, the dtype of q/k/v, picks the kernels (bf16 at
+// Dv <= 64 runs the fused ones, which keep only g~ and the segment carries; LINAC_TAYLOR_KERNELS=chunk
+// runs the launches in the groups that fit). With less workspace the entry points run the pairs in
+// groups that fit (at least one pair must).
+size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16);
+// The same for the prep + scan + chunk launches (every call outside the fused cases, and all of them
+// with LINAC_TAYLOR_KERNELS=chunk).
+size_t taylor_attn_launches_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv,
+                                            DType act = DType::BF16);
 // TaylorAttnOpts::saved_carries for a [B, T] call: f32 [B*H, segments of 2048 tokens,
 // F*F+2F, Dv+16] where the call runs the fused kernels over more than one segment, else 0.
-size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16,
-                                       bool docs = false);
+size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16);
 
 }  // namespace linac

@@ -6,8 +6,9 @@
 //   scan    reverse: R_n = sum over later chunks of phi(q^)^T g~ (into the same buffer)
 //   chunk   kGradK: dk from R_n v~ plus dU^T Q^, and dv = phi(k^) R_n + triu(kappa(U))^T g~
 // Documents: both scans restart where a document starts and every chunk masks by document
-// (taylor_attn.h), so dS flows only within a document. The bf16 backward at Dv <= 64 without
-// bounds runs the fused sweeps of taylor_attn_fused.cuh instead (scan and chunk in one kernel each).
+// (taylor_attn.h), so dS flows only within a document. The bf16 backward at Dv <= 64 runs the
+// fused sweeps of taylor_attn_fused.cuh instead (scan and chunk in one kernel each; unless
+// LINAC_TAYLOR_KERNELS=chunk).
 #include <algorithm>
 
 #include "taylor_attn/taylor_attn_common.cuh"

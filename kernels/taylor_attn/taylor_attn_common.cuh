@@ -168,8 +168,8 @@ void launch_carry(const Ctx& ctx, const Args& a, int P, bool reverse, float* car
 void launch_totals(const Ctx& ctx, const Args& a, int P, bool reverse, const bf16_t* x, const bf16_t* y, float* carry,
                    bool all);
 
-// The fused kernels (taylor_attn_fused.cuh): scan and per-chunk products in one pass, for bf16, Dv <= 64
-// and no document bounds (fused_applies). The forward is one pass, the backward a g~ prep and two
+// The fused kernels (taylor_attn_fused.cuh): scan and per-chunk products in one pass, for bf16 and
+// Dv <= 64, documents or not (fused_applies; not under LINAC_TAYLOR_KERNELS=chunk). The forward is one pass, the backward a g~ prep and two
 // (dq; dk and dv); both group pairs by their own workspace (the carries, and g~ for the backward).
 bool fused_applies(const Args& a, DType act);
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,

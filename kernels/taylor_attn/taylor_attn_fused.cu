@@ -28,7 +28,7 @@ void launch_fused(const Ctx& ctx, bool wg, Mode mode, const Args& a, int P, cons
 
 bool fused_applies(const Args& a, DType act) {
   static_assert(8 * fused::kNT == 64 + 16, "the fused kernels' value tiles hold Dv <= 64");
-  return taylor_attn_fused_case(act, a.doc_start != nullptr, a.Dv);
+  return taylor_attn_fused_case(act, a.Dv) && std::string_view(taylor_attn_gpu_kernels()) != "chunk";
 }
 
 void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,

@@ -1,7 +1,7 @@
 // Fused Taylor attention: the state scan and the per-chunk products in one kernel, so the per-chunk
 // states never leave the SM (math in taylor_attn.h; feature order and padding in
-// taylor_attn_common.cuh). Built for bf16, F = 16, Dv <= 64 and no document bounds; other calls run
-// the prep + scan + chunk launches of taylor_attn_fwd.cu and taylor_attn_bwd.cu. One pass over the
+// taylor_attn_common.cuh). Built for bf16, F = 16 and Dv <= 64; other calls run the prep + scan +
+// chunk launches of taylor_attn_fwd.cu and taylor_attn_bwd.cu. One pass over the
 // sequence per mode (the chunk kernel's modes, taylor_attn_common.cuh):
 //   kOut    forward, chunks in order, state S_n = sum over earlier chunks of phi(K^)^T V~:
 //           o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, o = o~ / den, den = o~[Dv] + eps.
@@ -34,7 +34,14 @@
 // the forward's final state), and this kernel starts each segment's accumulators from its carry.
 // The wgmma walks sum each product's k-steps inside the tensor core in an order of its own, so their
 // bits differ from the mma.sync walks' (by rounding; GPU tests compare both to the references).
+// Documents (kDocs; the math in taylor_attn.h): the chunk's starts ride in the stage beside its
+// rows; the state warps restart at a chunk in which a document starts and add only the rows the
+// next state holds (taylor_attn_state.cuh), the output warps mask the intra-chunk pairs by document
+// and weigh each row's inter-chunk term by whether its document is the one the state holds (the
+// chunk kernel's masks, so at one segment the mma.sync walks give its bits here too).
 #pragma once
+
+#include <type_traits>
 
 #include "common/sm90.cuh"
 #include "taylor_attn/taylor_attn_state.cuh"
@@ -54,16 +61,17 @@ constexpr int kStages = 3;
 constexpr int kNT = kNTSmall;  // value n-tiles: DvP <= 80
 constexpr int kKV = kNT / 2;   // value k-steps / n-tile pairs
 
-// Shared memory: the stages (q, k, v~ and, in the gradient modes, g~), the state's two buffers, the
-// output warps' masked intra matrices and (gradient modes) their f32 dx rows and intra dx terms.
+// Shared memory: the stages (q, k, v~ and, in the gradient modes, g~; with documents the chunk's
+// starts), the state's two buffers, the output warps' masked intra matrices and (gradient modes)
+// their f32 dx rows and intra dx terms.
 // A state buffer is row-major (rows of ldv) for the mma.sync walks; for wgmma it is 8 x 8 core
 // matrices of 128 bytes, kNT to a band of 8 feature rows (s_at), which wgmma reads both ways: with
 // the features as k (phi(X) S) and as n (Y S^T).
-template <bool kG, bool kWg>
+template <bool kG, bool kWg, bool kDocs>
 struct Smem {
   static constexpr int ldx = ld_of<bf16_t>(kF), ldv = ld_of<bf16_t>(8 * kNT), ldm = ld_of<bf16_t>(kC), ldf = kF + 4;
   static constexpr int q = 0, k = q + kC * ldx * 2, v = k + kC * ldx * 2, g = v + kC * ldv * 2;
-  static constexpr int stage = g + (kG ? kC * ldv * 2 : 0);
+  static constexpr int st = g + (kG ? kC * ldv * 2 : 0), stage = st + (kDocs ? kC * 4 : 0);
   static constexpr int s = kStages * stage, s_bytes = kRows * (kWg ? 8 * kNT : ldv) * 2;
   static constexpr int core = 128, band = kNT * core;  // wgmma layout: a core matrix, 8 feature rows
   static __device__ __forceinline__ int s_at(int r, int c) {
@@ -76,7 +84,7 @@ struct Smem {
   static constexpr int bytes = dxi + (kG ? kC * ldf * 4 : 0);
 };
 
-template <int kMode, bool kWg>
+template <int kMode, bool kWg, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 1)
     fused_kernel(Args a, const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                  const bf16_t* __restrict__ gt, float* __restrict__ carry, bf16_t* __restrict__ out,
@@ -84,13 +92,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kRev = kMode == kGradK, kG = kMode != kOut;
   constexpr bool kHasOut = kMode != kGradQ, kHasGrad = kMode != kOut;
   extern __shared__ __align__(16) unsigned char smem[];
-  using L = Smem<kG, kWg>;
+  using L = Smem<kG, kWg, kDocs>;
   const int pl = blockIdx.x, seg = blockIdx.y, pair = a.p0 + pl, b = pair / a.H, h = pair % a.H;
   const int tid = threadIdx.x, warp = tid >> 5, Dv = a.Dv, DvP = a.DvP, ntv = DvP / 8;
   const int c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);
   const Frag f;
   auto chunk = [&](int step) { return c0 + (kRev ? N - 1 - step : step); };
   auto tile = [&](int s, int off) { return reinterpret_cast<bf16_t*>(smem + s * L::stage + off); };
+  // kDocs: the document start of each token of the stage's chunk (rows past T: the last row's).
+  auto starts = [&](int s) { return reinterpret_cast<int*>(smem + s * L::stage + L::st); };
+  const int32_t* row_start = kDocs ? a.doc_start + static_cast<int64_t>(b) * a.T : nullptr;
   auto state_buf = [&](int step) { return reinterpret_cast<bf16_t*>(smem + L::s + (step & 1) * L::s_bytes); };
   auto barrier = [] { sm90::named_barrier_sync(1, kThreads); };
 
@@ -106,16 +117,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       tile(idx / (kC * gpad), L::g)[(idx / gpad) % kC * L::ldv + DvP + idx % gpad] = bf16_t(0.f);
   }
   // Chunk `step` of the segment into stage step % kStages: q and k rows are two 16-byte pieces, v
-  // rows Dv / 8, g~ rows DvP / 8 (dense in the workspace, zero past T); q, k, v rows past T read as
-  // zero (v~'s "1" too). A group per step, empty past the end. The pieces are one index space of
-  // fixed spans (q, k, then v rows of 8 pieces and g~ rows of kNT, those past a row's data skipped):
+  // rows Dv / 8, g~ rows DvP / 8 (dense in the workspace, zero past T), document starts one 4-byte
+  // piece each (kDocs); q, k, v rows past T read as zero (v~'s "1" too). A group per step, empty
+  // past the end. The pieces are one index space of fixed spans (q, k, then v rows of 8 pieces, g~
+  // rows of kNT, those past a row's data skipped, and the starts):
   // each span a whole number of warps and every division by a constant, so a warp takes one branch
   // and a piece costs a few instructions (a division by a per-call piece count and a four-way
   // branch inside warps cost several times that: NOTES.md).
   auto issue = [&](int step) {
     if (step < N) {
-      constexpr int kQEnd = 2 * kC, kKEnd = kQEnd + 2 * kC, kVEnd = kKEnd + 8 * kC, kEnd = kVEnd + (kG ? kNT * kC : 0);
-      static_assert(kQEnd % 32 == 0 && kKEnd % 32 == 0 && kVEnd % 32 == 0, "spans of whole warps");
+      constexpr int kQEnd = 2 * kC, kKEnd = kQEnd + 2 * kC, kVEnd = kKEnd + 8 * kC, kGEnd = kVEnd + (kG ? kNT * kC : 0);
+      constexpr int kEnd = kGEnd + (kDocs ? kC : 0);
+      static_assert(kQEnd % 32 == 0 && kKEnd % 32 == 0 && kVEnd % 32 == 0 && kGEnd % 32 == 0, "spans of whole warps");
       const int s = step % kStages, nv = Dv / 8, ng = DvP / 8;
       const int64_t t0 = static_cast<int64_t>(chunk(step)) * kC;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
@@ -132,10 +145,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else if (idx < kVEnd) {
           const int i = idx - kKEnd, r = i >> 3, c = 8 * (i & 7);
           if (c < 8 * nv) cp_async16(tile(s, L::v) + r * L::ldv + c, src(v, a.v, h * Dv, r, c), r < rows);
-        } else {
+        } else if (!kDocs || idx < kGEnd) {
           const int i = idx - kVEnd, r = i / kNT, c = 8 * (i % kNT);
           if (c < 8 * ng)
             cp_async16(tile(s, L::g) + r * L::ldv + c, gt + (static_cast<int64_t>(pl) * a.N * kC + t0 + r) * DvP + c, true);
+        } else if constexpr (kDocs) {
+          const int r = idx - kGEnd;
+          sm80::cp_async_ca<4>(starts(s) + r, row_start + t0 + min(r, rows - 1));
         }
       }
       if (tid < kC) tile(s, L::v)[tid * L::ldv + Dv] = bf16_t(tid < rows ? 1.f : 0.f);
@@ -180,8 +196,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       barrier();
       issue(step + kStages - 1);
       if (step == N - 1 && !final_state) break;  // that update would feed nothing
-      state_add_chunk(S, tile(step % kStages, kRev ? L::q : L::k), L::ldx, tile(step % kStages, kRev ? L::g : L::v),
-                      L::ldv, fb0, ntv);
+      const int s = step % kStages;
+      const bf16_t* Xs = tile(s, kRev ? L::q : L::k);
+      const bf16_t* Ys = tile(s, kRev ? L::g : L::v);
+      if constexpr (kDocs) {
+        const int t0 = chunk(step) * kC;
+        state_add_chunk_docs<kRev>(S, Xs, L::ldx, Ys, L::ldv, fb0, ntv, starts(s), t0, min(kC, a.T - t0));
+      } else {
+        state_add_chunk(S, Xs, L::ldx, Ys, L::ldv, fb0, ntv);
+      }
     }
     if (final_state) {  // the exported layout [pairs, 273, Dv + 1]
       const int R = kF * kF + kF + 1, W = Dv + 1;
@@ -200,7 +223,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Key blocks the causal mask leaves for this warp's rows: k-steps [k0, k0 + ks) of 16. Rows are
   // queries (lower triangle) or, in kGradK, keys (upper).
   const int k0 = kRev ? m0 : 0, ks = kRev ? kOutWarps - ow : ow + 1;
-  auto keep = [](int r, int c) { return kRev ? c >= r : c <= r; };
   for (int step = 0; step < N; ++step) {
     cp_async_wait<kStages - 2>();
     barrier();
@@ -215,6 +237,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16_t* Sn = state_buf(step);
     const int64_t t0 = static_cast<int64_t>(chunk(step)) * kC;
     const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
+    // Documents (the chunk kernel's masks): a pair (query, key) of one document only, and w[ri], 1
+    // where this lane's row g + 8 ri reads the state (a query whose document started before the
+    // chunk; kGradK: a key of the chunk's last document, which R_n holds the later queries of),
+    // weighs that row's phi and its dL/dphi (the chunk kernel's zero rows, so the same bits).
+    const int* Dst = kDocs ? starts(s) : nullptr;
+    float w[2] = {1.f, 1.f};
+    if constexpr (kDocs) {
+      const int last = Dst[rows - 1];
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int r = m0 + f.g + 8 * ri;
+        w[ri] = (kRev ? t0 + r >= last : Dst[r] < t0) ? 1.f : 0.f;
+      }
+    }
+    // (query, key) = (t0 + r, t0 + c), or (t0 + c, t0 + r) in kGradK.
+    auto keep = [&](int r, int c) {
+      if constexpr (kDocs) return kRev ? c >= r && Dst[c] <= t0 + r : c <= r && t0 + c >= Dst[r];
+      return kRev ? c >= r : c <= r;
+    };
     // x^ at this lane's rows g, g + 8 and columns 2q, 2q + 1, 2q + 8, 2q + 9 (read where each pass
     // starts, so they do not hold registers through the other).
     auto load_xj = [&](float(&xj)[2][4]) {
@@ -279,8 +320,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const bool first = f.q == 0;
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
-          A[ri] = pack_bf16(phi_of(fb, xf[ri], xj[ri][0], first), phi_of(fb, xf[ri], xj[ri][1], false));
-          A[2 + ri] = pack_bf16(phi_of(fb, xf[ri], xj[ri][2], false), phi_of(fb, xf[ri], xj[ri][3], false));
+          auto phi = [&](int i, bool first_col) {
+            const float p = phi_of(fb, xf[ri], xj[ri][i], first_col);
+            return kDocs ? w[ri] * p : p;
+          };
+          A[ri] = pack_bf16(phi(0, first), phi(1, false));
+          A[2 + ri] = pack_bf16(phi(2, false), phi(3, false));
         }
       };
       if constexpr (kWg) {
@@ -413,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             float s = dxa[ri];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             s += __shfl_xor_sync(0xffffffffu, s, 2);
-            if (f.q == 0) DX[(f.g + 8 * ri) * L::ldf + fb] = kRsqrt2 * s;
+            if (f.q == 0) DX[(f.g + 8 * ri) * L::ldf + fb] = kDocs ? w[ri] * (kRsqrt2 * s) : kRsqrt2 * s;
           }
         } else {
 #pragma unroll
@@ -426,9 +471,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          DX[(f.g + 8 * ri) * L::ldf + 2 * f.q + (i & 1) + 8 * (i >> 1)] +=
-              kRsqrt2 * dxb[ri][i] + dx1[ri][i] + DXI[(f.g + 8 * ri) * L::ldf + 2 * f.q + (i & 1) + 8 * (i >> 1)];
+        for (int i = 0; i < 4; ++i) {
+          const int at = (f.g + 8 * ri) * L::ldf + 2 * f.q + (i & 1) + 8 * (i >> 1);
+          if constexpr (kDocs)
+            DX[at] += w[ri] * (kRsqrt2 * dxb[ri][i] + dx1[ri][i]) + DXI[at];
+          else
+            DX[at] += kRsqrt2 * dxb[ri][i] + dx1[ri][i] + DXI[at];
+        }
       __syncwarp();
       // dx = dx^ / 2 (x^ = x / 2).
       const TaylorAttnLayout::Strides& ds = kRev ? a.dk : a.dq;
@@ -441,28 +490,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int kMode, bool kWg>
+template <int kMode, bool kWg, bool kDocs>
 void launch(const Ctx& ctx, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v, const bf16_t* gt,
             float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
-  auto kernel = fused_kernel<kMode, kWg>;
-  constexpr int bytes = Smem<kMode != kOut, kWg>::bytes;
+  auto kernel = fused_kernel<kMode, kWg, kDocs>;
+  constexpr int bytes = Smem<kMode != kOut, kWg, kDocs>::bytes;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(a.nseg));
   kernel<<<grid, kThreads, bytes, cuda::stream_of(ctx)>>>(a, q, k, v, gt, carry, out, den, s_final, dx);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-// The launch of `mode` with the walks of family kWg.
+// The launch of `mode` with the walks of family kWg (the kDocs instance where a.doc_start is set).
 template <bool kWg>
 void launch_mode(const Ctx& ctx, Mode mode, const Args& a, int P, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                  const bf16_t* gt, float* carry, bf16_t* out, float* den, float* s_final, bf16_t* dx) {
   const auto go = [&](auto kernel_launch) { kernel_launch(ctx, a, P, q, k, v, gt, carry, out, den, s_final, dx); };
-  if (mode == kOut)
-    go(launch<kOut, kWg>);
-  else if (mode == kGradQ)
-    go(launch<kGradQ, kWg>);
+  const auto by_mode = [&](auto docs) {
+    constexpr bool D = decltype(docs)::value;
+    if (mode == kOut)
+      go(launch<kOut, kWg, D>);
+    else if (mode == kGradQ)
+      go(launch<kGradQ, kWg, D>);
+    else
+      go(launch<kGradK, kWg, D>);
+  };
+  if (a.doc_start)
+    by_mode(std::true_type{});
   else
-    go(launch<kGradK, kWg>);
+    by_mode(std::false_type{});
 }
 
 // launch_mode<true> (taylor_attn_fused_sm90.cu, in sm_90a builds only).

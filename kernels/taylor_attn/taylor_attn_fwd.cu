@@ -17,8 +17,9 @@
 //   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 // With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
-// and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 without
-// bounds runs the fused kernel of taylor_attn_fused.cuh instead of these three launches.
+// and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 runs the
+// fused kernel of taylor_attn_fused.cuh instead of these three launches (unless
+// LINAC_TAYLOR_KERNELS=chunk).
 #include <algorithm>
 #include <type_traits>
 
@@ -297,9 +298,8 @@ void check_rows16(const Tensor& x, const TaylorAttnLayout::Strides& s, const cha
 }
 
 int group_size(const Ctx& ctx, const TaylorAttnLayout& L, DType act) {
-  // The launches' need: what the call with document bounds takes.
   return balanced_group(ctx, L,
-                        [&](int64_t P) { return taylor_attn_workspace_bytes(1, L.T, P, L.F, L.Dv, act, true); });
+                        [&](int64_t P) { return taylor_attn_launches_workspace_bytes(1, L.T, P, L.F, L.Dv, act); });
 }
 
 int balanced_group(const Ctx& ctx, const TaylorAttnLayout& L, const std::function<size_t(int64_t)>& bytes) {

@@ -7,6 +7,8 @@
 // phi(X^)^T is built straight into mma A fragments (feature order: taylor_attn_common.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "taylor_attn/taylor_attn_common.cuh"
 
 namespace linac::taylor_cuda {
@@ -27,28 +29,39 @@ __device__ __forceinline__ float scaled(bf16_t x) { return 0.5f * linac::cuda::t
 // phi_of's value without the two scalings.
 constexpr float kQuadScale = 0.25f * kRsqrt2;
 
+// Every row of a chunk enters the state (the stream, and a chunk in which no document starts).
+struct AllRows {
+  __device__ __forceinline__ bool operator()(int) const { return true; }
+};
+
 // A k-step per 16 tokens: the lane holds tokens tb, tb + 1, tb + 8, tb + 9 of feature rows g and
 // g + 8 of each of its two blocks. ntv = DvP / 8 value n-tiles are summed (those past it untouched
 // but for the pair that straddles it, whose columns past DvP read Y's zero padding). kQuad: the
 // warp's blocks are all quadratic (fb0 + NB <= kF): no selects, no scalings (NOTES.md: these
-// instructions, not the tensor pipe, bound the state warps and the totals kernel).
-template <bool kQuad, int NB, int NT>
+// instructions, not the tensor pipe, bound the state warps and the totals kernel). keep(token):
+// whether the chunk's row enters; the others' phi is zero (AllRows folds away).
+template <bool kQuad, int NB, int NT, class Keep>
 __device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                   int ldy, int fb0, int ntv) {
+                                                   int ldy, int fb0, int ntv, Keep keep) {
   using linac::cuda::pack_bf16;
   using linac::cuda::to_float;
   const Frag f;
   const bool first = f.g == 0;
-  auto phi = [&](int fb, float xf, float xj, bool first_row) {
-    return kQuad ? xf * xj * kQuadScale : phi_of(fb, xf, xj, first_row);
+  constexpr bool kAll = std::is_same_v<Keep, AllRows>;
+  auto phi = [&](int fb, float xf, float xj, bool first_row, bool in) {
+    const float p = kQuad ? xf * xj * kQuadScale : phi_of(fb, xf, xj, first_row);
+    if constexpr (kAll) return p;
+    return in ? p : 0.f;
   };
   auto load = [](bf16_t x) { return kQuad ? to_float(x) : scaled(x); };
 #pragma unroll
   for (int kstep = 0; kstep < kC / 16; ++kstep) {
     const int tb = 16 * kstep + 2 * f.q;
     float xg[4], xg8[4], xf[NB][4];
+    bool in[4] = {true, true, true, true};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
+      if constexpr (!kAll) in[i] = keep(tb + (i & 1) + 8 * (i >> 1));
       const bf16_t* row = Xs + (tb + (i & 1) + 8 * (i >> 1)) * ldx;
       xg[i] = load(row[f.g]);
       xg8[i] = load(row[f.g + 8]);
@@ -59,10 +72,10 @@ __device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const 
 #pragma unroll
     for (int bl = 0; bl < NB; ++bl) {
       const int fb = fb0 + bl;
-      A[bl][0] = pack_bf16(phi(fb, xf[bl][0], xg[0], first), phi(fb, xf[bl][1], xg[1], first));
-      A[bl][1] = pack_bf16(phi(fb, xf[bl][0], xg8[0], false), phi(fb, xf[bl][1], xg8[1], false));
-      A[bl][2] = pack_bf16(phi(fb, xf[bl][2], xg[2], first), phi(fb, xf[bl][3], xg[3], first));
-      A[bl][3] = pack_bf16(phi(fb, xf[bl][2], xg8[2], false), phi(fb, xf[bl][3], xg8[3], false));
+      A[bl][0] = pack_bf16(phi(fb, xf[bl][0], xg[0], first, in[0]), phi(fb, xf[bl][1], xg[1], first, in[1]));
+      A[bl][1] = pack_bf16(phi(fb, xf[bl][0], xg8[0], false, in[0]), phi(fb, xf[bl][1], xg8[1], false, in[1]));
+      A[bl][2] = pack_bf16(phi(fb, xf[bl][2], xg[2], first, in[2]), phi(fb, xf[bl][3], xg[3], first, in[3]));
+      A[bl][3] = pack_bf16(phi(fb, xf[bl][2], xg8[2], false, in[2]), phi(fb, xf[bl][3], xg8[3], false, in[3]));
     }
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
@@ -78,13 +91,33 @@ __device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const 
   }
 }
 
-template <int NB, int NT>
+template <int NB, int NT, class Keep = AllRows>
 __device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                int ldy, int fb0, int ntv) {
+                                                int ldy, int fb0, int ntv, Keep keep = {}) {
   if (fb0 + NB <= kF)  // warp-uniform
-    state_add_chunk_as<true>(S, Xs, ldx, Ys, ldy, fb0, ntv);
+    state_add_chunk_as<true>(S, Xs, ldx, Ys, ldy, fb0, ntv, keep);
   else
-    state_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, fb0, ntv);
+    state_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, fb0, ntv, keep);
+}
+
+// The chunk update with document bounds (taylor_attn.h): at a chunk in which a document starts the
+// state restarts, and only the rows the next state holds enter it: forward the keys of the chunk's
+// last document, reverse (kRev) the queries whose document started before the chunk. starts: the
+// chunk's document starts (tokens [t0, t0 + rows)). The rows are the scan kernel's, so the sums
+// are its bits.
+template <bool kRev, int NB, int NT>
+__device__ __forceinline__ void state_add_chunk_docs(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx,
+                                                     const bf16_t* Ys, int ldy, int fb0, int ntv, const int* starts,
+                                                     int t0, int rows) {
+  const int last = starts[rows - 1];
+  if (last < t0) return state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv);  // no start in the chunk (CTA-uniform)
+#pragma unroll
+  for (int bl = 0; bl < NB; ++bl)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[bl][nt][e] = 0.f;
+  state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv, [&](int tok) { return kRev ? starts[tok] < t0 : t0 + tok >= last; });
 }
 
 // fn(element, state row, state column) over a state warp's accumulator elements within DvP.

@@ -1,4 +1,4 @@
-// Segment totals for the fused Taylor kernels (bf16, Dv <= 64, no documents): with several scan
+// Segment totals for the fused Taylor kernels (bf16, Dv <= 64): with several scan
 // segments, each segment's sum of the chunk updates,
 //   total[seg] = sum over the chunks of seg of phi(X^)^T Y      (X, Y = k^, v~; reverse: q^, g~),
 // into carry [P, nseg, kRows, DvP] f32, which the carry kernel turns into the segments' starting
@@ -9,7 +9,11 @@
 // feature blocks each (one CTA an SM: 128 registers), or, when the CTAs would run a second,
 // mostly empty wave that way, the feature blocks split over two CTAs of nine one-block warps
 // (three CTAs an SM at 72 registers). Both deliver about the same totals per SM and second on an
-// H200 (NOTES.md), so the split shape only pays where it ends the pass in one wave.
+// H200 (NOTES.md), so the split shape only pays where it ends the pass in one wave. Documents
+// (kDocs): the chunk's starts come with its rows, and a total restarts at a chunk in which a
+// document starts (state_add_chunk_docs, as the fused state warps and the scan kernel).
+#include <type_traits>
+
 #include "taylor_attn/taylor_attn_state.cuh"
 
 namespace linac::taylor_cuda {
@@ -17,23 +21,27 @@ namespace {
 
 constexpr int kWarps = kBlocks / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
 
+template <bool kDocs>
 struct TotalsSmem {
   static constexpr int ldx = ld_of<bf16_t>(kF), ldy = ld_of<bf16_t>(8 * kNT);
-  static constexpr int y = kC * ldx * 2, stage = y + kC * ldy * 2, bytes = kStages * stage;
+  static constexpr int y = kC * ldx * 2, st = y + kC * ldy * 2, stage = st + (kDocs ? kC * 4 : 0);
+  static constexpr int bytes = kStages * stage;
 };
 
 // x: k (forward) or q (reverse), strided; y: v (forward, strided; v~'s "1" column added here) or
 // g~ (reverse, the chunk-major workspace of the group, rows past T zero). kNB: feature blocks per
 // warp (2: blockIdx.z = 0 holds all 18; 1: blockIdx.z picks the first or last 9).
-template <bool kRev, int kNB>
+template <bool kRev, int kNB, bool kDocs>
 __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
     totals_kernel(Args a, const bf16_t* __restrict__ x, const bf16_t* __restrict__ y, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
-  using L = TotalsSmem;
+  using L = TotalsSmem<kDocs>;
   const int pl = blockIdx.x, seg = blockIdx.y + (kRev ? a.nseg - static_cast<int>(gridDim.y) : 0);
   const int pair = a.p0 + pl, b = pair / a.H, h = pair % a.H, tid = threadIdx.x, warp = tid >> 5;
   const int Dv = a.Dv, DvP = a.DvP, ntv = DvP / 8, c0 = seg * kSegChunks, N = min(kSegChunks, a.N - c0);
   auto tile = [&](int s, int off) { return reinterpret_cast<bf16_t*>(smem + s * L::stage + off); };
+  auto starts = [&](int s) { return reinterpret_cast<int*>(smem + s * L::stage + L::st); };
+  const int32_t* row_start = kDocs ? a.doc_start + static_cast<int64_t>(b) * a.T : nullptr;
 
   // Y's columns past its data stay zero in every stage (v~: Dv + 1 on; Dv is issue()'s, see the
   // fused kernel; g~: DvP on).
@@ -41,12 +49,12 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
   for (int idx = tid; idx < kStages * kC * pad; idx += kThreads)
     tile(idx / (kC * pad), L::y)[(idx / pad) % kC * L::ldy + first_pad + idx % pad] = bf16_t(0.f);
   // Chunk `step` of the segment (in scan order) into stage step % kStages; rows past T read as zero.
-  // The pieces as in the fused kernel's issue(): X rows of 2, then Y rows of kNT (those past the
-  // row's data skipped), spans of whole warps.
+  // The pieces as in the fused kernel's issue(): X rows of 2, Y rows of kNT (those past the row's
+  // data skipped), then (kDocs) the starts, spans of whole warps.
   auto issue = [&](int step) {
     if (step < N) {
-      constexpr int kXEnd = 2 * kC, kEnd = kXEnd + kNT * kC;
-      static_assert(kXEnd % 32 == 0, "spans of whole warps");
+      constexpr int kXEnd = 2 * kC, kYEnd = kXEnd + kNT * kC, kEnd = kYEnd + (kDocs ? kC : 0);
+      static_assert(kXEnd % 32 == 0 && kYEnd % 32 == 0, "spans of whole warps");
       const int s = step % kStages, ny = (kRev ? DvP : Dv) / 8;
       const int64_t t0 = static_cast<int64_t>(c0 + (kRev ? N - 1 - step : step)) * kC;
       const int rows = static_cast<int>(min(static_cast<int64_t>(kC), a.T - t0));
@@ -59,10 +67,13 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
           const int r = idx >> 1, c = 8 * (idx & 1);
           const bool ok = r < rows;
           cp_async16(tile(s, 0) + r * L::ldx + c, ok ? xr + r * xs.t + c : xr, ok);
-        } else {
+        } else if (idx < kYEnd) {
           const int i = idx - kXEnd, r = i / kNT, c = 8 * (i % kNT);
           const bool ok = kRev || r < rows;
           if (c < 8 * ny) cp_async16(tile(s, L::y) + r * L::ldy + c, ok ? yr + r * yt + c : yr, ok);
+        } else if constexpr (kDocs) {
+          const int r = idx - kYEnd;
+          sm80::cp_async_ca<4>(starts(s) + r, row_start + t0 + min(r, rows - 1));
         }
       }
       if (!kRev && tid < kC) tile(s, L::y)[tid * L::ldy + Dv] = bf16_t(tid < rows ? 1.f : 0.f);
@@ -77,7 +88,14 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
     cp_async_wait<kStages - 2>();
     __syncthreads();  // the step's tiles are in; every warp is done with the stage issue() refills
     issue(step + kStages - 1);
-    state_add_chunk(S, tile(step % kStages, 0), L::ldx, tile(step % kStages, L::y), L::ldy, fb0, ntv);
+    const int s = step % kStages;
+    if constexpr (kDocs) {
+      const int t0 = (c0 + (kRev ? N - 1 - step : step)) * kC;
+      state_add_chunk_docs<kRev>(S, tile(s, 0), L::ldx, tile(s, L::y), L::ldy, fb0, ntv, starts(s), t0,
+                                 min(kC, a.T - t0));
+    } else {
+      state_add_chunk(S, tile(s, 0), L::ldx, tile(s, L::y), L::ldy, fb0, ntv);
+    }
   }
   float* total = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
   each_state_element(S, fb0, ntv, [&](float& v, int r, int c) { total[r * DvP + c] = v; });
@@ -88,20 +106,29 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
 void launch_totals(const Ctx& ctx, const Args& a, int P, bool reverse, const bf16_t* x, const bf16_t* y, float* carry,
                    bool all) {
   const int segs = all && !reverse ? a.nseg : a.nseg - 1, ctas = P * segs, sms = gpu_sm_count();
-  auto whole = reverse ? totals_kernel<true, 2> : totals_kernel<false, 2>;
-  auto split = reverse ? totals_kernel<true, 1> : totals_kernel<false, 1>;
-  static const int per_sm = [&] {
-    int n = 0;
-    LINAC_CUDA_CHECK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, TotalsSmem::bytes));
-    LINAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split, kThreads, TotalsSmem::bytes));
-    return n;
-  }();
-  const bool halves = ctas > sms && 2 * ctas <= per_sm * sms;
-  auto kernel = halves ? split : whole;
-  LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TotalsSmem::bytes));
-  const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(segs), halves ? 2 : 1);
-  kernel<<<grid, kThreads, TotalsSmem::bytes, cuda::stream_of(ctx)>>>(a, x, y, carry);
-  LINAC_CUDA_LAUNCH_CHECK();
+  auto go = [&](auto docs) {
+    constexpr bool D = decltype(docs)::value;
+    constexpr int bytes = TotalsSmem<D>::bytes;
+    auto whole = reverse ? totals_kernel<true, 2, D> : totals_kernel<false, 2, D>;
+    auto split = reverse ? totals_kernel<true, 1, D> : totals_kernel<false, 1, D>;
+    // The split CTAs an SM holds (found once: the forward and reverse instances hold as many).
+    static const int per_sm = [&] {
+      int n = 0;
+      LINAC_CUDA_CHECK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      LINAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split, kThreads, bytes));
+      return n;
+    }();
+    const bool halves = ctas > sms && 2 * ctas <= per_sm * sms;
+    auto kernel = halves ? split : whole;
+    LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(segs), halves ? 2 : 1);
+    kernel<<<grid, kThreads, bytes, cuda::stream_of(ctx)>>>(a, x, y, carry);
+    LINAC_CUDA_LAUNCH_CHECK();
+  };
+  if (a.doc_start)
+    go(std::true_type{});
+  else
+    go(std::false_type{});
 }
 
 }  // namespace linac::taylor_cuda

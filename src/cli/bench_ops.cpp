@@ -208,7 +208,7 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
     opts.docs = {bounds->data<int32_t>(), bounds->data<int32_t>() + B * T};
   }
   // The forward keeps its segment carries for the backward, as the Based layer has it.
-  const size_t carries = taylor_attn_saved_carries_bytes(B, T, H, F, Dv, dt, opts.docs.defined());
+  const size_t carries = taylor_attn_saved_carries_bytes(B, T, H, F, Dv, dt);
   OwnedTensor saved(DType::F32, Device::CUDA, {static_cast<int64_t>(carries / sizeof(float))});
   if (carries > 0) opts.saved_carries = saved;
   OpTiming r{T, B, 0, 0, 0, 0};
@@ -318,12 +318,14 @@ int bench_op(Args& args, const std::string& name) {
                    : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
                                : bench_attention(g.ctx(), T, tokens, H, Hk, D, dt, window, doc_len, iters));
   const std::string gpu = gpu_info().name;
+  // What the Taylor op ran: the fused kernels' family, or the launches outside the fused cases.
+  const std::string taylor_kernels = taylor && taylor_attn_fused_case(dt, D) ? taylor_attn_gpu_kernels() : "chunk";
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
     if (vq) j["codes"] = codes, j["block"] = block;
     if (conv) j["channels"] = C, j["width"] = W;
-    if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_attn_gpu_kernels(), j["doc_len"] = doc_len;
+    if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_kernels, j["doc_len"] = doc_len;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
     if (name == "attention") j["kernels"] = attention_gpu_kernels(D), j["window"] = window, j["doc_len"] = doc_len;
     if (name == "attention" || decode) j["kv_heads"] = Hk;
@@ -347,7 +349,7 @@ int bench_op(Args& args, const std::string& name) {
                  ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
       : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
       : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D) + ", " +
-                     taylor_attn_gpu_kernels() + " kernels"
+                     taylor_kernels + " kernels"
       : latte ? "H=" + std::to_string(H) + ", L=" + std::to_string(latents) + ", Dv=" + std::to_string(D) +
                     (macchiato ? ", Macchiato" : "")
       : name == "attention"

@@ -243,7 +243,7 @@ TEST(TaylorAttnCpu, LargeScoresStayFinite) {
 }
 
 // TaylorAttnOpts::saved_carries: its size is the f32 carries of the calls that keep them (bf16, Dv
-// <= 64, no documents, more than one 2048-token segment) and zero otherwise; the CPU forms ignore
+// <= 64, more than one 2048-token segment) and zero otherwise; the CPU forms ignore
 // it (the same bits with and without); a buffer smaller than a call needs is refused.
 TEST(TaylorAttnCpu, SavedCarries) {
   const int64_t R = 16 * 16 + 2 * 16;  // the GPU's padded feature rows
@@ -252,7 +252,6 @@ TEST(TaylorAttnCpu, SavedCarries) {
   EXPECT_EQ(taylor_attn_saved_carries_bytes(2, 2048, 3, 16, 64), 0u);                     // one segment
   EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 64, DType::F32), 0u);         // not the fused kernels
   EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 80), 0u);                     // Dv > 64
-  EXPECT_EQ(taylor_attn_saved_carries_bytes(1, 8192, 2, 16, 64, DType::BF16, true), 0u);  // documents
 
   Problem p(1, 70, 2, 16, 8);
   const auto plain = p.forward(opts_of(64), TaylorAttnForm::Chunk);
@@ -284,6 +283,40 @@ TEST(TaylorAttnCpu, SavedCarries) {
   const std::string full = refusal(need);
   EXPECT_FALSE(full.empty());
   EXPECT_EQ(full.find("saved_carries"), std::string::npos) << full;
+}
+
+// The GPU workspace: the fused cases (bf16, Dv <= 64, documents or not) keep g~ and the segment
+// carries, far less than the launches' per-chunk states; the other calls need the launches'.
+TEST(TaylorAttnCpu, WorkspaceByKernels) {
+  const int64_t T = 4100, R = 16 * 16 + 2 * 16, N = 65;  // 65 chunks, three segments
+  const size_t g = static_cast<size_t>(N * 64 * 80 * 2), carries = static_cast<size_t>(3 * R * 80 * 4);
+  EXPECT_EQ(taylor_attn_workspace_bytes(1, T, 1, 16, 64), (g + 255) / 256 * 256 + carries);
+  const size_t launches = taylor_attn_launches_workspace_bytes(1, T, 1, 16, 64);
+  EXPECT_GT(launches, static_cast<size_t>(N * R * 80 * 2));  // the per-chunk states alone
+  EXPECT_EQ(taylor_attn_workspace_bytes(1, T, 1, 16, 64, DType::F32),
+            taylor_attn_launches_workspace_bytes(1, T, 1, 16, 64, DType::F32));
+  EXPECT_EQ(taylor_attn_workspace_bytes(2, T, 3, 16, 80), taylor_attn_launches_workspace_bytes(2, T, 3, 16, 80));
+}
+
+// LINAC_TAYLOR_KERNELS: sm80 and chunk are taken as asked (the GPU tests run each family so), any
+// other value but auto is a UserError that names the variable.
+TEST(TaylorAttnCpu, KernelChoice) {
+  {
+    const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", "chunk");
+    EXPECT_STREQ(taylor_attn_gpu_kernels(), "chunk");
+  }
+  {
+    const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", "sm80");
+    EXPECT_STREQ(taylor_attn_gpu_kernels(), "sm80");
+  }
+  const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", "wgmma");
+  try {
+    taylor_attn_gpu_kernels();
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("LINAC_TAYLOR_KERNELS must be auto, sm80 or chunk"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -5,9 +5,11 @@
 // spanning chunks, a row that is one document; T = 4500 spans three scan segments of 32 chunks:
 // a document starting exactly at a segment's first token, a segment without any start (its carry
 // passes through), starts in a segment's last chunk. Pair groups (a small workspace) give the
-// same bits. The bounds must change the result.
+// same bits. The bounds must change the result. The bf16 checks run through each kernel family
+// (taylor_attn_families.h): the fused kernels' document instances and the launches.
 
 #include "taylor_attn/taylor_attn.h"
+#include "taylor_attn_families.h"
 #include "test_util.h"
 
 namespace linac::test_taylor_attn_docs_gpu {
@@ -63,8 +65,11 @@ struct Inputs {
   OwnedTensor bounds, bounds_g, qkv, dout;
   int64_t B, T, W;
   Inputs(const Case& c, uint64_t seed)
-      : bounds(test::doc_bounds_of(c.layouts)), bounds_g(to(bounds, Device::CUDA, DType::I32)), B(bounds->size(1)),
-        T(bounds->size(2)), W((c.H * (2 * kF + c.Dv) + 7) / 8 * 8 + 8) {
+      : bounds(test::doc_bounds_of(c.layouts)),
+        bounds_g(to(bounds, Device::CUDA, DType::I32)),
+        B(bounds->size(1)),
+        T(bounds->size(2)),
+        W((c.H * (2 * kF + c.Dv) + 7) / 8 * 8 + 8) {
     qkv = test::random_tensor({B, T, W}, DType::F64, seed, -1.5, 1.5);
     dout = test::random_tensor({B, T, c.H, c.Dv}, DType::F64, seed + 1);
   }
@@ -72,27 +77,29 @@ struct Inputs {
 
 void run_parity(DType act, double tol_o, double tol_grad) {
   GpuContext gctx;
-  for (const Case& c : kCases) {
-    SCOPED_TRACE(name(c));
-    const Inputs in(c, 1);
-    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
-    const Result gr = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
-    const OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
-    const Result cr = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, test::doc_view(in.bounds));
-    const int64_t HK = c.H * kF, HV = c.H * c.Dv;
-    auto cols = [&](const Result& r, int64_t c0, int64_t n) { return test::columns(r.dqkv, c0, n); };
-    EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
-    EXPECT_LT(test::rel_error(gr.den, cr.den), tol_o) << "den";
-    EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol_o) << "final state";
-    EXPECT_LT(test::rel_error(cols(gr, 0, HK), cols(cr, 0, HK)), tol_grad) << "dq";
-    EXPECT_LT(test::rel_error(cols(gr, HK, HK), cols(cr, HK, HK)), tol_grad) << "dk";
-    EXPECT_LT(test::rel_error(cols(gr, 2 * HK, HV), cols(cr, 2 * HK, HV)), tol_grad) << "dv";
-    // The bounds matter, by far more than the tolerances.
-    const Result stream = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, DocBounds{});
-    EXPECT_GT(test::rel_error(stream.o, cr.o), 5 * tol_o) << "o without bounds";
-    EXPECT_GT(test::rel_error(stream.sf, cr.sf), 5 * tol_o) << "final state without bounds";
-    EXPECT_GT(test::rel_error(cols(stream, HK, HK), cols(cr, HK, HK)), 5 * tol_grad) << "dk without bounds";
-  }
+  for (const char* family : test::taylor_families(act))
+    for (const Case& c : kCases) {
+      const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+      SCOPED_TRACE(name(c) + " LINAC_TAYLOR_KERNELS=" + family);
+      const Inputs in(c, 1);
+      const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+      const Result gr = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+      const OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::F64), dout_r = to(dout_g, Device::CPU, DType::F64);
+      const Result cr = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, test::doc_view(in.bounds));
+      const int64_t HK = c.H * kF, HV = c.H * c.Dv;
+      auto cols = [&](const Result& r, int64_t c0, int64_t n) { return test::columns(r.dqkv, c0, n); };
+      EXPECT_LT(test::rel_error(gr.o, cr.o), tol_o) << "o";
+      EXPECT_LT(test::rel_error(gr.den, cr.den), tol_o) << "den";
+      EXPECT_LT(test::rel_error(gr.sf, cr.sf), tol_o) << "final state";
+      EXPECT_LT(test::rel_error(cols(gr, 0, HK), cols(cr, 0, HK)), tol_grad) << "dq";
+      EXPECT_LT(test::rel_error(cols(gr, HK, HK), cols(cr, HK, HK)), tol_grad) << "dk";
+      EXPECT_LT(test::rel_error(cols(gr, 2 * HK, HV), cols(cr, 2 * HK, HV)), tol_grad) << "dv";
+      // The bounds matter, by far more than the tolerances.
+      const Result stream = run(Ctx{}, c, qkv_r, dout_r, DType::F64, DType::F64, DocBounds{});
+      EXPECT_GT(test::rel_error(stream.o, cr.o), 5 * tol_o) << "o without bounds";
+      EXPECT_GT(test::rel_error(stream.sf, cr.sf), 5 * tol_o) << "final state without bounds";
+      EXPECT_GT(test::rel_error(cols(stream, HK, HK), cols(cr, HK, HK)), 5 * tol_grad) << "dk without bounds";
+    }
 }
 
 TEST(TaylorAttnDocsGpu, ParityF32) {
@@ -112,34 +119,31 @@ TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
   GpuContext gctx;
   const Case c{3, 64, {{1, 63, 64, 5, 67, 2100}, {2300}, {2047, 1, 1, 251}}};
   const Inputs in(c, 5);
-  for (DType act : {DType::BF16, DType::F32}) {
-    SCOPED_TRACE(dtype_name(act));
-    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
-    const Result r1 = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
-    Ctx small = gctx.ctx();
-    small.workspace_bytes = taylor_attn_workspace_bytes(1, in.T, 3, kF, c.Dv, act, true);
-    const Result r2 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
-    EXPECT_TRUE(test::same_bits(r1.o, r2.o));
-    EXPECT_TRUE(test::same_bits(r1.den, r2.den));
-    EXPECT_TRUE(test::same_bits(r1.sf, r2.sf));
-    EXPECT_TRUE(test::same_bits(r1.dqkv, r2.dqkv));
-  }
+  for (DType act : {DType::BF16, DType::F32})
+    for (const char* family : test::taylor_families(act)) {
+      const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+      SCOPED_TRACE(std::string(dtype_name(act)) + " LINAC_TAYLOR_KERNELS=" + family);
+      const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
+      const Result r1 = run(gctx.ctx(), c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+      Ctx small = gctx.ctx();
+      small.workspace_bytes = test::taylor_family_workspace(family, in.T, 3, kF, c.Dv, act);
+      const Result r2 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
+      EXPECT_TRUE(test::same_bits(r1.o, r2.o));
+      EXPECT_TRUE(test::same_bits(r1.den, r2.den));
+      EXPECT_TRUE(test::same_bits(r1.sf, r2.sf));
+      EXPECT_TRUE(test::same_bits(r1.dqkv, r2.dqkv));
+    }
 }
 
-// One document per row is the stream. Without bounds the bf16 forward and backward at Dv <= 64 are
-// the fused kernels (taylor_attn_fused.cuh); with them they are the prep + scan + chunk launches.
-// The fused kernels' mma.sync walks (LINAC_TAYLOR_KERNELS=sm80) sum in the launches' order, so with
-// one scan segment (T <= 2048) o, den, the final state and the gradients are the same bits; with
-// more the carries enter in another order, and the wgmma walks (a Hopper GPU's default) round
-// their own way, so these agree to rounding.
+// One document per row is the stream, bit for bit, in every kernel family and at any length: the
+// only restart is at the first chunk, whose state is zero anyway, every row enters the states, and
+// the row weights and masks multiply by one.
 TEST(TaylorAttnDocsGpu, OneDocumentIsTheStream) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   const Case cases[] = {
       {2, 64, {{1000}, {1000}}}, {3, 48, {{2048}}}, {1, 16, {{130}, {130}, {130}}}, {2, 64, {{2500}, {2500}}}};
-  std::vector<const char*> families{"sm80"};
-  if (std::string(taylor_attn_gpu_kernels()) == "sm90") families.push_back("auto");
-  for (const char* family : families)
+  for (const char* family : test::taylor_families(DType::BF16))
     for (const Case& c : cases) {
       const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
       SCOPED_TRACE(name(c) + " LINAC_TAYLOR_KERNELS=" + family);
@@ -147,23 +151,51 @@ TEST(TaylorAttnDocsGpu, OneDocumentIsTheStream) {
       const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, DType::BF16), dout_g = to(in.dout, Device::CUDA, DType::BF16);
       const Result docs = run(gctx.ctx(), c, qkv_g, dout_g, DType::BF16, DType::F32, test::doc_view(in.bounds_g));
       const Result stream = run(gctx.ctx(), c, qkv_g, dout_g, DType::BF16, DType::F32, DocBounds{});
-      const bool same_order = in.T <= 2048 && std::string(family) == "sm80";
-      if (same_order) {
-        EXPECT_TRUE(test::same_bits(docs.o, stream.o)) << "o";
-        EXPECT_TRUE(test::same_bits(docs.den, stream.den)) << "den";
-        EXPECT_TRUE(test::same_bits(docs.sf, stream.sf)) << "final state";
-      } else {
-        EXPECT_LT(test::rel_error(docs.o, stream.o), 1e-2) << "o";
-        EXPECT_LT(test::rel_error(docs.den, stream.den), 1e-2) << "den";
-        EXPECT_LT(test::rel_error(docs.sf, stream.sf), 1e-5) << "final state";
-      }
+      EXPECT_TRUE(test::same_bits(docs.o, stream.o)) << "o";
+      EXPECT_TRUE(test::same_bits(docs.den, stream.den)) << "den";
+      EXPECT_TRUE(test::same_bits(docs.sf, stream.sf)) << "final state";
       const int64_t n = c.H * (2 * kF + c.Dv);  // the q|k|v columns (the pad stays poisoned)
-      const std::vector<double> gd = test::columns(docs.dqkv, 0, n), gs = test::columns(stream.dqkv, 0, n);
-      if (same_order)
-        EXPECT_TRUE(gd == gs) << "dq, dk, dv";  // bf16 values, exact in double
-      else
-        EXPECT_LT(test::rel_error(gd, gs), 2e-2) << "dq, dk, dv";
+      EXPECT_TRUE(test::columns(docs.dqkv, 0, n) == test::columns(stream.dqkv, 0, n)) << "dq, dk, dv";
     }
+}
+
+// The fused kernels' document instances against the launches, many documents: the mma.sync walks
+// (LINAC_TAYLOR_KERNELS=sm80) sum in the launches' order and mask the same way, so at one scan
+// segment (T <= 2048) every output is the same bits; with more segments the carries enter in
+// another order, and the wgmma walks round their own way: those agree to rounding.
+TEST(TaylorAttnDocsGpu, FusedKernelsAreTheLaunches) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case cases[] = {
+      kCases[0], kCases[1], kCases[3], {3, 64, {{1, 63, 64, 5, 67, 2100}, {2300}, {2047, 1, 1, 251}}}};
+  for (const Case& c : cases) {
+    const Inputs in(c, 13);
+    const OwnedTensor qkv_g = to(in.qkv, Device::CUDA, DType::BF16), dout_g = to(in.dout, Device::CUDA, DType::BF16);
+    auto run_family = [&](const char* family) {
+      const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
+      return run(gctx.ctx(), c, qkv_g, dout_g, DType::BF16, DType::F32, test::doc_view(in.bounds_g));
+    };
+    const Result launches = run_family("chunk");
+    const int64_t n = c.H * (2 * kF + c.Dv);
+    const std::vector<double> gl = test::columns(launches.dqkv, 0, n);
+    for (const char* family : test::taylor_families(DType::BF16)) {
+      if (std::string(family) == "chunk") continue;
+      SCOPED_TRACE(name(c) + " LINAC_TAYLOR_KERNELS=" + family);
+      const Result fused = run_family(family);
+      const std::vector<double> gf = test::columns(fused.dqkv, 0, n);
+      if (in.T <= 2048 && std::string(family) == "sm80") {
+        EXPECT_TRUE(test::same_bits(fused.o, launches.o)) << "o";
+        EXPECT_TRUE(test::same_bits(fused.den, launches.den)) << "den";
+        EXPECT_TRUE(test::same_bits(fused.sf, launches.sf)) << "final state";
+        EXPECT_TRUE(gf == gl) << "dq, dk, dv";
+      } else {
+        EXPECT_LT(test::rel_error(fused.o, launches.o), 1e-2) << "o";
+        EXPECT_LT(test::rel_error(fused.den, launches.den), 1e-2) << "den";
+        EXPECT_LT(test::rel_error(fused.sf, launches.sf), 1e-5) << "final state";
+        EXPECT_LT(test::rel_error(gf, gl), 2e-2) << "dq, dk, dv";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,13 +2,14 @@
 // bf16: forward (o, den, final state) and backward (dq, dk, dv), with q/k/v and dq/dk/dv as
 // strided views of fused buffers; Dv 16/32/48/64/112/128, ragged chunks, one token, a long
 // sequence; bitwise determinism of reruns and of pair groups under a small workspace; the
-// decode step. The bf16 checks run through each family of the fused kernels this GPU has (on a
-// Hopper GPU the wgmma walks, then the mma.sync ones by LINAC_TAYLOR_KERNELS=sm80).
+// decode step. The bf16 checks run through each kernel family this GPU has (on a Hopper GPU the
+// fused kernels' wgmma walks, then their mma.sync ones, then the launches: taylor_attn_families.h).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "taylor_attn/taylor_attn.h"
+#include "taylor_attn_families.h"
 #include "test_util.h"
 
 namespace linac::test_taylor_attn_gpu {
@@ -45,14 +46,6 @@ struct Result {
   OwnedTensor o, den, sf, dqkv;
 };
 
-// LINAC_TAYLOR_KERNELS values that pick each fused kernel family of this GPU ("auto" first where
-// it means the wgmma walks); f32 calls have one family.
-std::vector<const char*> families(DType act) {
-  std::vector<const char*> f{"sm80"};
-  if (act == DType::BF16 && std::string(taylor_attn_gpu_kernels()) == "sm90") f.insert(f.begin(), "auto");
-  return f;
-}
-
 // Forward + backward on ctx's device with activations of dtype `act` (den and state in `stat`);
 // without final_state the forward is asked for no final state (sf stays poisoned).
 Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& dout, DType act, DType stat,
@@ -78,7 +71,7 @@ struct Tols {
 
 void run_parity(DType act, const Tols& tol) {
   GpuContext gctx;
-  for (const char* family : families(act))
+  for (const char* family : test::taylor_families(act))
     for (const Case& c : kCases) {
       const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
       SCOPED_TRACE(name(c) + " LINAC_TAYLOR_KERNELS=" + family);
@@ -122,7 +115,7 @@ TEST(TaylorAttnGpu, LongSequence) {
   const Case c{1, 4100, 2, 64};
   Inputs in(c, 7);
   for (DType act : {DType::BF16, DType::F32})
-    for (const char* family : families(act)) {
+    for (const char* family : test::taylor_families(act)) {
       const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
       SCOPED_TRACE(std::string(dtype_name(act)) + " LINAC_TAYLOR_KERNELS=" + family);
       OwnedTensor qkv_g = to(in.qkv, Device::CUDA, act), dout_g = to(in.dout, Device::CUDA, act);
@@ -148,7 +141,7 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
   GpuContext gctx;
   for (const Case c : {Case{5, 300, 2, 64}, Case{2, 2100, 2, 64}}) {
     for (DType act : {DType::BF16, DType::F32})
-      for (const char* family : families(act)) {
+      for (const char* family : test::taylor_families(act)) {
         const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
         SCOPED_TRACE(std::string(dtype_name(act)) + " T=" + std::to_string(c.T) + " LINAC_TAYLOR_KERNELS=" + family);
         Inputs in(c, 11);
@@ -156,7 +149,7 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
         Result r1 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
         Result r2 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32);
         Ctx small = gctx.ctx();
-        small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 3, kF, c.Dv, act);
+        small.workspace_bytes = test::taylor_family_workspace(family, c.T, 3, kF, c.Dv, act);
         Result r3 = run(small, in, qkv_g, dout_g, act, DType::F32);
         Result r4 = run(gctx.ctx(), in, qkv_g, dout_g, act, DType::F32, false);
         const size_t carries = taylor_attn_saved_carries_bytes(c.B, c.T, c.H, kF, c.Dv, act);
@@ -170,7 +163,7 @@ TEST(TaylorAttnGpu, DeterministicAndGrouped) {
           if (r != &r4) EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
           EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
         }
-        small.workspace_bytes = taylor_attn_workspace_bytes(1, c.T, 1, kF, c.Dv, act) / 2;
+        small.workspace_bytes = test::taylor_family_workspace(family, c.T, 1, kF, c.Dv, act) / 2;
         EXPECT_THROW(run(small, in, qkv_g, dout_g, act, DType::F32), UserError);
       }
   }

@@ -89,9 +89,9 @@ TaylorAttnOpts TaylorMixer::attn_opts(int64_t B, int64_t T) const {
   ao.chunk = opt_.chunk;
   ao.eps = opt_.eps;
   ao.docs = env_.docs;
-  // The same B, T and documents in a step's forward and backward: both use the saved carries, or
-  // neither (a call larger than reserve()'s in carries, or one with documents, keeps none).
-  const size_t bytes = taylor_attn_saved_carries_bytes(B, T, H_, F_, Dv_, env_.act, env_.docs.defined());
+  // The same B and T in a step's forward and backward: both use the saved carries, or neither (a
+  // call larger than reserve()'s in carries keeps none).
+  const size_t bytes = taylor_attn_saved_carries_bytes(B, T, H_, F_, Dv_, env_.act);
   if (bytes > 0 && bytes <= carries_buf_.bytes())
     ao.saved_carries = carries_buf_.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))});
   return ao;
