@@ -411,8 +411,8 @@ if [ "$what" = sanitize ]; then
 fi
 if [ "$what" = docs ]; then
   # Issue 47: document packing. Its GPU tests, then the attention and Taylor ops and tokens/s of
-  # Transformer++ 125M, GLA 340M and Based 360M in stream and document mode (mean document
-  # lengths 256 and 2048) at T = 2048 and 8192, then stream vs document training on Brown
+  # the six architectures' configs in stream and document mode (mean document lengths 256 and
+  # 2048) at T = 2048 and 8192, then stream vs document training on Brown
   # (scripts/doc_packing_brown.sh; needs data/brown_4k.h5).
   t0=$(date +%s)
   ./build-gpu/linac_gpu_tests --gtest_brief=1 --gtest_filter='DocumentsGpu.*:AttentionGpu.*:Rope*:ModelGpu.*' \
@@ -426,7 +426,7 @@ if [ "$what" = docs ]; then
     ./build-gpu/linac bench --op taylor --seq-lens 2048,8192 --tokens 32768 --heads 16 --head-dim 64 \
       ${doc:+--doc-len $doc} 2>&1 | tee -a "$out/docs_bench.txt"
   done
-  for cfg in transformer_125m gla_340m based_360m; do
+  for cfg in transformer_125m gla_340m based_360m transnormer_385m latte_macchiato_153m transformer_vq_190m; do
     for T in 2048 8192; do
       for doc in "" 256 2048; do
         ./build-gpu/linac bench configs/$cfg.json --seq-lens $T --micro-tokens 32768 --tokens-per-step 32768 \
