@@ -8,6 +8,8 @@
 // same bits. The bounds must change the result. The bf16 checks run through each kernel family
 // (taylor_attn_families.h): the fused kernels' document instances and the launches.
 
+#include <algorithm>
+
 #include "taylor_attn/taylor_attn.h"
 #include "taylor_attn_families.h"
 #include "test_util.h"
@@ -44,7 +46,7 @@ struct Result {
 };
 
 Result run(const Ctx& ctx, const Case& c, const Tensor& qkv, const Tensor& dout, DType act, DType stat,
-           const DocBounds& docs) {
+           const DocBounds& docs, const Tensor& saved_carries = Tensor()) {
   const Device dev = ctx.device;
   const int64_t B = qkv.size(0), T = qkv.size(1);
   Result r{OwnedTensor(act, dev, {B, T, c.H, c.Dv}), OwnedTensor(stat, dev, {B, c.H, T}),
@@ -52,6 +54,7 @@ Result run(const Ctx& ctx, const Case& c, const Tensor& qkv, const Tensor& dout,
   for (const Tensor* t : {&r.o.t, &r.den.t, &r.sf.t, &r.dqkv.t}) test::poison(*t);
   TaylorAttnOpts opts;
   opts.docs = docs;
+  opts.saved_carries = saved_carries;
   const Tensor q = test::bthd(qkv, 0, c.H, kF), k = test::bthd(qkv, c.H * kF, c.H, kF),
                v = test::bthd(qkv, 2 * c.H * kF, c.H, c.Dv);
   taylor_attn_fwd(ctx, q, k, v, r.o, r.den, r.sf, opts);
@@ -113,7 +116,8 @@ TEST(TaylorAttnDocsGpu, ParityBf16) {
 }
 
 // Pairs in groups (a workspace of three pairs; the bounds are read per batch row of each pair)
-// give the bits of one group.
+// give the bits of one group, and so does a backward that reads the forward's saved carries
+// (T = 2300: two segments; the buffer poisoned before the forward), as the Based layer runs it.
 TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -128,10 +132,17 @@ TEST(TaylorAttnDocsGpu, GroupedEqualsOneGroup) {
       Ctx small = gctx.ctx();
       small.workspace_bytes = test::taylor_family_workspace(family, in.T, 3, kF, c.Dv, act);
       const Result r2 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g));
-      EXPECT_TRUE(test::same_bits(r1.o, r2.o));
-      EXPECT_TRUE(test::same_bits(r1.den, r2.den));
-      EXPECT_TRUE(test::same_bits(r1.sf, r2.sf));
-      EXPECT_TRUE(test::same_bits(r1.dqkv, r2.dqkv));
+      const size_t carries = taylor_attn_saved_carries_bytes(in.B, in.T, c.H, kF, c.Dv, act);
+      EXPECT_EQ(carries > 0, act == DType::BF16);
+      OwnedTensor saved(DType::F32, Device::CUDA, {std::max<int64_t>(1, carries / sizeof(float))});
+      test::poison(saved);
+      const Result r3 = run(small, c, qkv_g, dout_g, act, DType::F32, test::doc_view(in.bounds_g), saved);
+      for (const Result* r : {&r2, &r3}) {
+        EXPECT_TRUE(test::same_bits(r1.o, r->o));
+        EXPECT_TRUE(test::same_bits(r1.den, r->den));
+        EXPECT_TRUE(test::same_bits(r1.sf, r->sf));
+        EXPECT_TRUE(test::same_bits(r1.dqkv, r->dqkv));
+      }
     }
 }
 
