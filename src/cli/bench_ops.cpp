@@ -226,9 +226,10 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
 // over the window, on average half the present block and all of the previous one, and the S cache
 // entries), backward twice that. The kernels get the scratch they ask for (vq_attn_workspace_bytes)
 // as their context's workspace, and the forward saves its cache and weights for the backward, as
-// the vq_gau mixer has them.
+// the vq_gau mixer has them. doc_len > 0: document packing (VqAttnOpts::docs, random_doc_bounds;
+// no saved cache or weights then, as in the mixer); the FLOPs stay the stream's.
 OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
-                       int64_t Lb, DType dt, int64_t iters) {
+                       int64_t Lb, DType dt, double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
   const Buffer workspace(vq_attn_workspace_bytes(B, T, H, Dk, Dv, S, Lb, dt), Device::CUDA);
   Ctx ctx = model_ctx;
@@ -244,15 +245,22 @@ OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t 
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dkhat(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
   OwnedTensor du(DType::F32, Device::CUDA, {H, Dk}), dvr(DType::F32, Device::CUDA, {H, Dk});
   OwnedTensor drho(DType::F32, Device::CUDA, {H, Lb + 1, Dk});
-  const Buffer saved_cache(vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt), Device::CUDA);
-  const Buffer saved_weights(vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt), Device::CUDA);
+  const bool docs = doc_len > 0;
+  const Buffer saved_cache(docs ? 0 : vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt), Device::CUDA);
+  const Buffer saved_weights(docs ? 0 : vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt), Device::CUDA);
   VqAttnOpts opts;
   opts.block = Lb;
   auto words = [](const Buffer& b) {
     return Tensor(b.data(), DType::F32, Device::CUDA, {static_cast<int64_t>(b.bytes() / 4)});
   };
-  opts.saved_cache = words(saved_cache);
-  opts.saved_weights = words(saved_weights);
+  OwnedTensor bounds;
+  if (docs) {
+    bounds = to(random_doc_bounds(B, T, doc_len), Device::CUDA, DType::I32);
+    opts.docs = {bounds->data<int32_t>(), bounds->data<int32_t>() + B * T};
+  } else {
+    opts.saved_cache = words(saved_cache);
+    opts.saved_weights = words(saved_weights);
+  }
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { vq_attn_fwd(ctx, q, khat, z, v, codebook, u, vr, rho, o, lse, opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] {
@@ -296,7 +304,7 @@ int bench_op(Args& args, const std::string& name) {
   const int64_t codes = vq ? args.get_int("codes", 512) : 0, block = vq ? args.get_int("block", 512) : 0;
   const int64_t C = conv ? args.get_int("channels", 2048) : 0, W = conv ? args.get_int("width", 3) : 0;
   const int64_t window = gla || conv || decode || taylor || lightning || latte || vq ? 0 : args.get_int("window", 0);
-  const double doc_len = name == "attention" || taylor ? args.get_double("doc-len", 0) : 0;
+  const double doc_len = name == "attention" || taylor || vq ? args.get_double("doc-len", 0) : 0;
   if (doc_len < 0 || (doc_len > 0 && doc_len < 1)) throw UserError("--doc-len must be at least 1 (a mean document length)");
   const int64_t iters = args.get_int("iters", 20);
   const DType dt = dtype_from_name(args.get_or("dtype", "bf16"));
@@ -315,7 +323,7 @@ int bench_op(Args& args, const std::string& name) {
                    : taylor    ? bench_taylor(g.ctx(), T, tokens, H, F, D, dt, doc_len, iters)
                    : lightning ? bench_lightning(g.ctx(), T, tokens, H, D, dt, iters)
                    : latte     ? bench_latte(g.ctx(), T, tokens, H, latents, D, macchiato, dt, iters)
-                   : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, iters)
+                   : vq        ? bench_vq_attn(g.ctx(), T, tokens, H, Dk, Dv, codes, block, dt, doc_len, iters)
                                : bench_attention(g.ctx(), T, tokens, H, Hk, D, dt, window, doc_len, iters));
   const std::string gpu = gpu_info().name;
   // What the Taylor op ran: the fused kernels' family, or the launches outside the fused cases.
@@ -323,7 +331,7 @@ int bench_op(Args& args, const std::string& name) {
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
-    if (vq) j["codes"] = codes, j["block"] = block;
+    if (vq) j["codes"] = codes, j["block"] = block, j["doc_len"] = doc_len;
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_kernels, j["doc_len"] = doc_len;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;

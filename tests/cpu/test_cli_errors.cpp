@@ -95,11 +95,12 @@ TEST(CliErrors, BenchOpDefaultsPassTheOptionChecks) {
   }
 }
 
-// --doc-len is the attention and Taylor ops' (a mean length of at least 1); the other ops refuse it.
+// --doc-len is the attention, Taylor and VQ-attention ops' (a mean length of at least 1); the other
+// ops refuse it.
 TEST(CliErrors, BenchOpDocLen) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   std::string out;
-  for (const std::string op : {"attention", "taylor"}) {
+  for (const std::string op : {"attention", "taylor", "vq_attn"}) {
     expect_one_line_user_error(test::run_linac("bench --op " + op + " --doc-len 0.5", out), out, op);
     EXPECT_NE(out.find("--doc-len must be at least 1"), std::string::npos) << op << ": " << out;
   }
