@@ -1,14 +1,13 @@
 // VQ-attention entry points: argument checks, layouts (shapes, batch/token strides), device,
-// dtype and (CPU) form dispatch; on the GPU, documents run one by one (vq_attn.h).
+// dtype and (CPU) form dispatch.
+#include "vq_attn/vq_attn.h"
+
 #include <algorithm>
 #include <string>
-#include <vector>
 
 #include "activation/activation.h"
 #include "core/buffer.h"
 #include "core/dispatch.h"
-#include "elementwise/elementwise.h"
-#include "vq_attn/vq_attn.h"
 
 namespace linac {
 
@@ -88,31 +87,6 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
   }
   return L;
 }
-
-#if LINAC_WITH_CUDA
-// One document of a row: tokens [a, e) of row b.
-struct DocSpan {
-  int64_t b, a, e;
-};
-
-// Every document of every row, from bounds on the GPU (read on the host: one synchronisation).
-std::vector<DocSpan> doc_spans(const VqAttnLayout& L) {
-  std::vector<int32_t> end(static_cast<size_t>(L.B * L.T));
-  copy_tensor(Tensor(end.data(), DType::I32, Device::CPU, {L.B * L.T}),
-              Tensor(const_cast<int32_t*>(L.docs.end), DType::I32, Device::CUDA, {L.B * L.T}));
-  std::vector<DocSpan> spans;
-  for (int64_t b = 0; b < L.B; ++b)
-    for (int64_t a = 0; a < L.T; a = spans.back().e) spans.push_back({b, a, end[static_cast<size_t>(b * L.T + a)]});
-  return spans;
-}
-
-// A document's part of a [B, T, ...] tensor as a [1, e - a, ...] view, and its layout.
-Tensor part(const Tensor& x, const DocSpan& d) { return x.narrow(0, d.b, 1).narrow(1, d.a, d.e - d.a); }
-VqAttnLayout part(VqAttnLayout L, const DocSpan& d) {
-  L.B = 1, L.T = d.e - d.a, L.docs = {};
-  return L;
-}
-#endif
 
 VqQuantLayout make_quant_layout(const Tensor& k, int64_t S) {
   LINAC_CHECK(k.ndim == 4, "vq_attn: k must be [B,T,H,Dk], got " + k.shape_str());
@@ -228,13 +202,7 @@ void vq_attn_fwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
     LINAC_CHECK(codebook.dtype == DType::F32 && lse.dtype == DType::F32,
                 "vq_attn_fwd: codebook, u, vr, rho, lse must be f32 on the GPU");
 #if LINAC_WITH_CUDA
-    if (!L.docs.defined()) {
-      vq_attn_fwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse);
-      return;
-    }
-    for (const DocSpan& d : doc_spans(L))
-      vq_attn_fwd_cuda(ctx, part(L, d), part(q, d), part(khat, d), part(z, d), part(v, d), codebook, u, vr, rho,
-                       part(o, d), part(lse, d));
+    vq_attn_fwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse);
 #endif
     return;
   }
@@ -275,33 +243,7 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
     check_same_dtype("f32", {&codebook, &u, &vr, &rho, &lse, &du, &dvr, &drho});
     LINAC_CHECK(codebook.dtype == DType::F32, "vq_attn_bwd: codebook, u, vr, rho, lse, du, dvr, drho must be f32");
 #if LINAC_WITH_CUDA
-    if (!L.docs.defined()) {
-      vq_attn_bwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho, v_pre);
-      return;
-    }
-    // The first document writes du, dvr, drho; each later one writes its own into the end of the
-    // workspace (the kernels take what is left) and is added.
-    const size_t part_bytes = static_cast<size_t>(L.H * (L.Lb + 3) * L.Dk) * sizeof(float);
-    LINAC_CHECK(ctx.workspace_bytes >= 2 * part_bytes + 256, "vq_attn_bwd: workspace too small for documents");
-    Ctx c = ctx;
-    c.workspace_bytes = (ctx.workspace_bytes - part_bytes) & ~size_t{255};
-    float* g = reinterpret_cast<float*>(static_cast<char*>(ctx.workspace) + c.workspace_bytes);
-    const Tensor du_d(g, DType::F32, Device::CUDA, {L.H, L.Dk});
-    const Tensor dvr_d(g + L.H * L.Dk, DType::F32, Device::CUDA, {L.H, L.Dk});
-    const Tensor drho_d(g + 2 * L.H * L.Dk, DType::F32, Device::CUDA, {L.H, L.Lb + 1, L.Dk});
-    bool first = true;
-    for (const DocSpan& d : doc_spans(L)) {
-      vq_attn_bwd_cuda(c, part(L, d), part(q, d), part(khat, d), part(z, d), part(v, d), codebook, u, vr, rho,
-                       part(o, d), part(lse, d), part(dout, d), part(dq, d), part(dkhat, d), part(dv, d),
-                       first ? du : du_d, first ? dvr : dvr_d, first ? drho : drho_d,
-                       v_pre.defined() ? part(v_pre, d) : Tensor());
-      if (!first) {
-        add_inplace(ctx, du, du_d, 1.f);
-        add_inplace(ctx, dvr, dvr_d, 1.f);
-        add_inplace(ctx, drho, drho_d, 1.f);
-      }
-      first = false;
-    }
+    vq_attn_bwd_cuda(ctx, L, q, khat, z, v, codebook, u, vr, rho, o, lse, dout, dq, dkhat, dv, du, dvr, drho, v_pre);
 #endif
     return;
   }

@@ -30,10 +30,10 @@
 // and no other key (j < a belongs to an earlier document). Distances t - j are unchanged, so rho
 // needs no shift. The output equals that of running [a, end[b,t]) alone as a sequence; gradients
 // likewise (a key sends khat gradient only to its own document's window queries, its value to its
-// own document's caches). The CPU forms run each document as its own sequence; the GPU runs the
-// block form once per document (views of the inputs; the document starts are read on the host, one
-// synchronisation per call) and accumulates du, dvr, drho over them. Undefined docs: one call, the
-// stream form above, unchanged.
+// own document's caches). The CPU forms run each document as its own sequence; the GPU places the
+// documents in its packed layout (vq_packed.h: one call for the whole batch; the bounds are read
+// on the host, one synchronisation per call, and the packed rows take up to about twice the
+// tokens). Undefined docs: the stream form above, unchanged.
 // lse_t = log sum_j exp(s_tj) (f32 on the GPU) is saved for the backward, which also takes o.
 // Backward (docs/transformer_vq.md §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
 //   gs_tj = w_tj (dout_t . v_j - Delta_t)   (window keys),  gs_ts = w_ts (dout_t . Ubar_s - Delta_t)
@@ -226,8 +226,10 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // lists by (block, code) for the cache; score chunks of up to 1 GiB (one head's blocks at the 190M
 // model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs
 // in smaller chunks; one below a single block's chunk is refused in one line. CUDA builds only.
+// documents: for calls with VqAttnOpts::docs, whose packed rows take up to about twice as many
+// blocks (the placement in vq_packed.h), plus the placement's tables.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
-                               DType act);
+                               DType act, bool documents = false);
 // VqAttnOpts::saved_cache for a [B, T] call: per head, sequence and block the cache means
 // [S, Dv] in the activation dtype, then the counts [S] f32.
 size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act);

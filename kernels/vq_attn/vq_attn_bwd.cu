@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   T* gscache = static_cast<T*>(w.gscache) + r * g.lds;
   T* gpos = static_cast<T*>(w.gpos) + r * g.ldp;
   const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (row.t >= g.T) {
+  if (row.s < 0) {
     for (int e = 4 * lane; e < W; e += 128) store_p(e, zero4), cuda::store4(gswin + e, zero4);
     for (int s = 4 * lane; s < S; s += 128) {
       if (!kSaved) cuda::store4(pcache + s, zero4);
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   for (int d = Lb + 1 + lane; d < ldp; d += 32) gpos[d] = from_float<T>(0.f);
   const float delta = w.delta[row.p * g.Tp + row.t];
   const vq_cuda::RowScores sc(g, row, r, w);
-  const float lse_t = kSaved ? 0.f : lse[(row.b * g.T + row.t) * g.H + row.h];
+  const float lse_t = kSaved ? 0.f : lse[(row.b * g.T + row.s) * g.H + row.h];
   auto weight = [lse_t](float s, int) { return s == -INFINITY ? 0.f : expf(s - lse_t); };
   auto window_p = [&](int e) {
     return kSaved ? cuda::load4(sp_win + r * g.ldw + e) : vq_cuda::map4(sc.window4(e), weight);
@@ -117,9 +117,9 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
   }
 }
 
-// Row-tiled over the rows (p, t < T): dq = dqu + dqr, dkhat; dv = dvp + swept^(n(t))[z_t], times
-// silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's bits). Four
-// dims per access where the rows are 4-aligned.
+// Row-tiled over the tokens (p, t < T) at their packed rows: dq = dqu + dqr, dkhat; dv = dvp +
+// swept^(n(t))[z_t], times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre:
+// silu_bwd's bits). Four dims per access where the rows are 4-aligned.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z,
                                                                   T* __restrict__ dq, VqAttnLayout::Strides dqs,
@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
   const uint32_t t = pt - p * static_cast<uint32_t>(g.T), h = p / static_cast<uint32_t>(g.B);
   const uint32_t b = p - h * static_cast<uint32_t>(g.B);
   const int Dk = static_cast<int>(g.Dk), Dv = static_cast<int>(g.Dv);
-  const int64_t row = int64_t{p} * g.Tp + t;
+  const uint32_t tp = g.docs.packed ? static_cast<uint32_t>(g.docs.packed[int64_t{b} * g.T + t]) : t;
+  const int64_t row = int64_t{p} * g.Tp + tp;
   T* dqo = dq + b * dqs.b + t * dqs.t + int64_t{h} * Dk;
   T* dko = dkhat + b * dks.b + t * dks.t + int64_t{h} * Dk;
   T* dvo = dv + b * dvs.b + t * dvs.t + int64_t{h} * Dv;
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
   const float* kk = w.dk + row * Dk;
   const float* vp = w.dvp + row * Dv;
   const T* cache = static_cast<const T*>(w.gswept) +
-                   ((int64_t{p} * g.R + t / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
+                   ((int64_t{p} * g.R + tp / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
   if constexpr (kVec) {
     for (int d = 4 * rs.lane; d < Dk; d += 4 * rs.lanes) {
       const float4 a = cuda::load4(qu + d), c = cuda::load4(qr + d);
@@ -179,8 +180,9 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& o, const Tensor& lse, const Tensor& dout, const Tensor& dq, const Tensor& dkhat,
                       const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho, const Tensor& v_pre) {
   if (L.B * L.T * L.H == 0) return;
-  const Geo g = vq_cuda::geo_of(L);
-  Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), true, "vq_attn_bwd");
+  Ctx rest;
+  const Geo g = vq_cuda::geo_of_call(ctx, L, &rest);
+  Ws w = vq_cuda::carve(rest, g, dtype_size(q.dtype), true, "vq_attn_bwd");
   cudaStream_t st = cuda::stream_of(ctx);
   const DType act = q.dtype;
   const size_t es = dtype_size(act);

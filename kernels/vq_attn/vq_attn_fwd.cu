@@ -11,7 +11,7 @@
 //             model), straight into o: the cache part first, rounded to o's dtype, then the
 //             window part added to it in f32 and rounded (one more rounding of the cache part
 //             than through the f32 rows, which cost a read and a write of them and a store pass)
-// Padded rows (t >= T) get zero weights and are not written out.
+// Padded rows (no token: past T, or between documents) get zero weights and are not written out.
 #include <algorithm>
 
 #include "vq_attn/vq_common.cuh"
@@ -47,13 +47,13 @@ __global__ void __launch_bounds__(kThreads) vq_softmax_rows_kernel(Geo g, int64_
   T* pwin = static_cast<T*>(w.pwin) + r * g.ldw;
   T* pcache = static_cast<T*>(w.pcache) + r * g.lds;
   const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (row.t >= g.T) {
+  if (row.s < 0) {
     for (int e = 4 * lane; e < W; e += 128) cuda::store4(pwin + e, zero4);
     for (int s = 4 * lane; s < S; s += 128) cuda::store4(pcache + s, zero4);
     return;
   }
   const vq_cuda::RowScores sc(g, row, r, w);
-  float* const lse_out = lse + (row.b * g.T + row.t) * g.H + row.h;
+  float* const lse_out = lse + (row.b * g.T + row.s) * g.H + row.h;
   if constexpr (kKept) {
     float4* win = reinterpret_cast<float4*>(kept + warp * (ldw + static_cast<int>(g.lds)));
     float4* cache = win + ldw / 4;
@@ -106,9 +106,9 @@ __global__ void __launch_bounds__(kThreads) vq_store_o_kernel(Geo g, int64_t i0,
   const cuda::RowSlot rs = cuda::row_slot(log_tpr);
   if (rs.row >= rows) return;
   const Row row = vq_cuda::row_of(g, i0, rs.row);
-  if (row.t >= g.T) return;
+  if (row.s < 0) return;
   const int Dv = static_cast<int>(g.Dv);
-  T* out = o + row.b * os.b + row.t * os.t + row.h * Dv;
+  T* out = o + row.b * os.b + row.s * os.t + row.h * Dv;
   const float* in = ochunk + rs.row * Dv;
   if constexpr (kVec) {
     for (int d = 4 * rs.lane; d < Dv; d += 4 * rs.lanes) cuda::store4(out + d, cuda::load4(in + d));
@@ -123,8 +123,9 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                       const Tensor& o, const Tensor& lse) {
   if (L.B * L.T * L.H == 0) return;
-  const Geo g = vq_cuda::geo_of(L);
-  Ws w = vq_cuda::carve(ctx, g, dtype_size(q.dtype), false, "vq_attn_fwd");
+  Ctx rest;
+  const Geo g = vq_cuda::geo_of_call(ctx, L, &rest);
+  Ws w = vq_cuda::carve(rest, g, dtype_size(q.dtype), false, "vq_attn_fwd");
   cudaStream_t st = cuda::stream_of(ctx);
   const size_t es = dtype_size(q.dtype);
   auto at = [&](const void* p, int64_t elems) { return static_cast<const char*>(p) + elems * static_cast<int64_t>(es); };

@@ -1,6 +1,7 @@
 // The compressive cache of VQ-attention (docs/transformer_vq.md §3.2) in the packed layout of vq_common.cuh.
 //   cache_scan        CTA per (pair p, code s) walks the blocks in order: block n reads the count
-//                     N_s and the mean of the values with code s over blocks <= n-2, written to
+//                     N_s and the mean of the values with code s over blocks <= n-2 (of its
+//                     cache segment: with documents the scan restarts where one begins), written to
 //                     counts [NB, S] (f32) and ubar [NB, S, Dv] (activation dtype: a GEMM operand).
 //                     grid z splits the value dims: each thread owns four consecutive ones
 //                     where v's rows are 4-aligned (one otherwise) and sums them in registers
@@ -9,7 +10,8 @@
 //                     sum has a fixed order.
 //   cache_grad_sweep  thread per (p, s, d): out^(m) = sum_{n >= m+2} gcache^(n) / N^(n), the
 //                     gradient a value of block m receives through the cache means of later
-//                     blocks (reverse sweep with a two-block delay, f32 sums; 0 where N = 0),
+//                     blocks of its segment (reverse sweep with a two-block delay, restarting at
+//                     segment ends, f32 sums; 0 where N = 0),
 //                     written in the activation dtype: the gradient store reads half the bytes.
 #include <algorithm>
 #include <string>
@@ -38,11 +40,15 @@ __global__ void __launch_bounds__(kScanThreads) cache_scan_kernel(Geo g, const T
   const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
   float4 sum = zero4;  // the scalar path uses .x
   float N = 0;
+  const int32_t* segment_of = g.docs.cache_from ? g.docs.cache_from + b * g.R : nullptr;
   for (int64_t n = 0; n < g.R; ++n) {
     const int64_t i = p * g.R + n;
+    // A block that starts a cache segment reads an empty cache and absorbs no block before it.
+    const bool fresh = n == 0 || (segment_of && segment_of[n] == n);
+    if (fresh) sum = zero4, N = 0;
     // Block n-1's tokens with code s (absorbed for block n+1), loaded before the store below.
     const int64_t key = (i - 1) * g.S + s;
-    const int e0 = n > 0 ? lists.start[key] : 0, e1 = n > 0 ? lists.start[key + 1] : 0;
+    const int e0 = fresh ? 0 : lists.start[key], e1 = fresh ? 0 : lists.start[key + 1];
     if (blockIdx.z == 0 && threadIdx.x == 0) counts[i * g.S + s] = N;
     const float inv = N > 0 ? 1.f / N : 0.f;
     if (mine) {
@@ -79,8 +85,10 @@ __global__ void cache_grad_sweep_kernel(Geo g, const float* __restrict__ counts,
   const int64_t ps = blockIdx.x, d = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (d >= g.Dv) return;
   const int64_t p = ps / g.S, s = ps % g.S;
+  const int32_t* segment_of = g.docs.cache_from ? g.docs.cache_from + p % g.B * g.R : nullptr;
   float acc = 0, pending = 0;  // acc = sum_{n >= m+2}, pending = the term of block m+1
   for (int64_t m = g.R - 1; m >= 0; --m) {
+    if (segment_of && m + 1 < g.R && segment_of[m + 1] == m + 1) acc = 0, pending = 0;  // m's segment ends
     const int64_t i = p * g.R + m, cell = (i * g.S + s) * g.Dv + d;
     const float N = counts[i * g.S + s];
     const float term = N > 0 ? gcache[cell] / N : 0.f;

@@ -1,7 +1,8 @@
 // Lists of the tokens of each segment by code, so per-code sums (the compressive cache) read
 // only their own tokens, in token order, without atomics:
-//   segment (h, b, m) = tokens t in [m Ls, min((m + 1) Ls, T)) of sequence b and head h,
-//   m < R = ceil(T / Ls); key = ((h B + b) R + m) S + z_t, value t.
+//   segment (h, b, m) = tokens t of sequence b and head h at packed positions [m Ls, (m + 1) Ls)
+//   (the position t itself, or packed[b T + t] with documents: vq_packed.h), m < R;
+//   key = ((h B + b) R + m) S + z_t, value t.
 // CUB's radix sort over the key's bits is stable, and the entries go in in token order, so each
 // key's tokens stay in order; start[key] is the key's first sorted index (start[NK] = n).
 // Layout: z [B, T, H] int32, n = B T H entries; every z in [0, S).
@@ -24,10 +25,10 @@ struct Dims {
   int64_t n, R, NK;
   int end_bit;
 };
-Dims dims_of(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls) {
+Dims dims_of(int64_t B, int64_t T, int64_t H, int64_t S, int64_t R) {
   Dims d;
   d.n = B * T * H;
-  d.R = (T + Ls - 1) / Ls;
+  d.R = R;
   d.NK = H * B * d.R * S;
   d.end_bit = std::max(1, static_cast<int>(std::bit_width(static_cast<uint64_t>(d.NK))));
   return d;
@@ -43,12 +44,13 @@ size_t sort_temp_bytes(int64_t n, int end_bit) {
 }
 
 // Thread per entry i = (b T + t) H + h of z.
-__global__ void list_keys_kernel(const int32_t* __restrict__ z, int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls,
-                                 int64_t R, uint32_t* __restrict__ keys, int32_t* __restrict__ toks) {
+__global__ void list_keys_kernel(const int32_t* __restrict__ z, const int32_t* __restrict__ packed, int64_t B,
+                                 int64_t T, int64_t H, int64_t S, int64_t Ls, int64_t R, uint32_t* __restrict__ keys,
+                                 int32_t* __restrict__ toks) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= B * T * H) return;
-  const int64_t h = i % H, bt = i / H, b = bt / T, t = bt % T;
-  keys[i] = static_cast<uint32_t>((((h * B + b) * R + t / Ls) * S) + z[i]);
+  const int64_t h = i % H, bt = i / H, b = bt / T, t = bt % T, tp = packed ? packed[bt] : t;
+  keys[i] = static_cast<uint32_t>((((h * B + b) * R + tp / Ls) * S) + z[i]);
   toks[i] = static_cast<int32_t>(t);
 }
 
@@ -63,18 +65,18 @@ __global__ void list_starts_kernel(const uint32_t* __restrict__ keys, int64_t n,
 
 }  // namespace
 
-size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls) {
-  const Dims d = dims_of(B, T, H, S, Ls);
+size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t R) {
+  const Dims d = dims_of(B, T, H, S, R);
   return 4 * align_up(static_cast<size_t>(d.n) * 4) + align_up(static_cast<size_t>(d.NK + 1) * 4) +
          align_up(sort_temp_bytes(d.n, d.end_bit));
 }
 
-CodeLists code_lists(const Ctx& ctx, const int32_t* z, int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls,
-                     void* scratch, size_t bytes, const char* op) {
-  const Dims d = dims_of(B, T, H, S, Ls);
+CodeLists code_lists(const Ctx& ctx, const int32_t* z, const int32_t* packed, int64_t B, int64_t T, int64_t H,
+                     int64_t S, int64_t Ls, int64_t R, void* scratch, size_t bytes, const char* op) {
+  const Dims d = dims_of(B, T, H, S, R);
   LINAC_CHECK(d.NK < (int64_t{1} << 32) && d.n < (int64_t{1} << 31),
               std::string(op) + ": more than 2^32 (segment, code) pairs or 2^31 tokens");
-  const size_t need = code_lists_bytes(B, T, H, S, Ls);
+  const size_t need = code_lists_bytes(B, T, H, S, R);
   LINAC_CHECK(bytes >= need, std::string(op) + ": workspace has " + std::to_string(bytes) + " bytes, the code lists need " +
                                  std::to_string(need));
   char* p = static_cast<char*>(scratch);
@@ -88,7 +90,8 @@ CodeLists code_lists(const Ctx& ctx, const int32_t* z, int64_t B, int64_t T, int
   size_t temp_bytes = bytes - (4 * a + align_up(static_cast<size_t>(d.NK + 1) * 4));
   cudaStream_t st = cuda::stream_of(ctx);
   if (d.n > 0) {
-    list_keys_kernel<<<cuda::grid_1d(d.n, kThreads), kThreads, 0, st>>>(z, B, T, H, S, Ls, d.R, keys_in, toks_in);
+    list_keys_kernel<<<cuda::grid_1d(d.n, kThreads), kThreads, 0, st>>>(z, packed, B, T, H, S, Ls, d.R, keys_in,
+                                                                         toks_in);
     LINAC_CUDA_LAUNCH_CHECK();
     LINAC_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, toks_in, toks, d.n, 0, d.end_bit,
                                                      st));

@@ -65,43 +65,52 @@ void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bo
                  int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd = DType::F32);
 // The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos (with vr.rho_d added).
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
-// Per (p, t, d): dst[p Tp + t, d] = src(b, t, h, d) + add[h, d] (add may be null), zero for t >= T;
+// Per (p, t, d): dst[p Tp + t, d] = src(b, s, h, d) + add[h, d] (add may be null) for the token s at
+// packed position t (source_token), zero for padding;
 // with copies > 1 each row `copies` times side by side (dst rows copies * D wide).
 template <class T>
 void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, int64_t D, const float* add, T* dst,
           int copies = 1);
-// Per packed row: out[p Tp + t] = x(b,t,h,:) . (vec[h,:] if y is null, else y(b,t,h,:)), 0 for t >= T.
+// Per packed row: out[p Tp + t] = x(b,s,h,:) . (vec[h,:] if y is null, else y(b,s,h,:)) for its token s,
+// 0 for padding.
 template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
               const T* y, VqAttnLayout::Strides ys, float* out);
 
-// The tokens of each segment (h, b, m) (tokens [m Ls, (m + 1) Ls) of sequence b, head h) by
-// code, in token order: those with code s are tok[start[key] .. start[key + 1]) for
-// key = ((h B + b) R + m) S + s, R = ceil(T / Ls). Sorted in `scratch` (code_lists_bytes), which
-// holds the lists; a too small scratch is refused in one line naming `op` (vq_code_lists.cu).
+// The tokens of each segment (h, b, m) (packed positions [m Ls, (m + 1) Ls) of sequence b, head
+// h: the token's own position, or packed[b T + t] with documents) by code, in token order: those
+// with code s are tok[start[key] .. start[key + 1]) for key = ((h B + b) R + m) S + s. Sorted in
+// `scratch` (code_lists_bytes), which holds the lists; a too small scratch is refused in one line
+// naming `op` (vq_code_lists.cu).
 struct CodeLists {
   const int32_t* start;  // [H B R S + 1]
   const int32_t* tok;    // [B T H] token indices t
 };
-CodeLists code_lists(const Ctx& ctx, const int32_t* z, int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls,
-                     void* scratch, size_t bytes, const char* op);
+CodeLists code_lists(const Ctx& ctx, const int32_t* z, const int32_t* packed, int64_t B, int64_t T, int64_t H,
+                     int64_t S, int64_t Ls, int64_t R, void* scratch, size_t bytes, const char* op);
 
-// Counts and means of the cache each block reads (blocks <= n-2), from the lists by (block,
-// code); vq_cache_scan.cu.
+// Counts and means of the cache each block reads (blocks <= n-2 of its cache segment), from the
+// lists by (block, code); vq_cache_scan.cu.
 template <class T>
 void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, CodeLists lists, float* counts,
                 T* ubar);
-// out^(m) = sum_{n >= m+2} gcache^(n) / N^(n) (0 where N = 0), [NB, S, Dv] in T (out may be
-// gcache itself where T is float); vq_cache_scan.cu.
+// out^(m) = sum_{n >= m+2} gcache^(n) / N^(n) over the blocks n of m's cache segment (0 where
+// N = 0), [NB, S, Dv] in T (out may be gcache itself where T is float); vq_cache_scan.cu.
 template <class T>
 void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, const float* gcache, T* out);
 
-// Row r of a chunk starting at block i0, as block, pair, token and head (32-bit divisions:
-// carve checks that the packed rows fit).
+// The token of packed position tp of sequence b: tp itself, or the documents' map; -1 for padding.
+__device__ __forceinline__ int64_t source_token(const Geo& g, uint32_t b, uint32_t tp) {
+  if (g.docs.src) return g.docs.src[int64_t{b} * g.Tp + tp];
+  return tp < g.T ? int64_t{tp} : -1;
+}
+
+// Row r of a chunk starting at block i0, as block, pair, packed position t, head, sequence and
+// token s (-1 for padding) (32-bit divisions: carve checks that the packed rows fit).
 struct Row {
-  int64_t i, l, p, n, t, h, b;
+  int64_t i, l, p, n, t, h, b, s;
 };
-__host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
+__device__ __forceinline__ Row row_of(const Geo& g, int64_t i0, int64_t r) {
   const uint32_t Lb = static_cast<uint32_t>(g.Lb), R = static_cast<uint32_t>(g.R), B = static_cast<uint32_t>(g.B);
   const uint32_t rr = static_cast<uint32_t>(r), di = rr / Lb;
   const uint32_t i = static_cast<uint32_t>(i0) + di, p = i / R, n = i - p * R, h = p / B;
@@ -113,14 +122,17 @@ __host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
   w.t = int64_t{n} * Lb + w.l;
   w.h = h;
   w.b = p - h * B;
+  w.s = source_token(g, static_cast<uint32_t>(w.b), static_cast<uint32_t>(w.t));
   return w;
 }
 
 // The scores of row r of a chunk (row w), everything but the GEMM terms resolved once per row
 // so an entry costs 32-bit index math and its loads. Window entry e is key j = (n-1) Lb + e:
-// valid for lo <= e <= hi (lo = Lb at a pair's first block: no block before it; hi = Lb + l:
-// j <= t); distance t - j = hi - e, with a position term (pos, vr.rho_d included) where it is
-// <= Lb (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked). Masked entries are -inf.
+// valid for lo <= e <= hi (lo = Lb at a pair's first block: no block before it, or with
+// documents the entry of the row's document start where that is later; hi = Lb + l: j <= t);
+// distance t - j = hi - e, with a position term (pos, vr.rho_d included) where it is <= Lb
+// (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked; every entry of a row whose
+// document starts after its block's cache segment does). Masked entries are -inf.
 // Entries go in groups of four (one 16-byte load of the GEMM scores, and of the key biases ub
 // where Lb % 4 == 0: a group then lies in one block): the score rows are padded to ldw =
 // round8(2 Lb) and lds = round8(S), so a group that starts inside a row ends inside its padding,
@@ -128,6 +140,7 @@ __host__ __device__ inline Row row_of(const Geo& g, int64_t i0, int64_t r) {
 struct RowScores {
   const float *swin, *scache, *pos, *ub, *cbias;
   int lo, hi, l, Lb;
+  bool cache_on;
   __device__ __forceinline__ RowScores(const Geo& g, const Row& w, int64_t r, const Ws& ws) {
     swin = ws.swin + r * g.ldw;
     scache = ws.scache + r * g.lds;
@@ -138,6 +151,12 @@ struct RowScores {
     Lb = static_cast<int>(g.Lb);
     lo = w.n == 0 ? Lb : 0;
     hi = Lb + l;
+    cache_on = true;
+    if (g.docs.start) {
+      const int ds = g.docs.start[w.b * g.Tp + w.t];  // packed, like (n - 1) Lb + e
+      lo = max(lo, ds - (static_cast<int>(w.n) - 1) * Lb);
+      cache_on = ds <= g.docs.cache_from[w.b * g.R + w.n] * Lb;
+    }
   }
   __device__ __forceinline__ float window(int e, float qk, float uk) const {
     if (e < lo || e > hi) return -INFINITY;
@@ -160,6 +179,7 @@ struct RowScores {
                        window(e0 + 3, q.w, uk.w));
   }
   __device__ __forceinline__ float4 cache4(int s0) const {
+    if (!cache_on) return make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     const float4 q = *reinterpret_cast<const float4*>(scache + s0), b = *reinterpret_cast<const float4*>(cbias + s0);
     return make_float4(q.x + b.x, q.y + b.y, q.z + b.z, q.w + b.w);
   }

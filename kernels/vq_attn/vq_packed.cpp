@@ -32,7 +32,7 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
   w.vrho = f32(H * g.ldp);
   w.cbias = f32(g.NB * g.lds);
 #if LINAC_WITH_CUDA
-  w.lists_bytes = code_lists_bytes(g.B, g.T, g.H, g.S, g.Lb);
+  w.lists_bytes = code_lists_bytes(g.B, g.T, g.H, g.S, g.R);
 #else
   w.lists_bytes = 0;  // CPU-only builds have no GPU kernels to lay out for
 #endif
@@ -105,12 +105,14 @@ size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, in
 }
 
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
-                               DType act) {
-  const vq_cuda::Geo g = vq_cuda::geo_of(B, T, H, Dk, Dv, S, Lb);
+                               DType act, bool documents) {
+  const int64_t R = documents ? vq_cuda::doc_blocks_bound(T, Lb) : 0;
+  const vq_cuda::Geo g = vq_cuda::geo_of(B, T, H, Dk, Dv, S, Lb, R);
   const size_t es = dtype_size(act), fixed = vq_cuda::layout(g, es, true, 0, nullptr, nullptr);
   const size_t per_block = vq_cuda::layout(g, es, true, 1, nullptr, nullptr) - fixed;
   const int64_t cap = std::clamp<int64_t>(static_cast<int64_t>(vq_cuda::kChunkBytesGoal / per_block), 1, g.B * g.R);
-  return vq_cuda::layout(g, es, true, cap, nullptr, nullptr);
+  return vq_cuda::layout(g, es, true, cap, nullptr, nullptr) +
+         (documents ? vq_cuda::doc_tables_bytes(B, T, Lb, g.R) : 0);
 }
 
 }  // namespace linac

@@ -12,6 +12,19 @@
 //   cache    counts [NB, S] and per-code means ubar [NB, S, Dv] (NB = P R blocks) that block i reads.
 // An input already in this layout (one head, T a multiple of Lb, rows contiguous) is used in
 // place instead of being packed.
+// Documents (VqAttnOpts::docs): the same uniform layout with each row's documents placed one
+// after the other in its pairs, so that every document is a sequence of its own (vq_attn.h):
+//   placement  a document that would reach two blocks past the block it starts in (it needs a
+//              cache) starts on a block boundary instead, the gap being padding; that block
+//              starts a cache segment (the cache scan and the reverse gradient sweep restart
+//              there). Any other document follows the previous one directly: it spans at most
+//              two blocks, so it never reads a cache, and may share blocks with its neighbours.
+//   masks      window entries before the row's document start (lo below); cache entries of rows
+//              whose document starts after their block's cache segment does (short documents).
+//   R          the longest row's packed blocks, at most doc_blocks_bound(T, Lb) (each gap < Lb
+//              precedes a document longer than Lb, so the packed length stays below 2 T + Lb).
+// The placement is planned on the host from the bounds (one read-back per call) into the DocMap
+// tables at the start of the workspace. Inputs are always packed then (never read in place).
 // Entries of a query row: window e = 0..2Lb-1 (key j = (n-1) Lb + e, valid for 0 <= j <= t,
 // position term rho_{t-j} for t - j <= Lb) and cache s = 0..S-1 (valid where N_s > 0).
 // Scores are q.k (GEMM on the exact inputs) plus f32 bias terms (u.k, vr.rho_d): rounding q+u
@@ -24,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/gpu.h"
 #include "vq_attn/vq_attn.h"
@@ -33,18 +47,31 @@ namespace linac::vq_cuda {
 inline constexpr size_t kBlasBytes = size_t{32} << 20;        // cuBLASLt's share of the workspace
 inline constexpr size_t kChunkBytesGoal = size_t{1} << 30;    // chunk scratch vq_attn_workspace_bytes asks for
 
+// The documents' placement (device tables, all int32; null pointers: no documents).
+struct DocMap {
+  const int32_t *src = nullptr;         // [B Tp]: the token t of packed row (b, tp); -1 for padding
+  const int32_t *start = nullptr;       // [B Tp]: the packed position of that row's document start
+  const int32_t *cache_from = nullptr;  // [B R]: the block where block n's cache segment starts
+  const int32_t *packed = nullptr;      // [B T]: the packed position of token t
+};
+
 struct Geo {
   int64_t B, T, H, Dk, Dv, S, Lb;
   int64_t R, Tp, P, NB;  // blocks per sequence, padded length, pairs, blocks in all
   int64_t ldw, lds, ldp;  // row strides of the window [.., 2Lb], cache [.., S] and distance [.., Lb+1] matrices
   int64_t ldkey;          // row stride of the backward's key-major window weights [.., Lb] (Ws::pwin)
+  DocMap docs;
 };
 
 inline int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
-inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb) {
-  Geo g{B, T, H, Dk, Dv, S, Lb, 0, 0, 0, 0, 0, 0, 0, 0};
-  g.R = (T + Lb - 1) / Lb;
+// The most blocks a row of T tokens takes with documents (the placement above).
+inline int64_t doc_blocks_bound(int64_t T, int64_t Lb) { return (T + T / (Lb + 1) * (Lb - 1) + Lb - 1) / Lb; }
+
+// R: blocks per pair (0: ceil(T / Lb), the stream layout).
+inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb, int64_t R = 0) {
+  Geo g{B, T, H, Dk, Dv, S, Lb, 0, 0, 0, 0, 0, 0, 0, 0, {}};
+  g.R = R > 0 ? R : (T + Lb - 1) / Lb;
   g.Tp = g.R * Lb;
   g.P = H * B;
   g.NB = g.P * g.R;
@@ -111,8 +138,23 @@ SavedWeights saved_weights(const Geo &g, size_t act_bytes, void *base);
 // constexpr: device code calls it too (--expt-relaxed-constexpr).
 constexpr int64_t key_slot_elems(const Geo &g) { return 2 * g.Lb * g.ldkey; }
 
-// Scratch of code_lists (vq_code_lists.cu) for segments of Ls tokens.
-size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Ls);
+// Scratch of code_lists (vq_code_lists.cu) for R segments per pair.
+size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t R);
+
+// The documents' placement of a [B, T] call with blocks of Lb, from the bounds' ends on the host
+// (core/doc_bounds.h): R and the DocMap tables' contents, one after the other (src, start,
+// cache_from, packed; vq_documents.cpp).
+struct DocPlan {
+  int64_t R = 0;
+  std::vector<int32_t> tables;
+};
+DocPlan plan_documents(const int32_t *end, int64_t B, int64_t T, int64_t Lb);
+// Bytes of the DocMap tables for R blocks per pair, rounded to 256.
+size_t doc_tables_bytes(int64_t B, int64_t T, int64_t Lb, int64_t R);
+// The geometry of a call: geo_of(L) without documents; with them, the placement planned from
+// the bounds (read back once), its tables copied to the start of ctx.workspace, and *rest the
+// context with the workspace after them (ctx itself without documents). CUDA builds only.
+Geo geo_of_call(const Ctx &ctx, const VqAttnLayout &L, Ctx *rest);
 
 // Lays the workspace out from `base` (nullptr: sizes only) for chunks of `cap` blocks; returns
 // the bytes used, kBlasBytes included.

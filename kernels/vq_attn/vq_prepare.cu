@@ -18,9 +18,11 @@ using cuda::warp_sum;
 
 constexpr int kThreads = 256;
 
-// The pair, token and head of packed row `row` (32-bit: carve checks that rows fit).
+// The pair, packed position, head, sequence and token (-1: padding) of packed row `row` (32-bit:
+// carve checks that rows fit).
 struct PackedRow {
   uint32_t p, t, h, b;
+  int64_t s;
 };
 __device__ __forceinline__ PackedRow packed_row(const Geo& g, uint32_t row) {
   const uint32_t Tp = static_cast<uint32_t>(g.Tp), B = static_cast<uint32_t>(g.B);
@@ -29,6 +31,7 @@ __device__ __forceinline__ PackedRow packed_row(const Geo& g, uint32_t row) {
   r.t = row - r.p * Tp;
   r.h = r.p / B;
   r.b = r.p - r.h * B;
+  r.s = source_token(g, r.b, r.t);
   return r;
 }
 
@@ -43,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(Geo g, const T* __restri
   const PackedRow w = packed_row(g, static_cast<uint32_t>(rs.row));
   T* out = dst + rs.row * D * copies;
   const int step = kVec ? 4 * rs.lanes : rs.lanes;
-  if (w.t >= g.T) {
+  if (w.s < 0) {
     for (int d = (kVec ? 4 : 1) * rs.lane; d < D * copies; d += step) {
       if constexpr (kVec)
         cuda::store4(out + d, make_float4(0.f, 0.f, 0.f, 0.f));
@@ -52,7 +55,7 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(Geo g, const T* __restri
     }
     return;
   }
-  const T* in = src + w.b * s.b + w.t * s.t + int64_t{w.h} * D;
+  const T* in = src + w.b * s.b + w.s * s.t + int64_t{w.h} * D;
   const float* a = add ? add + int64_t{w.h} * D : nullptr;
   if constexpr (kVec) {
     for (int d = 4 * rs.lane; d < D; d += step) {
@@ -81,9 +84,9 @@ __global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::St
   if (row >= g.P * g.Tp) return;
   const PackedRow w = packed_row(g, static_cast<uint32_t>(row));
   float acc = 0;
-  if (w.t < g.T) {
-    const T* xr = x + w.b * xs.b + w.t * xs.t + int64_t{w.h} * D;
-    const T* yr = y ? y + w.b * ys.b + w.t * ys.t + int64_t{w.h} * D : nullptr;
+  if (w.s >= 0) {
+    const T* xr = x + w.b * xs.b + w.s * xs.t + int64_t{w.h} * D;
+    const T* yr = y ? y + w.b * ys.b + w.s * ys.t + int64_t{w.h} * D : nullptr;
     const float* vr = yr ? nullptr : vec + int64_t{w.h} * D;
     if constexpr (kVec) {
       for (int d = 4 * lane; d < D; d += 128) {
@@ -212,7 +215,7 @@ void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs
 }
 
 int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D) {
-  const bool packed = g.H == 1 && g.T == g.Tp && s.t >= D && (g.B == 1 || s.b == g.T * s.t);
+  const bool packed = !g.docs.src && g.H == 1 && g.T == g.Tp && s.t >= D && (g.B == 1 || s.b == g.T * s.t);
   return packed ? s.t : 0;
 }
 
@@ -251,7 +254,8 @@ void prepare(const Ctx& ctx, const Geo& g, const VqAttnLayout& L, Ws& w, const T
     w.counts = saved.counts;
   }
   if (!backward || !L.saved_cache) {
-    const CodeLists lists = code_lists(ctx, z, g.B, g.T, g.H, g.S, g.Lb, w.lists, w.lists_bytes, "vq_attn");
+    const CodeLists lists = code_lists(ctx, z, g.docs.packed, g.B, g.T, g.H, g.S, g.Lb, g.R, w.lists, w.lists_bytes,
+                                         "vq_attn");
     cache_scan<T>(ctx, g, v, L.v, lists, w.counts, static_cast<T*>(w.ubar));
   }
   if (scores) {

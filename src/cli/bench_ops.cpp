@@ -231,7 +231,8 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
 OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
                        int64_t Lb, DType dt, double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
-  const Buffer workspace(vq_attn_workspace_bytes(B, T, H, Dk, Dv, S, Lb, dt), Device::CUDA);
+  const bool docs = doc_len > 0;
+  const Buffer workspace(vq_attn_workspace_bytes(B, T, H, Dk, Dv, S, Lb, dt, docs), Device::CUDA);
   Ctx ctx = model_ctx;
   ctx.workspace = workspace.data();
   ctx.workspace_bytes = workspace.bytes();
@@ -245,7 +246,6 @@ OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t 
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dkhat(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
   OwnedTensor du(DType::F32, Device::CUDA, {H, Dk}), dvr(DType::F32, Device::CUDA, {H, Dk});
   OwnedTensor drho(DType::F32, Device::CUDA, {H, Lb + 1, Dk});
-  const bool docs = doc_len > 0;
   const Buffer saved_cache(docs ? 0 : vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt), Device::CUDA);
   const Buffer saved_weights(docs ? 0 : vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt), Device::CUDA);
   VqAttnOpts opts;

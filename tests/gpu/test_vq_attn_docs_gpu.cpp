@@ -2,25 +2,29 @@
 // on the same rounded inputs, f32 and bf16: forward (o, lse) and backward from the GPU's o and lse
 // (dq, dkhat, dv, and du, dvr, drho summed over the documents), over packed rows with documents of
 // one token, shorter than a block, starting exactly at the block boundaries 64 and 128, spanning
-// several blocks (their caches fill), and a row that is one document; khat off the codewords (the
-// forward then depends on where each document's blocks begin); stream results unchanged by the
-// documents path's existence (bounds of one document per row == no bounds, bit for bit). Decode
-// steps with a document started in one row mid-batch against the CPU steps.
+// several blocks (their caches fill), moved to a block boundary mid-row (the placement of
+// vq_packed.h; Lb = 32), and a row that is one document; khat off the codewords (the forward then
+// depends on where each document's blocks begin); the same results in chunks of one and three
+// blocks (chunk seams inside documents and at their padding) and on reruns, bit for bit; stream
+// results unchanged by the documents path (bounds of one document per row == no bounds, bit for
+// bit). Decode steps with a document started in one row mid-batch against the CPU steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "document_checks.h"
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
+#include "vq_attn/vq_packed.h"
 #include "vq_attn_checks.h"
 
 namespace linac::test_vq_attn_docs_gpu {
 namespace {
 
 const std::vector<std::vector<int64_t>> kLayouts = {
-    {1, 63, 64, 5, 67}, {200}, {17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13}, {130, 1, 1, 68}};
+    {1, 63, 64, 5, 67}, {200}, {17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 17, 13}, {130, 1, 1, 68}, {5, 150, 45}};
 
 struct Case {
   int64_t H, Dk, Dv, S, Lb;
@@ -140,8 +144,42 @@ TEST(VqAttnDocsGpu, ParityBf16) {
   run_parity(DType::BF16, 1e-2, 2e-2);
 }
 
+// Workspaces that hold chunks of one and of three blocks give the full workspace's results (the
+// previous block's key and value gradients accumulate across chunk seams, now also at documents
+// moved to a block boundary and their padding), and reruns the same bits.
+TEST(VqAttnDocsGpu, DeterministicAndChunked) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c = kCases[1];  // Lb = 32: documents move to block boundaries
+  Inputs in(c);
+  std::vector<int32_t> end(static_cast<size_t>(in.B * in.T));
+  std::copy(in.bounds() + in.B * in.T, in.bounds() + 2 * in.B * in.T, end.begin());
+  const int64_t R = vq_cuda::plan_documents(end.data(), in.B, in.T, c.Lb).R;
+  const vq_cuda::Geo geo = vq_cuda::geo_of(in.B, in.T, c.H, c.Dk, c.Dv, c.S, c.Lb, R);
+  EXPECT_GT(R, (in.T + c.Lb - 1) / c.Lb);  // the placement pads
+  for (DType act : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(act));
+    const Gpu g(in, act);
+    auto run_on = [&](const Ctx& ctx) {
+      return run(ctx, in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, act, DType::F32, g.opts(in));
+    };
+    const Result r1 = run_on(gctx.ctx()), r2 = run_on(gctx.ctx());
+    for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
+      EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
+    const double tol = act == DType::BF16 ? 2e-3 : 1e-5;
+    for (int64_t cap : {1, 3}) {
+      SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
+      Ctx small = gctx.ctx();
+      small.workspace_bytes = vq_cuda::doc_tables_bytes(in.B, in.T, c.Lb, R) +
+                              vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
+      ASSERT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
+      test::expect_vq_close(run_on(small), r1, c.H * c.Dk, c.H * c.Dv, tol, tol, 1e-6);
+    }
+  }
+}
+
 // Bounds of one document per row run the documents path on whole rows: bit for bit the stream
-// results (the same kernels on the same views; du, dvr, drho summed over rows in row order).
+// results (the same placement, so the same kernels on the same packed rows).
 TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -155,13 +193,9 @@ TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
   }
   const OwnedTensor whole_d = to(whole, Device::CUDA, DType::I32);
   const int32_t* d = whole_d->data<int32_t>();
-  // One row, so the stream call and the documents path's single call see the same shape.
-  auto row0 = [](const Tensor& x) { return x.narrow(0, 0, 1); };
-  const VqAttnOpts docs{c.Lb, {d, d + in.B * in.T}}, stream{c.Lb, {}};  // row 0 of start and of end
-  const Result a = run(gctx.ctx(), in, row0(g.qkv), row0(g.z), g.cb, g.u, g.vr, g.rho, row0(g.dout), DType::BF16,
-                       DType::F32, docs);
-  const Result b = run(gctx.ctx(), in, row0(g.qkv), row0(g.z), g.cb, g.u, g.vr, g.rho, row0(g.dout), DType::BF16,
-                       DType::F32, stream);
+  const VqAttnOpts docs{c.Lb, {d, d + in.B * in.T}}, stream{c.Lb, {}};
+  const Result a = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, DType::BF16, DType::F32, docs);
+  const Result b = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, DType::BF16, DType::F32, stream);
   EXPECT_TRUE(test::same_bits(a.o, b.o));
   EXPECT_TRUE(test::same_bits(a.grad, b.grad));
   EXPECT_TRUE(test::same_bits(a.du, b.du) && test::same_bits(a.dvr, b.dvr) && test::same_bits(a.drho, b.drho));

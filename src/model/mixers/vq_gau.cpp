@@ -89,7 +89,7 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
 Ctx VqGauMixer::attn_ctx(int64_t B, int64_t T) const {
   Ctx c = env_.ctx;
   if (!c.is_gpu()) return c;
-  const size_t bytes = vq_attn_workspace_bytes(B, T, H_, Dk_, Dvh_, S_, Lb_, env_.act);
+  const size_t bytes = vq_attn_workspace_bytes(B, T, H_, Dk_, Dvh_, S_, Lb_, env_.act, env_.docs.defined());
   const Tensor ws = env_.scratch->get("vq_gau.attn_workspace", DType::F32, {static_cast<int64_t>(bytes / 4 + 1)});
   c.workspace = ws.ptr;
   c.workspace_bytes = bytes;
