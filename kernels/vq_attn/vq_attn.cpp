@@ -71,17 +71,17 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
   L.q = strides(q), L.khat = strides(khat), L.v = strides(v);
   LINAC_CHECK(!opts.docs.defined() || opts.docs.end, "vq_attn: document bounds need both start and end");
   L.docs = opts.docs;
+  if (opts.docs.defined()) L.doc_blocks = opts.doc_blocks;
+  const bool docs = opts.docs.defined();
   if (const Tensor& c = opts.saved_cache; c.defined()) {
-    LINAC_CHECK(!opts.docs.defined(), "vq_attn: saved_cache does not go with documents");
     LINAC_CHECK(c.device == q.device && c.is_contiguous() &&
-                    c.nbytes() >= vq_attn_saved_cache_bytes(L.B, L.T, L.H, L.Dv, L.S, L.Lb, q.dtype),
+                    c.nbytes() >= vq_attn_saved_cache_bytes(L.B, L.T, L.H, L.Dv, L.S, L.Lb, q.dtype, docs),
                 "vq_attn: saved_cache must be contiguous on the inputs' device, of vq_attn_saved_cache_bytes()");
     if (q.device != Device::CPU) L.saved_cache = c.ptr;
   }
   if (const Tensor& sw = opts.saved_weights; sw.defined()) {
-    LINAC_CHECK(!opts.docs.defined(), "vq_attn: saved_weights does not go with documents");
     LINAC_CHECK(sw.device == q.device && sw.is_contiguous() &&
-                    sw.nbytes() >= vq_attn_saved_weights_bytes(L.B, L.T, L.H, L.S, L.Lb, q.dtype),
+                    sw.nbytes() >= vq_attn_saved_weights_bytes(L.B, L.T, L.H, L.S, L.Lb, q.dtype, docs),
                 "vq_attn: saved_weights must be contiguous on the inputs' device, of vq_attn_saved_weights_bytes()");
     if (q.device != Device::CPU) L.saved_weights = sw.ptr;
   }

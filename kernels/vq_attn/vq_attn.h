@@ -32,8 +32,9 @@
 // likewise (a key sends khat gradient only to its own document's window queries, its value to its
 // own document's caches). The CPU forms run each document as its own sequence; the GPU places the
 // documents in its packed layout (vq_packed.h: one call for the whole batch; the bounds are read
-// on the host, one synchronisation per call, and the packed rows take up to about twice the
-// tokens). Undefined docs: the stream form above, unchanged.
+// on the host, one synchronisation per call or, with VqAttnOpts::doc_blocks, per run of calls
+// on the same bounds; the packed rows take up to 1.5 T + Lb positions). Undefined docs: the
+// stream form above, unchanged.
 // lse_t = log sum_j exp(s_tj) (f32 on the GPU) is saved for the backward, which also takes o.
 // Backward (docs/transformer_vq.md §4.1-§4.4), with w the normalised weights and Delta_t = dout_t . o_t:
 //   gs_tj = w_tj (dout_t . v_j - Delta_t)   (window keys),  gs_ts = w_ts (dout_t . Ubar_s - Delta_t)
@@ -102,16 +103,22 @@ struct VqAttnOpts {
   // receives the gradient of v_pre: dv * silu'(v_pre), on the GPU with dv rounded to its dtype
   // first, so the bits of vq_attn_bwd followed by silu_bwd (activation.h) without that pass.
   Tensor v_pre;
-  // GPU, optional, without documents: storage of at least vq_attn_saved_cache_bytes() (contiguous,
-  // any dtype) where the forward leaves the per-block cache (counts and means), and the backward of
-  // the same inputs reads it instead of sorting the codes and scanning the values again (the same
-  // bits). The CPU forms ignore it.
+  // GPU, optional: storage of at least vq_attn_saved_cache_bytes() (with documents: of its
+  // documents variant; contiguous, any dtype) where the forward leaves the per-block cache (counts
+  // and means), and the backward of the same inputs reads it instead of sorting the codes and
+  // scanning the values again (the same bits). The CPU forms ignore it.
   Tensor saved_cache;
-  // GPU, optional, without documents: storage of at least vq_attn_saved_weights_bytes() where the
-  // forward leaves its softmax weights (activation dtype), and the backward of the same inputs
-  // takes them instead of recomputing the scores (it then needs neither lse's nor the scores'
-  // products). In bf16 the gradients so see the weights rounded once, as the output products did.
+  // GPU, optional: storage of at least vq_attn_saved_weights_bytes() (with documents: of its
+  // documents variant) where the forward leaves its softmax weights (activation dtype), and the backward of the same
+  // inputs takes them instead of recomputing the scores (it then needs neither lse's nor the scores' products). In bf16
+  // the gradients so see the weights rounded once, as the output products did.
   Tensor saved_weights;
+  // GPU, with documents, optional: the documents' placement kept between calls that have the same
+  // bounds and the same ctx.workspace (the layers of one model pass, whose vq_gau mixers share
+  // both). *doc_blocks == 0: the call plans the placement (reading the bounds back: one
+  // synchronisation), leaves its tables at the start of ctx.workspace and stores its block count
+  // here; > 0: the tables there are that placement's, used as they are.
+  int64_t* doc_blocks = nullptr;
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -125,6 +132,7 @@ struct VqAttnLayout {
   DocBounds docs;  // CPU forms: host memory
   void* saved_cache = nullptr;    // GPU: VqAttnOpts::saved_cache, or null
   void* saved_weights = nullptr;  // GPU: VqAttnOpts::saved_weights, or null
+  int64_t* doc_blocks = nullptr;  // GPU: VqAttnOpts::doc_blocks where docs are given, or null
 };
 
 // CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];
@@ -226,16 +234,20 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // lists by (block, code) for the cache; score chunks of up to 1 GiB (one head's blocks at the 190M
 // model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs
 // in smaller chunks; one below a single block's chunk is refused in one line. CUDA builds only.
-// documents: for calls with VqAttnOpts::docs, whose packed rows take up to about twice as many
+// documents: for calls with VqAttnOpts::docs, whose packed rows take up to 1.5 times as many
 // blocks (the placement in vq_packed.h), plus the placement's tables.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,
                                DType act, bool documents = false);
 // VqAttnOpts::saved_cache for a [B, T] call: per head, sequence and block the cache means
-// [S, Dv] in the activation dtype, then the counts [S] f32.
-size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act);
+// [S, Dv] in the activation dtype, then the counts [S] f32. documents: for calls with documents
+// (up to 1.5 times the blocks: vq_attn_workspace_bytes).
+size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act,
+                                 bool documents = false);
 // VqAttnOpts::saved_weights for a [B, T] call: per head and sequence, every query's weights over
 // its window (2 Lb entries) and the cache (S), in the activation dtype: about 2 (2 Lb + S) bytes
-// per token and head in bf16 (3 KiB for the paper's head: 100 MiB per layer at 32,768 tokens).
-size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act);
+// per token and head in bf16 (3 KiB for the paper's head: 100 MiB per layer at 32,768 tokens);
+// documents: for calls with documents, as above.
+size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act,
+                                   bool documents = false);
 
 }  // namespace linac

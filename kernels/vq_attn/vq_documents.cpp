@@ -64,17 +64,26 @@ DocPlan plan_documents(const int32_t* end, int64_t B, int64_t T, int64_t Lb) {
 Geo geo_of_call(const Ctx& ctx, const VqAttnLayout& L, Ctx* rest) {
   *rest = ctx;
   if (!L.docs.defined()) return geo_of(L);
-  std::vector<int32_t> end(static_cast<size_t>(L.B * L.T));
-  gpu_memcpy(end.data(), Device::CPU, L.docs.end, Device::CUDA, end.size() * sizeof(int32_t));
-  const DocPlan plan = plan_documents(end.data(), L.B, L.T, L.Lb);
-  LINAC_CHECK(plan.R <= doc_blocks_bound(L.T, L.Lb), "vq_attn: document placement past its bound");
-  Geo g = geo_of(L.B, L.T, L.H, L.Dk, L.Dv, L.S, L.Lb, plan.R);
-  const size_t bytes = doc_tables_bytes(L.B, L.T, L.Lb, plan.R);
+  int64_t R = L.doc_blocks ? *L.doc_blocks : 0;
+  const bool planned = R > 0;  // by an earlier call: its tables are at the workspace's start
+  DocPlan plan;
+  if (!planned) {
+    std::vector<int32_t> end(static_cast<size_t>(L.B * L.T));
+    gpu_memcpy(end.data(), Device::CPU, L.docs.end, Device::CUDA, end.size() * sizeof(int32_t));
+    plan = plan_documents(end.data(), L.B, L.T, L.Lb);
+    R = plan.R;
+  }
+  LINAC_CHECK(R <= doc_blocks_bound(L.T, L.Lb), "vq_attn: document placement past its bound");
+  Geo g = geo_of(L.B, L.T, L.H, L.Dk, L.Dv, L.S, L.Lb, R);
+  const size_t bytes = doc_tables_bytes(L.B, L.T, L.Lb, R);
   LINAC_CHECK(ctx.workspace_bytes >= bytes, "vq_attn: ctx.workspace has " + std::to_string(ctx.workspace_bytes) +
                                                 " bytes, the documents' tables need " + std::to_string(bytes) +
                                                 " (vq_attn_workspace_bytes with documents)");
-  // In ctx's stream order; a pageable source is staged before the call returns.
-  gpu_memcpy_async(ctx, ctx.workspace, plan.tables.data(), plan.tables.size() * sizeof(int32_t));
+  if (!planned) {
+    // In ctx's stream order; a pageable source is staged before the call returns.
+    gpu_memcpy_async(ctx, ctx.workspace, plan.tables.data(), plan.tables.size() * sizeof(int32_t));
+    if (L.doc_blocks) *L.doc_blocks = R;
+  }
   const int32_t* t = static_cast<const int32_t*>(ctx.workspace);
   const int64_t BTp = g.B * g.Tp;
   g.docs = {t, t + BTp, t + 2 * BTp, t + 2 * BTp + g.B * g.R};

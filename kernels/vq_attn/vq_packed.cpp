@@ -96,12 +96,15 @@ SavedWeights saved_weights(const Geo& g, size_t act_bytes, void* base) {
 
 }  // namespace vq_cuda
 
-size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act) {
-  return vq_cuda::saved_weights(vq_cuda::geo_of(B, T, H, 1, 1, S, Lb), dtype_size(act), nullptr).bytes;
+size_t vq_attn_saved_weights_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t Lb, DType act, bool documents) {
+  const int64_t R = documents ? vq_cuda::doc_blocks_bound(T, Lb) : 0;
+  return vq_cuda::saved_weights(vq_cuda::geo_of(B, T, H, 1, 1, S, Lb, R), dtype_size(act), nullptr).bytes;
 }
 
-size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act) {
-  return vq_cuda::saved_cache(vq_cuda::geo_of(B, T, H, 1, Dv, S, Lb), dtype_size(act), nullptr).bytes;
+size_t vq_attn_saved_cache_bytes(int64_t B, int64_t T, int64_t H, int64_t Dv, int64_t S, int64_t Lb, DType act,
+                                 bool documents) {
+  const int64_t R = documents ? vq_cuda::doc_blocks_bound(T, Lb) : 0;
+  return vq_cuda::saved_cache(vq_cuda::geo_of(B, T, H, 1, Dv, S, Lb, R), dtype_size(act), nullptr).bytes;
 }
 
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,

@@ -21,8 +21,9 @@
 //              two blocks, so it never reads a cache, and may share blocks with its neighbours.
 //   masks      window entries before the row's document start (lo below); cache entries of rows
 //              whose document starts after their block's cache segment does (short documents).
-//   R          the longest row's packed blocks, at most doc_blocks_bound(T, Lb) (each gap < Lb
-//              precedes a document longer than Lb, so the packed length stays below 2 T + Lb).
+//   R          the longest row's packed blocks, at most doc_blocks_bound(T, Lb): a gap g < Lb
+//              precedes a document longer than Lb + g, so k gaps add at most
+//              min(k (Lb - 1), T - k (Lb + 1)) rows, below T / 2.
 // The placement is planned on the host from the bounds (one read-back per call) into the DocMap
 // tables at the start of the workspace. Inputs are always packed then (never read in place).
 // Entries of a query row: window e = 0..2Lb-1 (key j = (n-1) Lb + e, valid for 0 <= j <= t,
@@ -35,6 +36,7 @@
 // GEMM that reads it back to add the lo part.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -66,7 +68,11 @@ struct Geo {
 inline int64_t round8(int64_t n) { return (n + 7) / 8 * 8; }
 
 // The most blocks a row of T tokens takes with documents (the placement above).
-inline int64_t doc_blocks_bound(int64_t T, int64_t Lb) { return (T + T / (Lb + 1) * (Lb - 1) + Lb - 1) / Lb; }
+inline int64_t doc_blocks_bound(int64_t T, int64_t Lb) {
+  int64_t gaps = 0;
+  for (int64_t k = 1; k <= T / (Lb + 1); ++k) gaps = std::max(gaps, std::min(k * (Lb - 1), T - k * (Lb + 1)));
+  return (T + gaps + Lb - 1) / Lb;
+}
 
 // R: blocks per pair (0: ceil(T / Lb), the stream layout).
 inline Geo geo_of(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb, int64_t R = 0) {
@@ -152,8 +158,9 @@ DocPlan plan_documents(const int32_t *end, int64_t B, int64_t T, int64_t Lb);
 // Bytes of the DocMap tables for R blocks per pair, rounded to 256.
 size_t doc_tables_bytes(int64_t B, int64_t T, int64_t Lb, int64_t R);
 // The geometry of a call: geo_of(L) without documents; with them, the placement planned from
-// the bounds (read back once), its tables copied to the start of ctx.workspace, and *rest the
-// context with the workspace after them (ctx itself without documents). CUDA builds only.
+// the bounds (read back once) and its tables copied to the start of ctx.workspace, or the
+// tables already there where L.doc_blocks holds their block count (VqAttnOpts::doc_blocks); *rest
+// is the context with the workspace after them (ctx itself without documents). CUDA builds only.
 Geo geo_of_call(const Ctx &ctx, const VqAttnLayout &L, Ctx *rest);
 
 // Lays the workspace out from `base` (nullptr: sizes only) for chunks of `cap` blocks; returns

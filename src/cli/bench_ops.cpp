@@ -227,7 +227,8 @@ OpTiming bench_taylor(const Ctx& ctx, int64_t T, int64_t tokens, int64_t H, int6
 // entries), backward twice that. The kernels get the scratch they ask for (vq_attn_workspace_bytes)
 // as their context's workspace, and the forward saves its cache and weights for the backward, as
 // the vq_gau mixer has them. doc_len > 0: document packing (VqAttnOpts::docs, random_doc_bounds;
-// no saved cache or weights then, as in the mixer); the FLOPs stay the stream's.
+// the documents' placement planned by the first call and kept, as the mixers of a model's layers
+// share it); the FLOPs stay the stream's.
 OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t H, int64_t Dk, int64_t Dv, int64_t S,
                        int64_t Lb, DType dt, double doc_len, int64_t iters) {
   const int64_t B = std::max<int64_t>(1, tokens / T);
@@ -246,21 +247,22 @@ OpTiming bench_vq_attn(const Ctx& model_ctx, int64_t T, int64_t tokens, int64_t 
   OwnedTensor dq(dt, Device::CUDA, {B, T, H, Dk}), dkhat(dt, Device::CUDA, {B, T, H, Dk}), dv(dt, Device::CUDA, {B, T, H, Dv});
   OwnedTensor du(DType::F32, Device::CUDA, {H, Dk}), dvr(DType::F32, Device::CUDA, {H, Dk});
   OwnedTensor drho(DType::F32, Device::CUDA, {H, Lb + 1, Dk});
-  const Buffer saved_cache(docs ? 0 : vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt), Device::CUDA);
-  const Buffer saved_weights(docs ? 0 : vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt), Device::CUDA);
+  const Buffer saved_cache(vq_attn_saved_cache_bytes(B, T, H, Dv, S, Lb, dt, docs), Device::CUDA);
+  const Buffer saved_weights(vq_attn_saved_weights_bytes(B, T, H, S, Lb, dt, docs), Device::CUDA);
   VqAttnOpts opts;
   opts.block = Lb;
   auto words = [](const Buffer& b) {
     return Tensor(b.data(), DType::F32, Device::CUDA, {static_cast<int64_t>(b.bytes() / 4)});
   };
   OwnedTensor bounds;
+  int64_t doc_blocks = 0;
   if (docs) {
     bounds = to(random_doc_bounds(B, T, doc_len), Device::CUDA, DType::I32);
     opts.docs = {bounds->data<int32_t>(), bounds->data<int32_t>() + B * T};
-  } else {
-    opts.saved_cache = words(saved_cache);
-    opts.saved_weights = words(saved_weights);
+    opts.doc_blocks = &doc_blocks;
   }
+  opts.saved_cache = words(saved_cache);
+  opts.saved_weights = words(saved_weights);
   OpTiming r{T, B, 0, 0, 0, 0};
   r.fwd_ms = time_ms(ctx, iters, [&] { vq_attn_fwd(ctx, q, khat, z, v, codebook, u, vr, rho, o, lse, opts); });
   r.bwd_ms = time_ms(ctx, iters, [&] {

@@ -290,7 +290,9 @@ int bench_model(Args& args, const std::string& path) {
     run.ctx = run.gctx->ctx();
   }
   run.mem0 = run.gpu ? gpu_bytes_in_use() : 0;
-  run.model = std::make_unique<Model>(cfg.model, run.ctx, ModelOptions::for_training(cfg.train, run.comm->rank(), run.comm->world()));
+  ModelOptions mo = ModelOptions::for_training(cfg, run.comm->rank(), run.comm->world());
+  mo.documents = o.doc_len > 0;
+  run.model = std::make_unique<Model>(cfg.model, run.ctx, mo);
   if (o.doc_len > 0) run.model->check_documents();
   run.model->set_recompute(parse_recompute(cfg.train.recompute));
   run.model->init_params(cfg.train.seed);

@@ -203,7 +203,7 @@ int cmd_info(int argc, char** argv) {
   in.zero = cfg.train.zero && in.ranks > 1;
   Ctx ctx;
   ctx.device = in.gpu ? Device::CUDA : Device::CPU;
-  ModelOptions opts = ModelOptions::for_training(cfg.train, 0, static_cast<int>(in.ranks));
+  ModelOptions opts = ModelOptions::for_training(cfg, 0, static_cast<int>(in.ranks));
   opts.allocate = false;
   Model model(cfg.model, ctx, opts);
   model.set_recompute(parse_recompute(cfg.train.recompute));

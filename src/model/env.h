@@ -44,9 +44,16 @@ struct ModelEnv {
   // grad_scale of the forward_backward in progress: mixers with auxiliary losses scale those
   // losses' gradients by it, as the language-model loss's are (mixer.h).
   float grad_scale = 0;
+  // Passes may come with documents (ModelOptions::documents): reserve() sizes for them what depends
+  // on their layout.
+  bool documents = false;
   // The document bounds of the forward_backward or prefill in progress (mixer.h), on the model's
   // device; undefined for stream packing and while decoding.
   DocBounds docs;
+  // What mixers derive from `docs` and share within the pass, by key (VQ-attention's placement of
+  // the documents: one read-back of the bounds per pass instead of one per layer and direction);
+  // emptied whenever docs is set or cleared.
+  std::map<std::string, int64_t> docs_derived;
   // During Model::decode_step: each row's position in its current document (int32 [B], the
   // model's device), for mixers that rotate or index by position without reading it on the host.
   Tensor decode_pos;

@@ -24,14 +24,16 @@ Precision Precision::resolve(Device device, const std::string& precision) {
   return {DType::F32, DType::F32, DType::F32, DType::F32};
 }
 
-ModelOptions ModelOptions::for_training(const TrainConfig& tc, int rank, int world) {
+ModelOptions ModelOptions::for_training(const Config& cfg, int rank, int world) {
+  const TrainConfig& tc = cfg.train;
   const bool zero = tc.zero > 0 && world > 1;
   return {.precision = tc.precision,
           .with_optimizer = true,
           .zero_world = zero ? world : 1,
           .zero_rank = zero ? rank : 0,
           .zero_grads = zero && tc.zero == 2,
-          .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16")};
+          .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16"),
+          .documents = cfg.data.packing == "document"};
 }
 
 Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
@@ -42,6 +44,7 @@ Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
   env_.act = p.act;
   env_.resid = p.resid;
   env_.stat = p.stat;
+  env_.documents = opts.documents;
   bf16_logits_ = opts.bf16_logits && p.act == DType::BF16;
   env_.scratch = &scratch_;
   env_.saved = &saved_;
@@ -280,8 +283,12 @@ class Model::DocScope {
                 "Model: document bounds must be [2, B, T] int32 on the model's device, got " + docs.shape_str());
     m.check_documents();
     env_.docs = {docs.data<int32_t>(), docs.data<int32_t>() + B * T};
+    env_.docs_derived.clear();
   }
-  ~DocScope() { env_.docs = {}; }
+  ~DocScope() {
+    env_.docs = {};
+    env_.docs_derived.clear();
+  }
   DocScope(const DocScope&) = delete;
   DocScope& operator=(const DocScope&) = delete;
 

@@ -49,9 +49,10 @@ struct ModelOptions {
   int zero_rank = 0;               // ... this process being zero_rank
   bool zero_grads = false;         // ZeRO-2: the gradients sharded too
   bool bf16_logits = false;        // train.logits_dtype bf16 (or auto): the LM head's logits in bf16 under bf16 compute
+  bool documents = false;  // data.packing "document": reserve() sizes for documents what depends on their layout
   // train.precision and train.logits_dtype with the optimizer; train.zero over `world` ranks as
-  // `rank` (no sharding with one rank).
-  static ModelOptions for_training(const TrainConfig& tc, int rank, int world);
+  // `rank` (no sharding with one rank); data.packing.
+  static ModelOptions for_training(const Config& cfg, int rank, int world);
 };
 
 class Model {

@@ -254,7 +254,7 @@ void Trainer::build_model() {
     gctx_ = std::make_unique<GpuContext>();
     ctx_ = gctx_->ctx();
   }
-  model_ = std::make_unique<Model>(cfg_.model, ctx_, ModelOptions::for_training(tc_, rank_, world_));
+  model_ = std::make_unique<Model>(cfg_.model, ctx_, ModelOptions::for_training(cfg_, rank_, world_));
   model_->set_recompute(parse_recompute(tc_.recompute));
   model_->reserve(B_, data_.max_seq_len(T_));
   stepper_ = std::make_unique<TrainStep>(*model_, tc_, comm_.get());

@@ -360,8 +360,8 @@ TEST(VqAttnCpu, DocumentsNeedBothBounds) {
 }
 
 // A saved cache or saved weights (VqAttnOpts::saved_cache, saved_weights) smaller than their
-// vq_attn_saved_*_bytes, or given with documents, are refused; of that size they are accepted (the
-// CPU forms do not use them).
+// vq_attn_saved_*_bytes (with documents: of the documents variant, sized for their placement's
+// blocks) are refused; of that size they are accepted (the CPU forms do not use them).
 TEST(VqAttnCpu, SavedBufferChecks) {
   Problem p({2, 9, 1, 4, 3, 3, 4});
   OwnedTensor o(DType::F64, Device::CPU, {2, 9, 1, 3}), lse(DType::F64, Device::CPU, {2, 9, 1});
@@ -371,6 +371,9 @@ TEST(VqAttnCpu, SavedBufferChecks) {
   const size_t weight_bytes = vq_attn_saved_weights_bytes(2, 9, 1, 3, 4, DType::F64);
   EXPECT_EQ(weight_bytes, 2 * 12 * 8 * 8 + 2 * 12 * 8 * 8);
   EXPECT_EQ(vq_attn_saved_weights_bytes(16, 2048, 1, 512, 512, DType::BF16), size_t{32768} * (1024 + 512) * 2);
+  // Documents: up to 6 blocks of 512 per row of 2048 (two moved documents, gaps of up to 1022).
+  EXPECT_EQ(vq_attn_saved_weights_bytes(16, 2048, 1, 512, 512, DType::BF16, true),
+            size_t{16} * 6 * 512 * (1024 + 512) * 2);
   auto fwd = [&](const VqAttnOpts& opts) {
     vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, opts);
   };
@@ -384,8 +387,14 @@ TEST(VqAttnCpu, SavedBufferChecks) {
     EXPECT_NO_THROW(fwd(opts));
     opts.*field = buf->narrow(0, 0, static_cast<int64_t>(bytes / 2) - 1);
     EXPECT_THROW(fwd(opts), Error);
-    opts.*field = buf;
     opts.docs = {start, end};
+    const size_t doc_bytes = field == &VqAttnOpts::saved_cache
+                                 ? vq_attn_saved_cache_bytes(2, 9, 1, 3, 3, 4, DType::F64, true)
+                                 : vq_attn_saved_weights_bytes(2, 9, 1, 3, 4, DType::F64, true);
+    OwnedTensor doc_buf(DType::U16, Device::CPU, {static_cast<int64_t>(doc_bytes / 2)});
+    opts.*field = doc_buf;
+    EXPECT_NO_THROW(fwd(opts));
+    opts.*field = doc_buf->narrow(0, 0, static_cast<int64_t>(doc_bytes / 2) - 1);
     EXPECT_THROW(fwd(opts), Error);
     opts.*field = Tensor();
     EXPECT_NO_THROW(fwd(opts));

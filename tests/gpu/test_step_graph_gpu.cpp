@@ -28,13 +28,16 @@ struct Steps {
 // defined), from the same initial weights. vary_scale: a different count of scored targets, so a
 // different grad_scale, at every step.
 Steps train(const ModelConfig& cfg, const Ctx& ctx, bool graph, const Tensor& docs, int n, bool vary_scale = false) {
-  TrainConfig tc;
+  Config full;
+  full.model = cfg;
+  full.data.packing = docs.defined() ? "document" : "stream";
+  TrainConfig& tc = full.train;
   tc.precision = "bf16";
   tc.steps = n;
   tc.lr = 1e-3;
   tc.warmup_steps = 0;
   tc.cuda_graph = graph;
-  Model m(cfg, ctx, ModelOptions::for_training(tc, 0, 1));
+  Model m(cfg, ctx, ModelOptions::for_training(full, 0, 1));
   m.init_params(7);
   m.reserve(kB, kT);
   TrainStep ts(m, tc);

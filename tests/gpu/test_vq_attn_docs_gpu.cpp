@@ -1,11 +1,13 @@
 // VQ-attention with document bounds (vq_attn.h) on the GPU against the CPU block reference (double)
 // on the same rounded inputs, f32 and bf16: forward (o, lse) and backward from the GPU's o and lse
-// (dq, dkhat, dv, and du, dvr, drho summed over the documents), over packed rows with documents of
+// (dq, dkhat, dv, and du, dvr, drho summed over the documents; the backward recomputing the
+// weights, and taking the forward's saved cache and weights), over packed rows with documents of
 // one token, shorter than a block, starting exactly at the block boundaries 64 and 128, spanning
 // several blocks (their caches fill), moved to a block boundary mid-row (the placement of
 // vq_packed.h; Lb = 32), and a row that is one document; khat off the codewords (the forward then
-// depends on where each document's blocks begin); the same results in chunks of one and three
-// blocks (chunk seams inside documents and at their padding) and on reruns, bit for bit; stream
+// depends on where each document's blocks begin); chunks of one and three blocks (seams inside
+// documents and at their padding) close to one chunk, reruns bit for bit; the placement kept
+// across calls (VqAttnOpts::doc_blocks) used without the bounds; stream
 // results unchanged by the documents path (bounds of one document per row == no bounds, bit for
 // bit). Decode steps with a document started in one row mid-batch against the CPU steps.
 #include <gtest/gtest.h>
@@ -127,6 +129,20 @@ void run_parity(DType act, double tol_o, double tol_grad) {
     Result cr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64, host, o_r,
                     lse_r);
     test::expect_vq_close(gr, cr, c.H * c.Dk, c.H * c.Dv, tol_o, tol_grad);
+    {  // The forward's cache and weights saved for the backward, sized for documents.
+      SCOPED_TRACE("saved cache and weights");
+      auto words = [](size_t bytes) {
+        return OwnedTensor(DType::F32, Device::CUDA, {static_cast<int64_t>(bytes / 4)});
+      };
+      const OwnedTensor cache = words(vq_attn_saved_cache_bytes(in.B, in.T, c.H, c.Dv, c.S, c.Lb, act, true));
+      const OwnedTensor weights = words(vq_attn_saved_weights_bytes(in.B, in.T, c.H, c.S, c.Lb, act, true));
+      VqAttnOpts saved = g.opts(in);
+      saved.saved_cache = cache;
+      saved.saved_weights = weights;
+      const Result gs = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, act, DType::F32, saved);
+      EXPECT_TRUE(test::same_bits(gs.o, gr.o));
+      test::expect_vq_close(gs, cr, c.H * c.Dk, c.H * c.Dv, tol_o, tol_grad);
+    }
     // The reference itself differs from the stream form (the bounds are not a no-op).
     Result sr = run(Ctx{}, in, qkv_r, in.z, in.codebook, u_r, vr_r, rho_r, dout_r, DType::F64, DType::F64,
                     VqAttnOpts{c.Lb, {}, {}});
@@ -176,6 +192,41 @@ TEST(VqAttnDocsGpu, DeterministicAndChunked) {
       test::expect_vq_close(run_on(small), r1, c.H * c.Dk, c.H * c.Dv, tol, tol, 1e-6);
     }
   }
+}
+
+// VqAttnOpts::doc_blocks: the first call plans the placement and stores its block count; calls
+// given that count use the tables at the workspace's start as they are, without reading the
+// bounds: after the bounds on the device are overwritten with one document per row, such a call
+// still gives the first call's bits, while one that plans again does not.
+TEST(VqAttnDocsGpu, PlacementKeptAcrossCalls) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Case c = kCases[1];
+  Inputs in(c);
+  Gpu g(in, DType::BF16);
+  int64_t R = 0;
+  VqAttnOpts opts = g.opts(in);
+  opts.doc_blocks = &R;
+  auto run_with = [&](const VqAttnOpts& o) {
+    return run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, DType::BF16, DType::F32, o);
+  };
+  const Result first = run_with(opts);
+  EXPECT_GT(R, (in.T + c.Lb - 1) / c.Lb);  // the placement's, which pads
+  OwnedTensor whole(DType::I32, Device::CPU, {2, in.B, in.T});
+  for (int64_t i = 0; i < in.B * in.T; ++i) {
+    whole->data<int32_t>()[i] = 0;
+    whole->data<int32_t>()[in.B * in.T + i] = static_cast<int32_t>(in.T);
+  }
+  copy_tensor(g.docs, whole);
+  const Result kept = run_with(opts);
+  EXPECT_TRUE(test::same_bits(kept.o, first.o));
+  EXPECT_TRUE(test::same_bits(kept.grad, first.grad));
+  EXPECT_TRUE(test::same_bits(kept.drho, first.drho));
+  int64_t R2 = 0;
+  opts.doc_blocks = &R2;
+  const Result planned = run_with(opts);
+  EXPECT_EQ(R2, (in.T + c.Lb - 1) / c.Lb);
+  EXPECT_GT(test::rel_error(planned.o, first.o), 1e-2);
 }
 
 // Bounds of one document per row run the documents path on whole rows: bit for bit the stream

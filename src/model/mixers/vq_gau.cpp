@@ -112,23 +112,29 @@ void VqGauMixer::reserve(int64_t B, int64_t T) {
   lse_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   err_buf_ = env_.saved->take(N * static_cast<size_t>(H_) * stat);
   if (env_.ctx.is_gpu()) {
-    cache_buf_ = env_.saved->take(vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
-    weights_buf_ = env_.saved->take(vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act));
+    cache_buf_ = env_.saved->take(vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act, env_.documents));
+    weights_buf_ = env_.saved->take(vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act, env_.documents));
   }
 }
 
-VqAttnOpts VqGauMixer::attn_opts(int64_t B, int64_t T) const {
+VqAttnOpts VqGauMixer::attn_opts(int64_t B, int64_t T, const Ctx& attn) const {
   VqAttnOpts o;
   o.block = Lb_;
   o.docs = env_.docs;
+  // The placement's tables live at the workspace's start: keyed by that buffer, and by the scratch
+  // pool's allocations, which would have moved or emptied it.
+  if (env_.docs.defined() && attn.is_gpu())
+    o.doc_blocks =
+        &env_.docs_derived["vq_attn.doc_blocks " + std::to_string(reinterpret_cast<uintptr_t>(attn.workspace)) + " " +
+                           std::to_string(env_.scratch->allocations())];
   // The same B, T and documents in a step's forward and backward: both use the saved cache and
-  // weights, or neither.
-  if (env_.docs.defined()) return o;
+  // weights, or neither (with documents, where reserve() sized them for documents).
   auto view = [](const SavedBuf& buf, size_t bytes) {
     return bytes <= buf.bytes() ? buf.tensor(DType::F32, {static_cast<int64_t>(bytes / sizeof(float))}) : Tensor();
   };
-  o.saved_cache = view(cache_buf_, vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act));
-  o.saved_weights = view(weights_buf_, vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act));
+  const bool docs = env_.docs.defined();
+  o.saved_cache = view(cache_buf_, vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act, docs));
+  o.saved_weights = view(weights_buf_, vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act, docs));
   return o;
 }
 
@@ -142,9 +148,10 @@ int64_t VqGauMixer::state_elems(int64_t T) const {
 size_t VqGauMixer::activation_bytes(int64_t B, int64_t T) const {
   const size_t N = static_cast<size_t>(B * T), HDk = static_cast<size_t>(H_ * Dk_);
   // GPU: the op's saved cache and weights (VqAttnOpts), besides the unit's own activations.
-  const size_t saved = env_.ctx.is_gpu() ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act) +
-                                               vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act)
-                                         : 0;
+  const size_t saved = env_.ctx.is_gpu()
+                           ? vq_attn_saved_cache_bytes(B, T, H_, Dvh_, S_, Lb_, env_.act, env_.documents) +
+                                 vq_attn_saved_weights_bytes(B, T, H_, S_, Lb_, env_.act, env_.documents)
+                           : 0;
   return N * ((static_cast<size_t>(Pqkv_ + 4 * Dv_) + 3 * HDk) * dtype_size(env_.act) +
               static_cast<size_t>(H_) * (sizeof(int32_t) + 3 * dtype_size(env_.stat))) +
          saved;
@@ -208,8 +215,9 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   const Tensor r = rho();
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
-    vq_attn_fwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
-                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, attn_opts(B, T));
+    const Ctx actx = attn_ctx(B, T);
+    vq_attn_fwd(actx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_), r,
+                bthd(go, B, T, Dv_, H_, Dvh_), lse, attn_opts(B, T, actx));
   }
   Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
@@ -251,14 +259,14 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   Tensor du = env_.scratch->get("gau.du", env_.stat, {H_, Dk_}), dvr = env_.scratch->get("gau.dvr", env_.stat, {H_, Dk_});
   Tensor drho = env_.scratch->get("gau.drho", env_.stat, {H_, Lb_ + 1, Dk_});
   const Tensor r = rho_;  // this step's forward made it from the same Wr
-  VqAttnOpts opts = attn_opts(B, T);
+  const Ctx actx = attn_ctx(B, T);
+  VqAttnOpts opts = attn_opts(B, T, actx);
   opts.v_pre = bthd(proj, B, T, 2 * HDk, H_, Dvh_);
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
-    vq_attn_bwd(attn_ctx(B, T), q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_),
-                ps.master(vr_), r, bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_),
-                dq.view({B, T, H_, Dk_}), dk.view({B, T, H_, Dk_}), bthd(dproj, B, T, 2 * HDk, H_, Dvh_), du, dvr, drho,
-                opts);
+    vq_attn_bwd(actx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_), r,
+                bthd(go, B, T, Dv_, H_, Dvh_), lse, bthd(dgo, B, T, Dv_, H_, Dvh_), dq.view({B, T, H_, Dk_}),
+                dk.view({B, T, H_, Dk_}), bthd(dproj, B, T, 2 * HDk, H_, Dvh_), du, dvr, drho, opts);
   }
   add_inplace(ctx, ps.grad(u_), du, 1.f);
   add_inplace(ctx, ps.grad(vr_), dvr, 1.f);

@@ -79,9 +79,11 @@ class VqGauMixer final : public Mixer {
   Tensor rho();
   // env_.ctx with the VQ-attention kernels' scratch as its workspace (GPU).
   Ctx attn_ctx(int64_t B, int64_t T) const;
-  // The op's options for a [B, T] pass; on the GPU without documents with the forward's cache saved
-  // for the backward.
-  VqAttnOpts attn_opts(int64_t B, int64_t T) const;
+  // The op's options for a [B, T] pass on attn_ctx's workspace: on the GPU with the forward's cache
+  // and weights saved for the backward (with documents where reserve() sized them for documents:
+  // ModelOptions::documents), and the documents' placement shared by every layer of the pass
+  // (ModelEnv::docs_derived).
+  VqAttnOpts attn_opts(int64_t B, int64_t T, const Ctx& attn) const;
   // Normalised, scaled q and k [N, H Dk] of the raw projections proj [N, >= 2 H Dk].
   void queries_keys(const Tensor& proj, const Tensor& q, const Tensor& k, const Tensor& rstd);
 
