@@ -109,9 +109,10 @@ struct VqAttnOpts {
   // scanning the values again (the same bits). The CPU forms ignore it.
   Tensor saved_cache;
   // GPU, optional: storage of at least vq_attn_saved_weights_bytes() (with documents: of its
-  // documents variant) where the forward leaves its softmax weights (activation dtype), and the backward of the same
-  // inputs takes them instead of recomputing the scores (it then needs neither lse's nor the scores' products). In bf16
-  // the gradients so see the weights rounded once, as the output products did.
+  // documents variant) where the forward leaves its softmax weights (activation dtype), and the
+  // backward of the same inputs takes them instead of recomputing the scores (it then needs
+  // neither lse's nor the scores' products). In bf16 the gradients so see the weights rounded
+  // once, as the output products did.
   Tensor saved_weights;
   // GPU, with documents, optional: the documents' placement kept between calls that have the same
   // bounds and the same ctx.workspace (the layers of one model pass, whose vq_gau mixers share
