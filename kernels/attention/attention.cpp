@@ -113,9 +113,7 @@ void attention_bwd(const Ctx& ctx, const Tensor& q, const Tensor& k, const Tenso
   }
 }
 
-bool attention_bwd_fuses_rope(int64_t D) {
-  return (D == 64 || D == 128) && std::string_view(attention_gpu_kernels(D)) == "sm90";
-}
+bool attention_bwd_fuses_rope(int64_t D) { return std::string_view(attention_gpu_kernels(D)) == "sm90"; }
 
 AttentionBwdWorkspace attention_bwd_workspace(int64_t B, int64_t T, int64_t H, int64_t D, bool rope) {
   auto aligned = [](int64_t bytes) { return static_cast<size_t>((bytes + 255) / 256 * 256); };

@@ -18,7 +18,8 @@
 // RoPE (AttentionOpts::rope defined): q and k arrive rotated (rope_fwd, positions 0 .. T-1, or
 // t - start[b,t] with document bounds, by the caller); the backward returns dq and dk for the unrotated q and k, i.e.
 // rope_bwd applied to the gradients above. The Hopper backward rotates dq and dk as it writes them at D = 64, and dk
-// at D = 128 (one bf16 rounding, no extra pass); every other gradient gets a rope_bwd pass after the kernel.
+// at D = 80, 96, 112, 128 (one bf16 rounding, no extra pass); every other gradient gets a rope_bwd pass after the
+// kernel.
 //
 // Layout: q, o, dout, dq are [B, T, H, D] and k, v, dk, dv [B, T, Hk, D], each with the last two
 // dims contiguous (head stride D, unit dim stride); batch and token strides are free, since q/k/v
@@ -121,8 +122,8 @@ inline size_t attention_bwd_workspace_bytes(int64_t B, int64_t T, int64_t H, int
   return attention_bwd_workspace(B, T, H, D, rope).bytes;
 }
 // Whether the GPU backward rotates RoPE gradients inside its kernel (the Hopper kernels: dq and dk
-// at D = 64, dk at D = 128, where dQ leaves in two 64-column chunks that split every pair), and
-// whether that includes dq.
+// at D = 64; dk at D = 80, 96, 112, 128, where dQ leaves in 64-column chunks that split the
+// pairs), and whether that includes dq.
 bool attention_bwd_fuses_rope(int64_t D);
 inline bool attention_bwd_fuses_rope_dq(int64_t D) { return D == 64 && attention_bwd_fuses_rope(D); }
 

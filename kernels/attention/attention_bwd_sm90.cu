@@ -111,9 +111,10 @@ __device__ __forceinline__ void acc_add(float (&acc)[N / 2], const float* tile) 
 }
 
 // kRope: dk (and at D = DP = 64 dq) leaves rotated back by its RoPE angles (rope_cs,
-// store_rows_rope): a thread's dK accumulators hold both ends of each pair (columns c and c + D/2);
-// at D = 128 dQ leaves in two 64-column chunks, which split every pair, so dq is rotated by a pass
-// after the kernel. kRope needs D = DP. kDocs: document bounds (positions restart at each document).
+// store_rows_rope): a thread's dK accumulators hold both ends of each pair (columns c and c + D/2,
+// for every head dim of the 128-column kernel: 80, 96, 112, 128); there dQ leaves in 64-column
+// chunks, which split the pairs, so dq is rotated by a pass after the kernel. kDocs: document
+// bounds (positions restart at each document).
 template <int DP, bool kRope, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 1)
     bwd_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_do,
@@ -467,8 +468,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (((n_tiles - 1) & 1) == w) dq_tile(n_tiles - 1);  // the last tile's dQ
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};
-    if constexpr (kRope)
-      store_rows_rope<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs, rope_starts);
+    if constexpr (kRope) {
+      auto rotated = [&](auto d) {
+        store_rows_rope<DP, decltype(d)::value>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, rope_cs,
+                                                rope_starts);
+      };
+      if constexpr (DP == 64) {
+        rotated(std::integral_constant<int, 64>{});
+      } else {  // the pair distance must be known at compile time: the accumulators are registers
+        if (a.D == 80)
+          rotated(std::integral_constant<int, 80>{});
+        else if (a.D == 96)
+          rotated(std::integral_constant<int, 96>{});
+        else if (a.D == 112)
+          rotated(std::integral_constant<int, 112>{});
+        else
+          rotated(std::integral_constant<int, 128>{});
+      }
+    }
     else
       store_rows<DP>(dk + hk * a.D, a.dk, b, a.T, srow0, dk_acc, scale, a.D);
     store_rows<DP>(dv + hk * a.D, a.dv, b, a.T, srow0, dv_acc, one, a.D, a.accumulate_dv);
@@ -512,13 +529,13 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
 void bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
               const Tensor& v, const float* lse, const float* delta, const Tensor& dout, const Tensor& dq,
               const Tensor& dk, const Tensor& dv, const float* rope_cs) {
-  LINAC_CHECK(!rope_cs || L.D == 64 || L.D == 128,
-              "attention (GPU): the Hopper backward rotates RoPE gradients at head dims 64 and 128 only");
+  LINAC_CHECK(!rope_cs || attention_bwd_fuses_rope(L.D),
+              "attention (GPU): the Hopper backward rotates RoPE gradients at head dims 64, 80, 96, 112, 128 only");
   auto launch = [&](auto docs) {
     constexpr bool kDocs = decltype(docs)::value;
-    if (L.D == 64 && rope_cs)
+    if (attention_sm90_tile_cols(a.D) == 64 && rope_cs)
       launch_bwd_sm90<64, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
-    else if (L.D == 128 && rope_cs)
+    else if (rope_cs)
       launch_bwd_sm90<128, true, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, rope_cs);
     else if (attention_sm90_tile_cols(a.D) == 64)
       launch_bwd_sm90<64, false, kDocs>(ctx, a, L, q, k, v, lse, delta, dout, dq, dk, dv, nullptr);

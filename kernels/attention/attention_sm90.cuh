@@ -92,15 +92,16 @@ __device__ __forceinline__ void store_rows(bf16_t* x, const AttentionLayout::Str
   }
 }
 
-// store_rows with each RoPE pair (i, i + D/2) of a row at position t turned back by its angle
-// (rope.h's backward: y_i = x_i cos + x_{i+D/2} sin, y_{i+D/2} = x_{i+D/2} cos - x_i sin) before
-// the bf16 rounding. The thread's columns 8j + 2tq + e (j < D/16) pair with those of j + D/16, so
-// both ends of every pair are in its registers; cos_sin is rope_table_cuda's [T][D/2] of
-// (cos, sin), read 16 bytes (columns c and c + 1) at a time. starts: null, or row b's document
-// starts ([T] int32), which make the position t - starts[t]. x: the head's first column.
-template <int D>
+// store_rows of a head of D columns (a multiple of 16, at most the accumulator's N) with each RoPE
+// pair (i, i + D/2) of a row at position t turned back by its angle (rope.h's backward: y_i = x_i
+// cos + x_{i+D/2} sin, y_{i+D/2} = x_{i+D/2} cos - x_i sin) before the bf16 rounding. The thread's
+// columns 8j + 2tq + e (j < D/16) pair with those of j + D/16, so both ends of every pair are in
+// its registers; cos_sin is rope_table_cuda's [T][D/2] of (cos, sin), read 16 bytes (columns c
+// and c + 1) at a time. starts: null, or row b's document starts ([T] int32), which make the
+// position t - starts[t]. x: the head's first column.
+template <int N, int D = N>
 __device__ __forceinline__ void store_rows_rope(bf16_t* x, const AttentionLayout::Strides& s, int b, int T, int row0,
-                                                const float (&acc)[D / 2], const float (&scale)[2],
+                                                const float (&acc)[N / 2], const float (&scale)[2],
                                                 const float* __restrict__ cos_sin,
                                                 const int32_t* __restrict__ starts) {
   const int tq = threadIdx.x & 3;

@@ -111,30 +111,32 @@ const GpuCase kCases[] = {
     {1500, 128, false, 0},  {2100, 64, true, 700},  {385, 128, true, 0},   {191, 64, false, 0},   {193, 64, true, 0},
     {2100, 128, true, 0},   {2100, 96, true, 0}};
 
-// The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel, D = 128 dk inside it and dq
-// by a rope_bwd pass (positions past a tile boundary, padding rows, a window, full attention); D =
-// 96 and the sm80 family rotate both by the pass; bases 10000 and 500 (angles of many turns by T =
-// 2100).
-const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4},  {1000, 64, true, 0, 1e4}, {191, 64, false, 0, 1e4},
-                              {2100, 64, true, 0, 500},  {150, 64, true, 1, 1e4},  {333, 128, true, 64, 1e4},
-                              {385, 128, true, 0, 500},  {17, 64, true, 0, 1e4},   {2100, 128, true, 0, 500},
-                              {191, 128, false, 0, 1e4}, {150, 128, true, 1, 1e4}, {333, 96, true, 0, 1e4}};
+// The backward with RoPE: D = 64 rotates dq/dk inside the Hopper kernel, D = 80, 96, 112, 128 dk
+// inside it (each its own pair distance) and dq by a rope_bwd pass (positions past a tile boundary,
+// padding rows, a window, full attention); the sm80 family rotates both by the pass; bases 10000
+// and 500 (angles of many turns by T = 2100).
+const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4},   {1000, 64, true, 0, 1e4},  {191, 64, false, 0, 1e4},
+                              {2100, 64, true, 0, 500},   {150, 64, true, 1, 1e4},   {333, 128, true, 64, 1e4},
+                              {385, 128, true, 0, 500},   {17, 64, true, 0, 1e4},    {2100, 128, true, 0, 500},
+                              {191, 128, false, 0, 1e4},  {150, 128, true, 1, 1e4},  {333, 96, true, 0, 1e4},
+                              {1000, 96, true, 129, 500}, {257, 80, true, 0, 1e4},   {333, 112, false, 0, 500},
+                              {1000, 112, true, 64, 1e4}, {1200, 80, true, 129, 1e4}};
 
 // Documents are packed in the window: every document case below. T = 2100 without a window takes
 // the Hopper forward's one-CTA-per-item grid, the others its persistent one; with RoPE the Hopper
-// backward rotates in-kernel (positions from document starts) dq and dk at D = 64 and dk at D = 128,
-// a rope_bwd pass the rest.
-const GpuCase kDocCases[] = {
-    {333, 64, true, 0, 0, Docs::kShort},       {333, 128, true, 0, 0, Docs::kTiles},
-    {1000, 64, true, 0, 0, Docs::kMixed},      {1000, 128, true, 0, 0, Docs::kRandom},
-    {2100, 64, true, 0, 0, Docs::kRandom},     {2100, 128, true, 0, 0, Docs::kTiles},
-    {1000, 64, true, 100, 0, Docs::kTiles},    {333, 128, true, 16, 0, Docs::kShort},
-    {2100, 64, true, 700, 0, Docs::kMixed},    {1000, 96, true, 0, 0, Docs::kMixed},
-    {333, 112, true, 64, 0, Docs::kTiles},     {500, 80, true, 0, 0, Docs::kShort},
-    {1000, 64, true, 0, 0, Docs::kOne},        {17, 64, true, 0, 0, Docs::kShort},
-    {1000, 64, true, 0, 1e4, Docs::kMixed},    {333, 64, true, 37, 1e4, Docs::kShort},
-    {2100, 64, true, 0, 500, Docs::kTiles},    {1000, 128, true, 0, 1e4, Docs::kRandom},
-    {333, 128, true, 64, 1e4, Docs::kTiles},   {1000, 96, true, 0, 1e4, Docs::kShort}};
+// backward rotates in-kernel (positions from document starts) dq and dk at D = 64 and dk at D = 96
+// and 128, a rope_bwd pass the rest.
+const GpuCase kDocCases[] = {{333, 64, true, 0, 0, Docs::kShort},      {333, 128, true, 0, 0, Docs::kTiles},
+                             {1000, 64, true, 0, 0, Docs::kMixed},     {1000, 128, true, 0, 0, Docs::kRandom},
+                             {2100, 64, true, 0, 0, Docs::kRandom},    {2100, 128, true, 0, 0, Docs::kTiles},
+                             {1000, 64, true, 100, 0, Docs::kTiles},   {333, 128, true, 16, 0, Docs::kShort},
+                             {2100, 64, true, 700, 0, Docs::kMixed},   {1000, 96, true, 0, 0, Docs::kMixed},
+                             {333, 112, true, 64, 0, Docs::kTiles},    {500, 80, true, 0, 0, Docs::kShort},
+                             {1000, 64, true, 0, 0, Docs::kOne},       {17, 64, true, 0, 0, Docs::kShort},
+                             {1000, 64, true, 0, 1e4, Docs::kMixed},   {333, 64, true, 37, 1e4, Docs::kShort},
+                             {2100, 64, true, 0, 500, Docs::kTiles},   {1000, 128, true, 0, 1e4, Docs::kRandom},
+                             {333, 128, true, 64, 1e4, Docs::kTiles},  {1000, 96, true, 0, 1e4, Docs::kShort},
+                             {1000, 96, true, 129, 500, Docs::kMixed}, {333, 112, true, 16, 1e4, Docs::kRandom}};
 
 // Grouped-query attention: 4 query heads on 2 key/value heads, 6 on 3, and multi-query (6 on 1),
 // through every head dim, causal and full, windows, RoPE and documents, T not a multiple of any
@@ -151,12 +153,14 @@ const GpuCase kGqaCases[] = {
     {333, 128, true, 0, 0, Docs::kShort, 4, 2},    {1000, 64, true, 0, 1e4, Docs::kRandom, 6, 3},
     {333, 96, true, 64, 0, Docs::kTiles, 4, 2}};
 
-// AttentionOpts::accumulate_dv: Latte-Macchiato's window (D = 96, window 129) and every other kernel
-// path (D = 64 with RoPE, D = 128, grouped-query heads, documents, full attention).
+// AttentionOpts::accumulate_dv: Latte-Macchiato's window (D = 96, window 129; with its RoPE and
+// documents too) and every other kernel path (D = 64 with RoPE, D = 128, grouped-query heads,
+// documents, full attention).
 const GpuCase kAccumulateCases[] = {
-    {1000, 96, true, 129, 0, Docs::kNone, kH, kH, true}, {333, 64, true, 37, 1e4, Docs::kNone, kH, kH, true},
-    {2100, 128, true, 0, 0, Docs::kNone, kH, kH, true},  {1000, 64, true, 0, 0, Docs::kNone, 6, 1, true},
-    {1000, 96, true, 0, 0, Docs::kMixed, 4, 2, true},    {200, 112, false, 0, 0, Docs::kNone, kH, kH, true}};
+    {1000, 96, true, 129, 0, Docs::kNone, kH, kH, true},   {333, 64, true, 37, 1e4, Docs::kNone, kH, kH, true},
+    {1000, 96, true, 129, 1e4, Docs::kNone, kH, kH, true}, {1000, 96, true, 129, 1e4, Docs::kMixed, kH, kH, true},
+    {2100, 128, true, 0, 0, Docs::kNone, kH, kH, true},    {1000, 64, true, 0, 0, Docs::kNone, 6, 1, true},
+    {1000, 96, true, 0, 0, Docs::kMixed, 4, 2, true},      {200, 112, false, 0, 0, Docs::kNone, kH, kH, true}};
 
 AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;

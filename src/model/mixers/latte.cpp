@@ -93,7 +93,7 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
     require(latte_workspace_bytes_per_seq(T, H_, Lh_, Dh_, env_.act), "the Latte core",
             "sequences of " + std::to_string(T) + " tokens");
     if (opt_.window > 0)
-      require(attention_bwd_workspace_bytes(B, T, H_, Dh_), "the local attention's backward",
+      require(attention_bwd_workspace_bytes(B, T, H_, Dh_, true), "the local attention's backward",
               "micro-batches of " + std::to_string(B) + "x" + std::to_string(T));
     if (opt_.conv > 0)
       require(short_conv_bwd_workspace_bytes(B, T, d_, opt_.conv), "the logits' convolution backward",
@@ -255,7 +255,8 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
   }
 
-  // The local path: attention backward into dQl, dKl and, added to dV, the values' second share.
+  // The local path: attention backward into dQl, dKl (for the unrotated q and k: the kernel turns
+  // them back where it can, attention.h) and, added to dV, the values' second share.
   if (opt_.window > 0) {
     Tensor dqk = env_.scratch->get("latte.dqk", env_.act, {N, 2 * d_});
     const Tensor dq = bthd(dqk, B, T, 0, H_, Dh_), dk = bthd(dqk, B, T, d_, H_, Dh_);
@@ -263,9 +264,9 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     ao.window = opt_.window;
     ao.docs = docs;
     ao.accumulate_dv = true;
+    ao.rope = opt_.rope_base;
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
                   lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dV, ao);
-    rope_bwd(ctx, bthd(dqk, B, T, 0, 2 * H_, Dh_), opt_.rope_base, 0, docs);  // dq and dk
     matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
     matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
   }
