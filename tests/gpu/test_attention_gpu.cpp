@@ -124,8 +124,8 @@ const GpuCase kRopeCases[] = {{200, 64, true, 37, 1e4},   {1000, 64, true, 0, 1e
 
 // Documents are packed in the window: every document case below. T = 2100 without a window takes
 // the Hopper forward's one-CTA-per-item grid, the others its persistent one; with RoPE the Hopper
-// backward rotates in-kernel (positions from document starts) dq and dk at D = 64 and dk at D = 96
-// and 128, a rope_bwd pass the rest.
+// backward rotates in-kernel (positions from document starts) dq and dk at D = 64 and dk at D = 96,
+// 112 and 128; dq there, and the sm80 family's both, take a rope_bwd pass.
 const GpuCase kDocCases[] = {{333, 64, true, 0, 0, Docs::kShort},      {333, 128, true, 0, 0, Docs::kTiles},
                              {1000, 64, true, 0, 0, Docs::kMixed},     {1000, 128, true, 0, 0, Docs::kRandom},
                              {2100, 64, true, 0, 0, Docs::kRandom},    {2100, 128, true, 0, 0, Docs::kTiles},
