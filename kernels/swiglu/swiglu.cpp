@@ -39,4 +39,23 @@ void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor&
                      swiglu_bwd_cpu<T>(h.data<T>(), da.data<T>(), dh.data<T>(), da.size(0), da.size(1), act));
 }
 
+void swiglu_value_dots(const Ctx& ctx, const Tensor& h, const Tensor& dh, const Tensor& dots) {
+  LINAC_CHECK(h.ndim == 2 && h.is_contiguous() && h.size(1) % 16 == 0,
+              "swiglu_value_dots: h must be [N, 2F] contiguous with F a multiple of 8, got " + h.shape_str());
+  LINAC_CHECK_SHAPE(h, dh);
+  LINAC_CHECK(dh.is_contiguous(), "swiglu_value_dots: dh must be contiguous");
+  LINAC_CHECK(dots.ndim == 2 && dots.is_contiguous() && dots.dtype == DType::F32 && dots.size(0) == h.size(0) &&
+                  dots.size(1) == h.size(1) / 16 && dots.device == h.device,
+              "swiglu_value_dots: dots must be [N, F / 8] f32 contiguous on h's device for h " + h.shape_str() +
+                  ", got " + dots.shape_str());
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    swiglu_value_dots_cuda(ctx, h, dh, dots);
+    return;
+  }
+  LINAC_CHECK(h.dtype == dh.dtype, "swiglu_value_dots: CPU dtypes must agree");
+  LINAC_CPU_DISPATCH(h.dtype, T,
+                     swiglu_value_dots_cpu<T>(h.data<T>(), dh.data<T>(), dots.data<float>(), h.size(0), h.size(1) / 2));
+}
+
 }  // namespace linac

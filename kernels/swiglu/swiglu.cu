@@ -62,6 +62,19 @@ __global__ void swiglu_bwd_kernel(const TH* __restrict__ h, const TG* __restrict
   }
 }
 
+// Thread per 8-column unit of the value half (swiglu_value_dots).
+template <class TH, class TG>
+__global__ void swiglu_value_dots_kernel(const TH* __restrict__ h, const TG* __restrict__ dh, float* __restrict__ dots,
+                                         int64_t n, int64_t f) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, units = f / 8;
+  if (i >= n * units) return;
+  const int64_t r = i / units, c0 = r * 2 * f + f + 8 * (i - r * units);
+  float acc = 0;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) acc = __fmaf_rn(cuda::to_float(dh[c0 + c]), cuda::to_float(h[c0 + c]), acc);
+  dots[i] = acc;
+}
+
 // Threads per row: enough for one pass over the row's columns (or vector groups), up to kMaxThreads.
 int threads_for(int64_t items) {
   return static_cast<int>(std::clamp<int64_t>((items + 31) / 32 * 32, 32, kMaxThreads));
@@ -103,6 +116,16 @@ void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct ac
     launch_fwd<GluAct::Silu>(ctx, h, a);
   else
     launch_fwd<GluAct::Identity>(ctx, h, a);
+}
+
+void swiglu_value_dots_cuda(const Ctx& ctx, const Tensor& h, const Tensor& dh, const Tensor& dots) {
+  const int64_t n = h.size(0), f = h.size(1) / 2;
+  if (n == 0 || f == 0) return;
+  LINAC_GPU_DISPATCH(h.dtype, TH, LINAC_GPU_DISPATCH(dh.dtype, TG, {
+    swiglu_value_dots_kernel<TH, TG><<<cuda::grid_1d(n * (f / 8), kMaxThreads), kMaxThreads, 0, cuda::stream_of(ctx)>>>(
+        h.data<TH>(), dh.data<TG>(), dots.data<float>(), n, f);
+  }));
+  LINAC_CUDA_LAUNCH_CHECK();
 }
 
 void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act) {

@@ -29,11 +29,24 @@ void swiglu_fwd_cpu(const T* h, T* a, int64_t n, int64_t f, GluAct act);
 template <class T>
 void swiglu_bwd_cpu(const T* h, const T* da, T* dh, int64_t n, int64_t f, GluAct act);
 
+template <class T>
+void swiglu_value_dots_cpu(const T* h, const T* dh, float* dots, int64_t n, int64_t f);
+
 void swiglu_fwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act);
 void swiglu_bwd_cuda(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act);
+void swiglu_value_dots_cuda(const Ctx& ctx, const Tensor& h, const Tensor& dh, const Tensor& dots);
 
 // Entry points: check shapes, dispatch on ctx.device and dtypes.
 void swiglu_fwd(const Ctx& ctx, const Tensor& h, const Tensor& a, GluAct act = GluAct::Silu);
 void swiglu_bwd(const Ctx& ctx, const Tensor& h, const Tensor& da, const Tensor& dh, GluAct act = GluAct::Silu);
+
+// The value half's products with its gradient, summed over units of 8 columns:
+//   dots[r, j] = sum_{c = 8j}^{8j+7} du[r, c] u[r, c],   u = h[:, F:], du = dh[:, F:] as stored
+// in f32, one fused multiply-add per column in column order from 0, so every path gives the same
+// bits. dots [N, F / 8] f32 contiguous; F a multiple of 8. Where u is an attention's output o and du
+// its gradient dout (the Transformer-VQ GAU's gate), the attention backward's delta_t = dout_t . o_t
+// is a sum of F / 8 of these (VqAttnOpts::delta_units), read in place of dout and o;
+// swiglu_linear_bwd's fused kernel writes them as it writes du.
+void swiglu_value_dots(const Ctx& ctx, const Tensor& h, const Tensor& dh, const Tensor& dots);
 
 }  // namespace linac

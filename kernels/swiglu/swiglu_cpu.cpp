@@ -1,4 +1,6 @@
 // CPU reference for the gated linear unit (see swiglu.h); rows in parallel.
+#include <cmath>
+
 #include "activation/sigmoid.h"
 #include "swiglu/swiglu.h"
 
@@ -32,9 +34,26 @@ void swiglu_bwd_cpu(const T* h, const T* da, T* dh, int64_t n, int64_t f, GluAct
   }
 }
 
+template <class T>
+void swiglu_value_dots_cpu(const T* h, const T* dh, float* dots, int64_t n, int64_t f) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < n; ++r) {
+    const T* u = h + r * 2 * f + f;
+    const T* du = dh + r * 2 * f + f;
+    for (int64_t j = 0; j < f / 8; ++j) {
+      float acc = 0;
+      for (int64_t c = 8 * j; c < 8 * j + 8; ++c)
+        acc = std::fma(static_cast<float>(du[c]), static_cast<float>(u[c]), acc);
+      dots[r * (f / 8) + j] = acc;
+    }
+  }
+}
+
 template void swiglu_fwd_cpu<float>(const float*, float*, int64_t, int64_t, GluAct);
 template void swiglu_fwd_cpu<double>(const double*, double*, int64_t, int64_t, GluAct);
 template void swiglu_bwd_cpu<float>(const float*, const float*, float*, int64_t, int64_t, GluAct);
 template void swiglu_bwd_cpu<double>(const double*, const double*, double*, int64_t, int64_t, GluAct);
+template void swiglu_value_dots_cpu<float>(const float*, const float*, float*, int64_t, int64_t);
+template void swiglu_value_dots_cpu<double>(const double*, const double*, float*, int64_t, int64_t);
 
 }  // namespace linac

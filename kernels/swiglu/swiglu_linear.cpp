@@ -75,7 +75,7 @@ void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, cons
 }
 
 void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& da,
-                       const Tensor& dh, GluAct act) {
+                       const Tensor& dh, GluAct act, const Tensor& dots) {
   LINAC_CHECK(
       dy.ndim == 2 && w_out.ndim == 2 && w_out.size(0) == dy.size(1),
       "swiglu_linear_bwd: expected dy [N, d] and W_out [d, F], got " + dy.shape_str() + " and " + w_out.shape_str());
@@ -84,10 +84,15 @@ void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, co
                   w_out.shape_str() + ", got " + h.shape_str());
   LINAC_CHECK_SHAPE(h, dh);
   LINAC_CHECK(dh.is_contiguous(), "swiglu_linear_bwd: dh must be contiguous");
+  LINAC_CHECK(
+      !dots.defined() || (dots.ndim == 2 && dots.is_contiguous() && dots.dtype == DType::F32 &&
+                          dots.size(0) == h.size(0) && 16 * dots.size(1) == h.size(1)),
+      "swiglu_linear_bwd: dots must be [N, F / 8] f32 contiguous for h " + h.shape_str() + ", got " + dots.shape_str());
   if (fused(ctx, dy, w_out, h, dh)) {
 #if LINAC_WITH_SM90A
     FusedGemmProfile prof(ctx, kProfileOp, "GEMM+gate bwd", dy.size(0), w_out.size(1), dy.size(1));
-    if (dy.size(0) > 0) swiglu_linear_bwd_sm90(ctx, dy, w_out, h, dh, act);
+    if (dy.size(0) > 0)
+      swiglu_linear_bwd_sm90(ctx, dy, w_out, h, dh, act, dots.defined() ? dots.data<float>() : nullptr);
     return;
 #endif
   }
@@ -95,6 +100,7 @@ void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, co
   check_h(h, da, dy.size(0), "da");
   matmul(ctx, dy, false, w_out, false, da);
   swiglu_bwd(ctx, h, da, dh, act);
+  if (dots.defined()) swiglu_value_dots(ctx, h, dh, dots);
 }
 
 }  // namespace linac

@@ -12,7 +12,9 @@
 // are bit-identical. "composite" (everywhere else, and for at most matmul.h's kSkinnyMaxRows rows
 // of x: decoding, where matmul's skinny kernel streams W faster): matmul, then swiglu_fwd /
 // swiglu_bwd, with da in `da` (which the fused backward does not touch and may be an empty
-// tensor).
+// tensor). `dots`: empty, or swiglu_value_dots' [N, F / 8] f32 table of the du written, from the
+// fused kernel's epilogue (the same bits as swiglu_value_dots of its dh) or by that op after the
+// composite path.
 // LINAC_SWIGLU_KERNELS=sm80 keeps Hopper GPUs on the composite path (comparisons and tests); unset
 // or "auto" picks; anything else is an error.
 // The fused kernels run in clusters of 2 CTAs that take the same weight columns for adjacent row
@@ -43,13 +45,13 @@ int swiglu_linear_cluster();
 void swiglu_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
                             GluAct act);
 void swiglu_linear_bwd_sm90(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& dh,
-                            GluAct act);
+                            GluAct act, float* dots);
 #endif
 
 // Entry points: check shapes, dispatch on ctx.device and the path above.
 void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
                        GluAct act = GluAct::Silu);
 void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& da,
-                       const Tensor& dh, GluAct act = GluAct::Silu);
+                       const Tensor& dh, GluAct act = GluAct::Silu, const Tensor& dots = Tensor());
 
 }  // namespace linac

@@ -1,7 +1,8 @@
 // Hopper backward through W_out and the gate (math in swiglu_linear.h):
 //   da = dy W_out           (f32 accumulation, rounded to bf16; never written to memory)
 //   dh = swiglu_bwd(h, da)  from that rounded da, as swiglu_bwd computes it
-// Layout: dy [N, d], W_out [d, F], h and dh [N, 2F] (g | u, dg | du); bf16.
+//   dots (optional)         swiglu_value_dots(h, dh): per 8-column unit, sum du u of the rounded du
+// Layout: dy [N, d], W_out [d, F], h and dh [N, 2F] (g | u, dg | du); bf16. dots [N, F / 8] f32.
 //
 // Output tile: rows m0 .. m0 + 127 and columns f0 .. f0 + 127 of da; a math warpgroup's 64 x 128
 // accumulator (wgmma m64n128k16). k runs in steps of 64 through kStages stages of A = dy [128, 64]
@@ -44,8 +45,8 @@ struct BwdCfg {
 template <GluAct kAct, int kCluster>
 __global__ void __launch_bounds__(Cta::kThreads, 1)
     swiglu_linear_bwd_kernel(const __grid_constant__ CUtensorMap tm_dy, const __grid_constant__ CUtensorMap tm_w,
-                             const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ dh, const int n,
-                             const int f, const int d) {
+                             const __nv_bfloat16* __restrict__ h, __nv_bfloat16* __restrict__ dh,
+                             float* __restrict__ dots, const int n, const int f, const int d) {
   using C = BwdCfg;
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
             const uint32_t gs[4] = {gv[i].x, gv[i].y, gv[i].z, gv[i].w}, us[4] = {uv[i].x, uv[i].y, uv[i].z, uv[i].w},
                            ds[4] = {dv[i].x, dv[i].y, dv[i].z, dv[i].w};
             uint32_t dgs[4], dus[4];
+            float dot = 0;  // the unit's du u, from du as rounded for dh (swiglu_value_dots' bits)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
               const float2 g2 = unpack_bf16(gs[j]), u2 = unpack_bf16(us[j]), d2 = unpack_bf16(ds[j]);
@@ -150,9 +152,16 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
               cuda::swiglu_grad<kAct>(g2.y, u2.y, d2.y, dg.y, du.y);
               dgs[j] = pack_bf16(dg.x, dg.y);
               dus[j] = pack_bf16(du.x, du.y);
+              const float2 dr = unpack_bf16(dus[j]);
+              dot = __fmaf_rn(dr.y, u2.y, __fmaf_rn(dr.x, u2.x, dot));
             }
             *reinterpret_cast<uint4*>(dh + at) = make_uint4(dgs[0], dgs[1], dgs[2], dgs[3]);
             *reinterpret_cast<uint4*>(dh + at + f) = make_uint4(dus[0], dus[1], dus[2], dus[3]);
+            if (dots) {
+              const int u = e + i * Cta::kEpilogueThreads;
+              const int64_t row = grid.row0(t) + 64 * w + (u >> 4);
+              dots[row * (f / 8) + grid.col_block(t) * (kBN / 8) + (u & 15)] = dot;
+            }
           }
           if (w == 0)
             load_gu(t, 1);
@@ -176,7 +185,8 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
 }
 
 template <GluAct kAct, int kCluster>
-void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
+void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh,
+                        float* dots) {
   using C = BwdCfg;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
   const int64_t n = dy.size(0), d = dy.size(1), f = w.size(1);
@@ -184,28 +194,28 @@ void launch_in_clusters(const Ctx& ctx, const Tensor& dy, const Tensor& w, const
   const CUtensorMap tm_w = matrix_map(w.ptr, d, f, f, 1, 0, kBK, 64);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(f), kBN);
   launch_clusters<kCluster, true>(swiglu_linear_bwd_kernel<kAct, kCluster>, tiles, C::kSmem, cuda::stream_of(ctx),
-                                  tm_dy, tm_w, h.data<__nv_bfloat16>(), dh.data<__nv_bfloat16>(), static_cast<int>(n),
-                                  static_cast<int>(f), static_cast<int>(d));
+                                  tm_dy, tm_w, h.data<__nv_bfloat16>(), dh.data<__nv_bfloat16>(), dots,
+                                  static_cast<int>(n), static_cast<int>(f), static_cast<int>(d));
 }
 
 template <GluAct kAct>
-void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh) {
+void launch(const Ctx& ctx, const Tensor& dy, const Tensor& w, const Tensor& h, const Tensor& dh, float* dots) {
   if (::linac::swiglu_linear_cluster() == 2)
-    launch_in_clusters<kAct, 2>(ctx, dy, w, h, dh);
+    launch_in_clusters<kAct, 2>(ctx, dy, w, h, dh, dots);
   else
-    launch_in_clusters<kAct, 1>(ctx, dy, w, h, dh);
+    launch_in_clusters<kAct, 1>(ctx, dy, w, h, dh, dots);
 }
 
 }  // namespace
 }  // namespace glu_sm90
 
 void swiglu_linear_bwd_sm90(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& dh,
-                            GluAct act) {
+                            GluAct act, float* dots) {
   LINAC_CHECK(dy.size(0) < (int64_t{1} << 31) - glu_sm90::kBM, "swiglu_linear_bwd: too many rows for one call");
   if (act == GluAct::Silu)
-    glu_sm90::launch<GluAct::Silu>(ctx, dy, w_out, h, dh);
+    glu_sm90::launch<GluAct::Silu>(ctx, dy, w_out, h, dh, dots);
   else
-    glu_sm90::launch<GluAct::Identity>(ctx, dy, w_out, h, dh);
+    glu_sm90::launch<GluAct::Identity>(ctx, dy, w_out, h, dh, dots);
 }
 
 }  // namespace linac

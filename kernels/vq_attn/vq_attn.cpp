@@ -85,6 +85,14 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
                 "vq_attn: saved_weights must be contiguous on the inputs' device, of vq_attn_saved_weights_bytes()");
     if (q.device != Device::CPU) L.saved_weights = sw.ptr;
   }
+  if (const Tensor& du = opts.delta_units; du.defined()) {
+    LINAC_CHECK(L.Dv % 8 == 0 && du.device == q.device && du.dtype == DType::F32 && du.is_contiguous() &&
+                    du.ndim == 3 && du.size(0) == L.B && du.size(1) == L.T && du.size(2) == L.H * L.Dv / 8,
+                "vq_attn: delta_units must be [B, T, H Dv / 8] f32 contiguous on the inputs' device (Dv a multiple of "
+                "8), got " +
+                    du.shape_str());
+    if (q.device != Device::CPU) L.delta_units = du.data<float>();
+  }
   return L;
 }
 

@@ -120,6 +120,11 @@ struct VqAttnOpts {
   // synchronisation), leaves its tables at the start of ctx.workspace and stores its block count
   // here; > 0: the tables there are that placement's, used as they are.
   int64_t* doc_blocks = nullptr;
+  // Backward, GPU, optional: [B, T, H Dv / 8] f32 contiguous, per token and unit of 8 value dims
+  // the sum of dout o over the unit (swiglu_value_dots' table where o and dout are a gate's value
+  // half and its gradient; Dv a multiple of 8). The backward then takes delta_t = dout_t . o_t as
+  // the sum of the head's units instead of reading dout and o for it. The CPU forms ignore it.
+  Tensor delta_units;
 };
 
 enum class VqAttnForm { Block, Quadratic };  // the CPU runs either; the GPU the block form
@@ -134,6 +139,7 @@ struct VqAttnLayout {
   void* saved_cache = nullptr;    // GPU: VqAttnOpts::saved_cache, or null
   void* saved_weights = nullptr;  // GPU: VqAttnOpts::saved_weights, or null
   int64_t* doc_blocks = nullptr;  // GPU: VqAttnOpts::doc_blocks where docs are given, or null
+  const float* delta_units = nullptr;  // GPU: VqAttnOpts::delta_units, or null
 };
 
 // CPU references, F = float or double. z, lse contiguous [B,T,H]; codebook [H,S,Dk]; u, vr [H,Dk];

@@ -4,6 +4,7 @@
 // is given.
 //   prepare    as the forward (packed q, khat, v; the cache, or the forward's; tables), plus q+u,
 //              q+vr, dout packed (or read in place at its row stride) and delta_t = dout_t . o_t
+//              (from VqAttnOpts::delta_units where given)
 //   per head, per chunk of blocks i (queries of block n):
 //     dp       dpwin_i = dout_i [v_{n-1}; v_n]^T, dpcache_i = dout_i ubar_i^T
 //     rows     warp per query: p the forward's weights (VqAttnOpts::saved_weights) or exp(s - lse)
@@ -201,7 +202,10 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
       vq_cuda::pack<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, static_cast<T*>(w.dop));
       ldo = g.Dv;
     }
-    vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
+    if (L.delta_units)
+      vq_cuda::unit_sums(ctx, g, L.delta_units, w.delta);
+    else
+      vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
     const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
     const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
     for (int64_t h = 0; h < g.H; ++h)

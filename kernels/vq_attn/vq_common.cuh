@@ -76,6 +76,10 @@ void pack(const Ctx& ctx, const Geo& g, const T* src, VqAttnLayout::Strides s, i
 template <class T>
 void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs, int64_t D, const float* vec,
               const T* y, VqAttnLayout::Strides ys, float* out);
+// Per packed row: out[p Tp + t] = the sum of head h's Dv / 8 entries of units (b, s, :), the
+// [B, T, H Dv / 8] table of VqAttnOpts::delta_units, for its token s, 0 for padding; in a fixed
+// order (lane-strided, then a warp tree).
+void unit_sums(const Ctx& ctx, const Geo& g, const float* units, float* out);
 
 // The tokens of each segment (h, b, m) (packed positions [m Ls, (m + 1) Ls) of sequence b, head
 // h: the token's own position, or packed[b T + t] with documents) by code, in token order: those

@@ -101,6 +101,22 @@ __global__ void row_dots_kernel(Geo g, const T* __restrict__ x, VqAttnLayout::St
   if (lane == 0) out[row] = acc;
 }
 
+// Warp per packed row.
+__global__ void unit_sums_kernel(Geo g, const float* __restrict__ units, float* __restrict__ out) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= g.P * g.Tp) return;
+  const PackedRow w = packed_row(g, static_cast<uint32_t>(row));
+  float acc = 0;
+  if (w.s >= 0) {
+    const int per_head = static_cast<int>(g.Dv / 8);
+    const float* u = units + (int64_t{w.b} * g.T + w.s) * (g.H * per_head) + int64_t{w.h} * per_head;
+    for (int j = lane; j < per_head; j += 32) acc += u[j];
+    acc = warp_sum(acc);
+  }
+  if (lane == 0) out[row] = acc;
+}
+
 // Warp per row of an f32 table X [H, rows, Dk]: dot [H, rows_out] = vec[h] . X[h, r]; tab [H,
 // rows_out, ldt]: X rounded to T (hi), and with `split` (bf16) the rest rounded (lo) beside it,
 // columns Dk .. 2 Dk; both zero past `rows`.
@@ -211,6 +227,11 @@ void row_dots(const Ctx& ctx, const Geo& g, const T* x, VqAttnLayout::Strides xs
     row_dots_kernel<true, T><<<blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, d, vec, y, ys, out);
   else
     row_dots_kernel<false, T><<<blocks, kThreads, 0, cuda::stream_of(ctx)>>>(g, x, xs, d, vec, y, ys, out);
+  LINAC_CUDA_LAUNCH_CHECK();
+}
+
+void unit_sums(const Ctx& ctx, const Geo& g, const float* units, float* out) {
+  unit_sums_kernel<<<cuda::grid_1d(g.P * g.Tp * 32, kThreads), kThreads, 0, cuda::stream_of(ctx)>>>(g, units, out);
   LINAC_CUDA_LAUNCH_CHECK();
 }
 

@@ -111,6 +111,36 @@ TEST(SwigluCpu, LinearMatchesLoops) {
     }
 }
 
+// The value half's unit dots against f64 sums (f32 products: the table is f32 whatever the
+// dtype); swiglu_linear_bwd's composite path writes the same table beside dh.
+TEST(SwigluCpu, ValueDotsSumEachUnit) {
+  const int64_t n = 9, f = 40, d = 11;  // five units per row
+  OwnedTensor h = test::random_tensor({n, 2 * f}, DType::F64, 4, -3, 3);
+  OwnedTensor dh = test::random_tensor({n, 2 * f}, DType::F64, 5, -3, 3);
+  OwnedTensor dots(DType::F32, Device::CPU, {n, f / 8});
+  swiglu_value_dots(Ctx{}, h, dh, dots);
+  const double *hp = h->data<double>(), *dhp = dh->data<double>();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < f / 8; ++j) {
+      double want = 0;
+      for (int64_t c = 8 * j; c < 8 * j + 8; ++c) want += dhp[r * 2 * f + f + c] * hp[r * 2 * f + f + c];
+      EXPECT_NEAR(dots->data<float>()[r * (f / 8) + j], want, 1e-5 * (1 + std::abs(want)));
+    }
+  OwnedTensor dy = test::random_tensor({n, d}, DType::F64, 6), w_out = test::random_tensor({d, f}, DType::F64, 7);
+  OwnedTensor da(DType::F64, Device::CPU, {n, f}), dh2(DType::F64, Device::CPU, {n, 2 * f});
+  OwnedTensor dots2(DType::F32, Device::CPU, {n, f / 8}), want(DType::F32, Device::CPU, {n, f / 8});
+  test::poison(dots2);
+  swiglu_linear_bwd(Ctx{}, dy, w_out, h, da, dh2, GluAct::Silu, dots2);
+  swiglu_value_dots(Ctx{}, h, dh2, want);
+  EXPECT_TRUE(test::same_bits(dots2, want));
+  // F not a multiple of 8, and a table of the wrong width, are refused.
+  OwnedTensor h12(DType::F64, Device::CPU, {n, 12}), dots1(DType::F32, Device::CPU, {n, 1});
+  EXPECT_THROW(swiglu_value_dots(Ctx{}, h12, h12, dots1), std::exception);
+  OwnedTensor narrow(DType::F32, Device::CPU, {n, f / 8 - 1});
+  EXPECT_THROW(swiglu_value_dots(Ctx{}, h, dh, narrow), std::exception);
+  EXPECT_THROW(swiglu_linear_bwd(Ctx{}, dy, w_out, h, da, dh2, GluAct::Silu, narrow), std::exception);
+}
+
 TEST(SwigluCpu, LinearRejectsMismatchedShapes) {
   OwnedTensor x = test::random_tensor({5, 7}, DType::F64, 1), w_in = test::random_tensor({12, 8}, DType::F64, 2);
   OwnedTensor h(DType::F64, Device::CPU, {5, 12}), a(DType::F64, Device::CPU, {5, 6});

@@ -401,6 +401,40 @@ TEST(VqAttnCpu, SavedBufferChecks) {
   }
 }
 
+// VqAttnOpts::delta_units: [B, T, H Dv / 8] f32 with Dv a multiple of 8 is accepted (the CPU
+// forms do not use it: the same bits as without), any other table refused.
+TEST(VqAttnCpu, DeltaUnitsChecks) {
+  for (int64_t Dv : {8, 3}) {
+    SCOPED_TRACE("Dv " + std::to_string(Dv));
+    Problem p({2, 9, 1, 4, Dv, 3, 4});
+    OwnedTensor o(DType::F64, Device::CPU, {2, 9, 1, Dv}), lse(DType::F64, Device::CPU, {2, 9, 1});
+    OwnedTensor grad(DType::F64, Device::CPU, p.in->dims()), grad2(DType::F64, Device::CPU, p.in->dims());
+    OwnedTensor du(DType::F64, Device::CPU, {1, 4}), dvr(DType::F64, Device::CPU, {1, 4}),
+        drho(DType::F64, Device::CPU, {1, 5, 4});
+    vq_attn_fwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, p.opts);
+    auto bwd = [&](const VqAttnOpts& opts, const Tensor& g) {
+      zero_tensor(g);
+      vq_attn_bwd(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr, p.rho, o, lse, p.dout, p.q(g),
+                  p.khat(g), p.v(g), du, dvr, drho, opts);
+    };
+    bwd(p.opts, grad);
+    const OwnedTensor units = test::random_tensor({2, 9, 1}, DType::F32, 4), wide(DType::F32, Device::CPU, {2, 9, 2});
+    const OwnedTensor f64(DType::F64, Device::CPU, {2, 9, 1});
+    VqAttnOpts opts = p.opts;
+    opts.delta_units = units;
+    if (Dv == 8) {
+      EXPECT_NO_THROW(bwd(opts, grad2));
+      EXPECT_TRUE(test::same_bits(grad, grad2));
+    } else {
+      EXPECT_THROW(bwd(opts, grad2), Error);
+    }
+    for (const Tensor* bad : {&wide.t, &f64.t}) {
+      opts.delta_units = *bad;
+      EXPECT_THROW(bwd(opts, grad2), Error);
+    }
+  }
+}
+
 // Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb,
 // row 0 continues exactly as the forward of its second document alone (ring slots of the first
 // document absent, cache empty, then refilled), while row 1 decodes on as its one-document forward.

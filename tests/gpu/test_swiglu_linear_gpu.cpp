@@ -5,6 +5,7 @@
 //   bit for bit what swiglu_fwd / swiglu_bwd give for it;
 // - random operands against the CPU in f64 (bf16 tolerance);
 // - bit-identical reruns, and the path choice;
+// - the backward's table of du u per 8 value columns (swiglu_value_dots' bits, on both paths);
 // the fused kernels both in clusters of 2 (multicast weight stages) and of 1.
 // Shapes are not multiples of the tiles (N, d, F), and one has more tiles than the GPU has SMs, so
 // each persistent CTA runs several.
@@ -27,7 +28,7 @@ struct Family {
 const Family kFamilies[] = {{"auto", "2"}, {"auto", "1"}, {"sm80", "2"}};
 
 struct Outputs {
-  OwnedTensor h, a, dh;
+  OwnedTensor h, a, dh, dots;
 };
 
 // Forward and backward through swiglu_linear on the GPU, bf16.
@@ -37,13 +38,14 @@ Outputs run_gpu(const Tensor& x, const Tensor& w_in, const Tensor& dy, const Ten
   OwnedTensor xg = to(x, Device::CUDA, DType::BF16), wig = to(w_in, Device::CUDA, DType::BF16);
   OwnedTensor dyg = to(dy, Device::CUDA, DType::BF16), wog = to(w_out, Device::CUDA, DType::BF16);
   Outputs r{OwnedTensor(DType::BF16, Device::CUDA, {n, 2 * f}), OwnedTensor(DType::BF16, Device::CUDA, {n, f}),
-            OwnedTensor(DType::BF16, Device::CUDA, {n, 2 * f})};
+            OwnedTensor(DType::BF16, Device::CUDA, {n, 2 * f}), OwnedTensor(DType::F32, Device::CUDA, {n, f / 8})};
   OwnedTensor da(DType::BF16, Device::CUDA, {n, f});
   test::poison(r.h);
   test::poison(r.a);
   test::poison(r.dh);
+  test::poison(r.dots);
   swiglu_linear_fwd(gctx.ctx(), xg, wig, r.h, r.a, act);
-  swiglu_linear_bwd(gctx.ctx(), dyg, wog, r.h, da, r.dh, act);
+  swiglu_linear_bwd(gctx.ctx(), dyg, wog, r.h, da, r.dh, act, r.dots);
   gctx.synchronize();
   return r;
 }
@@ -74,6 +76,13 @@ TEST(SwigluLinearGpu, ExactProductsGiveTheGateOfThatProduct) {
         gctx.synchronize();
         EXPECT_EQ(test::bf16_bits(r.a), test::bf16_bits(a));
         EXPECT_EQ(test::bf16_bits(r.dh), test::bf16_bits(dh));
+        // The table from the same dh: the GPU op and the CPU (f32 fused multiply-adds in one order).
+        OwnedTensor dots(DType::F32, Device::CUDA, {s.n, s.f / 8}), dots_cpu(DType::F32, Device::CPU, {s.n, s.f / 8});
+        swiglu_value_dots(gctx.ctx(), hg, r.dh, dots);
+        gctx.synchronize();
+        swiglu_value_dots(Ctx{}, to(hg, Device::CPU, DType::F64), to(r.dh, Device::CPU, DType::F64), dots_cpu);
+        EXPECT_TRUE(test::same_bits(r.dots, dots));
+        EXPECT_TRUE(test::same_bits(to(r.dots, Device::CPU, DType::F32), dots_cpu));
       }
 }
 
@@ -116,12 +125,14 @@ TEST(SwigluLinearGpu, RerunsAreBitIdentical) {
   EXPECT_EQ(test::bf16_bits(r1.h), test::bf16_bits(r2.h));
   EXPECT_EQ(test::bf16_bits(r1.a), test::bf16_bits(r2.a));
   EXPECT_EQ(test::bf16_bits(r1.dh), test::bf16_bits(r2.dh));
+  EXPECT_TRUE(test::same_bits(r1.dots, r2.dots));
   // The cluster size changes which CTA loads what, never a sum's order: the same bits.
   test::ScopedEnv single("LINAC_SWIGLU_CLUSTER", "1");
   const Outputs r3 = run_gpu(x, w_in, dy, w_out, GluAct::Silu);
   EXPECT_EQ(test::bf16_bits(r1.h), test::bf16_bits(r3.h));
   EXPECT_EQ(test::bf16_bits(r1.a), test::bf16_bits(r3.a));
   EXPECT_EQ(test::bf16_bits(r1.dh), test::bf16_bits(r3.dh));
+  EXPECT_TRUE(test::same_bits(r1.dots, r3.dots));
 }
 
 TEST(SwigluLinearGpu, KernelChoice) {

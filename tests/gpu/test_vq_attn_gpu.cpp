@@ -3,13 +3,15 @@
 // q/khat/v and dq/dkhat/dv as strided views of fused buffers, ragged T, H = 1 with Dv = 1536 and
 // multi-head Dk = Dv = 64, o written by the output GEMMs themselves (one head, T a multiple of the
 // block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
-// and weights saved for the backward; strided dout read and strided o written in place; decode
+// and weights saved for the backward; delta from the gate's unit dots; strided dout read and
+// strided o written in place; decode
 // steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
 #include <cmath>
 #include <cstring>
 #include <optional>
 
 #include "activation/activation.h"
+#include "swiglu/swiglu.h"
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
 #include "vq_attn/vq_packed.h"
@@ -74,12 +76,14 @@ struct Inputs {
   Tensor q(const Tensor& b) const { return test::bthd(b, 0, c.H, c.Dk); }
   Tensor khat(const Tensor& b) const { return test::bthd(b, c.H * c.Dk, c.H, c.Dk); }
   Tensor v(const Tensor& b) const { return test::bthd(b, 2 * c.H * c.Dk, c.H, c.Dv); }
-  Tensor saved_cache, saved_weights;  // VqAttnOpts::saved_cache, saved_weights of every call, if defined
+  // VqAttnOpts::saved_cache, saved_weights, delta_units of every call, if defined
+  Tensor saved_cache, saved_weights, delta_units;
   VqAttnOpts opts() const {
     VqAttnOpts o;
     o.block = c.Lb;
     o.saved_cache = saved_cache;
     o.saved_weights = saved_weights;
+    o.delta_units = delta_units;
     return o;
   }
 };
@@ -259,6 +263,47 @@ TEST(VqAttnGpu, SavedCacheAndWeights) {
       const OwnedTensor no_weights = backward_grad(ctx, in, g, act, r1.o, r1.lse);
       for (double x : test::columns(no_weights, 0, HK)) ASSERT_EQ(x, 0.0) << "dq with the weights zeroed";
       EXPECT_GT(test::rel_error(test::columns(plain.grad, 0, HK), test::columns(no_weights, 0, HK)), 0.5);
+    }
+  }
+}
+
+// VqAttnOpts::delta_units: delta from the table of dout o per 8 value dims that the GAU's gate
+// writes (swiglu_value_dots of h = [. | o], dh = [. | dout]) instead of from dout and o: close to
+// the backward that reads them (the same products summed in another order), bitwise reruns, and
+// read: a table of zeros (delta = 0) changes dq.
+TEST(VqAttnGpu, DeltaFromUnitDots) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const Ctx& ctx = gctx.ctx();
+  for (const Case& c : {Case{2, 1100, 1, 128, 1536, 512, 256}, Case{3, 200, 2, 64, 64, 50, 32}}) {
+    for (DType act : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
+      Inputs in(c, 37);
+      const Gpu g(in, act);
+      const Saved saved(in, act);  // as the model calls it
+      const Result plain = g.run(ctx, in, act);
+      const int64_t N = c.B * c.T, HV = c.H * c.Dv, HK = c.H * c.Dk;
+      OwnedTensor h(DType::F64, Device::CPU, {N, 2 * HV}), dh(DType::F64, Device::CPU, {N, 2 * HV});
+      const OwnedTensor o = to(plain.o, Device::CPU, DType::F64), dout = to(g.dout, Device::CPU, DType::F64);
+      for (int64_t r = 0; r < N; ++r)
+        for (int64_t j = 0; j < HV; ++j) {
+          h->data<double>()[r * 2 * HV + j] = dh->data<double>()[r * 2 * HV + j] = 1.0;
+          h->data<double>()[r * 2 * HV + HV + j] = o->data<double>()[r * HV + j];
+          dh->data<double>()[r * 2 * HV + HV + j] = dout->data<double>()[r * HV + j];
+        }
+      OwnedTensor units_host(DType::F32, Device::CPU, {N, HV / 8});
+      swiglu_value_dots(Ctx{}, h, dh, units_host);
+      const OwnedTensor units = to(units_host, Device::CUDA, DType::F32);
+      in.delta_units = units->view({c.B, c.T, HV / 8});
+      const OwnedTensor g1 = backward_grad(ctx, in, g, act, plain.o, plain.lse);
+      const OwnedTensor g2 = backward_grad(ctx, in, g, act, plain.o, plain.lse);
+      EXPECT_TRUE(test::same_bits(g1, g2));
+      const double tol = act == DType::BF16 ? 1e-2 : 1e-5;
+      const int64_t written = c.H * (2 * c.Dk + c.Dv);  // the fused buffer's padding columns are never written
+      EXPECT_LT(test::rel_error(test::columns(g1, 0, written), test::columns(plain.grad, 0, written)), tol);
+      gpu_memset_zero_async(ctx, units->ptr, units->nbytes());
+      const OwnedTensor g0 = backward_grad(ctx, in, g, act, plain.o, plain.lse);
+      EXPECT_GT(test::rel_error(test::columns(g0, 0, HK), test::columns(plain.grad, 0, HK)), 1e-2);
     }
   }
 }

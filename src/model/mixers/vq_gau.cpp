@@ -248,7 +248,11 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const Tensor dgated = swiglu_linear_bwd_writes_da(ctx, dy2, ps.weight(wo_), go, dgo)
                             ? env_.scratch->get("gau.dgated", env_.act, {N, Dv_})
                             : Tensor();
-  swiglu_linear_bwd(ctx, dy2, ps.weight(wo_), go, dgated, dgo, GluAct::Silu);
+  // On the GPU the gate also sums d(o) o per 8 value dims, from which the op takes its delta
+  // (VqAttnOpts::delta_units) instead of reading d(o) and o again.
+  const Tensor dots =
+      ctx.is_gpu() && Dvh_ % 8 == 0 ? env_.scratch->get("gau.dots", DType::F32, {N, Dv_ / 8}) : Tensor();
+  swiglu_linear_bwd(ctx, dy2, ps.weight(wo_), go, dgated, dgo, GluAct::Silu, dots);
 
   // VQ-attention backward; straight-through keys (the commitment term joins dk in the keys' norm, below).
   const Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
@@ -262,6 +266,7 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const Ctx actx = attn_ctx(B, T);
   VqAttnOpts opts = attn_opts(B, T, actx);
   opts.v_pre = bthd(proj, B, T, 2 * HDk, H_, Dvh_);
+  if (dots.defined()) opts.delta_units = dots.view({B, T, Dv_ / 8});
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
     vq_attn_bwd(actx, q.view({B, T, H_, Dk_}), khat, z, v.view({B, T, H_, Dvh_}), C, ps.master(u_), ps.master(vr_), r,
