@@ -24,43 +24,59 @@ namespace linac {
 namespace latte_cuda {
 namespace {
 
-// Shared memory of grad_p: f32 lse, b [64][L], pi, gP [64][La]; tiles of T: V, gy [64][Dp],
-// mu_prev [Lp][Dp] (2 parts), M [64][64], Kt [64][Lp] in a space that holds 3 of them (then c in 3
-// parts; in an exact-exponent chunk, which has no Kt, M's second part, which fits: 3 (Lp + 8) >=
-// 64 + 8). Three CTAs fit on an SM at the paper's shape.
+// Shared memory of grad_p: f32 lse [64][L], b [64][L] in its own dtype (exact), f32 pi, gP
+// [64][La]; tiles of T: V, gy [64][Dp], mu_prev [Lp][Dp] (2 parts), M [64][64] over V's tile where
+// it fits (Dp >= 64: V is dead once M is formed), Kt [64][Lp] in a space that holds 3 of them (then
+// c in 3 parts; in an exact-exponent chunk, which has no Kt, M's second part, which fits: 3 (Lp + 8)
+// >= 64 + 8). At the paper's shape (L 16, Dv 96, bf16) that is 57,344 bytes: four CTAs per SM, the
+// most its 64 registers allow (three with a separate M and b in f32: 68,608).
 template <class T>
 struct GradPSmem {
-  float *lam, *bq, *pi, *gP;
-  T *V, *GY, *mu, *M, *Kt;
+  float *lam, *pi, *gP;
+  T *bq, *V, *GY, *mu, *M, *Kt;
   int* sd;
   size_t bytes;
   __host__ __device__ GradPSmem(unsigned char* base, const Args& a) {
     SmemCarve c{base};
-    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L);
+    lam = c.take<float>(kC * a.L), bq = c.take<T>(kC * a.L);
     pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.La);
     V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
     mu = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
-    M = c.take<T>(kC * ld_of<T>(kC)), Kt = c.take<T>(parts_of<T>(3) * kC * ld_of<T>(a.Lp));
+    M = m_over_v(a) ? V : c.take<T>(kC * ld_of<T>(kC));
+    Kt = c.take<T>(parts_of<T>(3) * kC * ld_of<T>(a.Lp));
     sd = c.take<int>(doc_ints(a));
     bytes = c.bytes;
   }
+  __host__ __device__ static bool m_over_v(const Args& a) { return ld_of<T>(a.Dp) >= ld_of<T>(kC); }
 };
 
-// M = gy V^T for first(t) <= s <= t (zero elsewhere) into the tile M[64][ld_of<T>(64)]; with Mlo (a
-// tile of the same shape, bf16 only), M as two parts (store_parts) for the exact-exponent sums.
+// M = gy V^T for first(t) <= s <= t (zero elsewhere) into the tile M[64][ld_of<T>(64)], which may
+// be V's own tile: every warp forms its tiles in registers, and they are stored after a barrier,
+// once no warp reads V. With Mlo (a tile of the same shape, bf16 only), M as two parts
+// (store_parts) for the exact-exponent sums.
 template <class T, bool kDocs>
 __device__ void form_M(const Args& a, const T* GY, const T* V, const ChunkDocs<kDocs>& dc, T* M, T* Mlo) {
-  const int ldd = ld_of<T>(a.Dp), ldc = ld_of<T>(kC);
-  for_tiles<2>(kC, kC, [&](int m0, int n0, int ntv) {
-    float acc[2][4] = {};
-    if (n0 <= m0) warp_mma<T, false, false, 2>(acc, GY, ldd, m0, 0, V, ldd, 0, n0, a.Dp / 16, ntv);
-    each_acc(acc, m0, n0, ntv, [&](int t, int s, float x) {
+  constexpr int kTiles = (kC / 16) * (kC / 16), kWarps = kThreads / 32;  // 16 x 16 tiles (two n-tiles of 8)
+  static_assert(kTiles % kWarps == 0, "every warp takes as many tiles");
+  constexpr int kPerWarp = kTiles / kWarps;
+  const int ldd = ld_of<T>(a.Dp), ldc = ld_of<T>(kC), warp = static_cast<int>(threadIdx.x) >> 5;
+  float acc[kPerWarp][2][4] = {};
+#pragma unroll
+  for (int k = 0; k < kPerWarp; ++k) {
+    const int i = warp + kWarps * k, m0 = 16 * (i / (kC / 16)), n0 = 16 * (i % (kC / 16));
+    if (n0 <= m0) warp_mma<T, false, false, 2>(acc[k], GY, ldd, m0, 0, V, ldd, 0, n0, a.Dp / 16, 2);
+  }
+  __syncthreads();  // V is read by every warp until here
+#pragma unroll
+  for (int k = 0; k < kPerWarp; ++k) {
+    const int i = warp + kWarps * k, m0 = 16 * (i / (kC / 16)), n0 = 16 * (i % (kC / 16));
+    each_acc(acc[k], m0, n0, 2, [&](int t, int s, float x) {
       x = s <= t && s >= dc.first(t) ? x : 0.f;
       const T hi = cuda::from_float<T>(x);
       M[t * ldc + s] = hi;
       if (Mlo) Mlo[t * ldc + s] = cuda::from_float<T>(x - cuda::to_float(hi));
     });
-  });
+  }
 }
 
 template <class T>
@@ -125,7 +141,8 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
       if (!direct) {
         x = fmaf(expf(sm.lam[t0 * a.L + l] - lt), mkv, x);
       } else {
-        for (int s = t0; s <= t; ++s) x = fmaf(expf(sm.bq[s * a.L + l] - lt), m_at(sm.M, Mlo, t, s), x);
+        for (int s = t0; s <= t; ++s)
+          x = fmaf(expf(cuda::to_float(sm.bq[s * a.L + l]) - lt), m_at(sm.M, Mlo, t, s), x);
       }
       sm.gP[t * a.La + a.off + l] = x;
     });

@@ -314,21 +314,21 @@ __device__ __forceinline__ RowBatch<float, kC, kMaxL> lse_rows_of(const float* l
 }
 
 // The chunk's rows of a per-latent array (lse, b, a, gP: L or La <= kMaxCols columns X, rows at
-// base + r * ld) into the f32 tile dst [rows][X], through a batch of 8 lanes a row when X <=
+// base + r * ld) into the tile dst [rows][X] (f32, or the source's dtype), through a batch of 8 lanes a row when X <=
 // kNarrow (X is known at run time only): the kMaxL-wide batch gives a row 16 or 32 lanes, most of
 // them idle at L = 16, and each thread 2-4 times the loads to issue.
 constexpr int kNarrow = 32;
-template <int kMaxCols, class T>
-__device__ __forceinline__ void store_latent_rows(int rows, int X, const T* base, int64_t ld, float* dst) {
+template <int kMaxCols, class T, class D>
+__device__ __forceinline__ void store_latent_rows(int rows, int X, const T* base, int64_t ld, D* dst) {
   if (X <= kNarrow)
     RowBatch<T, kC, kNarrow>(rows, X, base, ld, rows, X).store_rows(dst, X);
   else
     RowBatch<T, kC, kMaxCols>(rows, X, base, ld, rows, X).store_rows(dst, X);
 }
 // ... of head h of sequence b from rows_of's source,
-template <int kMaxCols, class T>
+template <int kMaxCols, class T, class D>
 __device__ __forceinline__ void store_head_rows(const T* src, LatteLayout::Strides s, int b, int h, int f, int rows,
-                                                int X, float* dst) {
+                                                int X, D* dst) {
   store_latent_rows<kMaxCols>(rows, X, src + b * s.b + static_cast<int64_t>(f) * s.t + static_cast<int64_t>(h) * X,
                               s.t, dst);
 }
@@ -494,11 +494,11 @@ __device__ __forceinline__ void store_pair(T* p, float x, float y, bool vec, boo
 // The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_{t,l} - lse_{t,l})
 // (when Qt is not null) and Kt_{s,l} = exp(b_{s,l} - ref_{s,l}), zero past `rows` and L; ref_t is the
 // lse at t's first row in the chunk (row 0 without documents). lam, bq: the chunk's lse and b rows
-// [64][L], pi [64][La] (softmaxed), all f32. Returns, the same on every thread of the CTA, whether
+// [64][L], pi [64][La] (softmaxed), f32 (bq also as b's own dtype: its values exactly). Returns, the same on every thread of the CTA, whether
 // some document's lse grows by more than kMaxGrowth in the chunk: then the tiles are not written
 // and the caller forms the products directly.
-template <class T, bool kDocs>
-__device__ bool factor_tiles(const Args& a, int rows, const float* lam, const float* bq, const float* pi,
+template <class T, bool kDocs, class TB>
+__device__ bool factor_tiles(const Args& a, int rows, const float* lam, const TB* bq, const float* pi,
                              const ChunkDocs<kDocs>& dc, T* Qt, T* Kt) {
   bool big = false;
   if constexpr (!kDocs) {  // lse is non-decreasing: the last row grows most
@@ -515,7 +515,7 @@ __device__ bool factor_tiles(const Args& a, int rows, const float* lam, const fl
     const bool ok = t < rows && l < a.L;
     const float ref = ok ? lam[dc.first(t) * a.L + l] : 0.f;
     if (Qt) Qt[t * ld + l] = cuda::from_float<T>(ok ? pi[t * a.La + a.off + l] * expf(ref - lam[t * a.L + l]) : 0.f);
-    Kt[t * ld + l] = cuda::from_float<T>(ok ? expf(bq[t * a.L + l] - ref) : 0.f);
+    Kt[t * ld + l] = cuda::from_float<T>(ok ? expf(cuda::to_float(bq[t * a.L + l]) - ref) : 0.f);
   });
   return false;
 }
