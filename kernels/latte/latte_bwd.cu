@@ -211,37 +211,46 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
   }
 }
 
-// Shared memory of grad_bv: f32 lse, b [64][L], r [L], pi, gP (then its suffix sums) [64][La]; tiles of T:
-// V, gy [64][Dp], R [Lp][Dp] (2 parts), M (then A) and M's second part for exact-exponent chunks
-// (bf16) [64][64], Qt, Kt (then E) [64][Lp].
+// Shared memory of grad_bv: f32 lse [64][L], b [64][L] in its own dtype, f32 r [L], pi [64][La], gP
+// (then its suffix sums) [64][L] (the latent columns: grad_p's column of the local term is not
+// read here); tiles of T: V, gy [64][Dp], R [Lp][Dp] (2 parts), M (then A) [64][64] over V's tile
+// where it fits and db's V R^T is one tile per warp (Dp >= 64, Lp <= 32: that product is taken
+// into registers before M is formed), Qt, Kt (then E) [64][Lp] in a space that also holds M's
+// second part for exact-exponent chunks (bf16), which have no Qt or Kt. At the paper's shape (L
+// 16, Dv 96, bf16) that is 57,152 bytes: four CTAs per SM (three with separate M, M's second part
+// and f32 b: 74,816).
 template <class T>
 struct GradBvSmem {
-  float *lam, *bq, *pi, *gP, *r;
-  T *V, *GY, *R, *M, *Mlo, *Qt, *Kt;
+  float *lam, *pi, *gP, *r;
+  T *bq, *V, *GY, *R, *M, *Mlo, *Qt, *Kt;
   int* sd;
   size_t bytes;
   __host__ __device__ GradBvSmem(unsigned char* base, const Args& a) {
     SmemCarve c{base};
-    lam = c.take<float>(kC * a.L), bq = c.take<float>(kC * a.L), r = c.take<float>(a.L);
-    pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.La);
+    const int ldl = ld_of<T>(a.Lp), ldc = ld_of<T>(kC);
+    lam = c.take<float>(kC * a.L), bq = c.take<T>(kC * a.L), r = c.take<float>(a.L);
+    pi = c.take<float>(kC * a.La), gP = c.take<float>(kC * a.L);
     V = c.take<T>(kC * ld_of<T>(a.Dp)), GY = c.take<T>(kC * ld_of<T>(a.Dp));
     R = c.take<T>(parts_of<T>(2) * a.Lp * ld_of<T>(a.Dp));
-    M = c.take<T>(kC * ld_of<T>(kC)), Mlo = c.take<T>((parts_of<T>(2) - 1) * kC * ld_of<T>(kC));
-    Qt = c.take<T>(kC * ld_of<T>(a.Lp)), Kt = c.take<T>(kC * ld_of<T>(a.Lp));
+    M = m_over_v(a) ? V : c.take<T>(kC * ldc);
+    const int mlo = (parts_of<T>(2) - 1) * kC * ldc;
+    Qt = c.take<T>(2 * kC * ldl > mlo ? 2 * kC * ldl : mlo);
+    Kt = Qt + kC * ldl, Mlo = Qt;
     sd = c.take<int>(doc_ints(a));
     bytes = c.bytes;
+  }
+  __host__ __device__ static bool m_over_v(const Args& a) {
+    return ld_of<T>(a.Dp) >= ld_of<T>(kC) && (kC / 16) * ((a.Lp + 15) / 16) <= kThreads / 32;
   }
 };
 
 template <class T, bool kDocs>
-__global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as,
-                                                          const T* __restrict__ b, LatteLayout::Strides bs,
-                                                          const T* __restrict__ v, LatteLayout::Strides vs,
-                                                          const float* __restrict__ lse, const T* __restrict__ dy,
-                                                          LatteLayout::Strides dys, const float* __restrict__ S,
-                                                          const float* __restrict__ gP, T* __restrict__ db,
-                                                          LatteLayout::Strides dbs, T* __restrict__ dv,
-                                                          LatteLayout::Strides dvs) {
+__global__ void __launch_bounds__(kThreads, 4)
+    grad_bv_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as, const T* __restrict__ b,
+                   LatteLayout::Strides bs, const T* __restrict__ v, LatteLayout::Strides vs,
+                   const float* __restrict__ lse, const T* __restrict__ dy, LatteLayout::Strides dys,
+                   const float* __restrict__ S, const float* __restrict__ gP, T* __restrict__ db,
+                   LatteLayout::Strides dbs, T* __restrict__ dv, LatteLayout::Strides dvs) {
   extern __shared__ __align__(16) unsigned char smem[];
   const GradBvSmem<T> sm(smem, a);
   const int n = blockIdx.x, bh = blockIdx.y, bb = bh / a.H, h = bh % a.H;
@@ -256,14 +265,22 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   rows_of<kMaxDv>(dy, dys, bb, h, f, rows, a.Dv, a.Dp).store_rows(sm.GY, ldd);
   store_state(state_of(Sn, a), sm.R, ldd, a, r_parts);
   const float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
-  store_latent_rows<kMaxL + 1>(rows, a.La, gPg, a.Lg, sm.gP);
+  store_latent_rows<kMaxL>(rows, a.L, gPg + a.off, a.Lg, sm.gP);
   if (threadIdx.x < a.L) sm.r[threadIdx.x] = Sn[threadIdx.x * a.Wd + a.Dv];
   const ChunkDocs<kDocs> dc = load_docs<kDocs>(a, bb, f, rows, sm.sd);
   __syncthreads();
   softmax_rows(sm.pi, rows, a.La);
   __syncthreads();
-  const bool direct = factor_tiles(a, rows, sm.lam, sm.bq, sm.pi, dc, sm.Qt, sm.Kt);
+  const bool direct = factor_tiles<T>(a, rows, sm.lam, sm.bq, sm.pi, dc, sm.Qt, sm.Kt);
   T* Mlo = direct && sizeof(T) == 2 ? sm.Mlo : nullptr;
+  // db's V R^T, [64][Lp]: where M takes V's tile, this warp's one tile of it now, kept in registers.
+  float vr[2][4] = {};
+  const auto v_r = [&](int m0, int n0, int ntv) {
+    for (int k = 0; k < r_parts; ++k)
+      warp_mma<T, false, false, 2>(vr, sm.V, ldd, m0, 0, sm.R + k * a.Lp * ldd, ldd, 0, n0, a.Dp / 16, ntv);
+  };
+  const bool m_over_v = GradBvSmem<T>::m_over_v(a);
+  if (m_over_v) for_tiles<2>(kC, a.Lp, v_r);
   form_M(a, sm.GY, sm.V, dc, sm.M, Mlo);
   __syncthreads();
   // gP_{t,l} -> sum over t' >= t in t's document of Qt_{t',l} gP_{t',l}, with the Qt values the tensor cores see
@@ -278,7 +295,7 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
       float x[2];
       for (int i = 0; i < 2; ++i) {
         const int t = 2 * lane + i;
-        x[i] = t < rows ? cuda::to_float(sm.Qt[t * ldl + l]) * sm.gP[t * a.La + a.off + l] : 0.f;
+        x[i] = t < rows ? cuda::to_float(sm.Qt[t * ldl + l]) * sm.gP[t * a.L + l] : 0.f;
       }
       // Inclusive segmented suffix sum over the lanes' pairs, Kogge-Stone (fixed order): a lane
       // holds the sum from its first row to its segment's end or the next lane's rows (stop: ended).
@@ -299,8 +316,8 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
       float after = __shfl_down_sync(0xffffffffu, suffix, 1);  // the sum over later lanes of row 2k + 1's document
       if (lane == 31 || !cont) after = 0.f;
       const float s1 = x[1] + after;
-      if (2 * lane < rows) sm.gP[2 * lane * a.La + a.off + l] = same ? (x[0] + x[1]) + after : x[0];
-      if (t1 < rows) sm.gP[t1 * a.La + a.off + l] = s1;
+      if (2 * lane < rows) sm.gP[2 * lane * a.L + l] = same ? (x[0] + x[1]) + after : x[0];
+      if (t1 < rows) sm.gP[t1 * a.L + l] = s1;
     }
   }
   __syncthreads();
@@ -308,20 +325,23 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   const int s_last = dc.first(rows - 1);  // R, r reach the rows of the last row's document only
   T* dbc = db + bb * dbs.b + static_cast<int64_t>(f) * dbs.t + static_cast<int64_t>(h) * a.L;
   for_tiles<2>(kC, a.Lp, [&](int m0, int n0, int ntv) {
-    float vr[2][4] = {}, mq[2][4] = {};
-    for (int k = 0; k < r_parts; ++k)
-      warp_mma<T, false, false, 2>(vr, sm.V, ldd, m0, 0, sm.R + k * a.Lp * ldd, ldd, 0, n0, a.Dp / 16, ntv);
+    float mq[2][4] = {};
+    if (!m_over_v) {
+      for (auto& x : vr)
+        for (float& y : x) y = 0.f;
+      v_r(m0, n0, ntv);
+    }
     if (!direct) warp_mma<T, true, true, 2>(mq, sm.M, ldc, m0, m0, sm.Qt, ldl, m0, n0, (kC - m0) / 16, ntv);
     each_acc2(vr, mq, m0, n0, ntv, [&](int s, int l, float vrv, float mqv) {
       if (s >= rows || l >= a.L) return;
-      const float bsl = sm.bq[s * a.L + l];
+      const float bsl = cuda::to_float(sm.bq[s * a.L + l]);
       float x = s >= s_last ? expf(bsl - lam_e[l]) * (vrv - sm.r[l]) : 0.f;
       if (!direct) {
-        x = fmaf(expf(bsl - sm.lam[dc.first(s) * a.L + l]), mqv - sm.gP[s * a.La + a.off + l], x);
+        x = fmaf(expf(bsl - sm.lam[dc.first(s) * a.L + l]), mqv - sm.gP[s * a.L + l], x);
       } else {
         for (int t = s; t < rows && dc.first(t) <= s; ++t)  // t in s's document
           x = fmaf(sm.pi[t * a.La + a.off + l] * expf(bsl - sm.lam[t * a.L + l]),
-                   m_at(sm.M, Mlo, t, s) - sm.gP[t * a.La + a.off + l], x);
+                   m_at(sm.M, Mlo, t, s) - sm.gP[t * a.L + l], x);
       }
       dbc[s * static_cast<int>(dbs.t) + l] = cuda::from_float<T>(x);
     });
@@ -332,8 +352,8 @@ __global__ void __launch_bounds__(kThreads) grad_bv_kernel(Args a, const T* __re
   __syncthreads();
   T* E = sm.Kt;  // Kt is spent: E_{s,l} = exp(b_{s,l} - lse_{e,l}) (<= 1), rows of the last row's document
   for_rows(kC, a.Lp, [&](int s, int l) {
-    E[s * ldl + l] =
-        cuda::from_float<T>(s >= s_last && s < rows && l < a.L ? expf(sm.bq[s * a.L + l] - lam_e[l]) : 0.f);
+    E[s * ldl + l] = cuda::from_float<T>(
+        s >= s_last && s < rows && l < a.L ? expf(cuda::to_float(sm.bq[s * a.L + l]) - lam_e[l]) : 0.f);
   });
   __syncthreads();
   T* dvc = dv + bb * dvs.b + static_cast<int64_t>(f) * dvs.t + static_cast<int64_t>(h) * a.Dv;

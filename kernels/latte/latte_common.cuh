@@ -494,9 +494,9 @@ __device__ __forceinline__ void store_pair(T* p, float x, float y, bool vec, boo
 // The chunk's factor tiles [64][ld] (ld = ld_of<T>(Lp)): Qt_{t,l} = pi_{t,l} exp(ref_{t,l} - lse_{t,l})
 // (when Qt is not null) and Kt_{s,l} = exp(b_{s,l} - ref_{s,l}), zero past `rows` and L; ref_t is the
 // lse at t's first row in the chunk (row 0 without documents). lam, bq: the chunk's lse and b rows
-// [64][L], pi [64][La] (softmaxed), f32 (bq also as b's own dtype: its values exactly). Returns, the same on every thread of the CTA, whether
-// some document's lse grows by more than kMaxGrowth in the chunk: then the tiles are not written
-// and the caller forms the products directly.
+// [64][L], pi [64][La] (softmaxed), f32 (bq also as b's own dtype: its values exactly). Returns,
+// the same on every thread of the CTA, whether some document's lse grows by more than kMaxGrowth
+// in the chunk: then the tiles are not written and the caller forms the products directly.
 template <class T, bool kDocs, class TB>
 __device__ bool factor_tiles(const Args& a, int rows, const float* lam, const TB* bq, const float* pi,
                              const ChunkDocs<kDocs>& dc, T* Qt, T* Kt) {
@@ -521,17 +521,18 @@ __device__ bool factor_tiles(const Args& a, int rows, const float* lam, const TB
 }
 
 // A_{t,s} = sum_l pi_{t,l} exp(b_{s,l} - lse_{t,l}) for first(t) <= s <= t < rows, else 0, into
-// At[64][ld_of<T>(64)]: Qt Kt^T on tensor cores, or (direct) with exact f32 exponents. Call after a
-// barrier that follows factor_tiles; the caller syncs before reading At.
-template <class T, bool kDocs>
-__device__ void form_A(const Args& a, int rows, bool direct, const T* Qt, const T* Kt, const float* lam,
-                       const float* bq, const float* pi, const ChunkDocs<kDocs>& dc, T* At) {
+// At[64][ld_of<T>(64)]: Qt Kt^T on tensor cores, or (direct) with exact f32 exponents (bq as in
+// factor_tiles). Call after a barrier that follows factor_tiles; the caller syncs before reading At.
+template <class T, bool kDocs, class TB>
+__device__ void form_A(const Args& a, int rows, bool direct, const T* Qt, const T* Kt, const float* lam, const TB* bq,
+                       const float* pi, const ChunkDocs<kDocs>& dc, T* At) {
   const int ld = ld_of<T>(kC), ldl = ld_of<T>(a.Lp);
   if (direct) {
     for_rows(kC, kC, [&](int t, int s) {
       float acc = 0.f;
       if (s <= t && t < rows && s >= dc.first(t))
-        for (int l = 0; l < a.L; ++l) acc = fmaf(pi[t * a.La + a.off + l], expf(bq[s * a.L + l] - lam[t * a.L + l]), acc);
+        for (int l = 0; l < a.L; ++l)
+          acc = fmaf(pi[t * a.La + a.off + l], expf(cuda::to_float(bq[s * a.L + l]) - lam[t * a.L + l]), acc);
       At[t * ld + s] = cuda::from_float<T>(acc);
     });
     return;
