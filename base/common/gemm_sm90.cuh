@@ -289,17 +289,17 @@ __device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& p
   }
 }
 
-// math_tiles for stages that hold A [128, kBK] then B [256, kBK] (a_bytes in), both K-major with
-// 64-byte rows (64-byte swizzle): 64 x 256 products of A's rows 64w .. 64w + 63 and B.
-template <int kBK, int kStages, int kCluster>
-__device__ __forceinline__ void math_n256(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
-                                          int nk, uint32_t a_bytes, const Staging<false>& hs, int w) {
+// math_tiles for stages that hold A [128, kBK] then B [N, kBK] (a_bytes in), both K-major with
+// 64-byte rows (64-byte swizzle): 64 x N products of A's rows 64w .. 64w + 63 and B.
+template <int N, int kBK, int kStages, int kCluster>
+__device__ __forceinline__ void math_k_major(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
+                                             int nk, uint32_t a_bytes, const Staging<false>& hs, int w) {
   static_assert(kBK == 32, "64-byte rows");
-  math_tiles<256>(pipe, grid, nk, hs, w, [&](float(&acc)[128], uint32_t a, int accumulate) {
+  math_tiles<N>(pipe, grid, nk, hs, w, [&](float(&acc)[N / 2], uint32_t a, int accumulate) {
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk)
-      Wgmma<256>::ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),
-                           accumulate || kk > 0);
+      Wgmma<N>::template ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),
+                                  accumulate || kk > 0);
   });
 }
 

@@ -1,27 +1,29 @@
 // Hopper attention input projection with RoPE in its epilogue (math in rope_linear.h):
 //   y = x W^T                (f32 accumulation, rounded to bf16)
-//   y[:, :n_rot] rotated     per head of D columns at position (row % T), or (row % T) -
+//   y[:, r0:r0+n_rot] rotated per head of D columns at position (row % T), or (row % T) -
 //                            doc_start[row] with document bounds, from that rounded y, as rope_fwd
 //                            rotates it (rope_math.cuh; (cos, sin) from rope_table_cuda)
 // Layout: x [N, K], W [M, K], y [N, M]; bf16. cos_sin [T, D / 2] pairs of f32.
 //
-// Output tile: rows m0 .. m0 + 127, columns c0 .. c0 + 255, as four 64-column chunks. Tiles start at
-// multiples of 256, so a head of 64 or 128 columns never straddles two. A math warpgroup's 64 x 256
-// accumulator is one wgmma m64n256k16 chain; k runs in steps of 32 (64-byte rows, 64-byte swizzle)
-// through five (D = 64) or four (D = 128) stages of A = x [128, 32] and B = W [256, 32] (two boxes of
-// 128 rows), both K-major, as in the SwiGLU up-projection (swiglu_linear_fwd_sm90.cu).
-// Per math warpgroup a staging block of the four chunks; the epilogue warps take it to registers
-// and store it straight to global memory, the heads below n_rot rotated on the way, eight pairs of
-// one row at a time (a pair's halves are 32 columns apart at D = 64, in the same chunk, and 64 apart
-// at D = 128, in neighbouring chunks). Rotating in shared memory for a TMA store moved 64 KB more
-// per tile through shared memory, which the wgmmas and operand copies nearly saturate (see
-// swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the tile's 128 positions arrive in shared
-// memory by bulk copies that thread 32 issues as the tile begins, so they land while the math
-// warpgroups work (read per 8 pairs from global memory, they held the epilogue warps up: no gain
-// over the separate pass). With document bounds a run of consecutive positions ends at each
-// document start, so the first epilogue warp finds the runs and copies them, one per run. Rows past N and columns past M are not stored; the TMA reads W's rows
-// past M as zero. In clusters of two, rank r loads rows [128 r, 128 r + 128) of each B stage and
-// multicasts them.
+// Output tile: rows m0 .. m0 + 127, columns c0 .. c0 + BN - 1 (BN = 256 at D = 64 and 128, 192 at
+// D = 96), as BN / 64 chunks of 64 columns. Tiles start at multiples of BN, a multiple of D, and r0
+// is a multiple of D, so a head never straddles two tiles. A math warpgroup's 64 x BN accumulator
+// is one wgmma m64nBNk16 chain; k runs in steps of 32 (64-byte rows, 64-byte swizzle) through five
+// (D = 64), four (D = 128) or six (D = 96) stages of A = x [128, 32] and B = W [BN, 32] (two boxes
+// of BN / 2 rows), both K-major, as in the SwiGLU up-projection (swiglu_linear_fwd_sm90.cu).
+// Per math warpgroup a staging block of the chunks; the epilogue warps take it to registers and
+// store it straight to global memory, the heads in [r0, r0 + n_rot) rotated on the way, eight
+// pairs of one row at a time (a pair's halves are D / 2 columns apart: in one chunk at D = 64, in
+// neighbouring chunks at D = 128, in the same or the next chunk at D = 96). Rotating in shared
+// memory for a TMA store moved 64 KB more per tile through shared memory, which the wgmmas and
+// operand copies nearly saturate (see swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the
+// tile's 128 positions arrive in shared memory by bulk copies that thread 32 issues as the tile
+// begins, so they land while the math warpgroups work (read per 8 pairs from global memory, they
+// held the epilogue warps up: no gain over the separate pass). With document bounds a run of
+// consecutive positions ends at each document start, so the first epilogue warp finds the runs
+// and copies them, one per run. Rows past N and columns past M are not stored; the TMA reads W's
+// rows past M as zero. In clusters of two, rank r loads rows [r BN / 2, (r + 1) BN / 2) of each B
+// stage and multicasts them.
 #include "common/gemm_sm90.cuh"
 #include "rope/rope_linear.h"
 #include "rope/rope_math.cuh"
@@ -31,15 +33,16 @@ namespace rope_sm90 {
 using namespace gemm_sm90;
 namespace {
 
-constexpr int kBN = 256, kBK = 32, kCluster = 2;
+constexpr int kBK = 32, kCluster = 2;
 using Cta = Roles<false>;
 
 template <int D>
 struct Cfg {
-  // Five stages where the (cos, sin) rows of a tile leave room (D = 64), four at D = 128.
-  static constexpr int kStages = D == 64 ? 5 : 4;
+  static constexpr int kBN = D == 96 ? 192 : 256;  // whole heads per tile
+  // As many stages as the (cos, sin) rows of a tile leave room for.
+  static constexpr int kStages = D == 64 ? 5 : D == 96 ? 6 : 4;
   static constexpr uint32_t kABytes = kBM * kBK * 2, kBBytes = kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
-  static constexpr uint32_t kStagingBytes = 4 * kChunkBytes;  // per math warpgroup: its 64 x 256 outputs
+  static constexpr uint32_t kStagingBytes = kBN / 64 * kChunkBytes;  // per math warpgroup: its 64 x BN outputs
   static constexpr uint32_t kTableBytes = kBM * (D / 2) * 8;  // (cos, sin) of the tile's 128 positions
   static constexpr uint32_t kTableOffset = kStages * kStageBytes + 2 * kStagingBytes;
   static constexpr uint32_t kBarOffset = kTableOffset + kTableBytes;
@@ -99,26 +102,29 @@ __device__ __forceinline__ void load_table_docs(uint32_t table, int row0, int t,
   }
 }
 
-// Stores a staged 64 x 256 block (rows row0.., columns c0..) to y, its first `heads` heads
-// rotated; epilogue thread e. The block is 64 x 32 units of 8 columns. A rotated unit is eight pairs
-// of one row: 16-byte group g of the head's first half and the same group of its second half;
-// `table` holds the (cos, sin) rows of the block's 64 positions.
+// The byte offset in a staged block of the 16-byte unit of row `row` and 8-column group `group`.
+__device__ __forceinline__ uint32_t group_offset(int row, int group) {
+  return (group >> 3) * kChunkBytes + chunk_offset(row, group & 7, 0);
+}
+
+// Stores a staged 64 x BN block (rows row0.., columns c0..) to y, its heads h0 .. h1 - 1 rotated;
+// epilogue thread e. The block is 64 x (BN / 8) units of 8 columns. A rotated unit is eight pairs of
+// one row: 16-byte group g of the head's first half and the same group of its second half; `table`
+// holds the (cos, sin) rows of the block's 64 positions.
 template <int D>
-__device__ __forceinline__ void store_block(uint32_t st, int heads, uint32_t table, int e, __nv_bfloat16* y, int row0,
-                                            int c0, int n, int m) {
-  constexpr int kGroups = D / 16;  // rotated units per head and row
-  const int per_row = heads * kGroups, rotated = 64 * per_row;
+__device__ __forceinline__ void store_block(uint32_t st, int h0, int h1, uint32_t table, int e, __nv_bfloat16* y,
+                                            int row0, int c0, int n, int m) {
+  constexpr int kGroups = D / 16, kBlockGroups = Cfg<D>::kBN / 8;  // rotated units per head and row; units per row
+  const int per_row = (h1 - h0) * kGroups, rotated = 64 * per_row;
   __nv_bfloat16* const block = y + int64_t{row0} * m + c0;
   const int rows = n - row0, cols = m - c0;      // of the block inside y
   auto store = [&](int row, int col, uint4 v) {  // the unit at (row, col) of the block
     if (row < rows && col < cols) *reinterpret_cast<uint4*>(block + row * m + col) = v;
   };
   for (int u = e; u < rotated; u += Cta::kEpilogueThreads) {
-    const int row = u / per_row, r = u - row * per_row, head = r / kGroups, g = r - head * kGroups;
-    // D = 64: groups 0-3 of chunk `head` pair with groups 4-7; D = 128: chunk 2 head with 2 head + 1.
-    const uint32_t lo =
-        D == 64 ? head * kChunkBytes + chunk_offset(row, g, 0) : 2 * head * kChunkBytes + chunk_offset(row, g, 0);
-    const uint32_t hi = D == 64 ? head * kChunkBytes + chunk_offset(row, g + 4, 0) : lo + kChunkBytes;
+    const int row = u / per_row, r = u - row * per_row, head = h0 + r / kGroups, g = r % kGroups;
+    const int group = head * (D / 8) + g;  // the first half's unit; the second half's is D / 16 groups on
+    const uint32_t lo = group_offset(row, group), hi = group_offset(row, group + kGroups);
     const uint32_t cs = table + (row * (D / 2) + 8 * g) * 8;  // pairs 8g .. 8g + 7 of the row
     const uint4 xv = ld_shared_v4(st + lo), yv = ld_shared_v4(st + hi);
     const uint32_t x1[4] = {xv.x, xv.y, xv.z, xv.w}, x2[4] = {yv.x, yv.y, yv.z, yv.w};
@@ -136,11 +142,12 @@ __device__ __forceinline__ void store_block(uint32_t st, int heads, uint32_t tab
     store(row, head * D + 8 * g, make_uint4(o1[0], o1[1], o1[2], o1[3]));
     store(row, head * D + D / 2 + 8 * g, make_uint4(o2[0], o2[1], o2[2], o2[3]));
   }
-  // The columns past the rotated heads as they are: units of 8 columns from column heads * D on.
-  const int plain_per_row = 32 - heads * (D / 8);
+  // The columns outside the rotated heads as they are: units of 8 columns before head h0 and from
+  // head h1 on.
+  const int skip0 = h0 * (D / 8), skipped = (h1 - h0) * (D / 8), plain_per_row = kBlockGroups - skipped;
   for (int u = e; u < 64 * plain_per_row; u += Cta::kEpilogueThreads) {
-    const int row = u / plain_per_row, group = heads * (D / 8) + (u - row * plain_per_row);
-    store(row, 8 * group, ld_shared_v4(st + (group >> 3) * kChunkBytes + chunk_offset(row, group & 7, 0)));
+    const int row = u / plain_per_row, p = u - row * plain_per_row, group = p < skip0 ? p : p + skipped;
+    store(row, 8 * group, ld_shared_v4(st + group_offset(row, group)));
   }
 }
 
@@ -149,8 +156,9 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
     rope_linear_fwd_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                            __nv_bfloat16* __restrict__ y, const float* __restrict__ cos_sin,
                            const int32_t* __restrict__ doc_start, const int n, const int m, const int k, const int t,
-                           const int n_rot) {
+                           const int r0, const int n_rot) {
   using C = Cfg<D>;
+  constexpr int kBN = C::kBN;
   constexpr int kStages = C::kStages;
   extern __shared__ unsigned char smem[];
   const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
@@ -189,8 +197,10 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       int nt = 0, nr = 0;  // tiles, tiles with rotated heads
       for (int tile = grid.first(); tile < grid.count; tile += grid.step(), ++nt) {
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
-        const int heads = max(0, min((n_rot - c0) / D, kBN / D));  // n_rot and c0 are whole heads
-        if (heads > 0 && (doc_start ? e < 32 : e == 0)) {
+        // The tile's rotated heads h0 .. h1 - 1 (r0, n_rot and c0 are whole heads).
+        const int h0 = min(max(r0 - c0, 0), kBN) / D, h1 = min(max(r0 + n_rot - c0, 0), kBN) / D;
+        const bool rotates = h1 > h0;
+        if (rotates && (doc_start ? e < 32 : e == 0)) {
           // While the math warpgroups work on this tile, once every epilogue warp is done with the
           // table (it read the last tile's block 1 before arriving on freed(1)).
           hs.wait_free(1, nt);
@@ -202,47 +212,48 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         }
         for (int w = 0; w < 2; ++w) {
           hs.wait_staged(w, nt);
-          if (heads > 0 && w == 0) mbar_wait(table_full, nr & 1);
-          store_block<D>(hs.block(w, nt), heads, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w,
-                         c0, n, m);
+          if (rotates && w == 0) mbar_wait(table_full, nr & 1);
+          store_block<D>(hs.block(w, nt), h0, h1, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w, c0, n, m);
           hs.release(w, nt);
         }
-        nr += heads > 0;
+        nr += rotates;
       }
     }
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w);
+    math_k_major<kBN, kBK>(pipe, grid, nk, C::kABytes, hs, w);
   }
   cluster_sync();  // no CTA leaves while the other may still arrive on its barriers
 }
 
 template <int D>
-void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t t, int64_t n_rot,
+void launch(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t t, int64_t r0, int64_t n_rot,
             const float* cos_sin, const int32_t* doc_start) {
   using C = Cfg<D>;
+  constexpr int kBN = C::kBN;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
   const int64_t n = x.size(0), k = x.size(1), m = w.size(0);
   const CUtensorMap tm_x = matrix_map(x.ptr, n, k, k, 1, 0, kBM, kBK);
   const CUtensorMap tm_w = matrix_map(w.ptr, m, k, k, 1, 0, kBN / 2, kBK);
   const int tiles = cdiv(cdiv(static_cast<int>(n), kBM), kCluster) * cdiv(static_cast<int>(m), kBN);
   launch_clusters<kCluster>(rope_linear_fwd_kernel<D>, tiles, C::kSmem, cuda::stream_of(ctx), tm_x, tm_w,
-                            y.data<__nv_bfloat16>(), cos_sin, doc_start,
-                            static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), static_cast<int>(t),
-                            static_cast<int>(n_rot));
+                            y.data<__nv_bfloat16>(), cos_sin, doc_start, static_cast<int>(n), static_cast<int>(m),
+                            static_cast<int>(k), static_cast<int>(t), static_cast<int>(r0), static_cast<int>(n_rot));
 }
 
 }  // namespace
 }  // namespace rope_sm90
 
-void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t n_rot,
-                          int64_t head_dim, const float* cos_sin, const int32_t* doc_start) {
+void rope_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, int64_t T, int64_t r0,
+                          int64_t n_rot, int64_t head_dim, const float* cos_sin, const int32_t* doc_start) {
   LINAC_CHECK(x.size(0) < (int64_t{1} << 31) - rope_sm90::kBM, "rope_linear_fwd: too many rows for one call");
   if (head_dim == 64)
-    rope_sm90::launch<64>(ctx, x, w, y, T, n_rot, cos_sin, doc_start);
+    rope_sm90::launch<64>(ctx, x, w, y, T, r0, n_rot, cos_sin, doc_start);
+  else if (head_dim == 96)
+    rope_sm90::launch<96>(ctx, x, w, y, T, r0, n_rot, cos_sin, doc_start);
   else
-    rope_sm90::launch<128>(ctx, x, w, y, T, n_rot, cos_sin, doc_start);
+    rope_sm90::launch<128>(ctx, x, w, y, T, r0, n_rot, cos_sin, doc_start);
 }
 
 }  // namespace linac

@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   } else {
     regs_alloc<Cta::kMathRegs>();
     const int w = wg - 1;
-    math_n256<kBK>(pipe, grid, nk, C::kABytes, hs, w);
+    math_k_major<2 * kBF, kBK>(pipe, grid, nk, C::kABytes, hs, w);
   }
   if (kCluster > 1) cluster_sync();  // no CTA leaves while another may still arrive on its barriers
 }

@@ -11,6 +11,7 @@
 #include "matmul/matmul.h"
 #include "model/mixers/proj_views.h"
 #include "rope/rope.h"
+#include "rope/rope_linear.h"
 #include "short_conv/short_conv.h"
 
 namespace linac {
@@ -191,7 +192,11 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   Tensor ab = ab_buf_.tensor(env_.act, {N, Pa_});
   Tensor y = y_buf_.tensor(env_.act, {B, T, H_, Dh_});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
-  matmul(ctx, x.view({N, d_}), false, ps.weight(wx_), true, xv);
+  const DocBounds& docs = env_.docs;  // positions restart at each document (rope.h)
+  if (opt_.window > 0)                // q and k, columns [d, 3d) of [v | q | k], rotated as they are computed
+    rope_linear_fwd(ctx, x.view({N, d_}), ps.weight(wx_), xv, T, 2 * d_, Dh_, opt_.rope_base, docs, d_);
+  else
+    matmul(ctx, x.view({N, d_}), false, ps.weight(wx_), true, xv);
   Tensor z = x;  // the latent logits' input stream: x, or its convolution (kept for the backward)
   if (opt_.conv > 0) {
     z = z_buf_.tensor(env_.act, {B, T, d_});
@@ -200,10 +205,8 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   matmul(ctx, z.view({N, d_}), false, ps.weight(wab_), true, ab);
   const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
   Tensor local;
-  const DocBounds& docs = env_.docs;  // positions restart at each document (rope.h)
   if (opt_.window > 0) {
     const Tensor q = bthd(xv, B, T, d_, H_, Dh_), k = bthd(xv, B, T, 2 * d_, H_, Dh_);
-    rope_fwd(ctx, bthd(xv, B, T, d_, 2 * H_, Dh_), opt_.rope_base, 0, docs);  // q and k: adjacent columns
     local = oloc_buf_.tensor(env_.act, {B, T, H_, Dh_});
     AttentionOpts ao;
     ao.window = opt_.window;
