@@ -14,9 +14,10 @@
 //     dkhat    present keys of block n, then the previous block's (accumulated):
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
 //     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
-//              key-major weights (vq_packed.h); the cache part gcache_i = pcache_i^T dout_i
+//              key-major weights (vq_packed.h), in the activation dtype; the cache part
+//              gcache_i = pcache_i^T dout_i, in the activation dtype
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
-//   then       gcache swept in reverse into the activation dtype (cache_grad_sweep),
+//   then       gcache swept in reverse, in place (cache_grad_sweep; f32 sums),
 //              dv_j += swept^(n(j))[z_j];
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
@@ -119,8 +120,9 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
 }
 
 // Row-tiled over the tokens (p, t < T) at their packed rows: dq = dqu + dqr, dkhat; dv = dvp +
-// swept^(n(t))[z_t], times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre:
-// silu_bwd's bits). Four dims per access where the rows are 4-aligned.
+// swept^(n(t))[z_t] (both in the activation dtype, summed in f32), times silu'(v_pre) after its
+// rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's bits). Four dims per access where the
+// rows are 4-aligned.
 template <bool kVec, class T>
 __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z,
                                                                   T* __restrict__ dq, VqAttnLayout::Strides dqs,
@@ -143,8 +145,8 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
   const float* qu = w.dqu + row * Dk;
   const float* qr = w.dqr + row * Dk;
   const float* kk = w.dk + row * Dk;
-  const float* vp = w.dvp + row * Dv;
-  const T* cache = static_cast<const T*>(w.gswept) +
+  const T* vp = static_cast<const T*>(w.dvp) + row * Dv;
+  const T* cache = static_cast<const T*>(w.gcache) +
                    ((int64_t{p} * g.R + tp / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * Dv;
   if constexpr (kVec) {
     for (int d = 4 * rs.lane; d < Dk; d += 4 * rs.lanes) {
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(kThreads) vq_store_grads_kernel(Geo g, Ws w, c
       dko[d] = from_float<T>(kk[d]);
     }
     for (int d = rs.lane; d < Dv; d += rs.lanes) {
-      const float x = vp[d] + to_float(cache[d]);
+      const float x = to_float(vp[d]) + to_float(cache[d]);
       dvo[d] = from_float<T>(pre ? cuda::rounded<T>(x) * cuda::silu_grad(to_float(pre[d])) : x);
     }
   }
@@ -246,20 +248,25 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // weights (vq_packed.h), for the chunk's blocks but its last: that one takes its own
         // queries, and the next chunk adds block i0 + c's (slot 0) unless a pair starts there.
         const int64_t ks = vq_cuda::key_slot_elems(g), ldkey = g.ldkey, last = i0 + c - 1;
-        vq_cuda::gemm(w.blas, act, Lb, Dv, 2 * Lb, c - 1, {at(w.pwin, ks), ldkey, ks, true}, {dop_i, ldo, Lb * ldo, false},
-                      w.dvp + i0 * Lb * Dv, Dv, Lb * Dv, 0.f);
+        // dv's window part in the activation dtype (the chunk-boundary block rounded twice).
+        auto dvp_at = [&](int64_t block) {
+          return static_cast<char*>(w.dvp) + block * Lb * Dv * static_cast<int64_t>(es);
+        };
+        vq_cuda::gemm(w.blas, act, Lb, Dv, 2 * Lb, c - 1, {at(w.pwin, ks), ldkey, ks, true},
+                      {dop_i, ldo, Lb * ldo, false}, dvp_at(i0), Dv, Lb * Dv, 0.f, false, act);
         vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, c * ks), ldkey, 0, true},
-                      {at(w.dop, last * Lb * ldo), ldo, 0, false}, w.dvp + last * Lb * Dv, Dv, 0, 0.f);
+                      {at(w.dop, last * Lb * ldo), ldo, 0, false}, dvp_at(last), Dv, 0, 0.f, false, act);
         if (i0 % g.R != 0)
           vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
-                        w.dvp + (i0 - 1) * Lb * Dv, Dv, 0, 1.f);
+                        dvp_at(i0 - 1), Dv, 0, 1.f, false, act);
         // The cache means' gradients of each block (swept below), and drho.
         vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
-                      w.gcache + i0 * S * Dv, Dv, S * Dv, 0.f);
+                      static_cast<char*>(w.gcache) + i0 * S * Dv * static_cast<int64_t>(es), Dv, S * Dv, 0.f, false,
+                      act);
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
       }
-    vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, w.gcache, static_cast<T*>(w.gswept));
+    vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, static_cast<T*>(w.gcache));
     auto rows_ok = [&](const Tensor& x, VqAttnLayout::Strides s) {
       return cuda::rows_vec4(x.ptr, sizeof(T), s.t) && s.b % 4 == 0;
     };

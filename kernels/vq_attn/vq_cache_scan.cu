@@ -8,11 +8,11 @@
 //                     (f32). The block's tokens with code s come from the code lists in token
 //                     order, their rows loaded kBatch at a time and added in that order: every
 //                     sum has a fixed order.
-//   cache_grad_sweep  thread per (p, s, d): out^(m) = sum_{n >= m+2} gcache^(n) / N^(n), the
+//   cache_grad_sweep  thread per (p, s, d): gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n), the
 //                     gradient a value of block m receives through the cache means of later
 //                     blocks of its segment (reverse sweep with a two-block delay, restarting at
-//                     segment ends, f32 sums; 0 where N = 0),
-//                     written in the activation dtype: the gradient store reads half the bytes.
+//                     segment ends, f32 sums; 0 where N = 0), in place in the activation dtype
+//                     (the GEMMs write gcache so: half the bytes of f32 written, read, read again).
 #include <algorithm>
 #include <string>
 
@@ -79,9 +79,9 @@ __global__ void __launch_bounds__(kScanThreads) cache_scan_kernel(Geo g, const T
   }
 }
 
-// out may be gcache itself (f32): each thread reads its cell before it writes it.
+// In place: each thread reads its cell before it writes it.
 template <class T>
-__global__ void cache_grad_sweep_kernel(Geo g, const float* __restrict__ counts, const float* gcache, T* out) {
+__global__ void cache_grad_sweep_kernel(Geo g, const float* __restrict__ counts, T* gcache) {
   const int64_t ps = blockIdx.x, d = blockIdx.y * int64_t{blockDim.x} + threadIdx.x;
   if (d >= g.Dv) return;
   const int64_t p = ps / g.S, s = ps % g.S;
@@ -91,8 +91,8 @@ __global__ void cache_grad_sweep_kernel(Geo g, const float* __restrict__ counts,
     if (segment_of && m + 1 < g.R && segment_of[m + 1] == m + 1) acc = 0, pending = 0;  // m's segment ends
     const int64_t i = p * g.R + m, cell = (i * g.S + s) * g.Dv + d;
     const float N = counts[i * g.S + s];
-    const float term = N > 0 ? gcache[cell] / N : 0.f;
-    out[cell] = from_float<T>(acc);
+    const float term = N > 0 ? to_float(gcache[cell]) / N : 0.f;
+    gcache[cell] = from_float<T>(acc);
     acc += pending;
     pending = term;
   }
@@ -118,15 +118,15 @@ template void cache_scan<__nv_bfloat16>(const Ctx&, const Geo&, const __nv_bfloa
                                         float*, __nv_bfloat16*);
 
 template <class T>
-void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, const float* gcache, T* out) {
+void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, T* gcache) {
   constexpr int kThreads = 128;
   cache_grad_sweep_kernel<T>
       <<<dim3(static_cast<unsigned>(g.P * g.S), static_cast<unsigned>((g.Dv + kThreads - 1) / kThreads)), kThreads, 0,
-         cuda::stream_of(ctx)>>>(g, counts, gcache, out);
+         cuda::stream_of(ctx)>>>(g, counts, gcache);
   LINAC_CUDA_LAUNCH_CHECK();
 }
-template void cache_grad_sweep<float>(const Ctx&, const Geo&, const float*, const float*, float*);
-template void cache_grad_sweep<__nv_bfloat16>(const Ctx&, const Geo&, const float*, const float*, __nv_bfloat16*);
+template void cache_grad_sweep<float>(const Ctx&, const Geo&, const float*, float*);
+template void cache_grad_sweep<__nv_bfloat16>(const Ctx&, const Geo&, const float*, __nv_bfloat16*);
 
 }  // namespace vq_cuda
 }  // namespace linac

@@ -98,10 +98,10 @@ CodeLists code_lists(const Ctx& ctx, const int32_t* z, const int32_t* packed, in
 template <class T>
 void cache_scan(const Ctx& ctx, const Geo& g, const T* v, VqAttnLayout::Strides vs, CodeLists lists, float* counts,
                 T* ubar);
-// out^(m) = sum_{n >= m+2} gcache^(n) / N^(n) over the blocks n of m's cache segment (0 where
-// N = 0), [NB, S, Dv] in T (out may be gcache itself where T is float); vq_cache_scan.cu.
+// gcache^(m) <- sum_{n >= m+2} gcache^(n) / N^(n) over the blocks n of m's cache segment (0 where
+// N = 0), [NB, S, Dv] in T, in place (f32 sums); vq_cache_scan.cu.
 template <class T>
-void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, const float* gcache, T* out);
+void cache_grad_sweep(const Ctx& ctx, const Geo& g, const float* counts, T* gcache);
 
 // The token of packed position tp of sequence b: tp itself, or the documents' map; -1 for padding.
 __device__ __forceinline__ int64_t source_token(const Geo& g, uint32_t b, uint32_t tp) {

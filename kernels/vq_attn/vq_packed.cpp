@@ -45,9 +45,8 @@ size_t layout(const Geo& g, size_t act_bytes, bool backward, int64_t cap, char* 
     w.dqu = f32(rows * Dk);
     w.dqr = f32(rows * Dk);
     w.dk = f32(rows * Dk);
-    w.dvp = f32(rows * Dv);
-    w.gcache = f32(g.NB * S * Dv);
-    w.gswept = act_bytes == sizeof(float) ? static_cast<void*>(w.gcache) : act(g.NB * S * Dv);
+    w.dvp = act(rows * Dv);
+    w.gcache = act(g.NB * S * Dv);
     w.ones = f32(g.B * g.Tp);
     w.drho = f32(H * g.ldp * Dk);
   }

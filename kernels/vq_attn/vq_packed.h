@@ -106,8 +106,9 @@ struct Ws {
   size_t lists_bytes;
   // Whole call, backward only.
   void *qu, *qr, *dop;          // act: q+u, q+vr [P Tp, Dk]; dout [P Tp, Dv] (or dout itself)
-  float *delta, *dqu, *dqr, *dk, *dvp, *gcache, *ones;  // dout.o; dq's two parts, dkhat, dv [P Tp, *]; [NB, S, Dv]; [B Tp]
-  void *gswept;                 // act: the swept cache gradients [NB, S, Dv] (gcache itself in f32)
+  float *delta, *dqu, *dqr, *dk, *ones;  // dout.o; dq's two parts, dkhat [P Tp, *]; [B Tp]
+  void *dvp;                    // act: dv's window part [P Tp, Dv] (in bf16 half the bytes to write and read)
+  void *gcache;                 // act: the cache means' gradients [NB, S, Dv], swept in place
   float* drho;                  // [H, ldp, Dk]
   // One chunk of `cap` blocks (rows = cap Lb).
   float *swin, *scache, *pos;   // scores q.k, q.C, q.rho: [rows, ldw], [rows, lds], [rows, ldp]

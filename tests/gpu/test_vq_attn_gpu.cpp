@@ -204,13 +204,15 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
       for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
         EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
       const vq_cuda::Geo geo = vq_cuda::geo_of(c.B, c.T, c.H, c.Dk, c.Dv, c.S, c.Lb);
-      const double tol = act == DType::BF16 ? 2e-3 : 1e-5;
+      // In bf16 a chunk's dv window part is stored in the activation dtype before the next chunk adds
+      // to it: one more rounding (2^-9 relative) than one chunk takes, so the gradients get 5e-3.
+      const double tol = act == DType::BF16 ? 2e-3 : 1e-5, tol_grad = act == DType::BF16 ? 5e-3 : 1e-5;
       for (int64_t cap : {1, 4}) {
         SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
         Ctx small = gctx.ctx();
         small.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
         ASSERT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
-        test::expect_vq_close(g.run(small, in, act), r1, c.H * c.Dk, c.H * c.Dv, tol, tol, 1e-6);
+        test::expect_vq_close(g.run(small, in, act), r1, c.H * c.Dk, c.H * c.Dv, tol, tol_grad, 1e-6);
       }
       Ctx tiny = gctx.ctx();
       tiny.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, 1, nullptr, nullptr) - 1;
