@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Fixtures of the scripts' tests (test_compare_table.py, test_plots.py): a fake output directory
-of scripts/compare.sh (lm/<arch>/ and mqar/<mixer>_d<width>/ with the files `linac
-train/eval/info/bench` write, some runs failed or broken), subprocess helpers, and the choice of a
-Python with matplotlib for the cases that draw a figure: the first of this interpreter and
-/usr/bin/python3 that has it (LINAC_PLOT_PYTHON=PATH names the only one to try, LINAC_PLOT_PYTHON=
-none); those cases are skipped when none has it (Debian: python3-matplotlib).
+"""Fixtures of the scripts' tests (test_compare_table.py, test_plots.py; the shell check of test_ab.py
+and test_ab_compare.py): a fake output directory of scripts/compare.sh (lm/<arch>/ and
+mqar/<mixer>_d<width>/ with the files `linac train/eval/info/bench` write, some runs failed or
+broken), subprocess helpers, and the choice of a Python with matplotlib for the cases that draw a
+figure: the first of this interpreter and /usr/bin/python3 that has it (LINAC_PLOT_PYTHON=PATH
+names the only one to try, LINAC_PLOT_PYTHON=none); those cases are skipped when none has it
+(Debian: python3-matplotlib).
 """
 import ast
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +27,15 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def script(name):
     return os.path.join(SCRIPTS, name)
+
+
+def assert_shell_clean(case, path):
+    """bash -n on the shell script PATH, and shellcheck where it is installed."""
+    r = subprocess.run(["bash", "-n", path], capture_output=True, text=True)
+    case.assertEqual(r.returncode, 0, r.stderr)
+    if shutil.which("shellcheck"):
+        r = subprocess.run(["shellcheck", path], capture_output=True, text=True)
+        case.assertEqual(r.returncode, 0, r.stdout)
 
 
 def run(python, name, *args, flags=()):

@@ -5,10 +5,13 @@ environment as it is, a failed run is reported with its status and makes the exi
 bad usage is refused with one line and status 2.
 """
 import os
-import shutil
 import subprocess
 import sys
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True
+from fixtures import assert_shell_clean  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "ab.sh")
@@ -27,10 +30,7 @@ def run(*args, env=None):
 
 class Ab(unittest.TestCase):
     def test_shell_syntax_and_shellcheck(self):
-        self.assertEqual(subprocess.run(["bash", "-n", SCRIPT]).returncode, 0)
-        if shutil.which("shellcheck"):
-            r = subprocess.run(["shellcheck", SCRIPT], capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stdout)
+        assert_shell_clean(self, SCRIPT)
 
     def test_variants_alternate_and_report_the_matching_line(self):
         r = run("--rounds", "2", "--grep", "^result", "-", "X=1", "X=2 Y=b", "--", *COMMAND)

@@ -9,8 +9,13 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.dont_write_bytecode = True
+from fixtures import assert_shell_clean  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "ab_compare.sh")
@@ -64,10 +69,7 @@ class AbCompare(unittest.TestCase):
                               text=True, timeout=120, env=e)
 
     def test_shell_syntax_and_shellcheck(self):
-        self.assertEqual(subprocess.run(["bash", "-n", SCRIPT]).returncode, 0)
-        if shutil.which("shellcheck"):
-            r = subprocess.run(["shellcheck", SCRIPT], capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stdout)
+        assert_shell_clean(self, SCRIPT)
 
     def test_builds_the_baseline_runs_the_tests_and_alternates(self):
         r = self.run_script(AB_BASE="ab_base", AB_TESTS="Latte*", AB_ROUNDS="2", AB_CONFIGS="configs/a.json",
