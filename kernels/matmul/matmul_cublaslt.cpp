@@ -4,12 +4,11 @@
 // so cuBLASLt's first operand is our B (trans_b), its second our A (trans_a), with m = N, n = M.
 // A row-major stored matrix [R, Cc] with row stride ld is a column-major [Cc, R] with the same ld.
 //
-// Each distinct problem gets a plan: descriptors plus the heuristic's best algorithm, built once
-// and cached for the life of the process. The key holds everything the choice depends on:
-// handle and device (an algorithm is only valid where it was chosen), shape, transposes,
-// dtypes, strides, pointer alignment, workspace size and whether the bias epilogue is on (its
-// pointer is set per call). Not alpha and beta: the heuristic never sees them, and an algorithm
-// serves any values.
+// Each distinct problem gets a plan: descriptors plus the heuristic's best algorithm (or the one an
+// installed table names, matmul_algos.h), built once and cached for the life of the process. The key holds everything
+// the choice depends on: handle and device (an algorithm is only valid where it was chosen), shape, transposes, dtypes,
+// strides, pointer alignment, workspace size and whether the bias epilogue is on (its pointer is set per call). Not
+// alpha and beta: the heuristic never sees them, and an algorithm serves any values.
 //
 // Determinism. For a fixed algorithm cuBLAS gives bit-identical results run to run on the same
 // GPU model and toolkit, provided the workspace it is handed is not shared with concurrent work
@@ -26,20 +25,27 @@
 //   CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE   partials rounded to C's dtype (bf16) before the sum.
 // The mask thus leaves only fp32 reductions in a fixed order (cuBLASLt documents no atomics-based
 // scheme; cublasSetAtomicsMode concerns legacy cuBLAS routines, not cublasLtMatmul).
+#include "core/dispatch.h"
+#include "core/error.h"
 #include "matmul/matmul.h"
+#include "matmul/matmul_algos.h"
 
 #if LINAC_WITH_CUDA
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/cuda_check.h"
+#include "core/gpu.h"
 
 namespace linac {
 namespace {
@@ -74,14 +80,30 @@ struct PlanKeyHash {
 
 // Descriptors in cuBLASLt's operand order: la is our B, lb our A, lc is C (and D).
 // Destructors run at exit or while unwinding a failed build, so their status is not checked.
+// A problem's state while tuning: its candidates, the calls in flight and the times measured.
+struct Tuning {
+  struct Pending {
+    int candidate;
+    cudaEvent_t start, stop;
+  };
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  std::vector<std::vector<float>> us;  // per candidate, each timed call
+  std::vector<Pending> pending;
+  int64_t calls = 0;
+};
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  std::string problem;  // problem_id of its key
+  std::unique_ptr<Tuning> tuning;
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
+    if (tuning)
+      for (const auto& e : tuning->pending) cudaEventDestroy(e.start), cudaEventDestroy(e.stop);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
@@ -128,16 +150,70 @@ cublasLtMatrixLayout_t make_layout(DType dt, int64_t rows, int64_t cols, int64_t
   return l;
 }
 
-std::string describe(const PlanKey& k) {
-  return "matmul (cuBLASLt): M=" + std::to_string(k.m) + " N=" + std::to_string(k.n) + " K=" + std::to_string(k.k) +
-         " batch=" + std::to_string(k.batch) + " trans_a=" + std::to_string(k.trans_a) +
-         " trans_b=" + std::to_string(k.trans_b) + " A/B " + dtype_name(k.ab) + " C " + dtype_name(k.c) +
-         " lda=" + std::to_string(k.lda) + " ldb=" + std::to_string(k.ldb) + " ldc=" + std::to_string(k.ldc) +
-         " align A/B/C=" + std::to_string(k.align_a) + "/" + std::to_string(k.align_b) + "/" +
-         std::to_string(k.align_c) + (k.tf32 ? " tf32" : "") + (k.bias ? " bias" : "");
+// Everything in the key but the handle and device, in words: a table's name for the problem.
+std::string problem_id(const PlanKey& k) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  std::string s = "M=" + n(k.m) + " N=" + n(k.n) + " K=" + n(k.k) + " batch=" + n(k.batch) +
+                  " trans_a=" + n(k.trans_a) + " trans_b=" + n(k.trans_b) + " A/B " + dtype_name(k.ab) + " C " +
+                  dtype_name(k.c) + " lda=" + n(k.lda) + " ldb=" + n(k.ldb) + " ldc=" + n(k.ldc);
+  if (k.batch > 1) s += " strides A/B/C=" + n(k.stride_a) + "/" + n(k.stride_b) + "/" + n(k.stride_c);
+  return s + " align A/B/C=" + n(k.align_a) + "/" + n(k.align_b) + "/" + n(k.align_c) + (k.tf32 ? " tf32" : "") +
+         (k.bias ? " bias" : "") + " workspace=" + n(static_cast<int64_t>(k.workspace_bytes));
 }
 
-std::unique_ptr<Plan> build_plan(const PlanKey& k) {
+std::string describe(const PlanKey& k) { return "matmul (cuBLASLt): " + problem_id(k); }
+
+// The heuristic's preference for a key: the workspace, fixed-order fp32 split-K only (see the top
+// of this file), and the operands' alignments (in cuBLASLt's order: its A is our B).
+std::unique_ptr<Preference> preference(const PlanKey& k) {
+  auto pref = std::make_unique<Preference>();
+  pref->set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, k.workspace_bytes);
+  pref->set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionMask);
+  pref->set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_b);
+  pref->set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_a);
+  pref->set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_c);
+  pref->set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_c);
+  return pref;
+}
+
+// The heuristic's first `count` algorithms for a planned key, best first.
+std::vector<cublasLtMatmulAlgo_t> heuristic_algos(const PlanKey& k, const Plan& plan, int count) {
+  std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(count));
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb, plan.lc,
+                                     plan.lc, preference(k)->p, count, res.data(), &found);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+    LINAC_FAIL(describe(k) + ": no cuBLASLt algorithm supports this problem");
+  LINAC_CUBLAS_CHECK(st);
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < found; ++i) algos.push_back(res[static_cast<size_t>(i)].algo);
+  return algos;
+}
+
+// Installed choices (gemm_algos_install) by problem, and where they came from.
+struct Installed {
+  std::unordered_map<std::string, std::array<uint64_t, 8>> algos;
+  std::string source;
+};
+
+// Sets plan.algo to an installed choice for its problem, if there is one that cuBLASLt accepts.
+void apply_installed(const PlanKey& k, Plan& plan, const Installed& inst) {
+  const auto it = inst.algos.find(plan.problem);
+  if (it == inst.algos.end()) return;
+  cublasLtMatmulAlgo_t algo{};
+  static_assert(sizeof(algo.data) == sizeof(it->second));
+  std::memcpy(algo.data, it->second.data(), sizeof(algo.data));
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb, plan.lc, plan.lc,
+                              &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+      check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > k.workspace_bytes)
+    throw UserError(inst.source + ": cuBLASLt refuses the algorithm given for " + plan.problem +
+                    " (a table from another build or GPU? tune again with linac bench --tune-gemms)");
+  plan.algo = algo;
+}
+
+std::unique_ptr<Plan> build_plan(const PlanKey& k, const Installed& inst) {
   auto plan = std::make_unique<Plan>();
   LINAC_CUBLAS_CHECK(
       cublasLtMatmulDescCreate(&plan->op, k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -153,34 +229,66 @@ std::unique_ptr<Plan> build_plan(const PlanKey& k) {
   plan->la = make_layout(k.ab, k.trans_b ? k.n : k.k, k.trans_b ? k.k : k.n, k.ldb, k.batch, k.stride_b);
   plan->lb = make_layout(k.ab, k.trans_a ? k.k : k.m, k.trans_a ? k.m : k.k, k.lda, k.batch, k.stride_a);
   plan->lc = make_layout(k.c, k.m, k.n, k.ldc, k.batch, k.stride_c);
-
-  Preference pref;
-  pref.set64(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, k.workspace_bytes);
-  pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, kReductionMask);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_b);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_a);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_c);
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_c);
-
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(k.handle), plan->op, plan->la,
-                                     plan->lb, plan->lc, plan->lc, pref.p, 1, &result, &found);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
-    LINAC_FAIL(describe(k) + ": no cuBLASLt algorithm supports this problem");
-  LINAC_CUBLAS_CHECK(st);
-  plan->algo = result.algo;
+  plan->problem = problem_id(k);
+  plan->algo = heuristic_algos(k, *plan, 1)[0];
+  apply_installed(k, *plan, inst);
   return plan;
 }
 
-const Plan& plan_for(const PlanKey& key) {
-  static std::mutex mu;
-  static std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(key, build_plan(key)).first;
-  return *it->second;  // plans are never removed, so the reference outlives the lock
+// The plans of this process, what is installed, and whether tuning is on. Plans are never
+// removed, so a reference to one outlives the lock.
+struct Plans {
+  std::mutex mu;
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> by_key;
+  Installed installed;
+  bool tuning = false;
+};
+
+Plans& plans() {
+  static Plans* p = new Plans();  // never destroyed: plans may be used until exit
+  return *p;
+}
+
+Plan& plan_for(const PlanKey& key, bool& tuning) {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  auto it = ps.by_key.find(key);
+  if (it == ps.by_key.end()) it = ps.by_key.emplace(key, build_plan(key, ps.installed)).first;
+  tuning = ps.tuning;
+  return *it->second;
+}
+
+// Folds a plan's finished timings into its samples; with wait, all of them.
+void collect(Tuning& t, bool wait) {
+  std::vector<Tuning::Pending> open;
+  for (const auto& e : t.pending) {
+    if (wait) LINAC_CUDA_CHECK(cudaEventSynchronize(e.stop));
+    if (cudaEventQuery(e.stop) == cudaErrorNotReady) {
+      open.push_back(e);
+      continue;
+    }
+    float ms = 0;
+    LINAC_CUDA_CHECK(cudaEventElapsedTime(&ms, e.start, e.stop));
+    t.us[static_cast<size_t>(e.candidate)].push_back(1e3f * ms);
+    LINAC_CUDA_CHECK(cudaEventDestroy(e.start));
+    LINAC_CUDA_CHECK(cudaEventDestroy(e.stop));
+  }
+  t.pending.swap(open);
+}
+
+// A candidate's median call time, its first call (which may load the kernel) left out; 0 when it
+// has fewer than kGemmTuneMinCalls calls after that.
+double median_us(std::vector<float> v) {
+  if (v.size() < static_cast<size_t>(kGemmTuneMinCalls) + 1) return 0;
+  v.erase(v.begin());
+  std::sort(v.begin(), v.end());
+  return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2.0;
+}
+
+std::array<uint64_t, 8> algo_words(const cublasLtMatmulAlgo_t& a) {
+  std::array<uint64_t, 8> w{};
+  std::memcpy(w.data(), a.data, sizeof(a.data));
+  return w;
 }
 
 }  // namespace
@@ -219,7 +327,27 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   key.trans_b = p.trans_b;
   key.tf32 = p.tf32_exact && a.dtype == DType::F32;
   key.bias = p.bias != nullptr;
-  const Plan& plan = plan_for(key);
+  bool tuning = false;
+  Plan& plan = plan_for(key, tuning);
+  const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
+  const cublasLtMatmulAlgo_t* algo = &plan.algo;
+  Tuning::Pending timed{-1, nullptr, nullptr};
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (tuning) LINAC_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (tuning && capture == cudaStreamCaptureStatusNone) {  // a captured call would be replayed untimed
+    if (!plan.tuning) {
+      plan.tuning = std::make_unique<Tuning>();
+      plan.tuning->candidates = heuristic_algos(key, plan, kGemmTuneCandidates);
+      plan.tuning->us.resize(plan.tuning->candidates.size());
+    }
+    Tuning& t = *plan.tuning;
+    collect(t, false);
+    timed.candidate = static_cast<int>(t.calls++ % static_cast<int64_t>(t.candidates.size()));
+    algo = &t.candidates[static_cast<size_t>(timed.candidate)];
+    LINAC_CUDA_CHECK(cudaEventCreate(&timed.start));
+    LINAC_CUDA_CHECK(cudaEventCreate(&timed.stop));
+    LINAC_CUDA_CHECK(cudaEventRecord(timed.start, stream));
+  }
   if (p.bias) {
     // The pointer is an attribute of the cached descriptor; cublasLtMatmul reads it as it enqueues,
     // and a plan serves one handle, which one thread drives at a time.
@@ -228,8 +356,96 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   }
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
-                                    plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, &plan.algo, ctx.workspace,
-                                    ctx.workspace_bytes, static_cast<cudaStream_t>(ctx.stream)));
+                                    plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, algo, ctx.workspace,
+                                    ctx.workspace_bytes, stream));
+  if (timed.candidate >= 0) {
+    LINAC_CUDA_CHECK(cudaEventRecord(timed.stop, stream));
+    plan.tuning->pending.push_back(timed);
+  }
+}
+
+GemmAlgoEnv gemm_algo_env() { return {gpu_info().name, static_cast<int64_t>(cublasLtGetVersion())}; }
+
+void gemm_algos_install(const std::vector<GemmAlgoChoice>& choices, const std::string& source) {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  ps.installed.source = source;
+  for (const GemmAlgoChoice& c : choices) ps.installed.algos[c.problem] = c.algo;
+  for (auto& [key, plan] : ps.by_key) apply_installed(key, *plan, ps.installed);
+}
+
+void gemm_algos_clear() {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  ps.installed = Installed{};
+  for (auto& [key, plan] : ps.by_key) plan->algo = heuristic_algos(key, *plan, 1)[0];
+}
+
+std::vector<GemmAlgoChoice> gemm_algos_in_use() {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  std::vector<GemmAlgoChoice> out;
+  for (const auto& [key, plan] : ps.by_key) {
+    GemmAlgoChoice c;
+    c.problem = plan->problem;
+    c.algo = algo_words(plan->algo);
+    out.push_back(c);
+  }
+  return out;
+}
+
+void gemm_tuning_start() {
+  Plans& ps = plans();
+  std::lock_guard<std::mutex> lock(ps.mu);
+  for (auto& [key, plan] : ps.by_key) plan->tuning.reset();
+  ps.tuning = true;
+}
+
+std::vector<GemmAlgoChoice> gemm_tuning_finish() {
+  Plans& ps = plans();
+  std::vector<GemmAlgoChoice> out;
+  {
+    std::lock_guard<std::mutex> lock(ps.mu);
+    ps.tuning = false;
+    for (auto& [key, plan] : ps.by_key) {
+      if (!plan->tuning) continue;
+      Tuning& t = *plan->tuning;
+      collect(t, true);
+      std::vector<double> med;
+      for (const auto& v : t.us) med.push_back(median_us(v));
+      size_t best = 0;
+      for (size_t i = 1; i < med.size(); ++i)
+        if (med[0] > 0 && med[i] > 0 && med[i] < kGemmTuneMargin * med[0] && med[i] < med[best]) best = i;
+      GemmAlgoChoice c;
+      c.problem = plan->problem;
+      c.algo = algo_words(t.candidates[best]);
+      c.candidate = static_cast<int>(best);
+      c.heuristic_us = med[0];
+      c.chosen_us = med[best];
+      c.calls = t.calls;
+      out.push_back(c);
+      plan->tuning.reset();
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.problem < b.problem; });
+  gemm_algos_install(out, "tuning");
+  return out;
+}
+
+}  // namespace linac
+
+#else  // !LINAC_WITH_CUDA
+
+namespace linac {
+
+GemmAlgoEnv gemm_algo_env() { return {}; }
+void gemm_algos_install(const std::vector<GemmAlgoChoice>&, const std::string&) { LINAC_REQUIRE_CUDA(); }
+void gemm_algos_clear() {}
+std::vector<GemmAlgoChoice> gemm_algos_in_use() { return {}; }
+void gemm_tuning_start() { LINAC_REQUIRE_CUDA(); }
+std::vector<GemmAlgoChoice> gemm_tuning_finish() {
+  LINAC_REQUIRE_CUDA();
+  return {};
 }
 
 }  // namespace linac

@@ -11,12 +11,13 @@
 #include "cli/bench_profile.h"
 #include "cli/commands.h"
 #include "cli/format.h"
+#include "comm/comm.h"
 #include "config/config.h"
 #include "core/rng.h"
 #include "data/documents.h"
 #include "data/token_dataset.h"
-#include "comm/comm.h"
 #include "model/model.h"
+#include "train/gemm_algo_table.h"
 #include "train/train_step.h"
 
 namespace linac::cli {
@@ -26,7 +27,7 @@ namespace {
 const char* kUsage =
     "usage: linac bench CONFIG.json [--seq-lens 2048,8192,...] [--tokens-per-step N] [--micro-tokens N]\n"
     "                   [--steps N] [--warmup N] [--doc-len L] [--profile] [--no-graph] [--set key.path=value]...\n"
-    "                   [--json]\n"
+    "                   [--tune-gemms FILE [--tune-steps N]] [--json]\n"
     "       linac bench --op attention|attention_decode|gla|latte|lightning|short_conv|taylor|vq_attn"
     " [--seq-lens ...]\n"
     "                   [--tokens N] [--heads H] [--head-dim D] [--dk Dk --dv Dv] [--feature-dim F]"
@@ -47,6 +48,10 @@ const char* kUsage =
     "timed by device events (each kernel launched on its own), and prints where a step's time goes.\n"
     "On one GPU the timed steps replay each micro-batch's forward and backward from a CUDA graph where\n"
     "the mixers allow it (train.cuda_graph); --no-graph launches every kernel on its own.\n"
+    "--tune-gemms FILE first runs --tune-steps eager steps (default 32) per T in which each GEMM problem's\n"
+    "calls go round cuBLASLt's first 8 candidate algorithms, timed where they run; the fastest by its\n"
+    "median (by 3% at least over the heuristic's first) is written to FILE and used by the timed steps.\n"
+    "FILE serves train.gemm_algos (--set train.gemm_algos=FILE here) on the same GPU model and cuBLASLt.\n"
     "--doc-len L times document packing (data.packing \"document\", which then needs it): every token\n"
     "is an EOS with probability 1/L, so document lengths are geometric with mean L; MFU is not reported\n"
     "then (a document's attention does less than a causal window's work).\n"
@@ -82,6 +87,8 @@ struct BenchOptions {
   double doc_len = 0;  // > 0: document packing with this mean document length
   bool as_json, profile;
   bool graph = true;  // --no-graph: train.cuda_graph off
+  std::string tune_path;  // --tune-gemms
+  int64_t tune_steps = 32;
 };
 
 // What one rank runs: the model, its optimizer step and the device, as `linac train` builds them.
@@ -185,6 +192,36 @@ BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   return r;
 }
 
+// --tune-gemms: o.tune_steps eager steps per sequence length with the GEMMs' candidates timed in
+// turn (matmul_algos.h), by a step of its own so that run.stepper captures its graphs afterwards
+// with the chosen algorithms; the table goes to o.tune_path before anything is timed.
+void tune_gemms(BenchRun& run, const BenchOptions& o) {
+  TrainConfig tc = run.tc;
+  tc.cuda_graph = false;
+  tc.steps = o.tune_steps;
+  TrainStep tuner(*run.model, tc, run.comm.get());
+  tuner.sync_weights();
+  gemm_tuning_start();
+  for (const int64_t T : o.seq_lens) {
+    const int64_t B = o.micro_tokens / T, n_micro = o.step_tokens / o.micro_tokens;
+    run.model->reserve(B, T);
+    const RandomBatches rb = random_batches(run, B, T, n_micro, o.doc_len);
+    for (int64_t i = 0; i < o.tune_steps; ++i) tuner.run(i, rb.micro, o.step_tokens);
+  }
+  const GemmAlgoTable table{gemm_algo_env(), gemm_tuning_finish()};
+  write_gemm_algo_table(o.tune_path, table);
+  int64_t changed = 0;
+  double saved_us = 0;
+  for (const GemmAlgoChoice& c : table.choices)
+    if (c.candidate > 0) ++changed, saved_us += (c.heuristic_us - c.chosen_us) * static_cast<double>(c.calls);
+  const double steps = static_cast<double>(o.tune_steps * static_cast<int64_t>(o.seq_lens.size()));
+  std::fprintf(stderr,
+               "tuned %zu GEMM problems over %lld eager steps per T: %lld run another algorithm than the heuristic's "
+               "first (%.2f ms per eager step less by their timed calls); table written to %s\n",
+               table.choices.size(), static_cast<long long>(o.tune_steps), static_cast<long long>(changed),
+               saved_us / steps / 1e3, o.tune_path.c_str());
+}
+
 void print_json(const BenchRun& run, const std::string& path, const BenchOptions& o, const std::vector<BenchRow>& rows) {
   const GradReducer* red = run.stepper->reducer();
   json j = {{"config", path},
@@ -197,6 +234,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
             {"logits_dtype", dtype_name(run.model->logit_dtype())},
             {"recompute", run.cfg.train.recompute},
             {"cuda_graph_replays", run.stepper->graph_replays()},
+            {"gemm_algos", o.tune_path.empty() ? run.cfg.train.gemm_algos : o.tune_path},
             {"zero", run.model->params().sharded() ? run.cfg.train.zero : 0},
             {"params", run.model->n_params()},
             {"buckets", red ? static_cast<int64_t>(red->buckets()) : 0},
@@ -234,6 +272,8 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   if (world > 1 && cfg.train.reduce_dtype == "bf16") dist += ", gradients reduced in bf16";
   if (run.stepper->graph_replays() > 0) dist += ", micro-batches replayed from CUDA graphs";
   if (run.model->logit_dtype() == DType::BF16) dist += ", bf16 logits";
+  if (!o.tune_path.empty() || !cfg.train.gemm_algos.empty())
+    dist += ", GEMM algorithms from " + (o.tune_path.empty() ? cfg.train.gemm_algos : o.tune_path);
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
               path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
               cfg.train.recompute.c_str(),
@@ -271,6 +311,9 @@ int bench_model(Args& args, const std::string& path) {
   o.as_json = args.flag("json");
   o.profile = args.flag("profile");
   o.graph = !args.flag("no-graph");
+  if (auto t = args.get("tune-gemms")) o.tune_path = *t;
+  if (args.get("tune-steps") && o.tune_path.empty()) throw UserError("--tune-steps needs --tune-gemms FILE");
+  o.tune_steps = args.get_int("tune-steps", o.tune_steps);
   if (args.get("doc-len")) {
     o.doc_len = args.get_double("doc-len", 0);
     if (!(o.doc_len >= 1)) throw UserError("--doc-len must be at least 1 (a mean document length in tokens)");
@@ -281,10 +324,22 @@ int bench_model(Args& args, const std::string& path) {
   if (o.micro_tokens < 1 || o.step_tokens % o.micro_tokens)
     throw UserError("--tokens-per-step must be a multiple of --micro-tokens (>= 1)");
   if (o.steps < 1 || o.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+  if (o.tune_steps < 1) throw UserError("--tune-steps must be >= 1");
+  if (!o.tune_path.empty() && !cfg.train.gemm_algos.empty())
+    throw UserError("--tune-gemms tunes from cuBLASLt's heuristic: drop train.gemm_algos (" + cfg.train.gemm_algos +
+                    ") from " + path + " or its --set");
 
   BenchRun run(cfg);
   run.gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
   run.comm = Comm::create(run.gpu ? Device::CUDA : Device::CPU);
+  if (!o.tune_path.empty() && (!run.gpu || run.comm->world() > 1))
+    throw UserError("--tune-gemms runs on one GPU (the table it writes then serves every rank of a run)");
+  if (!cfg.train.gemm_algos.empty()) {
+    if (run.gpu)
+      install_gemm_algo_table(cfg.train.gemm_algos);
+    else
+      read_gemm_algo_table(cfg.train.gemm_algos);
+  }
   if (run.gpu) {
     run.gctx = std::make_unique<GpuContext>();
     run.ctx = run.gctx->ctx();
@@ -299,6 +354,7 @@ int bench_model(Args& args, const std::string& path) {
   run.tc = cfg.train;
   run.tc.steps = o.warmup + o.steps;
   run.tc.cuda_graph = run.tc.cuda_graph && o.graph;
+  if (!o.tune_path.empty()) tune_gemms(run, o);
   run.stepper = std::make_unique<TrainStep>(*run.model, run.tc, run.comm.get());
   run.stepper->sync_weights();
 

@@ -120,6 +120,7 @@ json Config::to_json() const {
                 {"init_from", train.init_from},
                 {"max_bad_steps", train.max_bad_steps},
                 {"cuda_graph", train.cuda_graph},
+                {"gemm_algos", train.gemm_algos},
                 {"overlap_comm", train.overlap_comm},
                 {"bucket_mb", train.bucket_mb},
                 {"reduce_dtype", train.reduce_dtype},
@@ -208,6 +209,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.init_from = t.get_string("init_from", tr.init_from);
   tr.max_bad_steps = t.get_int("max_bad_steps", tr.max_bad_steps, 1, kMaxI);
   tr.cuda_graph = t.get_bool("cuda_graph", tr.cuda_graph);
+  tr.gemm_algos = t.get_string("gemm_algos", tr.gemm_algos);
   tr.overlap_comm = t.get_bool("overlap_comm", tr.overlap_comm);
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
   tr.reduce_dtype = t.get_choice("reduce_dtype", tr.reduce_dtype, {"f32", "bf16"});

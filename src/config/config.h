@@ -84,6 +84,9 @@ struct TrainConfig {
   int64_t max_bad_steps = 5;
   // One GPU: each micro-batch's forward and backward replayed from a CUDA graph (train/train_step.h).
   bool cuda_graph = true;
+  // A table of cuBLASLt algorithms (`linac bench --tune-gemms`; train/gemm_algo_table.h) the GEMMs
+  // run with on the GPU instead of the heuristic's first choice. "" = the heuristic's.
+  std::string gemm_algos;
   bool overlap_comm = true;  // data parallel: all-reduce gradient buckets during the backward
   double bucket_mb = 25;     // gradient bucket size for the all-reduce
   // Data parallel: the dtype gradients cross between ranks in, f32 (the master dtype) | bf16 (half

@@ -22,6 +22,7 @@
 #include "train/checkpoint_writer.h"
 #include "train/content_hash.h"
 #include "train/finite_check.h"
+#include "train/gemm_algo_table.h"
 #include "train/metrics_log.h"
 #include "train/run_lock.h"
 
@@ -109,6 +110,12 @@ int run_training(const Config& cfg, const std::string& resume) {
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(cfg.train) {
   open_ranks();
+  if (!tc_.gemm_algos.empty()) {  // before anything is written: a bad table leaves out_dir as it is
+    if (gpu_)
+      install_gemm_algo_table(tc_.gemm_algos);
+    else
+      read_gemm_algo_table(tc_.gemm_algos);
+  }
   data_ = TrainData::open(cfg_);
   check_configs_agree();
   const std::unique_ptr<CheckpointReader> ckpt = open_run_dir(resume);
@@ -254,6 +261,8 @@ void Trainer::build_model() {
     gctx_ = std::make_unique<GpuContext>();
     ctx_ = gctx_->ctx();
   }
+  if (!tc_.gemm_algos.empty())
+    log_->info("GEMM algorithms from {}{}", tc_.gemm_algos, gpu_ ? "" : " (read, not used on the CPU)");
   model_ = std::make_unique<Model>(cfg_.model, ctx_, ModelOptions::for_training(cfg_, rank_, world_));
   model_->set_recompute(parse_recompute(tc_.recompute));
   model_->reserve(B_, data_.max_seq_len(T_));

@@ -1,0 +1,127 @@
+#include "train/gemm_algo_table.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "config/config.h"
+#include "core/error.h"
+
+namespace linac {
+namespace {
+
+constexpr const char* kFormat = "linac gemm algorithms";
+constexpr int kVersion = 1;
+
+std::string hex64(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof(buf), "0x%016" PRIx64, v);
+  return buf;
+}
+
+// A field of `j` of the given kind, or a UserError naming the file and the field.
+const json& field(const json& j, const char* key, json::value_t kind, const std::string& where) {
+  const auto it = j.find(key);
+  const bool ok = it != j.end() && (it->type() == kind || (kind == json::value_t::number_float && it->is_number()) ||
+                                    (kind == json::value_t::number_integer && it->is_number_integer()));
+  if (!ok) {
+    const char* what = kind == json::value_t::string           ? "a string"
+                       : kind == json::value_t::array          ? "an array"
+                       : kind == json::value_t::number_integer ? "an integer"
+                                                               : "a number";
+    throw UserError(where + ": '" + key + "' must be " + what);
+  }
+  return *it;
+}
+
+std::array<uint64_t, 8> parse_algo(const json& a, const std::string& where) {
+  std::array<uint64_t, 8> w{};
+  if (!a.is_array() || a.size() != w.size())
+    throw UserError(where + ": 'algo' must be an array of 8 hexadecimal strings (0x + 16 digits)");
+  for (size_t i = 0; i < w.size(); ++i) {
+    const std::string s = a[i].is_string() ? a[i].get<std::string>() : std::string();
+    char* end = nullptr;
+    errno = 0;
+    w[i] = std::strtoull(s.c_str(), &end, 16);
+    if (s.size() != 18 || s.compare(0, 2, "0x") != 0 || errno != 0 || end != s.c_str() + s.size())
+      throw UserError(where + ": 'algo' must be an array of 8 hexadecimal strings (0x + 16 digits)");
+  }
+  return w;
+}
+
+}  // namespace
+
+GemmAlgoTable read_gemm_algo_table(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path + ": cannot read the GEMM algorithm table: " + std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) throw UserError(path + ": not a JSON object (a GEMM algorithm table)");
+  if (j.value("format", std::string()) != kFormat || j.value("version", 0) != kVersion)
+    throw UserError(path + ": not a GEMM algorithm table ('format' \"" + kFormat + "\", 'version' " +
+                    std::to_string(kVersion) + " expected; linac bench --tune-gemms writes one)");
+  GemmAlgoTable t;
+  t.env.gpu = field(j, "gpu", json::value_t::string, path).get<std::string>();
+  t.env.cublaslt_version = field(j, "cublaslt_version", json::value_t::number_integer, path).get<int64_t>();
+  const json& choices = field(j, "choices", json::value_t::array, path);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const std::string where = path + ": choices[" + std::to_string(i) + "]";
+    const json& c = choices[i];
+    if (!c.is_object()) throw UserError(where + ": must be an object");
+    GemmAlgoChoice g;
+    g.problem = field(c, "problem", json::value_t::string, where).get<std::string>();
+    g.algo = parse_algo(field(c, "algo", json::value_t::array, where), where);
+    g.candidate = field(c, "candidate", json::value_t::number_integer, where).get<int>();
+    g.heuristic_us = field(c, "heuristic_us", json::value_t::number_float, where).get<double>();
+    g.chosen_us = field(c, "chosen_us", json::value_t::number_float, where).get<double>();
+    g.calls = field(c, "calls", json::value_t::number_integer, where).get<int64_t>();
+    t.choices.push_back(std::move(g));
+  }
+  return t;
+}
+
+void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table) {
+  nlohmann::ordered_json j = {{"format", kFormat},
+                              {"version", kVersion},
+                              {"gpu", table.env.gpu},
+                              {"cublaslt_version", table.env.cublaslt_version},
+                              {"choices", nlohmann::ordered_json::array()}};
+  for (const GemmAlgoChoice& c : table.choices) {
+    nlohmann::ordered_json algo = nlohmann::ordered_json::array();
+    for (uint64_t w : c.algo) algo.push_back(hex64(w));
+    j["choices"].push_back(nlohmann::ordered_json{{"problem", c.problem},
+                                                  {"algo", algo},
+                                                  {"candidate", c.candidate},
+                                                  {"heuristic_us", c.heuristic_us},
+                                                  {"chosen_us", c.chosen_us},
+                                                  {"calls", c.calls}});
+  }
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  out << j.dump(1) << "\n" << std::flush;
+  if (!out) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
+  out.close();
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    throw UserError("cannot replace " + path + " with " + tmp + ": " + why);
+  }
+}
+
+void install_gemm_algo_table(const std::string& path) {
+  const GemmAlgoTable t = read_gemm_algo_table(path);
+  const GemmAlgoEnv here = gemm_algo_env();
+  if (t.env.gpu != here.gpu || t.env.cublaslt_version != here.cublaslt_version)
+    throw UserError(path + ": made on " + t.env.gpu + " with cuBLASLt " + std::to_string(t.env.cublaslt_version) +
+                    ", this is " + here.gpu + " with cuBLASLt " + std::to_string(here.cublaslt_version) +
+                    " (tune again with linac bench --tune-gemms)");
+  gemm_algos_install(t.choices, path);
+}
+
+}  // namespace linac
