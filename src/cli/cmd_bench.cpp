@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "cli/args.h"
 #include "cli/bench_generate.h"
@@ -334,9 +335,10 @@ int bench_model(Args& args, const std::string& path) {
   run.comm = Comm::create(run.gpu ? Device::CUDA : Device::CPU);
   if (!o.tune_path.empty() && (!run.gpu || run.comm->world() > 1))
     throw UserError("--tune-gemms runs on one GPU (the table it writes then serves every rank of a run)");
+  std::optional<GemmAlgoTable> table;  // train.gemm_algos, installed
   if (!cfg.train.gemm_algos.empty()) {
     if (run.gpu)
-      install_gemm_algo_table(cfg.train.gemm_algos);
+      table = install_gemm_algo_table(cfg.train.gemm_algos);
     else
       read_gemm_algo_table(cfg.train.gemm_algos);
   }
@@ -361,6 +363,12 @@ int bench_model(Args& args, const std::string& path) {
   std::vector<BenchRow> rows;
   for (const int64_t T : o.seq_lens) rows.push_back(time_steps(run, o, T));
   if (!run.comm->is_root()) return 0;
+  if (table) {
+    bool warning = false;
+    const std::string line =
+        describe_gemm_algo_coverage(cfg.train.gemm_algos, gemm_algo_coverage(*table, gemm_algos_in_use()), warning);
+    std::fprintf(stderr, "%s%s\n", warning ? "warning: " : "", line.c_str());
+  }
   if (o.as_json)
     print_json(run, path, o, rows);
   else

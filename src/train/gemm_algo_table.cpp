@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -114,7 +115,7 @@ void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table) 
   }
 }
 
-void install_gemm_algo_table(const std::string& path) {
+GemmAlgoTable install_gemm_algo_table(const std::string& path) {
   const GemmAlgoTable t = read_gemm_algo_table(path);
   const GemmAlgoEnv here = gemm_algo_env();
   if (t.env.gpu != here.gpu || t.env.cublaslt_version != here.cublaslt_version)
@@ -122,6 +123,32 @@ void install_gemm_algo_table(const std::string& path) {
                     ", this is " + here.gpu + " with cuBLASLt " + std::to_string(here.cublaslt_version) +
                     " (tune again with linac bench --tune-gemms)");
   gemm_algos_install(t.choices, path);
+  return t;
+}
+
+GemmAlgoCoverage gemm_algo_coverage(const GemmAlgoTable& table, const std::vector<GemmAlgoChoice>& in_use) {
+  std::unordered_map<std::string, int> candidate;
+  for (const GemmAlgoChoice& c : table.choices) candidate[c.problem] = c.candidate;
+  GemmAlgoCoverage cov;
+  for (const GemmAlgoChoice& u : in_use) {
+    ++cov.planned;
+    const auto it = candidate.find(u.problem);
+    if (it == candidate.end()) continue;
+    ++cov.named;
+    if (it->second > 0) ++cov.changed;
+  }
+  return cov;
+}
+
+std::string describe_gemm_algo_coverage(const std::string& path, const GemmAlgoCoverage& c, bool& warning) {
+  warning = c.named == 0;
+  if (warning)
+    return path + " names none of the " + std::to_string(c.planned) +
+           " GEMM problems run so far, which keep cuBLASLt's first choice (tuned for other shapes? tune with "
+           "--micro-tokens = train.micro_batch x data.seq_len and the run's precision and recompute)";
+  return path + " names " + std::to_string(c.named) + " of the " + std::to_string(c.planned) +
+         " GEMM problems run so far; " + std::to_string(c.changed) +
+         " of them run another algorithm than cuBLASLt's first choice";
 }
 
 }  // namespace linac

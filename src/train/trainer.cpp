@@ -112,7 +112,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
   open_ranks();
   if (!tc_.gemm_algos.empty()) {  // before anything is written: a bad table leaves out_dir as it is
     if (gpu_)
-      install_gemm_algo_table(tc_.gemm_algos);
+      gemm_table_ = install_gemm_algo_table(tc_.gemm_algos);
     else
       read_gemm_algo_table(tc_.gemm_algos);
   }
@@ -146,6 +146,15 @@ void Trainer::run() {
   first_step_ = step_;
   while (step_ < tc_.steps) {
     json rec = account(train_step());
+    if (gemm_table_ && step_ == first_step_ + 1) {
+      bool warning = false;
+      const std::string line =
+          describe_gemm_algo_coverage(tc_.gemm_algos, gemm_algo_coverage(*gemm_table_, gemm_algos_in_use()), warning);
+      if (warning)
+        log_->warn("{}", line);
+      else
+        log_->info("{}", line);
+    }
     if (validation_->enabled() && due(tc_.eval_every)) {
       if (rec.is_null()) rec = {{"step", step_}, {"tokens_seen", tokens_seen_}, {"time_s", seconds_since_start()}};
       log_->info("step {} | {}", step_, validation_->run(*model_, *comm_, rec));

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/gpu.h"
 #include "data/documents.h"
+#include "train/gemm_algo_table.h"
 #include "train/train_data.h"
 #include "train/train_step.h"
 
@@ -105,6 +107,7 @@ class Trainer {
   std::unique_ptr<TrainStep> stepper_;
   std::unique_ptr<TrainBatches> batches_;
   std::unique_ptr<Validation> validation_;
+  std::optional<GemmAlgoTable> gemm_table_;  // train.gemm_algos, installed (on the GPU)
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<CheckpointWriter> writer_;
   std::vector<OwnedTensor> tokens_d_, targets_d_;

@@ -102,6 +102,33 @@ TEST(GemmAlgoTable, DamagedFilesNameTheFileAndField) {
   EXPECT_EQ(error_of(good), "");
 }
 
+// Coverage counts the planned problems the table names, and of those the ones it changes.
+TEST(GemmAlgoTable, CoverageCountsNamedAndChangedProblems) {
+  GemmAlgoTable t = random_table(5);  // problems p0, p1, p2
+  t.choices[0].candidate = 2;
+  t.choices[1].candidate = 0;
+  t.choices[2].candidate = 1;
+  std::vector<GemmAlgoChoice> in_use(4);
+  in_use[0].problem = t.choices[0].problem;
+  in_use[1].problem = t.choices[1].problem;
+  in_use[2].problem = "M=1 N=2 K=3 not in the table";
+  in_use[3].problem = "M=4 N=5 K=6 not in the table";
+  const GemmAlgoCoverage c = gemm_algo_coverage(t, in_use);
+  EXPECT_EQ(c.planned, 4);
+  EXPECT_EQ(c.named, 2);
+  EXPECT_EQ(c.changed, 1);
+  bool warning = true;
+  EXPECT_EQ(describe_gemm_algo_coverage("t.json", c, warning),
+            "t.json names 2 of the 4 GEMM problems run so far; 1 of them run another algorithm than cuBLASLt's first "
+            "choice");
+  EXPECT_FALSE(warning);
+  const GemmAlgoCoverage none = gemm_algo_coverage(t, {in_use[2], in_use[3]});
+  EXPECT_EQ(none.named, 0);
+  EXPECT_NE(describe_gemm_algo_coverage("t.json", none, warning).find("t.json names none of the 2 GEMM problems"),
+            std::string::npos);
+  EXPECT_TRUE(warning);
+}
+
 // A write that cannot finish (the path is a directory) is an error and leaves that path as it was.
 TEST(GemmAlgoTable, FailedWriteLeavesWhatWasThere) {
   const std::string dir = test::fresh_dir("gemm_algo_table_write");

@@ -2,8 +2,8 @@
 // every candidate a tuning round runs computes the product (against the CPU reference in
 // double); the choices name each tuned problem with the calls it made and are what the plans run
 // afterwards; an algorithm cuBLASLt refuses and a table from another cuBLASLt are one UserError
-// each; `linac bench --tune-gemms` writes a table that training then runs with, bit for bit on
-// rerun and resume.
+// each; `linac bench --tune-gemms` writes a table that covers the problems it tuned and that
+// training then runs with, bit for bit on rerun and resume.
 #include <algorithm>
 #include <fstream>
 
@@ -166,6 +166,12 @@ TEST(MatmulAlgosGpu, BenchTunesATableThatTrainingRuns) {
   const GemmAlgoTable t = read_gemm_algo_table(table);
   ASSERT_GE(t.choices.size(), 4u) << out;
   for (const GemmAlgoChoice& c : t.choices) EXPECT_GE(c.calls, 40) << c.problem;
+  // The table fits the shapes it was tuned on: a bench that reads it says it names them all.
+  ASSERT_EQ(test::run_linac("bench " + dir + "/cfg.json --steps 2 --set train.gemm_algos=" + table, out), 0) << out;
+  EXPECT_NE(out.find(table + " names " + std::to_string(t.choices.size()) + " of the " +
+                     std::to_string(t.choices.size()) + " GEMM problems run so far"),
+            std::string::npos)
+      << out;
 
   cfg["train"]["gemm_algos"] = table;
   test::check_resume_is_bit_identical(cfg);
