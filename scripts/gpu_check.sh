@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|gla|taylor|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|gemmtune|gla|taylor|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -11,6 +11,8 @@
 #   gradients reduced in f32 and in bf16, issue 48;
 #   compare, not part of all: scripts/compare.sh, issue 17; gemms, not part of
 #   all: the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them;
+#   gemmtune, not part of all: GEMM algorithm tables (docs/gemm_tuning.md) tuned per model and the
+#   step with and without them, alternating;
 #   gla, not part of all: the GLA op and the 340M step, and Nsight Compute's per-kernel table of
 #   one 340M layer (kernels/gla/NOTES.md); taylor, not part of all: the Taylor op and Nsight
 #   Compute's view of its kernels at T = 8192, warp states and instruction counts included, and
@@ -539,6 +541,22 @@ if [ "$what" = decode ]; then
       done
     done
   fi
+fi
+if [ "$what" = gemmtune ]; then
+  # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
+  # are open) a table from bench --tune-gemms, and the step with it and with cuBLASLt's heuristic,
+  # alternating GEMMTUNE_ROUNDS times (default 2).
+  gpu_tests "gemm gpu tests" gemmtune_tests.log 'MatmulAlgosGpu*:MatmulGpu*'
+  args="--seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 10"
+  for c in ${GEMMTUNE_CONFIGS:-transformer_vq_190m gla_340m transformer_125m latte_macchiato_153m}; do
+    ./build-gpu/linac bench "configs/$c.json" $args --tune-gemms "$out/gemms_$c.json" >"$out/gemmtune_$c.log" 2>&1
+    grep -E "^tuned" "$out/gemmtune_$c.log" | tee -a "$out/gemmtune.txt"
+    for _ in $(seq "${GEMMTUNE_ROUNDS:-2}"); do
+      echo "$c table:     $(./build-gpu/linac bench "configs/$c.json" $args --set train.gemm_algos="$out/gemms_$c.json" \
+        2>&1 | grep -E '^ +2048 ')"
+      echo "$c heuristic: $(./build-gpu/linac bench "configs/$c.json" $args 2>&1 | grep -E '^ +2048 ')"
+    done | tee -a "$out/gemmtune.txt"
+  done
 fi
 if [ "$what" = peers ]; then
   # Issue 49: the decode tests, then linac next to the PyTorch peers at their strongest, same
