@@ -78,9 +78,8 @@ struct PlanKeyHash {
   }
 };
 
-// Descriptors in cuBLASLt's operand order: la is our B, lb our A, lc is C (and D).
-// Destructors run at exit or while unwinding a failed build, so their status is not checked.
 // A problem's state while tuning: its candidates, the calls in flight and the times measured.
+// Its events are destroyed unchecked (at exit the runtime may be gone).
 struct Tuning {
   struct Pending {
     int candidate;
@@ -90,8 +89,16 @@ struct Tuning {
   std::vector<std::vector<float>> us;  // per candidate, each timed call
   std::vector<Pending> pending;
   int64_t calls = 0;
+  Tuning() = default;
+  Tuning(const Tuning&) = delete;
+  Tuning& operator=(const Tuning&) = delete;
+  ~Tuning() {
+    for (const auto& e : pending) cudaEventDestroy(e.start), cudaEventDestroy(e.stop);
+  }
 };
 
+// Descriptors in cuBLASLt's operand order: la is our B, lb our A, lc is C (and D).
+// Destructors run at exit or while unwinding a failed build, so their status is not checked.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -102,8 +109,6 @@ struct Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (tuning)
-      for (const auto& e : tuning->pending) cudaEventDestroy(e.start), cudaEventDestroy(e.stop);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
