@@ -3,6 +3,7 @@
 // docs/performance.md comes from here.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <optional>
 
@@ -326,6 +327,14 @@ int bench_model(Args& args, const std::string& path) {
     throw UserError("--tokens-per-step must be a multiple of --micro-tokens (>= 1)");
   if (o.steps < 1 || o.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
   if (o.tune_steps < 1) throw UserError("--tune-steps must be >= 1");
+  if (!o.tune_path.empty()) {  // checked before the tuning steps, which may take minutes
+    const std::filesystem::path t(o.tune_path), dir = t.has_parent_path() ? t.parent_path() : ".";
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec))
+      throw UserError("--tune-gemms " + o.tune_path + ": no directory " + dir.string() + " to write the table in");
+    if (std::filesystem::is_directory(t, ec))
+      throw UserError("--tune-gemms " + o.tune_path + ": is a directory (expected a file name for the table)");
+  }
   if (!o.tune_path.empty() && !cfg.train.gemm_algos.empty())
     throw UserError("--tune-gemms tunes from cuBLASLt's heuristic: drop train.gemm_algos (" + cfg.train.gemm_algos +
                     ") from " + path + " or its --set");

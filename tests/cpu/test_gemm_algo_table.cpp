@@ -172,6 +172,8 @@ TEST(GemmAlgoTable, BenchTuningOptionsAreOneLineErrors) {
       {"--tune-gemms " + dir + "/t.json --set train.gemm_algos=" + dir + "/t.json",
        "--tune-gemms tunes from cuBLASLt's heuristic: drop train.gemm_algos"},
       {"--set train.gemm_algos=" + dir + "/absent.json", dir + "/absent.json: cannot read the GEMM algorithm table"},
+      {"--tune-gemms " + dir + "/no/t.json", "--tune-gemms " + dir + "/no/t.json: no directory " + dir + "/no"},
+      {"--tune-gemms " + dir, "--tune-gemms " + dir + ": is a directory"},
   };
   if (!gpu_available()) cases.push_back({"--tune-gemms " + dir + "/t.json", "--tune-gemms runs on one GPU"});
   for (const Case& c : cases) {
