@@ -344,13 +344,7 @@ int bench_model(Args& args, const std::string& path) {
   run.comm = Comm::create(run.gpu ? Device::CUDA : Device::CPU);
   if (!o.tune_path.empty() && (!run.gpu || run.comm->world() > 1))
     throw UserError("--tune-gemms runs on one GPU (the table it writes then serves every rank of a run)");
-  std::optional<GemmAlgoTable> table;  // train.gemm_algos, installed
-  if (!cfg.train.gemm_algos.empty()) {
-    if (run.gpu)
-      table = install_gemm_algo_table(cfg.train.gemm_algos);
-    else
-      read_gemm_algo_table(cfg.train.gemm_algos);
-  }
+  const std::optional<GemmAlgoTable> table = use_gemm_algo_table(cfg.train.gemm_algos, run.gpu);
   if (run.gpu) {
     run.gctx = std::make_unique<GpuContext>();
     run.ctx = run.gctx->ctx();

@@ -115,8 +115,10 @@ void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table) 
   }
 }
 
-GemmAlgoTable install_gemm_algo_table(const std::string& path) {
+std::optional<GemmAlgoTable> use_gemm_algo_table(const std::string& path, bool gpu) {
+  if (path.empty()) return std::nullopt;
   const GemmAlgoTable t = read_gemm_algo_table(path);
+  if (!gpu) return std::nullopt;
   const GemmAlgoEnv here = gemm_algo_env();
   if (t.env.gpu != here.gpu || t.env.cublaslt_version != here.cublaslt_version)
     throw UserError(path + ": made on " + t.env.gpu + " with cuBLASLt " + std::to_string(t.env.cublaslt_version) +

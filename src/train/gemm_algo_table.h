@@ -3,6 +3,7 @@
 // It is valid for one GPU model and one cuBLASLt version, which it records.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,10 @@ struct GemmAlgoTable {
 GemmAlgoTable read_gemm_algo_table(const std::string& path);
 // Through a temp file renamed over `path`, so a failed write leaves what was there.
 void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table);
-// Reads `path` and installs its choices in this process (gemm_algos_install); a table made on
-// another GPU model or cuBLASLt version is a UserError saying which. Returns the table.
-GemmAlgoTable install_gemm_algo_table(const std::string& path);
+// train.gemm_algos: "" is none. Otherwise reads and checks `path`; on the GPU (`gpu`) installs
+// its choices in this process (gemm_algos_install) and returns the table, where one made on
+// another GPU model or cuBLASLt version is a UserError saying which; on the CPU uses nothing.
+std::optional<GemmAlgoTable> use_gemm_algo_table(const std::string& path, bool gpu);
 
 // How much of a process's GEMM work a table covers: of the problems planned so far (`in_use`,
 // gemm_algos_in_use()), how many it names and how many of those it gives another algorithm than

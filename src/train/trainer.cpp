@@ -110,12 +110,7 @@ int run_training(const Config& cfg, const std::string& resume) {
 
 Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(cfg.train) {
   open_ranks();
-  if (!tc_.gemm_algos.empty()) {  // before anything is written: a bad table leaves out_dir as it is
-    if (gpu_)
-      gemm_table_ = install_gemm_algo_table(tc_.gemm_algos);
-    else
-      read_gemm_algo_table(tc_.gemm_algos);
-  }
+  gemm_table_ = use_gemm_algo_table(tc_.gemm_algos, gpu_);  // before anything is written to out_dir
   data_ = TrainData::open(cfg_);
   check_configs_agree();
   const std::unique_ptr<CheckpointReader> ckpt = open_run_dir(resume);

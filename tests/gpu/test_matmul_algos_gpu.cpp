@@ -132,11 +132,11 @@ TEST(MatmulAlgosGpu, TableFromAnotherCublasLtIsRefused) {
   const std::string path = test::fresh_dir("gemm_algos_version") + "/algos.json";
   GemmAlgoTable t{gemm_algo_env(), {}};
   write_gemm_algo_table(path, t);
-  EXPECT_NO_THROW(install_gemm_algo_table(path));
+  EXPECT_NO_THROW(use_gemm_algo_table(path, true));
   t.env.cublaslt_version += 1;
   write_gemm_algo_table(path, t);
   try {
-    install_gemm_algo_table(path);
+    use_gemm_algo_table(path, true);
     ADD_FAILURE() << "a table from another cuBLASLt version was installed";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find(path + ": made on " + t.env.gpu + " with cuBLASLt " +
