@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "activation/activation.h"
 #include "core/dispatch.h"
 #include "core/profiler.h"
 #include "matmul/matmul.h"
@@ -101,6 +102,28 @@ void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, co
   matmul(ctx, dy, false, w_out, false, da);
   swiglu_bwd(ctx, h, da, dh, act);
   if (dots.defined()) swiglu_value_dots(ctx, h, dh, dots);
+}
+
+void silu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a, int64_t c0) {
+  LINAC_CHECK(x.ndim == 2 && w.ndim == 2 && w.size(1) == x.size(1),
+              "silu_linear_fwd: expected x [N, d] and W [M, d], got " + x.shape_str() + " and " + w.shape_str());
+  const int64_t n = x.size(0), m = w.size(0);
+  LINAC_CHECK(c0 >= 0 && c0 < m,
+              "silu_linear_fwd: c0 must be in [0, " + std::to_string(m) + "), got " + std::to_string(c0));
+  LINAC_CHECK(y.ndim == 2 && y.is_contiguous() && y.size(0) == n && y.size(1) == m,
+              "silu_linear_fwd: y must be [N, M] contiguous for x " + x.shape_str() + " and W " + w.shape_str() +
+                  ", got " + y.shape_str());
+  LINAC_CHECK(a.ndim == 2 && a.is_contiguous() && a.size(0) == n && a.size(1) == m - c0,
+              "silu_linear_fwd: a must be [N, M - c0] contiguous, got " + a.shape_str());
+  if (fused(ctx, x, w, y, a) && c0 % 8 == 0) {
+#if LINAC_WITH_SM90A
+    FusedGemmProfile prof(ctx, "GEMM with SiLU", "GEMM+SiLU", n, m, x.size(1));
+    if (n > 0) silu_linear_fwd_sm90(ctx, x, w, y, a, c0);
+    return;
+#endif
+  }
+  matmul(ctx, x, false, w, true, y);
+  silu_fwd(ctx, y.narrow(1, c0, m - c0), a);
 }
 
 }  // namespace linac

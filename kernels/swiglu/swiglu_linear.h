@@ -42,6 +42,8 @@ bool swiglu_linear_bwd_writes_da(const Ctx& ctx, const Tensor& dy, const Tensor&
 int swiglu_linear_cluster();
 
 #if LINAC_WITH_SM90A
+void silu_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a,
+                          int64_t c0);
 void swiglu_linear_fwd_sm90(const Ctx& ctx, const Tensor& x, const Tensor& w_in, const Tensor& h, const Tensor& a,
                             GluAct act);
 void swiglu_linear_bwd_sm90(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& dh,
@@ -53,5 +55,13 @@ void swiglu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w_in, cons
                        GluAct act = GluAct::Silu);
 void swiglu_linear_bwd(const Ctx& ctx, const Tensor& dy, const Tensor& w_out, const Tensor& h, const Tensor& da,
                        const Tensor& dh, GluAct act = GluAct::Silu, const Tensor& dots = Tensor());
+
+// A projection whose output columns from c0 on go through SiLU (the Transformer-VQ GAU's input
+// projection [Qr | Kr | V'] and V = SiLU(V'), docs/transformer_vq.md §4.6):
+//   y = x W^T,   a = silu(y[:, c0:])
+// x [N, d], W [M, d], y [N, M], a [N, M - c0]; all contiguous; c0 in [0, M). On the same two paths:
+// "fused_sm90" (c0 a multiple of 8; silu_linear_fwd_sm90.cu: one kernel whose epilogue stores y and
+// a, a bit for bit silu_fwd of that y) and "composite" (matmul, then silu_fwd).
+void silu_linear_fwd(const Ctx& ctx, const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& a, int64_t c0);
 
 }  // namespace linac

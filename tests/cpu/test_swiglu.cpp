@@ -141,6 +141,31 @@ TEST(SwigluCpu, ValueDotsSumEachUnit) {
   EXPECT_THROW(swiglu_linear_bwd(Ctx{}, dy, w_out, h, da, dh2, GluAct::Silu, narrow), std::exception);
 }
 
+// The projection with SiLU from column c0 on against plain loops.
+TEST(SwigluCpu, SiluLinearMatchesLoops) {
+  const int64_t n = 5, d = 7, m = 20, c0 = 8;
+  OwnedTensor x = test::random_tensor({n, d}, DType::F64, 1), w = test::random_tensor({m, d}, DType::F64, 4);
+  OwnedTensor y(DType::F64, Device::CPU, {n, m}), v(DType::F64, Device::CPU, {n, m - c0});
+  silu_linear_fwd(Ctx{}, x, w, y, v, c0);
+  const double *xp = x->data<double>(), *wp = w->data<double>();
+  auto silu = [](double t) { return t / (1 + std::exp(-t)); };
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < m; ++j) {
+      double p = 0;
+      for (int64_t k = 0; k < d; ++k) p += xp[r * d + k] * wp[j * d + k];
+      EXPECT_NEAR(y->data<double>()[r * m + j], p, 1e-14);
+      if (j >= c0) EXPECT_NEAR(v->data<double>()[r * (m - c0) + j - c0], silu(p), 1e-14);
+    }
+  // c0 need not be a multiple of 8 (the fused kernel's condition) ...
+  OwnedTensor v_odd(DType::F64, Device::CPU, {n, m - 3});
+  silu_linear_fwd(Ctx{}, x, w, y, v_odd, 3);
+  EXPECT_NEAR(v_odd->data<double>()[0], silu(y->data<double>()[3]), 1e-14);
+  // ... but lie in [0, M), with a of width M - c0.
+  OwnedTensor v_none(DType::F64, Device::CPU, {n, 0});
+  EXPECT_THROW(silu_linear_fwd(Ctx{}, x, w, y, v_none, m), std::exception);
+  EXPECT_THROW(silu_linear_fwd(Ctx{}, x, w, y, v, 16), std::exception);
+}
+
 TEST(SwigluCpu, LinearRejectsMismatchedShapes) {
   OwnedTensor x = test::random_tensor({5, 7}, DType::F64, 1), w_in = test::random_tensor({12, 8}, DType::F64, 2);
   OwnedTensor h(DType::F64, Device::CPU, {5, 12}), a(DType::F64, Device::CPU, {5, 6});

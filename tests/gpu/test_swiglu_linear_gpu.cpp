@@ -6,9 +6,11 @@
 // - random operands against the CPU in f64 (bf16 tolerance);
 // - bit-identical reruns, and the path choice;
 // - the backward's table of du u per 8 value columns (swiglu_value_dots' bits, on both paths);
+// - the projection with SiLU on a column range (silu_linear_fwd);
 // the fused kernels both in clusters of 2 (multicast weight stages) and of 1.
 // Shapes are not multiples of the tiles (N, d, F), and one has more tiles than the GPU has SMs, so
 // each persistent CTA runs several.
+#include "activation/activation.h"
 #include "matmul/matmul.h"
 #include "swiglu/swiglu_linear.h"
 #include "test_util.h"
@@ -133,6 +135,54 @@ TEST(SwigluLinearGpu, RerunsAreBitIdentical) {
   EXPECT_EQ(test::bf16_bits(r1.a), test::bf16_bits(r3.a));
   EXPECT_EQ(test::bf16_bits(r1.dh), test::bf16_bits(r3.dh));
   EXPECT_TRUE(test::same_bits(r1.dots, r3.dots));
+}
+
+// The projection with SiLU from column c0 on (silu_linear_fwd): with integer operands the product
+// is exact, so y must be it bit for bit and a must be what silu_fwd gives for it; with random
+// operands the CPU in f64. c0 = 0, inside a tile (8, 136); M not a multiple of the tile's 256
+// columns.
+struct SiluShape {
+  int64_t n, d, m, c0;
+};
+const SiluShape kSiluShapes[] = {{300, 200, 200, 0}, {64, 96, 136, 8}, {4160, 136, 520, 136}};
+
+TEST(SwigluLinearGpu, SiluLinear) {
+  LINAC_SKIP_WITHOUT_GPU();
+  for (const Family& family : kFamilies)
+    for (const SiluShape& s : kSiluShapes)
+      for (bool exact : {true, false}) {
+        SCOPED_TRACE(std::string(family.kernels) + " cluster " + family.cluster + (exact ? " exact" : " random") +
+                     " N " + std::to_string(s.n) + " d " + std::to_string(s.d) + " M " + std::to_string(s.m) + " c0 " +
+                     std::to_string(s.c0));
+        test::ScopedEnv choice("LINAC_SWIGLU_KERNELS", family.kernels), cluster("LINAC_SWIGLU_CLUSTER", family.cluster);
+        auto rounded = [](OwnedTensor t) { return to(to(t, Device::CPU, DType::BF16), Device::CPU, DType::F64); };
+        OwnedTensor x = exact ? test::small_integers({s.n, s.d}, 21)
+                              : rounded(test::random_tensor({s.n, s.d}, DType::F64, 21, -2, 2));
+        OwnedTensor w = exact ? test::small_integers({s.m, s.d}, 22)
+                              : rounded(test::random_tensor({s.m, s.d}, DType::F64, 22, -0.2, 0.2));
+        GpuContext gctx;
+        OwnedTensor xg = to(x, Device::CUDA, DType::BF16), wg = to(w, Device::CUDA, DType::BF16);
+        OwnedTensor y(DType::BF16, Device::CUDA, {s.n, s.m}), v(DType::BF16, Device::CUDA, {s.n, s.m - s.c0});
+        test::poison(y);
+        test::poison(v);
+        silu_linear_fwd(gctx.ctx(), xg, wg, y, v, s.c0);
+        gctx.synchronize();
+        if (exact) {
+          OwnedTensor p(DType::F64, Device::CPU, {s.n, s.m});
+          matmul(Ctx{}, x, false, w, true, p);
+          EXPECT_EQ(test::bf16_bits(y), test::bf16_bits(p));
+          // silu_fwd of that product: the same bits.
+          OwnedTensor v2(DType::BF16, Device::CUDA, {s.n, s.m - s.c0});
+          silu_fwd(gctx.ctx(), y->narrow(1, s.c0, s.m - s.c0), v2);
+          gctx.synchronize();
+          EXPECT_EQ(test::bf16_bits(v), test::bf16_bits(v2));
+        } else {
+          OwnedTensor yc(DType::F64, Device::CPU, {s.n, s.m}), vc(DType::F64, Device::CPU, {s.n, s.m - s.c0});
+          silu_linear_fwd(Ctx{}, x, w, yc, vc, s.c0);
+          EXPECT_LT(test::rel_error(y, yc), 5e-3);
+          EXPECT_LT(test::rel_error(v, vc), 1e-2);
+        }
+      }
 }
 
 TEST(SwigluLinearGpu, KernelChoice) {

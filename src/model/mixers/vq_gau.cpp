@@ -1,11 +1,9 @@
 #include "model/mixers/vq_gau.h"
 
-#include "core/dispatch.h"
-
 #include <cmath>
 
-#include "activation/activation.h"
 #include "config/json_reader.h"
+#include "core/dispatch.h"
 #include "core/profiler.h"
 #include "elementwise/elementwise.h"
 #include "matmul/matmul.h"
@@ -202,7 +200,9 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   Tensor rstd = rstd_buf_.tensor(env_.stat, {2 * H_ * N});
   Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_});
   Tensor err = err_buf_.tensor(env_.stat, {B, T, H_});
-  matmul(ctx, x2, false, W.slice0(0, Pqkv_), true, proj);
+  // [Qr | Kr | V'] and V = SiLU(V') from one GEMM (its epilogue on Hopper), then G'.
+  Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
+  silu_linear_fwd(ctx, x2, W.slice0(0, Pqkv_), proj, v, 2 * HDk);
   matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
   queries_keys(proj, q, k, rstd);
   const Tensor C = codebook();
@@ -210,8 +210,6 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
     ProfileScope prof(ctx, "VQ quantizer", Profiler::Level::Op);
     vq_quantize(ctx, k.view({B, T, H_, Dk_}), C, z, khat, err);
   }
-  Tensor v = v_buf_.tensor(env_.act, {N, Dv_});
-  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
   const Tensor r = rho();
   {
     ProfileScope prof(ctx, "VQ-attention", Profiler::Level::Op);
@@ -349,12 +347,11 @@ void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
   Tensor z = env_.scratch->get("gau.step.z", DType::I32, {B, 1, H_});
   Tensor v = env_.scratch->get("gau.step.v", env_.act, {B, Dv_});
   Tensor gated = env_.scratch->get("gau.step.gated", env_.act, {B, Dv_});
-  matmul(ctx, x2, false, W.slice0(0, Pqkv_), true, proj);
+  silu_linear_fwd(ctx, x2, W.slice0(0, Pqkv_), proj, v, 2 * HDk);
   matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
   queries_keys(proj, q, k, rstd);
   const Tensor C = codebook();
   vq_quantize(ctx, k.view({B, 1, H_, Dk_}), C, z, khat, Tensor());
-  silu_fwd(ctx, proj.narrow(1, 2 * HDk, Dv_), v);
   vq_attn_step(ctx, q.view({B, H_, Dk_}), khat.view({B, H_, Dk_}), z.view({B, H_}), v.view({B, H_, Dvh_}), C,
                ps.master(u_), ps.master(vr_), rho(), st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
   ++st.pos;
