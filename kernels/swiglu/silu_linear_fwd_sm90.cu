@@ -19,8 +19,6 @@
 // 660-740 (H200, kernels/vq_attn/NOTES.md); it still beats the GEMM and a separate SiLU pass. A
 // variant that also multiplied by a value read from memory (the GAU's gate) ran slower than its
 // two kernels and was not kept.
-#include <algorithm>
-
 #include "activation/sigmoid.cuh"
 #include "common/gemm_sm90.cuh"
 #include "swiglu/swiglu_linear.h"
