@@ -84,6 +84,7 @@ struct TileGrid {
   __device__ int step() const { return gridDim.x / kCluster; }
   __device__ int row0(int t) const { return (t / cols * kCluster + static_cast<int>(rank)) * kBM; }
   __device__ int col_block(int t) const { return t % cols; }
+  __device__ bool skip(int) const { return false; }  // a tile no role works on (a grid derived from this one)
 };
 
 // The operand stages: kStages slots of `stage_bytes` from `stage0`, each with a "full" barrier
@@ -272,36 +273,53 @@ __device__ __forceinline__ void dump_acc(uint32_t block, const float (&acc)[N / 
                     pack_bf16(acc[4 * j + 2 * r], acc[4 * j + 2 * r + 1]));
 }
 
+// The accumulators as they come: a math_tiles `fix` that changes nothing.
+struct NoFix {
+  struct Apply {
+    template <class Acc>
+    __device__ void operator()(Acc&) const {}
+  };
+  __device__ Apply operator()(int) const { return {}; }
+};
+
 // Math warpgroup w (0 or 1): for each of the CTA's tiles the 64 x N product that mma(acc, stage
 // address, accumulate) accumulates over nk k-steps, dumped in bf16 into its staging block as soon
-// as the epilogue has freed it, then announced.
-template <int N, int kStages, int kCluster, bool kWide, int kBuffers, class Mma>
-__device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
-                                           int nk, const Staging<kWide, kBuffers>& hs, int w, Mma&& mma) {
+// as the epilogue has freed it, then announced; tiles grid.skip(t) are passed over. fix(t), called
+// as tile t's matmuls begin (so that loads it issues land during them), returns what is applied to
+// the f32 accumulators before they are rounded.
+template <int N, int kStages, int kCluster, bool kWide, int kBuffers, class Grid, class Mma, class Fix = NoFix>
+__device__ __forceinline__ void math_tiles(const StagePipe<kStages, kCluster>& pipe, const Grid& grid, int nk,
+                                           const Staging<kWide, kBuffers>& hs, int w, Mma&& mma, Fix&& fix = Fix{}) {
   float acc[N / 2];
   typename StagePipe<kStages, kCluster>::Slot slot;
   int nt = 0;
-  for (int t = grid.first(); t < grid.count; t += grid.step(), ++nt) {
+  for (int t = grid.first(); t < grid.count; t += grid.step()) {
+    if (grid.skip(t)) continue;
+    const auto apply = fix(t);
     pipe.matmuls(nk, slot, [&](uint32_t stage, int accumulate) { mma(acc, stage, accumulate); });
     fence_regs(acc);
+    apply(acc);
     hs.wait_free(w, nt);
     dump_acc<N>(hs.block(w, nt), acc);
-    hs.announce(w, nt);
+    hs.announce(w, nt++);
   }
 }
 
 // math_tiles for stages that hold A [128, kBK] then B [N, kBK] (a_bytes in), both K-major with
 // 64-byte rows (64-byte swizzle): 64 x N products of A's rows 64w .. 64w + 63 and B.
-template <int N, int kBK, int kStages, int kCluster>
-__device__ __forceinline__ void math_k_major(const StagePipe<kStages, kCluster>& pipe, const TileGrid<kCluster>& grid,
-                                             int nk, uint32_t a_bytes, const Staging<false>& hs, int w) {
+template <int N, int kBK, int kStages, int kCluster, class Grid, class Fix = NoFix>
+__device__ __forceinline__ void math_k_major(const StagePipe<kStages, kCluster>& pipe, const Grid& grid, int nk,
+                                             uint32_t a_bytes, const Staging<false>& hs, int w, Fix&& fix = Fix{}) {
   static_assert(kBK == 32, "64-byte rows");
-  math_tiles<N>(pipe, grid, nk, hs, w, [&](float(&acc)[N / 2], uint32_t a, int accumulate) {
+  math_tiles<N>(
+      pipe, grid, nk, hs, w,
+      [&](float(&acc)[N / 2], uint32_t a, int accumulate) {
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      Wgmma<N>::template ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),
-                                  accumulate || kk > 0);
-  });
+        for (int kk = 0; kk < kBK / 16; ++kk)
+          Wgmma<N>::template ss<0, 0>(acc, desc_k_major_sw64(a, 64 * w, kk), desc_k_major_sw64(a + a_bytes, 0, kk),
+                                      accumulate || kk > 0);
+      },
+      fix);
 }
 
 // TMA map of a bf16 matrix [rows, cols] (row stride `ld` elements) seen as `halves` side-by-side
