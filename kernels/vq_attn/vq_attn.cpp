@@ -8,6 +8,7 @@
 #include "activation/activation.h"
 #include "core/buffer.h"
 #include "core/dispatch.h"
+#include "core/gpu.h"
 
 namespace linac {
 
@@ -106,6 +107,13 @@ VqQuantLayout make_quant_layout(const Tensor& k, int64_t S) {
 }
 
 }  // namespace
+
+const char* vq_attn_score_grads_kernel(int64_t Lb, int64_t Dv, DType act) {
+  const bool hopper = hopper_kernels_allowed("LINAC_VQ_KERNELS");
+  if (LINAC_WITH_SM90A && hopper && act == DType::BF16 && Lb % 8 == 0 && Dv % 8 == 0 && gpu_compute_capability() == 90)
+    return "gemm_epilogue_sm90";
+  return "rows";
+}
 
 void vq_quantize(const Ctx& ctx, const Tensor& k, const Tensor& codebook, const Tensor& z, const Tensor& khat,
                  const Tensor& err) {

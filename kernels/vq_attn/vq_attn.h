@@ -234,13 +234,20 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
 void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int64_t row);
 
+// How a GPU backward of this shape that takes the forward's saved weights forms the score
+// gradients: "gemm_epilogue_sm90", the dP GEMMs compute them in their epilogue
+// (vq_score_grads_sm90.cu: H100/H200, bf16, Lb and Dv multiples of 8, dout's rows 16-byte
+// aligned; LINAC_VQ_KERNELS=sm80 turns it off), or "rows", cuBLASLt dP GEMMs in f32 and then a
+// warp per row.
+const char* vq_attn_score_grads_kernel(int64_t Lb, int64_t Dv, DType act);
+
 // GPU scratch (ctx.workspace) that a backward (and so a forward) call of this shape runs best
 // with: per token and head, the packed q, q+u, q+vr, khat (4 Dk) and v, dout (2 Dv) in the
 // activation dtype and the f32 gradient buffers (3 Dk + Dv); per block and head, the cache means
 // (S Dv, activation dtype), their f32 gradients and those swept (activation dtype); the tokens'
 // lists by (block, code) for the cache; score chunks of up to 1 GiB (one head's blocks at the 190M
 // model's shape: fewer, larger batched GEMMs); 32 MiB for cuBLASLt. A smaller ctx.workspace runs
-// in smaller chunks; one below a single block's chunk is refused in one line. CUDA builds only.
+// in smaller chunks; one below a single block's chunk is refused in one line.
 // documents: for calls with VqAttnOpts::docs, whose packed rows take up to 1.5 times as many
 // blocks (the placement in vq_packed.h), plus the placement's tables.
 size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int64_t Dv, int64_t S, int64_t Lb,

@@ -10,6 +10,8 @@
 //     rows     warp per query: p the forward's weights (VqAttnOpts::saved_weights) or exp(s - lse)
 //              of the scores recomputed (swin, scache, pos), gs = p (dp - delta); p and gs in the
 //              activation dtype, gs also by distance (gpos[t, d] for the key at t - d)
+//     (on an H100/H200 with the saved weights in bf16, dp and rows are one kernel: the dP GEMMs
+//     with the rows' work in their epilogue, vq_score_grads_sm90.cu)
 //     dq       dqu = gswin_i [khat_{n-1}; khat_n] + gscache C,  dqr = gpos rho   (f32)
 //     dkhat    present keys of block n, then the previous block's (accumulated):
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
@@ -21,6 +23,8 @@
 //              dv_j += swept^(n(j))[z_j];
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
+#include <cstdint>
+#include <string_view>
 
 #include "activation/sigmoid.cuh"
 #include "vq_attn/vq_common.cuh"
@@ -210,26 +214,37 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
       vq_cuda::row_dots<T>(ctx, g, dout.data<T>(), L.dout, g.Dv, nullptr, o.data<T>(), L.o, w.delta);
     const int64_t Lb = g.Lb, Dk = g.Dk, Dv = g.Dv, S = g.S, ldw = g.ldw, lds = g.lds;
     const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
+    const bool fused = saved.pwin && ldo % 8 == 0 && reinterpret_cast<uintptr_t>(w.dop) % 16 == 0 &&
+                       std::string_view(vq_attn_score_grads_kernel(Lb, Dv, act)) == "gemm_epilogue_sm90";
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
         const void* dop_i = at(w.dop, i0 * Lb * ldo);
         const void* qu_i = at(w.qu, i0 * Lb * Dk);
-        vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw, 0.f);
-        vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, ldo, Lb * ldo, false}, {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true},
-                      w.dpcache, lds, Lb * lds, 0.f);
-        const unsigned blocks = cuda::grid_1d(rows * 32, kThreads);
         const void* pcache = w.pcache;  // the cache weights the gcache GEMM reads
-        if (saved.pwin) {
-          const T* sp_win = static_cast<const T*>(saved.pwin) + i0 * Lb * ldw;
-          const T* sp_cache = static_cast<const T*>(saved.pcache) + i0 * Lb * lds;
-          vq_grad_rows_kernel<true, T><<<blocks, kThreads, 0, st>>>(g, i0, rows, w, nullptr, sp_win, sp_cache);
-          pcache = sp_cache;
+        if (fused) {
+#if LINAC_WITH_SM90A
+          vq_cuda::score_grads_sm90(ctx, g, w, i0, c, w.dop, ldo, saved.pwin, saved.pcache);
+#endif
+          pcache = static_cast<const T*>(saved.pcache) + i0 * Lb * lds;
         } else {
-          vq_cuda::chunk_scores(g, w, act, h, i0, c);
-          vq_grad_rows_kernel<false, T><<<blocks, kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>(), nullptr, nullptr);
+          vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw,
+                               0.f);
+          vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, ldo, Lb * ldo, false},
+                        {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true}, w.dpcache, lds, Lb * lds, 0.f);
+          const unsigned blocks = cuda::grid_1d(rows * 32, kThreads);
+          if (saved.pwin) {
+            const T* sp_win = static_cast<const T*>(saved.pwin) + i0 * Lb * ldw;
+            const T* sp_cache = static_cast<const T*>(saved.pcache) + i0 * Lb * lds;
+            vq_grad_rows_kernel<true, T><<<blocks, kThreads, 0, st>>>(g, i0, rows, w, nullptr, sp_win, sp_cache);
+            pcache = sp_cache;
+          } else {
+            vq_cuda::chunk_scores(g, w, act, h, i0, c);
+            vq_grad_rows_kernel<false, T>
+                <<<blocks, kThreads, 0, st>>>(g, i0, rows, w, lse.data<float>(), nullptr, nullptr);
+          }
+          LINAC_CUDA_LAUNCH_CHECK();
         }
-        LINAC_CUDA_LAUNCH_CHECK();
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);

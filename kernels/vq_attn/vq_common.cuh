@@ -63,6 +63,12 @@ int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D);
 // N side the first Lb columns of its C are left unwritten. C is f32, or of dtype act (cd).
 void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
                  int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd = DType::F32);
+// The backward's dP GEMMs of blocks [i0, i0 + c) with the score gradients in their epilogue, from
+// dout's packed rows at `dop` (row stride ldo) and the forward's saved weights (whole, at the
+// packed rows): w's gswin, gscache, gpos and key-major pwin, as the rows kernel of vq_attn_bwd.cu
+// writes them (vq_score_grads_sm90.cu; bf16, Lb and Dv multiples of 8, sm_90a builds).
+void score_grads_sm90(const Ctx& ctx, const Geo& g, const Ws& w, int64_t i0, int64_t c, const void* dop, int64_t ldo,
+                      const void* sp_win, const void* sp_cache);
 // The score GEMMs of blocks [i0, i0 + c) of head h: swin, scache, pos (with vr.rho_d added).
 void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, int64_t c);
 // Per (p, t, d): dst[p Tp + t, d] = src(b, s, h, d) + add[h, d] (add may be null) for the token s at

@@ -4,11 +4,14 @@
 // multi-head Dk = Dv = 64, o written by the output GEMMs themselves (one head, T a multiple of the
 // block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
 // and weights saved for the backward; delta from the gate's unit dots; strided dout read and
-// strided o written in place; decode
+// strided o written in place; the score gradients in the dP GEMMs' epilogue; decode
 // steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "activation/activation.h"
 #include "swiglu/swiglu.h"
@@ -266,6 +269,64 @@ TEST(VqAttnGpu, SavedCacheAndWeights) {
       for (double x : test::columns(no_weights, 0, HK)) ASSERT_EQ(x, 0.0) << "dq with the weights zeroed";
       EXPECT_GT(test::rel_error(test::columns(plain.grad, 0, HK), test::columns(no_weights, 0, HK)), 0.5);
     }
+  }
+}
+
+// The score gradients in the dP GEMMs' epilogue (vq_attn_score_grads_kernel, an H100/H200 with the
+// saved weights in bf16) against the cuBLASLt dP GEMMs and the rows kernel (LINAC_VQ_KERNELS=sm80)
+// on the same inputs: the same forward, gradients close (dP summed in another order), bitwise
+// reruns; and it ran: the f32 dP scratch of the workspace, zeroed before the backward, stays zero
+// (the rows path writes it). Blocks of 16 with S = 37 (one row tile per block, clusters of one,
+// the window of block 0 reaching before the matrix), 256 with the paper's head (two row tiles:
+// clusters of two), 64 with two heads and a ragged T, 384 and 512 (window tiles of keys after all
+// their rows' queries skipped, in clusters of one and of two); chunks of one block. Compared
+// element by element, so that a tile lost shows.
+TEST(VqAttnGpu, ScoreGradsInGemmEpilogue) {
+  LINAC_SKIP_WITHOUT_GPU();
+  if (std::string(vq_attn_score_grads_kernel(16, 64, DType::BF16)) != "gemm_epilogue_sm90")
+    GTEST_SKIP() << "the epilogue kernel runs on an H100/H200";
+  GpuContext gctx;
+  const DType act = DType::BF16;
+  for (const Case& c :
+       {Case{2, 77, 3, 64, 64, 37, 16}, Case{2, 600, 1, 128, 1536, 512, 256}, Case{2, 300, 2, 32, 40, 24, 64},
+        Case{2, 900, 1, 32, 64, 130, 384}, Case{1, 1300, 1, 64, 96, 200, 512}}) {
+    SCOPED_TRACE(name(c));
+    Inputs in(c, 41);
+    const Gpu g(in, act);
+    const Saved saved(in, act);
+    const vq_cuda::Geo geo = vq_cuda::geo_of(c.B, c.T, c.H, c.Dk, c.Dv, c.S, c.Lb);
+    Ctx ctx = gctx.ctx();
+    ctx.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, 1, nullptr, nullptr);
+    ASSERT_LE(ctx.workspace_bytes, gctx.ctx().workspace_bytes);
+    vq_cuda::Ws ws{};
+    vq_cuda::layout(geo, dtype_size(act), true, 1, static_cast<char*>(ctx.workspace), &ws);
+    const int64_t dp_elems = c.Lb * geo.ldw;
+    // The backward from the forward's o and lse with the dP scratch zeroed: whether it is still zero.
+    auto backward = [&](const Result& fwd, bool* dp_untouched) {
+      gpu_memset_zero_async(ctx, ws.dpwin, static_cast<size_t>(dp_elems) * sizeof(float));
+      OwnedTensor grad = backward_grad(ctx, in, g, act, fwd.o, fwd.lse);
+      const OwnedTensor dp = to(Tensor(ws.dpwin, DType::F32, Device::CUDA, {dp_elems}), Device::CPU, DType::F64);
+      *dp_untouched = std::all_of(dp->data<double>(), dp->data<double>() + dp_elems, [](double x) { return x == 0; });
+      return grad;
+    };
+    EXPECT_STREQ(vq_attn_score_grads_kernel(c.Lb, c.Dv, act), "gemm_epilogue_sm90");
+    const Result fwd = g.run(ctx, in, act);
+    bool untouched = false;
+    const OwnedTensor fused = backward(fwd, &untouched), again = backward(fwd, &untouched);
+    EXPECT_TRUE(untouched) << "the epilogue path wrote the dP scratch";
+    const int64_t written = c.H * (2 * c.Dk + c.Dv);  // the fused buffer's padding columns are never written
+    const std::vector<double> got = test::columns(fused, 0, written);
+    EXPECT_EQ(got, test::columns(again, 0, written));
+    test::ScopedEnv env("LINAC_VQ_KERNELS", "sm80");
+    EXPECT_STREQ(vq_attn_score_grads_kernel(c.Lb, c.Dv, act), "rows");
+    const OwnedTensor rows = backward(fwd, &untouched);
+    EXPECT_FALSE(untouched) << "the rows path left the dP scratch alone";
+    // Element by element against the largest gradient: one tile of score gradients lost or
+    // misplaced moves some rows by far more (a norm over the whole buffer can hide it).
+    const std::vector<double> want = test::columns(rows, 0, written);
+    double scale = 0;
+    for (double x : want) scale = std::max(scale, std::fabs(x));
+    EXPECT_LT(test::max_abs_diff(got, want), 2e-2 * scale);
   }
 }
 
