@@ -333,7 +333,9 @@ int bench_op(Args& args, const std::string& name) {
   if (as_json) {
     nlohmann::json j = {{"op", name}, {"device", gpu}, {"heads", H}, {"head_dim", D}, {"tokens", tokens}, {"rows", nlohmann::json::array()}};
     if (gla || vq) j["dk"] = Dk, j["dv"] = Dv;
-    if (vq) j["codes"] = codes, j["block"] = block, j["doc_len"] = doc_len;
+    if (vq)
+      j["codes"] = codes, j["block"] = block, j["doc_len"] = doc_len,
+      j["score_grads"] = vq_attn_score_grads_kernel(block, Dv, dt);
     if (conv) j["channels"] = C, j["width"] = W;
     if (taylor) j["feature_dim"] = F, j["kernels"] = taylor_kernels, j["doc_len"] = doc_len;
     if (latte) j["latents"] = latents, j["macchiato"] = macchiato;
@@ -356,7 +358,8 @@ int bench_op(Args& args, const std::string& name) {
   const std::string dims =
       gla  ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv)
       : vq ? "H=" + std::to_string(H) + ", Dk=" + std::to_string(Dk) + ", Dv=" + std::to_string(Dv) +
-                 ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block)
+                 ", S=" + std::to_string(codes) + ", Lb=" + std::to_string(block) + ", score gradients by " +
+                 vq_attn_score_grads_kernel(block, Dv, dt)
       : conv   ? "C=" + std::to_string(C) + ", width " + std::to_string(W)
       : taylor ? "H=" + std::to_string(H) + ", F=" + std::to_string(F) + ", Dv=" + std::to_string(D) + ", " +
                      taylor_kernels + " kernels"
