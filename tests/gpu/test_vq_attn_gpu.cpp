@@ -280,7 +280,8 @@ TEST(VqAttnGpu, SavedCacheAndWeights) {
 // the window of block 0 reaching before the matrix), 256 with the paper's head (two row tiles:
 // clusters of two), 64 with two heads and a ragged T, 384 and 512 (window tiles of keys after all
 // their rows' queries skipped, in clusters of one and of two); chunks of one block. Compared
-// element by element, so that a tile lost shows.
+// element by element, so that a tile lost shows, and so are the last chunk's score gradients by
+// distance (Lb + 1 per row, written in 16-byte groups that straddle the GEMM's tiles).
 TEST(VqAttnGpu, ScoreGradsInGemmEpilogue) {
   LINAC_SKIP_WITHOUT_GPU();
   if (std::string(vq_attn_score_grads_kernel(16, 64, DType::BF16)) != "gemm_epilogue_sm90")
@@ -300,27 +301,41 @@ TEST(VqAttnGpu, ScoreGradsInGemmEpilogue) {
     ASSERT_LE(ctx.workspace_bytes, gctx.ctx().workspace_bytes);
     vq_cuda::Ws ws{};
     vq_cuda::layout(geo, dtype_size(act), true, 1, static_cast<char*>(ctx.workspace), &ws);
-    const int64_t dp_elems = c.Lb * geo.ldw;
-    // The backward from the forward's o and lse with the dP scratch zeroed: whether it is still zero.
-    auto backward = [&](const Result& fwd, bool* dp_untouched) {
+    const int64_t dp_elems = c.Lb * geo.ldw, pos_elems = c.Lb * geo.ldp;
+    // The backward from the forward's o and lse with the dP scratch zeroed: whether it is still zero;
+    // and the last chunk's score gradients by distance, as left in the workspace.
+    auto backward = [&](const Result& fwd, bool* dp_untouched, std::vector<double>* gpos = nullptr) {
       gpu_memset_zero_async(ctx, ws.dpwin, static_cast<size_t>(dp_elems) * sizeof(float));
       OwnedTensor grad = backward_grad(ctx, in, g, act, fwd.o, fwd.lse);
       const OwnedTensor dp = to(Tensor(ws.dpwin, DType::F32, Device::CUDA, {dp_elems}), Device::CPU, DType::F64);
       *dp_untouched = std::all_of(dp->data<double>(), dp->data<double>() + dp_elems, [](double x) { return x == 0; });
+      if (gpos) {
+        const OwnedTensor pos = to(Tensor(ws.gpos, act, Device::CUDA, {pos_elems}), Device::CPU, DType::F64);
+        gpos->assign(pos->data<double>(), pos->data<double>() + pos_elems);
+      }
       return grad;
     };
     EXPECT_STREQ(vq_attn_score_grads_kernel(c.Lb, c.Dv, act), "gemm_epilogue_sm90");
     const Result fwd = g.run(ctx, in, act);
     bool untouched = false;
-    const OwnedTensor fused = backward(fwd, &untouched), again = backward(fwd, &untouched);
+    std::vector<double> pos_fused, pos_rows;
+    const OwnedTensor fused = backward(fwd, &untouched, &pos_fused), again = backward(fwd, &untouched);
     EXPECT_TRUE(untouched) << "the epilogue path wrote the dP scratch";
     const int64_t written = c.H * (2 * c.Dk + c.Dv);  // the fused buffer's padding columns are never written
     const std::vector<double> got = test::columns(fused, 0, written);
     EXPECT_EQ(got, test::columns(again, 0, written));
     test::ScopedEnv env("LINAC_VQ_KERNELS", "sm80");
     EXPECT_STREQ(vq_attn_score_grads_kernel(c.Lb, c.Dv, act), "rows");
-    const OwnedTensor rows = backward(fwd, &untouched);
+    const OwnedTensor rows = backward(fwd, &untouched, &pos_rows);
     EXPECT_FALSE(untouched) << "the rows path left the dP scratch alone";
+    // By distance, entry by entry (each distance group's stores, whole and at tile edges, and the
+    // zeros past Lb); some entries are far from zero.
+    double pos_scale = 0;
+    for (double x : pos_rows) pos_scale = std::max(pos_scale, std::fabs(x));
+    EXPECT_GT(pos_scale, 0);
+    EXPECT_LT(test::max_abs_diff(pos_fused, pos_rows), 2e-2 * pos_scale);
+    for (int64_t l = 0; l < c.Lb; ++l)
+      for (int64_t d = c.Lb + 1; d < geo.ldp; ++d) ASSERT_EQ(pos_fused[l * geo.ldp + d], 0) << l << " " << d;
     // Element by element against the largest gradient: one tile of score gradients lost or
     // misplaced moves some rows by far more (a norm over the whole buffer can hide it).
     const std::vector<double> want = test::columns(rows, 0, written);
