@@ -184,10 +184,22 @@ __device__ __forceinline__ void store4(__nv_bfloat16* p, float4 v) {
   *reinterpret_cast<uint2*>(p) = u;
 }
 
-// V = 4 or 1 consecutive elements as floats (load4/store4 for four).
+// V = 8, 4 or 1 consecutive elements as floats (load4/store4 for four; eight: one 16-byte access
+// in bf16, two in f32, p aligned to eight elements in bf16, four in f32).
 template <int V, class T>
 __device__ __forceinline__ void load_vals(const T* p, float (&v)[V]) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = unpack_bf16(w[i]);
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  } else if constexpr (V == 8) {
+    const float4 a = load4(p), b = load4(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else if constexpr (V == 4) {
     const float4 f = load4(p);
     v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
   } else {
@@ -196,10 +208,17 @@ __device__ __forceinline__ void load_vals(const T* p, float (&v)[V]) {
 }
 template <int V, class T>
 __device__ __forceinline__ void store_vals(T* p, const float (&v)[V]) {
-  if constexpr (V == 4)
+  if constexpr (V == 8 && sizeof(T) == 2) {
+    *reinterpret_cast<uint4*>(p) =
+        make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  } else if constexpr (V == 8) {
     store4(p, make_float4(v[0], v[1], v[2], v[3]));
-  else
+    store4(p + 4, make_float4(v[4], v[5], v[6], v[7]));
+  } else if constexpr (V == 4) {
+    store4(p, make_float4(v[0], v[1], v[2], v[3]));
+  } else {
     *p = from_float<T>(v[0]);
+  }
 }
 
 inline unsigned grid_1d(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
