@@ -20,7 +20,8 @@
 //              gcache_i = pcache_i^T dout_i, in the activation dtype
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
 //   then       gcache swept in reverse, in place (cache_grad_sweep; f32 sums),
-//              dv_j += swept^(n(j))[z_j];
+//              dv_j += swept^(n(j))[z_j]; or, where a pair has at most four blocks, the store sums
+//              the (at most two) terms of swept^(n(j))[z_j] itself and there is no sweep;
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
 #include <cstdint>
@@ -39,6 +40,11 @@ using vq_cuda::Row;
 using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
+// Where a pair has at most kSummedTerms + 2 blocks, a token of block m sums the at most
+// kSummedTerms cache-mean gradients of blocks m+2 .. R-1 itself (the store's kSummed form): it
+// reads no more cells than the swept one, and the sweep's pass over every cell (read and written,
+// 95 us per layer of the 190M model at T = 2048, R = 4) is not run.
+constexpr int kSummedTerms = 2;
 
 // Warp per row of the chunk, four entries per lane access. The weights p: kSaved, the forward's
 // (the chunk's rows of VqAttnOpts::saved_weights: sp_win, and sp_cache, which the gcache GEMM
@@ -124,13 +130,14 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
 }
 
 // dq = dqu + dqr, dkhat, and dv = dvp + swept^(n(t))[z_t] (both in the activation dtype, summed in
-// f32), times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's
-// bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive columns of one
+// f32; kSummed: the swept value's terms gcache^(n)[z_t] / N^(n) read and summed here, in f32, as
+// the sweep would), times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre:
+// silu_bwd's bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive columns of one
 // token (16 bytes of T where the rows allow), flat over the token's Dk / kV key items then its Dv / kV
 // value items, so every thread has work and issues all its loads before its one or two stores
 // (threads row-tiled in groups of 256 columns left the key part to 32 of 256: 69% of the DRAM
 // bandwidth, 136 us per layer of the 190M model, against 99 at 83% now; H200). Rows from row0.
-template <int kV, class T>
+template <int kV, bool kSummed, class T>
 __global__ void __launch_bounds__(kThreads)
     vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z, T* __restrict__ dq, VqAttnLayout::Strides dqs,
                           T* __restrict__ dkhat, VqAttnLayout::Strides dks, T* __restrict__ dv,
@@ -157,12 +164,36 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int64_t d = int64_t{item - key_items} * kV;
-  const T* cache = static_cast<const T*>(w.gcache) +
-                   ((int64_t{p} * g.R + tp / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * g.Dv;
-  float x[kV], c[kV], pre[kV];
+  const uint32_t m = tp / static_cast<uint32_t>(g.Lb);
+  const int32_t code = z[(b * g.T + t) * g.H + h];
+  float x[kV], c[kV] = {}, pre[kV];
   cuda::load_vals<kV>(static_cast<const T*>(w.dvp) + row * g.Dv + d, x);
-  cuda::load_vals<kV>(cache + d, c);
   if (v_pre) cuda::load_vals<kV>(v_pre + b * vps.b + t * vps.t + int64_t{h} * g.Dv + d, pre);
+  if constexpr (kSummed) {
+    // Blocks m+2 .. e-1 of m's cache segment (e: the next block that starts one, or R), from the
+    // last down: the sweep's terms in the sweep's order.
+    const int32_t* starts = g.docs.cache_from ? g.docs.cache_from + int64_t{b} * g.R : nullptr;
+    uint32_t e = m + 1;
+    while (e < g.R && !(starts && starts[e] == static_cast<int32_t>(e))) ++e;
+    float cell[kSummedTerms][kV], N[kSummedTerms];
+#pragma unroll
+    for (int j = 0; j < kSummedTerms; ++j) {
+      const int64_t n = int64_t{e} - 1 - j;
+      N[j] = 0.f;
+      if (n >= int64_t{m} + 2) {
+        const int64_t cell_at = (int64_t{p} * g.R + n) * g.S + code;
+        cuda::load_vals<kV>(static_cast<const T*>(w.gcache) + cell_at * g.Dv + d, cell[j]);
+        N[j] = w.counts[cell_at];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kSummedTerms; ++j)
+      if (N[j] > 0)
+#pragma unroll
+        for (int i = 0; i < kV; ++i) c[i] += cell[j][i] / N[j];
+  } else {
+    cuda::load_vals<kV>(static_cast<const T*>(w.gcache) + ((int64_t{p} * g.R + m) * g.S + code) * g.Dv + d, c);
+  }
 #pragma unroll
   for (int i = 0; i < kV; ++i) {
     x[i] += c[i];
@@ -272,7 +303,8 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
       }
-    vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, static_cast<T*>(w.gcache));
+    const bool summed = g.R <= kSummedTerms + 2;
+    if (!summed) vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, static_cast<T*>(w.gcache));
     // The widest access (16 bytes of T, four elements, one) that every row of the outputs and of
     // v_pre starts aligned to; the workspace rows (Dk, Dv wide from 256-byte aligned bases) follow.
     const T* pre = v_pre.defined() ? v_pre.data<T>() : nullptr;
@@ -283,24 +315,31 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
       return Dk % kv == 0 && Dv % kv == 0 && rows_fit(kv, dq, L.dq) && rows_fit(kv, dkhat, L.dkhat) &&
              rows_fit(kv, dv, L.dv) && (!pre || rows_fit(kv, v_pre, L.v_pre));
     };
-    auto store = [&](auto kv) {
+    auto store = [&](auto kv, auto sum) {
       constexpr int kV = decltype(kv)::value;
+      constexpr bool kSummed = decltype(sum)::value;
       const int64_t items = (Dk + Dv) / kV, per_launch = (int64_t{1} << 31) / items;  // 32-bit item indices
       for (int64_t row0 = 0; row0 < g.P * g.T; row0 += per_launch) {
         const int64_t rows = std::min(per_launch, g.P * g.T - row0);
-        vq_store_grads_kernel<kV, T><<<cuda::grid_1d(rows * items, kThreads), kThreads, 0, st>>>(
+        vq_store_grads_kernel<kV, kSummed, T><<<cuda::grid_1d(rows * items, kThreads), kThreads, 0, st>>>(
             g, w, z.data<int32_t>(), dq.data<T>(), L.dq, dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv, pre, L.v_pre,
             static_cast<uint32_t>(row0), static_cast<uint32_t>(rows));
         LINAC_CUDA_LAUNCH_CHECK();
       }
     };
+    auto store_summed_or_swept = [&](auto kv) {
+      if (summed)
+        store(kv, std::true_type{});
+      else
+        store(kv, std::false_type{});
+    };
     constexpr int kWide = 16 / sizeof(T);
     if (fits(kWide))
-      store(std::integral_constant<int, kWide>{});
+      store_summed_or_swept(std::integral_constant<int, kWide>{});
     else if (fits(4))
-      store(std::integral_constant<int, 4>{});
+      store_summed_or_swept(std::integral_constant<int, 4>{});
     else
-      store(std::integral_constant<int, 1>{});
+      store_summed_or_swept(std::integral_constant<int, 1>{});
     for (int64_t h = 0; h < g.H; ++h)
       gpu_memcpy_async(ctx, drho.data<float>() + h * (Lb + 1) * Dk, w.drho + h * g.ldp * Dk,
                        static_cast<size_t>((Lb + 1) * Dk) * sizeof(float));

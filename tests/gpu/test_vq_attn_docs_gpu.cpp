@@ -48,10 +48,14 @@ struct Inputs {
   test::PackedWindow window;
   int64_t B, T, W;
   OwnedTensor qkv, z, codebook, u, vr, rho, dout;
-  explicit Inputs(const Case& cs)
-      : c(cs), window(test::packed_window(kLayouts, 16, 9)), B(window.B), T(window.T),
+  explicit Inputs(const Case& cs, const std::vector<std::vector<int64_t>>& layouts = kLayouts)
+      : c(cs),
+        window(test::packed_window(layouts, 16, 9)),
+        B(window.B),
+        T(window.T),
         W((cs.H * (2 * cs.Dk + cs.Dv) + 7) / 8 * 8 + 8),
-        qkv(test::random_tensor({B, T, W}, DType::F64, 1, -0.5, 0.5)), z(DType::I32, Device::CPU, {B, T, cs.H}),
+        qkv(test::random_tensor({B, T, W}, DType::F64, 1, -0.5, 0.5)),
+        z(DType::I32, Device::CPU, {B, T, cs.H}),
         codebook(test::random_tensor({cs.H, cs.S, cs.Dk}, DType::F64, 2, -0.5, 0.5)),
         u(test::random_tensor({cs.H, cs.Dk}, DType::F64, 3, -0.2, 0.2)),
         vr(test::random_tensor({cs.H, cs.Dk}, DType::F64, 4, -0.2, 0.2)),
@@ -114,11 +118,13 @@ struct Gpu {
   }
 };
 
-void run_parity(DType act, double tol_o, double tol_grad) {
+void run_parity(DType act, double tol_o, double tol_grad,
+                const std::vector<Case>& cases = {std::begin(kCases), std::end(kCases)},
+                const std::vector<std::vector<int64_t>>& layouts = kLayouts) {
   GpuContext gctx;
-  for (const Case& c : kCases) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(name(c));
-    Inputs in(c);
+    Inputs in(c, layouts);
     const Gpu g(in, act);
     Result gr = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, act, DType::F32, g.opts(in));
     OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), dout_r = to(g.dout, Device::CPU, DType::F64);
@@ -158,6 +164,20 @@ TEST(VqAttnDocsGpu, ParityF32) {
 TEST(VqAttnDocsGpu, ParityBf16) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity(DType::BF16, 1e-2, 2e-2);
+}
+
+// Four blocks per row after the placement: the gradient store sums each token's cache-mean
+// gradients itself instead of the sweep (two terms for block 0, one for block 1), stopping at
+// segment ends (the 90-token document moved to block 1, the 110-token one starting there).
+TEST(VqAttnDocsGpu, ParityCacheGradsSummedInStore) {
+  LINAC_SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int64_t>> layouts = {{150}, {30, 90, 30}, {1, 39, 110}, {5, 35, 70, 40}};
+  const std::vector<Case> cases = {{1, 32, 64, 9, 40}, {2, 16, 20, 6, 40}};  // 16-byte and four-wide stores
+  const Inputs in(cases[0], layouts);
+  std::vector<int32_t> end(in.bounds() + in.B * in.T, in.bounds() + 2 * in.B * in.T);
+  ASSERT_EQ(vq_cuda::plan_documents(end.data(), in.B, in.T, 40).R, 4);
+  run_parity(DType::F32, 1e-5, 2e-5, cases, layouts);
+  run_parity(DType::BF16, 1e-2, 2e-2, cases, layouts);
 }
 
 // Workspaces that hold chunks of one and of three blocks give the full workspace's results (the

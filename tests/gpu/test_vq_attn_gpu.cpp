@@ -39,11 +39,13 @@ std::string name(const Case& c) {
 // forward to keep their scores in shared memory); blocks of 6 (rows of window weights that do
 // not split into groups of four); one head with T a multiple of the block (o's rows are the
 // packed rows: the output GEMMs write o); head dims that are multiples of four but not of eight
-// (bf16 gradients stored four at a time, not in 16-byte accesses).
+// (bf16 gradients stored four at a time, not in 16-byte accesses). Pairs of at most four blocks
+// have their cache-mean gradients summed by the gradient store (T = 2100 / Lb 1024, 192 / 64,
+// 250 / 64, 61 / 16), more by the sweep.
 const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},      {1, 300, 1, 128, 1536, 512, 64}, {2, 130, 2, 32, 96, 7, 32},
                        {1, 700, 2, 64, 128, 100, 128},  {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
                        {1, 2100, 1, 16, 16, 300, 1024}, {2, 50, 2, 16, 24, 6, 6},        {2, 192, 1, 32, 40, 24, 64},
-                       {2, 90, 1, 20, 36, 11, 16}};
+                       {2, 90, 1, 20, 36, 11, 16},      {2, 250, 1, 32, 64, 40, 64}};
 
 OwnedTensor copy_to(const Tensor& t, Device dev) {
   OwnedTensor r(t.dtype, dev, t.dims());
