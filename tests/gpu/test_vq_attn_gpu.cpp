@@ -199,7 +199,11 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
   for (auto [act, c] : {std::pair{DType::BF16, Case{3, 200, 2, 64, 64, 50, 32}},  // 7 blocks per sequence, 21 per head
                         std::pair{DType::F32, Case{3, 200, 2, 64, 64, 50, 32}},
                         std::pair{DType::BF16, Case{3, 192, 1, 64, 64, 50, 32}},  // 6 per sequence
-                        std::pair{DType::F32, Case{3, 192, 1, 64, 64, 50, 32}}}) {
+                        std::pair{DType::F32, Case{3, 192, 1, 64, 64, 50, 32}},
+                        // 4 per sequence: the store sums the cache-mean gradients, the gcache GEMMs
+                        // take blocks 2 and 3 of each sequence from chunks that split sequences
+                        std::pair{DType::BF16, Case{3, 120, 2, 64, 64, 50, 32}},
+                        std::pair{DType::F32, Case{3, 120, 2, 64, 64, 50, 32}}}) {
     SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
     Inputs in(c, 11);
     const Gpu g(in, act);
@@ -214,7 +218,7 @@ TEST(VqAttnGpu, DeterministicAndChunked) {
       // In bf16 a chunk's dv window part is stored in the activation dtype before the next chunk adds
       // to it: one more rounding (2^-9 relative) than one chunk takes, so the gradients get 5e-3.
       const double tol = act == DType::BF16 ? 2e-3 : 1e-5, tol_grad = act == DType::BF16 ? 5e-3 : 1e-5;
-      for (int64_t cap : {1, 4}) {
+      for (int64_t cap : {1, 3, 4}) {
         SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
         Ctx small = gctx.ctx();
         small.workspace_bytes = vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
