@@ -133,11 +133,11 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
 // dq = dqu + dqr, dkhat, and dv = dvp + swept^(n(t))[z_t] (both in the activation dtype, summed in
 // f32; kSummed: the swept value's terms gcache^(n)[z_t] / N^(n) read and summed here, in f32, as
 // the sweep would), times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre:
-// silu_bwd's bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive columns of one
-// token (16 bytes of T where the rows allow), flat over the token's Dk / kV key items then its Dv / kV
-// value items, so every thread has work and issues all its loads before its one or two stores
-// (threads row-tiled in groups of 256 columns left the key part to 32 of 256: 69% of the DRAM
-// bandwidth, 136 us per layer of the 190M model, against 99 at 83% now; H200). Rows from row0.
+// silu_bwd's bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive
+// columns of one token (16 bytes of T where the rows allow), flat over the token's Dk / kV key items
+// then its Dv / kV value items, so every thread has work and issues all its loads before its one or
+// two stores (threads row-tiled in groups of 256 columns left the key part to 32 of 256: 69% of the
+// DRAM bandwidth, 136 us per layer of the 190M model, against 99 at 83% now; H200). Rows from row0.
 template <int kV, bool kSummed, class T>
 __global__ void __launch_bounds__(kThreads)
     vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z, T* __restrict__ dq, VqAttnLayout::Strides dqs,
