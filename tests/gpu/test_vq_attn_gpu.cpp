@@ -196,14 +196,17 @@ TEST(VqAttnGpu, ParityBf16) {
 TEST(VqAttnGpu, DeterministicAndChunked) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  for (auto [act, c] : {std::pair{DType::BF16, Case{3, 200, 2, 64, 64, 50, 32}},  // 7 blocks per sequence, 21 per head
-                        std::pair{DType::F32, Case{3, 200, 2, 64, 64, 50, 32}},
-                        std::pair{DType::BF16, Case{3, 192, 1, 64, 64, 50, 32}},  // 6 per sequence
-                        std::pair{DType::F32, Case{3, 192, 1, 64, 64, 50, 32}},
-                        // 4 per sequence: the store sums the cache-mean gradients, the gcache GEMMs
-                        // take blocks 2 and 3 of each sequence from chunks that split sequences
-                        std::pair{DType::BF16, Case{3, 120, 2, 64, 64, 50, 32}},
-                        std::pair{DType::F32, Case{3, 120, 2, 64, 64, 50, 32}}}) {
+  for (auto [act, c] :
+       {std::pair{DType::BF16, Case{3, 200, 2, 64, 64, 50, 32}},  // 7 blocks per sequence, 21 per head
+        std::pair{DType::F32, Case{3, 200, 2, 64, 64, 50, 32}},
+        std::pair{DType::BF16, Case{3, 192, 1, 64, 64, 50, 32}},  // 6 per sequence
+        std::pair{DType::F32, Case{3, 192, 1, 64, 64, 50, 32}},
+        // 4 per sequence: the store sums the cache-mean gradients, the cache
+        // products take blocks 2 and 3 of each sequence from chunks that split
+        // sequences (o through the f32 rows, then written by the output GEMMs)
+        std::pair{DType::BF16, Case{3, 120, 2, 64, 64, 50, 32}}, std::pair{DType::F32, Case{3, 120, 2, 64, 64, 50, 32}},
+        std::pair{DType::BF16, Case{3, 128, 1, 64, 64, 50, 32}},
+        std::pair{DType::F32, Case{3, 128, 1, 64, 64, 50, 32}}}) {
     SCOPED_TRACE(dtype_name(act) + std::string(" ") + name(c));
     Inputs in(c, 11);
     const Gpu g(in, act);
