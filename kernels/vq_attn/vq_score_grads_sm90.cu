@@ -14,10 +14,11 @@
 // and staging of common/gemm_sm90.cuh, k = Dv in steps of 32. B is the tile's 256 rows of v (from
 // row (i-1) Lb + e0: at block 0 the TMA reads the rows before the matrix as zeros, and at any
 // pair's first block p is 0 there) or of ubar (from i S + s0). Where a block has an even number of
-// row tiles, clusters of 2 take adjacent row tiles of one block and multicast B. Window tiles where
-// p is 0 for all the cluster's rows (future keys only, and the previous block at a pair's first
-// block: a sixth of all tiles at Lb = 512 and 4 blocks a pair) are not computed: the epilogue
-// warps store their zeros.
+// row tiles, clusters of 2 take adjacent row tiles of one block and multicast B. Tiles where p is 0
+// for all the cluster's rows (window tiles of future keys only, and of the previous block at a
+// pair's first block: a sixth of all tiles at Lb = 512 and 4 blocks a pair; the cache's tiles in a
+// pair's first two blocks, whose caches are empty: another sixth there) are not computed: the
+// epilogue warps store their zeros.
 // The tile's p [128, 256] comes by TMA into a buffer laid out as the staging blocks (64 x 64
 // chunks, 128-byte swizzle; entries past S read as zero), issued by an epilogue thread as soon as
 // the epilogue is done with the previous tile's (the math warps read theirs before staging), so
@@ -70,20 +71,28 @@ struct Tile {
 };
 
 // Row group j of a block (its rows j kCluster kBM .. up to Lb) computes the window's column tiles
-// [window_begin, window_end) and all of the cache's; in the others p is 0 for all of the group's
-// rows: entries past Lb after its last row (keys after every query's), and the previous block's at
-// a pair's first block.
+// [window_begin, window_end) and the cache's (cache_cols); in the others p is 0 for all of the
+// group's rows: entries past Lb after its last row (keys after every query's), the previous block's
+// at a pair's first block, and the cache's in a pair's first two blocks.
 __host__ __device__ inline int window_end(const Args& a, int j, int cluster) {
   const int last = (j + 1) * cluster * kBM < a.Lb ? (j + 1) * cluster * kBM - 1 : a.Lb - 1;
   return (a.Lb + last) / kBN + 1 < a.cw ? (a.Lb + last) / kBN + 1 : a.cw;
 }
 __host__ __device__ inline int window_begin(const Args& a, int ib) { return ib % a.R == 0 ? a.Lb / kBN : 0; }
+// The cache's column tiles computed in block ib: none in a pair's first two blocks, whose caches
+// are empty (block n's holds blocks <= n - 2), so p is 0 for every entry.
+__host__ __device__ inline int cache_cols(const Args& a, int ib) { return ib % a.R < 2 ? 0 : a.cols - a.cw; }
+// Blocks of [0, x) among their pair's first two.
+__host__ __device__ inline int early_blocks(const Args& a, int x) {
+  return x / a.R * (a.R < 2 ? a.R : 2) + (x % a.R < 2 ? x % a.R : 2);
+}
 // Tiles computed in the chunk's row groups [0, g).
 __host__ __device__ inline int computed_before(const Args& a, int g, int cluster) {
   const int i0 = static_cast<int>(a.i0), nb = g / a.gpb, ib = i0 + nb;
   const int firsts = (ib + a.R - 1) / a.R - (i0 + a.R - 1) / a.R;  // blocks of [i0, ib) that start a pair
-  int n = nb * a.per_block - firsts * a.gpb * window_begin(a, 0);
-  for (int j = 0; j < g % a.gpb; ++j) n += window_end(a, j, cluster) - window_begin(a, ib) + a.cols - a.cw;
+  const int early = early_blocks(a, ib) - early_blocks(a, i0);     // and that are among the first two
+  int n = nb * a.per_block - firsts * a.gpb * window_begin(a, 0) - early * a.gpb * (a.cols - a.cw);
+  for (int j = 0; j < g % a.gpb; ++j) n += window_end(a, j, cluster) - window_begin(a, ib) + cache_cols(a, ib);
   return n;
 }
 
