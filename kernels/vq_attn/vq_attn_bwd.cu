@@ -272,10 +272,16 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.ctab, h * S * w.ldt), w.ldt, dqu,
-                            Dk, 1.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
-                            w.ldt, w.dqr + i0 * Lb * Dk, Dk, 0.f);
+        // The cache part where a block's cache is not empty (for_cached_blocks; gscache is 0 elsewhere),
+        // one GEMM over the rows of consecutive blocks.
+        vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+          const int64_t m = stride == 1 ? batch * Lb : Lb, nb = stride == 1 ? 1 : batch;
+          vq_cuda::gemm_table(w.blas, act, m, Dk, S, nb,
+                              {at(w.gscache, (i - i0) * Lb * lds), lds, stride * Lb * lds, false},
+                              at(w.ctab, h * S * w.ldt), w.ldt, dqu + (i - i0) * Lb * Dk, Dk, stride * Lb * Dk, 1.f);
+        });
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, 1, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
+                            w.ldt, w.dqr + i0 * Lb * Dk, Dk, 0, 0.f);
         // dkhat of the present block, then of the previous one (into the block before; the chunk's
         // first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},

@@ -40,9 +40,10 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
           int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false, DType cd = DType::F32,
           const float* bias = nullptr);
 // The same GEMM with an f32 table (codebook or rho, Ws::ctab / rtab: one head's [rows, ldt]) as
-// B: its hi part, then in bf16 its lo part (the columns beside it) accumulated.
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                float* c, int64_t ldc, float beta);
+// B, the same for every batch entry: its hi part, then in bf16 its lo part (the columns beside it)
+// accumulated.
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, const void* tab,
+                int64_t ldt, float* c, int64_t ldc, int64_t stride_c, float beta);
 
 // Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
 // packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and

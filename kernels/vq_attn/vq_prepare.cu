@@ -193,12 +193,12 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   matmul_cuda(blas, pr, ta, tb, tc);
 }
 
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                float* c, int64_t ldc, float beta) {
-  gemm(blas, ab, m, n, k, 1, a, {tab, ldt, 0, false}, c, ldc, 0, beta);
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, const void* tab,
+                int64_t ldt, float* c, int64_t ldc, int64_t stride_c, float beta) {
+  gemm(blas, ab, m, n, k, batch, a, {tab, ldt, 0, false}, c, ldc, stride_c, beta);
   if (ab == DType::BF16) {
     const void* lo = static_cast<const char*>(tab) + n * static_cast<int64_t>(dtype_size(ab));
-    gemm(blas, ab, m, n, k, 1, a, {lo, ldt, 0, false}, c, ldc, 0, 1.f);
+    gemm(blas, ab, m, n, k, batch, a, {lo, ldt, 0, false}, c, ldc, stride_c, 1.f);
   }
 }
 
