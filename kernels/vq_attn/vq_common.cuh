@@ -64,25 +64,6 @@ int64_t packed_row_stride(const Geo& g, VqAttnLayout::Strides s, int64_t D);
 // N side the first Lb columns of its C are left unwritten. C is f32, or of dtype act (cd).
 void window_gemm(const Geo& g, const Ws& w, DType act, int64_t i0, int64_t c, bool n_side, Operand a, const void* x,
                  int64_t D, void* cc, int64_t ldc, int64_t stride_c, float beta, DType cd = DType::F32);
-// Blocks 0 and 1 of a pair read an empty cache (block n's holds blocks <= n - 2): no cache weights
-// to apply in the forward, no cache-mean gradient to send back. Where a pair has at most
-// kFewBlocks blocks the cache products skip them: gemm_at(i, batch, stride) is called once per
-// block index n >= 2 for the chunk [i0, i0 + c)'s blocks p R + n (stride R, first block i). With
-// more blocks per pair one call takes the whole chunk (stride 1), the empty caches included: 2 / R
-// of its work against R - 2 smaller calls.
-constexpr int64_t kFewBlocks = 4;
-template <class Fn>
-void for_cached_blocks(const Geo& g, int64_t i0, int64_t c, Fn&& gemm_at) {
-  if (g.R > kFewBlocks) {
-    gemm_at(i0, c, int64_t{1});
-    return;
-  }
-  for (int64_t n = 2; n < g.R; ++n) {
-    const int64_t p0 = i0 <= n ? 0 : (i0 - n + g.R - 1) / g.R, last = i0 + c - 1 - n;
-    const int64_t batch = last < 0 ? 0 : last / g.R - p0 + 1;
-    if (batch > 0) gemm_at(p0 * g.R + n, batch, g.R);
-  }
-}
 // The backward's dP GEMMs of blocks [i0, i0 + c) with the score gradients in their epilogue, from
 // dout's packed rows at `dop` (row stride ldo) and the forward's saved weights (whole, at the
 // packed rows): w's gswin, gscache, gpos and key-major pwin, as the rows kernel of vq_attn_bwd.cu

@@ -145,6 +145,26 @@ SavedWeights saved_weights(const Geo &g, size_t act_bytes, void *base);
 // constexpr: device code calls it too (--expt-relaxed-constexpr).
 constexpr int64_t key_slot_elems(const Geo &g) { return 2 * g.Lb * g.ldkey; }
 
+// Blocks 0 and 1 of a pair read an empty cache (block n's holds blocks <= n - 2): no cache weights
+// to apply in the forward, no cache-mean gradient to send back. Where a pair has at most
+// kFewBlocks blocks the cache products skip them: gemm_at(i, batch, stride) is called once per
+// block index n >= 2 for the chunk [i0, i0 + c)'s blocks p R + n (stride R, first block i). With
+// more blocks per pair one call takes the whole chunk (stride 1), the empty caches included: 2 / R
+// of its work against R - 2 smaller calls.
+constexpr int64_t kFewBlocks = 4;
+template <class Fn>
+void for_cached_blocks(const Geo &g, int64_t i0, int64_t c, Fn &&gemm_at) {
+  if (g.R > kFewBlocks) {
+    gemm_at(i0, c, int64_t{1});
+    return;
+  }
+  for (int64_t n = 2; n < g.R; ++n) {
+    const int64_t p0 = i0 <= n ? 0 : (i0 - n + g.R - 1) / g.R, last = i0 + c - 1 - n;
+    const int64_t batch = last < 0 ? 0 : last / g.R - p0 + 1;
+    if (batch > 0) gemm_at(p0 * g.R + n, batch, g.R);
+  }
+}
+
 // Scratch of code_lists (vq_code_lists.cu) for R segments per pair.
 size_t code_lists_bytes(int64_t B, int64_t T, int64_t H, int64_t S, int64_t R);
 
