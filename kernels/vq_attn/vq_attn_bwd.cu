@@ -17,8 +17,8 @@
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
 //     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
 //              key-major weights (vq_packed.h), in the activation dtype; the cache part
-//              gcache_i = pcache_i^T dout_i, in the activation dtype (where a pair has at most
-//              four blocks, only for its blocks n >= 2: the others' caches are empty)
+//              gcache_i = pcache_i^T dout_i, in the activation dtype (only for a pair's blocks
+//              n >= 2: the others' caches are empty)
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
 //   then       gcache swept in reverse, in place (cache_grad_sweep; f32 sums),
 //              dv_j += swept^(n(j))[z_j]; or, where a pair has at most four blocks, the store sums
@@ -41,11 +41,11 @@ using vq_cuda::Row;
 using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
-// Where a pair has at most kFewBlocks blocks (vq_common.cuh), a token of block m sums the at most
+// Where a pair has at most kSummedTerms + 2 blocks, a token of block m sums the at most
 // kSummedTerms cache-mean gradients of blocks m+2 .. R-1 itself (the store's kSummed form): it
 // reads no more cells than the swept one, and the sweep's pass over every cell (read and written,
 // 95 us per layer of the 190M model at T = 2048, R = 4) is not run.
-constexpr int kSummedTerms = vq_cuda::kFewBlocks - 2;
+constexpr int kSummedTerms = 2;
 
 // Warp per row of the chunk, four entries per lane access. The weights p: kSaved, the forward's
 // (the chunk's rows of VqAttnOpts::saved_weights: sp_win, and sp_cache, which the gcache GEMM
@@ -239,7 +239,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
     const bool fused = saved.pwin && ldo % 8 == 0 && reinterpret_cast<uintptr_t>(w.dop) % 16 == 0 &&
                        std::string_view(vq_attn_score_grads_kernel(Lb, Dv, act)) == "gemm_epilogue_sm90";
-    const bool summed = g.R <= vq_cuda::kFewBlocks;  // the store sums each token's cache-mean gradients
+    const bool summed = g.R <= kSummedTerms + 2;  // the store sums each token's cache-mean gradients
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
@@ -309,7 +309,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         if (i0 % g.R != 0)
           vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
                         dvp_at(i0 - 1), Dv, 0, 1.f, false, act);
-        // The cache means' gradients (of blocks n >= 2 of a pair where it has few: for_cached_blocks),
+        // The cache means' gradients (of blocks n >= 2 of a pair: for_cached_blocks),
         // swept below or summed by the store, then drho.
         vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
           vq_cuda::gemm(w.blas, act, S, Dv, Lb, batch, {at(pcache, (i - i0) * Lb * lds), lds, stride * Lb * lds, true},

@@ -146,22 +146,25 @@ SavedWeights saved_weights(const Geo &g, size_t act_bytes, void *base);
 constexpr int64_t key_slot_elems(const Geo &g) { return 2 * g.Lb * g.ldkey; }
 
 // Blocks 0 and 1 of a pair read an empty cache (block n's holds blocks <= n - 2): no cache weights
-// to apply in the forward, no cache-mean gradient to send back. Where a pair has at most
-// kFewBlocks blocks the cache products skip them: gemm_at(i, batch, stride) is called once per
-// block index n >= 2 for the chunk [i0, i0 + c)'s blocks p R + n (stride R, first block i). With
-// more blocks per pair one call takes the whole chunk (stride 1), the empty caches included: 2 / R
-// of its work against R - 2 smaller calls.
-constexpr int64_t kFewBlocks = 4;
+// to apply in the forward, no cache-mean gradient to send back, so the cache products skip them.
+// gemm_at(i, batch, stride) is called for the chunk [i0, i0 + c)'s other blocks, each once: block
+// i and batch - 1 more, stride blocks apart. Per block index n >= 2 (stride R, over the chunk's
+// pairs) or per pair (stride 1, its blocks n >= 2 in the chunk), whichever takes fewer calls: two
+// calls at R = 4 and 16 pairs (half the work of one call over the chunk), four at R = 16 and 4.
 template <class Fn>
 void for_cached_blocks(const Geo &g, int64_t i0, int64_t c, Fn &&gemm_at) {
-  if (g.R > kFewBlocks) {
-    gemm_at(i0, c, int64_t{1});
+  const int64_t first = i0 / g.R, pairs = (i0 + c - 1) / g.R - first + 1;
+  if (g.R - 2 <= pairs) {
+    for (int64_t n = 2; n < g.R; ++n) {
+      const int64_t p0 = i0 <= n ? 0 : (i0 - n + g.R - 1) / g.R, last = i0 + c - 1 - n;
+      const int64_t batch = last < 0 ? 0 : last / g.R - p0 + 1;
+      if (batch > 0) gemm_at(p0 * g.R + n, batch, g.R);
+    }
     return;
   }
-  for (int64_t n = 2; n < g.R; ++n) {
-    const int64_t p0 = i0 <= n ? 0 : (i0 - n + g.R - 1) / g.R, last = i0 + c - 1 - n;
-    const int64_t batch = last < 0 ? 0 : last / g.R - p0 + 1;
-    if (batch > 0) gemm_at(p0 * g.R + n, batch, g.R);
+  for (int64_t p = first; p < first + pairs; ++p) {
+    const int64_t lo = std::max(i0, p * g.R + 2), hi = std::min(i0 + c, (p + 1) * g.R);
+    if (hi > lo) gemm_at(lo, hi - lo, int64_t{1});
   }
 }
 
