@@ -17,10 +17,12 @@
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
 //     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
 //              key-major weights (vq_packed.h), in the activation dtype; the cache part
-//              gcache_i = pcache_i^T dout_i, in the activation dtype
+//              gcache_i = pcache_i^T dout_i, in the activation dtype (only for a pair's blocks
+//              n >= 2: the others' caches are empty)
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
 //   then       gcache swept in reverse, in place (cache_grad_sweep; f32 sums),
-//              dv_j += swept^(n(j))[z_j];
+//              dv_j += swept^(n(j))[z_j]; or, where a pair has at most four blocks, the store sums
+//              the (at most two) terms of swept^(n(j))[z_j] itself and there is no sweep;
 //              du_h = sum_t dqu_t, dvr_h = sum_t dqr_t (f32 GEMMs with a ones vector)
 #include <algorithm>
 #include <cstdint>
@@ -39,6 +41,11 @@ using vq_cuda::Row;
 using vq_cuda::Ws;
 
 constexpr int kThreads = 256;
+// Where a pair has at most kSummedTerms + 2 blocks, a token of block m sums the at most
+// kSummedTerms cache-mean gradients of blocks m+2 .. R-1 itself (the store's kSummed form): it
+// reads no more cells than the swept one, and the sweep's pass over every cell (read and written,
+// 95 us per layer of the 190M model at T = 2048, R = 4) is not run.
+constexpr int kSummedTerms = 2;
 
 // Warp per row of the chunk, four entries per lane access. The weights p: kSaved, the forward's
 // (the chunk's rows of VqAttnOpts::saved_weights: sp_win, and sp_cache, which the gcache GEMM
@@ -124,13 +131,14 @@ __global__ void __launch_bounds__(kThreads) vq_grad_rows_kernel(Geo g, int64_t i
 }
 
 // dq = dqu + dqr, dkhat, and dv = dvp + swept^(n(t))[z_t] (both in the activation dtype, summed in
-// f32), times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre: silu_bwd's
-// bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive columns of one
-// token (16 bytes of T where the rows allow), flat over the token's Dk / kV key items then its Dv / kV
-// value items, so every thread has work and issues all its loads before its one or two stores
-// (threads row-tiled in groups of 256 columns left the key part to 32 of 256: 69% of the DRAM
-// bandwidth, 136 us per layer of the 190M model, against 99 at 83% now; H200). Rows from row0.
-template <int kV, class T>
+// f32; kSummed: the swept value's terms gcache^(n)[z_t] / N^(n) read and summed here, in f32, as
+// the sweep would), times silu'(v_pre) after its rounding when v_pre is given (VqAttnOpts::v_pre:
+// silu_bwd's bits), for the tokens (p, t < T) at their packed rows. A thread takes kV consecutive
+// columns of one token (16 bytes of T where the rows allow), flat over the token's Dk / kV key items
+// then its Dv / kV value items, so every thread has work and issues all its loads before its one or
+// two stores (threads row-tiled in groups of 256 columns left the key part to 32 of 256: 69% of the
+// DRAM bandwidth, 136 us per layer of the 190M model, against 99 at 83% now; H200). Rows from row0.
+template <int kV, bool kSummed, class T>
 __global__ void __launch_bounds__(kThreads)
     vq_store_grads_kernel(Geo g, Ws w, const int32_t* __restrict__ z, T* __restrict__ dq, VqAttnLayout::Strides dqs,
                           T* __restrict__ dkhat, VqAttnLayout::Strides dks, T* __restrict__ dv,
@@ -157,12 +165,36 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int64_t d = int64_t{item - key_items} * kV;
-  const T* cache = static_cast<const T*>(w.gcache) +
-                   ((int64_t{p} * g.R + tp / static_cast<uint32_t>(g.Lb)) * g.S + z[(b * g.T + t) * g.H + h]) * g.Dv;
-  float x[kV], c[kV], pre[kV];
+  const uint32_t m = tp / static_cast<uint32_t>(g.Lb);
+  const int32_t code = z[(b * g.T + t) * g.H + h];
+  float x[kV], c[kV] = {}, pre[kV];
   cuda::load_vals<kV>(static_cast<const T*>(w.dvp) + row * g.Dv + d, x);
-  cuda::load_vals<kV>(cache + d, c);
   if (v_pre) cuda::load_vals<kV>(v_pre + b * vps.b + t * vps.t + int64_t{h} * g.Dv + d, pre);
+  if constexpr (kSummed) {
+    // Blocks m+2 .. e-1 of m's cache segment (e: the next block that starts one, or R), from the
+    // last down: the sweep's terms in the sweep's order.
+    const int32_t* starts = g.docs.cache_from ? g.docs.cache_from + int64_t{b} * g.R : nullptr;
+    uint32_t e = m + 1;
+    while (e < g.R && !(starts && starts[e] == static_cast<int32_t>(e))) ++e;
+    float cell[kSummedTerms][kV], N[kSummedTerms];
+#pragma unroll
+    for (int j = 0; j < kSummedTerms; ++j) {
+      const int64_t n = int64_t{e} - 1 - j;
+      N[j] = 0.f;
+      if (n >= int64_t{m} + 2) {
+        const int64_t cell_at = (int64_t{p} * g.R + n) * g.S + code;
+        cuda::load_vals<kV>(static_cast<const T*>(w.gcache) + cell_at * g.Dv + d, cell[j]);
+        N[j] = w.counts[cell_at];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kSummedTerms; ++j)
+      if (N[j] > 0)
+#pragma unroll
+        for (int i = 0; i < kV; ++i) c[i] += cell[j][i] / N[j];
+  } else {
+    cuda::load_vals<kV>(static_cast<const T*>(w.gcache) + ((int64_t{p} * g.R + m) * g.S + code) * g.Dv + d, c);
+  }
 #pragma unroll
   for (int i = 0; i < kV; ++i) {
     x[i] += c[i];
@@ -207,6 +239,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
     const vq_cuda::SavedWeights saved = vq_cuda::saved_weights(g, es, L.saved_weights);
     const bool fused = saved.pwin && ldo % 8 == 0 && reinterpret_cast<uintptr_t>(w.dop) % 16 == 0 &&
                        std::string_view(vq_attn_score_grads_kernel(Lb, Dv, act)) == "gemm_epilogue_sm90";
+    const bool summed = g.R <= kSummedTerms + 2;  // the store sums each token's cache-mean gradients
     for (int64_t h = 0; h < g.H; ++h)
       for (int64_t i0 = h * g.B * g.R; i0 < (h + 1) * g.B * g.R; i0 += w.cap) {
         const int64_t c = std::min(w.cap, (h + 1) * g.B * g.R - i0), rows = c * Lb;
@@ -221,8 +254,13 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         } else {
           vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw,
                                0.f);
-          vq_cuda::gemm(w.blas, act, Lb, S, Dv, c, {dop_i, ldo, Lb * ldo, false},
-                        {at(w.ubar, i0 * S * Dv), Dv, S * Dv, true}, w.dpcache, lds, Lb * lds, 0.f);
+          // dpcache only where a block's cache is not empty: the rows kernel takes gs = 0 where p is 0
+          // without reading dp.
+          vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+            vq_cuda::gemm(w.blas, act, Lb, S, Dv, batch, {at(w.dop, i * Lb * ldo), ldo, stride * Lb * ldo, false},
+                          {at(w.ubar, i * S * Dv), Dv, stride * S * Dv, true}, w.dpcache + (i - i0) * Lb * lds, lds,
+                          stride * Lb * lds, 0.f);
+          });
           const unsigned blocks = cuda::grid_1d(rows * 32, kThreads);
           if (saved.pwin) {
             const T* sp_win = static_cast<const T*>(saved.pwin) + i0 * Lb * ldw;
@@ -239,10 +277,16 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, S, {w.gscache, lds, 0, false}, at(w.ctab, h * S * w.ldt), w.ldt, dqu,
-                            Dk, 1.f);
-        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
-                            w.ldt, w.dqr + i0 * Lb * Dk, Dk, 0.f);
+        // The cache part where a block's cache is not empty (for_cached_blocks; gscache is 0 elsewhere),
+        // one GEMM over the rows of consecutive blocks.
+        vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+          const int64_t m = stride == 1 ? batch * Lb : Lb, nb = stride == 1 ? 1 : batch;
+          vq_cuda::gemm_table(w.blas, act, m, Dk, S, nb,
+                              {at(w.gscache, (i - i0) * Lb * lds), lds, stride * Lb * lds, false},
+                              at(w.ctab, h * S * w.ldt), w.ldt, dqu + (i - i0) * Lb * Dk, Dk, stride * Lb * Dk, 1.f);
+        });
+        vq_cuda::gemm_table(w.blas, act, rows, Dk, g.ldp, 1, {w.gpos, g.ldp, 0, false}, at(w.rtab, h * g.ldp * w.ldt),
+                            w.ldt, w.dqr + i0 * Lb * Dk, Dk, 0, 0.f);
         // dkhat of the present block, then of the previous one (into the block before; the chunk's
         // first block adds to the previous chunk's last, already written).
         vq_cuda::gemm(w.blas, act, Lb, Dk, Lb, c, {at(w.gswin, Lb), ldw, Lb * ldw, true}, {qu_i, Dk, Lb * Dk, false},
@@ -265,14 +309,18 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         if (i0 % g.R != 0)
           vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
                         dvp_at(i0 - 1), Dv, 0, 1.f, false, act);
-        // The cache means' gradients of each block (swept below), and drho.
-        vq_cuda::gemm(w.blas, act, S, Dv, Lb, c, {pcache, lds, Lb * lds, true}, {dop_i, ldo, Lb * ldo, false},
-                      static_cast<char*>(w.gcache) + i0 * S * Dv * static_cast<int64_t>(es), Dv, S * Dv, 0.f, false,
-                      act);
+        // The cache means' gradients (of blocks n >= 2 of a pair: for_cached_blocks),
+        // swept below or summed by the store, then drho.
+        vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+          vq_cuda::gemm(w.blas, act, S, Dv, Lb, batch, {at(pcache, (i - i0) * Lb * lds), lds, stride * Lb * lds, true},
+                        {at(w.dop, i * Lb * ldo), ldo, stride * Lb * ldo, false},
+                        static_cast<char*>(w.gcache) + i * S * Dv * static_cast<int64_t>(es), Dv, stride * S * Dv, 0.f,
+                        false, act);
+        });
         vq_cuda::gemm(w.blas, act, g.ldp, Dk, rows, 1, {w.gpos, g.ldp, 0, true}, {at(w.qr, i0 * Lb * Dk), Dk, 0, false},
                       w.drho + h * g.ldp * Dk, Dk, 0, i0 == h * g.B * g.R ? 0.f : 1.f);
       }
-    vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, static_cast<T*>(w.gcache));
+    if (!summed) vq_cuda::cache_grad_sweep<T>(ctx, g, w.counts, static_cast<T*>(w.gcache));
     // The widest access (16 bytes of T, four elements, one) that every row of the outputs and of
     // v_pre starts aligned to; the workspace rows (Dk, Dv wide from 256-byte aligned bases) follow.
     const T* pre = v_pre.defined() ? v_pre.data<T>() : nullptr;
@@ -283,24 +331,31 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
       return Dk % kv == 0 && Dv % kv == 0 && rows_fit(kv, dq, L.dq) && rows_fit(kv, dkhat, L.dkhat) &&
              rows_fit(kv, dv, L.dv) && (!pre || rows_fit(kv, v_pre, L.v_pre));
     };
-    auto store = [&](auto kv) {
+    auto store = [&](auto kv, auto sum) {
       constexpr int kV = decltype(kv)::value;
+      constexpr bool kSummed = decltype(sum)::value;
       const int64_t items = (Dk + Dv) / kV, per_launch = (int64_t{1} << 31) / items;  // 32-bit item indices
       for (int64_t row0 = 0; row0 < g.P * g.T; row0 += per_launch) {
         const int64_t rows = std::min(per_launch, g.P * g.T - row0);
-        vq_store_grads_kernel<kV, T><<<cuda::grid_1d(rows * items, kThreads), kThreads, 0, st>>>(
+        vq_store_grads_kernel<kV, kSummed, T><<<cuda::grid_1d(rows * items, kThreads), kThreads, 0, st>>>(
             g, w, z.data<int32_t>(), dq.data<T>(), L.dq, dkhat.data<T>(), L.dkhat, dv.data<T>(), L.dv, pre, L.v_pre,
             static_cast<uint32_t>(row0), static_cast<uint32_t>(rows));
         LINAC_CUDA_LAUNCH_CHECK();
       }
     };
+    auto store_summed_or_swept = [&](auto kv) {
+      if (summed)
+        store(kv, std::true_type{});
+      else
+        store(kv, std::false_type{});
+    };
     constexpr int kWide = 16 / sizeof(T);
     if (fits(kWide))
-      store(std::integral_constant<int, kWide>{});
+      store_summed_or_swept(std::integral_constant<int, kWide>{});
     else if (fits(4))
-      store(std::integral_constant<int, 4>{});
+      store_summed_or_swept(std::integral_constant<int, 4>{});
     else
-      store(std::integral_constant<int, 1>{});
+      store_summed_or_swept(std::integral_constant<int, 1>{});
     for (int64_t h = 0; h < g.H; ++h)
       gpu_memcpy_async(ctx, drho.data<float>() + h * (Lb + 1) * Dk, w.drho + h * g.ldp * Dk,
                        static_cast<size_t>((Lb + 1) * Dk) * sizeof(float));

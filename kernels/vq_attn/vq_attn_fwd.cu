@@ -8,9 +8,11 @@
 //             the backward)
 //     output  o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i (f32), then to o's dtype and layout;
 //             where o's rows are the packed rows (one head, T a multiple of Lb: the paper's
-//             model), straight into o: the cache part first, rounded to o's dtype, then the
-//             window part added to it in f32 and rounded (one more rounding of the cache part
-//             than through the f32 rows, which cost a read and a write of them and a store pass)
+//             model), straight into o: the window part first, rounded to o's dtype, then the
+//             cache part added to it in f32 and rounded (one more rounding of the window part
+//             than through the f32 rows, which cost a read and a write of them and a store pass).
+//             The cache part only for a pair's blocks n >= 2 (the others' caches are empty;
+//             vq_cuda::for_cached_blocks).
 // Padded rows (no token: past T, or between documents) get zero weights and are not written out.
 #include <algorithm>
 
@@ -156,17 +158,26 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
           vq_softmax_rows_kernel<false, T><<<cuda::grid_1d(rows * 32, kThreads), kThreads, 0, st>>>(
               g, i0, rows, w, lse.data<float>());
         LINAC_CUDA_LAUNCH_CHECK();
-        const Operand pwin{w.pwin, g.ldw, Lb * g.ldw, false}, pcache{w.pcache, g.lds, Lb * g.lds, false};
-        const Operand ubar{at(w.ubar, i0 * g.S * Dv), Dv, g.S * Dv, false};
-        // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i
-        if (ldo > 0) {  // o's rows are the packed rows: the cache part into o, then the window part added
+        const Operand pwin{w.pwin, g.ldw, Lb * g.ldw, false};
+        // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i: the window part, then the cache part added
+        // (of a pair's blocks n >= 2: for_cached_blocks)
+        auto add_cache = [&](void* out, int64_t ld, DType cd) {
+          vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+            vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, batch,
+                          {at(w.pcache, (i - i0) * Lb * g.lds), g.lds, stride * Lb * g.lds, false},
+                          {at(w.ubar, i * g.S * Dv), Dv, stride * g.S * Dv, false},
+                          static_cast<char*>(out) + (i - i0) * Lb * ld * static_cast<int64_t>(dtype_size(cd)), ld,
+                          stride * Lb * ld, 1.f, false, cd);
+          });
+        };
+        if (ldo > 0) {  // o's rows are the packed rows: both parts straight into o
           T* oi = o.data<T>() + i0 * Lb * ldo;
-          vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, pcache, ubar, oi, ldo, Lb * ldo, 0.f, false, q.dtype);
-          vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, pwin, w.vp, Dv, oi, ldo, Lb * ldo, 1.f, q.dtype);
+          vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, pwin, w.vp, Dv, oi, ldo, Lb * ldo, 0.f, q.dtype);
+          add_cache(oi, ldo, q.dtype);
           continue;
         }
         vq_cuda::window_gemm(g, w, q.dtype, i0, c, false, pwin, w.vp, Dv, w.ochunk, Dv, Lb * Dv, 0.f);
-        vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, c, pcache, ubar, w.ochunk, Dv, Lb * Dv, 1.f);
+        add_cache(w.ochunk, Dv, DType::F32);
         const cuda::RowTiling rt = cuda::row_tiling(rows, vec ? Dv / 4 : Dv, kThreads);
         if (vec)
           vq_store_o_kernel<true, T><<<rt.blocks, kThreads, 0, st>>>(g, i0, rows, w.ochunk, o.data<T>(), L.o, rt.log_tpr);

@@ -40,9 +40,10 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
           int64_t ldc, int64_t stride_c, float beta, bool tf32_exact = false, DType cd = DType::F32,
           const float* bias = nullptr);
 // The same GEMM with an f32 table (codebook or rho, Ws::ctab / rtab: one head's [rows, ldt]) as
-// B: its hi part, then in bf16 its lo part (the columns beside it) accumulated.
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                float* c, int64_t ldc, float beta);
+// B, the same for every batch entry: its hi part, then in bf16 its lo part (the columns beside it)
+// accumulated.
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, const void* tab,
+                int64_t ldt, float* c, int64_t ldc, int64_t stride_c, float beta);
 
 // Packs q, khat (+ u.khat), v (or points w's qp, kp, vp at them where they already are in the
 // packed layout), the cache (scan), the bias tables and the hi/lo parts, for the forward and
@@ -141,8 +142,9 @@ __device__ __forceinline__ Row row_of(const Geo& g, int64_t i0, int64_t r) {
 // valid for lo <= e <= hi (lo = Lb at a pair's first block: no block before it, or with
 // documents the entry of the row's document start where that is later; hi = Lb + l: j <= t);
 // distance t - j = hi - e, with a position term (pos, vr.rho_d included) where it is <= Lb
-// (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked; every entry of a row whose
-// document starts after its block's cache segment does). Masked entries are -inf.
+// (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked; every entry of a row in a
+// pair's first two blocks, whose q.C_s chunk_scores leaves unwritten, or whose document starts
+// after its block's cache segment does). Masked entries are -inf.
 // Entries go in groups of four (one 16-byte load of the GEMM scores, and of the key biases ub
 // where Lb % 4 == 0: a group then lies in one block): the score rows are padded to ldw =
 // round8(2 Lb) and lds = round8(S), so a group that starts inside a row ends inside its padding,
@@ -161,11 +163,11 @@ struct RowScores {
     Lb = static_cast<int>(g.Lb);
     lo = w.n == 0 ? Lb : 0;
     hi = Lb + l;
-    cache_on = true;
+    cache_on = w.n >= 2;  // a pair's first two blocks have an empty cache (their scores are not computed)
     if (g.docs.start) {
       const int ds = g.docs.start[w.b * g.Tp + w.t];  // packed, like (n - 1) Lb + e
       lo = max(lo, ds - (static_cast<int>(w.n) - 1) * Lb);
-      cache_on = ds <= g.docs.cache_from[w.b * g.R + w.n] * Lb;
+      cache_on = cache_on && ds <= g.docs.cache_from[w.b * g.R + w.n] * Lb;
     }
   }
   __device__ __forceinline__ float window(int e, float qk, float uk) const {

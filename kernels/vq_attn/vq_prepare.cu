@@ -193,12 +193,12 @@ void gemm(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t ba
   matmul_cuda(blas, pr, ta, tb, tc);
 }
 
-void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, Operand a, const void* tab, int64_t ldt,
-                float* c, int64_t ldc, float beta) {
-  gemm(blas, ab, m, n, k, 1, a, {tab, ldt, 0, false}, c, ldc, 0, beta);
+void gemm_table(const Ctx& blas, DType ab, int64_t m, int64_t n, int64_t k, int64_t batch, Operand a, const void* tab,
+                int64_t ldt, float* c, int64_t ldc, int64_t stride_c, float beta) {
+  gemm(blas, ab, m, n, k, batch, a, {tab, ldt, 0, false}, c, ldc, stride_c, beta);
   if (ab == DType::BF16) {
     const void* lo = static_cast<const char*>(tab) + n * static_cast<int64_t>(dtype_size(ab));
-    gemm(blas, ab, m, n, k, 1, a, {lo, ldt, 0, false}, c, ldc, 0, 1.f);
+    gemm(blas, ab, m, n, k, batch, a, {lo, ldt, 0, false}, c, ldc, stride_c, 1.f);
   }
 }
 
@@ -323,10 +323,15 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
   const void* ctab = at(w.ctab, h * g.S * w.ldt);
   const void* rtab = at(w.rtab, h * g.ldp * w.ldt);  // all ldp distances (padding rows are zero):
                                                      // a GEMM dimension of Lb + 1 is odd
-  // bf16: [q | q] . [hi | lo], both parts in one product (vq_packed.h); f32: q . C
+  // bf16: [q | q] . [hi | lo], both parts in one product (vq_packed.h); f32: q . C. Only for the
+  // rows of blocks with a cache (for_cached_blocks; RowScores reads no others).
   const Operand qt = w.qq ? Operand{at(w.qq, i0 * Lb * 2 * Dk), 2 * Dk, 0, false} : qa;
   const int64_t kt = w.qq ? 2 * Dk : Dk;
-  gemm(w.blas, act, rows, g.S, kt, 1, qt, {ctab, w.ldt, 0, true}, w.scache, g.lds, 0, 0.f);
+  for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
+    const int64_t m = stride == 1 ? batch * Lb : Lb, nb = stride == 1 ? 1 : batch;
+    gemm(w.blas, act, m, g.S, kt, nb, {at(qt.p, (i - i0) * Lb * qt.ld), qt.ld, stride * Lb * qt.ld, false},
+         {ctab, w.ldt, 0, true}, w.scache + (i - i0) * Lb * g.lds, g.lds, stride * Lb * g.lds, 0.f);
+  });
   gemm(w.blas, act, rows, g.ldp, kt, 1, qt, {rtab, w.ldt, 0, true}, w.pos, g.ldp, 0, 0.f, false, DType::F32,
        w.vrho + h * g.ldp);  // + vr.rho_d in the epilogue
 }

@@ -14,10 +14,11 @@
 // and staging of common/gemm_sm90.cuh, k = Dv in steps of 32. B is the tile's 256 rows of v (from
 // row (i-1) Lb + e0: at block 0 the TMA reads the rows before the matrix as zeros, and at any
 // pair's first block p is 0 there) or of ubar (from i S + s0). Where a block has an even number of
-// row tiles, clusters of 2 take adjacent row tiles of one block and multicast B. Window tiles where
-// p is 0 for all the cluster's rows (future keys only, and the previous block at a pair's first
-// block: a sixth of all tiles at Lb = 512 and 4 blocks a pair) are not computed: the epilogue
-// warps store their zeros.
+// row tiles, clusters of 2 take adjacent row tiles of one block and multicast B. Tiles where p is 0
+// for all the cluster's rows (window tiles of future keys only, and of the previous block at a
+// pair's first block: a sixth of all tiles at Lb = 512 and 4 blocks a pair; the cache's tiles in a
+// pair's first two blocks, whose caches are empty: another sixth there) are not computed: the
+// epilogue warps store their zeros (the tiles' order: vq_score_grads_tiles.h).
 // The tile's p [128, 256] comes by TMA into a buffer laid out as the staging blocks (64 x 64
 // chunks, 128-byte swizzle; entries past S read as zero), issued by an epilogue thread as soon as
 // the epilogue is done with the previous tile's (the math warps read theirs before staging), so
@@ -28,13 +29,15 @@
 // the 190M model's layer, slower than the GEMMs and the rows kernel (H200, 2026-12-03).
 #include "common/gemm_sm90.cuh"
 #include "vq_attn/vq_common.cuh"
+#include "vq_attn/vq_score_grads_tiles.h"
 
 namespace linac {
 namespace vq_score_grads_sm90 {
 using namespace gemm_sm90;
 namespace {
 
-constexpr int kBN = 256;  // entries per tile
+constexpr int kBN = kTileEntries;  // entries per tile
+static_assert(kTileRows == kBM, "vq_score_grads_tiles.h counts the GEMM's row tiles");
 using Cta = Roles<false>;
 constexpr int kBK = 32, kStages = 4;     // four stages: the p buffer takes the other two's room
 constexpr int kBlockUnits = 2 * kUnits;  // a staging block: 64 rows x 256 entries, 8 a unit
@@ -49,15 +52,9 @@ struct Cfg {
   static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (2 * kStages + 4 + 1);
 };
 
-struct Args {
-  int64_t i0;  // the chunk's first block
-  // blocks, per pair; row tiles per block (a multiple of the cluster), window column tiles; k-steps
-  int c, R, tpb, cw, nk;
-  int Lb, S;
+struct Args : TileOrder {
+  int S, nk;  // cache entries; k-steps
   int ldw, lds, ldp, ldkey;
-  // column tiles; row groups (a cluster's row tiles) per block; tiles computed in a block that does
-  // not start a pair, and in the chunk
-  int cols, gpb, per_block, computed;
   const float* delta;                            // [P Tp], at the packed rows
   __nv_bfloat16 *gswin, *gscache, *gpos, *pwin;  // the chunk's (rows from its first block's)
 };
@@ -69,69 +66,19 @@ struct Tile {
   bool window;
 };
 
-// Row group j of a block (its rows j kCluster kBM .. up to Lb) computes the window's column tiles
-// [window_begin, window_end) and all of the cache's; in the others p is 0 for all of the group's
-// rows: entries past Lb after its last row (keys after every query's), and the previous block's at
-// a pair's first block.
-__host__ __device__ inline int window_end(const Args& a, int j, int cluster) {
-  const int last = (j + 1) * cluster * kBM < a.Lb ? (j + 1) * cluster * kBM - 1 : a.Lb - 1;
-  return (a.Lb + last) / kBN + 1 < a.cw ? (a.Lb + last) / kBN + 1 : a.cw;
-}
-__host__ __device__ inline int window_begin(const Args& a, int ib) { return ib % a.R == 0 ? a.Lb / kBN : 0; }
-// Tiles computed in the chunk's row groups [0, g).
-__host__ __device__ inline int computed_before(const Args& a, int g, int cluster) {
-  const int i0 = static_cast<int>(a.i0), nb = g / a.gpb, ib = i0 + nb;
-  const int firsts = (ib + a.R - 1) / a.R - (i0 + a.R - 1) / a.R;  // blocks of [i0, ib) that start a pair
-  int n = nb * a.per_block - firsts * a.gpb * window_begin(a, 0);
-  for (int j = 0; j < g % a.gpb; ++j) n += window_end(a, j, cluster) - window_begin(a, ib) + a.cols - a.cw;
-  return n;
-}
-
-// The tiles in the order the clusters take them: first the `computed` ones, row group by row group
-// and in each the window's columns then the cache's, then the others, whose zeros the epilogue
-// warps store without waiting for anything. In the plain order (each row group's columns in turn)
-// a cluster took the same column in every row group it took, the grid's step being a multiple of
-// the columns, so the clusters that drew the columns skipped most often idled: the SMs were busy
-// about 80% of the kernel's time, 93.5% in this order (Nsight Compute, the 190M model's layer,
-// H200, 2026-12-04).
+// The tiles in the order of vq_score_grads_tiles.h: the computed ones first.
 template <int kCluster>
 struct Grid : TileGrid<kCluster> {
   const Args& a;
   __device__ explicit Grid(const Args& a_) : TileGrid<kCluster>(a_.c * a_.tpb * kBM, a_.cols), a(a_) {}
-  // The last row group g with before(g) <= n, before non-decreasing in g.
-  template <class Before>
-  __device__ int group_of(int n, Before&& before) const {
-    int lo = 0, hi = this->count / this->cols - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (before(mid) <= n)
-        lo = mid;
-      else
-        hi = mid - 1;
-    }
-    return lo;
-  }
   __device__ Tile tile(int t) const {
-    auto computed = [&](int g) { return computed_before(a, g, kCluster); };
-    int g, ct;
-    if (t < a.computed) {
-      g = group_of(t, computed);
-      const int m = t - computed(g), lo = window_begin(a, static_cast<int>(a.i0) + g / a.gpb);
-      const int n = window_end(a, g % a.gpb, kCluster) - lo;
-      ct = m < n ? lo + m : a.cw + m - n;
-    } else {
-      auto skipped = [&](int g) { return g * this->cols - computed(g); };
-      const int s = t - a.computed;
-      g = group_of(s, skipped);
-      const int m = s - skipped(g), lo = window_begin(a, static_cast<int>(a.i0) + g / a.gpb);
-      ct = m < lo ? m : window_end(a, g % a.gpb, kCluster) + m - lo;
-    }
-    const int rb = g * kCluster + static_cast<int>(this->rank);
+    const TileAt at = tile_at(a, t, kCluster);
+    const int rb = at.group * kCluster + static_cast<int>(this->rank);
     Tile x;
     x.ib = a.i0 + rb / a.tpb;
     x.l0 = rb % a.tpb * kBM;
-    x.window = ct < a.cw;
-    x.e0 = (x.window ? ct : ct - a.cw) * kBN;
+    x.window = at.col < a.cw;
+    x.e0 = (x.window ? at.col : at.col - a.cw) * kBN;
     return x;
   }
   __device__ bool skip(int t) const { return t >= a.computed; }
@@ -311,20 +258,10 @@ void vq_cuda::score_grads_sm90(const Ctx& ctx, const Geo& g, const Ws& w, int64_
   using namespace vq_score_grads_sm90;
   using C = Cfg;
   static_assert(C::kSmem <= 227 * 1024, "shared memory");
-  const int row_tiles = static_cast<int>(cdiv(g.Lb, int64_t{kBM}));
-  const int cluster = row_tiles % 2 == 0 ? 2 : 1;
   Args a{};
-  a.i0 = i0;
-  a.c = static_cast<int>(c);
-  a.Lb = static_cast<int>(g.Lb);
+  static_cast<TileOrder&>(a) = tile_order(i0, c, g.R, g.Lb, g.S);
+  const int cluster = a.cluster;
   a.S = static_cast<int>(g.S);
-  a.R = static_cast<int>(g.R);
-  a.tpb = row_tiles;
-  a.cw = static_cast<int>(cdiv(2 * g.Lb, int64_t{kBN}));
-  a.cols = a.cw + static_cast<int>(cdiv(g.S, int64_t{kBN}));
-  a.gpb = row_tiles / cluster;
-  for (int j = 0; j < a.gpb; ++j) a.per_block += window_end(a, j, cluster) + a.cols - a.cw;
-  a.computed = computed_before(a, a.c * a.gpb, cluster);
   a.nk = static_cast<int>(cdiv(g.Dv, int64_t{kBK}));
   a.ldw = static_cast<int>(g.ldw);
   a.lds = static_cast<int>(g.lds);

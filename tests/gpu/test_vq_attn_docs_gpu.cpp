@@ -48,10 +48,14 @@ struct Inputs {
   test::PackedWindow window;
   int64_t B, T, W;
   OwnedTensor qkv, z, codebook, u, vr, rho, dout;
-  explicit Inputs(const Case& cs)
-      : c(cs), window(test::packed_window(kLayouts, 16, 9)), B(window.B), T(window.T),
+  explicit Inputs(const Case& cs, const std::vector<std::vector<int64_t>>& layouts = kLayouts)
+      : c(cs),
+        window(test::packed_window(layouts, 16, 9)),
+        B(window.B),
+        T(window.T),
         W((cs.H * (2 * cs.Dk + cs.Dv) + 7) / 8 * 8 + 8),
-        qkv(test::random_tensor({B, T, W}, DType::F64, 1, -0.5, 0.5)), z(DType::I32, Device::CPU, {B, T, cs.H}),
+        qkv(test::random_tensor({B, T, W}, DType::F64, 1, -0.5, 0.5)),
+        z(DType::I32, Device::CPU, {B, T, cs.H}),
         codebook(test::random_tensor({cs.H, cs.S, cs.Dk}, DType::F64, 2, -0.5, 0.5)),
         u(test::random_tensor({cs.H, cs.Dk}, DType::F64, 3, -0.2, 0.2)),
         vr(test::random_tensor({cs.H, cs.Dk}, DType::F64, 4, -0.2, 0.2)),
@@ -114,11 +118,13 @@ struct Gpu {
   }
 };
 
-void run_parity(DType act, double tol_o, double tol_grad) {
+void run_parity(DType act, double tol_o, double tol_grad,
+                const std::vector<Case>& cases = {std::begin(kCases), std::end(kCases)},
+                const std::vector<std::vector<int64_t>>& layouts = kLayouts) {
   GpuContext gctx;
-  for (const Case& c : kCases) {
+  for (const Case& c : cases) {
     SCOPED_TRACE(name(c));
-    Inputs in(c);
+    Inputs in(c, layouts);
     const Gpu g(in, act);
     Result gr = run(gctx.ctx(), in, g.qkv, g.z, g.cb, g.u, g.vr, g.rho, g.dout, act, DType::F32, g.opts(in));
     OwnedTensor qkv_r = to(g.qkv, Device::CPU, DType::F64), dout_r = to(g.dout, Device::CPU, DType::F64);
@@ -162,17 +168,13 @@ TEST(VqAttnDocsGpu, ParityBf16) {
 
 // Workspaces that hold chunks of one and of three blocks give the full workspace's results (the
 // previous block's key and value gradients accumulate across chunk seams, now also at documents
-// moved to a block boundary and their padding), and reruns the same bits.
-TEST(VqAttnDocsGpu, DeterministicAndChunked) {
-  LINAC_SKIP_WITHOUT_GPU();
+// moved to a block boundary and their padding), and reruns the same bits. Returns R.
+int64_t check_chunked(const Case& c, const std::vector<std::vector<int64_t>>& layouts) {
   GpuContext gctx;
-  const Case c = kCases[1];  // Lb = 32: documents move to block boundaries
-  Inputs in(c);
-  std::vector<int32_t> end(static_cast<size_t>(in.B * in.T));
-  std::copy(in.bounds() + in.B * in.T, in.bounds() + 2 * in.B * in.T, end.begin());
+  Inputs in(c, layouts);
+  std::vector<int32_t> end(in.bounds() + in.B * in.T, in.bounds() + 2 * in.B * in.T);
   const int64_t R = vq_cuda::plan_documents(end.data(), in.B, in.T, c.Lb).R;
   const vq_cuda::Geo geo = vq_cuda::geo_of(in.B, in.T, c.H, c.Dk, c.Dv, c.S, c.Lb, R);
-  EXPECT_GT(R, (in.T + c.Lb - 1) / c.Lb);  // the placement pads
   for (DType act : {DType::BF16, DType::F32}) {
     SCOPED_TRACE(dtype_name(act));
     const Gpu g(in, act);
@@ -183,17 +185,42 @@ TEST(VqAttnDocsGpu, DeterministicAndChunked) {
     for (auto m : {&Result::o, &Result::lse, &Result::grad, &Result::du, &Result::dvr, &Result::drho})
       EXPECT_TRUE(test::same_bits(r1.*m, r2.*m));
     // In bf16 a chunk's dv window part is stored in the activation dtype before the next chunk adds
-      // to it: one more rounding (2^-9 relative) than one chunk takes, so the gradients get 5e-3.
-      const double tol = act == DType::BF16 ? 2e-3 : 1e-5, tol_grad = act == DType::BF16 ? 5e-3 : 1e-5;
+    // to it: one more rounding (2^-9 relative) than one chunk takes, so the gradients get 5e-3.
+    const double tol = act == DType::BF16 ? 2e-3 : 1e-5, tol_grad = act == DType::BF16 ? 5e-3 : 1e-5;
     for (int64_t cap : {1, 3}) {
       SCOPED_TRACE("blocks per chunk " + std::to_string(cap));
       Ctx small = gctx.ctx();
       small.workspace_bytes = vq_cuda::doc_tables_bytes(in.B, in.T, c.Lb, R) +
                               vq_cuda::layout(geo, dtype_size(act), true, cap, nullptr, nullptr);
-      ASSERT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
+      EXPECT_LE(small.workspace_bytes, gctx.ctx().workspace_bytes);
       test::expect_vq_close(run_on(small), r1, c.H * c.Dk, c.H * c.Dv, tol, tol_grad, 1e-6);
     }
   }
+  return R;
+}
+
+TEST(VqAttnDocsGpu, DeterministicAndChunked) {
+  LINAC_SKIP_WITHOUT_GPU();
+  const Case c = kCases[1];  // Lb = 32: documents move to block boundaries
+  const Inputs in(c);
+  EXPECT_GT(check_chunked(c, kLayouts), (in.T + c.Lb - 1) / c.Lb);  // the placement pads
+}
+
+// Four blocks per row after the placement: the gradient store sums each token's cache-mean
+// gradients itself instead of the sweep (two terms for block 0, one for block 1), stopping at
+// segment ends (the 90-token document moved to block 1, the 110-token one starting there).
+TEST(VqAttnDocsGpu, ParityCacheGradsSummedInStore) {
+  LINAC_SKIP_WITHOUT_GPU();
+  const std::vector<std::vector<int64_t>> layouts = {{150}, {30, 90, 30}, {1, 39, 110}, {5, 35, 70, 40}};
+  const std::vector<Case> cases = {{1, 32, 64, 9, 40}, {2, 16, 20, 6, 40}};  // 16-byte and four-wide stores
+  const Inputs in(cases[0], layouts);
+  std::vector<int32_t> end(in.bounds() + in.B * in.T, in.bounds() + 2 * in.B * in.T);
+  ASSERT_EQ(vq_cuda::plan_documents(end.data(), in.B, in.T, 40).R, 4);
+  run_parity(DType::F32, 1e-5, 2e-5, cases, layouts);
+  run_parity(DType::BF16, 1e-2, 2e-2, cases, layouts);
+  // Chunks of one and three blocks split the rows' four: the gcache GEMMs take blocks 2 and 3 of
+  // each row from whichever chunk holds them.
+  EXPECT_EQ(check_chunked(cases[0], layouts), 4);
 }
 
 // VqAttnOpts::doc_blocks: the first call plans the placement and stores its block count; calls
