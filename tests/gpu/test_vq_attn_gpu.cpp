@@ -5,7 +5,7 @@
 // block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
 // and weights saved for the backward; delta from the gate's unit dots; strided dout read and
 // strided o written in place; the score gradients in the dP GEMMs' epilogue; decode
-// steps; the quantizer (ties, nearest code), code statistics (bitwise reruns), EMA and codebook.
+// steps. The quantizer and code statistics: test_vq_quant_gpu.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,12 +46,6 @@ const Case kCases[] = {{2, 77, 3, 64, 64, 37, 16},      {1, 300, 1, 128, 1536, 5
                        {1, 700, 2, 64, 128, 100, 128},  {3, 45, 2, 16, 48, 5, 8},        {2, 61, 2, 6, 10, 9, 16},
                        {1, 2100, 1, 16, 16, 300, 1024}, {2, 50, 2, 16, 24, 6, 6},        {2, 192, 1, 32, 40, 24, 64},
                        {2, 90, 1, 20, 36, 11, 16},      {2, 250, 1, 32, 64, 40, 64}};
-
-OwnedTensor copy_to(const Tensor& t, Device dev) {
-  OwnedTensor r(t.dtype, dev, t.dims());
-  copy_tensor(r, t);
-  return r;
-}
 
 // Host inputs in double: khat holds the codewords of z (rounded to the activation dtype later).
 struct Inputs {
@@ -136,9 +130,13 @@ Result run(const Ctx& ctx, const Inputs& in, const Tensor& qkv, const Tensor& z,
 struct Gpu {
   OwnedTensor qkv, z, cb, u, vr, rho, dout;
   Gpu(const Inputs& in, DType act)
-      : qkv(to(in.qkv, Device::CUDA, act)), z(copy_to(in.z, Device::CUDA)), cb(to(in.codebook, Device::CUDA, DType::F32)),
-        u(to(in.u, Device::CUDA, DType::F32)), vr(to(in.vr, Device::CUDA, DType::F32)),
-        rho(to(in.rho, Device::CUDA, DType::F32)), dout(to(in.dout, Device::CUDA, act)) {}
+      : qkv(to(in.qkv, Device::CUDA, act)),
+        z(to(in.z, Device::CUDA, DType::I32)),
+        cb(to(in.codebook, Device::CUDA, DType::F32)),
+        u(to(in.u, Device::CUDA, DType::F32)),
+        vr(to(in.vr, Device::CUDA, DType::F32)),
+        rho(to(in.rho, Device::CUDA, DType::F32)),
+        dout(to(in.dout, Device::CUDA, act)) {}
   Result run(const Ctx& ctx, const Inputs& in, DType act) const {
     return test_vq_attn_gpu::run(ctx, in, qkv, z, cb, u, vr, rho, dout, act, DType::F32);
   }
@@ -536,123 +534,13 @@ TEST(VqAttnGpu, DecodeStepsMatchForward) {
         for (int64_t b = 0; b < c.B; ++b)
           for (int64_t h = 0; h < c.H; ++h)
             zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * c.T + t) * c.H + h];
-        OwnedTensor zc = copy_to(zc_h, dev);
+        OwnedTensor zc = to(zc_h, dev, DType::I32);
         vq_attn_step(gctx.ctx(), token(in.q(g.qkv), t), token(in.khat(g.qkv), t), zc, token(in.v(g.qkv), t), g.cb,
                      g.u, g.vr, g.rho, st, t, token(o.t, t));
         ctx_synchronize(gctx.ctx());
       }
       EXPECT_LT(test::rel_error(o, o_ref), act == DType::F32 ? 1e-5 : 1e-2);
     }
-  }
-}
-
-double sq_dist(const double* a, const double* b, int64_t n) {
-  double d = 0;
-  for (int64_t i = 0; i < n; ++i) d += (a[i] - b[i]) * (a[i] - b[i]);
-  return d;
-}
-
-// The GPU picks a nearest code (within f32 rounding of the distances), the lowest of exact ties,
-// writes that codeword and its squared distance.
-TEST(VqQuantGpu, NearestCodeTiesAndError) {
-  LINAC_SKIP_WITHOUT_GPU();
-  GpuContext gctx;
-  const int64_t B = 2, T = 301, H = 2, Dk = 128, S = 512, W = 2 * H * Dk + 8;
-  for (DType act : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(act));
-    OwnedTensor cb_h = test::random_tensor({H, S, Dk}, DType::F64, 51, -0.5, 0.5);
-    double* c = cb_h->data<double>();
-    for (int64_t d = 0; d < Dk; ++d) c[(0 * S + 300) * Dk + d] = c[(0 * S + 17) * Dk + d];  // code 300 repeats 17
-    OwnedTensor buf_h = test::random_tensor({B, T, W}, DType::F64, 52, -0.5, 0.5);
-    for (int64_t bt = 0; bt < B * T; bt += 7)  // some keys sit exactly on code 17 of head 0
-      for (int64_t d = 0; d < Dk; ++d) buf_h->data<double>()[bt * W + d] = c[17 * Dk + d];
-    OwnedTensor buf = to(buf_h, Device::CUDA, act), cb = to(cb_h, Device::CUDA, DType::F32);
-    OwnedTensor z(DType::I32, Device::CUDA, {B, T, H}), err(DType::F32, Device::CUDA, {B, T, H});
-    test::poison(err);
-    vq_quantize(gctx.ctx(), test::bthd(buf, 0, H, Dk), cb, z, test::bthd(buf, H * Dk, H, Dk), err);
-    ctx_synchronize(gctx.ctx());
-    const OwnedTensor z_h = copy_to(z, Device::CPU);
-    const auto all = to_doubles(buf), cbv = to_doubles(cb), e = to_doubles(err);
-    for (int64_t bt = 0; bt < B * T; ++bt)
-      for (int64_t h = 0; h < H; ++h) {
-        const double* k = &all[bt * W + h * Dk];
-        const double* kh = &all[bt * W + H * Dk + h * Dk];
-        const int32_t zi = z_h->data<int32_t>()[bt * H + h];
-        ASSERT_TRUE(zi >= 0 && zi < S);
-        double best = 1e300;
-        for (int64_t s = 0; s < S; ++s) best = std::min(best, sq_dist(k, &cbv[(h * S + s) * Dk], Dk));
-        const double got = sq_dist(k, &cbv[(h * S + zi) * Dk], Dk);
-        EXPECT_LE(got, best + 1e-4) << bt << " " << h;
-        if (h == 0 && bt % 7 == 0) EXPECT_EQ(zi, 17) << bt;
-        EXPECT_NEAR(e[bt * H + h], got, 1e-5 * (1 + got));
-        OwnedTensor one(DType::F64, Device::CPU, {Dk}), r(act, Device::CPU, {Dk});
-        std::copy(&cbv[(h * S + zi) * Dk], &cbv[(h * S + zi) * Dk] + Dk, one->data<double>());
-        convert_host(r, one);
-        const auto rounded = to_doubles(r);
-        for (int64_t d = 0; d < Dk; ++d) ASSERT_EQ(kh[d], rounded[d]);
-      }
-  }
-}
-
-TEST(VqQuantGpu, CodeStatsEmaCodebook) {
-  LINAC_SKIP_WITHOUT_GPU();
-  GpuContext gctx;
-  const int64_t B = 3, T = 1000, H = 2, Dk = 64, S = 37, W = H * Dk + 8;
-  for (DType act : {DType::F32, DType::BF16}) {
-    SCOPED_TRACE(dtype_name(act));
-    OwnedTensor buf_h = test::random_tensor({B, T, W}, DType::F64, 61);
-    OwnedTensor z_h(DType::I32, Device::CPU, {B, T, H});
-    const auto r = test::random_values(static_cast<size_t>(B * T * H), 62, 0, S);
-    for (int64_t i = 0; i < B * T * H; ++i) z_h->data<int32_t>()[i] = std::min<int32_t>(static_cast<int32_t>(r[i]), S - 1);
-    OwnedTensor buf = to(buf_h, Device::CUDA, act), z = copy_to(z_h, Device::CUDA);
-    OwnedTensor sums(DType::F32, Device::CUDA, {H, S, Dk}), counts(DType::F32, Device::CUDA, {H, S});
-    OwnedTensor sums2(DType::F32, Device::CUDA, {H, S, Dk}), counts2(DType::F32, Device::CUDA, {H, S});
-    for (const Tensor* t : {&sums.t, &counts.t, &sums2.t, &counts2.t}) test::poison(*t);
-    vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums, counts);
-    vq_code_stats(gctx.ctx(), test::bthd(buf, 3, H, Dk), z, sums2, counts2);
-    ctx_synchronize(gctx.ctx());
-    EXPECT_TRUE(test::same_bits(sums, sums2));
-    EXPECT_TRUE(test::same_bits(counts, counts2));
-    OwnedTensor buf_r = to(buf, Device::CPU, DType::F64);
-    OwnedTensor sums_r(DType::F64, Device::CPU, {H, S, Dk}), counts_r(DType::F64, Device::CPU, {H, S});
-    vq_code_stats(Ctx{}, test::bthd(buf_r, 3, H, Dk), z_h, sums_r, counts_r);
-    EXPECT_LT(test::rel_error(sums, sums_r), 1e-6);
-    EXPECT_EQ(to_doubles(counts), to_doubles(counts_r));
-    // A workspace of 700 tokens' one-hot rows (chunks that end inside sequences), and sequences
-    // that do not follow each other in k (one GEMM per sequence part).
-    Ctx small = gctx.ctx();
-    small.workspace_bytes = 512 + vq_cuda::kBlasBytes + 700 * vq_cuda::round8(S) * dtype_size(act);
-    vq_code_stats(small, test::bthd(buf, 3, H, Dk), z, sums2, counts2);
-    ctx_synchronize(gctx.ctx());
-    EXPECT_LT(test::rel_error(sums2, sums_r), 1e-6);
-    EXPECT_EQ(to_doubles(counts2), to_doubles(counts_r));
-    OwnedTensor wide = to(test::random_tensor({B, T + 3, W}, DType::F64, 65), Device::CUDA, act);
-    const size_t row_bytes = static_cast<size_t>(W) * dtype_size(act);
-    for (int64_t b = 0; b < B; ++b)
-      gpu_memcpy(static_cast<char*>(wide->ptr) + b * (T + 3) * row_bytes, Device::CUDA,
-                 static_cast<const char*>(buf->ptr) + b * T * row_bytes, Device::CUDA, T * row_bytes);
-    Tensor gapped = test::bthd(wide, 3, H, Dk);
-    gapped.shape[1] = T;  // the first T tokens of each sequence, at the wider batch stride
-    vq_code_stats(gctx.ctx(), gapped, z, sums2, counts2);
-    ctx_synchronize(gctx.ctx());
-    EXPECT_LT(test::rel_error(sums2, sums_r), 1e-6);
-    EXPECT_EQ(to_doubles(counts2), to_doubles(counts_r));
-    // EMA and codebook on the GPU vs the CPU in double.
-    OwnedTensor cs_h = test::random_tensor({H, S, Dk}, DType::F64, 63), cc_h = test::random_tensor({H, S}, DType::F64, 64, 0, 3);
-    cc_h->data<double>()[5] = 0.001;
-    OwnedTensor cs = to(cs_h, Device::CUDA, DType::F32), cc = to(cc_h, Device::CUDA, DType::F32);
-    OwnedTensor cs_r = to(cs, Device::CPU, DType::F64), cc_r = to(cc, Device::CPU, DType::F64);
-    OwnedTensor sums_rr = to(sums, Device::CPU, DType::F64);
-    vq_ema_update(gctx.ctx(), sums, counts, cs, cc, 0.99);
-    vq_ema_update(Ctx{}, sums_rr, counts_r, cs_r, cc_r, 0.99);
-    OwnedTensor cb(DType::F32, Device::CUDA, {H, S, Dk}), cb_r(DType::F64, Device::CPU, {H, S, Dk});
-    test::poison(cb);
-    vq_codebook_from_stats(gctx.ctx(), cs, cc, cb);
-    vq_codebook_from_stats(Ctx{}, cs_r, cc_r, cb_r);
-    ctx_synchronize(gctx.ctx());
-    EXPECT_LT(test::rel_error(cs, cs_r), 1e-6);
-    EXPECT_LT(test::rel_error(cc, cc_r), 1e-6);
-    EXPECT_LT(test::rel_error(cb, cb_r), 1e-6);
   }
 }
 
