@@ -17,8 +17,8 @@
 //              dk_n = gswin_i[:, Lb:]^T (q+u)_i,  dk_{n-1} += gswin_i[:, :Lb]^T (q+u)_i
 //     dv       dv_m = [pwin_m present; pwin_{m+1} previous]^T [dout_m; dout_{m+1}], one GEMM over the
 //              key-major weights (vq_packed.h), in the activation dtype; the cache part
-//              gcache_i = pcache_i^T dout_i, in the activation dtype (only for a pair's blocks
-//              n >= 2: the others' caches are empty)
+//              gcache_i = pcache_i^T dout_i, in the activation dtype (where a pair has at most
+//              four blocks, only for its blocks n >= 2: the others' caches are empty)
 //     drho_h  += gpos^T (q+vr)  (chunks in order; distances padded to ldp, copied out at the end)
 //   then       gcache swept in reverse, in place (cache_grad_sweep; f32 sums),
 //              dv_j += swept^(n(j))[z_j]; or, where a pair has at most four blocks, the store sums
@@ -277,8 +277,8 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         // dq: the window and cache keys (the u part), the distances (the vr part).
         float* dqu = w.dqu + i0 * Lb * Dk;
         vq_cuda::window_gemm(g, w, act, i0, c, false, {w.gswin, ldw, Lb * ldw, false}, w.kp, Dk, dqu, Dk, Lb * Dk, 0.f);
-        // The cache part where a block's cache is not empty (for_cached_blocks; gscache is 0 elsewhere),
-        // one GEMM over the rows of consecutive blocks.
+        // The cache part (for_cached_blocks: without the empty caches' blocks where a pair has at
+        // most four; their gscache is 0), one GEMM over the rows of consecutive blocks.
         vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
           const int64_t m = stride == 1 ? batch * Lb : Lb, nb = stride == 1 ? 1 : batch;
           vq_cuda::gemm_table(w.blas, act, m, Dk, S, nb,
@@ -309,8 +309,8 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         if (i0 % g.R != 0)
           vq_cuda::gemm(w.blas, act, Lb, Dv, Lb, 1, {at(w.pwin, Lb * ldkey), ldkey, 0, true}, {dop_i, ldo, 0, false},
                         dvp_at(i0 - 1), Dv, 0, 1.f, false, act);
-        // The cache means' gradients (of blocks n >= 2 of a pair: for_cached_blocks),
-        // swept below or summed by the store, then drho.
+        // The cache means' gradients (of blocks n >= 2 of a pair where it has at most four:
+        // for_cached_blocks), swept below or summed by the store, then drho.
         vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
           vq_cuda::gemm(w.blas, act, S, Dv, Lb, batch, {at(pcache, (i - i0) * Lb * lds), lds, stride * Lb * lds, true},
                         {at(w.dop, i * Lb * ldo), ldo, stride * Lb * ldo, false},

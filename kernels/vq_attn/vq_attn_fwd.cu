@@ -11,8 +11,8 @@
 //             model), straight into o: the window part first, rounded to o's dtype, then the
 //             cache part added to it in f32 and rounded (one more rounding of the window part
 //             than through the f32 rows, which cost a read and a write of them and a store pass).
-//             The cache part only for a pair's blocks n >= 2 (the others' caches are empty;
-//             vq_cuda::for_cached_blocks).
+//             Where a pair has at most four blocks, the cache part only for its blocks n >= 2
+//             (the others' caches are empty; vq_cuda::for_cached_blocks).
 // Padded rows (no token: past T, or between documents) get zero weights and are not written out.
 #include <algorithm>
 
@@ -160,7 +160,7 @@ void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         LINAC_CUDA_LAUNCH_CHECK();
         const Operand pwin{w.pwin, g.ldw, Lb * g.ldw, false};
         // o_i = pwin_i [v_{n-1}; v_n] + pcache_i ubar_i: the window part, then the cache part added
-        // (of a pair's blocks n >= 2: for_cached_blocks)
+        // (for_cached_blocks: only blocks n >= 2 where a pair has at most four)
         auto add_cache = [&](void* out, int64_t ld, DType cd) {
           vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
             vq_cuda::gemm(w.blas, q.dtype, Lb, Dv, g.S, batch,

@@ -143,7 +143,7 @@ __device__ __forceinline__ Row row_of(const Geo& g, int64_t i0, int64_t r) {
 // documents the entry of the row's document start where that is later; hi = Lb + l: j <= t);
 // distance t - j = hi - e, with a position term (pos, vr.rho_d included) where it is <= Lb
 // (e >= l). Cache entry s: q.C_s plus Ws::cbias (-inf where masked; every entry of a row in a
-// pair's first two blocks, whose q.C_s chunk_scores leaves unwritten, or whose document starts
+// pair's first two blocks, whose q.C_s chunk_scores may leave unwritten, or whose document starts
 // after its block's cache segment does). Masked entries are -inf.
 // Entries go in groups of four (one 16-byte load of the GEMM scores, and of the key biases ub
 // where Lb % 4 == 0: a group then lies in one block): the score rows are padded to ldw =
@@ -163,7 +163,7 @@ struct RowScores {
     Lb = static_cast<int>(g.Lb);
     lo = w.n == 0 ? Lb : 0;
     hi = Lb + l;
-    cache_on = w.n >= 2;  // a pair's first two blocks have an empty cache (their scores are not computed)
+    cache_on = w.n >= 2;  // a pair's first two blocks have an empty cache (their scores may not be computed)
     if (g.docs.start) {
       const int ds = g.docs.start[w.b * g.Tp + w.t];  // packed, like (n - 1) Lb + e
       lo = max(lo, ds - (static_cast<int>(w.n) - 1) * Lb);

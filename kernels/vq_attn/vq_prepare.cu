@@ -323,8 +323,9 @@ void chunk_scores(const Geo& g, const Ws& w, DType act, int64_t h, int64_t i0, i
   const void* ctab = at(w.ctab, h * g.S * w.ldt);
   const void* rtab = at(w.rtab, h * g.ldp * w.ldt);  // all ldp distances (padding rows are zero):
                                                      // a GEMM dimension of Lb + 1 is odd
-  // bf16: [q | q] . [hi | lo], both parts in one product (vq_packed.h); f32: q . C. Only for the
-  // rows of blocks with a cache (for_cached_blocks; RowScores reads no others).
+  // bf16: [q | q] . [hi | lo], both parts in one product (vq_packed.h); f32: q . C. Where a pair
+  // has at most four blocks, only for the rows of those with a cache (for_cached_blocks;
+  // RowScores reads no others).
   const Operand qt = w.qq ? Operand{at(w.qq, i0 * Lb * 2 * Dk), 2 * Dk, 0, false} : qa;
   const int64_t kt = w.qq ? 2 * Dk : Dk;
   for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
