@@ -46,11 +46,11 @@ void taylor_attn_bwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
       launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), o.data<T>(), dout.data<T>(),
                      den.data<float>(), w, kPrepQKV | kPrepG);
       launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, nullptr);
-      launch_chunk<T>(ctx, a, P, kGradQ, w.xq, w.xk, w.gt, w.vt, w.S, w.carry, nullptr, {}, nullptr, dq.data<T>(),
-                      a.dq);
+      launch_chunk<kGradQ, T>(ctx, a, P, w.xq, w.xk, w.gt, w.vt, w.S, w.carry, nullptr, {}, nullptr, dq.data<T>(),
+                              a.dq);
       launch_scan<T>(ctx, a, P, true, w.xq, w.gt, w, nullptr);
-      launch_chunk<T>(ctx, a, P, kGradK, w.xk, w.xq, w.vt, w.gt, w.S, w.carry, dv.data<T>(), a.dv, nullptr,
-                      dk.data<T>(), a.dk);
+      launch_chunk<kGradK, T>(ctx, a, P, w.xk, w.xq, w.vt, w.gt, w.S, w.carry, dv.data<T>(), a.dv, nullptr,
+                              dk.data<T>(), a.dk);
     });
   }
 }

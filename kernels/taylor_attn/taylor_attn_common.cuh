@@ -177,7 +177,7 @@ void fwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* 
 void bwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                const bf16_t* o, const float* den, const bf16_t* dout, bf16_t* dq, bf16_t* dk, bf16_t* dv);
 
-// The per-chunk kernel's modes (taylor_attn_chunk.cu), with states = the exclusive states:
+// The per-chunk kernel's modes (taylor_attn_chunk.cuh), with states = the exclusive states:
 //   kOut    out = o (= o~ / den, den = o~[Dv] + eps written to den [pairs, T]),
 //           o~ = phi(X) S + tril(kappa(X Xo^T)) Z;                 X = q^, Xo = k^, Z = v~
 //   kGradQ  dx = dq from Y S^T through the feature map + (tril(Y Z^T) * (1 + X Xo^T)) Xo;
@@ -185,8 +185,8 @@ void bwd_fused(const Ctx& ctx, const TaylorAttnLayout& L, Args a, const bf16_t* 
 //   kGradK  dx = dk as kGradQ with the transposed (upper) mask, and out = dv = phi(X) R +
 //           triu(kappa(X Xo^T)) Z;                                  X = k^, Xo = q^, Y = v~, Z = g~
 enum Mode : int { kOut = 0, kGradQ = 1, kGradK = 2 };
-template <class T>
-void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
+template <Mode kMode, class T>
+void launch_chunk(const Ctx& ctx, const Args& a, int P, const T* x, const T* xo, const T* y, const T* z,
                   const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs);
 

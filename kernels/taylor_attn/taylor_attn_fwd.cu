@@ -14,7 +14,7 @@
 //          long whatever T is; a carry kernel turns the segment totals (f32) into each segment's
 //          starting state, which the chunk kernel adds. The reverse direction scans
 //          R_n = sum over later chunks of phi(q^)^T g~ for the backward.
-//   chunk  grid (N, P) (taylor_attn_chunk.cu): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
+//   chunk  grid (N, P) (taylor_attn_chunk.cuh): o~ = phi(Q^) S_n + tril(kappa(Q^ K^^T)) V~, phi(Q^)
 //          formed per 32-feature slice in shared memory; o = o~ / den, den = o~[Dv] + eps.
 // With document bounds the scan, carry and chunk kernels run their kDocs instances (the restarts
 // and masks of taylor_attn_common.cuh); prep is the same. The bf16 forward at Dv <= 64 runs the
@@ -366,8 +366,8 @@ void taylor_attn_fwd_cuda(const Ctx& ctx, const TaylorAttnLayout& L, const Tenso
       const Workspace<T> w = carve<T>(ctx, a, P);
       launch_prep<T>(ctx, a, P, q.data<T>(), k.data<T>(), v.data<T>(), nullptr, nullptr, nullptr, w, kPrepQKV);
       launch_scan<T>(ctx, a, P, false, w.xk, w.vt, w, sf);
-      launch_chunk<T>(ctx, a, P, kOut, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(), nullptr,
-                      {});
+      launch_chunk<kOut, T>(ctx, a, P, w.xq, w.xk, nullptr, w.vt, w.S, w.carry, o.data<T>(), a.o, den.data<float>(),
+                            nullptr, {});
     });
   }
 }

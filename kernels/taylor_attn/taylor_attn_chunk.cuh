@@ -1,5 +1,7 @@
 // The per-chunk CUDA kernel of the chunked Taylor attention (modes and operands in
-// taylor_attn_common.cuh; math in taylor_attn.h). Grid (N, P), four warps, warp w owns the
+// taylor_attn_common.cuh; math in taylor_attn.h), included by one translation unit per mode
+// (taylor_attn_chunk_{out,grad_q,grad_k}.cu): its 24 instances took 120 s in one, the build's
+// longest compile by 4x. Grid (N, P), four warps, warp w owns the
 // chunk's rows 16w..16w+15 (queries for kOut/kGradQ, keys for kGradK):
 //   intra  U = X Xo^T on tensor cores (one k-step: F = 16); the masked matrix kappa(U) (out) or
 //          (Y Z^T) * (1 + U) (grad) goes through shared memory in the activation dtype into
@@ -17,6 +19,8 @@
 // starts in the chunk; kGradK: a key before the last document start of the chunk) is removed by
 // zero Phi rows (out) and by the weight in the epilogue (dx); the segment's carry is added only
 // when no document started between the segment's edge and the chunk.
+#pragma once
+
 #include <type_traits>
 
 #include "taylor_attn/taylor_attn_common.cuh"
@@ -274,19 +278,13 @@ __global__ void __launch_bounds__(128, (kMinCtas<T, kMode, kNT>))
 
 }  // namespace
 
-template <class T>
-void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, const T* xo, const T* y, const T* z,
+template <Mode kMode, class T>
+void launch_chunk(const Ctx& ctx, const Args& a, int P, const T* x, const T* xo, const T* y, const T* z,
                   const T* states, const float* carry, T* out, TaylorAttnLayout::Strides os, float* den, T* dx,
                   TaylorAttnLayout::Strides dxs) {
   const bool docs = a.doc_start != nullptr;
-  const int bytes = ChunkSmem::of<T>(a.DvP, mode, docs).bytes;
-  auto pick = [&](auto nt, auto doc) {
-    constexpr int NT = decltype(nt)::value;
-    constexpr bool D = decltype(doc)::value;
-    return mode == kOut     ? chunk_kernel<T, kOut, NT, D>
-           : mode == kGradQ ? chunk_kernel<T, kGradQ, NT, D>
-                            : chunk_kernel<T, kGradK, NT, D>;
-  };
+  const int bytes = ChunkSmem::of<T>(a.DvP, kMode, docs).bytes;
+  auto pick = [&](auto nt, auto doc) { return chunk_kernel<T, kMode, decltype(nt)::value, decltype(doc)::value>; };
   auto by_docs = [&](auto nt) { return docs ? pick(nt, std::true_type{}) : pick(nt, std::false_type{}); };
   auto kernel = a.DvP / 8 <= kNTSmall ? by_docs(std::integral_constant<int, kNTSmall>{})
                                       : by_docs(std::integral_constant<int, kNTLarge>{});
@@ -296,12 +294,14 @@ void launch_chunk(const Ctx& ctx, const Args& a, int P, Mode mode, const T* x, c
   LINAC_CUDA_LAUNCH_CHECK();
 }
 
-template void launch_chunk<float>(const Ctx&, const Args&, int, Mode, const float*, const float*, const float*,
-                                  const float*, const float*, const float*, float*, TaylorAttnLayout::Strides, float*, float*,
-                                  TaylorAttnLayout::Strides);
-template void launch_chunk<bf16_t>(const Ctx&, const Args&, int, Mode, const bf16_t*, const bf16_t*, const bf16_t*,
-                                   const bf16_t*, const bf16_t*, const float*, bf16_t*, TaylorAttnLayout::Strides, float*, bf16_t*,
-                                   TaylorAttnLayout::Strides);
+// The launcher of one mode for both activation dtypes (in that mode's translation unit).
+#define LINAC_TAYLOR_CHUNK_MODE(MODE)                                                                                  \
+  template void launch_chunk<MODE, float>(const Ctx&, const Args&, int, const float*, const float*, const float*,      \
+                                          const float*, const float*, const float*, float*, TaylorAttnLayout::Strides, \
+                                          float*, float*, TaylorAttnLayout::Strides);                                  \
+  template void launch_chunk<MODE, bf16_t>(const Ctx&, const Args&, int, const bf16_t*, const bf16_t*, const bf16_t*,  \
+                                           const bf16_t*, const bf16_t*, const float*, bf16_t*,                        \
+                                           TaylorAttnLayout::Strides, float*, bf16_t*, TaylorAttnLayout::Strides);
 
 }  // namespace taylor_cuda
 }  // namespace linac
