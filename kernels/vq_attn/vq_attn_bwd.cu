@@ -254,8 +254,8 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
         } else {
           vq_cuda::window_gemm(g, w, act, i0, c, true, {dop_i, ldo, Lb * ldo, false}, w.vp, Dv, w.dpwin, ldw, Lb * ldw,
                                0.f);
-          // dpcache only where a block's cache is not empty: the rows kernel takes gs = 0 where p is 0
-          // without reading dp.
+          // dpcache (for_cached_blocks: without the empty caches' blocks where a pair has at most
+          // four; the rows kernel takes gs = 0 where p is 0 without reading dp).
           vq_cuda::for_cached_blocks(g, i0, c, [&](int64_t i, int64_t batch, int64_t stride) {
             vq_cuda::gemm(w.blas, act, Lb, S, Dv, batch, {at(w.dop, i * Lb * ldo), ldo, stride * Lb * ldo, false},
                           {at(w.ubar, i * S * Dv), Dv, stride * S * Dv, true}, w.dpcache + (i - i0) * Lb * lds, lds,
