@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|gemmtune|gla|taylor|based|tnl|latte|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|gemmtune|gla|taylor|based|tnl|latte|latteprof|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -16,7 +16,9 @@
 #   gla, not part of all: the GLA op and the 340M step, and Nsight Compute's per-kernel table of
 #   one 340M layer (kernels/gla/NOTES.md); taylor, not part of all: the Taylor op and Nsight
 #   Compute's view of its kernels at T = 8192, warp states and instruction counts included, and
-#   their SASS loops (scripts/sass_mix.py; kernels/taylor_attn/NOTES.md);
+#   their SASS loops (scripts/sass_mix.py; kernels/taylor_attn/NOTES.md); latteprof, not part of all:
+#   the Latte core's backward kernels and the window attention's backward under Nsight Compute, where
+#   their warps wait (scripts/ncu_stalls.py; kernels/latte/NOTES.md, kernels/attention/NOTES.md);
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
@@ -138,6 +140,29 @@ if [ "$what" = taylor ]; then
     "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass "build-gpu/CMakeFiles/$o"
   done >"$out/taylor.sass" 2>&1
   python3 scripts/sass_mix.py --kernel 'totals_kernel|fused_kernel' "$out/taylor.sass" 2>&1 | tee -a "$out/taylor.txt"
+fi
+if [ "$what" = latteprof ]; then
+  # What limits Latte-Macchiato 153M's non-GEMM kernels (issue 49): the Latte core's two backward
+  # kernels and the window attention's backward (8 heads of 96, window 129) at the model's shape
+  # under Nsight Compute, their durations and rates (scripts/ncu_summary.py) and where their warps
+  # wait (scripts/ncu_stalls.py: stall reasons, mbarrier waits, the busiest instructions).
+  secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+    --section SourceCounters --section SchedulerStats --section InstructionStats"
+  prof() {  # prof NAME KERNEL_REGEX BENCH_ARGS...: one launch of the backward's kernel
+    local name=$1 kernel=$2
+    shift 2
+    ncu --clock-control none -k "regex:$kernel" --launch-count 1 $secs -o "$out/$name" \
+      ./build-gpu/linac bench "$@" --seq-lens 2048 --tokens 32768 --iters 1 >"$out/$name.err" 2>&1
+    ncu -i "$out/$name.ncu-rep" --csv --page details >"$out/$name.csv" 2>&1
+    ncu -i "$out/$name.ncu-rep" --csv --page source --print-source sass >"$out/${name}_source.csv" 2>&1
+    { python3 scripts/ncu_summary.py "$out/$name.csv"; python3 scripts/ncu_stalls.py "$out/${name}_source.csv"; } 2>&1 |
+      tee -a "$out/latteprof.txt"
+    rm -f "$out/$name.ncu-rep" "$out/$name.csv" "$out/${name}_source.csv"
+  }
+  latte=(--op latte --heads 8 --head-dim 96 --latents 16 --macchiato)
+  prof latte_grad_p grad_p_kernel "${latte[@]}"
+  prof latte_grad_bv grad_bv_kernel "${latte[@]}"
+  prof window_bwd bwd_sm90_kernel --op attention --heads 8 --head-dim 96 --window 129
 fi
 if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = based ]; then
   # Based (issue 10): the Taylor op next to GLA and attention, sliding windows, the 360M model
