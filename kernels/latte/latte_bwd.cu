@@ -136,18 +136,21 @@ __global__ void __launch_bounds__(kThreads) grad_p_kernel(Args a, const T* __res
     each_acc2(mu_dot, mk, m0, n0, ntv, [&](int t, int l, float md, float mkv) {
       if (t >= rows || l >= a.L) return;
       const float lt = sm.lam[t * a.L + l];
-      const int t0 = dc.first(t);
-      float x = n > 0 && dc.carried(t) ? expf(lam_prev[l] - lt) * md : 0.f;
-      if (!direct) {
-        x = fmaf(expf(sm.lam[t0 * a.L + l] - lt), mkv, x);
-      } else {
-        for (int s = t0; s <= t; ++s)
-          x = fmaf(expf(cuda::to_float(sm.bq[s * a.L + l]) - lt), m_at(sm.M, Mlo, t, s), x);
-      }
-      sm.gP[t * a.La + a.off + l] = x;
+      const float x = n > 0 && dc.carried(t) ? expf(lam_prev[l] - lt) * md : 0.f;
+      sm.gP[t * a.La + a.off + l] = direct ? x : fmaf(expf(sm.lam[dc.first(t) * a.L + l] - lt), mkv, x);
     });
   });
   __syncthreads();
+  if (direct) {  // the exact-exponent sum in a pass of its own, out of the unrolled tiles (direct_db says why)
+    for_rows(rows, a.L, [&](int t, int l) {
+      const float lt = sm.lam[t * a.L + l];
+      float x = sm.gP[t * a.La + a.off + l];
+      for (int s = dc.first(t); s <= t; ++s)
+        x = fmaf(expf(cuda::to_float(sm.bq[s * a.L + l]) - lt), m_at(sm.M, Mlo, t, s), x);
+      sm.gP[t * a.La + a.off + l] = x;
+    });
+    __syncthreads();
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float* gPg = gP + (static_cast<int64_t>(bh) * a.T + f) * a.Lg;
   // da = pi (gP - pi . gP), softmax_rows' layout
@@ -244,6 +247,21 @@ struct GradBvSmem {
   }
 };
 
+// db's intra-chunk terms with exact exponents for (s, l) after x, the terms before them, for the
+// rare chunks whose lse grows past kMaxGrowth: sum over t >= s in s's document of pi_{t,l}
+// exp(b_{s,l} - lse_{t,l}) (M_{t,s} - gP_{t,l}). Out of line, as grad_p's runs in a pass of its
+// own: inlined in the tile loop, every unrolled accumulator element carried a copy of the loop
+// (12% of this kernel's code, 20% of grad_p's, and both wait on instruction fetch:
+// kernels/latte/NOTES.md).
+template <class T, bool kDocs>
+__device__ __noinline__ float direct_db(float x, int s, int l, float bsl, int rows, int L, int La, int off,
+                                        const float* pi, const float* lam, const T* M, const T* Mlo, const float* gP,
+                                        ChunkDocs<kDocs> dc) {
+  for (int t = s; t < rows && dc.first(t) <= s; ++t)  // t in s's document
+    x = fmaf(pi[t * La + off + l] * expf(bsl - lam[t * L + l]), m_at(M, Mlo, t, s) - gP[t * L + l], x);
+  return x;
+}
+
 template <class T, bool kDocs>
 __global__ void __launch_bounds__(kThreads, 4)
     grad_bv_kernel(Args a, const T* __restrict__ av, LatteLayout::Strides as, const T* __restrict__ b,
@@ -336,13 +354,10 @@ __global__ void __launch_bounds__(kThreads, 4)
       if (s >= rows || l >= a.L) return;
       const float bsl = cuda::to_float(sm.bq[s * a.L + l]);
       float x = s >= s_last ? expf(bsl - lam_e[l]) * (vrv - sm.r[l]) : 0.f;
-      if (!direct) {
+      if (!direct)
         x = fmaf(expf(bsl - sm.lam[dc.first(s) * a.L + l]), mqv - sm.gP[s * a.L + l], x);
-      } else {
-        for (int t = s; t < rows && dc.first(t) <= s; ++t)  // t in s's document
-          x = fmaf(sm.pi[t * a.La + a.off + l] * expf(bsl - sm.lam[t * a.L + l]),
-                   m_at(sm.M, Mlo, t, s) - sm.gP[t * a.L + l], x);
-      }
+      else
+        x = direct_db(x, s, l, bsl, rows, a.L, a.La, a.off, sm.pi, sm.lam, sm.M, Mlo, sm.gP, dc);
       dbc[s * static_cast<int>(dbs.t) + l] = cuda::from_float<T>(x);
     });
   });
