@@ -65,7 +65,8 @@ class NcuStalls(unittest.TestCase):
         first, second = r.stdout.split("== void second_kernel")
         self.assertIn("bwd_kernel<128>", first)
         self.assertIn("100 samples", first)
-        reasons = {l.split()[0]: l.split()[1] for l in first.splitlines() if l.strip().startswith(("long_sb", "barrier", "wait"))}
+        reasons = {l.split()[0]: l.split()[1] for l in first.splitlines()
+                   if l.strip().startswith(("long_sb", "barrier", "wait"))}
         self.assertEqual(reasons, {"long_sb": "70.0%", "barrier": "20.0%", "wait": "10.0%"})
         waits = first.split("mbarrier waits")[1].split("top 2")[0].split()
         # +0x400: 5 + 40 at the inline loop, 15 at the branch after its try-wait through R5; +0x408: 5 + 5
