@@ -52,19 +52,14 @@ def compile_cubin(build, source, out):
             continue
         args = shlex.split(cmd)
         arch = "sm_90a" if "sm_90a" in cmd else (re.findall(r"sm_\d+a?", cmd) or ["sm_90"])[0]
-        keep, skip = [], 0
+        keep, skip = [], False  # skip: the argument after -MT, -MF or -o
         for a in args:
-            if skip:
-                skip -= 1
+            if skip or a == "-MD" or a.startswith(("--generate-code", "-gencode", "-arch")):
+                skip = False
                 continue
-            if a in ("-MD",):
-                continue
-            if a in ("-MT", "-MF", "-o"):
-                skip = 1
-                continue
-            if a.startswith(("--generate-code", "-gencode", "-arch")):
-                continue
-            keep.append("-cubin" if a == "-c" else a)
+            skip = a in ("-MT", "-MF", "-o")
+            if not skip:
+                keep.append("-cubin" if a == "-c" else a)
         keep += [f"-arch={arch}", "-o", out]
         try:
             r = subprocess.run(keep, cwd=build, capture_output=True, text=True)
