@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One scripted GPU session: build (sm_90), GPU + CPU-model tests, benchmarks. Logs go to
 # $OUT (or ./gpu_check_out), a summary table is printed last.
-#   scripts/gpu_check.sh [tests|bench|perf|gemms|gemmtune|gla|taylor|based|tnl|latte|latteprof|vq|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
+#   scripts/gpu_check.sh [tests|bench|perf|gemms|gemmtune|gla|taylor|based|tnl|latte|latteprof|vq|table|generate|zero1|zero4|zero4mem|trace4|nettransport|compare|sanitize|docs|gqa|decode|peers|logits|ckpt13b|all]
 #   (default: all; perf: attention kernels and the 125M step next to PyTorch, issue 15; an
 #   architecture: only its benchmarks; generate: decode tests, the hf export check,
 #   decode benchmarks; zero1 (1 GPU), zero4 and zero4mem (4 GPUs), not part of all: recompute, ZeRO-1
@@ -18,7 +18,8 @@
 #   Compute's view of its kernels at T = 8192, warp states and instruction counts included, and
 #   their SASS loops (scripts/sass_mix.py; kernels/taylor_attn/NOTES.md); latteprof, not part of all:
 #   the Latte core's backward kernels and the window attention's backward under Nsight Compute, where
-#   their warps wait (scripts/ncu_stalls.py; kernels/latte/NOTES.md, kernels/attention/NOTES.md);
+#   their warps wait (scripts/ncu_stalls.py; kernels/latte/NOTES.md, kernels/attention/NOTES.md); table,
+#   not part of all: every architecture's step and the 125M model's PyTorch peers, issue 49;
 #   sanitize, not part of all: compute-sanitizer memcheck and racecheck over the parity tests;
 #   docs, not part of all: document packing's tests, benchmarks and Brown runs, issue 47;
 #   gqa, not part of all: the GPU suite, linac import against transformers, grouped-query
@@ -570,9 +571,11 @@ fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
   # are open) a table from bench --tune-gemms, and the step with it and with cuBLASLt's heuristic,
-  # alternating GEMMTUNE_ROUNDS times (default 2).
+  # alternating GEMMTUNE_ROUNDS times (default 2); GEMMTUNE_TOKENS tokens per step (default 32768;
+  # 16384 for the 1.3B models, which then time 5 steps).
   gpu_tests "gemm gpu tests" gemmtune_tests.log 'MatmulAlgosGpu*:MatmulGpu*'
-  args="--seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 10"
+  n=${GEMMTUNE_TOKENS:-32768}
+  args="--seq-lens 2048 --micro-tokens $n --tokens-per-step $n --steps $([ "$n" -ge 32768 ] && echo 10 || echo 5)"
   for c in ${GEMMTUNE_CONFIGS:-transformer_vq_190m gla_340m transformer_125m latte_macchiato_153m}; do
     ./build-gpu/linac bench "configs/$c.json" $args --tune-gemms "$out/gemms_$c.json" >"$out/gemmtune_$c.log" 2>&1
     grep -E "^tuned" "$out/gemmtune_$c.log" | tee -a "$out/gemmtune.txt"
@@ -582,6 +585,28 @@ if [ "$what" = gemmtune ]; then
       echo "$c heuristic: $(./build-gpu/linac bench "configs/$c.json" $args 2>&1 | grep -E '^ +2048 ')"
     done | tee -a "$out/gemmtune.txt"
   done
+fi
+if [ "$what" = table ]; then
+  # Issue 49's closing table, one call: every architecture's model at T = 2048 (32,768 tokens per
+  # step, 10 timed; the 1B-class models 16,384 and 5), the 125M model's PyTorch peers (eager and
+  # torch.compile, bench_torch.py) right after it, and Transformer-VQ 190M against a Transformer++ of
+  # its size at T = 8192 (the vq mode's pair). Results in $out/table.txt.
+  step() {  # step CONFIG TOKENS STEPS [ARGS...]
+    local c=$1 n=$2 k=$3; shift 3
+    echo "== $c $*" | tee -a "$out/table.txt"
+    timeout 150 ./build-gpu/linac bench "configs/$c.json" "$@" --micro-tokens "$n" --tokens-per-step "$n" \
+      --steps "$k" 2>&1 | tail -2 | tee -a "$out/table.txt"
+  }
+  step transformer_125m 32768 10 --seq-lens 2048
+  timeout 240 python3 scripts/bench_torch.py --model --steps 20 2>&1 | grep -E "tokens/s|Error|error" |
+    tee -a "$out/table.txt"
+  for c in gla_340m based_360m transnormer_385m latte_macchiato_153m transformer_vq_190m; do
+    step $c 32768 10 --seq-lens 2048
+  done
+  for c in transformer_1.3b gla_1.3b transnormer_1b; do step $c 16384 5 --seq-lens 2048; done
+  step transformer_vq_190m 32768 4 --seq-lens 8192
+  step transformer_125m 32768 4 --seq-lens 8192 --set model.vocab_size=256 --set model.n_layers=24 \
+    --set model.ffn_hidden=2304
 fi
 if [ "$what" = peers ]; then
   # Issue 49: the decode tests, then linac next to the PyTorch peers at their strongest, same
