@@ -1,0 +1,93 @@
+# scripts/gpu_check.sh modes, sourced by it: linac next to its PyTorch peers (none is part of `all`).
+#   decode  the decode tests, decoding with and without CUDA graphs (DECODE_EAGER=0: only with;
+#           DECODE_TRACE=0: no kernel timelines)
+#   peers   the 125M model's decoding and training step next to the strongest PyTorch and HF peers,
+#           issue 49
+#   table   every architecture's step and the 125M model's PyTorch peers in one call, issue 49
+#   logits  f32 against bf16 logits trained on Brown (scripts/logits_dtype_brown.sh), issue 49
+# The tests of decoding and of the kernels its step launches (issue 49).
+decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
+'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
+if [ "$what" = decode ]; then
+  # Issue 49: the decode tests (the full suite is `tests`), then decoding with and without CUDA
+  # graphs for Transformer++ 125M and GLA 340M, and the 125M at the issue's 256 new tokens.
+  gpu_tests "decode gpu tests" decode_tests.log "$decode_tests"
+  for c in transformer_125m gla_340m; do
+    for g in "" $([ "${DECODE_EAGER:-1}" = 1 ] && echo --no-graph); do
+      ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 $g \
+        2>&1 | tee -a "$out/decode.txt"
+    done
+  done
+  ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 --gen-len 256 \
+    2>&1 | tee -a "$out/decode.txt"
+  # Where a replayed step's time goes at batch 1 and 16 (kernel timeline, scripts/kernel_trace.cpp;
+  # with dependent launches, the "on the chain" column is what each kernel adds to the step).
+  if [ "${DECODE_TRACE:-1}" = 1 ]; then
+    ninja -C build-gpu -j"${GPU_CHECK_JOBS:-16}" linac_kernel_trace >>"$out/build.log" 2>&1
+    for c in transformer_125m gla_340m; do
+      for b in 1 16; do
+        rm -rf "/tmp/kt_$c$b" && mkdir -p "/tmp/kt_$c$b"
+        KTRACE_DIR="/tmp/kt_$c$b" CUDA_INJECTION64_PATH="$root/build-gpu/liblinac_kernel_trace.so" ./build-gpu/linac bench \
+          --generate configs/$c.json --batch $b --prompt-len 512 --gen-len 128 >/dev/null 2>&1
+        echo "== $c, batch $b, CUDA graph" | tee -a "$out/decode_trace.txt"
+        python3 scripts/kernel_trace.py "/tmp/kt_$c$b" --decode --top 14 2>&1 | tee -a "$out/decode_trace.txt"
+      done
+    done
+  fi
+fi
+if [ "$what" = peers ]; then
+  # Issue 49: the decode tests, then linac next to the PyTorch peers at their strongest, same
+  # call: decoding Transformer++ 125M against transformers' static-cache decoding loop under
+  # torch.compile's CUDA graphs and generate with a static cache and its own compile (HF_EAGER=1
+  # adds eager HF with a dynamic cache), and the 125M
+  # training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA, fused
+  # AdamW, torch.compile). PEERS_PARTS picks among "tests hf train" (default: all three).
+  parts=" ${PEERS_PARTS:-tests hf train} "
+  [[ $parts == *" tests "* ]] && gpu_tests "decode gpu tests" peers_tests.log "$decode_tests"
+  if [[ $parts == *" hf "* ]]; then
+    ./build-gpu/linac bench --generate configs/transformer_125m.json --batch 1,16 --prompt-len 512 \
+      --gen-len "${PEERS_GEN_LEN:-1024}" 2>&1 | tee -a "$out/peers.txt"
+    peers=("--attn sdpa --loop" "--attn sdpa --cache static --compile")
+    [ -n "${HF_PEERS:-}" ] && IFS=';' read -r -a peers <<<"$HF_PEERS"
+    [ "${HF_EAGER:-0}" = 1 ] && peers+=("--attn eager")
+    for peer in "${peers[@]}"; do
+      timeout "${HF_TIMEOUT:-170}" python3 scripts/bench_hf_generate.py --linac-config configs/transformer_125m.json \
+        --batch 1,16 --prompt-len 512 --gen-len "${PEERS_GEN_LEN:-1024}" $peer 2>>"$out/bench_hf.err" |
+        tee -a "$out/peers.txt"
+    done
+    tail -3 "$out/bench_hf.err"
+  fi
+  if [[ $parts == *" train "* ]]; then
+    ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 20 2>&1 | tee -a "$out/peers.txt"
+    timeout 240 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
+      grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
+  fi
+fi
+if [ "$what" = table ]; then
+  # Issue 49's closing table, one call: every architecture's model at T = 2048 (32,768 tokens per
+  # step, 10 timed; the 1B-class models 16,384 and 5), the 125M model's PyTorch peers (eager and
+  # torch.compile, bench_torch.py) right after it, and Transformer-VQ 190M against a Transformer++ of
+  # its size at T = 8192 (the vq mode's pair). Results in $out/table.txt.
+  step() {  # step CONFIG TOKENS STEPS [ARGS...]
+    local c=$1 n=$2 k=$3; shift 3
+    echo "== $c $*" | tee -a "$out/table.txt"
+    timeout 150 ./build-gpu/linac bench "configs/$c.json" "$@" --micro-tokens "$n" --tokens-per-step "$n" \
+      --steps "$k" 2>&1 | tail -2 | tee -a "$out/table.txt"
+  }
+  step transformer_125m 32768 10 --seq-lens 2048
+  timeout 240 python3 scripts/bench_torch.py --model --steps 20 2>&1 | grep -E "tokens/s|Error|error" |
+    tee -a "$out/table.txt"
+  for c in gla_340m based_360m transnormer_385m latte_macchiato_153m transformer_vq_190m; do
+    step $c 32768 10 --seq-lens 2048
+  done
+  for c in transformer_1.3b gla_1.3b transnormer_1b; do step $c 16384 5 --seq-lens 2048; done
+  step transformer_vq_190m 32768 4 --seq-lens 8192
+  step transformer_125m 32768 4 --seq-lens 8192 --set model.vocab_size=256 --set model.n_layers=24 \
+    --set model.ffn_hidden=2304
+fi
+if [ "$what" = logits ]; then
+  # Issue 49: does train.logits_dtype bf16 train as well as f32? Needs data/brown_32k.h5 and
+  # data/brown_50k.h5 (carry them: the GPU machine has no network).
+  bash scripts/logits_dtype_brown.sh "$out" 2>&1 | tail -12
+fi

@@ -1,0 +1,99 @@
+# scripts/gpu_check.sh modes, sourced by it: where the time goes (none is part of `all`).
+#   gemms      the GEMMs of the 125M and GLA 340M steps by problem, and Nsight Compute's view of them
+#   gla        the GLA op and the 340M step, Nsight Compute's per-kernel table of one 340M layer
+#              (kernels/gla/NOTES.md)
+#   taylor     the Taylor op, Nsight Compute's view of its kernels at T = 8192 (warp states and
+#              instruction counts) and their SASS loops (scripts/sass_mix.py; kernels/taylor_attn/NOTES.md)
+#   latteprof  the Latte core's backward kernels and the window attention's backward under Nsight
+#              Compute, where their warps wait (scripts/ncu_stalls.py; kernels/latte/NOTES.md,
+#              kernels/attention/NOTES.md)
+#   gemmtune   GEMM algorithm tables (docs/gemm_tuning.md) tuned per model, the step with and without
+#              them, alternating
+if [ "$what" = gemms ]; then
+  # Where the GEMM time of a step goes: --profile's problem table (each GEMM shape's ms and
+  # TFLOP/s) for both models, then Nsight Compute's throughputs (SM, L2, DRAM), grid and cluster
+  # size of every GEMM kernel of one step of a 2-layer 125M model (cuBLASLt's and ours).
+  for c in transformer_125m gla_340m; do
+    ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 10 --profile 2>&1 | tee -a "$out/gemms.txt"
+  done
+  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|cutlass|splitK|reduce' --launch-skip 0 --launch-count 60 \
+    --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis --csv --page details \
+    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gemms.csv" 2>"$out/ncu_gemms.err"
+  python3 scripts/ncu_summary.py "$out/ncu_gemms.csv" 2>&1 | tee -a "$out/gemms.txt"
+fi
+if [ "$what" = gla ]; then
+  # The GLA core at the 340M model's head shape, the 340M step, then one layer's kernels (the
+  # second layer of a 2-layer step: its forward and the backward that reads the saved buffers).
+  ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
+    2>&1 | tee -a "$out/gla.txt"
+  ./build-gpu/linac bench configs/gla_340m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+    --steps 10 2>&1 | tee -a "$out/gla.txt"
+  ncu --clock-control none -k 'regex:dqk_kernel|out_kernel|intra_kernel|prep_kernel|state_' --launch-skip 4 \
+    --launch-count 7 --section SpeedOfLight --section Occupancy --section LaunchStats --csv --page details \
+    ./build-gpu/linac bench configs/gla_340m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gla.csv" 2>"$out/ncu_gla.err"
+  python3 scripts/ncu_summary.py "$out/ncu_gla.csv" 2>&1 | tee -a "$out/gla.txt"
+fi
+if [ "$what" = taylor ]; then
+  # The Taylor op (issue 49): the bench at three lengths, then the kernels of one forward and one
+  # backward at T = 8192 (segment totals, carries, the fused passes, the g~ prep) under Nsight
+  # Compute with their warp states (kernels/taylor_attn/NOTES.md: what holds the segment totals;
+  # $OUT/ncu_taylor.csv keeps every metric).
+  ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+    2>&1 | tee -a "$out/taylor.txt"
+  ncu --clock-control none -k 'regex:totals_kernel|carry_kernel|fused_kernel|prep_kernel' --launch-skip 9 \
+    --launch-count 8 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section InstructionStats --csv --page details \
+    ./build-gpu/linac bench --op taylor --seq-lens 8192 --tokens 32768 --heads 16 --head-dim 64 --iters 1 \
+    >"$out/ncu_taylor.csv" 2>"$out/ncu_taylor.err"
+  python3 scripts/ncu_summary.py "$out/ncu_taylor.csv" 2>&1 | tee -a "$out/taylor.txt"
+  # Their SASS: each kernel's loops and what they issue ($OUT/taylor.sass keeps the listing).
+  for o in linac_kernels.dir/kernels/taylor_attn/taylor_attn_totals.cu.o \
+    linac_kernels_sm90a.dir/kernels/taylor_attn/taylor_attn_fused_sm90.cu.o; do
+    "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass "build-gpu/CMakeFiles/$o"
+  done >"$out/taylor.sass" 2>&1
+  python3 scripts/sass_mix.py --kernel 'totals_kernel|fused_kernel' "$out/taylor.sass" 2>&1 | tee -a "$out/taylor.txt"
+fi
+if [ "$what" = latteprof ]; then
+  # What limits Latte-Macchiato 153M's non-GEMM kernels (issue 49): the Latte core's two backward
+  # kernels and the window attention's backward (8 heads of 96, window 129) at the model's shape
+  # under Nsight Compute, their durations and rates (scripts/ncu_summary.py) and where their warps
+  # wait (scripts/ncu_stalls.py: stall reasons, mbarrier waits, the busiest instructions).
+  secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+    --section SourceCounters --section SchedulerStats --section InstructionStats"
+  prof() {  # prof NAME KERNEL_REGEX BENCH_ARGS...: one launch of the backward's kernel
+    local name=$1 kernel=$2
+    shift 2
+    ncu --clock-control none -k "regex:$kernel" --launch-count 1 $secs -o "$out/$name" \
+      ./build-gpu/linac bench "$@" --seq-lens 2048 --tokens 32768 --iters 1 >"$out/$name.err" 2>&1
+    ncu -i "$out/$name.ncu-rep" --csv --page details >"$out/$name.csv" 2>&1
+    ncu -i "$out/$name.ncu-rep" --csv --page source --print-source sass >"$out/${name}_source.csv" 2>&1
+    { python3 scripts/ncu_summary.py "$out/$name.csv"; python3 scripts/ncu_stalls.py "$out/${name}_source.csv"; } 2>&1 |
+      tee -a "$out/latteprof.txt"
+    rm -f "$out/$name.ncu-rep" "$out/$name.csv" "$out/${name}_source.csv"
+  }
+  latte=(--op latte --heads 8 --head-dim 96 --latents 16 --macchiato)
+  prof latte_grad_p grad_p_kernel "${latte[@]}"
+  prof latte_grad_bv grad_bv_kernel "${latte[@]}"
+  prof window_bwd bwd_sm90_kernel --op attention --heads 8 --head-dim 96 --window 129
+fi
+if [ "$what" = gemmtune ]; then
+  # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
+  # are open) a table from bench --tune-gemms, and the step with it and with cuBLASLt's heuristic,
+  # alternating GEMMTUNE_ROUNDS times (default 2); GEMMTUNE_TOKENS tokens per step (default 32768;
+  # 16384 for the 1.3B models, which then time 5 steps).
+  gpu_tests "gemm gpu tests" gemmtune_tests.log 'MatmulAlgosGpu*:MatmulGpu*'
+  n=${GEMMTUNE_TOKENS:-32768}
+  args="--seq-lens 2048 --micro-tokens $n --tokens-per-step $n --steps $([ "$n" -ge 32768 ] && echo 10 || echo 5)"
+  for c in ${GEMMTUNE_CONFIGS:-transformer_vq_190m gla_340m transformer_125m latte_macchiato_153m}; do
+    ./build-gpu/linac bench "configs/$c.json" $args --tune-gemms "$out/gemms_$c.json" >"$out/gemmtune_$c.log" 2>&1
+    grep -E "^tuned" "$out/gemmtune_$c.log" | tee -a "$out/gemmtune.txt"
+    for _ in $(seq "${GEMMTUNE_ROUNDS:-2}"); do
+      echo "$c table:     $(./build-gpu/linac bench "configs/$c.json" $args --set train.gemm_algos="$out/gemms_$c.json" \
+        2>&1 | grep -E '^ +2048 ')"
+      echo "$c heuristic: $(./build-gpu/linac bench "configs/$c.json" $args 2>&1 | grep -E '^ +2048 ')"
+    done | tee -a "$out/gemmtune.txt"
+  done
+fi
