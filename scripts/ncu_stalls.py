@@ -40,7 +40,7 @@ def kernels(path):
 
 def count(r, h, col):
     v = r[h[col]]
-    return int(v) if v and v not in ("-",) else 0
+    return int(v) if v and v != "-" else 0
 
 
 def report(name, h, rows, top):
