@@ -1,7 +1,8 @@
 // CUDA fused softmax cross-entropy (math in cross_entropy.h). One block per row.
 // Rows of up to 32768 logits in groups of four (the 32000, 4096 and 256 vocabularies of
-// configs/; not 50264 or 64000) are held in registers (cross_entropy_rows.cuh; on Hopper GPUs
-// streamed through shared memory by cross_entropy_sm90.cu). Other rows take two passes.
+// configs/) are held in registers (cross_entropy_rows.cuh); on Hopper GPUs rows of up to 51,200
+// (also 50264 and 50272; not 64000) are, streamed through shared memory by cross_entropy_sm90.cu.
+// Other rows take two passes.
 // Pass 1: each thread keeps a running max m and sum s = sum exp(x - m) over its elements
 // (rescaling s only when the max grows, so one exp per element); the block merges them likewise.
 // Pass 2 re-reads the row from its end (what pass 1 read last is the likeliest still in L2) and
@@ -101,10 +102,10 @@ __global__ void __launch_bounds__(kMaxThreads)
   TD* dx = dlogits + r * v;
   if (t < 0) return ignored_row<true>(dx, v, losses, hits, r);
   const RowSpan rs(v);
-  float4 e[kRowGroups];
-  load_row(x, rs, e);
+  F32Row<kRowGroups> row;
+  row.load(x, rs);
   const float xt = threadIdx.x == 0 && t < rs.n ? cuda::to_float(x[t]) : NAN;
-  finish_row(e, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
+  finish_row(row, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
 }
 
 }  // namespace
@@ -113,10 +114,12 @@ const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits
   const bool hopper = hopper_kernels_allowed("LINAC_CROSS_ENTROPY_KERNELS");
   const int64_t v = logits.size(1);
   const bool vec = v % 4 == 0 && cuda::vec4_aligned(logits) && cuda::vec4_aligned(dlogits);
-  if (!vec || v / 4 > int64_t{kRowGroups} * kMaxThreads) return "two_pass";
+  if (!vec) return "two_pass";
   if (LINAC_WITH_SM90A && hopper && gpu_compute_capability() == 90 && xent::rows_sm90_fit(logits))
     return "rows_sm90";
-  return "rows";
+  // Longer rows in registers would take a whole SM's registers per row with nothing in flight
+  // while the block reduces and writes (no bulk copy here): two passes keep several rows reading.
+  return v / 4 <= int64_t{kRowGroups} * kMaxThreads ? "rows" : "two_pass";
 }
 
 void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tensor& targets, const Tensor& dlogits,
@@ -135,7 +138,7 @@ void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tens
   auto st = cuda::stream_of(ctx);
   if (kernel == "rows") {
     // Register rows: the fewest warps that hold the row.
-    const int threads = row_threads(items);
+    const int threads = row_threads(items, kRowGroups);
     LINAC_GPU_DISPATCH(logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
                          cross_entropy_row_kernel<TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
                              logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(),

@@ -12,8 +12,9 @@
 // Layout: logits, dlogits [N, V] contiguous; targets [N] i32; losses [N]. dlogits may be the
 // very memory of logits (in place, same dtype): every row is read in full before any of it is
 // written. GPU: logits and dlogits f32 or bf16, losses f32; a row is held in a block's registers
-// up to V = 32768 (V a multiple of 4; one read per logit; cross_entropy_gpu_kernel), else one pass
-// for the running max and sum (online softmax) and a second for the writes. CPU: one dtype (f32 or f64).
+// up to V = 32768, on Hopper up to 51,200 (V a multiple of 4; one read per logit;
+// cross_entropy_gpu_kernel), else one pass for the running max and sum (online softmax) and a
+// second for the writes. CPU: one dtype (f32 or f64).
 // A target >= V is a caller bug: the CPU throws linac::Error; the GPU, which cannot see the
 // targets from the host, reads nothing out of bounds and writes a NaN loss for that row
 // (its gradient row is then softmax * grad_scale), which a non-finite-loss check catches.
@@ -32,9 +33,9 @@ void cross_entropy_fwd_bwd_cpu(const T* logits, const int32_t* targets, T* dlogi
                                int64_t v, double grad_scale);
 
 // Which GPU kernel takes these logits: "rows_sm90" (a Hopper GPU in a build for sm_90: register
-// rows streamed through shared memory, cross_entropy_sm90.cu), "rows" (register rows read from
-// global memory) or "two_pass" (rows longer than 32768 or not a multiple of 4).
-// LINAC_CROSS_ENTROPY_KERNELS=sm80 keeps Hopper GPUs on "rows" (comparisons and tests); unset or
+// rows streamed through shared memory, V <= 51,200, cross_entropy_sm90.cu), "rows" (register rows read from
+// global memory; V <= 32768) or "two_pass" (longer rows, or V not a multiple of 4).
+// LINAC_CROSS_ENTROPY_KERNELS=sm80 keeps Hopper GPUs off "rows_sm90" (comparisons and tests); unset or
 // "auto" picks; anything else is an error.
 const char* cross_entropy_gpu_kernel(const Tensor& logits, const Tensor& dlogits);
 

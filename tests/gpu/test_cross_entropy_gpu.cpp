@@ -1,6 +1,7 @@
 // Fused cross-entropy CUDA vs the CPU reference (double): f32/bf16, in place, ignored rows, the
 // kernels that hold a row in registers (V = 32000, 8192, 256) - on a Hopper GPU both the one
-// streaming rows through shared memory (several rows per block: N well above the grid) and, by
+// streaming rows through shared memory (several rows per block: N well above the grid; there
+// also the bf16 rows of V = 50272, 50264 and 51200, packed two logits to a register) and, by
 // LINAC_CROSS_ENTROPY_KERNELS=sm80, the one reading them from global memory - the two-pass one
 // with groups of four (V = 40000, 50272, 50264: above what registers hold) and with single
 // elements (V = 129).
@@ -144,6 +145,7 @@ TEST(CrossEntropyGpu, ParityBf16InPlace) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity(DType::BF16, DType::BF16, true, 300, 32000, 1e-2);
   run_parity(DType::BF16, DType::BF16, true, 700, 50272, 1e-2);
+  run_parity(DType::BF16, DType::BF16, true, 300, 51200, 1e-2);  // every packed register in use
   run_parity(DType::BF16, DType::BF16, true, 37, 129, 1e-2);
 }
 
@@ -162,21 +164,24 @@ TEST(CrossEntropyGpu, ParityBf16LogitsF32Gradient) {
 }
 
 // On a Hopper GPU in a build for sm_90 register rows stream through shared memory (a silent fall
-// back would pass every parity test); the override and the rows too long for registers (the
-// 50,272 vocabulary's, in f32 and bf16) do not.
+// back would pass every parity test), bf16 ones up to 51,200 logits; the override, f32 rows over
+// 32,768 and longer bf16 rows do not.
 TEST(CrossEntropyGpu, KernelChoice) {
   LINAC_SKIP_WITHOUT_GPU();
   test::ScopedEnv unset("LINAC_CROSS_ENTROPY_KERNELS", nullptr);
   const bool hopper = LINAC_WITH_SM90A && gpu_compute_capability() == 90;
   OwnedTensor l32k(DType::F32, Device::CUDA, {4, 32000}), l40k(DType::F32, Device::CUDA, {4, 40000});
-  OwnedTensor b50k(DType::BF16, Device::CUDA, {4, 50272}), l129(DType::F32, Device::CUDA, {4, 129});
+  OwnedTensor b50k(DType::BF16, Device::CUDA, {4, 50272}), b51k(DType::BF16, Device::CUDA, {4, 51208});
+  OwnedTensor l129(DType::F32, Device::CUDA, {4, 129});
   EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l32k, l32k)), hopper ? "rows_sm90" : "rows");
   EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l40k, l40k)), "two_pass");
-  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(b50k, b50k)), "two_pass");
+  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(b50k, b50k)), hopper ? "rows_sm90" : "two_pass");
+  EXPECT_EQ(std::string(cross_entropy_gpu_kernel(b51k, b51k)), "two_pass");
   EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l129, l129)), "two_pass");
   {
     test::ScopedEnv forced("LINAC_CROSS_ENTROPY_KERNELS", "sm80");
     EXPECT_EQ(std::string(cross_entropy_gpu_kernel(l32k, l32k)), "rows");
+    EXPECT_EQ(std::string(cross_entropy_gpu_kernel(b50k, b50k)), "two_pass");
   }
   test::ScopedEnv bad("LINAC_CROSS_ENTROPY_KERNELS", "sm75");
   EXPECT_THROW(cross_entropy_gpu_kernel(l32k, l32k), UserError);
