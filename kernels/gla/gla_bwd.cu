@@ -104,20 +104,25 @@ __global__ void __launch_bounds__(256, sizeof(T) == 2 ? 2 : 1)
       cp_async16(stage(s, 3) + p_dst[p], k_ok ? p_ds[p] + j0 : dS, k_ok);
     }
   };
-  load_tile<T, kC, kW, 256>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
-  load_tile<T, kC, kW, 256>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
-  load_tile<float, kC, kW, 256>(Bc, C::LDB, bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0, a.Dk, kC, vk);
   const int jslices = cdiv(a.Dv, WV);
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < jslices) issue(s, s);
     cp_async_commit();  // empty groups past the end keep the count uniform
   }
+  // q, k and the cumsums serve only the epilogue: their group lands behind the first slices.
+  load_tile<T, kC, kW, 256>(Q, C::LD, q + b * a.q.b + t0 * a.q.t + h * a.Dk + i0, a.q.t, rows, vk);
+  load_tile<T, kC, kW, 256>(K, C::LD, k + b * a.k.b + t0 * a.k.t + h * a.Dk + i0, a.k.t, rows, vk);
+  load_tile<float, kC, kW, 256>(Bc, C::LDB, bc + (static_cast<int64_t>(bh) * a.N + n) * kC * a.Dk + i0, a.Dk, kC, vk);
+  cp_async_commit();
 
   // rs: rowsum(dS_n+1 * S_n), row tid/4, slice columns (tid%4)*16 + 0..15
   float aq[4][4] = {}, ak[4][4] = {}, ap[4][4] = {}, rs = 0.f;
   for (int jt = 0; jt < jslices; ++jt) {
     const int s = jt % kStages;
-    cp_async_wait<kStages - 2>();
+    if (jt < kStages - 1)
+      cp_async_wait<kStages - 1>();  // the q, k and cumsum group committed after slice jt may pend
+    else
+      cp_async_wait<kStages - 2>();
     __syncthreads();  // slice jt landed; every warp is done with the stage refilled next
     if (jt + kStages - 1 < jslices) issue(jt + kStages - 1, (jt + kStages - 1) % kStages);
     cp_async_commit();

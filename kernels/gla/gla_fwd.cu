@@ -349,25 +349,32 @@ __global__ void __launch_bounds__(128)
     load_tile<T, kC, kW, 128>(stage_x(s), C::LD, x + c0 * kC * a.Dk + i0, a.Dk, kC, vk);
     load_tile<T, kC, kW, 128>(stage_s(s), C::LD, st + static_cast<int64_t>(i0) * a.Dv, a.Dv, vk, vv);
   };
+  issue(0, 0);
+  cp_async_commit();
+  // P and y serve only the last product: their group lands behind the first slice.
   load_tile<T, kC, kC, 128>(Pm, C::LD, P + c0 * kC * kC, kC, kC, kC);
   load_tile<T, kC, kW, 128>(Y, C::LD, y + b * ys.b + t0 * ys.t + h * a.Dv + j0, ys.t, rows, vv);
-  issue(0, 0);
   cp_async_commit();
 
   float acc[8][4] = {};
   for (int kt = 0; kt < kslices; ++kt) {
     const int s = kt & 1;
-    if (kt + 1 < kslices) {
+    const bool next = kt + 1 < kslices;
+    if (next) {
       issue(kt + 1, s ^ 1);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
+    // Groups: slice 0, then P and y, then slices 1, 2, ...: what may still pend behind slice kt.
+    if (kt == 0)
+      next ? cp_async_wait<2>() : cp_async_wait<1>();
+    else
+      next ? cp_async_wait<1>() : cp_async_wait<0>();
     __syncthreads();
     warp_mma<T, false, true, 8>(acc, stage_x(s), C::LD, 16 * warp, 0, stage_s(s), C::LD, 0, 0, kW / 16);
     __syncthreads();
   }
+  cp_async_wait<0>();
+  __syncthreads();  // P and y (with one Dk slice, still in flight at the loop's wait)
   if (kDv)  // dv[s] += sum_{r >= s} P[r][s] do[r]: A = P^T (P stored [r][s] = [k][m])
     warp_mma<T, true, true, 8>(acc, Pm, C::LD, 16 * warp, 16 * warp, Y, C::LD, 16 * warp, 0, 4 - warp);
   else  // o[r] += sum_{s <= r} P[r][s] v[s]
