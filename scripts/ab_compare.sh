@@ -5,8 +5,8 @@
 #     scripts/gpu_check.sh, e.g. GPU_CHECK_TARGETS="linac linac_gpu_tests" ... none);
 #   - then, through scripts/ab.sh (the two binaries alternating, AB_ROUNDS rounds, default 3),
 #     each model bench of AB_CONFIGS (space-separated configs; T = 2048, 32,768 tokens per step)
-#     and each op bench of AB_OPS (';'-separated `linac bench` argument lists), and each model's
-#     mean ms per step on both sides.
+#     and each op bench of AB_OPS (';'-separated `linac bench` argument lists; a --seq-lens list
+#     runs one T at a time), and each model's mean ms per step on both sides.
 # The device machine gets the working tree without .git, so the baseline is a plain copy made
 # before the call and left untracked (git must not ignore it, or it is not carried):
 #   rm -rf ab_base && mkdir ab_base && git archive main | tar -x -C ab_base
@@ -65,7 +65,15 @@ done 2>&1 | tee -a "$out/ab.log"
 IFS=';' read -r -a ops <<<"${AB_OPS:-}"
 for op in "${ops[@]}"; do
   [ -n "${op// /}" ] || continue
-  echo "== $op"
-  # shellcheck disable=SC2086  # an op's arguments are words; one T per entry (ab.sh keeps a run's last line)
-  ab '^ +[0-9]+ +[0-9]+ ' $op
+  # ab.sh keeps one line per run, so an op's --seq-lens list runs as one entry per T.
+  read -r -a words <<<"$op"
+  at=-1
+  for i in "${!words[@]}"; do [ "${words[$i]}" = --seq-lens ] && at=$((i + 1)); done
+  lens=(all)
+  [ "$at" -ge 0 ] && IFS=',' read -r -a lens <<<"${words[$at]:-}"
+  for t in "${lens[@]}"; do
+    [ "$at" -ge 0 ] && words[at]=$t
+    echo "== ${words[*]}"
+    ab '^ +[0-9]+ +[0-9]+ ' "${words[@]}"
+  done
 done 2>&1 | tee -a "$out/ab.log"
