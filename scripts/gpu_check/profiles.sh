@@ -7,8 +7,28 @@
 #   latteprof  the Latte core's backward kernels and the window attention's backward under Nsight
 #              Compute, where their warps wait (scripts/ncu_stalls.py; kernels/latte/NOTES.md,
 #              kernels/attention/NOTES.md)
+#   xentprof   the loss's register-row kernels under Nsight Compute: the 125M model's 32,000 logits
+#              held as f32, Latte-Macchiato's 50,264 packed as bf16 (kernels/cross_entropy/NOTES.md)
 #   gemmtune   GEMM algorithm tables (docs/gemm_tuning.md) tuned per model, the step with and without
 #              them, alternating
+
+# ncu_prof LOG NAME KERNEL_REGEX BENCH_ARGS...: one launch of the kernel under Nsight Compute in
+# `linac bench BENCH_ARGS`, its durations and rates (scripts/ncu_summary.py) and where its warps
+# wait (scripts/ncu_stalls.py: stall reasons, mbarrier waits, the busiest instructions), into LOG.
+ncu_prof() {
+  local log=$1 name=$2 kernel=$3
+  shift 3
+  local secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+    --section SourceCounters --section SchedulerStats --section InstructionStats"
+  # shellcheck disable=SC2086  # secs is a list of words
+  ncu --clock-control none -k "regex:$kernel" --launch-count 1 $secs -o "$out/$name" \
+    ./build-gpu/linac bench "$@" >"$out/$name.err" 2>&1
+  ncu -i "$out/$name.ncu-rep" --csv --page details >"$out/$name.csv" 2>&1
+  ncu -i "$out/$name.ncu-rep" --csv --page source --print-source sass >"$out/${name}_source.csv" 2>&1
+  { python3 scripts/ncu_summary.py "$out/$name.csv"; python3 scripts/ncu_stalls.py "$out/${name}_source.csv"; } 2>&1 |
+    tee -a "$out/$log"
+  rm -f "$out/$name.ncu-rep" "$out/$name.csv" "$out/${name}_source.csv"
+}
 if [ "$what" = gemms ]; then
   # Where the GEMM time of a step goes: --profile's problem table (each GEMM shape's ms and
   # TFLOP/s) for both models, then Nsight Compute's throughputs (SM, L2, DRAM), grid and cluster
@@ -58,26 +78,20 @@ if [ "$what" = taylor ]; then
 fi
 if [ "$what" = latteprof ]; then
   # What limits Latte-Macchiato 153M's non-GEMM kernels (issue 49): the Latte core's two backward
-  # kernels and the window attention's backward (8 heads of 96, window 129) at the model's shape
-  # under Nsight Compute, their durations and rates (scripts/ncu_summary.py) and where their warps
-  # wait (scripts/ncu_stalls.py: stall reasons, mbarrier waits, the busiest instructions).
-  secs="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
-    --section SourceCounters --section SchedulerStats --section InstructionStats"
-  prof() {  # prof NAME KERNEL_REGEX BENCH_ARGS...: one launch of the backward's kernel
-    local name=$1 kernel=$2
-    shift 2
-    ncu --clock-control none -k "regex:$kernel" --launch-count 1 $secs -o "$out/$name" \
-      ./build-gpu/linac bench "$@" --seq-lens 2048 --tokens 32768 --iters 1 >"$out/$name.err" 2>&1
-    ncu -i "$out/$name.ncu-rep" --csv --page details >"$out/$name.csv" 2>&1
-    ncu -i "$out/$name.ncu-rep" --csv --page source --print-source sass >"$out/${name}_source.csv" 2>&1
-    { python3 scripts/ncu_summary.py "$out/$name.csv"; python3 scripts/ncu_stalls.py "$out/${name}_source.csv"; } 2>&1 |
-      tee -a "$out/latteprof.txt"
-    rm -f "$out/$name.ncu-rep" "$out/$name.csv" "$out/${name}_source.csv"
-  }
-  latte=(--op latte --heads 8 --head-dim 96 --latents 16 --macchiato)
-  prof latte_grad_p grad_p_kernel "${latte[@]}"
-  prof latte_grad_bv grad_bv_kernel "${latte[@]}"
-  prof window_bwd bwd_sm90_kernel --op attention --heads 8 --head-dim 96 --window 129
+  # kernels and the window attention's backward (8 heads of 96, window 129) at the model's shape.
+  op=(--seq-lens 2048 --tokens 32768 --iters 1)
+  latte=(--op latte --heads 8 --head-dim 96 --latents 16 --macchiato "${op[@]}")
+  ncu_prof latteprof.txt latte_grad_p grad_p_kernel "${latte[@]}"
+  ncu_prof latteprof.txt latte_grad_bv grad_bv_kernel "${latte[@]}"
+  ncu_prof latteprof.txt window_bwd bwd_sm90_kernel --op attention --heads 8 --head-dim 96 --window 129 "${op[@]}"
+fi
+if [ "$what" = xentprof ]; then
+  # The loss of a one-layer model's step at T = 2048, 32,768 rows (the first launch: one chunk of
+  # the LM head's rows).
+  for c in transformer_125m latte_macchiato_153m; do
+    ncu_prof xentprof.txt "xent_$c" cross_entropy_rows_sm90 configs/$c.json --set model.n_layers=1 \
+      --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1
+  done
 fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals

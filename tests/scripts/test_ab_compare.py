@@ -3,7 +3,8 @@
 scripts with stand-ins for linac, linac_gpu_tests, cmake and ninja: the baseline tree is built
 (its stand-in ninja copies a linac that reports other times), the named tests run, each model
 bench alternates this tree's binary and the baseline's with the right means, each op bench
-alternates the same way, and a missing build or baseline is refused with one line and status 2.
+alternates the same way (an op's --seq-lens list one T at a time), and a missing build or baseline
+is refused with one line and status 2.
 """
 import os
 import shutil
@@ -22,10 +23,13 @@ SCRIPT = os.path.join(ROOT, "scripts", "ab_compare.sh")
 
 # A stand-in linac: `bench CONFIG ...` prints a header and one step line whose ms is $MS plus a
 # fraction from the run count kept in a file beside it (so the two sides and the rounds all differ); `bench --op`
-# prints an op table row.
+# prints an op table row for each T of its --seq-lens.
 LINAC = """#!/bin/bash
 here=$(dirname "$0"); n=$(cat "$here/runs" 2>/dev/null || echo 0); echo $((n + 1)) > "$here/runs"
-if [ "$2" = "--op" ]; then echo "op header"; echo "    2048    16      0.500      1.000      1.$MS$n       9.9"; exit 0; fi
+lens=2048; prev=""; for a in "$@"; do [ "$prev" = --seq-lens ] && lens=$a; prev=$a; done
+if [ "$2" = "--op" ]; then
+  echo "op header"; for t in ${lens//,/ }; do echo "    $t    16      0.500      1.000      1.$MS$n       9.9"; done; exit 0
+fi
 echo "header"; echo "    2048     16      1      32768      $MS.$((2 * n))       400000   40.0%"
 """
 
@@ -90,6 +94,17 @@ class AbCompare(unittest.TestCase):
         self.assertIn("1.802", runs[5])
         with open(os.path.join(self.dir, "out", "ab.log")) as f:
             self.assertIn("== --op latte --seq-lens 2048", f.read())
+
+    def test_an_op_runs_one_sequence_length_at_a_time(self):
+        # ab.sh keeps one line per run: a --seq-lens list would report only its last T.
+        r = self.run_script(AB_BASE="ab_base", AB_ROUNDS="1", AB_OPS="--op gla --seq-lens 2048,8192 --heads 4")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        runs = [l.split(" : ")[1].split()[0] for l in r.stdout.splitlines() if l.startswith("round ")]
+        self.assertEqual(runs, ["2048", "2048", "8192", "8192"])
+        with open(os.path.join(self.dir, "out", "ab.log")) as f:
+            log = f.read()
+        self.assertIn("== --op gla --seq-lens 2048 --heads 4\n", log)
+        self.assertIn("== --op gla --seq-lens 8192 --heads 4\n", log)
 
     def test_refusals_are_one_line_and_status_2(self):
         for env in ({}, {"AB_BASE": "nowhere"}):
