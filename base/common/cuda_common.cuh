@@ -74,6 +74,15 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
+// 2^x in the hardware's approximate exp2 (ex2.approx, relative error ~2^-22), subnormal results
+// flushed to 0: one instruction, where exp2f/expf take several. exp(x - m) is
+// fast_exp2(fmaf(x, log2 e, -m log2 e)), one FFMA and this.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // x as a T would hold it (rounded to bf16, or unchanged), back in f32.
 template <class T>
 __device__ __forceinline__ float rounded(float x) {

@@ -121,11 +121,7 @@ __device__ __forceinline__ bool allowed(const Args& a, int t, int s) {
   return !a.causal | (static_cast<unsigned>(t - s) < band);
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using cuda::fast_exp2;
 
 // ---- tensor-core primitives: the sm_80 toolkit's (common/mma_sm80.cuh) --------------------
 
