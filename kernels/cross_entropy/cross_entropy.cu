@@ -91,7 +91,7 @@ __global__ void cross_entropy_kernel(const TL* logits, const int32_t* __restrict
   if (hits) write_hit(hits, r, xt, mx, earlier_max, scratch);
 }
 
-template <class TL, class TD>
+template <bool kHits, class TL, class TD>
 __global__ void __launch_bounds__(kMaxThreads)
     cross_entropy_row_kernel(const TL* logits, const int32_t* __restrict__ targets, TD* dlogits,
                              float* __restrict__ losses, float* __restrict__ hits, int64_t v, float grad_scale) {
@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   const TL* x = logits + r * v;
   TD* dx = dlogits + r * v;
   if (t < 0) return ignored_row<true>(dx, v, losses, hits, r);
-  const RowSpan rs(v);
+  const RowSpan<> rs(v);
   F32Row<kRowGroups> row;
   row.load(x, rs);
   const float xt = threadIdx.x == 0 && t < rs.n ? cuda::to_float(x[t]) : NAN;
-  finish_row(row, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
+  finish_row<kHits>(row, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
 }
 
 }  // namespace
@@ -139,11 +139,13 @@ void cross_entropy_fwd_bwd_cuda(const Ctx& ctx, const Tensor& logits, const Tens
   if (kernel == "rows") {
     // Register rows: the fewest warps that hold the row.
     const int threads = row_threads(items, kRowGroups);
-    LINAC_GPU_DISPATCH(logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
-                         cross_entropy_row_kernel<TL, TD><<<static_cast<unsigned>(n), threads, 0, st>>>(
-                             logits.data<TL>(), targets.data<int32_t>(), dlogits.data<TD>(), losses.data<float>(),
-                             hits_ptr, v, grad_scale);
-                       }));
+    LINAC_GPU_DISPATCH(
+        logits.dtype, TL, LINAC_GPU_DISPATCH(dlogits.dtype, TD, {
+          auto kernel = hits_ptr ? cross_entropy_row_kernel<true, TL, TD> : cross_entropy_row_kernel<false, TL, TD>;
+          kernel<<<static_cast<unsigned>(n), threads, 0, st>>>(logits.data<TL>(), targets.data<int32_t>(),
+                                                               dlogits.data<TD>(), losses.data<float>(), hits_ptr, v,
+                                                               grad_scale);
+        }));
     LINAC_CUDA_LAUNCH_CHECK();
     return;
   }

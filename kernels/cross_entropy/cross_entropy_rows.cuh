@@ -44,11 +44,34 @@ __device__ __forceinline__ void write_hit(float* hits, int64_t r, float xt, floa
   if (threadIdx.x == 0) hits[r] = xt >= mx && any_earlier == 0.f ? 1.f : 0.f;
 }
 
-// In-row indices fit an int (v <= 4 * kLongRowGroups * kMaxThreads).
+// A thread's columns of a row: groups of four at col(g) = first + g * step(), those with
+// g < groups inside the row (in-row indices fit an int: v <= 4 * kLongRowGroups * kMaxThreads).
+// kThreads > 0 fixes the block's size at compile time, so that the stride between groups is an
+// immediate and a group's address takes no register of its own (the 25 groups of the bf16 rows
+// spilt without it); 0 reads blockDim.x.
+template <int kThreads = 0>
 struct RowSpan {
-  int first, step, n;  // the thread's first column, the stride between its groups, the row length
-  __device__ RowSpan(int64_t v)
-      : first(4 * static_cast<int>(threadIdx.x)), step(4 * static_cast<int>(blockDim.x)), n(static_cast<int>(v)) {}
+  int first, n, groups;
+  __device__ explicit RowSpan(int64_t v)
+      : first(4 * static_cast<int>(threadIdx.x)),
+        n(static_cast<int>(v)),
+        groups(n > first ? (n - first + step() - 1) / step() : 0) {}
+  __device__ __forceinline__ int step() const { return 4 * (kThreads > 0 ? kThreads : static_cast<int>(blockDim.x)); }
+  __device__ __forceinline__ int col(int g) const { return first + g * step(); }
+  __device__ __forceinline__ bool has(int g) const { return g < groups; }
+};
+
+// exp(x - m) for a row's logits x and a thread's max m as 2^(x log2 e - m log2 e), m log2 e taken
+// once per row: one FFMA and one ex2.approx per logit. A thread whose logits are all -inf (or that
+// holds none) has m = -FLT_MAX, kept finite in log2 units so that a -inf logit still gives 0.
+struct ExpMinus {
+  static constexpr float kLog2e = 1.44269504088896341f;
+  float ml2e;
+  __device__ explicit ExpMinus(float m) : ml2e(fmaxf(m, -1e38f) * kLog2e) {}
+  __device__ __forceinline__ float operator()(float x) const { return cuda::fast_exp2(fmaf(x, kLog2e, -ml2e)); }
+  __device__ __forceinline__ float4 operator()(float4 x) const {
+    return make_float4((*this)(x.x), (*this)(x.y), (*this)(x.z), (*this)(x.w));
+  }
 };
 
 // A thread's groups of four of a row, held in registers as f32: each value becomes exp(x - mt)
@@ -56,20 +79,25 @@ struct RowSpan {
 template <int G>
 struct F32Row {
   float4 e[G];
-  template <class TL>  // global or shared memory
-  __device__ __forceinline__ void load(const TL* x, const RowSpan& rs) {
+  template <class TL, class Span>  // global or shared memory
+  __device__ __forceinline__ void load(const TL* x, const Span& rs) {
 #pragma unroll
     for (int g = 0; g < G; ++g)
-      if (rs.first + g * rs.step < rs.n) e[g] = cuda::load4(x + rs.first + g * rs.step);
+      if (rs.has(g)) e[g] = cuda::load4(x + rs.col(g));
   }
   __device__ __forceinline__ float4 logits(int g) const { return e[g]; }
+  // The thread's max, from -FLT_MAX (so that a -inf logit adds exp(-inf) = 0, not NaN).
+  template <class Span>
+  __device__ __forceinline__ float max(const Span& rs) const {
+    float m = -FLT_MAX;
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (rs.has(g)) m = fmaxf(m, fmaxf(fmaxf(e[g].x, e[g].y), fmaxf(e[g].z, e[g].w)));
+    return m;
+  }
   __device__ __forceinline__ void keep_exp(int g, float4 ex) { e[g] = ex; }
-  __device__ __forceinline__ float4 exp_of(int g, float) const { return e[g]; }
+  __device__ __forceinline__ float4 exp_of(int g, const ExpMinus&) const { return e[g]; }
 };
-
-__device__ __forceinline__ float4 exp_minus(float4 x, float m) {
-  return make_float4(__expf(x.x - m), __expf(x.y - m), __expf(x.z - m), __expf(x.w - m));
-}
 
 // bf16 logits packed two to a register: half the registers of F32Row, so that a row of 51,200
 // fits 512 threads (100 values each). The gradient recomputes exp(x - mt): the same values as
@@ -77,44 +105,67 @@ __device__ __forceinline__ float4 exp_minus(float4 x, float m) {
 template <int G>
 struct Bf16Row {
   uint2 p[G];
-  __device__ __forceinline__ void load(const __nv_bfloat16* x, const RowSpan& rs) {
+  template <class Span>
+  __device__ __forceinline__ void load(const __nv_bfloat16* x, const Span& rs) {
 #pragma unroll
     for (int g = 0; g < G; ++g)
-      if (rs.first + g * rs.step < rs.n) p[g] = *reinterpret_cast<const uint2*>(x + rs.first + g * rs.step);
+      if (rs.has(g)) p[g] = *reinterpret_cast<const uint2*>(x + rs.col(g));
   }
-  __device__ __forceinline__ float4 logits(int g) const {  // bf16 -> f32 is a shift of its bits
-    return make_float4(__uint_as_float(p[g].x << 16), __uint_as_float(p[g].x & 0xffff0000u),
-                       __uint_as_float(p[g].y << 16), __uint_as_float(p[g].y & 0xffff0000u));
+  static __device__ __forceinline__ __nv_bfloat162 pair(uint32_t u) { return *reinterpret_cast<__nv_bfloat162*>(&u); }
+  __device__ __forceinline__ float4 logits(int g) const {
+    const float2 lo = cuda::unpack_bf16(p[g].x), hi = cuda::unpack_bf16(p[g].y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  // As F32Row's, taken on the packed pairs (a bf16 max is exact), so that no logit is unpacked
+  // twice; -inf where the thread holds none, as the pairs start.
+  template <class Span>
+  __device__ __forceinline__ float max(const Span& rs) const {
+    __nv_bfloat162 m = __bfloat162bfloat162(__ushort_as_bfloat16(0xff80));
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+      if (rs.has(g)) m = __hmax2(m, __hmax2(pair(p[g].x), pair(p[g].y)));
+    return fmaxf(fmaxf(__low2float(m), __high2float(m)), -FLT_MAX);
   }
   __device__ __forceinline__ void keep_exp(int, float4) {}
-  __device__ __forceinline__ float4 exp_of(int g, float mt) const { return exp_minus(logits(g), mt); }
+  __device__ __forceinline__ float4 exp_of(int g, const ExpMinus& exp_minus) const { return exp_minus(logits(g)); }
 };
 
 // Row r with target t >= 0 and its logit xt (thread 0; NaN past the row) once its groups are in
-// row (F32Row or Bf16Row of G groups): loss, gradient into dx, hit. Every thread of the block
-// calls it (block reductions).
-template <class TD, int G, template <int> class Row>
-__device__ __forceinline__ void finish_row(Row<G>& row, const RowSpan& rs, int32_t t, float xt, TD* dx, float* losses,
+// row (F32Row or Bf16Row of G groups): loss, gradient into dx, and with kHits the hit. Every
+// thread of the block calls it (block reductions).
+// Per logit the training loss (no hits) issues a max, an FFMA and an exponential, an add, and for
+// the gradient a multiply: the max is a tree (Row::max), the target's gradient is fixed in the one
+// group that holds it, and no per-logit index arithmetic is left. The hits need the first index
+// holding the max, one compare-and-select chain through the thread's logits: only the kHits
+// kernel runs it. A max is exact in any order, so both find the same one, and the sum and the
+// gradient that follow are the same code: the same bits with and without hits.
+template <bool kHits, class TD, int G, template <int> class Row, class Span>
+__device__ __forceinline__ void finish_row(Row<G>& row, const Span& rs, int32_t t, float xt, TD* dx, float* losses,
                                            float* hits, int64_t r, float grad_scale, float* scratch) {
-  // The thread's max (from -FLT_MAX, so that a -inf logit adds exp(-inf) = 0, not NaN) and the
-  // first index holding it.
+  // The thread's max mt, from -FLT_MAX so that a -inf logit adds exp(-inf) = 0, not NaN; with
+  // kHits one chain that also keeps the first index holding it.
   float mt = -FLT_MAX;
   int first_max = rs.n;
-  auto take_max = [&](float xj, int j) {
-    if (xj > mt) mt = xj, first_max = j;
-  };
+  if constexpr (kHits) {
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    const int j = rs.first + g * rs.step;
-    if (j >= rs.n) continue;
-    const float4 x = row.logits(g);
-    take_max(x.x, j), take_max(x.y, j + 1), take_max(x.z, j + 2), take_max(x.w, j + 3);
+    for (int g = 0; g < G; ++g) {
+      if (!rs.has(g)) continue;
+      const int j = rs.col(g);
+      const float4 x = row.logits(g);
+      const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int l = 0; l < 4; ++l)
+        if (xs[l] > mt) mt = xs[l], first_max = j + l;
+    }
+  } else {
+    mt = row.max(rs);
   }
+  const ExpMinus exp_minus(mt);
   float s = 0.f;
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    if (rs.first + g * rs.step >= rs.n) continue;
-    const float4 ex = exp_minus(row.logits(g), mt);
+    if (!rs.has(g)) continue;
+    const float4 ex = exp_minus(row.logits(g));
     row.keep_exp(g, ex);
     s += (ex.x + ex.y) + (ex.z + ex.w);
   }
@@ -122,16 +173,24 @@ __device__ __forceinline__ void finish_row(Row<G>& row, const RowSpan& rs, int32
   const float sum = cuda::block_sum(s * __expf(mt - mx), scratch);
   if (threadIdx.x == 0) losses[r] = mx + logf(sum) - xt;
 
+  // The thread's group holding the target, if any (tg), and the target's place in it (tl).
+  const int rel = t - rs.first;
+  const int tg = rel >= 0 && rel % rs.step() < 4 ? rel / rs.step() : -1, tl = rel % rs.step();
   const float c = __expf(mt - mx) / sum * grad_scale;
-  auto grad = [&](float ej, int j) { return ej * c - (j == t ? grad_scale : 0.f); };
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    const int j = rs.first + g * rs.step;
-    if (j >= rs.n) continue;
-    const float4 ex = row.exp_of(g, mt);
-    cuda::store4(dx + j, make_float4(grad(ex.x, j), grad(ex.y, j + 1), grad(ex.z, j + 2), grad(ex.w, j + 3)));
+    if (!rs.has(g)) continue;
+    const float4 ex = row.exp_of(g, exp_minus);
+    float4 d = make_float4(ex.x * c, ex.y * c, ex.z * c, ex.w * c);
+    if (g == tg) {
+      d.x -= tl == 0 ? grad_scale : 0.f;
+      d.y -= tl == 1 ? grad_scale : 0.f;
+      d.z -= tl == 2 ? grad_scale : 0.f;
+      d.w -= tl == 3 ? grad_scale : 0.f;
+    }
+    cuda::store4(dx + rs.col(g), d);
   }
-  if (hits) write_hit(hits, r, xt, mx, mt >= mx && first_max < t ? 1.f : 0.f, scratch);
+  if constexpr (kHits) write_hit(hits, r, xt, mx, mt >= mx && first_max < t ? 1.f : 0.f, scratch);
 }
 
 // Threads of a register-row block: the fewest warps that hold `items` groups of four, `groups`

@@ -24,7 +24,8 @@ namespace {
 
 using namespace linac::sm90;
 
-template <class TL, class TD, class Row>
+// kThreads: the block's size fixed at compile time (RowSpan), or 0.
+template <bool kHits, class TL, class TD, int G, template <int> class Row, int kThreads>
 __global__ void __launch_bounds__(kMaxThreads)
     cross_entropy_rows_sm90_kernel(const TL* logits, const int32_t* __restrict__ targets, TD* dlogits,
                                    float* __restrict__ losses, float* __restrict__ hits, int64_t n_rows, int64_t v,
@@ -46,13 +47,15 @@ __global__ void __launch_bounds__(kMaxThreads)
     fetch(blockIdx.x);
   }
   __syncthreads();
-  const RowSpan rs(v);
+  const RowSpan<kThreads> rs(v);
   const TL* x = reinterpret_cast<const TL*>(s_row);
   uint32_t parity = 0;
+  int32_t t_next = targets[blockIdx.x];  // a row ahead: its latency is not waited on each row
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x, parity ^= 1) {
-    const int32_t t = targets[r];
+    const int32_t t = t_next;
+    if (r + gridDim.x < n_rows) t_next = targets[r + gridDim.x];
     mbar_wait(bar, parity);
-    Row row;
+    Row<G> row;
     row.load(x, rs);
     const float xt = threadIdx.x == 0 && t >= 0 && t < rs.n ? cuda::to_float(x[t]) : NAN;
     __syncthreads();  // the row is in registers: the buffer can take the next one
@@ -61,15 +64,16 @@ __global__ void __launch_bounds__(kMaxThreads)
     if (t < 0)
       ignored_row<true>(dx, v, losses, hits, r);
     else
-      finish_row(row, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
+      finish_row<kHits>(row, rs, t, xt, dx, losses, hits, r, grad_scale, scratch);
   }
 }
 
-template <class TL, class TD, int G, template <int> class Row>
+template <class TL, class TD, int G, template <int> class Row, int kThreads = 0>
 void launch_rows(cudaStream_t st, const TL* logits, const int32_t* targets, TD* dlogits, float* losses, float* hits,
                  int64_t n, int64_t v, float grad_scale) {
-  auto kernel = cross_entropy_rows_sm90_kernel<TL, TD, Row<G>>;
-  const int threads = row_threads(v / 4, G);
+  auto kernel = hits ? cross_entropy_rows_sm90_kernel<true, TL, TD, G, Row, kThreads>
+                     : cross_entropy_rows_sm90_kernel<false, TL, TD, G, Row, kThreads>;
+  const int threads = kThreads > 0 ? kThreads : row_threads(v / 4, G);
   const size_t smem = static_cast<size_t>(v) * sizeof(TL);
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int per_sm = 0;
@@ -101,8 +105,8 @@ void rows_sm90(const Ctx& ctx, const Tensor& logits, const Tensor& targets, cons
                        float* loss = losses.data<float>();
                        if constexpr (std::is_same_v<TL, __nv_bfloat16>)
                          if (long_row)
-                           return launch_rows<TL, TD, kLongRowGroups, Bf16Row>(st, x, t, dx, loss, hits, n, v,
-                                                                               grad_scale);
+                           return launch_rows<TL, TD, kLongRowGroups, Bf16Row, kMaxThreads>(st, x, t, dx, loss, hits, n,
+                                                                                            v, grad_scale);
                        launch_rows<TL, TD, kRowGroups, F32Row>(st, x, t, dx, loss, hits, n, v, grad_scale);
                      }));
 }

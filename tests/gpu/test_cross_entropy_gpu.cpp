@@ -76,7 +76,8 @@ void run_parity(DType l_dt, DType d_dt, bool in_place, int64_t n, int64_t v, dou
 }
 
 // hits on the GPU equal the CPU's for the same rounded logits, ties included: rows of equal
-// logits and rows whose maximum repeats before and after the target.
+// logits and rows whose maximum repeats before and after the target; the loss and gradient equal
+// those of the call without hits.
 void run_hits_parity_once(DType l_dt, int64_t n, int64_t v) {
   GpuContext gctx;
   int64_t counted = 0;
@@ -106,6 +107,12 @@ void run_hits_parity_once(DType l_dt, int64_t n, int64_t v) {
   for (double h : hr) total += h;
   EXPECT_GT(total, 0) << "no row was a hit: the check could not fail";
   EXPECT_LT(total, static_cast<double>(counted)) << "every row was a hit: the check could not fail";
+  // The kernels that count hits keep the training kernels' loss and gradient, bit for bit.
+  OwnedTensor dl_train(DType::F32, Device::CUDA, {n, v}), loss_train(DType::F32, Device::CUDA, {n});
+  cross_entropy_fwd_bwd(gctx.ctx(), lg, tg, dl_train, loss_train, 1.f);
+  gctx.synchronize();
+  EXPECT_EQ(to_doubles(loss_train), to_doubles(lossg)) << "V " << v;
+  EXPECT_EQ(to_doubles(dl_train), to_doubles(dlg)) << "V " << v;
 }
 
 void run_hits_parity(DType l_dt, int64_t n, int64_t v) {
