@@ -107,6 +107,9 @@ void rows_sm90(const Ctx& ctx, const Tensor& logits, const Tensor& targets, cons
                          if (long_row)
                            return launch_rows<TL, TD, kLongRowGroups, Bf16Row, kMaxThreads>(st, x, t, dx, loss, hits, n,
                                                                                             v, grad_scale);
+                       if (row_threads(v / 4, kRowGroups) == kMaxThreads)  // the 32,000 vocabularies
+                         return launch_rows<TL, TD, kRowGroups, F32Row, kMaxThreads>(st, x, t, dx, loss, hits, n, v,
+                                                                                     grad_scale);
                        launch_rows<TL, TD, kRowGroups, F32Row>(st, x, t, dx, loss, hits, n, v, grad_scale);
                      }));
 }
