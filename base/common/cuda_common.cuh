@@ -74,9 +74,11 @@ __device__ __forceinline__ float2 unpack_bf16(uint32_t v) {
   return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 // 2^x in the hardware's approximate exp2 (ex2.approx, relative error ~2^-22), subnormal results
 // flushed to 0: one instruction, where exp2f/expf take several. exp(x - m) is
-// fast_exp2(fmaf(x, log2 e, -m log2 e)), one FFMA and this.
+// fast_exp2(fmaf(x, kLog2e, -m kLog2e)), one FFMA and this.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

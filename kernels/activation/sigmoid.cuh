@@ -14,11 +14,13 @@
 
 #include <cuda_runtime.h>
 
+#include "common/cuda_common.cuh"
+
 namespace linac::cuda {
 
 __device__ __forceinline__ float sigmoid(float x) {
-  float e, s;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504088896341f));
+  const float e = fast_exp2(x * -kLog2e);
+  float s;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(1.f + e));
   return s;
 }

@@ -19,7 +19,7 @@ namespace linac::attn {
 
 using bf16_t = __nv_bfloat16;
 
-constexpr float kLog2e = 1.4426950408889634f;
+using cuda::kLog2e;
 
 struct Args {
   int T, H, window;

@@ -65,10 +65,9 @@ struct RowSpan {
 // once per row: one FFMA and one ex2.approx per logit. A thread whose logits are all -inf (or that
 // holds none) has m = -FLT_MAX, kept finite in log2 units so that a -inf logit still gives 0.
 struct ExpMinus {
-  static constexpr float kLog2e = 1.44269504088896341f;
   float ml2e;
-  __device__ explicit ExpMinus(float m) : ml2e(fmaxf(m, -1e38f) * kLog2e) {}
-  __device__ __forceinline__ float operator()(float x) const { return cuda::fast_exp2(fmaf(x, kLog2e, -ml2e)); }
+  __device__ explicit ExpMinus(float m) : ml2e(fmaxf(m, -1e38f) * cuda::kLog2e) {}
+  __device__ __forceinline__ float operator()(float x) const { return cuda::fast_exp2(fmaf(x, cuda::kLog2e, -ml2e)); }
   __device__ __forceinline__ float4 operator()(float4 x) const {
     return make_float4((*this)(x.x), (*this)(x.y), (*this)(x.z), (*this)(x.w));
   }
