@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "core/rng.h"
 #include "data/hdf5_util.h"
@@ -25,12 +27,31 @@ const char* kSubjects[] = {"the cat", "a dog", "my friend", "the old man", "her 
 const char* kVerbs[] = {"sees", "likes", "finds", "follows", "helps", "calls"};
 const char* kObjects[] = {"the ball", "a bird", "the river", "his house", "the garden", "a letter"};
 const char* kEnds[] = {" today.", " again.", " in the morning.", ".", " at night.", " slowly."};
+
+// fresh_dir's directories, removed when every test of the process has passed; a failure keeps
+// them, to look at what the test wrote. Registered at static initialisation, as GoogleTest asks
+// of environments.
+std::vector<fs::path>& made_dirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+class RemoveDirsWhenPassed : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    std::error_code ec;  // best effort: a directory another process still holds is left
+    for (const fs::path& d : made_dirs()) fs::remove_all(d, ec);
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kRemoveDirs =
+    ::testing::AddGlobalTestEnvironment(new RemoveDirsWhenPassed);
 }  // namespace
 
 std::string fresh_dir(const std::string& name) {
   const fs::path p = fs::path(::testing::TempDir()) / ("linac_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
+  if (std::find(made_dirs().begin(), made_dirs().end(), p) == made_dirs().end()) made_dirs().push_back(p);
   return p.string();
 }
 

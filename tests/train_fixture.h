@@ -11,7 +11,7 @@ namespace linac::test {
 
 // Prepares (once per process) a token file under a temp dir and returns its path.
 const std::string& tiny_dataset();
-// A fresh temp directory for one test.
+// A fresh temp directory for one test; removed at the process's end when all its tests passed.
 std::string fresh_dir(const std::string& name);
 // A small transformer config on tiny_dataset() writing to out_dir.
 json tiny_train_config(const std::string& out_dir);
