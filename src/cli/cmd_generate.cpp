@@ -6,14 +6,17 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/buffer.h"
 #include "data/documents.h"
-#include "generate/inference_model.h"
 #include "generate/decode_graph.h"
+#include "generate/inference_model.h"
 #include "generate/sampler.h"
 
 namespace linac::cli {
@@ -58,78 +61,118 @@ double log_prob(const std::vector<float>& l, size_t row, int64_t V, int32_t id) 
   return static_cast<double>(r[id]) - mx - std::log(z);
 }
 
-}  // namespace
+struct GenerateOptions {
+  std::string ckpt;
+  std::optional<std::string> prompt_text, prompt_file, prompt_ids;
+  int64_t max_new = 128, batch = 1;
+  SamplingOptions sampling;
+  std::string device;
+  bool stop_at_eos = false, as_json = false;
+};
 
-int cmd_generate(int argc, char** argv) {
-  Args args(argc, argv, kUsage, {"json", "stop-at-eos"});
-  if (args.help()) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+// The options, checked before the checkpoint is read.
+GenerateOptions parse_options(Args& args) {
+  GenerateOptions o;
   const auto ckpt = args.get("checkpoint");
-  const auto prompt_arg = args.get("prompt");
-  const auto prompt_file = args.get("prompt-file");
-  const auto prompt_id_list = args.get("prompt-ids");
-  const int64_t max_new = args.get_int("max-new-tokens", 128), B = args.get_int("batch", 1);
-  SamplingOptions so;
-  so.temperature = args.get_double("temperature", 1.0);
-  so.top_k = args.get_int("top-k", 0);
-  so.top_p = args.get_double("top-p", 1.0);
+  o.prompt_text = args.get("prompt");
+  o.prompt_file = args.get("prompt-file");
+  o.prompt_ids = args.get("prompt-ids");
+  o.max_new = args.get_int("max-new-tokens", 128);
+  o.batch = args.get_int("batch", 1);
+  o.sampling.temperature = args.get_double("temperature", 1.0);
+  o.sampling.top_k = args.get_int("top-k", 0);
+  o.sampling.top_p = args.get_double("top-p", 1.0);
   const int64_t seed = args.get_int("seed", 0);
-  const std::string device = args.get_or("device", "auto");
-  const bool stop_at_eos = args.flag("stop-at-eos"), as_json = args.flag("json");
+  o.device = args.get_or("device", "auto");
+  o.stop_at_eos = args.flag("stop-at-eos");
+  o.as_json = args.flag("json");
   args.finish();
   if (!ckpt) throw UserError("--checkpoint CKPT is required (see --help)");
-  if (prompt_arg.has_value() + prompt_file.has_value() + prompt_id_list.has_value() != 1)
+  o.ckpt = *ckpt;
+  if (o.prompt_text.has_value() + o.prompt_file.has_value() + o.prompt_ids.has_value() != 1)
     throw UserError("give exactly one of --prompt, --prompt-file and --prompt-ids");
-  if (max_new < 0) throw UserError("--max-new-tokens must be >= 0");
-  if (B < 1) throw UserError("--batch must be >= 1");
+  if (o.max_new < 0) throw UserError("--max-new-tokens must be >= 0");
+  if (o.batch < 1) throw UserError("--batch must be >= 1");
   if (seed < 0) throw UserError("--seed must be >= 0");
-  so.seed = static_cast<uint64_t>(seed);
-  so.validate();
-  const std::vector<int64_t> given_ids =
-      prompt_id_list ? parse_int_list(*prompt_id_list, "--prompt-ids", 0) : std::vector<int64_t>{};
-  const std::string prompt = prompt_arg ? *prompt_arg : prompt_file ? read_prompt_file(*prompt_file) : "";
+  o.sampling.seed = static_cast<uint64_t>(seed);
+  o.sampling.validate();
+  return o;
+}
 
-  InferenceModel im = load_inference_checkpoint(*ckpt, device);
-  const Tokenizer* tok = im.tokenizer ? &*im.tokenizer : nullptr;
-  Model& model = *im.model;
-  const int64_t V = im.cfg.model.vocab_size;
-  const int32_t eos = tok ? tok->eos_id() : -1;
-  if (!tok && stop_at_eos) throw UserError("--stop-at-eos: " + *ckpt + " has no tokenizer, so no end-of-document id");
-  std::vector<int32_t> prompt_ids;
-  if (prompt_id_list) {
+// The prompt's token ids: --prompt-ids as given, or the text encoded after an end-of-document
+// token (the boundary every training document follows). `given_ids` and `text` were read before
+// the checkpoint, so that their errors come first.
+std::vector<int32_t> prompt_token_ids(const GenerateOptions& o, const std::vector<int64_t>& given_ids,
+                                      const std::string& text, const Tokenizer* tok, int64_t V) {
+  std::vector<int32_t> ids;
+  if (o.prompt_ids) {
     for (int64_t id : given_ids) {
       if (id >= V)
         throw UserError("--prompt-ids: id " + std::to_string(id) + " is outside the model's vocab of " +
                         std::to_string(V) + " (ids 0.." + std::to_string(V - 1) + ")");
-      prompt_ids.push_back(static_cast<int32_t>(id));
+      ids.push_back(static_cast<int32_t>(id));
     }
-  } else {
-    if (!tok)
-      throw UserError(*ckpt +
-                      ": the checkpoint has no embedded tokenizer to encode the prompt with (give --prompt-ids)");
-    prompt_ids = tok->encode(prompt);
-    if (eos >= 0) prompt_ids.insert(prompt_ids.begin(), eos);
-    if (prompt_ids.empty())
-      throw UserError("the prompt is empty and the tokenizer has no end-of-document token to start from");
-    for (int32_t id : prompt_ids)
-      if (id < 0 || id >= V)
-        throw UserError(*ckpt + ": the tokenizer's id " + std::to_string(id) + " is outside the model's vocab of " +
-                        std::to_string(V));
+    return ids;
   }
-  // Without a tokenizer the ids stand for the text; each new one appends to it, so it streams alike.
-  const auto text_of = [&](const std::vector<int32_t>& ids) {
-    if (tok) return tok->decode(ids);
-    std::string t;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i > 0) t += ' ';
-      t += std::to_string(ids[i]);
-    }
-    return t;
-  };
-  const int64_t T = static_cast<int64_t>(prompt_ids.size());
+  if (!tok)
+    throw UserError(o.ckpt +
+                    ": the checkpoint has no embedded tokenizer to encode the prompt with (give --prompt-ids)");
+  ids = tok->encode(text);
+  if (tok->eos_id() >= 0) ids.insert(ids.begin(), tok->eos_id());
+  if (ids.empty()) throw UserError("the prompt is empty and the tokenizer has no end-of-document token to start from");
+  for (int32_t id : ids)
+    if (id < 0 || id >= V)
+      throw UserError(o.ckpt + ": the tokenizer's id " + std::to_string(id) + " is outside the model's vocab of " +
+                      std::to_string(V));
+  return ids;
+}
 
+// Without a tokenizer the ids stand for the text; each new one appends to it, so it streams alike.
+std::string text_of(const Tokenizer* tok, const std::vector<int32_t>& ids) {
+  if (tok) return tok->decode(ids);
+  std::string t;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) t += ' ';
+    t += std::to_string(ids[i]);
+  }
+  return t;
+}
+
+// Sequence 0's text to stdout as it grows. SentencePiece joins pieces context-dependently, so each
+// step prints what the whole text added.
+class TextStream {
+ public:
+  explicit TextStream(const Tokenizer* tok) : tok_(tok) {}
+  void update(const std::vector<int32_t>& ids) {
+    const std::string text = text_of(tok_, ids);
+    if (text.size() > shown_.size() && text.compare(0, shown_.size(), shown_) == 0) {
+      std::fwrite(text.data() + shown_.size(), 1, text.size() - shown_.size(), stdout);
+      std::fflush(stdout);
+      shown_ = text;
+    }
+  }
+  const std::string& shown() const { return shown_; }
+
+ private:
+  const Tokenizer* tok_;
+  std::string shown_;
+};
+
+struct Generation {
+  std::vector<float> prompt_logits;  // sequence 0's logits after the prompt
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<double>> logprobs;  // of each generated token
+  double prefill_s = 0, decode_s = 0;
+};
+
+// Prefill of the prompt (the same for every sequence), then up to max_new tokens per sequence,
+// one step at a time; `stream` (optional) gets sequence 0's tokens after each step.
+Generation generate(InferenceModel& im, const GenerateOptions& o, const std::vector<int32_t>& prompt_ids,
+                    TextStream* stream) {
+  Model& model = *im.model;
+  const Tokenizer* tok = im.tokenizer ? &*im.tokenizer : nullptr;
+  const int64_t V = im.cfg.model.vocab_size, B = o.batch, T = static_cast<int64_t>(prompt_ids.size());
+  const int32_t eos = tok ? tok->eos_id() : -1;
   const Device dev = im.ctx.is_gpu() ? Device::CUDA : Device::CPU;
   OwnedTensor host_tokens(DType::I32, Device::CPU, {B, T});
   for (int64_t b = 0; b < B; ++b) std::copy(prompt_ids.begin(), prompt_ids.end(), host_tokens->data<int32_t>() + b * T);
@@ -151,11 +194,11 @@ int cmd_generate(int argc, char** argv) {
     doc_bounds_from_tokens(host_tokens->data<int32_t>(), B, T, eos, host_docs->data<int32_t>());
     docs = to(host_docs, dev, DType::I32);
   }
-  Sampler sampler(so);
-  Model::DecodeState st = model.init_decode(B, T + max_new);
+  Sampler sampler(o.sampling);
+  Model::DecodeState st = model.init_decode(B, T + o.max_new);
   // Greedy decoding picks on the device, inside the step's CUDA graph (generate/decode_graph.h),
   // and brings back only the ids and their log-probabilities; sampling brings back the logits.
-  const bool greedy = so.temperature == 0;
+  const bool greedy = o.sampling.temperature == 0;
   OwnedTensor pick_logprob(DType::F64, dev, {B});
   DecodeGraph steps(model, st, step_tokens, logits, {.greedy = greedy}, greedy ? pick_logprob.t : Tensor());
   std::vector<double> picked, picked_logprob;
@@ -171,14 +214,12 @@ int cmd_generate(int argc, char** argv) {
     fetch_picks();
   }
   const auto t1 = std::chrono::steady_clock::now();
-  const std::vector<float> prompt_logits(host_logits.begin(), host_logits.begin() + V);
-
-  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
-  std::vector<std::vector<double>> logprobs(static_cast<size_t>(B));
+  Generation g;
+  g.prompt_logits.assign(host_logits.begin(), host_logits.begin() + V);
+  g.tokens.resize(static_cast<size_t>(B));
+  g.logprobs.resize(static_cast<size_t>(B));
   std::vector<bool> done(static_cast<size_t>(B), false);
-  std::string shown;  // text of sequence 0 already streamed
-  const bool stream = !as_json;
-  for (int64_t i = 0; i < max_new; ++i) {
+  for (int64_t i = 0; i < o.max_new; ++i) {
     if (i > 0) {
       if (documents)
         for (int64_t b = 0; b < B; ++b)
@@ -199,54 +240,78 @@ int cmd_generate(int argc, char** argv) {
       if (!done[ub]) {
         if (greedy) {
           next = static_cast<int32_t>(picked[ub]);
-          logprobs[ub].push_back(picked_logprob[ub]);
+          g.logprobs[ub].push_back(picked_logprob[ub]);
         } else {
           next = sampler.sample(host_logits.data() + b * V, V, static_cast<uint64_t>(b), static_cast<uint64_t>(i));
-          logprobs[ub].push_back(log_prob(host_logits, ub, V, next));
+          g.logprobs[ub].push_back(log_prob(host_logits, ub, V, next));
         }
-        out[ub].push_back(next);
-        if (stop_at_eos && next == eos) done[ub] = true;
+        g.tokens[ub].push_back(next);
+        if (o.stop_at_eos && next == eos) done[ub] = true;
       }
       host_step->data<int32_t>()[b] = next;
       all_done = all_done && done[ub];
     }
-    if (stream && B == 1) {
-      // SentencePiece joins pieces context-dependently: print what the whole text added.
-      const std::string text = text_of(out[0]);
-      if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
-        std::fwrite(text.data() + shown.size(), 1, text.size() - shown.size(), stdout);
-        std::fflush(stdout);
-        shown = text;
-      }
-    }
+    if (stream) stream->update(g.tokens[0]);
     if (all_done) break;
   }
   const auto t2 = std::chrono::steady_clock::now();
-  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
-  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
-  int64_t generated = 0;
-  for (const auto& o : out) generated += static_cast<int64_t>(o.size());
+  g.prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  g.decode_s = std::chrono::duration<double>(t2 - t1).count();
+  return g;
+}
 
-  if (as_json) {
-    json seqs = json::array();
-    for (size_t b = 0; b < out.size(); ++b)
-      seqs.push_back(
-          {{"tokens", out[b]}, {"text", tok ? json(tok->decode(out[b])) : json(nullptr)}, {"logprobs", logprobs[b]}});
-    const json j = {{"checkpoint", *ckpt}, {"device", im.ctx.is_gpu() ? "gpu" : "cpu"},
-                    {"prompt_tokens", prompt_ids}, {"prompt_last_logits", prompt_logits},
-                    {"sequences", seqs}, {"prefill_seconds", prefill_s}, {"decode_seconds", decode_s}};
-    std::printf("%s\n", j.dump().c_str());
+void print_json(const GenerateOptions& o, const InferenceModel& im, const std::vector<int32_t>& prompt_ids,
+                const Generation& g) {
+  const Tokenizer* tok = im.tokenizer ? &*im.tokenizer : nullptr;
+  json seqs = json::array();
+  for (size_t b = 0; b < g.tokens.size(); ++b)
+    seqs.push_back({{"tokens", g.tokens[b]},
+                    {"text", tok ? json(tok->decode(g.tokens[b])) : json(nullptr)},
+                    {"logprobs", g.logprobs[b]}});
+  const json j = {{"checkpoint", o.ckpt},        {"device", im.ctx.is_gpu() ? "gpu" : "cpu"},
+                  {"prompt_tokens", prompt_ids}, {"prompt_last_logits", g.prompt_logits},
+                  {"sequences", seqs},           {"prefill_seconds", g.prefill_s},
+                  {"decode_seconds", g.decode_s}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  Args args(argc, argv, kUsage, {"json", "stop-at-eos"});
+  if (args.help()) {
+    std::printf("%s", kUsage);
     return 0;
   }
-  if (B == 1) {
-    std::printf("%s\n", text_of(out[0]).substr(shown.size()).c_str());
-  } else {
-    for (size_t b = 0; b < out.size(); ++b) std::printf("[%zu] %s\n", b, text_of(out[b]).c_str());
+  const GenerateOptions o = parse_options(args);
+  const std::vector<int64_t> given_ids =
+      o.prompt_ids ? parse_int_list(*o.prompt_ids, "--prompt-ids", 0) : std::vector<int64_t>{};
+  const std::string text = o.prompt_text ? *o.prompt_text : o.prompt_file ? read_prompt_file(*o.prompt_file) : "";
+
+  InferenceModel im = load_inference_checkpoint(o.ckpt, o.device);
+  const Tokenizer* tok = im.tokenizer ? &*im.tokenizer : nullptr;
+  if (!tok && o.stop_at_eos)
+    throw UserError("--stop-at-eos: " + o.ckpt + " has no tokenizer, so no end-of-document id");
+  const std::vector<int32_t> prompt_ids = prompt_token_ids(o, given_ids, text, tok, im.cfg.model.vocab_size);
+
+  TextStream stream(tok);
+  const bool streaming = !o.as_json && o.batch == 1;
+  const Generation g = generate(im, o, prompt_ids, streaming ? &stream : nullptr);
+  if (o.as_json) {
+    print_json(o, im, prompt_ids, g);
+    return 0;
   }
+  if (o.batch == 1) {
+    std::printf("%s\n", text_of(tok, g.tokens[0]).substr(stream.shown().size()).c_str());
+  } else {
+    for (size_t b = 0; b < g.tokens.size(); ++b) std::printf("[%zu] %s\n", b, text_of(tok, g.tokens[b]).c_str());
+  }
+  int64_t generated = 0;
+  for (const auto& t : g.tokens) generated += static_cast<int64_t>(t.size());
   std::fflush(stdout);  // the text before the timings, when both go to one place
   std::fprintf(stderr, "prompt %lld tokens in %.3f s | %lld new tokens in %.3f s (%.1f tokens/s)\n",
-               static_cast<long long>(T), prefill_s, static_cast<long long>(generated), decode_s,
-               decode_s > 0 ? static_cast<double>(generated) / decode_s : 0.0);
+               static_cast<long long>(prompt_ids.size()), g.prefill_s, static_cast<long long>(generated), g.decode_s,
+               g.decode_s > 0 ? static_cast<double>(generated) / g.decode_s : 0.0);
   return 0;
 }
 
