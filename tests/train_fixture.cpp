@@ -65,17 +65,21 @@ const std::string& tiny_dataset() {
         out << kSubjects[rng.below(6)] << " " << kVerbs[rng.below(6)] << " " << kObjects[rng.below(6)]
             << kEnds[rng.below(6)] << (s % 6 == 5 ? "\n\n" : " ");
     }
-    PrepareOptions o;
-    o.inputs = {dir};
-    o.out = dir + "/tiny.h5";
-    o.vocab_size = 300;
-    o.val_fraction = 0.1;
-    o.threads = 2;
-    o.progress = false;
-    prepare(o);
-    return o.out;
+    return prepare_small_dataset(dir, dir + "/tiny.h5");
   }();
   return path;
+}
+
+std::string prepare_small_dataset(const std::string& text_dir, const std::string& out) {
+  PrepareOptions o;
+  o.inputs = {text_dir};
+  o.out = out;
+  o.vocab_size = 300;
+  o.val_fraction = 0.1;
+  o.threads = 2;
+  o.progress = false;
+  prepare(o);
+  return o.out;
 }
 
 json tiny_train_config(const std::string& out_dir) {

@@ -11,6 +11,9 @@ namespace linac::test {
 
 // Prepares (once per process) a token file under a temp dir and returns its path.
 const std::string& tiny_dataset();
+// A token dataset of the text files in text_dir at out (a SentencePiece model of 300 pieces
+// trained on them, a tenth of the documents for validation); returns out.
+std::string prepare_small_dataset(const std::string& text_dir, const std::string& out);
 // A fresh temp directory for one test; removed at the process's end when all its tests passed.
 std::string fresh_dir(const std::string& name);
 // A small transformer config on tiny_dataset() writing to out_dir.

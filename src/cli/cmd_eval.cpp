@@ -166,6 +166,11 @@ int cmd_eval(int argc, char** argv) {
   check_dataset_vocab(ds, cfg.model.vocab_size);
   // The scored text's bytes come from the checkpoint's tokenizer, else the dataset's; a dataset
   // prepared from token ids, scored with a checkpoint that has none, has no text to count.
+  if (!meta.tokenizer.empty() && ds.has_tokenizer() && ds.tokenizer_bytes() != meta.tokenizer)
+    throw UserError(data_path + ": its SentencePiece model is not " + *ckpt +
+                    "'s, so its ids stand for other tokens: prepare the data with the checkpoint's tokenizer "
+                    "(linac prepare --tokenizer " +
+                    *ckpt + ")");
   std::optional<Tokenizer> tok;
   if (!meta.tokenizer.empty())
     tok = Tokenizer::from_bytes(meta.tokenizer, *ckpt);
@@ -176,7 +181,9 @@ int cmd_eval(int argc, char** argv) {
   const uint64_t split_targets = ds.size(split) > 0 ? ds.size(split) - 1 : 0;
   const uint64_t targets = max_tokens > 0 ? std::min<uint64_t>(split_targets, static_cast<uint64_t>(max_tokens)) : split_targets;
   const int64_t T = std::max<int64_t>(1, std::min<int64_t>(seq_len ? seq_len : cfg.data.seq_len, static_cast<int64_t>(targets)));
-  const int64_t B = batch ? batch : cfg.train.micro_batch;
+  // No more rows than the split has windows: a larger --batch would only allocate empty rows.
+  const int64_t windows = static_cast<int64_t>((targets + static_cast<uint64_t>(T) - 1) / static_cast<uint64_t>(T));
+  const int64_t B = std::min(batch ? batch : cfg.train.micro_batch, std::max<int64_t>(1, windows));
   const bool documents = packing.value_or(cfg.data.packing) == "document";
   LoadedModel m = load_model(reader, cfg);
   if (documents) m.model->check_documents();

@@ -65,15 +65,10 @@ RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
 
 RunLock::~RunLock() {
   if (fd_ < 0) return;
-  if (created_dir_) {
+  if (created_dir_ && !keep_) {
+    // Nothing but this process wrote there: the directory is new and the lock kept others out.
     std::error_code ec;
-    bool only_lock = true;
-    for (const auto& e : fs::directory_iterator(dir_, ec))
-      if (e.path().filename() != kFileName) only_lock = false;
-    if (!ec && only_lock) {
-      fs::remove(fs::path(dir_) / kFileName, ec);
-      fs::remove(dir_, ec);
-    }
+    fs::remove_all(dir_, ec);
   }
   ::close(fd_);  // releases the flock
 }

@@ -21,9 +21,12 @@ class RunLock {
   // the directory and the process holding it when another run has it, or naming the cause when
   // the directory or the lock file cannot be created.
   explicit RunLock(const std::string& out_dir);
-  // Releases the lock. When this lock created the directory and nothing but the lock file was
-  // written there (the run was refused before it started), removes both.
+  // Releases the lock. When this lock created the directory and the run never started (it was
+  // refused while it set up: a config, its data or a checkpoint found wrong), removes the
+  // directory with what the refused run wrote there (the lock file, its log).
   ~RunLock();
+  // The run has started: the directory stays, whatever happens next.
+  void keep() { keep_ = true; }
   RunLock(const RunLock&) = delete;
   RunLock& operator=(const RunLock&) = delete;
 
@@ -32,7 +35,7 @@ class RunLock {
  private:
   std::string dir_;
   int fd_ = -1;
-  bool created_dir_ = false;
+  bool created_dir_ = false, keep_ = false;
 };
 
 struct StaleFile {

@@ -131,6 +131,18 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
   if (metrics_->dropped() > 0)
     log_->info("{}: dropped {} record(s) of steps after {} (this run writes them again) or left unfinished",
                metrics_->path(), metrics_->dropped(), step_);
+  started();
+}
+
+// The run is set up: its config is recorded, and the directory stays. Until here a refused run
+// leaves an existing run's config.json as it was, and a directory it created is removed.
+void Trainer::started() {
+  if (!root_) return;
+  const fs::path cfg_out = fs::path(tc_.out_dir) / "config.json";
+  std::ofstream cfg_file(cfg_out);
+  cfg_file << cfg_.to_json().dump(2) << "\n" << std::flush;
+  if (!cfg_file) throw UserError("cannot write " + cfg_out.string() + ": " + std::strerror(errno));
+  lock_->keep();
 }
 
 Trainer::~Trainer() = default;
@@ -191,7 +203,7 @@ void Trainer::open_ranks() {
 // One run per directory: rank 0 holds out_dir's lock from before it looks for checkpoints
 // until the run ends, so a second run (fresh or --resume) into it is refused whatever the first
 // has written yet. With the lock held, temp files there are a killed writer's. Then the resume
-// point, config.json and the log.
+// point and the log.
 std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resume) {
   std::vector<Note> notes;
   if (root_) {
@@ -221,6 +233,7 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
       throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg_.source +
                       "'s (compare with its /config); refusing to resume");
     if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
+    check_same_tokenizer(*ckpt, "--resume: ");
   }
   open_log(notes);
   return ckpt;
@@ -244,12 +257,6 @@ std::unique_ptr<CheckpointReader> Trainer::open_checkpoint(const std::string& pa
 }
 
 void Trainer::open_log(const std::vector<Note>& notes) {
-  if (root_) {
-    const fs::path cfg_out = fs::path(tc_.out_dir) / "config.json";
-    std::ofstream cfg_file(cfg_out);
-    cfg_file << cfg_.to_json().dump(2) << "\n" << std::flush;
-    if (!cfg_file) throw UserError("cannot write " + cfg_out.string() + ": " + std::strerror(errno));
-  }
   log_ = make_logger(tc_.out_dir, root_, rank_);
   for (const Note& n : notes) {
     if (n.warning)
@@ -260,6 +267,8 @@ void Trainer::open_log(const std::vector<Note>& notes) {
 }
 
 void Trainer::build_model() {
+  // The data's checks (a split shorter than a sequence, ...) before the model's buffers are sized.
+  batches_ = data_.train_batches(B_, T_, rank_, world_, tc_.seed);
   if (tc_.threads > 0) omp_set_num_threads(static_cast<int>(tc_.threads));
   if (gpu_) {
     gctx_ = std::make_unique<GpuContext>();
@@ -271,7 +280,6 @@ void Trainer::build_model() {
   model_->set_recompute(parse_recompute(tc_.recompute));
   model_->reserve(B_, data_.max_seq_len(T_));
   stepper_ = std::make_unique<TrainStep>(*model_, tc_, comm_.get());
-  batches_ = data_.train_batches(B_, T_, rank_, world_, tc_.seed);
   for (int64_t i = 0; i < n_micro_; ++i) {
     tokens_d_.emplace_back(DType::I32, ctx_.device, std::vector<int64_t>{B_, T_});
     targets_d_.emplace_back(DType::I32, ctx_.device, std::vector<int64_t>{B_, T_});
@@ -298,10 +306,18 @@ void Trainer::init_fresh() {
       tc_.recompute != "none" ? ", recompute " + tc_.recompute : std::string());
 }
 
+// A checkpoint's tokenizer other than the data's would give the ids other meanings.
+void Trainer::check_same_tokenizer(const CheckpointReader& ckpt, const std::string& where) const {
+  const std::string data_tok = data_.tokenizer_bytes(), ckpt_tok = ckpt.data().tokenizer;
+  if (!data_tok.empty() && !ckpt_tok.empty() && data_tok != ckpt_tok)
+    throw UserError(where + ckpt.path() + " has another SentencePiece model than data.path '" + cfg_.data.path +
+                    "': prepare the data with its tokenizer (linac export writes it as tokenizer.model; linac prepare "
+                    "--tokenizer FILE)");
+}
+
 // The weights must fit this model (load_params names a parameter whose name or shape differs).
 // Model settings without weights (norm_eps, rope_base, rope_scaling, ...) may differ on purpose,
-// a longer context's RoPE for one: each difference is logged. A tokenizer other than the data's
-// would give the ids other meanings, so it is refused.
+// a longer context's RoPE for one: each difference is logged. The tokenizer must be the data's.
 void Trainer::init_from_checkpoint() {
   const std::string where = cfg_.source + ": train.init_from: ";
   std::error_code ec;
@@ -309,11 +325,7 @@ void Trainer::init_from_checkpoint() {
     throw UserError(where + "'" + tc_.init_from + "' is not a checkpoint (a .h5 file or a sharded checkpoint directory)");
   const CheckpointReader ckpt(tc_.init_from);
   const json theirs = ckpt.data().config.value("model", json::object()), ours = cfg_.to_json()["model"];
-  const std::string data_tok = data_.tokenizer_bytes(), ckpt_tok = ckpt.data().tokenizer;
-  if (!data_tok.empty() && !ckpt_tok.empty() && data_tok != ckpt_tok)
-    throw UserError(where + ckpt.path() + " has another SentencePiece model than data.path '" + cfg_.data.path +
-                    "': prepare the data with its tokenizer (linac export writes it as tokenizer.model; linac prepare "
-                    "--tokenizer FILE)");
+  check_same_tokenizer(ckpt, where);
   try {
     ckpt.load_params(model_->params(), false);
   } catch (const UserError& e) {

@@ -72,6 +72,8 @@ class Trainer {
   std::unique_ptr<CheckpointReader> open_run_dir(const std::string& resume);
   std::unique_ptr<CheckpointReader> open_checkpoint(const std::string& path);
   void open_log(const std::vector<Note>& notes);
+  void started();
+  void check_same_tokenizer(const CheckpointReader& ckpt, const std::string& where) const;
   void build_model();
   void init_fresh();
   // init_fresh's start from train.init_from's weights.

@@ -1,8 +1,10 @@
 // What protects a run directory and the files in it: one run per out_dir (an advisory lock that
 // a crash releases), stale temp files of killed writers removed, one metrics record per step
 // across resumes, no checkpoint written with a
-// non-finite value, divergence reported with its own exit status, and AdamW settings that cannot
-// be numerically sound refused before any work.
+// non-finite value, divergence reported with its own exit status, AdamW settings that cannot
+// be numerically sound refused before any work, and a run refused while it sets up (its data,
+// a checkpoint of another tokenizer) changing nothing on disk.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -342,6 +343,50 @@ TEST(RunSafety, DivergedRunExitsWithItsOwnStatus) {
   EXPECT_NE(out.find("\nlinac train: error: training diverged at step "), std::string::npos) << out;
   EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
   expect_checkpoints_finite(base + "/run");
+}
+
+// A dataset like tiny_dataset() but with other words, so its SentencePiece model differs.
+std::string other_tokenizer_dataset(const std::string& base) {
+  const std::string dir = base + "/other_text";
+  fs::create_directories(dir);
+  for (int f = 0; f < 20; ++f) {
+    std::ofstream out(dir + "/other" + std::to_string(f) + ".txt");
+    for (int s = 0; s < 80; ++s) out << "quartz " << (s * 7 + f) % 13 << " zephyr wobbles; lynx " << s % 5 << "!\n\n";
+  }
+  return test::prepare_small_dataset(dir, base + "/other.h5");
+}
+
+TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("refused"), dir = base + "/run";
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 2;
+  const std::string cfg = write_cfg(base, j);
+  std::string out;
+  ASSERT_EQ(test::run_linac("train " + cfg, out), 0) << out;
+  const std::string config_before = read_file(dir + "/config.json");
+  ASSERT_FALSE(config_before.empty());
+  const std::string too_long =
+      " --set data.seq_len=100000 --set train.micro_batch=1 --set train.global_batch_tokens=100000";
+  auto expect_refused = [&](const std::string& args, const std::string& what) {
+    std::string o;
+    EXPECT_EQ(test::run_linac(args, o), 2) << args << ": " << o;
+    EXPECT_EQ(std::count(o.begin(), o.end(), '\n'), 1) << o;
+    EXPECT_NE(o.find(what), std::string::npos) << o;
+  };
+  // Resuming with a config its data refuses: the run's config.json is the run's, not the refused one's.
+  expect_refused("train " + cfg + " --resume auto" + too_long, "fewer than seq_len + 1");
+  EXPECT_EQ(read_file(dir + "/config.json"), config_before);
+  // A fresh run refused after its lock was taken leaves no directory behind.
+  expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new" + too_long, "fewer than seq_len + 1");
+  EXPECT_FALSE(fs::exists(base + "/new"));
+  // The ids of data with another tokenizer mean other tokens: refused for --resume as for init_from, and by eval.
+  const std::string ckpt = test::latest_checkpoint_path(dir), other = other_tokenizer_dataset(base);
+  expect_refused(
+      "train " + cfg + " --set data.path=" + other + " --set train.out_dir=" + base + "/other --resume " + ckpt,
+      "has another SentencePiece model than data.path");
+  EXPECT_FALSE(fs::exists(base + "/other"));
+  expect_refused("eval --checkpoint " + ckpt + " --data " + other, "its SentencePiece model is not");
 }
 
 TEST(RunSafety, UnsoundAdamSettingsAreRefused) {
