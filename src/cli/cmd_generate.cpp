@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -14,12 +15,15 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/buffer.h"
+#include "data/corpus.h"
 #include "data/documents.h"
 #include "generate/decode_graph.h"
 #include "generate/inference_model.h"
 #include "generate/sampler.h"
 
 namespace linac::cli {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -44,7 +48,12 @@ const char* kUsage =
     "the text printed is the generated ids separated by spaces, --json's \"text\" is null, and\n"
     "--stop-at-eos is refused.\n";
 
+// The prompt as a text file: a directory or a binary file (a checkpoint given by mistake) is
+// refused as prepare refuses one.
 std::string read_prompt_file(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UserError("--prompt-file " + path + " is a directory, not a text file");
+  check_text_file(path, "--prompt-file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("--prompt-file: cannot read '" + path + "'");
   std::ostringstream s;

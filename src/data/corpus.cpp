@@ -33,17 +33,16 @@ InputKind kind_of_named(const fs::path& p) {
 
 size_t utf8_seq(const std::string& s, size_t i, size_t& bad);
 
-// Throws unless `path` can be read and its first 64 KiB look like text: no NUL byte, and at most
-// a quarter of the bytes in invalid UTF-8 sequences (so text in an 8-bit encoding still passes;
-// its stray bytes are replaced and counted like any invalid UTF-8).
-void check_text_file(const std::string& path) {
+}  // namespace
+
+void check_text_file(const std::string& path, const std::string& what) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError("cannot read input " + path + ": " + std::strerror(errno));
+  if (!f) throw UserError("cannot read " + what + " " + path + ": " + std::strerror(errno));
   std::string head(64 * 1024, '\0');
   f.read(head.data(), static_cast<std::streamsize>(head.size()));
   head.resize(static_cast<size_t>(f.gcount()));
   if (head.find('\0') != std::string::npos)
-    throw UserError("input " + path + ": not a text file (it holds NUL bytes)");
+    throw UserError(what + " " + path + ": not a text file (it holds NUL bytes)");
   // A sequence cut at the end of the sample is not held against the file.
   const size_t end = head.size() < 64 * 1024 ? head.size() : head.size() - 3;
   size_t invalid = 0, bad = 0;
@@ -53,9 +52,11 @@ void check_text_file(const std::string& path) {
     i += n ? n : bad;
   }
   if (invalid * 4 > end)
-    throw UserError("input " + path + ": not a text file (" + std::to_string(invalid) + " of its first " +
+    throw UserError(what + " " + path + ": not a text file (" + std::to_string(invalid) + " of its first " +
                     std::to_string(end) + " bytes are not UTF-8)");
 }
+
+namespace {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
 

@@ -35,6 +35,12 @@ struct InputFile {
 // of an unsupported type, or when nothing readable remains.
 std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths);
 
+// Throws a UserError unless `path` can be read and its first 64 KiB look like text: no NUL byte,
+// and at most a quarter of the bytes in invalid UTF-8 sequences (so text in an 8-bit encoding
+// still passes; its stray bytes are replaced and counted like any invalid UTF-8). `what` names
+// the file in the message ("input", "--prompt-file").
+void check_text_file(const std::string& path, const std::string& what = "input");
+
 // Replaces invalid UTF-8 in place; returns the number of replacements.
 uint64_t sanitize_utf8(std::string& s);
 

@@ -92,6 +92,14 @@ class TempOutput {
   struct sigaction old_[3];
 };
 
+// --force replaces OUT: never when OUT is a file the dataset is made from (the same file under
+// another name or through a link too).
+void refuse_out_as_input(const std::string& out, const std::string& input, const std::string& what) {
+  std::error_code ec;
+  if (!input.empty() && fs::exists(input, ec) && fs::exists(out, ec) && fs::equivalent(input, out, ec))
+    throw UserError("output " + out + " is " + what + " " + input + "; give another --out");
+}
+
 void check_options(const PrepareOptions& o) {
   if (!o.token_ids.empty() && !o.inputs.empty())
     throw UserError("give either --input (text to tokenise) or --token-ids (ids already tokenised), not both");
@@ -106,6 +114,9 @@ void check_options(const PrepareOptions& o) {
   std::error_code ec;
   if (fs::is_directory(o.out, ec)) throw UserError("output " + o.out + " is a directory");
   if (fs::exists(o.out, ec) && !o.force) throw UserError("output " + o.out + " exists (use --force to replace it)");
+  for (const std::string& in : o.inputs) refuse_out_as_input(o.out, in, "the input");
+  for (const std::string& in : o.token_ids) refuse_out_as_input(o.out, in, "the --token-ids file");
+  refuse_out_as_input(o.out, o.tokenizer, "the --tokenizer file");
   const fs::path parent = fs::path(o.out).parent_path();
   if (!parent.empty()) {
     fs::create_directories(parent, ec);
@@ -266,6 +277,7 @@ PrepareStats prepare_text(const PrepareOptions& opts, Clock::time_point t0) {
   to.verbose = opts.verbose;
   if (opts.tokenizer.empty()) check_train_options(to);
   const std::vector<InputFile> files = discover_inputs(opts.inputs);
+  for (const InputFile& f : files) refuse_out_as_input(opts.out, f.path, "the input");  // one found in a directory
   {
     DocumentReader probe(files, opts.corpus);
     std::string doc;

@@ -16,9 +16,10 @@
 //
 // Safety: the file is written as OUT.tmp-<pid> and renamed only once complete, so the final
 // name never holds a partial file; an existing OUT is replaced only with --force and only by
-// a complete file; SIGINT/SIGTERM/SIGHUP during prepare remove the temporary file before the
-// process dies; a UserError or any other failure removes it too. Every user mistake is
-// detected before anything is written.
+// a complete file, never when it is one of the inputs (--input, --token-ids, --tokenizer);
+// SIGINT/SIGTERM/SIGHUP during prepare remove the temporary file before the process dies; a
+// UserError or any other failure removes it too. Every user mistake is detected before anything
+// is written.
 #pragma once
 
 #include <cstdint>

@@ -10,6 +10,7 @@
 #include "data/tokenizer.h"
 #include "export/hf_llama.h"
 #include "model/param_store.h"
+#include "reduce/reduce.h"
 
 namespace fs = std::filesystem;
 
@@ -54,6 +55,15 @@ void check_shape(const SafetensorsSet& st, const std::string& name, const std::v
   if (at.entry->shape != want)
     throw UserError(at.file->path() + ": tensor '" + name + "': expected shape " + shape_text(want) +
                     " (from config.json), got " + shape_text(at.entry->shape));
+}
+
+// A weight holding inf or NaN is refused: the checkpoint would train and generate nothing but NaN.
+void check_finite(const SafetensorsSet& st, const std::string& name, const Tensor& w) {
+  OwnedTensor count(DType::F32, Device::CPU, {1});
+  count_nonfinite(Ctx{}, w, count);
+  if (const auto bad = static_cast<int64_t>(to_doubles(count)[0]); bad > 0)
+    throw UserError(st.tensors().at(name).file->path() + ": tensor '" + name + "' holds " + std::to_string(bad) +
+                    " non-finite value" + (bad > 1 ? "s" : "") + " (inf or NaN)");
 }
 
 std::string read_bytes(const fs::path& path) {
@@ -127,6 +137,7 @@ void hf_llama_import_tensors(const SafetensorsSet& st, Model& model, const std::
       throw UserError(dir + ": tensor '" + v.name + "' (shape " + shape_text(v.data.dims()) + ") is missing");
     check_shape(st, v.name, v.data.dims());
     const OwnedTensor w = st.read_f32(v.name);
+    check_finite(st, v.name, w);
     std::memcpy(v.data.ptr, w->ptr, v.data.nbytes());
     expected.insert(v.name);
     filled += v.data.numel();

@@ -12,7 +12,8 @@
 // Everything linac cannot compute exactly as transformers does is refused with a UserError naming
 // the file and the field or tensor: another model_type or architecture, biases, an activation
 // other than silu, a head_dim other than hidden_size / num_attention_heads, RoPE scaling other
-// than llama3, missing, extra or misshapen tensors, lm_head differing from the embedding when tied.
+// than llama3, missing, extra or misshapen tensors, a weight holding inf or NaN, lm_head differing
+// from the embedding when tied.
 #pragma once
 
 #include <memory>

@@ -187,12 +187,34 @@ TEST(CliGenerate, BadInputIsOneLineAndExit2) {
   expect_one_line_user_error("export --format hf" + out);
 }
 
-// ---- export ----------------------------------------------------------------------------------
-
 std::string file_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
+
+// --prompt-file takes a text file: a directory (once read as an empty prompt) and a binary file (a
+// checkpoint given by mistake, once an internal error) are refused naming the file, as prepare
+// refuses a binary input; neither is changed.
+TEST(CliGenerate, PromptFileMustBeText) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string ck = tiny_checkpoint(false), dir = test::fresh_dir("gen_prompt_file");
+  const std::string ck_bytes = file_text(ck);
+  const struct {
+    std::string path, message;
+  } cases[] = {{dir, "--prompt-file " + dir + " is a directory, not a text file"},
+               {ck, "--prompt-file " + ck + ": not a text file (it holds NUL bytes)"}};
+  for (const auto& c : cases) {
+    std::string out;
+    EXPECT_EQ(test::run_linac("generate --checkpoint " + ck + " --max-new-tokens 2 --prompt-file " + c.path, out), 2)
+        << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    EXPECT_NE(out.find("linac generate: error: " + c.message), std::string::npos) << out;
+  }
+  EXPECT_TRUE(fs::is_empty(dir));
+  EXPECT_EQ(file_text(ck), ck_bytes);
+}
+
+// ---- export ----------------------------------------------------------------------------------
 
 // Like `prepare`, export refuses an output that holds something unless --force is given; a
 // refused or failed export leaves the directory as it was, and --force replaces only its own

@@ -3,8 +3,8 @@
 // with and without Llama 3 RoPE scaling, with an embedded SentencePiece model); a Hugging Face
 // folder written here by hand (F32, F16 with subnormals, BF16; one file or sharded) imports and
 // exports back to exactly its values. Each refusal names its field, tensor or file; damaged
-// safetensors are refused; the CLI's exit codes; generate --prompt-ids on a checkpoint without
-// a tokenizer.
+// safetensors and weights holding inf or NaN are refused; the CLI's exit codes; generate --prompt-ids on a checkpoint
+// without a tokenizer.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -539,6 +539,45 @@ TEST(HfImport, DamagedSafetensorsAreRefusedNamingTheFile) {
   EXPECT_NE(e.find("model.safetensors.index.json: weight_map."), std::string::npos) << e;
   EXPECT_NE(e.find("shard 'model-00002-of-00002.safetensors' does not exist"), std::string::npos) << e;
   EXPECT_NE(import_error(dir + "/missing").find("not a directory"), std::string::npos);
+}
+
+// A weight holding inf or NaN is refused naming the tensor and how many values; the CLI writes no
+// checkpoint and leaves an existing --out as it was, --force included.
+TEST(HfImport, NonFiniteWeightsAreRefusedNamingTheTensor) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("hf_nonfinite");
+  const json cfg = hf_config(false, 2, false);
+  const std::vector<HfTensor> good = hf_tensors(cfg, "BF16");
+  auto with_bf16 = [&](const std::string& name, const std::vector<std::pair<size_t, uint16_t>>& values) {
+    std::vector<HfTensor> t = good;
+    HfTensor& x = *std::find_if(t.begin(), t.end(), [&](const HfTensor& h) { return h.name == name; });
+    for (const auto& [i, bits] : values) std::memcpy(&x.bytes[2 * i], &bits, 2);
+    return t;
+  };
+  const std::string nan = write_hf_folder(dir + "/nan", cfg, with_bf16("model.norm.weight", {{3, 0x7FC0}}));
+  const std::string inf =
+      write_hf_folder(dir + "/inf", cfg, with_bf16("model.layers.1.mlp.up_proj.weight", {{0, 0x7F80}, {17, 0xFF80}}));
+  EXPECT_EQ(import_error(nan),
+            nan + "/model.safetensors: tensor 'model.norm.weight' holds 1 non-finite value (inf or NaN)");
+  EXPECT_EQ(import_error(inf), inf +
+                                   "/model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' holds 2 non-finite "
+                                   "values (inf or NaN)");
+
+  const std::string ck = dir + "/m.h5";
+  std::string out;
+  EXPECT_EQ(test::run_linac("import --format hf " + nan + " --out " + ck, out), 2) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find("linac import: error: " + nan + "/model.safetensors: tensor 'model.norm.weight' holds 1"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(ck));
+  run_ok("import --format hf " + write_hf_folder(dir + "/good", cfg, good) + " --out " + ck);
+  const std::string first = file_bytes(ck);
+  expect_one_line_user_error("import --force --format hf " + inf + " --out " + ck);
+  EXPECT_EQ(file_bytes(ck), first);
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
+  EXPECT_EQ(entries, 4u) << "a temporary file was left in " << dir;  // nan, inf, good, m.h5
 }
 
 // ---- the CLI ------------------------------------------------------------------------------------------

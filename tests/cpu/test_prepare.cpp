@@ -1,6 +1,7 @@
 // `linac prepare`: corpus reading (formats, UTF-8 repair), the end-to-end file, the val split,
 // and every documented bad input through the library and through the `linac` binary (exit
-// status 2, one error line, no existing file damaged, no partial file left behind).
+// status 2, one error line, no existing file damaged, no partial file left behind), an --out
+// that is one of the inputs among them.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -381,6 +382,44 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_EQ(test::read_file(out), keep) << c.message;
     EXPECT_FALSE(dir.has_temp_files()) << c.message;
+  }
+}
+
+// --force never lets the dataset replace a file it is made from: a named input, one found in an
+// input directory, the same file through a link, a --token-ids file or the --tokenizer dataset.
+TEST(PrepareCli, OutputThatIsAnInputIsRefused) {
+  SKIP_WITHOUT_BINARY();
+  TempDir dir;
+  write_corpus(dir, 60);
+  test::write_file(dir / "tok.model", test::tiny_tokenizer().model_bytes());
+  PrepareOptions o = quick_options({dir / "corpus"}, dir / "data.h5");
+  o.tokenizer = dir / "tok.model";
+  prepare(o);
+  std::string ids;
+  for (const int32_t id : {3, 4, 5, 0, 6, 7, 0}) ids.append(reinterpret_cast<const char*>(&id), 4);
+  test::write_file(dir / "ids.bin", ids);
+  std::filesystem::create_symlink(dir / "corpus/c.md", dir / "link.md");
+  const std::string corpus = dir / "corpus", md = dir / "corpus/c.md", data = dir / "data.h5";
+  const std::vector<std::string> files = {md, dir / "corpus/b.jsonl", data, dir / "ids.bin"};
+  std::vector<std::string> before;
+  for (const std::string& f : files) before.push_back(test::read_file(f));
+  const std::vector<std::vector<std::string>> cases = {
+      {"--input", md, "--out", md, "--vocab-size", "400"},
+      {"--input", corpus, "--out", dir / "corpus/b.jsonl", "--vocab-size", "400"},
+      {"--input", md, "--out", dir / "link.md", "--vocab-size", "400"},
+      {"--input", md, "--out", data, "--tokenizer", data},
+      {"--token-ids", dir / "ids.bin", "--out", dir / "ids.bin", "--vocab-size", "10", "--eos-id", "0"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"prepare", "--quiet", "--force"};
+    args.insert(args.end(), c.begin(), c.end());
+    const auto r = test::run_linac(args, dir);
+    EXPECT_EQ(r.status, 2) << c[3] << "\n" << r.err;
+    EXPECT_NE(r.err.find("linac prepare: error: output " + c[3] + " is the "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("; give another --out"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(test::read_file(files[i]), before[i]) << files[i];
+    EXPECT_FALSE(dir.has_temp_files()) << c[3];
   }
 }
 
