@@ -35,7 +35,7 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (device == Device::CPU) {
     size_t rounded = (bytes + 63) / 64 * 64;
     ptr_ = std::aligned_alloc(64, rounded);
-    if (!ptr_) LINAC_FAIL("host allocation of " + std::to_string(bytes) + " bytes failed");
+    if (!ptr_) throw UserError(out_of_memory_message("host", bytes, usage(device).live.load()));
   } else {
     ptr_ = gpu_malloc(bytes);
   }

@@ -8,6 +8,7 @@
 //    and exits with status 3: neither a bug nor bad input, but a run to restart differently.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -32,6 +33,12 @@ class Diverged : public std::runtime_error {
 inline constexpr int kExitBug = 1, kExitUserError = 2, kExitDiverged = 3;
 
 [[noreturn]] void fail_at(const char* file, int line, const std::string& msg);
+
+// The message of an allocation this machine cannot hold, a UserError's: the request (a model,
+// batch or sequence too large for the machine) is the user's to change, not a bug. `where` is
+// "host" or "GPU", `in_use` the bytes already allocated there (0 with `bytes` 0: a std::bad_alloc
+// of unknown size).
+std::string out_of_memory_message(const char* where, size_t bytes, size_t in_use);
 
 }  // namespace linac
 

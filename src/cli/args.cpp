@@ -1,6 +1,7 @@
 #include "cli/args.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -63,8 +64,12 @@ int64_t Args::get_int(const std::string& name, int64_t def) {
   auto v = get(name);
   if (!v) return def;
   char* end = nullptr;
+  errno = 0;
   const long long x = std::strtoll(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end) throw UserError("option --" + name + " expects an integer, got '" + *v + "'");
+  const bool out_of_range = errno == ERANGE;  // say what was typed, never the clamped value
+  if (end == v->c_str() || *end || out_of_range)
+    throw UserError("option --" + name + " expects an integer, got '" + *v + "'" +
+                    (out_of_range ? " (out of range)" : ""));
   return x;
 }
 
@@ -100,8 +105,9 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
     const size_t end = std::min(text.find(',', start), text.size());
     const std::string item = text.substr(start, end - start);
     char* stop = nullptr;
+    errno = 0;
     const long long v = std::strtoll(item.c_str(), &stop, 10);
-    if (item.empty() || *stop || v < min)
+    if (item.empty() || *stop || v < min || errno == ERANGE)
       throw UserError(option + ": expected " +
                       (min == 1 ? std::string("positive integers") : "integers >= " + std::to_string(min)) +
                       " separated by commas, got '" + text + "'");

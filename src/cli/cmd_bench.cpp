@@ -1,6 +1,8 @@
 // linac bench: times full training steps (forward, backward, optimizer) on random tokens, or
 // single ops (--op), with device events after warm-up. Every performance figure in
 // docs/performance.md comes from here.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -157,6 +159,16 @@ BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   if (o.micro_tokens % T)
     throw UserError("--micro-tokens (" + std::to_string(o.micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
   const int64_t B = o.micro_tokens / T, n_micro = o.step_tokens / o.micro_tokens;
+  // Every micro-batch of the step stays resident (int32 tokens and targets): a step whose batches
+  // alone exceed the device's memory is refused before it is allocated piece by piece.
+  const double batch_bytes = 8.0 * static_cast<double>(o.step_tokens);
+  const double capacity =
+      run.gpu ? static_cast<double>(gpu_info().total_bytes)
+              : static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (batch_bytes > capacity)
+    throw UserError("--tokens-per-step " + std::to_string(o.step_tokens) + ": the step's token batches alone take " +
+                    fixed(batch_bytes / (1 << 30), 1) + " GiB, more than the " + fixed(capacity / (1 << 30), 1) +
+                    " GiB of this " + (run.gpu ? "GPU" : "machine"));
   const int world = run.comm->world();
   reset_buffer_peak(run.ctx.device);
   run.model->reserve(B, T);

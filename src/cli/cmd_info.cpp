@@ -28,7 +28,8 @@ const char* kUsage =
     "would train on. --ranks N (default 1) plans for N data-parallel ranks:\n"
     "with train.zero 1 the master weights and AdamW moments are split over them (ZeRO-1), with 2\n"
     "the gradients too (ZeRO-2: a shard each, plus two staging slots of a block's gradients). Given a\n"
-    "checkpoint, uses the config stored in it and also prints its training state and tokenizer.\n";
+    "checkpoint, uses the config stored in it (--set may change its data and train keys, for the\n"
+    "memory plan, not its model) and also prints its training state and tokenizer.\n";
 // What `info` reports, computed once for both outputs.
 struct Info {
   std::string source;
@@ -191,6 +192,13 @@ int cmd_info(int argc, char** argv) {
 
   in.is_ckpt = is_checkpoint_path(in.source);
   if (in.is_ckpt) {
+    // A checkpoint's model is the one its weights were trained as; its run settings may be
+    // planned otherwise (train.micro_batch, train.zero with --ranks, ...).
+    for (const auto& o : sets)
+      if (o.rfind("model.", 0) == 0 || o.rfind("model=", 0) == 0)
+        throw UserError("--set " + o +
+                        ": a checkpoint's model is the one its weights were trained as (--set model "
+                        "keys apply to a CONFIG)");
     in.meta = CheckpointReader(in.source).data();
     json doc = in.meta.config;
     for (const auto& o : sets) apply_override(doc, o);

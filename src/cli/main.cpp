@@ -3,11 +3,14 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
-#include "core/error.h"
 #include "comm/comm.h"
+#include "config/json_reader.h"
+#include "core/error.h"
 
 namespace {
 
@@ -19,11 +22,12 @@ void usage(FILE* f) {
   for (const auto& c : linac::cli::commands()) std::fprintf(f, "  %-9s %s\n", c.name, c.summary);
 }
 
-// Prints `linac CMD: KIND: MESSAGE` as one line, whatever the message quotes (a key or value
-// from a config may hold a newline), ends an mpirun job with the same status, returns it.
+// Prints `linac CMD: KIND: MESSAGE` (`linac: KIND: MESSAGE` for an empty CMD) as one line,
+// whatever the message quotes (a key or value from a config may hold a newline), ends an mpirun
+// job with the same status, returns it.
 int error_exit(const char* cmd, const std::string& who, const char* kind, std::string msg, int status) {
   std::replace(msg.begin(), msg.end(), '\n', ' ');
-  std::fprintf(stderr, "linac %s%s: %s: %s\n", cmd, who.c_str(), kind, msg.c_str());
+  std::fprintf(stderr, "linac%s%s%s: %s: %s\n", *cmd ? " " : "", cmd, who.c_str(), kind, msg.c_str());
   std::fflush(stderr);
   linac::abort_job_if_distributed(status);
   return status;
@@ -47,11 +51,22 @@ int main(int argc, char** argv) {
       return error_exit(c.name, who, "error", e.what(), linac::kExitUserError);
     } catch (const linac::Diverged& e) {
       return error_exit(c.name, who, "error", e.what(), linac::kExitDiverged);
+    } catch (const std::bad_alloc&) {
+      return error_exit(c.name, who, "error", linac::out_of_memory_message("host", 0, 0), linac::kExitUserError);
     } catch (const std::exception& e) {
       return error_exit(c.name, who, "internal error", e.what(), linac::kExitBug);
     }
   }
-  std::fprintf(stderr, "linac: unknown command '%s'\n", name.c_str());
-  usage(stderr);
-  return 2;
+  // One line, as every other user error: the commands to choose from, the nearest one if any.
+  std::vector<std::string> names;
+  std::string list;
+  for (const auto& c : linac::cli::commands()) {
+    names.push_back(c.name);
+    list += (list.empty() ? "" : ", ") + names.back();
+  }
+  const std::string near = linac::closest(name, names);
+  return error_exit("", "", "error",
+                    "unknown command '" + name + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                        " (commands: " + list + "; linac --help)",
+                    linac::kExitUserError);
 }

@@ -249,6 +249,8 @@ void apply_override(json& doc, const std::string& assignment) {
   json value;
   try {
     value = json::parse(text);
+  } catch (const json::out_of_range&) {
+    throw UserError("--set " + path + ": " + text + " is a number too large for a double");
   } catch (const json::exception&) {
     value = text;  // a bare word is a string: --set train.out_dir=runs/x
   }

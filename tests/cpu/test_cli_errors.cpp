@@ -2,7 +2,8 @@
 // is either still valid or refused in one line with exit 2 (never an internal error or a crash);
 // a directory as CONFIG; `--set` creating missing objects; a train.reduce_dtype it does not take;
 // bf16 logits without bf16 precision;
-// eval windows no longer than the tokens they score; every `bench --op` passes its option checks.
+// eval windows no longer than the tokens they score; every `bench --op` passes its option checks;
+// an unknown command; --set on a checkpoint; integers beyond int64.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -209,6 +210,56 @@ TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
   // The same 50 targets scored in windows of 50 or of 100000 give the same loss.
   ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 50 --max-tokens 50 --split train --json", out), 0);
   EXPECT_DOUBLE_EQ(json::parse(out.substr(out.find('{')))["loss"].get<double>(), r["loss"].get<double>());
+}
+
+// An unknown command is one line like every other user error: the commands to choose from and the
+// nearest one when there is one, not the whole usage.
+TEST(CliErrors, UnknownCommandIsOneLineNamingTheCommands) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string commands =
+      " (commands: prepare, train, eval, info, generate, export, import, bench; linac --help)\n";
+  std::string out;
+  EXPECT_EQ(test::run_linac("trian x.json", out), 2) << out;
+  EXPECT_EQ(out, "linac: error: unknown command 'trian'; did you mean 'train'?" + commands);
+  EXPECT_EQ(test::run_linac("frobnicate", out), 2) << out;
+  EXPECT_EQ(out, "linac: error: unknown command 'frobnicate'" + commands);
+}
+
+// A checkpoint's model is the one its weights were trained as: info refuses --set model keys on
+// it, and takes its run settings (the memory plan of another micro-batch).
+TEST(CliErrors, InfoRefusesSetOnACheckpointsModel) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("info_ckpt_set");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 1;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  const std::string ckpt = test::latest_checkpoint_path(dir);
+  std::string out;
+  expect_one_line_user_error(test::run_linac("info " + ckpt + " --set model.n_layers=3", out), out, "--set");
+  EXPECT_NE(out.find("linac info: error: --set model.n_layers=3: a checkpoint's model is the one its weights"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::run_linac("info " + ckpt + " --set train.micro_batch=2", out), 0) << out;  // planning a run
+  EXPECT_NE(out.find("2 layers"), std::string::npos) << out;
+}
+
+// An integer option beyond int64 is refused echoing what was typed, never the clamped value.
+TEST(CliErrors, IntegersOutOfRangeEchoTheTextTyped) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("int_range");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  for (const std::string big : {"99999999999999999999", "-99999999999999999999"}) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("info " + cfg + " --ranks " + big, out), out, big);
+    EXPECT_NE(out.find("option --ranks expects an integer, got '" + big + "' (out of range)"), std::string::npos)
+        << out;
+    expect_one_line_user_error(test::run_linac("bench --generate " + cfg + " --batch 1," + big, out), out, big);
+    EXPECT_NE(out.find("--batch: expected positive integers separated by commas, got '1," + big + "'"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("922337203685477580"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

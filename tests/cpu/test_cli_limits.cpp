@@ -1,0 +1,64 @@
+// Requests larger than the machine: an allocation it cannot hold is the user's error (one line,
+// exit 2), not a bug; a bench step whose batches cannot fit is refused before it is allocated
+// piece by piece; eval's --batch never allocates more rows than the split has windows; a --set
+// number beyond a double is named as such.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "core/buffer.h"
+#include "test_util.h"
+#include "train/trainer.h"
+#include "train_fixture.h"
+
+namespace linac::test_cli_limits {
+namespace {
+
+void expect_one_line_error(const std::string& args, const std::string& what) {
+  std::string out;
+  EXPECT_EQ(test::run_linac(args, out), 2) << args << ": " << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  EXPECT_NE(out.find(": error: " + what), std::string::npos) << out;
+}
+
+TEST(CliLimits, AnAllocationTheMachineCannotHoldIsAUserError) {
+  try {
+    const Buffer b(size_t{1} << 62, Device::CPU);  // beyond any address space
+    ADD_FAILURE() << "allocated 4 EiB";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of host memory: 4294967296.0 GiB more could not be allocated"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(CliLimits, RequestsBeyondTheMachineAreRefusedInOneLine) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("cli_limits");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  expect_one_line_error("bench " + cfg + " --tokens-per-step 1000000000000 --steps 1 --warmup 0",
+                        "--tokens-per-step 1000000000000: the step's token batches alone take 7450.6 GiB");
+  expect_one_line_error("info " + cfg + " --set train.lr=1e999", "--set train.lr: 1e999 is a number too large");
+}
+
+TEST(CliLimits, EvalBatchBeyondTheWindowsScoresTheSame) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("eval_batch");
+  json j = test::tiny_train_config(dir);
+  j["train"]["steps"] = 1;
+  ASSERT_EQ(run_training(Config::from_json(j, "tiny"), ""), 0);
+  const std::string ckpt = test::latest_checkpoint_path(dir);
+  auto eval = [&](const std::string& batch) {
+    std::string out;
+    EXPECT_EQ(test::run_linac("eval --json --checkpoint " + ckpt + " --batch " + batch, out), 0) << out;
+    return json::parse(out.substr(out.find('{')));
+  };
+  const json few = eval("2"), many = eval("1000000000");  // 1e9 rows of 32 positions would be 256 GB of tokens
+  EXPECT_EQ(many["tokens"], few["tokens"]);
+  EXPECT_NEAR(many["loss"].get<double>(), few["loss"].get<double>(), 1e-6);  // f32 sums over other batch shapes
+}
+
+}  // namespace
+}  // namespace linac::test_cli_limits
