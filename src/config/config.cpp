@@ -134,6 +134,7 @@ json Config::to_json() const {
 Config Config::from_json(const json& j, const std::string& source) {
   Config c;
   c.source = source;
+  c.model.source = source;
   JsonReader root(j, "", source);
 
   JsonReader m = root.child("model");

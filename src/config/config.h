@@ -39,6 +39,9 @@ struct ModelConfig {
   // layers (at most one of the two is non-empty), and named options blocks.
   std::vector<std::string> layers, layer_pattern;
   json mixers = json::object();
+  // The file the config came from, for the messages of the checks only a model can make (a
+  // mixer's shapes); not part of the config.
+  std::string source = "config";
 
   int64_t ffn_dim() const;
   int64_t head_dim() const { return d_model / n_heads; }

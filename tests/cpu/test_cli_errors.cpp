@@ -178,6 +178,21 @@ TEST(CliErrors, SetRefusesEmptyPathComponents) {
   }
 }
 
+// A shape only the model can check (a mixer's latents over its heads) names the config file, as
+// the checks of the config's own fields do.
+TEST(CliErrors, MixerShapeErrorsNameTheConfigFile) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("mixer_shape");
+  const std::string cfg = dir + "/tiny.json";
+  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  std::string out;
+  expect_one_line_user_error(
+      test::run_linac("info " + cfg + " --set model.arch=latte --set model.mixer.latents=3", out), out, "latents");
+  EXPECT_NE(out.find("linac info: error: " + cfg + ": model.mixer.latents: 3 latents must split evenly over 2 heads"),
+            std::string::npos)
+      << out;
+}
+
 // Counts given to eval are at least 1: 0 is refused, not read as "the default".
 TEST(CliErrors, EvalRefusesZeroCounts) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";

@@ -60,7 +60,8 @@ AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer,
       Dh_(cfg.head_dim()), q_cols_(H_ * Dh_), kv_cols_(Hk_ * Dh_) {
   if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
     throw UserError(
-        "config: the GPU attention kernels need a head dim (d_model / n_heads) that is a multiple of 16 from 64 to "
+        cfg.source +
+        ": the GPU attention kernels need a head dim (d_model / n_heads) that is a multiple of 16 from 64 to "
         "128, got " +
         std::to_string(Dh_) + " (layer " + std::to_string(layer) + ", " + kind() + ")");
   const std::string p = "layers." + std::to_string(layer) + ".attn.";

@@ -58,10 +58,11 @@ GlaMixer::GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMi
   R_ = opt_.gate_rank;
   P_ = 2 * dk_ + 2 * dv_ + R_;
   if (dk_ % H_ != 0 || dv_ % H_ != 0 || dk_ < H_ || dv_ < H_)
-    throw UserError("config: " + path + ": expand_k * d_model (" + std::to_string(dk_) + ") and expand_v * d_model (" +
-                    std::to_string(dv_) + ") must be positive multiples of model.n_heads (" + std::to_string(H_) + ")");
+    throw UserError(cfg.source + ": " + path + ": expand_k * d_model (" + std::to_string(dk_) +
+                    ") and expand_v * d_model (" + std::to_string(dv_) +
+                    ") must be positive multiples of model.n_heads (" + std::to_string(H_) + ")");
   if (env.ctx.is_gpu() && ((dk_ / H_) % 16 != 0 || (dv_ / H_) % 16 != 0 || opt_.chunk != 64 || R_ % 8 != 0))
-    throw UserError("config: the GPU GLA kernels need per-head key/value dims that are multiples of 16 (got " +
+    throw UserError(cfg.source + ": the GPU GLA kernels need per-head key/value dims that are multiples of 16 (got " +
                     std::to_string(dk_ / H_) + ", " + std::to_string(dv_ / H_) + "), " + path + ".chunk 64 (got " +
                     std::to_string(opt_.chunk) + ") and a gate_rank that is a multiple of 8 (got " +
                     std::to_string(R_) + ")");

@@ -50,23 +50,27 @@ LatteMixer::LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const L
     : env_(env), opt_(opt), macchiato_(macchiato), d_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   if (d_ % H_ != 0)
-    throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
                     std::to_string(d_) + ")");
   if (opt_.latents % H_ != 0)
-    throw UserError("config: " + path + ".latents: " + std::to_string(opt_.latents) + " latents must split evenly over " +
-                    std::to_string(H_) + " heads");
+    throw UserError(cfg.source + ": " + path + ".latents: " + std::to_string(opt_.latents) +
+                    " latents must split evenly over " + std::to_string(H_) + " heads");
   Dh_ = d_ / H_;
   Lh_ = opt_.latents / H_;
   La_ = Lh_ + (opt_.window > 0 ? 1 : 0);
   if ((opt_.vapor || opt_.window > 0) && Dh_ % 2 != 0)
-    throw UserError("config: " + path + ": the head dim " + std::to_string(Dh_) +
+    throw UserError(cfg.source + ": " + path + ": the head dim " + std::to_string(Dh_) +
                     " must be even for RoPE (VAPOR or the local window)");
   if (env.ctx.is_gpu() && (Lh_ > 64 || Dh_ > 128 || Dh_ % 4 != 0))
-    throw UserError("config: " + path + ": the GPU Latte kernels take up to 64 latents per head and a head dim that is a "
-                    "multiple of 4 up to 128 (got " + std::to_string(Lh_) + " latents, head dim " + std::to_string(Dh_) + ")");
+    throw UserError(cfg.source + ": " + path +
+                    ": the GPU Latte kernels take up to 64 latents per head and a head dim that is a "
+                    "multiple of 4 up to 128 (got " +
+                    std::to_string(Lh_) + " latents, head dim " + std::to_string(Dh_) + ")");
   if (env.ctx.is_gpu() && opt_.window > 0 && !attention_gpu_head_dim_ok(Dh_))
-    throw UserError("config: " + path + ".window: the GPU attention kernels take head dims that are multiples of 16 "
-                    "from 64 to 128 (got " + std::to_string(Dh_) + ")");
+    throw UserError(cfg.source + ": " + path +
+                    ".window: the GPU attention kernels take head dims that are multiples of 16 "
+                    "from 64 to 128 (got " +
+                    std::to_string(Dh_) + ")");
   Px_ = opt_.window > 0 ? 3 * d_ : d_;
   Pa_ = H_ * La_ + opt_.latents;
   const std::string p = "layers." + std::to_string(layer) + ".latte.";

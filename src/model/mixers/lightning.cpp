@@ -71,13 +71,13 @@ LightningMixer::LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer,
     : env_(env), opt_(opt), d_(cfg.d_model), E_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   if (E_ % H_ != 0)
-    throw UserError("config: " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
                     std::to_string(E_) + ")");
   dh_ = E_ / H_;
   lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && first_of_kind);
   Dk_ = lrpe_ ? 2 * dh_ : dh_;
   if (env.ctx.is_gpu() && (dh_ % 16 != 0 || Dk_ > 256))
-    throw UserError("config: the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +
+    throw UserError(cfg.source + ": the GPU lightning kernels need a head dim that is a multiple of 16 and at most " +
                     std::string(lrpe_ ? "128 with LRPE" : "256") + " (got " + std::to_string(dh_) + ")");
   // Parameter names keep the "tnl" of the first checkpoints (renaming them would orphan those).
   const std::string p = "layers." + std::to_string(layer) + ".tnl.";

@@ -47,9 +47,9 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
     : env_(env), opt_(opt), d_(cfg.d_model), H_(opt.heads), Dk_(opt.dk), S_(opt.codebook), Lb_(opt.block) {
   Dv_ = opt_.dv > 0 ? opt_.dv : 2 * d_;
   if (Dv_ % H_ != 0)
-    throw UserError("config: " + path + ".dv: " + std::to_string(Dv_) + " must split evenly over " +
+    throw UserError(cfg.source + ": " + path + ".dv: " + std::to_string(Dv_) + " must split evenly over " +
                     std::to_string(H_) + " heads");
-  if (d_ % 2 != 0) throw UserError("config: model.d_model must be even for the VQ position sinusoids");
+  if (d_ % 2 != 0) throw UserError(cfg.source + ": model.d_model must be even for the VQ position sinusoids");
   Dvh_ = Dv_ / H_;
   Pqkv_ = 2 * H_ * Dk_ + Dv_;
   qk_scale_ = std::pow(static_cast<double>(Dk_), -0.25);
