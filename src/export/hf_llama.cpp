@@ -39,6 +39,9 @@ void check_hf_llama_exportable(const ModelConfig& cfg, const std::string& file) 
   }
   if (model_norm(cfg) != "rmsnorm" || model_channel_mixer(cfg) != "swiglu" || model_embed_scale(cfg) != 1.0)
     throw UserError(why + "; this one changes the norm, channel mixer or embedding scale");
+  // Llama's head is norm, then an unbiased, unscaled projection.
+  if (!cfg.final_norm || cfg.head_bias || cfg.logit_scale != 1.0)
+    throw UserError(why + "; this one changes the LM head (model.final_norm, model.head_bias or model.logit_scale)");
 }
 
 json hf_llama_config(const Config& cfg, int32_t bos_id, int32_t eos_id) {

@@ -103,6 +103,9 @@ LoaderState resume_loader_state(const CheckpointReader& ckpt) {
 }  // namespace
 
 int run_training(const Config& cfg, const std::string& resume) {
+  // From before the run sets up (a 1.3B model initialises for seconds): a signal then stops the
+  // run after its first step, with a checkpoint, as one during training does.
+  const StopSignals stop_signals;
   Trainer trainer(cfg, resume);
   trainer.run();
   return 0;
@@ -148,7 +151,6 @@ void Trainer::started() {
 Trainer::~Trainer() = default;
 
 void Trainer::run() {
-  const StopSignals stop_signals;
   t_start_ = window_.start = std::chrono::steady_clock::now();
   first_step_ = step_;
   while (step_ < tc_.steps) {
@@ -222,6 +224,17 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
     ckpt = newest_intact_checkpoint(tc_.out_dir, [&](const std::string& w) { notes.push_back({true, w}); },
                                     [&](const std::string& path) { return open_checkpoint(path); });
   } else if (!resume.empty()) {
+    // A checkpoint from elsewhere into a directory with its own run would mix the two runs'
+    // metrics and prune that run's checkpoints (train.keep_last).
+    std::error_code ec;
+    fs::path own = fs::weakly_canonical(tc_.out_dir, ec);
+    if (!own.has_filename()) own = own.parent_path();  // runs/x/ as runs/x
+    const fs::path from = fs::weakly_canonical(resume, ec);
+    const bool inside = std::mismatch(own.begin(), own.end(), from.begin(), from.end()).first == own.end();
+    if (has_checkpoints(tc_.out_dir) && !inside)
+      throw UserError("train.out_dir '" + tc_.out_dir + "' holds checkpoints of its own run, and --resume " + resume +
+                      " is outside it: --resume auto continues that run; to continue " + resume +
+                      ", choose another out_dir");
     ckpt = open_checkpoint(resume);
   } else if (has_checkpoints(tc_.out_dir)) {
     throw UserError("train.out_dir '" + tc_.out_dir +
@@ -229,9 +242,18 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
   }
   if (ckpt) {
     const CheckpointData& meta = ckpt->data();
-    if (meta.config.value("model", json::object()) != cfg_.to_json()["model"])
-      throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg_.source +
-                      "'s (compare with its /config); refusing to resume");
+    const json theirs = meta.config.value("model", json::object()), ours = cfg_.to_json()["model"];
+    if (theirs != ours) {
+      std::string fields;
+      for (const json& d : json::diff(theirs, ours)) {
+        std::string key = "model" + d.at("path").get<std::string>();  // a JSON pointer: model/mixer/kv_heads
+        std::replace(key.begin(), key.end(), '/', '.');
+        fields += (fields.empty() ? "" : ", ") + key;
+      }
+      throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg_.source + "'s at " + fields +
+                      " (written as given, so an option set to its default still differs from one left out); "
+                      "refusing to resume");
+    }
     if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
     check_same_tokenizer(*ckpt, "--resume: ");
   }

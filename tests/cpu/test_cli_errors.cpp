@@ -191,6 +191,13 @@ TEST(CliErrors, MixerShapeErrorsNameTheConfigFile) {
   EXPECT_NE(out.find("linac info: error: " + cfg + ": model.mixer.latents: 3 latents must split evenly over 2 heads"),
             std::string::npos)
       << out;
+  // RoPE's head dims: odd (60 / 4 = 15) was an internal error in the kernel's check.
+  expect_one_line_user_error(test::run_linac("info " + cfg + " --set model.d_model=60 --set model.n_heads=4", out), out,
+                             "rope");
+  EXPECT_NE(out.find(cfg + ": model: RoPE rotates pairs of a head's dims, so the head dim d_model / n_heads = 15 must "
+                           "be even and at most 512"),
+            std::string::npos)
+      << out;
 }
 
 // Counts given to eval are at least 1: 0 is refused, not read as "the default".

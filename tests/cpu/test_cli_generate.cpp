@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "core/buffer.h"
 #include "export/hf_llama.h"
@@ -337,6 +338,20 @@ TEST(CliExport, HfNeedsTransformerPlusPlus) {
   EXPECT_THROW(check_hf_llama_exportable(c, "x"), UserError);
   c.layers.clear();
   EXPECT_NO_THROW(check_hf_llama_exportable(c, "x"));
+  // Llama's head has no bias, no scale and always the final norm: such a model would come back
+  // with other logits.
+  for (const auto& change : std::vector<std::function<void(ModelConfig&)>>{
+           [](ModelConfig& m) { m.head_bias = true; }, [](ModelConfig& m) { m.logit_scale = 0.5; },
+           [](ModelConfig& m) { m.final_norm = false; }}) {
+    ModelConfig m = c;
+    change(m);
+    try {
+      check_hf_llama_exportable(m, "x");
+      ADD_FAILURE() << "exported a head Llama does not have";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("changes the LM head"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Safetensors, WriterRoundTripsDtypesShapesAndMetadata) {

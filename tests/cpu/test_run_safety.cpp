@@ -387,6 +387,41 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
       "has another SentencePiece model than data.path");
   EXPECT_FALSE(fs::exists(base + "/other"));
   expect_refused("eval --checkpoint " + ckpt + " --data " + other, "its SentencePiece model is not");
+  // A model config that differs names where.
+  expect_refused("train " + cfg + " --resume auto --set model.mixer.kv_heads=2",
+                 "differs from " + cfg + "'s at model.mixer.kv_heads");
+  // A checkpoint of another run into a directory with its own checkpoints would mix the two runs
+  // and prune this one's.
+  const std::string other_run = base + "/other_run";
+  json k = test::tiny_train_config(other_run);
+  k["train"]["steps"] = 1;
+  ASSERT_EQ(test::run_linac("train " + write_cfg(base + "/other_text", k), out), 0) << out;
+  const std::string listing = read_file(dir + "/ckpt/latest");
+  expect_refused(
+      "train " + cfg + " --set train.keep_last=1 --resume " + test::latest_checkpoint_path(other_run),
+      "holds checkpoints of its own run, and --resume " + test::latest_checkpoint_path(other_run) + " is outside it");
+  EXPECT_EQ(read_file(dir + "/ckpt/latest"), listing);
+  EXPECT_TRUE(fs::exists(ckpt));
+}
+
+// SIGTERM while the run still sets up (a larger model's initialisation) stops it after its first
+// step with a checkpoint, exit 0, as during training; it used to end the process on the spot.
+TEST(RunSafety, StopSignalDuringSetUpCheckpointsAfterTheFirstStep) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("stop_setup"), dir = base + "/run";
+  json j = test::tiny_train_config(dir);
+  j["model"]["d_model"] = 384;
+  j["model"]["n_layers"] = 4;
+  j["model"]["n_heads"] = 4;
+  const pid_t pid = start_linac({"train", write_cfg(base, j)}, base + "/out.txt");
+  // train.log appears as the run opens its directory, before the model is built.
+  for (int i = 0; i < 2000 && !fs::exists(dir + "/train.log"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  kill(pid, SIGTERM);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(base + "/out.txt");
+  EXPECT_EQ(CheckpointReader(test::latest_checkpoint_path(dir)).data().state.step, 1) << read_file(base + "/out.txt");
 }
 
 TEST(RunSafety, UnsoundAdamSettingsAreRefused) {

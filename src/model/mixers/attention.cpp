@@ -58,6 +58,10 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
 AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const AttentionMixerOptions& opt)
     : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads), Hk_(opt.key_value_heads(cfg.n_heads)),
       Dh_(cfg.head_dim()), q_cols_(H_ * Dh_), kv_cols_(Hk_ * Dh_) {
+  if (opt_.rope && (Dh_ % 2 != 0 || Dh_ > kRopeMaxDim))
+    throw UserError(cfg.source + ": model: RoPE rotates pairs of a head's dims, so the head dim d_model / n_heads = " +
+                    std::to_string(Dh_) + " must be even and at most " + std::to_string(kRopeMaxDim) + " (layer " +
+                    std::to_string(layer) + ", " + kind() + "; or \"rope\": false)");
   if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
     throw UserError(
         cfg.source +
