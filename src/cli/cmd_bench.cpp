@@ -302,11 +302,14 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   // whether a few slow steps (clock or power events, stragglers) weigh on it.
   std::printf("%8s %6s %6s %10s %10s %12s %7s %12s %12s %10s %10s\n", "T", "B", "micro", "tok/step", "step ms",
               "tokens/s", "MFU", "GPU memory", "peak", "median ms", "max ms");
-  for (const auto& r : rows)
-    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %6.1f%% %12s %12s %10.2f %10.2f\n", static_cast<long long>(r.T),
+  for (const auto& r : rows) {
+    // No MFU on a CPU (no peak to divide by) or for documents (less work than the count assumes).
+    const std::string mfu = r.mfu > 0 ? fixed(100.0 * r.mfu, 1) + "%" : "-";
+    std::printf("%8lld %6lld %6lld %10lld %10.2f %12.0f %7s %12s %12s %10.2f %10.2f\n", static_cast<long long>(r.T),
                 static_cast<long long>(r.B), static_cast<long long>(r.micro), static_cast<long long>(r.tokens_per_step),
-                r.step_ms, r.tokens_per_s, 100.0 * r.mfu, run.gpu ? human_bytes(r.mem_bytes).c_str() : "-",
+                r.step_ms, r.tokens_per_s, mfu.c_str(), run.gpu ? human_bytes(r.mem_bytes).c_str() : "-",
                 human_bytes(r.peak_bytes).c_str(), r.median_ms, r.max_ms);
+  }
   if (o.profile)
     for (const auto& r : rows) {
       std::printf("\nT = %lld, ", static_cast<long long>(r.T));
