@@ -72,9 +72,7 @@ void* gpu_malloc(size_t bytes) {
     size_t free_b = 0, total_b = 0;
     cudaGetLastError();
     cudaMemGetInfo(&free_b, &total_b);
-    if (err == cudaErrorMemoryAllocation)
-      throw UserError(out_of_memory_message("GPU", bytes, total_b - free_b) + " (" + std::to_string(free_b >> 20) +
-                      " MiB free of " + std::to_string(total_b >> 20) + ")");
+    if (err == cudaErrorMemoryAllocation) throw UserError(out_of_memory_message("GPU", bytes, total_b - free_b));
     LINAC_FAIL("cudaMalloc of " + std::to_string(bytes >> 20) + " MiB failed (" + cudaGetErrorString(err) +
                "; " + std::to_string(free_b >> 20) + " MiB free of " + std::to_string(total_b >> 20) + ")");
   }
