@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <vector>
 
 #include "core/rng.h"
@@ -68,6 +69,14 @@ const std::string& tiny_dataset() {
     return prepare_small_dataset(dir, dir + "/tiny.h5");
   }();
   return path;
+}
+
+std::string tiny_checkpoint(const std::string& name, int64_t steps) {
+  const std::string dir = fresh_dir(name);
+  json j = tiny_train_config(dir);
+  j["train"]["steps"] = steps;
+  if (run_training(Config::from_json(j, name), "") != 0) throw std::runtime_error("tiny training failed");
+  return latest_checkpoint_path(dir);
 }
 
 std::string prepare_small_dataset(const std::string& text_dir, const std::string& out) {

@@ -11,6 +11,8 @@ namespace linac::test {
 
 // Prepares (once per process) a token file under a temp dir and returns its path.
 const std::string& tiny_dataset();
+// Trains tiny_train_config(fresh_dir(name)) for `steps` steps; returns its last checkpoint.
+std::string tiny_checkpoint(const std::string& name, int64_t steps);
 // A token dataset of the text files in text_dir at out (a SentencePiece model of 300 pieces
 // trained on them, a tenth of the documents for validation); returns out.
 std::string prepare_small_dataset(const std::string& text_dir, const std::string& out);

@@ -114,7 +114,6 @@ void check_options(const PrepareOptions& o) {
   std::error_code ec;
   if (fs::is_directory(o.out, ec)) throw UserError("output " + o.out + " is a directory");
   if (fs::exists(o.out, ec) && !o.force) throw UserError("output " + o.out + " exists (use --force to replace it)");
-  for (const std::string& in : o.inputs) refuse_out_as_input(o.out, in, "the input");
   for (const std::string& in : o.token_ids) refuse_out_as_input(o.out, in, "the --token-ids file");
   refuse_out_as_input(o.out, o.tokenizer, "the --tokenizer file");
   const fs::path parent = fs::path(o.out).parent_path();
@@ -277,7 +276,8 @@ PrepareStats prepare_text(const PrepareOptions& opts, Clock::time_point t0) {
   to.verbose = opts.verbose;
   if (opts.tokenizer.empty()) check_train_options(to);
   const std::vector<InputFile> files = discover_inputs(opts.inputs);
-  for (const InputFile& f : files) refuse_out_as_input(opts.out, f.path, "the input");  // one found in a directory
+  // Every text file read, named or found in a directory (the other inputs: check_options).
+  for (const InputFile& f : files) refuse_out_as_input(opts.out, f.path, "the input");
   {
     DocumentReader probe(files, opts.corpus);
     std::string doc;

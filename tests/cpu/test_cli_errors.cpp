@@ -203,11 +203,7 @@ TEST(CliErrors, MixerShapeErrorsNameTheConfigFile) {
 // Counts given to eval are at least 1: 0 is refused, not read as "the default".
 TEST(CliErrors, EvalRefusesZeroCounts) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const std::string dir = test::fresh_dir("eval_zero");
-  json j = test::tiny_train_config(dir);
-  j["train"]["steps"] = 1;
-  ASSERT_EQ(run_training(Config::from_json(j, "z"), ""), 0);
-  const std::string ckpt = test::latest_checkpoint_path(dir);
+  const std::string ckpt = test::tiny_checkpoint("eval_zero", 1);
   for (const std::string opt : {"--seq-len 0", "--seq-len -5", "--max-tokens 0", "--batch 0"}) {
     std::string out;
     expect_one_line_user_error(test::run_linac("eval --checkpoint " + ckpt + " " + opt, out), out, opt);
@@ -218,11 +214,7 @@ TEST(CliErrors, EvalRefusesZeroCounts) {
 // A window longer than the tokens to score is cut to them: --seq-len 100000 with 50 tokens runs at T=50.
 TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const std::string dir = test::fresh_dir("eval_window");
-  json j = test::tiny_train_config(dir);
-  j["train"]["steps"] = 3;
-  ASSERT_EQ(run_training(Config::from_json(j, "w"), ""), 0);
-  const std::string ckpt = test::latest_checkpoint_path(dir);
+  const std::string ckpt = test::tiny_checkpoint("eval_window", 3);
   std::string out;
   ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 100000 --max-tokens 50 --split train --json", out), 0)
       << out;
@@ -251,11 +243,7 @@ TEST(CliErrors, UnknownCommandIsOneLineNamingTheCommands) {
 // it, and takes its run settings (the memory plan of another micro-batch).
 TEST(CliErrors, InfoRefusesSetOnACheckpointsModel) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const std::string dir = test::fresh_dir("info_ckpt_set");
-  json j = test::tiny_train_config(dir);
-  j["train"]["steps"] = 1;
-  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
-  const std::string ckpt = test::latest_checkpoint_path(dir);
+  const std::string ckpt = test::tiny_checkpoint("info_ckpt_set", 1);
   std::string out;
   expect_one_line_user_error(test::run_linac("info " + ckpt + " --set model.n_layers=3", out), out, "--set");
   EXPECT_NE(out.find("linac info: error: --set model.n_layers=3: a checkpoint's model is the one its weights"),

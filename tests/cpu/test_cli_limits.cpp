@@ -9,7 +9,6 @@
 
 #include "core/buffer.h"
 #include "test_util.h"
-#include "train/trainer.h"
 #include "train_fixture.h"
 
 namespace linac::test_cli_limits {
@@ -45,11 +44,7 @@ TEST(CliLimits, RequestsBeyondTheMachineAreRefusedInOneLine) {
 
 TEST(CliLimits, EvalBatchBeyondTheWindowsScoresTheSame) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const std::string dir = test::fresh_dir("eval_batch");
-  json j = test::tiny_train_config(dir);
-  j["train"]["steps"] = 1;
-  ASSERT_EQ(run_training(Config::from_json(j, "tiny"), ""), 0);
-  const std::string ckpt = test::latest_checkpoint_path(dir);
+  const std::string ckpt = test::tiny_checkpoint("eval_batch", 1);
   auto eval = [&](const std::string& batch) {
     std::string out;
     EXPECT_EQ(test::run_linac("eval --json --checkpoint " + ckpt + " --batch " + batch, out), 0) << out;
