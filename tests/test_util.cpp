@@ -4,12 +4,19 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "core/rng.h"
 #include "model/mixers/proj_views.h"
 
 namespace linac::test {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
 
 std::vector<double> random_values(size_t n, uint64_t seed, double lo, double hi) {
   std::vector<double> v(n);

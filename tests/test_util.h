@@ -17,6 +17,8 @@ namespace linac::test {
 
 // Uniform in [lo, hi) from a Philox stream; deterministic per seed.
 std::vector<double> random_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0);
+// A file's whole contents ("" when it cannot be read).
+std::string file_bytes(const std::string& path);
 // A CPU tensor of dtype dt filled with random_values.
 OwnedTensor random_tensor(const std::vector<int64_t>& dims, DType dt, uint64_t seed, double lo = -1.0, double hi = 1.0);
 // Fills an existing CPU tensor (f32/f64/bf16) with random values.

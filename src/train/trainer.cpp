@@ -111,7 +111,7 @@ int run_training(const Config& cfg, const std::string& resume) {
   return 0;
 }
 
-Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(cfg.train) {
+Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(cfg_.train) {
   open_ranks();
   gemm_table_ = use_gemm_algo_table(tc_.gemm_algos, gpu_);  // before anything is written to out_dir
   data_ = TrainData::open(cfg_);
@@ -129,6 +129,11 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
       CheckpointWriter::Options{.out_dir = tc_.out_dir, .keep_last = tc_.keep_last, .async = tc_.checkpoint_async},
       [this](const std::string& line) { log_->info("{}", line); });
   validation_ = std::make_unique<Validation>(data_, tc_, B_, T_, rank_, world_);
+  if (root_ && tc_.eval_every > 0 && !validation_->enabled())
+    log_->warn(
+        "{}'s val split has {} token(s), so train.eval_every ({}) validates nothing; `linac prepare "
+        "--val-fraction F` holds documents out for it, train.eval_every 0 silences this",
+        cfg_.data.path, data_.tokens->size(Split::Val), tc_.eval_every);
   metrics_ =
       std::make_unique<MetricsLog>(tc_.out_dir, root_, step_, [this](const std::string& w) { log_->warn("{}", w); });
   if (metrics_->dropped() > 0)
@@ -376,13 +381,24 @@ void Trainer::restore(const CheckpointReader& ckpt) {
   step_ = st.step;
   tokens_seen_ = st.tokens_seen;
   stepper_->set_updates(st.updates);
-  batches_->set_state(resume_loader_state(ckpt));
+  const LoaderState loader = resume_loader_state(ckpt);
+  batches_->set_state(loader);
   log_->info("resumed from {} at step {} (loaded in {:.2f} s){}", ckpt.path(), step_,
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
              st.world_size != world_
                  ? fmt::format(" (written by {} rank(s), continued on {}: same data order)", st.world_size, world_)
                  : std::string());
   last_good_ = ckpt.path() + " (step " + std::to_string(step_) + ")";
+  // The data order continues from the checkpoint, whatever train.seed says now; the seed in
+  // effect is the one recorded (config.json, the next checkpoints).
+  if (loader.seed != tc_.seed) {
+    if (root_)
+      log_->warn(
+          "train.seed is {} in {} but {} was written with seed {}: the resumed run continues that seed's "
+          "data order, and records seed {}",
+          tc_.seed, cfg_.source, ckpt.path(), loader.seed, loader.seed);
+    cfg_.train.seed = loader.seed;
+  }
 }
 
 StepStats Trainer::train_step() {

@@ -93,7 +93,9 @@ class Trainer {
                     const std::string& advice = "lower train.lr or raise train.adam_eps, then resume from it");
   double seconds_since_start() const;
 
-  const Config& cfg_;
+  // The run's own copy: a resumed run takes the checkpoint's train.seed (restore), and config.json
+  // and the checkpoints record the settings in effect.
+  Config cfg_;
   const TrainConfig& tc_;
   std::unique_ptr<Comm> comm_;
   int rank_ = 0, world_ = 1;

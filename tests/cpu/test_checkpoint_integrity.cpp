@@ -22,11 +22,6 @@ namespace fs = std::filesystem;
 namespace linac::test_checkpoint_integrity {
 namespace {
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
@@ -57,7 +52,7 @@ std::string copy_of_run(const std::string& name) {
 
 // 4 KiB of random bytes written in the middle of the file (what a bad disk block looks like).
 void scribble(const std::string& path, uint64_t seed) {
-  std::string bytes = read_bytes(path);
+  std::string bytes = test::file_bytes(path);
   Rng rng{seed, 3, 0};
   const size_t at = bytes.size() / 2;
   for (size_t i = 0; i < 4096 && at + i < bytes.size(); ++i) bytes[at + i] = static_cast<char>(rng.below(256));
@@ -105,7 +100,7 @@ TEST(CheckpointIntegrity, ContentHashSeesEveryBit) {
 TEST(CheckpointIntegrity, FlippedBytesAreRefusedOrHarmless) {
   const std::string src = checkpoint_path(trained_run(), 6);
   const std::vector<std::string> original = test::checkpoint_contents(src);
-  const std::string bytes = read_bytes(src);
+  const std::string bytes = test::file_bytes(src);
   const std::string path = test::fresh_dir("flips") + "/ckpt.h5";
   Rng rng{2026, 1, 0};
   int refused = 0;
@@ -122,7 +117,7 @@ TEST(CheckpointIntegrity, FlippedBytesAreRefusedOrHarmless) {
 
 TEST(CheckpointIntegrity, TruncatedFilesAreRefused) {
   const std::string src = checkpoint_path(trained_run(), 6);
-  const std::string bytes = read_bytes(src);
+  const std::string bytes = test::file_bytes(src);
   const std::string path = test::fresh_dir("truncations") + "/ckpt.h5";
   Rng rng{2027, 1, 0};
   for (int i = 0; i < 20; ++i) {
@@ -143,7 +138,7 @@ TEST(CheckpointIntegrity, CommandsReportABadCheckpointInOneLine) {
   const std::string damaged = dir + "/damaged.h5", cut = dir + "/cut.h5", text = dir + "/text.h5";
   fs::copy_file(checkpoint_path(trained_run(), 6), damaged);
   scribble(damaged, 1);
-  const std::string whole = read_bytes(checkpoint_path(trained_run(), 6));
+  const std::string whole = test::file_bytes(checkpoint_path(trained_run(), 6));
   write_bytes(cut, whole.substr(0, whole.size() / 2));
   write_bytes(text, "not a checkpoint\n");
   for (const std::string& file : {damaged, cut, text, dir}) {
@@ -161,10 +156,10 @@ TEST(CheckpointIntegrity, CommandsReportABadCheckpointInOneLine) {
 TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   const std::string dir = copy_of_run("fallback");
   scribble(checkpoint_path(dir, 6), 2);
-  const std::string four = read_bytes(checkpoint_path(dir, 4));
+  const std::string four = test::file_bytes(checkpoint_path(dir, 4));
   write_bytes(checkpoint_path(dir, 4), four.substr(0, four.size() / 2));
   ASSERT_EQ(run_training(Config::from_json(run_config(dir, 8), "fallback"), "auto"), 0);
-  const std::string log = read_bytes(dir + "/train.log");
+  const std::string log = test::file_bytes(dir + "/train.log");
   EXPECT_NE(log.find("skipping checkpoint " + checkpoint_path(dir, 6)), std::string::npos) << log;
   EXPECT_NE(log.find("skipping checkpoint " + checkpoint_path(dir, 4)), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from " + checkpoint_path(dir, 2) + " at step 2"), std::string::npos) << log;
@@ -175,7 +170,7 @@ TEST(CheckpointIntegrity, LatestNamingAMissingFileFallsBack) {
   const std::string dir = copy_of_run("latest_missing");
   write_bytes(dir + "/ckpt/latest", "step_000099.h5\n");
   ASSERT_EQ(run_training(Config::from_json(run_config(dir, 8), "missing"), "auto"), 0);
-  const std::string log = read_bytes(dir + "/train.log");
+  const std::string log = test::file_bytes(dir + "/train.log");
   EXPECT_NE(log.find("names 'step_000099.h5', which does not exist"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from " + checkpoint_path(dir, 6) + " at step 6"), std::string::npos) << log;
 }
@@ -184,14 +179,15 @@ TEST(CheckpointIntegrity, NoIntactCheckpointRefusesToStartOver) {
   const std::string dir = copy_of_run("none_intact");
   for (int step : {2, 4, 6}) scribble(checkpoint_path(dir, step), static_cast<uint64_t>(step));
   std::vector<std::string> before;
-  for (int step : {2, 4, 6}) before.push_back(read_bytes(checkpoint_path(dir, step)));
+  for (int step : {2, 4, 6}) before.push_back(test::file_bytes(checkpoint_path(dir, step)));
   try {
     run_training(Config::from_json(run_config(dir, 8), "none"), "auto");
     FAIL() << "resumed or started over a run whose checkpoints are all damaged";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("no intact checkpoint"), std::string::npos) << e.what();
   }
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(read_bytes(checkpoint_path(dir, 2 * i + 2)), before[static_cast<size_t>(i)]);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(test::file_bytes(checkpoint_path(dir, 2 * i + 2)), before[static_cast<size_t>(i)]);
   EXPECT_FALSE(fs::exists(checkpoint_path(dir, 8)));
 }
 

@@ -188,18 +188,13 @@ TEST(CliGenerate, BadInputIsOneLineAndExit2) {
   expect_one_line_user_error("export --format hf" + out);
 }
 
-std::string file_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 // --prompt-file takes a text file: a directory (once read as an empty prompt) and a binary file (a
 // checkpoint given by mistake, once an internal error) are refused naming the file, as prepare
 // refuses a binary input; neither is changed.
 TEST(CliGenerate, PromptFileMustBeText) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string ck = tiny_checkpoint(false), dir = test::fresh_dir("gen_prompt_file");
-  const std::string ck_bytes = file_text(ck);
+  const std::string ck_bytes = test::file_bytes(ck);
   const struct {
     std::string path, message;
   } cases[] = {{dir, "--prompt-file " + dir + " is a directory, not a text file"},
@@ -212,7 +207,7 @@ TEST(CliGenerate, PromptFileMustBeText) {
     EXPECT_NE(out.find("linac generate: error: " + c.message), std::string::npos) << out;
   }
   EXPECT_TRUE(fs::is_empty(dir));
-  EXPECT_EQ(file_text(ck), ck_bytes);
+  EXPECT_EQ(test::file_bytes(ck), ck_bytes);
 }
 
 // ---- export ----------------------------------------------------------------------------------
@@ -225,17 +220,17 @@ TEST(CliExport, NonEmptyOutputNeedsForce) {
   const std::string dir = test::fresh_dir("export_force");
   std::string out;
   ASSERT_EQ(test::run_linac("export --checkpoint " + tiny_checkpoint(false) + " --out " + dir, out), 0) << out;
-  const std::string first = file_text(dir + "/model.safetensors");
+  const std::string first = test::file_bytes(dir + "/model.safetensors");
   std::ofstream(dir + "/notes.txt") << "mine";
   for (const bool tied : {false, true}) {
     expect_one_line_user_error("export --checkpoint " + tiny_checkpoint(tied) + " --out " + dir);
-    EXPECT_EQ(file_text(dir + "/model.safetensors"), first);
+    EXPECT_EQ(test::file_bytes(dir + "/model.safetensors"), first);
   }
   test::run_linac("export --checkpoint " + tiny_checkpoint(true) + " --out " + dir, out);
   EXPECT_NE(out.find("exists and is not empty (use --force"), std::string::npos) << out;
   ASSERT_EQ(test::run_linac("export --force --checkpoint " + tiny_checkpoint(true) + " --out " + dir, out), 0) << out;
-  EXPECT_NE(file_text(dir + "/model.safetensors"), first);
-  EXPECT_EQ(file_text(dir + "/notes.txt"), "mine");
+  EXPECT_NE(test::file_bytes(dir + "/model.safetensors"), first);
+  EXPECT_EQ(test::file_bytes(dir + "/notes.txt"), "mine");
   size_t entries = 0;
   for (const auto& e : fs::directory_iterator(dir)) entries += e.path().filename().string().find(".export.tmp-") == 0 ? 100 : 1;
   EXPECT_EQ(entries, 4u) << "model.safetensors, linac_config.json, tokenizer.model, notes.txt and no staging folder";

@@ -43,11 +43,6 @@ void run_ok(const std::string& args) {
   ASSERT_EQ(test::run_linac(args, out), 0) << args << ": " << out;
 }
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 // ---- linac -> hf -> linac ----------------------------------------------------------------------
 
 json linac_config(bool tied, int64_t kv_heads, bool scaled) {
@@ -103,7 +98,7 @@ TEST(HfImport, ExportThenImportIsBitExact) {
     const json j = linac_config(c.tied, c.kv_heads, c.scaled);
     const std::string src = random_checkpoint(dir + "/src.h5", j, c.tokenizer ? sp : "");
     run_ok("export --format hf --checkpoint " + src + " --out " + dir + "/hf");
-    const json hf = json::parse(file_bytes(dir + "/hf/config.json"));
+    const json hf = json::parse(test::file_bytes(dir + "/hf/config.json"));
     EXPECT_EQ(hf["num_key_value_heads"], c.kv_heads);
     EXPECT_EQ(hf.contains("rope_scaling"), c.scaled);
     if (c.scaled) {
@@ -121,8 +116,8 @@ TEST(HfImport, ExportThenImportIsBitExact) {
 
     // And back out: the same folder, byte for byte.
     run_ok("export --format hf --checkpoint " + dir + "/back.h5 --out " + dir + "/hf2");
-    EXPECT_TRUE(file_bytes(dir + "/hf/model.safetensors") == file_bytes(dir + "/hf2/model.safetensors"));
-    EXPECT_EQ(file_bytes(dir + "/hf/config.json"), file_bytes(dir + "/hf2/config.json"));
+    EXPECT_TRUE(test::file_bytes(dir + "/hf/model.safetensors") == test::file_bytes(dir + "/hf2/model.safetensors"));
+    EXPECT_EQ(test::file_bytes(dir + "/hf/config.json"), test::file_bytes(dir + "/hf2/config.json"));
   }
 }
 
@@ -327,7 +322,7 @@ TEST(HfImport, HandWrittenFoldersImportAndExportExactly) {
       const OwnedTensor v = out.read_f32(t.name);
       EXPECT_EQ(0, std::memcmp(v->ptr, t.values.data(), v->nbytes())) << t.name << " differs";
     }
-    const json back = json::parse(file_bytes(dir + "/out/config.json"));
+    const json back = json::parse(test::file_bytes(dir + "/out/config.json"));
     for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                           "num_key_value_heads", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings"})
       EXPECT_EQ(back[k], cfg[k]) << k;
@@ -495,7 +490,7 @@ TEST(HfImport, DamagedSafetensorsAreRefusedNamingTheFile) {
   int n = 0;
   auto damaged = [&](const std::function<void(std::string&)>& harm, const std::string& want) {
     const std::string d = write_hf_folder(dir + "/" + std::to_string(n++), cfg, good);
-    std::string bytes = file_bytes(d + "/model.safetensors");
+    std::string bytes = test::file_bytes(d + "/model.safetensors");
     harm(bytes);
     std::ofstream(d + "/model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
     const std::string e = import_error(d);
@@ -503,7 +498,7 @@ TEST(HfImport, DamagedSafetensorsAreRefusedNamingTheFile) {
     EXPECT_NE(e.find(want), std::string::npos) << want << " -> " << e;
   };
   uint64_t header = 0;
-  std::memcpy(&header, file_bytes(write_hf_folder(dir + "/ok", cfg, good) + "/model.safetensors").data(), 8);
+  std::memcpy(&header, test::file_bytes(write_hf_folder(dir + "/ok", cfg, good) + "/model.safetensors").data(), 8);
   EXPECT_EQ(import_error(dir + "/ok"), "(accepted)");
   damaged([](std::string& b) { b.resize(b.size() - 10); }, "(truncated file?)");
   damaged([](std::string& b) { b.resize(20); }, "header length");
@@ -572,9 +567,9 @@ TEST(HfImport, NonFiniteWeightsAreRefusedNamingTheTensor) {
       << out;
   EXPECT_FALSE(fs::exists(ck));
   run_ok("import --format hf " + write_hf_folder(dir + "/good", cfg, good) + " --out " + ck);
-  const std::string first = file_bytes(ck);
+  const std::string first = test::file_bytes(ck);
   expect_one_line_user_error("import --force --format hf " + inf + " --out " + ck);
-  EXPECT_EQ(file_bytes(ck), first);
+  EXPECT_EQ(test::file_bytes(ck), first);
   size_t entries = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++entries;
   EXPECT_EQ(entries, 4u) << "a temporary file was left in " << dir;  // nan, inf, good, m.h5
@@ -592,9 +587,9 @@ TEST(HfImport, CliExitCodesAndGenerateFromIds) {
   std::string out;
   ASSERT_EQ(test::run_linac("import --format hf " + in + " --out " + ck, out), 0) << out;
   EXPECT_NE(out.find("tokenizer.json, which linac does not use"), std::string::npos) << out;
-  const std::string first = file_bytes(ck);
+  const std::string first = test::file_bytes(ck);
   expect_one_line_user_error("import --format hf " + in + " --out " + ck);  // exists, no --force
-  EXPECT_EQ(file_bytes(ck), first);
+  EXPECT_EQ(test::file_bytes(ck), first);
   expect_one_line_user_error("import " + in + " --out " + dir + "/x.h5");
   expect_one_line_user_error("import --format gguf " + in + " --out " + dir + "/x.h5");
   expect_one_line_user_error("import --format hf --out " + dir + "/x.h5");
@@ -606,7 +601,7 @@ TEST(HfImport, CliExitCodesAndGenerateFromIds) {
   bad["attention_bias"] = true;
   const std::string bad_dir = write_hf_folder(dir + "/bad", bad, hf_tensors(cfg, "BF16"));
   expect_one_line_user_error("import --force --format hf " + bad_dir + " --out " + ck);
-  EXPECT_EQ(file_bytes(ck), first);
+  EXPECT_EQ(test::file_bytes(ck), first);
   ASSERT_EQ(test::run_linac("import --force --format hf " + in + " --out " + ck, out), 0) << out;
   run_ok("info " + ck);
 

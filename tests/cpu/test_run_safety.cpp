@@ -29,11 +29,6 @@ namespace fs = std::filesystem;
 namespace linac::test_run_safety {
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
-
 std::string user_error_of(const std::function<void()>& fn) {
   try {
     fn();
@@ -125,7 +120,7 @@ TEST(RunSafety, ResumeRemovesStaleTempFilesAndSaysSo) {
   j["train"]["steps"] = 4;
   ASSERT_EQ(run_training(Config::from_json(j, "s"), "auto"), 0);
   EXPECT_FALSE(fs::exists(stale));
-  const std::string log = read_file(dir + "/train.log");
+  const std::string log = test::file_bytes(dir + "/train.log");
   EXPECT_NE(log.find("removed " + stale + " (4096 bytes)"), std::string::npos) << log;
 }
 
@@ -146,25 +141,25 @@ TEST(RunSafety, MetricsHoldOneRecordPerStepAcrossResumes) {
   json j = test::tiny_train_config(dir);
   ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
   ASSERT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  const std::string first = read_file(dir + "/metrics.jsonl");
+  const std::string first = test::file_bytes(dir + "/metrics.jsonl");
   std::ofstream(dir + "/metrics.jsonl", std::ios::app) << R"({"step": 7, "loss": 4.)";  // killed mid-line
   std::ofstream(dir + "/metrics.jsonl.tmp-999999") << "stale";
 
   ASSERT_EQ(run_training(Config::from_json(j, "s"), dir + "/ckpt/step_000003.h5"), 0);
   EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  const std::string second = read_file(dir + "/metrics.jsonl");
+  const std::string second = test::file_bytes(dir + "/metrics.jsonl");
   size_t third_end = 0;
   for (int i = 0; i < 3; ++i) third_end = first.find('\n', third_end) + 1;
   EXPECT_EQ(second.substr(0, third_end), first.substr(0, third_end)) << "steps 1-3 kept as written";
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl.tmp-999999"));
-  EXPECT_NE(read_file(dir + "/train.log").find("dropped 4 record(s) of steps after 3"), std::string::npos)
-      << read_file(dir + "/train.log");
+  EXPECT_NE(test::file_bytes(dir + "/train.log").find("dropped 4 record(s) of steps after 3"), std::string::npos)
+      << test::file_bytes(dir + "/train.log");
 
   fs::remove_all(dir + "/ckpt");  // as if the first run had died before its first checkpoint
   j["train"]["steps"] = 2;
   ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
   EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2}));
-  EXPECT_NE(read_file(dir + "/train.log").find("dropped 6 record(s) of steps after 0"), std::string::npos);
+  EXPECT_NE(test::file_bytes(dir + "/train.log").find("dropped 6 record(s) of steps after 0"), std::string::npos);
 }
 
 pid_t start_linac(const std::vector<std::string>& args, const std::string& log) {
@@ -201,11 +196,11 @@ TEST(RunSafety, SecondTrainerIntoALiveRunIsRefused) {
 
   const pid_t first = start_linac({"train", cfg}, base + "/first.txt");
   // Running: the lock names it and it has logged a step.
-  for (int i = 0; i < 600 && read_file(dir + "/metrics.jsonl").empty(); ++i)
+  for (int i = 0; i < 600 && test::file_bytes(dir + "/metrics.jsonl").empty(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_FALSE(read_file(dir + "/metrics.jsonl").empty()) << read_file(base + "/first.txt");
+  ASSERT_FALSE(test::file_bytes(dir + "/metrics.jsonl").empty()) << test::file_bytes(base + "/first.txt");
   EXPECT_FALSE(fs::exists(dir + "/ckpt")) << "the first run has written no checkpoint yet";
-  const std::string config_before = read_file(dir + "/config.json");
+  const std::string config_before = test::file_bytes(dir + "/config.json");
   for (const std::string extra : {"", " --resume auto", " --set train.lr=1e-3"}) {
     std::string out;
     // (bounded: without the lock a second run would train its million steps)
@@ -216,11 +211,11 @@ TEST(RunSafety, SecondTrainerIntoALiveRunIsRefused) {
               std::string::npos)
         << out;
   }
-  EXPECT_EQ(read_file(dir + "/config.json"), config_before);
+  EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
   kill(first, SIGTERM);
   int st = 0;
   waitpid(first, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(base + "/first.txt");
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << test::file_bytes(base + "/first.txt");
   // Every logged step once: nothing of the refused runs is in the metrics.
   std::ifstream m(dir + "/metrics.jsonl");
   int64_t expect = 1;
@@ -230,7 +225,7 @@ TEST(RunSafety, SecondTrainerIntoALiveRunIsRefused) {
 
   // Free again after a clean stop, and after a SIGKILL.
   const pid_t second = start_linac({"train", cfg, "--resume", "auto"}, base + "/second.txt");
-  for (int i = 0; i < 600 && read_file(dir + "/train.log").find("resumed from") == std::string::npos; ++i)
+  for (int i = 0; i < 600 && test::file_bytes(dir + "/train.log").find("resumed from") == std::string::npos; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   kill(second, SIGKILL);
   waitpid(second, &st, 0);
@@ -364,7 +359,7 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   const std::string cfg = write_cfg(base, j);
   std::string out;
   ASSERT_EQ(test::run_linac("train " + cfg, out), 0) << out;
-  const std::string config_before = read_file(dir + "/config.json");
+  const std::string config_before = test::file_bytes(dir + "/config.json");
   ASSERT_FALSE(config_before.empty());
   const std::string too_long =
       " --set data.seq_len=100000 --set train.micro_batch=1 --set train.global_batch_tokens=100000";
@@ -376,7 +371,7 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   };
   // Resuming with a config its data refuses: the run's config.json is the run's, not the refused one's.
   expect_refused("train " + cfg + " --resume auto" + too_long, "fewer than seq_len + 1");
-  EXPECT_EQ(read_file(dir + "/config.json"), config_before);
+  EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
   // A fresh run refused after its lock was taken leaves no directory behind.
   expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new" + too_long, "fewer than seq_len + 1");
   EXPECT_FALSE(fs::exists(base + "/new"));
@@ -396,11 +391,11 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   json k = test::tiny_train_config(other_run);
   k["train"]["steps"] = 1;
   ASSERT_EQ(test::run_linac("train " + write_cfg(base + "/other_text", k), out), 0) << out;
-  const std::string listing = read_file(dir + "/ckpt/latest");
+  const std::string listing = test::file_bytes(dir + "/ckpt/latest");
   expect_refused(
       "train " + cfg + " --set train.keep_last=1 --resume " + test::latest_checkpoint_path(other_run),
       "holds checkpoints of its own run, and --resume " + test::latest_checkpoint_path(other_run) + " is outside it");
-  EXPECT_EQ(read_file(dir + "/ckpt/latest"), listing);
+  EXPECT_EQ(test::file_bytes(dir + "/ckpt/latest"), listing);
   EXPECT_TRUE(fs::exists(ckpt));
 }
 
@@ -420,8 +415,9 @@ TEST(RunSafety, StopSignalDuringSetUpCheckpointsAfterTheFirstStep) {
   kill(pid, SIGTERM);
   int st = 0;
   waitpid(pid, &st, 0);
-  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << read_file(base + "/out.txt");
-  EXPECT_EQ(CheckpointReader(test::latest_checkpoint_path(dir)).data().state.step, 1) << read_file(base + "/out.txt");
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << test::file_bytes(base + "/out.txt");
+  EXPECT_EQ(CheckpointReader(test::latest_checkpoint_path(dir)).data().state.step, 1)
+      << test::file_bytes(base + "/out.txt");
 }
 
 TEST(RunSafety, UnsoundAdamSettingsAreRefused) {

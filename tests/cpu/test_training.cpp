@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "data/hdf5_util.h"
+#include "data/prepare.h"
 #include "data/token_dataset.h"
 #include "model/model.h"
 #include "test_util.h"
@@ -178,6 +179,55 @@ TEST(Training, ConfigErrorsExitWithOneLine) {
     EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << c.set << " printed more than one line: " << out;
   }
   EXPECT_FALSE(fs::exists(dir + "/run")) << "a rejected config must not create the run directory";
+}
+
+// A changed train.seed cannot change a resumed run's data order (the loader state carries the
+// seed): the run says so once, and config.json and the next checkpoints record the seed in effect.
+TEST(Training, ResumeWithAnotherSeedKeepsAndRecordsTheCheckpointsSeed) {
+  const std::string dir = test::fresh_dir("reseed");
+  json j = test::tiny_train_config(dir);
+  j["train"]["seed"] = 11;
+  j["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(j, "first.json"), ""), 0);
+  j["train"]["seed"] = 12;
+  j["train"]["steps"] = 6;
+  ASSERT_EQ(run_training(Config::from_json(j, "second.json"), "auto"), 0);
+  const std::string log = test::file_bytes(fs::path(dir) / "train.log");
+  EXPECT_NE(log.find("train.seed is 12 in second.json but"), std::string::npos) << log;
+  EXPECT_NE(log.find("written with seed 11"), std::string::npos) << log;
+  EXPECT_EQ(json::parse(test::file_bytes(fs::path(dir) / "config.json"))["train"]["seed"], 11);
+  const CheckpointReader last(test::latest_checkpoint_path(dir));
+  EXPECT_EQ(last.data().state.step, 6);
+  EXPECT_EQ(last.data().state.seed, 11u);
+  EXPECT_EQ(last.data().config["train"]["seed"], 11);
+}
+
+// eval_every with a dataset that holds nothing out validates nothing: said once when the run starts.
+TEST(Training, EvalEveryWithoutAValSplitIsSaid) {
+  const std::string dir = test::fresh_dir("noval");
+  {
+    std::ofstream text(dir + "/text.txt");
+    for (int i = 0; i < 20; ++i) text << "the cat sees the ball today. a dog likes a bird again.\n\n";
+  }
+  PrepareOptions o;
+  o.inputs = {dir + "/text.txt"};
+  o.out = dir + "/noval.h5";
+  o.tokenizer = test::tiny_dataset();
+  o.val_fraction = 0;
+  o.progress = false;
+  prepare(o);
+  json j = test::tiny_train_config(dir + "/run");
+  j["data"]["path"] = o.out;
+  j["data"]["seq_len"] = 8;
+  j["train"]["global_batch_tokens"] = 32;
+  j["train"]["steps"] = 2;
+  j["train"]["eval_every"] = 1;
+  ASSERT_EQ(run_training(Config::from_json(j, "n"), ""), 0);
+  const std::string log = test::file_bytes(fs::path(dir) / "run" / "train.log");
+  EXPECT_NE(log.find("noval.h5's val split has 0 token(s), so train.eval_every (1) validates nothing"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("val loss"), std::string::npos) << log;
 }
 
 }  // namespace
