@@ -403,8 +403,14 @@ int cmd_bench(int argc, char** argv) {
     std::printf("%s", kUsage);
     return 0;
   }
-  if (auto op = args.get("op")) return bench_op(args, *op);
-  if (auto model = args.get("generate")) return bench_generate(args, *model);
+  if (auto op = args.get("op")) {
+    require_one_process("linac bench --op");
+    return bench_op(args, *op);
+  }
+  if (auto model = args.get("generate")) {
+    require_one_process("linac bench --generate");
+    return bench_generate(args, *model);
+  }
   const auto pos = args.positionals();
   if (pos.size() != 1) throw UserError("expected CONFIG.json or --op NAME (see --help)");
   return bench_model(args, pos[0]);

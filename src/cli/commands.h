@@ -9,6 +9,7 @@ struct Command {
   const char* name;
   const char* summary;
   int (*run)(int argc, char** argv);  // argv[0] is the command name
+  bool uses_ranks = false;            // under mpirun each rank takes its part (else one process is required)
 };
 
 const std::vector<Command>& commands();

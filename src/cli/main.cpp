@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     // In an mpirun job every message names its rank, and a failing rank ends the whole job.
     const std::string who = linac::launched_by_mpi() ? " (rank " + std::to_string(linac::launcher_rank()) + ")" : "";
     try {
+      if (!c.uses_ranks) linac::require_one_process(std::string("linac ") + c.name);
       return c.run(argc - 1, argv + 1);
     } catch (const linac::UserError& e) {
       return error_exit(c.name, who, "error", e.what(), linac::kExitUserError);

@@ -48,6 +48,19 @@ bool launched_by_mpi() {
 
 int launcher_rank() { return env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", env_int("PMI_RANK", 0))); }
 
+// srun --mpi=pmix sets no size variable of PMIx's own; Slurm's task count is the job's size.
+int launcher_world_size() {
+  if (!launched_by_mpi()) return 1;
+  return env_int("OMPI_COMM_WORLD_SIZE", env_int("PMI_SIZE", env_int("SLURM_STEP_NUM_TASKS", 1)));
+}
+
+void require_one_process(const std::string& what) {
+  const int n = launcher_world_size();
+  if (n > 1)
+    throw UserError(what + " runs as one process, but the launcher started " + std::to_string(n) +
+                    ": run it without mpirun (train and bench's training steps are what use the ranks)");
+}
+
 void abort_job_if_distributed(int code) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);

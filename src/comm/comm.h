@@ -71,5 +71,10 @@ bool launched_by_mpi();
 void abort_job_if_distributed(int code);
 // This process's rank per the launcher's environment (0 when not launched by MPI).
 int launcher_rank();
+// The job's number of processes per the launcher's environment (1 when not launched by MPI).
+int launcher_world_size();
+// Throws UserError when the launcher started more than one process: `what` (e.g. "linac eval")
+// runs as one process, and N copies of it would each do the whole work (and race on its outputs).
+void require_one_process(const std::string& what);
 
 }  // namespace linac

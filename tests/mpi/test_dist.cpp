@@ -303,5 +303,32 @@ TEST_F(Dist, AJobIntoAHeldDirectoryIsRefused) {
   EXPECT_FALSE(test::latest_checkpoint_path(dir + "/run").empty());
 }
 
+// The commands that run as one process refuse an mpirun job of more ranks (each rank would do the
+// whole work, and prepare's or export's ranks would race on one output) and write nothing;
+// with one rank they run.
+TEST_F(Dist, OneProcessCommandsRefuseAJobOfTwoRanks) {
+  const std::string dir = test::fresh_dir("dp_single");
+  const std::string ckpt = test::tiny_checkpoint("dp_single_run", 2);
+  const std::pair<std::string, std::string> cases[] = {
+      {"eval --checkpoint " + ckpt + " --split val", "linac eval"},
+      {"info " + ckpt, "linac info"},
+      {"generate --checkpoint " + ckpt + " --prompt-ids 1,2 --max-new-tokens 2", "linac generate"},
+      {"export --checkpoint " + ckpt + " --out " + dir + "/out", "linac export"},
+      {"bench --generate " + ckpt + " --batch 1 --prompt-len 4 --gen-len 2", "linac bench --generate"},
+      {"bench --op rmsnorm", "linac bench --op"},
+  };
+  for (const auto& [args, who] : cases) {
+    std::string out;
+    EXPECT_EQ(run_shell(mpirun(2, args), out), 2) << args << ": " << out;
+    EXPECT_NE(out.find(who + " runs as one process, but the launcher started 2: run it without mpirun"),
+              std::string::npos)
+        << args << ": " << out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/out"));
+  std::string out;
+  EXPECT_EQ(run_shell(mpirun(1, "export --checkpoint " + ckpt + " --out " + dir + "/out"), out), 0) << out;
+  EXPECT_TRUE(fs::exists(dir + "/out/model.safetensors")) << out;
+}
+
 }  // namespace
 }  // namespace linac::test_dist
