@@ -15,36 +15,50 @@ namespace fs = std::filesystem;
 namespace linac {
 namespace {
 
-// Whether a line of the log is a whole record of a step up to `last`.
-bool keep(const std::string& line, int64_t last) {
+enum class Line { Kept, Later, Unreadable };
+
+// A line of the log: a record of a step up to `last` (kept), of a later step, or not a record.
+Line classify(const std::string& line, int64_t last) {
   const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!rec.is_object()) return false;
+  if (!rec.is_object()) return Line::Unreadable;
   const auto step = rec.find("step");
-  return step != rec.end() && step->is_number_integer() && step->get<int64_t>() <= last;
+  if (step == rec.end() || !step->is_number_integer()) return Line::Unreadable;
+  return step->get<int64_t>() <= last ? Line::Kept : Line::Later;
 }
 
-// Rewrites `path` with only the records keep() accepts (through path.tmp-PID, which a killed
-// rewrite leaves for remove_stale_temp_files); returns how many lines it dropped.
-int64_t trim(const std::string& path, int64_t last) {
+// Rewrites `path` with only the records of steps up to `last` (through path.tmp-PID, which a
+// killed rewrite leaves for remove_stale_temp_files); returns what it dropped.
+MetricsLog::Dropped trim(const std::string& path, int64_t last) {
+  MetricsLog::Dropped d;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return 0;
+  if (!in) return d;
   std::stringstream all;
   all << in.rdbuf();
   const std::string text = all.str();
   std::string kept;
-  int64_t dropped = 0;
+  int64_t number = 0;
   for (size_t begin = 0; begin < text.size();) {
     const size_t end = text.find('\n', begin);
-    // A last line without its newline is one a killed writer did not finish.
+    ++number;
     const std::string line = text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    if (end != std::string::npos && keep(line, last))
-      kept += line + "\n";
-    else
-      ++dropped;
-    if (end == std::string::npos) break;
+    if (end == std::string::npos) {  // a last line without its newline: a killed writer's
+      d.unfinished = true;
+      break;
+    }
+    switch (classify(line, last)) {
+      case Line::Kept:
+        kept += line + "\n";
+        break;
+      case Line::Later:
+        ++d.later;
+        break;
+      case Line::Unreadable:
+        d.unreadable.push_back(number);
+        break;
+    }
     begin = end + 1;
   }
-  if (dropped == 0) return 0;
+  if (!d.any()) return d;
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   out << kept << std::flush;
@@ -52,7 +66,7 @@ int64_t trim(const std::string& path, int64_t last) {
   out.close();
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw UserError("cannot replace " + path + " with " + tmp + ": " + std::strerror(errno));
-  return dropped;
+  return d;
 }
 
 }  // namespace

@@ -4,14 +4,16 @@
 //
 // One record per step, whatever the run went through: a run that continues from step S (a fresh
 // run: S = 0) first drops the records of the steps after S, which it is about to run again (a run
-// killed after its last checkpoint, or a resume from an earlier checkpoint), and a line a killed
-// writer left unfinished, by writing what it keeps to a temp file and renaming it over the old one.
+// killed after its last checkpoint, or a resume from an earlier checkpoint), a line a killed
+// writer left unfinished, and any line that is not a record with an integer step (edited or
+// damaged), by writing what it keeps to a temp file and renaming it over the old one.
 #pragma once
 
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "config/json_reader.h"
 
@@ -25,8 +27,14 @@ class MetricsLog {
              std::function<void(const std::string&)> warn);
   // Appends `rec` (nothing for a null record) and flushes.
   void write(const json& rec);
-  // Records (lines) dropped when the log was opened.
-  int64_t dropped() const { return dropped_; }
+  // What was dropped when the log was opened.
+  struct Dropped {
+    int64_t later = 0;                // records of steps after resume_step
+    bool unfinished = false;          // a last line without its newline
+    std::vector<int64_t> unreadable;  // line numbers (from 1) of lines that are no step's record
+    bool any() const { return later > 0 || unfinished || !unreadable.empty(); }
+  };
+  const Dropped& dropped() const { return dropped_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -35,7 +43,7 @@ class MetricsLog {
   std::ofstream file_;
   std::function<void(const std::string&)> warn_;
   bool warned_ = false;
-  int64_t dropped_ = 0;
+  Dropped dropped_;
 };
 
 }  // namespace linac

@@ -136,10 +136,25 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
         cfg_.data.path, data_.tokens->size(Split::Val), tc_.eval_every);
   metrics_ =
       std::make_unique<MetricsLog>(tc_.out_dir, root_, step_, [this](const std::string& w) { log_->warn("{}", w); });
-  if (metrics_->dropped() > 0)
-    log_->info("{}: dropped {} record(s) of steps after {} (this run writes them again) or left unfinished",
-               metrics_->path(), metrics_->dropped(), step_);
+  report_dropped_metrics();
   started();
+}
+
+// What opening metrics.jsonl dropped: records this run writes again, a killed writer's last line,
+// and (a warning) lines that were no step's record, by number so they can be looked for.
+void Trainer::report_dropped_metrics() {
+  const MetricsLog::Dropped& d = metrics_->dropped();
+  if (d.later > 0)
+    log_->info("{}: dropped {} record(s) of steps after {}, which this run writes again", metrics_->path(), d.later,
+               step_);
+  if (d.unfinished) log_->info("{}: dropped its last line, which a killed run left unfinished", metrics_->path());
+  if (d.unreadable.empty()) return;
+  std::string lines;
+  for (size_t i = 0; i < std::min<size_t>(d.unreadable.size(), 8); ++i)
+    lines += (i ? ", " : "") + std::to_string(d.unreadable[i]);
+  if (d.unreadable.size() > 8) lines += ", ...";
+  log_->warn("{}: dropped {} line(s) that were no step's JSON record (line {})", metrics_->path(), d.unreadable.size(),
+             lines);
 }
 
 // The run is set up: its config is recorded, and the directory stays. Until here a refused run

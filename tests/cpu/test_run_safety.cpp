@@ -133,33 +133,38 @@ std::vector<int64_t> logged_steps(const std::string& dir) {
 }
 
 // metrics.jsonl holds one record per step whatever the run went through: a resume from an earlier
-// checkpoint drops the records of the steps it runs again (and a line a killed writer left
-// unfinished) and keeps the earlier ones byte for byte; a fresh run into a directory whose run
-// died before its first checkpoint starts the log again. Each drop is logged.
+// checkpoint drops the records of the steps it runs again, a line a killed writer left
+// unfinished and a line that is no record, and keeps the earlier ones byte for byte; a fresh run into a directory whose
+// run died before its first checkpoint starts the log again. Each drop is logged.
 TEST(RunSafety, MetricsHoldOneRecordPerStepAcrossResumes) {
   const std::string dir = test::fresh_dir("metrics_resume");
   json j = test::tiny_train_config(dir);
   ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
   ASSERT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
-  const std::string first = test::file_bytes(dir + "/metrics.jsonl");
-  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << R"({"step": 7, "loss": 4.)";  // killed mid-line
+  std::string first = test::file_bytes(dir + "/metrics.jsonl");
+  size_t third_end = 0;
+  for (int i = 0; i < 3; ++i) third_end = first.find('\n', third_end) + 1;
+  // A damaged line among the kept records (line 2), and a last line a killed writer left.
+  first.insert(first.find('\n') + 1, "{\"step\": 1.5}\n");
+  std::ofstream(dir + "/metrics.jsonl", std::ios::trunc) << first << R"({"step": 7, "loss": 4.)";
   std::ofstream(dir + "/metrics.jsonl.tmp-999999") << "stale";
 
   ASSERT_EQ(run_training(Config::from_json(j, "s"), dir + "/ckpt/step_000003.h5"), 0);
   EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2, 3, 4, 5, 6}));
   const std::string second = test::file_bytes(dir + "/metrics.jsonl");
-  size_t third_end = 0;
-  for (int i = 0; i < 3; ++i) third_end = first.find('\n', third_end) + 1;
+  first.erase(first.find('\n') + 1, std::string("{\"step\": 1.5}\n").size());
   EXPECT_EQ(second.substr(0, third_end), first.substr(0, third_end)) << "steps 1-3 kept as written";
   EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl.tmp-999999"));
-  EXPECT_NE(test::file_bytes(dir + "/train.log").find("dropped 4 record(s) of steps after 3"), std::string::npos)
-      << test::file_bytes(dir + "/train.log");
+  const std::string log = test::file_bytes(dir + "/train.log");
+  EXPECT_NE(log.find("dropped 3 record(s) of steps after 3, which this run writes again"), std::string::npos) << log;
+  EXPECT_NE(log.find("dropped its last line, which a killed run left unfinished"), std::string::npos) << log;
+  EXPECT_NE(log.find("dropped 1 line(s) that were no step's JSON record (line 2)"), std::string::npos) << log;
 
   fs::remove_all(dir + "/ckpt");  // as if the first run had died before its first checkpoint
   j["train"]["steps"] = 2;
   ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
   EXPECT_EQ(logged_steps(dir), (std::vector<int64_t>{1, 2}));
-  EXPECT_NE(test::file_bytes(dir + "/train.log").find("dropped 6 record(s) of steps after 0"), std::string::npos);
+  EXPECT_NE(test::file_bytes(dir + "/train.log").find("dropped 6 record(s) of steps after 0,"), std::string::npos);
 }
 
 pid_t start_linac(const std::vector<std::string>& args, const std::string& log) {
