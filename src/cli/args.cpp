@@ -1,6 +1,7 @@
 #include "cli/args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
@@ -30,6 +31,8 @@ Args::Args(int argc, char** argv, std::string usage, std::vector<std::string> sw
         if (!is_switch(o.name) && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) o.value = argv[++i];
       }
       opts_.push_back(o);
+    } else if (a.size() > 1 && a[0] == '-' && !std::isdigit(static_cast<unsigned char>(a[1]))) {
+      dashed_.push_back(a);  // -j: not an option of ours, and never a file or value meant here
     } else {
       positionals_.push_back(a);
     }
@@ -37,14 +40,12 @@ Args::Args(int argc, char** argv, std::string usage, std::vector<std::string> sw
 }
 
 std::optional<std::string> Args::get(const std::string& name) {
-  std::optional<std::string> v;
-  for (auto& o : opts_) {
-    if (o.name != name) continue;
-    o.used = true;
-    if (!o.value) throw UserError("option --" + name + " needs a value");
-    v = o.value;
-  }
-  return v;
+  const std::vector<std::string> all = get_all(name);
+  if (all.size() > 1)
+    throw UserError("option --" + name + " is given " + std::to_string(all.size()) + " times ('" + all[0] + "', '" +
+                    all[1] + "'" + (all.size() > 2 ? ", ..." : "") + "); give it once");
+  if (all.empty()) return std::nullopt;
+  return all[0];
 }
 
 std::vector<std::string> Args::get_all(const std::string& name) {
@@ -93,9 +94,18 @@ bool Args::flag(const std::string& name) {
   return seen;
 }
 
+std::vector<std::string> Args::positionals() {
+  positionals_read_ = true;
+  return positionals_;
+}
+
 void Args::finish() const {
   for (const auto& o : opts_)
     if (!o.used) throw UserError("unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
+  if (!dashed_.empty())
+    throw UserError("unknown option " + dashed_[0] + " for 'linac " + cmd_ + "' (options begin with --; see --help)");
+  if (!positionals_read_ && !positionals_.empty())
+    throw UserError("unexpected argument '" + positionals_[0] + "' for 'linac " + cmd_ + "' (see --help)");
 }
 
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, int64_t min) {

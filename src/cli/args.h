@@ -1,5 +1,7 @@
 // Small option parser shared by the subcommands: `--name value`, `--name=value`, repeated
-// options, boolean flags and positionals. Unknown options are a UserError naming the option.
+// options, boolean flags and positionals. What a command does not read is a UserError naming
+// it (finish): an unknown option, a `-x`, a positional the command takes none of, and an option
+// given twice that the command reads once (a second --checkpoint must not quietly win).
 #pragma once
 
 #include <cstdint>
@@ -19,15 +21,17 @@ class Args {
   bool help() const { return help_; }
   const std::string& usage() const { return usage_; }
 
-  std::optional<std::string> get(const std::string& name);          // last occurrence
+  std::optional<std::string> get(const std::string& name);          // UserError when given twice
   std::vector<std::string> get_all(const std::string& name);        // every occurrence
   std::string get_or(const std::string& name, const std::string& def);
   int64_t get_int(const std::string& name, int64_t def);
   double get_double(const std::string& name, double def);
   bool flag(const std::string& name);                               // a switch was given
-  std::vector<std::string> positionals() const { return positionals_; }
+  // The positionals; a command that never asks takes none (finish refuses them).
+  std::vector<std::string> positionals();
 
-  // Throws UserError for any option that no get/flag call asked for.
+  // Throws UserError for any option no get/flag call asked for, a single-dash word, and
+  // positionals when positionals() was not called.
   void finish() const;
 
  private:
@@ -38,7 +42,8 @@ class Args {
   };
   std::string cmd_, usage_;
   std::vector<Opt> opts_;
-  std::vector<std::string> positionals_;
+  std::vector<std::string> positionals_, dashed_;
+  bool positionals_read_ = false;
   bool help_ = false;
 };
 

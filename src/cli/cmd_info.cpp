@@ -185,8 +185,8 @@ int cmd_info(int argc, char** argv) {
   in.ranks = args.get_int("ranks", 1);
   if (in.ranks < 1 || in.ranks > 65536)
     throw UserError("--ranks: expected a number of ranks from 1 to 65536, got " + std::to_string(in.ranks));
-  args.finish();
   const auto pos = args.positionals();
+  args.finish();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
   in.source = pos[0];
 

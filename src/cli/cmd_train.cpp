@@ -28,8 +28,8 @@ int cmd_train(int argc, char** argv) {
   }
   const auto sets = args.get_all("set");
   const std::string resume = args.get_or("resume", "");
-  args.finish();
   const auto pos = args.positionals();
+  args.finish();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
   const Config cfg = load_config(pos[0], sets);
   return run_training(cfg, resume);

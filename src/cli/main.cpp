@@ -1,5 +1,6 @@
 // linac command line: one subcommand per verb (see README "CLI").
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -47,7 +48,11 @@ int main(int argc, char** argv) {
     const std::string who = linac::launched_by_mpi() ? " (rank " + std::to_string(linac::launcher_rank()) + ")" : "";
     try {
       if (!c.uses_ranks) linac::require_one_process(std::string("linac ") + c.name);
-      return c.run(argc - 1, argv + 1);
+      const int status = c.run(argc - 1, argv + 1);
+      // Output lost to a full disk or a closed stdout is a failed write like any other.
+      if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        throw linac::UserError(std::string("cannot write to standard output: ") + std::strerror(errno));
+      return status;
     } catch (const linac::UserError& e) {
       return error_exit(c.name, who, "error", e.what(), linac::kExitUserError);
     } catch (const linac::Diverged& e) {

@@ -3,13 +3,15 @@
 // a directory as CONFIG; `--set` creating missing objects; a train.reduce_dtype it does not take;
 // bf16 logits without bf16 precision;
 // eval windows no longer than the tokens they score; every `bench --op` passes its option checks;
-// an unknown command; --set on a checkpoint; integers beyond int64.
+// an unknown command; --set on a checkpoint; integers beyond int64; arguments a command does not
+// read; output that cannot be written.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "core/gpu.h"
 #include "core/rng.h"
+#include "mpi_run.h"
 #include "test_util.h"
 #include "train/trainer.h"
 #include "train_fixture.h"
@@ -273,4 +275,43 @@ TEST(CliErrors, IntegersOutOfRangeEchoTheTextTyped) {
 }
 
 }  // namespace
+// What a command does not read is refused, never ignored: a positional it takes none of, a
+// single-dash word, an option given twice that it reads once; and output it cannot write (a full
+// disk, a closed stdout) ends it with exit 2 like any failed write.
+TEST(CliErrors, WhatACommandDoesNotReadAndOutputItCannotWriteAreErrors) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string ckpt = test::tiny_checkpoint("unread_args", 1);
+  const std::string dir = test::fresh_dir("unread_args_out");
+  const std::pair<std::string, std::string> cases[] = {
+      {"eval --checkpoint " + ckpt + " junk", "unexpected argument 'junk' for 'linac eval'"},
+      {"eval junk --checkpoint " + ckpt, "unexpected argument 'junk' for 'linac eval'"},
+      {"eval --checkpoint " + ckpt + " -j", "unknown option -j for 'linac eval' (options begin with --"},
+      {"eval --checkpoint " + ckpt + " --checkpoint other.h5",
+       "option --checkpoint is given 2 times ('" + ckpt + "', 'other.h5'); give it once"},
+      {"generate --checkpoint " + ckpt + " --prompt a --prompt b", "option --prompt is given 2 times"},
+      {"export --checkpoint " + ckpt + " --out " + dir + "/x junk", "unexpected argument 'junk' for 'linac export'"},
+      {"bench --generate " + ckpt + " cfg.json", "unexpected argument 'cfg.json' for 'linac bench'"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac(args, out), out, args);
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/x"));
+  const std::string bin = std::getenv("LINAC_BIN");
+  for (const std::string& redirect : {">/dev/full", ">&-"}) {
+    std::string out;
+    // stderr to the pipe (fd 3), stdout away: the error line is what comes back.
+    const int rc = test::run_shell(
+        "{ " + bin + " eval --checkpoint " + ckpt + " --json --max-tokens 100 2>&3 " + redirect + "; } 3>&1", out);
+    EXPECT_EQ(rc, 2) << redirect << ": " << out;
+    // The last line (a progress line may come before it on a slow machine).
+    const size_t last = out.rfind('\n', out.size() - 2);
+    EXPECT_EQ(
+        out.find("linac eval: error: cannot write to standard output: ", last == std::string::npos ? 0 : last + 1),
+        last == std::string::npos ? 0 : last + 1)
+        << redirect << ": " << out;
+  }
+}
+
 }  // namespace linac::test_cli_errors
