@@ -19,8 +19,8 @@ std::string out_of_memory_message(const char* where, size_t bytes, size_t in_use
   const std::string what = bytes > 0 ? gib(bytes) + " more could not be allocated (" + gib(in_use) + " in use)"
                                      : std::string("an allocation failed");
   return std::string("out of ") + where + " memory: " + what +
-         ": lower train.micro_batch, data.seq_len or the model's size (or --batch, --prompt-len, "
-         "--max-new-tokens); linac info CONFIG prints the memory plan";
+         ": lower train.micro_batch, data.seq_len or the model's size (or the command's batch and length "
+         "options); linac info CONFIG prints the memory plan";
 }
 
 }  // namespace linac

@@ -89,6 +89,7 @@ struct BenchRow {
 struct BenchOptions {
   std::vector<int64_t> seq_lens;
   int64_t micro_tokens, step_tokens, steps, warmup;
+  bool micro_tokens_given = false;  // else train.micro_batch x data.seq_len
   double doc_len = 0;  // > 0: document packing with this mean document length
   bool as_json, profile;
   bool graph = true;  // --no-graph: train.cuda_graph off
@@ -157,7 +158,13 @@ RandomBatches random_batches(const BenchRun& run, int64_t B, int64_t T, int64_t 
 // and with --profile where the time goes.
 BenchRow time_steps(BenchRun& run, const BenchOptions& o, int64_t T) {
   if (o.micro_tokens % T)
-    throw UserError("--micro-tokens (" + std::to_string(o.micro_tokens) + ") must be a multiple of T=" + std::to_string(T));
+    throw UserError(
+        o.micro_tokens_given
+            ? "--micro-tokens (" + std::to_string(o.micro_tokens) + ") must be a multiple of T=" + std::to_string(T)
+            : "--seq-lens " + std::to_string(T) +
+                  ": the default micro-batch (train.micro_batch x data.seq_len = " + std::to_string(o.micro_tokens) +
+                  " tokens) is no multiple of it; pass --micro-tokens N, a "
+                  "multiple of every sequence length");
   const int64_t B = o.micro_tokens / T, n_micro = o.step_tokens / o.micro_tokens;
   // Every micro-batch of the step stays resident (int32 tokens and targets): a step whose batches
   // alone exceed the device's memory is refused before it is allocated piece by piece.
@@ -322,6 +329,7 @@ int bench_model(Args& args, const std::string& path) {
   BenchOptions o;
   o.seq_lens = {cfg.data.seq_len};
   if (auto s = args.get("seq-lens")) o.seq_lens = parse_int_list(*s, "--seq-lens");
+  o.micro_tokens_given = args.get("micro-tokens").has_value();
   o.micro_tokens = args.get_int("micro-tokens", cfg.train.micro_batch * cfg.data.seq_len);
   o.step_tokens = args.get_int("tokens-per-step", o.micro_tokens);
   o.steps = args.get_int("steps", 5);
@@ -339,8 +347,11 @@ int bench_model(Args& args, const std::string& path) {
   args.finish();
   if (cfg.data.packing == "document" && o.doc_len == 0)
     throw UserError(path + ": data.packing is \"document\": pass --doc-len L, the mean document length to time");
-  if (o.micro_tokens < 1 || o.step_tokens % o.micro_tokens)
-    throw UserError("--tokens-per-step must be a multiple of --micro-tokens (>= 1)");
+  if (o.micro_tokens < 1 || o.step_tokens < 1)
+    throw UserError("--micro-tokens and --tokens-per-step must be at least 1");
+  if (o.step_tokens % o.micro_tokens)
+    throw UserError("--tokens-per-step (" + std::to_string(o.step_tokens) + ") must be a multiple of --micro-tokens (" +
+                    std::to_string(o.micro_tokens) + ")");
   if (o.steps < 1 || o.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
   if (o.tune_steps < 1) throw UserError("--tune-steps must be >= 1");
   if (!o.tune_path.empty()) {  // checked before the tuning steps, which may take minutes

@@ -163,7 +163,12 @@ int cmd_eval(int argc, char** argv) {
   const std::string data_path = data ? *data : cfg.data.path;
   if (data_path.empty()) throw UserError("no dataset: pass --data FILE.h5");
   TokenDataset ds(data_path);
-  check_dataset_vocab(ds, cfg.model.vocab_size);
+  // The checkpoint's vocabulary is fixed: the data must change, not model.vocab_size.
+  if (ds.vocab_size() != cfg.model.vocab_size)
+    throw UserError(data_path + " has vocab_size " + std::to_string(ds.vocab_size()) + " but " + *ckpt +
+                    "'s model has " + std::to_string(cfg.model.vocab_size) +
+                    ": score it on data of its own tokenizer (its run trained on '" + cfg.data.path +
+                    "'; linac prepare --tokenizer with that file tokenises other text alike)");
   // The scored text's bytes come from the checkpoint's tokenizer, else the dataset's; a dataset
   // prepared from token ids, scored with a checkpoint that has none, has no text to count.
   if (!meta.tokenizer.empty() && ds.has_tokenizer() && ds.tokenizer_bytes() != meta.tokenizer)

@@ -99,6 +99,19 @@ int cmd_export(int argc, char** argv) {
   }
 
   const CheckpointReader reader(*ckpt);
+  // Refused before anything is written: publish() would stop at a target that is no file after
+  // moving the others, and replacing the checkpoint being read would lose it.
+  const std::vector<std::string> targets = {"model.safetensors", format == "hf" ? "config.json" : "linac_config.json",
+                                            "tokenizer.model"};
+  for (const std::string& name : targets) {
+    const std::filesystem::path dst = dir / name;
+    if (!std::filesystem::exists(dst, ec)) continue;
+    if (!std::filesystem::is_regular_file(dst, ec))
+      throw UserError("--out: '" + dst.string() + "' exists and is not a file; export writes a file there");
+    if (std::filesystem::equivalent(dst, *ckpt, ec))
+      throw UserError("--out: export would replace '" + dst.string() +
+                      "', the --checkpoint it reads; give another --out");
+  }
   const Config cfg = Config::from_json(reader.data().config, *ckpt + ":/config");
   if (format == "hf") check_hf_llama_exportable(cfg.model, *ckpt);
   // Exported weights are the f32 masters, whatever precision the run trained in.

@@ -2,9 +2,11 @@
 //                [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--batch B]
 //                [--stop-at-eos] [--device auto|cpu|gpu] [--json]
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -34,8 +36,9 @@ const char* kUsage =
     "Tokenises the prompt with the checkpoint's SentencePiece model (after an end-of-document\n"
     "token, the boundary every training document follows), runs it through the model in one\n"
     "pass (prefill), then samples up to N new tokens (default 128) one at a time and streams the\n"
-    "text of sequence 0 to stdout. --temperature 0 is greedy (default 1); --top-k keeps the K\n"
-    "likeliest tokens (0: all); --top-p the smallest set reaching probability P (default 1).\n"
+    "text to stdout (with --batch B > 1, the B texts once done, each as `[i] TEXT`).\n"
+    "--temperature 0 is greedy (default 1); --top-k keeps the K likeliest tokens (0: all);\n"
+    "--top-p the smallest set reaching probability P (default 1).\n"
     "A fixed --seed (default 0) gives the same tokens on every run; the B sequences of --batch\n"
     "share the prompt and draw independently. --stop-at-eos ends a sequence at end-of-document.\n"
     "--json prints one object instead: the prompt's token ids, each sequence's ids and text,\n"
@@ -53,12 +56,14 @@ const char* kUsage =
 std::string read_prompt_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw UserError("--prompt-file " + path + " is a directory, not a text file");
-  check_text_file(path, "--prompt-file");
+  // Read once: a pipe (--prompt-file /dev/stdin, <(...)) gives its bytes only once.
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError("--prompt-file: cannot read '" + path + "'");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
+  if (!f) throw UserError("--prompt-file: cannot read '" + path + "': " + std::strerror(errno));
+  std::string text = read_text_sample(f);
+  check_text_sample(text, path, "--prompt-file");
+  std::ostringstream rest;
+  rest << f.rdbuf();
+  return text + rest.str();
 }
 
 // log softmax(l)[id], in double.

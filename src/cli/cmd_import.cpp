@@ -26,6 +26,21 @@ const char* kUsage =
     "train from scripts/hf_tokenize.py and prepare --token-ids). CKPT must not\n"
     "exist unless --force; it appears only once complete.\n";
 
+// --force replaces CKPT: never with a file of the folder being imported (its config, weights or
+// tokenizer), which would be gone once the checkpoint took its place.
+void refuse_out_in_model_folder(const std::string& out, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(out, ec) || !fs::equivalent(fs::absolute(out, ec).parent_path(), dir, ec)) return;
+  const std::string name = fs::path(out).filename().string();
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (name == "config.json" || name == "tokenizer.model" || name == "tokenizer.json" || ends_with(".safetensors") ||
+      ends_with(".safetensors.index.json"))
+    throw UserError("--out: '" + out + "' is a file of the model folder being imported; give another --out");
+}
+
 }  // namespace
 
 int cmd_import(int argc, char** argv) {
@@ -43,10 +58,12 @@ int cmd_import(int argc, char** argv) {
   if (*format != "hf") throw UserError("--format must be hf (a Hugging Face Llama folder), got '" + *format + "'");
   if (dirs.size() != 1) throw UserError("give exactly one model folder DIR (see --help)");
   if (!out) throw UserError("--out CKPT is required (see --help)");
+  if (out->empty()) throw UserError("--out: expected a checkpoint path, got an empty one");
   std::error_code ec;
   if (std::filesystem::is_directory(*out, ec)) throw UserError("--out: '" + *out + "' is a directory");
   if (std::filesystem::exists(*out, ec) && !force)
     throw UserError("--out: '" + *out + "' exists (use --force to replace it)");
+  refuse_out_in_model_folder(*out, dirs[0]);
 
   const HfLlamaImport hf = import_hf_llama(dirs[0]);
   CheckpointData data;

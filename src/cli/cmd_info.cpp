@@ -73,6 +73,7 @@ void plan_memory(const Model& model, Info& in) {
 void print_json(const Model& model, const Info& in) {
   const ParamStore& ps = model.params();
   json j = {{"config", in.source},
+            {"model", in.cfg.to_json()["model"]},
             {"arch", in.cfg.model.arch},
             {"params", ps.total_numel()},
             {"non_embedding_params", ps.total_numel() - model.n_embedding_params()},

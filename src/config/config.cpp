@@ -1,6 +1,7 @@
 #include "config/config.h"
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -283,8 +284,15 @@ void apply_override(json& doc, const std::string& assignment) {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw UserError("config '" + path + "' is a directory, not a JSON file");
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("cannot open config file '" + path + "'");
+  // A checkpoint or dataset given for the config: say so, not what the JSON parser read.
+  char magic[8] = {};
+  f.read(magic, sizeof magic);
+  if (f.gcount() == sizeof magic && std::memcmp(magic, "\x89HDF\r\n\x1a\n", sizeof magic) == 0)
+    throw UserError(path + ": an HDF5 file (a checkpoint or a token dataset), not a JSON config");
+  f.clear();
+  f.seekg(0);
   json doc;
   try {
     doc = json::parse(f, nullptr, true, /*ignore_comments=*/true);

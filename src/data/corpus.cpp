@@ -38,13 +38,21 @@ size_t utf8_seq(const std::string& s, size_t i, size_t& bad);
 void check_text_file(const std::string& path, const std::string& what) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError("cannot read " + what + " " + path + ": " + std::strerror(errno));
-  std::string head(64 * 1024, '\0');
-  f.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(f.gcount()));
+  check_text_sample(read_text_sample(f), path, what);
+}
+
+std::string read_text_sample(std::istream& in) {
+  std::string head(kTextSampleBytes, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  return head;
+}
+
+void check_text_sample(const std::string& head, const std::string& path, const std::string& what) {
   if (head.find('\0') != std::string::npos)
     throw UserError(what + " " + path + ": not a text file (it holds NUL bytes)");
   // A sequence cut at the end of the sample is not held against the file.
-  const size_t end = head.size() < 64 * 1024 ? head.size() : head.size() - 3;
+  const size_t end = head.size() < kTextSampleBytes ? head.size() : head.size() - 3;
   size_t invalid = 0, bad = 0;
   for (size_t i = 0; i < end;) {
     const size_t n = utf8_seq(head, i, bad);

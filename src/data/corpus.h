@@ -40,6 +40,11 @@ std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths);
 // still passes; its stray bytes are replaced and counted like any invalid UTF-8). `what` names
 // the file in the message ("input", "--prompt-file").
 void check_text_file(const std::string& path, const std::string& what = "input");
+// The same check in two parts, for a stream read only once (a pipe): the first kTextSampleBytes of
+// `in`, and the check of such a sample.
+constexpr size_t kTextSampleBytes = 64 * 1024;
+std::string read_text_sample(std::istream& in);
+void check_text_sample(const std::string& head, const std::string& path, const std::string& what);
 
 // Replaces invalid UTF-8 in place; returns the number of replacements.
 uint64_t sanitize_utf8(std::string& s);

@@ -26,14 +26,13 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-// The mixer's rope_base and rope_scaling. RoPE scaling is rope_scaling (transformers 4) or
-// rope_parameters (transformers 5, which moved rope_theta into it too); "default" is plain RoPE.
-json rope_options_of(JsonReader& r) {
-  json mixer = {{"rope_base", r.get_double("rope_theta", 10000.0, 0, 1e15)}};
-  const std::string block = r.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
-  if (!r.present(block)) return mixer;
+// The RoPE options one block (rope_scaling or rope_parameters) gives on top of `mixer`.
+json rope_block(JsonReader& r, const std::string& block, json mixer) {
   JsonReader s = r.child(block);
-  if (s.has("rope_theta")) mixer["rope_base"] = s.get_double("rope_theta", 0, 0, 1e15);
+  if (s.has("rope_theta")) mixer["rope_base"] = s.get_double("rope_theta", 0, 1, 1e12);
+  if (s.has("rope_type") && s.has("type") && s.get_string("rope_type", "") != s.get_string("type", ""))
+    s.fail("type", "disagrees with rope_type ('" + s.get_string("type", "") + "' against '" +
+                       s.get_string("rope_type", "") + "'); keep one of the two");
   const std::string key = s.has("rope_type") ? "rope_type" : "type";
   const std::string type = s.get_string(key, "default");
   if (type == "default") return mixer;
@@ -46,6 +45,21 @@ json rope_options_of(JsonReader& r) {
   if (!s.has("original_max_position_embeddings"))
     s.fail("original_max_position_embeddings", "is required for llama3 scaling");
   scaling["original_max_position_embeddings"] = s.get_int("original_max_position_embeddings", 0, 1, kIntMax);
+  return mixer;
+}
+
+// The mixer's rope_base and rope_scaling. RoPE scaling is rope_scaling (transformers 4) or
+// rope_parameters (transformers 5, which moved rope_theta into it too); "default" is plain RoPE.
+// A folder with both is taken only when they say the same: each version of transformers reads
+// one of them, so the model would differ by the version that loads it.
+json rope_options_of(JsonReader& r) {
+  const json base = {{"rope_base", r.get_double("rope_theta", 10000.0, 1, 1e12)}};
+  const bool v4 = r.present("rope_scaling"), v5 = r.present("rope_parameters");
+  const json mixer = v5 ? rope_block(r, "rope_parameters", base) : v4 ? rope_block(r, "rope_scaling", base) : base;
+  if (v4 && v5 && rope_block(r, "rope_scaling", base) != mixer)
+    r.fail("rope_scaling",
+           "and rope_parameters describe different RoPE (transformers 4 reads the first, 5 the "
+           "second); keep the one the model was trained with");
   return mixer;
 }
 

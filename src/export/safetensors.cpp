@@ -115,7 +115,8 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const auto bad = [&](const std::string& why) { return UserError(path + ": " + why); };
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) throw bad("no such file");
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw bad(std::filesystem::exists(path, ec) ? "not a regular file" : "no such file");
   const uint64_t size = std::filesystem::file_size(path, ec);
   std::ifstream f(path, std::ios::binary);
   if (ec || !f) throw bad("cannot be read");

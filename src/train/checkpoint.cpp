@@ -51,7 +51,13 @@ void CheckpointReader::open_sharded() {
   const fs::path dir(path_);
   const auto bad = [&](const std::string& why) { return UserError(path_ + ": " + why); };
   std::ifstream f(dir / "manifest.json");
-  if (!f) throw bad("no manifest.json (an incomplete sharded checkpoint)");
+  if (!f) {
+    std::error_code ec;
+    if (fs::exists(dir / "rank_00000.h5", ec)) throw bad("no manifest.json (an incomplete sharded checkpoint)");
+    throw bad(
+        "a directory, not a checkpoint (a checkpoint is a step_*.h5 file, or the directory of a sharded one, "
+        "which holds manifest.json)");
+  }
   json m;
   try {
     m = json::parse(f);

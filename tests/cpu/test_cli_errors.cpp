@@ -314,4 +314,44 @@ TEST(CliErrors, WhatACommandDoesNotReadAndOutputItCannotWriteAreErrors) {
   }
 }
 
+// Messages about what the user gave, not what the program assumed: a checkpoint given as a
+// config, a --seq-lens that the default micro-batch does not divide (no --micro-tokens was
+// given), zero tokens per step, a run's directory given as a checkpoint, data of another
+// vocabulary for a checkpoint (whose model.vocab_size cannot change).
+TEST(CliErrors, MessagesNameWhatWasGiven) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string ckpt = test::tiny_checkpoint("named_inputs", 1);
+  const std::string dir = test::fresh_dir("named_inputs_cfg");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  const std::string run_dir = fs::path(ckpt).parent_path().parent_path().string();
+  {
+    std::ofstream text(dir + "/text.txt");
+    for (int i = 0; i < 200; ++i) text << "line " << i << " of a text with other words, numbers and pieces.\n\n";
+  }
+  std::string prep;
+  ASSERT_EQ(
+      test::run_linac("prepare --input " + dir + "/text.txt --out " + dir + "/v320.h5 --vocab-size 320 --quiet", prep),
+      0)
+      << prep;
+  const std::pair<std::string, std::string> cases[] = {
+      {"bench " + ckpt, ckpt + ": an HDF5 file (a checkpoint or a token dataset), not a JSON config"},
+      {"train " + ckpt, ckpt + ": an HDF5 file"},
+      {"bench " + cfg + " --seq-lens 48",
+       "--seq-lens 48: the default micro-batch (train.micro_batch x data.seq_len = "
+       "128 tokens) is no multiple of it; pass --micro-tokens N"},
+      {"bench " + cfg + " --seq-lens 48 --micro-tokens 100", "--micro-tokens (100) must be a multiple of T=48"},
+      {"bench " + cfg + " --tokens-per-step 0", "--micro-tokens and --tokens-per-step must be at least 1"},
+      {"eval --checkpoint " + run_dir, run_dir + ": a directory, not a checkpoint (a checkpoint is a step_*.h5 file"},
+      {"eval --checkpoint " + run_dir + "/ckpt", "a directory, not a checkpoint"},
+      {"eval --checkpoint " + ckpt + " --data " + dir + "/v320.h5",
+       dir + "/v320.h5 has vocab_size 320 but " + ckpt + "'s model has 300: score it on data of its own tokenizer"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac(args, out), out, args);
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
+}
+
 }  // namespace linac::test_cli_errors

@@ -208,6 +208,20 @@ TEST(CliGenerate, PromptFileMustBeText) {
   }
   EXPECT_TRUE(fs::is_empty(dir));
   EXPECT_EQ(test::file_bytes(ck), ck_bytes);
+  // A pipe gives its bytes once: the prompt read from one is the file's, not an empty one.
+  const std::string text = dir + "/prompt.txt";
+  std::ofstream(text) << "the cat sees the ball today.";
+  auto prompt_tokens = [&](const std::string& prefix, const std::string& file) {
+    std::string out;
+    EXPECT_EQ(test::run_linac("generate --checkpoint " + ck + " --json --max-new-tokens 1 --prompt-file " + file, out,
+                              prefix),
+              0)
+        << out;
+    return json::parse(out.substr(out.find('{')))["prompt_tokens"];
+  };
+  const json from_file = prompt_tokens("", text);
+  EXPECT_GT(from_file.size(), 4u) << from_file;
+  EXPECT_EQ(prompt_tokens("cat " + text + " |", "/dev/stdin"), from_file);
 }
 
 // ---- export ----------------------------------------------------------------------------------

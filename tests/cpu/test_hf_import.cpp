@@ -404,6 +404,28 @@ TEST(HfImport, ConfigsLinacCannotRepresentAreRefusedNamingTheField) {
   EXPECT_EQ(v5.model.mixer["rope_base"], 500000.0);
   EXPECT_EQ(v5.model.mixer["rope_scaling"]["factor"], 8.0);
   EXPECT_EQ(v5.model.mixer["rope_scaling"]["original_max_position_embeddings"], 64);
+  // Both blocks: taken when they agree, refused when each version of transformers would build
+  // another model; a block whose type and rope_type disagree; rope_theta in rope_base's range.
+  json both = defaults;
+  both["rope_scaling"] = both["rope_parameters"];
+  both["rope_scaling"].erase("rope_theta");
+  both["rope_theta"] = 500000.0;
+  EXPECT_EQ(config_error(both), "(accepted)");
+  both["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  EXPECT_NE(config_error(both).find("config.json: rope_scaling: and rope_parameters describe different RoPE"),
+            std::string::npos)
+      << config_error(both);
+  json two_types = defaults;
+  two_types["rope_parameters"]["type"] = "linear";
+  EXPECT_NE(config_error(two_types).find("rope_parameters.type: disagrees with rope_type"), std::string::npos)
+      << config_error(two_types);
+  for (const double theta : {0.0, 1e13}) {
+    json t = defaults;
+    t.erase("rope_parameters");
+    t["rope_theta"] = theta;
+    EXPECT_NE(config_error(t).find("config.json: rope_theta: must be in [1, 1e+12]"), std::string::npos)
+        << config_error(t);
+  }
   defaults["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}, {"factor", 8.0}};
   EXPECT_NE(config_error(defaults).find("config.json: rope_parameters.rope_type: "), std::string::npos);
 }
@@ -603,7 +625,25 @@ TEST(HfImport, CliExitCodesAndGenerateFromIds) {
   expect_one_line_user_error("import --force --format hf " + bad_dir + " --out " + ck);
   EXPECT_EQ(test::file_bytes(ck), first);
   ASSERT_EQ(test::run_linac("import --force --format hf " + in + " --out " + ck, out), 0) << out;
-  run_ok("info " + ck);
+  // info --json's model section is the checkpoint's: what a fine-tuning config starts from.
+  ASSERT_EQ(test::run_linac("info " + ck + " --json", out), 0) << out;
+  EXPECT_EQ(json::parse(out.substr(out.find('{')))["model"], CheckpointReader(ck).data().config["model"]) << out;
+  // --force never replaces a file of the folder being read, nor export the checkpoint it reads;
+  // an empty --out is no path.
+  const std::string weights = test::file_bytes(in + "/model.safetensors");
+  for (const std::string name : {"model.safetensors", "config.json"}) {
+    expect_one_line_user_error("import --force --format hf " + in + " --out " + in + "/" + name);
+    EXPECT_EQ(test::file_bytes(in + "/model.safetensors"), weights) << name;
+  }
+  expect_one_line_user_error("import --format hf " + in + " --out ''");
+  fs::create_directories(dir + "/self");
+  fs::copy_file(ck, dir + "/self/model.safetensors");  // a checkpoint under the name export writes
+  expect_one_line_user_error("export --force --checkpoint " + dir + "/self/model.safetensors --out " + dir + "/self");
+  EXPECT_EQ(test::file_bytes(dir + "/self/model.safetensors"), test::file_bytes(ck));
+  // A target that is no file is refused before any file moves.
+  fs::create_directories(dir + "/blocked/model.safetensors");
+  expect_one_line_user_error("export --force --checkpoint " + ck + " --out " + dir + "/blocked");
+  EXPECT_FALSE(fs::exists(dir + "/blocked/linac_config.json"));
 
   const std::string gen = "generate --checkpoint " + ck + " --device cpu --temperature 0 --max-new-tokens 6";
   ASSERT_EQ(test::run_linac(gen + " --json --prompt-ids 0,5,96,12", out), 0) << out;
