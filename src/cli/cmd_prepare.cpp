@@ -1,12 +1,15 @@
 // `linac prepare`: text files -> SentencePiece tokenizer -> HDF5 token dataset, or token-id files
 // -> the same dataset without a tokenizer (src/data/prepare.h).
 #include <cstdio>
+#include <filesystem>
 #include <thread>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/hdf5_util.h"
 #include "data/prepare.h"
+#include "train/checkpoint.h"
 
 namespace linac::cli {
 
@@ -33,7 +36,8 @@ const char* kUsage =
     "  --out FILE               output .h5 file\n"
     "  --vocab-size N           train a SentencePiece model with N pieces (default 8192); with\n"
     "                           --token-ids: the model's vocabulary size (required)\n"
-    "  --tokenizer FILE         use this SentencePiece .model, or the tokenizer inside a linac .h5\n"
+    "  --tokenizer FILE         use this SentencePiece .model, or the tokenizer inside a linac token\n"
+    "                           dataset or checkpoint\n"
     "  --model-type bpe|unigram tokenizer algorithm when training (default bpe)\n"
     "  --character-coverage F   characters covered by pieces; the rest use bytes (default 0.9995)\n"
     "  --max-train-sentences N  tokenizer training sample, in lines (default 1000000)\n"
@@ -47,6 +51,26 @@ const char* kUsage =
     "  --token-ids FILE...      token-id files instead of text (later words are files too)\n"
     "  --eos-id E               with --token-ids: the end-of-document id (required)\n"
     "  --bos-id B               with --token-ids: the beginning-of-sequence id, recorded only\n";
+
+// A checkpoint's SentencePiece model (a run's, or an imported model's tokenizer.model), or empty
+// when `path` is not a checkpoint (prepare reads .model files and token datasets itself).
+std::string checkpoint_tokenizer(const std::string& path) {
+  std::error_code ec;
+  bool checkpoint = std::filesystem::is_directory(path, ec) && is_checkpoint_path(path);
+  if (!checkpoint && std::filesystem::is_regular_file(path, ec) && h5::is_hdf5(path)) {
+    try {
+      checkpoint = h5::exists(h5::File::open(path, false).id(), "state");
+    } catch (const Error&) {
+      return {};  // unreadable: prepare's own reading says what is wrong
+    }
+  }
+  if (!checkpoint) return {};
+  std::string bytes = CheckpointReader(path, false).data().tokenizer;
+  if (bytes.empty())
+    throw UserError("--tokenizer " + path +
+                    ": the checkpoint has no tokenizer (its run's data was prepared from token ids)");
+  return bytes;
+}
 
 }  // namespace
 
@@ -64,6 +88,7 @@ int cmd_prepare(int argc, char** argv) {
   o.val_fraction = args.get_double("val-fraction", o.val_fraction);
   o.force = args.flag("force");
   o.progress = !args.flag("quiet");
+  if (args.flag("quiet") && args.flag("verbose")) throw UserError("give either --quiet or --verbose, not both");
   if (!o.token_ids.empty()) {
     for (const char* opt : {"tokenizer", "model-type", "character-coverage", "max-train-sentences", "threads",
                             "jsonl-key", "txt-split"})
@@ -83,6 +108,13 @@ int cmd_prepare(int argc, char** argv) {
     const auto vocab = args.get("vocab-size");
     o.tokenizer = args.get_or("tokenizer", "");
     if (vocab && !o.tokenizer.empty()) throw UserError("give either --vocab-size or --tokenizer, not both");
+    if (args.get("tokenizer")) {
+      if (o.tokenizer.empty()) throw UserError("--tokenizer is empty; give a file");
+      for (const char* opt : {"model-type", "character-coverage", "max-train-sentences"})
+        if (args.get(opt))
+          throw UserError(std::string("--") + opt + " applies to training a tokenizer, not to --tokenizer");
+      o.tokenizer_bytes = checkpoint_tokenizer(o.tokenizer);
+    }
     o.vocab_size = args.get_int("vocab-size", o.vocab_size);
     o.model_type = args.get_or("model-type", o.model_type);
     o.character_coverage = args.get_double("character-coverage", o.character_coverage);

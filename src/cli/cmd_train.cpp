@@ -28,6 +28,7 @@ int cmd_train(int argc, char** argv) {
   }
   const auto sets = args.get_all("set");
   const std::string resume = args.get_or("resume", "");
+  if (args.get("resume") && resume.empty()) throw UserError("--resume is empty; give auto or a checkpoint's path");
   const auto pos = args.positionals();
   args.finish();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");

@@ -177,6 +177,8 @@ Config Config::from_json(const json& j, const std::string& source) {
   if (c.data.type == "mqar") {
     if (!c.data.path.empty()) d.fail("path", "does not apply to data.type 'mqar' (its sequences are generated)");
     read_mqar(d.child("mqar"), c.data.mqar, c.model.vocab_size, c.data.seq_len);
+  } else if (d.has("mqar")) {
+    d.fail("mqar", "applies to data.type 'mqar' only (this config's data.type is '" + c.data.type + "')");
   }
   c.data.packing = d.get_choice("packing", c.data.packing, {"stream", "document"});
   if (c.data.type == "mqar" && c.data.packing != "stream")
@@ -185,7 +187,7 @@ Config Config::from_json(const json& j, const std::string& source) {
 
   JsonReader t = root.child("train");
   auto& tr = c.train;
-  tr.steps = t.get_int("steps", tr.steps, 0, kMaxI);
+  tr.steps = t.get_int("steps", tr.steps, 1, kMaxI);
   tr.global_batch_tokens = t.get_int("global_batch_tokens", tr.global_batch_tokens, 1, kMaxI);
   tr.micro_batch = t.get_int("micro_batch", tr.micro_batch, 1, 1 << 20);
   tr.lr = t.get_double("lr", tr.lr, 0, 10);

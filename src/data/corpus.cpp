@@ -1,9 +1,12 @@
 #include "data/corpus.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -182,6 +185,11 @@ std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths) {
       std::sort(found.begin(), found.end(), [](const InputFile& a, const InputFile& b) { return a.path < b.path; });
       out.insert(out.end(), found.begin(), found.end());
     } else {
+      // Prepare reads its inputs more than once (tokenizer sample, encoding): a pipe cannot be.
+      if (!fs::is_regular_file(st))
+        throw UserError("input " + p +
+                        " is not a regular file (a pipe or device is read once, prepare reads its "
+                        "inputs twice); save it to a file first");
       InputFile f;
       f.kind = kind_of_named(p);
       f.path = p;
@@ -189,6 +197,18 @@ std::vector<InputFile> discover_inputs(const std::vector<std::string>& paths) {
       f.bytes = fs::file_size(p, ec);
       out.push_back(std::move(f));
     }
+  }
+  // The same file twice (named twice, under two names, or inside two named directories) would
+  // put its documents into the dataset twice, and into both splits.
+  std::map<std::pair<dev_t, ino_t>, const std::string*> seen;
+  for (const InputFile& f : out) {
+    struct stat sb {};
+    if (::stat(f.path.c_str(), &sb) != 0) continue;
+    const auto [it, fresh] = seen.emplace(std::make_pair(sb.st_dev, sb.st_ino), &f.path);
+    if (!fresh)
+      throw UserError("input " + f.path +
+                      (f.path == *it->second ? " is read twice" : " is the same file as input " + *it->second) +
+                      " (named twice, or named and found in a named directory); give each file once");
   }
   if (out.empty()) {
     std::string list;

@@ -52,7 +52,11 @@ class TempOutput {
     struct sigaction sa {};
     sa.sa_handler = remove_tmp_and_die;
     sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+    // A signal ignored on entry stays ignored: `nohup linac prepare` must outlive its terminal.
+    for (int i = 0; i < 3; ++i) {
+      sigaction(kSignals[i], nullptr, &old_[i]);
+      if (old_[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+    }
   }
   ~TempOutput() {
     if (!committed_) unlink(path_.c_str());
@@ -109,10 +113,20 @@ void check_options(const PrepareOptions& o) {
   if (!(o.val_fraction >= 0 && o.val_fraction <= 0.5))
     throw UserError("--val-fraction must be in [0, 0.5], got " + fmt::format("{}", o.val_fraction));
   if (o.threads < 0) throw UserError("--threads must be >= 0");
-  if (o.max_train_sentences < 1) throw UserError("--max-train-sentences must be >= 1");
+  if (o.max_train_sentences <= kMinTrainSentences)
+    throw UserError("--max-train-sentences must be more than " + std::to_string(kMinTrainSentences) +
+                    " (SentencePiece's smallest sample), got " + std::to_string(o.max_train_sentences));
   if (o.corpus.jsonl_key.empty()) throw UserError("--jsonl-key must not be empty");
   std::error_code ec;
-  if (fs::is_directory(o.out, ec)) throw UserError("output " + o.out + " is a directory");
+  // --force renames the new file over OUT: a link would be replaced, not its target; a device or
+  // FIFO by a regular file.
+  const fs::file_status out_st = fs::symlink_status(o.out, ec);
+  if (fs::is_symlink(out_st))
+    throw UserError("output " + o.out + " is a symbolic link (to " + fs::read_symlink(o.out, ec).string() +
+                    "); give the file itself as --out");
+  if (fs::is_directory(out_st)) throw UserError("output " + o.out + " is a directory");
+  if (fs::exists(out_st) && !fs::is_regular_file(out_st))
+    throw UserError("output " + o.out + " is not a regular file (a device, FIFO or socket); give another --out");
   if (fs::exists(o.out, ec) && !o.force) throw UserError("output " + o.out + " exists (use --force to replace it)");
   for (const std::string& in : o.token_ids) refuse_out_as_input(o.out, in, "the --token-ids file");
   refuse_out_as_input(o.out, o.tokenizer, "the --tokenizer file");
@@ -123,9 +137,15 @@ void check_options(const PrepareOptions& o) {
   }
 }
 
-Tokenizer load_tokenizer(const std::string& path) {
+Tokenizer load_tokenizer(const PrepareOptions& o) {
+  if (!o.tokenizer_bytes.empty()) return Tokenizer::from_bytes(o.tokenizer_bytes, o.tokenizer);
+  const std::string& path = o.tokenizer;
   std::error_code ec;
-  if (!fs::exists(path, ec)) throw UserError("tokenizer not found: " + path);
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) throw UserError("tokenizer not found: " + path);
+  if (!fs::is_regular_file(st) || fs::file_size(path, ec) == 0)
+    throw UserError("--tokenizer " + path + " is " + (fs::is_regular_file(st) ? "empty" : "not a file") +
+                    "; give a SentencePiece .model, a linac token dataset or a checkpoint");
   if (h5::is_hdf5(path)) return TokenDataset(path).tokenizer();
   return Tokenizer::from_file(path);
 }
@@ -289,7 +309,7 @@ PrepareStats prepare_text(const PrepareOptions& opts, Clock::time_point t0) {
 
   std::optional<Tokenizer> tok;
   if (!opts.tokenizer.empty()) {
-    tok = load_tokenizer(opts.tokenizer);
+    tok = load_tokenizer(opts);
     if (opts.progress) spdlog::info("using tokenizer {} ({} pieces)", opts.tokenizer, tok->vocab_size());
   } else {
     if (opts.progress)

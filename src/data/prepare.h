@@ -31,12 +31,15 @@
 namespace linac {
 
 constexpr uint64_t kValSplitSeed = 0x5EED5B17u;
+// SentencePiece refuses a training sample of this many lines or fewer.
+constexpr int64_t kMinTrainSentences = 100;
 
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string out;
   int64_t vocab_size = 8192;
   std::string tokenizer;                // a .model file or a linac token dataset (.h5): reuse its model
+  std::string tokenizer_bytes;          // the model itself when the caller read it (a checkpoint's)
   std::string model_type = "bpe";       // bpe | unigram
   double character_coverage = 0.9995;
   int64_t max_train_sentences = 1000000;

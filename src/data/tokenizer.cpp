@@ -4,6 +4,7 @@
 #include <sentencepiece_trainer.h>
 
 #include <fstream>
+#include <limits>
 #include <regex>
 #include <sstream>
 #include <unordered_map>
@@ -13,11 +14,15 @@
 namespace linac {
 namespace {
 
-// SentencePiece statuses read "Internal: file(line) [check] Human message."; keep the message.
+// SentencePiece statuses read "Internal: file(line) [check] Human message."; keep the message,
+// or the check itself where it has none.
 std::string sp_message(const sentencepiece::util::Status& st) {
   const std::string s = st.ToString();
   const size_t close = s.rfind("] ");
-  return close == std::string::npos ? s : s.substr(close + 2);
+  if (close == std::string::npos) return s;
+  if (close + 2 < s.size()) return s.substr(close + 2);
+  const size_t open = s.rfind(" [", close);
+  return open == std::string::npos ? s : "SentencePiece's check " + s.substr(open + 1, close - open) + " failed";
 }
 
 // Feeds the trainer from a callback; the callback is the whole corpus pass.
@@ -92,8 +97,8 @@ int32_t Tokenizer::eos_id() const { return sp_->eos_id(); }
 void check_train_options(const TokenizerTrainOptions& opts) {
   if (opts.model_type != "bpe" && opts.model_type != "unigram")
     throw UserError("--model-type must be bpe or unigram, got '" + opts.model_type + "'");
-  if (opts.vocab_size < 1)
-    throw UserError("--vocab-size must be positive, got " + std::to_string(opts.vocab_size));
+  if (opts.vocab_size < 1 || opts.vocab_size > std::numeric_limits<int32_t>::max())
+    throw UserError("--vocab-size must be in [1, 2^31 - 1], got " + std::to_string(opts.vocab_size));
   if (!(opts.character_coverage > 0 && opts.character_coverage <= 1))
     throw UserError("--character-coverage must be in (0, 1]");
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -247,10 +248,15 @@ std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& ou
     std::ifstream f(latest);
     std::string name;
     std::getline(f, name);
+    const bool readable = name.size() <= 255 && std::all_of(name.begin(), name.end(), [](char c) {
+                            return std::isprint(static_cast<unsigned char>(c));
+                          });
     if (step_of(name) >= 0 && fs::exists(dir / name, ec))
       candidates.push_back(dir / name);
     else
-      warn(latest.string() + " names '" + name + "', which does not exist; looking for the newest intact checkpoint");
+      warn(latest.string() +
+           (readable ? " names '" + name + "', which does not exist" : " holds no checkpoint's name") +
+           "; looking for the newest intact checkpoint");
   }
   for (const fs::path& p : checkpoints_in(dir))
     if (candidates.empty() || p != candidates.front()) candidates.push_back(p);

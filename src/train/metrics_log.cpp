@@ -77,7 +77,7 @@ MetricsLog::MetricsLog(const std::string& out_dir, bool writer, int64_t resume_s
   if (!writer_) return;
   dropped_ = trim(path_, resume_step);
   file_.open(path_, std::ios::app);
-  if (!file_) throw UserError("cannot open " + path_ + " for appending");
+  if (!file_) throw UserError("cannot open " + path_ + " for appending: " + std::strerror(errno));
 }
 
 void MetricsLog::write(const json& rec) {

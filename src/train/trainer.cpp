@@ -116,6 +116,7 @@ Trainer::Trainer(const Config& cfg, const std::string& resume) : cfg_(cfg), tc_(
   gemm_table_ = use_gemm_algo_table(tc_.gemm_algos, gpu_);  // before anything is written to out_dir
   data_ = TrainData::open(cfg_);
   check_configs_agree();
+  check_out_dir();
   const std::unique_ptr<CheckpointReader> ckpt = open_run_dir(resume);
   build_model();
   if (ckpt)
@@ -155,6 +156,28 @@ void Trainer::report_dropped_metrics() {
   if (d.unreadable.size() > 8) lines += ", ...";
   log_->warn("{}: dropped {} line(s) that were no step's JSON record (line {})", metrics_->path(), d.unreadable.size(),
              lines);
+}
+
+// train.out_dir is given (other commands read configs without one). CONFIG may be
+// out_dir/config.json itself when it is what a run recorded there (a resume with it, --set or
+// not, records the config again): a record is its own resolved form. Any other file at that
+// place, the user's own with its comments, layout and defaults left out, would be replaced by
+// the resolved config: refused before anything is written.
+void Trainer::check_out_dir() const {
+  if (tc_.out_dir.empty())
+    throw UserError(cfg_.source + ": train.out_dir: is empty; give the run's directory (\".\" for this one)");
+  const fs::path record = fs::path(tc_.out_dir) / "config.json";
+  std::error_code ec;
+  if (!fs::equivalent(record, cfg_.source, ec)) return;
+  std::ifstream f(record, std::ios::binary);
+  const json on_disk = json::parse(f, nullptr, false, /*ignore_comments=*/true);
+  try {
+    if (Config::from_json(on_disk, cfg_.source).to_json() == on_disk) return;
+  } catch (const UserError&) {
+    // Not a config without the --set overrides: not a record either.
+  }
+  throw UserError(cfg_.source + " is train.out_dir's config.json, where the run records the config it resolves " +
+                  "(every key, no comments), so training would overwrite it: keep the config outside train.out_dir");
 }
 
 // The run is set up: its config is recorded, and the directory stays. Until here a refused run
@@ -230,6 +253,12 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
   std::vector<Note> notes;
   if (root_) {
     lock_ = std::make_unique<RunLock>(tc_.out_dir);
+    // Every checkpoint renames a new ckpt/latest over it: found out at the first one otherwise.
+    const fs::path latest = fs::path(tc_.out_dir) / "ckpt" / "latest";
+    std::error_code ec;
+    if (const fs::file_status st = fs::status(latest, ec); fs::exists(st) && !fs::is_regular_file(st))
+      throw UserError(latest.string() +
+                      " is not a regular file; the run rewrites it at every checkpoint: move it away");
     for (const StaleFile& f : remove_stale_temp_files(tc_.out_dir)) {
       const bool ckpt = fs::path(f.path).parent_path().filename() == "ckpt";
       notes.push_back({false, "removed " + f.path + " (" + std::to_string(f.bytes) +

@@ -83,6 +83,7 @@ class Trainer {
   StepStats train_step();
   json account(const StepStats& st);
   void check_configs_agree();
+  void check_out_dir() const;
   void report_dropped_metrics();
   void check_replicas_agree(bool at_start);
   void check_finite();

@@ -173,6 +173,14 @@ TEST(CheckpointIntegrity, LatestNamingAMissingFileFallsBack) {
   const std::string log = test::file_bytes(dir + "/train.log");
   EXPECT_NE(log.find("names 'step_000099.h5', which does not exist"), std::string::npos) << log;
   EXPECT_NE(log.find("resumed from " + checkpoint_path(dir, 6) + " at step 6"), std::string::npos) << log;
+  // Bytes that are no name are not echoed into the log.
+  write_bytes(dir + "/ckpt/latest", std::string("\x01\xff\x00garbage", 10));
+  ASSERT_EQ(run_training(Config::from_json(run_config(dir, 10), "missing"), "auto"), 0);
+  const std::string again = test::file_bytes(dir + "/train.log");
+  EXPECT_NE(again.find("/ckpt/latest holds no checkpoint's name; looking for the newest intact checkpoint"),
+            std::string::npos)
+      << again;
+  EXPECT_EQ(again.find("garbage"), std::string::npos);
 }
 
 TEST(CheckpointIntegrity, NoIntactCheckpointRefusesToStartOver) {

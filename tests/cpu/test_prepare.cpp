@@ -4,6 +4,8 @@
 // that is one of the inputs among them.
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "data/prepare.h"
 #include "data/test_fixtures.h"
 #include "data/token_dataset.h"
+#include "train_fixture.h"
 
 namespace linac::test_prepare {
 namespace {
@@ -351,6 +354,9 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
   test::write_file(dir / "bad.jsonl", "{\"text\": 1}\n");
   test::write_file(dir / "tok.model", test::tiny_tokenizer().model_bytes());
   test::write_file(dir / "truncated.h5", test::read_file(dir / "tok.model").substr(0, 10));
+  test::write_file(dir / "zero.model", "");
+  std::filesystem::create_symlink(dir / "corpus/c.md", dir / "c_link.md");
+  ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);  // refused before it is opened: no writer needed
   // A valid dataset stands in for the output in every case; it must survive byte for byte.
   PrepareOptions o = quick_options({dir / "corpus"}, dir / "keep.h5");
   o.tokenizer = dir / "tok.model";
@@ -372,6 +378,21 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
        "either --vocab-size or --tokenizer"},
       {{"--input", corpus, "--out", out, "--force", "--threads", "two"}, "expects an integer"},
       {{"--input", corpus, "--out", out, "--force", "--bogus", "1"}, "unknown option --bogus"},
+      {{"--input", corpus, "--input", dir / "corpus/c.md", "--out", out, "--force", "--tokenizer", dir / "tok.model"},
+       "input " + corpus + "/c.md is read twice (named twice, or named and found in a named directory)"},
+      {{"--input", corpus, "--input", dir / "c_link.md", "--out", out, "--force", "--tokenizer", dir / "tok.model"},
+       "input " + dir / "c_link.md" + " is the same file as input " + corpus + "/c.md"},
+      {{"--input", dir / "fifo", "--out", out, "--force"}, "input " + dir / "fifo" + " is not a regular file"},
+      {{"--input", corpus, "--out", out, "--force", "--max-train-sentences", "100"},
+       "--max-train-sentences must be more than 100"},
+      {{"--input", corpus, "--out", out, "--force", "--vocab-size", "100000000000"},
+       "--vocab-size must be in [1, 2^31 - 1], got 100000000000"},
+      {{"--input", corpus, "--out", out, "--force", "--tokenizer", dir / "tok.model", "--character-coverage", "1"},
+       "--character-coverage applies to training a tokenizer, not to --tokenizer"},
+      {{"--input", corpus, "--out", out, "--force", "--verbose"}, "give either --quiet or --verbose, not both"},
+      {{"--input", corpus, "--out", out, "--force", "--tokenizer", dir / "empty"},
+       "is not a file; give a SentencePiece"},
+      {{"--input", corpus, "--out", out, "--force", "--tokenizer", dir / "zero.model"}, "zero.model is empty"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"prepare", "--quiet"};
@@ -386,7 +407,8 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
 }
 
 // --force never lets the dataset replace a file it is made from: a named input, one found in an
-// input directory, the same file through a link, a --token-ids file or the --tokenizer dataset.
+// input directory, the same file under another name (a hard link; a symbolic link is refused as
+// a link), a --token-ids file or the --tokenizer dataset.
 TEST(PrepareCli, OutputThatIsAnInputIsRefused) {
   SKIP_WITHOUT_BINARY();
   TempDir dir;
@@ -398,7 +420,7 @@ TEST(PrepareCli, OutputThatIsAnInputIsRefused) {
   std::string ids;
   for (const int32_t id : {3, 4, 5, 0, 6, 7, 0}) ids.append(reinterpret_cast<const char*>(&id), 4);
   test::write_file(dir / "ids.bin", ids);
-  std::filesystem::create_symlink(dir / "corpus/c.md", dir / "link.md");
+  std::filesystem::create_hard_link(dir / "corpus/c.md", dir / "link.md");
   const std::string corpus = dir / "corpus", md = dir / "corpus/c.md", data = dir / "data.h5";
   const std::vector<std::string> files = {md, dir / "corpus/b.jsonl", data, dir / "ids.bin"};
   std::vector<std::string> before;
@@ -423,9 +445,10 @@ TEST(PrepareCli, OutputThatIsAnInputIsRefused) {
   }
 }
 
-TEST(PrepareCli, InterruptLeavesNoPartialFile) {
-  SKIP_WITHOUT_BINARY();
-  TempDir dir;
+// Starts `prepare --force` of a corpus large enough to take a while into OUT with the given
+// disposition of `sig`, sends it `sig` once its temporary file exists, and returns its wait
+// status (-1 when it finished before).
+int status_after_signal(const TempDir& dir, int sig, void (*disposition)(int)) {
   test::write_file(dir / "tok.model", test::tiny_tokenizer().model_bytes());
   std::string big;
   for (const auto& d : test::synthetic_documents(20000, 9)) big += d + "\n\n";
@@ -433,31 +456,85 @@ TEST(PrepareCli, InterruptLeavesNoPartialFile) {
   test::write_file(dir / "out.h5", "the previous dataset");
   const std::string bin = test::linac_bin(), out = dir / "out.h5", tok = dir / "tok.model", in = dir / "corpus";
   const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  if (pid < 0) return -1;
   if (pid == 0) {
     (void)!freopen("/dev/null", "w", stdout);
+    signal(sig, disposition);  // whatever the test runner's shell left it at
     execl(bin.c_str(), bin.c_str(), "prepare", "--input", in.c_str(), "--out", out.c_str(), "--tokenizer",
           tok.c_str(), "--threads", "1", "--force", static_cast<char*>(nullptr));
     _exit(127);
   }
   const std::string tmp = out + ".tmp-" + std::to_string(pid);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  bool seen = false;
   int status = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (std::filesystem::exists(tmp)) {
-      seen = true;
-      break;
-    }
-    if (waitpid(pid, &status, WNOHANG) == pid) break;
+  while (!std::filesystem::exists(tmp)) {
+    if (waitpid(pid, &status, WNOHANG) == pid || std::chrono::steady_clock::now() > deadline) return -1;
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  ASSERT_TRUE(seen) << "prepare finished before its temporary file was seen";
-  kill(pid, SIGINT);
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  kill(pid, sig);
+  return waitpid(pid, &status, 0) == pid ? status : -1;
+}
+
+TEST(PrepareCli, InterruptLeavesNoPartialFile) {
+  SKIP_WITHOUT_BINARY();
+  TempDir dir;
+  const int status = status_after_signal(dir, SIGINT, SIG_DFL);
+  ASSERT_NE(status, -1) << "prepare finished before its temporary file was seen";
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << status;
-  EXPECT_FALSE(std::filesystem::exists(tmp));
-  EXPECT_EQ(test::read_file(out), "the previous dataset");
+  EXPECT_FALSE(dir.has_temp_files());
+  EXPECT_EQ(test::read_file(dir / "out.h5"), "the previous dataset");
+}
+
+// A signal ignored when prepare starts stays ignored (`nohup linac prepare ...` outlives its
+// terminal); it used to end the run once the temporary file existed.
+TEST(PrepareCli, IgnoredHangupStaysIgnored) {
+  SKIP_WITHOUT_BINARY();
+  TempDir dir;
+  const int status = status_after_signal(dir, SIGHUP, SIG_IGN);
+  ASSERT_NE(status, -1) << "prepare finished before its temporary file was seen";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(dir.has_temp_files());
+  EXPECT_GT(TokenDataset(dir / "out.h5").size(Split::Train), 0u);
+}
+
+// --force renames the new dataset over OUT: a link would be replaced instead of its target, a
+// FIFO or device by a regular file. Both are refused and left as they were.
+TEST(PrepareCli, OutputThatIsALinkOrNotAFileIsRefused) {
+  SKIP_WITHOUT_BINARY();
+  TempDir dir;
+  write_corpus(dir, 60);
+  test::write_file(dir / "target.h5", "the link's target");
+  std::filesystem::create_symlink(dir / "target.h5", dir / "link.h5");
+  ASSERT_EQ(mkfifo((dir / "fifo").c_str(), 0600), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {dir / "link.h5", "output " + dir / "link.h5" + " is a symbolic link (to " + dir / "target.h5" +
+                            "); give the file itself as --out"},
+      {dir / "fifo", "output " + dir / "fifo" + " is not a regular file (a device, FIFO or socket)"},
+  };
+  for (const auto& [out, message] : cases) {
+    const auto r = test::run_linac({"prepare", "--quiet", "--force", "--input", dir / "corpus", "--out", out}, dir);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+  }
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.h5"));
+  EXPECT_EQ(test::read_file(dir / "target.h5"), "the link's target");
+  EXPECT_TRUE(std::filesystem::is_fifo(dir / "fifo"));
+  EXPECT_FALSE(dir.has_temp_files());
+}
+
+// A checkpoint's tokenizer tokenises new text as its run's dataset did (an imported model's
+// tokenizer.model alike).
+TEST(PrepareCli, ACheckpointsTokenizerIsTheRunsOwn) {
+  SKIP_WITHOUT_BINARY();
+  TempDir dir;
+  write_corpus(dir, 60);
+  const std::string ckpt = test::tiny_checkpoint("prepare_tokenizer", 1);
+  const auto r = test::run_linac(
+      {"prepare", "--quiet", "--input", dir / "corpus", "--out", dir / "new.h5", "--tokenizer", ckpt}, dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const TokenDataset made(dir / "new.h5"), run(test::tiny_dataset());
+  EXPECT_EQ(made.tokenizer_bytes(), run.tokenizer_bytes());
+  EXPECT_GT(made.size(Split::Train), 0u);
 }
 
 }  // namespace

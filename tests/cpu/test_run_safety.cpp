@@ -404,6 +404,41 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   EXPECT_TRUE(fs::exists(ckpt));
 }
 
+// A run records its resolved config as out_dir/config.json. A config file the user keeps there
+// (comments, only the keys they set) is not overwritten: refused before anything is written. The
+// record itself is a config the run may be resumed from, --set included. A ckpt/latest that is
+// not a file (the run renames a new one over it at every checkpoint) is refused at the start.
+TEST(RunSafety, TheRunsConfigRecordNeverReplacesTheUsersConfig) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("config_record"), mine = base + "/mine";
+  fs::create_directories(mine);
+  json j = test::tiny_train_config(".");
+  j["train"]["steps"] = 2;
+  const std::string users = "// my experiment\n" + j.dump(2) + "\n";
+  std::ofstream(mine + "/config.json") << users;
+  std::string out;
+  EXPECT_EQ(test::run_linac("train config.json", out, "cd " + mine + ";"), 2) << out;
+  EXPECT_NE(out.find("config.json is train.out_dir's config.json, where the run records the config it resolves"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::file_bytes(mine + "/config.json"), users);
+  EXPECT_EQ(std::distance(fs::directory_iterator(mine), fs::directory_iterator()), 1);  // nothing else written
+
+  const std::string run = base + "/run";
+  json k = test::tiny_train_config(run);
+  k["train"]["steps"] = 2;
+  ASSERT_EQ(test::run_linac("train " + write_cfg(base, k), out), 0) << out;
+  ASSERT_EQ(test::run_linac("train " + run + "/config.json --resume auto --set train.steps=3", out), 0) << out;
+  EXPECT_EQ(CheckpointReader(test::latest_checkpoint_path(run)).data().state.step, 3);
+  EXPECT_EQ(json::parse(test::file_bytes(run + "/config.json"))["train"]["steps"], 3);
+
+  fs::create_directories(base + "/latest_dir/ckpt/latest");
+  EXPECT_EQ(test::run_linac("train " + write_cfg(base, k) + " --set train.out_dir=" + base + "/latest_dir", out), 2)
+      << out;
+  EXPECT_NE(out.find(base + "/latest_dir/ckpt/latest is not a regular file"), std::string::npos) << out;
+  EXPECT_TRUE(fs::is_directory(base + "/latest_dir/ckpt/latest"));
+}
+
 // SIGTERM while the run still sets up (a larger model's initialisation) stops it after its first
 // step with a checkpoint, exit 0, as during training; it used to end the process on the spot.
 TEST(RunSafety, StopSignalDuringSetUpCheckpointsAfterTheFirstStep) {
