@@ -5,9 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
+#include <sstream>
 
 #include "config/json_reader.h"
 #include "core/error.h"
+#include "data/corpus.h"
 #include "data/mqar.h"
 #include "model/layer_plan.h"
 #include "model/registry.h"
@@ -245,14 +248,51 @@ Config Config::from_json(const json& j, const std::string& source) {
   return c;
 }
 
+namespace {
+
+// Deeper than any config goes by far; deeper values overflowed the stack when a message quoted them.
+constexpr int kMaxJsonDepth = 32;
+
+// The JSON text of a config or a --set value, comments allowed. Nesting deeper than
+// kMaxJsonDepth and a key given twice in one object (the parser would keep the last silently)
+// are UserErrors naming `what`; malformed text throws json::exception.
+json parse_config_json(const std::string& text, const std::string& what) {
+  std::vector<std::set<std::string>> keys;  // one per object being read
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth)
+      throw UserError(what + ": nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second) {
+      throw UserError(what + ": key '" + parsed.get<std::string>() + "' appears twice in one object");
+    }
+    return true;
+  };
+  return json::parse(text, check, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+}
+
+// nlohmann's message without its "[json.exception.parse_error.101] " tag.
+std::string parse_error_text(const json::exception& e) {
+  const std::string s = e.what();
+  const size_t close = s.find("] ");
+  return close == std::string::npos ? s : s.substr(close + 2);
+}
+
+}  // namespace
+
 void apply_override(json& doc, const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw UserError("--set expects key.path=value, got '" + assignment + "'");
   const std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  // A config holds UTF-8 text only: the run records it as JSON.
+  if (std::string copy = assignment; sanitize_utf8(copy) > 0)
+    throw UserError("--set " + path + ": the value is not UTF-8 text");
   json value;
   try {
-    value = json::parse(text);
+    value = parse_config_json(text, "--set " + path);
   } catch (const json::out_of_range&) {
     throw UserError("--set " + path + ": " + text + " is a number too large for a double");
   } catch (const json::exception&) {
@@ -295,11 +335,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UserError(path + ": an HDF5 file (a checkpoint or a token dataset), not a JSON config");
   f.clear();
   f.seekg(0);
+  std::stringstream text;
+  text << f.rdbuf();
+  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos)
+    throw UserError(path + ": empty, not a JSON config");
+  // The parser would end the text at a NUL and read no further.
+  if (text.str().find('\0') != std::string::npos) throw UserError(path + ": holds a NUL byte, not a JSON config");
   json doc;
   try {
-    doc = json::parse(f, nullptr, true, /*ignore_comments=*/true);
+    doc = parse_config_json(text.str(), path);
   } catch (const json::exception& e) {
-    throw UserError(path + ": invalid JSON: " + e.what());
+    throw UserError(path + ": invalid JSON: " + parse_error_text(e));
   }
   for (const auto& o : overrides) apply_override(doc, o);
   return Config::from_json(doc, path);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "core/error.h"
 
@@ -16,6 +17,14 @@ std::string kind_of(const json& v) {
   if (v.is_array()) return "an array";
   if (v.is_object()) return "an object";
   return "null";
+}
+
+// A value as a message quotes it: its first 60 bytes (whole UTF-8 characters) when longer.
+std::string brief(const std::string& s) {
+  if (s.size() <= 64) return s;
+  size_t n = 60;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "... (" + std::to_string(s.size()) + " bytes)";
 }
 }  // namespace
 
@@ -59,13 +68,16 @@ int64_t JsonReader::get_int(const std::string& key, int64_t def, int64_t lo, int
   const json* v = take(key);
   if (!v) return def;
   int64_t x = 0;
-  if (v->is_number_integer() || v->is_number_unsigned()) {
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                  std::to_string(v->get<uint64_t>()));
+  } else if (v->is_number_integer() || v->is_number_unsigned()) {
     x = v->get<int64_t>();
   } else if (v->is_number_float() && std::nearbyint(v->get<double>()) == v->get<double>() &&
              std::fabs(v->get<double>()) < 9e18) {
     x = static_cast<int64_t>(v->get<double>());  // 1e6 in JSON is a float but means an integer
   } else {
-    fail(key, "expected an integer, got " + kind_of(*v) + " (" + v->dump() + ")");
+    fail(key, "expected an integer, got " + kind_of(*v) + " (" + brief(v->dump()) + ")");
   }
   if (x < lo || x > hi)
     fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(x));
@@ -104,7 +116,7 @@ std::string JsonReader::get_choice(const std::string& key, const std::string& de
   std::string list;
   for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
   const std::string near = closest(s, choices);
-  fail(key, "'" + s + "' is not one of " + list + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+  fail(key, "'" + brief(s) + "' is not one of " + list + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
 }
 
 std::vector<std::string> JsonReader::get_string_list(const std::string& key, const std::vector<std::string>& def) {

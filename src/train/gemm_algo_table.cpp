@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <unordered_map>
 
@@ -64,7 +65,9 @@ GemmAlgoTable read_gemm_algo_table(const std::string& path) {
   text << in.rdbuf();
   const json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw UserError(path + ": not a JSON object (a GEMM algorithm table)");
-  if (j.value("format", std::string()) != kFormat || j.value("version", 0) != kVersion)
+  const auto format = j.find("format"), version = j.find("version");
+  if (format == j.end() || *format != kFormat || version == j.end() || !version->is_number_integer() ||
+      *version != kVersion)
     throw UserError(path + ": not a GEMM algorithm table ('format' \"" + kFormat + "\", 'version' " +
                     std::to_string(kVersion) + " expected; linac bench --tune-gemms writes one)");
   GemmAlgoTable t;
@@ -78,10 +81,15 @@ GemmAlgoTable read_gemm_algo_table(const std::string& path) {
     GemmAlgoChoice g;
     g.problem = field(c, "problem", json::value_t::string, where).get<std::string>();
     g.algo = parse_algo(field(c, "algo", json::value_t::array, where), where);
-    g.candidate = field(c, "candidate", json::value_t::number_integer, where).get<int>();
+    g.candidate = static_cast<int>(field(c, "candidate", json::value_t::number_integer, where).get<int64_t>());
     g.heuristic_us = field(c, "heuristic_us", json::value_t::number_float, where).get<double>();
     g.chosen_us = field(c, "chosen_us", json::value_t::number_float, where).get<double>();
     g.calls = field(c, "calls", json::value_t::number_integer, where).get<int64_t>();
+    const json& candidate = c["candidate"];
+    if (candidate.get<int64_t>() < 0 || candidate.get<int64_t>() > std::numeric_limits<int>::max())
+      throw UserError(where + ": 'candidate' must be a heuristic's index, got " + candidate.dump());
+    if (!(g.heuristic_us >= 0 && g.chosen_us >= 0 && g.calls >= 0))
+      throw UserError(where + ": 'heuristic_us', 'chosen_us' and 'calls' must not be negative");
     t.choices.push_back(std::move(g));
   }
   return t;

@@ -304,6 +304,9 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
                       "refusing to resume");
     }
     if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
+    if (meta.state.step > tc_.steps)
+      throw UserError(cfg_.source + ": train.steps (" + std::to_string(tc_.steps) + ") is below the step of " +
+                      ckpt->path() + " (" + std::to_string(meta.state.step) + "); raise it to train on from there");
     check_same_tokenizer(*ckpt, "--resume: ");
   }
   open_log(notes);

@@ -318,6 +318,43 @@ TEST(CliErrors, WhatACommandDoesNotReadAndOutputItCannotWriteAreErrors) {
 // config, a --seq-lens that the default micro-batch does not divide (no --micro-tokens was
 // given), zero tokens per step, a run's directory given as a checkpoint, data of another
 // vocabulary for a checkpoint (whose model.vocab_size cannot change).
+// Text that is not one config: a key twice (the parser kept the last), nesting that overflowed
+// the stack when quoted, a NUL (the parser stopped there), nothing at all, bytes that are not
+// UTF-8 in a --set value (the run could not record them), a number past int64's range (it
+// wrapped), and a huge value (quoted whole).
+TEST(CliErrors, ConfigTextThatIsNotOneConfigIsRefused) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("config_text");
+  const std::string good = test::tiny_train_config(dir + "/run").dump();
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << text;
+    return dir + "/" + name;
+  };
+  const std::string body = good.substr(0, good.size() - 1);  // without the closing brace
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  const std::pair<std::string, std::string> cases[] = {
+      {"info " + write("dup.json", body + R"(,"train":{"steps":1}})"),
+       "dup.json: key 'train' appears twice in one object"},
+      {"info " + write("deep.json", body + R"(,"x":)" + deep + "}"), "deep.json: nested deeper than 32 levels"},
+      {"info " + write("nul.json", good + std::string(1, '\0') + "{{"), "nul.json: holds a NUL byte"},
+      {"info " + write("empty.json", " \n"), "empty.json: empty, not a JSON config"},
+      {"info " + write("comma.json", body + ",}"), "comma.json: invalid JSON: parse error at line 1"},
+      {"info " + write("c.json", good) + " --set 'train.steps=" + deep + "'",
+       "--set train.steps: nested deeper than 32"},
+      {"info " + dir + "/c.json --set train.out_dir=run$(printf '\\377')",
+       "--set train.out_dir: the value is not UTF-8"},
+      {"info " + dir + "/c.json --set train.seed=18446744073709551615", "got 18446744073709551615"},
+      {"info " + dir + "/c.json --set train.schedule=" + std::string(5000, 'x'), "(5000 bytes)' is not one of"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac(args, out), out, args.substr(0, 80));
+    EXPECT_NE(out.find(what), std::string::npos) << args.substr(0, 80) << ": " << out.substr(0, 300);
+    EXPECT_EQ(out.find("json.exception"), std::string::npos) << out.substr(0, 300);
+    EXPECT_LT(out.size(), 400u) << args.substr(0, 80);
+  }
+}
+
 TEST(CliErrors, MessagesNameWhatWasGiven) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string ckpt = test::tiny_checkpoint("named_inputs", 1);

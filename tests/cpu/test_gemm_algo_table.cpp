@@ -91,6 +91,13 @@ TEST(GemmAlgoTable, DamagedFilesNameTheFileAndField) {
        "choices[2]: 'algo' must be an array of 8"},
       {"no_problem", with([](json& k) { k["choices"][0].erase("problem"); }), "choices[0]: 'problem' must be a string"},
       {"calls_float", with([](json& k) { k["choices"][0]["calls"] = 1.5; }), "choices[0]: 'calls' must be an integer"},
+      {"format_number", with([](json& k) { k["format"] = 1; }), "not a GEMM algorithm table"},
+      {"version_text", with([](json& k) { k["version"] = "1"; }), "not a GEMM algorithm table"},
+      {"version_fraction", with([](json& k) { k["version"] = 1.5; }), "not a GEMM algorithm table"},
+      {"candidate_huge", with([](json& k) { k["choices"][0]["candidate"] = 99999999999; }),
+       "choices[0]: 'candidate' must be a heuristic's index, got 99999999999"},
+      {"calls_negative", with([](json& k) { k["choices"][1]["calls"] = -3; }),
+       "choices[1]: 'heuristic_us', 'chosen_us' and 'calls' must not be negative"},
   };
   for (const Case& c : cases) {
     const std::string path = dir + "/" + c.name + ".json";

@@ -387,6 +387,8 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
       "has another SentencePiece model than data.path");
   EXPECT_FALSE(fs::exists(base + "/other"));
   expect_refused("eval --checkpoint " + ckpt + " --data " + other, "its SentencePiece model is not");
+  // A run already past train.steps.
+  expect_refused("train " + cfg + " --resume auto --set train.steps=1", "train.steps (1) is below the step of");
   // A model config that differs names where.
   expect_refused("train " + cfg + " --resume auto --set model.mixer.kv_heads=2",
                  "differs from " + cfg + "'s at model.mixer.kv_heads");
