@@ -180,7 +180,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   if (c.data.type == "mqar") {
     if (!c.data.path.empty()) d.fail("path", "does not apply to data.type 'mqar' (its sequences are generated)");
     read_mqar(d.child("mqar"), c.data.mqar, c.model.vocab_size, c.data.seq_len);
-  } else if (d.has("mqar")) {
+  } else if (d.present("mqar")) {
     d.fail("mqar", "applies to data.type 'mqar' only (this config's data.type is '" + c.data.type + "')");
   }
   c.data.packing = d.get_choice("packing", c.data.packing, {"stream", "document"});
@@ -225,6 +225,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.zero = t.get_int("zero", tr.zero, 0, 2);
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);
   t.finish();
+  if (!(tr.lr > 0)) t.fail("lr", "must be > 0 (with 0 no step changes a weight; linac eval scores a checkpoint)");
   if (tr.min_lr > tr.lr) t.fail("min_lr", "must not exceed train.lr");
   if (tr.logits_dtype == "bf16" && tr.precision != "bf16")
     t.fail("logits_dtype", "bf16 needs train.precision bf16, got " + tr.precision);
@@ -278,6 +279,34 @@ std::string parse_error_text(const json::exception& e) {
   const std::string s = e.what();
   const size_t close = s.find("] ");
   return close == std::string::npos ? s : s.substr(close + 2);
+}
+
+// A message from reading the config names the file it blames ("cfg.json: model.n_layers: ...").
+// Where a --set assignment gave that value (its key path holds the message's, or lies inside it),
+// the message names the --set instead: the file never held it.
+std::string blame_override(const std::string& message, const std::string& file,
+                           const std::vector<std::string>& overrides) {
+  if (message.rfind(file + ": ", 0) != 0) return message;
+  const std::string rest = message.substr(file.size() + 2);
+  std::string at;  // the JSON path the message is about
+  if (const std::string unknown = "unknown key '"; rest.rfind(unknown, 0) == 0) {
+    at = rest.substr(unknown.size(), rest.find('\'', unknown.size()) - unknown.size());
+  } else {
+    at = rest.substr(0, rest.find(": "));
+    if (at.empty() ||
+        at.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.[]") != std::string::npos)
+      return message;
+  }
+  const auto inside = [](const std::string& inner, const std::string& outer) {
+    return inner.size() > outer.size() && inner.rfind(outer, 0) == 0 &&
+           (inner[outer.size()] == '.' || inner[outer.size()] == '[');
+  };
+  for (auto o = overrides.rbegin(); o != overrides.rend(); ++o) {  // the last assignment of a key wins
+    const std::string key = o->substr(0, o->find('='));
+    if (key == at && rest.rfind(at + ": ", 0) == 0) return "--set " + rest;
+    if (key == at || inside(at, key) || inside(key, at)) return "--set " + key + ": " + rest;
+  }
+  return message;
 }
 
 }  // namespace
@@ -348,7 +377,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UserError(path + ": invalid JSON: " + parse_error_text(e));
   }
   for (const auto& o : overrides) apply_override(doc, o);
-  return Config::from_json(doc, path);
+  try {
+    return Config::from_json(doc, path);
+  } catch (const UserError& e) {
+    throw UserError(blame_override(e.what(), path, overrides));
+  }
 }
 
 }  // namespace linac

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -116,7 +117,9 @@ std::string JsonReader::get_choice(const std::string& key, const std::string& de
   std::string list;
   for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
   const std::string near = closest(s, choices);
-  fail(key, "'" + brief(s) + "' is not one of " + list + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+  std::string msg(1, '\'');  // not ("'" + brief(s)): GCC 12 warns falsely (-Wrestrict) on that
+  msg += brief(s) + "' is not one of " + list;
+  fail(key, msg + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
 }
 
 std::vector<std::string> JsonReader::get_string_list(const std::string& key, const std::vector<std::string>& def) {
@@ -166,6 +169,12 @@ void JsonReader::finish() const {
     throw UserError(file_ + ": unknown key '" + path_of(k) + "'" +
                     (near.empty() ? "" : " (did you mean '" + path_of(near) + "'?)"));
   }
+}
+
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {

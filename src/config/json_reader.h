@@ -51,6 +51,9 @@ class JsonReader {
   json empty_ = json::object();
 };
 
+// A number as messages quote it: "%.6g" (5, 0.0003), not std::to_string's "5.000000".
+std::string number_text(double x);
+
 // Levenshtein distance, for did-you-mean suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);
 // The closest candidate within a small distance, or "".

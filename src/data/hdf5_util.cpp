@@ -1,5 +1,6 @@
 #include "data/hdf5_util.h"
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -30,6 +31,14 @@ herr_t collect(unsigned, const H5E_error2_t* e, void* data) {
     const size_t end = desc.find('\'', at + key.size());
     out->os_message = desc.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
   }
+  // "truncated file: eof = 100000, sblock->base_addr = 0, stored_eof = 1898276": the library's
+  // names for the file's size and the size its superblock records.
+  long long eof = 0, base = 0, stored = 0;
+  if (out->os_message.empty() &&
+      std::sscanf(desc.c_str(), "truncated file: eof = %lld, sblock->base_addr = %lld, stored_eof = %lld", &eof, &base,
+                  &stored) == 3)
+    out->os_message =
+        "truncated: " + std::to_string(eof) + " bytes of the " + std::to_string(stored) + " its header records";
   return 0;
 }
 

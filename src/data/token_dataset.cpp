@@ -130,6 +130,9 @@ TokenDataset::TokenDataset(const std::string& path) : path_(path) {
       if (tok.type() != h5::Type::U8 || tok.dims().size() != 1) throw bad("dataset /tokenizer is not a 1-D uint8 array");
       has_tokenizer_ = tok.size() > 0;
     }
+  } catch (const h5::Failure& e) {
+    if (e.reason().rfind("truncated:", 0) == 0) throw bad("not a readable linac token dataset: " + e.reason());
+    throw bad(std::string("not a readable linac token dataset (truncated or corrupt?): ") + e.what());
   } catch (const Error& e) {
     throw bad(std::string("not a readable linac token dataset (truncated or corrupt?): ") + e.what());
   }

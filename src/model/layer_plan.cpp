@@ -37,6 +37,7 @@ std::vector<LayerSpec> resolve_layers(const ModelConfig& cfg, const std::string&
   if (cfg.mixers.is_object())
     for (const auto& [name, block] : cfg.mixers.items()) {
       const std::string path = "model.mixers." + name;
+      if (block.is_null()) continue;  // null reads as absent: the kind's defaults
       if (!block.is_object()) throw UserError(file + ": " + path + ": expected an object of options, got " + block.dump());
       LayerSpec s{name, name, block, path};
       if (block.contains("type")) {
@@ -44,6 +45,11 @@ std::vector<LayerSpec> resolve_layers(const ModelConfig& cfg, const std::string&
           throw UserError(file + ": " + path + ".type: expected a mixer kind name, got " + block.at("type").dump());
         s.kind = find_mixer_kind(block.at("type").get<std::string>(), path + ".type", file).name;
         s.options.erase("type");
+        // A block named after a kind is that kind: "attention" meaning a GLA mixer misleads every reader.
+        if (is_kind(name) && s.kind != name)
+          throw UserError(file + ": " + path + ".type: a block named after the mixer kind '" + name +
+                          "' must be that kind, got '" + s.kind + "' (give the " + s.kind +
+                          " mixer a name of its own)");
       } else if (!is_kind(name)) {
         throw UserError(file + ": " + path + ": '" + name + "' is not a mixer kind (" + kind_list() +
                         "): name its kind with \"type\"");
@@ -62,6 +68,10 @@ std::vector<LayerSpec> resolve_layers(const ModelConfig& cfg, const std::string&
   if (explicit_list && static_cast<int64_t>(names.size()) != cfg.n_layers)
     throw UserError(file + ": model.layers: has " + std::to_string(names.size()) + " entries but model.n_layers is " +
                     std::to_string(cfg.n_layers) + " (use model.layer_pattern for a repeating pattern)");
+  if (!explicit_list && !cfg.layer_pattern.empty() && static_cast<int64_t>(names.size()) > cfg.n_layers)
+    throw UserError(file + ": model.layer_pattern: has " + std::to_string(names.size()) +
+                    " entries but model.n_layers is " + std::to_string(cfg.n_layers) + ", so entries from [" +
+                    std::to_string(cfg.n_layers) + "] on would name no layer");
 
   std::vector<LayerSpec> plan;
   std::set<std::string> used;

@@ -42,40 +42,61 @@ const std::vector<MixerKind>& mixer_kinds() {
              env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", true, cfg.n_heads));
        }},
       {"gla", "gated linear attention, chunkwise (Yang et al. 2023)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { GlaMixerOptions::parse(s.options, s.path, file); },
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         GlaMixerOptions::parse(s.options, s.path, file);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<GlaMixer>(env, cfg, layer, GlaMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
       {"taylor", "Based's linear attention with the 2nd-order Taylor feature map (Arora et al. 2024)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { TaylorMixerOptions::parse(s.options, s.path, file); },
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         TaylorMixerOptions::parse(s.options, s.path, file);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"));
+         return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"),
+                                              s.path);
        }},
-      {"lightning", "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output gate",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LightningMixerOptions::parse(s.options, s.path, file); },
+      {"lightning",
+       "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output "
+       "gate",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         LightningMixerOptions::parse(s.options, s.path, file);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<LightningMixer>(env, cfg, layer, s.kind_index == 0,
                                                  LightningMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
-      {"vq_gau", "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { VqGauMixerOptions::parse(s.options, s.path, file); },
+      {"vq_gau",
+       "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         VqGauMixerOptions::parse(s.options, s.path, file);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<VqGauMixer>(env, cfg, layer, VqGauMixerOptions::parse(s.options, s.path, "config"), s.path);
        }},
-      {"latte", "Latte: latent attention, per-token softmax over latents of causally normalised value summaries, VAPOR positions (Dolga et al. 2024)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LatteMixerOptions::parse(s.options, s.path, file, false); },
+      {"latte",
+       "Latte: latent attention, per-token softmax over latents of causally normalised value summaries, VAPOR "
+       "positions (Dolga et al. 2024)",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         LatteMixerOptions::parse(s.options, s.path, file, false);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", false),
                                              false, s.path);
        }},
-      {"latte_macchiato", "Latte-Macchiato: Latte over a convolved stream mixed with sliding-window attention as a local state",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { LatteMixerOptions::parse(s.options, s.path, file, true); },
+      {"latte_macchiato",
+       "Latte-Macchiato: Latte over a convolved stream mixed with sliding-window attention as a local state",
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         LatteMixerOptions::parse(s.options, s.path, file, true);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", true),
                                              true, s.path);
        }},
       {"base_conv", "Based's gated short convolution (BaseConv)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) { BaseConvMixerOptions::parse(s.options, s.path, file); },
+       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+         BaseConvMixerOptions::parse(s.options, s.path, file);
+       },
        [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
          return std::make_unique<BaseConvMixer>(env, cfg, layer, BaseConvMixerOptions::parse(s.options, s.path, "config"),
                                                 s.path);

@@ -308,7 +308,10 @@ CheckpointFile CheckpointFile::open(const std::string& path, bool need_config) {
   } catch (const UserError&) {
     throw;
   } catch (const h5::Failure& e) {
-    throw bad("unreadable checkpoint (truncated or corrupted): " + e.reason());
+    const bool says_truncated = e.reason().rfind("truncated:", 0) == 0;
+    throw bad(
+        std::string(says_truncated ? "unreadable checkpoint: " : "unreadable checkpoint (truncated or corrupted): ") +
+        e.reason());
   } catch (const std::exception& e) {
     throw bad(std::string("unreadable checkpoint (truncated or corrupted): ") + e.what());
   }

@@ -304,11 +304,23 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
                       "refusing to resume");
     }
     if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
+    // The loader's position counts sequences of the run's layout: with another length, packing or
+    // kind of data the same position names other tokens, and the run would not continue its data.
+    const json their_data = meta.config.value("data", json::object()), our_data = cfg_.to_json()["data"];
+    for (const char* key : {"type", "seq_len", "packing", "mqar"})
+      if (their_data.contains(key) && their_data[key] != our_data.value(key, json()))
+        throw UserError(ckpt->path() + ": the checkpoint's data." + key + " (" + their_data[key].dump() +
+                        ") differs from " + cfg_.source + "'s (" + our_data.value(key, json()).dump() +
+                        "), so the run cannot continue its data order; refusing to resume (train.init_from "
+                        "starts a new run from its weights)");
     if (meta.state.step > tc_.steps)
       throw UserError(cfg_.source + ": train.steps (" + std::to_string(tc_.steps) + ") is below the step of " +
                       ckpt->path() + " (" + std::to_string(meta.state.step) + "); raise it to train on from there");
     check_same_tokenizer(*ckpt, "--resume: ");
   }
+  if (tc_.warmup_steps > tc_.steps)
+    notes.push_back({true, "train.warmup_steps (" + std::to_string(tc_.warmup_steps) + ") exceeds train.steps (" +
+                               std::to_string(tc_.steps) + "): the learning rate never reaches train.lr"});
   open_log(notes);
   return ckpt;
 }

@@ -381,9 +381,10 @@ TEST(CliErrors, MessagesNameWhatWasGiven) {
       {"bench " + cfg + " --tokens-per-step 0", "--micro-tokens and --tokens-per-step must be at least 1"},
       {"train " + cfg + " --resume ''", "--resume is empty; give auto or a checkpoint's path"},
       {"train " + cfg + " --set train.out_dir=", cfg + ": train.out_dir: is empty"},
-      {"train " + cfg + " --set train.steps=0", cfg + ": train.steps"},
+      {"train " + cfg + " --set train.steps=0", "error: --set train.steps: must be in [1, "},
       {"train " + cfg + " --set data.mqar.vocab=8",
-       cfg + ": data.mqar: applies to data.type 'mqar' only (this config's data.type is 'hdf5')"},
+       "error: --set data.mqar.vocab: data.mqar: applies to data.type 'mqar' only (this config's data.type is "
+       "'hdf5')"},
       {"eval --checkpoint " + run_dir, run_dir + ": a directory, not a checkpoint (a checkpoint is a step_*.h5 file"},
       {"eval --checkpoint " + run_dir + "/ckpt", "a directory, not a checkpoint"},
       {"eval --checkpoint " + ckpt + " --data " + dir + "/v320.h5",
@@ -394,6 +395,68 @@ TEST(CliErrors, MessagesNameWhatWasGiven) {
     expect_one_line_user_error(test::run_linac(args, out), out, args);
     EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
   }
+}
+
+// A value a --set gave is blamed on the --set, not on the file that never held it: the key
+// itself, a key inside the object it set, or an object holding the key it set. What the file
+// holds is still blamed on the file.
+TEST(CliErrors, SetValuesAreBlamedOnTheSet) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("set_blame");
+  const std::string cfg = dir + "/cfg.json";
+  json doc = test::tiny_train_config(dir + "/run");
+  std::ofstream(cfg) << doc.dump(2);
+  doc["train"]["lr"] = -1;  // the file's own mistake
+  std::ofstream(dir + "/bad_lr.json") << doc.dump(2);
+  const std::pair<std::string, std::string> cases[] = {
+      {cfg + " --set model.n_layers=0", "error: --set model.n_layers: must be in [1, 1024], got 0"},
+      {cfg + " --set train.lrr=0.1", "error: --set train.lrr: unknown key 'train.lrr' (did you mean 'train.lr'?)"},
+      {dir + "/bad_lr.json --set model.n_layers=2",
+       "error: " + dir + "/bad_lr.json: train.lr: must be in [0, 10], got -1"},
+      {cfg + " --set 'model.mixer={\"window\":-1}'", "error: --set model.mixer: model.mixer.window: must be in [0, "},
+      {cfg + " --set model.mixers.foo.window=3",
+       "error: --set model.mixers.foo.window: model.mixers.foo: 'foo' is not a "},
+      {cfg + " --set train.lr=0", "error: --set train.lr: must be > 0"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("info " + args, out), out, args);
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
+}
+
+// Options that configure something the config turned off are refused, naming the option;
+// numbers are quoted as written (5, not 5.000000); null reads as absent.
+TEST(CliErrors, OptionsThatDoNotApplyAreRefused) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = test::fresh_dir("not_apply");
+  const std::string cfg = dir + "/cfg.json";
+  json doc = test::tiny_train_config(dir + "/run");
+  doc["model"]["mixer"] = {{"rope", false}, {"rope_base", 5000}};
+  std::ofstream(cfg) << doc.dump(2);
+  doc["model"]["mixer"] = {{"rope_scaling", {{"factor", 4}, {"low_freq_factor", 5}}}};
+  std::ofstream(dir + "/scaling.json") << doc.dump(2);
+  doc["model"].erase("mixer");
+  doc["data"]["mqar"] = nullptr;
+  std::ofstream(dir + "/null.json") << doc.dump(2);
+  const std::pair<std::string, std::string> cases[] = {
+      {cfg, cfg + ": model.mixer.rope_base: does not apply with \"rope\": false"},
+      {cfg + " --set model.mixer.rope_base=null --set 'model.mixer.rope_scaling={\"factor\":4}'",
+       "error: --set model.mixer.rope_scaling: does not apply with \"rope\": false"},
+      {dir + "/scaling.json", "model.mixer.rope_scaling.high_freq_factor: must be larger than low_freq_factor (5)"},
+      {dir + "/null.json --set model.arch=latte --set 'model.mixer={\"vapor\":false,\"rope_base\":100}'",
+       "model.mixer.rope_base: does not apply without VAPOR or a local window"},
+      {dir + "/null.json --set model.arch=based --set model.mixers.taylor.heads=3",
+       dir + "/null.json: model.mixers.taylor.heads: 3 heads must divide d_model (32)"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("info " + args, out), out, args);
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
+  std::string out;
+  EXPECT_EQ(test::run_linac("info " + dir + "/null.json", out), 0) << out;
+  EXPECT_EQ(test::run_linac("info " + cfg + " --set model.mixer.rope=true", out), 0) << out;
 }
 
 }  // namespace linac::test_cli_errors

@@ -134,7 +134,11 @@ TEST(TokenDataset, TruncatedFileIsUserError) {
     test::write_file(dir / "cut.h5", bytes.substr(0, keep));
     const std::string msg = user_error([&] { TokenDataset d(dir / "cut.h5"); });
     EXPECT_NE(msg.find(dir / "cut.h5"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("truncated or corrupt"), std::string::npos) << msg;
+    // The superblock is whole in every cut: the message gives the sizes, not HDF5's internal names.
+    EXPECT_NE(msg.find("truncated: " + std::to_string(keep) + " bytes of the " + std::to_string(bytes.size()) +
+                       " its header records"),
+              std::string::npos)
+        << msg;
   }
 }
 

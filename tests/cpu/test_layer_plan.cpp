@@ -88,6 +88,12 @@ TEST(LayerPlan, StackErrorsNameTheField) {
       {{{"layer_pattern", {"sliding_window"}}, {"mixers", {{"sliding_window", {{"window", 0}}}}}},
        {"model.mixers.sliding_window.window"}},
       {{{"mixers", json::array()}}, {"model.mixers", "object"}},
+      // Entries past n_layers would name no layer (5 layers here).
+      {{{"layer_pattern", {"gla", "gla", "gla", "gla", "gla", "attention"}}},
+       {"model.layer_pattern", "6 entries", "n_layers is 5", "from [5] on"}},
+      // A block named after a kind configures that kind.
+      {{{"mixers", {{"attention", {{"type", "gla"}}}}}},
+       {"model.mixers.attention.type", "named after the mixer kind 'attention'", "got 'gla'"}},
   };
   for (const Bad& b : cases) {
     const std::string msg = error_of(b.model);
@@ -95,6 +101,17 @@ TEST(LayerPlan, StackErrorsNameTheField) {
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     for (const auto& s : b.says) EXPECT_NE(msg.find(s), std::string::npos) << "'" << s << "' not in: " << msg;
   }
+}
+
+// null reads as absent: a kind's block of null is its defaults, a pattern as long as the stack is
+// whole, and a block naming its own kind in "type" is allowed.
+TEST(LayerPlan, NullBlocksAndWholePatternsAreAccepted) {
+  EXPECT_EQ(kinds(plan_of({{"mixers", {{"attention", nullptr}}}})), std::vector<std::string>(5, "attention"));
+  EXPECT_EQ(plan_of({{"mixers", {{"attention", nullptr}}}})[0].options, json::object());
+  EXPECT_EQ(kinds(plan_of({{"layer_pattern", {"gla", "gla", "gla", "gla", "attention"}}})),
+            (std::vector<std::string>{"gla", "gla", "gla", "gla", "attention"}));
+  EXPECT_EQ(plan_of({{"mixers", {{"attention", {{"type", "attention"}, {"window", 3}}}}}})[0].options,
+            json({{"window", 3}}));
 }
 
 TEST(LayerPlan, ResolvedConfigRoundTripsTheStack) {

@@ -375,7 +375,12 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
     EXPECT_NE(o.find(what), std::string::npos) << o;
   };
   // Resuming with a config its data refuses: the run's config.json is the run's, not the refused one's.
-  expect_refused("train " + cfg + " --resume auto" + too_long, "fewer than seq_len + 1");
+  expect_refused("train " + cfg + " --resume auto" + too_long, "the checkpoint's data.seq_len (32) differs");
+  EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
+  // The loader's position counts sequences: at another length it would name other tokens.
+  expect_refused("train " + cfg + " --resume auto --set data.seq_len=16",
+                 "the checkpoint's data.seq_len (32) differs from " + cfg +
+                     "'s (16), so the run cannot continue its data order; refusing to resume");
   EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
   // A fresh run refused after its lock was taken leaves no directory behind.
   expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new" + too_long, "fewer than seq_len + 1");

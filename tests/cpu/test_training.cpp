@@ -230,5 +230,22 @@ TEST(Training, EvalEveryWithoutAValSplitIsSaid) {
   EXPECT_EQ(log.find("val loss"), std::string::npos) << log;
 }
 
+// A warmup longer than the run never reaches train.lr: allowed (a short smoke run of a long
+// config), but the log says so; a run whose warmup ends inside it says nothing.
+TEST(Training, WarmupLongerThanTheRunIsSaid) {
+  const std::string dir = test::fresh_dir("warmup");
+  json j = test::tiny_train_config(dir + "/long");
+  j["train"]["steps"] = 2;
+  j["train"]["warmup_steps"] = 5;
+  j["train"]["eval_every"] = 0;
+  ASSERT_EQ(run_training(Config::from_json(j, "w"), ""), 0);
+  const std::string says = "train.warmup_steps (5) exceeds train.steps (2): the learning rate never reaches train.lr";
+  EXPECT_NE(test::file_bytes(dir + "/long/train.log").find(says), std::string::npos);
+  j["train"]["out_dir"] = dir + "/short";
+  j["train"]["warmup_steps"] = 2;
+  ASSERT_EQ(run_training(Config::from_json(j, "w"), ""), 0);
+  EXPECT_EQ(test::file_bytes(dir + "/short/train.log").find("warmup_steps"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace linac::test_training

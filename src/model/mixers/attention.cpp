@@ -31,6 +31,9 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
                                                    bool sliding, int64_t n_heads) {
   AttentionMixerOptions opt;
   JsonReader r(o, path, file);
+  opt.rope = r.get_bool("rope", opt.rope);
+  for (const char* key : {"rope_base", "rope_scaling"})
+    if (!opt.rope && r.present(key)) r.fail(key, "does not apply with \"rope\": false (no rotation to configure)");
   opt.rope_freqs.base = r.get_double("rope_base", opt.rope_freqs.base, 1.0, 1e12);
   if (r.present("rope_scaling")) {
     JsonReader s = r.child("rope_scaling");
@@ -42,10 +45,9 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
     f.original_context = static_cast<double>(
         s.get_int("original_max_position_embeddings", static_cast<int64_t>(f.original_context), 1, int64_t(1) << 40));
     if (f.high_freq_factor <= f.low_freq_factor)
-      s.fail("high_freq_factor", "must be larger than low_freq_factor (" + std::to_string(f.low_freq_factor) + ")");
+      s.fail("high_freq_factor", "must be larger than low_freq_factor (" + number_text(f.low_freq_factor) + ")");
     s.finish();
   }
-  opt.rope = r.get_bool("rope", opt.rope);
   opt.window = r.get_int("window", sliding ? 64 : 0, sliding ? 1 : 0, int64_t(1) << 30);
   opt.kv_heads = r.get_int("kv_heads", 0, 0, n_heads);
   if (opt.kv_heads > 0 && n_heads % opt.kv_heads != 0)

@@ -36,6 +36,8 @@ LatteMixerOptions LatteMixerOptions::parse(const json& o, const std::string& pat
   opt.conv = r.get_int("conv", macchiato ? 3 : 0, 0, kShortConvMaxWidth);
   opt.vapor = r.get_bool("vapor", !macchiato);
   opt.window = r.get_int("window", macchiato ? 129 : 0, macchiato ? 1 : 0, int64_t(1) << 30);
+  if (!opt.vapor && opt.window == 0 && r.present("rope_base"))
+    r.fail("rope_base", "does not apply without VAPOR or a local window (nothing is rotated)");
   opt.rope_base = r.get_double("rope_base", opt.rope_base, 1.0, 1e12);
   opt.chunk = r.get_int("chunk", opt.chunk, 1, 4096);
   r.finish();

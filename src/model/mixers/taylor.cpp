@@ -28,18 +28,20 @@ TaylorMixerOptions TaylorMixerOptions::parse(const json& o, const std::string& p
   return opt;
 }
 
-TaylorMixer::TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt)
+TaylorMixer::TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt,
+                         const std::string& path)
     : env_(env), opt_(opt), d_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   F_ = opt_.feature_dim;
   if (opt_.head_dim == 0 && d_ % H_ != 0)
-    throw UserError(cfg.source + ": the taylor mixer's heads (" + std::to_string(H_) + ") must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
                     std::to_string(d_) + ") unless head_dim is given");
   Dv_ = opt_.head_dim > 0 ? opt_.head_dim : d_ / H_;
   P_ = H_ * (2 * F_ + Dv_);
   if (env.ctx.is_gpu() && (F_ != 16 || Dv_ % 16 != 0 || Dv_ > 128))
-    throw UserError(cfg.source + ": the GPU taylor kernels need feature_dim 16 (got " + std::to_string(F_) +
-                    ") and a value head dim that is a multiple of 16 up to 128 (got " + std::to_string(Dv_) + ")");
+    throw UserError(cfg.source + ": " + path + ": the GPU taylor kernels need feature_dim 16 (got " +
+                    std::to_string(F_) + ") and a value head dim that is a multiple of 16 up to 128 (got " +
+                    std::to_string(Dv_) + ")");
   const std::string p = "layers." + std::to_string(layer) + ".taylor.";
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
   wqkv_ = env.params->add({p + "wqkv", {P_, d_}, Init::Normal, cfg.init_std, true});

@@ -33,7 +33,7 @@ struct TaylorMixerOptions {
 
 class TaylorMixer final : public Mixer {
  public:
-  TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt);
+  TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const TaylorMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "taylor"; }
   bool opens_comm_window() const override { return true; }  // before the core's backward kernels
   bool supports_documents() const override { return true; }
