@@ -24,6 +24,7 @@
 #include "train/finite_check.h"
 #include "train/gemm_algo_table.h"
 #include "train/metrics_log.h"
+#include "train/resume_check.h"
 #include "train/run_lock.h"
 
 namespace fs = std::filesystem;
@@ -290,32 +291,7 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
                     "' already holds checkpoints: pass --resume auto to continue that run, or choose another out_dir");
   }
   if (ckpt) {
-    const CheckpointData& meta = ckpt->data();
-    const json theirs = meta.config.value("model", json::object()), ours = cfg_.to_json()["model"];
-    if (theirs != ours) {
-      std::string fields;
-      for (const json& d : json::diff(theirs, ours)) {
-        std::string key = "model" + d.at("path").get<std::string>();  // a JSON pointer: model/mixer/kv_heads
-        std::replace(key.begin(), key.end(), '/', '.');
-        fields += (fields.empty() ? "" : ", ") + key;
-      }
-      throw UserError(ckpt->path() + ": the checkpoint's model config differs from " + cfg_.source + "'s at " + fields +
-                      " (written as given, so an option set to its default still differs from one left out); "
-                      "refusing to resume");
-    }
-    if (meta.state.loader.empty()) throw UserError(ckpt->path() + ": no data loader state to resume from");
-    // The loader's position counts sequences of the run's layout: with another length, packing or
-    // kind of data the same position names other tokens, and the run would not continue its data.
-    const json their_data = meta.config.value("data", json::object()), our_data = cfg_.to_json()["data"];
-    for (const char* key : {"type", "seq_len", "packing", "mqar"})
-      if (their_data.contains(key) && their_data[key] != our_data.value(key, json()))
-        throw UserError(ckpt->path() + ": the checkpoint's data." + key + " (" + their_data[key].dump() +
-                        ") differs from " + cfg_.source + "'s (" + our_data.value(key, json()).dump() +
-                        "), so the run cannot continue its data order; refusing to resume (train.init_from "
-                        "starts a new run from its weights)");
-    if (meta.state.step > tc_.steps)
-      throw UserError(cfg_.source + ": train.steps (" + std::to_string(tc_.steps) + ") is below the step of " +
-                      ckpt->path() + " (" + std::to_string(meta.state.step) + "); raise it to train on from there");
+    check_resumable(ckpt->data(), ckpt->path(), cfg_);
     check_same_tokenizer(*ckpt, "--resume: ");
   }
   if (tc_.warmup_steps > tc_.steps)
