@@ -21,86 +21,94 @@ std::string names_of(const std::vector<std::string>& names) {
   return list;
 }
 
+// A mixer kind from its options parser and its constructor: the parser is the one place that
+// reads the block, so validating, building and comparing two blocks all see the same options.
+template <class Parse, class Make>
+MixerKind kind_of(std::string name, std::string summary, Parse parse, Make make) {
+  return {
+      std::move(name), std::move(summary),
+      [parse](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) { parse(s, cfg, file); },
+      [parse, make](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
+        return make(env, cfg, layer, s, parse(s, cfg, "config"));
+      },
+      [parse](const LayerSpec& a, const LayerSpec& b, const ModelConfig& cfg) {
+        return parse(a, cfg, "config") == parse(b, cfg, "config");
+      }};
+}
+
+auto attention_parser(bool sliding) {
+  return [sliding](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) {
+    return AttentionMixerOptions::parse(s.options, s.path, file, sliding, cfg.n_heads);
+  };
+}
+
+auto latte_parser(bool macchiato) {
+  return [macchiato](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+    return LatteMixerOptions::parse(s.options, s.path, file, macchiato);
+  };
+}
+
+// The kinds whose parser needs only the block.
+template <class Options>
+auto block_parser() {
+  return [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
+    return Options::parse(s.options, s.path, file);
+  };
+}
+
 }  // namespace
 
 const std::vector<MixerKind>& mixer_kinds() {
   static const std::vector<MixerKind> table = {
-      {"attention", "causal softmax attention with RoPE (optionally windowed)",
-       [](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) {
-         AttentionMixerOptions::parse(s.options, s.path, file, false, cfg.n_heads);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<AttentionMixer>(
-             env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", false, cfg.n_heads));
-       }},
-      {"sliding_window", "causal softmax attention with RoPE in a sliding window (default 64 keys)",
-       [](const LayerSpec& s, const ModelConfig& cfg, const std::string& file) {
-         AttentionMixerOptions::parse(s.options, s.path, file, true, cfg.n_heads);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<AttentionMixer>(
-             env, cfg, layer, AttentionMixerOptions::parse(s.options, s.path, "config", true, cfg.n_heads));
-       }},
-      {"gla", "gated linear attention, chunkwise (Yang et al. 2023)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         GlaMixerOptions::parse(s.options, s.path, file);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<GlaMixer>(env, cfg, layer, GlaMixerOptions::parse(s.options, s.path, "config"), s.path);
-       }},
-      {"taylor", "Based's linear attention with the 2nd-order Taylor feature map (Arora et al. 2024)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         TaylorMixerOptions::parse(s.options, s.path, file);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<TaylorMixer>(env, cfg, layer, TaylorMixerOptions::parse(s.options, s.path, "config"),
-                                              s.path);
-       }},
-      {"lightning",
-       "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, output "
-       "gate",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         LightningMixerOptions::parse(s.options, s.path, file);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<LightningMixer>(env, cfg, layer, s.kind_index == 0,
-                                                 LightningMixerOptions::parse(s.options, s.path, "config"), s.path);
-       }},
-      {"vq_gau",
-       "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache (Lingle 2023)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         VqGauMixerOptions::parse(s.options, s.path, file);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<VqGauMixer>(env, cfg, layer, VqGauMixerOptions::parse(s.options, s.path, "config"), s.path);
-       }},
-      {"latte",
-       "Latte: latent attention, per-token softmax over latents of causally normalised value summaries, VAPOR "
-       "positions (Dolga et al. 2024)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         LatteMixerOptions::parse(s.options, s.path, file, false);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", false),
-                                             false, s.path);
-       }},
-      {"latte_macchiato",
-       "Latte-Macchiato: Latte over a convolved stream mixed with sliding-window attention as a local state",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         LatteMixerOptions::parse(s.options, s.path, file, true);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<LatteMixer>(env, cfg, layer, LatteMixerOptions::parse(s.options, s.path, "config", true),
-                                             true, s.path);
-       }},
-      {"base_conv", "Based's gated short convolution (BaseConv)",
-       [](const LayerSpec& s, const ModelConfig&, const std::string& file) {
-         BaseConvMixerOptions::parse(s.options, s.path, file);
-       },
-       [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s) -> std::unique_ptr<Mixer> {
-         return std::make_unique<BaseConvMixer>(env, cfg, layer, BaseConvMixerOptions::parse(s.options, s.path, "config"),
-                                                s.path);
-       }},
+      kind_of("attention", "causal softmax attention with RoPE (optionally windowed)", attention_parser(false),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec&, const AttentionMixerOptions& o) {
+                return std::make_unique<AttentionMixer>(env, cfg, layer, o);
+              }),
+      kind_of("sliding_window", "causal softmax attention with RoPE in a sliding window (default 64 keys)",
+              attention_parser(true),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec&, const AttentionMixerOptions& o) {
+                return std::make_unique<AttentionMixer>(env, cfg, layer, o);
+              }),
+      kind_of("gla", "gated linear attention, chunkwise (Yang et al. 2023)", block_parser<GlaMixerOptions>(),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const GlaMixerOptions& o) {
+                return std::make_unique<GlaMixer>(env, cfg, layer, o, s.path);
+              }),
+      kind_of("taylor", "Based's linear attention with the 2nd-order Taylor feature map (Arora et al. 2024)",
+              block_parser<TaylorMixerOptions>(),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const TaylorMixerOptions& o) {
+                return std::make_unique<TaylorMixer>(env, cfg, layer, o, s.path);
+              }),
+      kind_of("lightning",
+              "TransNormerLLM's token mixer: SiLU q/k, LRPE, Lightning Attention (decayed linear attention), SRMSNorm, "
+              "output gate",
+              block_parser<LightningMixerOptions>(),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const LightningMixerOptions& o) {
+                return std::make_unique<LightningMixer>(env, cfg, layer, s.kind_index == 0, o, s.path);
+              }),
+      kind_of("vq_gau",
+              "Transformer-VQ's gated attention unit: VQ-attention over quantized keys with a compressive cache "
+              "(Lingle 2023)",
+              block_parser<VqGauMixerOptions>(),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const VqGauMixerOptions& o) {
+                return std::make_unique<VqGauMixer>(env, cfg, layer, o, s.path);
+              }),
+      kind_of("latte",
+              "Latte: latent attention, per-token softmax over latents of causally normalised value summaries, VAPOR "
+              "positions (Dolga et al. 2024)",
+              latte_parser(false),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const LatteMixerOptions& o) {
+                return std::make_unique<LatteMixer>(env, cfg, layer, o, false, s.path);
+              }),
+      kind_of("latte_macchiato",
+              "Latte-Macchiato: Latte over a convolved stream mixed with sliding-window attention as a local state",
+              latte_parser(true),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const LatteMixerOptions& o) {
+                return std::make_unique<LatteMixer>(env, cfg, layer, o, true, s.path);
+              }),
+      kind_of("base_conv", "Based's gated short convolution (BaseConv)", block_parser<BaseConvMixerOptions>(),
+              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const BaseConvMixerOptions& o) {
+                return std::make_unique<BaseConvMixer>(env, cfg, layer, o, s.path);
+              }),
   };
   return table;
 }

@@ -35,6 +35,9 @@ struct MixerKind {
   // Throws UserError for bad options, naming `<spec.path>.<key>` in `file`.
   std::function<void(const LayerSpec& spec, const ModelConfig& cfg, const std::string& file)> validate;
   std::function<std::unique_ptr<Mixer>(ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& spec)> make;
+  // Whether two valid options blocks of this kind configure the same mixer, defaults filled in
+  // ({} and {"rope": true} do; a resume compares a checkpoint's stack with the config's by it).
+  std::function<bool(const LayerSpec& a, const LayerSpec& b, const ModelConfig& cfg)> same_options;
 };
 
 struct ArchInfo {

@@ -3,23 +3,67 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/layer_plan.h"
+#include "model/registry.h"
 
 namespace linac {
 
+namespace {
+
+// The keys where two model records differ ("model.mixer.kv_heads, model.layers").
+std::string differing_keys(const json& theirs, const json& ours) {
+  std::string fields;
+  for (const json& d : json::diff(theirs, ours)) {
+    std::string key = "model" + d.at("path").get<std::string>();  // a JSON pointer: model/mixer/kv_heads
+    std::replace(key.begin(), key.end(), '/', '.');
+    fields += (fields.empty() ? "" : ", ") + key;
+  }
+  return fields;
+}
+
+// Where the checkpoint's model differs from the config's ("" when it is the same model). The
+// mixer blocks as written (model.mixer, mixers, layers, layer_pattern) may differ if they resolve
+// to the same stack: each layer the same kind with the same options, defaults filled in. The
+// other model keys are recorded resolved and compare as they are.
+std::string model_difference(const json& theirs, const std::string& path, const Config& cfg) {
+  const json ours = cfg.to_json()["model"];
+  if (theirs == ours) return "";
+  json a = theirs, b = ours;
+  for (const char* key : {"mixer", "mixers", "layers", "layer_pattern"}) {
+    a.erase(key);
+    b.erase(key);
+  }
+  if (a != b) return differing_keys(a, b);
+  ModelConfig their_model;
+  try {
+    their_model = Config::from_json(json{{"model", theirs}}, path).model;
+  } catch (const UserError&) {
+    return differing_keys(theirs, ours);  // a record this version no longer reads: compared as written
+  }
+  const std::vector<LayerSpec> pa = resolve_layers(their_model, path), pb = resolve_layers(cfg.model, cfg.source);
+  for (size_t l = 0; l < pa.size() && l < pb.size(); ++l) {
+    const std::string layer = "layer " + std::to_string(l);
+    if (pa[l].kind != pb[l].kind)
+      return layer + "'s mixer (" + pa[l].kind + " in the checkpoint, " + pb[l].kind + " here)";
+    if (find_mixer_kind(pa[l].kind, pa[l].path, path).same_options(pa[l], pb[l], cfg.model)) continue;
+    std::string keys;  // the options block's keys that differ, under this config's path
+    for (const json& d : json::diff(pa[l].options, pb[l].options)) {
+      std::string key = d.at("path").get<std::string>();
+      std::replace(key.begin(), key.end(), '/', '.');
+      keys += (keys.empty() ? "" : ", ") + pb[l].path + key;
+    }
+    return keys + " (" + layer + ", " + pb[l].kind + ")";
+  }
+  return "";
+}
+
+}  // namespace
+
 void check_resumable(const CheckpointData& meta, const std::string& path, const Config& cfg) {
   const json recorded = cfg.to_json();
-  const json theirs = meta.config.value("model", json::object()), ours = recorded["model"];
-  if (theirs != ours) {
-    std::string fields;
-    for (const json& d : json::diff(theirs, ours)) {
-      std::string key = "model" + d.at("path").get<std::string>();  // a JSON pointer: model/mixer/kv_heads
-      std::replace(key.begin(), key.end(), '/', '.');
-      fields += (fields.empty() ? "" : ", ") + key;
-    }
-    throw UserError(path + ": the checkpoint's model config differs from " + cfg.source + "'s at " + fields +
-                    " (written as given, so an option set to its default still differs from one left out); "
-                    "refusing to resume");
-  }
+  if (const std::string where = model_difference(meta.config.value("model", json::object()), path, cfg); !where.empty())
+    throw UserError(path + ": the checkpoint's model config differs from " + cfg.source + "'s at " + where +
+                    "; refusing to resume");
   if (meta.state.loader.empty()) throw UserError(path + ": no data loader state to resume from");
   // The loader's position counts sequences of the run's layout: with another length, packing or
   // kind of data the same position names other tokens, and the run would not continue its data.

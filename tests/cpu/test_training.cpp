@@ -95,6 +95,52 @@ TEST(Training, ResumeRefusesADifferentModel) {
   }
 }
 
+// The mixer blocks are compared as the stack they resolve to: an option written at its default,
+// the primary kind's options moved from model.mixer to model.mixers, or a layer list spelling out
+// the architecture's pattern resume the run; an option that changes the mixer does not, and
+// names where.
+TEST(Training, ResumeComparesTheStackTheConfigResolvesTo) {
+  const std::string dir = test::fresh_dir("same_stack");
+  json j = test::tiny_train_config(dir);
+  j["model"]["mixer"] = {{"window", 16}};
+  j["train"]["steps"] = 2;
+  ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
+  json same = j;
+  same["model"]["mixer"] = {{"window", 16}, {"rope", true}, {"rope_base", 10000}};
+  same["model"]["layers"] = {"attention", "attention"};
+  same["train"]["steps"] = 3;
+  ASSERT_EQ(run_training(Config::from_json(same, "s"), "auto"), 0);
+  same["model"].erase("mixer");
+  same["model"]["mixers"] = {{"attention", {{"window", 16}}}};
+  same["train"]["steps"] = 4;
+  ASSERT_EQ(run_training(Config::from_json(same, "s"), "auto"), 0);
+  EXPECT_NE(test::file_bytes(dir + "/train.log").find("resumed from"), std::string::npos);
+  for (const json& other : {json{{"window", 8}}, json{{"window", 16}, {"rope_base", 500000}}}) {
+    json k = j;
+    k["model"]["mixer"] = other;
+    k["train"]["steps"] = 5;
+    try {
+      run_training(Config::from_json(k, "s"), "auto");
+      ADD_FAILURE() << other.dump() << " resumed a run of window 16";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("model config differs from s's at model.mixer."), std::string::npos)
+          << e.what();
+    }
+  }
+  json k = j;
+  k["model"]["layers"] = {"attention", "sliding_window"};
+  k["model"]["mixers"] = {{"sliding_window", {{"window", 16}}}};
+  k["train"]["steps"] = 5;
+  try {
+    run_training(Config::from_json(k, "s"), "auto");
+    ADD_FAILURE() << "a sliding_window layer resumed an attention layer";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("at layer 1's mixer (attention in the checkpoint, sliding_window here)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Training, LossFallsOnText) {
   const std::string dir = test::fresh_dir("falls");
   json j = test::tiny_train_config(dir);

@@ -34,6 +34,7 @@ struct AttentionMixerOptions {
   int64_t key_value_heads(int64_t n_heads) const { return kv_heads > 0 ? kv_heads : n_heads; }
   // `path` is the options block's JSON path; `sliding` (the sliding_window kind) makes the window
   // default to 64 and requires it to be positive; kv_heads must divide n_heads.
+  bool operator==(const AttentionMixerOptions&) const = default;
   static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding,
                                      int64_t n_heads);
 };

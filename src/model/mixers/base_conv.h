@@ -26,6 +26,7 @@ struct BaseConvMixerOptions {
   double expand = 4;                // in_proj width / d_model (both branches together)
   int64_t kernel_size = 3;          // W
   std::string activation = "silu";  // of the conv branch: silu | none
+  bool operator==(const BaseConvMixerOptions&) const = default;
   static BaseConvMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 

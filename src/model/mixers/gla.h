@@ -42,6 +42,7 @@ struct GlaMixerOptions {
   int64_t chunk = 64;        // chunk length of the chunkwise form (the GPU needs 64)
   double scale = 0.0;        // q.k scale; 0 (or null) means (d / H)^-1/2, the v3 code's constant
   double norm_eps = 1e-5;    // per-head LayerNorm
+  bool operator==(const GlaMixerOptions&) const = default;
   static GlaMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 

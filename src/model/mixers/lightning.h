@@ -37,6 +37,7 @@ struct LightningMixerOptions {
   std::string decay = "code";  // code | paper: the decay schedule (see above)
   double norm_eps = 1e-6;      // SRMSNorm over the heads' output
   int64_t block = 64;          // block length of the CPU's block form
+  bool operator==(const LightningMixerOptions&) const = default;
   static LightningMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 

@@ -28,6 +28,7 @@ struct TaylorMixerOptions {
   int64_t head_dim = 0;      // Dv; 0: d_model / heads
   int64_t chunk = 64;        // chunk length of the chunked form (CPU; the GPU kernels pick their own)
   double eps = 1e-12;        // added to the denominator
+  bool operator==(const TaylorMixerOptions&) const = default;
   static TaylorMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 

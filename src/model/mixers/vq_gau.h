@@ -50,6 +50,7 @@ struct VqGauMixerOptions {
   int64_t block = 512;      // Lb
   double beta = 1e-4;       // commitment loss weight
   double gamma = 0.99;      // codebook EMA rate
+  bool operator==(const VqGauMixerOptions&) const = default;
   static VqGauMixerOptions parse(const json& o, const std::string& path, const std::string& file);
 };
 
