@@ -22,7 +22,7 @@ std::string fresh_dir(const std::string& name);
 json tiny_train_config(const std::string& out_dir);
 // Runs the linac binary (LINAC_BIN) with args; returns the exit status (128 + signal when it was
 // killed); stderr+stdout in `output`. `shell_prefix` runs first in the same /bin/sh, e.g.
-// "ulimit -f 100; trap '' XFSZ;" to make large writes fail.
+// "ulimit -f 100;" to make large writes fail (linac ignores SIGXFSZ, so they fail with EFBIG).
 int run_linac(const std::string& args, std::string& output, const std::string& shell_prefix = "");
 bool have_linac_binary();
 // tiny_train_config on the GPU for the 2-GPU data-parallel tests: d_model 128, bf16, micro-batches

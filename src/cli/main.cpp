@@ -1,6 +1,7 @@
 // linac command line: one subcommand per verb (see README "CLI").
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -37,6 +38,12 @@ int error_exit(const char* cmd, const std::string& who, const char* kind, std::s
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file-size limit (ulimit -f) then fails a write with EFBIG instead of killing the process
+  // mid-write, so the writers remove their temp files and say why, as for a full disk.
+  std::signal(SIGXFSZ, SIG_IGN);
+  // Likewise a pipe whose reader left (linac ... | head): the write fails with EPIPE, a training
+  // run goes on into train.log, and a command's failed output is its one error line.
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

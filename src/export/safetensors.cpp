@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -41,14 +42,16 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
+  errno = 0;
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw UserError("cannot write '" + path + "'");
+  if (!f) throw UserError("cannot write '" + path + "'" + (errno ? std::string(": ") + std::strerror(errno) : ""));
   const uint64_t n = text.size();
   f.write(reinterpret_cast<const char*>(&n), sizeof n);
   f.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const auto& t : tensors) f.write(static_cast<const char*>(t.data.ptr), static_cast<std::streamsize>(t.data.nbytes()));
   f.close();
-  if (!f) throw UserError("writing '" + path + "' failed (disk full?)");
+  // The stream keeps no reason; the failed write(2) left its errno (ENOSPC, EFBIG, EIO).
+  if (!f) throw UserError("writing '" + path + "' failed: " + (errno ? std::strerror(errno) : "disk full?"));
 }
 
 namespace {

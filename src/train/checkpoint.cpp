@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "core/dims_text.h"
 #include "core/error.h"
@@ -207,19 +208,21 @@ int64_t step_of(const std::string& name) {
 }
 
 // The checkpoints of <out_dir>/ckpt (files and directories), newest first.
+// Newest first: by step, and of two checkpoints of one step (a file of a one-rank run and the
+// directory of a multi-rank one, after a resume at another world size) the later written.
 std::vector<fs::path> checkpoints_in(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> found;
+  std::vector<std::tuple<int64_t, fs::file_time_type, fs::path>> found;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return {};
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
     const bool file = n.ends_with(".h5");
     if (const int64_t s = step_of(n); s >= 0 && (file ? e.is_regular_file(ec) : e.is_directory(ec)))
-      found.emplace_back(s, e.path());
+      found.emplace_back(s, fs::last_write_time(e.path(), ec), e.path());
   }
   std::sort(found.rbegin(), found.rend());
   std::vector<fs::path> out;
-  for (auto& [s, p] : found) out.push_back(std::move(p));
+  for (auto& f : found) out.push_back(std::move(std::get<2>(f)));
   return out;
 }
 
@@ -295,8 +298,13 @@ void publish_checkpoint(const std::string& out_dir, const std::string& path, int
   if (const int err = sync_path(tmp.string(), false)) throw failed(std::strerror(err));
   if (::rename(tmp.c_str(), (dir / "latest").c_str()) != 0) throw failed(std::strerror(errno));
   sync_path(dir.string(), true);
-  const std::vector<fs::path> ckpts = checkpoints_in(dir);  // newest first
   std::error_code ec;
+  // A checkpoint of the same step in the other form (file or directory) is the abandoned branch
+  // this run went back from: the new one replaces it, as a rename replaces one of the same form.
+  const std::string name = fs::path(path).filename().string();
+  const fs::path other = dir / (name.ends_with(".h5") ? name.substr(0, name.size() - 3) : name + ".h5");
+  if (fs::exists(other, ec)) fs::remove_all(other, ec);
+  const std::vector<fs::path> ckpts = checkpoints_in(dir);  // newest first
   for (size_t i = static_cast<size_t>(std::max<int64_t>(keep_last, 0)); i < ckpts.size(); ++i) fs::remove_all(ckpts[i], ec);
 }
 

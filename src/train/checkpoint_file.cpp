@@ -214,8 +214,8 @@ CheckpointFile& CheckpointFile::operator=(CheckpointFile&&) noexcept = default;
 
 CheckpointFile CheckpointFile::open(const std::string& path, bool need_config) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) throw UserError("checkpoint '" + path + "' is a directory, not a file");
-  if (!fs::exists(path, ec)) throw UserError("checkpoint '" + path + "' does not exist");
+  if (fs::is_directory(path, ec)) throw UserError(path + ": a directory, not a checkpoint file");
+  if (!fs::exists(path, ec)) throw UserError(path + ": no such checkpoint file");
   if (!h5::is_hdf5(path)) throw UserError(path + ": not an HDF5 checkpoint (unreadable, or its header is damaged)");
   const auto bad = [&](const std::string& why) { return UserError(path + ": " + why); };
   const uint64_t file_bytes = fs::file_size(path, ec);

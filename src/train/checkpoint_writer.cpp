@@ -286,8 +286,15 @@ std::string CheckpointWriter::start(const ParamStore& ps, const CheckpointData& 
     j->file = std::make_unique<FileWrite>(j->path, j->path + ".tmp-" + std::to_string(::getpid()), j->path, j->data,
                                           true, j->tensors);
   else
-    j->file = std::make_unique<FileWrite>(j->path, (fs::path(j->tmp_dir) / shard_file_name(rank)).string(), "",
-                                          j->data, rank == 0, j->tensors);
+    try {
+      j->file = std::make_unique<FileWrite>(j->path, (fs::path(j->tmp_dir) / shard_file_name(rank)).string(), "",
+                                            j->data, rank == 0, j->tensors);
+    } catch (const UserError&) {
+      // This rank's error ends the job: the half-made checkpoint directory goes with it.
+      std::error_code ignored;
+      fs::remove_all(j->tmp_dir, ignored);
+      throw;
+    }
   j->thread = std::thread([j, delay = delay_ms_] {
     const auto t = Clock::now();
     if (delay > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -371,7 +378,12 @@ bool CheckpointWriter::finish(bool block) {
 // Rank 0, every shard written: the manifest, then the directory under its final name.
 void CheckpointWriter::place_sharded(const Job& job) const {
   const fs::path tmp(job.tmp_dir);
+  const std::string old = job.path + ".tmp-replaced-" + std::to_string(tag_);
   const auto failed = [&](const std::string& why) {
+    // Nothing half-made stays: the shards go, and a checkpoint moved aside comes back.
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    if (fs::exists(old, ignored) && !fs::exists(job.path, ignored)) ::rename(old.c_str(), job.path.c_str());
     return UserError("cannot write checkpoint " + job.path + ": " + why);
   };
   {
@@ -385,7 +397,6 @@ void CheckpointWriter::place_sharded(const Job& job) const {
   // A directory of that name (a checkpoint of this step from before a rollback) is moved aside first:
   // rename() replaces only empty directories.
   std::error_code ec;
-  const std::string old = job.path + ".tmp-replaced-" + std::to_string(tag_);
   const bool replacing = fs::exists(job.path, ec);
   if (replacing && ::rename(job.path.c_str(), old.c_str()) != 0) throw failed(std::string("rename: ") + std::strerror(errno));
   if (::rename(tmp.c_str(), job.path.c_str()) != 0) throw failed(std::string("rename: ") + std::strerror(errno));

@@ -36,6 +36,12 @@ std::string this_process() {
 RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
   std::error_code ec;
   if (!fs::exists(dir_, ec)) {
+    // The directories this run makes, innermost first: a refused run takes them away again.
+    for (fs::path p = fs::absolute(dir_, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+         p = p.parent_path()) {
+      if (p.has_filename()) created_.push_back(p);  // runs/x/ has an empty last component
+      if (p == p.parent_path()) break;
+    }
     created_dir_ = fs::create_directories(dir_, ec);
     if (ec) throw UserError("train.out_dir: cannot create '" + dir_ + "': " + ec.message());
   } else if (!fs::is_directory(dir_, ec)) {
@@ -69,6 +75,7 @@ RunLock::~RunLock() {
     // Nothing but this process wrote there: the directory is new and the lock kept others out.
     std::error_code ec;
     fs::remove_all(dir_, ec);
+    for (const fs::path& p : created_) fs::remove(p, ec);  // each only while empty
   }
   ::close(fd_);  // releases the flock
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class RunLock {
   std::string dir_;
   int fd_ = -1;
   bool created_dir_ = false, keep_ = false;
+  std::vector<std::filesystem::path> created_;  // out_dir and the parents it made, innermost first
 };
 
 struct StaleFile {

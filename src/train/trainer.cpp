@@ -72,6 +72,15 @@ std::shared_ptr<spdlog::logger> make_logger(const std::string& out_dir, bool roo
     auto log = std::make_shared<spdlog::logger>("linac", spdlog::sinks_init_list{console, file});
     log->set_pattern("[%Y-%m-%d %H:%M:%S] %v");
     log->flush_on(spdlog::level::info);
+    // A log line that cannot be written (a full disk under train.log, a closed console pipe) is
+    // said once, instead of spdlog's "[*** LOG ERROR #n ***]" line at every message.
+    log->set_error_handler(
+        [path = (fs::path(out_dir) / "train.log").string(), said = false](const std::string& msg) mutable {
+          if (said) return;
+          said = true;
+          std::fprintf(stderr, "warning: a log line could not be written (%s); %s or the console may miss lines\n",
+                       msg.c_str(), path.c_str());
+        });
     return log;
   } catch (const spdlog::spdlog_ex& e) {
     throw UserError(std::string("cannot open the training log: ") + e.what());

@@ -382,9 +382,10 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
                  "the checkpoint's data.seq_len (32) differs from " + cfg +
                      "'s (16), so the run cannot continue its data order; refusing to resume");
   EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
-  // A fresh run refused after its lock was taken leaves no directory behind.
-  expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new" + too_long, "fewer than seq_len + 1");
+  // A fresh run refused after its lock was taken leaves no directory behind, nor the parents it made.
+  expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new/a/b" + too_long, "fewer than seq_len + 1");
   EXPECT_FALSE(fs::exists(base + "/new"));
+  EXPECT_TRUE(fs::exists(base));
   // The ids of data with another tokenizer mean other tokens: refused for --resume as for init_from, and by eval.
   const std::string ckpt = test::latest_checkpoint_path(dir), other = other_tokenizer_dataset(base);
   expect_refused(
@@ -444,6 +445,18 @@ TEST(RunSafety, TheRunsConfigRecordNeverReplacesTheUsersConfig) {
       << out;
   EXPECT_NE(out.find(base + "/latest_dir/ckpt/latest is not a regular file"), std::string::npos) << out;
   EXPECT_TRUE(fs::is_directory(base + "/latest_dir/ckpt/latest"));
+}
+
+// A console pipe whose reader leaves (linac train ... | head -1) no longer kills the run with
+// SIGPIPE before its checkpoints: it trains to the end, its log in train.log.
+TEST(RunSafety, AClosedConsolePipeDoesNotStopTheRun) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string base = test::fresh_dir("closed_pipe"), dir = base + "/run";
+  const std::string cfg = write_cfg(base, test::tiny_train_config(dir));
+  const std::string cmd = std::string(std::getenv("LINAC_BIN")) + " train " + cfg + " 2>&1 | head -c 1 >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  EXPECT_EQ(test::latest_checkpoint_path(dir), dir + "/ckpt/step_000006.h5");
+  EXPECT_NE(test::file_bytes(dir + "/train.log").find("done: 6 steps"), std::string::npos);
 }
 
 // SIGTERM while the run still sets up (a larger model's initialisation) stops it after its first

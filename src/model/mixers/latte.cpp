@@ -95,7 +95,7 @@ void LatteMixer::reserve(int64_t B, int64_t T) {
     auto require = [&](size_t need, const std::string& what, const std::string& unit) {
       if (need > env_.ctx.workspace_bytes)
         throw UserError(what + " needs " + std::to_string((need >> 20) + 1) + " MiB of GPU workspace for " + unit +
-                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / train.seq_len");
+                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / data.seq_len");
     };
     require(latte_workspace_bytes_per_seq(T, H_, Lh_, Dh_, env_.act), "the Latte core",
             "sequences of " + std::to_string(T) + " tokens");

@@ -103,7 +103,7 @@ void LightningMixer::reserve(int64_t B, int64_t T) {
     auto require = [&](size_t need, const std::string& what, const std::string& unit) {
       if (need > env_.ctx.workspace_bytes)
         throw UserError(what + " needs " + std::to_string((need >> 20) + 1) + " MiB of GPU workspace for " + unit +
-                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / train.seq_len");
+                        "; set LINAC_WORKSPACE_MB or use a smaller train.micro_batch / data.seq_len");
     };
     require(lightning_workspace_bytes_per_seq(T, H_, Dk_, dh_, env_.act), "lightning attention",
             "sequences of " + std::to_string(T) + " tokens");
