@@ -39,6 +39,11 @@ CheckpointReader::CheckpointReader(const std::string& path, bool verify_tensors)
   if (fs::is_directory(path, ec)) {
     open_sharded();
   } else {
+    // One rank's shard holds that rank's pieces only: read alone, its tensors have no model's shapes.
+    const fs::path p(path);
+    if (p.filename().string().starts_with("rank_") && fs::exists(p.parent_path() / "manifest.json", ec))
+      throw UserError(path + ": one rank's shard of the sharded checkpoint " + p.parent_path().string() +
+                      ": give that directory");
     files_.push_back(CheckpointFile::open(path, true));
     data_ = files_[0].data;
     for (const auto& [name, entry] : files_[0].datasets)

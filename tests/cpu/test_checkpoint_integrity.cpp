@@ -175,6 +175,25 @@ TEST(CheckpointIntegrity, PublishingReplacesTheSameStepInTheOtherForm) {
   EXPECT_EQ(test::file_bytes(dir + "/ckpt/latest"), "step_000006.h5\n");
 }
 
+// One rank's file of a sharded checkpoint, given alone, is refused naming its directory: its
+// tensors are that rank's pieces, which no model's shapes fit.
+TEST(CheckpointIntegrity, OneShardGivenAloneNamesItsCheckpoint) {
+  const std::string dir = test::fresh_dir("one_shard") + "/step_000006";
+  fs::create_directories(dir);
+  fs::copy_file(checkpoint_path(trained_run(), 6), dir + "/rank_00000.h5");
+  write_bytes(dir + "/manifest.json", "{}");
+  try {
+    CheckpointReader r(dir + "/rank_00000.h5");
+    ADD_FAILURE() << "a shard was read as a checkpoint";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("one rank's shard of the sharded checkpoint " + dir + ": give that directory"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove(dir + "/manifest.json");  // a file named so outside a sharded checkpoint is a checkpoint
+  EXPECT_NO_THROW(CheckpointReader(dir + "/rank_00000.h5"));
+}
+
 TEST(CheckpointIntegrity, ResumeFallsBackToTheNewestIntactCheckpoint) {
   const std::string dir = copy_of_run("fallback");
   scribble(checkpoint_path(dir, 6), 2);
