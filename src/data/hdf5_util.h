@@ -43,6 +43,8 @@ class Failure : public Error {
  public:
   Failure(const std::string& what, std::string reason) : Error(what), reason_(std::move(reason)) {}
   const std::string& reason() const { return reason_; }
+  // The file is shorter than its superblock records (reason(): "truncated: N bytes of the M ...").
+  bool truncated() const { return reason_.rfind("truncated:", 0) == 0; }
 
  private:
   std::string reason_;

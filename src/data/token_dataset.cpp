@@ -131,7 +131,7 @@ TokenDataset::TokenDataset(const std::string& path) : path_(path) {
       has_tokenizer_ = tok.size() > 0;
     }
   } catch (const h5::Failure& e) {
-    if (e.reason().rfind("truncated:", 0) == 0) throw bad("not a readable linac token dataset: " + e.reason());
+    if (e.truncated()) throw bad("not a readable linac token dataset: " + e.reason());
     throw bad(std::string("not a readable linac token dataset (truncated or corrupt?): ") + e.what());
   } catch (const Error& e) {
     throw bad(std::string("not a readable linac token dataset (truncated or corrupt?): ") + e.what());

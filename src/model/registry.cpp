@@ -42,6 +42,11 @@ auto attention_parser(bool sliding) {
   };
 }
 
+std::unique_ptr<AttentionMixer> make_attention(ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec&,
+                                               const AttentionMixerOptions& o) {
+  return std::make_unique<AttentionMixer>(env, cfg, layer, o);
+}
+
 auto latte_parser(bool macchiato) {
   return [macchiato](const LayerSpec& s, const ModelConfig&, const std::string& file) {
     return LatteMixerOptions::parse(s.options, s.path, file, macchiato);
@@ -61,14 +66,9 @@ auto block_parser() {
 const std::vector<MixerKind>& mixer_kinds() {
   static const std::vector<MixerKind> table = {
       kind_of("attention", "causal softmax attention with RoPE (optionally windowed)", attention_parser(false),
-              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec&, const AttentionMixerOptions& o) {
-                return std::make_unique<AttentionMixer>(env, cfg, layer, o);
-              }),
+              make_attention),
       kind_of("sliding_window", "causal softmax attention with RoPE in a sliding window (default 64 keys)",
-              attention_parser(true),
-              [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec&, const AttentionMixerOptions& o) {
-                return std::make_unique<AttentionMixer>(env, cfg, layer, o);
-              }),
+              attention_parser(true), make_attention),
       kind_of("gla", "gated linear attention, chunkwise (Yang et al. 2023)", block_parser<GlaMixerOptions>(),
               [](ModelEnv& env, const ModelConfig& cfg, int layer, const LayerSpec& s, const GlaMixerOptions& o) {
                 return std::make_unique<GlaMixer>(env, cfg, layer, o, s.path);

@@ -308,9 +308,8 @@ CheckpointFile CheckpointFile::open(const std::string& path, bool need_config) {
   } catch (const UserError&) {
     throw;
   } catch (const h5::Failure& e) {
-    const bool says_truncated = e.reason().rfind("truncated:", 0) == 0;
     throw bad(
-        std::string(says_truncated ? "unreadable checkpoint: " : "unreadable checkpoint (truncated or corrupted): ") +
+        std::string(e.truncated() ? "unreadable checkpoint: " : "unreadable checkpoint (truncated or corrupted): ") +
         e.reason());
   } catch (const std::exception& e) {
     throw bad(std::string("unreadable checkpoint (truncated or corrupted): ") + e.what());

@@ -10,11 +10,11 @@ namespace linac {
 
 namespace {
 
-// The keys where two model records differ ("model.mixer.kv_heads, model.layers").
-std::string differing_keys(const json& theirs, const json& ours) {
+// The keys where two records differ, under `prefix` ("model.mixer.kv_heads, model.layers").
+std::string differing_keys(const json& theirs, const json& ours, const std::string& prefix) {
   std::string fields;
   for (const json& d : json::diff(theirs, ours)) {
-    std::string key = "model" + d.at("path").get<std::string>();  // a JSON pointer: model/mixer/kv_heads
+    std::string key = prefix + d.at("path").get<std::string>();  // a JSON pointer: /mixer/kv_heads
     std::replace(key.begin(), key.end(), '/', '.');
     fields += (fields.empty() ? "" : ", ") + key;
   }
@@ -25,20 +25,19 @@ std::string differing_keys(const json& theirs, const json& ours) {
 // mixer blocks as written (model.mixer, mixers, layers, layer_pattern) may differ if they resolve
 // to the same stack: each layer the same kind with the same options, defaults filled in. The
 // other model keys are recorded resolved and compare as they are.
-std::string model_difference(const json& theirs, const std::string& path, const Config& cfg) {
-  const json ours = cfg.to_json()["model"];
+std::string model_difference(const json& theirs, const json& ours, const std::string& path, const Config& cfg) {
   if (theirs == ours) return "";
   json a = theirs, b = ours;
   for (const char* key : {"mixer", "mixers", "layers", "layer_pattern"}) {
     a.erase(key);
     b.erase(key);
   }
-  if (a != b) return differing_keys(a, b);
+  if (a != b) return differing_keys(a, b, "model");
   ModelConfig their_model;
   try {
     their_model = Config::from_json(json{{"model", theirs}}, path).model;
   } catch (const UserError&) {
-    return differing_keys(theirs, ours);  // a record this version no longer reads: compared as written
+    return differing_keys(theirs, ours, "model");  // a record this version no longer reads: compared as written
   }
   const std::vector<LayerSpec> pa = resolve_layers(their_model, path), pb = resolve_layers(cfg.model, cfg.source);
   for (size_t l = 0; l < pa.size() && l < pb.size(); ++l) {
@@ -46,13 +45,7 @@ std::string model_difference(const json& theirs, const std::string& path, const 
     if (pa[l].kind != pb[l].kind)
       return layer + "'s mixer (" + pa[l].kind + " in the checkpoint, " + pb[l].kind + " here)";
     if (find_mixer_kind(pa[l].kind, pa[l].path, path).same_options(pa[l], pb[l], cfg.model)) continue;
-    std::string keys;  // the options block's keys that differ, under this config's path
-    for (const json& d : json::diff(pa[l].options, pb[l].options)) {
-      std::string key = d.at("path").get<std::string>();
-      std::replace(key.begin(), key.end(), '/', '.');
-      keys += (keys.empty() ? "" : ", ") + pb[l].path + key;
-    }
-    return keys + " (" + layer + ", " + pb[l].kind + ")";
+    return differing_keys(pa[l].options, pb[l].options, pb[l].path) + " (" + layer + ", " + pb[l].kind + ")";
   }
   return "";
 }
@@ -61,7 +54,9 @@ std::string model_difference(const json& theirs, const std::string& path, const 
 
 void check_resumable(const CheckpointData& meta, const std::string& path, const Config& cfg) {
   const json recorded = cfg.to_json();
-  if (const std::string where = model_difference(meta.config.value("model", json::object()), path, cfg); !where.empty())
+  if (const std::string where =
+          model_difference(meta.config.value("model", json::object()), recorded["model"], path, cfg);
+      !where.empty())
     throw UserError(path + ": the checkpoint's model config differs from " + cfg.source + "'s at " + where +
                     "; refusing to resume");
   if (meta.state.loader.empty()) throw UserError(path + ": no data loader state to resume from");

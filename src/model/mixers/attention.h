@@ -32,9 +32,9 @@ struct AttentionMixerOptions {
   int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys (self included)
   int64_t kv_heads = 0;  // key/value heads; 0: n_heads
   int64_t key_value_heads(int64_t n_heads) const { return kv_heads > 0 ? kv_heads : n_heads; }
+  bool operator==(const AttentionMixerOptions&) const = default;
   // `path` is the options block's JSON path; `sliding` (the sliding_window kind) makes the window
   // default to 64 and requires it to be positive; kv_heads must divide n_heads.
-  bool operator==(const AttentionMixerOptions&) const = default;
   static AttentionMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool sliding,
                                      int64_t n_heads);
 };

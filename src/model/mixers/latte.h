@@ -50,8 +50,8 @@ struct LatteMixerOptions {
   int64_t window = 0;        // > 0: the Macchiato local attention over this many keys
   double rope_base = 10000;  // VAPOR's and the local attention's RoPE base
   int64_t chunk = 64;        // chunk length of the CPU's chunked form
-  // `macchiato`: the latte_macchiato kind's defaults (conv 3, no VAPOR, window 129).
   bool operator==(const LatteMixerOptions&) const = default;
+  // `macchiato`: the latte_macchiato kind's defaults (conv 3, no VAPOR, window 129).
   static LatteMixerOptions parse(const json& o, const std::string& path, const std::string& file, bool macchiato);
 };
 
