@@ -396,8 +396,8 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   // A run already past train.steps.
   expect_refused("train " + cfg + " --resume auto --set train.steps=1", "train.steps (1) is below the step of");
   // A model config that differs names where.
-  expect_refused("train " + cfg + " --resume auto --set model.mixer.kv_heads=2",
-                 "differs from " + cfg + "'s at model.mixer.kv_heads");
+  expect_refused("train " + cfg + " --resume auto --set model.mixer.window=8",
+                 "differs from " + cfg + "'s at model.mixer.window");
   // A checkpoint of another run into a directory with its own checkpoints would mix the two runs
   // and prune this one's.
   const std::string other_run = base + "/other_run";

@@ -95,10 +95,10 @@ TEST(Training, ResumeRefusesADifferentModel) {
   }
 }
 
-// The mixer blocks are compared as the stack they resolve to: an option written at its default,
-// the primary kind's options moved from model.mixer to model.mixers, or a layer list spelling out
-// the architecture's pattern resume the run; an option that changes the mixer does not, and
-// names where.
+// The mixer blocks are compared as the stack they resolve to: an option written at its default
+// (kv_heads = n_heads among them), the primary kind's options moved from model.mixer to
+// model.mixers, or a layer list spelling out the architecture's pattern resume the run; an option
+// that changes the mixer does not, and names where.
 TEST(Training, ResumeComparesTheStackTheConfigResolvesTo) {
   const std::string dir = test::fresh_dir("same_stack");
   json j = test::tiny_train_config(dir);
@@ -106,7 +106,7 @@ TEST(Training, ResumeComparesTheStackTheConfigResolvesTo) {
   j["train"]["steps"] = 2;
   ASSERT_EQ(run_training(Config::from_json(j, "s"), ""), 0);
   json same = j;
-  same["model"]["mixer"] = {{"window", 16}, {"rope", true}, {"rope_base", 10000}};
+  same["model"]["mixer"] = {{"window", 16}, {"rope", true}, {"rope_base", 10000}, {"kv_heads", j["model"]["n_heads"]}};
   same["model"]["layers"] = {"attention", "attention"};
   same["train"]["steps"] = 3;
   ASSERT_EQ(run_training(Config::from_json(same, "s"), "auto"), 0);
@@ -115,7 +115,8 @@ TEST(Training, ResumeComparesTheStackTheConfigResolvesTo) {
   same["train"]["steps"] = 4;
   ASSERT_EQ(run_training(Config::from_json(same, "s"), "auto"), 0);
   EXPECT_NE(test::file_bytes(dir + "/train.log").find("resumed from"), std::string::npos);
-  for (const json& other : {json{{"window", 8}}, json{{"window", 16}, {"rope_base", 500000}}}) {
+  for (const json& other :
+       {json{{"window", 8}}, json{{"window", 16}, {"rope_base", 500000}}, json{{"window", 16}, {"kv_heads", 1}}}) {
     json k = j;
     k["model"]["mixer"] = other;
     k["train"]["steps"] = 5;

@@ -53,6 +53,9 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
   if (opt.kv_heads > 0 && n_heads % opt.kv_heads != 0)
     r.fail("kv_heads", "must divide model.n_heads (" + std::to_string(n_heads) + "), got " +
                            std::to_string(opt.kv_heads));
+  // One key/value head per query head is the default written out: the same mixer, so the same
+  // options (a resume compares them).
+  if (opt.kv_heads == n_heads) opt.kv_heads = 0;
   r.finish();
   return opt;
 }
