@@ -1,6 +1,7 @@
 // Kernel timeline of a linac run, for machines without Nsight Systems: a CUPTI activity tracer that
 // CUDA loads into the process (CUDA_INJECTION64_PATH=build/liblinac_kernel_trace.so). Every kernel
-// of every rank is one CSV line in $KTRACE_DIR/trace.r<rank>.<pid>.csv:
+// of every rank is one CSV line in $KTRACE_DIR/trace.r<rank>.<pid>.csv (the folder is made if it
+// is missing):
 //   start_ns,end_ns,device,stream,grid_x,name
 // (CUPTI's timestamps, comparable across the processes of one host). scripts/kernel_trace.py
 // cuts it into training steps and shows what ran beside each NCCL kernel. Concurrent-kernel
@@ -10,8 +11,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <string>
+#include <system_error>
 
 namespace {
 
@@ -49,8 +52,10 @@ void flush_at_exit() {
 extern "C" int InitializeInjection(void) {
   const char* dir = std::getenv("KTRACE_DIR");
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  const std::string path =
-      std::string(dir ? dir : ".") + "/trace.r" + (rank ? rank : "0") + "." + std::to_string(getpid()) + ".csv";
+  const std::string folder = dir ? dir : ".";
+  const std::string path = folder + "/trace.r" + (rank ? rank : "0") + "." + std::to_string(getpid()) + ".csv";
+  std::error_code ec;  // the ranks of one host may race to make it: whoever made it, it is there
+  std::filesystem::create_directories(folder, ec);
   out = std::fopen(path.c_str(), "w");
   if (!out) {
     std::fprintf(stderr, "kernel_trace: cannot write %s\n", path.c_str());
