@@ -306,6 +306,15 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
   if (tc_.warmup_steps > tc_.steps)
     notes.push_back({true, "train.warmup_steps (" + std::to_string(tc_.warmup_steps) + ") exceeds train.steps (" +
                                std::to_string(tc_.steps) + "): the learning rate never reaches train.lr"});
+  // Settings of the ranks' reduction are kept (the same config serves one GPU and an mpirun job),
+  // but a run of one rank says they do nothing here.
+  std::vector<std::string> unused;
+  if (tc_.zero > 0) unused.push_back("train.zero (" + std::to_string(tc_.zero) + ")");
+  if (tc_.reduce_dtype != "f32") unused.push_back("train.reduce_dtype (" + tc_.reduce_dtype + ")");
+  if (world_ == 1 && !unused.empty())
+    notes.push_back({false, unused.front() + (unused.size() > 1 ? " and " + unused.back() : "") +
+                                " split or reduce across the ranks of an mpirun job: on one rank "
+                                "nothing changes"});
   open_log(notes);
   return ckpt;
 }

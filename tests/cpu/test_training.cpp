@@ -294,5 +294,25 @@ TEST(Training, WarmupLongerThanTheRunIsSaid) {
   EXPECT_EQ(test::file_bytes(dir + "/short/train.log").find("warmup_steps"), std::string::npos);
 }
 
+// train.zero and train.reduce_dtype act across ranks: a run of one rank keeps them and says so.
+TEST(Training, RankSettingsOnOneRankAreSaid) {
+  const std::string dir = test::fresh_dir("one_rank");
+  json j = test::tiny_train_config(dir + "/both");
+  j["train"]["steps"] = 1;
+  j["train"]["eval_every"] = 0;
+  j["train"]["zero"] = 1;
+  j["train"]["reduce_dtype"] = "bf16";
+  ASSERT_EQ(run_training(Config::from_json(j, "r"), ""), 0);
+  EXPECT_NE(test::file_bytes(dir + "/both/train.log")
+                .find("train.zero (1) and train.reduce_dtype (bf16) split or reduce across the ranks of an mpirun "
+                      "job: on one rank nothing changes"),
+            std::string::npos);
+  j["train"]["out_dir"] = dir + "/none";
+  j["train"].erase("zero");
+  j["train"].erase("reduce_dtype");
+  ASSERT_EQ(run_training(Config::from_json(j, "r"), ""), 0);
+  EXPECT_EQ(test::file_bytes(dir + "/none/train.log").find("mpirun"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace linac::test_training
