@@ -212,9 +212,9 @@ int64_t step_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-// The checkpoints of <out_dir>/ckpt (files and directories), newest first.
-// Newest first: by step, and of two checkpoints of one step (a file of a one-rank run and the
-// directory of a multi-rank one, after a resume at another world size) the later written.
+// The checkpoints of <out_dir>/ckpt (files and directories), newest first: by step, and of two
+// checkpoints of one step (a file of a one-rank run and the directory of a multi-rank one, after a
+// resume at another world size) the later written.
 std::vector<fs::path> checkpoints_in(const fs::path& dir) {
   std::vector<std::tuple<int64_t, fs::file_time_type, fs::path>> found;
   std::error_code ec;

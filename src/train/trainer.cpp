@@ -308,13 +308,12 @@ std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resum
                                std::to_string(tc_.steps) + "): the learning rate never reaches train.lr"});
   // Settings of the ranks' reduction are kept (the same config serves one GPU and an mpirun job),
   // but a run of one rank says they do nothing here.
-  std::vector<std::string> unused;
-  if (tc_.zero > 0) unused.push_back("train.zero (" + std::to_string(tc_.zero) + ")");
-  if (tc_.reduce_dtype != "f32") unused.push_back("train.reduce_dtype (" + tc_.reduce_dtype + ")");
-  if (world_ == 1 && !unused.empty())
-    notes.push_back({false, unused.front() + (unused.size() > 1 ? " and " + unused.back() : "") +
-                                " split or reduce across the ranks of an mpirun job: on one rank "
-                                "nothing changes"});
+  if (world_ == 1 && (tc_.zero > 0 || tc_.reduce_dtype != "f32")) {
+    std::string which = tc_.zero > 0 ? "train.zero (" + std::to_string(tc_.zero) + ")" : "";
+    if (tc_.reduce_dtype != "f32")
+      which += (which.empty() ? "" : " and ") + ("train.reduce_dtype (" + tc_.reduce_dtype + ")");
+    notes.push_back({false, "on one rank nothing changes for " + which + ", settings for the ranks of an mpirun job"});
+  }
   open_log(notes);
   return ckpt;
 }
