@@ -45,8 +45,11 @@ int bench_generate(Args& args, const std::string& path) {
   if (is_checkpoint_path(path) && !sets.empty()) throw UserError("--set applies to a CONFIG, not to a checkpoint");
 
   const size_t mem0 = gpu_available() ? gpu_bytes_in_use() : 0;
-  InferenceModel im = is_checkpoint_path(path) ? load_inference_checkpoint(path, device)
-                                          : init_inference_config(load_config(path, sets), device, 1);
+  const auto init_config = [&] {
+    const Config cfg = load_config(path, sets);
+    return blaming_sets(cfg, [&] { return init_inference_config(cfg, device, 1); });
+  };
+  InferenceModel im = is_checkpoint_path(path) ? load_inference_checkpoint(path, device) : init_config();
   const bool gpu = im.ctx.is_gpu();
   Model& model = *im.model;
   const int64_t V = im.cfg.model.vocab_size;

@@ -324,8 +324,7 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
     }
 }
 
-int bench_model(Args& args, const std::string& path) {
-  const Config cfg = load_config(path, args.get_all("set"));
+int bench_config(Args& args, const std::string& path, const Config& cfg) {
   BenchOptions o;
   o.seq_lens = {cfg.data.seq_len};
   if (auto s = args.get("seq-lens")) o.seq_lens = parse_int_list(*s, "--seq-lens");
@@ -404,6 +403,11 @@ int bench_model(Args& args, const std::string& path) {
   else
     print_table(run, path, o, rows);
   return 0;
+}
+
+int bench_model(Args& args, const std::string& path) {
+  const Config cfg = load_config(path, args.get_all("set"));
+  return blaming_sets(cfg, [&] { return bench_config(args, path, cfg); });
 }
 
 }  // namespace

@@ -172,6 +172,37 @@ void print_plan(const Info& in) {
               human_bytes(4.0 * static_cast<double>(in.state)).c_str());
 }
 
+// What info prints for the loaded config (or checkpoint) in `in`.
+int describe(Info& in, bool as_json) {
+  const Config& cfg = in.cfg;
+  in.gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
+  in.zero = cfg.train.zero && in.ranks > 1;
+  Ctx ctx;
+  ctx.device = in.gpu ? Device::CUDA : Device::CPU;
+  ModelOptions opts = ModelOptions::for_training(cfg, 0, static_cast<int>(in.ranks));
+  opts.allocate = false;
+  Model model(cfg.model, ctx, opts);
+  model.set_recompute(parse_recompute(cfg.train.recompute));
+  in.prec = Precision::resolve(ctx.device, cfg.train.precision);
+  in.B = cfg.train.micro_batch;
+  in.T = cfg.data.seq_len;
+  plan_memory(model, in);
+  in.flops = model.flops_per_token(in.T);
+  if (const std::string kind = model.mixer_without_documents(); !kind.empty())
+    in.documents_ok = "not supported by the '" + kind + "' mixer";
+  // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
+  // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
+  in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg.data.mqar, cfg.model.vocab_size).max_seq_len() : in.T;
+  in.state = model.state_elems(in.state_T);
+  if (as_json) {
+    print_json(model, in);
+  } else {
+    print_model(model, in);
+    print_plan(in);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
@@ -201,39 +232,11 @@ int cmd_info(int argc, char** argv) {
                         ": a checkpoint's model is the one its weights were trained as (--set model "
                         "keys apply to a CONFIG)");
     in.meta = CheckpointReader(in.source).data();
-    json doc = in.meta.config;
-    for (const auto& o : sets) apply_override(doc, o);
-    in.cfg = Config::from_json(doc, in.source + ":/config");
+    in.cfg = Config::from_json_with_sets(in.meta.config, in.source + ":/config", sets);
   } else {
     in.cfg = load_config(in.source, sets);
   }
-  const Config& cfg = in.cfg;
-  in.gpu = cfg.train.device == "cuda" || (cfg.train.device == "auto" && gpu_available());
-  in.zero = cfg.train.zero && in.ranks > 1;
-  Ctx ctx;
-  ctx.device = in.gpu ? Device::CUDA : Device::CPU;
-  ModelOptions opts = ModelOptions::for_training(cfg, 0, static_cast<int>(in.ranks));
-  opts.allocate = false;
-  Model model(cfg.model, ctx, opts);
-  model.set_recompute(parse_recompute(cfg.train.recompute));
-  in.prec = Precision::resolve(ctx.device, cfg.train.precision);
-  in.B = cfg.train.micro_batch;
-  in.T = cfg.data.seq_len;
-  plan_memory(model, in);
-  in.flops = model.flops_per_token(in.T);
-  if (const std::string kind = model.mixer_without_documents(); !kind.empty())
-    in.documents_ok = "not supported by the '" + kind + "' mixer";
-  // The decoding state of one sequence at the longest length it is used at (MQAR: the longest
-  // test slice), in elements and in bytes at 4 bytes per element (the Based paper's axis).
-  in.state_T = cfg.data.type == "mqar" ? MqarSet::test(cfg.data.mqar, cfg.model.vocab_size).max_seq_len() : in.T;
-  in.state = model.state_elems(in.state_T);
-  if (as_json) {
-    print_json(model, in);
-  } else {
-    print_model(model, in);
-    print_plan(in);
-  }
-  return 0;
+  return blaming_sets(in.cfg, [&] { return describe(in, as_json); });
 }
 
 }  // namespace linac::cli

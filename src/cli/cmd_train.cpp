@@ -33,7 +33,7 @@ int cmd_train(int argc, char** argv) {
   args.finish();
   if (pos.size() != 1) throw UserError("expected one CONFIG.json argument (see --help)");
   const Config cfg = load_config(pos[0], sets);
-  return run_training(cfg, resume);
+  return blaming_sets(cfg, [&] { return run_training(cfg, resume); });
 }
 
 }  // namespace linac::cli

@@ -1,5 +1,7 @@
 #include "config/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -169,7 +171,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   c.model.mixers = m.get_object("mixers");
   m.finish();
   if (c.model.d_model % c.model.n_heads != 0)
-    m.fail("n_heads", "must divide d_model (" + std::to_string(c.model.d_model) + "), got " +
+    m.fail("n_heads", "must divide model.d_model (" + std::to_string(c.model.d_model) + "), got " +
                           std::to_string(c.model.n_heads));
   validate_layers(c.model, source);
 
@@ -281,35 +283,86 @@ std::string parse_error_text(const json::exception& e) {
   return close == std::string::npos ? s : s.substr(close + 2);
 }
 
-// A message from reading the config names the file it blames ("cfg.json: model.n_layers: ...").
-// Where a --set assignment gave that value (its key path holds the message's, or lies inside it),
-// the message names the --set instead: the file never held it.
-std::string blame_override(const std::string& message, const std::string& file,
-                           const std::vector<std::string>& overrides) {
-  if (message.rfind(file + ": ", 0) != 0) return message;
-  const std::string rest = message.substr(file.size() + 2);
-  std::string at;  // the JSON path the message is about
+// A path's characters, as messages quote key paths ("model.mixers.taylor.heads", "x[2].y").
+bool path_char(char ch) {
+  return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '[' || ch == ']';
+}
+
+// `inner` lies inside the object `outer` names.
+bool inside(const std::string& inner, const std::string& outer) {
+  return inner.size() > outer.size() && inner.rfind(outer, 0) == 0 &&
+         (inner[outer.size()] == '.' || inner[outer.size()] == '[');
+}
+
+}  // namespace
+
+// A message about the config names the file it blames ("cfg.json: model.n_heads: ..."): the key
+// it is about, then perhaps other keys the check read ("must divide model.d_model (760)"). A key
+// a --set gave (the key, or an object holding it) was never in the file, so the message names
+// that --set: "--set model.n_heads: ..." when its keys all came from one --set, else the file
+// "with --set model.d_model" (and any others), so a check across keys names every place its
+// values came from.
+std::string Config::blame(const std::string& message) const {
+  if (overrides.empty() || message.rfind(source + ": ", 0) != 0) return message;
+  const std::string rest = message.substr(source.size() + 2);
+  std::string at;  // the key path the message is about
   if (const std::string unknown = "unknown key '"; rest.rfind(unknown, 0) == 0) {
     at = rest.substr(unknown.size(), rest.find('\'', unknown.size()) - unknown.size());
   } else {
     at = rest.substr(0, rest.find(": "));
-    if (at.empty() ||
-        at.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.[]") != std::string::npos)
-      return message;
+    if (at.empty() || !std::all_of(at.begin(), at.end(), path_char)) return message;
   }
-  const auto inside = [](const std::string& inner, const std::string& outer) {
-    return inner.size() > outer.size() && inner.rfind(outer, 0) == 0 &&
-           (inner[outer.size()] == '.' || inner[outer.size()] == '[');
-  };
-  for (auto o = overrides.rbegin(); o != overrides.rend(); ++o) {  // the last assignment of a key wins
-    const std::string key = o->substr(0, o->find('='));
-    if (key == at && rest.rfind(at + ": ", 0) == 0) return "--set " + rest;
-    if (key == at || inside(at, key) || inside(key, at)) return "--set " + key + ": " + rest;
+  // The other keys it names: the config's sections' paths ("model.d_model"), sentence dots dropped.
+  std::vector<std::string> keys = {at};
+  for (size_t i = rest.find(": ") == std::string::npos ? rest.size() : rest.find(": "); i < rest.size();) {
+    if (!path_char(rest[i]) || (i > 0 && path_char(rest[i - 1]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < rest.size() && path_char(rest[j])) ++j;
+    std::string word = rest.substr(i, j - i);
+    while (!word.empty() && word.back() == '.') word.pop_back();
+    for (const char* section : {"model.", "data.", "train."})
+      if (word.rfind(section, 0) == 0 && word.size() > std::strlen(section)) keys.push_back(word);
+    i = j;
   }
-  return message;
+  std::vector<std::string> sets;  // the --set keys that gave them, in the message's order
+  bool from_file = false;
+  for (const std::string& key : keys) {
+    std::string by;
+    for (auto o = overrides.rbegin(); o != overrides.rend() && by.empty(); ++o) {  // the last one wins
+      const std::string set = o->substr(0, o->find('='));
+      // Setting a key inside the object the message is about counts for that key only: a
+      // message naming model.mixer in passing is not about every key under it.
+      if (set == key || inside(key, set) || (key == at && inside(set, key))) by = set;
+    }
+    if (by.empty())
+      from_file = true;
+    else if (std::find(sets.begin(), sets.end(), by) == sets.end())
+      sets.push_back(by);
+  }
+  if (sets.empty()) return message;
+  if (!from_file && sets.size() == 1)
+    return "--set " + (sets[0] == at && rest.rfind(at + ": ", 0) == 0 ? rest : sets[0] + ": " + rest);
+  std::string where = from_file ? source + " with " : "";
+  for (size_t i = 0; i < sets.size(); ++i) where += (i ? ", --set " : "--set ") + sets[i];
+  return where + ": " + rest;
 }
 
-}  // namespace
+Config Config::from_json_with_sets(json doc, const std::string& source, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) apply_override(doc, o);
+  Config c;
+  c.source = source;
+  c.overrides = overrides;
+  try {
+    c = from_json(doc, source);
+  } catch (const UserError& e) {
+    throw UserError(c.blame(e.what()));
+  }
+  c.overrides = overrides;
+  return c;
+}
 
 void apply_override(json& doc, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -376,12 +429,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const json::exception& e) {
     throw UserError(path + ": invalid JSON: " + parse_error_text(e));
   }
-  for (const auto& o : overrides) apply_override(doc, o);
-  try {
-    return Config::from_json(doc, path);
-  } catch (const UserError& e) {
-    throw UserError(blame_override(e.what(), path, overrides));
-  }
+  return Config::from_json_with_sets(std::move(doc), path, overrides);
 }
 
 }  // namespace linac

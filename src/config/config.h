@@ -6,8 +6,10 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "data/mqar_config.h"
 
 namespace linac {
@@ -113,10 +115,30 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   std::string source;  // file the config came from (for messages)
+  // The `--set a.b=value` assignments applied over the file, in order (for messages: blame()).
+  std::vector<std::string> overrides;
 
   json to_json() const;
   static Config from_json(const json& j, const std::string& source);
+  // from_json of `doc` with `overrides` applied; its errors worded by blame().
+  static Config from_json_with_sets(json doc, const std::string& source, const std::vector<std::string>& overrides);
+  // `message` as the user should read it: where it blames `source` for a value a --set gave (the
+  // key it is about, or another key it names as "section.key"), it names that --set instead.
+  std::string blame(const std::string& message) const;
 };
+
+// fn(), its UserErrors worded by cfg.blame(): the checks made after loading (a mixer's shape, the
+// run's directory) blame a --set's value on the --set too.
+template <class F>
+decltype(auto) blaming_sets(const Config& cfg, F&& fn) {
+  try {
+    return std::forward<F>(fn)();
+  } catch (const UserError& e) {
+    const std::string worded = cfg.blame(e.what());
+    if (worded == e.what()) throw;
+    throw UserError(worded);
+  }
+}
 
 // Reads a config file and applies `--set a.b=value` overrides (value parsed as JSON when it
 // parses, else taken as a string) before validation.

@@ -180,26 +180,40 @@ TEST(CliErrors, SetRefusesEmptyPathComponents) {
   }
 }
 
-// A shape only the model can check (a mixer's latents over its heads) names the config file, as
-// the checks of the config's own fields do.
-TEST(CliErrors, MixerShapeErrorsNameTheConfigFile) {
+// A shape only the model can check (a mixer's latents over its heads, RoPE's head dim) names
+// where its values came from, as the checks of the config's own fields do: the file, the --set
+// that gave the value, or the file with the --set when the check reads a key of each.
+TEST(CliErrors, MixerShapeErrorsNameWhereTheValuesCameFrom) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("mixer_shape");
   const std::string cfg = dir + "/tiny.json";
-  std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
-  std::string out;
-  expect_one_line_user_error(
-      test::run_linac("info " + cfg + " --set model.arch=latte --set model.mixer.latents=3", out), out, "latents");
-  EXPECT_NE(out.find("linac info: error: " + cfg + ": model.mixer.latents: 3 latents must split evenly over 2 heads"),
-            std::string::npos)
-      << out;
-  // RoPE's head dims: odd (60 / 4 = 15) was an internal error in the kernel's check.
-  expect_one_line_user_error(test::run_linac("info " + cfg + " --set model.d_model=60 --set model.n_heads=4", out), out,
-                             "rope");
-  EXPECT_NE(out.find(cfg + ": model: RoPE rotates pairs of a head's dims, so the head dim d_model / n_heads = 15 must "
-                           "be even and at most 512"),
-            std::string::npos)
-      << out;
+  json doc = test::tiny_train_config(dir + "/run");
+  std::ofstream(cfg) << doc.dump(2);
+  doc["model"]["arch"] = "latte";
+  doc["model"]["mixer"] = {{"latents", 3}};
+  std::ofstream(dir + "/latents3.json") << doc.dump(2);
+  doc["model"]["mixer"] = {{"heads", 4}, {"latents", 8}};
+  std::ofstream(dir + "/heads4.json") << doc.dump(2);
+  const std::string rope =
+      "model.n_heads: RoPE rotates pairs of a head's dims, so the head dim model.d_model / "
+      "model.n_heads = 15 must be even and at most 512";
+  const std::pair<std::string, std::string> cases[] = {
+      {cfg + " --set model.arch=latte --set model.mixer.latents=3",
+       "error: --set model.mixer.latents: 3 latents must split evenly over 2 heads"},
+      {dir + "/latents3.json", "error: " + dir + "/latents3.json: model.mixer.latents: 3 latents must split"},
+      {dir + "/heads4.json --set model.d_model=34",
+       "error: " + dir +
+           "/heads4.json with --set model.d_model: model.mixer.heads: 4 heads must divide model.d_model (34)"},
+      // RoPE's head dims: odd (60 / 4 = 15) was an internal error in the kernel's check.
+      {cfg + " --set model.d_model=60 --set model.n_heads=4",
+       "error: --set model.n_heads, --set model.d_model: " + rope},
+      {cfg + " --set model.d_model=30", "error: " + cfg + " with --set model.d_model: " + rope},
+  };
+  for (const auto& [args, what] : cases) {
+    std::string out;
+    expect_one_line_user_error(test::run_linac("info " + args, out), out, args);
+    EXPECT_NE(out.find(what), std::string::npos) << args << ": " << out;
+  }
 }
 
 // Counts given to eval are at least 1: 0 is refused, not read as "the default".
@@ -380,11 +394,10 @@ TEST(CliErrors, MessagesNameWhatWasGiven) {
       {"bench " + cfg + " --seq-lens 48 --micro-tokens 100", "--micro-tokens (100) must be a multiple of T=48"},
       {"bench " + cfg + " --tokens-per-step 0", "--micro-tokens and --tokens-per-step must be at least 1"},
       {"train " + cfg + " --resume ''", "--resume is empty; give auto or a checkpoint's path"},
-      {"train " + cfg + " --set train.out_dir=", cfg + ": train.out_dir: is empty"},
+      {"train " + cfg + " --set train.out_dir=", "error: --set train.out_dir: is empty"},
       {"train " + cfg + " --set train.steps=0", "error: --set train.steps: must be in [1, "},
       {"train " + cfg + " --set data.mqar.vocab=8",
-       "error: --set data.mqar.vocab: data.mqar: applies to data.type 'mqar' only (this config's data.type is "
-       "'hdf5')"},
+       "error: " + cfg + " with --set data.mqar.vocab: data.mqar: applies to data.type 'mqar' only"},
       {"eval --checkpoint " + run_dir, run_dir + ": a directory, not a checkpoint (a checkpoint is a step_*.h5 file"},
       {"eval --checkpoint " + run_dir + "/ckpt", "a directory, not a checkpoint"},
       {"eval --checkpoint " + ckpt + " --data " + dir + "/v320.h5",
@@ -399,7 +412,7 @@ TEST(CliErrors, MessagesNameWhatWasGiven) {
 
 // A value a --set gave is blamed on the --set, not on the file that never held it: the key
 // itself, a key inside the object it set, or an object holding the key it set. What the file
-// holds is still blamed on the file.
+// holds is still blamed on the file, and a check across keys names both the file and the --set.
 TEST(CliErrors, SetValuesAreBlamedOnTheSet) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("set_blame");
@@ -417,6 +430,10 @@ TEST(CliErrors, SetValuesAreBlamedOnTheSet) {
       {cfg + " --set model.mixers.foo.window=3",
        "error: --set model.mixers.foo.window: model.mixers.foo: 'foo' is not a "},
       {cfg + " --set train.lr=0", "error: --set train.lr: must be > 0"},
+      {cfg + " --set model.d_model=33",
+       "error: " + cfg + " with --set model.d_model: model.n_heads: must divide model.d_model (33), got 2"},
+      {cfg + " --set model.n_heads=3 --set model.d_model=40",
+       "error: --set model.n_heads, --set model.d_model: model.n_heads: must divide model.d_model (40), got 3"},
   };
   for (const auto& [args, what] : cases) {
     std::string out;
@@ -447,7 +464,8 @@ TEST(CliErrors, OptionsThatDoNotApplyAreRefused) {
       {dir + "/null.json --set model.arch=latte --set 'model.mixer={\"vapor\":false,\"rope_base\":100}'",
        "model.mixer.rope_base: does not apply without VAPOR or a local window"},
       {dir + "/null.json --set model.arch=based --set model.mixers.taylor.heads=3",
-       dir + "/null.json: model.mixers.taylor.heads: 3 heads must divide d_model (32)"},
+       dir + "/null.json with --set model.mixers.taylor.heads: model.mixers.taylor.heads: 3 heads must divide "
+             "model.d_model (32)"},
   };
   for (const auto& [args, what] : cases) {
     std::string out;

@@ -212,7 +212,7 @@ TEST(Training, ConfigErrorsExitWithOneLine) {
       {"train.lr=-1", "train.lr: must be in"},
       {"model.n_layer=3", "did you mean 'model.n_layers'"},
       {"model.arch=transfomer", "did you mean 'transformer'"},
-      {"model.n_heads=3", "model.n_heads: must divide d_model"},
+      {"model.n_heads=3", "with --set model.n_heads: model.n_heads: must divide model.d_model"},
       {"data.path=/nonexistent/x.h5", "/nonexistent/x.h5"},
       {"model.vocab_size=512", "512"},
       {"train.global_batch_tokens=100", "train.global_batch_tokens: must be a multiple"},

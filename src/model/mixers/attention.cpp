@@ -64,13 +64,15 @@ AttentionMixer::AttentionMixer(ModelEnv& env, const ModelConfig& cfg, int layer,
     : env_(env), opt_(opt), d_(cfg.d_model), H_(cfg.n_heads), Hk_(opt.key_value_heads(cfg.n_heads)),
       Dh_(cfg.head_dim()), q_cols_(H_ * Dh_), kv_cols_(Hk_ * Dh_) {
   if (opt_.rope && (Dh_ % 2 != 0 || Dh_ > kRopeMaxDim))
-    throw UserError(cfg.source + ": model: RoPE rotates pairs of a head's dims, so the head dim d_model / n_heads = " +
-                    std::to_string(Dh_) + " must be even and at most " + std::to_string(kRopeMaxDim) + " (layer " +
-                    std::to_string(layer) + ", " + kind() + "; or \"rope\": false)");
+    throw UserError(cfg.source + ": model.n_heads: RoPE rotates pairs of a head's dims, so the head dim " +
+                    "model.d_model / model.n_heads = " + std::to_string(Dh_) + " must be even and at most " +
+                    std::to_string(kRopeMaxDim) + " (layer " + std::to_string(layer) + ", " + kind() +
+                    "; or \"rope\": false)");
   if (env.ctx.is_gpu() && !attention_gpu_head_dim_ok(Dh_))
     throw UserError(
         cfg.source +
-        ": the GPU attention kernels need a head dim (d_model / n_heads) that is a multiple of 16 from 64 to "
+        ": model.n_heads: the GPU attention kernels need a head dim (model.d_model / model.n_heads) that is a "
+        "multiple of 16 from 64 to "
         "128, got " +
         std::to_string(Dh_) + " (layer " + std::to_string(layer) + ", " + kind() + ")");
   const std::string p = "layers." + std::to_string(layer) + ".attn.";

@@ -38,8 +38,8 @@ BaseConvMixer::BaseConvMixer(ModelEnv& env, const ModelConfig& cfg, int layer, c
   const double width = opt_.expand * static_cast<double>(d_);
   E_ = std::llround(width / 2);
   if (E_ < 1 || std::abs(width - 2.0 * static_cast<double>(E_)) > 1e-9)
-    throw UserError(cfg.source + ": " + path + ".expand: expand * d_model must be an even number of channels, got " +
-                    std::to_string(width));
+    throw UserError(cfg.source + ": " + path +
+                    ".expand: expand * model.d_model must be an even number of channels, got " + std::to_string(width));
   const std::string p = "layers." + std::to_string(layer) + ".conv.";
   const double out_std = cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.n_layers));
   ParamStore& ps = *env.params;

@@ -58,8 +58,8 @@ GlaMixer::GlaMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const GlaMi
   R_ = opt_.gate_rank;
   P_ = 2 * dk_ + 2 * dv_ + R_;
   if (dk_ % H_ != 0 || dv_ % H_ != 0 || dk_ < H_ || dv_ < H_)
-    throw UserError(cfg.source + ": " + path + ": expand_k * d_model (" + std::to_string(dk_) +
-                    ") and expand_v * d_model (" + std::to_string(dv_) +
+    throw UserError(cfg.source + ": " + path + ": expand_k * model.d_model (" + std::to_string(dk_) +
+                    ") and expand_v * model.d_model (" + std::to_string(dv_) +
                     ") must be positive multiples of model.n_heads (" + std::to_string(H_) + ")");
   if (env.ctx.is_gpu() && ((dk_ / H_) % 16 != 0 || (dv_ / H_) % 16 != 0 || opt_.chunk != 64 || R_ % 8 != 0))
     throw UserError(cfg.source + ": the GPU GLA kernels need per-head key/value dims that are multiples of 16 (got " +

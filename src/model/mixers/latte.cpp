@@ -52,7 +52,7 @@ LatteMixer::LatteMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const L
     : env_(env), opt_(opt), macchiato_(macchiato), d_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   if (d_ % H_ != 0)
-    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide model.d_model (" +
                     std::to_string(d_) + ")");
   if (opt_.latents % H_ != 0)
     throw UserError(cfg.source + ": " + path + ".latents: " + std::to_string(opt_.latents) +

@@ -71,7 +71,7 @@ LightningMixer::LightningMixer(ModelEnv& env, const ModelConfig& cfg, int layer,
     : env_(env), opt_(opt), d_(cfg.d_model), E_(cfg.d_model) {
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   if (E_ % H_ != 0)
-    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide model.d_model (" +
                     std::to_string(E_) + ")");
   dh_ = E_ / H_;
   lrpe_ = opt_.lrpe == "all" || (opt_.lrpe == "first" && first_of_kind);

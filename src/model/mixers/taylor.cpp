@@ -34,7 +34,7 @@ TaylorMixer::TaylorMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const
   H_ = opt_.heads > 0 ? opt_.heads : cfg.n_heads;
   F_ = opt_.feature_dim;
   if (opt_.head_dim == 0 && d_ % H_ != 0)
-    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide d_model (" +
+    throw UserError(cfg.source + ": " + path + ".heads: " + std::to_string(H_) + " heads must divide model.d_model (" +
                     std::to_string(d_) + ") unless head_dim is given");
   Dv_ = opt_.head_dim > 0 ? opt_.head_dim : d_ / H_;
   P_ = H_ * (2 * F_ + Dv_);

@@ -49,7 +49,7 @@ VqGauMixer::VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const V
   if (Dv_ % H_ != 0)
     throw UserError(cfg.source + ": " + path + ".dv: " + std::to_string(Dv_) + " must split evenly over " +
                     std::to_string(H_) + " heads");
-  if (d_ % 2 != 0) throw UserError(cfg.source + ": model.d_model must be even for the VQ position sinusoids");
+  if (d_ % 2 != 0) throw UserError(cfg.source + ": model.d_model: must be even for the VQ position sinusoids");
   Dvh_ = Dv_ / H_;
   Pqkv_ = 2 * H_ * Dk_ + Dv_;
   qk_scale_ = std::pow(static_cast<double>(Dk_), -0.25);
