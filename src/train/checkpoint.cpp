@@ -1,12 +1,8 @@
 #include "train/checkpoint.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -16,6 +12,7 @@
 #include "data/hdf5_util.h"
 #include "train/checkpoint_file.h"
 #include "train/content_hash.h"
+#include "train/file_replace.h"
 
 namespace fs = std::filesystem;
 
@@ -288,21 +285,7 @@ std::unique_ptr<CheckpointReader> newest_intact_checkpoint(const std::string& ou
 
 void publish_checkpoint(const std::string& out_dir, const std::string& path, int64_t keep_last) {
   const fs::path dir = fs::path(out_dir) / "ckpt";
-  const fs::path tmp = dir / ("latest.tmp-" + std::to_string(::getpid()));
-  const auto failed = [&](const std::string& why) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return UserError("cannot update " + (dir / "latest").string() + ": " + why);
-  };
-  {
-    std::ofstream f(tmp);
-    f << fs::path(path).filename().string() << "\n";
-    f.flush();
-    if (!f) throw failed(std::strerror(errno));
-  }
-  if (const int err = sync_path(tmp.string(), false)) throw failed(std::strerror(err));
-  if (::rename(tmp.c_str(), (dir / "latest").c_str()) != 0) throw failed(std::strerror(errno));
-  sync_path(dir.string(), true);
+  replace_file((dir / "latest").string(), fs::path(path).filename().string() + "\n", true);
   std::error_code ec;
   // A checkpoint of the same step in the other form (file or directory) is the abandoned branch
   // this run went back from: the new one replaces it, as a rename replaces one of the same form.

@@ -1,7 +1,5 @@
 #include "train/gemm_algo_table.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -13,6 +11,7 @@
 
 #include "config/config.h"
 #include "core/error.h"
+#include "train/file_replace.h"
 
 namespace linac {
 namespace {
@@ -111,16 +110,7 @@ void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table) 
                                                   {"chosen_us", c.chosen_us},
                                                   {"calls", c.calls}});
   }
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  out << j.dump(1) << "\n" << std::flush;
-  if (!out) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
-  out.close();
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    throw UserError("cannot replace " + path + " with " + tmp + ": " + why);
-  }
+  replace_file(path, j.dump(1) + "\n", false);
 }
 
 std::optional<GemmAlgoTable> use_gemm_algo_table(const std::string& path, bool gpu) {

@@ -1,14 +1,12 @@
 #include "train/metrics_log.h"
 
-#include <unistd.h>
-
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "core/error.h"
+#include "train/file_replace.h"
 
 namespace fs = std::filesystem;
 
@@ -26,8 +24,7 @@ Line classify(const std::string& line, int64_t last) {
   return step->get<int64_t>() <= last ? Line::Kept : Line::Later;
 }
 
-// Rewrites `path` with only the records of steps up to `last` (through path.tmp-PID, which a
-// killed rewrite leaves for remove_stale_temp_files); returns what it dropped.
+// Rewrites `path` with only the records of steps up to `last`; returns what it dropped.
 MetricsLog::Dropped trim(const std::string& path, int64_t last) {
   MetricsLog::Dropped d;
   std::ifstream in(path, std::ios::binary);
@@ -58,14 +55,7 @@ MetricsLog::Dropped trim(const std::string& path, int64_t last) {
     }
     begin = end + 1;
   }
-  if (!d.any()) return d;
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-  out << kept << std::flush;
-  if (!out) throw UserError("cannot write " + tmp + ": " + std::strerror(errno));
-  out.close();
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw UserError("cannot replace " + path + " with " + tmp + ": " + std::strerror(errno));
+  if (d.any()) replace_file(path, kept, false);
   return d;
 }
 

@@ -282,6 +282,30 @@ TEST(CheckpointIntegrity, InjectedWriteFailureIsCleanAndKeepsTheOldCheckpoints) 
     EXPECT_EQ(e.path().filename().string().rfind("tokens.h5", 0), std::string::npos) << "left behind: " << e.path();
 }
 
+// A resume cuts metrics.jsonl back to its checkpoint's step by rewriting it whole. When that write
+// fails: one line naming metrics.jsonl, exit 2, the file as it was and no temp file beside it (a
+// temp file left there would be reported by the next run as a killed run's).
+TEST(CheckpointIntegrity, FailedMetricsRewriteLeavesTheFileAsItWas) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  const std::string dir = copy_of_run("metrics_fail");
+  const std::string cfg = dir + "/cfg.json";
+  std::ofstream(cfg) << run_config(dir, 8).dump(2);
+  // Kept records past the file-size limit below, and one of a step after the checkpoint's.
+  std::string metrics;
+  for (int i = 0; i < 40; ++i) metrics += json{{"step", 1 + i % 6}, {"note", std::string(100, 'x')}}.dump() + "\n";
+  metrics += json{{"step", 7}}.dump() + "\n";
+  write_bytes(dir + "/metrics.jsonl", metrics);
+  std::string out;
+  const int rc = test::run_linac("train " + cfg + " --resume auto", out, "ulimit -f 2;");
+  EXPECT_EQ(rc, 2) << out;
+  const size_t last_line = out.rfind('\n', out.size() - 2);
+  EXPECT_NE(out.find("error: cannot write " + dir + "/metrics.jsonl: File too large", last_line + 1), std::string::npos)
+      << out;
+  EXPECT_EQ(test::file_bytes(dir + "/metrics.jsonl"), metrics);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+}
+
 // A tmpfs of 800 KiB holds one checkpoint of the tiny model (~510 KB) but not two.
 class SmallTmpfs {
  public:
