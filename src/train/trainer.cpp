@@ -440,7 +440,7 @@ void Trainer::restore(const CheckpointReader& ckpt) {
              st.world_size != world_
                  ? fmt::format(" (written by {} rank(s), continued on {}: same data order)", st.world_size, world_)
                  : std::string());
-  last_good_ = ckpt.path() + " (step " + std::to_string(step_) + ")";
+  saved_.push_back({ckpt.path(), step_});
   // The data order continues from the checkpoint, whatever train.seed says now; the seed in
   // effect is the one recorded (config.json, the next checkpoints).
   if (loader.seed != tc_.seed) {
@@ -479,9 +479,12 @@ json Trainer::account(const StepStats& st) {
     log_->warn("step {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} in a row)", step_, st.loss,
                st.grad_norm, bad_in_row_);
     metrics_->write({{"step", step_}, {"skipped", true}, {"loss", std::isfinite(st.loss) ? json(st.loss) : json(nullptr)}});
+    // The weights the first of these steps started from gave it the non-finite values, and a
+    // resume replays it bit for bit, whatever the lr: the checkpoint to go back to is older.
     if (bad_in_row_ >= tc_.max_bad_steps)
       throw diverged(std::to_string(step_) + ": " + std::to_string(bad_in_row_) +
-                     " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps)");
+                         " steps in a row had a non-finite loss or gradient norm (train.max_bad_steps)",
+                     step_ - bad_in_row_ - 1, "before them");
   } else {
     bad_in_row_ = 0;
     window_.loss_sum += st.loss;
@@ -519,8 +522,10 @@ void Trainer::check_finite() {
   std::string where;
   for (size_t i = 0; i < bad.tensors.size() && i < 4; ++i) where += (i ? ", " : "") + bad.tensors[i];
   if (bad.tensors.size() > 4) where += ", ...";
-  throw diverged(std::to_string(step_) + ": " + std::to_string(bad.count) + " weight or optimizer values are not finite" +
-                 (where.empty() ? "" : " (" + where + ")") + ", so no checkpoint was written");
+  throw diverged(std::to_string(step_) + ": " + std::to_string(bad.count) +
+                     " weight or optimizer values are not finite" + (where.empty() ? "" : " (" + where + ")") +
+                     ", so no checkpoint was written",
+                 step_);
 }
 
 void Trainer::save() {
@@ -541,7 +546,7 @@ void Trainer::save() {
   const ParamStore& ps = model_->params();
   // Each rank writes its piece (under ZeRO the shard it owns) from a host copy, in the background.
   const std::string path = writer_->start(ps, d);
-  last_good_ = path + " (step " + std::to_string(step_) + ")";
+  saved_.push_back({path, step_});
 }
 
 // Every rank of a job must run the same configuration (file and --set overrides): a rank with
@@ -596,14 +601,29 @@ void Trainer::check_replicas_agree(bool at_start) {
     // (its ranks agreed when it was taken).
     throw diverged(
         std::to_string(step_) + ": " + what + " (data-parallel ranks drifted apart), so no checkpoint was written",
-        "where the ranks agreed", "resume from it; a drift that recurs points at a faulty GPU or a bug");
+        step_, "where the ranks agreed", "", "; a drift that recurs points at a faulty GPU or a bug");
   }
 }
 
-Diverged Trainer::diverged(const std::string& why, const std::string& good, const std::string& advice) {
-  writer_->wait();  // every rank gets here at the same step: the checkpoint in flight is the last good one
-  const std::string msg =
-      "training diverged at step " + why + "; the last checkpoint " + good + " is " + last_good_ + " (" + advice + ")";
+Diverged Trainer::diverged(const std::string& why, int64_t good_step, const std::string& good,
+                           const std::string& remedy, const std::string& note) {
+  writer_->wait();  // every rank gets here at the same step: the checkpoint in flight is published
+  std::string last = saved_.empty() ? "none: no checkpoint was written"
+                                    : "none: the checkpoints this run wrote or resumed from are of later steps";
+  bool usable = false;
+  if (const auto it = std::find_if(saved_.rbegin(), saved_.rend(), [&](const Saved& s) { return s.step <= good_step; });
+      it != saved_.rend()) {
+    std::error_code ec;
+    usable = fs::exists(it->path, ec);
+    last = usable ? it->path + " (step " + std::to_string(it->step) + ")"
+                  : "none left: " + it->path + " (step " + std::to_string(it->step) +
+                        ") was removed to keep train.keep_last (" + std::to_string(tc_.keep_last) + ") newer ones";
+  }
+  const std::string then = usable           ? "resume from it"
+                           : saved_.empty() ? "start over"
+                                            : "resume from an earlier one or start over";
+  const std::string msg = "training diverged at step " + why + "; the last checkpoint " + good + " is " + last + " (" +
+                          (remedy.empty() ? then : remedy + ", then " + then) + note + ")";
   log_->error("{}", msg);
   return Diverged(msg);
 }

@@ -89,10 +89,12 @@ class Trainer {
   void check_finite();
   void save();
   bool due(int64_t every) const { return every > 0 && (step_ % every == 0 || step_ == tc_.steps); }
-  // The run's end when training cannot go on: the checkpoint in flight finished, `good` says what
-  // makes the last checkpoint good ("with finite values"), `advice` what to do.
-  Diverged diverged(const std::string& why, const std::string& good = "with finite values",
-                    const std::string& advice = "lower train.lr or raise train.adam_eps, then resume from it");
+  // The run's end when training cannot go on: the checkpoint in flight finished, the message names
+  // the newest checkpoint of at most step `good_step` (the last one a resume can go on from),
+  // `good` says what makes it good ("with finite values"), `remedy` what to change before
+  // resuming from it (or starting over, without one), `note` anything to add.
+  Diverged diverged(const std::string& why, int64_t good_step, const std::string& good = "with finite values",
+                    const std::string& remedy = "lower train.lr or raise train.adam_eps", const std::string& note = "");
   double seconds_since_start() const;
 
   // The run's own copy: a resumed run takes the checkpoint's train.seed (restore), and config.json
@@ -123,8 +125,13 @@ class Trainer {
 
   int64_t step_ = 0, first_step_ = 0, tokens_seen_ = 0, bad_in_row_ = 0;
   int64_t finite_at_ = -1;  // the step whose weights check_finite last found finite
-  // The newest checkpoint known to hold finite values: what a diverged run points back to.
-  std::string last_good_ = "none: no checkpoint was written";
+  // This run's checkpoints and the one it resumed from, oldest first: what a diverged run points
+  // back to (each held finite values when written).
+  struct Saved {
+    std::string path;
+    int64_t step;
+  };
+  std::vector<Saved> saved_;
   std::chrono::steady_clock::time_point t_start_;
   LogWindow window_;
 };

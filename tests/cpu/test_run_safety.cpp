@@ -323,6 +323,77 @@ TEST(RunSafety, NonFiniteWeightsStopAtALoggedStepAndAreNotResumed) {
   EXPECT_NE(refused.find(bad + ": holds 1 non-finite"), std::string::npos) << refused;
 }
 
+// The step a diverged run's message says it ended at.
+int64_t diverged_step(const std::string& msg) {
+  const std::string at = "training diverged at step ";
+  return msg.rfind(at, 0) == 0 ? std::stoll(msg.substr(at.size())) : 0;
+}
+
+// A tiny run in `dir` whose gradients turn non-finite: lr * weight_decay = 10 multiplies every
+// tensor by -9 per step, finite weights whose products overflow within a dozen steps. Checkpoints
+// at every step, three skipped steps in a row end it; returns its config and its message.
+std::pair<json, std::string> run_into_non_finite_steps(const std::string& dir, int64_t keep_last) {
+  json j = test::tiny_train_config(dir);
+  j["train"].update({{"steps", 40},
+                     {"lr", 10},
+                     {"min_lr", 10},
+                     {"warmup_steps", 0},
+                     {"weight_decay", 1},
+                     {"decay_norms_and_embeddings", true},
+                     {"checkpoint_every", 1},
+                     {"keep_last", keep_last},
+                     {"eval_every", 0},
+                     {"max_bad_steps", 3}});
+  try {
+    run_training(Config::from_json(j, "n"), "");
+  } catch (const Diverged& e) {
+    return {j, e.what()};
+  }
+  ADD_FAILURE() << "the run did not diverge";
+  return {j, ""};
+}
+
+// A run whose gradients turn non-finite skips its updates, so the checkpoints written during the
+// skipped steps (and the one just before the first of them) hold the weights that gave those
+// steps their non-finite values, and a resume replays them bit for bit whatever the lr. The
+// message names the newest checkpoint before that, and a resume from it with a lower lr trains
+// on where one from the next checkpoint fails again. With train.keep_last too small to keep it,
+// the message says so instead of naming a file that is gone.
+TEST(RunSafety, NonFiniteStepsNameTheCheckpointBeforeThem) {
+  const std::string dir = test::fresh_dir("bad_steps");
+  auto [j, msg] = run_into_non_finite_steps(dir, 100);
+  const int64_t first_bad = diverged_step(msg) - 2;  // the first of the three skipped steps
+  ASSERT_GE(first_bad, 3) << msg;
+  EXPECT_NE(msg.find("3 steps in a row had a non-finite loss or gradient norm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the last checkpoint before them is " + checkpoint_path(dir, first_bad - 2) + " (step " +
+                     std::to_string(first_bad - 2) + ") (lower train.lr or raise train.adam_eps, then resume from it)"),
+            std::string::npos)
+      << msg;
+  ASSERT_TRUE(fs::exists(checkpoint_path(dir, first_bad + 1)));  // written during the skipped steps
+
+  // From the checkpoint named, with a lower lr, the steps go on finite (one skip would end it);
+  // from the next one they do not.
+  j["train"].update(
+      {{"lr", 1e-3}, {"min_lr", 1e-3}, {"max_bad_steps", 1}, {"steps", first_bad + 2}, {"checkpoint_every", 100}});
+  for (const int64_t from : {first_bad - 2, first_bad - 1}) {
+    j["train"]["out_dir"] = test::fresh_dir("bad_steps_from_" + std::to_string(from - first_bad + 2));
+    const Config cfg = Config::from_json(j, "n");
+    if (from == first_bad - 2)
+      EXPECT_EQ(run_training(cfg, checkpoint_path(dir, from)), 0);
+    else
+      EXPECT_THROW(run_training(cfg, checkpoint_path(dir, from)), Diverged);
+  }
+
+  const std::string kept = test::fresh_dir("bad_steps_keep");
+  msg = run_into_non_finite_steps(kept, 2).second;
+  EXPECT_NE(msg.find("the last checkpoint before them is none left: " + checkpoint_path(kept, first_bad - 2) +
+                     " (step " + std::to_string(first_bad - 2) +
+                     ") was removed to keep train.keep_last (2) newer ones (lower train.lr or raise "
+                     "train.adam_eps, then resume from an earlier one or start over)"),
+            std::string::npos)
+      << msg;
+}
+
 // A run that diverges through the CLI: exit status 3 and one `linac train: error:` line.
 // lr * weight_decay = 100 multiplies every matrix by -99 per step, so the weights overflow f32
 // within ~20 steps whatever the data.
