@@ -294,14 +294,62 @@ bool inside(const std::string& inner, const std::string& outer) {
          (inner[outer.size()] == '.' || inner[outer.size()] == '[');
 }
 
+// The config's key paths a text names ("model.d_model"; sentence dots dropped), from `from` on.
+std::vector<std::string> keys_named(const std::string& text, size_t from) {
+  std::vector<std::string> keys;
+  for (size_t i = from; i < text.size();) {
+    if (!path_char(text[i]) || (i > 0 && path_char(text[i - 1]))) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < text.size() && path_char(text[j])) ++j;
+    std::string word = text.substr(i, j - i);
+    while (!word.empty() && word.back() == '.') word.pop_back();
+    for (const char* section : {"model.", "data.", "train."})
+      if (word.rfind(section, 0) == 0 && word.size() > std::strlen(section)) keys.push_back(word);
+    i = j;
+  }
+  return keys;
+}
+
 }  // namespace
+
+// Where the values of `keys` came from: the --set assignments that gave them (the key, or an
+// object holding it; setting a key inside the object `at` names counts for `at`, not for keys
+// named in passing), in the keys' order, and whether any came from the file.
+Config::Sources Config::sources(const std::vector<std::string>& keys, const std::string& at) const {
+  Sources s;
+  for (const std::string& key : keys) {
+    std::string by;
+    for (auto o = overrides.rbegin(); o != overrides.rend() && by.empty(); ++o) {  // the last one wins
+      const std::string set = o->substr(0, o->find('='));
+      if (set == key || inside(key, set) || (key == at && inside(set, key))) by = set;
+    }
+    if (by.empty())
+      s.file = true;
+    else if (std::find(s.sets.begin(), s.sets.end(), by) == s.sets.end())
+      s.sets.push_back(by);
+  }
+  return s;
+}
+
+std::string Config::Sources::text(const std::string& source) const {
+  std::string t = file ? source + (sets.empty() ? "" : " with ") : "";
+  for (size_t i = 0; i < sets.size(); ++i) t += (i ? ", --set " : "--set ") + sets[i];
+  return t;
+}
+
+std::string Config::given(const std::string& text) const {
+  const Sources s = sources(keys_named(text, 0), "");
+  return (s.sets.empty() || s.file ? "in " : "given by ") + s.text(source);
+}
 
 // A message about the config names the file it blames ("cfg.json: model.n_heads: ..."): the key
 // it is about, then perhaps other keys the check read ("must divide model.d_model (760)"). A key
-// a --set gave (the key, or an object holding it) was never in the file, so the message names
-// that --set: "--set model.n_heads: ..." when its keys all came from one --set, else the file
-// "with --set model.d_model" (and any others), so a check across keys names every place its
-// values came from.
+// a --set gave was never in the file, so the message names that --set: "--set model.n_heads: ..."
+// when its keys all came from one --set, else the file "with --set model.d_model" (and any
+// others), so a check across keys names every place its values came from.
 std::string Config::blame(const std::string& message) const {
   if (overrides.empty() || message.rfind(source + ": ", 0) != 0) return message;
   const std::string rest = message.substr(source.size() + 2);
@@ -312,42 +360,13 @@ std::string Config::blame(const std::string& message) const {
     at = rest.substr(0, rest.find(": "));
     if (at.empty() || !std::all_of(at.begin(), at.end(), path_char)) return message;
   }
-  // The other keys it names: the config's sections' paths ("model.d_model"), sentence dots dropped.
-  std::vector<std::string> keys = {at};
-  for (size_t i = rest.find(": ") == std::string::npos ? rest.size() : rest.find(": "); i < rest.size();) {
-    if (!path_char(rest[i]) || (i > 0 && path_char(rest[i - 1]))) {
-      ++i;
-      continue;
-    }
-    size_t j = i;
-    while (j < rest.size() && path_char(rest[j])) ++j;
-    std::string word = rest.substr(i, j - i);
-    while (!word.empty() && word.back() == '.') word.pop_back();
-    for (const char* section : {"model.", "data.", "train."})
-      if (word.rfind(section, 0) == 0 && word.size() > std::strlen(section)) keys.push_back(word);
-    i = j;
-  }
-  std::vector<std::string> sets;  // the --set keys that gave them, in the message's order
-  bool from_file = false;
-  for (const std::string& key : keys) {
-    std::string by;
-    for (auto o = overrides.rbegin(); o != overrides.rend() && by.empty(); ++o) {  // the last one wins
-      const std::string set = o->substr(0, o->find('='));
-      // Setting a key inside the object the message is about counts for that key only: a
-      // message naming model.mixer in passing is not about every key under it.
-      if (set == key || inside(key, set) || (key == at && inside(set, key))) by = set;
-    }
-    if (by.empty())
-      from_file = true;
-    else if (std::find(sets.begin(), sets.end(), by) == sets.end())
-      sets.push_back(by);
-  }
-  if (sets.empty()) return message;
-  if (!from_file && sets.size() == 1)
-    return "--set " + (sets[0] == at && rest.rfind(at + ": ", 0) == 0 ? rest : sets[0] + ": " + rest);
-  std::string where = from_file ? source + " with " : "";
-  for (size_t i = 0; i < sets.size(); ++i) where += (i ? ", --set " : "--set ") + sets[i];
-  return where + ": " + rest;
+  std::vector<std::string> keys =
+      keys_named(rest, rest.find(": ") == std::string::npos ? rest.size() : rest.find(": "));
+  keys.insert(keys.begin(), at);
+  const Sources s = sources(keys, at);
+  if (s.sets.empty()) return message;
+  if (!s.file && s.sets.size() == 1 && s.sets[0] == at && rest.rfind(at + ": ", 0) == 0) return "--set " + rest;
+  return s.text(source) + ": " + rest;
 }
 
 Config Config::from_json_with_sets(json doc, const std::string& source, const std::vector<std::string>& overrides) {

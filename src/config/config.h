@@ -125,6 +125,17 @@ struct Config {
   // `message` as the user should read it: where it blames `source` for a value a --set gave (the
   // key it is about, or another key it names as "section.key"), it names that --set instead.
   std::string blame(const std::string& message) const;
+  // Where the values of the keys `text` names came from, for a message about them: "in cfg.json",
+  // "given by --set model.n_layers", "in cfg.json with --set model.d_model".
+  std::string given(const std::string& text) const;
+
+ private:
+  struct Sources {
+    bool file = false;                                  // some came from the file
+    std::vector<std::string> sets;                      // the keys of the --set assignments that gave the others
+    std::string text(const std::string& source) const;  // "cfg.json with --set a, --set b"
+  };
+  Sources sources(const std::vector<std::string>& keys, const std::string& at) const;
 };
 
 // fn(), its UserErrors worded by cfg.blame(): the checks made after loading (a mixer's shape, the

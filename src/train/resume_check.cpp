@@ -57,7 +57,7 @@ void check_resumable(const CheckpointData& meta, const std::string& path, const 
   if (const std::string where =
           model_difference(meta.config.value("model", json::object()), recorded["model"], path, cfg);
       !where.empty())
-    throw UserError(path + ": the checkpoint's model config differs from " + cfg.source + "'s at " + where +
+    throw UserError(path + ": the checkpoint's model config differs at " + where + " from the one " + cfg.given(where) +
                     "; refusing to resume");
   if (meta.state.loader.empty()) throw UserError(path + ": no data loader state to resume from");
   // The loader's position counts sequences of the run's layout: with another length, packing or
@@ -66,13 +66,13 @@ void check_resumable(const CheckpointData& meta, const std::string& path, const 
   const json their_data = meta.config.value("data", json::object()), our_data = recorded["data"];
   for (const char* key : {"type", "seq_len", "packing", "mqar"})
     if (their_data.contains(key) && their_data[key] != our_data.value(key, json()))
-      throw UserError(path + ": the checkpoint's data." + key + " (" + their_data[key].dump() + ") differs from " +
-                      cfg.source + "'s (" + our_data.value(key, json()).dump() +
-                      "), so the run cannot continue its data order; refusing to resume (train.init_from starts a "
+      throw UserError(path + ": the checkpoint's data." + key + " (" + their_data[key].dump() + ") differs from the " +
+                      our_data.value(key, json()).dump() + " " + cfg.given(std::string("data.") + key) +
+                      ", so the run cannot continue its data order; refusing to resume (train.init_from starts a "
                       "new run from its weights)");
   if (meta.state.step > cfg.train.steps)
-    throw UserError(cfg.source + ": train.steps (" + std::to_string(cfg.train.steps) + ") is below the step of " +
-                    path + " (" + std::to_string(meta.state.step) + "); raise it to train on from there");
+    throw UserError(cfg.source + ": train.steps: " + std::to_string(cfg.train.steps) + " is below the step of " + path +
+                    " (" + std::to_string(meta.state.step) + "); raise it to train on from there");
 }
 
 }  // namespace linac

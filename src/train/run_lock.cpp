@@ -33,7 +33,7 @@ std::string this_process() {
 
 }  // namespace
 
-RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
+RunLock::RunLock(const std::string& out_dir, const std::string& key) : dir_(out_dir) {
   std::error_code ec;
   if (!fs::exists(dir_, ec)) {
     // The directories this run makes, innermost first: a refused run takes them away again.
@@ -43,13 +43,13 @@ RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
       if (p == p.parent_path()) break;
     }
     created_dir_ = fs::create_directories(dir_, ec);
-    if (ec) throw UserError("train.out_dir: cannot create '" + dir_ + "': " + ec.message());
+    if (ec) throw UserError(key + ": cannot create '" + dir_ + "': " + ec.message());
   } else if (!fs::is_directory(dir_, ec)) {
-    throw UserError("train.out_dir: '" + dir_ + "' exists and is not a directory");
+    throw UserError(key + ": '" + dir_ + "' exists and is not a directory");
   }
   const std::string path = (fs::path(dir_) / kFileName).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw UserError("train.out_dir: cannot create the lock file '" + path + "': " + std::strerror(errno));
+  if (fd_ < 0) throw UserError(key + ": cannot create the lock file '" + path + "': " + std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = read_holder(fd_);
@@ -59,7 +59,7 @@ RunLock::RunLock(const std::string& out_dir) : dir_(out_dir) {
       throw UserError("train.out_dir '" + dir_ + "' is in use by another training run (" +
                       (holder.empty() ? std::string("holder unknown") : holder) +
                       "): wait for it to end, stop it, or choose another out_dir");
-    throw UserError("train.out_dir: cannot lock '" + path + "': " + std::strerror(err));
+    throw UserError(key + ": cannot lock '" + path + "': " + std::strerror(err));
   }
   // Record the holder for the message a refused run prints. Best effort: the lock, not the
   // text, is what excludes other runs.

@@ -20,8 +20,9 @@ class RunLock {
  public:
   // Creates out_dir (and parents) when missing, then takes the lock. Throws a UserError naming
   // the directory and the process holding it when another run has it, or naming the cause when
-  // the directory or the lock file cannot be created.
-  explicit RunLock(const std::string& out_dir);
+  // the directory or the lock file cannot be created; `key` begins those messages
+  // ("cfg.json: train.out_dir").
+  RunLock(const std::string& out_dir, const std::string& key);
   // Releases the lock. When this lock created the directory and the run never started (it was
   // refused while it set up: a config, its data or a checkpoint found wrong), removes the
   // directory with what the refused run wrote there (the lock file, its log).

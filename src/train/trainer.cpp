@@ -262,7 +262,7 @@ void Trainer::open_ranks() {
 std::unique_ptr<CheckpointReader> Trainer::open_run_dir(const std::string& resume) {
   std::vector<Note> notes;
   if (root_) {
-    lock_ = std::make_unique<RunLock>(tc_.out_dir);
+    lock_ = std::make_unique<RunLock>(tc_.out_dir, cfg_.source + ": train.out_dir");
     // Every checkpoint renames a new ckpt/latest over it: found out at the first one otherwise.
     const fs::path latest = fs::path(tc_.out_dir) / "ckpt" / "latest";
     std::error_code ec;

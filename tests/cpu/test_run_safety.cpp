@@ -42,12 +42,12 @@ std::string user_error_of(const std::function<void()>& fn) {
 TEST(RunLock, SecondHolderIsRefusedUntilTheFirstLetsGo) {
   const std::string dir = test::fresh_dir("lock") + "/run";
   {
-    const RunLock first(dir);
-    const std::string msg = user_error_of([&] { RunLock second(dir); });
+    const RunLock first(dir, "train.out_dir");
+    const std::string msg = user_error_of([&] { RunLock second(dir, "train.out_dir"); });
     EXPECT_NE(msg.find("in use by another training run (pid " + std::to_string(::getpid())), std::string::npos) << msg;
     EXPECT_NE(msg.find(dir), std::string::npos) << msg;
   }
-  const RunLock again(dir);  // released with the first
+  const RunLock again(dir, "train.out_dir");  // released with the first
 }
 
 // The lock belongs to the process: a holder killed by SIGKILL runs no destructor, and the next
@@ -59,7 +59,7 @@ TEST(RunLock, AKilledHolderReleasesIt) {
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    const RunLock held(dir);
+    const RunLock held(dir, "train.out_dir");
     const char c = 1;
     [[maybe_unused]] ssize_t n = write(ready[1], &c, 1);
     pause();
@@ -67,12 +67,12 @@ TEST(RunLock, AKilledHolderReleasesIt) {
   }
   char c = 0;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
-  const std::string msg = user_error_of([&] { RunLock second(dir); });
+  const std::string msg = user_error_of([&] { RunLock second(dir, "train.out_dir"); });
   EXPECT_NE(msg.find("pid " + std::to_string(pid)), std::string::npos) << msg;
   kill(pid, SIGKILL);
   int st = 0;
   waitpid(pid, &st, 0);
-  EXPECT_NO_THROW(RunLock after(dir));
+  EXPECT_NO_THROW(RunLock after(dir, "train.out_dir"));
   close(ready[0]);
   close(ready[1]);
 }
@@ -81,12 +81,13 @@ TEST(RunLock, AKilledHolderReleasesIt) {
 // that existed.
 TEST(RunLock, ARefusedRunLeavesNoDirectoryItCreated) {
   const std::string base = test::fresh_dir("lock_clean");
-  { const RunLock l(base + "/new"); }
+  { const RunLock l(base + "/new", "train.out_dir"); }
   EXPECT_FALSE(fs::exists(base + "/new"));
-  { const RunLock l(base); }
+  { const RunLock l(base, "train.out_dir"); }
   EXPECT_TRUE(fs::exists(base));
   std::ofstream(base + "/file") << "x";
-  EXPECT_NE(user_error_of([&] { RunLock l(base + "/file"); }).find("not a directory"), std::string::npos);
+  EXPECT_NE(user_error_of([&] { RunLock l(base + "/file", "train.out_dir"); }).find("not a directory"),
+            std::string::npos);
 }
 
 TEST(RunLock, RemovesStaleTempFilesOnly) {
@@ -450,8 +451,8 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
   // The loader's position counts sequences: at another length it would name other tokens.
   expect_refused("train " + cfg + " --resume auto --set data.seq_len=16",
-                 "the checkpoint's data.seq_len (32) differs from " + cfg +
-                     "'s (16), so the run cannot continue its data order; refusing to resume");
+                 "the checkpoint's data.seq_len (32) differs from the 16 given by --set data.seq_len, so the run "
+                 "cannot continue its data order; refusing to resume");
   EXPECT_EQ(test::file_bytes(dir + "/config.json"), config_before);
   // A fresh run refused after its lock was taken leaves no directory behind, nor the parents it made.
   expect_refused("train " + cfg + " --set train.out_dir=" + base + "/new/a/b" + too_long, "fewer than seq_len + 1");
@@ -465,10 +466,12 @@ TEST(RunSafety, ARefusedRunChangesNothingOnDisk) {
   EXPECT_FALSE(fs::exists(base + "/other"));
   expect_refused("eval --checkpoint " + ckpt + " --data " + other, "its SentencePiece model is not");
   // A run already past train.steps.
-  expect_refused("train " + cfg + " --resume auto --set train.steps=1", "train.steps (1) is below the step of");
+  expect_refused("train " + cfg + " --resume auto --set train.steps=1",
+                 "error: --set train.steps: 1 is below the step of");
   // A model config that differs names where.
   expect_refused("train " + cfg + " --resume auto --set model.mixer.window=8",
-                 "differs from " + cfg + "'s at model.mixer.window");
+                 "the checkpoint's model config differs at model.mixer.window (layer 0, attention) from the one given "
+                 "by --set model.mixer.window; refusing to resume");
   // A checkpoint of another run into a directory with its own checkpoints would mix the two runs
   // and prune this one's.
   const std::string other_run = base + "/other_run";

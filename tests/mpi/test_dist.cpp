@@ -294,7 +294,7 @@ TEST_F(Dist, AJobIntoAHeldDirectoryIsRefused) {
   const std::string cfg = write_config(dir, j);
   std::string out;
   {
-    const RunLock held(dir + "/run");
+    const RunLock held(dir + "/run", "train.out_dir");
     EXPECT_EQ(run_shell(mpirun(2, "train " + cfg), out), 2) << out;
     EXPECT_NE(out.find("is in use by another training run (pid " + std::to_string(::getpid())), std::string::npos) << out;
     EXPECT_FALSE(fs::exists(dir + "/run/metrics.jsonl")) << out;
