@@ -102,8 +102,11 @@ int bench_generate(Args& args, const std::string& path) {
 
   auto tps = [](int64_t tokens, double ms) { return ms > 0 ? static_cast<double>(tokens) / (ms / 1e3) : 0.0; };
   if (as_json) {
-    json j = {{"model", path}, {"device", device_desc}, {"precision", im.cfg.train.precision},
-              {"params", model.n_params()}, {"rows", json::array()}};
+    json j = {{"model", path},
+              {"device", device_desc},
+              {"precision", precision_in_effect(model.env().act)},
+              {"params", model.n_params()},
+              {"rows", json::array()}};
     for (const auto& r : rows)
       j["rows"].push_back({{"batch", r.batch}, {"prompt_len", r.prompt}, {"gen_len", r.gen},
                            {"prefill_ms", r.prefill_ms}, {"prefill_tokens_per_s", tps(r.batch * r.prompt, r.prefill_ms)},
@@ -116,8 +119,11 @@ int bench_generate(Args& args, const std::string& path) {
     return 0;
   }
   std::printf("%s on %s (%s), %s parameters: prefill in one pass, then %lld greedy decode steps%s\n", path.c_str(),
-              device_desc.c_str(), im.cfg.train.precision.c_str(), human_count(static_cast<double>(model.n_params())).c_str(),
-              static_cast<long long>(gen), rows.empty() ? "" : rows[0].graph ? " (CUDA graph)" : " (eager)");
+              device_desc.c_str(), precision_in_effect(model.env().act),
+              human_count(static_cast<double>(model.n_params())).c_str(), static_cast<long long>(gen),
+              rows.empty()    ? ""
+              : rows[0].graph ? " (CUDA graph)"
+                              : " (eager)");
   std::printf("%6s %7s %14s %14s %14s %14s %12s %14s\n", "B", "prompt", "prefill tok/s", "decode tok/s", "first steps",
               "last steps", "GPU memory", "of it: state");
   for (const auto& r : rows) {

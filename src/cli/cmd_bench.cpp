@@ -248,7 +248,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
   const GradReducer* red = run.stepper->reducer();
   json j = {{"config", path},
             {"device", run.gpu ? gpu_info().name : std::string("CPU")},
-            {"precision", run.cfg.train.precision},
+            {"precision", precision_in_effect(run.model->env().act)},
             {"packing", o.doc_len > 0 ? "document" : "stream"},
             {"ranks", run.comm->world()},
             {"overlap_comm", run.cfg.train.overlap_comm},
@@ -297,11 +297,11 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   if (!o.tune_path.empty() || !cfg.train.gemm_algos.empty())
     dist += ", GEMM algorithms from " + (o.tune_path.empty() ? cfg.train.gemm_algos : o.tune_path);
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",
-              path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", cfg.train.precision.c_str(),
+              path.c_str(), world, run.gpu ? gpu_info().name.c_str() : "CPU", precision_in_effect(run.model->env().act),
               cfg.train.recompute.c_str(),
-              o.doc_len > 0 ? (", document packing, mean document length " + std::to_string(std::llround(o.doc_len)))
-                                  .c_str()
-                            : "",
+              o.doc_len > 0
+                  ? (", document packing, mean document length " + std::to_string(std::llround(o.doc_len))).c_str()
+                  : "",
               run.model->params().sharded() ? (", ZeRO-" + std::to_string(cfg.train.zero)).c_str() : "",
               human_count(static_cast<double>(run.model->n_params())).c_str(), static_cast<long long>(o.steps),
               static_cast<long long>(o.warmup), dist.c_str());

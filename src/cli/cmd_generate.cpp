@@ -110,6 +110,11 @@ GenerateOptions parse_options(Args& args) {
   if (seed < 0) throw UserError("--seed must be >= 0");
   o.sampling.seed = static_cast<uint64_t>(seed);
   o.sampling.validate();
+  // Greedy decoding draws nothing: the options of the draw would be ignored, so they are refused.
+  if (o.sampling.temperature == 0)
+    for (const char* name : {"top-k", "top-p", "seed"})
+      if (args.get(name))
+        throw UserError(std::string("--") + name + " applies to sampling, and --temperature 0 decodes greedily");
   return o;
 }
 

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage(argc < 2 ? stderr : stdout);
+    if (argc >= 2 && (std::fflush(stdout) != 0 || std::ferror(stdout)))
+      return error_exit("", "", "error", std::string("cannot write to standard output: ") + std::strerror(errno),
+                        linac::kExitUserError);
     return argc < 2 ? 2 : 0;
   }
   const std::string name = argv[1];

@@ -135,6 +135,13 @@ void check_options(const PrepareOptions& o) {
     fs::create_directories(parent, ec);
     if (ec) throw UserError("cannot create output directory " + parent.string() + ": " + ec.message());
   }
+  // A place no file can be made in is said now, not after the tokenizer's training and the
+  // corpus's pass: a file is made beside the output and taken away again.
+  const std::string probe = o.out + ".probe-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw UserError("cannot write " + o.out + ": " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 Tokenizer load_tokenizer(const PrepareOptions& o) {
@@ -281,7 +288,10 @@ void write_dataset(const PrepareOptions& opts, const TokenFileMeta& meta, Prepar
     writer.finish();
     tmp.commit(opts.out, opts.force);
   } catch (const h5::Failure& e) {
-    throw UserError("cannot write " + opts.out + " (temporary " + tmp.path() + ", removed): " + e.reason());
+    std::error_code ec;
+    const bool made = fs::exists(tmp.path(), ec);  // removed as tmp goes out of scope
+    throw UserError("cannot write " + opts.out + (made ? " (temporary " + tmp.path() + ", removed)" : "") + ": " +
+                    e.reason());
   }
 }
 

@@ -9,6 +9,7 @@
 #include "config/json_reader.h"
 #include "data/tokenizer.h"
 #include "export/hf_llama.h"
+#include "model/mixers/attention.h"
 #include "model/param_store.h"
 #include "reduce/reduce.h"
 
@@ -38,9 +39,11 @@ json rope_block(JsonReader& r, const std::string& block, json mixer) {
   if (type == "default") return mixer;
   if (type != "llama3") s.fail(key, "linac implements Llama 3's RoPE scaling (llama3) only, got '" + type + "'");
   json& scaling = mixer["rope_scaling"] = {{"type", "llama3"}};
+  using O = AttentionMixerOptions;
   for (const char* f : {"factor", "low_freq_factor", "high_freq_factor"}) {
     if (!s.has(f)) s.fail(f, "is required for llama3 scaling");
-    scaling[f] = s.get_double(f, 0, 0, 1e12);
+    scaling[f] =
+        s.get_double(f, 0, std::strcmp(f, "factor") == 0 ? O::kScalingFactorMin : O::kFreqFactorMin, O::kScalingMax);
   }
   if (!s.has("original_max_position_embeddings"))
     s.fail("original_max_position_embeddings", "is required for llama3 scaling");

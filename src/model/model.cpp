@@ -24,6 +24,8 @@ Precision Precision::resolve(Device device, const std::string& precision) {
   return {DType::F32, DType::F32, DType::F32, DType::F32};
 }
 
+const char* precision_in_effect(DType act) { return act == DType::BF16 ? "bf16" : act == DType::F64 ? "fp64" : "fp32"; }
+
 ModelOptions ModelOptions::for_training(const Config& cfg, int rank, int world) {
   const TrainConfig& tc = cfg.train;
   const bool zero = tc.zero > 0 && world > 1;

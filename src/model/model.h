@@ -38,6 +38,9 @@ struct Precision {
   DType master, act, resid, stat;
   static Precision resolve(Device device, const std::string& precision);
 };
+// The train.precision a model with activations in `act` computes in: "fp32" for a bf16 config on
+// the CPU, which computes in its master dtype.
+const char* precision_in_effect(DType act);
 
 // How a Model is built. Inference and checks name what they need, e.g.
 // {.precision = "fp64"}; a training run's options come from its config once (for_training).

@@ -325,6 +325,9 @@ TEST(CliErrors, WhatACommandDoesNotReadAndOutputItCannotWriteAreErrors) {
         out.find("linac eval: error: cannot write to standard output: ", last == std::string::npos ? 0 : last + 1),
         last == std::string::npos ? 0 : last + 1)
         << redirect << ": " << out;
+    // The top-level help as well.
+    EXPECT_EQ(test::run_shell("{ " + bin + " --help 2>&3 " + redirect + "; } 3>&1", out), 2) << redirect << ": " << out;
+    EXPECT_EQ(out.rfind("linac: error: cannot write to standard output: ", 0), 0u) << redirect << ": " << out;
   }
 }
 

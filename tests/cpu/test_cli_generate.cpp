@@ -180,6 +180,13 @@ TEST(CliGenerate, BadInputIsOneLineAndExit2) {
   expect_one_line_user_error("generate" + ck + " --prompt x --top-p 1.5");
   expect_one_line_user_error("generate" + ck + " --prompt x --top-k -1");
   expect_one_line_user_error("generate" + ck + " --prompt x --batch 0");
+  // What only a draw uses is refused under greedy decoding, not ignored.
+  for (const char* draw : {" --top-k 5", " --top-p 0.5", " --seed 7"}) {
+    expect_one_line_user_error("generate" + ck + " --prompt x --temperature 0" + draw);
+    std::string out;
+    test::run_linac("generate" + ck + " --prompt x --temperature 0" + draw, out);
+    EXPECT_NE(out.find("applies to sampling, and --temperature 0 decodes greedily"), std::string::npos) << out;
+  }
   expect_one_line_user_error("generate" + ck + " --prompt x --device tpu");
   expect_one_line_user_error("generate --checkpoint /nonexistent.h5 --prompt x");
   const std::string out = " --out " + test::fresh_dir("export_bad");

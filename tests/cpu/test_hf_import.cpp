@@ -381,6 +381,14 @@ TEST(HfImport, ConfigsLinacCannotRepresentAreRefusedNamingTheField) {
       {{{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}, "config.json: rope_scaling.type: "},
       {{{"rope_scaling", {{"rope_type", "dynamic"}, {"factor", 4.0}}}}, "'dynamic'"},
       {{{"rope_scaling", {{"rope_type", "llama3"}, {"factor", 4.0}}}}, "rope_scaling.low_freq_factor: is required"},
+      // The range named is the one linac's own config takes (a factor below 1 would shrink the context).
+      {{{"rope_scaling",
+         {{"rope_type", "llama3"},
+          {"factor", 0.5},
+          {"low_freq_factor", 1.0},
+          {"high_freq_factor", 4.0},
+          {"original_max_position_embeddings", 8192}}}},
+       "config.json: rope_scaling.factor: must be in [1, 1e+06], got 0.5"},
   };
   for (const auto& [patch, want] : cases) {
     json j = ok;

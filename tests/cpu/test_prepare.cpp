@@ -404,6 +404,10 @@ TEST(PrepareCli, BadInputsExitWithStatus2AndOneLine) {
     EXPECT_EQ(test::read_file(out), keep) << c.message;
     EXPECT_FALSE(dir.has_temp_files()) << c.message;
   }
+  // An output where no file can be made is said before the tokenizer is trained (no log line).
+  const auto r = test::run_linac({"prepare", "--input", corpus, "--out", "/proc/linac_prepare.h5"}, dir);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.err, "linac prepare: error: cannot write /proc/linac_prepare.h5: No such file or directory\n");
 }
 
 // --force never lets the dataset replace a file it is made from: a named input, one found in an

@@ -43,7 +43,8 @@ TEST(RecomputeCpu, BlockRecomputeKeepsBlockInputsAndOneBlock) {
 }
 
 // `linac bench` reports the peak of linac's buffers: recompute lowers it (here on the CPU, where
-// the buffers are host memory).
+// the buffers are host memory). It reports the precision the step ran in: a bf16 config computes
+// in fp32 on the CPU.
 TEST(RecomputeCpu, BenchPeakMemoryFalls) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string dir = test::fresh_dir("recompute_bench");
@@ -56,9 +57,14 @@ TEST(RecomputeCpu, BenchPeakMemoryFalls) {
   double prev = 0;
   for (const char* r : {"none", "mixer", "block"}) {
     std::string out;
-    ASSERT_EQ(test::run_linac("bench " + cfg + " --steps 1 --warmup 0 --json --set train.recompute=" + r, out), 0) << out;
+    ASSERT_EQ(test::run_linac("bench " + cfg + " --steps 1 --warmup 0 --json --set train.precision=bf16 " +
+                                  "--set train.recompute=" + r,
+                              out),
+              0)
+        << out;
     const json res = json::parse(out.substr(out.find('{')));
     EXPECT_EQ(res["recompute"], r);
+    EXPECT_EQ(res["precision"], "fp32");
     const double peak = res["rows"][0]["peak_bytes"];
     EXPECT_GT(peak, 0) << r;
     // One timed step: its mean, median and slowest are that step.

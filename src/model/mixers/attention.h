@@ -27,6 +27,8 @@
 namespace linac {
 
 struct AttentionMixerOptions {
+  // The ranges rope_scaling's numbers take (an import checks a Hugging Face config against them).
+  static constexpr double kScalingFactorMin = 1, kFreqFactorMin = 1e-6, kScalingMax = 1e6;
   RopeFreqs rope_freqs{10000.0};  // rope_base and rope_scaling
   bool rope = true;
   int64_t window = 0;  // 0: full causal attention; > 0: sliding window of this many keys (self included)
