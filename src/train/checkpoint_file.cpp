@@ -18,7 +18,11 @@ namespace linac {
 
 namespace {
 
-constexpr int64_t kFormatVersion = 2;  // 2: content hashes
+// 2: content hashes; 3: /config a fixed-length string. Format 2 kept /config as a variable-length
+// string, whose bytes live in an HDF5 global heap: nothing checksums that heap, and HDF5 1.10
+// loops forever on one with a damaged size field (one byte changed hung every command that read
+// the file). A fixed-length string is the dataset's own bytes, which /config's hash covers.
+constexpr int64_t kFormatVersion = 3, kOldestFormatRead = 2;
 const char* const kStateAttrs[] = {"format_version", "step", "updates", "tokens_seen", "world_size", "seed"};
 // Bytes per pwrite of a tensor's values.
 constexpr uint64_t kSlabBytes = uint64_t{64} << 20;
@@ -38,27 +42,38 @@ void set_hash_attr(hid_t obj, const std::string& name, uint64_t h) { h5::set_att
 
 uint64_t hash_attr(hid_t obj, const std::string& name) { return static_cast<uint64_t>(h5::attr_int(obj, name)); }
 
-// A scalar variable-length UTF-8 string dataset: what h5py reads back as a str.
+// A scalar fixed-length UTF-8 string dataset, NUL-terminated (h5py reads it as bytes).
 h5::Id write_string(hid_t loc, const std::string& name, const std::string& s) {
   h5::Id type(LINAC_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
+  LINAC_H5_CHECK(H5Tset_size(type.get(), s.size() + 1));
+  LINAC_H5_CHECK(H5Tset_strpad(type.get(), H5T_STR_NULLTERM));
   LINAC_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
   h5::Id space(LINAC_H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
   h5::Id ds(LINAC_H5_CHECK(H5Dcreate2(loc, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
             H5Dclose);
-  const char* p = s.c_str();
-  LINAC_H5_CHECK(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p));
+  LINAC_H5_CHECK(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.c_str()));
   return ds;
 }
 
-std::string read_string(hid_t loc, const std::string& name) {
+// The string write_string wrote, or in a format 2 file the variable-length string of then.
+std::string read_string(hid_t loc, const std::string& name, int64_t format) {
   h5::Id ds(LINAC_H5_CHECK(H5Dopen2(loc, name.c_str(), H5P_DEFAULT)), H5Dclose);
   h5::Id ftype(LINAC_H5_CHECK(H5Dget_type(ds.get())), H5Tclose);
-  if (H5Tget_class(ftype.get()) != H5T_STRING || LINAC_H5_CHECK(H5Tis_variable_str(ftype.get())) <= 0)
-    throw h5::Failure("/" + name + " is not a variable-length string", "/" + name + " is not a variable-length string");
+  const bool variable = H5Tget_class(ftype.get()) == H5T_STRING && LINAC_H5_CHECK(H5Tis_variable_str(ftype.get())) > 0;
+  if (H5Tget_class(ftype.get()) != H5T_STRING || variable != (format == 2)) {
+    const std::string what = "/" + name + " is not a " + (format == 2 ? "variable" : "fixed") + "-length string";
+    throw h5::Failure(what, what);
+  }
   h5::Id type(LINAC_H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
-  LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
   LINAC_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  if (!variable) {
+    std::string s(H5Tget_size(ftype.get()), '\0');
+    LINAC_H5_CHECK(H5Tset_size(type.get(), s.size()));
+    LINAC_H5_CHECK(H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()));
+    s.resize(std::strlen(s.c_str()));
+    return s;
+  }
+  LINAC_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
   char* p = nullptr;
   LINAC_H5_CHECK(H5Dread(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, &p));
   std::string s = p ? p : "";
@@ -232,9 +247,9 @@ CheckpointFile CheckpointFile::open(const std::string& path, bool need_config) {
       if (!h5::has_attr(st.get(), a)) throw bad(std::string("/state has no attribute '") + a + "'");
       attrs.push_back(h5::attr_int(st.get(), a));
     }
-    if (attrs[0] != kFormatVersion)
+    if (attrs[0] < kOldestFormatRead || attrs[0] > kFormatVersion)
       throw bad("checkpoint format_version " + std::to_string(attrs[0]) + ", this linac reads " +
-                std::to_string(kFormatVersion));
+                std::to_string(kOldestFormatRead) + " to " + std::to_string(kFormatVersion));
     if (!h5::has_attr(root, "content_hash")) throw bad("no content_hash attribute (incomplete checkpoint)");
 
     // The manifest first: it vouches for every dataset's shape and hash attribute.
@@ -267,7 +282,7 @@ CheckpointFile CheckpointFile::open(const std::string& path, bool need_config) {
 
     // Then the small datasets' bytes.
     if (out.datasets.count("config")) {
-      const std::string text = read_string(root, "config");
+      const std::string text = read_string(root, "config", attrs[0]);
       if (content_hash(text) != out.datasets["config"].hash) throw bad("checksum mismatch in /config (the file is corrupted)");
       try {
         out.data.config = json::parse(text);
