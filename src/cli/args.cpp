@@ -100,8 +100,21 @@ std::vector<std::string> Args::positionals() {
 }
 
 void Args::finish() const {
+  // An option the usage names belongs to another form of the command (bench --op, --generate).
+  const auto in_usage = [&](const std::string& name) {
+    const std::string word = "--" + name;
+    for (size_t at = usage_.find(word); at != std::string::npos; at = usage_.find(word, at + 1)) {
+      const size_t end = at + word.size();
+      if (end == usage_.size() || !(std::isalnum(static_cast<unsigned char>(usage_[end])) || usage_[end] == '-'))
+        return true;
+    }
+    return false;
+  };
   for (const auto& o : opts_)
-    if (!o.used) throw UserError("unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
+    if (!o.used)
+      throw UserError(in_usage(o.name) ? "--" + o.name + " does not apply to this form of 'linac " + cmd_ +
+                                             "' (see --help for the one it belongs to)"
+                                       : "unknown option --" + o.name + " for 'linac " + cmd_ + "' (see --help)");
   if (!dashed_.empty())
     throw UserError("unknown option " + dashed_[0] + " for 'linac " + cmd_ + "' (options begin with --; see --help)");
   if (!positionals_read_ && !positionals_.empty())

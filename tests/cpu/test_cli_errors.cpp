@@ -305,6 +305,10 @@ TEST(CliErrors, WhatACommandDoesNotReadAndOutputItCannotWriteAreErrors) {
       {"generate --checkpoint " + ckpt + " --prompt a --prompt b", "option --prompt is given 2 times"},
       {"export --checkpoint " + ckpt + " --out " + dir + "/x junk", "unexpected argument 'junk' for 'linac export'"},
       {"bench --generate " + ckpt + " cfg.json", "unexpected argument 'cfg.json' for 'linac bench'"},
+      // An option of another form of the command is named as such, not as unknown.
+      {"bench --generate " + ckpt + " --seq-lens 64",
+       "--seq-lens does not apply to this form of 'linac bench' (see --help for the one it belongs to)"},
+      {"eval --checkpoint " + ckpt + " --bogus 1", "unknown option --bogus for 'linac eval' (see --help)"},
   };
   for (const auto& [args, what] : cases) {
     std::string out;
