@@ -402,6 +402,8 @@ TEST(CliErrors, MessagesNameWhatWasGiven) {
       {"bench " + cfg + " --tokens-per-step 0", "--micro-tokens and --tokens-per-step must be at least 1"},
       {"train " + cfg + " --resume ''", "--resume is empty; give auto or a checkpoint's path"},
       {"train " + cfg + " --set train.out_dir=", "error: --set train.out_dir: is empty"},
+      {"train " + cfg + " --set train.out_dir=" + cfg,
+       "error: --set train.out_dir: '" + cfg + "' exists and is not a directory"},
       {"train " + cfg + " --set train.steps=0", "error: --set train.steps: must be in [1, "},
       {"train " + cfg + " --set data.mqar.vocab=8",
        "error: " + cfg + " with --set data.mqar.vocab: data.mqar: applies to data.type 'mqar' only"},
