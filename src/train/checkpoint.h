@@ -1,7 +1,8 @@
 // Checkpoints (HDF5), in one of two layouts that CheckpointReader reads alike:
 //
 // Single file, <out_dir>/ckpt/step_000123.h5 (a run of one process, linac import):
-//   /config                 JSON of the resolved run config (variable-length string)
+//   /config                 JSON of the resolved run config (fixed-length string; variable-length
+//                           in format 2)
 //   /params/<name>          master weights, fp32, shapes as in docs/training.md "Parameter names"
 //   /buffers/<name>         non-gradient model state (Transformer-VQ's codebook statistics)
 //   /optim/m/<name>, /optim/v/<name>   AdamW moments (absent in weights-only files)
