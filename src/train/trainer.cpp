@@ -624,7 +624,13 @@ Diverged Trainer::diverged(const std::string& why, int64_t good_step, const std:
                                             : "resume from an earlier one or start over";
   const std::string msg = "training diverged at step " + why + "; the last checkpoint " + good + " is " + last + " (" +
                           (remedy.empty() ? then : remedy + ", then " + then) + note + ")";
-  log_->error("{}", msg);
+  // The console gets it once, as the command's error line; train.log keeps why the run ended.
+  for (const spdlog::sink_ptr& sink : log_->sinks())
+    if (std::dynamic_pointer_cast<spdlog::sinks::basic_file_sink_mt>(sink)) {
+      spdlog::logger file_only("linac", sink);
+      file_only.error("{}", msg);
+      file_only.flush();
+    }
   return Diverged(msg);
 }
 

@@ -414,6 +414,12 @@ TEST(RunSafety, DivergedRunExitsWithItsOwnStatus) {
   EXPECT_EQ(test::run_linac("train " + write_cfg(base, j), out), 3) << out;
   EXPECT_NE(out.find("\nlinac train: error: training diverged at step "), std::string::npos) << out;
   EXPECT_EQ(out.find("internal error"), std::string::npos) << out;
+  // Said once on the console (the error line, not a log line too), and kept in train.log.
+  const size_t first = out.find("training diverged at step ");
+  EXPECT_EQ(out.find("training diverged at step ", first + 1), std::string::npos) << out;
+  std::ifstream log(base + "/run/train.log");
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find("training diverged at step "), std::string::npos) << logged;
   expect_checkpoints_finite(base + "/run");
 }
 
