@@ -39,10 +39,9 @@ AttentionMixerOptions AttentionMixerOptions::parse(const json& o, const std::str
     JsonReader s = r.child("rope_scaling");
     s.get_choice("type", "llama3", {"llama3"});
     RopeFreqs& f = opt.rope_freqs;
-    using O = AttentionMixerOptions;
-    f.factor = s.get_double("factor", 8.0, O::kScalingFactorMin, O::kScalingMax);
-    f.low_freq_factor = s.get_double("low_freq_factor", f.low_freq_factor, O::kFreqFactorMin, O::kScalingMax);
-    f.high_freq_factor = s.get_double("high_freq_factor", f.high_freq_factor, O::kFreqFactorMin, O::kScalingMax);
+    f.factor = s.get_double("factor", 8.0, kScalingFactorMin, kScalingMax);
+    f.low_freq_factor = s.get_double("low_freq_factor", f.low_freq_factor, kFreqFactorMin, kScalingMax);
+    f.high_freq_factor = s.get_double("high_freq_factor", f.high_freq_factor, kFreqFactorMin, kScalingMax);
     f.original_context = static_cast<double>(
         s.get_int("original_max_position_embeddings", static_cast<int64_t>(f.original_context), 1, int64_t(1) << 40));
     if (f.high_freq_factor <= f.low_freq_factor)
