@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """One line per kernel launch of an `ncu --csv --page details` report: duration, the SM, L2 and
-DRAM throughputs (% of peak), grid and cluster size, achieved warps per SM and registers per thread
-(where the report has the Occupancy and LaunchStats sections), warp instructions issued per
-scheduler and cycle and millions executed (SchedulerStats, InstructionStats), and the kernel's
-name, shortened."""
+DRAM throughputs (% of peak), the SM clock (GHz), the tensor pipe's active cycles (% of the elapsed
+ones, where the report was taken with `--metrics
+sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed`), grid and cluster size, achieved
+warps per SM and registers per thread (where the report has the Occupancy and LaunchStats
+sections), warp instructions issued per scheduler and cycle and millions executed (SchedulerStats,
+InstructionStats), and the kernel's name, shortened."""
 import csv
 import sys
 from collections import OrderedDict
@@ -13,6 +15,8 @@ WANT = OrderedDict([
     ("Compute (SM) Throughput", "SM%"),
     ("L2 Cache Throughput", "L2%"),
     ("DRAM Throughput", "DRAM%"),
+    ("SM Frequency", "GHz"),
+    ("sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed", "tensor%"),
     ("Grid Size", "grid"),
     ("Cluster Size", "cluster"),
     ("Achieved Active Warps Per SM", "warps"),
@@ -20,9 +24,9 @@ WANT = OrderedDict([
     ("Issued Warp Per Scheduler", "issue"),
     ("Executed Instructions", "Minst"),
 ])
-# Column format by position: the duration, three percentages, then grid, cluster, warps, regs,
-# the issue rate and the instructions.
-FORMATS = ["%9.1f", "%6.1f", "%6.1f", "%6.1f", "%7d", "%7d", "%6.1f", "%5d", "%5.2f", "%7.1f"]
+# Column format by position: the duration, three percentages, the clock, a percentage, then grid,
+# cluster, warps, regs, the issue rate and the instructions.
+FORMATS = ["%9.1f", "%6.1f", "%6.1f", "%6.1f", "%5.2f", "%7.1f", "%7d", "%7d", "%6.1f", "%5d", "%5.2f", "%7.1f"]
 
 
 def main(path):
@@ -46,6 +50,8 @@ def main(path):
                 continue
             if metric == "Duration":
                 v *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}.get(unit, 1.0)
+            elif metric == "SM Frequency":  # cycle/nsecond is GHz
+                v *= {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "cycle/usecond": 1e-3, "cycle/second": 1e-9}.get(unit.lower(), 1.0)
             elif metric == "Executed Instructions":
                 v *= 1e-6
             entry[metric] = v

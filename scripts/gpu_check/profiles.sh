@@ -9,6 +9,9 @@
 #              kernels/attention/NOTES.md)
 #   xentprof   the loss's register-row kernels under Nsight Compute: the 125M model's 32,000 logits
 #              held as f32, Latte-Macchiato's 50,264 packed as bf16 (kernels/cross_entropy/NOTES.md)
+#   power      each model's step with the GPU's power draw and SM clock sampled (scripts/power_summary.py),
+#              then the SM clock and tensor-pipe occupancy of one 125M step's GEMM kernels under Nsight
+#              Compute (docs/performance.md, "What holds the GEMMs")
 #   gemmtune   GEMM algorithm tables (docs/gemm_tuning.md) tuned per model, the step with and without
 #              them, alternating
 
@@ -42,6 +45,31 @@ if [ "$what" = gemms ]; then
     ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
     --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gemms.csv" 2>"$out/ncu_gemms.err"
   python3 scripts/ncu_summary.py "$out/ncu_gemms.csv" 2>&1 | tee -a "$out/gemms.txt"
+fi
+if [ "$what" = power ]; then
+  # Whether the steps run at the power limit: nvidia-smi samples every 50 ms while each model
+  # trains (the fields that this driver lacks left out), the samples under load summarised; then
+  # the clock and tensor-pipe occupancy of every GEMM kernel of a 2-layer 125M step.
+  fields=power.draw,power.limit,clocks.sm,clocks_event_reasons.sw_power_cap
+  nvidia-smi --query-gpu=$fields --format=csv,nounits -i 0 >/dev/null 2>&1 || fields=power.draw,power.limit,clocks.sm
+  for spec in "transformer_125m 32768 60" "gla_340m 32768 30" "based_360m 32768 30" "latte_macchiato_153m 32768 60" \
+    "transformer_vq_190m 32768 30" "transformer_1.3b 16384 20"; do
+    read -r c n k <<<"$spec"
+    nvidia-smi --query-gpu=$fields --format=csv,nounits -i 0 -lms 50 >"$out/smi_$c.csv" 2>&1 &
+    smi=$!
+    echo "== $c" | tee -a "$out/power.txt"
+    ./build-gpu/linac bench "configs/$c.json" --seq-lens 2048 --micro-tokens "$n" --tokens-per-step "$n" --steps "$k" \
+      2>&1 | tail -1 | tee -a "$out/power.txt"
+    kill $smi
+    wait $smi 2>/dev/null
+    python3 scripts/power_summary.py "$out/smi_$c.csv" 2>&1 | tee -a "$out/power.txt"
+  done
+  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|rope_linear|silu_linear|cutlass|splitK' \
+    --launch-count 40 --section SpeedOfLight --section LaunchStats \
+    --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed --csv --page details \
+    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_power.csv" 2>"$out/ncu_power.err"
+  python3 scripts/ncu_summary.py "$out/ncu_power.csv" 2>&1 | tee -a "$out/power.txt"
 fi
 if [ "$what" = gla ]; then
   # The GLA core at the 340M model's head shape, the 340M step, then one layer's kernels (the

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures of the scripts' tests (test_compare_table.py, test_plots.py; the shell check of test_ab.py
-and test_ab_compare.py): a fake output directory of scripts/compare.sh (lm/<arch>/ and
+and test_ab_compare.py; running a summary script on a text in test_ncu_summary.py and
+test_power_summary.py): a fake output directory of scripts/compare.sh (lm/<arch>/ and
 mqar/<mixer>_d<width>/ with the files `linac train/eval/info/bench` write, some runs failed or
 broken), subprocess helpers, and the choice of a Python with matplotlib for the cases that draw a
 figure: the first of this interpreter and /usr/bin/python3 that has it (LINAC_PLOT_PYTHON=PATH
@@ -44,6 +45,15 @@ def run(python, name, *args, flags=()):
     env.pop("PYTHONPATH", None)
     return subprocess.run([python, *flags, script(name), *args], capture_output=True, text=True, env=env,
                           timeout=120, check=False)
+
+
+def run_on_text(name, text):
+    """Runs scripts/NAME with this Python on a temporary file holding TEXT (its only argument)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "input.csv")
+        with open(path, "w") as f:
+            f.write(text)
+        return run(sys.executable, name, path)
 
 
 def has_matplotlib(python, *flags):
