@@ -38,7 +38,8 @@ def main(path):
         print("power: no samples in %s" % path)
         return 2
     header = [h.strip().split(" [")[0] for h in rows[0]]
-    col = {name: i for i, name in enumerate(header)}
+    # nvidia-smi answers the query field clocks.sm under the name clocks.current.sm.
+    col = {("clocks.sm" if name == "clocks.current.sm" else name): i for i, name in enumerate(header)}
     for need in ("power.draw", "power.limit", "clocks.sm"):
         if need not in col:
             print("power: the samples have no %s column (header: %s)" % (need, ", ".join(header)))

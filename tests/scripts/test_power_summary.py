@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """scripts/power_summary.py on hand-made nvidia-smi samples: only the samples drawing at least half
-the limit count, repeated headers and a cut-off last line are skipped, the share near the limit and
-with the power cap active and the clock's median and percentiles come out of those samples; samples
-without the needed columns or with none under load, or no file, get one line and exit status 2.
+the limit count, the clock is read under either name nvidia-smi gives it, repeated headers and a
+cut-off last line are skipped, the share near the limit and with the power cap active and the
+clock's median and percentiles come out of those samples; samples without the needed columns or
+with none under load, or no file, get one line and exit status 2.
 """
 import sys
 import unittest
 
 from fixtures import run, run_on_text
 
-HEADER = "power.draw [W], power.limit [W], clocks.sm [MHz], clocks_event_reasons.sw_power_cap"
+# As nvidia-smi writes it for --query-gpu=power.draw,power.limit,clocks.sm,clocks_event_reasons.sw_power_cap
+HEADER = "power.draw [W], power.limit [W], clocks.current.sm [MHz], clocks_event_reasons.sw_power_cap"
 
 
 class PowerSummary(unittest.TestCase):
