@@ -51,7 +51,8 @@ def main(path):
             if metric == "Duration":
                 v *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "msecond": 1e3, "ms": 1e3, "nsecond": 1e-3}.get(unit, 1.0)
             elif metric == "SM Frequency":  # cycle/nsecond is GHz
-                v *= {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "cycle/usecond": 1e-3, "cycle/second": 1e-9}.get(unit.lower(), 1.0)
+                scale = {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "cycle/usecond": 1e-3, "cycle/second": 1e-9}
+                v *= scale.get(unit.lower(), 1.0)
             elif metric == "Executed Instructions":
                 v *= 1e-6
             entry[metric] = v

@@ -32,24 +32,30 @@ ncu_prof() {
     tee -a "$out/$log"
   rm -f "$out/$name.ncu-rep" "$out/$name.csv" "$out/${name}_source.csv"
 }
+# gemm_kernels_ncu LOG NAME: every GEMM kernel (cuBLASLt's and ours) of one step of a 2-layer 125M
+# model under Nsight Compute, a line each (scripts/ncu_summary.py: duration, SM, L2 and DRAM
+# throughputs, SM clock, tensor-pipe occupancy, grid and cluster size) appended to LOG.
+gemm_kernels_ncu() {
+  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|rope_linear|silu_linear|cutlass|splitK|reduce' \
+    --launch-count 60 --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis \
+    --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed --csv --page details \
+    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
+    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/$2.csv" 2>"$out/$2.err"
+  python3 scripts/ncu_summary.py "$out/$2.csv" 2>&1 | tee -a "$out/$1"
+}
 if [ "$what" = gemms ]; then
   # Where the GEMM time of a step goes: --profile's problem table (each GEMM shape's ms and
-  # TFLOP/s) for both models, then Nsight Compute's throughputs (SM, L2, DRAM), grid and cluster
-  # size of every GEMM kernel of one step of a 2-layer 125M model (cuBLASLt's and ours).
+  # TFLOP/s) for both models, then Nsight Compute's view of every GEMM kernel of a 125M step.
   for c in transformer_125m gla_340m; do
     ./build-gpu/linac bench configs/$c.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
       --steps 10 --profile 2>&1 | tee -a "$out/gemms.txt"
   done
-  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|cutlass|splitK|reduce' --launch-skip 0 --launch-count 60 \
-    --section SpeedOfLight --section LaunchStats --section MemoryWorkloadAnalysis --csv --page details \
-    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
-    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_gemms.csv" 2>"$out/ncu_gemms.err"
-  python3 scripts/ncu_summary.py "$out/ncu_gemms.csv" 2>&1 | tee -a "$out/gemms.txt"
+  gemm_kernels_ncu gemms.txt ncu_gemms
 fi
 if [ "$what" = power ]; then
   # Whether the steps run at the power limit: nvidia-smi samples every 50 ms while each model
   # trains (the fields that this driver lacks left out), the samples under load summarised; then
-  # the clock and tensor-pipe occupancy of every GEMM kernel of a 2-layer 125M step.
+  # Nsight Compute's view of every GEMM kernel of a 125M step, clock and tensor pipe included.
   fields=power.draw,power.limit,clocks.sm,clocks_event_reasons.sw_power_cap
   nvidia-smi --query-gpu=$fields --format=csv,nounits -i 0 >/dev/null 2>&1 || fields=power.draw,power.limit,clocks.sm
   for spec in "transformer_125m 32768 60" "gla_340m 32768 30" "based_360m 32768 30" "latte_macchiato_153m 32768 60" \
@@ -64,12 +70,7 @@ if [ "$what" = power ]; then
     wait $smi 2>/dev/null
     python3 scripts/power_summary.py "$out/smi_$c.csv" 2>&1 | tee -a "$out/power.txt"
   done
-  ncu --clock-control none -k 'regex:gemm|xmma|nvjet|swiglu_linear|rope_linear|silu_linear|cutlass|splitK' \
-    --launch-count 40 --section SpeedOfLight --section LaunchStats \
-    --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed --csv --page details \
-    ./build-gpu/linac bench configs/transformer_125m.json --set model.n_layers=2 --seq-lens 2048 \
-    --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1 >"$out/ncu_power.csv" 2>"$out/ncu_power.err"
-  python3 scripts/ncu_summary.py "$out/ncu_power.csv" 2>&1 | tee -a "$out/power.txt"
+  gemm_kernels_ncu power.txt ncu_power
 fi
 if [ "$what" = gla ]; then
   # The GLA core at the 340M model's head shape, the 340M step, then one layer's kernels (the

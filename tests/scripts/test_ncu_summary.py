@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """scripts/ncu_summary.py on a hand-made `ncu --csv --page details` report: one line per launch in
-report order, durations in us and the SM clock in GHz whatever unit ncu printed them in, thousands separators read, the
-warps, registers, issue-rate and instruction columns where the report has them and '-' where it
-does not, the lines before the header (ncu's own messages, the program's output) skipped.
+report order, durations in us and the SM clock in GHz whatever unit ncu printed them in, thousands
+separators read, the tensor-pipe, warps, registers, issue-rate and instruction columns where the
+report has them and '-' where it does not, the lines before the header (ncu's own messages, the
+program's output) skipped.
 """
 import unittest
 
@@ -48,11 +49,11 @@ class NcuSummary(unittest.TestCase):
 
     def test_one_line_per_launch(self):
         lines = self.run_on(report()).splitlines()
-        self.assertEqual(lines[0].split(), ["id", "us", "SM%", "L2%", "DRAM%", "GHz", "tensor%", "grid", "cluster", "warps", "regs",
-                                            "issue", "Minst", "kernel"])
+        self.assertEqual(lines[0].split(), ["id", "us", "SM%", "L2%", "DRAM%", "GHz", "tensor%", "grid", "cluster",
+                                            "warps", "regs", "issue", "Minst", "kernel"])
         self.assertEqual(len(lines), 3)
-        self.assertEqual(lines[1].split()[:13], ["0", "396.9", "51.4", "52.2", "34.7", "1.55", "86.8", "4096", "0", "15.7",
-                                                 "122", "0.62", "75.2"])
+        self.assertEqual(lines[1].split()[:13], ["0", "396.9", "51.4", "52.2", "34.7", "1.55", "86.8", "4096", "0",
+                                                 "15.7", "122", "0.62", "75.2"])
         self.assertIn("dqk_kernel", lines[1])
         self.assertEqual(lines[2].split()[:13],
                          ["1", "1250.0", "80.1", "-", "-", "1.60", "-", "-", "-", "-", "-", "-", "-"])
