@@ -58,8 +58,8 @@ if [ "$what" = power ]; then
   # Nsight Compute's view of every GEMM kernel of a 125M step, clock and tensor pipe included.
   fields=power.draw,power.limit,clocks.sm,clocks_event_reasons.sw_power_cap
   nvidia-smi --query-gpu=$fields --format=csv,nounits -i 0 >/dev/null 2>&1 || fields=power.draw,power.limit,clocks.sm
-  for spec in "transformer_125m 32768 60" "gla_340m 32768 30" "based_360m 32768 30" "latte_macchiato_153m 32768 60" \
-    "transformer_vq_190m 32768 30" "transformer_1.3b 16384 20"; do
+  for spec in "transformer_125m 32768 60" "gla_340m 32768 30" "based_360m 32768 30" "transnormer_385m 32768 30" \
+    "latte_macchiato_153m 32768 60" "transformer_vq_190m 32768 30" "transformer_1.3b 16384 20" "gla_1.3b 16384 20"; do
     read -r c n k <<<"$spec"
     nvidia-smi --query-gpu=$fields --format=csv,nounits -i 0 -lms 50 >"$out/smi_$c.csv" 2>&1 &
     smi=$!
