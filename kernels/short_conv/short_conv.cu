@@ -10,18 +10,19 @@
 // The op streams memory, so the forward and backward kernels are built for bandwidth: a CTA covers
 // a tile of kShortConvTileTokens tokens of one sequence and kGroups x V channels; each thread owns V
 // consecutive channels (one 16-byte f32 or 8-byte bf16 access when the tensors allow it, else
-// V = 1) and every kRows-th token of the tile. The CTA first copies every row it will read (a from
-// the W-1 tokens before the tile, g and in the backward dz; the backward's rows run W-1 tokens past
-// the tile) into shared memory with cp.async, all copies in flight at once, and each token then
-// reads its window from there. (Loading each token's window from global memory, the neighbours'
-// rows from L1, kept only 12-20 KB per SM in flight: the backward took 0.44 against 0.38 ms,
-// NOTES.md.) The filter of the CTA's channels sits in shared memory. The sums run in ascending tap
-// order, as on the CPU. The backward computes each dc once, for the tile and the W-1 tokens after
-// it, into shared memory, where the tile's da reads it (recomputing c at the W tokens each da needs
-// was slower: 0.89 against 0.55 ms, NOTES.md); each CTA adds its threads' dh/dba/dbg in a fixed
-// order and writes one row of partial sums per tile to ctx.workspace, and a second kernel adds the
-// tiles of each channel in a fixed order (deterministic, no atomics). The decode step keeps the old
-// inputs in a register window.
+// V = 1). The CTA first copies every row it will read (a from the W-1 tokens before the tile, g and
+// in the backward dz; the backward's rows run W-1 tokens past the tile) into shared memory with
+// cp.async, all copies in flight at once (each thread copies every kRows-th row). (Loading each
+// token's window from global memory, the neighbours' rows from L1, kept only 12-20 KB per SM in
+// flight: the backward took 0.44 against 0.38 ms, NOTES.md.) Then each thread walks kRun
+// consecutive tokens with its window of ã = a + ba and its filter taps in registers, so a token
+// reads one new row from shared memory instead of W (once its rows are staged the kernel is bound
+// by its instructions, NOTES.md). The sums run in ascending tap order, as on the CPU. The backward
+// computes each dc once, for the tile and the W-1 tokens after it, into shared memory, where the
+// tile's da reads it (recomputing c at the W tokens each da needs was slower: 0.89 against 0.55 ms,
+// NOTES.md); each CTA adds its threads' dh/dba/dbg in a fixed order and writes one row of partial
+// sums per tile to ctx.workspace, and a second kernel adds the tiles of each channel in a fixed
+// order (deterministic, no atomics). The decode step keeps the old inputs in a register window.
 #include <type_traits>
 
 #include "activation/sigmoid.cuh"
@@ -35,7 +36,8 @@ namespace {
 constexpr int kMaxW = static_cast<int>(kShortConvMaxWidth);
 constexpr int kTile = static_cast<int>(kShortConvTileTokens);
 constexpr int kGroups = 16;  // channel groups of a CTA (consecutive threads, consecutive groups)
-constexpr int kRows = 16;    // token rows of a CTA: a thread takes tokens t0 + row, t0 + row + kRows, ...
+constexpr int kRows = 16;    // token rows of a CTA
+constexpr int kRun = static_cast<int>(kShortConvTileTokens) / kRows;  // a thread's consecutive tokens in the sums
 constexpr int kThreads = kGroups * kRows;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChannels = 4 * kGroups;  // channels of a CTA at V = 4
@@ -68,8 +70,9 @@ __device__ __forceinline__ float activation_grad(float c, bool silu) { return si
 __device__ __forceinline__ int tile_of(const Args& p) { return static_cast<int>(blockIdx.x) / p.cblocks; }
 __device__ __forceinline__ int cblock_of(const Args& p) { return static_cast<int>(blockIdx.x) % p.cblocks; }
 
-// A thread's share of the tile: sequence b, tokens [t0, t1) from t0 + row in steps of kRows, V
-// channels from ch (cl within the CTA); active: those channels exist.
+// A thread's share of the tile [t0, t1) of sequence b: V channels from ch (cl within the CTA), the
+// staged rows and the backward's da at tokens t0 + row in steps of kRows, the window sums over the
+// run t0 + row kRun, ... (kRun tokens); active: those channels exist.
 template <int V>
 struct Slot {
   int b, t0, t1, row, cl, ch;
@@ -107,20 +110,53 @@ __device__ __forceinline__ void load_bias(const float* bias, int ch, float (&v)[
   for (int i = 0; i < V; ++i) v[i] = bias ? bias[ch + i] : 0.f;
 }
 
-// c = sum_j h[j] ã[t-W+1+j] over the taps at or after lo (0, or t's document start), ascending j;
-// xa[i] = a[t-i] (raw, clamped loads), so tap j is window entry i = W-1-j. kTaps >= W.
+// The filter of a thread's V channels in registers, by window entry: hr[i] = h[W-1-i] (tap j =
+// W-1-i of ã[t-i]), 0 for i >= W, so the window sums need no test of the width.
 template <int kTaps, int V>
-__device__ __forceinline__ void conv_window(const float (&xa)[kTaps][V], int t, int lo, int W,
-                                            const float (&hs)[kMaxW][kMaxChannels], int cl, const float (&ba)[V],
-                                            float (&c)[V]) {
+__device__ __forceinline__ void filter_regs(const float (&hs)[kMaxW][kMaxChannels], int W, int cl,
+                                            float (&hr)[kTaps][V]) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) c[i] = 0.f;
+  for (int i = 0; i < kTaps; ++i)
 #pragma unroll
-  for (int i = kTaps - 1; i >= 0; --i) {
-    const bool read = i < W && t - i >= lo;
-    const float* h = hs[max(W - 1 - i, 0)] + cl;
+    for (int v = 0; v < V; ++v) hr[i][v] = i < W ? hs[W - 1 - i][cl + v] : 0.f;
+}
+
+// A thread's run of consecutive tokens [first, last) (at most kRun of them), with the window of ã
+// sliding through registers: xa[kTaps - 1 + k - i] = ã[first + k - i], so each token loads one new
+// row of the staging (row r holds token t0 - kHalo + r) instead of its whole window. Rows before
+// the sequence are the left padding (0). body(t, w, c) runs for each token t = first + k with the
+// window w[i] = ã[t-i] as summed (0 before lo(t), t's document start, with documents) and c = sum_j
+// h[j] ã[t-W+1+j] over it in ascending j, as the CPU sums it. In the stream instance no window
+// reaches before the sequence's start but through the padding, so no tap is tested.
+template <class T, int V, int kTaps, int kRun, bool kDocs, class Lo, class Body>
+__device__ __forceinline__ void conv_run(const T* As, int kN, int kHalo, int t0, int first, int last, int cl,
+                                         const float (&ba)[V], const float (&hr)[kTaps][V], Lo&& lo, Body&& body) {
+  float xa[kTaps - 1 + kRun][V];
+  auto load = [&](int t, float(&x)[V]) {
+    cuda::load_vals<V>(As + (t - t0 + kHalo) * kN + cl, x);
 #pragma unroll
-    for (int v = 0; v < V; ++v) c[v] = fmaf(h[v], read ? xa[i][v] + ba[v] : 0.f, c[v]);
+    for (int v = 0; v < V; ++v) x[v] = t >= 0 ? x[v] + ba[v] : 0.f;
+  };
+#pragma unroll
+  for (int i = 1; i < kTaps; ++i) load(first - i, xa[kTaps - 1 - i]);
+#pragma unroll
+  for (int k = 0; k < kRun; ++k) {
+    const int t = first + k;
+    if (t >= last) break;
+    load(t, xa[kTaps - 1 + k]);
+    const int l = kDocs ? lo(t) : 0;
+    float w[kTaps][V], c[V];  // the window as summed: ã[t-i], 0 before lo
+#pragma unroll
+    for (int i = 0; i < kTaps; ++i)
+#pragma unroll
+      for (int v = 0; v < V; ++v) w[i][v] = !kDocs || t - i >= l ? xa[kTaps - 1 + k - i][v] : 0.f;
+#pragma unroll
+    for (int v = 0; v < V; ++v) c[v] = 0.f;
+#pragma unroll
+    for (int i = kTaps - 1; i >= 0; --i)
+#pragma unroll
+      for (int v = 0; v < V; ++v) c[v] = fmaf(hr[i][v], w[i][v], c[v]);
+    body(t, w, c);
   }
 }
 
@@ -181,17 +217,18 @@ __global__ void __launch_bounds__(kThreads)
   float bias_a[V], bias_g[V];
   load_bias<V>(ba, s.ch, bias_a);
   load_bias<V>(bg, s.ch, bias_g);
-  for (int t = s.t0 + s.row; t < s.t1; t += kRows) {
-    const int r = t - s.t0;
-    float xa[kTaps][V], gv[V], c[V], zv[V];
+  float hr[kTaps][V];
+  filter_regs<kTaps, V>(hs, p.W, s.cl, hr);
+  const int first = s.t0 + s.row * kRun;
+  conv_run<T, V, kTaps, kRun, kDocs>(
+      As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a, hr, [&](int t) { return start[t]; },
+      [&](int t, const float(&)[kTaps][V], const float(&c)[V]) {
+        float gv[V], zv[V];
+        cuda::load_vals<V>(Gs + (t - s.t0) * S::kN + s.cl, gv);
 #pragma unroll
-    for (int i = 0; i < kTaps; ++i) cuda::load_vals<V>(As + (r + S::kHalo - i) * S::kN + s.cl, xa[i]);
-    cuda::load_vals<V>(Gs + r * S::kN + s.cl, gv);
-    conv_window<kTaps, V>(xa, t, kDocs ? start[t] : 0, p.W, hs, s.cl, bias_a, c);
-#pragma unroll
-    for (int i = 0; i < V; ++i) zv[i] = activation(c[i], p.silu) * (gv[i] + bias_g[i]);
-    cuda::store_vals<V>(z_seq + t * p.z.t, zv);
-  }
+        for (int i = 0; i < V; ++i) zv[i] = activation(c[i], p.silu) * (gv[i] + bias_g[i]);
+        cuda::store_vals<V>(z_seq + t * p.z.t, zv);
+      });
 }
 
 // The CTA's sums of dh/dba/dbg into its tile's row of partial sums: the two token rows of a warp
@@ -260,15 +297,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_bias<V>(ba, s.ch, bias_a);
     load_bias<V>(bg, s.ch, bias_g);
     T* dg_seq = dg ? dg + s.b * p.dg.b + s.ch : nullptr;  // null: the gate's gradient not wanted
-    for (int t = s.t0 + s.row; t < t_end; t += kRows) {
+    float hr[kTaps][V];
+    filter_regs<kTaps, V>(hs, p.W, s.cl, hr);
+    auto dc_of = [&](int t, const float(&w)[kTaps][V], const float(&c)[V]) {
       const int r = t - s.t0;
-      float xa[kTaps][V], dzv[V], gv[V], c[V], dc[V];
-#pragma unroll
-      for (int i = 0; i < kTaps; ++i) cuda::load_vals<V>(As + (r + S::kHalo - i) * S::kN + s.cl, xa[i]);
+      float dzv[V], gv[V], dc[V];
       cuda::load_vals<V>(DZs + r * S::kN + s.cl, dzv);
       cuda::load_vals<V>(Gs + r * S::kN + s.cl, gv);
-      const int lo = kDocs ? start[t] : 0;
-      conv_window<kTaps, V>(xa, t, lo, p.W, hs, s.cl, bias_a, c);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         dc[i] = dzv[i] * (gv[i] + bias_g[i]) * activation_grad(c[i], p.silu);
@@ -282,14 +317,21 @@ __global__ void __launch_bounds__(kThreads, 2)
           dbg_acc[i] += dgv[i];
         }
         if (dg_seq) cuda::store_vals<V>(dg_seq + t * p.dg.t, dgv);
+          // Window entries past W accumulate into rows that write_partials leaves out.
 #pragma unroll
-        for (int i = 0; i < kTaps; ++i) {
-          const bool read = i < p.W && t - i >= lo;
+        for (int i = 0; i < kTaps; ++i)
 #pragma unroll
-          for (int v = 0; v < V; ++v) dh_acc[i][v] = fmaf(dc[v], read ? xa[i][v] + bias_a[v] : 0.f, dh_acc[i][v]);
-        }
+          for (int v = 0; v < V; ++v) dh_acc[i][v] = fmaf(dc[v], w[i][v], dh_acc[i][v]);
       }
-    }
+    };
+    auto lo = [&](int t) { return start[t]; };
+    // The tile's tokens in runs of kRun, then the W - 1 after it (one per thread row), whose dc the
+    // tile's last da need.
+    const int first = s.t0 + s.row * kRun, extra = s.t1 + s.row;
+    conv_run<T, V, kTaps, kRun, kDocs>(As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a, hr, lo,
+                                       dc_of);
+    if (extra < t_end)
+      conv_run<T, V, kTaps, 1, kDocs>(As, S::kN, S::kHalo, s.t0, extra, extra + 1, s.cl, bias_a, hr, lo, dc_of);
   }
   __syncthreads();
   if (s.active) {
