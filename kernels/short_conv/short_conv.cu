@@ -15,11 +15,12 @@
 // cp.async, all copies in flight at once (each thread copies every kRows-th row). (Loading each
 // token's window from global memory, the neighbours' rows from L1, kept only 12-20 KB per SM in
 // flight: the backward took 0.44 against 0.38 ms, NOTES.md.) Then each thread walks kRun
-// consecutive tokens with its window of ã = a + ba and its filter taps in registers, so a token
-// reads one new row from shared memory instead of W (once its rows are staged the kernel is bound
-// by its instructions, NOTES.md). The sums run in ascending tap order, as on the CPU. The backward
-// computes each dc once, for the tile and the W-1 tokens after it, into shared memory, where the
-// tile's da reads it (recomputing c at the W tokens each da needs was slower: 0.89 against 0.55 ms,
+// consecutive tokens with its window of ã = a + ba and its filter taps in registers (Filter), so a
+// token reads one new row from shared memory instead of W (once its rows are staged the kernel is
+// bound by its instructions, NOTES.md). The sums run in ascending tap order, as on the CPU. The
+// backward computes each dc once, for the tile and the W-1 tokens after it, into shared memory,
+// where the tile's da reads it, again over runs of consecutive tokens with dc sliding through
+// registers (recomputing c at the W tokens each da needs was slower: 0.89 against 0.55 ms,
 // NOTES.md); each CTA adds its threads' dh/dba/dbg in a fixed order and writes one row of partial
 // sums per tile to ctx.workspace, and a second kernel adds the tiles of each channel in a fixed
 // order (deterministic, no atomics). The decode step keeps the old inputs in a register window.
@@ -71,7 +72,7 @@ __device__ __forceinline__ int tile_of(const Args& p) { return static_cast<int>(
 __device__ __forceinline__ int cblock_of(const Args& p) { return static_cast<int>(blockIdx.x) % p.cblocks; }
 
 // A thread's share of the tile [t0, t1) of sequence b: V channels from ch (cl within the CTA), the
-// staged rows and the backward's da at tokens t0 + row in steps of kRows, the window sums over the
+// staged rows at tokens t0 + row in steps of kRows, the window sums and the backward's da over the
 // run t0 + row kRun, ... (kRun tokens); active: those channels exist.
 template <int V>
 struct Slot {
@@ -110,16 +111,31 @@ __device__ __forceinline__ void load_bias(const float* bias, int ch, float (&v)[
   for (int i = 0; i < V; ++i) v[i] = bias ? bias[ch + i] : 0.f;
 }
 
-// The filter of a thread's V channels in registers, by window entry: hr[i] = h[W-1-i] (tap j =
-// W-1-i of ã[t-i]), 0 for i >= W, so the window sums need no test of the width.
-template <int kTaps, int V>
-__device__ __forceinline__ void filter_regs(const float (&hs)[kMaxW][kMaxChannels], int W, int cl,
-                                            float (&hr)[kTaps][V]) {
+// The filter of a thread's V channels by window entry: hf(i, v) = h[W-1-i] of channel v (tap j =
+// W-1-i of ã[t-i]), 0 for i >= W, so the window sums need no test of the width. In registers
+// (kInRegs), or read from shared memory as the sums go: the backward's 8-tap instances would
+// spill at their 128 registers per thread with it in registers.
+template <int kTaps, int V, bool kInRegs>
+struct Filter {
+  float r[kInRegs ? kTaps : 1][V];
+  const float (*hs)[kMaxChannels];
+  int W, cl;
+  __device__ __forceinline__ Filter(const float (&h)[kMaxW][kMaxChannels], int width, int lane_channel)
+      : hs(h), W(width), cl(lane_channel) {
+    if constexpr (kInRegs) {
 #pragma unroll
-  for (int i = 0; i < kTaps; ++i)
+      for (int i = 0; i < kTaps; ++i)
 #pragma unroll
-    for (int v = 0; v < V; ++v) hr[i][v] = i < W ? hs[W - 1 - i][cl + v] : 0.f;
-}
+        for (int v = 0; v < V; ++v) r[i][v] = i < W ? hs[W - 1 - i][cl + v] : 0.f;
+    }
+  }
+  __device__ __forceinline__ float operator()(int i, int v) const {
+    if constexpr (kInRegs)
+      return r[i][v];
+    else
+      return i < W ? hs[max(W - 1 - i, 0)][cl + v] : 0.f;
+  }
+};
 
 // A thread's run of consecutive tokens [first, last) (at most kRun of them), with the window of ã
 // sliding through registers: xa[kTaps - 1 + k - i] = ã[first + k - i], so each token loads one new
@@ -128,9 +144,10 @@ __device__ __forceinline__ void filter_regs(const float (&hs)[kMaxW][kMaxChannel
 // window w[i] = ã[t-i] as summed (0 before lo(t), t's document start, with documents) and c = sum_j
 // h[j] ã[t-W+1+j] over it in ascending j, as the CPU sums it. In the stream instance no window
 // reaches before the sequence's start but through the padding, so no tap is tested.
-template <class T, int V, int kTaps, int kRun, bool kDocs, class Lo, class Body>
+template <class T, int V, int kTaps, int kRun, bool kDocs, bool kInRegs, class Lo, class Body>
 __device__ __forceinline__ void conv_run(const T* As, int kN, int kHalo, int t0, int first, int last, int cl,
-                                         const float (&ba)[V], const float (&hr)[kTaps][V], Lo&& lo, Body&& body) {
+                                         const float (&ba)[V], const Filter<kTaps, V, kInRegs>& hf, Lo&& lo,
+                                         Body&& body) {
   float xa[kTaps - 1 + kRun][V];
   auto load = [&](int t, float(&x)[V]) {
     cuda::load_vals<V>(As + (t - t0 + kHalo) * kN + cl, x);
@@ -155,7 +172,7 @@ __device__ __forceinline__ void conv_run(const T* As, int kN, int kHalo, int t0,
 #pragma unroll
     for (int i = kTaps - 1; i >= 0; --i)
 #pragma unroll
-      for (int v = 0; v < V; ++v) c[v] = fmaf(hr[i][v], w[i][v], c[v]);
+      for (int v = 0; v < V; ++v) c[v] = fmaf(hf(i, v), w[i][v], c[v]);
     body(t, w, c);
   }
 }
@@ -217,11 +234,10 @@ __global__ void __launch_bounds__(kThreads)
   float bias_a[V], bias_g[V];
   load_bias<V>(ba, s.ch, bias_a);
   load_bias<V>(bg, s.ch, bias_g);
-  float hr[kTaps][V];
-  filter_regs<kTaps, V>(hs, p.W, s.cl, hr);
+  const Filter<kTaps, V, true> hf(hs, p.W, s.cl);
   const int first = s.t0 + s.row * kRun;
-  conv_run<T, V, kTaps, kRun, kDocs>(
-      As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a, hr, [&](int t) { return start[t]; },
+  conv_run<T, V, kTaps, kRun, kDocs, true>(
+      As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a, hf, [&](int t) { return start[t]; },
       [&](int t, const float(&)[kTaps][V], const float(&c)[V]) {
         float gv[V], zv[V];
         cuda::load_vals<V>(Gs + (t - s.t0) * S::kN + s.cl, gv);
@@ -293,12 +309,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   float dh_acc[kTaps][V] = {}, dba_acc[V] = {}, dbg_acc[V] = {};
   const int32_t* start = kDocs ? p.doc_start + static_cast<int64_t>(s.b) * p.T : nullptr;
   float bias_a[V], bias_g[V];
+  constexpr bool kInRegs = kTaps <= 4;
+  const Filter<kTaps, V, kInRegs> hf(hs, p.W, s.cl);
   if (s.active) {
     load_bias<V>(ba, s.ch, bias_a);
     load_bias<V>(bg, s.ch, bias_g);
     T* dg_seq = dg ? dg + s.b * p.dg.b + s.ch : nullptr;  // null: the gate's gradient not wanted
-    float hr[kTaps][V];
-    filter_regs<kTaps, V>(hs, p.W, s.cl, hr);
     auto dc_of = [&](int t, const float(&w)[kTaps][V], const float(&c)[V]) {
       const int r = t - s.t0;
       float dzv[V], gv[V], dc[V];
@@ -328,29 +344,42 @@ __global__ void __launch_bounds__(kThreads, 2)
     // The tile's tokens in runs of kRun, then the W - 1 after it (one per thread row), whose dc the
     // tile's last da need.
     const int first = s.t0 + s.row * kRun, extra = s.t1 + s.row;
-    conv_run<T, V, kTaps, kRun, kDocs>(As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a, hr, lo,
-                                       dc_of);
+    conv_run<T, V, kTaps, kRun, kDocs, kInRegs>(As, S::kN, S::kHalo, s.t0, first, min(first + kRun, s.t1), s.cl, bias_a,
+                                                hf, lo, dc_of);
     if (extra < t_end)
-      conv_run<T, V, kTaps, 1, kDocs>(As, S::kN, S::kHalo, s.t0, extra, extra + 1, s.cl, bias_a, hr, lo, dc_of);
+      conv_run<T, V, kTaps, 1, kDocs, kInRegs>(As, S::kN, S::kHalo, s.t0, extra, extra + 1, s.cl, bias_a, hf, lo,
+                                               dc_of);
   }
   __syncthreads();
   if (s.active) {
+    // da[u] = sum_j h[j] dc[u + d], d = W-1-j, ascending j (descending d), over the thread's run of
+    // consecutive u with dc sliding through registers: dw[k + d] = dc[first + k + d], 0 from
+    // t_end on (past T, or past the W-1 rows computed after the tile, which no d < W reaches);
+    // with documents, dc[t] of a document that starts after u dropped.
     T* da_seq = da + s.b * p.da.b + s.ch;
-    for (int u = s.t0 + s.row; u < s.t1; u += kRows) {
-      // da[u] = sum_j h[j] dc[u + d], d = W-1-j, ascending j (descending d); rows past T or (with
-      // documents) in a document that starts after u dropped.
+    const int first = s.t0 + s.row * kRun, last = min(first + kRun, s.t1);
+    float dw[kTaps - 1 + kRun][V];
+    auto load_dc = [&](int t, float(&x)[V]) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) x[v] = t < t_end ? dcs[t - s.t0][s.cl + v] : 0.f;
+    };
+#pragma unroll
+    for (int d = 0; d < kTaps - 1; ++d) load_dc(first + d, dw[d]);
+#pragma unroll
+    for (int k = 0; k < kRun; ++k) {
+      const int u = first + k;
+      if (u >= last) break;
+      load_dc(u + kTaps - 1, dw[k + kTaps - 1]);
       float dav[V] = {};
 #pragma unroll
       for (int d = kTaps - 1; d >= 0; --d) {
-        const int t = u + d;
-        const bool used = d < p.W && t < p.T && (!kDocs || start[min(t, p.T - 1)] <= u);
-        const float* hj = hs[max(p.W - 1 - d, 0)] + s.cl;
+        const bool used = !kDocs || start[min(u + d, p.T - 1)] <= u;
 #pragma unroll
-        for (int i = 0; i < V; ++i) dav[i] = fmaf(hj[i], used ? dcs[t - s.t0][s.cl + i] : 0.f, dav[i]);
+        for (int v = 0; v < V; ++v) dav[v] = fmaf(hf(d, v), used ? dw[k + d][v] : 0.f, dav[v]);
       }
       cuda::store_vals<V>(da_seq + u * p.da.t, dav);
 #pragma unroll
-      for (int i = 0; i < V; ++i) dba_acc[i] += dav[i];
+      for (int v = 0; v < V; ++v) dba_acc[v] += dav[v];
     }
   }
   __syncthreads();  // dcs becomes the CTA's sums
