@@ -139,18 +139,19 @@ struct Filter {
 
 // A thread's run of consecutive tokens [first, last) (at most kRun of them), with the window of ã
 // sliding through registers: xa[kTaps - 1 + k - i] = ã[first + k - i], so each token loads one new
-// row of the staging (row r holds token t0 - kHalo + r) instead of its whole window. Rows before
-// the sequence are the left padding (0). body(t, w, c) runs for each token t = first + k with the
-// window w[i] = ã[t-i] as summed (0 before lo(t), t's document start, with documents) and c = sum_j
-// h[j] ã[t-W+1+j] over it in ascending j, as the CPU sums it. In the stream instance no window
-// reaches before the sequence's start but through the padding, so no tap is tested.
+// row of the staging (row r, `pitch` elements, holds token t0 - halo + r) instead of its whole
+// window. Rows before the sequence are the left padding (0). body(t, w, c) runs for each token
+// t = first + k with the window w[i] = ã[t-i] as summed (0 before lo(t), t's document start, with
+// documents) and c = sum_j h[j] ã[t-W+1+j] over it in ascending j, as the CPU sums it. In the
+// stream instance no window reaches before the sequence's start but through the padding, so no
+// tap is tested.
 template <class T, int V, int kTaps, int kRun, bool kDocs, bool kInRegs, class Lo, class Body>
-__device__ __forceinline__ void conv_run(const T* As, int kN, int kHalo, int t0, int first, int last, int cl,
+__device__ __forceinline__ void conv_run(const T* As, int pitch, int halo, int t0, int first, int last, int cl,
                                          const float (&ba)[V], const Filter<kTaps, V, kInRegs>& hf, Lo&& lo,
                                          Body&& body) {
   float xa[kTaps - 1 + kRun][V];
   auto load = [&](int t, float(&x)[V]) {
-    cuda::load_vals<V>(As + (t - t0 + kHalo) * kN + cl, x);
+    cuda::load_vals<V>(As + (t - t0 + halo) * pitch + cl, x);
 #pragma unroll
     for (int v = 0; v < V; ++v) x[v] = t >= 0 ? x[v] + ba[v] : 0.f;
   };
