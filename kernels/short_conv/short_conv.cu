@@ -38,7 +38,7 @@ constexpr int kMaxW = static_cast<int>(kShortConvMaxWidth);
 constexpr int kTile = static_cast<int>(kShortConvTileTokens);
 constexpr int kGroups = 16;  // channel groups of a CTA (consecutive threads, consecutive groups)
 constexpr int kRows = 16;    // token rows of a CTA
-constexpr int kRun = static_cast<int>(kShortConvTileTokens) / kRows;  // a thread's consecutive tokens in the sums
+constexpr int kRun = kTile / kRows;  // a thread's consecutive tokens in the sums
 constexpr int kThreads = kGroups * kRows;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxChannels = 4 * kGroups;  // channels of a CTA at V = 4
@@ -334,9 +334,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           dbg_acc[i] += dgv[i];
         }
         if (dg_seq) cuda::store_vals<V>(dg_seq + t * p.dg.t, dgv);
-          // Window entries past W accumulate into rows that write_partials leaves out.
 #pragma unroll
-        for (int i = 0; i < kTaps; ++i)
+        for (int i = 0; i < kTaps; ++i)  // entries past W add into rows that write_partials leaves out
 #pragma unroll
           for (int v = 0; v < V; ++v) dh_acc[i][v] = fmaf(dc[v], w[i][v], dh_acc[i][v]);
       }
