@@ -68,10 +68,6 @@ constexpr uint32_t kChunkBytes = 64 * 64 * 2;  // a staged chunk: 64 rows x 64 b
 
 using cuda::cdiv;
 
-struct Nothing {
-  __device__ void operator()() const {}
-};
-
 // Tile t of a grid of row blocks x column blocks, column blocks fastest: the CTAs running at once
 // share a few row blocks of the streamed operand (read from DRAM once) and all of the weight. A
 // tile index names one tile per CTA of a cluster: rank r takes row block cluster * (t / cols) + r.
@@ -92,13 +88,12 @@ struct TileGrid {
 };
 
 // The operand stages: kStages slots of `stage_bytes` from `stage0`, each with a "full" barrier
-// (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per warp of the cluster
-// that reads the stage: kReaders per CTA, the 8 math warps or, in a ping-pong kernel, the 4 of the
-// warpgroup whose tile it holds), full barriers at `full0`, empty ones after them. A Slot walks the
-// ring over all of the CTA's k-steps, the same way in the loading thread and in each math
-// warpgroup: the stage and the parity of its round, kept as it goes (an index divided by kStages at
-// every k-step took the loading thread ~10 dependent instructions).
-template <int kStages, int kCluster, int kReaders = 8>
+// (count 1: the loading thread's expect_tx) and an "empty" one (one arrival per math warp of the
+// cluster), full barriers at `full0`, empty ones after them. A Slot walks the ring over all of the
+// CTA's k-steps, the same way in the loading thread and in each math warpgroup: the stage and the
+// parity of its round, kept as it goes (an index divided by kStages at every k-step took the
+// loading thread ~10 dependent instructions).
+template <int kStages, int kCluster>
 struct StagePipe {
   uint32_t stage0, stage_bytes, full0;
 
@@ -111,9 +106,6 @@ struct StagePipe {
         round ^= 1;
       }
     }
-    __device__ void skip(int n) {  // past n slots (another warpgroup's tile), once per tile
-      for (int i = 0; i < n; ++i) next();
-    }
   };
 
   __device__ uint32_t full(const Slot& s) const { return full0 + 8 * s.stage; }
@@ -123,7 +115,7 @@ struct StagePipe {
   __device__ void init() const {
     for (Slot s; s.round == 0; s.next()) {
       mbar_init(full(s), 1);
-      mbar_init(empty(s), kReaders * kCluster);
+      mbar_init(empty(s), 8 * kCluster);
     }
   }
   // Loading thread: waits until the slot's stage is free (in round 0 the wait is for the phase
@@ -136,10 +128,9 @@ struct StagePipe {
   }
   // A math warpgroup's matmuls of one tile: mma(stage address, accumulate) issues the wgmmas of each
   // of nk k-steps from slot s on (accumulate = 0 on the first); a stage goes back to the loader as
-  // soon as its matmuls are done. issued() runs once the last k-step's wgmmas are issued. Returns
-  // with every matmul finished and s past the tile's slots.
-  template <class Mma, class Issued = Nothing>
-  __device__ __forceinline__ void matmuls(int nk, Slot& s, Mma&& mma, Issued&& issued = Issued{}) const {
+  // soon as its matmuls are done. Returns with every matmul finished and s past the tile's slots.
+  template <class Mma>
+  __device__ __forceinline__ void matmuls(int nk, Slot& s, Mma&& mma) const {
     const int lane = threadIdx.x & 31;
     Slot prev = s;
     for (int kb = 0; kb < nk; ++kb) {
@@ -147,7 +138,6 @@ struct StagePipe {
       wgmma_fence();
       mma(stage0 + s.stage * stage_bytes, kb > 0);
       wgmma_commit();
-      if (kb == nk - 1) issued();
       wgmma_wait<1>();
       if (kb > 0 && lane == 0) release(prev);
       prev = s;
