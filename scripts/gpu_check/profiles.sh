@@ -9,6 +9,9 @@
 #              kernels/attention/NOTES.md)
 #   xentprof   the loss's register-row kernels under Nsight Compute: the 125M model's 32,000 logits
 #              held as f32, Latte-Macchiato's 50,264 packed as bf16 (kernels/cross_entropy/NOTES.md)
+#   swiglubwd  the SwiGLU backward GEMM (kernels/swiglu/NOTES.md): its per-layer time in the 125M and
+#              Transformer++ 1.3B steps, one launch under Nsight Compute (where its warps wait, its
+#              tensor pipe, shared-memory and L2 traffic) and its SASS loops
 #   power      each model's step with the GPU's power draw and SM clock sampled (scripts/power_summary.py),
 #              then the SM clock and tensor-pipe occupancy of one 125M step's GEMM kernels under Nsight
 #              Compute (docs/performance.md, "What holds the GEMMs")
@@ -121,6 +124,20 @@ if [ "$what" = xentprof ]; then
     ncu_prof xentprof.txt "xent_$c" cross_entropy_rows_sm90 configs/$c.json --set model.n_layers=1 \
       --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1
   done
+fi
+if [ "$what" = swiglubwd ]; then
+  # Whichever SwiGLU backward this tree builds (the NOTES' experiments are commits: check one's
+  # kernel file out before the call to profile it).
+  for spec in "transformer_125m 32768" "transformer_1.3b 16384"; do
+    read -r c n <<<"$spec"
+    ./build-gpu/linac bench "configs/$c.json" --seq-lens 2048 --micro-tokens "$n" --tokens-per-step "$n" --steps 3 \
+      --profile 2>&1 | grep -E 'gate bwd|^ +2048 ' | tee -a "$out/swiglubwd.txt"
+  done
+  ncu_prof swiglubwd.txt swiglu_bwd swiglu_linear_bwd_kernel configs/transformer_125m.json --set model.n_layers=1 \
+    --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 --steps 1 --warmup 1
+  "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass \
+    build-gpu/CMakeFiles/linac_kernels_sm90a.dir/kernels/swiglu/swiglu_linear_bwd_sm90.cu.o >"$out/swiglu_bwd.sass" 2>&1
+  python3 scripts/sass_mix.py --kernel swiglu_linear_bwd_kernel "$out/swiglu_bwd.sass" 2>&1 | tee -a "$out/swiglubwd.txt"
 fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
