@@ -46,10 +46,9 @@ struct FwdSm90Cfg {
   static constexpr int kQBufs = kPersistent ? 2 : 1;
   static constexpr uint32_t kQBytes = tile_bytes<BR, DP>, kTileBytes = tile_bytes<BC, DP>;
   // Q buffers, K and V stages, then the barriers: Q full and Q empty per buffer (two slots each),
-  // K full, V full, K empty, V empty per stage (a block's K goes back before its V: P V runs a
-  // block late).
+  // K full, V full, stage empty.
   static constexpr uint32_t kBarOffset = kQBufs * kQBytes + 2 * kStages * kTileBytes;
-  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (4 + 4 * kStages);
+  static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (4 + 3 * kStages);
 };
 
 // Work item i: (batch*head, query block), the longest causal rows first over all (batch, head)s.
@@ -74,7 +73,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<DP, WGS, kPersistent>::kThreads, 1)
   __shared__ int s_item[2];  // the item whose Q is in buffer j, -1: no more
   const uint32_t sQ0 = smem_base_1024(smem), sK0 = sQ0 + C::kQBufs * C::kQBytes, sV0 = sK0 + S * C::kTileBytes;
   const uint32_t bar_q0 = sQ0 + C::kBarOffset, bar_qe0 = bar_q0 + 16, bar_k0 = bar_qe0 + 16, bar_v0 = bar_k0 + 8 * S,
-                 bar_ke0 = bar_v0 + 8 * S, bar_ve0 = bar_ke0 + 8 * S;
+                 bar_e0 = bar_v0 + 8 * S;
   const int n_qb = cdiv(a.T, BR), n_items = n_bh * n_qb;
   const int wg = warpgroup_index();  // 0 loads, 1.. compute
 
@@ -86,8 +85,7 @@ __global__ void __launch_bounds__(FwdSm90Cfg<DP, WGS, kPersistent>::kThreads, 1)
     for (int s = 0; s < S; ++s) {
       mbar_init(bar_k0 + 8 * s, 1);
       mbar_init(bar_v0 + 8 * s, 1);
-      mbar_init(bar_ke0 + 8 * s, 4 * C::kMathWGs);  // one arrival per math warp
-      mbar_init(bar_ve0 + 8 * s, 4 * C::kMathWGs);
+      mbar_init(bar_e0 + 8 * s, 4 * C::kMathWGs);  // one arrival per math warp
     }
     mbar_init_fence();
   }
@@ -121,10 +119,9 @@ __global__ void __launch_bounds__(FwdSm90Cfg<DP, WGS, kPersistent>::kThreads, 1)
         const int2 kr = key_blocks<kDocs>(a, b, item.q0, BR, BC);
         for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
           const int s = gt % S;
-          if (gt >= S) mbar_wait(bar_ke0 + 8 * s, (gt / S - 1) & 1);
+          if (gt >= S) mbar_wait(bar_e0 + 8 * s, (gt / S - 1) & 1);
           mbar_arrive_expect_tx(bar_k0 + 8 * s, C::kTileBytes);
           load_tile<BC, DP>(sK0 + s * C::kTileBytes, &tm_k, bar_k0 + 8 * s, kb * BC, hk, b);
-          if (gt >= S) mbar_wait(bar_ve0 + 8 * s, (gt / S - 1) & 1);
           mbar_arrive_expect_tx(bar_v0 + 8 * s, C::kTileBytes);
           load_tile<BC, DP>(sV0 + s * C::kTileBytes, &tm_v, bar_v0 + 8 * s, kb * BC, hk, b);
         }
@@ -157,127 +154,72 @@ __global__ void __launch_bounds__(FwdSm90Cfg<DP, WGS, kPersistent>::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < DP / 2; ++i) acc[i] = 0.f;
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-      // A block's P V is issued one block late, with the next block's S: the pending block's P (bf16
-      // A fragments), the scale its max change puts on O, and its V stage.
-      uint32_t pa[BC / 16][4];
-      float alpha[2] = {1.f, 1.f};
-      bool pending = false;
-      int ps = 0;
-      uint32_t pphase = 0;
-      auto release = [&](uint32_t bar) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar);
-      };
-      // O scaled to the pending block's max (before any wgmma of the group that adds to it is issued:
-      // ptxas serialises wgmmas around instructions that touch a pending group's accumulators).
-      auto rescale = [&] {
-#pragma unroll
-        for (int j = 0; j < DP / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[4 * j + e] *= alpha[e >> 1];
-      };
-      // O += P V of the pending block, issued and committed.
-      auto issue_pv = [&] {
-        mbar_wait(bar_v0 + 8 * ps, pphase);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk)
-          Wgmma<DP>::template rs<1>(acc, pa[kk], desc_mn_major(sV0 + ps * C::kTileBytes, BC, kk), 1);
-        wgmma_commit();
-      };
-      auto pv_done = [&] {
-        wgmma_wait<0>();
-        fence_regs(acc);
-#pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) fence_regs(pa[kk]);
-        release(bar_ve0 + 8 * ps);
-      };
-      // A block none of this warpgroup's rows sees: its stage goes back once loaded (waiting for
-      // the copies keeps this warpgroup's arrivals in the stage's phase).
-      auto skip = [&](int s, uint32_t phase) {
-        mbar_wait(bar_k0 + 8 * s, phase);
-        release(bar_ke0 + 8 * s);
-        mbar_wait(bar_v0 + 8 * s, phase);
-        release(bar_ve0 + 8 * s);
-      };
 
       for (int kb = kr.x; kb <= kr.y; ++kb, ++gt) {
         const int s = gt % S, k0 = kb * BC;
-        const uint32_t phase = (gt / S) & 1, sK = sK0 + s * C::kTileBytes;
-        if (kb < kw.x || kb > kw.y) {
-          if (pending) {  // past this warpgroup's last block
-            rescale();
-            issue_pv();
-            pv_done();
-            pending = false;
-          }
-          skip(s, phase);
-          continue;
-        }
-        // S = Q K^T of this block, then the pending block's P V, which runs while this block's
-        // softmax does (FlashAttention-3's overlap within a warpgroup).
-        float sc[BC / 2];
-        if (pending) rescale();
+        const uint32_t phase = (gt / S) & 1, sK = sK0 + s * C::kTileBytes, sV = sV0 + s * C::kTileBytes;
         mbar_wait(bar_k0 + 8 * s, phase);
-        wgmma_fence();
+        mbar_wait(bar_v0 + 8 * s, phase);
+        if (kb >= kw.x && kb <= kw.y) {
+          float sc[BC / 2];
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; ++kk)
-          Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
-        wgmma_commit();
-        if (pending) {
-          issue_pv();
-          wgmma_wait<1>();
-        } else {
+          for (int kk = 0; kk < DP / 16; ++kk)
+            Wgmma<BC>::template ss<0, 0>(sc, desc_k_major(sQ, BR, 64 * w, kk), desc_k_major(sK, BC, 0, kk), kk);
+          wgmma_commit();
           wgmma_wait<0>();
-        }
-        fence_regs(sc);
-        release(bar_ke0 + 8 * s);
+          fence_regs(sc);
 
-        if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC) || (kDocs && doc_last > k0)) {
+          if (k0 + BC > a.T || tile_needs_mask(a, qw, 64, k0, BC) || (kDocs && doc_last > k0)) {
 #pragma unroll
-          for (int j = 0; j < BC / 8; ++j)
+            for (int j = 0; j < BC / 8; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
-              bool ok = (sk < a.T) & allowed(a, tt, sk);
-              if constexpr (kDocs) ok &= sk >= doc_row[e >> 1];
-              sc[4 * j + e] = ok ? sc[4 * j + e] : -INFINITY;
-            }
-        }
-        float alpha_next[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = m[r];
-#pragma unroll
-          for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          // A row whose keys so far are all masked keeps m = -inf; exp2 against
-          // 0 then gives P = 0.
-          const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
-          alpha_next[r] = fast_exp2(m[r] * a.scale_log2 - base);
-          m[r] = mx;
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < BC / 8; ++j) {
-            sc[4 * j + 2 * r] = fast_exp2(fmaf(sc[4 * j + 2 * r], a.scale_log2, -base));
-            sc[4 * j + 2 * r + 1] = fast_exp2(fmaf(sc[4 * j + 2 * r + 1], a.scale_log2, -base));
-            sum += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
+              for (int e = 0; e < 4; ++e) {
+                const int tt = row0 + 8 * (e >> 1), sk = k0 + 8 * j + 2 * tq + (e & 1);
+                bool ok = (sk < a.T) & allowed(a, tt, sk);
+                if constexpr (kDocs) ok &= sk >= doc_row[e >> 1];
+                sc[4 * j + e] = ok ? sc[4 * j + e] : -INFINITY;
+              }
           }
-          l[r] = l[r] * alpha_next[r] + sum;
-        }
-        if (pending) pv_done();
 #pragma unroll
-        for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
-        alpha[0] = alpha_next[0];
-        alpha[1] = alpha_next[1];
-        pending = true;
-        ps = s;
-        pphase = phase;
-      }
-      if (pending) {
-        rescale();
-        issue_pv();
-        pv_done();
+          for (int r = 0; r < 2; ++r) {
+            float mx = m[r];
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j) mx = fmaxf(mx, fmaxf(sc[4 * j + 2 * r], sc[4 * j + 2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // A row whose keys so far are all masked keeps m = -inf; exp2 against
+            // 0 then gives P = 0.
+            const float base = mx == -INFINITY ? 0.f : mx * a.scale_log2;
+            const float alpha = fast_exp2(m[r] * a.scale_log2 - base);
+            m[r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BC / 8; ++j) {
+              sc[4 * j + 2 * r] = fast_exp2(fmaf(sc[4 * j + 2 * r], a.scale_log2, -base));
+              sc[4 * j + 2 * r + 1] = fast_exp2(fmaf(sc[4 * j + 2 * r + 1], a.scale_log2, -base));
+              sum += sc[4 * j + 2 * r] + sc[4 * j + 2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;
+#pragma unroll
+            for (int j = 0; j < DP / 8; ++j) {
+              acc[4 * j + 2 * r] *= alpha;
+              acc[4 * j + 2 * r + 1] *= alpha;
+            }
+          }
+
+          uint32_t pa[BC / 16][4];
+#pragma unroll
+          for (int kk = 0; kk < BC / 16; ++kk) acc_to_a<BC>(sc, kk, pa[kk]);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < BC / 16; ++kk) Wgmma<DP>::template rs<1>(acc, pa[kk], desc_mn_major(sV, BC, kk), 1);
+          wgmma_commit();
+          wgmma_wait<0>();
+          fence_regs(acc);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar_e0 + 8 * s);
       }
       __syncwarp();
       if (lane == 0) mbar_arrive(bar_qe0 + 8 * qb);  // Q read for the last time
