@@ -12,6 +12,9 @@
 #   swiglubwd  the SwiGLU backward GEMM (kernels/swiglu/NOTES.md): its per-layer time in the 125M and
 #              Transformer++ 1.3B steps, one launch under Nsight Compute (where its warps wait, its
 #              tensor pipe, shared-memory and L2 traffic) and its SASS loops
+#   attnprof   the Hopper attention kernels under Nsight Compute, forward and backward at head dims 64
+#              and 128 (T = 2048, 16 heads, 32,768 tokens): durations, DRAM and L2 rates, where their
+#              warps wait (kernels/attention/NOTES.md, "The forward's item order")
 #   power      each model's step with the GPU's power draw and SM clock sampled (scripts/power_summary.py),
 #              then the SM clock and tensor-pipe occupancy of one 125M step's GEMM kernels under Nsight
 #              Compute (docs/performance.md, "What holds the GEMMs")
@@ -138,6 +141,14 @@ if [ "$what" = swiglubwd ]; then
   "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass \
     build-gpu/CMakeFiles/linac_kernels_sm90a.dir/kernels/swiglu/swiglu_linear_bwd_sm90.cu.o >"$out/swiglu_bwd.sass" 2>&1
   python3 scripts/sass_mix.py --kernel swiglu_linear_bwd_kernel "$out/swiglu_bwd.sass" 2>&1 | tee -a "$out/swiglubwd.txt"
+fi
+if [ "$what" = attnprof ]; then
+  for d in 64 128; do
+    for kernel in fwd bwd; do
+      ncu_prof attnprof.txt "attn_${kernel}_d$d" "${kernel}_sm90_kernel" --op attention --seq-lens 2048 --tokens 32768 \
+        --heads 16 --head-dim "$d" --iters 3
+    done
+  done
 fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
