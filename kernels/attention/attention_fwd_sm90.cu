@@ -18,10 +18,10 @@
 // its rows sees; the element mask runs only on blocks that straddle its edge, a
 // document start or the key tail. Short items (T <= 2048 or a window) run on a
 // persistent grid: one CTA per SM taking items from a ticket counter in
-// ctx.workspace, longest first, with two Q buffers, so the next item's Q and
-// K/V arrive while the math warpgroups finish the current one. Items run in
-// groups of (batch*head)s whose K and V fit in about 8 MiB of L2, (batch*head)
-// fastest within a group: the CTAs running at once read each K/V tile from DRAM
+// ctx.workspace, with two Q buffers, so the next item's Q and K/V arrive while
+// the math warpgroups finish the current one. Items run in groups of
+// (batch*head)s whose K and V fit in about 8 MiB of L2, within a group the
+// longest first and (batch*head) fastest: the CTAs running at once read each K/V tile from DRAM
 // once, and the query heads of one key/value group are adjacent items of the
 // same query block. (Over all (batch*head)s at once, as before 2026-12-06, every
 // item read its K/V from DRAM: H100, 16 heads x 128, T = 2048, DRAM at 87% of
