@@ -162,6 +162,15 @@ const GpuCase kAccumulateCases[] = {
     {2100, 128, true, 0, 0, Docs::kNone, kH, kH, true},    {1000, 64, true, 0, 0, Docs::kNone, 6, 1, true},
     {1000, 96, true, 0, 0, Docs::kMixed, 4, 2, true},      {200, 112, false, 0, 0, Docs::kNone, kH, kH, true}};
 
+// More (batch*head)s than the Hopper forward puts in one item group (heads whose K and V fit in 8 MiB:
+// 8 MiB / (T x 128 columns x 4 bytes) at D = 128, x 64 at D = 64), the last group partial: 18 heads
+// in groups of 16 at T = 1000 and 2048 (persistent grid; grouped-query, documents), 10 in groups
+// of 7 at T = 2100 (a CTA per item).
+const GpuCase kItemGroupCases[] = {{1000, 128, true, 0, 0, Docs::kNone, 9, 9},
+                                   {2048, 64, true, 0, 0, Docs::kNone, 9, 3},
+                                   {1000, 128, true, 0, 0, Docs::kMixed, 9, 3},
+                                   {2100, 128, true, 0, 0, Docs::kNone, 5, 5}};
+
 AttentionOpts opts_of(const GpuCase& c, DocBounds docs = {}) {
   AttentionOpts o;
   o.causal = c.causal;
@@ -306,6 +315,11 @@ TEST(AttentionGpu, ParityDocs) {
 TEST(AttentionGpu, ParityGqa) {
   LINAC_SKIP_WITHOUT_GPU();
   run_parity_all(kGqaCases);
+}
+
+TEST(AttentionGpu, ParityItemGroups) {
+  LINAC_SKIP_WITHOUT_GPU();
+  run_parity_all(kItemGroupCases);
 }
 
 TEST(AttentionGpu, ParityAccumulateDv) {
