@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // block, then the next lower, so the CTAs a CTA waits for took earlier tickets and are running or
   // done. A group's dQ tiles stay open from its first CTA to its last: groups are sized to keep
   // them in L2.
-  const int g0 = s_ticket / (group * n_kb) * group, gn = min(group, n_bhk - g0), r = s_ticket - g0 * n_kb;
-  const int kb = n_kb - 1 - r / gn, bhk = g0 + r % gn, b = bhk / a.Hk, hk = bhk % a.Hk;
+  const GroupedTicket gt = grouped_ticket(s_ticket, n_bhk, n_kb, group);
+  const int kb = gt.block, bhk = gt.unit, b = bhk / a.Hk, hk = bhk % a.Hk;
   const int heads = a.H / a.Hk;  // query heads of the group: hk * heads .. hk * heads + heads - 1
   const int k0 = kb * BC;
   const int2 qr = query_blocks<kDocs>(a, b, k0, BC, BR);
@@ -511,11 +511,9 @@ void launch_bwd_sm90(const Ctx& ctx, const Args& a, const AttentionLayout& L, co
   const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_do = rows_map(dout, L, L.dout, C::BR),
                     tm_k = rows_map(k, L, L.k, C::BC), tm_v = rows_map(v, L, L.v, C::BC);
   // (batch, key/value head)s per ticket group: their open dQ tiles, n_qb for each of the H / Hk
-  // query heads of each, in about 8 MiB of L2 (H200, 16 heads x 64 without grouping, T = 2048 /
-  // 8192 / 32768: 2 to 16 MiB measure the same, 32 MiB up to 5% slower at D = 128, one group of
-  // all 8-12% slower).
-  const int group = static_cast<int>(
-      std::clamp<int64_t>((8 << 20) / (int64_t{n_qb} * (a.H / a.Hk) * C::kDqBytes), 1, n_bhk));
+  // query heads of each (H200, 16 heads x 64, T = 2048 / 8192 / 32768: one group of all 8-12%
+  // slower).
+  const int group = units_in_l2(int64_t{n_qb} * (a.H / a.Hk) * C::kDqBytes, n_bhk);
   auto kernel = bwd_sm90_kernel<DP, kRope, kDocs>;
   LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem));
   kernel<<<n_bhk * n_kb, kThreads, C::kSmem, st>>>(tm_q, tm_do, tm_k, tm_v, lse, delta, dq.data<bf16_t>(),

@@ -21,9 +21,9 @@
 // ctx.workspace, with two Q buffers, so the next item's Q and K/V arrive while
 // the math warpgroups finish the current one. Items run in groups of
 // (batch*head)s whose K and V fit in about 8 MiB of L2, within a group the
-// longest first and (batch*head) fastest: the CTAs running at once read each K/V tile from DRAM
-// once, and the query heads of one key/value group are adjacent items of the
-// same query block. (Over all (batch*head)s at once, as before 2026-12-06, every
+// longest first and (batch*head) fastest: the CTAs running at once read each
+// K/V tile from DRAM once, and the query heads of one key/value group are
+// adjacent items of the same query block. (Over all (batch*head)s at once, as before 2026-12-06, every
 // item read its K/V from DRAM: H100, 16 heads x 128, T = 2048, DRAM at 87% of
 // its bandwidth, 2.5 GB moved where q, k, v and o are 0.54 GB.)
 // Layout: q/o [B,T,H,D], k/v [B,T,Hk,D], free batch/token strides (multiples of
@@ -55,14 +55,14 @@ struct FwdSm90Cfg {
   static constexpr size_t kSmem = 1024 + kBarOffset + 8 * (4 + 3 * kStages);
 };
 
-// Work item i: (batch*head, query block); groups of `group` (batch*head)s one after the other,
-// within a group the longest causal rows first, (batch*head) fastest.
+// Work item i: (batch*head, query block), in grouped_ticket's order (the last query blocks, the
+// longest causal rows, first within a group).
 struct FwdItem {
   int bh, q0;
 };
 __device__ __forceinline__ FwdItem fwd_item(int i, int n_bh, int n_qb, int BR, int group) {
-  const int g0 = i / (group * n_qb) * group, gn = min(group, n_bh - g0), r = i - g0 * n_qb;
-  return {g0 + r % gn, (n_qb - 1 - r / gn) * BR};
+  const GroupedTicket g = grouped_ticket(i, n_bh, n_qb, group);
+  return {g.unit, g.block * BR};
 }
 
 template <int DP, int WGS, bool kPersistent, bool kDocs>
@@ -249,10 +249,7 @@ template <int DP, int WGS, bool kPersistent, bool kDocs>
 void launch_fwd_sm90_grid(const Ctx& ctx, const Args& a, const AttentionLayout& L, const Tensor& q, const Tensor& k,
                           const Tensor& v, const Tensor& o, const Tensor& lse, int n_bh, unsigned grid, int* ticket) {
   using C = FwdSm90Cfg<DP, WGS, kPersistent>;
-  // (batch*head)s per item group: their K and V in about 8 MiB of L2 (the backward's dQ tiles
-  // take as much).
-  const int group =
-      static_cast<int>(std::clamp<int64_t>((8 << 20) / (int64_t{a.T} * 2 * C::kTileBytes / C::BC), 1, n_bh));
+  const int group = units_in_l2(int64_t{a.T} * 2 * C::kTileBytes / C::BC, n_bh);  // a head's K and V
   const CUtensorMap tm_q = rows_map(q, L, L.q, C::BR), tm_k = rows_map(k, L, L.k, C::BC),
                     tm_v = rows_map(v, L, L.v, C::BC);
   auto kernel = fwd_sm90_kernel<DP, WGS, kPersistent, kDocs>;
