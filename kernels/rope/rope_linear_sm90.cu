@@ -14,9 +14,14 @@
 // Per math warpgroup a staging block of the chunks; the epilogue warps take it to registers and
 // store it straight to global memory, the heads in [r0, r0 + n_rot) rotated on the way, eight
 // pairs of one row at a time (a pair's halves are D / 2 columns apart: in one chunk at D = 64, in
-// neighbouring chunks at D = 128, in the same or the next chunk at D = 96). Rotating in shared
-// memory for a TMA store moved 64 KB more per tile through shared memory, which the wgmmas and
-// operand copies nearly saturate (see swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the
+// neighbouring chunks at D = 128, in the same or the next chunk at D = 96). The epilogue warps
+// run three ways over a block. In a tile whose heads all rotate (q, k) or none (v), each thread
+// keeps one place in the row and steps down the rows, so only the row's part of an address changes
+// (the index arithmetic of a unit counter divided by a run-time row width had made the epilogue
+// the tile's critical path: 2.69 -> 2.27 ms per 125M step on an H100, 2026-12-06); a tile with
+// both kinds (heads that do not fill whole tiles, e.g. some GQA shapes) counts units. Rotating in
+// shared memory for a TMA store moved 64 KB more per tile through shared memory, which the wgmmas
+// and operand copies nearly saturate (see swiglu_linear_fwd_sm90.cu). The (cos, sin) rows of the
 // tile's 128 positions arrive in shared memory by bulk copies that thread 32 issues as the tile
 // begins, so they land while the math warpgroups work (read per 8 pairs from global memory, they
 // held the epilogue warps up: no gain over the separate pass). With document bounds a run of
@@ -107,6 +112,24 @@ __device__ __forceinline__ uint32_t group_offset(int row, int group) {
   return (group >> 3) * kChunkBytes + chunk_offset(row, group & 7, 0);
 }
 
+// rotate_unit: eight pairs of one row, (x1, x2) 16-byte units of the head's first and second
+// half, rotated by the (c, s) pairs at cs (64 bytes).
+__device__ __forceinline__ void rotate_unit(uint4 xv, uint4 yv, uint32_t cs, uint4& o1v, uint4& o2v) {
+  const uint32_t x1[4] = {xv.x, xv.y, xv.z, xv.w}, x2[4] = {yv.x, yv.y, yv.z, yv.w};
+  uint32_t o1[4], o2[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 qv = ld_shared_v4(cs + 16 * i);  // (c, s) of two pairs
+    const float2 a = unpack_bf16(x1[i]), b = unpack_bf16(x2[i]);
+    const float2 r0 = cuda::rope_rotate(a.x, b.x, __uint_as_float(qv.x), __uint_as_float(qv.y));
+    const float2 r1 = cuda::rope_rotate(a.y, b.y, __uint_as_float(qv.z), __uint_as_float(qv.w));
+    o1[i] = pack_bf16(r0.x, r1.x);
+    o2[i] = pack_bf16(r0.y, r1.y);
+  }
+  o1v = make_uint4(o1[0], o1[1], o1[2], o1[3]);
+  o2v = make_uint4(o2[0], o2[1], o2[2], o2[3]);
+}
+
 // Stores a staged 64 x BN block (rows row0.., columns c0..) to y, its heads h0 .. h1 - 1 rotated;
 // epilogue thread e. The block is 64 x (BN / 8) units of 8 columns. A rotated unit is eight pairs of
 // one row: 16-byte group g of the head's first half and the same group of its second half; `table`
@@ -125,22 +148,10 @@ __device__ __forceinline__ void store_block(uint32_t st, int h0, int h1, uint32_
     const int row = u / per_row, r = u - row * per_row, head = h0 + r / kGroups, g = r % kGroups;
     const int group = head * (D / 8) + g;  // the first half's unit; the second half's is D / 16 groups on
     const uint32_t lo = group_offset(row, group), hi = group_offset(row, group + kGroups);
-    const uint32_t cs = table + (row * (D / 2) + 8 * g) * 8;  // pairs 8g .. 8g + 7 of the row
-    const uint4 xv = ld_shared_v4(st + lo), yv = ld_shared_v4(st + hi);
-    const uint32_t x1[4] = {xv.x, xv.y, xv.z, xv.w}, x2[4] = {yv.x, yv.y, yv.z, yv.w};
-    uint32_t o1[4], o2[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const uint4 qv = ld_shared_v4(cs + 16 * i);  // (c, s) of two pairs
-      const float4 q =
-          make_float4(__uint_as_float(qv.x), __uint_as_float(qv.y), __uint_as_float(qv.z), __uint_as_float(qv.w));
-      const float2 a = unpack_bf16(x1[i]), b = unpack_bf16(x2[i]);
-      const float2 r0 = cuda::rope_rotate(a.x, b.x, q.x, q.y), r1 = cuda::rope_rotate(a.y, b.y, q.z, q.w);
-      o1[i] = pack_bf16(r0.x, r1.x);
-      o2[i] = pack_bf16(r0.y, r1.y);
-    }
-    store(row, head * D + 8 * g, make_uint4(o1[0], o1[1], o1[2], o1[3]));
-    store(row, head * D + D / 2 + 8 * g, make_uint4(o2[0], o2[1], o2[2], o2[3]));
+    uint4 o1, o2;  // pairs 8g .. 8g + 7 of the row
+    rotate_unit(ld_shared_v4(st + lo), ld_shared_v4(st + hi), table + (row * (D / 2) + 8 * g) * 8, o1, o2);
+    store(row, head * D + 8 * g, o1);
+    store(row, head * D + D / 2 + 8 * g, o2);
   }
   // The columns outside the rotated heads as they are: units of 8 columns before head h0 and from
   // head h1 on.
@@ -149,6 +160,49 @@ __device__ __forceinline__ void store_block(uint32_t st, int h0, int h1, uint32_
     const int row = u / plain_per_row, p = u - row * plain_per_row, group = p < skip0 ? p : p + skipped;
     store(row, 8 * group, ld_shared_v4(st + group_offset(row, group)));
   }
+}
+
+// store_block for a block whose heads all rotate (the q and k tiles), with the unit's place in the
+// row fixed per thread: thread e takes column unit e % kPerRow of rows e / kPerRow, + kRowStep, ...
+// (kPerRow divides the 96 epilogue threads), so only the row's part of each address changes. Every
+// column of a rotated head lies inside y; rows past n are not stored.
+template <int D>
+__device__ __forceinline__ void store_block_rotated(uint32_t st, uint32_t table, int e, __nv_bfloat16* y, int row0,
+                                                    int c0, int n, int m) {
+  constexpr int kGroups = D / 16, kPerRow = Cfg<D>::kBN / D * kGroups, kRowStep = Cta::kEpilogueThreads / kPerRow;
+  static_assert(Cta::kEpilogueThreads % kPerRow == 0, "whole rows per pass");
+  const int r = e % kPerRow, head = r / kGroups, g = r % kGroups;
+  const int lo = head * (D / 8) + g, hi = lo + kGroups;  // 16-byte groups of the pair's halves
+  const uint32_t lo_chunk = st + (lo >> 3) * kChunkBytes, hi_chunk = st + (hi >> 3) * kChunkBytes;
+  const int lo_g = lo & 7, hi_g = hi & 7;
+  const int rows = min(n - row0, 64);
+  __nv_bfloat16* out = y + int64_t{row0} * m + c0 + head * D + 8 * g;
+  for (int row = e / kPerRow; row < rows; row += kRowStep) {
+    const uint32_t base = row * 128, sw = row & 7;
+    uint4 o1, o2;
+    rotate_unit(ld_shared_v4(lo_chunk + base + ((lo_g ^ sw) << 4)), ld_shared_v4(hi_chunk + base + ((hi_g ^ sw) << 4)),
+                table + (row * (D / 2) + 8 * g) * 8, o1, o2);
+    __nv_bfloat16* at = out + int64_t{row} * m;
+    *reinterpret_cast<uint4*>(at) = o1;
+    *reinterpret_cast<uint4*>(at + D / 2) = o2;
+  }
+}
+
+// store_block for a block without rotated heads (the v tiles): thread e takes 8-column unit
+// e % kPerRow of rows e / kPerRow, + kRowStep, ...
+template <int D>
+__device__ __forceinline__ void store_block_plain(uint32_t st, int e, __nv_bfloat16* y, int row0, int c0, int n,
+                                                  int m) {
+  constexpr int kPerRow = Cfg<D>::kBN / 8, kRowStep = Cta::kEpilogueThreads / kPerRow;
+  static_assert(Cta::kEpilogueThreads % kPerRow == 0, "whole rows per pass");
+  const int group = e % kPerRow;
+  if (c0 + 8 * group >= m) return;
+  const uint32_t chunk = st + (group >> 3) * kChunkBytes;
+  const int gi = group & 7;
+  const int rows = min(n - row0, 64);
+  __nv_bfloat16* out = y + int64_t{row0} * m + c0 + 8 * group;
+  for (int row = e / kPerRow; row < rows; row += kRowStep)
+    *reinterpret_cast<uint4*>(out + int64_t{row} * m) = ld_shared_v4(chunk + row * 128 + ((gi ^ (row & 7)) << 4));
 }
 
 template <int D>
@@ -213,7 +267,13 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
         for (int w = 0; w < 2; ++w) {
           hs.wait_staged(w, nt);
           if (rotates && w == 0) mbar_wait(table_full, nr & 1);
-          store_block<D>(hs.block(w, nt), h0, h1, table + w * (C::kTableBytes / 2), e, y, m0 + 64 * w, c0, n, m);
+          const uint32_t tw = table + w * (C::kTableBytes / 2);
+          if (h0 == 0 && h1 == kBN / D)
+            store_block_rotated<D>(hs.block(w, nt), tw, e, y, m0 + 64 * w, c0, n, m);
+          else if (h1 == h0)
+            store_block_plain<D>(hs.block(w, nt), e, y, m0 + 64 * w, c0, n, m);
+          else
+            store_block<D>(hs.block(w, nt), h0, h1, tw, e, y, m0 + 64 * w, c0, n, m);
           hs.release(w, nt);
         }
         nr += rotates;

@@ -12,6 +12,8 @@
 #   swiglubwd  the SwiGLU backward GEMM (kernels/swiglu/NOTES.md): its per-layer time in the 125M and
 #              Transformer++ 1.3B steps, one launch under Nsight Compute (where its warps wait, its
 #              tensor pipe, shared-memory and L2 traffic) and its SASS loops
+#   ropeprof   the QKV GEMM with RoPE in its epilogue and the SwiGLU forward under Nsight Compute
+#              (kernels/rope/NOTES.md)
 #   attnprof   the Hopper attention kernels under Nsight Compute, forward and backward at head dims 64
 #              and 128 (T = 2048, 16 heads, 32,768 tokens): durations, DRAM and L2 rates, where their
 #              warps wait (kernels/attention/NOTES.md, "The forward's item order")
@@ -149,6 +151,20 @@ if [ "$what" = attnprof ]; then
         --heads 16 --head-dim "$d" --iters 3
     done
   done
+fi
+if [ "$what" = ropeprof ]; then
+  # The QKV GEMM with RoPE in its epilogue next to the SwiGLU forward, the kernel on the same
+  # pipeline with the higher tensor-pipe share: one launch of each under Nsight Compute in a 1-layer
+  # 125M step (kernels/rope/NOTES.md, "What limits the fused GEMM"), and their SASS loops.
+  args="configs/transformer_125m.json --set model.n_layers=1 --seq-lens 2048 --micro-tokens 32768
+    --tokens-per-step 32768 --steps 1 --warmup 1"
+  # shellcheck disable=SC2086  # args is a list of words
+  ncu_prof ropeprof.txt rope_fwd rope_linear_fwd_kernel $args
+  # shellcheck disable=SC2086
+  ncu_prof ropeprof.txt swiglu_fwd swiglu_linear_fwd_kernel $args
+  "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass \
+    build-gpu/CMakeFiles/linac_kernels_sm90a.dir/kernels/rope/rope_linear_sm90.cu.o >"$out/rope_fwd.sass" 2>&1
+  python3 scripts/sass_mix.py --kernel rope_linear_fwd_kernel "$out/rope_fwd.sass" 2>&1 | tee -a "$out/ropeprof.txt"
 fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
