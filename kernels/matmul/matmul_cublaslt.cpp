@@ -85,7 +85,8 @@ struct Tuning {
     int candidate;
     cudaEvent_t start, stop;
   };
-  std::vector<cublasLtMatmulAlgo_t> candidates;
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's first `heuristic`, then screened ones
+  int heuristic = 0;
   std::vector<std::vector<float>> us;  // per candidate, each timed call
   std::vector<Pending> pending;
   int64_t calls = 0;
@@ -194,6 +195,112 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(const PlanKey& k, const Plan& 
   std::vector<cublasLtMatmulAlgo_t> algos;
   for (int i = 0; i < found; ++i) algos.push_back(res[static_cast<size_t>(i)].algo);
   return algos;
+}
+
+// Configurations past the heuristic's list (tuning only; matmul_algos.h): every algorithm id's
+// tiles, split along K into 1-4 parts (the fixed-order fp32 reduction only, as kReductionMask
+// allows), in cluster shapes auto, 1x1, 2x1 and 1x2, at the stages the heuristic's first choice
+// uses, where cuBLASLt accepts them for this problem, its alignments and its workspace. The
+// heuristic offers few of them: for the weight gradient 2048 x 5632 x 16384 (cuBLASLt's m = 5632)
+// its eight are split-K schemes and one 64 x 384 tile, while 88 x 256 tiles in 2x1 clusters (512
+// whole tiles, 3.9 waves on 132 SMs) run 9% faster than its first (kernels/matmul/NOTES.md). Each
+// configuration is timed on the call's own A and B and a scratch C, once, then the fastest
+// kScreenShortlist three times more; returns the `keep` fastest by median that `skip` does not
+// hold. Synchronises the stream (tuning steps are eager).
+constexpr int kScreenShortlist = 24;
+
+std::vector<cublasLtMatmulAlgo_t> screened_algos(const PlanKey& k, const Plan& plan, const void* a, const void* b,
+                                                 float beta, void* workspace, cudaStream_t stream,
+                                                 const std::vector<cublasLtMatmulAlgo_t>& skip, int keep) {
+  const auto lt = static_cast<cublasLtHandle_t>(k.handle);
+  const cublasComputeType_t compute = k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cudaDataType_t ab = cuda_type(k.ab), c = cuda_type(k.c);
+  int ids[128], n_ids = 0;
+  LINAC_CUBLAS_CHECK(cublasLtMatmulAlgoGetIds(lt, compute, CUDA_R_32F, ab, ab, c, c, 128, ids, &n_ids));
+  uint32_t stages = 0;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&skip.at(0), CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &written);
+  auto same = [](const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+    return std::memcmp(x.data, y.data, sizeof(x.data)) == 0;
+  };
+  std::vector<cublasLtMatmulAlgo_t> configs;
+  for (int i = 0; i < n_ids; ++i) {
+    cublasLtMatmulAlgo_t base{};
+    if (cublasLtMatmulAlgoInit(lt, compute, CUDA_R_32F, ab, ab, c, c, ids[i], &base) != CUBLAS_STATUS_SUCCESS) continue;
+    uint32_t align[4] = {}, red_mask = 0;
+    int32_t splits_ok = 0;
+    const cublasLtMatmulAlgoCapAttributes_t align_caps[4] = {
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
+    for (int j = 0; j < 4; ++j)
+      cublasLtMatmulAlgoCapGetAttribute(&base, align_caps[j], &align[j], sizeof(align[j]), &written);
+    if (align[0] > k.align_b || align[1] > k.align_a || align[2] > k.align_c || align[3] > k.align_c) continue;
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splits_ok, sizeof(splits_ok), &written);
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &red_mask, sizeof(red_mask),
+                                      &written);
+    const int max_splits = splits_ok && (red_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) ? 4 : 1;
+    size_t bytes = 0;
+    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes);
+    std::vector<uint32_t> tiles(std::max<size_t>(1, bytes / sizeof(uint32_t)), CUBLASLT_MATMUL_TILE_UNDEFINED);
+    if (bytes) cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &written);
+    for (uint32_t tile : tiles)
+      for (int32_t splits = 1; splits <= max_splits; ++splits)
+        for (uint16_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1}) {
+          cublasLtMatmulAlgo_t x = base;
+          const uint32_t red = splits > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
+          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages));
+          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
+          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red));
+          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster));
+          cublasLtMatmulHeuristicResult_t check{};
+          if (cublasLtMatmulAlgoCheck(lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, &x, &check) !=
+                  CUBLAS_STATUS_SUCCESS ||
+              check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > k.workspace_bytes)
+            continue;
+          if (std::none_of(skip.begin(), skip.end(), [&](const auto& y) { return same(x, y); }) &&
+              std::none_of(configs.begin(), configs.end(), [&](const auto& y) { return same(x, y); }))
+            configs.push_back(x);
+        }
+  }
+  if (configs.empty()) return {};
+  const size_t c_bytes = static_cast<size_t>((k.batch - 1) * k.stride_c + (k.m - 1) * k.ldc + k.n) * dtype_size(k.c);
+  const std::unique_ptr<void, void (*)(void*)> scratch(gpu_malloc(c_bytes), gpu_free);
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LINAC_CUDA_CHECK(cudaEventCreate(&start));
+  LINAC_CUDA_CHECK(cudaEventCreate(&stop));
+  // Milliseconds of one call with configs[i]; < 0 where cuBLASLt refuses to run it.
+  auto time_once = [&](size_t i) {
+    const float alpha = 1;
+    LINAC_CUDA_CHECK(cudaEventRecord(start, stream));
+    const cublasStatus_t st = cublasLtMatmul(lt, plan.op, &alpha, b, plan.la, a, plan.lb, &beta, scratch.get(), plan.lc,
+                                             scratch.get(), plan.lc, &configs[i], workspace, k.workspace_bytes, stream);
+    LINAC_CUDA_CHECK(cudaEventRecord(stop, stream));
+    LINAC_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    LINAC_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return st == CUBLAS_STATUS_SUCCESS ? ms : -1.f;
+  };
+  std::vector<std::pair<float, size_t>> ranked;  // (ms, config)
+  for (size_t i = 0; i < configs.size(); ++i) {
+    if (time_once(i) < 0) continue;  // the first call may load the kernel
+    ranked.emplace_back(time_once(i), i);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  ranked.resize(std::min<size_t>(ranked.size(), kScreenShortlist));
+  for (auto& [ms, i] : ranked) {
+    float t[3] = {ms, time_once(i), time_once(i)};
+    std::sort(t, t + 3);
+    ms = t[1];
+  }
+  std::sort(ranked.begin(), ranked.end());
+  LINAC_CUDA_CHECK(cudaEventDestroy(start));
+  LINAC_CUDA_CHECK(cudaEventDestroy(stop));
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (size_t j = 0; j < ranked.size() && out.size() < static_cast<size_t>(keep); ++j)
+    out.push_back(configs[ranked[j].second]);
+  return out;
 }
 
 // Installed choices (gemm_algos_install) by problem, and where they came from.
@@ -336,14 +443,26 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   Plan& plan = plan_for(key, tuning);
   const cudaStream_t stream = static_cast<cudaStream_t>(ctx.stream);
   const cublasLtMatmulAlgo_t* algo = &plan.algo;
+  if (p.bias) {
+    // The pointer is an attribute of the cached descriptor; cublasLtMatmul reads it as it enqueues,
+    // and a plan serves one handle, which one thread drives at a time.
+    const void* bias = p.bias;
+    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   Tuning::Pending timed{-1, nullptr, nullptr};
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (tuning) LINAC_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (tuning && capture == cudaStreamCaptureStatusNone) {  // a captured call would be replayed untimed
     if (!plan.tuning) {
       plan.tuning = std::make_unique<Tuning>();
-      plan.tuning->candidates = heuristic_algos(key, plan, kGemmTuneCandidates);
-      plan.tuning->us.resize(plan.tuning->candidates.size());
+      std::vector<cublasLtMatmulAlgo_t>& cands = plan.tuning->candidates;
+      cands = heuristic_algos(key, plan, kGemmTuneCandidates);
+      plan.tuning->heuristic = static_cast<int>(cands.size());
+      for (const auto& x :
+           screened_algos(key, plan, a.ptr, b.ptr, beta, ctx.workspace, stream, cands, kGemmTuneScreened))
+        cands.push_back(x);
+      plan.tuning->us.resize(cands.size());
     }
     Tuning& t = *plan.tuning;
     collect(t, false);
@@ -353,13 +472,6 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
     LINAC_CUDA_CHECK(cudaEventCreate(&timed.stop));
     LINAC_CUDA_CHECK(cudaEventRecord(timed.start, stream));
   }
-  if (p.bias) {
-    // The pointer is an attribute of the cached descriptor; cublasLtMatmul reads it as it enqueues,
-    // and a plan serves one handle, which one thread drives at a time.
-    const void* bias = p.bias;
-    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-  }
-  const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
                                     plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, algo, ctx.workspace,
                                     ctx.workspace_bytes, stream));
@@ -419,15 +531,19 @@ std::vector<GemmAlgoChoice> gemm_tuning_finish() {
       std::vector<double> med;
       for (const auto& v : t.us) med.push_back(median_us(v));
       size_t best = 0;
-      for (size_t i = 1; i < med.size(); ++i)
-        if (med[0] > 0 && med[i] > 0 && med[i] < kGemmTuneMargin * med[0] && med[i] < med[best]) best = i;
+      for (size_t i = 1; i < med.size(); ++i) {
+        const double margin = static_cast<int>(i) < t.heuristic ? kGemmTuneMargin : kGemmTuneScreenMargin;
+        if (med[0] > 0 && med[i] > 0 && med[i] < margin * med[0] && med[i] < med[best]) best = i;
+      }
       GemmAlgoChoice c;
       c.problem = plan->problem;
       c.algo = algo_words(t.candidates[best]);
-      c.candidate = static_cast<int>(best);
+      c.candidate = static_cast<int>(best) < t.heuristic ? static_cast<int>(best)
+                                                         : kGemmTuneCandidates + static_cast<int>(best) - t.heuristic;
       c.heuristic_us = med[0];
       c.chosen_us = med[best];
       c.calls = t.calls;
+      c.candidates = static_cast<int>(t.candidates.size());
       out.push_back(c);
       plan->tuning.reset();
     }

@@ -84,9 +84,14 @@ GemmAlgoTable read_gemm_algo_table(const std::string& path) {
     g.heuristic_us = field(c, "heuristic_us", json::value_t::number_float, where).get<double>();
     g.chosen_us = field(c, "chosen_us", json::value_t::number_float, where).get<double>();
     g.calls = field(c, "calls", json::value_t::number_integer, where).get<int64_t>();
+    if (const auto n = c.find("candidates"); n != c.end()) {  // absent in tables written before 2026-12-06
+      if (!n->is_number_integer() || n->get<int64_t>() < 0 || n->get<int64_t>() > std::numeric_limits<int>::max())
+        throw UserError(where + ": 'candidates' must be a count of timed candidates, got " + n->dump());
+      g.candidates = static_cast<int>(n->get<int64_t>());
+    }
     const json& candidate = c["candidate"];
     if (candidate.get<int64_t>() < 0 || candidate.get<int64_t>() > std::numeric_limits<int>::max())
-      throw UserError(where + ": 'candidate' must be a heuristic's index, got " + candidate.dump());
+      throw UserError(where + ": 'candidate' must be a candidate's index, got " + candidate.dump());
     if (!(g.heuristic_us >= 0 && g.chosen_us >= 0 && g.calls >= 0))
       throw UserError(where + ": 'heuristic_us', 'chosen_us' and 'calls' must not be negative");
     t.choices.push_back(std::move(g));
@@ -108,7 +113,8 @@ void write_gemm_algo_table(const std::string& path, const GemmAlgoTable& table) 
                                                   {"candidate", c.candidate},
                                                   {"heuristic_us", c.heuristic_us},
                                                   {"chosen_us", c.chosen_us},
-                                                  {"calls", c.calls}});
+                                                  {"calls", c.calls},
+                                                  {"candidates", c.candidates}});
   }
   replace_file(path, j.dump(1) + "\n", false);
 }

@@ -25,10 +25,11 @@ GemmAlgoTable random_table(uint64_t seed) {
     c.problem = "M=" + std::to_string(1 + rng.below(5000)) + " N=" + std::to_string(1 + rng.below(5000)) + " K=7";
     for (uint64_t& w : c.algo) w = (static_cast<uint64_t>(rng.below(1u << 31)) << 33) ^ rng.below(1u << 31);
     c.algo[7] = ~uint64_t{0};  // all 64 bits survive the file
-    c.candidate = static_cast<int>(rng.below(8));
+    c.candidate = static_cast<int>(rng.below(16));
     c.heuristic_us = 10 + 0.001 * static_cast<double>(rng.below(100000));
     c.chosen_us = c.heuristic_us * 0.9;
     c.calls = 1 + static_cast<int64_t>(rng.below(1000));
+    c.candidates = 1 + static_cast<int>(rng.below(16));
     t.choices.push_back(c);
   }
   return t;
@@ -58,6 +59,7 @@ TEST(GemmAlgoTable, WrittenIsReadBack) {
     EXPECT_DOUBLE_EQ(r.choices[i].heuristic_us, t.choices[i].heuristic_us);
     EXPECT_DOUBLE_EQ(r.choices[i].chosen_us, t.choices[i].chosen_us);
     EXPECT_EQ(r.choices[i].calls, t.choices[i].calls);
+    EXPECT_EQ(r.choices[i].candidates, t.choices[i].candidates);
   }
   for (const auto& e : fs::directory_iterator(fs::path(path).parent_path()))
     EXPECT_EQ(e.path().filename(), "algos.json") << "a temp file was left";
@@ -95,7 +97,11 @@ TEST(GemmAlgoTable, DamagedFilesNameTheFileAndField) {
       {"version_text", with([](json& k) { k["version"] = "1"; }), "not a GEMM algorithm table"},
       {"version_fraction", with([](json& k) { k["version"] = 1.5; }), "not a GEMM algorithm table"},
       {"candidate_huge", with([](json& k) { k["choices"][0]["candidate"] = 99999999999; }),
-       "choices[0]: 'candidate' must be a heuristic's index, got 99999999999"},
+       "choices[0]: 'candidate' must be a candidate's index, got 99999999999"},
+      {"candidates_negative", with([](json& k) { k["choices"][2]["candidates"] = -1; }),
+       "choices[2]: 'candidates' must be a count of timed candidates, got -1"},
+      {"candidates_text", with([](json& k) { k["choices"][0]["candidates"] = "16"; }),
+       "choices[0]: 'candidates' must be a count of timed candidates, got \"16\""},
       {"calls_negative", with([](json& k) { k["choices"][1]["calls"] = -3; }),
        "choices[1]: 'heuristic_us', 'chosen_us' and 'calls' must not be negative"},
   };
@@ -107,6 +113,18 @@ TEST(GemmAlgoTable, DamagedFilesNameTheFileAndField) {
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
   }
   EXPECT_EQ(error_of(good), "");
+}
+
+// Tables written before the count of timed candidates was kept still read (the count 0).
+TEST(GemmAlgoTable, TableWithoutCandidateCountReads) {
+  const std::string path = test::fresh_dir("gemm_algo_table_old") + "/algos.json";
+  write_gemm_algo_table(path, random_table(13));
+  json j = json::parse(std::ifstream(path));
+  for (json& c : j["choices"]) c.erase("candidates");
+  std::ofstream(path) << j.dump();
+  const GemmAlgoTable r = read_gemm_algo_table(path);
+  ASSERT_EQ(r.choices.size(), 3u);
+  for (const GemmAlgoChoice& c : r.choices) EXPECT_EQ(c.candidates, 0);
 }
 
 // Coverage counts the planned problems the table names, and of those the ones it changes.
