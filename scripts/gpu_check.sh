@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh [MODE]   (default: all; an unknown MODE, e.g. none, only builds)
 # The modes live in scripts/gpu_check/, each file opening with what its modes run:
 #   suite.sh      tests bench perf based tnl latte vq generate (all = these, in this order)
-#   profiles.sh   gemms gla taylor latteprof xentprof swiglubwd ropeprof attnprof power gemmtune
+#   profiles.sh   gemms gla taylor latteprof xentprof swiglubwd ropeprof attnprof memprof power gemmtune
 #   multi_gpu.sh  zero1 zero4 nettransport zero4mem trace4 ckpt13b
 #   peers.sh      decode peers table logits
 #   features.sh   compare sanitize docs gqa

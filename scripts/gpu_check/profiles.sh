@@ -17,6 +17,9 @@
 #   attnprof   the Hopper attention kernels under Nsight Compute, forward and backward at head dims 64
 #              and 128 (T = 2048, 16 heads, 32,768 tokens): durations, DRAM and L2 rates, where their
 #              warps wait (kernels/attention/NOTES.md, "The forward's item order")
+#   memprof    the Transformer++ 1.3B step's phases, then its memory-bound kernels (AdamW, RMSNorm, the
+#              gradient norm's reduction) under Nsight Compute: DRAM throughput and bytes moved
+#              (docs/performance.md, "Memory-bound passes of the 1.3B step at their bandwidth")
 #   power      each model's step with the GPU's power draw and SM clock sampled (scripts/power_summary.py),
 #              then the SM clock and tensor-pipe occupancy of one 125M step's GEMM kernels under Nsight
 #              Compute (docs/performance.md, "What holds the GEMMs")
@@ -165,6 +168,16 @@ if [ "$what" = ropeprof ]; then
   "${CUDA_HOME:-/usr/local/cuda}/bin/cuobjdump" -sass \
     build-gpu/CMakeFiles/linac_kernels_sm90a.dir/kernels/rope/rope_linear_sm90.cu.o >"$out/rope_fwd.sass" 2>&1
   python3 scripts/sass_mix.py --kernel rope_linear_fwd_kernel "$out/rope_fwd.sass" 2>&1 | tee -a "$out/ropeprof.txt"
+fi
+if [ "$what" = memprof ]; then
+  ./build-gpu/linac bench configs/transformer_1.3b.json --seq-lens 2048 --micro-tokens 16384 --tokens-per-step 16384 \
+    --steps 4 --profile 2>&1 | tee -a "$out/memprof.txt"
+  ncu --clock-control none -k 'regex:adamw|reduce_partial|rmsnorm|add_slab' --launch-count 40 \
+    --section SpeedOfLight --section LaunchStats --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+    --csv --page details ./build-gpu/linac bench configs/transformer_1.3b.json --set model.n_layers=2 \
+    --seq-lens 2048 --micro-tokens 16384 --tokens-per-step 16384 --steps 1 --warmup 1 \
+    >"$out/ncu_mem.csv" 2>"$out/ncu_mem.err"
+  python3 scripts/ncu_summary.py "$out/ncu_mem.csv" 2>&1 | tee -a "$out/memprof.txt"
 fi
 if [ "$what" = gemmtune ]; then
   # The GEMM tests, then per config (GEMMTUNE_CONFIGS, default the four models whose issue-49 goals
