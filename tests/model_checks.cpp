@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "model/model.h"
 #include "test_util.h"
@@ -118,6 +119,41 @@ void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std
     EXPECT_EQ(differ, 0u) << "gradient bytes differ from recompute none";
     EXPECT_LT(x.saved_bytes, prev_bytes);
     prev_bytes = x.saved_bytes;
+  }
+}
+
+void check_accumulation_after_nan(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
+                                  int64_t T, double tol) {
+  std::vector<OwnedTensor> batches;
+  for (uint64_t i = 0; i < 4; ++i)
+    batches.push_back(to(random_tokens(B, T, cfg.vocab_size, 40 + i), ctx.device, DType::I32));
+  Model m(cfg, ctx, {.precision = precision});
+  m.init_params(5);
+  m.reserve(B, T);
+  ParamStore& ps = m.params();
+  auto accumulate = [&](size_t first, size_t end) {
+    ps.zero_grad(ctx);
+    for (size_t i = first; i < end; i += 2)
+      m.forward_backward(batches[i], batches[i + 1], 1.f / static_cast<float>(B * T));
+    return to_doubles(ctx, ps.flat_grad());
+  };
+  const std::vector<double> ga = accumulate(0, 2), gb = accumulate(2, 4);
+  OwnedTensor poison(DType::F64, Device::CPU, {ps.flat_numel()});
+  std::fill_n(poison->data<double>(), ps.flat_numel(), 0.0);
+  for (int id = 0; id < ps.count(); ++id)
+    std::fill_n(poison->data<double>() + ps.offset(id), ps.numel(id), std::numeric_limits<double>::quiet_NaN());
+  copy_tensor(ps.flat_grad(), to(poison, ctx.device, ps.master_dtype()));
+  const std::vector<double> gab = accumulate(0, 4);
+  ASSERT_EQ(gab.size(), ga.size());
+  for (int id = 0; id < ps.count(); ++id) {
+    double err = 0, scale = 0;
+    for (int64_t j = ps.offset(id); j < ps.offset(id) + ps.numel(id); ++j) {
+      const auto u = static_cast<size_t>(j);
+      err = std::max(err, std::isnan(gab[u]) ? INFINITY : std::abs(gab[u] - (ga[u] + gb[u])));
+      scale = std::max(scale, std::abs(ga[u]) + std::abs(gb[u]));
+    }
+    EXPECT_GT(scale, 0.0) << ps.spec(id).name << " has no gradient";
+    EXPECT_LE(err, tol * scale) << ps.spec(id).name;
   }
 }
 

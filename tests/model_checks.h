@@ -50,6 +50,16 @@ void check_decode_matches_forward(const ModelConfig& cfg, int64_t B, int64_t T, 
 void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
                                int64_t T);
 
+// Gradient accumulation after a skipped step: builds cfg on ctx in `precision`; the gradients of
+// two micro-batches of B x T random tokens, each alone after zero_grad, must add up (within tol
+// of their magnitudes, per parameter) to the two accumulated after zero_grad, once every
+// parameter's gradient held NaN (what a step with non-finite gradients leaves; the padding stays
+// zero). A gradient that zero_grad leaves to its producers (ParamStore::grad_write) and is read or
+// added to before its first write brings the NaN through; a first write in the second
+// micro-batch loses the first's share.
+void check_accumulation_after_nan(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
+                                  int64_t T, double tol);
+
 // Saving and loading: builds cfg (fp32, AdamW), takes one training step on B x T random tokens
 // (so the moments and any buffers hold values of their own), writes a checkpoint under dir, and
 // builds a second model from the config the checkpoint recorded: it must record cfg's model,

@@ -433,6 +433,7 @@ void Model::launch_forward_backward(const Tensor& tokens, const Tensor& targets,
     embedding_bwd(ctx, tokens.view({N}), dr, params_.grad(embed_));
   }
   grads_ready({embed_}, -1);
+  params_.end_grad_pass(true);
 }
 
 std::vector<double> Model::token_losses() const {

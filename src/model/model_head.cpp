@@ -73,7 +73,8 @@ void Model::run_head(const Tensor& xf, const Tensor& targets, float grad_scale, 
     if (grad_scale == 0.f) continue;
     const double s = cfg_.logit_scale;
     matmul(ctx, dlogits, false, W, false, dxf.slice0(r0, r0 + n), s);
-    matmul(ctx, dlogits, true, x, false, params_.grad(w), s, 1.f);
+    const ParamStore::GradWrite dw = params_.grad_write(w);
+    matmul(ctx, dlogits, true, x, false, dw.grad, s, dw.beta);
     if (head_bias_ >= 0)
       matmul(ctx, ones_act_.tensor(env_.act, {1, n}), false, dlogits, false, params_.grad(head_bias_).view({1, V}), s,
              1.f);

@@ -1,8 +1,8 @@
 #include "model/param_store.h"
 
 #include <algorithm>
-#include <optional>
 #include <numeric>
+#include <optional>
 
 #include "core/rng.h"
 #include "elementwise/elementwise.h"
@@ -94,6 +94,8 @@ void ParamStore::allocate(Device device, DType master_dtype, DType compute_dtype
   master_ = Buffer(static_cast<size_t>(master_numel()) * dtype_size(master_dt_), device);
   grad_ = Buffer(static_cast<size_t>(grad_numel()) * dtype_size(master_dt_), device);
   staged_.assign(specs_.size(), Tensor());
+  first_written_.assign(specs_.size(), 0);
+  written_.assign(specs_.size(), 0);
   if (with_optimizer) {
     m_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
     v_ = Buffer(static_cast<size_t>(moment_numel()) * dtype_size(master_dt_), device);
@@ -238,6 +240,9 @@ void ParamStore::write_range(ParamPart part, int64_t lo, int64_t hi, const Tenso
 }
 
 Tensor ParamStore::grad(int id) const {
+  const auto i = static_cast<size_t>(id);
+  LINAC_CHECK(!(first_pass_ && first_written_[i] && !written_[i]),
+              "parameter " + spec(id).name + "'s gradient is read before its first write of the accumulation");
   if (!grads_sharded() || spec(id).reads_master) return view(grad_, master_dt_, id);
   const Tensor& t = staged_[static_cast<size_t>(id)];
   LINAC_CHECK(t.defined(), "parameter " + spec(id).name +
@@ -278,7 +283,47 @@ Tensor ParamStore::weight(int id) const {
 
 Tensor ParamStore::flat_compute() const { return compute_.bytes() ? flat(compute_, compute_dt_) : Tensor(); }
 
-void ParamStore::zero_grad(const Ctx& ctx) { zero_tensor(ctx, grad_.tensor(master_dt_, {grad_numel()})); }
+void ParamStore::zero_grad(const Ctx& ctx) {
+  first_pass_ = true;
+  std::fill(written_.begin(), written_.end(), 0);
+  // ZeRO-2's shard accumulator is summed into, not written by producers: all of it is zeroed.
+  if (grads_sharded()) return zero_tensor(ctx, grad_.tensor(master_dt_, {grad_numel()}));
+  // Parameters in flat order, each with its padding (which stays zero: nothing writes it); runs
+  // of those to zero become one memset each.
+  std::vector<int> ids(specs_.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return offset(a) < offset(b); });
+  const Tensor flat = grad_.tensor(master_dt_, {grad_numel()});
+  int64_t lo = 0, hi = 0;
+  for (int id : ids) {
+    if (first_written_[static_cast<size_t>(id)]) continue;
+    const int64_t a = offset(id), b = a + align(numel(id));
+    if (a != hi && hi > lo) zero_tensor(ctx, flat.slice0(lo, hi));
+    if (a != hi) lo = a;
+    hi = b;
+  }
+  if (hi > lo) zero_tensor(ctx, flat.slice0(lo, hi));
+}
+
+ParamStore::GradWrite ParamStore::grad_write(int id) {
+  const auto i = static_cast<size_t>(id);
+  // Parameters compute reads through master() share their gradients' producers with others
+  // (a tied embedding's head) or add into them (the embedding's scatter): zero_grad zeroes them.
+  const bool first = first_pass_ && !written_[i] && !spec(id).reads_master;
+  if (first_pass_) {
+    first_written_[i] = first_written_[i] || (first && !grads_sharded());  // ZeRO-2: zero_grad zeroes all
+    written_[i] = 1;
+  }
+  return {grad(id), first ? 0.f : 1.f};
+}
+
+void ParamStore::end_grad_pass(bool check) {
+  if (check && first_pass_)
+    for (int id = 0; id < count(); ++id)
+      LINAC_CHECK(!first_written_[static_cast<size_t>(id)] || written_[static_cast<size_t>(id)],
+                  "parameter " + spec(id).name + "'s gradient was not written in this accumulation's first pass");
+  first_pass_ = false;
+}
 
 void ParamStore::zero_optimizer_state() {
   zero_tensor(m_.tensor(master_dt_, {moment_numel()}));

@@ -135,7 +135,9 @@ class ParamStore {
   // master, m and v of one parameter: under ZeRO-1 only for reads_master parameters (the others
   // are split over the ranks; compute reads them through weight()).
   Tensor master(int id) const;
-  // Under ZeRO-2 a sharded parameter's gradient is its staging slot (stage_grad).
+  // Under ZeRO-2 a sharded parameter's gradient is its staging slot (stage_grad). Producers that
+  // write a whole gradient take it from grad_write; before that write, in a first pass, a
+  // gradient zero_grad left alone holds stale values, and grad() of it is an error.
   Tensor grad(int id) const;
   Tensor weight(int id) const;  // compute dtype (bf16 copy or the master)
   Tensor m(int id) const;
@@ -159,7 +161,24 @@ class ParamStore {
   Tensor buffer(int id) const;
   int64_t buffer_numel() const;  // over every buffer's spec (allocated or not)
 
+  // Gradient accumulation. zero_grad starts one: it zeroes the gradients, except those whose
+  // producers write them first (grad_write in an earlier accumulation's first pass: the weight
+  // matrices, which their GEMMs overwrite with beta = 0, sparing the memset and the GEMM's read of
+  // C). The backward pass after it is the first pass, up to end_grad_pass; later ones accumulate.
   void zero_grad(const Ctx& ctx);
+  // For a producer that writes the whole of parameter id's gradient (one operation, or disjoint
+  // parts that cover it, all with this beta): the gradient and the beta to write it with. 0 at
+  // the first pass's first write of a parameter compute reads in its compute dtype (the old values,
+  // maybe a skipped step's NaN, are not read); 1 otherwise, adding to what is there.
+  struct GradWrite {
+    Tensor grad;
+    float beta;
+  };
+  GradWrite grad_write(int id);
+  // The end of a backward pass; later passes accumulate. With `check` (a pass the host ran, not a
+  // replayed graph), a gradient written first in an earlier accumulation and not written by this
+  // first pass is an error: zero_grad no longer zeroes it.
+  void end_grad_pass(bool check);
   void zero_optimizer_state();
   // master -> compute copy of the owned ranges (after init, load or an optimizer step done
   // without the fused copy).
@@ -183,6 +202,10 @@ class ParamStore {
   int rank_ = 0, world_ = 1;
   bool shard_grads_ = false;
   std::vector<Tensor> staged_;  // ZeRO-2: parameter id -> its staging slot (undefined: none)
+  // Gradient accumulation (zero_grad, grad_write): per parameter, whether its producers write it
+  // first (so zero_grad leaves it) and whether this pass wrote it yet.
+  std::vector<char> first_written_, written_;
+  bool first_pass_ = false;
   std::vector<std::pair<int64_t, int64_t>> decay_ranges_;
   Device device_ = Device::CPU;
   DType master_dt_ = DType::F32, compute_dt_ = DType::F32;

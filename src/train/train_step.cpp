@@ -59,6 +59,7 @@ double TrainStep::forward_backward(size_t i, const MicroBatch& mb, float grad_sc
     LINAC_CHECK(model_.buffers_epoch() == key.epoch, "TrainStep: a buffer moved while the step was captured");
   }
   g.graph.launch(ctx);
+  model_.params().end_grad_pass(false);
   ++graph_replays_;
   return model_.read_loss_sum();
 }

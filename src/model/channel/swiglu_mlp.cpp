@@ -65,9 +65,10 @@ void SwiGluMlp::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
                         ? env_.scratch->get("mlp.da", env_.act, {N, F_})
                         : Tensor();
   swiglu_linear_bwd(ctx, dy2, ps.weight(w2_), h, da, dh, act_);
-  matmul(ctx, dy2, true, a, false, ps.grad(w2_), 1.f, 1.f);
+  const ParamStore::GradWrite dw2 = ps.grad_write(w2_), dw13 = ps.grad_write(w13_);
+  matmul(ctx, dy2, true, a, false, dw2.grad, 1.f, dw2.beta);
   matmul(ctx, dh, false, ps.weight(w13_), false, dx.view({N, d_}));
-  matmul(ctx, dh, true, x.view({N, d_}), false, ps.grad(w13_), 1.f, 1.f);
+  matmul(ctx, dh, true, x.view({N, d_}), false, dw13.grad, 1.f, dw13.beta);
 }
 
 }  // namespace linac

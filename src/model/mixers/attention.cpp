@@ -159,7 +159,8 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
 
   Tensor d_o = env_.scratch->get("attn.do", env_.act, {B, T, H_, Dh_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, d_o.view({N, q_cols_}));
-  matmul(ctx, dy2, true, o.view({N, q_cols_}), false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, o.view({N, q_cols_}), false, dwo.grad, 1.f, dwo.beta);
 
   Tensor dqkv = env_.scratch->get("attn.dqkv", env_.act, {N, P});
   const QkvViews d = qkv_views(dqkv, B, T, H_, Hk_, Dh_);
@@ -174,7 +175,8 @@ void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   }
 
   matmul(ctx, dqkv, false, ps.weight(wqkv_), false, dx.view({N, d_}));
-  matmul(ctx, dqkv, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
+  const ParamStore::GradWrite dwqkv = ps.grad_write(wqkv_);
+  matmul(ctx, dqkv, true, x.view({N, d_}), false, dwqkv.grad, 1.f, dwqkv.beta);
 }
 
 std::unique_ptr<MixerState> AttentionMixer::init_state(int64_t B) {

@@ -131,7 +131,8 @@ void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx
   Tensor dy2 = dy.view({N, d_});
 
   Tensor z = z_buf_.tensor(env_.act, {N, E_});
-  matmul(ctx, dy2, true, z, false, ps.grad(w_out_), 1.f, 1.f);
+  const ParamStore::GradWrite dw_out = ps.grad_write(w_out_);
+  matmul(ctx, dy2, true, z, false, dw_out.grad, 1.f, dw_out.beta);
   matmul(ctx, ones_act_.tensor(env_.act, {1, N}), false, dy2, false, ps.grad(b_out_).view({1, d_}), 1.f, 1.f);
   Tensor dz = env_.scratch->get("conv.dz", env_.act, {N, E_});
   matmul(ctx, dy2, false, ps.weight(w_out_), false, dz);
@@ -141,7 +142,8 @@ void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx
                  btc(dproj, B, T, 0, E_), btc(dproj, B, T, E_, E_), ps.grad(filter_), db_in.narrow(0, 0, E_),
                  db_in.narrow(0, E_, E_), so);
   matmul(ctx, dproj, false, ps.weight(w_in_), false, dx.view({N, d_}));
-  matmul(ctx, dproj, true, x.view({N, d_}), false, ps.grad(w_in_), 1.f, 1.f);
+  const ParamStore::GradWrite dw_in = ps.grad_write(w_in_);
+  matmul(ctx, dproj, true, x.view({N, d_}), false, dw_in.grad, 1.f, dw_in.beta);
 }
 
 std::unique_ptr<MixerState> BaseConvMixer::init_state(int64_t B) {

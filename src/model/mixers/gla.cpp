@@ -129,18 +129,24 @@ double GlaMixer::flops_per_token(int64_t T) const {
   return proj + core;
 }
 
-std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms(bool with_grads) const {
-  const ParamStore& ps = *env_.params;
-  auto grad = [&](int id) { return with_grads ? ps.grad(id) : Tensor(); };
+std::vector<GlaMixer::InputGemm> GlaMixer::input_gemms(bool with_grads) {
+  ParamStore& ps = *env_.params;
+  // The three gradients are only written here, so their betas agree.
+  ParamStore::GradWrite gqk{}, gvr{}, ga1{};
+  if (with_grads) {
+    gqk = ps.grad_write(wqk_);
+    gvr = ps.grad_write(wvr_);
+    ga1 = ps.grad_write(wa1_);
+  }
   if (const Tensor w = adjacent_rows({ps.weight(wqk_), ps.weight(wvr_), ps.weight(wa1_)}); w.defined()) {
-    const Tensor g = with_grads ? adjacent_rows({grad(wqk_), grad(wvr_), grad(wa1_)}) : Tensor();
+    const Tensor g = with_grads ? adjacent_rows({gqk.grad, gvr.grad, ga1.grad}) : Tensor();
     LINAC_CHECK(!with_grads || g.defined(),
                 "GLA: the input projection's gradients are not back to back as its weights");
-    return {{w, g, 0}};
+    return {{w, g, 0, gqk.beta}};
   }
-  return {{ps.weight(wqk_), grad(wqk_), 0},
-          {ps.weight(wvr_), grad(wvr_), 2 * dk_},
-          {ps.weight(wa1_), grad(wa1_), 2 * dk_ + 2 * dv_}};
+  return {{ps.weight(wqk_), gqk.grad, 0, gqk.beta},
+          {ps.weight(wvr_), gvr.grad, 2 * dk_, gvr.beta},
+          {ps.weight(wa1_), ga1.grad, 2 * dk_ + 2 * dv_, ga1.beta}};
 }
 
 void GlaMixer::project(const Tensor& x, const Tensor& proj) {
@@ -218,7 +224,8 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   // Output projection and the gated per-head norm.
   Tensor dzo = env_.scratch->get("gla.dzo", env_.act, {N, dv_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dzo);
-  matmul(ctx, dy2, true, zo_buf_.tensor(env_.act, {N, dv_}), false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, zo_buf_.tensor(env_.act, {N, dv_}), false, dwo.grad, 1.f, dwo.beta);
   Tensor dproj = env_.scratch->get("gla.dproj", env_.act, {N, P_});
   Tensor d_o = env_.scratch->get("gla.do", env_.act, {N, dv_});
   norm_gate_bwd(ctx, o, cols(proj, cr, dv_), ps.master(br_), mean, rstd, dzo, d_o, cols(dproj, cr, dv_));
@@ -246,7 +253,8 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   doc_start_fill(ctx, dg.view({B, T, dk_}), env_.docs, 0.0);
   Tensor dz = env_.scratch->get("gla.dz", env_.act, {N, dk_});
   gate_bwd(proj, dg, dz);
-  matmul(ctx, dz, true, cols(proj, ca, R_), false, ps.grad(wa2_), 1.f, 1.f);
+  const ParamStore::GradWrite dwa2 = ps.grad_write(wa2_);
+  matmul(ctx, dz, true, cols(proj, ca, R_), false, dwa2.grad, 1.f, dwa2.beta);
   matmul(ctx, dz, false, ps.weight(wa2_), false, cols(dproj, ca, R_));
 
   // Input projections: weight gradients and dx.
@@ -254,7 +262,7 @@ void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   float beta = 0.f;
   for (const InputGemm& p : input_gemms(true)) {
     const Tensor dp = cols(dproj, p.c0, p.w.size(0));
-    matmul(ctx, dp, true, x2, false, p.grad, 1.f, 1.f);
+    matmul(ctx, dp, true, x2, false, p.grad, 1.f, p.grad_beta);
     matmul(ctx, dp, false, p.w, false, dx2, 1.f, beta);
     beta = 1.f;
   }

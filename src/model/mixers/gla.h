@@ -82,8 +82,9 @@ class GlaMixer final : public Mixer {
   struct InputGemm {
     Tensor w, grad;  // [n, d]
     int64_t c0;      // proj columns [c0, c0 + n)
+    float grad_beta = 1.f;
   };
-  std::vector<InputGemm> input_gemms(bool with_grads) const;
+  std::vector<InputGemm> input_gemms(bool with_grads);  // with_grads: their grad_write (param_store.h)
   Tensor cols(const Tensor& proj, int64_t c0, int64_t n) const { return proj.narrow(1, c0, n); }
   // The GLA core's saved intermediates for a B x T batch; undefined on the CPU or where the
   // reserved space does not hold them (the backward then recomputes them).

@@ -234,11 +234,12 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const Tensor ab = ab_buf_.tensor(env_.act, {N, Pa_});
   const Tensor y = y_buf_.tensor(env_.act, {N, d_});
   const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
-  const Tensor dy2 = dy.view({N, d_}), x2 = x.view({N, d_}), W = ps.weight(wx_), dW = ps.grad(wx_);
+  const Tensor dy2 = dy.view({N, d_}), x2 = x.view({N, d_}), W = ps.weight(wx_);
   const Tensor v = bthd(xv, B, T, 0, H_, Dh_);
   const Tensor local = opt_.window > 0 ? oloc_buf_.tensor(env_.act, {B, T, H_, Dh_}) : Tensor();
 
-  matmul(ctx, dy2, true, y, false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, y, false, dwo.grad, 1.f, dwo.beta);
   Tensor dY = env_.scratch->get("latte.dy", env_.act, {B, T, H_, Dh_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dY.view({N, d_}));
   const DocBounds& docs = env_.docs;
@@ -254,7 +255,8 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
 
   // The logits' path: dz = dAB Wab; through the convolution when there is one.
   const Tensor z = opt_.conv > 0 ? z_buf_.tensor(env_.act, {B, T, d_}) : x;
-  matmul(ctx, dab, true, z.view({N, d_}), false, ps.grad(wab_), 1.f, 1.f);
+  const ParamStore::GradWrite dwab = ps.grad_write(wab_);
+  matmul(ctx, dab, true, z.view({N, d_}), false, dwab.grad, 1.f, dwab.beta);
   if (opt_.conv > 0) {
     Tensor dz = env_.scratch->get("latte.dz", env_.act, {B, T, d_});
     matmul(ctx, dab, false, ps.weight(wab_), false, dz.view({N, d_}));
@@ -264,6 +266,8 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
   }
 
+  // Wx's gradient in row blocks that cover it: the local path's [d, 3d) when there is one, the values' [0, d).
+  const ParamStore::GradWrite dw = ps.grad_write(wx_);
   // The local path: attention backward into dQl, dKl (for the unrotated q and k: the kernel turns
   // them back where it can, attention.h) and, added to dV, the values' second share.
   if (opt_.window > 0) {
@@ -277,10 +281,10 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
                   lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dV, ao);
     matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
-    matmul(ctx, dqk, true, x2, false, dW.slice0(d_, 3 * d_), 1.f, 1.f);
+    matmul(ctx, dqk, true, x2, false, dw.grad.slice0(d_, 3 * d_), 1.f, dw.beta);
   }
   matmul(ctx, dV.view({N, d_}), false, W.slice0(0, d_), false, dx.view({N, d_}), 1.f, 1.f);
-  matmul(ctx, dV.view({N, d_}), true, x2, false, dW.slice0(0, d_), 1.f, 1.f);
+  matmul(ctx, dV.view({N, d_}), true, x2, false, dw.grad.slice0(0, d_), 1.f, dw.beta);
 }
 
 std::unique_ptr<MixerState> LatteMixer::init_state(int64_t B) {

@@ -197,7 +197,7 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
-  const Tensor W = ps.weight(wqkvu_), dW = ps.grad(wqkvu_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
+  const Tensor W = ps.weight(wqkvu_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
   Tensor proj = proj_buf_.tensor(env_.act, {N, 4 * E_});
   Tensor o = o_buf_.tensor(env_.act, {N, E_});
   Tensor rstd = rstd_buf_.tensor(env_.stat, {N});
@@ -206,7 +206,8 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
   // Output projection and gate: the gradients of Wo, of o and of U (the last quarter of
   // d[Qr|Kr|V|U]).
   const Tensor g = g_buf_.tensor(env_.act, {N, E_});
-  matmul(ctx, dy2, true, g, false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, g, false, dwo.grad, 1.f, dwo.beta);
   Tensor dg = env_.scratch->get("lightning.dg", env_.act, {N, E_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, dg);
   Tensor dproj = env_.scratch->get("lightning.dproj", env_.act, {N, 4 * E_});
@@ -241,7 +242,8 @@ void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& d
 
   // The input projection [Qr|Kr|V|U] = x Wqkvu^T.
   matmul(ctx, dproj, false, W, false, dx.view({N, d_}));
-  matmul(ctx, dproj, true, x2, false, dW, 1.f, 1.f);
+  const ParamStore::GradWrite dw = ps.grad_write(wqkvu_);
+  matmul(ctx, dproj, true, x2, false, dw.grad, 1.f, dw.beta);
 }
 
 std::unique_ptr<MixerState> LightningMixer::init_state(int64_t B) {

@@ -126,7 +126,8 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
 
   Tensor d_o = env_.scratch->get("taylor.do", env_.act, {B, T, H_, Dv_});
   matmul(ctx, dy2, false, ps.weight(wo_), false, d_o.view({N, H_ * Dv_}));
-  matmul(ctx, dy2, true, o.view({N, H_ * Dv_}), false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, o.view({N, H_ * Dv_}), false, dwo.grad, 1.f, dwo.beta);
 
   Tensor dproj = env_.scratch->get("taylor.dproj", env_.act, {N, P_});
   const TaylorAttnOpts ao = attn_opts(B, T);
@@ -135,7 +136,8 @@ void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) 
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, d_o, bthd(dproj, B, T, 0, H_, F_),
                   bthd(dproj, B, T, H_ * F_, H_, F_), bthd(dproj, B, T, 2 * H_ * F_, H_, Dv_), ao);
   matmul(ctx, dproj, false, ps.weight(wqkv_), false, dx.view({N, d_}));
-  matmul(ctx, dproj, true, x.view({N, d_}), false, ps.grad(wqkv_), 1.f, 1.f);
+  const ParamStore::GradWrite dwqkv = ps.grad_write(wqkv_);
+  matmul(ctx, dproj, true, x.view({N, d_}), false, dwqkv.grad, 1.f, dwqkv.beta);
 }
 
 std::unique_ptr<MixerState> TaylorMixer::init_state(int64_t B) {

@@ -229,7 +229,7 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;
   const Ctx& ctx = env_.ctx;
   ParamStore& ps = *env_.params;
-  const Tensor W = ps.weight(wqkvg_), dW = ps.grad(wqkvg_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
+  const Tensor W = ps.weight(wqkvg_), x2 = x.view({N, d_}), dy2 = dy.view({N, d_});
   const Tensor proj = proj_buf_.tensor(env_.act, {N, Pqkv_});
   const Tensor go = go_buf_.tensor(env_.act, {N, 2 * Dv_});
   const Tensor q = q_buf_.tensor(env_.act, {N, HDk}), k = k_buf_.tensor(env_.act, {N, HDk});
@@ -241,7 +241,8 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   // Output projection and gate: the gate's backward in the epilogue of d(o * g) = dy Wo where the
   // GPU allows (swiglu_linear.h), as the channel mixer's.
   const Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
-  matmul(ctx, dy2, true, gated, false, ps.grad(wo_), 1.f, 1.f);
+  const ParamStore::GradWrite dwo = ps.grad_write(wo_);
+  matmul(ctx, dy2, true, gated, false, dwo.grad, 1.f, dwo.beta);
   Tensor dgo = env_.scratch->get("gau.dgo", env_.act, {N, 2 * Dv_});
   const Tensor dgated = swiglu_linear_bwd_writes_da(ctx, dy2, ps.weight(wo_), go, dgo)
                             ? env_.scratch->get("gau.dgated", env_.act, {N, Dv_})
@@ -299,8 +300,9 @@ void VqGauMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   const Tensor dg = dgo.narrow(1, 0, Dv_);
   matmul(ctx, dproj, false, W.slice0(0, Pqkv_), false, dx.view({N, d_}));
   matmul(ctx, dg, false, W.slice0(Pqkv_, Pqkv_ + Dv_), false, dx.view({N, d_}), 1.f, 1.f);
-  matmul(ctx, dproj, true, x2, false, dW.slice0(0, Pqkv_), 1.f, 1.f);
-  matmul(ctx, dg, true, x2, false, dW.slice0(Pqkv_, Pqkv_ + Dv_), 1.f, 1.f);
+  const ParamStore::GradWrite dw = ps.grad_write(wqkvg_);  // its two row blocks cover it
+  matmul(ctx, dproj, true, x2, false, dw.grad.slice0(0, Pqkv_), 1.f, dw.beta);
+  matmul(ctx, dg, true, x2, false, dw.grad.slice0(Pqkv_, Pqkv_ + Dv_), 1.f, dw.beta);
 }
 
 void VqGauMixer::update_buffers(const std::function<void(const Tensor&)>& sum_ranks) {
