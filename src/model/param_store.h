@@ -203,7 +203,7 @@ class ParamStore {
   bool shard_grads_ = false;
   std::vector<Tensor> staged_;  // ZeRO-2: parameter id -> its staging slot (undefined: none)
   // Gradient accumulation (zero_grad, grad_write): per parameter, whether its producers write it
-  // first (so zero_grad leaves it) and whether this pass wrote it yet.
+  // first (so zero_grad leaves it) and whether the accumulation's first pass wrote it yet.
   std::vector<char> first_written_, written_;
   bool first_pass_ = false;
   std::vector<std::pair<int64_t, int64_t>> decay_ranges_;
