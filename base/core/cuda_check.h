@@ -22,3 +22,9 @@
     if (st_ != 0)                                                                           \
       ::linac::fail_at(__FILE__, __LINE__, std::string(#call) + ": cublas status " + std::to_string(st_)); \
   } while (0)
+
+namespace linac {
+// The CUDA handles host code keeps untyped (Ctx::stream, events held as void*), typed again.
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+inline cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
+}  // namespace linac

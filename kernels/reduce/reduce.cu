@@ -1,5 +1,5 @@
 // CUDA full reductions (math in reduce.h). Two deterministic stages: a grid of at most
-// kMaxBlocks blocks, each summing a fixed grid-stride share of x in double into a partial in
+// kReduceMaxBlocks blocks, each summing a fixed grid-stride share of x in double into a partial in
 // ctx.workspace; then one block adding the partials in a fixed order. hash_words sums integers
 // (mod 2^64, exact in any order), so its blocks add theirs atomically.
 #include <algorithm>
@@ -12,7 +12,7 @@ namespace linac {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr unsigned kMaxBlocks = 1024;
+constexpr auto kMaxBlocks = static_cast<unsigned>(kReduceMaxBlocks);
 constexpr int kFinalThreads = 1024;
 
 enum class Reduction { Sum, SumSquares, CountNonFinite };

@@ -26,6 +26,10 @@ void sum_cpu(const T* x, T* out, int64_t n);
 template <class T>
 void count_nonfinite_cpu(const T* x, T* out, int64_t n);
 
+// What the GPU reductions need of ctx.workspace at most: a double per block.
+constexpr int kReduceMaxBlocks = 1024;
+constexpr size_t kReduceWorkspaceBytes = kReduceMaxBlocks * sizeof(double);
+
 void sum_squares_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void sum_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);
 void count_nonfinite_cuda(const Ctx& ctx, const Tensor& x, const Tensor& out);

@@ -13,13 +13,6 @@
 
 namespace linac {
 
-namespace {
-#if LINAC_WITH_CUDA
-cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
-cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
-#endif
-}  // namespace
-
 std::vector<GradReducer::Group> GradReducer::stage_groups(const ParamStore& params,
                                                           const std::vector<std::vector<int>>& groups) {
   if (!params.grads_sharded()) return {};
