@@ -60,6 +60,14 @@ void check_recompute_identical(const ModelConfig& cfg, const Ctx& ctx, const std
 void check_accumulation_after_nan(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B,
                                   int64_t T, double tol);
 
+// The step's gradient norm (TrainStep, train/grad_squares.h: its sums of squares taken group by
+// group during the last micro-batch's backward): builds cfg on ctx in `precision` for training,
+// runs three steps of two micro-batches of B x T random tokens (on a GPU: eager, captured,
+// replayed) and expects each step's norm within tol (relative) of the one train/optimizer.h's
+// grad_norm takes over the whole gradient buffer after it.
+void check_step_grad_norm(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B, int64_t T,
+                          double tol);
+
 // Saving and loading: builds cfg (fp32, AdamW), takes one training step on B x T random tokens
 // (so the moments and any buffers hold values of their own), writes a checkpoint under dir, and
 // builds a second model from the config the checkpoint recorded: it must record cfg's model,

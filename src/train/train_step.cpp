@@ -19,11 +19,19 @@ TrainStep::TrainStep(Model& model, const TrainConfig& tc, Comm* comm)
         [this](const std::vector<int>& ids) { reducer_->on_begin(ids); },
         [this](const std::vector<int>& ids, bool window_ahead) { reducer_->on_ready(ids, window_ahead); },
         [this] { reducer_->window(); });
+  } else if (!model.params().sharded()) {
+    squares_ = std::make_unique<GradSquares>(model.params(), model.env().ctx, model.grad_groups());
+    model_.set_grad_hooks(
+        nullptr,
+        [this](const std::vector<int>& ids, bool) {
+          if (squares_armed_) squares_->on_ready(ids);
+        },
+        nullptr);
   }
 }
 
 TrainStep::~TrainStep() {
-  if (reducer_) model_.set_grad_hooks(nullptr, nullptr, nullptr);
+  if (reducer_ || squares_) model_.set_grad_hooks(nullptr, nullptr, nullptr);
 }
 
 void TrainStep::sync_weights() {
@@ -38,23 +46,26 @@ bool TrainStep::graphs_allowed(const MicroBatch& mb) const {
 }
 
 double TrainStep::forward_backward(size_t i, const MicroBatch& mb, float grad_scale) {
-  if (!graphs_allowed(mb)) return model_.forward_backward(mb.tokens, mb.targets, grad_scale, nullptr, mb.docs);
+  if (!graphs_allowed(mb)) return eager_forward_backward(mb, grad_scale);
   while (graphs_.size() <= i) graphs_.push_back(std::make_unique<MicroGraph>());
   MicroGraph& g = *graphs_[i];
-  const GraphKey key{mb.tokens.ptr,     mb.targets.ptr, mb.docs.ptr,           mb.tokens.size(0),
-                     mb.tokens.size(1), grad_scale,     model_.buffers_epoch()};
+  const GraphKey key{mb.tokens.ptr, mb.targets.ptr,         mb.docs.ptr,   mb.tokens.size(0), mb.tokens.size(1),
+                     grad_scale,    model_.buffers_epoch(), squares_armed_};
   const Ctx& ctx = model_.env().ctx;
   if (!(g.graph.captured() && g.key == key)) {
     g.graph.reset();
     if (!(g.warm && g.warm_key == key)) {
       // First sight of this key: run eagerly (scratch buffers take their sizes) and capture next time.
-      const double loss = model_.forward_backward(mb.tokens, mb.targets, grad_scale, nullptr, mb.docs);
+      const double loss = eager_forward_backward(mb, grad_scale);
       g.warm_key = key;
       g.warm_key.epoch = model_.buffers_epoch();
       g.warm = true;
       return loss;
     }
-    g.graph.capture(ctx, [&] { model_.launch_forward_backward(mb.tokens, mb.targets, grad_scale, mb.docs); });
+    g.graph.capture(ctx, [&] {
+      model_.launch_forward_backward(mb.tokens, mb.targets, grad_scale, mb.docs);
+      if (squares_armed_) squares_->join();
+    });
     g.key = key;
     LINAC_CHECK(model_.buffers_epoch() == key.epoch, "TrainStep: a buffer moved while the step was captured");
   }
@@ -62,6 +73,12 @@ double TrainStep::forward_backward(size_t i, const MicroBatch& mb, float grad_sc
   model_.params().end_grad_pass(false);
   ++graph_replays_;
   return model_.read_loss_sum();
+}
+
+double TrainStep::eager_forward_backward(const MicroBatch& mb, float grad_scale) {
+  const double loss = model_.forward_backward(mb.tokens, mb.targets, grad_scale, nullptr, mb.docs);
+  if (squares_armed_) squares_->join();
+  return loss;
 }
 
 StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int64_t target_count) {
@@ -77,9 +94,12 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   double loss_sum = 0, aux_sum = 0;
   for (size_t i = 0; i < micro.size(); ++i) {
     if (reducer_) reducer_->start_micro_batch(i == 0, i + 1 == micro.size());
+    squares_armed_ = squares_ && i + 1 == micro.size();
     loss_sum += forward_backward(i, micro[i], scale);
     aux_sum += model_.aux_loss_sum();
   }
+  const bool squares_taken = squares_armed_;
+  squares_armed_ = false;
   if (reducer_) {
     {
       ProfileScope prof(ctx, "gradient all-reduce (what the backward did not hide)");
@@ -92,7 +112,7 @@ StepStats TrainStep::run(int64_t step, const std::vector<MicroBatch>& micro, int
   st.aux_loss = aux_sum / static_cast<double>(std::max<int64_t>(1, target_count));
   {
     ProfileScope prof(ctx, "optimizer: gradient norm");
-    st.grad_norm = grad_norm(ctx, ps, comm_);
+    st.grad_norm = squares_taken ? std::sqrt(squares_->total()) : grad_norm(ctx, ps, comm_);
   }
   if (!std::isfinite(st.loss) || !std::isfinite(st.aux_loss) || !std::isfinite(st.grad_norm)) {
     st.skipped = true;

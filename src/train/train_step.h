@@ -2,6 +2,8 @@
 // global grad-norm clipping, AdamW, then the mixers' buffer updates (EMA codebooks). A non-finite
 // loss or gradient norm skips the update entirely (gradients are discarded, parameters, moments
 // and buffers untouched).
+// With one process and gradients not sharded, the gradient norm's sums of squares are taken during
+// the last micro-batch's backward, group by group (train/grad_squares.h), not after it.
 // ZeRO-1/2 (the model's ParamStore sharded): gradients are reduced to the rank owning them (under
 // ZeRO-2 in every micro-batch, GradReducer), each rank updates its shard (and the replicated group), then the compute
 // weights are all-gathered.
@@ -19,11 +21,12 @@
 #include <memory>
 #include <vector>
 
-#include "config/config.h"
 #include "comm/comm.h"
-#include "core/cuda_graph.h"
 #include "comm/grad_reducer.h"
+#include "config/config.h"
+#include "core/cuda_graph.h"
 #include "model/model.h"
+#include "train/grad_squares.h"
 #include "train/optimizer.h"
 
 namespace linac {
@@ -68,6 +71,7 @@ class TrainStep {
     int64_t B = 0, T = 0;
     float grad_scale = 0;
     uint64_t epoch = 0;  // Model::buffers_epoch
+    bool squares = false;  // the step's last micro-batch: the gradient norm's sums are taken in it
     bool operator==(const GraphKey&) const = default;
   };
   struct MicroGraph {
@@ -78,6 +82,7 @@ class TrainStep {
   };
   // One micro-batch's forward and backward: eagerly or from its graph; returns its loss sum.
   double forward_backward(size_t i, const MicroBatch& mb, float grad_scale);
+  double eager_forward_backward(const MicroBatch& mb, float grad_scale);
   bool graphs_allowed(const MicroBatch& mb) const;
 
   Model& model_;
@@ -85,6 +90,8 @@ class TrainStep {
   AdamW adamw_;
   Comm* comm_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GradSquares> squares_;  // one process, gradients not sharded
+  bool squares_armed_ = false;            // the micro-batch running is the step's last
   int64_t updates_ = 0;
   std::vector<std::unique_ptr<MicroGraph>> graphs_;  // by micro-batch index
   int64_t graph_replays_ = 0;
