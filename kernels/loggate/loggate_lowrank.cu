@@ -1,14 +1,18 @@
-// CUDA low-rank forget gate (math in loggate_lowrank.h). A CTA of 256 threads takes kRows rows,
-// whose rows of u (R bf16 each) it first copies into shared memory; thread t holds columns
-// 4c .. 4c + 3 (c = t % (D / 4)) of W in registers (4 R floats) and walks the CTA's rows
-// t / (D / 4), + 256 / (D / 4), ..., reading each row of u from shared memory (the same for every
-// thread of the row: a broadcast) and recomputing its four z values in order r = 0..R-1. Read
-// from global memory row by row, u's latency held the kernels at ~40% of the SM's issue rate.
+// CUDA low-rank forget gate (math in loggate_lowrank.h). A CTA of 256 threads takes up to 64
+// rows per thread's pass (at most kMaxRows), whose rows of u (R bf16 each) it first copies into
+// shared memory; thread t holds columns 4c .. 4c + 3 (c = t % (D / 4)) of W in registers (4 R
+// floats) and walks the CTA's rows t / (D / 4), + 256 / (D / 4), ..., reading each row of u from
+// shared memory (the same for every thread of the row: a broadcast) and recomputing its four z
+// values in order r = 0..R-1. Read from global memory row by row, u's latency held the kernels at
+// ~40% of the SM's issue rate. Rows per CTA scale with D so that the grid keeps two CTAs on every
+// SM: at D = 1024, 128 rows per CTA left one CTA (8 warps) per SM at 16,384 rows, too few loads in
+// flight (kernels/loggate/NOTES.md).
 // The backward also sums dz over its rows per column; the CTA's row groups are added through
 // shared memory in a fixed order into one partial per CTA and column (ctx.workspace), and a
 // second kernel adds the partials in a fixed order into db.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 
@@ -19,7 +23,8 @@
 namespace linac {
 namespace {
 
-constexpr int kThreads = 256, kRows = 128;  // kThreads = loggate_lowrank_gpu_ok's D / 4 limit
+constexpr int kThreads = 256;                // loggate_lowrank_gpu_ok's D / 4 limit
+constexpr int kPasses = 64, kMaxRows = 128;  // a thread's rows per CTA; the CTA's, at most
 
 using loggate::logsigmoid;
 using loggate::sigmoid_neg;
@@ -51,13 +56,13 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&v)[R]) 
   }
 }
 
-// The CTA's rows [row0, row0 + kRows) of u into shared memory su [kRows, R], 16 bytes a thread
+// The CTA's rows [row0, row0 + rows) of u into shared memory su [rows, R], 16 bytes a thread
 // (rows past n stay unwritten: no thread reads them); then the CTA's barrier.
 template <int R>
-__device__ __forceinline__ void stage_u(const __nv_bfloat16* u, int64_t ldu, int64_t row0, int64_t n,
+__device__ __forceinline__ void stage_u(const __nv_bfloat16* u, int64_t ldu, int64_t row0, int64_t n, int rows,
                                         __nv_bfloat16* su) {
   constexpr int kPieces = R / 8;
-  for (int p = threadIdx.x; p < kRows * kPieces; p += kThreads) {
+  for (int p = threadIdx.x; p < rows * kPieces; p += kThreads) {
     const int r = p / kPieces, c = p % kPieces;
     if (row0 + r < n)
       *reinterpret_cast<uint4*>(su + r * R + 8 * c) = *reinterpret_cast<const uint4*>(u + (row0 + r) * ldu + 8 * c);
@@ -91,19 +96,19 @@ template <int R>
 __global__ void __launch_bounds__(kThreads)
     loggate_lowrank_fwd_kernel(const __nv_bfloat16* __restrict__ u, int64_t ldu, const __nv_bfloat16* __restrict__ w,
                                const float* __restrict__ b, float* __restrict__ g, int64_t ldg, int64_t n, int d,
-                               float inv_tau, float clamp, bool clamped) {
-  __shared__ __align__(16) __nv_bfloat16 su[kRows * R];
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
+                               int rows_per_cta, float inv_tau, float clamp, bool clamped) {
+  __shared__ __align__(16) __nv_bfloat16 su[kMaxRows * R];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_per_cta;
   cuda::dependent_wait();
   cuda::dependent_release();
-  stage_u<R>(u, ldu, row0, n, su);
+  stage_u<R>(u, ldu, row0, n, rows_per_cta, su);
   const Slot s = slot_of(d);
   if (!s.active) return;
   const int j = 4 * s.col;
   float wr[4][R];
   load_weights<R>(w, j, wr);
   const float4 bj = cuda::load4(b + j);
-  const int rows = static_cast<int>(n - row0 < kRows ? n - row0 : kRows);
+  const int rows = static_cast<int>(n - row0 < rows_per_cta ? n - row0 : rows_per_cta);
   for (int r = s.row_in_cta; r < rows; r += s.row_step) {
     float x[4], v[4];
     gate_inputs<R>(su + r * R, wr, bj, x);
@@ -121,11 +126,11 @@ __global__ void __launch_bounds__(kThreads)
     loggate_lowrank_bwd_kernel(const __nv_bfloat16* __restrict__ u, int64_t ldu, const __nv_bfloat16* __restrict__ w,
                                const float* __restrict__ b, const float* __restrict__ dg, int64_t lddg,
                                __nv_bfloat16* __restrict__ dz, int64_t lddz, float* __restrict__ partial, int64_t n,
-                               int d, float inv_tau, float clamp, bool clamped) {
-  __shared__ __align__(16) __nv_bfloat16 su[kRows * R];
+                               int d, int rows_per_cta, float inv_tau, float clamp, bool clamped) {
+  __shared__ __align__(16) __nv_bfloat16 su[kMaxRows * R];
   __shared__ float4 sums[kThreads];
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  stage_u<R>(u, ldu, row0, n, su);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows_per_cta;
+  stage_u<R>(u, ldu, row0, n, rows_per_cta, su);
   const Slot s = slot_of(d);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   if (s.active) {
@@ -133,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
     float wr[4][R];
     load_weights<R>(w, j, wr);
     const float4 bj = cuda::load4(b + j);
-    const int rows = static_cast<int>(n - row0 < kRows ? n - row0 : kRows);
+    const int rows = static_cast<int>(n - row0 < rows_per_cta ? n - row0 : rows_per_cta);
     // dg of the thread's next row is loaded before the current one is worked on.
     float4 dv = s.row_in_cta < rows ? cuda::load4(dg + (row0 + s.row_in_cta) * lddg + j) : acc;
     for (int r = s.row_in_cta; r < rows; r += s.row_step) {
@@ -213,7 +218,8 @@ void check_gpu(const Tensor& u, const Tensor& w, const Tensor& b, std::initializ
                 "loggate_lowrank (GPU): rows of g, dg and dz must be 4-element aligned");
 }
 
-unsigned ctas_for(int64_t n) { return static_cast<unsigned>((n + kRows - 1) / kRows); }
+int rows_per_cta(int64_t d) { return std::min<int>(kMaxRows, kPasses * (kThreads / static_cast<int>(d / 4))); }
+unsigned ctas_for(int64_t n, int64_t d) { return static_cast<unsigned>((n + rows_per_cta(d) - 1) / rows_per_cta(d)); }
 
 }  // namespace
 
@@ -226,10 +232,10 @@ void loggate_lowrank_fwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, 
   check_gpu(u, w, b, {&g});
   if (n == 0) return;
   with_rank(w.size(1), [&](auto R) {
-    cuda::launch_dependent(ctx, loggate_lowrank_fwd_kernel<decltype(R)::value>, dim3(ctas_for(n)), dim3(kThreads), 0,
+    cuda::launch_dependent(ctx, loggate_lowrank_fwd_kernel<decltype(R)::value>, dim3(ctas_for(n, d)), dim3(kThreads), 0,
                            u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(),
-                           g.data<float>(), loggate_ld(g), n, static_cast<int>(d), static_cast<float>(1.0 / o.tau),
-                           static_cast<float>(o.clamp), o.clamped());
+                           g.data<float>(), loggate_ld(g), n, static_cast<int>(d), rows_per_cta(d),
+                           static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped());
   });
 }
 
@@ -242,14 +248,14 @@ void loggate_lowrank_bwd_cuda(const Ctx& ctx, const Tensor& u, const Tensor& w, 
               "loggate_lowrank (GPU): dg and db must be f32, dz bf16");
   check_gpu(u, w, b, {&dg, &dz});
   if (n == 0) return;
-  const unsigned ctas = ctas_for(n);
+  const unsigned ctas = ctas_for(n, d);
   LINAC_CHECK(static_cast<size_t>(ctas) * static_cast<size_t>(d) * sizeof(float) <= ctx.workspace_bytes,
               "loggate_lowrank (GPU): workspace too small for the bias partials");
   float* partial = static_cast<float*>(ctx.workspace);
   with_rank(w.size(1), [&](auto R) {
     loggate_lowrank_bwd_kernel<decltype(R)::value><<<ctas, kThreads, 0, cuda::stream_of(ctx)>>>(
         u.data<__nv_bfloat16>(), loggate_ld(u), w.data<__nv_bfloat16>(), b.data<float>(), dg.data<float>(),
-        loggate_ld(dg), dz.data<__nv_bfloat16>(), loggate_ld(dz), partial, n, static_cast<int>(d),
+        loggate_ld(dg), dz.data<__nv_bfloat16>(), loggate_ld(dz), partial, n, static_cast<int>(d), rows_per_cta(d),
         static_cast<float>(1.0 / o.tau), static_cast<float>(o.clamp), o.clamped());
   });
   LINAC_CUDA_LAUNCH_CHECK();
