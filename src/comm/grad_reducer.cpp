@@ -16,34 +16,24 @@ namespace linac {
 std::vector<GradReducer::Group> GradReducer::stage_groups(const ParamStore& params,
                                                           const std::vector<std::vector<int>>& groups) {
   if (!params.grads_sharded()) return {};
-  // A group's parameters that are neighbours in the flat layout form one run (padding between them included).
-  std::vector<int> order(static_cast<size_t>(params.count()));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
-  std::vector<size_t> rank_of(order.size());
-  for (size_t i = 0; i < order.size(); ++i) rank_of[static_cast<size_t>(order[i])] = i;
   std::vector<Group> out;
-  std::vector<int> seen(order.size(), 0);
-  for (const auto& ids : groups) {
+  std::vector<int> seen(static_cast<size_t>(params.count()), 0);
+  for (const auto& group : groups) {
+    std::vector<int> ids;
+    for (int id : group)
+      if (!params.spec(id).reads_master) ids.push_back(id);
+    if (ids.empty()) continue;
     Group g;
-    for (int id : ids)
-      if (!params.spec(id).reads_master) g.ids.push_back(id);
-    if (g.ids.empty()) continue;
-    std::sort(g.ids.begin(), g.ids.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
-    for (size_t i = 0; i < g.ids.size(); ++i) {
-      const int id = g.ids[i];
-      LINAC_CHECK(seen[static_cast<size_t>(id)]++ == 0,
-                  "GradReducer: " + params.spec(id).name + " is in two gradient groups");
-      const int64_t end = params.offset(id) + params.numel(id);
-      if (i > 0 && rank_of[static_cast<size_t>(id)] == rank_of[static_cast<size_t>(g.ids[i - 1])] + 1) {
-        g.numel += end - g.runs.back().hi;
-        g.runs.back().hi = end;
-      } else {
-        g.numel = ParamStore::align(g.numel);  // runs start aligned, as parameters in the flat layout
-        g.runs.push_back({params.offset(id), end, g.numel});
-        g.numel += end - params.offset(id);
+    for (const ParamStore::FlatRun& r : params.flat_runs(ids)) {
+      g.numel = ParamStore::align(g.numel);  // runs start aligned, as parameters in the flat layout
+      g.runs.push_back({r.lo, r.hi, g.numel});
+      for (int id : r.ids) {
+        LINAC_CHECK(seen[static_cast<size_t>(id)]++ == 0,
+                    "GradReducer: " + params.spec(id).name + " is in two gradient groups");
+        g.ids.push_back(id);
+        g.at.push_back(g.numel + params.offset(id) - r.lo);
       }
-      g.at.push_back(g.runs.back().at + params.offset(id) - g.runs.back().lo);
+      g.numel += r.hi - r.lo;
     }
     out.push_back(std::move(g));
   }

@@ -283,26 +283,37 @@ Tensor ParamStore::weight(int id) const {
 
 Tensor ParamStore::flat_compute() const { return compute_.bytes() ? flat(compute_, compute_dt_) : Tensor(); }
 
+std::vector<ParamStore::FlatRun> ParamStore::flat_runs(std::vector<int> ids) const {
+  std::vector<int> order(specs_.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto by_offset = [&](int a, int b) { return offset(a) < offset(b); };
+  std::sort(order.begin(), order.end(), by_offset);
+  std::vector<size_t> place(order.size());  // id -> its place in flat order
+  for (size_t i = 0; i < order.size(); ++i) place[static_cast<size_t>(order[i])] = i;
+  std::sort(ids.begin(), ids.end(), by_offset);
+  std::vector<FlatRun> runs;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int id = ids[i];
+    if (i == 0 || place[static_cast<size_t>(id)] != place[static_cast<size_t>(ids[i - 1])] + 1)
+      runs.push_back({offset(id), offset(id), {}});
+    runs.back().hi = offset(id) + numel(id);
+    runs.back().ids.push_back(id);
+  }
+  return runs;
+}
+
 void ParamStore::zero_grad(const Ctx& ctx) {
   first_pass_ = true;
   std::fill(written_.begin(), written_.end(), 0);
   // ZeRO-2's shard accumulator is summed into, not written by producers: all of it is zeroed.
   if (grads_sharded()) return zero_tensor(ctx, grad_.tensor(master_dt_, {grad_numel()}));
-  // Parameters in flat order, each with its padding (which stays zero: nothing writes it); runs
-  // of those to zero become one memset each.
-  std::vector<int> ids(specs_.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::sort(ids.begin(), ids.end(), [&](int a, int b) { return offset(a) < offset(b); });
+  // Runs of flat neighbours to zero become one memset each (the padding inside a run stays zero
+  // anyway: nothing writes it).
+  std::vector<int> ids;
+  for (int id = 0; id < count(); ++id)
+    if (!first_written_[static_cast<size_t>(id)]) ids.push_back(id);
   const Tensor flat = grad_.tensor(master_dt_, {grad_numel()});
-  int64_t lo = 0, hi = 0;
-  for (int id : ids) {
-    if (first_written_[static_cast<size_t>(id)]) continue;
-    const int64_t a = offset(id), b = a + align(numel(id));
-    if (a != hi && hi > lo) zero_tensor(ctx, flat.slice0(lo, hi));
-    if (a != hi) lo = a;
-    hi = b;
-  }
-  if (hi > lo) zero_tensor(ctx, flat.slice0(lo, hi));
+  for (const FlatRun& r : flat_runs(std::move(ids))) zero_tensor(ctx, flat.slice0(r.lo, r.hi));
 }
 
 ParamStore::GradWrite ParamStore::grad_write(int id) {

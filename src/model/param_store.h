@@ -100,6 +100,14 @@ class ParamStore {
   int64_t offset(int id) const { return offset_[static_cast<size_t>(id)]; }  // in the flat buffers
   int64_t total_numel() const;  // without padding
   int64_t flat_numel() const { return flat_n_; }
+  // `ids` in flat order, cut into runs of flat neighbours (parameters with nothing but padding
+  // between them, so a run's range [lo, hi) holds only theirs and zeros): what a gradient group
+  // costs as whole ranges. hi is the last parameter's end, not its padding's.
+  struct FlatRun {
+    int64_t lo = 0, hi = 0;
+    std::vector<int> ids;
+  };
+  std::vector<FlatRun> flat_runs(std::vector<int> ids) const;
   // Flat ranges [lo, hi) whose parameters decay (the others do not).
   const std::vector<std::pair<int64_t, int64_t>>& decay_ranges() const { return decay_ranges_; }
   bool sharded() const { return world_ > 1; }

@@ -1,7 +1,6 @@
 #include "train/grad_squares.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "reduce/reduce.h"
 
@@ -16,25 +15,16 @@ namespace linac {
 GradSquares::GradSquares(const ParamStore& params, const Ctx& ctx, const std::vector<std::vector<int>>& groups)
     : params_(params), ctx_(ctx), side_(ctx), group_of_(static_cast<size_t>(params.count()), -1) {
   LINAC_CHECK(!params.grads_sharded(), "GradSquares: the gradients are split over the ranks (ZeRO-2)");
-  std::vector<int> order(static_cast<size_t>(params.count()));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
-  std::vector<size_t> rank_of(order.size());
-  for (size_t i = 0; i < order.size(); ++i) rank_of[static_cast<size_t>(order[i])] = i;
   int64_t slots = 0;
   for (const auto& group : groups) {
-    std::vector<int> ids = group;
-    std::sort(ids.begin(), ids.end(), [&](int a, int b) { return params.offset(a) < params.offset(b); });
     std::vector<Run> runs;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const auto id = static_cast<size_t>(ids[i]);
-      LINAC_CHECK(group_of_[id] < 0, "GradSquares: " + params.spec(ids[i]).name + " is in two gradient groups");
-      group_of_[id] = static_cast<int>(runs_.size());
-      const int64_t end = params.offset(ids[i]) + params.numel(ids[i]);
-      if (i > 0 && rank_of[id] == rank_of[static_cast<size_t>(ids[i - 1])] + 1)
-        runs.back().hi = end;  // the padding between the two is zero
-      else
-        runs.push_back({params.offset(ids[i]), end});
+    for (const ParamStore::FlatRun& r : params.flat_runs(group)) {
+      for (int id : r.ids) {
+        LINAC_CHECK(group_of_[static_cast<size_t>(id)] < 0,
+                    "GradSquares: " + params.spec(id).name + " is in two gradient groups");
+        group_of_[static_cast<size_t>(id)] = static_cast<int>(runs_.size());
+      }
+      runs.push_back({r.lo, r.hi});  // the padding inside a run is zero
     }
     first_slot_.push_back(slots);
     slots += static_cast<int64_t>(runs.size());
