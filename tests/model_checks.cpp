@@ -157,6 +157,22 @@ void check_accumulation_after_nan(const ModelConfig& cfg, const Ctx& ctx, const 
   }
 }
 
+int64_t train_two_micro_batch_steps(const Config& full, const Ctx& ctx, int64_t B, int64_t T,
+                                    const std::function<void(int, const StepStats&, Model&)>& each) {
+  const ModelConfig& cfg = full.model;
+  Model m(cfg, ctx, ModelOptions::for_training(full, 0, 1));
+  m.init_params(7);
+  m.reserve(B, T);
+  TrainStep ts(m, full.train);
+  ts.sync_weights();
+  std::vector<OwnedTensor> bufs;
+  for (uint64_t i = 0; i < 4; ++i)
+    bufs.push_back(to(random_tokens(B, T, cfg.vocab_size, 60 + i), ctx.device, DType::I32));
+  const std::vector<MicroBatch> micro{{bufs[0].t, bufs[1].t, Tensor()}, {bufs[2].t, bufs[3].t, Tensor()}};
+  for (int s = 0; s < full.train.steps; ++s) each(s, ts.run(s, micro, 2 * B * T), m);
+  return ts.graph_replays();
+}
+
 void check_step_grad_norm(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B, int64_t T,
                           double tol) {
   Config full;
@@ -166,23 +182,13 @@ void check_step_grad_norm(const ModelConfig& cfg, const Ctx& ctx, const std::str
   tc.steps = 3;
   tc.lr = 1e-3;
   tc.warmup_steps = 0;
-  Model m(cfg, ctx, ModelOptions::for_training(full, 0, 1));
-  m.init_params(7);
-  m.reserve(B, T);
-  TrainStep ts(m, tc);
-  ts.sync_weights();
-  std::vector<OwnedTensor> bufs;
-  for (uint64_t i = 0; i < 4; ++i)
-    bufs.push_back(to(random_tokens(B, T, cfg.vocab_size, 60 + i), ctx.device, DType::I32));
-  const std::vector<MicroBatch> micro{{bufs[0].t, bufs[1].t, Tensor()}, {bufs[2].t, bufs[3].t, Tensor()}};
-  for (int s = 0; s < tc.steps; ++s) {
-    const StepStats st = ts.run(s, micro, 2 * B * T);
+  const int64_t replays = train_two_micro_batch_steps(full, ctx, B, T, [&](int s, const StepStats& st, Model& m) {
     ASSERT_FALSE(st.skipped) << "step " << s;
     const double whole = grad_norm(ctx, m.params());
     EXPECT_GT(whole, 0.0) << "step " << s;
     EXPECT_NEAR(st.grad_norm, whole, tol * whole) << "step " << s;
-  }
-  if (ctx.is_gpu()) EXPECT_GT(ts.graph_replays(), 0) << "no step replayed a captured graph";
+  });
+  if (ctx.is_gpu()) EXPECT_GT(replays, 0) << "no step replayed a captured graph";
 }
 
 namespace {

@@ -14,6 +14,11 @@
 #include "model/param_store.h"
 #include "model/registry.h"
 
+namespace linac {
+class Model;
+struct StepStats;
+}  // namespace linac
+
 namespace linac::test {
 
 // A small Transformer++ (or `arch` with its defaults): the shape most framework tests use.
@@ -67,6 +72,13 @@ void check_accumulation_after_nan(const ModelConfig& cfg, const Ctx& ctx, const 
 // grad_norm takes over the whole gradient buffer after it.
 void check_step_grad_norm(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, int64_t B, int64_t T,
                           double tol);
+
+// Builds full.model on ctx for training as full.train says, from init_params(7), and runs
+// full.train.steps steps (TrainStep) of the same two micro-batches of B x T random tokens, calling
+// each(step, stats, model) after every step. Returns the micro-batches replayed from a captured
+// graph.
+int64_t train_two_micro_batch_steps(const Config& full, const Ctx& ctx, int64_t B, int64_t T,
+                                    const std::function<void(int, const StepStats&, Model&)>& each);
 
 // Saving and loading: builds cfg (fp32, AdamW), takes one training step on B x T random tokens
 // (so the moments and any buffers hold values of their own), writes a checkpoint under dir, and

@@ -255,6 +255,7 @@ void print_json(const BenchRun& run, const std::string& path, const BenchOptions
             {"overlap_comm", run.cfg.train.overlap_comm},
             {"reduce_dtype", run.cfg.train.reduce_dtype},
             {"logits_dtype", dtype_name(run.model->logit_dtype())},
+            {"residual_dtype", dtype_name(run.model->env().resid)},
             {"recompute", run.cfg.train.recompute},
             {"cuda_graph_replays", run.stepper->graph_replays()},
             {"gemm_algos", o.tune_path.empty() ? run.cfg.train.gemm_algos : o.tune_path},
@@ -295,6 +296,7 @@ void print_table(const BenchRun& run, const std::string& path, const BenchOption
   if (world > 1 && cfg.train.reduce_dtype == "bf16") dist += ", gradients reduced in bf16";
   if (run.stepper->graph_replays() > 0) dist += ", micro-batches replayed from CUDA graphs";
   if (run.model->logit_dtype() == DType::BF16) dist += ", bf16 logits";
+  if (run.model->env().resid == DType::BF16) dist += ", bf16 residual stream";
   if (!o.tune_path.empty() || !cfg.train.gemm_algos.empty())
     dist += ", GEMM algorithms from " + (o.tune_path.empty() ? cfg.train.gemm_algos : o.tune_path);
   std::printf("%s on %d x %s (%s, recompute %s%s%s), %s parameters, %lld timed steps after %lld warm-up%s\n",

@@ -84,6 +84,7 @@ void print_json(const Model& model, const Info& in) {
             {"recompute", in.cfg.train.recompute},
             {"packing", in.cfg.data.packing},
             {"logits_dtype", dtype_name(in.logits)},
+            {"residual_dtype", dtype_name(in.prec.resid)},
             {"documents_supported", in.documents_ok.empty()},
             {"bytes",
              {{"params", in.master + in.copy},
@@ -159,7 +160,8 @@ void print_plan(const Info& in) {
   std::printf("  %-34s %12s\n", "gradients", human_bytes(in.grads).c_str());
   std::printf("  %-34s %12s\n", "optimizer (AdamW m, v)", human_bytes(in.optim).c_str());
   if (in.buffers > 0) std::printf("  %-34s %12s\n", "buffers (e.g. codebooks)", human_bytes(in.buffers).c_str());
-  std::printf("  %-34s %12s  (%s per token)\n", "activations saved for backward", human_bytes(in.acts).c_str(),
+  const std::string acts = std::string("activations saved (") + dtype_name(in.prec.resid) + " residual stream)";
+  std::printf("  %-34s %12s  (%s per token)\n", acts.c_str(), human_bytes(in.acts).c_str(),
               human_bytes(in.acts / static_cast<double>(in.B * in.T)).c_str());
   std::printf("  %-34s %12s\n", (std::string("LM head logits chunk, ") + dtype_name(in.logits)).c_str(),
               human_bytes(in.head).c_str());
@@ -183,7 +185,7 @@ int describe(Info& in, bool as_json) {
   opts.allocate = false;
   Model model(cfg.model, ctx, opts);
   model.set_recompute(parse_recompute(cfg.train.recompute));
-  in.prec = Precision::resolve(ctx.device, cfg.train.precision);
+  in.prec = Precision::resolve(ctx.device, cfg.train.precision, opts.bf16_residual);
   in.B = cfg.train.micro_batch;
   in.T = cfg.data.seq_len;
   plan_memory(model, in);

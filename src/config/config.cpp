@@ -131,6 +131,7 @@ json Config::to_json() const {
                 {"bucket_mb", train.bucket_mb},
                 {"reduce_dtype", train.reduce_dtype},
                 {"logits_dtype", train.logits_dtype},
+                {"residual_dtype", train.residual_dtype},
                 {"recompute", train.recompute},
                 {"zero", train.zero},
                 {"threads", train.threads}};
@@ -223,6 +224,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
   tr.reduce_dtype = t.get_choice("reduce_dtype", tr.reduce_dtype, {"f32", "bf16"});
   tr.logits_dtype = t.get_choice("logits_dtype", tr.logits_dtype, {"auto", "f32", "bf16"});
+  tr.residual_dtype = t.get_choice("residual_dtype", tr.residual_dtype, {"f32", "bf16"});
   tr.recompute = t.get_choice("recompute", tr.recompute, {"none", "mixer", "block"});
   tr.zero = t.get_int("zero", tr.zero, 0, 2);
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);
@@ -231,6 +233,8 @@ Config Config::from_json(const json& j, const std::string& source) {
   if (tr.min_lr > tr.lr) t.fail("min_lr", "must not exceed train.lr");
   if (tr.logits_dtype == "bf16" && tr.precision != "bf16")
     t.fail("logits_dtype", "bf16 needs train.precision bf16, got " + tr.precision);
+  if (tr.residual_dtype == "bf16" && tr.precision != "bf16")
+    t.fail("residual_dtype", "bf16 needs train.precision bf16, got " + tr.precision);
   // AdamW divides by sqrt(v) + eps: with eps 0 a gradient that is exactly zero (an unseen
   // embedding row, the layout's padding) makes 0/0. Its step |m| / sqrt(v) is bounded only when
   // beta1^2 < beta2 (Cauchy-Schwarz over the two moving averages); otherwise a gradient that

@@ -13,9 +13,9 @@
 
 namespace linac {
 
-Precision Precision::resolve(Device device, const std::string& precision) {
+Precision Precision::resolve(Device device, const std::string& precision, bool bf16_residual) {
   if (device == Device::CUDA) {
-    if (precision == "bf16") return {DType::F32, DType::BF16, DType::F32, DType::F32};
+    if (precision == "bf16") return {DType::F32, DType::BF16, bf16_residual ? DType::BF16 : DType::F32, DType::F32};
     if (precision == "fp32") return {DType::F32, DType::F32, DType::F32, DType::F32};
     throw UserError("train.precision '" + precision + "' is not available on the GPU (use bf16 or fp32)");
   }
@@ -35,12 +35,13 @@ ModelOptions ModelOptions::for_training(const Config& cfg, int rank, int world) 
           .zero_rank = zero ? rank : 0,
           .zero_grads = zero && tc.zero == 2,
           .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16"),
+          .bf16_residual = tc.residual_dtype == "bf16",
           .documents = cfg.data.packing == "document"};
 }
 
 Model::Model(const ModelConfig& cfg, const Ctx& ctx, const ModelOptions& opts)
     : cfg_(cfg), scratch_(ctx.device), saved_(ctx.device) {
-  const Precision p = Precision::resolve(ctx.device, opts.precision);
+  const Precision p = Precision::resolve(ctx.device, opts.precision, opts.bf16_residual);
   env_.ctx = ctx;
   env_.params = &params_;
   env_.act = p.act;

@@ -36,7 +36,8 @@ namespace linac {
 // Dtypes for a device and a `train.precision`.
 struct Precision {
   DType master, act, resid, stat;
-  static Precision resolve(Device device, const std::string& precision);
+  // `bf16_residual`: the residual stream in bf16 too (train.residual_dtype; bf16 precision on the GPU only).
+  static Precision resolve(Device device, const std::string& precision, bool bf16_residual = false);
 };
 // The train.precision a model with activations in `act` computes in: "fp32" for a bf16 config on
 // the CPU, which computes in its master dtype.
@@ -52,8 +53,9 @@ struct ModelOptions {
   int zero_rank = 0;               // ... this process being zero_rank
   bool zero_grads = false;         // ZeRO-2: the gradients sharded too
   bool bf16_logits = false;        // train.logits_dtype bf16 (or auto): the LM head's logits in bf16 under bf16 compute
+  bool bf16_residual = false;      // train.residual_dtype bf16: the residual stream in bf16 under bf16 compute
   bool documents = false;  // data.packing "document": reserve() sizes for documents what depends on their layout
-  // train.precision and train.logits_dtype with the optimizer; train.zero over `world` ranks as
+  // train.precision, train.logits_dtype and train.residual_dtype with the optimizer; train.zero over `world` ranks as
   // `rank` (no sharding with one rank); data.packing.
   static ModelOptions for_training(const Config& cfg, int rank, int world);
 };

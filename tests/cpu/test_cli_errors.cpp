@@ -34,10 +34,18 @@ std::string edit(const std::string& text, Rng& rng) {
   const size_t at = rng.below(s.size());
   const size_t len = 1 + rng.below(8);
   switch (rng.below(4)) {
-    case 0: s[at] = kBytes[rng.below(kBytes.size())]; break;
-    case 1: s.erase(at, len); break;
-    case 2: s.insert(at, 1, kBytes[rng.below(kBytes.size())]); break;
-    default: s.insert(at, s.substr(rng.below(s.size()), len)); break;
+    case 0:
+      s[at] = kBytes[rng.below(kBytes.size())];
+      break;
+    case 1:
+      s.erase(at, len);
+      break;
+    case 2:
+      s.insert(at, 1, kBytes[rng.below(kBytes.size())]);
+      break;
+    default:
+      s.insert(at, s.substr(rng.below(s.size()), len));
+      break;
   }
   return s;
 }
@@ -90,8 +98,8 @@ TEST(CliErrors, DirectoryAsConfigIsAUserError) {
 TEST(CliErrors, BenchOpDefaultsPassTheOptionChecks) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   if (gpu_available()) GTEST_SKIP() << "a GPU would run the benchmarks";
-  for (const std::string op : {"attention", "attention_decode", "gla", "latte", "lightning", "short_conv", "taylor",
-                               "vq_attn"}) {
+  for (const std::string op :
+       {"attention", "attention_decode", "gla", "latte", "lightning", "short_conv", "taylor", "vq_attn"}) {
     std::string out;
     expect_one_line_user_error(test::run_linac("bench --op " + op, out), out, op);
     EXPECT_NE(out.find("bench --op needs a CUDA device"), std::string::npos) << op << ": " << out;
@@ -145,24 +153,36 @@ TEST(CliErrors, ReduceDtypeNamesTheValuesItTakes) {
   EXPECT_EQ(test::run_linac("info " + cfg + " --set train.reduce_dtype=bf16", out), 0) << out;
 }
 
-// train.logits_dtype takes auto, f32 or bf16, and bf16 only under bf16 precision (the logits are
-// bf16 because the head's GEMM reads bf16 operands; auto is f32 there), each refusal one line
-// naming the key.
-TEST(CliErrors, LogitsDtypeNeedsBf16Precision) {
-  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const std::string dir = test::fresh_dir("logits_dtype");
+// A dtype key of train that takes bf16 only under bf16 precision (`choices` as the refusal lists
+// them): an unknown value and bf16 under fp32 are each refused in one line naming the key; bf16
+// under bf16 precision is taken.
+void expect_bf16_dtype_key(const std::string& key, const std::string& choices) {
+  const std::string dir = test::fresh_dir(key);
   const std::string cfg = dir + "/cfg.json";
   std::ofstream(cfg) << test::tiny_train_config(dir + "/run").dump(2);
+  const std::string set = " --set train." + key + "=";
   std::string out;
-  expect_one_line_user_error(test::run_linac("info " + cfg + " --set train.logits_dtype=fp16", out), out, "fp16");
-  EXPECT_NE(out.find("train.logits_dtype: 'fp16' is not one of auto, f32, bf16"), std::string::npos) << out;
-  expect_one_line_user_error(
-      test::run_linac("info " + cfg + " --set train.logits_dtype=bf16 --set train.precision=fp32", out), out,
-      "train.logits_dtype");
+  expect_one_line_user_error(test::run_linac("info " + cfg + set + "fp16", out), out, "fp16");
+  EXPECT_NE(out.find("train." + key + ": 'fp16' is not one of " + choices), std::string::npos) << out;
+  expect_one_line_user_error(test::run_linac("info " + cfg + set + "bf16 --set train.precision=fp32", out), out,
+                             "train." + key);
   EXPECT_NE(out.find("bf16 needs train.precision bf16, got fp32"), std::string::npos) << out;
-  EXPECT_EQ(test::run_linac("info " + cfg + " --set train.logits_dtype=bf16 --set train.precision=bf16", out), 0)
-      << out;
+  EXPECT_EQ(test::run_linac("info " + cfg + set + "bf16 --set train.precision=bf16", out), 0) << out;
   EXPECT_EQ(test::run_linac("info " + cfg + " --set train.precision=fp32", out), 0) << out;
+}
+
+// train.logits_dtype takes auto, f32 or bf16, and bf16 only under bf16 precision (the logits are
+// bf16 because the head's GEMM reads bf16 operands; auto is f32 there).
+TEST(CliErrors, LogitsDtypeNeedsBf16Precision) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  expect_bf16_dtype_key("logits_dtype", "auto, f32, bf16");
+}
+
+// train.residual_dtype takes f32 or bf16, and bf16 only under bf16 precision (the stream is f32
+// wherever the activations are).
+TEST(CliErrors, ResidualDtypeNeedsBf16Precision) {
+  if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
+  expect_bf16_dtype_key("residual_dtype", "f32, bf16");
 }
 
 // Every component of a --set path must be a name: a trailing, leading or doubled dot is refused
@@ -232,13 +252,15 @@ TEST(CliErrors, EvalWindowIsNeverLongerThanItsTokens) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
   const std::string ckpt = test::tiny_checkpoint("eval_window", 3);
   std::string out;
-  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 100000 --max-tokens 50 --split train --json", out), 0)
+  ASSERT_EQ(
+      test::run_linac("eval --checkpoint " + ckpt + " --seq-len 100000 --max-tokens 50 --split train --json", out), 0)
       << out;
   const json r = json::parse(out.substr(out.find('{')));
   EXPECT_EQ(r["seq_len"], 50);
   EXPECT_EQ(r["tokens"], 50);
   // The same 50 targets scored in windows of 50 or of 100000 give the same loss.
-  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 50 --max-tokens 50 --split train --json", out), 0);
+  ASSERT_EQ(test::run_linac("eval --checkpoint " + ckpt + " --seq-len 50 --max-tokens 50 --split train --json", out),
+            0);
   EXPECT_DOUBLE_EQ(json::parse(out.substr(out.find('{')))["loss"].get<double>(), r["loss"].get<double>());
 }
 
