@@ -4,7 +4,9 @@
 #   peers   the 125M model's decoding and training step next to the strongest PyTorch and HF peers,
 #           issue 49
 #   table   every architecture's step and the 125M model's PyTorch peers in one call, issue 49
+#           (TABLE_RESIDUAL="f32 bf16": each linac row with each train.residual_dtype; default f32)
 #   logits  f32 against bf16 logits trained on Brown (scripts/logits_dtype_brown.sh), issue 49
+#   residual  the same for an f32 against a bf16 residual stream (train.residual_dtype)
 # The tests of decoding and of the kernels its step launches (issue 49).
 decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
 'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
@@ -70,10 +72,12 @@ if [ "$what" = table ]; then
   # torch.compile, bench_torch.py) right after it, and Transformer-VQ 190M against a Transformer++ of
   # its size at T = 8192 (the vq mode's pair). Results in $out/table.txt.
   step() {  # step CONFIG TOKENS STEPS [ARGS...]
-    local c=$1 n=$2 k=$3; shift 3
-    echo "== $c $*" | tee -a "$out/table.txt"
-    timeout 150 ./build-gpu/linac bench "configs/$c.json" "$@" --micro-tokens "$n" --tokens-per-step "$n" \
-      --steps "$k" 2>&1 | tail -2 | tee -a "$out/table.txt"
+    local c=$1 n=$2 k=$3 r; shift 3
+    for r in ${TABLE_RESIDUAL:-f32}; do
+      echo "== $c $* (residual $r)" | tee -a "$out/table.txt"
+      timeout 150 ./build-gpu/linac bench "configs/$c.json" "$@" --micro-tokens "$n" --tokens-per-step "$n" \
+        --steps "$k" --set train.residual_dtype="$r" 2>&1 | tail -2 | tee -a "$out/table.txt"
+    done
   }
   step transformer_125m 32768 10 --seq-lens 2048
   timeout 240 python3 scripts/bench_torch.py --model --steps 20 2>&1 | grep -E "tokens/s|Error|error" |
@@ -90,4 +94,8 @@ if [ "$what" = logits ]; then
   # Issue 49: does train.logits_dtype bf16 train as well as f32? Needs data/brown_32k.h5 and
   # data/brown_50k.h5 (carry them: the GPU machine has no network).
   bash scripts/logits_dtype_brown.sh "$out" 2>&1 | tail -12
+fi
+if [ "$what" = residual ]; then
+  # Does train.residual_dtype bf16 train as well as f32? Same runs, data and carrying as logits.
+  DTYPE_KEY=residual_dtype bash scripts/logits_dtype_brown.sh "$out" 2>&1 | tail -12
 fi
