@@ -8,10 +8,21 @@
 #include <iterator>
 #include <limits>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "model/mixers/proj_views.h"
 
 namespace linac::test {
+
+std::string user_error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a UserError";
+  return "";
+}
 
 std::string file_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -15,6 +15,9 @@
 
 namespace linac::test {
 
+// The message of the UserError that fn throws; a test failure (and "") when it throws none.
+std::string user_error_message(const std::function<void()>& fn);
+
 // Uniform in [lo, hi) from a Philox stream; deterministic per seed.
 std::vector<double> random_values(size_t n, uint64_t seed, double lo = -1.0, double hi = 1.0);
 // A file's whole contents ("" when it cannot be read).

@@ -16,17 +16,6 @@ std::vector<int32_t> pattern(size_t n, int64_t vocab, int32_t salt) {
   return v;
 }
 
-template <class F>
-std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
-}
-
 TEST(TokenDataset, SchemaAndAttributes) {
   test::TempDir dir;
   const std::string path = dir / "t.h5";
@@ -119,11 +108,14 @@ TEST(TokenDataset, ElementTypeFollowsVocab) {
 
 TEST(TokenDataset, MissingOrNonHdf5FileIsUserError) {
   test::TempDir dir;
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "nope.h5"); }).find("token dataset not found"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "nope.h5"); }).find("token dataset not found"),
+            std::string::npos);
   test::write_file(dir / "text.h5", "hello, I am plain text and not HDF5 at all");
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "text.h5"); }).find("is not an HDF5 file"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "text.h5"); }).find("is not an HDF5 file"),
+            std::string::npos);
   test::write_file(dir / "empty.h5", "");
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "empty.h5"); }).find("is not an HDF5 file"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "empty.h5"); }).find("is not an HDF5 file"),
+            std::string::npos);
 }
 
 TEST(TokenDataset, TruncatedFileIsUserError) {
@@ -132,7 +124,7 @@ TEST(TokenDataset, TruncatedFileIsUserError) {
   const std::string bytes = test::read_file(dir / "t.h5");
   for (size_t keep : {bytes.size() / 2, bytes.size() - 100, size_t{2048}}) {
     test::write_file(dir / "cut.h5", bytes.substr(0, keep));
-    const std::string msg = user_error([&] { TokenDataset d(dir / "cut.h5"); });
+    const std::string msg = test::user_error_message([&] { TokenDataset d(dir / "cut.h5"); });
     EXPECT_NE(msg.find(dir / "cut.h5"), std::string::npos) << msg;
     // The superblock is whole in every cut: the message gives the sizes, not HDF5's internal names.
     EXPECT_NE(msg.find("truncated: " + std::to_string(keep) + " bytes of the " + std::to_string(bytes.size()) +
@@ -148,7 +140,7 @@ TEST(TokenDataset, CorruptHeaderIsUserError) {
   std::string bytes = test::read_file(dir / "t.h5");
   for (size_t i = 8; i < 96; ++i) bytes[i] = static_cast<char>(0xA5);  // superblock after the signature
   test::write_file(dir / "bad.h5", bytes);
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "bad.h5"); }).find(dir / "bad.h5"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "bad.h5"); }).find(dir / "bad.h5"), std::string::npos);
 }
 
 TEST(TokenDataset, OutOfVocabularyTokensAreUserError) {
@@ -161,7 +153,9 @@ TEST(TokenDataset, OutOfVocabularyTokensAreUserError) {
   }
   const TokenDataset ds(dir / "t.h5");
   std::vector<int32_t> out(5000);
-  EXPECT_NE(user_error([&] { ds.read(Split::Train, 0, 5000, out.data()); }).find("outside the vocabulary of 50"),
+  EXPECT_NE(test::user_error_message([&] {
+              ds.read(Split::Train, 0, 5000, out.data());
+            }).find("outside the vocabulary of 50"),
             std::string::npos);
 }
 
@@ -174,7 +168,8 @@ TEST(TokenDataset, IncompleteFilesAreRejected) {
     const auto v = pattern(100, 400, 1);
     w.append(Split::Train, v.data(), v.size());
   }
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "partial.h5"); }).find("missing attribute"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "partial.h5"); }).find("missing attribute"),
+            std::string::npos);
 
   test::write_token_file(dir / "t.h5", pattern(100, 400, 1), pattern(10, 400, 2), 400);
   {
@@ -183,19 +178,22 @@ TEST(TokenDataset, IncompleteFilesAreRejected) {
     h5::set_attr(f.id(), "format_version", int64_t{7});
     f.close();
   }
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "t.h5"); }).find("format_version 7"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "t.h5"); }).find("format_version 7"),
+            std::string::npos);
   {
     h5::File f = h5::File::open(dir / "t.h5", true);
     h5::set_attr(f.id(), "format_version", int64_t{1});
     f.close();
   }
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "t.h5"); }).find("missing dataset /val"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "t.h5"); }).find("missing dataset /val"),
+            std::string::npos);
   {
     h5::File f = h5::File::open(dir / "t.h5", true);
     h5::set_attr(f.id(), "dtype", std::string("uint32"));
     f.close();
   }
-  EXPECT_NE(user_error([&] { TokenDataset d(dir / "t.h5"); }).find("attribute dtype says uint32"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { TokenDataset d(dir / "t.h5"); }).find("attribute dtype says uint32"),
+            std::string::npos);
 }
 
 TEST(TokenDataset, VocabMismatchNamesBothSizes) {
@@ -203,7 +201,7 @@ TEST(TokenDataset, VocabMismatchNamesBothSizes) {
   test::write_token_file(dir / "t.h5", pattern(100, 400, 1), pattern(10, 400, 2), 400);
   const TokenDataset ds(dir / "t.h5");
   EXPECT_NO_THROW(check_dataset_vocab(ds, 400));
-  const std::string msg = user_error([&] { check_dataset_vocab(ds, 32000); });
+  const std::string msg = test::user_error_message([&] { check_dataset_vocab(ds, 32000); });
   EXPECT_NE(msg.find("vocab_size 400"), std::string::npos) << msg;
   EXPECT_NE(msg.find("model.vocab_size is 32000"), std::string::npos) << msg;
 }

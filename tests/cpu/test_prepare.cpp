@@ -24,17 +24,6 @@ namespace {
 
 using test::TempDir;
 
-template <class F>
-std::string user_error(F&& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
-}
-
 std::vector<std::string> read_all_documents(const std::vector<std::string>& inputs, CorpusOptions opts = {}) {
   DocumentReader r(discover_inputs(inputs), opts);
   std::vector<std::string> docs;
@@ -140,7 +129,8 @@ TEST(Corpus, TxtFileModeAndJsonlKey) {
 
 TEST(Corpus, BadInputsAreUserErrors) {
   TempDir dir;
-  EXPECT_NE(user_error([&] { discover_inputs({dir / "absent"}); }).find("input not found: "), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { discover_inputs({dir / "absent"}); }).find("input not found: "),
+            std::string::npos);
   // Named files are judged by content: any text is plain text, binary content is refused whatever the name.
   test::write_file(dir / "data.csv", "a,b");
   ASSERT_EQ(discover_inputs({dir / "data.csv"}).size(), 1u);
@@ -148,24 +138,31 @@ TEST(Corpus, BadInputsAreUserErrors) {
   test::write_file(dir / "notes", "plain words\n");
   EXPECT_EQ(read_all_documents({dir / "notes"}), std::vector<std::string>{"plain words"});
   test::write_file(dir / "image.txt", std::string("\x89PNG\r\n\x1a\n\0\0\0\rIHDR", 16));
-  EXPECT_NE(user_error([&] { discover_inputs({dir / "image.txt"}); }).find("image.txt: not a text file (it holds NUL"),
+  EXPECT_NE(test::user_error_message([&] {
+              discover_inputs({dir / "image.txt"});
+            }).find("image.txt: not a text file (it holds NUL"),
             std::string::npos);
   std::string noise;
   Rng rng{5, 1, 0};
   for (int i = 0; i < 3000; ++i) noise += static_cast<char>(0x80 + rng.below(0x80));
   test::write_file(dir / "noise.md", noise);
-  EXPECT_NE(user_error([&] { discover_inputs({dir / "noise.md"}); }).find("are not UTF-8"), std::string::npos);
-  std::filesystem::create_directories(dir / "emptydir");
-  EXPECT_NE(user_error([&] { discover_inputs({dir / "emptydir"}); }).find("no text found"), std::string::npos);
-  test::write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{not json\n");
-  EXPECT_NE(user_error([&] { read_all_documents({dir / "bad.jsonl"}); }).find("bad.jsonl:2: invalid JSON"),
+  EXPECT_NE(test::user_error_message([&] { discover_inputs({dir / "noise.md"}); }).find("are not UTF-8"),
             std::string::npos);
+  std::filesystem::create_directories(dir / "emptydir");
+  EXPECT_NE(test::user_error_message([&] { discover_inputs({dir / "emptydir"}); }).find("no text found"),
+            std::string::npos);
+  test::write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{not json\n");
+  EXPECT_NE(
+      test::user_error_message([&] { read_all_documents({dir / "bad.jsonl"}); }).find("bad.jsonl:2: invalid JSON"),
+      std::string::npos);
   test::write_file(dir / "nokey.jsonl", "{\"content\": \"ok\"}\n");
-  EXPECT_NE(user_error([&] { read_all_documents({dir / "nokey.jsonl"}); }).find("--jsonl-key"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { read_all_documents({dir / "nokey.jsonl"}); }).find("--jsonl-key"),
+            std::string::npos);
   if (getuid() != 0) {  // root reads everything
     test::write_file(dir / "locked.txt", "secret");
     std::filesystem::permissions(dir / "locked.txt", std::filesystem::perms::none);
-    EXPECT_NE(user_error([&] { discover_inputs({dir / "locked.txt"}); }).find("cannot read input"), std::string::npos);
+    EXPECT_NE(test::user_error_message([&] { discover_inputs({dir / "locked.txt"}); }).find("cannot read input"),
+              std::string::npos);
   }
 }
 
@@ -316,7 +313,7 @@ TEST(Prepare, BadInputsFailBeforeWritingAnything) {
   tok.tokenizer = dir / "not.model";
   cases.push_back({"bad tokenizer", tok, "is not a SentencePiece model"});
   for (const Case& c : cases) {
-    const std::string msg = user_error([&] { prepare(c.opts); });
+    const std::string msg = test::user_error_message([&] { prepare(c.opts); });
     EXPECT_NE(msg.find(c.message), std::string::npos) << c.what << ": " << msg;
     EXPECT_EQ(test::read_file(dir / "existing.h5"), "precious bytes") << c.what;
     EXPECT_FALSE(std::filesystem::exists(dir / "x.h5")) << c.what;

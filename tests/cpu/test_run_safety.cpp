@@ -29,21 +29,11 @@ namespace fs = std::filesystem;
 namespace linac::test_run_safety {
 namespace {
 
-std::string user_error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a UserError";
-  return "";
-}
-
 TEST(RunLock, SecondHolderIsRefusedUntilTheFirstLetsGo) {
   const std::string dir = test::fresh_dir("lock") + "/run";
   {
     const RunLock first(dir, "train.out_dir");
-    const std::string msg = user_error_of([&] { RunLock second(dir, "train.out_dir"); });
+    const std::string msg = test::user_error_message([&] { RunLock second(dir, "train.out_dir"); });
     EXPECT_NE(msg.find("in use by another training run (pid " + std::to_string(::getpid())), std::string::npos) << msg;
     EXPECT_NE(msg.find(dir), std::string::npos) << msg;
   }
@@ -67,7 +57,7 @@ TEST(RunLock, AKilledHolderReleasesIt) {
   }
   char c = 0;
   ASSERT_EQ(read(ready[0], &c, 1), 1);
-  const std::string msg = user_error_of([&] { RunLock second(dir, "train.out_dir"); });
+  const std::string msg = test::user_error_message([&] { RunLock second(dir, "train.out_dir"); });
   EXPECT_NE(msg.find("pid " + std::to_string(pid)), std::string::npos) << msg;
   kill(pid, SIGKILL);
   int st = 0;
@@ -86,7 +76,7 @@ TEST(RunLock, ARefusedRunLeavesNoDirectoryItCreated) {
   { const RunLock l(base, "train.out_dir"); }
   EXPECT_TRUE(fs::exists(base));
   std::ofstream(base + "/file") << "x";
-  EXPECT_NE(user_error_of([&] { RunLock l(base + "/file", "train.out_dir"); }).find("not a directory"),
+  EXPECT_NE(test::user_error_message([&] { RunLock l(base + "/file", "train.out_dir"); }).find("not a directory"),
             std::string::npos);
 }
 
@@ -320,7 +310,7 @@ TEST(RunSafety, NonFiniteWeightsStopAtALoggedStepAndAreNotResumed) {
   const std::string bad = ok_dir + "/bad.h5";
   save_checkpoint(bad, model.params(), reader.data());
   j["train"]["steps"] = 5;
-  const std::string refused = user_error_of([&] { run_training(Config::from_json(j, "n"), bad); });
+  const std::string refused = test::user_error_message([&] { run_training(Config::from_json(j, "n"), bad); });
   EXPECT_NE(refused.find(bad + ": holds 1 non-finite"), std::string::npos) << refused;
 }
 
@@ -563,13 +553,14 @@ TEST(RunSafety, StopSignalDuringSetUpCheckpointsAfterTheFirstStep) {
 TEST(RunSafety, UnsoundAdamSettingsAreRefused) {
   json j = test::tiny_train_config("x");
   j["train"]["adam_eps"] = 0;
-  EXPECT_NE(user_error_of([&] { Config::from_json(j, "c.json"); }).find("train.adam_eps"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { Config::from_json(j, "c.json"); }).find("train.adam_eps"),
+            std::string::npos);
   j["train"]["adam_eps"] = 1e-8;
   j["train"]["beta2"] = 0;
-  const std::string msg = user_error_of([&] { Config::from_json(j, "c.json"); });
+  const std::string msg = test::user_error_message([&] { Config::from_json(j, "c.json"); });
   EXPECT_NE(msg.find("train.beta2: must exceed train.beta1^2 = 0.81 (got 0)"), std::string::npos) << msg;
   j["train"]["beta2"] = 0.8;
-  EXPECT_NE(user_error_of([&] { Config::from_json(j, "c.json"); }).find("train.beta2"), std::string::npos);
+  EXPECT_NE(test::user_error_message([&] { Config::from_json(j, "c.json"); }).find("train.beta2"), std::string::npos);
   j["train"]["beta2"] = 0.82;
   EXPECT_NO_THROW(Config::from_json(j, "c.json"));
   j["train"]["beta1"] = 0;  // sign-like updates g / (|g| + eps): bounded
