@@ -37,7 +37,7 @@ namespace linac {
 struct Precision {
   DType master, act, resid, stat;
   // `bf16_residual`: the residual stream in bf16 too (train.residual_dtype; bf16 precision on the GPU only).
-  static Precision resolve(Device device, const std::string& precision, bool bf16_residual = false);
+  static Precision resolve(Device device, const std::string& precision, bool bf16_residual);
 };
 // The train.precision a model with activations in `act` computes in: "fp32" for a bf16 config on
 // the CPU, which computes in its master dtype.
