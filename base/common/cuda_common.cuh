@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/cuda_check.h"
+#include "core/dispatch.h"
 #include "core/gpu.h"
 #include "core/tensor.h"
 
@@ -297,20 +298,5 @@ void with_const(int n, Fn&& fn) {
 }  // namespace linac::cuda
 
 // Binds T to float or __nv_bfloat16 for a GPU activation dtype.
-#define LINAC_GPU_DISPATCH(dtype_, T, ...)                                         \
-  do {                                                                             \
-    switch (dtype_) {                                                              \
-      case ::linac::DType::F32: {                                                  \
-        using T = float;                                                           \
-        __VA_ARGS__;                                                               \
-        break;                                                                     \
-      }                                                                            \
-      case ::linac::DType::BF16: {                                                 \
-        using T = __nv_bfloat16;                                                   \
-        __VA_ARGS__;                                                               \
-        break;                                                                     \
-      }                                                                            \
-      default:                                                                     \
-        LINAC_FAIL(std::string("GPU kernels take f32 or bf16, got ") + ::linac::dtype_name(dtype_)); \
-    }                                                                              \
-  } while (0)
+#define LINAC_GPU_DISPATCH(dtype_, T, ...) \
+  LINAC_DTYPE_SWITCH2(dtype_, T, F32, float, BF16, __nv_bfloat16, "GPU", __VA_ARGS__)

@@ -89,5 +89,18 @@ TEST(RmsnormCpu, ResidualAddAndCopy) {
   EXPECT_EQ(to_doubles(dw2), to_doubles(dw));
 }
 
+// The CPU kernels are instantiated for f32 and f64 only: any other dtype is refused by the dtype
+// dispatch with a message naming what they take and what they got.
+TEST(RmsnormCpu, Bf16IsRefusedByTheDispatch) {
+  OwnedTensor x(DType::BF16, Device::CPU, {2, 8}), w(DType::BF16, Device::CPU, {8});
+  OwnedTensor y(DType::BF16, Device::CPU, {2, 8}), rstd(DType::BF16, Device::CPU, {2});
+  try {
+    rmsnorm_fwd(Ctx{}, x, w, y, rstd, 1e-5f);
+    ADD_FAILURE() << "rmsnorm_fwd took bf16 on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CPU kernels take f32 or f64, got bf16"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace linac::test_rmsnorm
