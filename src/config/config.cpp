@@ -224,7 +224,7 @@ Config Config::from_json(const json& j, const std::string& source) {
   tr.bucket_mb = t.get_double("bucket_mb", tr.bucket_mb, 0.01, 1 << 16);
   tr.reduce_dtype = t.get_choice("reduce_dtype", tr.reduce_dtype, {"f32", "bf16"});
   tr.logits_dtype = t.get_choice("logits_dtype", tr.logits_dtype, {"auto", "f32", "bf16"});
-  tr.residual_dtype = t.get_choice("residual_dtype", tr.residual_dtype, {"f32", "bf16"});
+  tr.residual_dtype = t.get_choice("residual_dtype", tr.residual_dtype, {"auto", "f32", "bf16"});
   tr.recompute = t.get_choice("recompute", tr.recompute, {"none", "mixer", "block"});
   tr.zero = t.get_int("zero", tr.zero, 0, 2);
   tr.threads = t.get_int("threads", tr.threads, 0, 4096);

@@ -102,9 +102,9 @@ struct TrainConfig {
   // over them: 6 bytes of memory traffic per logit instead of 10) | auto (bf16 under bf16
   // precision, else f32). `linac eval` and decoding keep f32.
   std::string logits_dtype = "auto";
-  // The residual stream and its gradient under bf16 precision (GPU): f32 | bf16. `linac eval` and
-  // decoding keep f32.
-  std::string residual_dtype = "f32";
+  // The residual stream and its gradient under bf16 precision (GPU): f32 | bf16 | auto (bf16
+  // under bf16 precision, else f32). `linac eval` and decoding keep f32.
+  std::string residual_dtype = "auto";
   // Saved activations the backward recomputes instead of keeping: none | mixer | block.
   std::string recompute = "none";
   // 1: ZeRO-1, fp32 master weights and AdamW moments sharded over the data-parallel ranks;

@@ -35,7 +35,7 @@ ModelOptions ModelOptions::for_training(const Config& cfg, int rank, int world) 
           .zero_rank = zero ? rank : 0,
           .zero_grads = zero && tc.zero == 2,
           .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16"),
-          .bf16_residual = tc.residual_dtype == "bf16",
+          .bf16_residual = tc.residual_dtype == "bf16" || (tc.residual_dtype == "auto" && tc.precision == "bf16"),
           .documents = cfg.data.packing == "document"};
 }
 

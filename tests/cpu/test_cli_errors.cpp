@@ -178,11 +178,11 @@ TEST(CliErrors, LogitsDtypeNeedsBf16Precision) {
   expect_bf16_dtype_key("logits_dtype", "auto, f32, bf16");
 }
 
-// train.residual_dtype takes f32 or bf16, and bf16 only under bf16 precision (the stream is f32
-// wherever the activations are).
+// train.residual_dtype takes auto, f32 or bf16, and bf16 only under bf16 precision (the stream is
+// f32 wherever the activations are; auto is f32 there).
 TEST(CliErrors, ResidualDtypeNeedsBf16Precision) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  expect_bf16_dtype_key("residual_dtype", "f32, bf16");
+  expect_bf16_dtype_key("residual_dtype", "auto, f32, bf16");
 }
 
 // Every component of a --set path must be a name: a trailing, leading or doubled dot is refused

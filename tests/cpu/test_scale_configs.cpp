@@ -104,14 +104,17 @@ TEST(ScaleConfigs, InfoPlansTheHeadChunkAndWorkspace) {
   EXPECT_EQ(info("--set train.precision=fp32", "cuda")["logits_dtype"], "f32");
 }
 
-// train.residual_dtype bf16: the 2 L + 1 saved residual-stream slots (each block's input and its
-// attention output's sum; no recompute) in 2 bytes instead of 4 on a GPU; the CPU computes in
-// fp32 either way.
+// train.residual_dtype bf16 (and auto under bf16 precision): the 2 L + 1 saved residual-stream slots (each block's
+// input and its attention output's sum; no recompute) in 2 bytes instead of 4 on a GPU; the CPU computes in fp32 either
+// way.
 TEST(ScaleConfigs, InfoPlansABf16ResidualStream) {
   if (!test::have_linac_binary()) GTEST_SKIP() << "linac binary not built";
-  const json f32 = info("", "cuda"), bf16 = info("--set train.residual_dtype=bf16", "cuda");
+  const json f32 = info("--set train.residual_dtype=f32", "cuda"),
+             bf16 = info("--set train.residual_dtype=bf16", "cuda");
   EXPECT_EQ(f32["residual_dtype"], "f32");
   EXPECT_EQ(bf16["residual_dtype"], "bf16");
+  EXPECT_EQ(info("", "cuda")["residual_dtype"], "bf16");  // auto, under the default bf16 precision
+  EXPECT_EQ(info("--set train.precision=fp32", "cuda")["residual_dtype"], "f32");
   const double slots = 2 * 24 + 1, tokens = 16384, d = 2048;
   EXPECT_DOUBLE_EQ(f32["bytes"]["activations"].get<double>() - bf16["bytes"]["activations"].get<double>(),
                    slots * tokens * d * 2);
