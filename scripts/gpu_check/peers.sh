@@ -4,7 +4,8 @@
 #   peers   the 125M model's decoding and training step next to the strongest PyTorch and HF peers,
 #           issue 49
 #   table   every architecture's step and the 125M model's PyTorch peers in one call, issue 49
-#           (TABLE_RESIDUAL="f32 bf16": each linac row with each train.residual_dtype; default f32)
+#           (TABLE_RESIDUAL="f32 bf16": each linac row with each train.residual_dtype; default bf16,
+#           the default's choice under bf16 precision)
 #   logits  f32 against bf16 logits trained on Brown (scripts/logits_dtype_brown.sh), issue 49
 #   residual  the same for an f32 against a bf16 residual stream (train.residual_dtype)
 # The tests of decoding and of the kernels its step launches (issue 49).
@@ -43,7 +44,8 @@ if [ "$what" = peers ]; then
   # torch.compile's CUDA graphs and generate with a static cache and its own compile (HF_EAGER=1
   # adds eager HF with a dynamic cache), and the 125M
   # training step against bench_torch.py (fused QKV and SwiGLU GEMMs, bf16 RoPE, flash SDPA, fused
-  # AdamW, torch.compile). PEERS_PARTS picks among "tests hf train" (default: all three).
+  # AdamW, torch.compile), linac's step with each residual stream (PEERS_RESIDUAL, default "f32 bf16":
+  # autocast keeps PyTorch's stream in f32). PEERS_PARTS picks among "tests hf train" (default: all).
   parts=" ${PEERS_PARTS:-tests hf train} "
   [[ $parts == *" tests "* ]] && gpu_tests "decode gpu tests" peers_tests.log "$decode_tests"
   if [[ $parts == *" hf "* ]]; then
@@ -60,8 +62,10 @@ if [ "$what" = peers ]; then
     tail -3 "$out/bench_hf.err"
   fi
   if [[ $parts == *" train "* ]]; then
-    ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
-      --steps 20 2>&1 | tee -a "$out/peers.txt"
+    for r in ${PEERS_RESIDUAL:-f32 bf16}; do
+      ./build-gpu/linac bench configs/transformer_125m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+        --steps 20 --set train.residual_dtype="$r" 2>&1 | tee -a "$out/peers.txt"
+    done
     timeout 240 python3 scripts/bench_torch.py --model --steps 20 --compile-modes "${TORCH_COMPILE_MODES:-default}" 2>&1 |
       grep -E "tokens/s|Error|error" | tee -a "$out/peers.txt"
   fi
@@ -73,7 +77,7 @@ if [ "$what" = table ]; then
   # its size at T = 8192 (the vq mode's pair). Results in $out/table.txt.
   step() {  # step CONFIG TOKENS STEPS [ARGS...]
     local c=$1 n=$2 k=$3 r; shift 3
-    for r in ${TABLE_RESIDUAL:-f32}; do
+    for r in ${TABLE_RESIDUAL:-bf16}; do
       echo "== $c $* (residual $r)" | tee -a "$out/table.txt"
       timeout 150 ./build-gpu/linac bench "configs/$c.json" "$@" --micro-tokens "$n" --tokens-per-step "$n" \
         --steps "$k" --set train.residual_dtype="$r" 2>&1 | tail -2 | tee -a "$out/table.txt"
