@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gla/gla.h"
+#include "state_scan_problem.h"
 #include "test_util.h"
 
 namespace linac::test_gla {
@@ -13,17 +14,10 @@ namespace {
 
 enum class Gates { Mild, Strong, Zero, Mixed, Wide };
 
-struct Problem {
-  int64_t B, T, H, Dk, Dv, W;
-  DType dt;
-  OwnedTensor in, grad;  // [B,T,W]: q | k | v | g (+ a pad column so no view is contiguous)
-  OwnedTensor s0, dsf, u;
-
+// q | k | v | g, the gates' H Dk columns after v.
+struct Problem : test::StateScanProblem {
   Problem(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, Gates gates, DType d = DType::F64, uint64_t seed = 1)
-      : B(b), T(t), H(h), Dk(dk), Dv(dv), W(h * (3 * dk + dv) + 1), dt(d),
-        in(test::random_tensor({b, t, W}, d, seed)), grad(d, Device::CPU, {b, t, W}),
-        s0(test::random_tensor({b, h, dk, dv}, d, seed + 1)), dsf(test::random_tensor({b, h, dk, dv}, d, seed + 2)),
-        u(test::random_tensor({b, t, h, dv}, d, seed + 3)) {
+      : StateScanProblem(b, t, h, dk, dv, h * dk, d, seed) {
     // Gates: mild = logsigmoid(z)/16 for z in [-6, 6] (the model's range, about -0.4 .. -0.002);
     // strong = uniform in [-3, 0] (the clamp); mixed = strong on half the key dims; wide = uniform
     // in [-8, 0] on half the key dims (a 16-token sub-chunk decays by about 60 = kGlaFactorSpan, so
@@ -45,38 +39,22 @@ struct Problem {
       }
     convert_host(in, host);
   }
-  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, Dk); }
-  Tensor k(const Tensor& x) const { return test::bthd(x, H * Dk, H, Dk); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * Dk, H, Dv); }
   Tensor g(const Tensor& x) const { return test::bthd(x, 2 * H * Dk + H * Dv, H, Dk); }
 
-  struct Out {
-    OwnedTensor o, sf;
-  };
   Out forward(const GlaOpts& opts, GlaForm form, bool with_s0 = true) const {
-    Out r{OwnedTensor(dt, Device::CPU, {B, T, H, Dv}), OwnedTensor(dt, Device::CPU, {B, H, Dk, Dv})};
-    test::poison(r.o);
-    test::poison(r.sf);
+    Out r = new_out();
     gla_fwd(Ctx{}, q(in), k(in), v(in), g(in), r.o, with_s0 ? s0.t : Tensor(), r.sf, opts, form);
     return r;
   }
-  // Gradients of loss = sum(o * u) + sum(S_T * dsf) land in `grad` (same layout as `in`).
+  // Gradients of the loss land in `grad`; returns ds0.
   OwnedTensor backward(const GlaOpts& opts, GlaForm form, bool with_s0 = true) {
-    OwnedTensor ds0(dt, Device::CPU, {B, H, Dk, Dv});
+    OwnedTensor ds0 = new_ds0();
     test::poison(grad);
-    test::poison(ds0);
     gla_bwd(Ctx{}, q(in), k(in), v(in), g(in), u, with_s0 ? s0.t : Tensor(), dsf, q(grad), k(grad), v(grad), g(grad),
             ds0, opts, form);
     return ds0;
   }
-  double loss(const GlaOpts& opts, GlaForm form) const {
-    Out r = forward(opts, form);
-    double l = 0;
-    const auto o = to_doubles(r.o), uu = to_doubles(u), sf = to_doubles(r.sf), d = to_doubles(dsf);
-    for (size_t i = 0; i < o.size(); ++i) l += o[i] * uu[i];
-    for (size_t i = 0; i < sf.size(); ++i) l += sf[i] * d[i];
-    return l;
-  }
+  double loss(const GlaOpts& opts, GlaForm form) const { return loss_of(forward(opts, form)); }
 };
 
 GlaOpts opts_of(int64_t chunk, int64_t sub, double scale = 0.7) {
@@ -126,11 +104,7 @@ TEST(GlaCpu, BackwardFormsAgree) {
       std::vector<std::vector<double>> grads, ds0s;
       for (GlaForm f : {GlaForm::Recurrent, GlaForm::Parallel, GlaForm::Chunk}) {
         OwnedTensor ds0 = p.backward(o, f, with_s0);
-        grads.push_back({});
-        for (const Tensor& x : {p.q(p.grad), p.k(p.grad), p.v(p.grad), p.g(p.grad)}) {
-          const auto part = test::view_values(x);
-          grads.back().insert(grads.back().end(), part.begin(), part.end());
-        }
+        grads.push_back(p.grads({p.g(p.grad)}));
         ds0s.push_back(to_doubles(ds0));
       }
       ASSERT_TRUE(test::all_finite(grads[2]));
@@ -154,14 +128,7 @@ TEST(GlaCpu, ChunkwiseGradCheckDouble) {
     Problem p(1, c.T, 2, 6, 5, c.gates, DType::F64, 9);
     const GlaOpts o = opts_of(c.chunk, c.sub);
     OwnedTensor ds0 = p.backward(o, GlaForm::Chunk);
-    // The pad column of `grad` was poisoned; only the q|k|v|g columns carry gradients.
-    const int64_t n = p.in->numel();
-    std::vector<double> analytic = to_doubles(p.grad);
-    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;
-    auto loss = [&] { return p.loss(o, GlaForm::Chunk); };
-    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 160, 3, 1e-5), 1e-6);
-    const auto ds0v = to_doubles(ds0);
-    EXPECT_LT(test::check_grad(loss, p.s0->data<double>(), ds0v.data(), ds0v.size(), 30, 4, 1e-5), 1e-6);
+    p.expect_grads_match([&] { return p.loss(o, GlaForm::Chunk); }, ds0);
   }
 }
 
@@ -271,8 +238,9 @@ TEST(GlaCpu, StateCarry) {
   };
   part_bwd(T1, T - T1, s1, full.dsf, ds_mid);
   part_bwd(0, T1, full.s0, ds_mid, ds0);
-  for (auto view : {&Problem::q, &Problem::k, &Problem::v, &Problem::g})
-    EXPECT_LT(test::rel_error(test::view_values((full.*view)(gb)), test::view_values((full.*view)(full.grad))), 1e-11);
+  const Tensor got[] = {full.q(gb), full.k(gb), full.v(gb), full.g(gb)};
+  const Tensor want[] = {full.q(full.grad), full.k(full.grad), full.v(full.grad), full.g(full.grad)};
+  for (int i = 0; i < 4; ++i) EXPECT_LT(test::rel_error(test::view_values(got[i]), test::view_values(want[i])), 1e-11);
   EXPECT_LT(test::rel_error(ds0, dref), 1e-11);
 }
 

@@ -9,6 +9,7 @@
 
 #include "document_checks.h"
 #include "lightning/lightning.h"
+#include "state_scan_problem.h"
 #include "test_util.h"
 
 namespace linac::test_lightning {
@@ -24,57 +25,27 @@ OwnedTensor decays(int64_t H, double smax, DType dt, double fixed = -1) {
   return out;
 }
 
-struct Problem {
-  int64_t B, T, H, Dk, Dv, W;
-  DType dt;
-  OwnedTensor in, grad;  // [B,T,W]: q | k | v (+ a pad column so no view is contiguous)
-  OwnedTensor s0, dsf, u, decay;
+// q | k | v, with per-head decay rates spread over [0, smax].
+struct Problem : test::StateScanProblem {
+  OwnedTensor decay;
 
-  Problem(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, double smax, DType d = DType::F64,
-          uint64_t seed = 1)
-      : B(b), T(t), H(h), Dk(dk), Dv(dv), W(h * (2 * dk + dv) + 1), dt(d),
-        in(test::random_tensor({b, t, W}, d, seed)), grad(d, Device::CPU, {b, t, W}),
-        s0(test::random_tensor({b, h, dk, dv}, d, seed + 1)), dsf(test::random_tensor({b, h, dk, dv}, d, seed + 2)),
-        u(test::random_tensor({b, t, h, dv}, d, seed + 3)), decay(decays(h, smax, d)) {}
-  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, Dk); }
-  Tensor k(const Tensor& x) const { return test::bthd(x, H * Dk, H, Dk); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * Dk, H, Dv); }
+  Problem(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, double smax, DType d = DType::F64, uint64_t seed = 1)
+      : StateScanProblem(b, t, h, dk, dv, 0, d, seed), decay(decays(h, smax, d)) {}
 
-  struct Out {
-    OwnedTensor o, sf;
-  };
   Out forward(const LightningOpts& opts, LightningForm form, bool with_s0 = true) const {
-    Out r{OwnedTensor(dt, Device::CPU, {B, T, H, Dv}), OwnedTensor(dt, Device::CPU, {B, H, Dk, Dv})};
-    test::poison(r.o);
-    test::poison(r.sf);
+    Out r = new_out();
     lightning_fwd(Ctx{}, q(in), k(in), v(in), decay, r.o, with_s0 ? s0.t : Tensor(), r.sf, opts, form);
     return r;
   }
-  // Gradients of loss = sum(o * u) + sum(S_T * dsf) land in `grad` (same layout as `in`).
+  // Gradients of the loss land in `grad`; returns ds0.
   OwnedTensor backward(const LightningOpts& opts, LightningForm form, bool with_s0 = true) {
-    OwnedTensor ds0(dt, Device::CPU, {B, H, Dk, Dv});
+    OwnedTensor ds0 = new_ds0();
     test::poison(grad);
-    test::poison(ds0);
     lightning_bwd(Ctx{}, q(in), k(in), v(in), decay, u, with_s0 ? s0.t : Tensor(), dsf, q(grad), k(grad), v(grad),
                   ds0, opts, form);
     return ds0;
   }
-  std::vector<double> grads() const {
-    std::vector<double> all;
-    for (const Tensor& x : {q(grad), k(grad), v(grad)}) {
-      const auto part = test::view_values(x);
-      all.insert(all.end(), part.begin(), part.end());
-    }
-    return all;
-  }
-  double loss(const LightningOpts& opts, LightningForm form) const {
-    Out r = forward(opts, form);
-    double l = 0;
-    const auto o = to_doubles(r.o), uu = to_doubles(u), sf = to_doubles(r.sf), d = to_doubles(dsf);
-    for (size_t i = 0; i < o.size(); ++i) l += o[i] * uu[i];
-    for (size_t i = 0; i < sf.size(); ++i) l += sf[i] * d[i];
-    return l;
-  }
+  double loss(const LightningOpts& opts, LightningForm form) const { return loss_of(forward(opts, form)); }
 };
 
 LightningOpts block_of(int64_t c) {
@@ -138,14 +109,7 @@ TEST(LightningCpu, BlockGradCheckDouble) {
     Problem p(1, c.T, 2, 6, 5, c.smax, DType::F64, 9);
     const LightningOpts o = block_of(c.block);
     OwnedTensor ds0 = p.backward(o, LightningForm::Block);
-    // The pad column of `grad` was poisoned; only the q|k|v columns carry gradients.
-    const int64_t n = p.in->numel();
-    std::vector<double> analytic = to_doubles(p.grad);
-    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;
-    auto loss = [&] { return p.loss(o, LightningForm::Block); };
-    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 160, 3, 1e-5), 1e-6);
-    const auto ds0v = to_doubles(ds0);
-    EXPECT_LT(test::check_grad(loss, p.s0->data<double>(), ds0v.data(), ds0v.size(), 30, 4, 1e-5), 1e-6);
+    p.expect_grads_match([&] { return p.loss(o, LightningForm::Block); }, ds0);
   }
 }
 
@@ -173,26 +137,17 @@ TEST(LightningCpu, SiluFeatureGradCheckDouble) {
     LightningOpts og = o;
     og.q_pre = p.q(p.in);
     og.k_pre = p.k(p.in);
-    OwnedTensor ds0(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
+    OwnedTensor ds0 = p.new_ds0();
     test::poison(p.grad);
     lightning_bwd(Ctx{}, p.q(act), p.k(act), p.v(act), p.decay, p.u, p.s0, p.dsf, p.q(p.grad), p.k(p.grad), p.v(p.grad),
                   ds0, og, form);
-    std::vector<double> analytic = to_doubles(p.grad);
-    const int64_t n = p.in->numel();
-    for (int64_t i = p.W - 1; i < n; i += p.W) analytic[static_cast<size_t>(i)] = 0;  // the pad column
     auto loss = [&] {
       activate();
-      OwnedTensor out(DType::F64, Device::CPU, {p.B, p.T, p.H, p.Dv}),
-          sf(DType::F64, Device::CPU, {p.B, p.H, p.Dk, p.Dv});
-      lightning_fwd(Ctx{}, p.q(act), p.k(act), p.v(act), p.decay, out, p.s0, sf, o, form);
-      double l = 0;
-      const auto ov = to_doubles(out), uu = to_doubles(p.u), sv = to_doubles(sf), d = to_doubles(p.dsf);
-      for (size_t i = 0; i < ov.size(); ++i) l += ov[i] * uu[i];
-      for (size_t i = 0; i < sv.size(); ++i) l += sv[i] * d[i];
-      return l;
+      Problem::Out r = p.new_out();
+      lightning_fwd(Ctx{}, p.q(act), p.k(act), p.v(act), p.decay, r.o, p.s0, r.sf, o, form);
+      return p.loss_of(r);
     };
-    EXPECT_LT(test::check_grad(loss, p.in->data<double>(), analytic.data(), static_cast<size_t>(n), 160, 3, 1e-5),
-              1e-6);
+    p.expect_grads_match(loss, ds0);
   }
 }
 
