@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "latte/latte.h"
+#include "latte_layout.h"
 #include "test_util.h"
 
 namespace linac::test_latte {
@@ -21,23 +22,22 @@ Tensor at_token(const Tensor& x, int64_t t) {
   return r;
 }
 
-struct Problem {
-  int64_t B, T, H, L, Dv, La, W;
-  bool mac;
+struct Problem : test::LatteLayout {
+  int64_t B, T;
   DType dt;
-  OwnedTensor in, grad, dy;  // in, grad: [B,T,W] = a | b | v | local (Macchiato) | pad
+  OwnedTensor in, grad, dy;  // in, grad: [B, T, W] in the layout's columns
 
   Problem(int64_t b, int64_t t, int64_t h, int64_t l, int64_t dv, bool macchiato, DType d = DType::F64,
           uint64_t seed = 1, double b_scale = 3.0)
-      : B(b), T(t), H(h), L(l), Dv(dv), La(macchiato ? l + 1 : l), W(h * (La + l + dv + (macchiato ? dv : 0)) + 1),
-        mac(macchiato), dt(d), in(test::random_tensor({b, t, W}, d, seed)), grad(d, Device::CPU, {b, t, W}),
+      : LatteLayout(h, l, dv, macchiato),
+        B(b),
+        T(t),
+        dt(d),
+        in(test::random_tensor({b, t, W}, d, seed)),
+        grad(d, Device::CPU, {b, t, W}),
         dy(test::random_tensor({b, t, h, dv}, d, seed + 1)) {
     scale_b(b_scale);
   }
-  Tensor a(const Tensor& x) const { return test::bthd(x, 0, H, La); }
-  Tensor b(const Tensor& x) const { return test::bthd(x, H * La, H, L); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, H * (La + L), H, Dv); }
-  Tensor local(const Tensor& x) const { return mac ? test::bthd(x, H * (La + L + Dv), H, Dv) : Tensor(); }
 
   static void set(const Tensor& x, int64_t i, double value) {
     if (x.dtype == DType::F64)

@@ -12,22 +12,21 @@
 #include <vector>
 
 #include "latte/latte.h"
+#include "latte_layout.h"
 #include "test_util.h"
 
 namespace linac::test_latte_docs {
 namespace {
 
-struct DocProblem {
-  int64_t B, T, H, L, Dv, La, W;
-  bool mac;
+struct DocProblem : test::LatteLayout {
+  int64_t B, T;
   DType dt;
   std::vector<std::vector<int64_t>> lengths;
-  OwnedTensor in, dy, docs;  // in: [B, T, W] = a | b | v | local (Macchiato) | pad; docs [2, B, T]
+  OwnedTensor in, dy, docs;  // in: [B, T, W] in the layout's columns; docs [2, B, T]
 
   DocProblem(const std::vector<std::vector<int64_t>>& lens, int64_t h, int64_t l, int64_t dv, bool macchiato, DType d,
              double b_scale, double doc_offset, uint64_t seed = 3)
-      : B(static_cast<int64_t>(lens.size())), T(0), H(h), L(l), Dv(dv), La(macchiato ? l + 1 : l),
-        W(h * (La + l + dv + (macchiato ? dv : 0)) + 1), mac(macchiato), dt(d), lengths(lens) {
+      : LatteLayout(h, l, dv, macchiato), B(static_cast<int64_t>(lens.size())), T(0), dt(d), lengths(lens) {
     for (int64_t n : lens[0]) T += n;
     in = test::random_tensor({B, T, W}, DType::F64, seed);
     dy = test::random_tensor({B, T, H, Dv}, DType::F64, seed + 1);
@@ -47,10 +46,6 @@ struct DocProblem {
     }
     if (dt != DType::F64) in = to(in, Device::CPU, dt), dy = to(dy, Device::CPU, dt);
   }
-  Tensor a(const Tensor& x) const { return test::bthd(x, 0, H, La); }
-  Tensor b(const Tensor& x) const { return test::bthd(x, H * La, H, L); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, H * (La + L), H, Dv); }
-  Tensor local(const Tensor& x) const { return mac ? test::bthd(x, H * (La + L + Dv), H, Dv) : Tensor(); }
   DocBounds bounds() const { return test::doc_view(docs); }
 
   struct Out {

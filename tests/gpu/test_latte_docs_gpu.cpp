@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "latte/latte.h"
+#include "latte_layout.h"
 #include "test_util.h"
 
 namespace linac::test_latte_docs_gpu {
@@ -34,13 +35,12 @@ std::string name(const Case& c) {
          " offset=" + std::to_string(c.doc_offset) + " pad=" + std::to_string(c.pad);
 }
 
-struct Inputs {
+struct Inputs : test::LatteLayout {
   Case c;
-  int64_t B, T, La, W;
-  OwnedTensor in, dy, docs;  // host; in: [B, T, W] = a | b | v | local | pad (f64), docs [2, B, T]
+  int64_t B, T;
+  OwnedTensor in, dy, docs;  // host; in: [B, T, W] in the layout's columns (f64), docs [2, B, T]
   Inputs(const Case& cs, const std::vector<std::vector<int64_t>>& lens, uint64_t seed)
-      : c(cs), B(static_cast<int64_t>(lens.size())), T(0), La(cs.mac ? cs.L + 1 : cs.L),
-        W(cs.H * (La + cs.L + cs.Dv * (cs.mac ? 2 : 1)) + cs.pad) {
+      : LatteLayout(cs.H, cs.L, cs.Dv, cs.mac, cs.pad), c(cs), B(static_cast<int64_t>(lens.size())), T(0) {
     for (int64_t n : lens[0]) T += n;
     in = test::random_tensor({B, T, W}, DType::F64, seed);
     dy = test::random_tensor({B, T, c.H, c.Dv}, DType::F64, seed + 1);
@@ -59,10 +59,6 @@ struct Inputs {
       }
     }
   }
-  Tensor a(const Tensor& x) const { return test::bthd(x, 0, c.H, La); }
-  Tensor b(const Tensor& x) const { return test::bthd(x, c.H * La, c.H, c.L); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, c.H * (La + c.L), c.H, c.Dv); }
-  Tensor local(const Tensor& x) const { return c.mac ? test::bthd(x, c.H * (La + c.L + c.Dv), c.H, c.Dv) : Tensor(); }
 };
 
 struct Result {

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "latte/latte.h"
+#include "latte_layout.h"
 #include "test_util.h"
 
 namespace linac::test_latte_gpu {
@@ -32,22 +33,18 @@ const Case kCases[] = {{2, 1, 2, 1, 64, false, 3.0},    {2, 77, 3, 16, 96, true,
                        {1, 150, 2, 1, 96, true, 2.0},    {2, 190, 2, 32, 128, false, 3.0, 0},
                        {1, 140, 4, 16, 64, true, 3.0, 0}};
 
-struct Inputs {
+struct Inputs : test::LatteLayout {
   Case c;
-  int64_t La, W;
-  OwnedTensor in, dy;  // host f64; in: [B, T, W] = a | b | v | local | pad
+  OwnedTensor in, dy;  // host f64; in: [B, T, W] in the layout's columns
   explicit Inputs(const Case& cs, uint64_t seed = 1)
-      : c(cs), La(cs.mac ? cs.L + 1 : cs.L), W(cs.H * (La + cs.L + cs.Dv * (cs.mac ? 2 : 1)) + cs.pad),
+      : LatteLayout(cs.H, cs.L, cs.Dv, cs.mac, cs.pad),
+        c(cs),
         in(test::random_tensor({cs.B, cs.T, W}, DType::F64, seed)),
         dy(test::random_tensor({cs.B, cs.T, cs.H, cs.Dv}, DType::F64, seed + 1)) {
     const Tensor bv = b(in);
     for (int64_t r = 0; r < c.B * c.T; ++r)
       for (int64_t e = 0; e < c.H * c.L; ++e) bv.data<double>()[r * W + e] *= c.b_scale;
   }
-  Tensor a(const Tensor& x) const { return test::bthd(x, 0, c.H, La); }
-  Tensor b(const Tensor& x) const { return test::bthd(x, c.H * La, c.H, c.L); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, c.H * (La + c.L), c.H, c.Dv); }
-  Tensor local(const Tensor& x) const { return c.mac ? test::bthd(x, c.H * (La + c.L + c.Dv), c.H, c.Dv) : Tensor(); }
 };
 
 struct Result {
