@@ -12,29 +12,22 @@
 
 namespace linac::test {
 
-struct StateScanProblem {
-  int64_t B, T, H, Dk, Dv, W;
+struct StateScanProblem : QkvLayout {
+  int64_t B, T;
   DType dt;
   OwnedTensor in, grad, s0, dsf, u;
 
   // extra_cols: the columns after v that the op reads from `in` (0 for q | k | v alone).
   StateScanProblem(int64_t b, int64_t t, int64_t h, int64_t dk, int64_t dv, int64_t extra_cols, DType d, uint64_t seed)
-      : B(b),
+      : QkvLayout(h, dk, dv, extra_cols),
+        B(b),
         T(t),
-        H(h),
-        Dk(dk),
-        Dv(dv),
-        W(h * (2 * dk + dv) + extra_cols + 1),
         dt(d),
         in(random_tensor({b, t, W}, d, seed)),
         grad(d, Device::CPU, {b, t, W}),
         s0(random_tensor({b, h, dk, dv}, d, seed + 1)),
         dsf(random_tensor({b, h, dk, dv}, d, seed + 2)),
         u(random_tensor({b, t, h, dv}, d, seed + 3)) {}
-
-  Tensor q(const Tensor& x) const { return bthd(x, 0, H, Dk); }
-  Tensor k(const Tensor& x) const { return bthd(x, H * Dk, H, Dk); }
-  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * Dk, H, Dv); }
 
   struct Out {
     OwnedTensor o, sf;

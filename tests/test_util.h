@@ -43,6 +43,16 @@ std::vector<double> view_values(const Tensor& t);
 // A [B, T, H, D] view of columns [col0, col0 + H * D) of a contiguous [B, T, W] buffer (any
 // device): q, k, v as the models pass them, strided views of one fused buffer.
 Tensor bthd(const Tensor& buf, int64_t col0, int64_t H, int64_t D);
+// The columns of the attention-like ops' tests: q | k | v (H heads of Dk, Dk, Dv), then
+// `extra` columns of the op's own (e.g. GLA's gates) and a pad column, so no view is contiguous.
+struct QkvLayout {
+  int64_t H, Dk, Dv, W;
+  QkvLayout(int64_t h, int64_t dk, int64_t dv, int64_t extra = 0)
+      : H(h), Dk(dk), Dv(dv), W(h * (2 * dk + dv) + extra + 1) {}
+  Tensor q(const Tensor& x) const { return bthd(x, 0, H, Dk); }
+  Tensor k(const Tensor& x) const { return bthd(x, H * Dk, H, Dk); }
+  Tensor v(const Tensor& x) const { return bthd(x, 2 * H * Dk, H, Dv); }
+};
 // The values of columns [col0, col0 + n) of every row of a contiguous [B, T, W] buffer, in order.
 std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n);
 

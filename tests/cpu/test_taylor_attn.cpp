@@ -13,20 +13,22 @@
 namespace linac::test_taylor_attn {
 namespace {
 
-struct Problem {
-  int64_t B, T, H, F, Dv, W;
+struct Problem : test::QkvLayout {
+  int64_t B, T, F;
   DType dt;
   OwnedTensor in, grad;  // [B,T,W]: q | k | v (+ a pad column so no view is contiguous)
   OwnedTensor u;         // loss weights: loss = sum(o * u)
 
   Problem(int64_t b, int64_t t, int64_t h, int64_t f, int64_t dv, DType d = DType::F64, uint64_t seed = 1,
           double amp = 1.5)
-      : B(b), T(t), H(h), F(f), Dv(dv), W(h * (2 * f + dv) + 1), dt(d),
-        in(test::random_tensor({b, t, W}, d, seed, -amp, amp)), grad(d, Device::CPU, {b, t, W}),
+      : QkvLayout(h, f, dv),
+        B(b),
+        T(t),
+        F(f),
+        dt(d),
+        in(test::random_tensor({b, t, W}, d, seed, -amp, amp)),
+        grad(d, Device::CPU, {b, t, W}),
         u(test::random_tensor({b, t, h, dv}, d, seed + 1)) {}
-  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, F); }
-  Tensor k(const Tensor& x) const { return test::bthd(x, H * F, H, F); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * F, H, Dv); }
   int64_t rows() const { return taylor_attn_state_rows(F); }
 
   struct Out {

@@ -25,17 +25,20 @@ const char* form_name(TaylorAttnForm f) {
 
 using test::expect_close;
 
-struct Problem {
-  int64_t B, T, H, F, Dv, W, R;
+struct Problem : test::QkvLayout {
+  int64_t B, T, F, R;
   DType dt;
   OwnedTensor in, dout, bounds;  // in: [B, T, W] q | k | v | pad
   Problem(DType d, uint64_t seed = 3)
-      : B(static_cast<int64_t>(kLayouts.size())), T(21), H(2), F(4), Dv(5), W(H * (2 * F + Dv) + 1),
-        R(taylor_attn_state_rows(F)), dt(d), in(test::random_tensor({B, T, W}, d, seed, -1.5, 1.5)),
-        dout(test::random_tensor({B, T, H, Dv}, d, seed + 1)), bounds(test::doc_bounds_of(kLayouts)) {}
-  Tensor q(const Tensor& x) const { return test::bthd(x, 0, H, F); }
-  Tensor k(const Tensor& x) const { return test::bthd(x, H * F, H, F); }
-  Tensor v(const Tensor& x) const { return test::bthd(x, 2 * H * F, H, Dv); }
+      : QkvLayout(2, 4, 5),
+        B(static_cast<int64_t>(kLayouts.size())),
+        T(21),
+        F(4),
+        R(taylor_attn_state_rows(F)),
+        dt(d),
+        in(test::random_tensor({B, T, W}, d, seed, -1.5, 1.5)),
+        dout(test::random_tensor({B, T, H, Dv}, d, seed + 1)),
+        bounds(test::doc_bounds_of(kLayouts)) {}
 };
 
 // Results as flat vectors in the packed layout: o [B,T,H,Dv], den [B,H,T], s_final [B,H,R,Dv+1],
