@@ -29,13 +29,15 @@ const char* precision_in_effect(DType act) { return act == DType::BF16 ? "bf16" 
 ModelOptions ModelOptions::for_training(const Config& cfg, int rank, int world) {
   const TrainConfig& tc = cfg.train;
   const bool zero = tc.zero > 0 && world > 1;
+  // A dtype key of auto | f32 | bf16 whose auto means bf16 under bf16 precision.
+  auto bf16 = [&](const std::string& key) { return key == "bf16" || (key == "auto" && tc.precision == "bf16"); };
   return {.precision = tc.precision,
           .with_optimizer = true,
           .zero_world = zero ? world : 1,
           .zero_rank = zero ? rank : 0,
           .zero_grads = zero && tc.zero == 2,
-          .bf16_logits = tc.logits_dtype == "bf16" || (tc.logits_dtype == "auto" && tc.precision == "bf16"),
-          .bf16_residual = tc.residual_dtype == "bf16" || (tc.residual_dtype == "auto" && tc.precision == "bf16"),
+          .bf16_logits = bf16(tc.logits_dtype),
+          .bf16_residual = bf16(tc.residual_dtype),
           .documents = cfg.data.packing == "document"};
 }
 

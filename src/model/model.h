@@ -53,7 +53,7 @@ struct ModelOptions {
   int zero_rank = 0;               // ... this process being zero_rank
   bool zero_grads = false;         // ZeRO-2: the gradients sharded too
   bool bf16_logits = false;        // train.logits_dtype bf16 (or auto): the LM head's logits in bf16 under bf16 compute
-  bool bf16_residual = false;      // train.residual_dtype bf16: the residual stream in bf16 under bf16 compute
+  bool bf16_residual = false;  // train.residual_dtype bf16 (or auto): the residual stream in bf16 under bf16 compute
   bool documents = false;  // data.packing "document": reserve() sizes for documents what depends on their layout
   // train.precision, train.logits_dtype and train.residual_dtype with the optimizer; train.zero over `world` ranks as
   // `rank` (no sharding with one rank); data.packing.
