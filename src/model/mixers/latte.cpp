@@ -246,7 +246,9 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
   if (opt_.vapor) rope_bwd(ctx, dY, opt_.rope_base, 0, docs);
 
   Tensor dab = env_.scratch->get("latte.dab", env_.act, {N, Pa_});
-  Tensor dV = env_.scratch->get("latte.dv", env_.act, {B, T, H_, Dh_});
+  // dxv is laid out as xv ([v | q | k] or [v]), so Wx's input and weight gradients are one GEMM each.
+  Tensor dxv = env_.scratch->get("latte.dxv", env_.act, {N, Px_});
+  const Tensor dV = bthd(dxv, B, T, 0, H_, Dh_);
   Tensor dlocal = opt_.window > 0 ? env_.scratch->get("latte.dlocal", env_.act, {B, T, H_, Dh_}) : Tensor();
   env_.open_comm_window();
   latte_bwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, lse, dY,
@@ -266,25 +268,21 @@ void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {
     matmul(ctx, dab, false, ps.weight(wab_), false, dx.view({N, d_}));
   }
 
-  // Wx's gradient in row blocks that cover it: the local path's [d, 3d) when there is one, the values' [0, d).
-  const ParamStore::GradWrite dw = ps.grad_write(wx_);
-  // The local path: attention backward into dQl, dKl (for the unrotated q and k: the kernel turns
+  // The local path: attention backward into dq, dk (for the unrotated q and k: the kernel turns
   // them back where it can, attention.h) and, added to dV, the values' second share.
   if (opt_.window > 0) {
-    Tensor dqk = env_.scratch->get("latte.dqk", env_.act, {N, 2 * d_});
-    const Tensor dq = bthd(dqk, B, T, 0, H_, Dh_), dk = bthd(dqk, B, T, d_, H_, Dh_);
     AttentionOpts ao;
     ao.window = opt_.window;
     ao.docs = docs;
     ao.accumulate_dv = true;
     ao.rope = opt_.rope_base;
     attention_bwd(ctx, bthd(xv, B, T, d_, H_, Dh_), bthd(xv, B, T, 2 * d_, H_, Dh_), v, local,
-                  lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, dq, dk, dV, ao);
-    matmul(ctx, dqk, false, W.slice0(d_, 3 * d_), false, dx.view({N, d_}), 1.f, 1.f);
-    matmul(ctx, dqk, true, x2, false, dw.grad.slice0(d_, 3 * d_), 1.f, dw.beta);
+                  lse_loc_buf_.tensor(env_.stat, {B, H_, T}), dlocal, bthd(dxv, B, T, d_, H_, Dh_),
+                  bthd(dxv, B, T, 2 * d_, H_, Dh_), dV, ao);
   }
-  matmul(ctx, dV.view({N, d_}), false, W.slice0(0, d_), false, dx.view({N, d_}), 1.f, 1.f);
-  matmul(ctx, dV.view({N, d_}), true, x2, false, dw.grad.slice0(0, d_), 1.f, dw.beta);
+  const ParamStore::GradWrite dw = ps.grad_write(wx_);
+  matmul(ctx, dxv, false, W, false, dx.view({N, d_}), 1.f, 1.f);
+  matmul(ctx, dxv, true, x2, false, dw.grad, 1.f, dw.beta);
 }
 
 std::unique_ptr<MixerState> LatteMixer::init_state(int64_t B) {
