@@ -34,13 +34,18 @@ if [ $build_rc -ne 0 ]; then grep -E "error|FAILED" "$out/build.log" | head -40;
 summary=()
 # gpu_tests LABEL LOG [GTEST_FILTER]: the GPU tests (all, or a filter) into $out/LOG, their result
 # line in the summary, the failures with their context (SCOPED_TRACE lines name the failing case).
+# GPU_TESTS_SHARD=I/N runs gtest's shard I of N (0-based), so that a suite longer than one device
+# call can run over several; each test's time goes to $out/LOG.json (gtest's JSON report).
 gpu_tests() {
-  local t0 rc
+  local t0 rc shard=()
   t0=$(date +%s)
-  LINAC_BIN="$root/build-gpu/linac" ./build-gpu/linac_gpu_tests --gtest_brief=1 ${3:+--gtest_filter="$3"} \
-    >"$out/$2" 2>&1
+  if [ -n "${GPU_TESTS_SHARD:-}" ]; then
+    shard=(env GTEST_SHARD_INDEX="${GPU_TESTS_SHARD%/*}" GTEST_TOTAL_SHARDS="${GPU_TESTS_SHARD#*/}")
+  fi
+  LINAC_BIN="$root/build-gpu/linac" "${shard[@]}" ./build-gpu/linac_gpu_tests --gtest_brief=1 \
+    --gtest_output="json:$out/$2.json" ${3:+--gtest_filter="$3"} >"$out/$2" 2>&1
   rc=$?
-  summary+=("$1 rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/$2" | tr '\n' ' ')")
+  summary+=("$1${GPU_TESTS_SHARD:+ (shard $GPU_TESTS_SHARD)} rc=$rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED) ' "$out/$2" | tr '\n' ' ')")
   grep -E -A1 '^\[  FAILED|Failure|error:|Expected|Which is|actual|Google Test trace' "$out/$2" | head -80
 }
 
