@@ -6,7 +6,7 @@
 #   suite.sh      tests bench perf based tnl latte vq generate (all = these, in this order)
 #   profiles.sh   gemms gla taylor latteprof xentprof swiglubwd ropeprof attnprof memprof power gemmtune
 #   multi_gpu.sh  zero1 zero4 nettransport zero4mem trace4 ckpt13b
-#   peers.sh      decode peers table logits residual
+#   peers.sh      decode peers table logits residual fla
 #   features.sh   compare sanitize docs gqa
 # GPU_CHECK_TARGETS limits the build to those ninja targets (e.g. "linac linac_gpu_tests");
 # GPU_CHECK_JOBS sets ninja's parallelism (default 16; the 4-GPU hosts have 64 cores).

@@ -8,6 +8,10 @@
 #           the default's choice under bf16 precision)
 #   logits  f32 against bf16 logits trained on Brown (scripts/logits_dtype_brown.sh), issue 49
 #   residual  the same for an f32 against a bf16 residual stream (train.residual_dtype)
+#   fla     GLA 340M and the GLA, lightning and Taylor ops next to flash-linear-attention's model and
+#           kernels (scripts/bench_fla.py; its source snapshot under .peers/, carried), issue 49; fla's
+#           Triton autotuning takes minutes on a fresh machine, so this wants a call of its own
+#           (FLA_TIMEOUT, default 480 s, bounds the Python part; FLA_ARGS adds e.g. --no-compile)
 # The tests of decoding and of the kernels its step launches (issue 49).
 decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
 'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
@@ -102,4 +106,23 @@ fi
 if [ "$what" = residual ]; then
   # Does train.residual_dtype bf16 train as well as f32? Same runs, data and carrying as logits.
   DTYPE_KEY=residual_dtype bash scripts/logits_dtype_brown.sh "$out" 2>&1 | tail -12
+fi
+if [ "$what" = fla ]; then
+  # Issue 49's GLA goal is stated against PyTorch with fla's Triton GLA: linac's 340M step and ops,
+  # then fla's model and kernels at the same shapes, in this call. fla and einops come from .peers/.
+  if ! PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" python3 -c 'import fla, einops' 2>"$out/fla_import.txt"; then
+    echo "fla: no importable fla + einops under .peers/ (docs/performance.md says how to make it)"
+    tail -3 "$out/fla_import.txt"
+  else
+    ./build-gpu/linac bench configs/gla_340m.json --seq-lens 2048 --micro-tokens 32768 --tokens-per-step 32768 \
+      --steps 10 2>&1 | tee -a "$out/fla.txt"
+    ./build-gpu/linac bench --op gla --seq-lens 2048,8192,32768 --tokens 32768 --heads 4 --dk 128 --dv 256 \
+      2>&1 | tee -a "$out/fla.txt"
+    ./build-gpu/linac bench --op lightning --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+      2>&1 | tee -a "$out/fla.txt"
+    ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
+      2>&1 | tee -a "$out/fla.txt"
+    PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-480}" python3 scripts/bench_fla.py \
+      --ops --model ${FLA_ARGS:-} 2>&1 | grep -v Warning | tee -a "$out/fla.txt"
+  fi
 fi
