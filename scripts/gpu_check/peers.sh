@@ -122,7 +122,16 @@ if [ "$what" = fla ]; then
       2>&1 | tee -a "$out/fla.txt"
     ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
       2>&1 | tee -a "$out/fla.txt"
+    # Triton's compiled kernels are kept between calls: a cache that came back from an earlier call
+    # as $OUT/triton_cache.tgz and was put at .peers/triton_cache.tgz is unpacked first (sm_90 code,
+    # so an H100's serves an H200), and this call's goes back the same way if it fits the 16 MiB a
+    # returned file may have. The autotuner still times its candidates; it no longer compiles them.
+    export TRITON_CACHE_DIR="$root/.peers/triton_cache"
+    mkdir -p "$TRITON_CACHE_DIR"
+    [ -f "$root/.peers/triton_cache.tgz" ] && tar -xzf "$root/.peers/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
     PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-480}" python3 scripts/bench_fla.py \
       --ops --model ${FLA_ARGS:-} 2>&1 | grep -v Warning | tee -a "$out/fla.txt"
+    tar -czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . &&
+      [ "$(stat -c %s "$out/triton_cache.tgz")" -le $((16 << 20)) ] || rm -f "$out/triton_cache.tgz"
   fi
 fi
