@@ -25,21 +25,7 @@ import time
 
 import torch
 
-
-def cuda_ms(fn, iters, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    times.sort()
-    return times[len(times) // 2]
+from bench_torch import cuda_ms  # scripts/ is the script's own folder, first on sys.path
 
 
 def gla_340m_config():
