@@ -11,7 +11,8 @@
 #   fla     GLA 340M and the GLA, lightning and Taylor ops next to flash-linear-attention's model and
 #           kernels (scripts/bench_fla.py; its source snapshot under .peers/, carried), issue 49; fla's
 #           Triton autotuning takes minutes on a fresh machine, so this wants a call of its own
-#           (FLA_TIMEOUT, default 480 s, bounds the Python part; FLA_ARGS adds e.g. --no-compile)
+#           (FLA_TIMEOUT bounds the Python part: default 360 s, so that the build and linac's side fit
+#           the same 600 s call; FLA_ARGS adds e.g. --no-compile)
 # The tests of decoding and of the kernels its step launches (issue 49).
 decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
 'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
@@ -129,7 +130,7 @@ if [ "$what" = fla ]; then
     export TRITON_CACHE_DIR="$root/.peers/triton_cache"
     mkdir -p "$TRITON_CACHE_DIR"
     [ -f "$root/.peers/triton_cache.tgz" ] && tar -xzf "$root/.peers/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
-    PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-480}" python3 scripts/bench_fla.py \
+    PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-360}" python3 scripts/bench_fla.py \
       --ops --model ${FLA_ARGS:-} 2>&1 | grep -v Warning | tee -a "$out/fla.txt"
     tar -czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . &&
       [ "$(stat -c %s "$out/triton_cache.tgz")" -le $((16 << 20)) ] || rm -f "$out/triton_cache.tgz"
