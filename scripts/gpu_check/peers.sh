@@ -111,7 +111,8 @@ fi
 if [ "$what" = fla ]; then
   # Issue 49's GLA goal is stated against PyTorch with fla's Triton GLA: linac's 340M step and ops,
   # then fla's model and kernels at the same shapes, in this call. fla and einops come from .peers/.
-  if ! PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" python3 -c 'import fla, einops' 2>"$out/fla_import.txt"; then
+  fla_path="$root/.peers${PYTHONPATH:+:$PYTHONPATH}"
+  if ! PYTHONPATH="$fla_path" python3 -c 'import fla, einops' 2>"$out/fla_import.txt"; then
     echo "fla: no importable fla + einops under .peers/ (docs/performance.md says how to make it)"
     tail -3 "$out/fla_import.txt"
   else
@@ -130,7 +131,7 @@ if [ "$what" = fla ]; then
     export TRITON_CACHE_DIR="$root/.peers/triton_cache"
     mkdir -p "$TRITON_CACHE_DIR"
     [ -f "$root/.peers/triton_cache.tgz" ] && tar -xzf "$root/.peers/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
-    PYTHONPATH="$root/.peers${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-360}" python3 scripts/bench_fla.py \
+    PYTHONPATH="$fla_path" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-360}" python3 scripts/bench_fla.py \
       --ops --model ${FLA_ARGS:-} 2>&1 | grep -v Warning | tee -a "$out/fla.txt"
     tar -czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . &&
       [ "$(stat -c %s "$out/triton_cache.tgz")" -le $((16 << 20)) ] || rm -f "$out/triton_cache.tgz"
