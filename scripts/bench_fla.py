@@ -20,7 +20,9 @@ On a fresh machine the first call of each fla kernel autotunes and compiles it (
 more than 200 s before the first op's line on an H100 (2026-12-07): give this script a call of its own.
 """
 import argparse
+import faulthandler
 import gc
+import sys
 import time
 
 import torch
@@ -141,7 +143,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--stacks-every", type=float, default=90,
+                    help="print every thread's Python stack each this many seconds (0: never), so that a call "
+                         "cut by its time limit shows where it was: autotuning, compiling or stuck")
     args = ap.parse_args()
+    if args.stacks_every > 0:
+        faulthandler.dump_traceback_later(args.stacks_every, repeat=True, file=sys.stdout)
     torch.backends.cuda.matmul.allow_tf32 = True
     # The model first: issue 49's GLA goal is stated against it, and on a fresh machine every fla
     # kernel's first call autotunes and compiles for minutes.

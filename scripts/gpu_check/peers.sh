@@ -132,7 +132,7 @@ if [ "$what" = fla ]; then
     mkdir -p "$TRITON_CACHE_DIR"
     [ -f "$root/.peers/triton_cache.tgz" ] && tar -xzf "$root/.peers/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
     PYTHONPATH="$fla_path" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-360}" python3 scripts/bench_fla.py \
-      --ops --model ${FLA_ARGS:-} 2>&1 | grep -v Warning | tee -a "$out/fla.txt"
+      --ops --model ${FLA_ARGS:-} 2>&1 | grep --line-buffered -v Warning | tee -a "$out/fla.txt"
     tar -czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . &&
       [ "$(stat -c %s "$out/triton_cache.tgz")" -le $((16 << 20)) ] || rm -f "$out/triton_cache.tgz"
   fi
