@@ -34,6 +34,25 @@ struct AllRows {
   __device__ __forceinline__ bool operator()(int) const { return true; }
 };
 
+// One k-step (16 tokens) of S += phi^T Y: the A fragments of the warp's NB feature tiles against
+// the step's Y fragments, n-tile pairs up to ntv. Every update of a state or a total runs it, so
+// the same products are summed in the same order wherever a state row sits in its tile.
+template <int NB, int NT>
+__device__ __forceinline__ void state_kstep_mma(float (&S)[NB][NT][4], const uint32_t (&A)[NB][4], const bf16_t* Ys,
+                                                int ldy, int kstep, int ntv) {
+#pragma unroll
+  for (int np = 0; np < NT / 2; ++np) {
+    if (2 * np >= ntv) break;
+    uint32_t B[4];
+    sm80::ldsm_b_kn(Ys, ldy, 16 * kstep, 16 * np, B);
+#pragma unroll
+    for (int bl = 0; bl < NB; ++bl) {
+      sm80::mma_bf16(S[bl][2 * np], A[bl], B[0], B[1]);
+      sm80::mma_bf16(S[bl][2 * np + 1], A[bl], B[2], B[3]);
+    }
+  }
+}
+
 // A k-step per 16 tokens: the lane holds tokens tb, tb + 1, tb + 8, tb + 9 of feature rows g and
 // g + 8 of each of its two blocks. ntv = DvP / 8 value n-tiles are summed (those past it untouched
 // but for the pair that straddles it, whose columns past DvP read Y's zero padding). kQuad: the
@@ -77,17 +96,7 @@ __device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const 
       A[bl][2] = pack_bf16(phi(fb, xf[bl][2], xg[2], first, in[2]), phi(fb, xf[bl][3], xg[3], first, in[3]));
       A[bl][3] = pack_bf16(phi(fb, xf[bl][2], xg8[2], false, in[2]), phi(fb, xf[bl][3], xg8[3], false, in[3]));
     }
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      if (2 * np >= ntv) break;
-      uint32_t B[4];
-      sm80::ldsm_b_kn(Ys, ldy, 16 * kstep, 16 * np, B);
-#pragma unroll
-      for (int bl = 0; bl < NB; ++bl) {
-        sm80::mma_bf16(S[bl][2 * np], A[bl], B[0], B[1]);
-        sm80::mma_bf16(S[bl][2 * np + 1], A[bl], B[2], B[3]);
-      }
-    }
+    state_kstep_mma(S, A, Ys, ldy, kstep, ntv);
   }
 }
 
@@ -100,24 +109,31 @@ __device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf1
     state_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, fb0, ntv, keep);
 }
 
-// The chunk update with document bounds (taylor_attn.h): at a chunk in which a document starts the
+// A chunk's update with document bounds (taylor_attn.h): at a chunk in which a document starts the
 // state restarts, and only the rows the next state holds enter it: forward the keys of the chunk's
 // last document, reverse (kRev) the queries whose document started before the chunk. starts: the
-// chunk's document starts (tokens [t0, t0 + rows)). The rows are the scan kernel's, so the sums
+// chunk's document starts (tokens [t0, t0 + rows)); add(keep) runs the update with keep(token)
+// saying whether a row enters (AllRows: every row). The rows are the scan kernel's, so the sums
 // are its bits.
-template <bool kRev, int NB, int NT>
-__device__ __forceinline__ void state_add_chunk_docs(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx,
-                                                     const bf16_t* Ys, int ldy, int fb0, int ntv, const int* starts,
-                                                     int t0, int rows) {
+template <bool kRev, int NB, int NT, class Add>
+__device__ __forceinline__ void chunk_update_docs(float (&S)[NB][NT][4], const int* starts, int t0, int rows,
+                                                  Add&& add) {
   const int last = starts[rows - 1];
-  if (last < t0) return state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv);  // no start in the chunk (CTA-uniform)
+  if (last < t0) return add(AllRows{});  // no start in the chunk (CTA-uniform)
 #pragma unroll
   for (int bl = 0; bl < NB; ++bl)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[bl][nt][e] = 0.f;
-  state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv, [&](int tok) { return kRev ? starts[tok] < t0 : t0 + tok >= last; });
+  add([&](int tok) { return kRev ? starts[tok] < t0 : t0 + tok >= last; });
+}
+
+template <bool kRev, int NB, int NT>
+__device__ __forceinline__ void state_add_chunk_docs(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
+                                                     int ldy, int fb0, int ntv, const int* starts, int t0, int rows) {
+  chunk_update_docs<kRev>(S, starts, t0, rows,
+                          [&](auto keep) { state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv, keep); });
 }
 
 // fn(element, state row, state column) over a state warp's accumulator elements within DvP.
