@@ -170,6 +170,13 @@ size_t taylor_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, i
 // with LINAC_TAYLOR_KERNELS=chunk).
 size_t taylor_attn_launches_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv,
                                             DType act = DType::BF16);
+// Above one scan segment the fused cases first sum each segment's state update (a CTA per pair
+// and segment, taylor_attn_totals.cu), or split each such CTA's work over two where that puts less
+// of it on the busiest of the GPU's `sms` SMs; public so that the tests can pick shapes that run
+// each way.
+inline bool taylor_attn_totals_in_halves(int64_t ctas, int64_t sms) {
+  return (2 * ctas + sms - 1) / sms < 2 * ((ctas + sms - 1) / sms);
+}
 // TaylorAttnOpts::saved_carries for a [B, T] call: f32 [B*H, segments of 2048 tokens,
 // F*F+2F, Dv+16] where the call runs the fused kernels over more than one segment, else 0.
 size_t taylor_attn_saved_carries_bytes(int64_t B, int64_t T, int64_t H, int64_t F, int64_t Dv, DType act = DType::BF16);

@@ -1,25 +1,103 @@
 // Segment totals for the fused Taylor kernels (bf16, Dv <= 64): with several scan
 // segments, each segment's sum of the chunk updates,
 //   total[seg] = sum over the chunks of seg of phi(X^)^T Y      (X, Y = k^, v~; reverse: q^, g~),
-// into carry [P, nseg, kRows, DvP] f32, which the carry kernel turns into the segments' starting
-// states. The fused kernels' state warps alone (taylor_attn_state.cuh: same products, same order,
-// so a total is the fused pass's bits), in a CTA that holds nothing else: no state buffers, no
-// output warps. Grid (P, segments, halves): the segment the carries never read (the last in scan
-// order) is left out unless the forward's final state needs it. Two shapes: nine warps of two
-// feature blocks each (one CTA an SM: 128 registers), or, when the CTAs would run a second,
-// mostly empty wave that way, the feature blocks split over two CTAs of nine one-block warps
-// (three CTAs an SM at 72 registers). Both deliver about the same totals per SM and second on an
-// H200 (NOTES.md), so the split shape only pays where it ends the pass in one wave. Documents
-// (kDocs): the chunk's starts come with its rows, and a total restarts at a chunk in which a
-// document starts (state_add_chunk_docs, as the fused state warps and the scan kernel).
+// into carry [P, nseg, kRows, DvP] f32 (the feature order of taylor_attn_common.cuh), which the
+// carry kernel turns into the segments' starting states. Grid (P, segments, halves): the segment
+// the carries never read (the last in scan order) is left out unless the forward's final state
+// needs it.
+//
+// The quadratic rows come in equal pairs (row 16 f + j and row 16 j + f), so each pair is summed
+// once: the 136 distinct products, the 16 linear features and the constant fill kTiles = 10 mma
+// tiles of 16 rows (taylor_attn_totals_tiles.h has the map) instead of the fused state warps' 18
+// blocks, and each sum is stored to both of its rows.
+// Each product is the fused pass's (x_f x_j) kQuadScale and each k-step the same mma over the
+// same Y fragments, so a total is the bits the fused pass would reach (the fused and totals
+// kernels share taylor_attn_state.cuh's scalings and document masks). Two shapes: five warps of
+// two tiles each, or the tiles split over two CTAs of five one-tile warps where that spreads the
+// CTAs over more SMs (launch_totals). The kernel is bound by the instructions that build phi's
+// fragments, not the tensor pipe (NOTES.md), so fewer tiles is fewer of them. Documents (kDocs):
+// the chunk's starts come with its rows, and a total restarts at a chunk in which a document
+// starts (chunk_update_docs, as the fused state warps and the scan kernel).
 #include <type_traits>
 
 #include "taylor_attn/taylor_attn_state.cuh"
+#include "taylor_attn/taylor_attn_totals_tiles.h"
 
 namespace linac::taylor_cuda {
 namespace {
 
-constexpr int kWarps = kBlocks / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
+using taylor_tiles::kTailTile;
+using taylor_tiles::kTiles;
+using taylor_tiles::tile_pair;
+static_assert(taylor_tiles::kF == kF && taylor_tiles::kStateRows == kRows, "the tiles cover this state layout");
+constexpr int kWarps = kTiles / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
+
+// One chunk's update of a warp's NB tiles (tiles[bl]; kTail: the warp holding tiles 8 and 9, else
+// all its tiles are products), the k-steps and Y fragments of state_add_chunk_as.
+template <bool kTail, int NB, int NT, class Keep>
+__device__ __forceinline__ void totals_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
+                                                 int ldy, const int (&tiles)[NB], int ntv, Keep keep) {
+  using linac::cuda::pack_bf16;
+  using linac::cuda::to_float;
+  const Frag f;
+  constexpr bool kAll = std::is_same_v<Keep, AllRows>;
+  // The feature columns of the lane's rows g and g + 8 in each tile (products: two each).
+  int c[NB][4];
+#pragma unroll
+  for (int bl = 0; bl < NB; ++bl) {
+    const taylor_tiles::Pair lo = tile_pair(tiles[bl], f.g), hi = tile_pair(tiles[bl], f.g + 8);
+    c[bl][0] = lo.f, c[bl][1] = lo.j, c[bl][2] = hi.f, c[bl][3] = hi.j;
+  }
+#pragma unroll
+  for (int kstep = 0; kstep < kC / 16; ++kstep) {
+    const int tb = 16 * kstep + 2 * f.q;
+    float lo[NB][4], hi[NB][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = tb + (i & 1) + 8 * (i >> 1);
+      bool in = true;
+      if constexpr (!kAll) in = keep(tok);
+      const bf16_t* row = Xs + tok * ldx;
+#pragma unroll
+      for (int bl = 0; bl < NB; ++bl) {
+        float l, h;
+        if (!kTail) {
+          l = to_float(row[c[bl][0]]) * to_float(row[c[bl][1]]) * kQuadScale;
+          h = to_float(row[c[bl][2]]) * to_float(row[c[bl][3]]) * kQuadScale;
+        } else if (tiles[bl] == kTailTile) {  // warp-uniform
+          const float x = to_float(row[c[bl][0]]);
+          l = x * x * kQuadScale;
+          h = f.g == 0 ? 1.f : 0.f;
+        } else {
+          l = scaled(row[f.g]);
+          h = scaled(row[f.g + 8]);
+        }
+        lo[bl][i] = kAll || in ? l : 0.f;
+        hi[bl][i] = kAll || in ? h : 0.f;
+      }
+    }
+    uint32_t A[NB][4];
+#pragma unroll
+    for (int bl = 0; bl < NB; ++bl) {
+      A[bl][0] = pack_bf16(lo[bl][0], lo[bl][1]);
+      A[bl][1] = pack_bf16(hi[bl][0], hi[bl][1]);
+      A[bl][2] = pack_bf16(lo[bl][2], lo[bl][3]);
+      A[bl][3] = pack_bf16(hi[bl][2], hi[bl][3]);
+    }
+    state_kstep_mma(S, A, Ys, ldy, kstep, ntv);
+  }
+}
+
+// fn(value, state row, state column) for every state row a lane's accumulators are stored to
+// (taylor_attn_totals_tiles.h; the warp's tiles are consecutive, from tiles[0]).
+template <int NB, int NT, class Fn>
+__device__ __forceinline__ void each_total_element(float (&S)[NB][NT][4], const int (&tiles)[NB], int ntv, Fn&& fn) {
+  each_state_element(S, tiles[0], ntv, [&](float v, int tr, int col) {
+    const taylor_tiles::Targets to = taylor_tiles::tile_row_targets(tr / 16, tr % 16);
+    fn(v, to.sum, col);
+    if (to.other >= 0) fn(to.other_zero ? 0.f : v, to.other, col);
+  });
+}
 
 template <bool kDocs>
 struct TotalsSmem {
@@ -29,10 +107,11 @@ struct TotalsSmem {
 };
 
 // x: k (forward) or q (reverse), strided; y: v (forward, strided; v~'s "1" column added here) or
-// g~ (reverse, the chunk-major workspace of the group, rows past T zero). kNB: feature blocks per
-// warp (2: blockIdx.z = 0 holds all 18; 1: blockIdx.z picks the first or last 9).
+// g~ (reverse, the chunk-major workspace of the group, rows past T zero). kNB: tiles per warp (2:
+// blockIdx.z = 0 holds all ten, warp w tiles 2w and 2w + 1; 1: warp w of CTA z holds tile 2w + z,
+// so that the tail tiles stay on warp 4 either way).
 template <bool kRev, int kNB, bool kDocs>
-__global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
+__global__ void __launch_bounds__(kThreads, kNB == 1 ? 4 : 3)
     totals_kernel(Args a, const bf16_t* __restrict__ x, const bf16_t* __restrict__ y, float* __restrict__ carry) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = TotalsSmem<kDocs>;
@@ -82,44 +161,44 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 3 : 1)
   };
   for (int s = 0; s < kStages - 1; ++s) issue(s);
 
-  const int fb0 = kNB == 2 ? 2 * warp : kWarps * blockIdx.z + warp;
+  int tiles[kNB];
+#pragma unroll
+  for (int bl = 0; bl < kNB; ++bl) tiles[bl] = 2 * warp + (kNB == 2 ? bl : static_cast<int>(blockIdx.z));
   float S[kNB][kNT][4] = {};
+  auto add = [&](const bf16_t* Xs, const bf16_t* Ys, auto keep) {
+    if (2 * warp + 1 < kTailTile)  // warp-uniform
+      totals_add_chunk<false>(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv, keep);
+    else
+      totals_add_chunk<true>(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv, keep);
+  };
   for (int step = 0; step < N; ++step) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // the step's tiles are in; every warp is done with the stage issue() refills
     issue(step + kStages - 1);
     const int s = step % kStages;
+    const bf16_t *Xs = tile(s, 0), *Ys = tile(s, L::y);
     if constexpr (kDocs) {
       const int t0 = (c0 + (kRev ? N - 1 - step : step)) * kC;
-      state_add_chunk_docs<kRev>(S, tile(s, 0), L::ldx, tile(s, L::y), L::ldy, fb0, ntv, starts(s), t0,
-                                 min(kC, a.T - t0));
+      chunk_update_docs<kRev>(S, starts(s), t0, min(kC, a.T - t0), [&](auto keep) { add(Xs, Ys, keep); });
     } else {
-      state_add_chunk(S, tile(s, 0), L::ldx, tile(s, L::y), L::ldy, fb0, ntv);
+      add(Xs, Ys, AllRows{});
     }
   }
   float* total = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-  each_state_element(S, fb0, ntv, [&](float& v, int r, int c) { total[r * DvP + c] = v; });
+  each_total_element(S, tiles, ntv, [&](float v, int r, int c) { total[r * DvP + c] = v; });
 }
 
 }  // namespace
 
 void launch_totals(const Ctx& ctx, const Args& a, int P, bool reverse, const bf16_t* x, const bf16_t* y, float* carry,
                    bool all) {
-  const int segs = all && !reverse ? a.nseg : a.nseg - 1, ctas = P * segs, sms = gpu_sm_count();
+  const int segs = all && !reverse ? a.nseg : a.nseg - 1;
+  const bool halves = taylor_attn_totals_in_halves(int64_t{P} * segs, gpu_sm_count());
   auto go = [&](auto docs) {
     constexpr bool D = decltype(docs)::value;
     constexpr int bytes = TotalsSmem<D>::bytes;
-    auto whole = reverse ? totals_kernel<true, 2, D> : totals_kernel<false, 2, D>;
-    auto split = reverse ? totals_kernel<true, 1, D> : totals_kernel<false, 1, D>;
-    // The split CTAs an SM holds (found once: the forward and reverse instances hold as many).
-    static const int per_sm = [&] {
-      int n = 0;
-      LINAC_CUDA_CHECK(cudaFuncSetAttribute(split, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-      LINAC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split, kThreads, bytes));
-      return n;
-    }();
-    const bool halves = ctas > sms && 2 * ctas <= per_sm * sms;
-    auto kernel = halves ? split : whole;
+    auto kernel = halves ? (reverse ? totals_kernel<true, 1, D> : totals_kernel<false, 1, D>)
+                         : (reverse ? totals_kernel<true, 2, D> : totals_kernel<false, 2, D>);
     LINAC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     const dim3 grid(static_cast<unsigned>(P), static_cast<unsigned>(segs), halves ? 2 : 1);
     kernel<<<grid, kThreads, bytes, cuda::stream_of(ctx)>>>(a, x, y, carry);

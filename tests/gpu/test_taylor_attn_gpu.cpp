@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/gpu.h"
 #include "taylor_attn/taylor_attn.h"
 #include "taylor_attn_families.h"
 #include "test_util.h"
@@ -136,10 +137,17 @@ TEST(TaylorAttnGpu, LongSequence) {
 // segments, so the chunk kernels add carries; a forward asked for no final state (which then skips
 // the last segment's total) gives the same bits, and so does a backward that takes the forward's
 // saved carries (grouped, so each group finds its pairs' carries), poisoned before the forward.
+// The third case is sized so that the forward's segment totals of one group run one CTA per
+// segment while the small groups' (and the forward's without a final state) split each segment
+// over two CTAs: the two shapes of the totals kernel must give the same bits.
 TEST(TaylorAttnGpu, DeterministicAndGrouped) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
-  for (const Case c : {Case{5, 300, 2, 64}, Case{2, 2100, 2, 64}}) {
+  const int64_t sms = gpu_sm_count(), wide = std::max<int64_t>(1, sms / 4);
+  // T = 2100: two segments; the forward with its final state sums both, of H * B pairs.
+  EXPECT_FALSE(taylor_attn_totals_in_halves(2 * 2 * wide, sms));
+  EXPECT_TRUE(taylor_attn_totals_in_halves(2 * 3, sms));
+  for (const Case c : {Case{5, 300, 2, 64}, Case{2, 2100, 2, 64}, Case{wide, 2100, 2, 64}}) {
     for (DType act : {DType::BF16, DType::F32})
       for (const char* family : test::taylor_families(act)) {
         const test::ScopedEnv choice("LINAC_TAYLOR_KERNELS", family);
