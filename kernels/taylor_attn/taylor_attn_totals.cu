@@ -41,12 +41,14 @@ __device__ __forceinline__ void totals_add_chunk(float (&S)[NB][NT][4], const bf
   using linac::cuda::to_float;
   const Frag f;
   constexpr bool kAll = std::is_same_v<Keep, AllRows>;
-  // The feature columns of the lane's rows g and g + 8 in each tile (products: two each).
-  int c[NB][4];
+  // The feature columns of the lane's rows g and g + 8 in each product tile (two each).
+  int c[NB][4] = {};
+  if constexpr (!kTail) {
 #pragma unroll
-  for (int bl = 0; bl < NB; ++bl) {
-    const taylor_tiles::Pair lo = tile_pair(tiles[bl], f.g), hi = tile_pair(tiles[bl], f.g + 8);
-    c[bl][0] = lo.f, c[bl][1] = lo.j, c[bl][2] = hi.f, c[bl][3] = hi.j;
+    for (int bl = 0; bl < NB; ++bl) {
+      const taylor_tiles::Pair lo = tile_pair(tiles[bl], f.g), hi = tile_pair(tiles[bl], f.g + 8);
+      c[bl][0] = lo.f, c[bl][1] = lo.j, c[bl][2] = hi.f, c[bl][3] = hi.j;
+    }
   }
 #pragma unroll
   for (int kstep = 0; kstep < kC / 16; ++kstep) {
@@ -64,8 +66,8 @@ __device__ __forceinline__ void totals_add_chunk(float (&S)[NB][NT][4], const bf
         if (!kTail) {
           l = to_float(row[c[bl][0]]) * to_float(row[c[bl][1]]) * kQuadScale;
           h = to_float(row[c[bl][2]]) * to_float(row[c[bl][3]]) * kQuadScale;
-        } else if (tiles[bl] == kTailTile) {  // warp-uniform
-          const float x = to_float(row[c[bl][0]]);
+        } else if (tiles[bl] == kTailTile) {  // warp-uniform: row g is (8 + g, 8 + g)
+          const float x = to_float(row[8 + f.g]);
           l = x * x * kQuadScale;
           h = f.g == 0 ? 1.f : 0.f;
         } else {
