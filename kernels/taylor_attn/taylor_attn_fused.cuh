@@ -12,7 +12,7 @@
 //           dv = phi(K^) R_n + triu(kappa(K^ Q^^T)) G~.
 // g~ = [dout/den, -(dout . o)/den, 0..] comes chunk-major from the prep kernel (rows past T zero).
 //
-// Grid (P, segments of kSegChunks chunks), one CTA of 13 warps per (pair, segment):
+// Grid (P, segments of kSegChunks chunks), one CTA of 9 warps per (pair, segment):
 //   warps 0..3   (output, one warpgroup) each own 16 rows of the chunk (queries; keys in kGradK):
 //                the intra-chunk terms (mma.sync), then one walk over the state's 18 feature blocks
 //                per product. kWg = false (any sm_80+ GPU): mma.sync, phi of the rows built into A
@@ -21,10 +21,13 @@
 //                warpgroup wgmmas reading the state straight from shared memory, phi(X) (or Y) from
 //                registers, so a block's products run while the warps build the next block's phi
 //                or contract the last block's dL/dphi.
-//   warps 4..12  (state) each hold two 16-feature blocks of the f32 state (288 x DvP) in mma
-//                accumulators. Per chunk: store its bf16 copy, the exclusive state, into shared
-//                memory; then add phi(X)^T Y for the chunk (X, Y = K^, V~, or Q^, G~ in kGradK),
-//                phi(X)^T built straight into mma A fragments.
+//   warps 4..8   (state) each hold two of the ten 16-row tiles of the f32 state (288 x DvP) in
+//                mma accumulators: the state's quadratic rows come in equal pairs (16 f + j and
+//                16 j + f hold the same product), so the tiles sum each distinct row once
+//                (taylor_attn_state_tiles.h). Per chunk: store its bf16 copy, the exclusive
+//                state, into shared memory, each row to both its places; then add phi(X)^T Y for
+//                the chunk (X, Y = K^, V~, or Q^, G~ in kGradK), phi(X)^T built straight into mma
+//                A fragments.
 // The state is double-buffered and q, k, v (and g~) come through a 3-stage cp.async ring straight
 // from the strided inputs (v~'s "1" column written beside them), so a chunk costs one barrier. The
 // products and sums run in the order of the scan + chunk kernels, so with one segment (T <= 2048)
@@ -56,7 +59,7 @@ using sm80::ldsm_b_nk;
 using sm80::mma_bf16;
 using sm80::smem_u32;
 
-constexpr int kStateWarps = kBlocks / 2, kOutWarps = kC / 16, kThreads = 32 * (kStateWarps + kOutWarps);
+constexpr int kStateWarps = taylor_tiles::kTiles / 2, kOutWarps = kC / 16, kThreads = 32 * (kStateWarps + kOutWarps);
 constexpr int kStages = 3;
 constexpr int kNT = kNTSmall;  // value n-tiles: DvP <= 80
 constexpr int kKV = kNT / 2;   // value k-steps / n-tile pairs
@@ -148,7 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else if (!kDocs || idx < kGEnd) {
           const int i = idx - kVEnd, r = i / kNT, c = 8 * (i % kNT);
           if (c < 8 * ng)
-            cp_async16(tile(s, L::g) + r * L::ldv + c, gt + (static_cast<int64_t>(pl) * a.N * kC + t0 + r) * DvP + c, true);
+            cp_async16(tile(s, L::g) + r * L::ldv + c, gt + (static_cast<int64_t>(pl) * a.N * kC + t0 + r) * DvP + c,
+                       true);
         } else if constexpr (kDocs) {
           const int r = idx - kGEnd;
           sm80::cp_async_ca<4>(starts(s) + r, row_start + t0 + min(r, rows - 1));
@@ -174,23 +178,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Both roles run the same steps, each with one barrier: the step's tiles (and the state) are
   // visible after it, and every warp is done with the stage the next issue() refills.
   if (warp >= kOutWarps) {
-    const int fb0 = 2 * (warp - kOutWarps);
+    const int tiles[2] = {2 * (warp - kOutWarps), 2 * (warp - kOutWarps) + 1};
     float S[2][kNT][4] = {};
-    auto each = [&](auto&& fn) { each_state_element(S, fb0, ntv, fn); };
     float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-    if (a.nseg > 1) each([&](float& x, int r, int c) { x = seg_carry[r * DvP + c]; });
+    if (a.nseg > 1)
+      each_state_element(S, tiles, ntv,
+                         [&](float& x, const taylor_tiles::Targets& t, int c) { x = seg_carry[t.sum * DvP + c]; });
+    // The state rows each of the lane's accumulator rows (g, g + 8 of each tile) is stored to.
+    taylor_tiles::Targets to[2][2];
+#pragma unroll
+    for (int bl = 0; bl < 2; ++bl)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) to[bl][hf] = taylor_tiles::tile_row_targets(tiles[bl], f.g + 8 * hf);
     const bool final_state = kMode == kOut && a.nseg == 1 && s_final;
     for (int step = 0; step < N; ++step) {
       bf16_t* Sn = state_buf(step);
 #pragma unroll
       for (int bl = 0; bl < 2; ++bl)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
+        for (int hf = 0; hf < 2; ++hf) {
+          const taylor_tiles::Targets& t = to[bl][hf];
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf)
-            if (nt < ntv)
-              store2(Sn + L::s_at(16 * (fb0 + bl) + f.row(0, 2 * hf), f.col(0, nt, 0)), S[bl][nt][2 * hf],
-                     S[bl][nt][2 * hf + 1]);
+          for (int nt = 0; nt < kNT; ++nt) {
+            if (nt >= ntv) break;
+            const float x0 = S[bl][nt][2 * hf], x1 = S[bl][nt][2 * hf + 1];
+            const int c = f.col(0, nt, 0);
+            store2(Sn + L::s_at(t.sum, c), x0, x1);
+            if (t.other >= 0) store2(Sn + L::s_at(t.other, c), t.other_zero ? 0.f : x0, t.other_zero ? 0.f : x1);
+          }
+        }
       if constexpr (kWg) sm90::fence_proxy_async_shared();  // the output warps' wgmmas read it
       cp_async_wait<kStages - 2>();
       barrier();
@@ -201,16 +217,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bf16_t* Ys = tile(s, kRev ? L::g : L::v);
       if constexpr (kDocs) {
         const int t0 = chunk(step) * kC;
-        state_add_chunk_docs<kRev>(S, Xs, L::ldx, Ys, L::ldv, fb0, ntv, starts(s), t0, min(kC, a.T - t0));
+        state_tiles_add_chunk_docs<kRev>(S, Xs, L::ldx, Ys, L::ldv, tiles, ntv, starts(s), t0, min(kC, a.T - t0));
       } else {
-        state_add_chunk(S, Xs, L::ldx, Ys, L::ldv, fb0, ntv);
+        state_tiles_add_chunk(S, Xs, L::ldx, Ys, L::ldv, tiles, ntv);
       }
     }
     if (final_state) {  // the exported layout [pairs, 273, Dv + 1]
       const int R = kF * kF + kF + 1, W = Dv + 1;
       float* sf = s_final + static_cast<int64_t>(pair) * R * W;
-      each([&](float& x, int r, int c) {
-        if (r < R && c < W) sf[r * W + c] = x;
+      each_state_element(S, tiles, ntv, [&](float& x, const taylor_tiles::Targets& t, int c) {
+        if (c >= W) return;
+        if (t.sum < R) sf[t.sum * W + c] = x;
+        if (t.other >= 0 && t.other < R) sf[t.other * W + c] = t.other_zero ? 0.f : x;
       });
     }
     return;

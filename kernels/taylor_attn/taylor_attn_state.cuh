@@ -1,17 +1,22 @@
 // The state warps' chunk update, shared by the fused kernels (taylor_attn_fused.cuh) and the segment
 // totals kernel (taylor_attn_totals.cu), so both sum a chunk's products in the same order and a
 // segment's total carries the bits the fused pass would have reached:
-//   S += phi(X^)^T Y   over the kC rows of one chunk, for the two feature blocks fb0, fb0 + 1 a warp
-//                      holds (S: their 32 rows x DvP columns of the f32 state, mma accumulators).
+//   S += phi(X^)^T Y   over the kC rows of one chunk, for the tiles a warp holds (S: their 16-row
+//                      strips x DvP columns of the f32 state, mma accumulators).
 // X is the chunk's [kC, kF] rows as stored (x^ = x / 2), Y its [kC, >= DvP] value rows (v~ or g~);
-// phi(X^)^T is built straight into mma A fragments (feature order: taylor_attn_common.cuh).
+// phi(X^)^T is built straight into mma A fragments (feature order: taylor_attn_common.cuh). The
+// state's quadratic rows come in equal pairs (16 f + j and 16 j + f), so its 288 rows are summed as
+// ten tiles of 16 distinct rows (taylor_attn_state_tiles.h) and each sum stored to both its rows.
 #pragma once
 
 #include <type_traits>
 
 #include "taylor_attn/taylor_attn_common.cuh"
+#include "taylor_attn/taylor_attn_state_tiles.h"
 
 namespace linac::taylor_cuda {
+
+static_assert(taylor_tiles::kF == kF && taylor_tiles::kStateRows == kRows, "the tiles cover this state layout");
 
 // Feature jj of block fb of a row whose prescaled values are xf = x[fb] and xj = x[jj] (first: jj == 0),
 // the same f32 arithmetic as feature().
@@ -53,60 +58,81 @@ __device__ __forceinline__ void state_kstep_mma(float (&S)[NB][NT][4], const uin
   }
 }
 
-// A k-step per 16 tokens: the lane holds tokens tb, tb + 1, tb + 8, tb + 9 of feature rows g and
-// g + 8 of each of its two blocks. ntv = DvP / 8 value n-tiles are summed (those past it untouched
-// but for the pair that straddles it, whose columns past DvP read Y's zero padding). kQuad: the
-// warp's blocks are all quadratic (fb0 + NB <= kF): no selects, no scalings (NOTES.md: these
-// instructions, not the tensor pipe, bound the state warps and the totals kernel). keep(token):
-// whether the chunk's row enters; the others' phi is zero (AllRows folds away).
-template <bool kQuad, int NB, int NT, class Keep>
-__device__ __forceinline__ void state_add_chunk_as(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                   int ldy, int fb0, int ntv, Keep keep) {
+// The state's ten tiles (taylor_attn_state_tiles.h): each distinct quadratic product once, the
+// diagonal of x_8..x_15 with the constant, the linear features. One chunk's update of the NB
+// tiles tiles[] (consecutive) a warp holds, a k-step per 16 tokens: the lane builds the A
+// fragments of its rows g and g + 8 in each tile for tokens tb, tb + 1, tb + 8, tb + 9. kTail:
+// the warp's tiles are 8 and/or 9 (else all are products). ntv = DvP / 8 value n-tiles are summed
+// (those past it untouched but for the pair that straddles it, whose columns past DvP read Y's
+// zero padding). keep(token): whether the chunk's row enters; the others' phi is zero (AllRows
+// folds away). A product is (x_f x_j) kQuadScale from the stored x: these instructions, not the
+// tensor pipe, bound the state warps and the totals kernel (NOTES.md).
+template <bool kTail, int NB, int NT, class Keep>
+__device__ __forceinline__ void state_tiles_add_chunk_as(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx,
+                                                         const bf16_t* Ys, int ldy, const int (&tiles)[NB], int ntv,
+                                                         Keep keep) {
   using linac::cuda::pack_bf16;
   using linac::cuda::to_float;
   const Frag f;
-  const bool first = f.g == 0;
   constexpr bool kAll = std::is_same_v<Keep, AllRows>;
-  auto phi = [&](int fb, float xf, float xj, bool first_row, bool in) {
-    const float p = kQuad ? xf * xj * kQuadScale : phi_of(fb, xf, xj, first_row);
-    if constexpr (kAll) return p;
-    return in ? p : 0.f;
-  };
-  auto load = [](bf16_t x) { return kQuad ? to_float(x) : scaled(x); };
+  // The feature columns of the lane's rows g and g + 8 in each product tile (two each).
+  int c[NB][4] = {};
+  if constexpr (!kTail) {
+#pragma unroll
+    for (int bl = 0; bl < NB; ++bl) {
+      const taylor_tiles::Pair lo = taylor_tiles::tile_pair(tiles[bl], f.g),
+                               hi = taylor_tiles::tile_pair(tiles[bl], f.g + 8);
+      c[bl][0] = lo.f, c[bl][1] = lo.j, c[bl][2] = hi.f, c[bl][3] = hi.j;
+    }
+  }
 #pragma unroll
   for (int kstep = 0; kstep < kC / 16; ++kstep) {
     const int tb = 16 * kstep + 2 * f.q;
-    float xg[4], xg8[4], xf[NB][4];
-    bool in[4] = {true, true, true, true};
+    float lo[NB][4], hi[NB][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      if constexpr (!kAll) in[i] = keep(tb + (i & 1) + 8 * (i >> 1));
-      const bf16_t* row = Xs + (tb + (i & 1) + 8 * (i >> 1)) * ldx;
-      xg[i] = load(row[f.g]);
-      xg8[i] = load(row[f.g + 8]);
+      const int tok = tb + (i & 1) + 8 * (i >> 1);
+      bool in = true;
+      if constexpr (!kAll) in = keep(tok);
+      const bf16_t* row = Xs + tok * ldx;
 #pragma unroll
-      for (int bl = 0; bl < NB; ++bl) xf[bl][i] = kQuad || fb0 + bl < kF ? load(row[fb0 + bl]) : 0.f;
+      for (int bl = 0; bl < NB; ++bl) {
+        float l, h;
+        if (!kTail) {
+          l = to_float(row[c[bl][0]]) * to_float(row[c[bl][1]]) * kQuadScale;
+          h = to_float(row[c[bl][2]]) * to_float(row[c[bl][3]]) * kQuadScale;
+        } else if (tiles[bl] == taylor_tiles::kTailTile) {  // warp-uniform: row g is (8 + g, 8 + g)
+          const float x = to_float(row[8 + f.g]);
+          l = x * x * kQuadScale;
+          h = f.g == 0 ? 1.f : 0.f;
+        } else {
+          l = scaled(row[f.g]);
+          h = scaled(row[f.g + 8]);
+        }
+        lo[bl][i] = kAll || in ? l : 0.f;
+        hi[bl][i] = kAll || in ? h : 0.f;
+      }
     }
     uint32_t A[NB][4];
 #pragma unroll
     for (int bl = 0; bl < NB; ++bl) {
-      const int fb = fb0 + bl;
-      A[bl][0] = pack_bf16(phi(fb, xf[bl][0], xg[0], first, in[0]), phi(fb, xf[bl][1], xg[1], first, in[1]));
-      A[bl][1] = pack_bf16(phi(fb, xf[bl][0], xg8[0], false, in[0]), phi(fb, xf[bl][1], xg8[1], false, in[1]));
-      A[bl][2] = pack_bf16(phi(fb, xf[bl][2], xg[2], first, in[2]), phi(fb, xf[bl][3], xg[3], first, in[3]));
-      A[bl][3] = pack_bf16(phi(fb, xf[bl][2], xg8[2], false, in[2]), phi(fb, xf[bl][3], xg8[3], false, in[3]));
+      A[bl][0] = pack_bf16(lo[bl][0], lo[bl][1]);
+      A[bl][1] = pack_bf16(hi[bl][0], hi[bl][1]);
+      A[bl][2] = pack_bf16(lo[bl][2], lo[bl][3]);
+      A[bl][3] = pack_bf16(hi[bl][2], hi[bl][3]);
     }
     state_kstep_mma(S, A, Ys, ldy, kstep, ntv);
   }
 }
 
 template <int NB, int NT, class Keep = AllRows>
-__device__ __forceinline__ void state_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                int ldy, int fb0, int ntv, Keep keep = {}) {
-  if (fb0 + NB <= kF)  // warp-uniform
-    state_add_chunk_as<true>(S, Xs, ldx, Ys, ldy, fb0, ntv, keep);
+__device__ __forceinline__ void state_tiles_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx,
+                                                      const bf16_t* Ys, int ldy, const int (&tiles)[NB], int ntv,
+                                                      Keep keep = {}) {
+  if (tiles[0] < taylor_tiles::kTailTile)  // warp-uniform
+    state_tiles_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, tiles, ntv, keep);
   else
-    state_add_chunk_as<false>(S, Xs, ldx, Ys, ldy, fb0, ntv, keep);
+    state_tiles_add_chunk_as<true>(S, Xs, ldx, Ys, ldy, tiles, ntv, keep);
 }
 
 // A chunk's update with document bounds (taylor_attn.h): at a chunk in which a document starts the
@@ -130,15 +156,17 @@ __device__ __forceinline__ void chunk_update_docs(float (&S)[NB][NT][4], const i
 }
 
 template <bool kRev, int NB, int NT>
-__device__ __forceinline__ void state_add_chunk_docs(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                     int ldy, int fb0, int ntv, const int* starts, int t0, int rows) {
+__device__ __forceinline__ void state_tiles_add_chunk_docs(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx,
+                                                           const bf16_t* Ys, int ldy, const int (&tiles)[NB], int ntv,
+                                                           const int* starts, int t0, int rows) {
   chunk_update_docs<kRev>(S, starts, t0, rows,
-                          [&](auto keep) { state_add_chunk(S, Xs, ldx, Ys, ldy, fb0, ntv, keep); });
+                          [&](auto keep) { state_tiles_add_chunk(S, Xs, ldx, Ys, ldy, tiles, ntv, keep); });
 }
 
-// fn(element, state row, state column) over a state warp's accumulator elements within DvP.
+// fn(element, the state rows it is stored to, state column) over a state warp's accumulator
+// elements within DvP (its tiles tiles[]; taylor_tiles::tile_row_targets).
 template <int NB, int NT, class Fn>
-__device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], int fb0, int ntv, Fn&& fn) {
+__device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], const int (&tiles)[NB], int ntv, Fn&& fn) {
   const Frag f;
 #pragma unroll
   for (int bl = 0; bl < NB; ++bl)
@@ -146,7 +174,7 @@ __device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], int fb
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (nt < ntv) fn(S[bl][nt][e], 16 * (fb0 + bl) + f.row(0, e), f.col(0, nt, e));
+        if (nt < ntv) fn(S[bl][nt][e], taylor_tiles::tile_row_targets(tiles[bl], f.row(0, e)), f.col(0, nt, e));
 }
 
 }  // namespace linac::taylor_cuda

@@ -6,100 +6,23 @@
 // the carries never read (the last in scan order) is left out unless the forward's final state
 // needs it.
 //
-// The quadratic rows come in equal pairs (row 16 f + j and row 16 j + f), so each pair is summed
-// once: the 136 distinct products, the 16 linear features and the constant fill kTiles = 10 mma
-// tiles of 16 rows (taylor_attn_totals_tiles.h has the map) instead of the fused state warps' 18
-// blocks, and each sum is stored to both of its rows.
-// Each product is the fused pass's (x_f x_j) kQuadScale and each k-step the same mma over the
-// same Y fragments, so a total is the bits the fused pass would reach (the fused and totals
-// kernels share taylor_attn_state.cuh's scalings and document masks). Two shapes: five warps of
-// two tiles each, or the tiles split over two CTAs of five one-tile warps where that spreads the
-// CTAs over more SMs (launch_totals). The kernel is bound by the instructions that build phi's
-// fragments, not the tensor pipe (NOTES.md), so fewer tiles is fewer of them. Documents (kDocs):
-// the chunk's starts come with its rows, and a total restarts at a chunk in which a document
-// starts (chunk_update_docs, as the fused state warps and the scan kernel).
+// The state warps' update alone (taylor_attn_state.cuh): the same ten tiles of 16 distinct state
+// rows (taylor_attn_state_tiles.h), the same products and k-steps over the same Y fragments, so a
+// total is the bits the fused pass would reach; each sum is stored to both of its rows. Two
+// shapes: five warps of two tiles each, as the fused kernels' state warps, or the tiles split over
+// two CTAs of five one-tile warps where that spreads the CTAs over more SMs (launch_totals). The
+// kernel is bound by the instructions that build phi's fragments, not the tensor pipe (NOTES.md).
+// Documents (kDocs): the chunk's starts come with its rows, and a total restarts at a chunk in
+// which a document starts (chunk_update_docs, as the fused state warps and the scan kernel).
 #include <type_traits>
 
 #include "taylor_attn/taylor_attn_state.cuh"
-#include "taylor_attn/taylor_attn_totals_tiles.h"
+#include "taylor_attn/taylor_attn_state_tiles.h"
 
 namespace linac::taylor_cuda {
 namespace {
 
-using taylor_tiles::kTailTile;
-using taylor_tiles::kTiles;
-using taylor_tiles::tile_pair;
-static_assert(taylor_tiles::kF == kF && taylor_tiles::kStateRows == kRows, "the tiles cover this state layout");
-constexpr int kWarps = kTiles / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
-
-// One chunk's update of a warp's NB tiles (tiles[bl]; kTail: the warp holding tiles 8 and 9, else
-// all its tiles are products), the k-steps and Y fragments of state_add_chunk_as.
-template <bool kTail, int NB, int NT, class Keep>
-__device__ __forceinline__ void totals_add_chunk(float (&S)[NB][NT][4], const bf16_t* Xs, int ldx, const bf16_t* Ys,
-                                                 int ldy, const int (&tiles)[NB], int ntv, Keep keep) {
-  using linac::cuda::pack_bf16;
-  using linac::cuda::to_float;
-  const Frag f;
-  constexpr bool kAll = std::is_same_v<Keep, AllRows>;
-  // The feature columns of the lane's rows g and g + 8 in each product tile (two each).
-  int c[NB][4] = {};
-  if constexpr (!kTail) {
-#pragma unroll
-    for (int bl = 0; bl < NB; ++bl) {
-      const taylor_tiles::Pair lo = tile_pair(tiles[bl], f.g), hi = tile_pair(tiles[bl], f.g + 8);
-      c[bl][0] = lo.f, c[bl][1] = lo.j, c[bl][2] = hi.f, c[bl][3] = hi.j;
-    }
-  }
-#pragma unroll
-  for (int kstep = 0; kstep < kC / 16; ++kstep) {
-    const int tb = 16 * kstep + 2 * f.q;
-    float lo[NB][4], hi[NB][4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = tb + (i & 1) + 8 * (i >> 1);
-      bool in = true;
-      if constexpr (!kAll) in = keep(tok);
-      const bf16_t* row = Xs + tok * ldx;
-#pragma unroll
-      for (int bl = 0; bl < NB; ++bl) {
-        float l, h;
-        if (!kTail) {
-          l = to_float(row[c[bl][0]]) * to_float(row[c[bl][1]]) * kQuadScale;
-          h = to_float(row[c[bl][2]]) * to_float(row[c[bl][3]]) * kQuadScale;
-        } else if (tiles[bl] == kTailTile) {  // warp-uniform: row g is (8 + g, 8 + g)
-          const float x = to_float(row[8 + f.g]);
-          l = x * x * kQuadScale;
-          h = f.g == 0 ? 1.f : 0.f;
-        } else {
-          l = scaled(row[f.g]);
-          h = scaled(row[f.g + 8]);
-        }
-        lo[bl][i] = kAll || in ? l : 0.f;
-        hi[bl][i] = kAll || in ? h : 0.f;
-      }
-    }
-    uint32_t A[NB][4];
-#pragma unroll
-    for (int bl = 0; bl < NB; ++bl) {
-      A[bl][0] = pack_bf16(lo[bl][0], lo[bl][1]);
-      A[bl][1] = pack_bf16(hi[bl][0], hi[bl][1]);
-      A[bl][2] = pack_bf16(lo[bl][2], lo[bl][3]);
-      A[bl][3] = pack_bf16(hi[bl][2], hi[bl][3]);
-    }
-    state_kstep_mma(S, A, Ys, ldy, kstep, ntv);
-  }
-}
-
-// fn(value, state row, state column) for every state row a lane's accumulators are stored to
-// (taylor_attn_totals_tiles.h; the warp's tiles are consecutive, from tiles[0]).
-template <int NB, int NT, class Fn>
-__device__ __forceinline__ void each_total_element(float (&S)[NB][NT][4], const int (&tiles)[NB], int ntv, Fn&& fn) {
-  each_state_element(S, tiles[0], ntv, [&](float v, int tr, int col) {
-    const taylor_tiles::Targets to = taylor_tiles::tile_row_targets(tr / 16, tr % 16);
-    fn(v, to.sum, col);
-    if (to.other >= 0) fn(to.other_zero ? 0.f : v, to.other, col);
-  });
-}
+constexpr int kWarps = taylor_tiles::kTiles / 2, kThreads = 32 * kWarps, kStages = 4, kNT = kNTSmall;
 
 template <bool kDocs>
 struct TotalsSmem {
@@ -167,12 +90,6 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 4 : 3)
 #pragma unroll
   for (int bl = 0; bl < kNB; ++bl) tiles[bl] = 2 * warp + (kNB == 2 ? bl : static_cast<int>(blockIdx.z));
   float S[kNB][kNT][4] = {};
-  auto add = [&](const bf16_t* Xs, const bf16_t* Ys, auto keep) {
-    if (2 * warp + 1 < kTailTile)  // warp-uniform
-      totals_add_chunk<false>(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv, keep);
-    else
-      totals_add_chunk<true>(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv, keep);
-  };
   for (int step = 0; step < N; ++step) {
     cp_async_wait<kStages - 2>();
     __syncthreads();  // the step's tiles are in; every warp is done with the stage issue() refills
@@ -181,13 +98,16 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 4 : 3)
     const bf16_t *Xs = tile(s, 0), *Ys = tile(s, L::y);
     if constexpr (kDocs) {
       const int t0 = (c0 + (kRev ? N - 1 - step : step)) * kC;
-      chunk_update_docs<kRev>(S, starts(s), t0, min(kC, a.T - t0), [&](auto keep) { add(Xs, Ys, keep); });
+      state_tiles_add_chunk_docs<kRev>(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv, starts(s), t0, min(kC, a.T - t0));
     } else {
-      add(Xs, Ys, AllRows{});
+      state_tiles_add_chunk(S, Xs, L::ldx, Ys, L::ldy, tiles, ntv);
     }
   }
   float* total = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-  each_total_element(S, tiles, ntv, [&](float v, int r, int c) { total[r * DvP + c] = v; });
+  each_state_element(S, tiles, ntv, [&](float v, const taylor_tiles::Targets& to, int c) {
+    total[to.sum * DvP + c] = v;
+    if (to.other >= 0) total[to.other * DvP + c] = to.other_zero ? 0.f : v;
+  });
 }
 
 }  // namespace

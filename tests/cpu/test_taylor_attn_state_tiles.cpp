@@ -1,22 +1,22 @@
-// The Taylor segment totals' tile map (kernels/taylor_attn/taylor_attn_totals_tiles.h), which the
-// GPU totals kernel builds its feature tiles and stores its sums by: every row of the padded
-// state is stored exactly once, and the kernel's sums, emulated in double (each tile row's
-// feature built as the kernel builds it, T not a multiple of 16), are phi(x)^T y of the CPU
-// feature map, with the padding rows zero.
+// The Taylor state's tile map (kernels/taylor_attn/taylor_attn_state_tiles.h), by which the GPU
+// state warps and totals kernel build their feature tiles and store their sums: every row of the
+// padded state is stored exactly once, and the kernels' sums, emulated in double (each tile row's
+// feature built as they build it, T not a multiple of 16), are phi(x)^T y of the CPU feature
+// map, with the padding rows zero.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "taylor_attn/taylor_attn.h"
-#include "taylor_attn/taylor_attn_totals_tiles.h"
+#include "taylor_attn/taylor_attn_state_tiles.h"
 #include "test_util.h"
 
-namespace linac::test_taylor_attn_totals_tiles {
+namespace linac::test_taylor_attn_state_tiles {
 namespace {
 
 using namespace taylor_tiles;
 
-TEST(TaylorTotalsTiles, EveryStateRowOnce) {
+TEST(TaylorStateTiles, EveryStateRowOnce) {
   ASSERT_EQ(kStateRows, 16 * 18);
   ASSERT_EQ(taylor_attn_state_rows(kF) + 15, kStateRows);  // the GPU pads the 273 rows to 18 blocks
   std::vector<int> stored(kStateRows, 0);
@@ -45,7 +45,7 @@ TEST(TaylorTotalsTiles, EveryStateRowOnce) {
     for (int j = f; j < kF; ++j) EXPECT_EQ(pair_seen[f][j], 1) << "product " << f << ", " << j;
 }
 
-TEST(TaylorTotalsTiles, SumsArePhiTransposeY) {
+TEST(TaylorStateTiles, SumsArePhiTransposeY) {
   const int64_t T = 77, V = 5, R = taylor_attn_state_rows(kF);
   const OwnedTensor xs = test::random_tensor({T, kF}, DType::F64, 3, -1.5, 1.5);
   const OwnedTensor ys = test::random_tensor({T, V}, DType::F64, 4);
@@ -92,4 +92,4 @@ TEST(TaylorTotalsTiles, SumsArePhiTransposeY) {
 }
 
 }  // namespace
-}  // namespace linac::test_taylor_attn_totals_tiles
+}  // namespace linac::test_taylor_attn_state_tiles

@@ -1,4 +1,5 @@
-// The segment totals' feature tiles (taylor_attn_totals.cu): which rows of the padded state
+// The state's feature tiles, as the fused kernels' state warps and the segment totals sum it
+// (taylor_attn_state.cuh): which rows of the padded state
 // (taylor_attn_common.cuh: block f < 16 holds x_f x_j / sqrt 2 in row 16 f + j, block 16 x_j in
 // row 256 + j, block 17 the constant in row 272 and zeros in 273..287) each row of its ten mma
 // tiles of 16 sums. Rows 16 f + j and 16 j + f are equal (x_f x_j and x_j x_f are the same f32
@@ -8,7 +9,7 @@
 //                  M[i][j] = (i, j) if j >= i else (8 + j, 8 + i)   off the diagonal (28)
 //   tile 8         rows 0..7: (8 + r, 8 + r); rows 8..15: the constant (r = 8) and zeros
 //   tile 9         the linear features: row r is x_r
-// Host and device: the kernel builds and stores by it, a CPU test checks that it covers the state.
+// Host and device: the kernels build and store by it, a CPU test checks that it covers the state.
 #pragma once
 
 #include "core/host_device.h"
