@@ -225,10 +225,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (final_state) {  // the exported layout [pairs, 273, Dv + 1]
       const int R = kF * kF + kF + 1, W = Dv + 1;
       float* sf = s_final + static_cast<int64_t>(pair) * R * W;
-      each_state_element(S, tiles, ntv, [&](float& x, const taylor_tiles::Targets& t, int c) {
-        if (c >= W) return;
-        if (t.sum < R) sf[t.sum * W + c] = x;
-        if (t.other >= 0 && t.other < R) sf[t.other * W + c] = t.other_zero ? 0.f : x;
+      each_state_element(S, tiles, ntv, [&](float v, const taylor_tiles::Targets& t, int c) {
+        each_target(t, v, [&](int r, float x) {
+          if (r < R && c < W) sf[r * W + c] = x;
+        });
       });
     }
     return;

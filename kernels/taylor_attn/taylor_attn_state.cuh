@@ -177,4 +177,12 @@ __device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], const 
         if (nt < ntv) fn(S[bl][nt][e], taylor_tiles::tile_row_targets(tiles[bl], f.row(0, e)), f.col(0, nt, e));
 }
 
+// fn(state row, value) for each row a tile row's sum v is stored to: its own row, and its twin
+// (v again, or zero for the constant block's padding rows).
+template <class Fn>
+__device__ __forceinline__ void each_target(const taylor_tiles::Targets& t, float v, Fn&& fn) {
+  fn(t.sum, v);
+  if (t.other >= 0) fn(t.other, t.other_zero ? 0.f : v);
+}
+
 }  // namespace linac::taylor_cuda

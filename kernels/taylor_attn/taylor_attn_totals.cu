@@ -104,9 +104,8 @@ __global__ void __launch_bounds__(kThreads, kNB == 1 ? 4 : 3)
     }
   }
   float* total = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-  each_state_element(S, tiles, ntv, [&](float v, const taylor_tiles::Targets& to, int c) {
-    total[to.sum * DvP + c] = v;
-    if (to.other >= 0) total[to.other * DvP + c] = to.other_zero ? 0.f : v;
+  each_state_element(S, tiles, ntv, [&](float v, const taylor_tiles::Targets& t, int c) {
+    each_target(t, v, [&](int r, float x) { total[r * DvP + c] = x; });
   });
 }
 
