@@ -180,16 +180,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kOutWarps) {
     const int tiles[2] = {2 * (warp - kOutWarps), 2 * (warp - kOutWarps) + 1};
     float S[2][kNT][4] = {};
-    float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
-    if (a.nseg > 1)
-      each_state_element(S, tiles, ntv,
-                         [&](float& x, const taylor_tiles::Targets& t, int c) { x = seg_carry[t.sum * DvP + c]; });
-    // The state rows each of the lane's accumulator rows (g, g + 8 of each tile) is stored to.
     taylor_tiles::Targets to[2][2];
+    lane_row_targets(tiles, to);
+    if (a.nseg > 1) {
+      // The segment's starting state: the lane's four target rows first, then one load per
+      // element. Read through the tile map element by element (each_state_element) it cost 30 of
+      // the fused kernels' ~330 us at T = 8192 (H100, 2026-12-07; the map's branches between the
+      // loads, by our reading: no SASS was looked at).
+      const float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
 #pragma unroll
-    for (int bl = 0; bl < 2; ++bl)
+      for (int bl = 0; bl < 2; ++bl)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) to[bl][hf] = taylor_tiles::tile_row_targets(tiles[bl], f.g + 8 * hf);
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            S[bl][nt][e] = nt < ntv ? seg_carry[to[bl][e >> 1].sum * DvP + f.col(0, nt, e)] : 0.f;
+    }
     const bool final_state = kMode == kOut && a.nseg == 1 && s_final;
     for (int step = 0; step < N; ++step) {
       bf16_t* Sn = state_buf(step);

@@ -163,18 +163,31 @@ __device__ __forceinline__ void state_tiles_add_chunk_docs(float (&S)[NB][NT][4]
                           [&](auto keep) { state_tiles_add_chunk(S, Xs, ldx, Ys, ldy, tiles, ntv, keep); });
 }
 
+// The state rows that each of a lane's accumulator rows (g, g + 8: hf = 0, 1) of its tiles tiles[] is
+// stored to (taylor_tiles::tile_row_targets).
+template <int NB>
+__device__ __forceinline__ void lane_row_targets(const int (&tiles)[NB], taylor_tiles::Targets (&to)[NB][2]) {
+  const Frag f;
+#pragma unroll
+  for (int bl = 0; bl < NB; ++bl)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) to[bl][hf] = taylor_tiles::tile_row_targets(tiles[bl], f.g + 8 * hf);
+}
+
 // fn(element, the state rows it is stored to, state column) over a state warp's accumulator
-// elements within DvP (its tiles tiles[]; taylor_tiles::tile_row_targets).
+// elements within DvP (its tiles tiles[]).
 template <int NB, int NT, class Fn>
 __device__ __forceinline__ void each_state_element(float (&S)[NB][NT][4], const int (&tiles)[NB], int ntv, Fn&& fn) {
   const Frag f;
+  taylor_tiles::Targets to[NB][2];
+  lane_row_targets(tiles, to);
 #pragma unroll
   for (int bl = 0; bl < NB; ++bl)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        if (nt < ntv) fn(S[bl][nt][e], taylor_tiles::tile_row_targets(tiles[bl], f.row(0, e)), f.col(0, nt, e));
+        if (nt < ntv) fn(S[bl][nt][e], to[bl][e >> 1], f.col(0, nt, e));
 }
 
 // fn(state row, value) for each row a tile row's sum v is stored to: its own row, and its twin
