@@ -2,9 +2,9 @@
 """scripts/ab_compare.sh (shell syntax, and shellcheck when installed) in a scratch copy of the
 scripts with stand-ins for linac, linac_gpu_tests, cmake and ninja: the baseline tree is built
 (its stand-in ninja copies a linac that reports other times), the named tests run, each model
-bench alternates this tree's binary and the baseline's with the right means, each op bench
-alternates the same way (an op's --seq-lens list one T at a time), and a missing build or baseline
-is refused with one line and status 2.
+bench alternates this tree's binary and the baseline's (or each of several baselines') with the
+right means, each op bench alternates the same way (an op's --seq-lens list one T at a time), and a
+missing build or baseline is refused with one line and status 2.
 """
 import os
 import shutil
@@ -55,9 +55,14 @@ class AbCompare(unittest.TestCase):
         open(os.path.join(d, "ab_base", "CMakeLists.txt"), "w").close()
         os.makedirs(os.path.join(d, "bin"))
         executable(os.path.join(d, "bin", "cmake"), "#!/bin/bash\nexit 0\n")
+        # The stand-in ninja builds a linac reporting 80 ms (90 in a tree named ab_mid) and keeps its
+        # arguments beside it.
+        with open(os.path.join(d, "linac.template"), "w") as f:
+            f.write(LINAC)
         executable(os.path.join(d, "bin", "ninja"),
-                   "#!/bin/bash\nmkdir -p build-gpu\ncat > build-gpu/linac <<'EOF'\n" + LINAC.replace("$MS", "80") +
-                   "EOF\nchmod +x build-gpu/linac\n")
+                   "#!/bin/bash\nms=80; [ \"$(basename \"$PWD\")\" = ab_mid ] && ms=90\nmkdir -p build-gpu\n"
+                   "sed \"s/\\$MS/$ms/g\" " + os.path.join(d, "linac.template") + " > build-gpu/linac\n"
+                   "chmod +x build-gpu/linac\necho \"$@\" > build-gpu/ninja_args\n")
 
     def tearDown(self):
         shutil.rmtree(self.dir)
@@ -95,6 +100,27 @@ class AbCompare(unittest.TestCase):
         with open(os.path.join(self.dir, "out", "ab.log")) as f:
             self.assertIn("== --op latte --seq-lens 2048", f.read())
 
+    def test_two_baselines_alternate_with_this_tree_and_share_the_jobs(self):
+        os.makedirs(os.path.join(self.dir, "ab_mid"))
+        open(os.path.join(self.dir, "ab_mid", "CMakeLists.txt"), "w").close()
+        r = self.run_script(AB_BASE="ab_base ab_mid", AB_ROUNDS="2", AB_CONFIGS="configs/a.json",
+                            AB_OPS="--op taylor --seq-lens 8192")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        runs = [l for l in lines if l.startswith("round ")]
+        self.assertEqual(len(runs), 12)  # two rounds of three sides, for the model and for the op
+        sides = [os.path.join(self.dir, t, "build-gpu", "linac") for t in ("", "ab_base", "ab_mid")]
+        sides[0] = os.path.join(self.dir, "build-gpu", "linac")
+        for i, l in enumerate(runs):
+            self.assertIn("LINAC=" + sides[i % 3] + " ", l)
+        self.assertIn("  this tree: 70.10 ms per step (mean of 2)", lines)
+        self.assertIn("  baseline ab_base: 80.10 ms per step (mean of 2)", lines)
+        self.assertIn("  baseline ab_mid: 90.10 ms per step (mean of 2)", lines)
+        for t in ("ab_base", "ab_mid"):
+            with open(os.path.join(self.dir, t, "build-gpu", "ninja_args")) as f:
+                self.assertIn("-j8 ", f.read())
+            self.assertTrue(os.path.exists(os.path.join(self.dir, "out", "ab_build_%s.log" % t)))
+
     def test_an_op_runs_one_sequence_length_at_a_time(self):
         # ab.sh keeps one line per run: a --seq-lens list would report only its last T.
         r = self.run_script(AB_BASE="ab_base", AB_ROUNDS="1", AB_OPS="--op gla --seq-lens 2048,8192 --heads 4")
@@ -107,7 +133,7 @@ class AbCompare(unittest.TestCase):
         self.assertIn("== --op gla --seq-lens 8192 --heads 4\n", log)
 
     def test_refusals_are_one_line_and_status_2(self):
-        for env in ({}, {"AB_BASE": "nowhere"}):
+        for env in ({}, {"AB_BASE": "nowhere"}, {"AB_BASE": "ab_base nowhere"}):
             r = self.run_script(**env)
             self.assertEqual(r.returncode, 2, env)
             self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
