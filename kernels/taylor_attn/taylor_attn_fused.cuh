@@ -184,9 +184,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     lane_row_targets(tiles, to);
     if (a.nseg > 1) {
       // The segment's starting state: the lane's four target rows first, then one load per
-      // element. Read through the tile map element by element (each_state_element) it cost 30 of
-      // the fused kernels' ~330 us at T = 8192 (H100, 2026-12-07; the map's branches between the
-      // loads, by our reading: no SASS was looked at).
+      // element. With the tile map looked up per element these loads cost 30 of the fused
+      // kernels' ~330 us at T = 8192 (H100, 2026-12-07; the map's branches between the loads, by
+      // our reading: no SASS was looked at).
       const float* seg_carry = carry + (static_cast<int64_t>(pl) * a.nseg + seg) * kRows * DvP;
 #pragma unroll
       for (int bl = 0; bl < 2; ++bl)
