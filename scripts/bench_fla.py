@@ -16,8 +16,9 @@ snapshot of it (and of einops, which it imports) under .peers/ on PYTHONPATH (do
            chunk_gla (H 4, Dk 128, Dv 256), chunk_simple_gla with a per-head decay (lightning: H 16,
            D 64), parallel_based and fused_chunk_based (Taylor: H 16, F 16, Dv 64); 32,768 tokens per
            call, B = tokens / T.
-On a fresh machine the first call of each fla kernel autotunes and compiles it (Triton), which took
-more than 200 s before the first op's line on an H100 (2026-12-07): give this script a call of its own.
+On a fresh machine the first call of each fla kernel autotunes and compiles it (Triton): the model's
+first step took more than 430 s on an H100 (2026-12-07). Give this script a call of its own, with the
+Triton cache of the calls before it (scripts/gpu_check/peers.sh, the `fla` mode, keeps it).
 """
 import argparse
 import faulthandler

@@ -124,16 +124,26 @@ if [ "$what" = fla ]; then
       2>&1 | tee -a "$out/fla.txt"
     ./build-gpu/linac bench --op taylor --seq-lens 2048,8192,32768 --tokens 32768 --heads 16 --head-dim 64 \
       2>&1 | tee -a "$out/fla.txt"
-    # Triton's compiled kernels are kept between calls: a cache that came back from an earlier call
-    # as $OUT/triton_cache.tgz and was put at .peers/triton_cache.tgz is unpacked first (sm_90 code,
-    # so an H100's serves an H200), and this call's goes back the same way if it fits the 16 MiB a
-    # returned file may have. The autotuner still times its candidates; it no longer compiles them.
+    # Triton's compiled kernels and fla's autotuning results (FLA_CACHE_RESULTS, on by default) are
+    # kept between calls: this call's cache goes back as $OUT/triton_cache.tgz.0, .1, .2 (15 MiB
+    # parts, as a returned file may have 16), without the intermediate IRs that a cache hit does
+    # not read; parts put under .peers/ are unpacked first (sm_90 code: an H100's serves an H200).
+    # Three parts at most, so that they and the fla snapshot stay within what a call may carry.
+    # A kernel with a cached result is neither compiled in its other configurations nor timed.
     export TRITON_CACHE_DIR="$root/.peers/triton_cache"
     mkdir -p "$TRITON_CACHE_DIR"
-    [ -f "$root/.peers/triton_cache.tgz" ] && tar -xzf "$root/.peers/triton_cache.tgz" -C "$TRITON_CACHE_DIR"
+    if compgen -G "$root/.peers/triton_cache.tgz.*" >/dev/null; then
+      cat "$root"/.peers/triton_cache.tgz.* | tar -xz -C "$TRITON_CACHE_DIR"
+    fi
     PYTHONPATH="$fla_path" PYTHONUNBUFFERED=1 timeout "${FLA_TIMEOUT:-360}" python3 scripts/bench_fla.py \
       --ops --model ${FLA_ARGS:-} 2>&1 | grep --line-buffered -v Warning | tee -a "$out/fla.txt"
-    tar -czf "$out/triton_cache.tgz" -C "$TRITON_CACHE_DIR" . &&
-      [ "$(stat -c %s "$out/triton_cache.tgz")" -le $((16 << 20)) ] || rm -f "$out/triton_cache.tgz"
+    tar -cz --exclude='*.llir' --exclude='*.ttir' --exclude='*.ttgir' --exclude='*.source' \
+      -C "$TRITON_CACHE_DIR" . | split -b 15M -d -a 1 - "$out/triton_cache.tgz."
+    parts=$(compgen -G "$out/triton_cache.tgz.*" | wc -l)
+    echo "triton cache: $(du -sh "$TRITON_CACHE_DIR" | cut -f1) unpacked, $parts part(s) of 15 MiB packed"
+    if [ "$parts" -gt 3 ]; then
+      echo "triton cache: more than three parts, not returned"
+      rm -f "$out"/triton_cache.tgz.*
+    fi
   fi
 fi
