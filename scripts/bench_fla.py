@@ -49,6 +49,12 @@ def bench_model(seq_len, tokens, steps, compiled):
     model = GLAForCausalLM(cfg).cuda()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, fused=True)
+    if compiled:
+        # fla's layers read their integer layer_idx, which dynamo treats as static, so each layer
+        # compiles its own graph; past the default recompile limit (8) the rest would run eager. Making
+        # the int dynamic instead (allow_unspec_int_on_nn_module) failed with a garbage shape in torch
+        # 2.11 (2026-12-07).
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.num_hidden_layers)
     fwd = torch.compile(model) if compiled else model
     B = tokens // seq_len
     # fla shifts the labels itself (the last position predicts nothing), as HF models do.
@@ -140,6 +146,7 @@ def main():
     ap.add_argument("--model", action="store_true")
     ap.add_argument("--ops", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="--model: the eager line only")
+    ap.add_argument("--no-eager", action="store_true", help="--model: the torch.compile line only")
     ap.add_argument("--seq-lens", default="2048,8192,32768")
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--steps", type=int, default=10)
@@ -154,7 +161,8 @@ def main():
     # The model first: issue 49's GLA goal is stated against it, and on a fresh machine every fla
     # kernel's first call autotunes and compiles for minutes.
     if args.model:
-        bench_model(2048, args.tokens, args.steps, False)
+        if not args.no_eager:
+            bench_model(2048, args.tokens, args.steps, False)
         if not args.no_compile:
             bench_model(2048, args.tokens, args.steps, True)
     if args.ops:

@@ -12,7 +12,7 @@
 #           kernels (scripts/bench_fla.py; its source snapshot under .peers/, carried), issue 49; fla's
 #           Triton autotuning takes minutes on a fresh machine, so this wants a call of its own
 #           (FLA_TIMEOUT bounds the Python part: default 360 s, so that the build and linac's side fit
-#           the same 600 s call; FLA_ARGS adds e.g. --no-compile)
+#           the same 600 s call; FLA_ARGS adds e.g. --no-compile or --no-eager)
 # The tests of decoding and of the kernels its step launches (issue 49).
 decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
 'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
