@@ -2,7 +2,8 @@
 """Tests of the documentation (CTest: scripts.doc_links, label cpu): every relative link in
 README.md, docs/**/*.md and tests/README.md resolves to a file or folder of the repository, and
 its #anchor to a heading of the target (GitHub's slugs); README.md stays a front door (at most
-300 lines, no CLI-table row over 250 characters); and nothing under src/, kernels/, tests/,
+300 lines, no CLI-table row over 250 characters); every subcommand of src/cli/commands.cpp has a
+row in README's CLI table and a `linac NAME` heading in docs/cli.md; and nothing under src/, kernels/, tests/,
 scripts/, docs/, configs/ or README.md refers to a path outside the repository. Standard library
 only; needs no build.
 
@@ -150,6 +151,28 @@ def cli_rows(readme_text):
     return rows[1:] if rows else rows  # the first row is the header
 
 
+# A row of src/cli/commands.cpp's table: {"name", "one-line summary", handler...}
+COMMAND_ENTRY = re.compile(r'^\s*\{"([a-z][a-z-]*)",\s*"', re.M)
+
+
+def subcommands(commands_cpp_text):
+    """The subcommand names of the CLI's command table, in its order."""
+    return COMMAND_ENTRY.findall(commands_cpp_text)
+
+
+def undocumented_commands(names, readme_text, cli_md_text):
+    """'NAME: WHAT' for each subcommand without a README CLI row or a docs/cli.md heading."""
+    rows = cli_rows(readme_text)
+    headings = {m.group(2) for m in map(HEADING.match, cli_md_text.splitlines()) if m}
+    missing = []
+    for name in names:
+        if not any(re.match(r"^\|\s*`linac %s(`|\s)" % re.escape(name), r) for r in rows):
+            missing.append(f"{name}: no row in README.md's CLI table")
+        if f"`linac {name}`" not in headings:
+            missing.append(f"{name}: no '## `linac {name}`' heading in docs/cli.md")
+    return missing
+
+
 def outside_references(root, tops):
     """'PATH:LINE: TEXT' for every line under TOPS that cites a path outside the repository."""
     hits = []
@@ -228,6 +251,18 @@ class SelfTest(unittest.TestCase):
         self.assertEqual(outside_references(self.root, ["src", "docs"]), ["src/x.h:2: // math in " + OUTSIDE_PATHS[1] + "/x.md"])
 
 
+    def test_an_undocumented_subcommand_is_found(self):
+        names = subcommands('  static const std::vector<Command> table = {\n'
+                            '      {"prepare", "tokenise", cmd_prepare},\n'
+                            '      {"train", "train a model", cmd_train, true},\n  };\n')
+        self.assertEqual(names, ["prepare", "train"])
+        readme = "## CLI\n\n| command | what |\n|---|---|\n| `linac prepare` | x |\n| `linac trainer` | y |\n"
+        cli_md = "# CLI\n\n## `linac prepare`\n\n## `linac train`\n"
+        self.assertEqual(undocumented_commands(names, readme, cli_md), ["train: no row in README.md's CLI table"])
+        self.assertEqual(undocumented_commands(["train"], readme.replace("trainer`", "train CONFIG`"), "# CLI\n"),
+                         ["train: no '## `linac train`' heading in docs/cli.md"])
+
+
 class RepositoryDocs(unittest.TestCase):
     def test_every_relative_link_resolves(self):
         files = doc_files(ROOT)
@@ -245,6 +280,16 @@ class RepositoryDocs(unittest.TestCase):
         long_rows = [f"{len(r)} chars: {r[:80]}..." for r in rows if len(r) > CLI_ROW_MAX_CHARS]
         self.assertEqual(long_rows, [], "CLI-table rows over %d characters (options go to docs/cli.md):\n%s"
                          % (CLI_ROW_MAX_CHARS, "\n".join(long_rows)))
+
+    def test_every_subcommand_is_documented(self):
+        texts = []
+        for rel in ("src/cli/commands.cpp", "README.md", "docs/cli.md"):
+            with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+                texts.append(f.read())
+        names = subcommands(texts[0])
+        self.assertGreaterEqual(len(names), 8, f"src/cli/commands.cpp: the command table was not found ({names})")
+        missing = undocumented_commands(names, texts[1], texts[2])
+        self.assertEqual(missing, [], "subcommands not documented:\n" + "\n".join(missing))
 
     def test_no_file_refers_to_a_path_outside_the_repository(self):
         hits = outside_references(ROOT, OUTSIDE_SCAN)
