@@ -3,7 +3,8 @@
 README.md, docs/**/*.md and tests/README.md resolves to a file or folder of the repository, and
 its #anchor to a heading of the target (GitHub's slugs); README.md stays a front door (at most
 300 lines, no CLI-table row over 250 characters); every subcommand of src/cli/commands.cpp has a
-row in README's CLI table and a `linac NAME` heading in docs/cli.md; and nothing under src/, kernels/, tests/,
+row in README's CLI table and a `linac NAME` heading in docs/cli.md; every config key that src/
+reads from a config (through JsonReader) is named in docs/config.md; and nothing under src/, kernels/, tests/,
 scripts/, docs/, configs/ or README.md refers to a path outside the repository. Standard library
 only; needs no build.
 
@@ -173,6 +174,43 @@ def undocumented_commands(names, readme_text, cli_md_text):
     return missing
 
 
+# A key read from a config through JsonReader: r.get_int("heads", ...), m.child("train"), ...
+CONFIG_READ = re.compile(r'\.(?:get_[a-z_]+|require_[a-z_]+|child|present|object_list)\("([a-z][a-z_0-9]*)"')
+
+
+# What reads other JSON with the same reader: the command-line options (docs/cli.md) and a
+# Hugging Face folder's config.json (docs/huggingface.md).
+NOT_CONFIG_DIRS = {os.path.join("src", "cli"), os.path.join("src", "export")}
+
+
+def config_keys(root):
+    """{key: first 'PATH:LINE' that reads it} over the C++ sources under ROOT/src that read
+    linac's configs (NOT_CONFIG_DIRS left out)."""
+    keys = {}
+    for d, dirs, names in os.walk(os.path.join(root, "src")):
+        dirs[:] = sorted(x for x in dirs if os.path.relpath(os.path.join(d, x), root) not in NOT_CONFIG_DIRS)
+        for name in sorted(names):
+            if not name.endswith(".cpp"):
+                continue
+            path = os.path.join(d, name)
+            with open(path, encoding="utf-8") as f:
+                for n, line in enumerate(f, 1):
+                    for key in CONFIG_READ.findall(line):
+                        keys.setdefault(key, f"{os.path.relpath(path, root)}:{n}")
+    return keys
+
+
+def undocumented_keys(keys, config_md_text):
+    """'KEY (read at PATH:LINE)' for each key docs/config.md never names, as `key`, `a.key`,
+    `key=...` or a JSON "key"."""
+    missing = []
+    for key, where in sorted(keys.items()):
+        named = re.compile(r'`(?:[a-z_0-9]+\.)*%s(?:`|[ =.\[])|"%s"' % (re.escape(key), re.escape(key)))
+        if not named.search(config_md_text):
+            missing.append(f"{key} (read at {where})")
+    return missing
+
+
 def outside_references(root, tops):
     """'PATH:LINE: TEXT' for every line under TOPS that cites a path outside the repository."""
     hits = []
@@ -263,6 +301,22 @@ class SelfTest(unittest.TestCase):
                          ["train: no '## `linac train`' heading in docs/cli.md"])
 
 
+    def test_an_undocumented_config_key_is_found(self):
+        os.makedirs(os.path.join(self.root, "src", "model"))
+        with open(os.path.join(self.root, "src", "model", "m.cpp"), "w", encoding="utf-8") as f:
+            f.write('opt.heads = r.get_int("heads", 8, 1, 64);\nauto t = m.child("train");\n'
+                    'r.fail("heads", "not a key read");\nopt.chunk = r.require_int("chunk", 1, 64);\n')
+        keys = config_keys(self.root)
+        os.makedirs(os.path.join(self.root, "src", "cli"))
+        with open(os.path.join(self.root, "src", "cli", "c.cpp"), "w", encoding="utf-8") as f:
+            f.write('int n = args.get_int("steps", 10);\n')
+        keys = config_keys(self.root)
+        self.assertEqual(keys, {"heads": "src/model/m.cpp:1", "train": "src/model/m.cpp:2",
+                                "chunk": "src/model/m.cpp:4"})
+        doc = '| `model.heads` | 8 |\n| `train` | ... |\n`{"chunky": 1}`\n'
+        self.assertEqual(undocumented_keys(keys, doc), ["chunk (read at src/model/m.cpp:4)"])
+
+
 class RepositoryDocs(unittest.TestCase):
     def test_every_relative_link_resolves(self):
         files = doc_files(ROOT)
@@ -290,6 +344,13 @@ class RepositoryDocs(unittest.TestCase):
         self.assertGreaterEqual(len(names), 8, f"src/cli/commands.cpp: the command table was not found ({names})")
         missing = undocumented_commands(names, texts[1], texts[2])
         self.assertEqual(missing, [], "subcommands not documented:\n" + "\n".join(missing))
+
+    def test_every_config_key_is_documented(self):
+        keys = config_keys(ROOT)
+        self.assertGreaterEqual(len(keys), 50, f"src/: too few config reads found ({len(keys)}): the pattern is stale")
+        with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+            missing = undocumented_keys(keys, f.read())
+        self.assertEqual(missing, [], "config keys not named in docs/config.md:\n" + "\n".join(missing))
 
     def test_no_file_refers_to_a_path_outside_the_repository(self):
         hits = outside_references(ROOT, OUTSIDE_SCAN)
