@@ -4,7 +4,8 @@ README.md, docs/**/*.md and tests/README.md resolves to a file or folder of the 
 its #anchor to a heading of the target (GitHub's slugs); README.md stays a front door (at most
 300 lines, no CLI-table row over 250 characters); every subcommand of src/cli/commands.cpp has a
 row in README's CLI table and a `linac NAME` heading in docs/cli.md; every config key that src/
-reads from a config (through JsonReader) is named in docs/config.md; and nothing under src/, kernels/, tests/,
+reads from a config (through JsonReader) is named in docs/config.md, and every LINAC_* variable the
+C++ code names in docs/cli.md; and nothing under src/, kernels/, tests/,
 scripts/, docs/, configs/ or README.md refers to a path outside the repository. Standard library
 only; needs no build.
 
@@ -211,6 +212,27 @@ def undocumented_keys(keys, config_md_text):
     return missing
 
 
+ENV_NAME = re.compile(r'"(LINAC_[A-Z0-9_]+)"')
+CXX_TOPS = ["src", "kernels", "base"]
+
+
+def env_variables(root):
+    """{LINAC_* name: first 'PATH:LINE' that names it as a string} over the C++ code."""
+    found = {}
+    for top in CXX_TOPS:
+        for d, dirs, names in os.walk(os.path.join(root, top)):
+            dirs.sort()
+            for name in sorted(names):
+                if not name.endswith((".cpp", ".h", ".cu", ".cuh")):
+                    continue
+                path = os.path.join(d, name)
+                with open(path, encoding="utf-8") as f:
+                    for n, line in enumerate(f, 1):
+                        for var in ENV_NAME.findall(line):
+                            found.setdefault(var, f"{os.path.relpath(path, root)}:{n}")
+    return found
+
+
 def outside_references(root, tops):
     """'PATH:LINE: TEXT' for every line under TOPS that cites a path outside the repository."""
     hits = []
@@ -316,6 +338,12 @@ class SelfTest(unittest.TestCase):
         doc = '| `model.heads` | 8 |\n| `train` | ... |\n`{"chunky": 1}`\n'
         self.assertEqual(undocumented_keys(keys, doc), ["chunk (read at src/model/m.cpp:4)"])
 
+    def test_environment_variables_are_found(self):
+        os.makedirs(os.path.join(self.root, "kernels", "k"))
+        with open(os.path.join(self.root, "kernels", "k", "k.cu"), "w", encoding="utf-8") as f:
+            f.write('// LINAC_NOT_A_STRING in a comment\nconst char* e = std::getenv("LINAC_K_KERNELS");\n')
+        self.assertEqual(env_variables(self.root), {"LINAC_K_KERNELS": "kernels/k/k.cu:2"})
+
 
 class RepositoryDocs(unittest.TestCase):
     def test_every_relative_link_resolves(self):
@@ -351,6 +379,14 @@ class RepositoryDocs(unittest.TestCase):
         with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
             missing = undocumented_keys(keys, f.read())
         self.assertEqual(missing, [], "config keys not named in docs/config.md:\n" + "\n".join(missing))
+
+    def test_every_environment_variable_is_documented(self):
+        found = env_variables(ROOT)
+        self.assertIn("LINAC_WORKSPACE_MB", found, "the pattern is stale")
+        with open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8") as f:
+            text = f.read()
+        missing = [f"{v} (named at {w})" for v, w in sorted(found.items()) if f"`{v}`" not in text]
+        self.assertEqual(missing, [], "LINAC_* variables not in docs/cli.md:\n" + "\n".join(missing))
 
     def test_no_file_refers_to_a_path_outside_the_repository(self):
         hits = outside_references(ROOT, OUTSIDE_SCAN)
