@@ -184,21 +184,26 @@ CONFIG_READ = re.compile(r'\.(?:get_[a-z_]+|require_[a-z_]+|child|present|object
 NOT_CONFIG_DIRS = {os.path.join("src", "cli"), os.path.join("src", "export")}
 
 
+def first_matches(root, tops, suffixes, pattern, skip_dirs=()):
+    """{match: first 'PATH:LINE' where PATTERN's group 1 matches} over the files under ROOT/TOPS
+    whose names end in SUFFIXES, folders in SKIP_DIRS (relative to ROOT) left out."""
+    found = {}
+    for top in tops:
+        for d, dirs, names in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if os.path.relpath(os.path.join(d, x), root) not in skip_dirs)
+            for name in sorted(n for n in names if n.endswith(suffixes)):
+                path = os.path.join(d, name)
+                with open(path, encoding="utf-8") as f:
+                    for n, line in enumerate(f, 1):
+                        for m in pattern.findall(line):
+                            found.setdefault(m, f"{os.path.relpath(path, root)}:{n}")
+    return found
+
+
 def config_keys(root):
     """{key: first 'PATH:LINE' that reads it} over the C++ sources under ROOT/src that read
     linac's configs (NOT_CONFIG_DIRS left out)."""
-    keys = {}
-    for d, dirs, names in os.walk(os.path.join(root, "src")):
-        dirs[:] = sorted(x for x in dirs if os.path.relpath(os.path.join(d, x), root) not in NOT_CONFIG_DIRS)
-        for name in sorted(names):
-            if not name.endswith(".cpp"):
-                continue
-            path = os.path.join(d, name)
-            with open(path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
-                    for key in CONFIG_READ.findall(line):
-                        keys.setdefault(key, f"{os.path.relpath(path, root)}:{n}")
-    return keys
+    return first_matches(root, ["src"], (".cpp",), CONFIG_READ, NOT_CONFIG_DIRS)
 
 
 def undocumented_keys(keys, config_md_text):
@@ -218,19 +223,7 @@ CXX_TOPS = ["src", "kernels", "base"]
 
 def env_variables(root):
     """{LINAC_* name: first 'PATH:LINE' that names it as a string} over the C++ code."""
-    found = {}
-    for top in CXX_TOPS:
-        for d, dirs, names in os.walk(os.path.join(root, top)):
-            dirs.sort()
-            for name in sorted(names):
-                if not name.endswith((".cpp", ".h", ".cu", ".cuh")):
-                    continue
-                path = os.path.join(d, name)
-                with open(path, encoding="utf-8") as f:
-                    for n, line in enumerate(f, 1):
-                        for var in ENV_NAME.findall(line):
-                            found.setdefault(var, f"{os.path.relpath(path, root)}:{n}")
-    return found
+    return first_matches(root, CXX_TOPS, (".cpp", ".h", ".cu", ".cuh"), ENV_NAME)
 
 
 def outside_references(root, tops):
