@@ -321,7 +321,6 @@ class SelfTest(unittest.TestCase):
         with open(os.path.join(self.root, "src", "model", "m.cpp"), "w", encoding="utf-8") as f:
             f.write('opt.heads = r.get_int("heads", 8, 1, 64);\nauto t = m.child("train");\n'
                     'r.fail("heads", "not a key read");\nopt.chunk = r.require_int("chunk", 1, 64);\n')
-        keys = config_keys(self.root)
         os.makedirs(os.path.join(self.root, "src", "cli"))
         with open(os.path.join(self.root, "src", "cli", "c.cpp"), "w", encoding="utf-8") as f:
             f.write('int n = args.get_int("steps", 10);\n')
