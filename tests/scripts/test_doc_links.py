@@ -5,9 +5,8 @@ its #anchor to a heading of the target (GitHub's slugs); README.md stays a front
 300 lines, no CLI-table row over 250 characters); every subcommand of src/cli/commands.cpp has a
 row in README's CLI table and a `linac NAME` heading in docs/cli.md; every config key that src/
 reads from a config (through JsonReader) is named in docs/config.md, and every LINAC_* variable the
-C++ code names in docs/cli.md; and nothing under src/, kernels/, tests/,
-scripts/, docs/, configs/ or README.md refers to a path outside the repository. Standard library
-only; needs no build.
+C++ code names in docs/cli.md; and nothing under src/, kernels/, tests/, scripts/, docs/, configs/
+or README.md refers to a path outside the repository. Standard library only; needs no build.
 
   python3 tests/scripts/test_doc_links.py [-v] [unittest options]
 """
