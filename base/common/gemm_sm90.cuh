@@ -208,6 +208,71 @@ __device__ __forceinline__ void barriers_ready() {
     __syncthreads();
 }
 
+// A fused GEMM's shared memory as its configuration C lays it out (kStageBytes, kStagingBytes,
+// kBarOffset): from the 1024-byte aligned base the operand stages, then the staging blocks, and at
+// kBarOffset the stages' barriers, then the staging blocks'. The base is pipe.stage0; a kernel's
+// own barriers follow from hs.end().
+template <class C, int kStages, int kCluster, bool kWide = false, int kBuffers = 1>
+struct FusedSmem {
+  StagePipe<kStages, kCluster> pipe;
+  Staging<kWide, kBuffers> hs;
+
+  __device__ explicit FusedSmem(const void* smem) : FusedSmem(smem_base_1024(smem)) {}
+  __device__ explicit FusedSmem(uint32_t stage0)
+      : pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset},
+        hs{pipe.end(), stage0 + kStages * C::kStageBytes, C::kStagingBytes} {}
+
+  // Thread 0 initialises the stages' and staging blocks' barriers and `extra` more of count 1
+  // from hs.end(); every thread of the cluster then waits until they are visible.
+  __device__ void init_barriers(int extra = 0) const {
+    if (threadIdx.x == 0) {
+      pipe.init();
+      hs.init();
+      for (int i = 0; i < extra; ++i) mbar_init(hs.end() + 8 * i, 1);
+      mbar_init_fence();
+    }
+    barriers_ready<kCluster>();
+  }
+};
+
+// The loading thread's walk over the CTA's tiles (those the grid does not skip) and their nk
+// k-steps, in the order the math warpgroups take them: each stage acquired, then filled by
+// load(stage, full barrier, k-step), where load = tile_loads(t) is tile t's loader (what the
+// tile's copies share is worked out once per tile).
+template <int kStages, int kCluster, class Grid, class TileLoads>
+__device__ __forceinline__ void load_stages(const StagePipe<kStages, kCluster>& pipe, const Grid& grid, int nk,
+                                            TileLoads&& tile_loads) {
+  typename StagePipe<kStages, kCluster>::Slot slot;
+  for (int t = grid.first(); t < grid.count; t += grid.step()) {
+    if (grid.skip(t)) continue;
+    const auto load = tile_loads(t);
+    for (int kb = 0; kb < nk; ++kb, slot.next()) {
+      const uint32_t stage = pipe.acquire(slot);
+      load(stage, pipe.full(slot), kb);
+    }
+  }
+}
+
+// A stage's weight tile as two halves of `half_bytes` from b, half h's box at the tensor map
+// coordinates at(h) (an int4): a CTA alone loads both; in a cluster of two, rank r loads half r and
+// multicasts it to both CTAs.
+template <int kCluster, class At>
+__device__ __forceinline__ void load_weight_halves(uint32_t b, const CUtensorMap* tm, uint32_t bar, uint32_t half_bytes,
+                                                   uint32_t rank, At&& at) {
+  static_assert(kCluster == 1 || kCluster == 2, "weight halves are shared by at most two CTAs");
+  if (kCluster == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int4 c = at(h);
+      tma_load_4d(b + h * half_bytes, tm, bar, c.x, c.y, c.z, c.w);
+    }
+  } else {
+    const int h = static_cast<int>(rank);
+    const int4 c = at(h);
+    tma_load_4d_multicast(b + h * half_bytes, tm, bar, 3, c.x, c.y, c.z, c.w);
+  }
+}
+
 // A persistent launch in clusters of kCluster CTAs along x: as many clusters as fit on the GPU at
 // once (asked of the occupancy calculator once per kernel), at most `work` of them.
 template <int kCluster, bool kWide = false, class... Params, class... Args>

@@ -215,37 +215,28 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
   constexpr int kBN = C::kBN;
   constexpr int kStages = C::kStages;
   extern __shared__ unsigned char smem[];
-  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const uint32_t table = stage0 + C::kTableOffset;
-  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
+  const FusedSmem<C, kStages, kCluster> sm(smem);
+  const auto& [pipe, hs] = sm;
+  const uint32_t table = pipe.stage0 + C::kTableOffset;
   const uint32_t table_full = hs.end();
   const TileGrid<kCluster> grid(n, cdiv(m, kBN));
   const int nk = cdiv(k, kBK);
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    pipe.init();
-    hs.init();
-    mbar_init(table_full, 1);
-    mbar_init_fence();
-  }
-  barriers_ready<kCluster>();
+  sm.init_barriers(1);  // table_full
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
-      const int half = static_cast<int>(grid.rank);
-      typename StagePipe<kStages, kCluster>::Slot slot;
-      for (int tile = grid.first(); tile < grid.count; tile += grid.step()) {
+      load_stages(pipe, grid, nk, [&](int tile) {
         const int m0 = grid.row0(tile), c0 = grid.col_block(tile) * kBN;
-        for (int kb = 0; kb < nk; ++kb, slot.next()) {
-          const uint32_t a = pipe.acquire(slot), b = a + C::kABytes, bar = pipe.full(slot);
-          tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
-          tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, c0 + half * (kBN / 2), 0, 0);
-        }
-      }
+        return [&, m0, c0](uint32_t stage, uint32_t bar, int kb) {
+          tma_load_4d(stage, &tm_x, bar, kb * kBK, m0, 0, 0);
+          load_weight_halves<kCluster>(stage + C::kABytes, &tm_w, bar, C::kBBytes / 2, grid.rank,
+                                       [&](int half) { return make_int4(kb * kBK, c0 + half * (kBN / 2), 0, 0); });
+        };
+      });
     } else if (threadIdx.x >= 32) {
       const int e = epilogue_thread();
       int nt = 0, nr = 0;  // tiles, tiles with rotated heads

@@ -54,39 +54,26 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
                            const Out o) {
   using C = Cfg;
   extern __shared__ unsigned char smem[];
-  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
+  const FusedSmem<C, kStages, kCluster> sm(smem);
+  const auto& [pipe, hs] = sm;
   const TileGrid<kCluster> grid(o.n, cdiv(o.m, kBN));
   const int nk = cdiv(o.d, kBK);
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    pipe.init();
-    hs.init();
-    mbar_init_fence();
-  }
-  barriers_ready<kCluster>();
+  sm.init_barriers();
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
-      typename StagePipe<kStages, kCluster>::Slot slot;
-      for (int t = grid.first(); t < grid.count; t += grid.step()) {
+      load_stages(pipe, grid, nk, [&](int t) {
         const int m0 = grid.row0(t), c = grid.col_block(t) * kBN;
-        for (int kb = 0; kb < nk; ++kb, slot.next()) {
-          const uint32_t a = pipe.acquire(slot), b = a + C::kABytes, bar = pipe.full(slot);
-          tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
-          if (kCluster == 1) {
-            tma_load_4d(b, &tm_w, bar, kb * kBK, c, 0, 0);
-            tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, kb * kBK, c + kBN / 2, 0, 0);
-          } else {
-            const int half = static_cast<int>(grid.rank);
-            tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, c + half * (kBN / 2), 0, 0);
-          }
-        }
-      }
+        return [&, m0, c](uint32_t stage, uint32_t bar, int kb) {
+          tma_load_4d(stage, &tm_x, bar, kb * kBK, m0, 0, 0);
+          load_weight_halves<kCluster>(stage + C::kABytes, &tm_w, bar, C::kBBytes / 2, grid.rank,
+                                       [&](int half) { return make_int4(kb * kBK, c + half * (kBN / 2), 0, 0); });
+        };
+      });
     } else if (threadIdx.x >= 32) {
       // Epilogue warps: thread e takes units e, e + 96, ... of each math warpgroup's block.
       const int e = epilogue_thread();

@@ -51,39 +51,27 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
                              const int d) {
   using C = FwdCfg;
   extern __shared__ unsigned char smem[];
-  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
+  const FusedSmem<C, kStages, kCluster> sm(smem);
+  const auto& [pipe, hs] = sm;
   const TileGrid<kCluster> grid(n, cdiv(f, kBF));
   const int nk = cdiv(d, kBK);
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    pipe.init();
-    hs.init();
-    mbar_init_fence();
-  }
-  barriers_ready<kCluster>();
+  sm.init_barriers();
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
     if (threadIdx.x == 0) {
       prefetch_tensor_map(&tm_x);
       prefetch_tensor_map(&tm_w);
-      typename StagePipe<kStages, kCluster>::Slot slot;
-      for (int t = grid.first(); t < grid.count; t += grid.step()) {
+      // W's gate and up rows of the tile are the two halves (the tensor map's third coordinate).
+      load_stages(pipe, grid, nk, [&](int t) {
         const int m0 = grid.row0(t), f0 = grid.col_block(t) * kBF;
-        for (int kb = 0; kb < nk; ++kb, slot.next()) {
-          const uint32_t a = pipe.acquire(slot), b = a + C::kABytes, bar = pipe.full(slot);
-          tma_load_4d(a, &tm_x, bar, kb * kBK, m0, 0, 0);
-          if (kCluster == 1) {
-            tma_load_4d(b, &tm_w, bar, kb * kBK, f0, 0, 0);
-            tma_load_4d(b + C::kBBytes / 2, &tm_w, bar, kb * kBK, f0, 1, 0);
-          } else {
-            const int half = static_cast<int>(grid.rank);
-            tma_load_4d_multicast(b + half * (C::kBBytes / 2), &tm_w, bar, 3, kb * kBK, f0, half, 0);
-          }
-        }
-      }
+        return [&, m0, f0](uint32_t stage, uint32_t bar, int kb) {
+          tma_load_4d(stage, &tm_x, bar, kb * kBK, m0, 0, 0);
+          load_weight_halves<kCluster>(stage + C::kABytes, &tm_w, bar, C::kBBytes / 2, grid.rank,
+                                       [&](int half) { return make_int4(kb * kBK, f0, half, 0); });
+        };
+      });
     } else if (threadIdx.x >= 32) {
       // Epilogue warps: thread e takes units e, e + 96, ... (8 columns of a row) of each block.
       const int e = epilogue_thread();

@@ -95,21 +95,14 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
                           const __grid_constant__ CUtensorMap tm_pcache, const __grid_constant__ Args a) {
   using C = Cfg;
   extern __shared__ unsigned char smem[];
-  const uint32_t stage0 = smem_base_1024(smem), staging0 = stage0 + kStages * C::kStageBytes;
-  const uint32_t p0 = stage0 + C::kPOffset;
-  const StagePipe<kStages, kCluster> pipe{stage0, C::kStageBytes, stage0 + C::kBarOffset};
-  const Staging<false> hs{pipe.end(), staging0, C::kStagingBytes};
+  const FusedSmem<C, kStages, kCluster> sm(smem);
+  const auto& [pipe, hs] = sm;
+  const uint32_t p0 = pipe.stage0 + C::kPOffset;
   const uint32_t p_full = hs.end();
   const int W = 2 * a.Lb;
   const Grid<kCluster> grid(a);
   const int wg = warpgroup_index();
-  if (threadIdx.x == 0) {
-    pipe.init();
-    hs.init();
-    mbar_init(p_full, 1);
-    mbar_init_fence();
-  }
-  barriers_ready<kCluster>();
+  sm.init_barriers(1);  // p_full
 
   if (!math_warpgroup(wg)) {
     regs_dealloc<Cta::kLoadRegs>();
@@ -119,25 +112,17 @@ __global__ void __launch_bounds__(Cta::kThreads, 1)
       prefetch_tensor_map(&tm_ubar);
       prefetch_tensor_map(&tm_pwin);
       prefetch_tensor_map(&tm_pcache);
-      typename StagePipe<kStages, kCluster>::Slot slot;
-      for (int t = grid.first(); t < grid.count; t += grid.step()) {
-        if (grid.skip(t)) continue;
+      load_stages(pipe, grid, a.nk, [&](int t) {
         const Tile x = grid.tile(t);
         const int arow = static_cast<int>(x.ib * a.Lb + x.l0);
         const int brow = static_cast<int>(x.window ? (x.ib - 1) * a.Lb + x.e0 : x.ib * a.S + x.e0);
         const CUtensorMap* tm_b = x.window ? &tm_v : &tm_ubar;
-        for (int kb = 0; kb < a.nk; ++kb, slot.next()) {
-          const uint32_t sa = pipe.acquire(slot), sb = sa + C::kABytes, bar = pipe.full(slot);
-          tma_load_4d(sa, &tm_dout, bar, kb * kBK, arow, 0, 0);
-          if (kCluster == 1) {
-            tma_load_4d(sb, tm_b, bar, kb * kBK, brow, 0, 0);
-            tma_load_4d(sb + C::kBBytes / 2, tm_b, bar, kb * kBK, brow + kBN / 2, 0, 0);
-          } else {
-            const int half = static_cast<int>(grid.rank);
-            tma_load_4d_multicast(sb + half * (C::kBBytes / 2), tm_b, bar, 3, kb * kBK, brow + half * (kBN / 2), 0, 0);
-          }
-        }
-      }
+        return [&, arow, brow, tm_b](uint32_t stage, uint32_t bar, int kb) {
+          tma_load_4d(stage, &tm_dout, bar, kb * kBK, arow, 0, 0);
+          load_weight_halves<kCluster>(stage + C::kABytes, tm_b, bar, C::kBBytes / 2, grid.rank,
+                                       [&](int half) { return make_int4(kb * kBK, brow + half * (kBN / 2), 0, 0); });
+        };
+      });
     } else if (threadIdx.x >= 32) {
       // Epilogue warps: thread e takes units e, e + 96, ... of each math warpgroup's block.
       const int e = epilogue_thread();
