@@ -1,8 +1,9 @@
 // Persistent Hopper GEMMs with a warp-specialised epilogue (TMA + wgmma), shared by the kernels
 // that apply an elementwise function to their products before storing them (the channel mixer's
 // swiglu_linear_*_sm90.cu, Transformer-VQ's silu_linear_fwd_sm90.cu, the attention projection's
-// rope_linear_sm90.cu): the CTA's roles, the tile order, the operand pipeline and the staging of
-// 64 x 64 bf16 output chunks.
+// rope_linear_sm90.cu, Transformer-VQ's vq_score_grads_sm90.cu): the CTA's roles, the tile order,
+// the shared-memory layout, the operand pipeline with its loading thread's walk, and the staging
+// of 64 x 64 bf16 output chunks.
 //
 // A CTA is one persistent worker (one per SM) over output tiles of kBM = 128 rows. Warpgroups 1
 // and 2 do the matmuls on rows 0-63 and 64-127 of the tile; warpgroup 0 moves data and runs the
