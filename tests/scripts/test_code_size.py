@@ -5,7 +5,10 @@ unrolled loop's line the largest share of the kernel that unrolls it), `--kernel
 `--build` compiling the source with its object's flags from the build's ninja rules (a stand-in
 ninja prints them) for one architecture, whatever gencode list the flags carry; a missing file, a
 .cu file without --build, a file that is no cubin and a filter that matches nothing refused with
-one line and exit status 2.
+one line and exit status 2; `--against REV` telling, per kernel, whether the source compiles to the
+same machine code as in a git revision (a kernel changed in the working tree differs, the other is
+the same, a new one is "only here"; exit status 0 only when all are the same), an unknown revision
+refused.
 """
 import os
 import re
@@ -104,6 +107,60 @@ class CodeSize(unittest.TestCase):
         self.assertEqual(sorted(n for _, n in self.kernels(r.stdout)),
                          ["small_kernel(float*)", "unrolled_kernel(float*, int const*)"])
         self.assertIn("unit.cu:%d" % self.line, r.stdout)
+
+    def test_against_a_revision(self):
+        # unit.cu committed in a repository of its own, compiled through the stand-in ninja
+        repo = os.path.join(self.tmp, "repo")
+        os.makedirs(repo, exist_ok=True)
+        src = os.path.join(repo, "unit.cu")
+        with open(src, "w") as f:
+            f.write(SOURCE)
+        git = ["git", "-C", repo, "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(git + ["init", "-q"], check=True)
+        subprocess.run(git + ["add", "unit.cu"], check=True)
+        subprocess.run(git + ["commit", "-q", "-m", "unit"], check=True)
+        bin_dir = os.path.join(self.tmp, "bin_repo")
+        os.makedirs(bin_dir, exist_ok=True)
+        with open(os.path.join(bin_dir, "ninja"), "w") as f:
+            f.write(NINJA % {"src": src, "nvcc": NVCC})
+        os.chmod(os.path.join(bin_dir, "ninja"), 0o755)
+        build = os.path.join(self.tmp, "build_repo")
+        os.makedirs(build, exist_ok=True)
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+
+        r = self.run_script("--build", build, src, "--against", "HEAD", env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(sum(l.startswith("same ") for l in r.stdout.splitlines()), 2, r.stdout)
+        self.assertIn("2 of 2 kernels", r.stdout)
+
+        # one kernel's arithmetic changed in the working tree: it differs, the other is the same
+        with open(src, "w") as f:
+            f.write(SOURCE.replace("x[threadIdx.x] += 1.f", "x[threadIdx.x] *= 3.f"))
+        r = self.run_script("--build", build, src, "--against", "HEAD", env=env)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertTrue(any(l.startswith("differs") and "small_kernel" in l for l in lines), r.stdout)
+        self.assertTrue(any(l.startswith("same ") and "unrolled_kernel" in l for l in lines), r.stdout)
+        self.assertIn("1 of 2 kernels", r.stdout)
+        r = self.run_script("--build", build, src, "--against", "HEAD", "--kernel", "^unrolled", env=env)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+        # a kernel the revision does not have
+        with open(src, "a") as f:
+            f.write("__global__ void new_kernel(float* x) { x[0] = 0.f; }\n")
+        r = self.run_script("--build", build, src, "--against", "HEAD", env=env)
+        self.assertEqual(r.returncode, 1)
+        self.assertTrue(any(l.startswith("only here") and "new_kernel" in l for l in r.stdout.splitlines()), r.stdout)
+
+        for args, text in [(["--against", "no_such_rev"], "git archive no_such_rev failed"),
+                           (["--against", "HEAD", "--kernel", "nothing_like_this"], "no kernel of")]:
+            r = self.run_script("--build", build, src, *args, env=env)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(text, r.stderr)
+        r = self.run_script(self.cubin, "--against", "HEAD")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--against compares a .cu file", r.stderr)
 
     def test_bad_input_is_one_line_and_status_2(self):
         cases = [(["/nonexistent.cubin"], "cannot read"), ([self.src], "--build DIR"), ([SCRIPT], "is not a cubin")]
