@@ -178,19 +178,7 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
         s[nt][e] = p * (dp[nt][e] - dl[r]);  // dS (without the scale)
       }
 
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      if (!(vis >> kk & 1u)) continue;
-      uint32_t da[4];
-      c_to_a(s[2 * kk], s[2 * kk + 1], da);
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t bk[4];
-        lds_b_kn<D>(sK, kk, dd * 16, bk);
-        mma_bf16(acc[2 * dd], da, bk[0], bk[1]);
-        mma_bf16(acc[2 * dd + 1], da, bk[2], bk[3]);
-      }
-    }
+    mma_rows_times_tile<D, BC>(acc, s, vis, sK);  // dQ += dS K
   }
 
   bf16_t* dqb = dq + b * a.dq.b + h * D;

@@ -256,6 +256,27 @@ __device__ __forceinline__ void lds_b_kn(uint32_t tile, int kk, int n0, uint32_t
   ldsm_x4_trans(tile + swz<D>(16 * kk + (lane & 15), (n0 >> 3) + (lane >> 4)), b);
 }
 
+// acc (the warp's 16 rows x D) += C T: C the warp's 16 x BC f32 accumulators of a score-like
+// product (P, dS), rounded to bf16 A fragments, T the [BC, D] tile at `tile`. The k-steps of 16
+// columns whose bit in `vis` is clear (no row of the warp sees them) are skipped.
+template <int D, int BC>
+__device__ __forceinline__ void mma_rows_times_tile(float (&acc)[D / 8][4], const float (&c)[BC / 8][4], uint32_t vis,
+                                                    uint32_t tile) {
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; ++kk) {
+    if (!(vis >> kk & 1u)) continue;
+    uint32_t a[4];
+    c_to_a(c[2 * kk], c[2 * kk + 1], a);
+#pragma unroll
+    for (int dd = 0; dd < D / 16; ++dd) {
+      uint32_t b[4];
+      lds_b_kn<D>(tile, kk, dd * 16, b);
+      mma_bf16(acc[2 * dd], a, b[0], b[1]);
+      mma_bf16(acc[2 * dd + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 // ---- f32 SIMT path (attention_f32.cu) -------------------------------------------------------
 
 void fwd_f32(const Ctx& ctx, const Args& a, int B, int D, const float* q, const float* k, const float* v, float* o,

@@ -139,19 +139,7 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
       }
     }
 
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; ++kk) {
-      if (!(vis >> kk & 1u)) continue;
-      uint32_t pa[4];
-      c_to_a(s[2 * kk], s[2 * kk + 1], pa);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t bf[4];
-        lds_b_kn<D>(sV, kk, dp * 16, bf);
-        mma_bf16(acc[2 * dp], pa, bf[0], bf[1]);
-        mma_bf16(acc[2 * dp + 1], pa, bf[2], bf[3]);
-      }
-    }
+    mma_rows_times_tile<D, BC>(acc, s, vis, sV);  // O += P V
   }
 
   bf16_t* ob = o + b * a.o.b + h * D;
