@@ -302,7 +302,6 @@ class SelfTest(unittest.TestCase):
             f.write("// fine\n// math in " + OUTSIDE_PATHS[1] + "/x.md\n")
         self.assertEqual(outside_references(self.root, ["src", "docs"]), ["src/x.h:2: // math in " + OUTSIDE_PATHS[1] + "/x.md"])
 
-
     def test_an_undocumented_subcommand_is_found(self):
         names = subcommands('  static const std::vector<Command> table = {\n'
                             '      {"prepare", "tokenise", cmd_prepare},\n'
@@ -313,7 +312,6 @@ class SelfTest(unittest.TestCase):
         self.assertEqual(undocumented_commands(names, readme, cli_md), ["train: no row in README.md's CLI table"])
         self.assertEqual(undocumented_commands(["train"], readme.replace("trainer`", "train CONFIG`"), "# CLI\n"),
                          ["train: no '## `linac train`' heading in docs/cli.md"])
-
 
     def test_an_undocumented_config_key_is_found(self):
         os.makedirs(os.path.join(self.root, "src", "model"))
