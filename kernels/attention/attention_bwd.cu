@@ -137,18 +137,8 @@ __global__ void __launch_bounds__(DqCfg<D>::kThreads, DqCfg<D>::kMinBlocks)
     const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
-    unsigned vis = ~0u;  // bit np: key group np is visible to this warp's rows
-    if constexpr (kBand) {
-      vis = 0;
-#pragma unroll
-      for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
-    }
-    if constexpr (kDocs) {
-      const int doc_first = __shfl_sync(0xffffffffu, doc_row[0], 0);
-#pragma unroll
-      for (int np = 0; np < BC / 16; ++np)
-        if (k0 + np * 16 + 15 < doc_first) vis &= ~(1u << np);
-    }
+    const unsigned vis =  // bit np: key group np is visible to this warp's rows
+        kBand ? key_groups_visible<BC / 16, kDocs>(a, q0 + warp * 16, k0, kDocs ? doc_row[0] : 0) : ~0u;
     float s[BC / 8][4] = {}, dp[BC / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -271,18 +261,8 @@ __global__ void __launch_bounds__(DkvCfg<D>::kThreads, DkvCfg<D>::kMinBlocks)
     const float* lse_t = s_lse + buf * BR;
     const float* dl_t = s_dl + buf * BR;
 
-    unsigned vis = ~0u;  // bit np: query group np sees some of this warp's keys
-    if constexpr (kBand) {
-      vis = 0;
-#pragma unroll
-      for (int np = 0; np < BR / 16; ++np) vis |= unsigned{group_visible(a, q0 + np * 16, k0 + warp * 16)} << np;
-    }
-    if constexpr (kDocs) {
-      const int doc_last = __shfl_sync(0xffffffffu, doc_row[1], 28);
-#pragma unroll
-      for (int np = 0; np < BR / 16; ++np)
-        if (q0 + np * 16 >= doc_last) vis &= ~(1u << np);
-    }
+    const unsigned vis =  // bit np: query group np sees some of this warp's keys
+        kBand ? query_groups_visible<BR / 16, kDocs>(a, q0, k0 + warp * 16, kDocs ? doc_row[1] : 0) : ~0u;
     float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {

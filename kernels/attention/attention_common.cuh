@@ -114,6 +114,41 @@ __device__ __forceinline__ bool group_visible(const Args& a, int t0, int s0) {
   return a.window <= 0 || t0 - (s0 + 15) < a.window;
 }
 
+// A warp's group_visible over a tile's groups of 16 as bits (bit np: group np), for the mma.sync
+// kernels that skip groups (kBand; the others take every group); kDocs tests the documents too.
+// Rows are queries [t0, t0 + 16), the groups keys from k0: a group that ends before the first
+// row's document starts is out (doc_start: the start of the document of the thread's first row,
+// read from lane 0).
+template <int kGroups, bool kDocs>
+__device__ __forceinline__ unsigned key_groups_visible(const Args& a, int t0, int k0, int doc_start) {
+  unsigned vis = 0;
+#pragma unroll
+  for (int np = 0; np < kGroups; ++np) vis |= unsigned{group_visible(a, t0, k0 + np * 16)} << np;
+  if constexpr (kDocs) {
+    const int doc_first = __shfl_sync(0xffffffffu, doc_start, 0);
+#pragma unroll
+    for (int np = 0; np < kGroups; ++np)
+      if (k0 + np * 16 + 15 < doc_first) vis &= ~(1u << np);
+  }
+  return vis;
+}
+// The same with rows that are keys [s0, s0 + 16) and groups that are queries from q0: a group that
+// starts at or past the end of the last key's document is out (doc_end: the end of the document of
+// the thread's second row, read from lane 28).
+template <int kGroups, bool kDocs>
+__device__ __forceinline__ unsigned query_groups_visible(const Args& a, int q0, int s0, int doc_end) {
+  unsigned vis = 0;
+#pragma unroll
+  for (int np = 0; np < kGroups; ++np) vis |= unsigned{group_visible(a, q0 + np * 16, s0)} << np;
+  if constexpr (kDocs) {
+    const int doc_last = __shfl_sync(0xffffffffu, doc_end, 28);
+#pragma unroll
+    for (int np = 0; np < kGroups; ++np)
+      if (q0 + np * 16 >= doc_last) vis &= ~(1u << np);
+  }
+  return vis;
+}
+
 __device__ __forceinline__ bool allowed(const Args& a, int t, int s) {
   // s <= t && s > t - window as one unsigned compare, and no short circuit: the element masks run
   // this per score, and branches there showed up in the Hopper backward's profile.

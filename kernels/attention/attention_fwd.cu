@@ -75,18 +75,8 @@ __global__ void __launch_bounds__(FwdCfg<D>::kThreads, FwdCfg<D>::kMinBlocks)
     const int k0 = kb * BC, buf = double_buffer_step(kb, kr.x, kr.y, load_kv);
     const uint32_t sK = sK0 + buf * kTile, sV = sV0 + buf * kTile;
 
-    unsigned vis = ~0u;  // bit np: key group np is visible to this warp's rows
-    if constexpr (kBand) {
-      vis = 0;
-#pragma unroll
-      for (int np = 0; np < BC / 16; ++np) vis |= unsigned{group_visible(a, q0 + warp * 16, k0 + np * 16)} << np;
-    }
-    if constexpr (kDocs) {
-      const int doc_first = __shfl_sync(0xffffffffu, doc_row[0], 0);
-#pragma unroll
-      for (int np = 0; np < BC / 16; ++np)
-        if (k0 + np * 16 + 15 < doc_first) vis &= ~(1u << np);
-    }
+    const unsigned vis =  // bit np: key group np is visible to this warp's rows
+        kBand ? key_groups_visible<BC / 16, kDocs>(a, q0 + warp * 16, k0, kDocs ? doc_row[0] : 0) : ~0u;
     float s[BC / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
