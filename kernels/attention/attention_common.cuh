@@ -115,7 +115,8 @@ __device__ __forceinline__ bool group_visible(const Args& a, int t0, int s0) {
 }
 
 // A warp's group_visible over a tile's groups of 16 as bits (bit np: group np), for the mma.sync
-// kernels that skip groups (kBand; the others take every group); kDocs tests the documents too.
+// kernels that skip groups (kBand; the others take ~0u without calling it: called there too, the
+// inlined call rescheduled the D = 96 and 112 forward instances); kDocs tests the documents too.
 // Rows are queries [t0, t0 + 16), the groups keys from k0: a group that ends before the first
 // row's document starts is out (doc_start: the start of the document of the thread's first row,
 // read from lane 0).
