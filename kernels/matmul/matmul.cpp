@@ -76,6 +76,23 @@ FusedGemmProfile::FusedGemmProfile(const Ctx& ctx, const char* op, const char* w
 
 namespace {
 
+// Sets p's addend (matmul_add): C itself is beta 1, another buffer p.c_in as well.
+void set_addend(GemmProblem& p, const Tensor& c_in, const Tensor& c) {
+  if (!c_in.ptr) return;
+  LINAC_CHECK(c_in.device == c.device && c_in.dtype == c.dtype && c_in.ndim == 2 && c_in.size(0) == p.m &&
+                  c_in.size(1) == p.n && (p.m <= 1 || c_in.strides[0] == p.ldc) && (p.n <= 1 || c_in.strides[1] == 1),
+              "matmul_add: C_in must be [" + std::to_string(p.m) + ", " + std::to_string(p.n) +
+                  "] in C's dtype with C's row stride, got " + c_in.shape_str());
+  p.beta = 1;
+  if (c_in.ptr == c.ptr || p.m == 0 || p.n == 0) return;
+  const auto lo = [](const Tensor& t) { return static_cast<const char*>(t.ptr); };
+  const auto hi = [&p](const Tensor& t) {
+    return static_cast<const char*>(t.ptr) + ((p.m - 1) * p.ldc + p.n) * static_cast<int64_t>(dtype_size(t.dtype));
+  };
+  LINAC_CHECK(hi(c_in) <= lo(c) || hi(c) <= lo(c_in), "matmul_add: C_in must be C itself or not overlap it");
+  p.c_in = c_in.ptr;
+}
+
 void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c) {
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
   ProfileScope prof(ctx, "GEMM", Profiler::Level::Op);
@@ -90,6 +107,7 @@ void run(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b,
   }
   LINAC_CHECK(a.dtype == c.dtype && b.dtype == c.dtype, "matmul: CPU dtypes must agree");
   LINAC_CPU_DISPATCH(c.dtype, T, {
+    if (p.c_in) copy_rows_cpu<T>(p, static_cast<const T*>(p.c_in), c.data<T>());
     matmul_cpu<T>(p, a.data<T>(), b.data<T>(), c.data<T>());
     if (p.bias) add_bias_rows_cpu<T>(p, static_cast<const T*>(p.bias), c.data<T>());
   });
@@ -107,9 +125,17 @@ void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor&
   run(ctx, problem_of(ctx, a, trans_a, b, trans_b, c, alpha, beta, true), a, b, c);
 }
 
-void matmul_bias(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
-                 const Tensor& c) {
+void matmul_add(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c_in,
+                const Tensor& c) {
   GemmProblem p = problem_of(ctx, a, trans_a, b, trans_b, c, 1, 0, false);
+  set_addend(p, c_in, c);
+  run(ctx, p, a, b, c);
+}
+
+void matmul_bias(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+                 const Tensor& c, const Tensor& c_in) {
+  GemmProblem p = problem_of(ctx, a, trans_a, b, trans_b, c, 1, 0, false);
+  set_addend(p, c_in, c);
   LINAC_CHECK(bias.device == ctx.device && bias.dtype == c.dtype && bias.is_contiguous() && bias.numel() == p.n,
               "matmul_bias: bias must be a contiguous [" + std::to_string(p.n) + "] vector in C's dtype, got " +
                   bias.shape_str());

@@ -43,8 +43,9 @@ struct GemmProblem {
   int64_t lda = 0, ldb = 0, ldc = 0;
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
   double alpha = 1, beta = 0;  // f32 on the GPU; the CPU computes in its dtype (fp64 checks)
-  bool tf32_exact = false;  // f32 operands: all values exact in TF32 (the caller's promise)
+  bool tf32_exact = false;     // f32 operands: all values exact in TF32 (the caller's promise)
   const void* bias = nullptr;  // matmul_bias: [n] in C's dtype, added to every row of C (beta 0)
+  const void* c_in = nullptr;  // matmul_add: the addend when it is another buffer than C (beta 1)
 };
 
 template <class T>
@@ -52,6 +53,9 @@ void matmul_cpu(const GemmProblem& p, const T* a, const T* b, T* c);
 // C[i, j] += bias[j] for every row i (matmul_bias's CPU epilogue, after matmul_cpu).
 template <class T>
 void add_bias_rows_cpu(const GemmProblem& p, const T* bias, T* c);
+// C[i, j] = c_in[i, j], both at row stride p.ldc (matmul_add's addend, before matmul_cpu with beta 1).
+template <class T>
+void copy_rows_cpu(const GemmProblem& p, const T* c_in, T* c);
 
 void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Tensor& b, const Tensor& c);
 
@@ -79,11 +83,17 @@ void matmul(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool
             double alpha = 1, double beta = 0);
 void matmul_batched(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                     double alpha = 1, double beta = 0);
-// C = op(A) @ op(B) + 1 bias^T: bias [N] in C's dtype, 16-byte aligned, added to every row. On the
-// GPU it is cuBLASLt's bias epilogue (the sum rounded to C's dtype once; no skinny path); on the
-// CPU a pass over C after the product.
+// C = op(A) @ op(B) + C_in, 2-D: C_in [M, N] in C's dtype with C's row stride, either C itself (beta
+// 1) or a buffer that does not overlap C and is left as it was. On the GPU the addend is read by
+// cuBLASLt's epilogue (the sum rounded to C's dtype once), so a residual add costs no pass of its
+// own; on the CPU C_in is copied into C first. An empty C_in makes it matmul.
+void matmul_add(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c_in,
+                const Tensor& c);
+// C = op(A) @ op(B) + 1 bias^T [+ C_in as matmul_add takes it]: bias [N] in C's dtype, 16-byte
+// aligned, added to every row. On the GPU it is cuBLASLt's bias epilogue (the sum rounded to C's
+// dtype once; no skinny path); on the CPU a pass over C after the product.
 void matmul_bias(const Ctx& ctx, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
-                 const Tensor& c);
+                 const Tensor& c, const Tensor& c_in = Tensor());
 
 // Floating-point operations of one call, 2*M*N*K*batch, for benchmarks and MFU.
 inline double matmul_flops(int64_t m, int64_t n, int64_t k, int64_t batch = 1) {

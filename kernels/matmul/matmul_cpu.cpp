@@ -229,4 +229,12 @@ void add_bias_rows_cpu(const GemmProblem& p, const T* bias, T* c) {
 template void add_bias_rows_cpu<float>(const GemmProblem&, const float*, float*);
 template void add_bias_rows_cpu<double>(const GemmProblem&, const double*, double*);
 
+template <class T>
+void copy_rows_cpu(const GemmProblem& p, const T* c_in, T* c) {
+  for (int64_t i = 0; i < p.m; ++i) std::copy_n(c_in + i * p.ldc, p.n, c + i * p.ldc);
+}
+
+template void copy_rows_cpu<float>(const GemmProblem&, const float*, float*);
+template void copy_rows_cpu<double>(const GemmProblem&, const double*, double*);
+
 }  // namespace linac

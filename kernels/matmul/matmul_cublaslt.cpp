@@ -412,7 +412,7 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
               "matmul (GPU): C must be f32, or bf16 with bf16 inputs");
   LINAC_CHECK(p.m <= INT32_MAX && p.n <= INT32_MAX && p.k <= INT32_MAX && p.batch <= INT32_MAX,
               "matmul (GPU): M, N, K and batch must fit in int32");
-  if (!p.bias && matmul_skinny_applies(p, a, b, c)) return matmul_skinny_cuda(ctx, p, a, b, c);
+  if (!p.bias && !p.c_in && matmul_skinny_applies(p, a, b, c)) return matmul_skinny_cuda(ctx, p, a, b, c);
   int device = 0;
   LINAC_CUDA_CHECK(cudaGetDevice(&device));
   const bool batched = p.batch > 1;
@@ -432,7 +432,9 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
   key.workspace_bytes = ctx.workspace_bytes;
   key.align_a = alignment(a.ptr, p.batch, p.batch_stride_a, a.dtype);
   key.align_b = alignment(b.ptr, p.batch, p.batch_stride_b, b.dtype);
-  key.align_c = alignment(c.ptr, p.batch, p.batch_stride_c, c.dtype);
+  // An addend of its own is read through C's layout, so the algorithm must suit both pointers.
+  key.align_c = std::min(alignment(c.ptr, p.batch, p.batch_stride_c, c.dtype),
+                         p.c_in ? alignment(p.c_in, p.batch, p.batch_stride_c, c.dtype) : UINT32_MAX);
   key.ab = a.dtype;
   key.c = c.dtype;
   key.trans_a = p.trans_a;
@@ -473,8 +475,8 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
     LINAC_CUDA_CHECK(cudaEventRecord(timed.start, stream));
   }
   LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
-                                    plan.lb, &beta, c.ptr, plan.lc, c.ptr, plan.lc, algo, ctx.workspace,
-                                    ctx.workspace_bytes, stream));
+                                    plan.lb, &beta, p.c_in ? p.c_in : c.ptr, plan.lc, c.ptr, plan.lc, algo,
+                                    ctx.workspace, ctx.workspace_bytes, stream));
   if (timed.candidate >= 0) {
     LINAC_CUDA_CHECK(cudaEventRecord(timed.stop, stream));
     plan.tuning->pending.push_back(timed);

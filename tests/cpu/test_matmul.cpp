@@ -145,6 +145,47 @@ TEST(MatmulCpu, BiasIsAddedToEveryRow) {
   EXPECT_THROW(matmul_bias(Ctx{}, x, false, w, true, short_bias, y), Error);
 }
 
+TEST(MatmulCpu, AddendFromAnotherBufferIsLeftAsItWas) {
+  // matmul_add: C = naive product + C_in with C_in a buffer of its own (C's row stride, inside a
+  // padded allocation), also with matmul_bias's bias; C_in unchanged bit for bit, C's padding
+  // untouched. C_in == C is beta 1.
+  const int64_t m = 37, n = 19, k = 29;
+  Operand a = make_operand(0, m, k, 0, DType::F64, 21), b = make_operand(0, n, k, 0, DType::F64, 22);
+  OwnedTensor bias = test::random_tensor({n}, DType::F64, 23);
+  for (bool with_bias : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "bias=" << with_bias);
+    Operand c = make_operand(0, m, n, 3, DType::F64, 24), c_in = make_operand(0, m, n, 3, DType::F64, 25);
+    const std::vector<double> in0 = to_doubles(c_in.full), c_full0 = to_doubles(c.full);
+    if (with_bias)
+      matmul_bias(Ctx{}, a.view, false, b.view, true, bias, c.view, c_in.view);
+    else
+      matmul_add(Ctx{}, a.view, false, b.view, true, c_in.view, c.view);
+    std::vector<double> want = naive(a.view, false, b.view, true, gather(c_in.view), 1.f, 1.f);
+    if (with_bias)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) want[static_cast<size_t>(i * n + j)] += bias->data<double>()[j];
+    EXPECT_LT(test::rel_error(gather(c.view), want), 1e-12);
+    const std::vector<double> in1 = to_doubles(c_in.full), c_full = to_doubles(c.full);
+    ASSERT_EQ(std::memcmp(in1.data(), in0.data(), in0.size() * sizeof(double)), 0);
+    for (size_t i = 0; i < c_full.size(); ++i) {
+      const int64_t col = static_cast<int64_t>(i) % (n + 3);
+      if (col < c.off || col >= c.off + n) ASSERT_EQ(std::memcmp(&c_full[i], &c_full0[i], sizeof(double)), 0);
+    }
+  }
+  Operand c = make_operand(0, m, n, 0, DType::F64, 26);
+  const std::vector<double> c0 = gather(c.view);
+  matmul_add(Ctx{}, a.view, false, b.view, true, c.view, c.view);
+  EXPECT_LT(test::rel_error(gather(c.view), naive(a.view, false, b.view, true, c0, 1.f, 1.f)), 1e-12);
+
+  // An addend of another shape, stride or dtype, or one overlapping C, is refused.
+  OwnedTensor big = test::random_tensor({2 * m, n}, DType::F64, 27);
+  OwnedTensor wide = test::random_tensor({m, n + 1}, DType::F64, 28), f32 = test::random_tensor({m, n}, DType::F32, 29);
+  EXPECT_THROW(matmul_add(Ctx{}, a.view, false, b.view, true, wide.t.narrow(1, 0, n), big.t.narrow(0, 0, m)), Error);
+  EXPECT_THROW(matmul_add(Ctx{}, a.view, false, b.view, true, f32, big.t.narrow(0, 0, m)), Error);
+  EXPECT_THROW(matmul_add(Ctx{}, a.view, false, b.view, true, big.t.narrow(0, 1, m), big.t.narrow(0, 0, m)), Error);
+  EXPECT_NO_THROW(matmul_add(Ctx{}, a.view, false, b.view, true, big.t.narrow(0, m, m), big.t.narrow(0, 0, m)));
+}
+
 TEST(MatmulCpu, Batched) {
   check_case({7, 129, 37, 3});
   check_case({19, 20, 21, 4, 2, 0.5f, 1.f});
