@@ -2,11 +2,15 @@
 // channel mixers (SwiGLU). Blocks are pre-norm residual:
 //   x += Mixer(Norm(x));  x += ChannelMixer(Norm(x))
 //
-// forward(x, out):   out = f(x). x is the normed input [B, T, d] (activation dtype) and stays
-//                    valid (unchanged) until backward; out [B, T, d] (activation dtype) is
-//                    overwritten: the model adds it to the residual stream inside the next norm's
-//                    pass (rmsnorm.h's residual add), so the output projection writes bf16 once
-//                    instead of reading and writing the f32 stream.
+// forward(x, out, add): out = f(x), or out = add + f(x) when `add` [B, T, d] (out's dtype, not
+//                    overlapping out, or out itself) is defined. x is the normed input [B, T, d]
+//                    (activation dtype) and stays valid (unchanged) until backward; out [B, T, d]
+//                    is overwritten. The model passes the residual stream R[i] as `add` and
+//                    R[i+1] as out where the stream has the activation dtype, so the output
+//                    projection's GEMM adds it in its epilogue (matmul_add) and no pass of its own
+//                    reads and writes the stream; with an f32 stream it adds out inside the next
+//                    norm's pass (rmsnorm.h's residual add) instead, so the output projection
+//                    writes bf16 once rather than reading and writing f32.
 // backward(x, dy, dx): dy = dL/d(out) [B, T, d] (activation dtype); writes dx = dL/dx
 //                    (overwrite) and accumulates parameter gradients.
 // reserve(B, T):     takes what forward saves for backward from env.saved (SavedArena), once,
@@ -78,13 +82,15 @@ std::vector<int32_t> host_doc_starts(const ModelEnv& env, int64_t B, int64_t T);
 std::vector<int64_t> last_doc_lengths(const ModelEnv& env, int64_t B, int64_t T);
 // Whether every row of a decoding state sits at the same position (then they decode in one call).
 bool rows_agree(const std::vector<int64_t>& pos);
+// forward's `add` as the [N, d] addend of the output projection's matmul_add (empty stays empty).
+inline Tensor addend_rows(const Tensor& add, int64_t N, int64_t d) { return add.ptr ? add.view({N, d}) : Tensor(); }
 
 class Mixer {
  public:
   virtual ~Mixer() = default;
   virtual std::string kind() const = 0;
   virtual void reserve(int64_t B, int64_t T) = 0;
-  virtual void forward(const Tensor& x, const Tensor& out) = 0;
+  virtual void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) = 0;
   virtual void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) = 0;
   // forward() where no backward follows (a position-wise mixer's part of a decoding step): the
   // same out, but what only backward() reads need not be kept.

@@ -242,11 +242,17 @@ void Model::recompute_block(int l, int64_t B, int64_t T) {
   norm_fwd(b.norm1, r0.view({N, d}), xn1.view({N, d}), b.rstd1.tensor(env_.stat, {N}));
   // R[2l+2] is the next block's input, kept: the last sub-layer's output is not needed.
   Tensor y = scratch_.get("model.y", env_.act, {B, T, d});
-  b.mixer->forward(xn1, y);
-  if (!b.mlp) return;
-  const Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d});
-  norm_fwd(b.norm2, r0.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}), y.view({N, d}),
-           resid(2 * l + 1, B, T).view({N, d}));
+  if (!b.mlp) return b.mixer->forward(xn1, y);
+  // R[2l+1] is among the block's saved buffers: written again as the forward wrote it (same bits).
+  const Tensor xn2 = b.xn2.tensor(env_.act, {B, T, d}), r1 = resid(2 * l + 1, B, T);
+  if (gemm_adds_residual()) {
+    b.mixer->forward(xn1, r1, r0);
+    norm_fwd(b.norm2, r1.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}));
+  } else {
+    b.mixer->forward(xn1, y);
+    norm_fwd(b.norm2, r0.view({N, d}), xn2.view({N, d}), b.rstd2.tensor(env_.stat, {N}), y.view({N, d}),
+             r1.view({N, d}));
+  }
   b.mlp->forward(xn2, y);
 }
 
@@ -334,29 +340,37 @@ void Model::launch_forward_backward(const Tensor& tokens, const Tensor& targets,
     embedding_fwd(ctx, tokens.view({N}), params_.master(embed_), resid(0, B, T).view({N, d}));
     if (embed_scale_ != 1) scale_inplace(ctx, resid(0, B, T), embed_scale_);
   }
-  // Each sub-layer writes its output to y; the next norm adds y to the stream that sub-layer read
-  // (R[i+1] = R[i] + y) in the same pass, and normalises the sum.
+  // Sub-layer i reads Norm(R[i]) and adds its output to the stream: R[i+1] = R[i] + out. Where
+  // the stream has the activation dtype, its output projection writes R[i+1] with R[i] added in
+  // the GEMM's epilogue (Mixer::forward's `add`); otherwise it writes y, and the next norm adds y
+  // to R[i] in the same pass as it normalises the sum.
   Tensor y = scratch_.get("model.y", env_.act, {N, d});
-  Tensor prev;  // R[i] while a sub-layer's output is pending in y
-  auto add_norm = [&](int id, const Tensor& r, const Tensor& xn, const Tensor& rstd) {
+  Tensor prev;  // R[i] while sub-layer i's output is pending in y
+  auto norm_in = [&](int id, int i, const Tensor& xn, const Tensor& rstd) {
     ProfileScope prof(ctx, "norms and residual adds");
+    const Tensor r = resid(i, B, T).view({N, d});
     if (prev.ptr)
-      norm_fwd(id, prev, xn, rstd, y, r);
+      norm_fwd(id, prev, xn.view({N, d}), rstd, y, r);
     else
-      norm_fwd(id, r, xn, rstd);
-    prev = r;
+      norm_fwd(id, r, xn.view({N, d}), rstd);
+    prev = Tensor();
+  };
+  auto sublayer = [&](Mixer& m, int i, const Tensor& xn) {
+    if (gemm_adds_residual()) return m.forward(xn, resid(i + 1, B, T), resid(i, B, T));
+    m.forward(xn, y.view({B, T, d}));
+    prev = resid(i, B, T).view({N, d});
   };
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[static_cast<size_t>(l)];
-    add_norm(b.norm1, resid(2 * l, B, T).view({N, d}), act(b.xn1).view({N, d}), stat(b.rstd1));
+    norm_in(b.norm1, 2 * l, act(b.xn1), stat(b.rstd1));
     {
       ProfileScope prof(ctx, b.mixer_fwd.c_str());
-      b.mixer->forward(act(b.xn1), y.view({B, T, d}));
+      sublayer(*b.mixer, 2 * l, act(b.xn1));
     }
     if (!b.mlp) continue;
-    add_norm(b.norm2, resid(2 * l + 1, B, T).view({N, d}), act(b.xn2).view({N, d}), stat(b.rstd2));
+    norm_in(b.norm2, 2 * l + 1, act(b.xn2), stat(b.rstd2));
     ProfileScope prof(ctx, "channel mixer forward");
-    b.mlp->forward(act(b.xn2), y.view({B, T, d}));
+    sublayer(*b.mlp, 2 * l + 1, act(b.xn2));
   }
   Tensor rl = resid(2 * L, B, T).view({N, d});
   Tensor xf = xf_.tensor(env_.act, {N, d});

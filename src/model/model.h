@@ -217,6 +217,11 @@ class Model {
   void norm_bwd(int id, const Tensor& x, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                 const Tensor& dx_copy = Tensor()) const;
   Tensor resid(int i, int64_t B, int64_t T) const;
+  // Whether the training forward's sub-layers add their output to the residual stream in their
+  // output GEMM (the stream in the activation dtype: a bf16 stream, or the CPU's f32/f64) rather
+  // than in the next norm's pass (an f32 stream under bf16 activations, which the GEMM would have
+  // to read and write in f32).
+  bool gemm_adds_residual() const { return env_.resid == env_.act; }
   // Re-runs block l's forward (train.recompute "block") so its saved activations are back,
   // without touching the next block's input.
   void recompute_block(int l, int64_t B, int64_t T);

@@ -28,14 +28,14 @@ size_t SwiGluMlp::activation_bytes(int64_t B, int64_t T) const {
 
 double SwiGluMlp::flops_per_token(int64_t) const { return 6.0 * 3.0 * static_cast<double>(d_ * F_); }
 
-void SwiGluMlp::forward(const Tensor& x, const Tensor& out) {
+void SwiGluMlp::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
   const int64_t N = x.size(0) * x.size(1);
   LINAC_CHECK(N <= capacity_, "SwiGluMlp: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
   Tensor h = h_buf_.tensor(env_.act, {N, 2 * F_});
   Tensor a = a_buf_.tensor(env_.act, {N, F_});
   swiglu_linear_fwd(ctx, x.view({N, d_}), env_.params->weight(w13_), h, a, act_);
-  matmul(ctx, a, false, env_.params->weight(w2_), true, out.view({N, d_}));
+  matmul_add(ctx, a, false, env_.params->weight(w2_), true, addend_rows(add, N, d_), out.view({N, d_}));
 }
 
 void SwiGluMlp::forward_no_grad(const Tensor& x, const Tensor& out) {

@@ -21,7 +21,7 @@ class SwiGluMlp final : public Mixer {
   bool supports_documents() const override { return true; }  // position-wise
   void start_document(MixerState&, int64_t) override {}
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   // Up to kSkinnyGluMaxRows rows on the GPU (decoding): a is formed inside the output GEMM
   // (matmul_skinny_glu) and never stored.
   void forward_no_grad(const Tensor& x, const Tensor& out) override;

@@ -127,7 +127,7 @@ static QkvViews qkv_views(const Tensor& qkv, int64_t B, int64_t T, int64_t H, in
   return {bthd(qkv, B, T, 0, H, Dh), bthd(qkv, B, T, H * Dh, Hk, Dh), bthd(qkv, B, T, (H + Hk) * Dh, Hk, Dh)};
 }
 
-void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
+void AttentionMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T, P = q_cols_ + 2 * kv_cols_;
   LINAC_CHECK(B * T <= B_ * T_, "AttentionMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -145,7 +145,8 @@ void AttentionMixer::forward(const Tensor& x, const Tensor& out) {
     ProfileScope prof(ctx, "attention", Profiler::Level::Op);
     attention_fwd(ctx, in.q, in.k, in.v, o, lse, ao);
   }
-  matmul(ctx, o.view({N, q_cols_}), false, env_.params->weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, o.view({N, q_cols_}), false, env_.params->weight(wo_), true, addend_rows(add, N, d_),
+             out.view({N, d_}));
 }
 
 void AttentionMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

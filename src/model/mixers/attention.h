@@ -51,7 +51,7 @@ class AttentionMixer final : public Mixer {
   bool supports_documents() const override { return true; }
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;

@@ -106,7 +106,7 @@ void BaseConvMixer::add_out_bias(const Tensor& out, int64_t N) {
   matmul(env_.ctx, ones_act_.tensor(env_.act, {N, 1}), false, out_bias().view({1, d_}), false, out, 1.f, 1.f);
 }
 
-void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
+void BaseConvMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= capacity_, "BaseConvMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -117,7 +117,7 @@ void BaseConvMixer::forward(const Tensor& x, const Tensor& out) {
   matmul(ctx, x.view({N, d_}), false, ps.weight(w_in_), true, proj);
   short_conv_fwd(ctx, btc(proj, B, T, 0, E_), btc(proj, B, T, E_, E_), ps.master(filter_), b_in.narrow(0, 0, E_),
                  b_in.narrow(0, E_, E_), z.view({B, T, E_}), {opt_.activation == "silu", env_.docs});
-  matmul_bias(ctx, z, false, ps.weight(w_out_), true, out_bias(), out.view({N, d_}));
+  matmul_bias(ctx, z, false, ps.weight(w_out_), true, out_bias(), out.view({N, d_}), addend_rows(add, N, d_));
 }
 
 void BaseConvMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

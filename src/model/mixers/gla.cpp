@@ -184,9 +184,11 @@ void GlaMixer::gate_bwd(const Tensor& proj, const Tensor& dg, const Tensor& dz) 
   matmul(ctx, ones_buf_.tensor(env_.act, {1, N}), false, dz, false, ps.grad(ba_).view({1, dk_}), 1.f, 1.f);
 }
 
-void GlaMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+void GlaMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
+  forward_to_state(x, out, Tensor(), add);
+}
 
-void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
+void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= capacity_, "GlaMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -207,7 +209,7 @@ void GlaMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor
           g.view({B, T, H_, Dk}), o.view({B, T, H_, Dv}), Tensor(), s_final, go, GlaForm::Chunk, core_saved(B, T));
   Tensor zo = zo_buf_.tensor(env_.act, {N, dv_});
   norm_gate_fwd(ctx, o, cols(proj, 2 * dk_ + dv_, dv_), ps.master(br_), zo, mean, rstd, opt_.norm_eps);
-  matmul(ctx, zo, false, ps.weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, zo, false, ps.weight(wo_), true, addend_rows(add, N, d_), out.view({N, d_}));
 }
 
 void GlaMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

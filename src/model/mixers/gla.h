@@ -56,7 +56,7 @@ class GlaMixer final : public Mixer {
   bool graph_safe_step() const override { return true; }  // no host-side position
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
@@ -67,7 +67,7 @@ class GlaMixer final : public Mixer {
 
  private:
   // forward, also writing the final recurrent state into s_final when it is defined.
-  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add = Tensor());
   // Projections of x [N, d] into proj [N, P].
   void project(const Tensor& x, const Tensor& proj);
   // The forget gate g [N, d_k] from proj's low-rank columns u = x Wa1^T: g = loggate(u Wa2^T, ba),

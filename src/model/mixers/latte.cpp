@@ -187,9 +187,11 @@ LatteOpts LatteMixer::core_opts(int64_t B, int64_t T) const {
   return lo;
 }
 
-void LatteMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+void LatteMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
+  forward_to_state(x, out, Tensor(), add);
+}
 
-void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final) {
+void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= B_ * T_, "LatteMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -223,7 +225,7 @@ void LatteMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tens
   latte_fwd(ctx, bthd(ab, B, T, 0, H_, La_), bthd(ab, B, T, H_ * La_, H_, Lh_), v, local, y, lse, mu_final,
             core_opts(B, T));
   if (opt_.vapor) rope_fwd(ctx, y, opt_.rope_base, 0, docs);  // y_t -> R^t y_t
-  matmul(ctx, y.view({N, d_}), false, ps.weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, y.view({N, d_}), false, ps.weight(wo_), true, addend_rows(add, N, d_), out.view({N, d_}));
 }
 
 void LatteMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

@@ -64,7 +64,7 @@ class LatteMixer final : public Mixer {
   bool supports_documents() const override { return true; }
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
@@ -76,7 +76,7 @@ class LatteMixer final : public Mixer {
  private:
   // forward(), and with mu_final ([B, H, Lh, Dh], stat dtype) defined the latent state after each
   // row's last token (prefill).
-  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final);
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& mu_final, const Tensor& add = Tensor());
   // The conv's and the core's options: the pass's document bounds (env_.docs).
   ShortConvOpts conv_opts() const;
   static ShortConvOpts step_conv_opts();

@@ -170,9 +170,11 @@ void LightningMixer::rotate(int64_t B, int64_t T, const Tensor& qa, const Tensor
   }
 }
 
-void LightningMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+void LightningMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
+  forward_to_state(x, out, Tensor(), add);
+}
 
-void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
+void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= capacity_, "LightningMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -190,7 +192,7 @@ void LightningMixer::forward_to_state(const Tensor& x, const Tensor& out, const 
                 LightningForm::Block, core_saved(B, T));
   Tensor g = g_buf_.tensor(env_.act, {N, E_});
   srmsnorm_gate_fwd(ctx, o, proj.narrow(1, 3 * E_, E_), g, rstd, opt_.norm_eps);
-  matmul(ctx, g, false, ps.weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, g, false, ps.weight(wo_), true, addend_rows(add, N, d_), out.view({N, d_}));
 }
 
 void LightningMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

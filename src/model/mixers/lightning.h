@@ -56,7 +56,7 @@ class LightningMixer final : public Mixer {
   bool graph_safe_step() const override { return true; }  // LRPE's positions from env.decode_pos
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
@@ -69,7 +69,7 @@ class LightningMixer final : public Mixer {
 
  private:
   // forward, also writing the final recurrent state into s_final when it is defined.
-  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add = Tensor());
   // Q, K after SiLU into qa [N, 2E] (and LRPE into qk [N, 2 Dk H]) from the [N, >= 2E]
   // projection. LRPE's positions: from 0, or from each of env_.docs's documents; with `positions`
   // ([B] int32 on the device, decoding) row b from positions[b].

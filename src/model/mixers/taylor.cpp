@@ -99,9 +99,11 @@ TaylorAttnOpts TaylorMixer::attn_opts(int64_t B, int64_t T) const {
   return ao;
 }
 
-void TaylorMixer::forward(const Tensor& x, const Tensor& out) { forward_to_state(x, out, Tensor()); }
+void TaylorMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
+  forward_to_state(x, out, Tensor(), add);
+}
 
-void TaylorMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final) {
+void TaylorMixer::forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T;
   LINAC_CHECK(N <= B_ * T_, "TaylorMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -112,7 +114,7 @@ void TaylorMixer::forward_to_state(const Tensor& x, const Tensor& out, const Ten
   matmul(ctx, x.view({N, d_}), false, ps.weight(wqkv_), true, proj);
   taylor_attn_fwd(ctx, bthd(proj, B, T, 0, H_, F_), bthd(proj, B, T, H_ * F_, H_, F_),
                   bthd(proj, B, T, 2 * H_ * F_, H_, Dv_), o, den, s_final, attn_opts(B, T));
-  matmul(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, o.view({N, H_ * Dv_}), false, ps.weight(wo_), true, addend_rows(add, N, d_), out.view({N, d_}));
 }
 
 void TaylorMixer::backward(const Tensor& x, const Tensor& dy, const Tensor& dx) {

@@ -41,7 +41,7 @@ class TaylorMixer final : public Mixer {
   bool graph_safe_step() const override { return true; }  // no host-side position
   void start_document(MixerState& state, int64_t row) override;
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
@@ -52,7 +52,7 @@ class TaylorMixer final : public Mixer {
 
  private:
   // forward, also writing the final state to s_final when it is defined (prefill).
-  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final);
+  void forward_to_state(const Tensor& x, const Tensor& out, const Tensor& s_final, const Tensor& add = Tensor());
   TaylorAttnOpts attn_opts(int64_t B, int64_t T) const;
   ModelEnv& env_;
   TaylorMixerOptions opt_;

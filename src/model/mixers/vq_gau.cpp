@@ -186,7 +186,7 @@ void VqGauMixer::queries_keys(const Tensor& proj, const Tensor& q, const Tensor&
                         rstd.narrow(0, i * N, N), kNormEps, qk_scale_);
 }
 
-void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
+void VqGauMixer::forward(const Tensor& x, const Tensor& out, const Tensor& add) {
   const int64_t B = x.size(0), T = x.size(1), N = B * T, HDk = H_ * Dk_;
   LINAC_CHECK(N <= capacity_, "VqGauMixer: batch larger than reserved");
   const Ctx& ctx = env_.ctx;
@@ -219,7 +219,7 @@ void VqGauMixer::forward(const Tensor& x, const Tensor& out) {
   }
   Tensor gated = gated_buf_.tensor(env_.act, {N, Dv_});
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
-  matmul(ctx, gated, false, ps.weight(wo_), true, out.view({N, d_}));
+  matmul_add(ctx, gated, false, ps.weight(wo_), true, addend_rows(add, N, d_), out.view({N, d_}));
   sum(ctx, err, err_sum_);
 }
 

@@ -59,7 +59,7 @@ class VqGauMixer final : public Mixer {
   VqGauMixer(ModelEnv& env, const ModelConfig& cfg, int layer, const VqGauMixerOptions& opt, const std::string& path);
   std::string kind() const override { return "vq_gau"; }
   void reserve(int64_t B, int64_t T) override;
-  void forward(const Tensor& x, const Tensor& out) override;
+  void forward(const Tensor& x, const Tensor& out, const Tensor& add = Tensor()) override;
   void backward(const Tensor& x, const Tensor& dy, const Tensor& dx) override;
   size_t activation_bytes(int64_t B, int64_t T) const override;
   int64_t state_elems(int64_t T) const override;
