@@ -44,7 +44,7 @@ struct GemmProblem {
   int64_t batch_stride_a = 0, batch_stride_b = 0, batch_stride_c = 0;
   double alpha = 1, beta = 0;  // f32 on the GPU; the CPU computes in its dtype (fp64 checks)
   bool tf32_exact = false;     // f32 operands: all values exact in TF32 (the caller's promise)
-  const void* bias = nullptr;  // matmul_bias: [n] in C's dtype, added to every row of C (beta 0)
+  const void* bias = nullptr;  // matmul_bias: [n] in C's dtype, added to every row of C
   const void* c_in = nullptr;  // matmul_add: the addend when it is another buffer than C (beta 1)
 };
 
