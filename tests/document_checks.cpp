@@ -137,19 +137,27 @@ std::vector<double> decode_all(Model& m, Model::DecodeState& st, const std::vect
   return decode_all(m, st, std::vector<std::vector<int32_t>>{tokens});
 }
 
-std::vector<double> prefill_logits(Model& m, Model::DecodeState& st, const std::vector<int32_t>& tokens, bool documents) {
-  const int64_t V = m.config().vocab_size, n = static_cast<int64_t>(tokens.size());
+// The logits after prefilling `rows` (all of one length; with bounds from their EOS tokens when
+// `documents`), [B, V] f64.
+std::vector<double> prefill_logits(Model& m, Model::DecodeState& st, const std::vector<std::vector<int32_t>>& rows,
+                                   bool documents) {
+  const int64_t V = m.config().vocab_size, B = static_cast<int64_t>(rows.size());
+  const auto n = static_cast<int64_t>(rows[0].size());
   const Device dev = m.env().device();
-  OwnedTensor tok(DType::I32, Device::CPU, {1, n}), logits(logits_dtype(m), dev, {1, V});
-  std::copy(tokens.begin(), tokens.end(), tok->data<int32_t>());
+  OwnedTensor tok(DType::I32, Device::CPU, {B, n}), logits(logits_dtype(m), dev, {B, V});
+  for (int64_t b = 0; b < B; ++b) std::copy_n(rows[static_cast<size_t>(b)].begin(), n, tok->data<int32_t>() + b * n);
   OwnedTensor docs;
   if (documents) {
-    OwnedTensor host(DType::I32, Device::CPU, {2, 1, n});
-    doc_bounds_from_tokens(tok->data<int32_t>(), 1, n, kTestEos, host->data<int32_t>());
+    OwnedTensor host(DType::I32, Device::CPU, {2, B, n});
+    doc_bounds_from_tokens(tok->data<int32_t>(), B, n, kTestEos, host->data<int32_t>());
     docs = to(host, dev, DType::I32);
   }
   m.prefill(st, to(tok, dev, DType::I32), logits, documents ? docs.t : Tensor());
   return to_doubles(logits);
+}
+std::vector<double> prefill_logits(Model& m, Model::DecodeState& st, const std::vector<int32_t>& tokens,
+                                   bool documents) {
+  return prefill_logits(m, st, std::vector<std::vector<int32_t>>{tokens}, documents);
 }
 
 }  // namespace
@@ -206,8 +214,36 @@ void check_document_decode(const ModelConfig& cfg, const Ctx& ctx, const std::st
   Model::DecodeState single = model.init_decode(1);
   want = decode_all(model, single, row1);
   got.assign(both.begin() + n * V, both.end());
-  SCOPED_TRACE("the other row decodes on undisturbed");
-  expect_close(got, want, tol, "logits");
+  {
+    SCOPED_TRACE("the other row decodes on undisturbed");
+    expect_close(got, want, tol, "logits");
+  }
+
+  // One prefill of rows whose last documents are 1, 2 and 12 tokens long (12: past the tiny models'
+  // windows, filters and chunks), then decoding on: each row as its last document prefilled alone.
+  const std::vector<std::vector<int32_t>> lasts = {doc(1), doc(2), doc(12)};
+  std::vector<std::vector<int32_t>> rows = {doc(10), doc(3), {}};
+  rows[0].push_back(kTestEos);
+  rows[1].push_back(kTestEos);
+  const std::vector<int32_t> middle = doc(5);
+  rows[1].insert(rows[1].end(), middle.begin(), middle.end());
+  rows[1].push_back(kTestEos);
+  for (size_t b = 0; b < rows.size(); ++b) rows[b].insert(rows[b].end(), lasts[b].begin(), lasts[b].end());
+  const std::vector<std::vector<int32_t>> next = {doc(4), doc(4), doc(4)};
+  Model::DecodeState batch = model.init_decode(3);
+  const std::vector<double> first = prefill_logits(model, batch, rows, true), then = decode_all(model, batch, next);
+  const int64_t steps = static_cast<int64_t>(next[0].size());
+  for (int64_t b = 0; b < 3; ++b) {
+    SCOPED_TRACE("a batched prefill, row " + std::to_string(b) + " ending in a document of " +
+                 std::to_string(lasts[static_cast<size_t>(b)].size()) + " tokens");
+    Model::DecodeState alone = model.init_decode(1);
+    want = prefill_logits(model, alone, lasts[static_cast<size_t>(b)], false);
+    more = decode_all(model, alone, next[static_cast<size_t>(b)]);
+    want.insert(want.end(), more.begin(), more.end());
+    got.assign(first.begin() + b * V, first.begin() + (b + 1) * V);
+    got.insert(got.end(), then.begin() + b * steps * V, then.begin() + (b + 1) * steps * V);
+    expect_close(got, want, tol, "logits");
+  }
 }
 
 }  // namespace linac::test

@@ -34,8 +34,10 @@ void check_documents_match_separate(const ModelConfig& cfg, const Ctx& ctx, cons
 
 // Decoding across a document boundary (cfg built on ctx in `precision`): prefill of [doc1 EOS doc2a] with document
 // bounds, then decode_step through doc2b, gives the logits of prefilling doc2a alone and decoding
-// doc2b; and decoding doc1 EOS token by token, then start_document, then doc2 gives the logits of
-// decoding doc2 from a fresh state, with a second row decoding one document undisturbed.
+// doc2b; decoding doc1 EOS token by token, then start_document, then doc2 gives the logits of
+// decoding doc2 from a fresh state, with a second row decoding one document undisturbed; and one
+// prefill of three rows ending in documents of 1, 2 and 12 tokens decodes on, row by row, as each
+// row's last document prefilled alone (the state each mixer hands over is its own document's).
 void check_document_decode(const ModelConfig& cfg, const Ctx& ctx, const std::string& precision, double tol);
 
 }  // namespace linac::test

@@ -31,6 +31,25 @@ int64_t check_cache(const Tensor& cache, const Tensor& x, const char* op, const 
   return cache.size(1);
 }
 
+// The keys or values of attention_cache_write as [B, n, H, D] tokens (a [B, H, D] argument is one
+// token) with contiguous [H, D] rows; tokens of a row, and rows, must not overlap.
+Tensor cache_tokens(const Tensor& x, const char* name) {
+  const std::string what = std::string("attention_cache_write: ") + name;
+  LINAC_CHECK(x.ndim == 3 || x.ndim == 4, what + " must be [B,H,D] or [B,n,H,D], got " + x.shape_str());
+  Tensor t = x;
+  if (x.ndim == 3) {
+    t.ndim = 4;
+    t.shape = {x.shape[0], 1, x.shape[1], x.shape[2]};
+    t.strides = {x.strides[0], x.shape[1] * x.shape[2], x.strides[1], x.strides[2]};
+  }
+  const int64_t width = t.shape[2] * t.shape[3];
+  LINAC_CHECK(t.strides[3] == 1 && (t.shape[2] == 1 || t.strides[2] == t.shape[3]),
+              what + " must have contiguous [H,D] rows");
+  LINAC_CHECK((t.shape[1] <= 1 || t.strides[1] >= width) && (t.shape[0] <= 1 || t.strides[0] >= width),
+              what + "'s tokens overlap");
+  return t;
+}
+
 }  // namespace
 
 void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t n_valid,
@@ -114,30 +133,40 @@ void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, con
                                                   k_cache.data<F>(), v_cache.data<F>(), o.data<F>()));
 }
 
-void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
+void attention_cache_write(const Ctx& ctx, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot) {
-  check_bhd(k_t, k_t, "attention_cache_write", "k_t");
-  check_bhd(v_t, k_t, "attention_cache_write", "v_t");
-  const int64_t S = check_cache(k_cache, k_t, "attention_cache_write", "k_cache");
-  LINAC_CHECK(check_cache(v_cache, v_t, "attention_cache_write", "v_cache") == S,
+  const Tensor kt = cache_tokens(k, "k"), vt = cache_tokens(v, "v");
+  LINAC_CHECK(
+      same_shape(kt, vt) && kt.device == vt.device,
+      "attention_cache_write: k and v must have the same shape, got " + k.shape_str() + " and " + v.shape_str());
+  // The caches' [B, Hk, D] rows.
+  Tensor row = kt;
+  row.ndim = 3;
+  row.shape = {kt.shape[0], kt.shape[2], kt.shape[3]};
+  row.strides = {kt.strides[0], kt.strides[2], kt.strides[3]};
+  const int64_t S = check_cache(k_cache, row, "attention_cache_write", "k_cache");
+  LINAC_CHECK(check_cache(v_cache, row, "attention_cache_write", "v_cache") == S,
               "attention_cache_write: k_cache and v_cache hold different numbers of slots");
+  const int64_t n = kt.size(1);
   LINAC_CHECK(slot >= 0 && slot < S,
               "attention_cache_write: slot " + std::to_string(slot) + " outside [0, " + std::to_string(S) + ")");
+  LINAC_CHECK(n <= S, "attention_cache_write: " + std::to_string(n) + " tokens for " + std::to_string(S) + " slots");
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
 #if LINAC_WITH_CUDA
-    attention_cache_write_cuda(ctx, k_t, k_cache, slot);
-    attention_cache_write_cuda(ctx, v_t, v_cache, slot);
+    attention_cache_write_cuda(ctx, kt, k_cache, slot);
+    attention_cache_write_cuda(ctx, vt, v_cache, slot);
 #endif
     return;
   }
-  const int64_t B = k_t.size(0), row = k_t.size(1) * k_t.size(2);
-  const size_t e = dtype_size(k_t.dtype);
-  for (const auto& [x, cache] : {std::pair{&k_t, &k_cache}, std::pair{&v_t, &v_cache}})
+  const int64_t B = kt.size(0), width = kt.size(2) * kt.size(3);
+  const size_t e = dtype_size(kt.dtype);
+  for (const auto& [x, cache] : {std::pair{&kt, &k_cache}, std::pair{&vt, &v_cache}})
     for (int64_t b = 0; b < B; ++b)
-      std::memcpy(static_cast<char*>(cache->ptr) + static_cast<size_t>((b * S + slot) * row) * e,
-                  static_cast<const char*>(x->ptr) + static_cast<size_t>(b * x->strides[0]) * e,
-                  static_cast<size_t>(row) * e);
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(static_cast<char*>(cache->ptr) + static_cast<size_t>((b * S + (slot + i) % S) * width) * e,
+                    static_cast<const char*>(x->ptr) + static_cast<size_t>(b * x->strides[0] + i * x->strides[1]) * e,
+                    static_cast<size_t>(width) * e);
 }
 
 size_t attention_decode_workspace_bytes(int64_t B, int64_t H, int64_t D, int64_t n_valid) {

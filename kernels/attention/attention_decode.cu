@@ -22,6 +22,10 @@
 // As a dependent launch (cuda_common.cuh) a CTA reads the position, computes the sines and loads
 // its first cached rows before dependent_wait(); only the new token's q, k and v, written by the
 // product ahead, wait for it.
+//
+// The cache write (a prefill's keys and values) is pitched copies on the stream, no kernel.
+#include <algorithm>
+
 #include "attention/attention_decode.h"
 #include "common/cuda_common.cuh"
 #include "rope/rope_math.cuh"
@@ -371,15 +375,35 @@ void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, 
   LINAC_GPU_DISPATCH(q.dtype, T, (dispatch_group<T, true>(ctx, a, st, freq, L.B * L.H, q, k_cache, v_cache, o)));
 }
 
-void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot) {
-  const int64_t B = x_t.size(0), S = cache.size(1), row = x_t.size(1) * x_t.size(2);
-  const size_t e = dtype_size(x_t.dtype);
-  if (B * row == 0) return;
-  // One row of H*D elements per sequence: a pitched 2-D copy on the stream.
-  LINAC_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(cache.ptr) + static_cast<size_t>(slot * row) * e,
-                                     static_cast<size_t>(S * row) * e, x_t.ptr, static_cast<size_t>(x_t.strides[0]) * e,
-                                     static_cast<size_t>(row) * e, static_cast<size_t>(B), cudaMemcpyDeviceToDevice,
-                                     cuda::stream_of(ctx)));
+void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x, const Tensor& cache, int64_t slot) {
+  const int64_t B = x.size(0), n = x.size(1), S = cache.size(1);
+  const size_t e = dtype_size(x.dtype), width = static_cast<size_t>(x.size(2) * x.size(3)) * e;
+  if (B * n == 0 || width == 0) return;
+  char* const dst = static_cast<char*>(cache.ptr);
+  const char* const src = static_cast<const char*>(x.ptr);
+  const size_t src_b = static_cast<size_t>(x.strides[0]) * e, src_t = static_cast<size_t>(x.strides[1]) * e,
+               dst_b = static_cast<size_t>(S) * width;
+  // A pitched 2-D copy on the stream; one row's pitch is never stepped over, but may not be below the width.
+  auto copy = [&](char* to, size_t to_pitch, const char* from, size_t from_pitch, int64_t rows) {
+    if (rows == 1) to_pitch = from_pitch = width;
+    LINAC_CUDA_CHECK(cudaMemcpy2DAsync(to, to_pitch, from, from_pitch, width, static_cast<size_t>(rows),
+                                       cudaMemcpyDeviceToDevice, cuda::stream_of(ctx)));
+  };
+  // Tokens [i, i + len) go to slots [s, s + len): one run, or two where they wrap around the ring.
+  // A run is copied token by token (B rows each) or sequence by sequence (len tokens each),
+  // whichever takes fewer copies: a prompt at batch 1 is one copy, not one per token.
+  for (int64_t i = 0; i < n;) {
+    const int64_t s = (slot + i) % S, len = std::min(n - i, S - s);
+    if (len <= B) {
+      for (int64_t j = 0; j < len; ++j)
+        copy(dst + static_cast<size_t>(s + j) * width, dst_b, src + static_cast<size_t>(i + j) * src_t, src_b, B);
+    } else {
+      for (int64_t b = 0; b < B; ++b)
+        copy(dst + static_cast<size_t>(b) * dst_b + static_cast<size_t>(s) * width, width,
+             src + static_cast<size_t>(b) * src_b + static_cast<size_t>(i) * src_t, src_t, len);
+    }
+    i += len;
+  }
 }
 
 }  // namespace linac

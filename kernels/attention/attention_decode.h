@@ -61,15 +61,19 @@ void attention_decode_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const
 void attention_decode_step_cuda(const Ctx& ctx, const AttentionDecodeLayout& L, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& pos, const RopeFreqs& rope, const Tensor& k_cache,
                                 const Tensor& v_cache, const Tensor& o, const Tensor& done);
-// Copies the [B, H, D] rows of x_t into slot `slot` of cache (same dtype), on ctx's stream.
-void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x_t, const Tensor& cache, int64_t slot);
+// Copies the tokens of x [B, n, H, D] (free batch and token strides) into cache (same dtype), token
+// i into slot (slot + i) mod S, on ctx's stream.
+void attention_cache_write_cuda(const Ctx& ctx, const Tensor& x, const Tensor& cache, int64_t slot);
 
 // Entry points: check shapes and strides, dispatch on ctx.device and dtypes.
 // q, o [B, H, D]; k_cache, v_cache [B, S, Hk, D]; 1 <= n_valid <= S; scale 0 means 1/sqrt(D).
 void attention_decode(const Ctx& ctx, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int64_t n_valid,
                       const Tensor& o, float scale = 0);
-// Writes k_t, v_t [B, Hk, D] (free batch stride) into slot `slot` of the caches.
-void attention_cache_write(const Ctx& ctx, const Tensor& k_t, const Tensor& v_t, const Tensor& k_cache,
+// Writes keys and values into the caches from slot `slot` on: k, v [B, Hk, D] (one token, free batch
+// stride) or [B, n, Hk, D] (n <= S tokens, free batch and token strides), token i into slot
+// (slot + i) mod S. A prompt's keys go in with one call, wrapping around a window's ring as they
+// would one token at a time.
+void attention_cache_write(const Ctx& ctx, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot);
 // q, o [B, H, D]; k, v [B, Hk, D] (free batch strides); pos int32 [B] (contiguous, ctx's device);
 // k_cache, v_cache [B, S, Hk, D]; window 0 (then every pos[b] < S: the caller grows the cache)

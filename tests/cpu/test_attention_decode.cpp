@@ -1,7 +1,8 @@
 // Attention decode on the CPU against the attention forward on the whole sequence: every row of a
 // causal forward (a full cache read up to n_valid = t + 1, the unread slots NaN), and every row of
 // a sliding-window forward replayed through a ring buffer of `window` slots written with
-// attention_cache_write (positions past the window wrap around), in f64 and f32.
+// attention_cache_write (positions past the window wrap around), in f64 and f32; the cache write of
+// several tokens at once.
 #include <cmath>
 #include <limits>
 
@@ -83,6 +84,42 @@ void check_ring_buffer(DType dt, double tol) {
 
 TEST(AttentionDecode, RingBufferMatchesWindowedRowsF64) { check_ring_buffer(DType::F64, 1e-13); }
 TEST(AttentionDecode, RingBufferMatchesWindowedRowsF32) { check_ring_buffer(DType::F32, 1e-5); }
+
+// A prompt's keys and values in one call: token i of the run in slot (slot + i) mod S, read from
+// strided views of a fused per-token buffer; runs that fit, that wrap around the ring's end, of one
+// token and of a whole ring; the other slots keep what they held.
+TEST(AttentionCacheWrite, TokensInOneCallGoWhereTheirSlotsAre) {
+  const int64_t B = 3, T = 13, H = 2, D = 5, S = 7;
+  const OwnedTensor qkv = test::random_tensor({B, T, 3, H, D}, DType::F32, 4);
+  const Tensor k = qkv->select(2, 1), v = qkv->select(2, 2);  // [B, T, H, D], token stride 3 H D
+  const std::vector<double> src = to_doubles(qkv);
+  struct Run {
+    int64_t first, n, slot;
+  };
+  for (const Run r : {Run{0, 4, 0}, Run{4, 7, 3}, Run{11, 2, 6}, Run{2, 1, 6}, Run{6, 7, 0}, Run{5, 5, 4}}) {
+    SCOPED_TRACE("first " + std::to_string(r.first) + ", n " + std::to_string(r.n) + ", slot " +
+                 std::to_string(r.slot));
+    OwnedTensor kc = test::random_tensor({B, S, H, D}, DType::F32, 5),
+                vc = test::random_tensor({B, S, H, D}, DType::F32, 6);
+    std::vector<double> want_k = to_doubles(kc), want_v = to_doubles(vc);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < r.n; ++i)
+        for (int64_t e = 0; e < H * D; ++e) {
+          const int64_t to = (b * S + (r.slot + i) % S) * H * D + e, from = ((b * T + r.first + i) * 3 + 1) * H * D + e;
+          want_k[static_cast<size_t>(to)] = src[static_cast<size_t>(from)];
+          want_v[static_cast<size_t>(to)] = src[static_cast<size_t>(from + H * D)];
+        }
+    attention_cache_write(Ctx{}, k.narrow(1, r.first, r.n), v.narrow(1, r.first, r.n), kc, vc, r.slot);
+    EXPECT_EQ(to_doubles(kc), want_k);
+    EXPECT_EQ(to_doubles(vc), want_v);
+  }
+  OwnedTensor kc(DType::F32, Device::CPU, {B, S, H, D}), vc(DType::F32, Device::CPU, {B, S, H, D});
+  EXPECT_ANY_THROW(attention_cache_write(Ctx{}, k.narrow(1, 0, S + 1), v.narrow(1, 0, S + 1), kc, vc, 0));
+  EXPECT_ANY_THROW(attention_cache_write(Ctx{}, k.narrow(1, 0, 2), v.narrow(1, 0, 3), kc, vc, 0));
+  Tensor same_token = k.narrow(1, 0, 2);
+  same_token.strides[1] = 0;
+  EXPECT_ANY_THROW(attention_cache_write(Ctx{}, same_token, same_token, kc, vc, 0));
+}
 
 TEST(AttentionDecode, ExplicitScale) {
   const Seq s(1, 5, 2, 8, DType::F64);

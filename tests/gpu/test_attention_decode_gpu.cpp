@@ -2,8 +2,8 @@
 // cache sizes 1, 16, 64, 1000 with n_valid < S (the slots past n_valid hold NaN), head dims 64 and
 // 128 plus D = 32, 96, 112 and 256 (groups of lanes that do not fill a warp, or a whole warp per
 // key), one and several slot blocks; q as a strided view; grouped-query and multi-query caches
-// (Hk < H); bitwise reruns; the GPU cache write. The decoding step (attention_decode_step):
-// rows of one call at their own positions around the slot blocks' edges (0, 63, 64, 999 of a
+// (Hk < H); bitwise reruns; the GPU cache write, of one token and of a prompt's tokens at once. The decoding step
+// (attention_decode_step): rows of one call at their own positions around the slot blocks' edges (0, 63, 64, 999 of a
 // 1000-slot cache), a window's ring past its size, RoPE or none, GQA, q/k/v as the strided column
 // blocks of a qkv row; against the CPU step on the same rounded inputs (output, the new slot of
 // each cache), qkv untouched, the block counters left zero, and bitwise reruns; a row's step
@@ -103,6 +103,33 @@ TEST(AttentionDecodeGpu, CacheWrite) {
     attention_cache_write(Ctx{}, kv_r->select(1, 0), kv_r->select(1, 1), kc_e, vc_e, slot);
     EXPECT_EQ(to_doubles(kc_r), to_doubles(kc_e));
     EXPECT_EQ(to_doubles(vc_r), to_doubles(vc_e));
+  }
+}
+
+// A prompt's tokens in one call on the GPU against the CPU's write, bitwise: runs shorter than the
+// batch (copied token by token) and longer (sequence by sequence), fitting or wrapping around the
+// ring, from strided views of a fused [B, T, 3, H, D] buffer.
+TEST(AttentionDecodeGpu, CacheWriteOfSeveralTokens) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const int64_t B = 3, T = 40, H = 2, D = 96, S = 16;
+  struct Run {
+    int64_t first, n, slot;
+  };
+  const OwnedTensor qkv_g = to(test::random_tensor({B, T, 3, H, D}, DType::F32, 7), Device::CUDA, DType::BF16);
+  const OwnedTensor qkv_r = to(qkv_g, Device::CPU, DType::BF16);
+  for (const Run r : {Run{0, 2, 15}, Run{5, 3, 4}, Run{10, 16, 0}, Run{24, 16, 9}, Run{30, 9, 12}, Run{39, 1, 3}}) {
+    SCOPED_TRACE("first " + std::to_string(r.first) + ", n " + std::to_string(r.n) + ", slot " +
+                 std::to_string(r.slot));
+    OwnedTensor kc_g = to(test::random_tensor({B, S, H, D}, DType::F32, 8), Device::CUDA, DType::BF16);
+    OwnedTensor vc_g = to(test::random_tensor({B, S, H, D}, DType::F32, 9), Device::CUDA, DType::BF16);
+    OwnedTensor kc_r = to(kc_g, Device::CPU, DType::BF16), vc_r = to(vc_g, Device::CPU, DType::BF16);
+    auto run = [&](const Tensor& qkv) { return qkv.narrow(1, r.first, r.n); };
+    attention_cache_write(gctx.ctx(), run(qkv_g).select(2, 1), run(qkv_g).select(2, 2), kc_g, vc_g, r.slot);
+    ctx_synchronize(gctx.ctx());
+    attention_cache_write(Ctx{}, run(qkv_r).select(2, 1), run(qkv_r).select(2, 2), kc_r, vc_r, r.slot);
+    EXPECT_EQ(to_doubles(kc_g), to_doubles(kc_r));
+    EXPECT_EQ(to_doubles(vc_g), to_doubles(vc_r));
   }
 }
 

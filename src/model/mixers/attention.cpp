@@ -264,24 +264,19 @@ void AttentionMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x,
   const Tensor& v = in.v;
   if (opt_.window == 0) reserve_slots(ctx, st, T);  // before the rows' positions: nothing to keep yet
   st.pos = last_doc_lengths(env_, B, T);
-  const Tensor kb = k.narrow(0, 0, B), vb = v.narrow(0, 0, B);
+  // Rows [b0, b0 + n), whose last document starts at s: its tokens, or a window's last `window` of
+  // them, go into the cache in one call, token t into slot t - s (mod the window).
+  auto hand_over = [&](int64_t b0, int64_t n, int64_t s) {
+    const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
+    const int64_t slot = opt_.window > 0 ? (first - s) % opt_.window : 0;
+    attention_cache_write(ctx, k.narrow(0, b0, n).narrow(1, first, T - first),
+                          v.narrow(0, b0, n).narrow(1, first, T - first), st.k->narrow(0, b0, n),
+                          st.v->narrow(0, b0, n), slot);
+  };
   if (rows_agree(st.pos)) {
-    const int64_t s = T - st.pos[0];
-    const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
-    for (int64_t t = first; t < T; ++t) {
-      const int64_t slot = opt_.window > 0 ? (t - s) % opt_.window : t - s;
-      attention_cache_write(ctx, kb.select(1, t), vb.select(1, t), st.k, st.v, slot);
-    }
-    return;
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t s = T - st.pos[static_cast<size_t>(b)];
-    const int64_t first = opt_.window > 0 ? std::max(s, T - opt_.window) : s;
-    for (int64_t t = first; t < T; ++t) {
-      const int64_t slot = opt_.window > 0 ? (t - s) % opt_.window : t - s;
-      attention_cache_write(ctx, k.narrow(0, b, 1).select(1, t), v.narrow(0, b, 1).select(1, t),
-                            st.k->narrow(0, b, 1), st.v->narrow(0, b, 1), slot);
-    }
+    hand_over(0, B, T - st.pos[0]);
+  } else {
+    for (int64_t b = 0; b < B; ++b) hand_over(b, 1, T - st.pos[static_cast<size_t>(b)]);
   }
 }
 

@@ -395,8 +395,9 @@ void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
     if (opt_.window > 0) {
       const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
       const Tensor k = bthd(xv, B, T, 2 * d_, H_, Dh_).narrow(0, b0, n), v = bthd(xv, B, T, 0, H_, Dh_).narrow(0, b0, n);
-      for (int64_t t = std::max(s, T - opt_.window); t < T; ++t)
-        attention_cache_write(ctx, k.select(1, t), v.select(1, t), kc, vc, (t - s) % opt_.window);
+      const int64_t first = std::max(s, T - opt_.window);
+      attention_cache_write(ctx, k.narrow(1, first, T - first), v.narrow(1, first, T - first), kc, vc,
+                            (first - s) % opt_.window);
     }
   };
   if (rows_agree(st.pos)) {
