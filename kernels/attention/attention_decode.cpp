@@ -136,9 +136,9 @@ void attention_decode_step(const Ctx& ctx, const Tensor& q, const Tensor& k, con
 void attention_cache_write(const Ctx& ctx, const Tensor& k, const Tensor& v, const Tensor& k_cache,
                            const Tensor& v_cache, int64_t slot) {
   const Tensor kt = cache_tokens(k, "k"), vt = cache_tokens(v, "v");
-  LINAC_CHECK(
-      same_shape(kt, vt) && kt.device == vt.device,
-      "attention_cache_write: k and v must have the same shape, got " + k.shape_str() + " and " + v.shape_str());
+  LINAC_CHECK(same_shape(kt, vt) && kt.device == vt.device && kt.dtype == vt.dtype,
+              "attention_cache_write: k and v must have the same shape, device and dtype, got " + k.shape_str() +
+                  " and " + v.shape_str());
   // The caches' [B, Hk, D] rows.
   Tensor row = kt;
   row.ndim = 3;

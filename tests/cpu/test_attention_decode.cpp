@@ -116,6 +116,8 @@ TEST(AttentionCacheWrite, TokensInOneCallGoWhereTheirSlotsAre) {
   OwnedTensor kc(DType::F32, Device::CPU, {B, S, H, D}), vc(DType::F32, Device::CPU, {B, S, H, D});
   EXPECT_ANY_THROW(attention_cache_write(Ctx{}, k.narrow(1, 0, S + 1), v.narrow(1, 0, S + 1), kc, vc, 0));
   EXPECT_ANY_THROW(attention_cache_write(Ctx{}, k.narrow(1, 0, 2), v.narrow(1, 0, 3), kc, vc, 0));
+  const OwnedTensor v64 = test::random_tensor({B, 2, H, D}, DType::F64, 7);
+  EXPECT_ANY_THROW(attention_cache_write(Ctx{}, k.narrow(1, 0, 2), v64, kc, vc, 0));
   Tensor same_token = k.narrow(1, 0, 2);
   same_token.strides[1] = 0;
   EXPECT_ANY_THROW(attention_cache_write(Ctx{}, same_token, same_token, kc, vc, 0));
