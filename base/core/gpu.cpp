@@ -8,8 +8,7 @@
 #include "core/error.h"
 
 #if LINAC_WITH_CUDA
-#include <cublasLt.h>
-
+#include "core/cublaslt.h"
 #include "core/cuda_check.h"
 #endif
 
@@ -163,7 +162,7 @@ GpuContext::GpuContext() {
   LINAC_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   ctx_.stream = s;
   cublasLtHandle_t h = nullptr;
-  LINAC_CUBLAS_CHECK(cublasLtCreate(&h));
+  LINAC_CUBLAS_CHECK(cublaslt().cublasLtCreate(&h));
   ctx_.blaslt = h;
   ctx_.workspace_bytes = default_workspace_bytes();
   ctx_.workspace = gpu_malloc(ctx_.workspace_bytes);
@@ -183,7 +182,7 @@ size_t GpuContext::default_workspace_bytes() {
 GpuContext::~GpuContext() {
   cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_.stream));
   gpu_free(ctx_.workspace);
-  cublasLtDestroy(static_cast<cublasLtHandle_t>(ctx_.blaslt));
+  cublaslt().cublasLtDestroy(static_cast<cublasLtHandle_t>(ctx_.blaslt));
   cudaStreamDestroy(static_cast<cudaStream_t>(ctx_.stream));
 }
 

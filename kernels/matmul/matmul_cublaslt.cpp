@@ -31,9 +31,6 @@
 #include "matmul/matmul_algos.h"
 
 #if LINAC_WITH_CUDA
-
-#include <cublasLt.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -44,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cublaslt.h"
 #include "core/cuda_check.h"
 #include "core/gpu.h"
 
@@ -110,24 +108,24 @@ struct Plan {
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (lc) cublaslt().cublasLtMatrixLayoutDestroy(lc);
+    if (lb) cublaslt().cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublaslt().cublasLtMatrixLayoutDestroy(la);
+    if (op) cublaslt().cublasLtMatmulDescDestroy(op);
   }
 };
 
 struct Preference {
   cublasLtMatmulPreference_t p = nullptr;
-  Preference() { LINAC_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p)); }
-  ~Preference() { cublasLtMatmulPreferenceDestroy(p); }
+  Preference() { LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmulPreferenceCreate(&p)); }
+  ~Preference() { cublaslt().cublasLtMatmulPreferenceDestroy(p); }
   Preference(const Preference&) = delete;
   Preference& operator=(const Preference&) = delete;
   void set(cublasLtMatmulPreferenceAttributes_t attr, uint32_t v) {
-    LINAC_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+    LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
   }
   void set64(cublasLtMatmulPreferenceAttributes_t attr, uint64_t v) {
-    LINAC_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
+    LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)));
   }
 };
 
@@ -145,13 +143,14 @@ uint32_t alignment(const void* p, int64_t batch, int64_t batch_stride, DType dt)
 cublasLtMatrixLayout_t make_layout(DType dt, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
                                    int64_t batch_stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  LINAC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(dt), static_cast<uint64_t>(cols),
-                                                static_cast<uint64_t>(rows), ld));
+  LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatrixLayoutCreate(&l, cuda_type(dt), static_cast<uint64_t>(cols),
+                                                           static_cast<uint64_t>(rows), ld));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    LINAC_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-    LINAC_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
-                                                        sizeof(batch_stride)));
+    LINAC_CUBLAS_CHECK(
+        cublaslt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+    LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                                   &batch_stride, sizeof(batch_stride)));
   }
   return l;
 }
@@ -187,8 +186,8 @@ std::vector<cublasLtMatmulAlgo_t> heuristic_algos(const PlanKey& k, const Plan& 
   std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(count));
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb, plan.lc,
-                                     plan.lc, preference(k)->p, count, res.data(), &found);
+      cublaslt().cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb,
+                                                plan.lc, plan.lc, preference(k)->p, count, res.data(), &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
     LINAC_FAIL(describe(k) + ": no cuBLASLt algorithm supports this problem");
   LINAC_CUBLAS_CHECK(st);
@@ -216,46 +215,52 @@ std::vector<cublasLtMatmulAlgo_t> screened_algos(const PlanKey& k, const Plan& p
   const cublasComputeType_t compute = k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const cudaDataType_t ab = cuda_type(k.ab), c = cuda_type(k.c);
   int ids[128], n_ids = 0;
-  LINAC_CUBLAS_CHECK(cublasLtMatmulAlgoGetIds(lt, compute, CUDA_R_32F, ab, ab, c, c, 128, ids, &n_ids));
+  LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmulAlgoGetIds(lt, compute, CUDA_R_32F, ab, ab, c, c, 128, ids, &n_ids));
   uint32_t stages = 0;
   size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&skip.at(0), CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &written);
+  cublaslt().cublasLtMatmulAlgoConfigGetAttribute(&skip.at(0), CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages),
+                                                  &written);
   auto same = [](const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
     return std::memcmp(x.data, y.data, sizeof(x.data)) == 0;
   };
   std::vector<cublasLtMatmulAlgo_t> configs;
   for (int i = 0; i < n_ids; ++i) {
     cublasLtMatmulAlgo_t base{};
-    if (cublasLtMatmulAlgoInit(lt, compute, CUDA_R_32F, ab, ab, c, c, ids[i], &base) != CUBLAS_STATUS_SUCCESS) continue;
+    if (cublaslt().cublasLtMatmulAlgoInit(lt, compute, CUDA_R_32F, ab, ab, c, c, ids[i], &base) !=
+        CUBLAS_STATUS_SUCCESS)
+      continue;
     uint32_t align[4] = {}, red_mask = 0;
     int32_t splits_ok = 0;
     const cublasLtMatmulAlgoCapAttributes_t align_caps[4] = {
         CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_A_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_C_BYTES, CUBLASLT_ALGO_CAP_MIN_ALIGNMENT_D_BYTES};
     for (int j = 0; j < 4; ++j)
-      cublasLtMatmulAlgoCapGetAttribute(&base, align_caps[j], &align[j], sizeof(align[j]), &written);
+      cublaslt().cublasLtMatmulAlgoCapGetAttribute(&base, align_caps[j], &align[j], sizeof(align[j]), &written);
     if (align[0] > k.align_b || align[1] > k.align_a || align[2] > k.align_c || align[3] > k.align_c) continue;
-    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splits_ok, sizeof(splits_ok), &written);
-    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &red_mask, sizeof(red_mask),
-                                      &written);
+    cublaslt().cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &splits_ok, sizeof(splits_ok),
+                                                 &written);
+    cublaslt().cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &red_mask,
+                                                 sizeof(red_mask), &written);
     const int max_splits = splits_ok && (red_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) ? 4 : 1;
     size_t bytes = 0;
-    cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes);
+    cublaslt().cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, nullptr, 0, &bytes);
     std::vector<uint32_t> tiles(std::max<size_t>(1, bytes / sizeof(uint32_t)), CUBLASLT_MATMUL_TILE_UNDEFINED);
-    if (bytes) cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &written);
+    if (bytes)
+      cublaslt().cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(), bytes, &written);
     for (uint32_t tile : tiles)
       for (int32_t splits = 1; splits <= max_splits; ++splits)
         for (uint16_t cluster : {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
                                  CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1}) {
           cublasLtMatmulAlgo_t x = base;
           const uint32_t red = splits > 1 ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE : CUBLASLT_REDUCTION_SCHEME_NONE;
-          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
-          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages));
-          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
-          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red));
-          cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster));
+          cublaslt().cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile));
+          cublaslt().cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages));
+          cublaslt().cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits));
+          cublaslt().cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof(red));
+          cublaslt().cublasLtMatmulAlgoConfigSetAttribute(&x, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                                          sizeof(cluster));
           cublasLtMatmulHeuristicResult_t check{};
-          if (cublasLtMatmulAlgoCheck(lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, &x, &check) !=
+          if (cublaslt().cublasLtMatmulAlgoCheck(lt, plan.op, plan.la, plan.lb, plan.lc, plan.lc, &x, &check) !=
                   CUBLAS_STATUS_SUCCESS ||
               check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > k.workspace_bytes)
             continue;
@@ -274,8 +279,9 @@ std::vector<cublasLtMatmulAlgo_t> screened_algos(const PlanKey& k, const Plan& p
   auto time_once = [&](size_t i) {
     const float alpha = 1;
     LINAC_CUDA_CHECK(cudaEventRecord(start, stream));
-    const cublasStatus_t st = cublasLtMatmul(lt, plan.op, &alpha, b, plan.la, a, plan.lb, &beta, scratch.get(), plan.lc,
-                                             scratch.get(), plan.lc, &configs[i], workspace, k.workspace_bytes, stream);
+    const cublasStatus_t st =
+        cublaslt().cublasLtMatmul(lt, plan.op, &alpha, b, plan.la, a, plan.lb, &beta, scratch.get(), plan.lc,
+                                  scratch.get(), plan.lc, &configs[i], workspace, k.workspace_bytes, stream);
     LINAC_CUDA_CHECK(cudaEventRecord(stop, stream));
     LINAC_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -317,8 +323,8 @@ void apply_installed(const PlanKey& k, Plan& plan, const Installed& inst) {
   static_assert(sizeof(algo.data) == sizeof(it->second));
   std::memcpy(algo.data, it->second.data(), sizeof(algo.data));
   cublasLtMatmulHeuristicResult_t check{};
-  if (cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb, plan.lc, plan.lc,
-                              &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+  if (cublaslt().cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(k.handle), plan.op, plan.la, plan.lb, plan.lc,
+                                         plan.lc, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
       check.state != CUBLAS_STATUS_SUCCESS || check.workspaceSize > k.workspace_bytes)
     throw UserError(inst.source + ": cuBLASLt refuses the algorithm given for " + plan.problem +
                     " (a table from another build or GPU? tune again with linac bench --tune-gemms)");
@@ -327,15 +333,18 @@ void apply_installed(const PlanKey& k, Plan& plan, const Installed& inst) {
 
 std::unique_ptr<Plan> build_plan(const PlanKey& k, const Installed& inst) {
   auto plan = std::make_unique<Plan>();
-  LINAC_CUBLAS_CHECK(
-      cublasLtMatmulDescCreate(&plan->op, k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmulDescCreate(
+      &plan->op, k.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  LINAC_CUBLAS_CHECK(
+      cublaslt().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  LINAC_CUBLAS_CHECK(
+      cublaslt().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (k.bias) {  // a bias per row of cuBLASLt's column-major D, i.e. per column of our C
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    LINAC_CUBLAS_CHECK(
+        cublaslt().cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   }
   // Stored shapes: B is [K,N] or [N,K], A is [M,K] or [K,M], C is [M,N].
   plan->la = make_layout(k.ab, k.trans_b ? k.n : k.k, k.trans_b ? k.k : k.n, k.ldb, k.batch, k.stride_b);
@@ -449,7 +458,8 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
     // The pointer is an attribute of the cached descriptor; cublasLtMatmul reads it as it enqueues,
     // and a plan serves one handle, which one thread drives at a time.
     const void* bias = p.bias;
-    LINAC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    LINAC_CUBLAS_CHECK(
+        cublaslt().cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
   Tuning::Pending timed{-1, nullptr, nullptr};
@@ -474,16 +484,16 @@ void matmul_cuda(const Ctx& ctx, const GemmProblem& p, const Tensor& a, const Te
     LINAC_CUDA_CHECK(cudaEventCreate(&timed.stop));
     LINAC_CUDA_CHECK(cudaEventRecord(timed.start, stream));
   }
-  LINAC_CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr, plan.la, a.ptr,
-                                    plan.lb, &beta, p.c_in ? p.c_in : c.ptr, plan.lc, c.ptr, plan.lc, algo,
-                                    ctx.workspace, ctx.workspace_bytes, stream));
+  LINAC_CUBLAS_CHECK(cublaslt().cublasLtMatmul(static_cast<cublasLtHandle_t>(ctx.blaslt), plan.op, &alpha, b.ptr,
+                                               plan.la, a.ptr, plan.lb, &beta, p.c_in ? p.c_in : c.ptr, plan.lc, c.ptr,
+                                               plan.lc, algo, ctx.workspace, ctx.workspace_bytes, stream));
   if (timed.candidate >= 0) {
     LINAC_CUDA_CHECK(cudaEventRecord(timed.stop, stream));
     plan.tuning->pending.push_back(timed);
   }
 }
 
-GemmAlgoEnv gemm_algo_env() { return {gpu_info().name, static_cast<int64_t>(cublasLtGetVersion())}; }
+GemmAlgoEnv gemm_algo_env() { return {gpu_info().name, static_cast<int64_t>(cublaslt().cublasLtGetVersion())}; }
 
 void gemm_algos_install(const std::vector<GemmAlgoChoice>& choices, const std::string& source) {
   Plans& ps = plans();

@@ -17,6 +17,7 @@
 #include "data/prepare.h"
 #include "data/test_fixtures.h"
 #include "data/token_dataset.h"
+#include "test_util.h"
 #include "train_fixture.h"
 
 namespace linac::test_prepare {
