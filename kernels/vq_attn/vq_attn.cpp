@@ -97,6 +97,17 @@ VqAttnLayout make_layout(const Tensor& q, const Tensor& khat, const Tensor& z, c
   return L;
 }
 
+// A decoding state (VqAttnState) of B sequences, H heads, Lb ring slots and S codes, on like's device.
+void check_state(const VqAttnState& state, const Tensor& like, int64_t B, int64_t H, int64_t Lb, int64_t Dk, int64_t Dv,
+                 int64_t S) {
+  check_dense(state.khat, like, {B, H, Lb, Dk}, "state.khat");
+  check_dense(state.v, like, {B, H, Lb, Dv}, "state.v");
+  check_dense(state.z, like, {B, H, Lb}, "state.z");
+  check_dense(state.counts, like, {B, H, S}, "state.counts");
+  check_dense(state.means, like, {B, H, S, Dv}, "state.means");
+  LINAC_CHECK(state.z.dtype == DType::I32, "vq_attn: state.z must be int32");
+}
+
 VqQuantLayout make_quant_layout(const Tensor& k, int64_t S) {
   LINAC_CHECK(k.ndim == 4, "vq_attn: k must be [B,T,H,Dk], got " + k.shape_str());
   VqQuantLayout L;
@@ -303,12 +314,7 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
   check_dense(u, q, {L.H, L.Dk}, "u");
   check_dense(vr, q, {L.H, L.Dk}, "vr");
   check_dense(rho, q, {L.H, L.Lb + 1, L.Dk}, "rho");
-  check_dense(state.khat, q, {L.B, L.H, L.Lb, L.Dk}, "state.khat");
-  check_dense(state.v, q, {L.B, L.H, L.Lb, L.Dv}, "state.v");
-  check_dense(state.z, q, {L.B, L.H, L.Lb}, "state.z");
-  check_dense(state.counts, q, {L.B, L.H, L.S}, "state.counts");
-  check_dense(state.means, q, {L.B, L.H, L.S, L.Dv}, "state.means");
-  LINAC_CHECK(state.z.dtype == DType::I32, "vq_attn_step: state.z must be int32");
+  check_state(state, q, L.B, L.H, L.Lb, L.Dk, L.Dv, L.S);
   L.q = q.strides[0], L.khat = khat.strides[0], L.v = v.strides[0], L.o = o.strides[0];
   if (ctx.is_gpu()) {
     LINAC_REQUIRE_CUDA();
@@ -328,6 +334,40 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
                                          codebook.data<F>(), u.data<F>(), vr.data<F>(), rho.data<F>(),
                                          state.khat.data<F>(), state.v.data<F>(), state.z.data<int32_t>(),
                                          state.counts.data<F>(), state.means.data<F>(), pos, o.data<F>()));
+}
+
+void vq_attn_state_prefill(const Ctx& ctx, const Tensor& khat, const Tensor& z, const Tensor& v,
+                           const VqAttnState& state, const DocBounds& docs) {
+  LINAC_CHECK(khat.ndim == 4 && v.ndim == 4 && state.khat.ndim == 4 && state.counts.ndim == 3,
+              "vq_attn_state_prefill: khat and v must be [B,T,H,D], the state that of vq_attn.h");
+  VqAttnLayout L;
+  L.B = khat.size(0), L.T = khat.size(1), L.H = khat.size(2), L.Dk = khat.size(3), L.Dv = v.size(3);
+  L.S = state.counts.size(2), L.Lb = state.khat.size(2);
+  LINAC_CHECK(L.T >= 1 && L.Lb >= 1 && L.S >= 1, "vq_attn_state_prefill: empty prompt, window or codebook");
+  check_bthd(khat, khat, L.Dk, "khat");
+  check_bthd(v, khat, L.Dv, "v");
+  check_btoken(z, khat, DType::I32, "z");
+  check_state(state, khat, L.B, L.H, L.Lb, L.Dk, L.Dv, L.S);
+  L.khat = strides(khat), L.v = strides(v);
+  L.docs = docs;
+  if (ctx.is_gpu()) {
+    LINAC_REQUIRE_CUDA();
+    check_float_act(khat, "khat");
+    check_same_dtype("activation", {&khat, &v});
+    check_same_dtype("f32", {&state.khat, &state.v, &state.counts, &state.means});
+    LINAC_CHECK(state.khat.dtype == DType::F32, "vq_attn_state_prefill: the state must be f32 on the GPU");
+    LINAC_CHECK(ctx.workspace_bytes >= vq_attn_state_prefill_workspace_bytes(L.B, L.T, L.H, L.S),
+                "vq_attn_state_prefill: ctx.workspace holds less than vq_attn_state_prefill_workspace_bytes()");
+#if LINAC_WITH_CUDA
+    vq_attn_state_prefill_cuda(ctx, L, khat, z, v, state);
+#endif
+    return;
+  }
+  check_same_dtype("CPU", {&khat, &v, &state.khat, &state.v, &state.counts, &state.means});
+  LINAC_CPU_DISPATCH(khat.dtype, F,
+                     vq_attn_state_prefill_cpu<F>(L, khat.data<F>(), z.data<int32_t>(), v.data<F>(),
+                                                  state.khat.data<F>(), state.v.data<F>(), state.z.data<int32_t>(),
+                                                  state.counts.data<F>(), state.means.data<F>()));
 }
 
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state) {

@@ -187,9 +187,12 @@ struct VqStepLayout {
   int64_t q = 0, khat = 0, v = 0, o = 0;  // batch strides
 };
 template <class F>
-void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
-                      const F* codebook, const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v,
-                      int32_t* ring_z, F* counts, F* means, int64_t pos, F* o);
+void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32_t* z, const F* v, F* ring_khat,
+                               F* ring_v, int32_t* ring_z, F* counts, F* means);
+template <class F>
+void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v, const F* codebook,
+                      const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v, int32_t* ring_z, F* counts,
+                      F* means, int64_t pos, F* o);
 
 void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
@@ -202,6 +205,8 @@ void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, c
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
                        const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_attn_state_start_document_cuda(const Ctx& ctx, const VqAttnState& state, int64_t row);
+void vq_attn_state_prefill_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& khat, const Tensor& z,
+                                const Tensor& v, const VqAttnState& state);
 void vq_quantize_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& codebook,
                       const Tensor& z, const Tensor& khat, const Tensor& err);
 void vq_code_stats_cuda(const Ctx& ctx, const VqQuantLayout& L, const Tensor& k, const Tensor& z, const Tensor& sums,
@@ -233,6 +238,17 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
                   const VqAttnState& state, int64_t pos, const Tensor& o);
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
 void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int64_t row);
+// The prefill handover (docs/transformer_vq.md §5): the state that vq_attn_step over a prompt's
+// tokens 0..T-1 leaves for pos = T, from the prompt's khat, z and v (the forward's layout above,
+// [B,T,H,Dk], [B,T,H] int32, [B,T,H,Dv]) in one call instead of T steps. Each row keeps its last
+// document only (docs defined: as if start_document had run at its start): the tokens older than
+// the window are the cache, with the step's own running-mean update in token order (the same bits
+// as stepping: f32 on the GPU), the last Lb take their ring slots, and every other slot is absent.
+// The whole state is written (no reset needed before). GPU: scratch in ctx.workspace, at least
+// vq_attn_state_prefill_workspace_bytes() (the tokens of each (row, head) sorted by code).
+void vq_attn_state_prefill(const Ctx& ctx, const Tensor& khat, const Tensor& z, const Tensor& v,
+                           const VqAttnState& state, const DocBounds& docs);
+size_t vq_attn_state_prefill_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t S);
 
 // How a GPU backward of this shape that takes the forward's saved weights forms the score
 // gradients: "gemm_epilogue_sm90", the dP GEMMs compute them in their epilogue

@@ -1,11 +1,11 @@
 // CPU block-recurrent VQ-attention (docs/transformer_vq.md §3, with the stable mean cache), its
-// backward (§4.1-§4.4) and the decode step (§5); math in vq_attn.h. Per (batch, head): a serial
-// scan over blocks builds the cache (counts and per-code means of v over blocks <= n-2) that block
-// n reads; every query then softmaxes jointly over its window (previous and present block) and
-// the S cache entries. The backward rebuilds the same cache, collects the cache-value gradients
-// per block and returns them to the values with a reverse sweep that lags two blocks. With
-// document bounds each document [a, e) of a row is such a sequence of its own (blocks counted
-// from a, the cache empty at a).
+// backward (§4.1-§4.4), the decode step and the prefill handover (§5); math in vq_attn.h. Per
+// (batch, head): a serial scan over blocks builds the cache (counts and per-code means of v over
+// blocks <= n-2) that block n reads; every query then softmaxes jointly over its window (previous
+// and present block) and the S cache entries. The backward rebuilds the same cache, collects the
+// cache-value gradients per block and returns them to the values with a reverse sweep that lags
+// two blocks. With document bounds each document [a, e) of a row is such a sequence of its own
+// (blocks counted from a, the cache empty at a).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -234,14 +234,50 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
     }
 }
 
-#define LINAC_VQ_ATTN_BLOCK(F)                                                                                     \
-  template void vq_attn_fwd_block_cpu<F>(const VqAttnLayout&, const F*, const F*, const int32_t*, const F*,       \
-                                         const F*, const F*, const F*, const F*, F*, F*);                         \
-  template void vq_attn_bwd_block_cpu<F>(const VqAttnLayout&, const F*, const F*, const int32_t*, const F*,       \
-                                         const F*, const F*, const F*, const F*, const F*, const F*, const F*,    \
-                                         F*, F*, F*, F*, F*, F*);                                                 \
-  template void vq_attn_step_cpu<F>(const VqStepLayout&, const F*, const F*, const int32_t*, const F*, const F*, \
-                                    const F*, const F*, const F*, F*, F*, int32_t*, F*, F*, int64_t, F*);
+// The prefill handover: per (b, h) the state vq_attn_step_cpu leaves after tokens 0..T-1, built
+// from the prompt at once. The row's last document starts at a (0 without bounds): the tokens of
+// [a, T - Lb) enter the cache in order with the step's own update, those of [max(a, T - Lb), T)
+// take their ring slots, and every other slot is absent (z = -1).
+template <class F>
+void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32_t* z, const F* v, F* ring_khat,
+                               F* ring_v, int32_t* ring_z, F* counts, F* means) {
+  const int64_t Dk = L.Dk, Dv = L.Dv, S = L.S, Lb = L.Lb, T = L.T;
+  for (int64_t b = 0; b < L.B; ++b)
+    for (int64_t h = 0; h < L.H; ++h) {
+      const int64_t bh = b * L.H + h;
+      const int64_t a = L.docs.defined() ? L.docs.start[b * T + T - 1] : 0;
+      F* N = counts + bh * S;
+      F* U = means + bh * S * Dv;
+      std::fill(N, N + S, F(0));
+      std::fill(U, U + S * Dv, F(0));
+      for (int64_t t = a; t < T - Lb; ++t) {
+        const int32_t ze = z[(b * T + t) * L.H + h];
+        N[ze] += 1;
+        const F* vt = v + b * L.v.b + t * L.v.t + h * Dv;
+        for (int64_t e = 0; e < Dv; ++e) U[ze * Dv + e] += (vt[e] - U[ze * Dv + e]) / N[ze];
+      }
+      std::fill(ring_z + bh * Lb, ring_z + (bh + 1) * Lb, -1);
+      for (int64_t t = std::max(a, T - Lb); t < T; ++t) {
+        const int64_t slot = t % Lb;
+        const F* kt = khat + b * L.khat.b + t * L.khat.t + h * Dk;
+        const F* vt = v + b * L.v.b + t * L.v.t + h * Dv;
+        std::copy(kt, kt + Dk, ring_khat + (bh * Lb + slot) * Dk);
+        std::copy(vt, vt + Dv, ring_v + (bh * Lb + slot) * Dv);
+        ring_z[bh * Lb + slot] = z[(b * T + t) * L.H + h];
+      }
+    }
+}
+
+#define LINAC_VQ_ATTN_BLOCK(F)                                                                                        \
+  template void vq_attn_fwd_block_cpu<F>(const VqAttnLayout&, const F*, const F*, const int32_t*, const F*, const F*, \
+                                         const F*, const F*, const F*, F*, F*);                                       \
+  template void vq_attn_bwd_block_cpu<F>(const VqAttnLayout&, const F*, const F*, const int32_t*, const F*, const F*, \
+                                         const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*, F*,  \
+                                         F*, F*);                                                                     \
+  template void vq_attn_step_cpu<F>(const VqStepLayout&, const F*, const F*, const int32_t*, const F*, const F*,      \
+                                    const F*, const F*, const F*, F*, F*, int32_t*, F*, F*, int64_t, F*);             \
+  template void vq_attn_state_prefill_cpu<F>(const VqAttnLayout&, const F*, const int32_t*, const F*, F*, F*,         \
+                                             int32_t*, F*, F*);
 LINAC_VQ_ATTN_BLOCK(float)
 LINAC_VQ_ATTN_BLOCK(double)
 #undef LINAC_VQ_ATTN_BLOCK

@@ -117,4 +117,14 @@ size_t vq_attn_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t Dk, int6
          (documents ? vq_cuda::doc_tables_bytes(B, T, Lb, g.R) : 0);
 }
 
+size_t vq_attn_state_prefill_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t S) {
+#if LINAC_WITH_CUDA
+  // Each token's segment (vq_state_prefill.cu), then the tokens' lists by (head, row, segment, code).
+  return (static_cast<size_t>(B * T) * sizeof(int32_t) + 255) / 256 * 256 + vq_cuda::code_lists_bytes(B, T, H, S, 2);
+#else
+  (void)B, (void)T, (void)H, (void)S;
+  return 0;
+#endif
+}
+
 }  // namespace linac

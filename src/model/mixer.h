@@ -37,9 +37,10 @@
 //                    a mixer says otherwise.
 // prefill(state, x, out): out = f(x) for a prompt x [B, T, d] (as forward) and leaves `state` as
 //                    T calls of step would, starting from a fresh init_state (Model::prefill
-//                    guarantees it). The default runs step token by token, correct for any mixer
-//                    with a recurrent form; mixers whose training forward can hand over its final
-//                    state override it with one chunked pass. Needs reserve(B, T) when overridden.
+//                    guarantees it): every mixer with a recurrent form runs its training forward
+//                    and hands the state over from what that forward computed (its final chunked
+//                    state, or the prompt's last keys and values), rather than stepping T times.
+//                    Needs reserve(B, T).
 // Documents (data.packing "document", docs/data.md): while env.docs is defined, forward and
 //                    backward treat every row of [B, T] as documents back to back (core/doc_bounds.h):
 //                    no token depends on a token of another document, positions restart at 0 at
@@ -75,8 +76,6 @@ struct MixerState {
   virtual ~MixerState() = default;
 };
 
-// env.docs.start copied to the host ([B*T]; empty without documents), for decoding's bookkeeping.
-std::vector<int32_t> host_doc_starts(const ModelEnv& env, int64_t B, int64_t T);
 // The length of each row's last document in a [B, T] prefill (T for every row without documents):
 // the position a row decodes on from.
 std::vector<int64_t> last_doc_lengths(const ModelEnv& env, int64_t B, int64_t T);
@@ -125,7 +124,10 @@ class Mixer {
     (void)state, (void)x_t, (void)out_t;
     throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
   }
-  virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out);
+  virtual void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
+    (void)ctx, (void)state, (void)x, (void)out;
+    throw UserError("the '" + kind() + "' mixer has no recurrent form: it cannot decode token by token");
+  }
   virtual bool graph_safe_step() const { return false; }
   virtual bool graph_safe_training(bool documents) const {
     (void)documents;
@@ -139,12 +141,6 @@ class Mixer {
   virtual void reserve_state(MixerState& state, int64_t tokens) { (void)state, (void)tokens; }
   // What a step does on the host besides its launches (e.g. advance host-side positions).
   virtual void advance(MixerState& state) { (void)state; }
-
- protected:
-  // The default prefill: step token by token; with doc_starts (host_doc_starts of the prompt),
-  // start_document before every token of a row that starts a document after the first.
-  void prefill_by_steps(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out,
-                        const std::vector<int32_t>& doc_starts);
 };
 
 }  // namespace linac

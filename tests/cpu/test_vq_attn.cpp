@@ -2,9 +2,10 @@
 // keys), forward and backward, in double over several blocks with T not a multiple of Lb, a
 // small codebook (codes repeat), H > 1 and Dk != Dv; gradient check of the block backward against
 // central differences (khat as an input with the codes fixed: quantization is piecewise
-// constant); the quantizer (ties, brute force), code statistics, the EMA/codebook update and the
-// decode step against the forward across the window boundary and into the cache. q, khat, v are
-// strided views of one fused buffer, as the mixer passes them.
+// constant); the quantizer (ties, brute force), code statistics, the EMA/codebook update, the
+// decode step against the forward across the window boundary and into the cache, and the prefill
+// handover against the steps it replaces. q, khat, v are strided views of one fused buffer, as
+// the mixer passes them.
 #include <cmath>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "elementwise/elementwise.h"
 #include "test_util.h"
 #include "vq_attn/vq_attn.h"
+#include "vq_state_checks.h"
 
 namespace linac::test_vq_attn {
 namespace {
@@ -432,6 +434,25 @@ TEST(VqAttnCpu, DeltaUnitsChecks) {
       opts.delta_units = *bad;
       EXPECT_THROW(bwd(opts, grad2), Error);
     }
+  }
+}
+
+// The prefill handover leaves the state of the steps it replaces, bit for bit: the cache filled
+// (T past two windows), a prompt shorter than the window, exactly one window, windows of one; with
+// documents, last documents of one token, of fewer tokens than the window and of more.
+TEST(VqAttnCpu, PrefillLeavesTheStateOfItsSteps) {
+  const std::vector<std::vector<int64_t>> one_doc;
+  const std::pair<Shape, std::vector<std::vector<int64_t>>> cases[] = {{{2, 19, 2, 6, 5, 4, 4}, one_doc},
+                                                                       {{2, 19, 2, 6, 5, 4, 4}, {{3, 16}, {18, 1}}},
+                                                                       {{2, 23, 1, 3, 7, 5, 4}, {{1, 6, 16}, {20, 3}}},
+                                                                       {{1, 3, 1, 4, 6, 7, 8}, one_doc},
+                                                                       {{2, 8, 1, 3, 4, 5, 8}, {{2, 6}, {8}}},
+                                                                       {{1, 12, 3, 4, 6, 7, 1}, {{5, 7}}}};
+  for (const auto& [sh, docs] : cases) {
+    SCOPED_TRACE(name(sh) + (docs.empty() ? "" : ", documents"));
+    Problem p(sh, 31);
+    test::check_state_prefill_matches_steps(Ctx{}, p.q(p.in), p.khat(p.in), p.z, p.v(p.in), p.codebook, p.u, p.vr,
+                                            p.rho, docs);
   }
 }
 

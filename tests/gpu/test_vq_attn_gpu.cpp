@@ -5,7 +5,7 @@
 // block); bitwise determinism and smaller chunks under a small workspace; the forward's cache
 // and weights saved for the backward; delta from the gate's unit dots; strided dout read and
 // strided o written in place; the score gradients in the dP GEMMs' epilogue; decode
-// steps. The quantizer and code statistics: test_vq_quant_gpu.cpp.
+// steps and the prefill handover. The quantizer and code statistics: test_vq_quant_gpu.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,6 +19,7 @@
 #include "vq_attn/vq_attn.h"
 #include "vq_attn/vq_packed.h"
 #include "vq_attn_checks.h"
+#include "vq_state_checks.h"
 
 namespace linac::test_vq_attn_gpu {
 namespace {
@@ -542,6 +543,30 @@ TEST(VqAttnGpu, DecodeStepsMatchForward) {
       EXPECT_LT(test::rel_error(o, o_ref), act == DType::F32 ? 1e-5 : 1e-2);
     }
   }
+}
+
+// The prefill handover on the GPU leaves the state of the GPU's steps, bit for bit (f32 state,
+// the same running-mean update in the same order): value dims that are not a multiple of the
+// kernel's 64 (and the paper's 1536), codebooks not a multiple of its 8 warps, the cache filled
+// over several windows, a prompt shorter than the window; documents ending in one token, in fewer
+// tokens than the window and in more.
+TEST(VqAttnGpu, PrefillLeavesTheStateOfItsSteps) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const std::vector<std::vector<int64_t>> one_doc;
+  const std::pair<Case, std::vector<std::vector<int64_t>>> cases[] = {
+      {{2, 77, 2, 16, 70, 37, 16}, one_doc},
+      {{3, 77, 2, 16, 70, 37, 16}, {{40, 37}, {76, 1}, {5, 60, 12}}},
+      {{1, 700, 1, 128, 1536, 512, 128}, one_doc},
+      {{2, 20, 1, 8, 24, 5, 32}, {{7, 13}, {20}}}};
+  for (DType act : {DType::F32, DType::BF16})
+    for (const auto& [c, docs] : cases) {
+      SCOPED_TRACE(std::string(dtype_name(act)) + " " + name(c) + (docs.empty() ? "" : ", documents"));
+      Inputs in(c, 41);
+      const Gpu g(in, act);
+      test::check_state_prefill_matches_steps(gctx.ctx(), in.q(g.qkv), in.khat(g.qkv), in.z, in.v(g.qkv), g.cb, g.u,
+                                              g.vr, g.rho, docs);
+    }
 }
 
 }  // namespace

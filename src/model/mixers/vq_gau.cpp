@@ -330,8 +330,24 @@ void VqGauMixer::start_document(MixerState& state, int64_t row) {
   vq_attn_state_start_document(env_.ctx, dynamic_cast<VqGauState&>(state).view(), row);
 }
 
+// The prompt through the block forward, then its keys, codes and values handed to the state at
+// once (vq_attn_state_prefill: the state its steps would leave, each row keeping its last document).
 void VqGauMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) {
-  prefill_by_steps(ctx, state, x, out, host_doc_starts(env_, x.size(0), x.size(1)));
+  auto& st = dynamic_cast<VqGauState&>(state);
+  const int64_t B = x.size(0), T = x.size(1);
+  LINAC_CHECK(st.counts->size(0) == B, "VqGauMixer::prefill: state was made for another batch size");
+  LINAC_CHECK(st.pos == 0, "VqGauMixer::prefill: the state must be fresh");
+  forward(x, out);
+  Ctx pctx = ctx;
+  if (pctx.is_gpu()) {
+    const size_t bytes = vq_attn_state_prefill_workspace_bytes(B, T, H_, S_);
+    pctx.workspace =
+        env_.scratch->get("vq_gau.prefill_workspace", DType::F32, {static_cast<int64_t>(bytes / 4 + 1)}).ptr;
+    pctx.workspace_bytes = bytes;
+  }
+  vq_attn_state_prefill(pctx, khat_buf_.tensor(env_.act, {B, T, H_, Dk_}), z_buf_.tensor(DType::I32, {B, T, H_}),
+                        v_buf_.tensor(env_.act, {B, T, H_, Dvh_}), st.view(), env_.docs);
+  st.pos = T;
 }
 
 void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {

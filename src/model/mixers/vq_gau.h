@@ -31,8 +31,8 @@
 // Documents (docs/transformer_vq.md §3.4): the attention runs each document as a sequence of its
 // own (blocks counted from its first token, the cache empty there); the codebook statistics count
 // every key as before. start_document empties a row's cache and ring (the batch's position runs
-// on: every term depends only on distances); prefill steps token by token and starts the
-// documents of the prompt as it goes.
+// on: every term depends only on distances); prefill runs the prompt through the block forward
+// and hands each row's last document to the state in one call (vq_attn_state_prefill).
 #pragma once
 
 #include "config/config.h"
