@@ -83,8 +83,9 @@
 // forward and backward on tensor cores (vq_common.cuh: the inputs are packed per (head, sequence)
 // and padded to whole blocks, every per-block product is a strided-batched cuBLASLt GEMM with f32
 // accumulation, softmax and cache statistics are f32), any T, Dk, Dv; scratch in ctx.workspace
-// (vq_attn_workspace_bytes; less is accepted down to one block per chunk); the decode step (one
-// CTA per sequence and head, Lb + 1 + S + 2 Dk floats of shared memory).
+// (vq_attn_workspace_bytes; less is accepted down to one block per chunk); the decode step (the
+// scores, then the weighted sum split over value dims: B H (Lb + 1 + S + 2) floats of
+// ctx.workspace, Lb + 1 + S floats of shared memory per CTA) and the prefill handover.
 #pragma once
 
 #include <cstddef>

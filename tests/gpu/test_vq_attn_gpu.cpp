@@ -507,12 +507,15 @@ TEST(VqAttnGpu, InputsInPackedLayout) {
 using test::token;
 
 // Decode steps on the GPU, token after token through the window boundary and into the cache,
-// reproduce the CPU block forward (double) on the same rounded inputs.
+// reproduce the CPU block forward (double) on the same rounded inputs: the steps' score kernel over
+// one and several groups of 64 entries, their output kernel over value dims that fill groups of
+// 32 and that do not (70).
 TEST(VqAttnGpu, DecodeStepsMatchForward) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
   for (DType act : {DType::F32, DType::BF16}) {
-    for (const Case& c : {Case{2, 45, 2, 64, 96, 7, 8}, Case{1, 150, 1, 128, 1536, 512, 32}}) {
+    for (const Case& c :
+         {Case{2, 45, 2, 64, 96, 7, 8}, Case{1, 150, 1, 128, 1536, 512, 32}, Case{2, 230, 2, 24, 70, 100, 64}}) {
       SCOPED_TRACE(std::string(dtype_name(act)) + " " + name(c));
       Inputs in(c, 21);
       const Gpu g(in, act);

@@ -22,6 +22,9 @@ constexpr double kNormEps = 1e-6;
 
 struct VqGauState final : MixerState {
   OwnedTensor khat, v, z, counts, means;  // see VqAttnState
+  // The codebook and the position terms, functions of the weights alone: made once for the
+  // state's steps rather than by every step.
+  OwnedTensor codebook, rho;
   int64_t pos = 0;
   VqAttnState view() const { return {khat, v, z, counts, means}; }
 };
@@ -323,6 +326,10 @@ std::unique_ptr<MixerState> VqGauMixer::init_state(int64_t B) {
   st->counts = OwnedTensor(env_.stat, dev, {B, H_, S_});
   st->means = OwnedTensor(env_.stat, dev, {B, H_, S_, Dvh_});
   vq_attn_state_reset(env_.ctx, st->view());
+  st->codebook = OwnedTensor(env_.stat, dev, {H_, S_, Dk_});
+  st->rho = OwnedTensor(env_.stat, dev, {H_, Lb_ + 1, Dk_});
+  copy_tensor(env_.ctx, st->codebook, codebook());
+  copy_tensor(env_.ctx, st->rho, rho());
   return st;
 }
 
@@ -368,10 +375,9 @@ void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
   silu_linear_fwd(ctx, x2, W.slice0(0, Pqkv_), proj, v, 2 * HDk);
   matmul(ctx, x2, false, W.slice0(Pqkv_, Pqkv_ + Dv_), true, go.narrow(1, 0, Dv_));
   queries_keys(proj, q, k, rstd);
-  const Tensor C = codebook();
-  vq_quantize(ctx, k.view({B, 1, H_, Dk_}), C, z, khat, Tensor());
-  vq_attn_step(ctx, q.view({B, H_, Dk_}), khat.view({B, H_, Dk_}), z.view({B, H_}), v.view({B, H_, Dvh_}), C,
-               ps.master(u_), ps.master(vr_), rho(), st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
+  vq_quantize(ctx, k.view({B, 1, H_, Dk_}), st.codebook, z, khat, Tensor());
+  vq_attn_step(ctx, q.view({B, H_, Dk_}), khat.view({B, H_, Dk_}), z.view({B, H_}), v.view({B, H_, Dvh_}), st.codebook,
+               ps.master(u_), ps.master(vr_), st.rho, st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
   ++st.pos;
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
   matmul(ctx, gated, false, ps.weight(wo_), true, out_t.view({B, d_}));
