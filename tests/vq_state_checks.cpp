@@ -61,9 +61,13 @@ void check_state_prefill_matches_steps(const Ctx& ctx, const Tensor& q, const Te
   for (const Tensor* t : {&pre.khat.t, &pre.v.t, &pre.counts.t, &pre.means.t}) poison(*t);
   const OwnedTensor z_d = to(z, dev, DType::I32);
   Ctx pctx = ctx;
-  OwnedTensor ws(DType::F32, dev, {static_cast<int64_t>(vq_attn_state_prefill_workspace_bytes(B, T, H, S) / 4 + 1)});
-  pctx.workspace = ws->ptr;
-  pctx.workspace_bytes = ws->nbytes();
+  OwnedTensor ws;
+  if (ctx.is_gpu()) {
+    ws =
+        OwnedTensor(DType::F32, dev, {static_cast<int64_t>(vq_attn_state_prefill_workspace_bytes(B, T, H, S) / 4 + 1)});
+    pctx.workspace = ws->ptr;
+    pctx.workspace_bytes = ws->nbytes();
+  }
   vq_attn_state_prefill(pctx, khat, z_d, v, pre.view(), bounds);
 
   // The steps.

@@ -246,7 +246,8 @@ void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int6
 // the window are the cache, with the step's own running-mean update in token order (the same bits
 // as stepping: f32 on the GPU), the last Lb take their ring slots, and every other slot is absent.
 // The whole state is written (no reset needed before). GPU: scratch in ctx.workspace, at least
-// vq_attn_state_prefill_workspace_bytes() (the tokens of each (row, head) sorted by code).
+// vq_attn_state_prefill_workspace_bytes() (the tokens of each (row, head) sorted by code; asks the
+// GPU's sort for its scratch, so it needs a device; 0 in a build without CUDA).
 void vq_attn_state_prefill(const Ctx& ctx, const Tensor& khat, const Tensor& z, const Tensor& v,
                            const VqAttnState& state, const DocBounds& docs);
 size_t vq_attn_state_prefill_workspace_bytes(int64_t B, int64_t T, int64_t H, int64_t S);
