@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #if LINAC_WITH_CUDA
 #include "core/cublaslt.h"
