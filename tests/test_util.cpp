@@ -187,6 +187,11 @@ Tensor token(const Tensor& x, int64_t t) {
   return r;
 }
 
+OwnedTensor int32_values(const std::vector<int32_t>& values, Device dev) {
+  const auto n = static_cast<int64_t>(values.size());
+  return to(Tensor(const_cast<int32_t*>(values.data()), DType::I32, Device::CPU, {n}), dev, DType::I32);
+}
+
 DocBounds doc_view(const Tensor& bounds) {
   const int32_t* p = bounds.data<int32_t>();
   return {p, p + bounds.size(1) * bounds.size(2)};

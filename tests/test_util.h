@@ -58,6 +58,8 @@ std::vector<double> columns(const Tensor& buf, int64_t col0, int64_t n);
 
 // Token t of a [B, T, H, D] view as a [B, H, D] view (one decoding step's rows).
 Tensor token(const Tensor& x, int64_t t);
+// These values as a contiguous int32 [n] on dev (e.g. a decoding step's per-row positions).
+OwnedTensor int32_values(const std::vector<int32_t>& values, Device dev);
 
 // ||a - b|| / ||b||.
 double rel_error(const std::vector<double>& a, const std::vector<double>& b);

@@ -289,7 +289,7 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
 
 void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
                   const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
-                  const VqAttnState& state, int64_t pos, const Tensor& o) {
+                  const VqAttnState& state, const Tensor& pos, const Tensor& o) {
   auto check_bhd = [&](const Tensor& x, int64_t D, const char* name) {
     LINAC_CHECK(x.ndim == 3 && x.size(0) == q.size(0) && x.size(1) == q.size(1) && x.size(2) == D,
                 std::string("vq_attn_step: ") + name + " must be [B,H,D], got " + x.shape_str());
@@ -303,7 +303,9 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
   L.B = q.size(0), L.H = q.size(1), L.Dk = q.size(2), L.Dv = v.size(2), L.S = codebook.size(1);
   L.Lb = rho.size(1) - 1;
   LINAC_CHECK(L.Lb >= 1, "vq_attn_step: rho must cover distances 0..Lb with Lb >= 1");
-  LINAC_CHECK(pos >= 0, "vq_attn_step: negative position");
+  LINAC_CHECK(
+      pos.dtype == DType::I32 && pos.ndim == 1 && pos.size(0) == L.B && pos.is_contiguous() && pos.device == q.device,
+      "vq_attn_step: pos must be int32 [B] on q's device, got " + pos.shape_str());
   check_bhd(q, L.Dk, "q");
   check_bhd(khat, L.Dk, "khat");
   check_bhd(v, L.Dv, "v");
@@ -329,11 +331,14 @@ void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Ten
   }
   check_same_dtype("CPU", {&q, &khat, &v, &codebook, &u, &vr, &rho, &o, &state.khat, &state.v, &state.counts,
                            &state.means});
-  LINAC_CPU_DISPATCH(q.dtype, F,
-                     vq_attn_step_cpu<F>(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(),
-                                         codebook.data<F>(), u.data<F>(), vr.data<F>(), rho.data<F>(),
-                                         state.khat.data<F>(), state.v.data<F>(), state.z.data<int32_t>(),
-                                         state.counts.data<F>(), state.means.data<F>(), pos, o.data<F>()));
+  for (int64_t b = 0; b < L.B; ++b)
+    LINAC_CHECK(pos.data<int32_t>()[b] >= 0, "vq_attn_step: negative position in row " + std::to_string(b));
+  LINAC_CPU_DISPATCH(
+      q.dtype, F,
+      vq_attn_step_cpu<F>(L, q.data<F>(), khat.data<F>(), z.data<int32_t>(), v.data<F>(), codebook.data<F>(),
+                          u.data<F>(), vr.data<F>(), rho.data<F>(), state.khat.data<F>(), state.v.data<F>(),
+                          state.z.data<int32_t>(), state.counts.data<F>(), state.means.data<F>(), pos.data<int32_t>(),
+                          o.data<F>()));
 }
 
 void vq_attn_state_prefill(const Ctx& ctx, const Tensor& khat, const Tensor& z, const Tensor& v,

@@ -67,17 +67,19 @@
 // err [B, T, H] (optional; ||k - C_z||^2 in f32 on the GPU, the commitment term).
 //
 // Decode step (docs/transformer_vq.md §5): one token per sequence against a fixed-size state (VqAttnState):
-// a ring of the last Lb tokens' khat [B,H,Lb,Dk], v [B,H,Lb,Dv], z [B,H,Lb] (slot = pos % Lb),
-// the cache counts [B,H,S] and means [B,H,S,Dv]. Token pos (the same for the whole batch)
-// attends to the ring entries pos-Lb..pos-1 (those >= 0 and present) and itself, all with the position term,
-// plus the cache; then the token at pos-Lb (now at distance Lb+1 from the next one) moves into
-// the cache (N[z] += 1, Ubar[z] += (v - Ubar[z]) / N[z]) and the new token takes its slot.
-// Equals the block forward token for token; memory does not grow with T. vq_attn_state_reset
-// zeroes the state (a new sequence starts at pos 0). vq_attn_state_start_document(state, b) starts
-// a new document in row b while the batch's pos runs on: it empties the row's cache and marks its
-// ring slots absent (z = -1: no score, never moved into the cache), so the row then decodes as from
-// a fresh state (every term depends only on distances). q, khat [B,H,Dk], v, o [B,H,Dv] (free batch
-// stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the GPU (CPU: the dtype of q).
+// a ring of the last Lb tokens' khat [B,H,Lb,Dk], v [B,H,Lb,Dv], z [B,H,Lb] (slot = p % Lb),
+// the cache counts [B,H,S] and means [B,H,S,Dv]. Row b's token sits at position p = pos[b] of its
+// current document (int32 [B] on ctx's device, read there: the step's launches do not change with
+// it, so a CUDA graph replays them; the caller advances pos). It attends to the ring entries
+// p-Lb..p-1 (those >= 0 and present) and itself, all with the position term, plus the cache; then
+// the token at p-Lb (now at distance Lb+1 from the next one) moves into the cache (N[z] += 1,
+// Ubar[z] += (v - Ubar[z]) / N[z]) and the new token takes its slot. Equals the block forward
+// token for token; memory does not grow with T. vq_attn_state_reset zeroes the state (every row
+// starts at p = 0). vq_attn_state_start_document(state, b) starts a new document in row b: it
+// empties the row's cache and marks its ring slots absent (z = -1: no score, never moved into the
+// cache); with pos[b] set back to 0 the row then decodes as from a fresh state. q, khat [B,H,Dk],
+// v, o [B,H,Dv] (free batch stride), z [B,H] int32 contiguous. State tensors contiguous, f32 on the
+// GPU (CPU: the dtype of q).
 //
 // GPU support: vq_quantize, vq_code_stats, vq_ema_update, vq_codebook_from_stats; the block
 // forward and backward on tensor cores (vq_common.cuh: the inputs are packed per (head, sequence)
@@ -193,7 +195,7 @@ void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32
 template <class F>
 void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v, const F* codebook,
                       const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v, int32_t* ring_z, F* counts,
-                      F* means, int64_t pos, F* o);
+                      F* means, const int32_t* pos, F* o);
 
 void vq_attn_fwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                       const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
@@ -204,7 +206,7 @@ void vq_attn_bwd_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& q, co
                       const Tensor& dv, const Tensor& du, const Tensor& dvr, const Tensor& drho, const Tensor& v_pre);
 void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
-                       const VqAttnState& state, int64_t pos, const Tensor& o);
+                       const VqAttnState& state, const Tensor& pos, const Tensor& o);
 void vq_attn_state_start_document_cuda(const Ctx& ctx, const VqAttnState& state, int64_t row);
 void vq_attn_state_prefill_cuda(const Ctx& ctx, const VqAttnLayout& L, const Tensor& khat, const Tensor& z,
                                 const Tensor& v, const VqAttnState& state);
@@ -236,15 +238,17 @@ void vq_attn_bwd(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tens
 
 void vq_attn_step(const Ctx& ctx, const Tensor& q, const Tensor& khat, const Tensor& z, const Tensor& v,
                   const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
-                  const VqAttnState& state, int64_t pos, const Tensor& o);
+                  const VqAttnState& state, const Tensor& pos, const Tensor& o);
 void vq_attn_state_reset(const Ctx& ctx, const VqAttnState& state);
 void vq_attn_state_start_document(const Ctx& ctx, const VqAttnState& state, int64_t row);
 // The prefill handover (docs/transformer_vq.md §5): the state that vq_attn_step over a prompt's
-// tokens 0..T-1 leaves for pos = T, from the prompt's khat, z and v (the forward's layout above,
-// [B,T,H,Dk], [B,T,H] int32, [B,T,H,Dv]) in one call instead of T steps. Each row keeps its last
-// document only (docs defined: as if start_document had run at its start): the tokens older than
-// the window are the cache, with the step's own running-mean update in token order (the same bits
-// as stepping: f32 on the GPU), the last Lb take their ring slots, and every other slot is absent.
+// tokens 0..T-1 leaves, from the prompt's khat, z and v (the forward's layout above, [B,T,H,Dk],
+// [B,T,H] int32, [B,T,H,Dv]) in one call instead of T steps. Each row keeps its last document only
+// (docs defined: as if start_document had run at its start, with pos[b] set back to 0 there), of
+// n tokens from a: the tokens older than the window are the cache, with the step's own
+// running-mean update in token order (the same bits as stepping: f32 on the GPU), the last Lb take
+// their ring slots (token t the slot (t - a) % Lb, its position in the document), and every other
+// slot is absent. The next step of row b runs at pos[b] = n.
 // The whole state is written (no reset needed before). GPU: scratch in ctx.workspace, at least
 // vq_attn_state_prefill_workspace_bytes() (the tokens of each (row, head) sorted by code; asks the
 // GPU's sort for its scratch, so it needs a device; 0 in a build without CUDA).

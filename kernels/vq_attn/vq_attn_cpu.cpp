@@ -183,15 +183,15 @@ void vq_attn_bwd_block_cpu(const VqAttnLayout& L, const F* q, const F* khat, con
 }
 
 template <class F>
-void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v,
-                      const F* codebook, const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v,
-                      int32_t* ring_z, F* counts, F* means, int64_t pos, F* o) {
+void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const int32_t* z, const F* v, const F* codebook,
+                      const F* u, const F* vr, const F* rho, F* ring_khat, F* ring_v, int32_t* ring_z, F* counts,
+                      F* means, const int32_t* pos, F* o) {
   const int64_t Dk = L.Dk, Dv = L.Dv, S = L.S, Lb = L.Lb;
-  const int64_t n_ring = std::min(pos, Lb);  // ring entries pos-n_ring..pos-1
   std::vector<F> qu(static_cast<size_t>(Dk)), qr(static_cast<size_t>(Dk)), s(static_cast<size_t>(Lb + 1 + S));
   for (int64_t b = 0; b < L.B; ++b)
     for (int64_t h = 0; h < L.H; ++h) {
-      const int64_t bh = b * L.H + h;
+      const int64_t bh = b * L.H + h, p = pos[b];
+      const int64_t n_ring = std::min(p, Lb);  // ring entries p-n_ring..p-1
       const F* cb = codebook + h * S * Dk;
       const F* kh_rows = ring_khat + bh * Lb * Dk;
       const F* v_rows = ring_v + bh * Lb * Dv;
@@ -202,9 +202,9 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
       vq_cpu::biased_queries(q + b * L.q + h * Dk, u + h * Dk, vr + h * Dk, Dk, qu.data(), qr.data());
       // s[d] for distance d = 0..n_ring (d = 0: the token itself; -inf for slots emptied by a
       // document start), then the cache.
-      auto key_at = [&](int64_t d) { return d == 0 ? kt : kh_rows + ((pos - d) % Lb) * Dk; };
-      auto value_at = [&](int64_t d) { return d == 0 ? vt : v_rows + ((pos - d) % Lb) * Dv; };
-      auto present = [&](int64_t d) { return d == 0 || ring_z[bh * Lb + (pos - d) % Lb] >= 0; };
+      auto key_at = [&](int64_t d) { return d == 0 ? kt : kh_rows + ((p - d) % Lb) * Dk; };
+      auto value_at = [&](int64_t d) { return d == 0 ? vt : v_rows + ((p - d) % Lb) * Dv; };
+      auto present = [&](int64_t d) { return d == 0 || ring_z[bh * Lb + (p - d) % Lb] >= 0; };
       for (int64_t d = 0; d <= n_ring; ++d)
         s[d] = present(d) ? dot(qu.data(), key_at(d), Dk) + dot(qr.data(), rho + (h * (Lb + 1) + d) * Dk, Dk)
                           : -std::numeric_limits<F>::infinity();
@@ -220,9 +220,9 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
         if (present(d)) axpy(std::exp(s[d] - m) / den, value_at(d), ob, Dv);
       for (int64_t e = 0; e < S; ++e)
         if (N[e] > 0) axpy(std::exp(s[n_ring + 1 + e] - m) / den, U + e * Dv, ob, Dv);
-      // The token at pos - Lb leaves the window; the new token takes its slot.
-      const int64_t slot = pos % Lb;
-      if (pos >= Lb && ring_z[bh * Lb + slot] >= 0) {
+      // The token at p - Lb leaves the window; the new token takes its slot.
+      const int64_t slot = p % Lb;
+      if (p >= Lb && ring_z[bh * Lb + slot] >= 0) {
         const int32_t ze = ring_z[bh * Lb + slot];
         N[ze] += 1;
         const F* ve = v_rows + slot * Dv;
@@ -237,7 +237,7 @@ void vq_attn_step_cpu(const VqStepLayout& L, const F* q, const F* khat, const in
 // The prefill handover: per (b, h) the state vq_attn_step_cpu leaves after tokens 0..T-1, built
 // from the prompt at once. The row's last document starts at a (0 without bounds): the tokens of
 // [a, T - Lb) enter the cache in order with the step's own update, those of [max(a, T - Lb), T)
-// take their ring slots, and every other slot is absent (z = -1).
+// take their ring slots by document position, and every other slot is absent (z = -1).
 template <class F>
 void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32_t* z, const F* v, F* ring_khat,
                                F* ring_v, int32_t* ring_z, F* counts, F* means) {
@@ -258,7 +258,7 @@ void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32
       }
       std::fill(ring_z + bh * Lb, ring_z + (bh + 1) * Lb, -1);
       for (int64_t t = std::max(a, T - Lb); t < T; ++t) {
-        const int64_t slot = t % Lb;
+        const int64_t slot = (t - a) % Lb;
         const F* kt = khat + b * L.khat.b + t * L.khat.t + h * Dk;
         const F* vt = v + b * L.v.b + t * L.v.t + h * Dv;
         std::copy(kt, kt + Dk, ring_khat + (bh * Lb + slot) * Dk);
@@ -275,7 +275,7 @@ void vq_attn_state_prefill_cpu(const VqAttnLayout& L, const F* khat, const int32
                                          const F*, const F*, const F*, const F*, const F*, const F*, F*, F*, F*, F*,  \
                                          F*, F*);                                                                     \
   template void vq_attn_step_cpu<F>(const VqStepLayout&, const F*, const F*, const int32_t*, const F*, const F*,      \
-                                    const F*, const F*, const F*, F*, F*, int32_t*, F*, F*, int64_t, F*);             \
+                                    const F*, const F*, const F*, F*, F*, int32_t*, F*, F*, const int32_t*, F*);      \
   template void vq_attn_state_prefill_cpu<F>(const VqAttnLayout&, const F*, const int32_t*, const F*, F*, F*,         \
                                              int32_t*, F*, F*);
 LINAC_VQ_ATTN_BLOCK(float)

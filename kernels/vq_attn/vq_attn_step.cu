@@ -2,20 +2,20 @@
 // two launches, so that a sequence's ring and cache (2 Lb Dv floats per head: 6 MB at the 190M
 // model's shape) are read by many SMs at once rather than by one CTA:
 //   scores  grid (B H, groups of 64 entries), a warp per entry, lanes over Dk and a butterfly sum:
-//           token pos scores its window (ring slots of positions pos-Lb..pos-1 that exist, and
-//           itself; distance d uses rho_d) and the S cache entries ((q+u).C_s + log N_s), -inf for
-//           empty codes and for ring slots with z = -1 (emptied by a document start); into
-//           ctx.workspace [B H, Lb + 1 + S]. The first CTA of a (b, h) also notes the code z_out
-//           of the token at pos-Lb (-1 if none), which leaves the window for the cache, and
-//           that code's new count.
+//           row b's token at position p = pos[b] (read on the device) scores its window (ring
+//           slots of positions p-Lb..p-1 that exist, and itself; distance d uses rho_d) and the S
+//           cache entries ((q+u).C_s + log N_s), -inf for empty codes and for ring slots with
+//           z = -1 (emptied by a document start); into ctx.workspace [B H, Lb + 1 + S]. The first
+//           CTA of a (b, h) also notes the code z_out of the token at p-Lb (-1 if none), which
+//           leaves the window for the cache, and that code's new count.
 //   output  grid (B H, 32 value dims), 16 warps: each CTA takes the max and the sum of the
 //           exponentials over all scores (in the same fixed order in every CTA); warp w sums
 //           weight x value over the entries w, w + 16, ... with a lane per value dim (entries of
 //           weight 0 skipped), and the warps' sums are added in a fixed order. Then, once its
-//           reads are done, each CTA moves its value dims of the token at pos-Lb into the cache
+//           reads are done, each CTA moves its value dims of the token at p-Lb into the cache
 //           (Ubar[z] += (v - Ubar[z]) / N[z]) and of the new token into its ring slot; the
 //           first CTA also the key, the code and the count, which no CTA of this launch reads.
-// State f32.
+// State f32. No launch argument depends on the positions: a CUDA graph replays the step.
 #include <string>
 
 #include "common/cuda_common.cuh"
@@ -32,7 +32,7 @@ constexpr int kEntriesPerCta = 64;
 constexpr int kOutWarps = 16;
 constexpr int kOutDims = 32;  // a lane per value dim
 
-// Where the token at pos - Lb goes: its code (-1: none leaves) and that code's count after it.
+// Where the token at p - Lb goes: its code (-1: none leaves) and that code's count after it.
 struct Eviction {
   int32_t z;
   float n;
@@ -45,11 +45,11 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
     vq_step_scores_kernel(VqStepLayout L, const T* __restrict__ q, const T* __restrict__ khat,
                           const float* __restrict__ codebook, const float* __restrict__ u, const float* __restrict__ vr,
                           const float* __restrict__ rho, const float* __restrict__ ring_khat,
-                          const int32_t* __restrict__ ring_z, const float* __restrict__ counts, int64_t pos,
-                          float* __restrict__ scores, Eviction* __restrict__ evict) {
+                          const int32_t* __restrict__ ring_z, const float* __restrict__ counts,
+                          const int32_t* __restrict__ pos, float* __restrict__ scores, Eviction* __restrict__ evict) {
   extern __shared__ float smem[];
-  const int64_t bh = blockIdx.x, b = bh / L.H, h = bh % L.H, Lb = L.Lb, Dk = L.Dk;
-  const int64_t n_ring = pos < Lb ? pos : Lb, E = n_ring + 1 + L.S;
+  const int64_t bh = blockIdx.x, b = bh / L.H, h = bh % L.H, Lb = L.Lb, Dk = L.Dk, p = pos[b];
+  const int64_t n_ring = p < Lb ? p : Lb, E = n_ring + 1 + L.S;
   float* qu = smem;     // [Dk]
   float* qr = qu + Dk;  // [Dk]
   for (int64_t i = threadIdx.x; i < Dk; i += blockDim.x) {
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
     bool present = true;
     if (e <= n_ring) {
       const float* rd = rho + (h * (Lb + 1) + e) * Dk;
-      const int64_t slot = (pos - e) % Lb;
+      const int64_t slot = (p - e) % Lb;
       if (e == 0) {
         for (int64_t i = lane; i < Dk; i += 32) part += qu[i] * to_float(kt[i]) + qr[i] * rd[i];
       } else if (ring_z[bh * Lb + slot] >= 0) {
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32)
     if (lane == 0) scores[bh * entries(L) + e] = present ? part + add : -INFINITY;
   }
   if (blockIdx.y == 0 && threadIdx.x == 0) {
-    const int32_t z_out = pos >= Lb ? ring_z[bh * Lb + pos % Lb] : -1;
+    const int32_t z_out = p >= Lb ? ring_z[bh * Lb + p % Lb] : -1;
     evict[bh] = {z_out, z_out >= 0 ? N[z_out] + 1 : 0.f};
   }
 }
@@ -101,12 +101,13 @@ __global__ void __launch_bounds__(kOutWarps * 32)
     vq_step_out_kernel(VqStepLayout L, const T* __restrict__ khat, const int32_t* __restrict__ z,
                        const T* __restrict__ v, const float* __restrict__ scores, const Eviction* __restrict__ evict,
                        float* __restrict__ ring_khat, float* __restrict__ ring_v, int32_t* __restrict__ ring_z,
-                       float* __restrict__ counts, float* __restrict__ means, int64_t pos, T* __restrict__ o) {
+                       float* __restrict__ counts, float* __restrict__ means, const int32_t* __restrict__ pos,
+                       T* __restrict__ o) {
   extern __shared__ float w[];  // [E]: the scores, then their exponentials
   __shared__ float scratch[32];
   __shared__ float sums[kOutWarps][kOutDims];
-  const int64_t bh = blockIdx.x, b = bh / L.H, h = bh % L.H, Lb = L.Lb, Dv = L.Dv;
-  const int64_t n_ring = pos < Lb ? pos : Lb, E = n_ring + 1 + L.S;
+  const int64_t bh = blockIdx.x, b = bh / L.H, h = bh % L.H, Lb = L.Lb, Dv = L.Dv, at = pos[b];
+  const int64_t n_ring = at < Lb ? at : Lb, E = n_ring + 1 + L.S;
   const float* sc = scores + bh * entries(L);
   float m = -INFINITY;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
@@ -134,14 +135,14 @@ __global__ void __launch_bounds__(kOutWarps * 32)
       const float p = w[e];
       if (p == 0.f) continue;
       const float x = e == 0        ? to_float(vt[d])
-                      : e <= n_ring ? v_rows[((pos - e) % Lb) * Dv + d]
+                      : e <= n_ring ? v_rows[((at - e) % Lb) * Dv + d]
                                     : U[(e - n_ring - 1) * Dv + d];
       acc += p * x;
     }
   }
   sums[warp][lane] = acc;
   __syncthreads();  // the sums are in, and every read of the ring and the cache is done
-  const int64_t slot = pos % Lb;
+  const int64_t slot = at % Lb;
   const Eviction ev = evict[bh];
   if (warp == 0 && mine) {
     float total = 0.f;
@@ -176,7 +177,7 @@ void vq_attn_state_start_document_cuda(const Ctx& ctx, const VqAttnState& state,
 
 void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, const Tensor& khat, const Tensor& z,
                        const Tensor& v, const Tensor& codebook, const Tensor& u, const Tensor& vr, const Tensor& rho,
-                       const VqAttnState& state, int64_t pos, const Tensor& o) {
+                       const VqAttnState& state, const Tensor& pos, const Tensor& o) {
   if (L.B * L.H == 0) return;
   const int64_t BH = L.B * L.H;
   const size_t score_bytes = static_cast<size_t>(BH * entries(L)) * sizeof(float);
@@ -200,13 +201,14 @@ void vq_attn_step_cuda(const Ctx& ctx, const VqStepLayout& L, const Tensor& q, c
                           static_cast<unsigned>((entries(L) + kEntriesPerCta - 1) / kEntriesPerCta));
     vq_step_scores_kernel<T><<<score_grid, kScoreWarps * 32, score_smem, st>>>(
         L, q.data<T>(), khat.data<T>(), codebook.data<float>(), u.data<float>(), vr.data<float>(), rho.data<float>(),
-        state.khat.data<float>(), state.z.data<int32_t>(), state.counts.data<float>(), pos, scores, evict);
+        state.khat.data<float>(), state.z.data<int32_t>(), state.counts.data<float>(), pos.data<int32_t>(), scores,
+        evict);
     LINAC_CUDA_LAUNCH_CHECK();
     const dim3 out_grid(static_cast<unsigned>(BH), static_cast<unsigned>((L.Dv + kOutDims - 1) / kOutDims));
     vq_step_out_kernel<T><<<out_grid, kOutWarps * 32, out_smem, st>>>(
         L, khat.data<T>(), z.data<int32_t>(), v.data<T>(), scores, evict, state.khat.data<float>(),
-        state.v.data<float>(), state.z.data<int32_t>(), state.counts.data<float>(), state.means.data<float>(), pos,
-        o.data<T>());
+        state.v.data<float>(), state.z.data<int32_t>(), state.counts.data<float>(), state.means.data<float>(),
+        pos.data<int32_t>(), o.data<T>());
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }

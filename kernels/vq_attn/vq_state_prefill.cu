@@ -3,7 +3,8 @@
 // Per (row b, head h), with a the start of the row's last document (0 without bounds):
 //   cache   N[s] = #{t in [a, T - Lb) : z_t = s}, and Ubar[s] the running mean the step keeps,
 //           Ubar <- Ubar + (v_t - Ubar) / k for the k-th such token in token order (f32);
-//   ring    slot t % Lb holds khat_t, v_t, z_t for t in [max(a, T - Lb), T); other slots z = -1.
+//   ring    slot (t - a) % Lb holds khat_t, v_t, z_t for t in [max(a, T - Lb), T) (by position in
+//           the document, as the steps from there place them); other slots z = -1.
 // Three launches: each token's segment (0: it enters the cache; 1: it does not), the tokens' lists
 // by (head, row, segment, code) in token order (code_lists, vq_code_lists.cu: a stable radix sort),
 // then the cache kernel: grid (row x head, 64 value dims, groups of codes), a warp per code and a
@@ -27,9 +28,10 @@ __device__ __forceinline__ int64_t last_doc_start(const int32_t* doc_start, int6
   return doc_start ? doc_start[b * T + T - 1] : 0;
 }
 
-// The token that holds ring slot i after T tokens (the latest t < T with t % Lb == i), or -1.
-__device__ __forceinline__ int64_t ring_token(int64_t i, int64_t T, int64_t Lb) {
-  return i < T ? i + (T - 1 - i) / Lb * Lb : -1;
+// The position in its document of the token that holds ring slot i after the document's first n
+// tokens (the latest r < n with r % Lb == i), or -1.
+__device__ __forceinline__ int64_t ring_position(int64_t i, int64_t n, int64_t Lb) {
+  return i < n ? i + (n - 1 - i) / Lb * Lb : -1;
 }
 
 // Thread per (b, t): segment 0 for the tokens that enter the cache, 1 for the rest.
@@ -71,8 +73,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   if (blockIdx.z != 0) return;
   const int64_t a = last_doc_start(L.docs.start, b, L.T);
   for (int64_t i = warp; i < Lb; i += kWarps) {
-    const int64_t t = ring_token(i, L.T, Lb);
-    if (t < a) {  // also t = -1: no token yet
+    const int64_t r = ring_position(i, L.T - a, Lb), t = a + r;
+    if (r < 0) {
       if (blockIdx.y == 0 && lane == 0) ring_z[bh * Lb + i] = -1;
       continue;
     }

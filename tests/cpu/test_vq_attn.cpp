@@ -252,8 +252,9 @@ TEST(VqAttnCpu, DecodeStepsMatchForward) {
       OwnedTensor zc(DType::I32, Device::CPU, {sh.B, sh.H});
       for (int64_t b = 0; b < sh.B; ++b)
         for (int64_t h = 0; h < sh.H; ++h) zc->data<int32_t>()[b * sh.H + h] = p.z->data<int32_t>()[(b * sh.T + t) * sh.H + h];
-      vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u,
-                   p.vr, p.rho, st, t, token(o.t, t));
+      const OwnedTensor pos = test::int32_values(std::vector<int32_t>(sh.B, static_cast<int32_t>(t)), Device::CPU);
+      vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u, p.vr,
+                   p.rho, st, pos, token(o.t, t));
     }
     EXPECT_LT(test::rel_error(o, ref.o), 1e-12);
     // The cache holds every token older than Lb, counted once per head.
@@ -456,9 +457,10 @@ TEST(VqAttnCpu, PrefillLeavesTheStateOfItsSteps) {
   }
 }
 
-// Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb,
-// row 0 continues exactly as the forward of its second document alone (ring slots of the first
-// document absent, cache empty, then refilled), while row 1 decodes on as its one-document forward.
+// Decoding: after vq_attn_state_start_document(row 0) at a position that is not a multiple of Lb
+// (its position back to 0, row 1's running on), row 0 continues exactly as the forward of its
+// second document alone (ring slots of the first document absent, cache empty, then refilled),
+// while row 1 decodes on as its one-document forward.
 TEST(VqAttnCpu, DecodeStartDocumentMatchesDocumentAlone) {
   const Shape sh{2, 23, 2, 6, 5, 4, 4};
   const int64_t n1 = 7;
@@ -481,8 +483,10 @@ TEST(VqAttnCpu, DecodeStartDocumentMatchesDocumentAlone) {
     OwnedTensor zc(DType::I32, Device::CPU, {sh.B, sh.H});
     for (int64_t b = 0; b < sh.B; ++b)
       for (int64_t h = 0; h < sh.H; ++h) zc->data<int32_t>()[b * sh.H + h] = p.z->data<int32_t>()[(b * sh.T + t) * sh.H + h];
-    vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u,
-                 p.vr, p.rho, st, t, token(o.t, t));
+    const OwnedTensor pos =
+        test::int32_values({static_cast<int32_t>(t < n1 ? t : t - n1), static_cast<int32_t>(t)}, Device::CPU);
+    vq_attn_step(Ctx{}, token(p.q(p.in), t), token(p.khat(p.in), t), zc, token(p.v(p.in), t), p.codebook, p.u, p.vr,
+                 p.rho, st, pos, token(o.t, t));
   }
   EXPECT_LT(test::rel_error(test::view_values(o->narrow(0, 0, 1).narrow(1, n1, sh.T - n1)), to_doubles(second.o)), 1e-12);
   EXPECT_LT(test::rel_error(test::view_values(o->narrow(0, 0, 1).narrow(1, 0, n1)),

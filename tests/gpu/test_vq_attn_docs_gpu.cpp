@@ -284,7 +284,8 @@ TEST(VqAttnDocsGpu, OneDocumentPerRowEqualsStreamBitwise) {
 using test::token;
 
 // Decode steps on the GPU with row 0 starting a document at token 45 (not a multiple of Lb = 8,
-// after its cache has filled), row 1 decoding on: equal to the same steps on the CPU.
+// after its cache has filled; its position back to 0), row 1 decoding on: equal to the same steps
+// on the CPU.
 TEST(VqAttnDocsGpu, DecodeStartDocumentMatchesCpu) {
   LINAC_SKIP_WITHOUT_GPU();
   GpuContext gctx;
@@ -315,8 +316,10 @@ TEST(VqAttnDocsGpu, DecodeStartDocumentMatchesCpu) {
           for (int64_t h = 0; h < c.H; ++h) zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * in.T + t) * c.H + h];
         const OwnedTensor zc = to(zc_h, dev, DType::I32);
         auto rows = [&](const Tensor& x) { return token(x.narrow(0, 0, B), t); };
+        const OwnedTensor pos =
+            test::int32_values({static_cast<int32_t>(t < n1 ? t : t - n1), static_cast<int32_t>(t)}, dev);
         vq_attn_step(ctx, rows(in.q(qkv)), rows(in.khat(qkv)), zc, rows(in.v(qkv)), gpu ? g.cb.t : in.codebook.t,
-                     gpu ? g.u.t : u_r.t, gpu ? g.vr.t : vr_r.t, gpu ? g.rho.t : rho_r.t, st, t, token(o.t, t));
+                     gpu ? g.u.t : u_r.t, gpu ? g.vr.t : vr_r.t, gpu ? g.rho.t : rho_r.t, st, pos, token(o.t, t));
         if (gpu) ctx_synchronize(ctx);
       }
       outs[gpu] = to_doubles(o);

@@ -539,8 +539,9 @@ TEST(VqAttnGpu, DecodeStepsMatchForward) {
           for (int64_t h = 0; h < c.H; ++h)
             zc_h->data<int32_t>()[b * c.H + h] = in.z->data<int32_t>()[(b * c.T + t) * c.H + h];
         OwnedTensor zc = to(zc_h, dev, DType::I32);
-        vq_attn_step(gctx.ctx(), token(in.q(g.qkv), t), token(in.khat(g.qkv), t), zc, token(in.v(g.qkv), t), g.cb,
-                     g.u, g.vr, g.rho, st, t, token(o.t, t));
+        const OwnedTensor pos = test::int32_values(std::vector<int32_t>(c.B, static_cast<int32_t>(t)), dev);
+        vq_attn_step(gctx.ctx(), token(in.q(g.qkv), t), token(in.khat(g.qkv), t), zc, token(in.v(g.qkv), t), g.cb, g.u,
+                     g.vr, g.rho, st, pos, token(o.t, t));
         ctx_synchronize(gctx.ctx());
       }
       EXPECT_LT(test::rel_error(o, o_ref), act == DType::F32 ? 1e-5 : 1e-2);

@@ -25,7 +25,6 @@ struct VqGauState final : MixerState {
   // The codebook and the position terms, functions of the weights alone: made once for the
   // state's steps rather than by every step.
   OwnedTensor codebook, rho;
-  int64_t pos = 0;
   VqAttnState view() const { return {khat, v, z, counts, means}; }
 };
 
@@ -343,7 +342,6 @@ void VqGauMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
   auto& st = dynamic_cast<VqGauState&>(state);
   const int64_t B = x.size(0), T = x.size(1);
   LINAC_CHECK(st.counts->size(0) == B, "VqGauMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(st.pos == 0, "VqGauMixer::prefill: the state must be fresh");
   forward(x, out);
   Ctx pctx = ctx;
   if (pctx.is_gpu()) {
@@ -354,13 +352,13 @@ void VqGauMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
   }
   vq_attn_state_prefill(pctx, khat_buf_.tensor(env_.act, {B, T, H_, Dk_}), z_buf_.tensor(DType::I32, {B, T, H_}),
                         v_buf_.tensor(env_.act, {B, T, H_, Dvh_}), st.view(), env_.docs);
-  st.pos = T;
 }
 
 void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   auto& st = dynamic_cast<VqGauState&>(state);
   const int64_t B = x_t.size(0), HDk = H_ * Dk_;
   LINAC_CHECK(st.counts->size(0) == B, "VqGauMixer::step: state was made for another batch size");
+  LINAC_CHECK(env_.decode_pos.ptr, "VqGauMixer::step: runs inside Model::decode_step (env.decode_pos)");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor W = ps.weight(wqkvg_), x2 = x_t.view({B, d_});
@@ -377,8 +375,7 @@ void VqGauMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
   queries_keys(proj, q, k, rstd);
   vq_quantize(ctx, k.view({B, 1, H_, Dk_}), st.codebook, z, khat, Tensor());
   vq_attn_step(ctx, q.view({B, H_, Dk_}), khat.view({B, H_, Dk_}), z.view({B, H_}), v.view({B, H_, Dvh_}), st.codebook,
-               ps.master(u_), ps.master(vr_), st.rho, st.view(), st.pos, bhd(go, Dv_, H_, Dvh_));
-  ++st.pos;
+               ps.master(u_), ps.master(vr_), st.rho, st.view(), env_.decode_pos, bhd(go, Dv_, H_, Dvh_));
   swiglu_fwd(ctx, go, gated, GluAct::Silu);
   matmul(ctx, gated, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }

@@ -27,11 +27,12 @@
 // scaled, khat (act), v and the gated o * g (act: the backward reads them instead of recomputing
 // SiLU and the gate), z (int32), the norms' rstd and lse (f32 on the GPU); rho per layer.
 // Decoding: per sequence a ring of Lb quantized keys and values plus S per-code counts and value
-// means per head: constant memory whatever the length.
+// means per head: constant memory whatever the length. Each row's position within its document
+// (the ring's slot) is read on the device (env.decode_pos), so the step is graph-safe (mixer.h).
 // Documents (docs/transformer_vq.md §3.4): the attention runs each document as a sequence of its
 // own (blocks counted from its first token, the cache empty there); the codebook statistics count
-// every key as before. start_document empties a row's cache and ring (the batch's position runs
-// on: every term depends only on distances); prefill runs the prompt through the block forward
+// every key as before. start_document empties a row's cache and ring (and the model sets the
+// row's position back to 0); prefill runs the prompt through the block forward
 // and hands each row's last document to the state in one call (vq_attn_state_prefill).
 #pragma once
 
@@ -68,6 +69,7 @@ class VqGauMixer final : public Mixer {
   void update_buffers(const std::function<void(const Tensor&)>& sum_ranks) override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  bool graph_safe_step() const override { return true; }  // positions from env.decode_pos
   bool supports_documents() const override { return true; }
   // With documents the op reads their bounds on the host (kernels/vq_attn/vq_attn.h).
   bool graph_safe_training(bool documents) const override { return !documents; }
