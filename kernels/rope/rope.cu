@@ -6,7 +6,8 @@
 // left each block a few hundred bytes per thread of work behind its sincosf and barrier.
 // The inverse frequencies come from the host in a __grid_constant__ kernel parameter, which is
 // indexed without a local copy. With document bounds a token's position counts from its
-// document's first token (doc_start, [b, t] like x's first two dims).
+// document's first token (doc_start, [b, t] like x's first two dims); per-row positions (row_pos,
+// [b]) are added as read on the device.
 #include <algorithm>
 
 #include "common/cuda_common.cuh"
@@ -21,7 +22,8 @@ constexpr int kTokensPerBlock = 8;
 
 template <int kPairs, class T>
 __global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int h, int half, int64_t stride_b,
-                            int64_t stride_t, int64_t pos0, const int32_t* __restrict__ doc_start, float sign,
+                            int64_t stride_t, int64_t pos0, const int32_t* __restrict__ doc_start,
+                            const int32_t* __restrict__ row_pos, float sign,
                             const __grid_constant__ cuda::RopeInvFreq freq) {
   extern __shared__ float cs[];  // per token of the block: cos [half], then sign * sin [half]
   const int64_t tok0 = int64_t{blockIdx.x} * kTokensPerBlock;
@@ -29,7 +31,8 @@ __global__ void rope_kernel(T* __restrict__ x, int64_t n_tokens, int64_t t, int 
   for (int k = threadIdx.x; k < n_tok * half; k += blockDim.x) {
     const int j = k / half, i = k - j * half;
     const int64_t tok = tok0 + j;
-    const float pos = static_cast<float>(pos0 + tok % t - (doc_start ? doc_start[tok] : 0));
+    const float pos =
+        static_cast<float>(pos0 + tok % t - (doc_start ? doc_start[tok] : 0) + (row_pos ? row_pos[tok / t] : 0));
     float s, c;
     sincosf(pos * freq.v[i], &s, &c);
     cs[2 * half * j + i] = c;
@@ -79,7 +82,7 @@ void rope_table_cuda(const Ctx& ctx, const RopeFreqs& freqs, int64_t d, int64_t 
 }
 
 void rope_apply_cuda(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, int64_t pos0, bool inverse,
-                     const int32_t* doc_start) {
+                     const int32_t* doc_start, const int32_t* row_pos) {
   const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = x.size(3);
   if (b * t == 0 || h * d == 0) return;
   LINAC_CHECK(pos0 + t <= (int64_t(1) << 24), "rope (GPU): positions must be exact in f32 (< 2^24)");
@@ -95,7 +98,7 @@ void rope_apply_cuda(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, in
     auto kernel = quads ? rope_kernel<4, T> : rope_kernel<1, T>;
     kernel<<<static_cast<unsigned>((n_tokens + kTokensPerBlock - 1) / kTokensPerBlock), threads, smem,
              cuda::stream_of(ctx)>>>(x.data<T>(), n_tokens, t, static_cast<int>(h), half, x.strides[0], x.strides[1],
-                                     pos0, doc_start, inverse ? -1.f : 1.f, freq);
+                                     pos0, doc_start, row_pos, inverse ? -1.f : 1.f, freq);
   });
   LINAC_CUDA_LAUNCH_CHECK();
 }

@@ -1,7 +1,8 @@
 // Rotary position embedding (Su et al. 2021) with the GPT-NeoX / Hugging Face LLaMA
 // "rotate half" pairing: within each head, element i pairs with element i + D/2 (i < D/2).
 // Token t of a sequence sits at position p = pos0 + t, or with document bounds (core/doc_bounds.h)
-// p = pos0 + t - start[b, t] (positions restart at every document); with
+// p = pos0 + t - start[b, t] (positions restart at every document), or p = pos[b] + t with
+// per-row positions on the device (a decoding step); with
 //   inv_freq_i = base^(-2i/D)  (RopeFreqs, optionally rescaled as Llama 3 does),  angle = p * inv_freq_i,
 // the forward rotates each pair by +angle,
 //   y_i = x_i cos - x_{i+D/2} sin,   y_{i+D/2} = x_{i+D/2} cos + x_i sin,
@@ -66,13 +67,14 @@ inline float rope_inv_freq_f32(const RopeFreqs& freqs, int64_t d, int64_t i) {
 }
 
 // Rotates by +angle (inverse = false) or -angle (inverse = true). doc_start: docs.start ([b, t]
-// int32, x's device) or null.
+// int32, x's device) or null; row_pos: int32 [b] (x's device) added to each row's positions, or null.
 template <class T>
 void rope_apply_cpu(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t stride_b, int64_t stride_t,
-                    const RopeFreqs& freqs, int64_t pos0, bool inverse, const int32_t* doc_start = nullptr);
+                    const RopeFreqs& freqs, int64_t pos0, bool inverse, const int32_t* doc_start = nullptr,
+                    const int32_t* row_pos = nullptr);
 
 void rope_apply_cuda(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, int64_t pos0, bool inverse,
-                     const int32_t* doc_start = nullptr);
+                     const int32_t* doc_start = nullptr, const int32_t* row_pos = nullptr);
 // The (cos, sin) of every angle at positions 0 .. t-1, computed as the rotation kernels do:
 // cos_sin[(p * d/2 + i) * 2 + {0, 1}] (f32, device memory, d/2 pairs per position). For kernels
 // that rotate their own outputs (the Hopper attention backward's dq and dk).
@@ -83,5 +85,10 @@ void rope_table_cuda(const Ctx& ctx, const RopeFreqs& freqs, int64_t d, int64_t 
 // at each one.
 void rope_fwd(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, int64_t pos0, const DocBounds& docs = {});
 void rope_bwd(const Ctx& ctx, const Tensor& dx, const RopeFreqs& freqs, int64_t pos0, const DocBounds& docs = {});
+// Row b's token t at position pos[b] + t: pos int32 [B] on x's device, read there (a decoding
+// step's per-row document positions; the launch does not change with them, so a CUDA graph
+// replays it). On the GPU, positions below 2^24 are the caller's invariant.
+void rope_fwd(const Ctx& ctx, const Tensor& x, const RopeFreqs& freqs, const Tensor& pos);
+void rope_bwd(const Ctx& ctx, const Tensor& dx, const RopeFreqs& freqs, const Tensor& pos);
 
 }  // namespace linac

@@ -9,8 +9,8 @@
 // grow the state (a KV cache past its capacity, Model::init_decode) runs eagerly and the next is
 // captured again, as after any change of the model's buffers (Model::buffers_epoch). A replay
 // runs the same kernels on the same data as an eager step: logits and ids are bitwise the same.
-// On the CPU, with the graph disabled, and for mixers that rotate at host-side positions
-// (Latte-Macchiato, Transformer-VQ, TransNormerLLM with LRPE), every step runs eagerly.
+// Every mixer's step is graph-safe today (each row's position read on the device, env.decode_pos);
+// a model with one that is not, the CPU and a disabled graph run every step eagerly.
 #pragma once
 
 #include <cstdint>

@@ -37,6 +37,33 @@ TEST(RopeCpu, ForwardMatchesFormula) {
   }
 }
 
+// Per-row positions (a decoding step's): row r rotated as by itself at pos0 = pos[r], forward and
+// backward, including a T > 1 view (positions pos[r] + t).
+TEST(RopeCpu, RowPositionsRotateEachRowAtItsOwn) {
+  const int64_t b = 3, h = 2, d = 10;
+  const std::vector<int32_t> pos = {0, 7, 1000};
+  for (int64_t t : {1, 4})
+    for (bool inverse : {false, true}) {
+      SCOPED_TRACE("T " + std::to_string(t) + (inverse ? " backward" : " forward"));
+      OwnedTensor x = test::random_tensor({b, t, h, d}, DType::F64, 3);
+      const std::vector<double> in = to_doubles(x);
+      const OwnedTensor p = test::int32_values(pos, Device::CPU);
+      inverse ? rope_bwd(Ctx{}, x, kBase, p) : rope_fwd(Ctx{}, x, kBase, p);
+      for (int64_t r = 0; r < b; ++r) {
+        OwnedTensor row = test::random_tensor({1, t, h, d}, DType::F64, 3);
+        std::copy(in.begin() + r * t * h * d, in.begin() + (r + 1) * t * h * d, row->data<double>());
+        if (inverse)
+          rope_bwd(Ctx{}, row, kBase, pos[static_cast<size_t>(r)]);
+        else
+          rope_fwd(Ctx{}, row, kBase, pos[static_cast<size_t>(r)]);
+        EXPECT_EQ(to_doubles(row), test::view_values(x->narrow(0, r, 1))) << "row " << r;
+      }
+    }
+  OwnedTensor x = test::random_tensor({b, 1, h, d}, DType::F64, 4);
+  EXPECT_ANY_THROW(rope_fwd(Ctx{}, x, kBase, test::int32_values({1, 2}, Device::CPU))) << "a position per row";
+  EXPECT_ANY_THROW(rope_fwd(Ctx{}, x, kBase, test::int32_values({1, -2, 0}, Device::CPU))) << "negative";
+}
+
 TEST(RopeCpu, StridedQkvViewRotatesOnlyItsSlice) {
   const int64_t b = 2, t = 13, h = 3, d = 10;
   OwnedTensor qkv = test::random_tensor({b, t, 3, h, d}, DType::F64, 2);

@@ -1,9 +1,9 @@
 // DecodeGraph on the GPU (bf16, the precision generate runs in): for every registered
 // architecture, greedy decoding with steps replayed from a CUDA graph gives bitwise the ids,
-// log-probabilities and logits of eager steps, and where the mixers are graph-safe the steps
-// after the first two are replays; a KV cache that grows mid-run (a prompt of 250 tokens in the
-// cache's first 256 slots) and a row that starts a new document mid-run keep the equality; the
-// step's dependent launches (Ctx::dependent_launches) change no bit of either.
+// log-probabilities and logits of eager steps, and every architecture's steps after the first
+// two are replays (with per-row positions where rings and rotations follow them); a KV cache that grows mid-run (a
+// prompt of 250 tokens in the cache's first 256 slots) and a row that starts a new document mid-run keep the equality;
+// the step's dependent launches (Ctx::dependent_launches) change no bit of either.
 #include <gtest/gtest.h>
 
 #include "generate/decode_graph.h"
@@ -59,7 +59,28 @@ TEST(DecodeGraphGpu, ReplaysAreBitwiseEagerSteps) {
     const Trace graphed = decode(model, 3, 37, steps, true, 37 + steps, -1);
     EXPECT_EQ(eager.replays, 0);
     EXPECT_EQ(graphed.values, eager.values);
-    if (model.decode_graph_safe()) EXPECT_EQ(graphed.replays, steps - 2) << "the first step eager, the second captured";
+    EXPECT_TRUE(model.decode_graph_safe()) << "every architecture's step replays from a graph";
+    EXPECT_EQ(graphed.replays, steps - 2) << "the first step eager, the second captured";
+  }
+}
+
+// The mixers whose steps index a ring by each row's document position (Transformer-VQ's window,
+// Latte-Macchiato's local attention) or rotate by it (Latte's VAPOR), with rings shorter than the
+// run (VQ blocks of 16 with a codebook cache filling, a window of 33) and row 1 starting a new
+// document mid-run: its position goes back to 0 while row 0's and row 2's run on, in replays too.
+TEST(DecodeGraphGpu, RingsAndPositionsPerRowInReplays) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext g;
+  for (const char* arch : {"transformer_vq", "latte", "latte_macchiato"}) {
+    SCOPED_TRACE(arch);
+    Model model(test::gpu_config_of(arch), g.ctx(), {.precision = "bf16"});
+    model.init_params(6);
+    ASSERT_TRUE(model.decode_graph_safe());
+    const int steps = 24;
+    const Trace eager = decode(model, 3, 37, steps, false, 0, 9);
+    const Trace graphed = decode(model, 3, 37, steps, true, 37 + steps, 9);
+    EXPECT_EQ(graphed.values, eager.values);
+    EXPECT_EQ(graphed.replays, steps - 2);
   }
 }
 

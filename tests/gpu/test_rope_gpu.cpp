@@ -86,6 +86,31 @@ TEST(RopeGpu, ParityDocs) {
   }
 }
 
+// Per-row positions read on the device (a decoding step's, Latte's VAPOR rotation): the same bits
+// as each row rotated by itself at pos0 = pos[r] (whose parity with the CPU the tests above check),
+// for rows at 0, inside and past the kernel's 8-token blocks and far out, one token each and four.
+TEST(RopeGpu, RowPositionsRotateEachRowAtItsOwn) {
+  LINAC_SKIP_WITHOUT_GPU();
+  GpuContext gctx;
+  const std::vector<int32_t> pos = {0, 5, 9, 4093, 70000};
+  const OwnedTensor pos_g = test::int32_values(pos, Device::CUDA);
+  for (DType dt : {DType::F32, DType::BF16})
+    for (int64_t t : {1, 4})
+      for (bool inverse : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " T " + std::to_string(t) + (inverse ? " backward" : " forward"));
+        const OwnedTensor x = to(test::random_tensor({5, t, 8, 96}, DType::F64, 6, -2, 2), Device::CUDA, dt);
+        OwnedTensor all = to(x, Device::CUDA, dt), rows = to(x, Device::CUDA, dt);
+        inverse ? rope_bwd(gctx.ctx(), all, kBase, pos_g) : rope_fwd(gctx.ctx(), all, kBase, pos_g);
+        for (size_t r = 0; r < pos.size(); ++r) {
+          const Tensor row = rows->narrow(0, static_cast<int64_t>(r), 1);
+          inverse ? rope_bwd(gctx.ctx(), row, kBase, pos[r]) : rope_fwd(gctx.ctx(), row, kBase, pos[r]);
+        }
+        gctx.synchronize();
+        EXPECT_TRUE(test::same_bits(all, rows));
+        EXPECT_GT(test::rel_error(all, x), 0.1) << "rows away from position 0 are rotated";
+      }
+}
+
 // Documents restart the positions: the rotation differs from the one without them.
 TEST(RopeGpu, DocsMatter) {
   LINAC_SKIP_WITHOUT_GPU();

@@ -22,7 +22,7 @@ struct LatteState final : MixerState {
   OwnedTensor lse, mu;  // [B, H, Lh], [B, H, Lh, Dh]: the latent summaries' log-normalisers and means
   OwnedTensor conv;     // [B, K-1, d]: the last K-1 conv inputs
   OwnedTensor k, v;     // [B, window, H, Dh]: the local attention's ring buffer (post-RoPE keys)
-  std::vector<int64_t> pos;  // per row: tokens of its current document seen (the RoPE / VAPOR position)
+  OwnedTensor done;     // [B, H] int32 zeros: attention_decode_step's block counters (GPU)
 };
 
 }  // namespace
@@ -300,25 +300,27 @@ std::unique_ptr<MixerState> LatteMixer::init_state(int64_t B) {
   if (opt_.window > 0) {
     st->k = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
     st->v = OwnedTensor(env_.act, dev, {B, opt_.window, H_, Dh_});
+    st->done = OwnedTensor(DType::I32, dev, {B, H_});
+    zero_tensor(env_.ctx, st->done);
   }
-  st->pos.assign(static_cast<size_t>(B), 0);
   return st;
 }
 
-// Row `row` as init_state leaves it: an empty latent state and conv history, position 0 (the ring
-// buffer's old slots are never read again: a step reads the first min(pos + 1, window)).
+// Row `row` as init_state leaves it: an empty latent state and conv history (the model sets its
+// position back to 0; the ring buffer's old slots are never read again: a step reads the first
+// min(pos + 1, window)).
 void LatteMixer::start_document(MixerState& state, int64_t row) {
   auto& st = dynamic_cast<LatteState&>(state);
   const Ctx& ctx = env_.ctx;
   latte_state_reset(ctx, st.lse->narrow(0, row, 1), st.mu->narrow(0, row, 1));
   if (opt_.conv > 0) zero_tensor(ctx, st.conv->narrow(0, row, 1));
-  st.pos[static_cast<size_t>(row)] = 0;
 }
 
 void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t) {
   auto& st = dynamic_cast<LatteState&>(state);
   const int64_t B = x_t.size(0);
   LINAC_CHECK(st.lse->size(0) == B, "LatteMixer::step: state was made for another batch size");
+  LINAC_CHECK(env_.decode_pos.ptr, "LatteMixer::step: runs inside Model::decode_step (env.decode_pos)");
   const Ctx& ctx = env_.ctx;
   const ParamStore& ps = *env_.params;
   const Tensor x2 = x_t.view({B, d_});
@@ -332,39 +334,19 @@ void LatteMixer::step(MixerState& state, const Tensor& x_t, const Tensor& out_t)
     short_conv_step(ctx, x2, unit_gate(B, 0), ps.master(conv_), Tensor(), Tensor(), st.conv, z, step_conv_opts());
   }
   matmul(ctx, z, false, ps.weight(wab_), true, ab);
+  // Every row at its own document position, read on the device (env.decode_pos): the local
+  // attention (RoPE, ring buffer write, window read) and VAPOR's rotations of v before the latent
+  // core and of y after it. One-token [B, 1, H, Dh] views for RoPE.
   Tensor local;
-  if (opt_.window > 0) local = env_.scratch->get("latte.step.local", env_.act, {B, H_, Dh_});
-  // Rows [b0, b0 + n) at document position p, before the latent core: the local attention (RoPE,
-  // ring buffer write, window read) and VAPOR's rotation of v; after it, VAPOR's rotation of y.
-  // One-token [n, 1, H, Dh] views for RoPE.
-  auto before = [&](int64_t b0, int64_t n, int64_t p) {
-    const Tensor rows = xv.narrow(0, b0, n);
-    if (opt_.window > 0) {
-      rope_fwd(ctx, bthd(rows, n, 1, d_, 2 * H_, Dh_), opt_.rope_base, p);  // q and k
-      const Tensor kc = st.k->narrow(0, b0, n), vc = st.v->narrow(0, b0, n);
-      attention_cache_write(ctx, bhd(rows, 2 * d_, H_, Dh_), bhd(rows, 0, H_, Dh_), kc, vc, p % opt_.window);
-      attention_decode(ctx, bhd(rows, d_, H_, Dh_), kc, vc, std::min(p + 1, opt_.window), local.narrow(0, b0, n));
-    }
-    if (opt_.vapor) rope_bwd(ctx, bthd(rows, n, 1, 0, H_, Dh_), opt_.rope_base, p);
-  };
-  auto after = [&](int64_t b0, int64_t n, int64_t p) {
-    if (opt_.vapor) rope_fwd(ctx, y.narrow(0, b0, n).view({n, 1, H_, Dh_}), opt_.rope_base, p);
-  };
-  // Rows at one position (no document started mid-batch) go together.
-  const bool agree = rows_agree(st.pos);
-  if (agree) {
-    before(0, B, st.pos[0]);
-  } else {
-    for (int64_t b = 0; b < B; ++b) before(b, 1, st.pos[static_cast<size_t>(b)]);
+  if (opt_.window > 0) {
+    local = env_.scratch->get("latte.step.local", env_.act, {B, H_, Dh_});
+    attention_decode_step(ctx, bhd(xv, d_, H_, Dh_), bhd(xv, 2 * d_, H_, Dh_), bhd(xv, 0, H_, Dh_), env_.decode_pos,
+                          st.k, st.v, RopeFreqs(opt_.rope_base), opt_.window, local, st.done);
   }
+  if (opt_.vapor) rope_bwd(ctx, bthd(xv, B, 1, 0, H_, Dh_), opt_.rope_base, env_.decode_pos);
   latte_step(ctx, bhd(ab, 0, H_, La_), bhd(ab, H_ * La_, H_, Lh_), bhd(xv, 0, H_, Dh_), local, st.lse, st.mu,
              y.view({B, H_, Dh_}));
-  if (agree) {
-    after(0, B, st.pos[0]);
-  } else {
-    for (int64_t b = 0; b < B; ++b) after(b, 1, st.pos[static_cast<size_t>(b)]);
-  }
-  for (int64_t& p : st.pos) ++p;
+  if (opt_.vapor) rope_fwd(ctx, y.view({B, 1, H_, Dh_}), opt_.rope_base, env_.decode_pos);
   matmul(ctx, y, false, ps.weight(wo_), true, out_t.view({B, d_}));
 }
 
@@ -376,13 +358,11 @@ void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
   auto& st = dynamic_cast<LatteState&>(state);
   const int64_t B = x.size(0), T = x.size(1);
   LINAC_CHECK(st.lse->size(0) == B, "LatteMixer::prefill: state was made for another batch size");
-  LINAC_CHECK(std::all_of(st.pos.begin(), st.pos.end(), [](int64_t p) { return p == 0; }),
-              "LatteMixer::prefill: the state must be fresh");
   forward_to_state(x, out, st.mu);
   const Tensor lse = lse_buf_.tensor(env_.stat, {B, T, H_, Lh_});
   const Tensor xv = xv_buf_.tensor(env_.act, {B * T, Px_});
   for (int64_t b = 0; b < B; ++b) copy_tensor(ctx, st.lse->select(0, b), lse.select(0, b).select(0, T - 1));
-  st.pos = last_doc_lengths(env_, B, T);
+  const std::vector<int64_t> lengths = last_doc_lengths(env_, B, T);
   // Rows [b0, b0 + n), whose last document starts at s.
   auto hand_over = [&](int64_t b0, int64_t n, int64_t s) {
     if (opt_.conv > 0) {
@@ -400,10 +380,10 @@ void LatteMixer::prefill(const Ctx& ctx, MixerState& state, const Tensor& x, con
                             (first - s) % opt_.window);
     }
   };
-  if (rows_agree(st.pos)) {
-    hand_over(0, B, T - st.pos[0]);
+  if (rows_agree(lengths)) {
+    hand_over(0, B, T - lengths[0]);
   } else {
-    for (int64_t b = 0; b < B; ++b) hand_over(b, 1, T - st.pos[static_cast<size_t>(b)]);
+    for (int64_t b = 0; b < B; ++b) hand_over(b, 1, T - lengths[static_cast<size_t>(b)]);
   }
 }
 

@@ -27,11 +27,12 @@
 // document start (kernels/latte), VAPOR's and the local attention's RoPE positions count from it,
 // the local attention sees only its own document's keys and the conv no tap of another document.
 // Decoding: per sequence H Lh (Dh + 1) f32 numbers, the last K-1 conv inputs, and a ring buffer
-// of `window` keys and values: constant memory whatever the length. Each row keeps its own
-// position (the tokens of its current document): rows at one position step together, otherwise
-// the position-dependent parts (RoPE, the ring buffer) go row by row. start_document empties a
-// row's state; prefill runs the chunked forward once and hands over each row's last document's
-// state (the core's mu_final and last lse row, the conv history, the ring buffer).
+// of `window` keys and values: constant memory whatever the length. Each row decodes at its own
+// position (the tokens of its current document), read on the device (env.decode_pos) by the
+// position-dependent parts (RoPE, the ring buffer: attention_decode_step), so the step is
+// graph-safe (mixer.h). start_document empties a row's state; prefill runs the chunked forward
+// once and hands over each row's last document's state (the core's mu_final and last lse row, the
+// conv history, the ring buffer).
 #pragma once
 
 #include "config/config.h"
@@ -71,6 +72,7 @@ class LatteMixer final : public Mixer {
   double flops_per_token(int64_t T) const override;
   std::unique_ptr<MixerState> init_state(int64_t B) override;
   void step(MixerState& state, const Tensor& x_t, const Tensor& out_t) override;
+  bool graph_safe_step() const override { return true; }  // positions from env.decode_pos
   void prefill(const Ctx& ctx, MixerState& state, const Tensor& x, const Tensor& out) override;
 
  private:
