@@ -1,6 +1,7 @@
 # scripts/gpu_check.sh modes, sourced by it: linac next to its PyTorch peers (none is part of `all`).
 #   decode  the decode tests, decoding with and without CUDA graphs (DECODE_EAGER=0: only with;
-#           DECODE_TRACE=0: no kernel timelines)
+#           DECODE_TRACE=0: no kernel timelines; DECODE_CONFIGS, DECODE_BATCHES: the models and
+#           batch sizes, default "transformer_125m gla_340m" and 1,16,128)
 #   peers   the 125M model's decoding and training step next to the strongest PyTorch and HF peers,
 #           issue 49
 #   table   every architecture's step and the 125M model's PyTorch peers in one call, issue 49
@@ -15,14 +16,17 @@
 #           the same 600 s call; FLA_ARGS adds e.g. --no-compile or --no-eager)
 # The tests of decoding and of the kernels its step launches (issue 49).
 decode_tests='MatmulGpu.*:SwigluLinearGpu.*:DecodeGraphGpu.*:AttentionDecodeGpu.*:GenerateGpu.*:GreedyPick*:'\
-'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*'
+'GlaGpu.DecodeStep:*ModelGpu.*Decode*:RmsnormGpu.*:NormGateGpu.*:LogGate*:SwigluGpu.*:VqAttn*Gpu.*Decode*:'\
+'VqAttnGpu.Prefill*:Rope*:LatteGpu.*'
 if [ "$what" = decode ]; then
   # Issue 49: the decode tests (the full suite is `tests`), then decoding with and without CUDA
-  # graphs for Transformer++ 125M and GLA 340M, and the 125M at the issue's 256 new tokens.
+  # graphs (Transformer++ 125M and GLA 340M unless DECODE_CONFIGS says otherwise), and the 125M at
+  # the issue's 256 new tokens.
   gpu_tests "decode gpu tests" decode_tests.log "$decode_tests"
-  for c in transformer_125m gla_340m; do
+  for c in ${DECODE_CONFIGS:-transformer_125m gla_340m}; do
     for g in "" $([ "${DECODE_EAGER:-1}" = 1 ] && echo --no-graph); do
-      ./build-gpu/linac bench --generate configs/$c.json --batch 1,16,128 --prompt-len 512 --gen-len 1024 $g \
+      ./build-gpu/linac bench --generate configs/$c.json --batch "${DECODE_BATCHES:-1,16,128}" --prompt-len 512 \
+        --gen-len 1024 $g \
         2>&1 | tee -a "$out/decode.txt"
     done
   done
